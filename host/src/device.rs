@@ -1,0 +1,38 @@
+//! Device and thread selection. `--device auto|cpu|cuda[:N]` and `--threads N` resolve here so
+//! that every command treats them the same way.
+
+use anyhow::{Result, bail};
+use tch::Device;
+
+/// Parses `auto`, `cpu`, `cuda` or `cuda:N`. `auto` is CUDA device 0 when libtorch sees a GPU.
+pub fn parse_device(spec: &str) -> Result<Device> {
+    match spec {
+        "auto" => Ok(Device::cuda_if_available()),
+        "cpu" => Ok(Device::Cpu),
+        "cuda" => cuda(0),
+        other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
+            Some(Ok(index)) => cuda(index),
+            _ => bail!("unknown device {other:?}: use auto, cpu, cuda or cuda:N"),
+        },
+    }
+}
+
+fn cuda(index: usize) -> Result<Device> {
+    let count = tch::Cuda::device_count() as usize;
+    if index >= count {
+        bail!("--device cuda:{index} requested but libtorch sees {count} CUDA device(s)");
+    }
+    Ok(Device::Cuda(index))
+}
+
+/// Sets libtorch's intra-op thread count. `None` means one thread per core. On a busy 2-core
+/// machine oversubscribed OpenMP threads are many times slower, so tests always pass `Some(1)`.
+pub fn set_threads(threads: Option<usize>) -> Result<usize> {
+    let threads = match threads {
+        Some(0) => bail!("--threads must be at least 1"),
+        Some(n) => n,
+        None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+    };
+    tch::set_num_threads(threads as i32);
+    Ok(threads)
+}

@@ -1,0 +1,88 @@
+//! The HF `tokenizers` tokenizer with the SimpleStories conventions made explicit: prompts are
+//! encoded without special tokens (the post-processor would append `[EOS]`), there is no BOS
+//! and no PAD, and generation stops at the model's EOS id.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, anyhow, ensure};
+
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    path: PathBuf,
+}
+
+impl Tokenizer {
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let inner = tokenizers::Tokenizer::from_file(path)
+            .map_err(|e| anyhow!("cannot load tokenizer {}: {e}", path.display()))?;
+        Ok(Self { inner, path: path.to_owned() })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// Encodes text without special tokens: what every prompt and scored text goes through.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let encoding = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| anyhow!("tokenizer {} cannot encode {text:?}: {e}", self.path.display()))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Encodes with the post-processor's special tokens (for SimpleStories: `[EOS]` appended).
+    /// Used for training documents, never for prompts.
+    pub fn encode_with_special_tokens(&self, text: &str) -> Result<Vec<u32>> {
+        let encoding = self
+            .inner
+            .encode(text, true)
+            .map_err(|e| anyhow!("tokenizer {} cannot encode {text:?}: {e}", self.path.display()))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Decodes ids to text with special tokens skipped (what rewards see).
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner
+            .decode(ids, true)
+            .map_err(|e| anyhow!("tokenizer {} cannot decode {ids:?}: {e}", self.path.display()))
+    }
+
+    /// The vocabulary string of each id (`##` pieces kept), for token-level rewards and display.
+    pub fn token_strings(&self, ids: &[u32]) -> Result<Vec<String>> {
+        ids.iter()
+            .map(|&id| {
+                self.inner.id_to_token(id).with_context(|| {
+                    format!("token id {id} is not in tokenizer {}", self.path.display())
+                })
+            })
+            .collect()
+    }
+
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// Checks that `eos_id` (read from the model's config.json) names a special token of this
+    /// tokenizer, so a mismatched tokenizer/model pair fails at load instead of never stopping.
+    pub fn check_eos(&self, eos_id: u32) -> Result<()> {
+        let token = self.inner.id_to_token(eos_id).with_context(|| {
+            format!("eos_token_id {eos_id} is not in tokenizer {}", self.path.display())
+        })?;
+        let is_special = self
+            .inner
+            .get_added_tokens_decoder()
+            .get(&eos_id)
+            .is_some_and(|added| added.special);
+        ensure!(
+            is_special,
+            "eos_token_id {eos_id} is {token:?} in tokenizer {}, which is not a special token",
+            self.path.display()
+        );
+        Ok(())
+    }
+}
