@@ -258,9 +258,6 @@ def versions() -> dict:
 @torch.no_grad()
 def write_greedy(out_dir: Path, fixtures: Path, n_prompts: int = 5, max_new_tokens: int = 64) -> str:
     mdir = fixtures / "tiny-stories"
-    for f in ("config.json", "model.safetensors", "tokenizer.json", "prompts.txt"):
-        if not (mdir / f).is_file():
-            die(f"missing fixture file {mdir / f}")
     model = load_model(mdir)
     tok = PreTrainedTokenizerFast.from_pretrained(str(mdir), local_files_only=True)
     lines = [ln.rstrip("\n") for ln in (mdir / "prompts.txt").read_text().splitlines() if ln.strip()][:n_prompts]
@@ -318,6 +315,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     t0 = time.perf_counter()
+    for f in ("config.json", "model.safetensors", "tokenizer.json", "prompts.txt"):
+        if not (args.fixtures / "tiny-stories" / f).is_file():
+            die(f"missing fixture file {args.fixtures / 'tiny-stories' / f}")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     for seed, name in enumerate(VARIANTS):
         print("wrote", args.out_dir / name, "-", write_variant(args.out_dir, name, seed))
