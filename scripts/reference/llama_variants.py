@@ -87,27 +87,16 @@ COMMON = dict(
     use_cache=True,
 )
 
+BASE = dict(  # what a variant does not override
+    hidden_size=64, intermediate_size=171, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, tie_word_embeddings=True,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+)
 VARIANTS = {
-    "untied": dict(
-        hidden_size=64, intermediate_size=171, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-    ),
-    "mha": dict(
-        hidden_size=64, intermediate_size=150, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=4, head_dim=16, rms_norm_eps=1e-6, tie_word_embeddings=True,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-    ),
-    "rope_theta": dict(
-        hidden_size=64, intermediate_size=171, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, tie_word_embeddings=True,
-        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
-    ),
-    "head_dim": dict(
-        hidden_size=64, intermediate_size=171, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-3, tie_word_embeddings=True,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-    ),
+    "untied": {**BASE, "tie_word_embeddings": False, "rms_norm_eps": 1e-5},
+    "mha": {**BASE, "num_key_value_heads": 4, "num_hidden_layers": 3, "intermediate_size": 150},
+    "rope_theta": {**BASE, "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}},
+    "head_dim": {**BASE, "head_dim": 32, "rms_norm_eps": 1e-3},
 }
 
 

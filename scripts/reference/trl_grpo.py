@@ -30,11 +30,13 @@ What TRL 1.16 does (source lines of trl/trainer/grpo_trainer.py, grpo_config.py,
 -------------------------------------------------------------------------------------------
 Advantages (grpo_trainer.py:2763-2788, multi_objective_aggregation="sum_then_normalize"):
     r = sum_k w_k r_k (w = 1);  mean_g = nanmean over the group of num_generations adjacent rows
-    std_g = nanstd(...) = UNBIASED (n-1) std (trl.trainer.utils.nanstd uses Bessel's correction)
+    std_g = nanstd(...) = UNBIASED (n-1) std, computed as sqrt(nanmean((r - mean)^2) * n / (n-1))
+            (trl/trainer/utils.py:1037-1044; not torch.std: the fp32 rounding differs slightly)
     A = (r - mean_g) / (std_g + 1e-4)   if scale_rewards in {"group" (DEFAULT), "batch"}
     A = r - mean_g                      if scale_rewards == "none"
     ("batch": std over the whole batch instead of the group, mean is still per group.)
-    frac_reward_zero_std = mean(isclose(std_g, 0)). All-equal group -> A = 0 exactly.
+    frac_reward_zero_std = mean(isclose(std_g, 0)) (2788). All-equal group -> A = 0 exactly.
+    All in fp32; NaN advantages (unscorable rows) -> 0 (2810).
 Per-token log-probs (_get_per_token_logps_and_entropies, 1419-1508; utils.add_fused_lm_head
 1548-1698; kernels/chunked_logprob.py):
     * one forward over cat([prompt_ids, completion_ids]) with attention_mask =
