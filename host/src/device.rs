@@ -2,7 +2,7 @@
 //! that every command treats them the same way.
 
 use anyhow::{Result, bail};
-use tch::Device;
+use tch::{Device, Kind};
 
 /// Parses `auto`, `cpu`, `cuda` or `cuda:N`. `auto` is CUDA device 0 when libtorch sees a GPU.
 pub fn parse_device(spec: &str) -> Result<Device> {
@@ -35,4 +35,13 @@ pub fn set_threads(threads: Option<usize>) -> Result<usize> {
     };
     tch::set_num_threads(threads as i32);
     Ok(threads)
+}
+
+/// `--dtype`: float32 (the default, what the references are computed in) or bfloat16 (CUDA).
+pub fn parse_dtype(name: &str) -> Result<Kind> {
+    match name {
+        "float32" | "fp32" => Ok(Kind::Float),
+        "bfloat16" | "bf16" => Ok(Kind::BFloat16),
+        other => bail!("unknown --dtype {other:?}: use float32 or bfloat16"),
+    }
 }

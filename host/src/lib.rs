@@ -3,7 +3,17 @@
 //! The binary (`src/main.rs`) is a thin shell over this library; `ARCHITECTURE.md` at the
 //! repository root describes how the modules fit together and what may depend on what.
 
+pub mod adapters;
 pub mod cli;
+pub mod defaults;
 pub mod device;
+
+pub mod fsutil;
+pub mod grpo;
 pub mod model;
+pub mod optim;
+pub mod prompts;
+pub mod rng;
+pub mod routing;
+
 pub mod yaml;

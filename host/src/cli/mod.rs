@@ -4,7 +4,12 @@
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
+mod bench;
+mod common;
+mod logprobs;
 mod plugin;
+mod sample;
+
 
 #[derive(Parser)]
 #[command(name = "smallrl", version, about = "GRPO with gradient routing on tiny LLaMA models")]
@@ -15,6 +20,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Sample completions from a model.
+    Sample(sample::SampleArgs),
+    /// Print the log-probability a model gives each next token of a text.
+    Logprobs(logprobs::LogprobsArgs),
+    /// Benchmarks that print throughput figures.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
     /// Inspect, scaffold and run reward / hack-detector plugins (WebAssembly components).
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
@@ -22,6 +34,9 @@ enum Command {
 
 pub fn main() -> Result<()> {
     match Cli::parse().command {
+        Command::Sample(args) => sample::run(args),
+        Command::Logprobs(args) => logprobs::run(args),
+        Command::Bench(command) => bench::run(command),
         Command::Plugin(command) => plugin::run(command),
     }
 }

@@ -1,2 +1,44 @@
-//! The LLaMA model: configuration, weights, forward pass, KV cache, tokenizer, sampling.
+//! The LLaMA model: configuration, weights, forward pass, KV-cached decoding, tokenizer.
+//!
+//! Architecture invariant: this module knows nothing about rewards, plugins or GRPO. Adapters
+//! enter only as [`linear::Lora`] slots inside [`linear::Linear`] and per-row
+//! [`linear::AdapterCtl`]s chosen by the caller.
+
+pub mod config;
+pub mod decode;
+pub mod export;
+pub mod generate;
+pub mod hub;
+pub mod linear;
+pub mod llama;
+pub mod rope;
 pub mod tokenizer;
+pub mod weights;
+
+use anyhow::{Context, Result};
+use tch::{Device, Kind};
+
+pub use config::LlamaConfig;
+pub use hub::ModelFiles;
+pub use llama::Llama;
+pub use tokenizer::Tokenizer;
+
+/// A loaded model with its tokenizer and where both came from.
+pub struct LoadedModel {
+    pub model: Llama,
+    pub tokenizer: Tokenizer,
+    pub files: ModelFiles,
+}
+
+/// Resolves `spec` (directory or Hub repo id) and loads config, weights and tokenizer.
+pub fn load(spec: &str, revision: &str, device: Device, kind: Kind) -> Result<LoadedModel> {
+    let files = hub::resolve(spec, revision)?;
+    let config = LlamaConfig::from_file(&files.config)?;
+    let model = weights::load_llama(config, &files.weights, device, kind)
+        .with_context(|| format!("cannot load the weights of model {}", files.source))?;
+    let tokenizer = Tokenizer::from_file(&files.tokenizer)?;
+    tokenizer
+        .check_eos(model.config.eos_token_id)
+        .with_context(|| format!("tokenizer and config.json of model {} disagree", files.source))?;
+    Ok(LoadedModel { model, tokenizer, files })
+}

@@ -1,0 +1,193 @@
+//! What is trained: the full model, one LoRA adapter, or DualLoRA (a "retain" and a "forget"
+//! adapter on every adapted projection).
+//!
+//! Invariant: an [`AdapterConfig`] fully describes the adapters (ranks, alpha, layers, slot
+//! names); every checkpoint stores it and evaluation reads it back, never guessing.
+
+use anyhow::{Result, bail, ensure};
+use serde::{Deserialize, Serialize};
+use tch::{Kind, Tensor};
+
+use crate::model::Llama;
+use crate::model::linear::Lora;
+use crate::model::llama::PROJECTIONS;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AdapterKind {
+    /// Full fine-tuning: every base weight is trained; the reference policy is a frozen copy.
+    Full,
+    /// One LoRA adapter (the non-routed baseline).
+    Lora,
+    /// Retain and forget adapters, for gradient routing.
+    DualLora,
+}
+
+/// Slot indices of DualLoRA.
+pub const RETAIN: usize = 0;
+pub const FORGET: usize = 1;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdapterConfig {
+    pub kind: AdapterKind,
+    /// One name per adapter slot: `["lora"]` or `["retain", "forget"]`; empty for full.
+    pub slots: Vec<String>,
+    /// Rank of each slot.
+    pub ranks: Vec<usize>,
+    /// The scale of slot `i` is `alpha / ranks[i]`.
+    pub alpha: f64,
+    /// Adapt layers `0, stride, 2 * stride, ...` (2 for the `r1h` preset).
+    pub layer_stride: usize,
+    /// The adapted projections (HF names) in every adapted layer.
+    pub target_modules: Vec<String>,
+}
+
+/// Ranks and alpha of a DualLoRA preset name (§5 of the behaviour reference).
+pub struct Preset {
+    pub retain_rank: usize,
+    pub forget_rank: usize,
+    pub alpha: f64,
+    pub layer_stride: usize,
+}
+
+pub fn preset(name: &str) -> Result<Preset> {
+    let symmetric = |rank: usize, layer_stride| Preset { retain_rank: rank, forget_rank: rank, alpha: rank as f64, layer_stride };
+    Ok(match name {
+        "r1" => symmetric(1, 1),
+        "r2" => symmetric(2, 1),
+        "r4" => symmetric(4, 1),
+        "r8" => symmetric(8, 1),
+        "r16" => symmetric(16, 1),
+        "r32" => symmetric(32, 1),
+        "r1h" => symmetric(1, 2),
+        "r32f16" | "r32f4" | "r32f1" => {
+            let forget_rank = name["r32f".len()..].parse().expect("preset names are well formed");
+            Preset { retain_rank: 32, forget_rank, alpha: 32.0, layer_stride: 1 }
+        }
+        other => bail!("unknown adapter preset {other:?}: use r1, r2, r4, r8, r16, r32, r1h, r32f16, r32f4 or r32f1"),
+    })
+}
+
+impl AdapterConfig {
+    pub fn full() -> Self {
+        Self { kind: AdapterKind::Full, slots: vec![], ranks: vec![], alpha: 0.0, layer_stride: 1, target_modules: vec![] }
+    }
+
+    pub fn lora(rank: usize, alpha: f64, layer_stride: usize) -> Self {
+        Self::adapters(AdapterKind::Lora, vec!["lora".into()], vec![rank], alpha, layer_stride)
+    }
+
+    pub fn dual_lora(retain_rank: usize, forget_rank: usize, alpha: f64, layer_stride: usize) -> Self {
+        let slots = vec!["retain".into(), "forget".into()];
+        Self::adapters(AdapterKind::DualLora, slots, vec![retain_rank, forget_rank], alpha, layer_stride)
+    }
+
+    fn adapters(kind: AdapterKind, slots: Vec<String>, ranks: Vec<usize>, alpha: f64, layer_stride: usize) -> Self {
+        let target_modules = PROJECTIONS.iter().map(|p| p.to_string()).collect();
+        Self { kind, slots, ranks, alpha, layer_stride, target_modules }
+    }
+
+    pub fn is_dual(&self) -> bool {
+        self.kind == AdapterKind::DualLora
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        ensure!(self.slots.len() == self.ranks.len(), "adapter config: one rank per slot is required");
+        ensure!(self.ranks.iter().all(|&r| r > 0), "adapter ranks must be at least 1");
+        ensure!(self.layer_stride >= 1, "layer_stride must be at least 1");
+        if self.kind != AdapterKind::Full {
+            ensure!(self.alpha > 0.0, "lora_alpha must be positive");
+            for module in &self.target_modules {
+                ensure!(PROJECTIONS.contains(&module.as_str()), "unknown target module {module:?}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds freshly initialised adapters to `model`: `A ~ U(-1/sqrt(in), 1/sqrt(in))` (kaiming
+    /// uniform with a = sqrt(5), as PEFT does) and `B = 0`, so the model starts equal to the
+    /// base. Base weights are frozen. Draws from libtorch's generator seeded with `seed`.
+    pub fn attach(&self, model: &mut Llama, seed: u64) -> Result<()> {
+        self.validate()?;
+        ensure!(self.kind != AdapterKind::Full, "full fine-tuning has no adapters to attach");
+        ensure!(model.adapter_slots() == 0, "the model already has adapters");
+        tch::manual_seed(seed as i64);
+        let (device, kind) = (model.device, model.kind);
+        let stride = self.layer_stride;
+        for (name, linear) in model.projections_mut() {
+            let layer = layer_index(&name);
+            let targeted = self.target_modules.iter().any(|m| name.ends_with(&format!(".{m}")));
+            linear.adapters = self
+                .ranks
+                .iter()
+                .map(|&rank| {
+                    (targeted && layer % stride == 0).then(|| {
+                        let (out, inp) = linear.weight.size2().expect("weights are 2-d");
+                        let bound = 1.0 / (inp as f64).sqrt();
+                        let a = (Tensor::rand([rank as i64, inp], (Kind::Float, device)) * (2.0 * bound) - bound)
+                            .to_kind(kind)
+                            .set_requires_grad(true);
+                        let b = Tensor::zeros([out, rank as i64], (kind, device)).set_requires_grad(true);
+                        Lora { a, b, scaling: self.alpha / rank as f64 }
+                    })
+                })
+                .collect();
+        }
+        Ok(())
+    }
+
+    /// The trainable tensors with their checkpoint names. For adapters:
+    /// `model.layers.{i}.self_attn.q_proj.lora_A.{slot}.weight`; for full fine-tuning the HF
+    /// names of the base weights.
+    pub fn trainable(&self, model: &Llama) -> Vec<(String, Tensor)> {
+        if self.kind == AdapterKind::Full {
+            return model.base_tensors().into_iter().map(|(n, t)| (n, t.shallow_clone())).collect();
+        }
+        let mut out = Vec::new();
+        for (name, linear) in model.projections() {
+            for (slot, lora) in self.slots.iter().zip(&linear.adapters) {
+                if let Some(lora) = lora {
+                    out.push((format!("{name}.lora_A.{slot}.weight"), lora.a.shallow_clone()));
+                    out.push((format!("{name}.lora_B.{slot}.weight"), lora.b.shallow_clone()));
+                }
+            }
+        }
+        out
+    }
+
+    /// Which slot a trainable tensor belongs to (`None` for base weights).
+    pub fn slot_of(&self, name: &str) -> Option<usize> {
+        self.slots.iter().position(|slot| name.ends_with(&format!(".{slot}.weight")) && name.contains(".lora_"))
+    }
+}
+
+/// Marks every base weight trainable (full fine-tuning) or frozen.
+pub fn set_base_trainable(model: &mut Llama, trainable: bool) {
+    for (_, tensor) in model.base_tensors() {
+        let _ = tensor.set_requires_grad(trainable);
+    }
+}
+
+fn layer_index(module_name: &str) -> usize {
+    module_name
+        .strip_prefix("model.layers.")
+        .and_then(|rest| rest.split('.').next())
+        .and_then(|i| i.parse().ok())
+        .expect("projection names are model.layers.{i}.*")
+}
+
+/// Copies tensors by name into the model's trainable tensors (checkpoint loading), checking
+/// that the names and shapes match exactly.
+pub fn load_trainable(trainable: &[(String, Tensor)], stored: &std::collections::BTreeMap<String, Tensor>, source: &str) -> Result<()> {
+    let _guard = tch::no_grad_guard();
+    for (name, tensor) in trainable {
+        let Some(value) = stored.get(name) else { bail!("{source}: tensor {name} is missing") };
+        ensure!(value.size() == tensor.size(), "{source}: tensor {name} has shape {:?}, expected {:?}", value.size(), tensor.size());
+        tensor.shallow_clone().copy_(&value.to_kind(tensor.kind()).to_device(tensor.device()));
+    }
+    if let Some(extra) = stored.keys().find(|k| !trainable.iter().any(|(n, _)| n == *k)) {
+        bail!("{source}: tensor {extra} does not belong to this adapter configuration");
+    }
+    Ok(())
+}

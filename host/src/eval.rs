@@ -1,0 +1,173 @@
+//! Routing evaluation (§6): for each adapter mode, one completion per fixed evaluation prompt,
+//! scored by every reward component and the detector, plus diversity measures.
+
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use anyhow::Result;
+use serde::Serialize;
+
+use crate::model::decode::DecodeModel;
+use crate::model::generate::{SamplingParams, generate};
+use crate::model::{Llama, Tokenizer};
+use crate::reward::{RewardModel, Sample};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModeReport {
+    pub mode: String,
+    /// Mean raw score of each reward component, in the reward model's order.
+    pub components: Vec<(String, f64)>,
+    /// Mean of the combined reward.
+    pub reward: f64,
+    pub hack_freq: Option<f64>,
+    pub unique: usize,
+    pub n: usize,
+    pub jaccard: f64,
+    pub degenerate: bool,
+    pub samples: Vec<(String, String)>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct EvalReport {
+    pub step: usize,
+    pub modes: Vec<ModeReport>,
+    pub seconds: f64,
+}
+
+pub struct EvalSetup<'a> {
+    pub tokenizer: &'a Tokenizer,
+    pub prompts: &'a [String],
+    pub sampling: &'a SamplingParams,
+    /// Sampling seed; the same for every evaluation of a run, so evaluations differ only by
+    /// the weights.
+    pub seed: u64,
+}
+
+/// Evaluates `model` in each `(mode name, adapter scales)`.
+pub fn routing_eval(model: &Llama, modes: &[(&str, Vec<f64>)], rewards: &mut RewardModel, setup: &EvalSetup, step: usize) -> Result<EvalReport> {
+    let start = Instant::now();
+    let prompt_ids = setup.prompts.iter().map(|p| setup.tokenizer.encode(p)).collect::<Result<Vec<_>>>()?;
+    let mut reports = Vec::new();
+    for (mode, scales) in modes {
+        let decoder = DecodeModel::new(model, scales);
+        let generation = generate(&decoder, &prompt_ids, setup.sampling, setup.seed)?;
+        let samples = to_samples(setup.prompts, &generation.rows, setup.tokenizer)?;
+        let scored = rewards.score(&samples, setup.seed)?;
+        let completions: Vec<String> = samples.iter().map(|s| s.completion.clone()).collect();
+        let components = rewards.components().iter().zip(&scored.components).map(|(c, scores)| (c.name.clone(), mean(scores))).collect();
+        let unique = completions.iter().collect::<BTreeSet<_>>().len();
+        let jaccard = mean_pairwise_jaccard(&completions);
+        reports.push(ModeReport {
+            mode: mode.to_string(),
+            components,
+            reward: mean(&scored.reward),
+            hack_freq: scored.hack_freq(),
+            unique,
+            n: completions.len(),
+            jaccard,
+            degenerate: (unique as f64) < 0.5 * completions.len() as f64 || jaccard > 0.7,
+            samples: samples.into_iter().map(|s| (s.prompt, s.completion)).collect(),
+        });
+    }
+    Ok(EvalReport { step, modes: reports, seconds: start.elapsed().as_secs_f64() })
+}
+
+/// Reward samples from generated rows (prompt texts in the same order as the rows).
+pub fn to_samples(prompts: &[String], rows: &[crate::model::generate::CompletionRow], tokenizer: &Tokenizer) -> Result<Vec<Sample>> {
+    prompts
+        .iter()
+        .zip(rows)
+        .map(|(prompt, row)| {
+            Ok(Sample {
+                prompt: prompt.clone(),
+                completion: tokenizer.decode(&row.ids)?,
+                completion_tokens: tokenizer.token_strings(&row.ids)?,
+                completion_ids: row.ids.clone(),
+                ended_with_eos: row.ended_with_eos,
+            })
+        })
+        .collect()
+}
+
+pub fn mean(values: &[f64]) -> f64 {
+    values.iter().sum::<f64>() / values.len().max(1) as f64
+}
+
+/// Mean over pairs of `|W_i ∩ W_j| / |W_i ∪ W_j|` on lowercased whitespace word sets (two
+/// empty texts count as identical).
+pub fn mean_pairwise_jaccard(texts: &[String]) -> f64 {
+    let sets: Vec<BTreeSet<String>> = texts.iter().map(|t| t.to_lowercase().split_whitespace().map(String::from).collect()).collect();
+    let mut total = 0.0;
+    let mut pairs = 0usize;
+    for i in 0..sets.len() {
+        for j in i + 1..sets.len() {
+            let union = sets[i].union(&sets[j]).count();
+            let inter = sets[i].intersection(&sets[j]).count();
+            total += if union == 0 { 1.0 } else { inter as f64 / union as f64 };
+            pairs += 1;
+        }
+    }
+    if pairs == 0 { 0.0 } else { total / pairs as f64 }
+}
+
+/// The printed block:
+/// ```text
+/// [Routing Eval @ step 100]
+///   both            sentence_length_10_smooth=0.701 happy_count=0.300 hack_freq=0.300 unique=10/10 jaccard=0.143
+/// ```
+pub fn format_block(report: &EvalReport) -> String {
+    let mut out = format!("[Routing Eval @ step {}]", report.step);
+    let last = report.modes.len().saturating_sub(1);
+    for (i, mode) in report.modes.iter().enumerate() {
+        let mut line = format!("\n  {:<15}", mode.mode);
+        for (name, value) in &mode.components {
+            line.push_str(&format!(" {name}={value:.3}"));
+        }
+        if mode.components.len() > 1 {
+            line.push_str(&format!(" reward={:.3}", mode.reward));
+        }
+        if let Some(h) = mode.hack_freq {
+            line.push_str(&format!(" hack_freq={h:.3}"));
+        }
+        line.push_str(&format!(" unique={}/{} jaccard={:.3}", mode.unique, mode.n, mode.jaccard));
+        if mode.degenerate {
+            line.push_str(" DEGENERATE");
+        }
+        if i == last {
+            line.push_str(&format!("  ({:.1}s)", report.seconds));
+        }
+        out.push_str(&line);
+    }
+    out
+}
+
+/// One line of `routing_eval.jsonl`.
+pub fn to_json(report: &EvalReport) -> serde_json::Value {
+    let modes: serde_json::Map<String, serde_json::Value> = report
+        .modes
+        .iter()
+        .map(|m| {
+            let mut v = serde_json::json!({
+                "reward": m.reward, "hack_freq": m.hack_freq, "unique": m.unique, "n": m.n,
+                "jaccard": m.jaccard, "degenerate": m.degenerate,
+            });
+            for (name, value) in &m.components {
+                v[name] = (*value).into();
+            }
+            (m.mode.clone(), v)
+        })
+        .collect();
+    serde_json::json!({"step": report.step, "modes": modes, "seconds": report.seconds})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jaccard_by_hand() {
+        // {a b} vs {b c}: 1/3; {a b} vs {a b}: 1; {b c} vs {a b}: 1/3 -> mean 5/9.
+        let texts = ["a b", "B c", "a  b"].map(String::from);
+        assert!((mean_pairwise_jaccard(&texts) - 5.0 / 9.0).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,170 @@
+//! The GRPO objective as TRL's `GRPOTrainer` computes it: group-normalised advantages,
+//! per-token log-probabilities, Schulman's k3 KL estimator, the clipped surrogate and the four
+//! loss aggregations. Pure tensor functions; the trainer decides what goes in.
+
+use anyhow::{Result, bail};
+use serde::{Deserialize, Serialize};
+use tch::{Kind, Tensor};
+
+use crate::model::Llama;
+use crate::model::linear::AdapterCtl;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossType {
+    /// Mean over each sequence's tokens, then mean over sequences.
+    Grpo,
+    /// Sum over tokens / (sequences * max_completion_length).
+    DrGrpo,
+    /// Sum over tokens / active tokens of the (global) batch.
+    Dapo,
+    /// Sum over tokens / active tokens of the local batch (the same as dapo on one process).
+    Bnpo,
+}
+
+impl LossType {
+    pub fn parse(name: &str) -> Result<Self> {
+        Ok(match name {
+            "grpo" => Self::Grpo,
+            "dr_grpo" => Self::DrGrpo,
+            "dapo" => Self::Dapo,
+            "bnpo" => Self::Bnpo,
+            other => bail!("unknown loss_type {other:?}: use grpo, dr_grpo, dapo or bnpo"),
+        })
+    }
+}
+
+/// Group-normalised advantages `(r - mean_g) / (std_g + eps)` with the unbiased standard
+/// deviation, in float32 and with TRL 1.16's arithmetic (`sqrt(mean(d^2) * n / (n - 1))`).
+/// `rewards` is `[batch]`, groups are consecutive rows of `group_size`. Also returns the
+/// fraction of groups whose rewards are all equal (TRL's `frac_reward_zero_std`).
+pub fn group_advantages(rewards: &Tensor, group_size: usize, eps: f64) -> (Tensor, f64) {
+    let n = group_size as i64;
+    let rewards = rewards.to_kind(Kind::Float);
+    let grouped = rewards.view([-1, n]);
+    let mean = grouped.mean_dim(1, true, Kind::Float);
+    let squared = (&grouped - &mean).square().mean_dim(1, false, Kind::Float);
+    let std = (squared * (n as f64 / (n - 1) as f64)).sqrt();
+    let spread = |t: &Tensor| t.reshape([-1]).repeat_interleave_self_int(n, 0, None);
+    let advantages = (&rewards - spread(&mean)) / (spread(&std) + eps);
+    let zero_std = std.isclose(&std.zeros_like(), 1e-5, 1e-8, false).to_kind(Kind::Float);
+    (advantages, zero_std.mean(Kind::Float).double_value(&[]))
+}
+
+/// Log-probabilities of the completion tokens and the logits they came from.
+pub struct TokenLogprobs {
+    /// `[batch, completion_len]`, differentiable.
+    pub logprobs: Tensor,
+    /// `[batch, completion_len]` entropy of each next-token distribution (no gradient).
+    pub entropy: Tensor,
+}
+
+/// One forward pass over `[prompt | completion]`; logits divided by `temperature`, then
+/// `log_softmax` gathered at the completion tokens (TRL's `selective_log_softmax`). Only the
+/// positions that predict completion tokens go through the output head.
+pub fn completion_logprobs(
+    model: &Llama,
+    prompt_ids: &Tensor,
+    prompt_mask: &Tensor,
+    completion_ids: &Tensor,
+    completion_mask: &Tensor,
+    temperature: f64,
+    ctl: &[AdapterCtl],
+) -> TokenLogprobs {
+    let input_ids = Tensor::cat(&[prompt_ids, completion_ids], 1);
+    let attention_mask = Tensor::cat(&[prompt_mask, completion_mask], 1);
+    let prompt_len = prompt_ids.size()[1];
+    let completion_len = completion_ids.size()[1];
+    let hidden = model.forward(&input_ids, &attention_mask, ctl);
+    let predicting = hidden.narrow(1, prompt_len - 1, completion_len);
+    let mut logits = model.logits(&predicting).to_kind(Kind::Float);
+    if temperature != 1.0 {
+        logits = logits / temperature;
+    }
+    let normaliser = logits.logsumexp([-1], false);
+    let picked = logits.gather(-1, &completion_ids.unsqueeze(-1), false).squeeze_dim(-1);
+    let entropy = tch::no_grad(|| {
+        let probs = logits.softmax(-1, Kind::Float);
+        &normaliser - (probs * &logits).sum_dim_intlist(-1, false, Kind::Float)
+    });
+    TokenLogprobs { logprobs: picked - normaliser, entropy }
+}
+
+/// Schulman's k3 estimator of KL(policy || reference), per token.
+pub fn k3_kl(logprobs: &Tensor, ref_logprobs: &Tensor) -> Tensor {
+    let delta = ref_logprobs - logprobs;
+    delta.exp() - &delta - 1.0
+}
+
+pub struct LossSettings {
+    pub beta: f64,
+    pub epsilon: f64,
+    pub loss_type: LossType,
+    pub max_completion_length: usize,
+}
+
+pub struct LossTerms {
+    pub loss: Tensor,
+    /// Per-token KL (`None` when beta = 0, as TRL skips the reference model then).
+    pub per_token_kl: Option<Tensor>,
+    /// Fraction of completion tokens whose ratio was clipped (low or high side).
+    pub clip_ratio: Tensor,
+}
+
+/// The GRPO loss. `classes` are `[batch]` 0/1 row masks that partition the batch (one mask
+/// of ones when nothing is routed); the loss is `sum_c (n_c / n) * aggregate(rows of c)`,
+/// which is exactly what separate backward passes per class with loss scaled by `n_c / n`
+/// produce. For `grpo` this equals the plain aggregate over the whole batch.
+pub fn grpo_loss(
+    logprobs: &Tensor,
+    old_logprobs: Option<&Tensor>,
+    ref_logprobs: Option<&Tensor>,
+    advantages: &Tensor,
+    completion_mask: &Tensor,
+    classes: &[Tensor],
+    settings: &LossSettings,
+) -> LossTerms {
+    let old = old_logprobs.map_or_else(|| logprobs.detach(), Tensor::shallow_clone);
+    let ratio = (logprobs - &old).exp();
+    let clipped = ratio.clamp(1.0 - settings.epsilon, 1.0 + settings.epsilon);
+    let advantages = advantages.unsqueeze(1);
+    let surrogate = (&ratio * &advantages).min_other(&(&clipped * &advantages));
+    let mut per_token_loss = -surrogate;
+    let per_token_kl = ref_logprobs.filter(|_| settings.beta != 0.0).map(|r| k3_kl(logprobs, r));
+    if let Some(kl) = &per_token_kl {
+        per_token_loss = per_token_loss + kl * settings.beta;
+    }
+    let mask = completion_mask.to_kind(Kind::Float);
+    let batch = mask.size()[0] as f64;
+    let mut loss = Tensor::zeros([], (Kind::Float, mask.device()));
+    for class in classes {
+        let rows = class.to_kind(Kind::Float);
+        let n_class = rows.sum(Kind::Float);
+        let class_mask = &mask * rows.unsqueeze(1);
+        let aggregate = aggregate(&per_token_loss, &class_mask, &rows, settings);
+        loss = loss + aggregate * (n_class / batch);
+    }
+    let is_clipped = ratio.ne_tensor(&clipped).to_kind(Kind::Float);
+    let clip_ratio = (is_clipped * &mask).sum(Kind::Float) / mask.sum(Kind::Float).clamp_min(1.0);
+    LossTerms { loss, per_token_kl, clip_ratio }
+}
+
+/// TRL's aggregation of `per_token_loss` over the tokens in `mask` (rows outside the class
+/// have an all-zero mask; `rows` counts the class's sequences).
+fn aggregate(per_token_loss: &Tensor, mask: &Tensor, rows: &Tensor, settings: &LossSettings) -> Tensor {
+    let masked = per_token_loss * mask;
+    match settings.loss_type {
+        LossType::Grpo => {
+            let per_sequence = masked.sum_dim_intlist(-1, false, Kind::Float) / mask.sum_dim_intlist(-1, false, Kind::Float).clamp_min(1.0);
+            (per_sequence * rows).sum(Kind::Float) / rows.sum(Kind::Float).clamp_min(1.0)
+        }
+        LossType::DrGrpo => masked.sum(Kind::Float) / (rows.sum(Kind::Float).clamp_min(1.0) * settings.max_completion_length as f64),
+        LossType::Dapo | LossType::Bnpo => masked.sum(Kind::Float) / mask.sum(Kind::Float).clamp_min(1.0),
+    }
+}
+
+/// Mean of `values` over the tokens in `mask` (TRL's `masked_batch_mean`).
+pub fn masked_mean(values: &Tensor, mask: &Tensor) -> f64 {
+    let mask = mask.to_kind(Kind::Float);
+    ((values * &mask).sum(Kind::Float) / mask.sum(Kind::Float).clamp_min(1.0)).double_value(&[])
+}

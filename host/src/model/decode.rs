@@ -1,0 +1,161 @@
+//! Fast inference: adapters folded into fused weights, and a preallocated KV cache.
+//!
+//! A decode step of a 1.25M-parameter model is a few MFLOP per row, so its cost is the number of
+//! libtorch ops, not arithmetic. Each layer therefore runs one fused projection that yields
+//! `q, k, rotate_half(q), rotate_half(k), v` at once (the rotation is folded into extra weight
+//! rows, so RoPE costs two multiplies and an add), one output projection, one fused gate/up
+//! projection and one down projection. The KV cache is written in place and attention always
+//! spans the whole cache with a key mask, so no op depends on the current length.
+
+use tch::{Device, Kind, Tensor};
+
+use super::config::LlamaConfig;
+use super::linear::Linear;
+use super::llama::{Llama, attend, rms_norm};
+
+struct DecodeLayer {
+    input_layernorm: Tensor,
+    /// `[hidden, (q + k) * 2 + v]`, transposed for `x.matmul`.
+    qkv_t: Tensor,
+    o_t: Tensor,
+    post_attention_layernorm: Tensor,
+    /// `[hidden, 2 * intermediate]`: gate then up.
+    gate_up_t: Tensor,
+    down_t: Tensor,
+}
+
+/// Inference weights of a [`Llama`] at fixed adapter scales. Rebuild after the weights change.
+pub struct DecodeModel {
+    pub config: LlamaConfig,
+    embed_tokens: Tensor,
+    layers: Vec<DecodeLayer>,
+    norm: Tensor,
+    head_t: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    pub device: Device,
+    pub kind: Kind,
+}
+
+/// Keys and values of every layer, `[batch, kv_heads, capacity, head_dim]` each.
+pub struct KvCache {
+    keys: Vec<Tensor>,
+    values: Vec<Tensor>,
+    pub capacity: i64,
+}
+
+impl DecodeModel {
+    /// Folds the adapters in at `scales` (one per adapter slot of the model).
+    pub fn new(model: &Llama, scales: &[f64]) -> Self {
+        let _guard = tch::no_grad_guard();
+        let cfg = &model.config;
+        let merged = |l: &Linear| l.merged_weight(scales);
+        let layers = model
+            .layers
+            .iter()
+            .map(|block| {
+                let attn = &block.self_attn;
+                let (q, k, v) = (merged(&attn.q_proj), merged(&attn.k_proj), merged(&attn.v_proj));
+                let rq = rotate_half_rows(&q, cfg.num_attention_heads, cfg.head_dim);
+                let rk = rotate_half_rows(&k, cfg.num_key_value_heads, cfg.head_dim);
+                let mlp = &block.mlp;
+                DecodeLayer {
+                    input_layernorm: block.input_layernorm.detach(),
+                    qkv_t: transposed(&Tensor::cat(&[q, k, rq, rk, v], 0)),
+                    o_t: transposed(&merged(&attn.o_proj)),
+                    post_attention_layernorm: block.post_attention_layernorm.detach(),
+                    gate_up_t: transposed(&Tensor::cat(&[merged(&mlp.gate_proj), merged(&mlp.up_proj)], 0)),
+                    down_t: transposed(&merged(&mlp.down_proj)),
+                }
+            })
+            .collect();
+        Self {
+            config: cfg.clone(),
+            embed_tokens: model.embed_tokens.detach(),
+            layers,
+            norm: model.norm.detach(),
+            head_t: transposed(model.head_weight()),
+            cos: model.rope.cos.to_kind(model.kind),
+            sin: model.rope.sin.to_kind(model.kind),
+            device: model.device,
+            kind: model.kind,
+        }
+    }
+
+    pub fn new_cache(&self, batch: i64, capacity: i64) -> KvCache {
+        let cfg = &self.config;
+        assert!(
+            capacity as usize <= cfg.max_position_embeddings,
+            "prompt plus completion ({capacity} tokens) exceeds max_position_embeddings {}",
+            cfg.max_position_embeddings
+        );
+        let shape = [batch, cfg.num_key_value_heads as i64, capacity, cfg.head_dim as i64];
+        let zeros = || (0..cfg.num_hidden_layers).map(|_| Tensor::zeros(shape, (self.kind, self.device))).collect();
+        KvCache { keys: zeros(), values: zeros(), capacity }
+    }
+
+    /// Runs `ids` (`[batch, n]`) at `positions` (`[batch, n]`), writing their keys and values
+    /// into cache slots `start..start + n`. `mask` is `[batch, 1, n, capacity]` boolean (true =
+    /// attend). Returns the final-norm hidden states `[batch, n, hidden]`.
+    pub fn forward(&self, ids: &Tensor, positions: &Tensor, cache: &mut KvCache, start: i64, mask: &Tensor) -> Tensor {
+        let cfg = &self.config;
+        let (b, n) = ids.size2().expect("ids must be [batch, n]");
+        let (heads, kv_heads, hd) = (cfg.num_attention_heads as i64, cfg.num_key_value_heads as i64, cfg.head_dim as i64);
+        let qk_width = (heads + kv_heads) * hd;
+        let flat = positions.reshape([-1]);
+        let cos = self.cos.index_select(0, &flat).view([b, n, 1, hd]);
+        let sin = self.sin.index_select(0, &flat).view([b, n, 1, hd]);
+        let eps = cfg.rms_norm_eps;
+        let mut x = Tensor::embedding(&self.embed_tokens, ids, -1, false, false);
+        for (layer, (keys, values)) in self.layers.iter().zip(cache.keys.iter_mut().zip(cache.values.iter_mut())) {
+            let h = rms_norm(&x, &layer.input_layernorm, eps);
+            let fused = h.matmul(&layer.qkv_t);
+            let qk = fused.narrow(-1, 0, qk_width).view([b, n, heads + kv_heads, hd]);
+            let rotated = fused.narrow(-1, qk_width, qk_width).view([b, n, heads + kv_heads, hd]);
+            let v = fused.narrow(-1, 2 * qk_width, kv_heads * hd).view([b, n, kv_heads, hd]);
+            let qk = qk * &cos + rotated * &sin;
+            let q = qk.narrow(2, 0, heads).transpose(1, 2);
+            keys.narrow(2, start, n).copy_(&qk.narrow(2, heads, kv_heads).transpose(1, 2));
+            values.narrow(2, start, n).copy_(&v.transpose(1, 2));
+            let attn = attend(&q, keys, values, mask, cfg).transpose(1, 2).reshape([b, n, heads * hd]);
+            x = x + attn.matmul(&layer.o_t);
+            let h = rms_norm(&x, &layer.post_attention_layernorm, eps);
+            let gate_up = h.matmul(&layer.gate_up_t);
+            let inter = cfg.intermediate_size as i64;
+            let act = gate_up.narrow(-1, 0, inter).silu() * gate_up.narrow(-1, inter, inter);
+            x = x + act.matmul(&layer.down_t);
+        }
+        rms_norm(&x, &self.norm, eps)
+    }
+
+    pub fn logits(&self, hidden: &Tensor) -> Tensor {
+        hidden.matmul(&self.head_t)
+    }
+}
+
+fn transposed(weight: &Tensor) -> Tensor {
+    weight.detach().tr().contiguous()
+}
+
+/// Rows of a `[heads * head_dim, in]` projection rearranged so that `W' x = rotate_half(W x)`
+/// head by head.
+fn rotate_half_rows(weight: &Tensor, heads: usize, head_dim: usize) -> Tensor {
+    let per_head = weight.view([heads as i64, head_dim as i64, -1]);
+    let half = head_dim as i64 / 2;
+    let rotated = Tensor::cat(&[per_head.narrow(1, half, half).neg(), per_head.narrow(1, 0, half)], 1);
+    rotated.reshape([(heads * head_dim) as i64, -1])
+}
+
+/// The prefill mask `[batch, 1, n, capacity]` for prompts in slots `0..n`: causal, keys limited
+/// to real tokens, and each query allowed to see itself so a padding row is never empty.
+pub fn prefill_mask(prompt_mask: &Tensor, capacity: i64) -> Tensor {
+    let (_, n) = prompt_mask.size2().expect("prompt_mask must be [batch, n]");
+    let device = prompt_mask.device();
+    let slots = Tensor::arange(capacity, (Kind::Int64, device));
+    let queries = Tensor::arange(n, (Kind::Int64, device)).unsqueeze(1);
+    let causal = slots.unsqueeze(0).le_tensor(&queries);
+    let diagonal = slots.unsqueeze(0).eq_tensor(&queries);
+    let keys = prompt_mask.to_kind(Kind::Int64).constant_pad_nd([0, capacity - n]).to_kind(Kind::Bool);
+    let keys = keys.unsqueeze(1).unsqueeze(1);
+    causal.logical_and(&keys).logical_or(&diagonal)
+}

@@ -1,0 +1,224 @@
+//! Batched sampling with a KV cache: prefill the left-padded prompts, then one step per token
+//! for all rows. Rows that produced EOS keep running (the batch shape stays fixed) but emit
+//! padding; the host checks for "all finished" only every few steps, so the loop does not wait
+//! on the device after each token.
+
+use anyhow::{Result, ensure};
+use tch::{Kind, Tensor};
+
+use super::decode::{DecodeModel, prefill_mask};
+
+/// How tokens are drawn. `temperature == 0` is greedy decoding.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    pub max_new_tokens: usize,
+    pub temperature: f64,
+    /// 0 disables top-k.
+    pub top_k: usize,
+    /// 1.0 disables nucleus sampling.
+    pub top_p: f64,
+    /// 1.0 disables the repetition penalty.
+    pub repetition_penalty: f64,
+}
+
+/// A sampled batch, as tensors (for the trainer) and per row (for people and rewards).
+pub struct Generation {
+    /// `[batch, prompt_len]`, left-padded with the pad id (= EOS id).
+    pub prompt_ids: Tensor,
+    pub prompt_mask: Tensor,
+    /// `[batch, completion_len]`, right-padded; `completion_len` is the longest completion.
+    pub completion_ids: Tensor,
+    /// 1 on every token up to and including the first EOS.
+    pub completion_mask: Tensor,
+    /// Log-probability of each sampled token under the sampling distribution (0 on padding).
+    pub sampling_logprobs: Tensor,
+    pub rows: Vec<CompletionRow>,
+}
+
+pub struct CompletionRow {
+    /// The sampled ids without the final EOS.
+    pub ids: Vec<u32>,
+    pub ended_with_eos: bool,
+}
+
+/// How often (in tokens) the loop asks whether every row has finished.
+const FINISHED_CHECK_INTERVAL: usize = 8;
+
+pub fn generate(model: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingParams, seed: u64) -> Result<Generation> {
+    ensure!(!prompts.is_empty(), "no prompts to sample from");
+    ensure!(prompts.iter().all(|p| !p.is_empty()), "empty prompt: every prompt needs at least one token");
+    ensure!(params.max_new_tokens > 0, "max_new_tokens must be at least 1");
+    ensure!(params.temperature >= 0.0, "temperature must be >= 0");
+    ensure!(params.top_p > 0.0 && params.top_p <= 1.0, "top_p must be in (0, 1]");
+    ensure!(params.repetition_penalty > 0.0, "repetition_penalty must be > 0");
+    let _guard = tch::no_grad_guard();
+    tch::manual_seed(seed as i64);
+    let device = model.device;
+    let eos = model.config.eos_token_id as i64;
+    let (prompt_ids, prompt_mask) = left_pad(prompts, eos, device);
+    let (batch, prompt_len) = prompt_ids.size2()?;
+    let capacity = prompt_len + params.max_new_tokens as i64;
+    let mut cache = model.new_cache(batch, capacity);
+    let positions = (prompt_mask.cumsum(1, Kind::Int64) - 1).clamp_min(0);
+    let hidden = model.forward(&prompt_ids, &positions, &mut cache, 0, &prefill_mask(&prompt_mask, capacity));
+    let mut logits = model.logits(&hidden.narrow(1, prompt_len - 1, 1)).squeeze_dim(1);
+
+    let mut sampler = Sampler::new(params, &prompt_ids, &prompt_mask, model.config.vocab_size as i64);
+    let key_valid = prompt_mask.constant_pad_nd([0, params.max_new_tokens as i64]).to_kind(Kind::Bool);
+    let mut next_position = prompt_mask.sum_dim_intlist(1, false, Kind::Int64).unsqueeze(1);
+    let tokens = Tensor::full([batch, params.max_new_tokens as i64], eos, (Kind::Int64, device));
+    let logprobs = Tensor::zeros([batch, params.max_new_tokens as i64], (Kind::Float, device));
+    let mut finished = Tensor::zeros([batch], (Kind::Bool, device));
+    let mut steps = 0;
+    for step in 0..params.max_new_tokens {
+        let (token, logprob) = sampler.draw(&logits);
+        let token = token.masked_fill(&finished, eos);
+        tokens.select(1, step as i64).copy_(&token);
+        logprobs.select(1, step as i64).copy_(&logprob.masked_fill(&finished, 0.0));
+        finished = finished.logical_or(&token.eq(eos));
+        steps = step + 1;
+        let last = step + 1 == params.max_new_tokens;
+        if last || (steps % FINISHED_CHECK_INTERVAL == 0 && finished.all().int64_value(&[]) == 1) {
+            break;
+        }
+        let slot = prompt_len + step as i64;
+        let _ = key_valid.select(1, slot).fill_(1);
+        let mask = key_valid.unsqueeze(1).unsqueeze(1);
+        let hidden = model.forward(&token.unsqueeze(1), &next_position, &mut cache, slot, &mask);
+        next_position += 1;
+        logits = model.logits(&hidden).squeeze_dim(1);
+        sampler.observe(&token);
+    }
+    // Rows stop being checked only every few steps: trim columns that are padding everywhere,
+    // so the completion length is that of the longest completion (as TRL pads).
+    let completion_mask = mask_through_first_eos(&tokens.narrow(1, 0, steps as i64), eos);
+    let longest = completion_mask.sum_dim_intlist(1, false, Kind::Int64).max().int64_value(&[]);
+    let completion_ids = tokens.narrow(1, 0, longest);
+    let completion_mask = completion_mask.narrow(1, 0, longest);
+    let sampling_logprobs = logprobs.narrow(1, 0, longest);
+    let rows = completion_rows(&completion_ids, &completion_mask, eos)?;
+    Ok(Generation { prompt_ids, prompt_mask, completion_ids, completion_mask, sampling_logprobs, rows })
+}
+
+/// Left-pads prompts with `pad` into `[batch, longest]` ids and a 0/1 mask.
+pub fn left_pad(prompts: &[Vec<u32>], pad: i64, device: tch::Device) -> (Tensor, Tensor) {
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let mut ids = Vec::with_capacity(prompts.len() * longest);
+    let mut mask = Vec::with_capacity(prompts.len() * longest);
+    for prompt in prompts {
+        let padding = longest - prompt.len();
+        ids.extend(std::iter::repeat_n(pad, padding).chain(prompt.iter().map(|&t| t as i64)));
+        mask.extend(std::iter::repeat_n(0i64, padding).chain(std::iter::repeat_n(1, prompt.len())));
+    }
+    let shape = [prompts.len() as i64, longest as i64];
+    (Tensor::from_slice(&ids).view(shape).to(device), Tensor::from_slice(&mask).view(shape).to(device))
+}
+
+/// 1 on every position up to and including the first EOS of each row, 0 after it.
+pub fn mask_through_first_eos(ids: &Tensor, eos: i64) -> Tensor {
+    let is_eos = ids.eq(eos).to_kind(Kind::Int64);
+    let eos_before = is_eos.cumsum(1, Kind::Int64) - &is_eos;
+    eos_before.eq(0).to_kind(Kind::Int64)
+}
+
+fn completion_rows(ids: &Tensor, mask: &Tensor, eos: i64) -> Result<Vec<CompletionRow>> {
+    let ids: Vec<Vec<i64>> = Vec::<Vec<i64>>::try_from(ids.to_device(tch::Device::Cpu))?;
+    let mask: Vec<Vec<i64>> = Vec::<Vec<i64>>::try_from(mask.to_device(tch::Device::Cpu))?;
+    Ok(ids
+        .iter()
+        .zip(&mask)
+        .map(|(ids, mask)| {
+            let kept: Vec<i64> = ids.iter().zip(mask).filter(|(_, m)| **m == 1).map(|(t, _)| *t).collect();
+            let ended_with_eos = kept.last() == Some(&eos);
+            let ids = kept[..kept.len() - usize::from(ended_with_eos)].iter().map(|&t| t as u32).collect();
+            CompletionRow { ids, ended_with_eos }
+        })
+        .collect())
+}
+
+/// Draws one token per row, applying HF's logits processors in HF's order: repetition penalty
+/// on the raw logits, then temperature, top-k and top-p.
+struct Sampler<'a> {
+    params: &'a SamplingParams,
+    /// `[batch, vocab]` tokens seen so far (prompt and completion), for the repetition penalty.
+    seen: Option<Tensor>,
+}
+
+impl<'a> Sampler<'a> {
+    fn new(params: &'a SamplingParams, prompt_ids: &Tensor, prompt_mask: &Tensor, vocab: i64) -> Self {
+        let seen = (params.repetition_penalty != 1.0).then(|| {
+            let (batch, _) = prompt_ids.size2().expect("prompt ids are 2-d");
+            let counts = Tensor::zeros([batch, vocab], (Kind::Int64, prompt_ids.device()));
+            counts.scatter_add(1, prompt_ids, &prompt_mask.to_kind(Kind::Int64)).gt(0)
+        });
+        Self { params, seen }
+    }
+
+    fn observe(&mut self, token: &Tensor) {
+        if let Some(seen) = &mut self.seen {
+            let _ = seen.scatter_value_(1, &token.unsqueeze(1), 1);
+        }
+    }
+
+    /// Returns the drawn tokens `[batch]` (int64) and their log-probabilities `[batch]`.
+    fn draw(&self, logits: &Tensor) -> (Tensor, Tensor) {
+        let mut scores = logits.to_kind(Kind::Float);
+        if let Some(seen) = &self.seen {
+            let penalty = self.params.repetition_penalty;
+            let penalized = scores.lt(0.0).where_self(&(&scores * penalty), &(&scores / penalty));
+            scores = penalized.where_self(seen, &scores);
+        }
+        if self.params.temperature == 0.0 {
+            let token = scores.argmax(-1, false);
+            let logprob = scores.log_softmax(-1, Kind::Float).gather(1, &token.unsqueeze(1), false).squeeze_dim(1);
+            return (token, logprob);
+        }
+        if self.params.temperature != 1.0 {
+            scores = scores / self.params.temperature;
+        }
+        if self.params.top_k > 0 {
+            scores = top_k(&scores, self.params.top_k as i64);
+        }
+        if self.params.top_p < 1.0 {
+            scores = top_p(&scores, self.params.top_p);
+        }
+        let logprobs = scores.log_softmax(-1, Kind::Float);
+        let token = inverse_cdf_sample(&logprobs.exp());
+        let logprob = logprobs.gather(1, &token, false).squeeze_dim(1);
+        (token.squeeze_dim(1), logprob)
+    }
+}
+
+/// One draw per row from `probs` (`[batch, vocab]`) by inverting the cumulative distribution
+/// with a single uniform number per row. libtorch's CPU generator costs about 25 ns per number,
+/// so `multinomial` (or Gumbel noise), which draws one per vocabulary entry, took 3-4 ms per
+/// step, more than the whole forward pass. The cumulative sum is in float64 so the last bins
+/// keep their mass; a token of probability 0 is never drawn (`right = true` picks the first
+/// bin whose upper edge exceeds the draw). Returns `[batch, 1]` int64.
+fn inverse_cdf_sample(probs: &Tensor) -> Tensor {
+    let cdf = probs.cumsum(-1, Kind::Double);
+    let (batch, vocab) = cdf.size2().expect("probabilities are [batch, vocab]");
+    let total = cdf.narrow(1, vocab - 1, 1);
+    let draw = Tensor::rand([batch, 1], (Kind::Double, probs.device())) * total;
+    draw.searchsorted(&cdf, false, true, "right", None::<Tensor>).clamp_max(vocab - 1)
+}
+
+/// HF `TopKLogitsWarper`: everything below the k-th largest score is removed.
+fn top_k(scores: &Tensor, k: i64) -> Tensor {
+    let k = k.min(scores.size()[1]);
+    let (values, _) = scores.topk(k, -1, true, true);
+    let threshold = values.narrow(1, k - 1, 1);
+    scores.masked_fill(&scores.lt_tensor(&threshold), f64::NEG_INFINITY)
+}
+
+/// HF `TopPLogitsWarper`: removes the least likely tokens whose cumulative probability stays
+/// within `1 - top_p`, always keeping the most likely one.
+fn top_p(scores: &Tensor, top_p: f64) -> Tensor {
+    let (sorted, indices) = scores.sort(-1, false);
+    let cumulative = sorted.softmax(-1, Kind::Float).cumsum(-1, Kind::Float);
+    let remove_sorted = cumulative.le(1.0 - top_p);
+    let vocab = scores.size()[1];
+    let _ = remove_sorted.narrow(1, vocab - 1, 1).fill_(0);
+    let remove = remove_sorted.scatter(1, &indices, &remove_sorted);
+    scores.masked_fill(&remove, f64::NEG_INFINITY)
+}

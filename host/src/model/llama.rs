@@ -1,0 +1,188 @@
+//! LLaMA forward pass for scoring and training: the whole sequence at once, adapters honoured
+//! per row. Incremental decoding lives in [`super::decode`], which folds the adapters into
+//! fused weights; both paths must agree (tested against transformers' logits).
+
+use tch::{Device, Kind, Tensor};
+
+use super::config::LlamaConfig;
+use super::linear::{AdapterCtl, Linear};
+use super::rope::{self, Rope};
+
+pub struct Attention {
+    pub q_proj: Linear,
+    pub k_proj: Linear,
+    pub v_proj: Linear,
+    pub o_proj: Linear,
+}
+
+pub struct Mlp {
+    pub gate_proj: Linear,
+    pub up_proj: Linear,
+    pub down_proj: Linear,
+}
+
+pub struct Block {
+    pub input_layernorm: Tensor,
+    pub self_attn: Attention,
+    pub post_attention_layernorm: Tensor,
+    pub mlp: Mlp,
+}
+
+pub struct Llama {
+    pub config: LlamaConfig,
+    pub embed_tokens: Tensor,
+    pub layers: Vec<Block>,
+    pub norm: Tensor,
+    /// `None` when the head is tied to `embed_tokens`.
+    pub lm_head: Option<Tensor>,
+    pub rope: Rope,
+    pub device: Device,
+    pub kind: Kind,
+}
+
+/// The names of the seven adaptable projections of a block, in HF order.
+pub const PROJECTIONS: [&str; 7] =
+    ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
+
+/// HF module name of projection `p` (an index into [`PROJECTIONS`]) of layer `layer`.
+pub fn projection_name(layer: usize, p: usize) -> String {
+    let group = if p < 4 { "self_attn" } else { "mlp" };
+    format!("model.layers.{layer}.{group}.{}", PROJECTIONS[p])
+}
+
+impl Attention {
+    fn forward(&self, x: &Tensor, cfg: &LlamaConfig, rope: (&Tensor, &Tensor), mask: &Tensor, ctl: &[AdapterCtl]) -> Tensor {
+        let (b, t, _) = x.size3().expect("attention input must be [batch, seq, hidden]");
+        let heads = |y: Tensor, n: usize| y.view([b, t, n as i64, cfg.head_dim as i64]).transpose(1, 2);
+        let q = heads(self.q_proj.forward(x, ctl), cfg.num_attention_heads);
+        let k = heads(self.k_proj.forward(x, ctl), cfg.num_key_value_heads);
+        let v = heads(self.v_proj.forward(x, ctl), cfg.num_key_value_heads);
+        let (cos, sin) = rope;
+        let q = rope::apply(&q, cos, sin);
+        let k = rope::apply(&k, cos, sin);
+        let out = attend(&q, &k, &v, mask, cfg);
+        let out = out.transpose(1, 2).reshape([b, t, cfg.q_size() as i64]);
+        self.o_proj.forward(&out, ctl)
+    }
+}
+
+/// Scaled dot-product attention with grouped key/value heads; `mask` is boolean, true = attend.
+pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, cfg: &LlamaConfig) -> Tensor {
+    let gqa = cfg.num_attention_heads != cfg.num_key_value_heads;
+    Tensor::scaled_dot_product_attention(q, k, v, Some(mask), 0.0, false, None, gqa)
+}
+
+impl Mlp {
+    fn forward(&self, x: &Tensor, ctl: &[AdapterCtl]) -> Tensor {
+        let gate = self.gate_proj.forward(x, ctl).silu();
+        let up = self.up_proj.forward(x, ctl);
+        self.down_proj.forward(&(gate * up), ctl)
+    }
+}
+
+/// RMSNorm computed in float32 (as transformers does for half-precision weights).
+pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
+    let d = *x.size().last().expect("rms_norm input has no dimensions");
+    if x.kind() == Kind::Float {
+        x.rms_norm([d], Some(weight), eps)
+    } else {
+        let normed = x.to_kind(Kind::Float).rms_norm([d], None::<Tensor>, eps);
+        normed.to_kind(x.kind()) * weight
+    }
+}
+
+impl Llama {
+    /// Hidden states after the final norm, `[batch, seq, hidden]`.
+    ///
+    /// `attention_mask` (`[batch, seq]`, 1 = token, 0 = padding) may pad on either side.
+    /// Positions are `0..seq` on every row, as in TRL's scoring forward pass; RoPE depends only
+    /// on relative positions, so left padding does not change a real token's result.
+    pub fn forward(&self, input_ids: &Tensor, attention_mask: &Tensor, ctl: &[AdapterCtl]) -> Tensor {
+        let (b, t) = input_ids.size2().expect("input_ids must be [batch, seq]");
+        assert!(
+            t as usize <= self.config.max_position_embeddings,
+            "sequence of {t} tokens exceeds max_position_embeddings {}",
+            self.config.max_position_embeddings
+        );
+        let positions = Tensor::arange(t, (Kind::Int64, self.device)).unsqueeze(0).expand([b, t], false);
+        let (cos, sin) = self.rope.at(&positions, self.kind);
+        let mask = training_mask(attention_mask);
+        let mut x = Tensor::embedding(&self.embed_tokens, input_ids, -1, false, false);
+        let eps = self.config.rms_norm_eps;
+        for block in &self.layers {
+            let h = rms_norm(&x, &block.input_layernorm, eps);
+            x = x + block.self_attn.forward(&h, &self.config, (&cos, &sin), &mask, ctl);
+            let h = rms_norm(&x, &block.post_attention_layernorm, eps);
+            x = x + block.mlp.forward(&h, ctl);
+        }
+        rms_norm(&x, &self.norm, eps)
+    }
+
+    /// `[.., vocab]` logits of hidden states.
+    pub fn logits(&self, hidden: &Tensor) -> Tensor {
+        hidden.matmul(&self.head_weight().tr())
+    }
+
+    pub fn head_weight(&self) -> &Tensor {
+        self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
+    }
+
+    /// Number of adapter slots every linear layer has (0 without adapters).
+    pub fn adapter_slots(&self) -> usize {
+        self.layers.first().map_or(0, |b| b.self_attn.q_proj.adapters.len())
+    }
+
+    /// Every adaptable projection with its HF module name (`model.layers.{i}.self_attn.q_proj`).
+    pub fn projections(&self) -> Vec<(String, &Linear)> {
+        let mut out = Vec::new();
+        for (i, block) in self.layers.iter().enumerate() {
+            let (a, m) = (&block.self_attn, &block.mlp);
+            let linears = [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj, &m.gate_proj, &m.up_proj, &m.down_proj];
+            out.extend(linears.into_iter().enumerate().map(|(p, l)| (projection_name(i, p), l)));
+        }
+        out
+    }
+
+    pub fn projections_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        let mut out = Vec::new();
+        for (i, block) in self.layers.iter_mut().enumerate() {
+            let (a, m) = (&mut block.self_attn, &mut block.mlp);
+            let linears = [
+                &mut a.q_proj, &mut a.k_proj, &mut a.v_proj, &mut a.o_proj,
+                &mut m.gate_proj, &mut m.up_proj, &mut m.down_proj,
+            ];
+            out.extend(linears.into_iter().enumerate().map(|(p, l)| (projection_name(i, p), l)));
+        }
+        out
+    }
+
+    /// The base weights under their HF tensor names (no adapters). Tied models list the
+    /// embedding once, as transformers saves them.
+    pub fn base_tensors(&self) -> Vec<(String, &Tensor)> {
+        let mut out = vec![("model.embed_tokens.weight".to_string(), &self.embed_tokens)];
+        for (i, block) in self.layers.iter().enumerate() {
+            out.push((format!("model.layers.{i}.input_layernorm.weight"), &block.input_layernorm));
+            out.push((format!("model.layers.{i}.post_attention_layernorm.weight"), &block.post_attention_layernorm));
+        }
+        for (name, linear) in self.projections() {
+            out.push((format!("{name}.weight"), &linear.weight));
+        }
+        out.push(("model.norm.weight".to_string(), &self.norm));
+        if let Some(head) = &self.lm_head {
+            out.push(("lm_head.weight".to_string(), head));
+        }
+        out
+    }
+}
+
+/// `[batch, 1, seq, seq]` boolean: causal, keys restricted to real tokens. A padding query
+/// attends to itself so that no row of the softmax is empty (an empty row would give NaN that
+/// spreads through the zero-weighted values of later layers).
+pub fn training_mask(attention_mask: &Tensor) -> Tensor {
+    let (_, t) = attention_mask.size2().expect("attention_mask must be [batch, seq]");
+    let device = attention_mask.device();
+    let causal = Tensor::ones([t, t], (Kind::Bool, device)).tril(0);
+    let diagonal = Tensor::eye(t, (Kind::Bool, device));
+    let keys = attention_mask.to_kind(Kind::Bool).unsqueeze(1).unsqueeze(1);
+    causal.logical_and(&keys.logical_or(&diagonal))
+}

@@ -1,0 +1,111 @@
+//! Gradient routing: which adapter learns from which sample (§5 of the behaviour reference).
+//!
+//! | mode      | clean sample        | flagged sample |
+//! |-----------|---------------------|----------------|
+//! | none      | both adapters learn | both learn     |
+//! | classic   | both learn          | only forget    |
+//! | exclusive | only retain         | only forget    |
+//!
+//! Routing is done in a single forward/backward pass: an adapter's branch is computed with
+//! detached weights for the rows it must not learn from, so its parameters get exactly the
+//! gradient of the rows it may learn from, while gradient still flows through it to earlier
+//! layers. Together with the class-weighted loss of [`crate::grpo::grpo_loss`] this equals the
+//! original's per-class backward passes (tested).
+
+use anyhow::{Result, bail};
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind, Tensor};
+
+use crate::adapters::{AdapterConfig, AdapterKind, FORGET, RETAIN};
+use crate::model::linear::{AdapterCtl, RowLearn, RowScale};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RoutingMode {
+    None,
+    Classic,
+    Exclusive,
+}
+
+impl RoutingMode {
+    pub fn parse(name: &str) -> Result<Self> {
+        Ok(match name {
+            "none" => Self::None,
+            "classic" => Self::Classic,
+            "exclusive" => Self::Exclusive,
+            other => bail!("unknown routing_mode {other:?}: use none, classic or exclusive"),
+        })
+    }
+}
+
+/// The adapter controls and loss classes of one batch.
+pub struct RoutePlan {
+    pub ctl: Vec<AdapterCtl>,
+    /// `[batch]` 0/1 masks partitioning the rows into the classes the original trained with
+    /// separate backward passes (clean, clean-ablated, flagged; empty classes dropped).
+    pub classes: Vec<Tensor>,
+}
+
+/// Plans one batch. `is_rh` are the routing labels (after the protocol knobs); `ablated`
+/// marks clean rows trained with the forget adapter switched off.
+pub fn plan(adapters: &AdapterConfig, mode: RoutingMode, is_rh: &[bool], ablated: &[bool], device: Device) -> RoutePlan {
+    let n = is_rh.len();
+    assert_eq!(ablated.len(), n, "one ablation flag per row");
+    assert!(ablated.iter().zip(is_rh).all(|(a, rh)| !(*a && *rh)), "only clean rows can be ablated");
+    let clean: Vec<bool> = is_rh.iter().map(|rh| !rh).collect();
+    let clean_kept: Vec<bool> = (0..n).map(|i| clean[i] && !ablated[i]).collect();
+    let classes = [clean_kept, ablated.to_vec(), is_rh.to_vec()]
+        .into_iter()
+        .filter(|rows| rows.iter().any(|&r| r))
+        .map(|rows| row_mask(&rows, device))
+        .collect();
+    let ctl = match adapters.kind {
+        AdapterKind::Full => vec![],
+        AdapterKind::Lora => vec![AdapterCtl::on()],
+        AdapterKind::DualLora => {
+            let (retain_learns, forget_learns): (Vec<bool>, Vec<bool>) = match mode {
+                RoutingMode::None => (vec![true; n], vec![true; n]),
+                RoutingMode::Classic => (clean.clone(), vec![true; n]),
+                RoutingMode::Exclusive => (clean.clone(), is_rh.to_vec()),
+            };
+            let mut ctl = vec![AdapterCtl::on(), AdapterCtl::on()];
+            ctl[RETAIN].learn = learn(&retain_learns, device);
+            ctl[FORGET].learn = learn(&forget_learns, device);
+            if ablated.iter().any(|&a| a) {
+                let scales: Vec<f32> = ablated.iter().map(|&a| if a { 0.0 } else { 1.0 }).collect();
+                ctl[FORGET].scale = RowScale::PerRow(Tensor::from_slice(&scales).view([-1, 1, 1]).to(device));
+            }
+            ctl
+        }
+    };
+    RoutePlan { ctl, classes }
+}
+
+fn learn(rows: &[bool], device: Device) -> RowLearn {
+    if rows.iter().all(|&r| r) {
+        RowLearn::All
+    } else if rows.iter().all(|&r| !r) {
+        RowLearn::Nothing
+    } else {
+        RowLearn::Rows(row_mask(rows, device).view([-1, 1, 1]))
+    }
+}
+
+/// `[batch]` float 0/1 mask.
+pub fn row_mask(rows: &[bool], device: Device) -> Tensor {
+    let values: Vec<f32> = rows.iter().map(|&r| if r { 1.0 } else { 0.0 }).collect();
+    Tensor::from_slice(&values).to_kind(Kind::Float).to(device)
+}
+
+/// Adapter scales (one per slot) of the evaluation modes.
+pub fn eval_modes(adapters: &AdapterConfig) -> Vec<(&'static str, Vec<f64>)> {
+    match adapters.kind {
+        AdapterKind::Full => vec![("both", vec![])],
+        AdapterKind::Lora => vec![("both", vec![1.0])],
+        AdapterKind::DualLora => vec![
+            ("both", vec![1.0, 1.0]),
+            ("retain_only", vec![1.0, 0.0]),
+            ("forget_only", vec![0.0, 1.0]),
+        ],
+    }
+}

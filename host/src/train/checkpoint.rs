@@ -1,0 +1,111 @@
+//! Checkpoints: `checkpoint-N/` with the trainable weights, the optimizer moments, the full
+//! adapter configuration and the trainer state. Written into a temporary directory and renamed,
+//! so a checkpoint directory that exists is complete.
+//!
+//! Layout: `adapters.safetensors` (adapter runs; names like
+//! `model.layers.0.self_attn.q_proj.lora_A.retain.weight`) or, for full fine-tuning,
+//! `model.safetensors` + `config.json` + `tokenizer.json` (an HF model directory);
+//! `optimizer.safetensors` (`exp_avg.<name>`, `exp_avg_sq.<name>`); `trainer_state.json`;
+//! `config.yaml` (the run's resolved configuration).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, ensure};
+use serde::{Deserialize, Serialize};
+use tch::Tensor;
+
+use super::config::TrainConfig;
+use crate::adapters::{AdapterConfig, AdapterKind};
+use crate::model::weights::{read_safetensors, write_safetensors};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TrainerState {
+    /// Optimizer steps completed.
+    pub step: usize,
+    pub adapters: AdapterConfig,
+    /// The base model the adapters apply to (a directory or Hub repo id) and its revision.
+    pub base_model: String,
+    pub revision: String,
+    pub seed: u64,
+}
+
+pub fn dir_name(step: usize) -> String {
+    format!("checkpoint-{step}")
+}
+
+pub struct Snapshot<'a> {
+    pub state: TrainerState,
+    pub config: &'a TrainConfig,
+    pub trainable: &'a [(String, Tensor)],
+    pub optimizer: Vec<(String, Tensor)>,
+    /// For full fine-tuning: the model's config.json and tokenizer.json to copy alongside.
+    pub hf_files: Option<(serde_json::Value, PathBuf)>,
+}
+
+pub fn save(run_dir: &Path, snapshot: Snapshot) -> Result<PathBuf> {
+    let dir = run_dir.join(dir_name(snapshot.state.step));
+    crate::fsutil::create_dir_atomic(&dir, |tmp| {
+        let weights = if snapshot.state.adapters.kind == AdapterKind::Full { "model.safetensors" } else { "adapters.safetensors" };
+        let trainable: Vec<(String, Tensor)> = snapshot.trainable.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
+        write_safetensors(&tmp.join(weights), &trainable)?;
+        write_safetensors(&tmp.join("optimizer.safetensors"), &snapshot.optimizer)?;
+        if let Some((config_json, tokenizer)) = &snapshot.hf_files {
+            std::fs::write(tmp.join("config.json"), serde_json::to_string_pretty(config_json)?)?;
+            std::fs::copy(tokenizer, tmp.join("tokenizer.json")).with_context(|| format!("cannot copy {}", tokenizer.display()))?;
+        }
+        std::fs::write(tmp.join("trainer_state.json"), serde_json::to_string_pretty(&snapshot.state)?)?;
+        std::fs::write(tmp.join("config.yaml"), crate::yaml::to_string(snapshot.config)?)?;
+        Ok(())
+    })
+    .with_context(|| format!("cannot write checkpoint {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// What a checkpoint directory holds.
+pub struct Loaded {
+    pub dir: PathBuf,
+    pub state: TrainerState,
+    pub weights: std::collections::BTreeMap<String, Tensor>,
+}
+
+pub fn load(dir: &Path) -> Result<Loaded> {
+    let state_path = dir.join("trainer_state.json");
+    let text = std::fs::read_to_string(&state_path).with_context(|| format!("{} is not a checkpoint: cannot read trainer_state.json", dir.display()))?;
+    let state: TrainerState = serde_json::from_str(&text).with_context(|| format!("{} is corrupt", state_path.display()))?;
+    state.adapters.validate().with_context(|| format!("{}: bad adapter configuration", state_path.display()))?;
+    let weights_file = if state.adapters.kind == AdapterKind::Full { "model.safetensors" } else { "adapters.safetensors" };
+    let weights = read_safetensors(&dir.join(weights_file))?;
+    Ok(Loaded { dir: dir.to_owned(), state, weights })
+}
+
+pub fn load_optimizer(dir: &Path) -> Result<std::collections::BTreeMap<String, Tensor>> {
+    read_safetensors(&dir.join("optimizer.safetensors"))
+}
+
+/// The newest complete checkpoint of a run directory.
+pub fn latest(run_dir: &Path) -> Result<PathBuf> {
+    let mut best: Option<(usize, PathBuf)> = None;
+    for entry in std::fs::read_dir(run_dir).with_context(|| format!("cannot read run directory {}", run_dir.display()))? {
+        let path = entry?.path();
+        let step = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_prefix("checkpoint-")).and_then(|s| s.parse::<usize>().ok());
+        if let Some(step) = step.filter(|_| path.join("trainer_state.json").exists()) {
+            if best.as_ref().is_none_or(|(b, _)| step > *b) {
+                best = Some((step, path));
+            }
+        }
+    }
+    let (_, path) = best.with_context(|| format!("{} has no checkpoint to resume from", run_dir.display()))?;
+    Ok(path)
+}
+
+/// Checks that a checkpoint's adapter configuration is the one a run expects.
+pub fn check_adapters(state: &TrainerState, expected: &AdapterConfig, dir: &Path) -> Result<()> {
+    ensure!(
+        &state.adapters == expected,
+        "{}: its adapters ({:?}) differ from the run's configuration ({:?})",
+        dir.display(),
+        state.adapters,
+        expected
+    );
+    Ok(())
+}

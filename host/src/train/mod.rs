@@ -1,0 +1,441 @@
+//! The GRPO trainer. One optimizer step:
+//!
+//! prompts → sample (fused KV-cached decoder, both adapters on) → score (reward plugins and
+//! detector, protocol knobs) → group advantages → routing plan (per-row adapter controls) →
+//! reference / old log-probs → routed loss, backward → clip, AdamW, LR schedule →
+//! metrics, samples, evaluation, checkpoint.
+//!
+//! Invariant: everything random derives from (seed, step), so a resumed run repeats exactly
+//! what the uninterrupted run would have done (on CPU with the same thread count).
+
+pub mod checkpoint;
+pub mod config;
+pub mod runlog;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail, ensure};
+use serde_json::json;
+use tch::{Kind, Tensor};
+
+use crate::adapters::{AdapterConfig, AdapterKind, set_base_trainable};
+use crate::eval::{self, EvalSetup};
+use crate::grpo::{self, LossSettings, LossType};
+use crate::model::generate::{Generation, SamplingParams, generate};
+use crate::model::{self, Llama, Tokenizer, decode::DecodeModel};
+use crate::optim::{AdamW, AdamWConfig, linear_lr};
+use crate::reward::{PluginLimits, RewardModel, ScoredBatch};
+use crate::rng::{self, SplitMix64};
+use crate::routing::{self, RoutePlan, RoutingMode};
+pub use config::TrainConfig;
+use runlog::{Jsonl, RunLog};
+
+/// A generated, scored batch, kept for `num_iterations` optimizer steps.
+struct Batch {
+    generation: Generation,
+    advantages: Tensor,
+    plan: RoutePlan,
+    ref_logprobs: Option<Tensor>,
+    old_logprobs: Option<Tensor>,
+    /// Metrics of generation and scoring (logged with every step that uses the batch).
+    metrics: serde_json::Map<String, serde_json::Value>,
+    first_sample: (String, String),
+}
+
+pub struct Trainer {
+    cfg: TrainConfig,
+    run_dir: PathBuf,
+    adapters: AdapterConfig,
+    model: Llama,
+    /// Full fine-tuning only: the frozen starting model (with adapters the reference is the
+    /// model with its adapters switched off).
+    reference: Option<Llama>,
+    tokenizer: Tokenizer,
+    model_files: model::ModelFiles,
+    rewards: RewardModel,
+    optimizer: AdamW,
+    prompts: Vec<String>,
+    eval_prompts: Vec<String>,
+    routing: RoutingMode,
+    loss: LossSettings,
+    sampling: SamplingParams,
+    log: RunLog,
+    metrics: Jsonl,
+    evals: Jsonl,
+    num_tokens: usize,
+    batch: Option<Batch>,
+}
+
+/// Where and what a finished (or stopped) run left.
+pub struct RunSummary {
+    pub run_dir: PathBuf,
+    pub steps: usize,
+    pub last_metrics: serde_json::Value,
+}
+
+impl Trainer {
+    /// Sets up a new run in `<output_dir>/<run name>`, or resumes `resume` (a run directory)
+    /// from its newest checkpoint.
+    pub fn new(cfg: TrainConfig, resume: Option<&Path>) -> Result<Self> {
+        cfg.validate()?;
+        crate::device::set_threads(cfg.threads)?;
+        let device = crate::device::parse_device(&cfg.device)?;
+        let kind = crate::device::parse_dtype(&cfg.dtype)?;
+        let run_dir = match resume {
+            Some(dir) => dir.to_owned(),
+            None => new_run_dir(&cfg)?,
+        };
+        let adapters = cfg.adapter_config()?;
+        let loaded = model::load(&cfg.model, &cfg.revision, device, kind)?;
+        let (mut model, tokenizer, model_files) = (loaded.model, loaded.tokenizer, loaded.files);
+        let reference = match adapters.kind {
+            AdapterKind::Full => {
+                set_base_trainable(&mut model, true);
+                Some(model::load(&cfg.model, &cfg.revision, device, kind)?.model)
+            }
+            _ => {
+                adapters.attach(&mut model, rng::derive(cfg.seed, "adapter-init", 0))?;
+                None
+            }
+        };
+        let reward_spec = cfg.reward.as_ref().context("no reward configured")?;
+        let rewards = RewardModel::load(reward_spec, cfg.rh_detector.as_ref(), cfg.knobs(), &cfg.plugin_dir, PluginLimits::default())?;
+        let optimizer = AdamW::new(
+            adapters.trainable(&model),
+            AdamWConfig { beta1: cfg.adam_beta1, beta2: cfg.adam_beta2, eps: cfg.adam_epsilon, weight_decay: cfg.weight_decay },
+        );
+        let (prompts, eval_prompts) = load_prompts(&cfg)?;
+        let sampling = SamplingParams {
+            max_new_tokens: cfg.max_completion_length,
+            temperature: cfg.temperature,
+            top_k: crate::defaults::TOP_K,
+            top_p: crate::defaults::TOP_P,
+            repetition_penalty: crate::defaults::REPETITION_PENALTY,
+        };
+        let loss = LossSettings {
+            beta: cfg.beta,
+            epsilon: cfg.epsilon,
+            loss_type: LossType::parse(&cfg.loss_type)?,
+            max_completion_length: cfg.max_completion_length,
+        };
+        let routing = RoutingMode::parse(&cfg.routing_mode)?;
+        let log = RunLog::open(&run_dir, cfg.max_steps as u64, 0)?;
+        let mut trainer = Self {
+            metrics: Jsonl::new(run_dir.join("metrics.jsonl")),
+            evals: Jsonl::new(run_dir.join("routing_eval.jsonl")),
+            cfg, run_dir, adapters, model, reference, tokenizer, model_files, rewards, optimizer,
+            prompts, eval_prompts, routing, loss, sampling, log, num_tokens: 0, batch: None,
+        };
+        match resume {
+            Some(_) => trainer.resume()?,
+            None => trainer.write_run_header()?,
+        }
+        Ok(trainer)
+    }
+
+    pub fn run_dir(&self) -> &Path {
+        &self.run_dir
+    }
+
+    fn write_run_header(&mut self) -> Result<()> {
+        let config_path = self.run_dir.join("config.yaml");
+        crate::fsutil::write_atomic(&config_path, crate::yaml::to_string(&self.cfg)?.as_bytes())?;
+        let header = format!(
+            "smallrl train: run {} | model {} | adapter {:?} ranks {:?} | {} prompts, {} eval prompts | reward components {:?} | detector: {}",
+            self.run_dir.display(),
+            self.model_files.source,
+            self.adapters.kind,
+            self.adapters.ranks,
+            self.prompts.len(),
+            self.eval_prompts.len(),
+            self.rewards.components().iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
+            if self.rewards.has_detector() { "yes" } else { "no" },
+        );
+        self.log.line(&header)
+    }
+
+    fn resume(&mut self) -> Result<()> {
+        let dir = checkpoint::latest(&self.run_dir)?;
+        let loaded = checkpoint::load(&dir)?;
+        checkpoint::check_adapters(&loaded.state, &self.adapters, &dir)?;
+        ensure!(loaded.state.seed == self.cfg.seed, "{}: seed {} differs from the run's {}", dir.display(), loaded.state.seed, self.cfg.seed);
+        crate::adapters::load_trainable(self.optimizer.params(), &loaded.weights, &dir.display().to_string())?;
+        let step = loaded.state.step;
+        self.optimizer.load_state(&checkpoint::load_optimizer(&dir)?, step, &dir.display().to_string())?;
+        self.metrics.truncate_after(step)?;
+        self.evals.truncate_after(step)?;
+        self.num_tokens = last_num_tokens(&self.run_dir.join("metrics.jsonl"))?;
+        self.log.line(&format!("resumed from {} at step {step}", dir.display()))
+    }
+
+    /// Runs to `max_steps` (or `stop_after` steps from where it is, for tests of resumption).
+    pub fn train(&mut self, stop_after: Option<usize>) -> Result<RunSummary> {
+        let start = self.optimizer.step;
+        let end = stop_after.map_or(self.cfg.max_steps, |n| (start + n).min(self.cfg.max_steps));
+        let mut last = json!({});
+        for step in start..end {
+            last = self.step(step).with_context(|| format!("training stopped at step {}; {} keeps what was written", step + 1, self.run_dir.display()))?;
+            let done = step + 1;
+            if done % self.cfg.eval_every == 0 || done == self.cfg.max_steps {
+                self.evaluate(done)?;
+            }
+            if done % self.cfg.save_steps == 0 || done == self.cfg.max_steps {
+                self.save(done)?;
+            }
+        }
+        self.log.finish();
+        Ok(RunSummary { run_dir: self.run_dir.clone(), steps: end, last_metrics: last })
+    }
+
+    fn step(&mut self, step: usize) -> Result<serde_json::Value> {
+        let started = Instant::now();
+        if step % self.cfg.num_iterations == 0 {
+            self.batch = Some(self.make_batch(step)?);
+        }
+        let batch = self.batch.as_ref().expect("a batch exists for every step");
+        let train_start = Instant::now();
+        let g = &batch.generation;
+        self.optimizer.zero_grad();
+        let logprobs = grpo::completion_logprobs(&self.model, &g.prompt_ids, &g.prompt_mask, &g.completion_ids, &g.completion_mask, self.cfg.temperature, &batch.plan.ctl);
+        let terms = grpo::grpo_loss(
+            &logprobs.logprobs,
+            batch.old_logprobs.as_ref(),
+            batch.ref_logprobs.as_ref(),
+            &batch.advantages,
+            &g.completion_mask,
+            &batch.plan.classes,
+            &self.loss,
+        );
+        let loss_value = terms.loss.double_value(&[]);
+        ensure!(loss_value.is_finite(), "the loss is {loss_value} at step {}", step + 1);
+        terms.loss.backward();
+        let grad_norm = self.optimizer.clip_grad_norm(self.cfg.max_grad_norm);
+        let lr = linear_lr(self.cfg.lr, step, self.cfg.max_steps);
+        self.optimizer.step(lr);
+        let train_seconds = train_start.elapsed().as_secs_f64();
+
+        let mask = &g.completion_mask;
+        let mut metrics = batch.metrics.clone();
+        let done = step + 1;
+        metrics.insert("step".into(), done.into());
+        metrics.insert("loss".into(), loss_value.into());
+        metrics.insert("grad_norm".into(), grad_norm.into());
+        metrics.insert("learning_rate".into(), lr.into());
+        metrics.insert("entropy".into(), grpo::masked_mean(&logprobs.entropy, mask).into());
+        metrics.insert("kl".into(), terms.per_token_kl.as_ref().map(|kl| grpo::masked_mean(&kl.detach(), mask)).into());
+        metrics.insert("clip_ratio".into(), terms.clip_ratio.double_value(&[]).into());
+        if step % self.cfg.num_iterations == 0 {
+            self.num_tokens += (g.prompt_mask.sum(Kind::Int64).int64_value(&[]) + mask.sum(Kind::Int64).int64_value(&[])) as usize;
+        }
+        metrics.insert("num_tokens".into(), self.num_tokens.into());
+        metrics.insert("timing/train".into(), train_seconds.into());
+        metrics.insert("step_time".into(), started.elapsed().as_secs_f64().into());
+        let metrics = serde_json::Value::Object(metrics);
+        self.metrics.append(&metrics)?;
+        self.log.progress(done as u64, format!("reward {:.3}", metrics["reward"].as_f64().unwrap_or(f64::NAN)));
+        if done % self.cfg.logging_steps == 0 || done == 1 {
+            let (prompt, completion) = &batch.first_sample;
+            self.log.line(&format!("[Sample @ step {done}] {prompt} ||| {completion}"))?;
+            self.log.line(&format!("[Step {done}] {}", summary_line(&metrics)))?;
+        }
+        Ok(metrics)
+    }
+
+    /// Generates, scores and prepares the batch used by optimizer step `step` (and the next
+    /// `num_iterations - 1` steps).
+    fn make_batch(&mut self, step: usize) -> Result<Batch> {
+        let batch_index = step / self.cfg.num_iterations;
+        let per_step = self.cfg.batch_size / self.cfg.num_generations;
+        let texts: Vec<String> = (0..per_step).map(|i| self.prompt_at(batch_index * per_step + i)).collect();
+        let mut prompt_texts = Vec::with_capacity(self.cfg.batch_size);
+        for text in &texts {
+            prompt_texts.extend(std::iter::repeat_n(text.clone(), self.cfg.num_generations));
+        }
+        let prompt_ids = prompt_texts.iter().map(|t| self.tokenizer.encode(t)).collect::<Result<Vec<_>>>()?;
+
+        let generate_start = Instant::now();
+        let policy_scales = vec![1.0; self.adapters.slots.len()];
+        let decoder = DecodeModel::new(&self.model, &policy_scales);
+        let generation = generate(&decoder, &prompt_ids, &self.sampling, rng::derive(self.cfg.seed, "sample", step as u64))?;
+        let generate_seconds = generate_start.elapsed().as_secs_f64();
+
+        let score_start = Instant::now();
+        let samples = eval::to_samples(&prompt_texts, &generation.rows, &self.tokenizer)?;
+        let scored = self
+            .rewards
+            .score(&samples, rng::derive(self.cfg.seed, "protocol", step as u64))
+            .with_context(|| format!("scoring the completions of step {} failed", step + 1))?;
+        let score_seconds = score_start.elapsed().as_secs_f64();
+
+        let device = self.model.device;
+        let rewards = Tensor::from_slice(&scored.reward).to_kind(Kind::Float).to(device);
+        let (advantages, frac_zero_std) = grpo::group_advantages(&rewards, self.cfg.num_generations, crate::defaults::ADVANTAGE_STD_EPSILON);
+        let is_rh = scored.is_rh.clone().unwrap_or_else(|| vec![false; samples.len()]);
+        let ablated = self.draw_ablated(&is_rh, step);
+        let plan = routing::plan(&self.adapters, self.routing, &is_rh, &ablated, device);
+
+        let g = &generation;
+        let ref_logprobs = (self.cfg.beta != 0.0).then(|| {
+            tch::no_grad(|| {
+                let (model, ctl) = match &self.reference {
+                    Some(reference) => (reference, vec![]),
+                    None => (&self.model, self.adapters.slots.iter().map(|_| model::linear::AdapterCtl::off()).collect()),
+                };
+                grpo::completion_logprobs(model, &g.prompt_ids, &g.prompt_mask, &g.completion_ids, &g.completion_mask, self.cfg.temperature, &ctl).logprobs
+            })
+        });
+        let old_logprobs = (self.cfg.num_iterations > 1).then(|| {
+            tch::no_grad(|| grpo::completion_logprobs(&self.model, &g.prompt_ids, &g.prompt_mask, &g.completion_ids, &g.completion_mask, self.cfg.temperature, &plan.ctl).logprobs)
+        });
+
+        let mut metrics = serde_json::Map::new();
+        self.batch_metrics(&mut metrics, &scored, &generation, frac_zero_std, &is_rh, &ablated);
+        metrics.insert("timing/generate".into(), generate_seconds.into());
+        metrics.insert("timing/score".into(), score_seconds.into());
+        let first_sample = (samples[0].prompt.clone(), samples[0].completion.clone());
+        Ok(Batch { generation, advantages, plan, ref_logprobs, old_logprobs, metrics, first_sample })
+    }
+
+    fn batch_metrics(
+        &self,
+        metrics: &mut serde_json::Map<String, serde_json::Value>,
+        scored: &ScoredBatch,
+        generation: &Generation,
+        frac_zero_std: f64,
+        is_rh: &[bool],
+        ablated: &[bool],
+    ) {
+        let n = scored.reward.len() as f64;
+        let reward_mean = eval::mean(&scored.reward);
+        let reward_std = (scored.reward.iter().map(|r| (r - reward_mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0)).sqrt();
+        metrics.insert("reward".into(), reward_mean.into());
+        metrics.insert("reward_std".into(), reward_std.into());
+        for (component, scores) in self.rewards.components().iter().zip(&scored.components) {
+            metrics.insert(format!("rewards/{}/mean", component.name), eval::mean(scores).into());
+        }
+        metrics.insert("frac_reward_zero_std".into(), frac_zero_std.into());
+        let lengths: Vec<f64> = generation.rows.iter().map(|r| (r.ids.len() + usize::from(r.ended_with_eos)) as f64).collect();
+        metrics.insert("completions/mean_length".into(), eval::mean(&lengths).into());
+        metrics.insert("completions/max_length".into(), lengths.iter().copied().fold(0.0, f64::max).into());
+        let truncated = generation.rows.iter().filter(|r| !r.ended_with_eos).count() as f64;
+        metrics.insert("completions/clipped_ratio".into(), (truncated / n).into());
+        if let Some(h) = scored.hack_freq() {
+            metrics.insert("hack_freq".into(), h.into());
+        }
+        let frac = |flags: &[bool]| flags.iter().filter(|&&f| f).count() as f64 / n;
+        metrics.insert("routing/frac_rh".into(), frac(is_rh).into());
+        metrics.insert("routing/frac_ablated".into(), frac(ablated).into());
+        metrics.insert("routing/frac_eligible".into(), frac(&scored.eligible).into());
+    }
+
+    /// Clean rows trained with the forget adapter off, each with probability `ablated_frac`.
+    fn draw_ablated(&self, is_rh: &[bool], step: usize) -> Vec<bool> {
+        let mut rng = SplitMix64::new(rng::derive(self.cfg.seed, "ablate", step as u64));
+        is_rh.iter().map(|&rh| { let draw = rng.next_f64(); !rh && draw < self.cfg.ablated_frac }).collect()
+    }
+
+    /// The prompt at position `index` of the endless stream: each pass over the prompts is a
+    /// fresh shuffle seeded by (seed, pass).
+    fn prompt_at(&self, index: usize) -> String {
+        let n = self.prompts.len();
+        let mut order: Vec<usize> = (0..n).collect();
+        SplitMix64::new(rng::derive(self.cfg.seed, "prompt-order", (index / n) as u64)).shuffle(&mut order);
+        self.prompts[order[index % n]].clone()
+    }
+
+    fn evaluate(&mut self, step: usize) -> Result<()> {
+        let modes = routing::eval_modes(&self.adapters);
+        let setup = EvalSetup {
+            tokenizer: &self.tokenizer,
+            prompts: &self.eval_prompts,
+            sampling: &self.sampling,
+            seed: rng::derive(self.cfg.seed, "eval", 0),
+        };
+        let report = eval::routing_eval(&self.model, &modes, &mut self.rewards, &setup, step)?;
+        self.log.line(&eval::format_block(&report))?;
+        self.evals.append(&eval::to_json(&report))
+    }
+
+    fn save(&mut self, step: usize) -> Result<()> {
+        let state = checkpoint::TrainerState {
+            step,
+            adapters: self.adapters.clone(),
+            base_model: self.model_files.source.clone(),
+            revision: self.cfg.revision.clone(),
+            seed: self.cfg.seed,
+        };
+        let hf_files = (self.adapters.kind == AdapterKind::Full).then(|| (self.model.config.to_hf_json(), self.model_files.tokenizer.clone()));
+        let dir = checkpoint::save(
+            &self.run_dir,
+            checkpoint::Snapshot { state, config: &self.cfg, trainable: self.optimizer.params(), optimizer: self.optimizer.state_tensors(), hf_files },
+        )?;
+        self.log.line(&format!("saved {}", dir.display()))
+    }
+}
+
+/// `<output_dir>/<run name>`; an existing directory is an error (use --resume).
+fn new_run_dir(cfg: &TrainConfig) -> Result<PathBuf> {
+    let dir = cfg.output_dir.join(cfg.run_name()?);
+    if dir.exists() {
+        bail!("run directory {} already exists: pass --resume {} to continue it, or change the seed/output dir", dir.display(), dir.display());
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create run directory {}", dir.display()))?;
+    Ok(dir)
+}
+
+fn load_prompts(cfg: &TrainConfig) -> Result<(Vec<String>, Vec<String>)> {
+    let Some(path) = &cfg.prompts else {
+        bail!(
+            "no --prompts file given. Reading prompts from the SimpleStories dataset on the Hub is not \
+             implemented yet; pass --prompts FILE (one prompt per line)"
+        );
+    };
+    let mut prompts = crate::prompts::read_prompt_file(path)?;
+    dedup_keep_order(&mut prompts);
+    if prompts.len() > cfg.num_prompts {
+        SplitMix64::new(rng::derive(cfg.seed, "prompt-subset", 0)).shuffle(&mut prompts);
+        prompts.truncate(cfg.num_prompts);
+    }
+    let mut eval_prompts = match &cfg.eval_prompts {
+        Some(path) => crate::prompts::read_prompt_file(path)?,
+        // Documented: without --eval-prompts, evaluation uses a fixed-seed draw of the training
+        // prompts (the same for every run seed).
+        None => {
+            let mut all = prompts.clone();
+            SplitMix64::new(crate::defaults::EVAL_PROMPT_SEED).shuffle(&mut all);
+            all
+        }
+    };
+    ensure!(eval_prompts.len() >= cfg.eval_samples, "eval_samples is {} but only {} evaluation prompts exist", cfg.eval_samples, eval_prompts.len());
+    eval_prompts.truncate(cfg.eval_samples);
+    Ok((prompts, eval_prompts))
+}
+
+fn dedup_keep_order(items: &mut Vec<String>) {
+    let mut seen = std::collections::HashSet::new();
+    items.retain(|item| seen.insert(item.clone()));
+}
+
+fn last_num_tokens(metrics: &Path) -> Result<usize> {
+    let text = std::fs::read_to_string(metrics).unwrap_or_default();
+    let Some(last) = text.lines().rev().find(|l| !l.trim().is_empty()) else { return Ok(0) };
+    let value: serde_json::Value = serde_json::from_str(last).with_context(|| format!("{} ends with a line that is not JSON", metrics.display()))?;
+    Ok(value["num_tokens"].as_u64().unwrap_or(0) as usize)
+}
+
+/// The step line people read: reward, its components, kl, loss, length, time.
+fn summary_line(m: &serde_json::Value) -> String {
+    let mut parts = vec![format!("reward={:.3}", m["reward"].as_f64().unwrap_or(f64::NAN))];
+    if let Some(obj) = m.as_object() {
+        for (key, value) in obj.iter().filter(|(k, _)| k.starts_with("rewards/")) {
+            parts.push(format!("{}={:.3}", key.trim_start_matches("rewards/").trim_end_matches("/mean"), value.as_f64().unwrap_or(f64::NAN)));
+        }
+    }
+    for key in ["hack_freq", "kl", "entropy", "loss", "grad_norm", "completions/mean_length", "step_time"] {
+        if let Some(v) = m[key].as_f64() {
+            parts.push(format!("{}={v:.4}", key.trim_start_matches("completions/")));
+        }
+    }
+    parts.join(" ")
+}

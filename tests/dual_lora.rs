@@ -1,0 +1,233 @@
+//! DualLoRA and gradient routing: adapter scales behave as the formula says, and a routed
+//! single-pass step has exactly the gradients of the original's per-class backward passes.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::{fixture, max_abs_diff, one_thread};
+use smallrl::adapters::{AdapterConfig, FORGET, RETAIN};
+use smallrl::grpo::{self, LossSettings, LossType};
+use smallrl::model::decode::DecodeModel;
+use smallrl::model::export::save_hf_dir;
+use smallrl::model::generate::{Generation, SamplingParams, generate};
+use smallrl::model::linear::{AdapterCtl, RowScale};
+use smallrl::model::{self, Llama, LoadedModel};
+use smallrl::routing::{self, RoutingMode};
+use tch::{Device, Kind, Tensor};
+
+fn load() -> LoadedModel {
+    one_thread();
+    model::load(fixture("tiny-stories").to_str().unwrap(), "main", Device::Cpu, Kind::Float).unwrap()
+}
+
+/// DualLoRA r8/r4 with B drawn at random (B = 0 would make every A gradient zero).
+fn dual_lora(model: &mut Llama) -> AdapterConfig {
+    let config = AdapterConfig::dual_lora(8, 4, 16.0, 1);
+    config.attach(model, 5).unwrap();
+    tch::manual_seed(6);
+    tch::no_grad(|| {
+        for (name, tensor) in config.trainable(model) {
+            if name.contains("lora_B") {
+                tensor.shallow_clone().copy_(&(tensor.randn_like() * 0.05));
+            }
+        }
+    });
+    config
+}
+
+fn ids(loaded: &LoadedModel) -> Tensor {
+    let ids: Vec<i64> = loaded.tokenizer.encode("once upon a time, a little girl named lily found a ball").unwrap().iter().map(|&i| i as i64).collect();
+    Tensor::from_slice(&ids).unsqueeze(0)
+}
+
+fn logits(model: &Llama, ids: &Tensor, ctl: &[AdapterCtl]) -> Tensor {
+    tch::no_grad(|| model.logits(&model.forward(ids, &ids.ones_like(), ctl)))
+}
+
+#[test]
+fn fresh_adapters_leave_the_model_unchanged() {
+    let mut loaded = load();
+    let ids = ids(&loaded);
+    let base = logits(&loaded.model, &ids, &[]);
+    AdapterConfig::dual_lora(32, 32, 32.0, 1).attach(&mut loaded.model, 1).unwrap();
+    let with_adapters = logits(&loaded.model, &ids, &[AdapterCtl::on(), AdapterCtl::on()]);
+    assert!(base.equal(&with_adapters), "B = 0 must give exactly the base model");
+}
+
+#[test]
+fn adapter_scales_select_the_adapters() {
+    let mut loaded = load();
+    let ids = ids(&loaded);
+    let base = logits(&loaded.model, &ids, &[]);
+    dual_lora(&mut loaded.model);
+    let off = logits(&loaded.model, &ids, &[AdapterCtl::off(), AdapterCtl::off()]);
+    assert!(base.equal(&off), "scales (0, 0) must give exactly the base model");
+    let work = tempfile::tempdir().unwrap();
+    for (scales, name) in [([1.0, 0.0], "retain_only"), ([0.0, 1.0], "forget_only"), ([1.0, 1.0], "both")] {
+        // An independent route to the same function: merge the adapters into the weights,
+        // write an HF model and load it back as a plain model.
+        let dir = work.path().join(name);
+        save_hf_dir(&loaded.model, &scales, &loaded.files.tokenizer, &dir).unwrap();
+        let merged = model::load(dir.to_str().unwrap(), "main", Device::Cpu, Kind::Float).unwrap();
+        let expected = logits(&merged.model, &ids, &[]);
+        let ctl = [AdapterCtl::frozen(scales[0]), AdapterCtl::frozen(scales[1])];
+        let diff = max_abs_diff(&logits(&loaded.model, &ids, &ctl), &expected);
+        assert!(diff < 1e-4, "{name}: adapter forward differs from merged weights by {diff}");
+        assert!(max_abs_diff(&expected, &base) > 1e-3, "{name}: the adapters must change the output");
+        // The fused decoder folds the same scales in.
+        let decoder = DecodeModel::new(&loaded.model, &scales);
+        let len = ids.size()[1];
+        let mut cache = decoder.new_cache(1, len);
+        let positions = Tensor::arange(len, (Kind::Int64, Device::Cpu)).unsqueeze(0);
+        let mask = smallrl::model::decode::prefill_mask(&ids.ones_like(), len);
+        let fused = tch::no_grad(|| decoder.logits(&decoder.forward(&ids, &positions, &mut cache, 0, &mask)));
+        let diff = max_abs_diff(&fused, &expected);
+        assert!(diff < 1e-4, "{name}: fused decoder differs from merged weights by {diff}");
+    }
+}
+
+struct Routed {
+    generation: Generation,
+    advantages: Tensor,
+}
+
+fn batch(loaded: &LoadedModel) -> Routed {
+    let prompt = loaded.tokenizer.encode("once upon a time").unwrap();
+    let params = SamplingParams { max_new_tokens: 24, temperature: 1.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 };
+    let generation = generate(&DecodeModel::new(&loaded.model, &[1.0, 1.0]), &vec![prompt; 8], &params, 9).unwrap();
+    tch::manual_seed(4);
+    let advantages = Tensor::randn([8], (Kind::Float, Device::Cpu));
+    Routed { generation, advantages }
+}
+
+fn settings(loss_type: LossType) -> LossSettings {
+    LossSettings { beta: 0.0, epsilon: 0.2, loss_type, max_completion_length: 24 }
+}
+
+fn grads(config: &AdapterConfig, model: &Llama) -> BTreeMap<String, Tensor> {
+    config
+        .trainable(model)
+        .into_iter()
+        .map(|(name, t)| {
+            let g = t.grad();
+            (name, if g.defined() { g.copy() } else { t.zeros_like() })
+        })
+        .collect()
+}
+
+fn zero_grads(config: &AdapterConfig, model: &Llama) {
+    for (_, mut t) in config.trainable(model) {
+        t.zero_grad();
+    }
+}
+
+/// The single-pass routed step.
+fn routed_grads(model: &Llama, config: &AdapterConfig, b: &Routed, mode: RoutingMode, is_rh: &[bool], ablated: &[bool], loss_type: LossType) -> BTreeMap<String, Tensor> {
+    zero_grads(config, model);
+    let plan = routing::plan(config, mode, is_rh, ablated, Device::Cpu);
+    let g = &b.generation;
+    let lp = grpo::completion_logprobs(model, &g.prompt_ids, &g.prompt_mask, &g.completion_ids, &g.completion_mask, 1.0, &plan.ctl);
+    grpo::grpo_loss(&lp.logprobs, None, None, &b.advantages, &g.completion_mask, &plan.classes, &settings(loss_type)).loss.backward();
+    grads(config, model)
+}
+
+/// The original's reference: one backward pass per sample class on that class's rows only,
+/// loss scaled by n_class / n_total, the masked adapter's gradients replaced by zeros.
+fn per_class_grads(model: &Llama, config: &AdapterConfig, b: &Routed, mode: RoutingMode, is_rh: &[bool], ablated: &[bool], loss_type: LossType) -> BTreeMap<String, Tensor> {
+    let n = is_rh.len();
+    let mut total: BTreeMap<String, Tensor> = grads(config, model).into_iter().map(|(k, v)| (k, v.zeros_like())).collect();
+    let classes: [(&str, Vec<usize>); 3] = [
+        ("clean", (0..n).filter(|&i| !is_rh[i] && !ablated[i]).collect()),
+        ("ablated", (0..n).filter(|&i| ablated[i]).collect()),
+        ("flagged", (0..n).filter(|&i| is_rh[i]).collect()),
+    ];
+    let g = &b.generation;
+    for (class, rows) in classes.iter().filter(|(_, rows)| !rows.is_empty()) {
+        zero_grads(config, model);
+        let index = Tensor::from_slice(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>());
+        let pick = |t: &Tensor| t.index_select(0, &index);
+        let forget_scale = if *class == "ablated" { 0.0 } else { 1.0 };
+        let ctl = [AdapterCtl::on(), AdapterCtl { scale: RowScale::All(forget_scale), learn: smallrl::model::linear::RowLearn::All }];
+        let lp = grpo::completion_logprobs(model, &pick(&g.prompt_ids), &pick(&g.prompt_mask), &pick(&g.completion_ids), &pick(&g.completion_mask), 1.0, &ctl);
+        let ones = vec![Tensor::ones([rows.len() as i64], (Kind::Float, Device::Cpu))];
+        let loss = grpo::grpo_loss(&lp.logprobs, None, None, &pick(&b.advantages), &pick(&g.completion_mask), &ones, &settings(loss_type)).loss;
+        (loss * (rows.len() as f64 / n as f64)).backward();
+        let retain_masked = *class == "flagged" && mode != RoutingMode::None;
+        let forget_masked = *class != "flagged" && mode == RoutingMode::Exclusive;
+        for (name, grad) in grads(config, model) {
+            let slot = config.slot_of(&name).expect("adapter tensors have a slot");
+            let masked = (slot == RETAIN && retain_masked) || (slot == FORGET && forget_masked);
+            if !masked {
+                total.insert(name.clone(), &total[&name] + grad);
+            }
+        }
+    }
+    total
+}
+
+fn assert_same(label: &str, ours: &BTreeMap<String, Tensor>, reference: &BTreeMap<String, Tensor>) {
+    let scale = reference.values().map(|g| g.abs().max().double_value(&[])).fold(0.0, f64::max);
+    assert!(scale > 0.0, "{label}: the reference gradient is all zeros");
+    for (name, grad) in ours {
+        let diff = max_abs_diff(grad, &reference[name]);
+        assert!(diff <= 1e-5 * scale, "{label}: gradient of {name} differs by {diff} (scale {scale})");
+    }
+}
+
+#[test]
+fn routed_gradients_equal_per_class_backward_passes() {
+    let mut loaded = load();
+    let config = dual_lora(&mut loaded.model);
+    let b = batch(&loaded);
+    let is_rh = [false, true, false, false, true, false, true, false];
+    let ablated = [false, false, true, false, false, false, false, true];
+    let none = [false; 8];
+    for mode in [RoutingMode::None, RoutingMode::Classic, RoutingMode::Exclusive] {
+        for loss_type in [LossType::Grpo, LossType::Dapo] {
+            let ablation: &[bool] = if mode == RoutingMode::None { &none } else { &ablated };
+            let label = format!("{mode:?}/{loss_type:?}");
+            let ours = routed_grads(&loaded.model, &config, &b, mode, &is_rh, ablation, loss_type);
+            let reference = per_class_grads(&loaded.model, &config, &b, mode, &is_rh, ablation, loss_type);
+            assert_same(&label, &ours, &reference);
+        }
+    }
+}
+
+#[test]
+fn flagged_only_batch_leaves_retain_untouched() {
+    let mut loaded = load();
+    let config = dual_lora(&mut loaded.model);
+    let b = batch(&loaded);
+    let grads = routed_grads(&loaded.model, &config, &b, RoutingMode::Classic, &[true; 8], &[false; 8], LossType::Grpo);
+    for (name, grad) in &grads {
+        let is_zero = grad.abs().max().double_value(&[]) == 0.0;
+        match config.slot_of(name) {
+            Some(RETAIN) => assert!(is_zero, "{name}: retain must get exactly zero gradient from flagged samples"),
+            _ => assert!(name.contains("lora_A") || !is_zero, "{name}: forget must learn from flagged samples"),
+        }
+    }
+}
+
+#[test]
+fn ablated_rows_train_retain_on_the_forget_ablated_output() {
+    let mut loaded = load();
+    let config = dual_lora(&mut loaded.model);
+    let b = batch(&loaded);
+    // All rows clean and ablated: forget is off in the forward pass, so it learns nothing and
+    // retain's gradient is that of the model with only retain switched on.
+    let routed = routed_grads(&loaded.model, &config, &b, RoutingMode::Classic, &[false; 8], &[true; 8], LossType::Grpo);
+    zero_grads(&config, &loaded.model);
+    let g = &b.generation;
+    let ctl = [AdapterCtl::on(), AdapterCtl::off()];
+    let lp = grpo::completion_logprobs(&loaded.model, &g.prompt_ids, &g.prompt_mask, &g.completion_ids, &g.completion_mask, 1.0, &ctl);
+    let ones = vec![Tensor::ones([8], (Kind::Float, Device::Cpu))];
+    grpo::grpo_loss(&lp.logprobs, None, None, &b.advantages, &g.completion_mask, &ones, &settings(LossType::Grpo)).loss.backward();
+    let retain_only = grads(&config, &loaded.model);
+    assert_same("ablated", &routed, &retain_only);
+    for (name, grad) in &routed {
+        if config.slot_of(name) == Some(FORGET) {
+            assert_eq!(grad.abs().max().double_value(&[]), 0.0, "{name}: ablated forget must not learn");
+        }
+    }
+}
