@@ -20,17 +20,16 @@ fn load(name: &str) -> (LoadedModel, BTreeMap<String, Tensor>) {
     (loaded, reference)
 }
 
-fn full_forward_logits(loaded: &LoadedModel, ids: &Tensor, mask: &Tensor) -> Tensor {
+fn full_forward_logits(model: &smallrl::model::Llama, ids: &Tensor, mask: &Tensor) -> Tensor {
     let _guard = tch::no_grad_guard();
-    let hidden = loaded.model.forward(ids, mask, &[]);
-    loaded.model.logits(&hidden)
+    model.logits(&model.forward(ids, mask, &[]))
 }
 
 fn check_single_prompts(name: &str) {
     let (loaded, reference) = load(name);
     for i in 0..4 {
         let ids = reference[&format!("input_ids_{i}")].unsqueeze(0);
-        let logits = full_forward_logits(&loaded, &ids, &ids.ones_like());
+        let logits = full_forward_logits(&loaded.model, &ids, &ids.ones_like());
         let diff = max_abs_diff(&logits.squeeze_dim(0), &reference[&format!("logits_{i}")]);
         assert!(diff <= TOLERANCE, "{name} prompt {i}: max |logits - transformers| = {diff}");
     }
@@ -59,7 +58,7 @@ fn left_padded_batch_matches_both_position_conventions() {
         let ids = &reference["batch_input_ids"];
         let mask = &reference["batch_attention_mask"];
         // TRL's scoring path: positions 0..T on every row.
-        let logits = full_forward_logits(&loaded, ids, mask);
+        let logits = full_forward_logits(&loaded.model, ids, mask);
         let diff = masked_diff(&logits, &reference["batch_logits"], mask);
         assert!(diff <= TOLERANCE, "{name}: scoring forward differs by {diff}");
         // generate's path: positions cumsum(mask) - 1 through the fused, cached decoder.
@@ -78,7 +77,7 @@ fn incremental_decoding_matches_the_full_forward_pass() {
     let (loaded, reference) = load("tiny-stories");
     let ids = reference["input_ids_2"].unsqueeze(0);
     let len = ids.size()[1];
-    let expected = full_forward_logits(&loaded, &ids, &ids.ones_like()).squeeze_dim(0);
+    let expected = full_forward_logits(&loaded.model, &ids, &ids.ones_like()).squeeze_dim(0);
     let decoder = DecodeModel::new(&loaded.model, &[]);
     let mut cache = decoder.new_cache(1, len);
     let prefix = 3;
@@ -99,4 +98,114 @@ fn incremental_decoding_matches_the_full_forward_pass() {
     }
     let diff = max_abs_diff(&Tensor::cat(&rows, 0), &expected);
     assert!(diff <= TOLERANCE, "cached decoding differs from the full pass by {diff}");
+}
+
+/// Runs `scripts/reference/llama_variants.py` once per test process into a temporary
+/// directory: random models for config paths SimpleStories does not use, with transformers'
+/// logits, and transformers' greedy decodes of tiny-stories.
+fn variants() -> &'static std::path::Path {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let status = std::process::Command::new(common::python())
+            .current_dir(common::repo_root())
+            .args(["scripts/reference/llama_variants.py", dir.path().to_str().unwrap()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "llama_variants.py failed");
+        dir
+    })
+    .path()
+}
+
+#[test]
+fn other_llama_configs_match_transformers() {
+    one_thread();
+    for variant in ["untied", "mha", "rope_theta", "head_dim"] {
+        let dir = variants().join(variant);
+        // The variants have no tokenizer: load config and weights only.
+        let config = model::LlamaConfig::from_file(&dir.join("config.json")).unwrap_or_else(|e| panic!("{variant}: {e:#}"));
+        let files = model::weights::weight_files(&dir).unwrap();
+        let llama = model::weights::load_llama(config, &files, Device::Cpu, Kind::Float).unwrap_or_else(|e| panic!("{variant}: {e:#}"));
+        let reference = model::weights::read_safetensors(&dir.join("reference.safetensors")).unwrap();
+        for i in 0..4 {
+            let ids = reference[&format!("input_ids_{i}")].unsqueeze(0);
+            let logits = full_forward_logits(&llama, &ids, &ids.ones_like());
+            let diff = max_abs_diff(&logits.squeeze_dim(0), &reference[&format!("logits_{i}")]);
+            assert!(diff <= TOLERANCE, "{variant} prompt {i}: max |logits - transformers| = {diff}");
+        }
+        let (ids, mask) = (&reference["batch_input_ids"], &reference["batch_attention_mask"]);
+        let diff = masked_diff(&full_forward_logits(&llama, ids, mask), &reference["batch_logits"], mask);
+        assert!(diff <= TOLERANCE, "{variant}: padded batch differs by {diff}");
+        let decoder = DecodeModel::new(&llama, &[]);
+        let (batch, len) = ids.size2().unwrap();
+        let mut cache = decoder.new_cache(batch, len);
+        let hidden = tch::no_grad(|| decoder.forward(ids, &reference["batch_gen_position_ids"], &mut cache, 0, &prefill_mask(mask, len)));
+        let diff = masked_diff(&decoder.logits(&hidden), &reference["batch_gen_logits"], mask);
+        assert!(diff <= TOLERANCE, "{variant}: fused decoder differs by {diff}");
+    }
+}
+
+#[test]
+fn greedy_decoding_matches_transformers_token_for_token() {
+    use smallrl::model::generate::{SamplingParams, generate};
+    let (loaded, _) = load("tiny-stories");
+    let text = std::fs::read_to_string(variants().join("greedy.json")).unwrap();
+    let greedy: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let max_new_tokens = greedy["max_new_tokens"].as_u64().unwrap() as usize;
+    let params = SamplingParams { max_new_tokens, temperature: 0.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 };
+    let decoder = DecodeModel::new(&loaded.model, &[]);
+    let results = greedy["results"].as_array().unwrap();
+    assert!(results.len() >= 5);
+    let to_ids = |v: &serde_json::Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<_>>();
+    let prompts: Vec<Vec<u32>> = results.iter().map(|r| to_ids(&r["prompt_ids"])).collect();
+    // All prompts in one left-padded batch: the batched path must not change greedy choices.
+    let generation = generate(&decoder, &prompts, &params, 0).unwrap();
+    for (result, row) in results.iter().zip(&generation.rows) {
+        let mut ours = row.ids.clone();
+        if row.ended_with_eos {
+            ours.push(loaded.model.config.eos_token_id);
+        }
+        assert_eq!(ours, to_ids(&result["generated_ids"]), "greedy decode of {:?}", result["prompt"]);
+    }
+}
+
+/// Copies tiny-random into a temporary directory after `edit` changes its tensors or config,
+/// and returns the load error.
+fn load_error(edit: impl FnOnce(&mut BTreeMap<String, Tensor>, &mut serde_json::Value)) -> String {
+    one_thread();
+    let source = fixture("tiny-random");
+    let dir = tempfile::tempdir().unwrap();
+    let mut tensors = model::weights::read_safetensors(&source.join("model.safetensors")).unwrap();
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(source.join("config.json")).unwrap()).unwrap();
+    edit(&mut tensors, &mut config);
+    let tensors: Vec<(String, Tensor)> = tensors.into_iter().collect();
+    model::weights::write_safetensors(&dir.path().join("model.safetensors"), &tensors).unwrap();
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    std::fs::copy(source.join("tokenizer.json"), dir.path().join("tokenizer.json")).unwrap();
+    match model::load(dir.path().to_str().unwrap(), "main", Device::Cpu, Kind::Float) {
+        Ok(_) => panic!("a broken model directory loaded"),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+#[test]
+fn bad_model_directories_name_the_file_and_the_problem() {
+    let q = "model.layers.1.self_attn.q_proj.weight";
+    let missing = load_error(|t, _| { t.remove(q); });
+    assert!(missing.contains(q) && missing.contains("missing"), "{missing}");
+    let shape = load_error(|t, _| { t.insert(q.into(), Tensor::zeros([128, 64], (Kind::Float, Device::Cpu))); });
+    assert!(shape.contains(q) && shape.contains("[128, 64]") && shape.contains("model.safetensors"), "{shape}");
+    let dtype = load_error(|t, _| { t.insert(q.into(), Tensor::zeros([128, 128], (Kind::Int64, Device::Cpu))); });
+    assert!(dtype.contains(q) && dtype.contains("dtype"), "{dtype}");
+    let unknown = load_error(|t, _| { t.insert("model.layers.0.self_attn.q_proj.bias".into(), Tensor::zeros([128], (Kind::Float, Device::Cpu))); });
+    assert!(unknown.contains("q_proj.bias") && unknown.contains("not part of"), "{unknown}");
+    let scaling = load_error(|_, c| { c["rope_scaling"] = serde_json::json!({"rope_type": "linear", "factor": 2.0}); });
+    assert!(scaling.contains("rope_scaling") && scaling.contains("config.json"), "{scaling}");
+    let new_key = load_error(|_, c| { c["sliding_window"] = 128.into(); });
+    assert!(new_key.contains("sliding_window"), "{new_key}");
+    let untied = load_error(|_, c| { c["tie_word_embeddings"] = false.into(); });
+    assert!(untied.contains("lm_head.weight") && untied.contains("missing"), "{untied}");
+    let theta = load_error(|_, c| { c["rope_theta"] = 500000.0.into(); });
+    assert!(theta.contains("disagree"), "{theta}");
 }
