@@ -6,7 +6,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::{fixture, max_abs_diff, one_thread};
-use smallrl::model::decode::{DecodeModel, prefill_mask};
+use smallrl::model::decode::{DecodeModel, additive_mask, prefill_mask};
 use smallrl::model::{self, LoadedModel};
 use tch::{Device, Kind, Tensor};
 
@@ -92,7 +92,7 @@ fn incremental_decoding_matches_the_full_forward_pass() {
         let _ = key_valid.narrow(1, slot, 1).fill_(1);
         let token = ids.narrow(1, slot, 1);
         let position = Tensor::from_slice(&[slot]).view([1, 1]);
-        let mask = key_valid.unsqueeze(1).unsqueeze(1);
+        let mask = additive_mask(&key_valid.unsqueeze(1).unsqueeze(1), Kind::Float);
         let hidden = decoder.forward(&token, &position, &mut cache, slot, &mask);
         rows.push(decoder.logits(&hidden).squeeze_dim(0));
     }

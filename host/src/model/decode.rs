@@ -4,14 +4,15 @@
 //! libtorch ops, not arithmetic. Each layer therefore runs one fused projection that yields
 //! `q, k, rotate_half(q), rotate_half(k), v` at once (the rotation is folded into extra weight
 //! rows, so RoPE costs two multiplies and an add), one output projection, one fused gate/up
-//! projection and one down projection. The KV cache is written in place and attention always
-//! spans the whole cache with a key mask, so no op depends on the current length.
+//! projection and one down projection. The KV cache is preallocated and written in place;
+//! attention reads the slots written so far (views of the cache, no copies) under an additive
+//! key mask, and runs as two batched matrix products (see [`grouped_attention`]).
 
 use tch::{Device, Kind, Tensor};
 
 use super::config::LlamaConfig;
 use super::linear::Linear;
-use super::llama::{Llama, attend, rms_norm};
+use super::llama::{Llama, rms_norm};
 
 struct DecodeLayer {
     input_layernorm: Tensor,
@@ -55,7 +56,9 @@ impl DecodeModel {
             .iter()
             .map(|block| {
                 let attn = &block.self_attn;
-                let (q, k, v) = (merged(&attn.q_proj), merged(&attn.k_proj), merged(&attn.v_proj));
+                // The attention scale 1/sqrt(head_dim) is folded into the query rows.
+                let q = merged(&attn.q_proj) * (cfg.head_dim as f64).powf(-0.5);
+                let (k, v) = (merged(&attn.k_proj), merged(&attn.v_proj));
                 let rq = rotate_half_rows(&q, cfg.num_attention_heads, cfg.head_dim);
                 let rk = rotate_half_rows(&k, cfg.num_key_value_heads, cfg.head_dim);
                 let mlp = &block.mlp;
@@ -95,8 +98,9 @@ impl DecodeModel {
     }
 
     /// Runs `ids` (`[batch, n]`) at `positions` (`[batch, n]`), writing their keys and values
-    /// into cache slots `start..start + n`. `mask` is `[batch, 1, n, capacity]` boolean (true =
-    /// attend). Returns the final-norm hidden states `[batch, n, hidden]`.
+    /// into cache slots `start..start + n`. `mask` is `[batch, 1, n, capacity]` additive (0 =
+    /// attend, -inf = not; see [`additive_mask`]). Returns the final-norm hidden states
+    /// `[batch, n, hidden]`.
     pub fn forward(&self, ids: &Tensor, positions: &Tensor, cache: &mut KvCache, start: i64, mask: &Tensor) -> Tensor {
         let cfg = &self.config;
         let (b, n) = ids.size2().expect("ids must be [batch, n]");
@@ -114,10 +118,11 @@ impl DecodeModel {
             let rotated = fused.narrow(-1, qk_width, qk_width).view([b, n, heads + kv_heads, hd]);
             let v = fused.narrow(-1, 2 * qk_width, kv_heads * hd).view([b, n, kv_heads, hd]);
             let qk = qk * &cos + rotated * &sin;
-            let q = qk.narrow(2, 0, heads).transpose(1, 2);
             keys.narrow(2, start, n).copy_(&qk.narrow(2, heads, kv_heads).transpose(1, 2));
             values.narrow(2, start, n).copy_(&v.transpose(1, 2));
-            let attn = attend(&q, keys, values, mask, cfg).transpose(1, 2).reshape([b, n, heads * hd]);
+            // Only slots up to the last one written can be attended to.
+            let used = start + n;
+            let attn = grouped_attention(&qk.narrow(2, 0, heads), &keys.narrow(2, 0, used), &values.narrow(2, 0, used), &mask.narrow(3, 0, used), kv_heads);
             x = x + attn.matmul(&layer.o_t);
             let h = rms_norm(&x, &layer.post_attention_layernorm, eps);
             let gate_up = h.matmul(&layer.gate_up_t);
@@ -133,6 +138,32 @@ impl DecodeModel {
     }
 }
 
+/// Attention of pre-scaled queries `[batch, n, heads, head_dim]` over the used part of the
+/// cache (`[batch, kv_heads, len, head_dim]`) with an additive mask `[batch, 1, n, len]`
+/// (0 or -inf). The query heads sharing a key/value head are stacked as rows of one matrix, so
+/// each (row, kv head) pair is one small matrix product of a batched MKL call; libtorch's CPU
+/// `scaled_dot_product_attention` instead issues a matrix-vector product per row and head
+/// when decoding one token, which cost more than all projections together. Returns
+/// `[batch, n, heads * head_dim]`.
+fn grouped_attention(q: &Tensor, keys: &Tensor, values: &Tensor, mask: &Tensor, kv_heads: i64) -> Tensor {
+    let (b, n, heads, hd) = q.size4().expect("queries are [batch, n, heads, head_dim]");
+    let group = heads / kv_heads;
+    let len = keys.size()[2];
+    // [batch, kv, n * group, hd]: row (t, g) is query position t of head kv * group + g.
+    let q = q.reshape([b, n, kv_heads, group, hd]).permute([0, 2, 1, 3, 4]).reshape([b * kv_heads, n * group, hd]);
+    // (A narrowed cache still merges batch and kv-head dimensions without a copy.)
+    let scores = q.bmm(&keys.view([b * kv_heads, len, hd]).transpose(1, 2));
+    let scores = scores.view([b, kv_heads, n, group, len]) + mask.view([b, 1, n, 1, len]);
+    let probs = scores.softmax(-1, Kind::Float).to_kind(values.kind()).view([b * kv_heads, n * group, len]);
+    let out = probs.bmm(&values.view([b * kv_heads, len, hd]));
+    out.view([b, kv_heads, n, group, hd]).permute([0, 2, 1, 3, 4]).reshape([b, n, heads * hd])
+}
+
+/// Boolean attend-mask to the additive form (0 where attended, -inf elsewhere).
+pub fn additive_mask(mask: &Tensor, kind: Kind) -> Tensor {
+    Tensor::zeros(mask.size(), (kind, mask.device())).masked_fill(&mask.logical_not(), f64::NEG_INFINITY)
+}
+
 fn transposed(weight: &Tensor) -> Tensor {
     weight.detach().tr().contiguous()
 }
@@ -146,8 +177,9 @@ fn rotate_half_rows(weight: &Tensor, heads: usize, head_dim: usize) -> Tensor {
     rotated.reshape([(heads * head_dim) as i64, -1])
 }
 
-/// The prefill mask `[batch, 1, n, capacity]` for prompts in slots `0..n`: causal, keys limited
-/// to real tokens, and each query allowed to see itself so a padding row is never empty.
+/// The additive prefill mask `[batch, 1, n, capacity]` for prompts in slots `0..n`: causal,
+/// keys limited to real tokens, and each query allowed to see itself so a padding row is never
+/// empty.
 pub fn prefill_mask(prompt_mask: &Tensor, capacity: i64) -> Tensor {
     let (_, n) = prompt_mask.size2().expect("prompt_mask must be [batch, n]");
     let device = prompt_mask.device();
@@ -157,5 +189,5 @@ pub fn prefill_mask(prompt_mask: &Tensor, capacity: i64) -> Tensor {
     let diagonal = slots.unsqueeze(0).eq_tensor(&queries);
     let keys = prompt_mask.to_kind(Kind::Int64).constant_pad_nd([0, capacity - n]).to_kind(Kind::Bool);
     let keys = keys.unsqueeze(1).unsqueeze(1);
-    causal.logical_and(&keys).logical_or(&diagonal)
+    additive_mask(&causal.logical_and(&keys).logical_or(&diagonal), Kind::Float)
 }

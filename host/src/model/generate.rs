@@ -6,7 +6,7 @@
 use anyhow::{Result, ensure};
 use tch::{Kind, Tensor};
 
-use super::decode::{DecodeModel, prefill_mask};
+use super::decode::{DecodeModel, additive_mask, prefill_mask};
 
 /// How tokens are drawn. `temperature == 0` is greedy decoding.
 #[derive(Debug, Clone, PartialEq)]
@@ -64,7 +64,10 @@ pub fn generate(model: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingPara
     let mut logits = model.logits(&hidden.narrow(1, prompt_len - 1, 1)).squeeze_dim(1);
 
     let mut sampler = Sampler::new(params, &prompt_ids, &prompt_mask, model.config.vocab_size as i64);
-    let key_valid = prompt_mask.constant_pad_nd([0, params.max_new_tokens as i64]).to_kind(Kind::Bool);
+    // Additive key mask over the cache: 0 for prompt tokens and for each generated slot once
+    // written, -inf for padding and for slots not yet reached.
+    let key_mask = additive_mask(&prompt_mask.constant_pad_nd([0, params.max_new_tokens as i64]).to_kind(Kind::Bool), Kind::Float);
+    let step_mask = key_mask.view([batch, 1, 1, capacity]);
     let mut next_position = prompt_mask.sum_dim_intlist(1, false, Kind::Int64).unsqueeze(1);
     let tokens = Tensor::full([batch, params.max_new_tokens as i64], eos, (Kind::Int64, device));
     let logprobs = Tensor::zeros([batch, params.max_new_tokens as i64], (Kind::Float, device));
@@ -82,9 +85,8 @@ pub fn generate(model: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingPara
             break;
         }
         let slot = prompt_len + step as i64;
-        let _ = key_valid.select(1, slot).fill_(1);
-        let mask = key_valid.unsqueeze(1).unsqueeze(1);
-        let hidden = model.forward(&token.unsqueeze(1), &next_position, &mut cache, slot, &mask);
+        let _ = key_mask.select(1, slot).fill_(0.0);
+        let hidden = model.forward(&token.unsqueeze(1), &next_position, &mut cache, slot, &step_mask);
         next_position += 1;
         logits = model.logits(&hidden).squeeze_dim(1);
         sampler.observe(&token);
@@ -182,9 +184,11 @@ impl<'a> Sampler<'a> {
         if self.params.top_p < 1.0 {
             scores = top_p(&scores, self.params.top_p);
         }
-        let logprobs = scores.log_softmax(-1, Kind::Float);
-        let token = inverse_cdf_sample(&logprobs.exp());
-        let logprob = logprobs.gather(1, &token, false).squeeze_dim(1);
+        let probs = scores.softmax(-1, Kind::Float);
+        let token = inverse_cdf_sample(&probs);
+        // A drawn token has a probability well above float32's smallest normal, so the log of
+        // the gathered probability is exact enough and avoids a second pass over the vocabulary.
+        let logprob = probs.gather(1, &token, false).log().squeeze_dim(1);
         (token.squeeze_dim(1), logprob)
     }
 }
