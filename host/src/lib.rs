@@ -6,4 +6,6 @@
 pub mod cli;
 pub mod device;
 pub mod model;
+pub mod plugins;
+pub mod reward;
 pub mod yaml;
