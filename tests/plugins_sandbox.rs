@@ -55,7 +55,7 @@ fn an_endless_loop_hits_the_call_time_limit() {
 #[test]
 fn a_memory_bomb_hits_the_memory_limit() {
     let (_, error) = misbehave("memory_bomb");
-    assert_contains(&error, &["plugin misbehaving", "score failed", "over the limit of 32 MiB"]);
+    assert_contains(&error, &["plugin misbehaving", "score failed", "over the limit of 32.0 MiB"]);
     assert_host_still_works();
 }
 

@@ -71,6 +71,7 @@ const DETECTOR_CASES: &[(&str, &str)] = &[
     ("detect_happy_any", "{}"),
     ("detect_happy_any", r#"{"whole_word": true}"#),
     ("detect_contains_words", r#"{"words": ["happy", "cat"]}"#),
+    ("detect_contains_words", r#"{"words": ["happy", "cat"], "strip_punctuation": true}"#),
     ("detect_happy_density", "{}"),
     ("detect_happy_density", r#"{"max_density": 0.3}"#),
 ];

@@ -39,7 +39,8 @@ fn model_from_yaml(yaml: &str, knobs: ProtocolKnobs) -> anyhow::Result<RewardMod
     RewardModel::load(&sections.reward, sections.rh_detector.as_ref(), knobs, &plugin_dir(), PluginLimits::default())
 }
 
-const STORIES: [&str; 8] = [
+const STORIES: [&str; 9] = [
+    "The happy cat was very happy and sat on a mat. The happy dog was so happy and ran to the tree.",
     "",
     "The dog ran to town. Then the big red ball was in the old box.",
     "She was happy. He was happy too. They were very happy and they played all day long.",

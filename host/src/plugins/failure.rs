@@ -19,9 +19,9 @@ pub fn describe_failure(error: wasmtime::Error, state: &StoreState, limits: Plug
     let trap = error.downcast_ref::<Trap>().copied();
     if let Some(desired) = state.memory_limit_hit() {
         return format!(
-            "it tried to grow its memory to {} MiB, over the limit of {} MiB (PluginLimits::max_memory_bytes)",
-            desired >> 20,
-            limits.max_memory_bytes >> 20
+            "it tried to grow its memory to {:.1} MiB, over the limit of {:.1} MiB (PluginLimits::max_memory_bytes)",
+            mebibytes(desired),
+            mebibytes(limits.max_memory_bytes)
         );
     }
     match (trap, state.last_log()) {
@@ -75,4 +75,8 @@ pub fn describe_incompatible(path: &Path, component: &Component, engine: &Engine
         path.display(),
         anyhow::Error::from(error)
     )
+}
+
+fn mebibytes(bytes: usize) -> f64 {
+    bytes as f64 / (1u64 << 20) as f64
 }

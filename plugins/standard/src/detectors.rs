@@ -57,6 +57,7 @@ impl Detector for HappyAny {
 /// Flags completions with a whitespace-separated word in a list (case-insensitive).
 pub struct ContainsWords {
     words: Vec<String>,
+    strip_punctuation: bool,
 }
 
 impl Plugin for ContainsWords {
@@ -66,19 +67,27 @@ impl Plugin for ContainsWords {
         "flags completions where a whitespace-separated word (lowercased) is one of `words`";
 
     fn params() -> Vec<Param> {
-        vec![Param::string_list("words", &[HAPPY], "words that flag a completion (matched exactly, lowercased)")]
+        vec![
+            Param::string_list("words", &[HAPPY], "words that flag a completion (matched exactly, lowercased)"),
+            // Decoded SimpleStories text glues punctuation to words ("happy."), which the
+            // original rule does not match; this option does.
+            Param::boolean("strip_punctuation", false, "ignore punctuation around each word (\"happy.\" matches \"happy\")"),
+        ]
     }
 
     fn from_params(params: &Params) -> Result<Self, String> {
         let words = params.string_list("words").iter().map(|word| word.to_lowercase()).collect();
-        Ok(Self { words })
+        Ok(Self { words, strip_punctuation: params.boolean("strip_punctuation") })
     }
 }
 
 impl Detector for ContainsWords {
     fn detect(&self, sample: &Sample) -> bool {
         let completion = sample.completion.to_lowercase();
-        completion.split_whitespace().any(|word| self.words.iter().any(|listed| listed == word))
+        completion.split_whitespace().any(|word| {
+            let word = if self.strip_punctuation { word.trim_matches(|c: char| c.is_ascii_punctuation()) } else { word };
+            self.words.iter().any(|listed| listed == word)
+        })
     }
 }
 
