@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: setup build test
+.PHONY: setup build test plugins
 setup:
 	bash scripts/setup-python.sh
 	rustup target add wasm32-unknown-unknown >/dev/null
@@ -10,5 +10,28 @@ setup:
 build: setup
 	$(CARGO) build
 
-test: setup
+test: setup plugins
 	$(CARGO) test
+
+# Reward / detector plugins: guests for wasm32-unknown-unknown (release profile), wrapped into
+# components by plugins/componentize. Incremental: cargo and the componentizer skip what is
+# up to date. Standard plugins land in plugins/*.wasm (gitignored; plugins/happy.wasm is the
+# happy_count reward); test-only misbehaving plugins in target/test-plugins/.
+WASM_TARGET := wasm32-unknown-unknown
+WASM_BUILD := target/$(WASM_TARGET)/release
+REWARD_PLUGINS := happy_binary happy_count happy_exp string_count sentence_length
+DETECTOR_PLUGINS := detect_happy_count detect_happy_any detect_contains_words detect_happy_density
+TEST_PLUGINS := testplugin_misbehaving testplugin_bad_version testplugin_imports_random
+STANDARD_PLUGINS := $(REWARD_PLUGINS) $(DETECTOR_PLUGINS)
+
+plugins:
+	@rustup target add $(WASM_TARGET) >/dev/null 2>&1 || rustup target add $(WASM_TARGET)
+	@# Two invocations: the SDK is built with feature `reward` for one, `detector` for the other.
+	$(CARGO) build --quiet --release --target $(WASM_TARGET) $(addprefix -p ,$(REWARD_PLUGINS) $(TEST_PLUGINS))
+	$(CARGO) build --quiet --release --target $(WASM_TARGET) $(addprefix -p ,$(DETECTOR_PLUGINS))
+	$(CARGO) run --quiet -p smallrl-componentize -- \
+		$(foreach p,$(STANDARD_PLUGINS),$(WASM_BUILD)/$(p).wasm=plugins/$(p).wasm) \
+		$(WASM_BUILD)/happy_count.wasm=plugins/happy.wasm \
+		$(foreach p,$(TEST_PLUGINS),$(WASM_BUILD)/$(p).wasm=target/test-plugins/$(p:testplugin_%=%).wasm)
+	@# A core module (not a component) for the test that the host rejects it helpfully.
+	@cp -p $(WASM_BUILD)/happy_count.wasm target/test-plugins/core_module.wasm

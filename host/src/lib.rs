@@ -7,13 +7,15 @@ pub mod adapters;
 pub mod cli;
 pub mod defaults;
 pub mod device;
-
+pub mod eval;
 pub mod fsutil;
 pub mod grpo;
 pub mod model;
 pub mod optim;
+pub mod plugins;
 pub mod prompts;
+pub mod reward;
 pub mod rng;
 pub mod routing;
-
+pub mod train;
 pub mod yaml;

@@ -1,9 +1,14 @@
-//! Helpers shared by the integration tests: where the repository and the shared fixtures are,
-//! and a fixed libtorch thread count (oversubscribed threads on 2 cores are many times slower).
+//! Helpers shared by the integration tests: where the repository, the shared fixtures and the
+//! built plugins are, a fixed libtorch thread count (oversubscribed threads on 2 cores are many
+//! times slower), and samples built from text the way the trainer builds them.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::sync::Once;
+
+use smallrl::model::tokenizer::Tokenizer;
+use smallrl::plugins::{Plugin, PluginLimits};
+use smallrl::reward::Sample;
 
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("host/ has a parent").to_path_buf()
@@ -33,4 +38,49 @@ pub fn python() -> PathBuf {
     let python = repo_root().join(".venv/bin/python");
     assert!(python.exists(), "{} is missing: run `make setup`", python.display());
     python
+}
+
+pub fn plugin_dir() -> PathBuf {
+    repo_root().join("plugins")
+}
+
+/// A built standard plugin; missing means the plugins were not built (never skipped).
+pub fn standard_plugin(file_stem: &str) -> PathBuf {
+    existing(plugin_dir().join(format!("{file_stem}.wasm")))
+}
+
+/// A built test-only plugin from `target/test-plugins/`.
+pub fn test_plugin(file_stem: &str) -> PathBuf {
+    existing(repo_root().join("target/test-plugins").join(format!("{file_stem}.wasm")))
+}
+
+fn existing(path: PathBuf) -> PathBuf {
+    assert!(path.exists(), "{} is missing: run `make plugins` first", path.display());
+    path
+}
+
+pub fn load(path: &Path, params_json: &str) -> Plugin {
+    Plugin::load(path, params_json, PluginLimits::default())
+        .unwrap_or_else(|error| panic!("cannot load {}: {error:#}", path.display()))
+}
+
+/// The real SimpleStories tokenizer from the shared fixtures (next to the repository).
+pub fn tokenizer() -> Tokenizer {
+    Tokenizer::from_file(&fixture("simplestories-4096.json")).expect("the SimpleStories tokenizer loads")
+}
+
+pub fn sample(tokenizer: &Tokenizer, completion: &str) -> Sample {
+    smallrl::reward::sample_from_text("once upon a time", completion, tokenizer).expect("tokenizes")
+}
+
+/// A sample whose tokens are given directly (the worked examples use `w` for any word).
+pub fn sample_from_tokens(tokens: &str) -> Sample {
+    let completion_tokens: Vec<String> = tokens.split_whitespace().map(str::to_string).collect();
+    Sample {
+        prompt: String::new(),
+        completion: completion_tokens.join(" "),
+        completion_ids: vec![0; completion_tokens.len()],
+        completion_tokens,
+        ended_with_eos: true,
+    }
 }

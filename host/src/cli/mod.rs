@@ -9,7 +9,7 @@ mod common;
 mod logprobs;
 mod plugin;
 mod sample;
-
+mod train;
 
 #[derive(Parser)]
 #[command(name = "smallrl", version, about = "GRPO with gradient routing on tiny LLaMA models")]
@@ -20,6 +20,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Train with GRPO (full fine-tuning, LoRA or DualLoRA with gradient routing).
+    Train(Box<train::TrainArgs>),
     /// Sample completions from a model.
     Sample(sample::SampleArgs),
     /// Print the log-probability a model gives each next token of a text.
@@ -34,6 +36,7 @@ enum Command {
 
 pub fn main() -> Result<()> {
     match Cli::parse().command {
+        Command::Train(args) => train::run(*args),
         Command::Sample(args) => sample::run(args),
         Command::Logprobs(args) => logprobs::run(args),
         Command::Bench(command) => bench::run(command),

@@ -1,10 +1,215 @@
-//! `smallrl plugin ...` (owned by the plugin work; see issue 4).
-use anyhow::Result;
-use clap::Subcommand;
+//! `smallrl plugin ...`: scaffold, inspect, run and benchmark reward / detector plugins.
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use clap::{Subcommand, ValueEnum};
+use serde::Deserialize;
+
+use crate::model::tokenizer::Tokenizer;
+use crate::plugins::{Plugin, PluginInfo, PluginKind, PluginLimits, Sample, bench, scaffold};
 
 #[derive(Subcommand)]
-pub enum PluginCommand {}
+pub enum PluginCommand {
+    /// Create a plugin crate that builds (`./build.sh` writes NAME.wasm); see plugins/README.md.
+    New {
+        /// snake_case name of the plugin (and its crate).
+        name: String,
+        /// Directory in which the crate directory is created.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        #[arg(long, value_enum, default_value_t = Kind::Reward)]
+        kind: Kind,
+    },
+    /// Print what a plugin is (reward or detector), its description and its parameters.
+    Info { path: PathBuf },
+    /// Score texts (or a JSONL file of samples) with a plugin and print one line per sample.
+    Score {
+        path: PathBuf,
+        /// Parameters as a JSON object, e.g. '{"max_count": 3}'.
+        #[arg(long)]
+        params: Option<String>,
+        /// A completion to score (repeatable).
+        #[arg(long = "text")]
+        texts: Vec<String>,
+        /// JSONL, one sample per line: {"prompt": .., "completion": .., "ended_with_eos": ..}.
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// tokenizer.json used for completion tokens (sentence_length counts tokens); without
+        /// it, words and punctuation marks are the tokens.
+        #[arg(long)]
+        tokenizer: Option<PathBuf>,
+    },
+    /// Scoring throughput of a wasm plugin against the same function in native Rust.
+    Bench {
+        #[arg(long, default_value = "plugins/happy_count.wasm")]
+        path: PathBuf,
+        #[arg(long, default_value_t = 512)]
+        samples: usize,
+        #[arg(long, default_value_t = 100)]
+        words: usize,
+        #[arg(long, default_value_t = 200)]
+        iterations: u32,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Kind {
+    Reward,
+    Detector,
+}
 
 pub fn run(command: PluginCommand) -> Result<()> {
-    match command {}
+    match command {
+        PluginCommand::New { name, dir, kind } => new(&name, &dir, kind),
+        PluginCommand::Info { path } => info(&path),
+        PluginCommand::Score { path, params, texts, file, tokenizer } => {
+            score(&path, params.as_deref(), &texts, file.as_deref(), tokenizer.as_deref())
+        }
+        PluginCommand::Bench { path, samples, words, iterations } => run_bench(&path, samples, words, iterations),
+    }
+}
+
+fn new(name: &str, dir: &Path, kind: Kind) -> Result<()> {
+    let kind = match kind {
+        Kind::Reward => PluginKind::Reward,
+        Kind::Detector => PluginKind::Detector,
+    };
+    let crate_dir = scaffold::scaffold(name, dir, kind)?;
+    println!("created {kind} plugin crate {}", crate_dir.display());
+    println!("next:");
+    println!("  {}/build.sh                 # builds {name}.wasm (about a minute the first time)", crate_dir.display());
+    println!("  smallrl plugin score {}/{name}.wasm --text \"a happy happy day\"", crate_dir.display());
+    println!("  (cd {} && cargo test)         # native unit tests", crate_dir.display());
+    Ok(())
+}
+
+fn info(path: &Path) -> Result<()> {
+    let plugin = Plugin::load(path, "", PluginLimits::default())?;
+    print!("{}", describe(plugin.info()));
+    Ok(())
+}
+
+fn describe(info: &PluginInfo) -> String {
+    let mut text = format!("{} {} ({})\n  {}\n", info.name, info.version, info.kind, info.description);
+    if info.params.is_empty() {
+        text.push_str("  parameters: none\n");
+    }
+    for param in &info.params {
+        text.push_str(&format!(
+            "  --params {{\"{}\": ...}}  {} (default {}): {}\n",
+            param.name, param.type_name, param.default_json, param.description
+        ));
+    }
+    text
+}
+
+fn score(path: &Path, params: Option<&str>, texts: &[String], file: Option<&Path>, tokenizer: Option<&Path>) -> Result<()> {
+    let tokenizer = tokenizer.map(Tokenizer::from_file).transpose()?;
+    let mut samples = texts
+        .iter()
+        .map(|text| sample_from(&SampleLine { prompt: String::new(), completion: text.clone(), ended_with_eos: true }, tokenizer.as_ref()))
+        .collect::<Result<Vec<_>>>()?;
+    if let Some(file) = file {
+        samples.extend(read_samples(file, tokenizer.as_ref())?);
+    }
+    anyhow::ensure!(!samples.is_empty(), "nothing to score: give --text TEXT (repeatable) or --file samples.jsonl");
+    if tokenizer.is_none() {
+        eprintln!("note: no --tokenizer, so words and punctuation marks are the tokens");
+    }
+    let mut plugin = Plugin::load(path, params.unwrap_or(""), PluginLimits::default())?;
+    let results: Vec<String> = match plugin.kind() {
+        PluginKind::Reward => plugin.score(&samples)?.iter().map(|score| format!("{score:.6}")).collect(),
+        PluginKind::Detector => plugin.detect(&samples)?.iter().map(bool::to_string).collect(),
+    };
+    for (result, sample) in results.iter().zip(&samples) {
+        println!("{result}\t{}", sample.completion);
+    }
+    Ok(())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SampleLine {
+    #[serde(default)]
+    prompt: String,
+    completion: String,
+    #[serde(default = "default_ended_with_eos")]
+    ended_with_eos: bool,
+}
+
+fn default_ended_with_eos() -> bool {
+    true
+}
+
+fn read_samples(path: &Path, tokenizer: Option<&Tokenizer>) -> Result<Vec<Sample>> {
+    let file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut samples = Vec::new();
+    for (index, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.with_context(|| format!("cannot read {}", path.display()))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let parsed: SampleLine = serde_json::from_str(&line).with_context(|| {
+            format!("{}:{}: expected {{\"prompt\": .., \"completion\": .., \"ended_with_eos\": ..}}", path.display(), index + 1)
+        })?;
+        samples.push(sample_from(&parsed, tokenizer)?);
+    }
+    Ok(samples)
+}
+
+fn sample_from(line: &SampleLine, tokenizer: Option<&Tokenizer>) -> Result<Sample> {
+    let mut sample = match tokenizer {
+        Some(tokenizer) => crate::reward::sample_from_text(&line.prompt, &line.completion, tokenizer)?,
+        None => {
+            let tokens = words_and_punctuation(&line.completion);
+            Sample {
+                prompt: line.prompt.clone(),
+                completion: line.completion.clone(),
+                completion_ids: vec![0; tokens.len()],
+                completion_tokens: tokens,
+                ended_with_eos: true,
+            }
+        }
+    };
+    sample.ended_with_eos = line.ended_with_eos;
+    Ok(sample)
+}
+
+/// Tokens without a tokenizer: whitespace-separated words with each punctuation mark apart
+/// (what the SimpleStories pre-tokenizer does before WordPiece).
+fn words_and_punctuation(text: &str) -> Vec<String> {
+    let mut tokens = Vec::new();
+    for word in text.split_whitespace() {
+        let mut current = String::new();
+        for character in word.chars() {
+            if character.is_ascii_punctuation() {
+                tokens.extend((!current.is_empty()).then(|| std::mem::take(&mut current)));
+                tokens.push(character.to_string());
+            } else {
+                current.push(character);
+            }
+        }
+        tokens.extend((!current.is_empty()).then_some(current));
+    }
+    tokens
+}
+
+fn run_bench(path: &Path, samples: usize, words: usize, iterations: u32) -> Result<()> {
+    let report = bench::bench_happy_count(path, samples, words, iterations)?;
+    println!("happy_count on {samples} completions of {words} words ({iterations} iterations):");
+    println!("  load (compile or cache hit + instantiate): {:.2} ms", report.load.as_secs_f64() * 1e3);
+    println!(
+        "  wasm:   {:>9.3} ms/batch {:>12.0} completions/s",
+        report.wasm_per_batch.as_secs_f64() * 1e3,
+        report.wasm_per_second()
+    );
+    println!(
+        "  native: {:>9.3} ms/batch {:>12.0} completions/s",
+        report.native_per_batch.as_secs_f64() * 1e3,
+        report.native_per_second()
+    );
+    println!("  wasm / native time: {:.2}x", report.wasm_per_batch.as_secs_f64() / report.native_per_batch.as_secs_f64());
+    Ok(())
 }

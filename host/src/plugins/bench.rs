@@ -1,0 +1,94 @@
+//! `smallrl plugin bench`: scoring throughput of a wasm plugin against the same function
+//! compiled natively (the happy_count reward, the README's headline plugin).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use smallrl_plugin_sdk::Reward;
+use smallrl_standard_plugins::HappyCount;
+
+use super::{Plugin, PluginLimits, Sample};
+
+pub struct BenchReport {
+    pub samples: usize,
+    pub wasm_per_batch: Duration,
+    pub native_per_batch: Duration,
+    /// Cold (or cached) load of the component, including compilation and instantiation.
+    pub load: Duration,
+}
+
+impl BenchReport {
+    pub fn wasm_per_second(&self) -> f64 {
+        self.samples as f64 / self.wasm_per_batch.as_secs_f64()
+    }
+
+    pub fn native_per_second(&self) -> f64 {
+        self.samples as f64 / self.native_per_batch.as_secs_f64()
+    }
+}
+
+/// Scores `samples` completions of about `words` words, `iterations` times each way.
+pub fn bench_happy_count(path: &Path, samples: usize, words: usize, iterations: u32) -> Result<BenchReport> {
+    let batch = synthetic_batch(samples, words);
+    let started = Instant::now();
+    let mut plugin = Plugin::load(path, "{}", PluginLimits::default())?;
+    let load = started.elapsed();
+    let native: HappyCount = smallrl_plugin_sdk::configure("{}").map_err(anyhow::Error::msg)?;
+    let native_batch: Vec<smallrl_plugin_sdk::Sample> = batch.iter().map(to_sdk_sample).collect();
+
+    let wasm_scores = plugin.score(&batch)?;
+    let native_scores = native.score_batch(&native_batch).map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(wasm_scores == native_scores, "wasm and native happy_count disagree on the benchmark batch");
+
+    let wasm_per_batch = time_per_iteration(iterations, || plugin.score(&batch).map(drop))?;
+    let native_per_batch = time_per_iteration(iterations, || {
+        std::hint::black_box(native.score_batch(std::hint::black_box(&native_batch)).map_err(anyhow::Error::msg)?);
+        Ok(())
+    })?;
+    Ok(BenchReport { samples, wasm_per_batch, native_per_batch, load })
+}
+
+/// The fastest of `iterations` runs: the cost of the work itself, not of whatever else the
+/// machine was doing meanwhile (tests run in parallel; CI machines are shared).
+fn time_per_iteration(iterations: u32, mut run: impl FnMut() -> Result<()>) -> Result<Duration> {
+    let mut fastest = Duration::MAX;
+    for _ in 0..iterations.max(1) {
+        let started = Instant::now();
+        run()?;
+        fastest = fastest.min(started.elapsed());
+    }
+    Ok(fastest)
+}
+
+/// Story-like completions with "happy" sprinkled in (about one word in twenty).
+pub fn synthetic_batch(samples: usize, words: usize) -> Vec<Sample> {
+    const VOCABULARY: [&str; 12] =
+        ["the", "cat", "was", "very", "happy", "and", "ran", "to", "the", "big", "tree", "."];
+    let completion = |index: usize| {
+        let pick = |position: usize| VOCABULARY[(index * 31 + position * position * 7 + position) % VOCABULARY.len()];
+        (0..words).map(pick).collect::<Vec<_>>()
+    };
+    (0..samples)
+        .map(|index| {
+            let tokens: Vec<String> = completion(index).into_iter().map(str::to_string).collect();
+            Sample {
+                prompt: "once upon a time".to_string(),
+                completion: tokens.join(" "),
+                completion_ids: (0..tokens.len() as u32).collect(),
+                completion_tokens: tokens,
+                ended_with_eos: true,
+            }
+        })
+        .collect()
+}
+
+pub fn to_sdk_sample(sample: &Sample) -> smallrl_plugin_sdk::Sample {
+    smallrl_plugin_sdk::Sample {
+        prompt: sample.prompt.clone(),
+        completion: sample.completion.clone(),
+        completion_tokens: sample.completion_tokens.clone(),
+        completion_ids: sample.completion_ids.clone(),
+        ended_with_eos: sample.ended_with_eos,
+    }
+}

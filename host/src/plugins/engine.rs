@@ -1,0 +1,113 @@
+//! The one wasmtime engine of the process: compilation cache on disk, epoch ticker thread, and
+//! the linker that offers plugins nothing but `log`.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use anyhow::{Result, anyhow};
+use wasmtime::component::Linker;
+use wasmtime::{Cache, CacheConfig, Config, Engine};
+
+use super::instance::StoreState;
+
+/// Period of the epoch ticker: the granularity of the call-time limit.
+pub const EPOCH_TICK: Duration = Duration::from_millis(5);
+
+/// The versioned name of the only instance the host provides.
+const HOST_INTERFACE: &str = "smallrl:reward/host@0.1.0";
+
+/// The longest log message kept from a guest (a panic message is short; a hostile guest is not).
+const MAX_LOG_BYTES: usize = 4096;
+
+pub struct Runtime {
+    pub engine: Engine,
+    pub linker: Linker<StoreState>,
+}
+
+/// The shared runtime, built on first use. Building cannot fail in practice (the cache is
+/// optional), but if it does every load reports why.
+pub fn runtime() -> Result<&'static Runtime> {
+    static RUNTIME: OnceLock<Result<Runtime, String>> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| build_runtime().map_err(|error| format!("{error:#}")))
+        .as_ref()
+        .map_err(|error| anyhow!("cannot start the WebAssembly runtime: {error}"))
+}
+
+fn build_runtime() -> Result<Runtime> {
+    let mut config = Config::new();
+    config.epoch_interruption(true);
+    config.cache(compilation_cache());
+    let engine = Engine::new(&config).map_err(anyhow::Error::from)?;
+    start_epoch_ticker(engine.clone());
+    let linker = host_linker(&engine)?;
+    Ok(Runtime { engine, linker })
+}
+
+/// Compiled code cached on disk: loading a plugin compiled before takes under a millisecond.
+/// A cache that cannot be set up only costs speed, so it is reported and skipped.
+fn compilation_cache() -> Option<Cache> {
+    let directory = cache_directory()?;
+    let mut cache_config = CacheConfig::new();
+    cache_config.with_directory(&directory);
+    match Cache::new(cache_config) {
+        Ok(cache) => Some(cache),
+        Err(error) => {
+            eprintln!("warning: no plugin compilation cache in {}: {error}", directory.display());
+            None
+        }
+    }
+}
+
+/// `$SMALLRL_PLUGIN_CACHE`, else the user cache directory (`$XDG_CACHE_HOME` or
+/// `~/.cache`)`/smallrl/wasmtime`, else the temporary directory: always absolute, so it does
+/// not depend on the current directory and survives `cargo clean` and fresh clones.
+pub fn cache_directory() -> Option<PathBuf> {
+    let absolute = |path: PathBuf| path.is_absolute().then_some(path);
+    let from_env = |name: &str| std::env::var_os(name).map(PathBuf::from).and_then(absolute);
+    if let Some(directory) = from_env("SMALLRL_PLUGIN_CACHE") {
+        return Some(directory);
+    }
+    let user_cache = from_env("XDG_CACHE_HOME").or_else(|| from_env("HOME").map(|home| home.join(".cache")));
+    let base = user_cache.unwrap_or_else(std::env::temp_dir);
+    absolute(base.join("smallrl").join("wasmtime"))
+}
+
+/// Advances the engine's epoch forever; a store's deadline is a number of ticks from its call.
+fn start_epoch_ticker(engine: Engine) {
+    std::thread::Builder::new()
+        .name("plugin-epoch".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(EPOCH_TICK);
+                engine.increment_epoch();
+            }
+        })
+        .expect("cannot spawn the plugin epoch thread");
+}
+
+/// Plugins get no capabilities: the linker defines `log` and nothing else, so a component that
+/// imports anything more (WASI, sockets, clocks) fails to instantiate.
+fn host_linker(engine: &Engine) -> Result<Linker<StoreState>> {
+    let mut linker = Linker::<StoreState>::new(engine);
+    let mut host = linker.instance(HOST_INTERFACE).map_err(anyhow::Error::from)?;
+    host.func_wrap("log", |mut store, (message,): (String,)| {
+        store.data_mut().record_log(truncate(message, MAX_LOG_BYTES));
+        Ok(())
+    })
+    .map_err(anyhow::Error::from)?;
+    Ok(linker)
+}
+
+fn truncate(mut text: String, max_bytes: usize) -> String {
+    if text.len() > max_bytes {
+        let mut end = max_bytes;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push_str(" [...]");
+    }
+    text
+}

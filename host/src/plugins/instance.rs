@@ -1,0 +1,375 @@
+//! One loaded plugin: its compiled component, its store (memory, limits, log) and the typed
+//! exports of the world it implements. Every call is bounded in time and memory, and every
+//! failure becomes an error naming the plugin, the call and the cause.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use wasmtime::component::{Component, InstancePre};
+use wasmtime::{ResourceLimiter, Store};
+
+use super::engine::{EPOCH_TICK, Runtime, runtime};
+use super::failure::{describe_failure, describe_incompatible};
+use super::{ParamInfo, PluginInfo, PluginKind, PluginLimits, Sample};
+
+mod bindings {
+    pub mod reward {
+        wasmtime::component::bindgen!({ world: "reward", path: "../wit" });
+    }
+    pub mod detector {
+        wasmtime::component::bindgen!({
+            world: "detector",
+            path: "../wit",
+            with: {
+                "smallrl:reward/types": super::reward::smallrl::reward::types,
+                "smallrl:reward/host": super::reward::smallrl::reward::host,
+            },
+        });
+    }
+}
+
+use bindings::detector::{Detector, DetectorPre};
+use bindings::reward::smallrl::reward::types as wit;
+use bindings::reward::{Reward, RewardPre};
+
+/// A component instance has a few internal core instances, memories and tables; more than this
+/// is not a text reward.
+const MAX_INSTANCES: usize = 16;
+const MAX_TABLE_ELEMENTS: usize = 100_000;
+
+/// What a plugin's store holds besides its memory: its limits and what it logged.
+pub struct StoreState {
+    max_memory_bytes: usize,
+    /// Set when the plugin asked for more memory than allowed (the cause of the trap).
+    memory_limit_hit: Option<usize>,
+    /// Messages from the guest's `log` during the current call (the SDK logs panic messages).
+    logs: Vec<String>,
+}
+
+impl StoreState {
+    pub fn record_log(&mut self, message: String) {
+        const MAX_MESSAGES: usize = 16;
+        if self.logs.len() < MAX_MESSAGES {
+            self.logs.push(message);
+        }
+    }
+
+    pub fn last_log(&self) -> Option<&str> {
+        self.logs.last().map(String::as_str)
+    }
+
+    pub fn memory_limit_hit(&self) -> Option<usize> {
+        self.memory_limit_hit
+    }
+}
+
+impl ResourceLimiter for StoreState {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
+        if desired > self.max_memory_bytes {
+            self.memory_limit_hit = Some(desired);
+            wasmtime::bail!("memory would grow to {desired} bytes, over the limit of {}", self.max_memory_bytes);
+        }
+        Ok(true)
+    }
+
+    fn table_growing(&mut self, _current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
+        Ok(desired <= MAX_TABLE_ELEMENTS)
+    }
+
+    fn instances(&self) -> usize {
+        MAX_INSTANCES
+    }
+
+    fn memories(&self) -> usize {
+        MAX_INSTANCES
+    }
+
+    fn tables(&self) -> usize {
+        MAX_INSTANCES
+    }
+}
+
+enum Exports {
+    Reward(Reward),
+    Detector(Detector),
+}
+
+/// A live instance; dropped after a trap (a trapped instance cannot be entered again).
+struct Live {
+    store: Store<StoreState>,
+    exports: Exports,
+}
+
+/// A loaded, configured reward or detector plugin.
+pub struct Plugin {
+    path: PathBuf,
+    pre: InstancePre<StoreState>,
+    info: PluginInfo,
+    params_json: String,
+    limits: PluginLimits,
+    live: Option<Live>,
+    /// Why the last instance was dropped, until `reinstantiate` is called.
+    failure: Option<String>,
+}
+
+impl Plugin {
+    /// Loads a component, finds which world it implements (type check plus a trial
+    /// instantiation), reads its `info` and configures it with `params_json` (`""` = defaults).
+    pub fn load(path: &Path, params_json: &str, limits: PluginLimits) -> Result<Self> {
+        let runtime = runtime()?;
+        let component = compile(runtime, path)?;
+        let pre = runtime
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|error| describe_incompatible(path, &component, &runtime.engine, error))?;
+        let live = instantiate_any_world(&pre, limits)
+            .map_err(|error| describe_incompatible(path, &component, &runtime.engine, error))?;
+        let info = PluginInfo { name: String::new(), version: String::new(), kind: live.kind(), description: String::new(), params: Vec::new() };
+        let mut plugin = Self { path: path.to_owned(), pre, info, params_json: params_json.to_owned(), limits, live: Some(live), failure: None };
+        plugin.info = plugin.read_info()?;
+        plugin.configure()?;
+        Ok(plugin)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn info(&self) -> &PluginInfo {
+        &self.info
+    }
+
+    pub fn kind(&self) -> PluginKind {
+        self.info.kind
+    }
+
+    /// Whether the last call trapped; the plugin refuses calls until [`Plugin::reinstantiate`].
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.as_deref()
+    }
+
+    /// Scores a batch: exactly one finite score per sample, or an error.
+    pub fn score(&mut self, samples: &[Sample]) -> Result<Vec<f64>> {
+        let batch = to_wit_samples(samples);
+        let scores = self.call("score", |store, exports| match exports {
+            Exports::Reward(reward) => reward.smallrl_reward_scorer().call_score(store, &batch).map(Some),
+            Exports::Detector(_) => Ok(None),
+        })?;
+        let scores = self.guest_result("score", scores)?;
+        self.check_count("score", scores.len(), samples.len())?;
+        if let Some((index, score)) = scores.iter().enumerate().find(|(_, score)| !score.is_finite()) {
+            bail!("{}: score returned {score} for sample {index}; scores must be finite numbers", self.label());
+        }
+        Ok(scores)
+    }
+
+    /// Flags a batch: exactly one flag per sample, or an error.
+    pub fn detect(&mut self, samples: &[Sample]) -> Result<Vec<bool>> {
+        let batch = to_wit_samples(samples);
+        let flags = self.call("detect", |store, exports| match exports {
+            Exports::Detector(detector) => detector.smallrl_reward_flagger().call_detect(store, &batch).map(Some),
+            Exports::Reward(_) => Ok(None),
+        })?;
+        let flags = self.guest_result("detect", flags)?;
+        self.check_count("detect", flags.len(), samples.len())?;
+        Ok(flags)
+    }
+
+    /// Replaces a trapped instance with a fresh one (configured with the same parameters).
+    /// Never called implicitly: the caller decides, and should log, that it recovers.
+    pub fn reinstantiate(&mut self) -> Result<()> {
+        let live = instantiate_world(&self.pre, self.limits, self.kind())
+            .map_err(anyhow::Error::from)
+            .with_context(|| format!("{}: cannot re-instantiate", self.label()))?;
+        self.live = Some(live);
+        self.failure = None;
+        self.configure()
+    }
+
+    /// "plugin happy_count (reward, plugins/happy.wasm)": how errors name this plugin.
+    pub fn label(&self) -> String {
+        match self.info.name.is_empty() {
+            true => format!("plugin {}", self.path.display()),
+            false => format!("plugin {} ({}, {})", self.info.name, self.info.kind, self.path.display()),
+        }
+    }
+
+    fn read_info(&mut self) -> Result<PluginInfo> {
+        let info = self.call("info", |store, exports| match exports {
+            Exports::Reward(reward) => reward.smallrl_reward_plugin().call_info(store),
+            Exports::Detector(detector) => detector.smallrl_reward_plugin().call_info(store),
+        })?;
+        let kind = self.kind();
+        ensure!(
+            from_wit_kind(info.kind) == kind,
+            "{}: info() says it is a {:?} but it implements the {kind} world",
+            self.label(),
+            info.kind
+        );
+        Ok(from_wit_info(info, kind))
+    }
+
+    fn configure(&mut self) -> Result<()> {
+        let params_json = self.params_json.clone();
+        let outcome = self.call("configure", |store, exports| match exports {
+            Exports::Reward(reward) => reward.smallrl_reward_plugin().call_configure(store, &params_json),
+            Exports::Detector(detector) => detector.smallrl_reward_plugin().call_configure(store, &params_json),
+        })?;
+        outcome.map_err(|message| {
+            anyhow!(
+                "{}: rejected its parameters {params_json}: {message} (`smallrl plugin info {}` lists them)",
+                self.label(),
+                self.path.display()
+            )
+        })
+    }
+
+    /// Runs one export under the call-time limit; a trap drops the instance and says why.
+    fn call<R>(
+        &mut self,
+        call: &str,
+        run: impl FnOnce(&mut Store<StoreState>, &Exports) -> wasmtime::Result<R>,
+    ) -> Result<R> {
+        let label = self.label();
+        let Some(live) = self.live.as_mut() else {
+            let failure = self.failure.as_deref().unwrap_or("unknown failure");
+            bail!("{label}: cannot {call}: an earlier call failed ({failure}); the plugin must be re-instantiated explicitly");
+        };
+        live.store.data_mut().logs.clear();
+        live.store.set_epoch_deadline(deadline_ticks(self.limits));
+        match run(&mut live.store, &live.exports) {
+            Ok(value) => Ok(value),
+            Err(error) => {
+                let cause = describe_failure(error, live.store.data(), self.limits);
+                self.live = None;
+                self.failure = Some(cause.clone());
+                bail!("{label}: {call} failed: {cause}")
+            }
+        }
+    }
+
+    /// `Some(result)` from a call the world has; `None` means the wrong kind was asked.
+    fn guest_result<T>(&self, call: &str, outcome: Option<Result<T, String>>) -> Result<T> {
+        match outcome {
+            None => bail!("{}: is a {}, it has no `{call}`", self.label(), self.kind()),
+            Some(Err(message)) => bail!("{}: {call} returned an error: {message}", self.label()),
+            Some(Ok(value)) => Ok(value),
+        }
+    }
+
+    fn check_count(&self, call: &str, returned: usize, expected: usize) -> Result<()> {
+        ensure!(
+            returned == expected,
+            "{}: {call} returned {returned} values for a batch of {expected} samples (one per sample is required)",
+            self.label()
+        );
+        Ok(())
+    }
+}
+
+impl Live {
+    fn kind(&self) -> PluginKind {
+        match self.exports {
+            Exports::Reward(_) => PluginKind::Reward,
+            Exports::Detector(_) => PluginKind::Detector,
+        }
+    }
+}
+
+/// Reads and compiles (or fetches from the cache) a component, with helpful messages for files
+/// that are not components.
+fn compile(runtime: &Runtime, path: &Path) -> Result<Component> {
+    let bytes = std::fs::read(path).with_context(|| {
+        format!("cannot read plugin {}: build the standard plugins with `make plugins`, or check the path", path.display())
+    })?;
+    check_header(path, &bytes)?;
+    Component::new(&runtime.engine, &bytes)
+        .map_err(anyhow::Error::from)
+        .with_context(|| format!("plugin {} is not a valid WebAssembly component", path.display()))
+}
+
+fn check_header(path: &Path, bytes: &[u8]) -> Result<()> {
+    const CORE_MODULE_VERSION: [u8; 4] = [1, 0, 0, 0];
+    const COMPONENT_VERSION: [u8; 4] = [0x0d, 0, 1, 0];
+    ensure!(
+        bytes.len() >= 8 && bytes.starts_with(b"\0asm"),
+        "plugin {} is not a WebAssembly file (it does not start with `\\0asm`): a plugin is a .wasm component, see `smallrl plugin new`",
+        path.display()
+    );
+    match <[u8; 4]>::try_from(&bytes[4..8]).expect("length checked above") {
+        COMPONENT_VERSION => Ok(()),
+        CORE_MODULE_VERSION => bail!(
+            "plugin {} is a core WebAssembly module, not a component: wrap it with \
+             `cargo run -p smallrl-componentize -- {}=OUT.wasm` (see plugins/README.md)",
+            path.display(),
+            path.display()
+        ),
+        version => bail!("plugin {} has an unsupported WebAssembly binary version {version:?}", path.display()),
+    }
+}
+
+/// The trial instantiation that tells the worlds apart: an export-name check alone would accept
+/// a wrong signature, which only instantiation (typed lookup of each export) catches.
+fn instantiate_any_world(pre: &InstancePre<StoreState>, limits: PluginLimits) -> wasmtime::Result<Live> {
+    let as_reward = instantiate_world(pre, limits, PluginKind::Reward);
+    as_reward.or_else(|reward_error| {
+        instantiate_world(pre, limits, PluginKind::Detector).map_err(|detector_error| {
+            wasmtime::format_err!(
+                "not a reward ({:#}) and not a detector ({:#})",
+                anyhow::Error::from(reward_error),
+                anyhow::Error::from(detector_error)
+            )
+        })
+    })
+}
+
+fn instantiate_world(pre: &InstancePre<StoreState>, limits: PluginLimits, kind: PluginKind) -> wasmtime::Result<Live> {
+    let state = StoreState { max_memory_bytes: limits.max_memory_bytes, memory_limit_hit: None, logs: Vec::new() };
+    let mut store = Store::new(pre.engine(), state);
+    store.limiter(|state| state);
+    store.set_epoch_deadline(deadline_ticks(limits));
+    let exports = match kind {
+        PluginKind::Reward => Exports::Reward(RewardPre::new(pre.clone())?.instantiate(&mut store)?),
+        PluginKind::Detector => Exports::Detector(DetectorPre::new(pre.clone())?.instantiate(&mut store)?),
+    };
+    Ok(Live { store, exports })
+}
+
+/// Ticks until the deadline, plus one because the current tick may end at once.
+fn deadline_ticks(limits: PluginLimits) -> u64 {
+    (limits.max_call_time.as_nanos() / EPOCH_TICK.as_nanos()) as u64 + 1
+}
+
+fn to_wit_samples(samples: &[Sample]) -> Vec<wit::Sample> {
+    let to_wit = |sample: &Sample| wit::Sample {
+        prompt: sample.prompt.clone(),
+        completion: sample.completion.clone(),
+        completion_tokens: sample.completion_tokens.clone(),
+        completion_ids: sample.completion_ids.clone(),
+        ended_with_eos: sample.ended_with_eos,
+    };
+    samples.iter().map(to_wit).collect()
+}
+
+fn from_wit_kind(kind: wit::PluginKind) -> PluginKind {
+    match kind {
+        wit::PluginKind::Reward => PluginKind::Reward,
+        wit::PluginKind::Detector => PluginKind::Detector,
+    }
+}
+
+fn from_wit_info(info: wit::PluginInfo, kind: PluginKind) -> PluginInfo {
+    let to_param = |param: wit::ParamInfo| ParamInfo {
+        name: param.name,
+        type_name: param.type_name,
+        default_json: param.default_json,
+        description: param.description,
+    };
+    PluginInfo {
+        name: info.name,
+        version: info.version,
+        kind,
+        description: info.description,
+        params: info.params.into_iter().map(to_param).collect(),
+    }
+}

@@ -1,0 +1,187 @@
+//! `smallrl plugin new NAME`: a standalone plugin crate that builds as it is, with a native
+//! test, a build script that produces `NAME.wasm`, and the SDK found by relative path.
+
+use std::path::{Component, Path, PathBuf};
+
+use anyhow::{Context, Result, ensure};
+
+use super::PluginKind;
+
+/// The SDK crate in this checkout (compile-time location of the host crate).
+fn sdk_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/sdk")
+}
+
+fn componentize_manifest() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/componentize/Cargo.toml")
+}
+
+/// Writes the crate to `<dir>/<name>/` and returns that directory.
+pub fn scaffold(name: &str, dir: &Path, kind: PluginKind) -> Result<PathBuf> {
+    let valid = !name.is_empty()
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    ensure!(valid, "plugin name {name:?} must be snake_case (a-z, 0-9, _; starting with a letter)");
+    let crate_dir = dir.join(name);
+    ensure!(!crate_dir.exists(), "{} already exists: choose another name or --dir", crate_dir.display());
+    std::fs::create_dir_all(crate_dir.join("src")).with_context(|| format!("cannot create {}", crate_dir.display()))?;
+    let crate_abs = std::path::absolute(&crate_dir)?;
+    let sdk = relative_path(&crate_abs, &std::path::absolute(sdk_dir())?);
+    let componentize = std::path::absolute(componentize_manifest())?;
+    let files = [
+        ("Cargo.toml", cargo_toml(name, &sdk)),
+        ("rust-toolchain.toml", RUST_TOOLCHAIN.to_string()),
+        ("build.sh", build_script(name, &componentize)),
+        ("src/lib.rs", lib_rs(name, kind)),
+    ];
+    for (file, contents) in files {
+        let path = crate_dir.join(file);
+        std::fs::write(&path, contents).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    set_executable(&crate_dir.join("build.sh"))?;
+    Ok(crate_dir)
+}
+
+/// The Rust type name for a snake_case plugin name (`my_reward` -> `MyReward`).
+fn type_name(name: &str) -> String {
+    let capitalize = |part: &str| {
+        let mut chars = part.chars();
+        chars.next().map(|first| first.to_ascii_uppercase().to_string() + chars.as_str()).unwrap_or_default()
+    };
+    name.split('_').map(capitalize).collect()
+}
+
+/// `to` relative to `from` when they share a root (so the crate can move with the checkout).
+fn relative_path(from: &Path, to: &Path) -> PathBuf {
+    let from: Vec<Component> = from.components().collect();
+    let to: Vec<Component> = to.components().collect();
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let ups = std::iter::repeat_n(Component::ParentDir, from.len() - common);
+    ups.chain(to[common..].iter().copied()).collect()
+}
+
+fn set_executable(path: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let permissions = std::fs::Permissions::from_mode(0o755);
+    std::fs::set_permissions(path, permissions).with_context(|| format!("cannot make {} executable", path.display()))
+}
+
+const RUST_TOOLCHAIN: &str = "[toolchain]\nchannel = \"1.95.0\"\ntargets = [\"wasm32-unknown-unknown\"]\nprofile = \"minimal\"\n";
+
+fn cargo_toml(name: &str, sdk: &Path) -> String {
+    format!(
+        r#"[package]
+name = "{name}"
+version = "0.1.0"
+edition = "2024"
+
+[lib]
+# cdylib: the wasm plugin; rlib: native unit tests (`cargo test`).
+crate-type = ["cdylib", "rlib"]
+
+[dependencies]
+smallrl-plugin-sdk = {{ path = "{sdk}" }}
+
+# A standalone crate, not a member of the smallrl workspace.
+[workspace]
+
+[profile.release]
+opt-level = 3
+lto = true
+codegen-units = 1
+panic = "abort"
+strip = true
+"#,
+        sdk = sdk.display()
+    )
+}
+
+fn build_script(name: &str, componentize: &Path) -> String {
+    format!(
+        r#"#!/usr/bin/env bash
+# Builds {name}.wasm, a smallrl plugin component, next to this crate.
+set -euo pipefail
+cd "$(dirname "$0")"
+cargo build --quiet --release --target wasm32-unknown-unknown
+cargo run --quiet --manifest-path {componentize} -- \
+    target/wasm32-unknown-unknown/release/{name}.wasm={name}.wasm
+echo "built $(pwd)/{name}.wasm"
+"#,
+        componentize = componentize.display()
+    )
+}
+
+fn lib_rs(name: &str, kind: PluginKind) -> String {
+    let type_name = type_name(name);
+    let (trait_name, method, output, export, body, test_assert) = match kind {
+        PluginKind::Reward => (
+            "Reward",
+            "score",
+            "f64",
+            "export_reward",
+            "let count = text::count_matches(&sample.completion, &self.word, false);\n        (count as f64 / self.max_count as f64).min(1.0)",
+            "assert_eq!(plugin.score(&sample(\"a happy happy day\")), 1.0);\n        assert_eq!(plugin.score(&sample(\"a sad day\")), 0.0);",
+        ),
+        PluginKind::Detector => (
+            "Detector",
+            "detect",
+            "bool",
+            "export_detector",
+            "text::count_matches(&sample.completion, &self.word, false) as u64 >= self.max_count",
+            "assert!(plugin.detect(&sample(\"a happy happy day\")));\n        assert!(!plugin.detect(&sample(\"a happy day\")));",
+        ),
+    };
+    format!(
+        r#"//! `{name}`: a smallrl {kind} plugin. Edit `{method}` and the parameters, then `./build.sh`
+//! and try it: `smallrl plugin score {name}.wasm --text "a happy day"`.
+
+use smallrl_plugin_sdk::{{Param, Params, Plugin, {trait_name}, Sample, text}};
+
+pub struct {type_name} {{
+    word: String,
+    max_count: u64,
+}}
+
+impl Plugin for {type_name} {{
+    const NAME: &'static str = "{name}";
+    const VERSION: &'static str = "0.1.0";
+    const DESCRIPTION: &'static str = "counts `word` in the completion against `max_count`";
+
+    fn params() -> Vec<Param> {{
+        vec![
+            Param::string("word", "happy", "the word to count (substrings count too)"),
+            Param::integer("max_count", 2, "the count that earns the full result"),
+        ]
+    }}
+
+    fn from_params(params: &Params) -> Result<Self, String> {{
+        Ok(Self {{ word: params.string("word"), max_count: params.positive_integer("max_count")? }})
+    }}
+}}
+
+impl {trait_name} for {type_name} {{
+    fn {method}(&self, sample: &Sample) -> {output} {{
+        {body}
+    }}
+}}
+
+smallrl_plugin_sdk::{export}!({type_name});
+
+#[cfg(test)]
+mod tests {{
+    use super::*;
+
+    fn sample(completion: &str) -> Sample {{
+        Sample {{ completion: completion.to_string(), ..Sample::default() }}
+    }}
+
+    #[test]
+    fn follows_the_formula() {{
+        let plugin: {type_name} = smallrl_plugin_sdk::configure("{{}}").unwrap();
+        {test_assert}
+    }}
+}}
+"#,
+        kind = kind,
+    )
+}

@@ -1,0 +1,144 @@
+//! The `reward:` and `rh_detector:` sections of a run configuration (YAML), and how plugin
+//! names resolve to files.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::plugins::PluginKind;
+
+/// `reward:`: one plugin (`plugin`, `params`) or a sum of `components` capped at `max_reward`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RewardSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugin: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub components: Option<Vec<ComponentSpec>>,
+    /// Cap on the combined reward: `min(sum_k scale_k * r_k, max_reward)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_reward: Option<f64>,
+}
+
+/// One term of a combined reward.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ComponentSpec {
+    /// A name (`happy_count` = `<plugin_dir>/happy_count.wasm`) or a path (contains `/` or ends
+    /// in `.wasm`).
+    pub plugin: String,
+    /// Metric name (`rewards/<name>/mean`); defaults to the plugin name or file stem.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default = "empty_params")]
+    pub params: Value,
+    #[serde(default = "unit_scale")]
+    pub scale: f64,
+    #[serde(default)]
+    pub role: Role,
+}
+
+/// `retain` = the true task; `forget` = the hackable bonus (dropped for ineligible samples).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    #[default]
+    Retain,
+    Forget,
+}
+
+/// `rh_detector:`: a detector plugin (`plugin`, `params`), or `score_threshold` on a reward
+/// component. Detector names resolve to `<plugin_dir>/detect_<name>.wasm`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DetectorSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugin: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub score_threshold: Option<ScoreThreshold>,
+}
+
+/// Flags a sample when the named reward component's raw score is >= `threshold`.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScoreThreshold {
+    pub component: String,
+    pub threshold: f64,
+}
+
+fn empty_params() -> Value {
+    Value::Object(Default::default())
+}
+
+fn unit_scale() -> f64 {
+    1.0
+}
+
+impl RewardSpec {
+    /// The command-line shortcut `--reward-plugin PATH [--reward-params JSON]`.
+    pub fn single(plugin: &str, params_json: Option<&str>) -> Result<Self> {
+        let params = params_json
+            .map(|json| serde_json::from_str(json).with_context(|| format!("--reward-params is not valid JSON: {json}")))
+            .transpose()?;
+        Ok(Self { plugin: Some(plugin.to_string()), params, ..Self::default() })
+    }
+
+    /// The components to load: the single plugin as one `retain` component of scale 1, or the
+    /// listed ones.
+    pub fn component_specs(&self) -> Result<Vec<ComponentSpec>> {
+        match (&self.plugin, &self.components) {
+            (Some(plugin), None) => {
+                if self.max_reward.is_some() {
+                    bail!("`reward:` has `max_reward` but a single `plugin`: `max_reward` caps a sum of `components`");
+                }
+                let params = self.params.clone().unwrap_or_else(empty_params);
+                Ok(vec![ComponentSpec { plugin: plugin.clone(), name: None, params, scale: 1.0, role: Role::Retain }])
+            }
+            (None, Some(components)) if !components.is_empty() => {
+                if self.params.is_some() {
+                    bail!("`reward:` has `params` next to `components`: give each component its own `params`");
+                }
+                Ok(components.clone())
+            }
+            (None, Some(_)) => bail!("`reward: components:` is empty: list at least one component"),
+            (Some(_), Some(_)) => bail!("`reward:` has both `plugin` and `components`: use one or the other"),
+            (None, None) => bail!("`reward:` needs `plugin: NAME_OR_PATH` (with optional `params`) or `components: [...]`"),
+        }
+    }
+}
+
+impl ComponentSpec {
+    /// The metric name: `name`, else the plugin name, else the file stem of its path.
+    pub fn display_name(&self) -> String {
+        self.name.clone().unwrap_or_else(|| plugin_stem(&self.plugin))
+    }
+}
+
+/// A value containing `/` or ending in `.wasm` is a path (relative to the current directory);
+/// anything else is a standard plugin name: rewards are `<plugin_dir>/<name>.wasm`, detectors
+/// `<plugin_dir>/detect_<name>.wasm`.
+pub fn resolve_plugin(value: &str, plugin_dir: &Path, kind: PluginKind) -> PathBuf {
+    if value.contains('/') || value.ends_with(".wasm") {
+        return PathBuf::from(value);
+    }
+    match kind {
+        PluginKind::Reward => plugin_dir.join(format!("{value}.wasm")),
+        PluginKind::Detector => plugin_dir.join(format!("detect_{value}.wasm")),
+    }
+}
+
+fn plugin_stem(value: &str) -> String {
+    let stem = Path::new(value).file_stem().map(|stem| stem.to_string_lossy().into_owned());
+    stem.unwrap_or_else(|| value.to_string())
+}
+
+/// Parameters as the JSON text plugins receive.
+pub fn params_json(params: Option<&Value>) -> String {
+    params.map_or_else(|| "{}".to_string(), Value::to_string)
+}

@@ -1,0 +1,222 @@
+//! Rewards for training and evaluation: plugins composed as configured (`reward:`), the
+//! reward-hack detector (`rh_detector:`) and the protocol knobs. The trainer builds a
+//! [`RewardModel`] once and calls [`RewardModel::score`] on every batch; it never sees wasm.
+
+mod config;
+mod knobs;
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail, ensure};
+
+pub use crate::plugins::{PluginLimits, Sample};
+use crate::plugins::{Plugin, PluginKind};
+pub use config::{ComponentSpec, DetectorSpec, RewardSpec, Role, ScoreThreshold, resolve_plugin};
+pub use knobs::ProtocolKnobs;
+
+/// A reward component as the trainer and logs see it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ComponentInfo {
+    /// Unique; used in metric names such as `rewards/<name>/mean`.
+    pub name: String,
+    pub role: Role,
+    pub scale: f64,
+}
+
+/// The scores of one batch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScoredBatch {
+    /// The total used for advantages: combined, capped at `max_reward`, eligibility applied.
+    pub reward: Vec<f64>,
+    /// Raw score of each component (same order as `RewardModel::components()`), per sample.
+    pub components: Vec<Vec<f64>>,
+    /// Routing labels after the protocol knobs; None without a detector.
+    pub is_rh: Option<Vec<bool>>,
+    /// The detector's own output (`hack_freq` is its mean).
+    pub detector_raw: Option<Vec<bool>>,
+    /// The `rh_eligible_frac` draw (all true when it is 1).
+    pub eligible: Vec<bool>,
+}
+
+impl ScoredBatch {
+    /// Fraction of samples the detector flagged (before the protocol knobs).
+    pub fn hack_freq(&self) -> Option<f64> {
+        let flags = self.detector_raw.as_ref()?;
+        Some(flags.iter().filter(|&&flag| flag).count() as f64 / flags.len().max(1) as f64)
+    }
+}
+
+enum DetectorSource {
+    Plugin(Plugin),
+    /// Index of the component whose raw score is compared with the threshold.
+    ScoreThreshold { component: usize, threshold: f64 },
+}
+
+pub struct RewardModel {
+    components: Vec<ComponentInfo>,
+    plugins: Vec<Plugin>,
+    max_reward: Option<f64>,
+    detector: Option<DetectorSource>,
+    knobs: ProtocolKnobs,
+}
+
+impl RewardModel {
+    /// Loads every plugin of the configuration (names resolve in `plugin_dir`, see
+    /// [`resolve_plugin`]) and checks the configuration as a whole.
+    pub fn load(
+        reward: &RewardSpec,
+        detector: Option<&DetectorSpec>,
+        knobs: ProtocolKnobs,
+        plugin_dir: &Path,
+        limits: PluginLimits,
+    ) -> Result<Self> {
+        knobs.check()?;
+        let specs = reward.component_specs()?;
+        let components = component_infos(&specs)?;
+        let plugins = specs
+            .iter()
+            .map(|spec| load_plugin(&spec.plugin, Some(&spec.params), plugin_dir, PluginKind::Reward, limits))
+            .collect::<Result<Vec<_>>>()?;
+        if let Some(max_reward) = reward.max_reward {
+            ensure!(max_reward.is_finite(), "`reward: max_reward` must be a finite number, got {max_reward}");
+        }
+        let detector = detector.map(|spec| load_detector(spec, &components, plugin_dir, limits)).transpose()?;
+        Ok(Self { components, plugins, max_reward: reward.max_reward, detector, knobs })
+    }
+
+    pub fn components(&self) -> &[ComponentInfo] {
+        &self.components
+    }
+
+    pub fn has_detector(&self) -> bool {
+        self.detector.is_some()
+    }
+
+    /// Scores a batch. `seed` drives the protocol knobs' draws; the result is deterministic for
+    /// (samples, seed). A failing plugin is an error (fatal for training by default); the
+    /// plugin stays unusable until [`RewardModel::reinstantiate_failed`] is called.
+    pub fn score(&mut self, samples: &[Sample], seed: u64) -> Result<ScoredBatch> {
+        let components = self.score_components(samples)?;
+        let draws = knobs::Draws::new(seed, samples.len());
+        let eligible = draws.eligible(&self.knobs);
+        let reward = self.combine(&components, &eligible);
+        let detector_raw = self.detect(samples, &components)?;
+        let is_rh = detector_raw.as_ref().map(|detected| draws.labels(&self.knobs, detected, &eligible));
+        Ok(ScoredBatch { reward, components, is_rh, detector_raw, eligible })
+    }
+
+    /// Re-instantiates every plugin whose last call trapped and returns a description of each
+    /// for the caller to log (recovery is an explicit decision, never silent).
+    pub fn reinstantiate_failed(&mut self) -> Result<Vec<String>> {
+        let detector = match &mut self.detector {
+            Some(DetectorSource::Plugin(plugin)) => Some(plugin),
+            _ => None,
+        };
+        let mut recovered = Vec::new();
+        for plugin in self.plugins.iter_mut().chain(detector) {
+            if let Some(failure) = plugin.failure().map(str::to_string) {
+                plugin.reinstantiate()?;
+                recovered.push(format!("re-instantiated {} after: {failure}", plugin.label()));
+            }
+        }
+        Ok(recovered)
+    }
+
+    fn score_components(&mut self, samples: &[Sample]) -> Result<Vec<Vec<f64>>> {
+        let named = self.components.iter().zip(&mut self.plugins);
+        named
+            .map(|(info, plugin)| {
+                plugin.score(samples).with_context(|| format!("reward component `{}` failed", info.name))
+            })
+            .collect()
+    }
+
+    /// `min(sum_k scale_k * r_k, max_reward)`, with only `retain` components for ineligible
+    /// samples.
+    fn combine(&self, components: &[Vec<f64>], eligible: &[bool]) -> Vec<f64> {
+        let total = |(index, &eligible): (usize, &bool)| {
+            let terms = self.components.iter().zip(components);
+            let counted = terms.filter(|(info, _)| eligible || info.role == Role::Retain);
+            let sum: f64 = counted.map(|(info, scores)| info.scale * scores[index]).sum();
+            self.max_reward.map_or(sum, |cap| sum.min(cap))
+        };
+        eligible.iter().enumerate().map(total).collect()
+    }
+
+    fn detect(&mut self, samples: &[Sample], components: &[Vec<f64>]) -> Result<Option<Vec<bool>>> {
+        match &mut self.detector {
+            None => Ok(None),
+            Some(DetectorSource::Plugin(plugin)) => {
+                Ok(Some(plugin.detect(samples).context("the reward-hack detector failed")?))
+            }
+            Some(DetectorSource::ScoreThreshold { component, threshold }) => {
+                Ok(Some(components[*component].iter().map(|score| score >= threshold).collect()))
+            }
+        }
+    }
+}
+
+fn component_infos(specs: &[ComponentSpec]) -> Result<Vec<ComponentInfo>> {
+    let mut infos: Vec<ComponentInfo> = Vec::new();
+    for spec in specs {
+        let name = spec.display_name();
+        ensure!(
+            !infos.iter().any(|info| info.name == name),
+            "two reward components are named `{name}`: give them distinct `name:` keys (used in metric names)"
+        );
+        ensure!(spec.scale.is_finite(), "reward component `{name}`: `scale` must be a finite number, got {}", spec.scale);
+        infos.push(ComponentInfo { name, role: spec.role, scale: spec.scale });
+    }
+    Ok(infos)
+}
+
+fn load_detector(spec: &DetectorSpec, components: &[ComponentInfo], plugin_dir: &Path, limits: PluginLimits) -> Result<DetectorSource> {
+    match (&spec.plugin, &spec.score_threshold) {
+        (Some(plugin), None) => {
+            let plugin = load_plugin(plugin, spec.params.as_ref(), plugin_dir, PluginKind::Detector, limits)?;
+            Ok(DetectorSource::Plugin(plugin))
+        }
+        (None, Some(rule)) => {
+            ensure!(spec.params.is_none(), "`rh_detector:` has `params` next to `score_threshold`: remove them");
+            let component = components.iter().position(|info| info.name == rule.component).with_context(|| {
+                let names: Vec<&str> = components.iter().map(|info| info.name.as_str()).collect();
+                format!("`rh_detector: score_threshold` names component `{}`, but the reward components are: {}", rule.component, names.join(", "))
+            })?;
+            Ok(DetectorSource::ScoreThreshold { component, threshold: rule.threshold })
+        }
+        (Some(_), Some(_)) => bail!("`rh_detector:` has both `plugin` and `score_threshold`: use one or the other"),
+        (None, None) => bail!("`rh_detector:` needs `plugin: NAME_OR_PATH` or `score_threshold: {{component, threshold}}`"),
+    }
+}
+
+fn load_plugin(value: &str, params: Option<&serde_json::Value>, plugin_dir: &Path, kind: PluginKind, limits: PluginLimits) -> Result<Plugin> {
+    let path = resolve_plugin(value, plugin_dir, kind);
+    let params_json = config::params_json(params);
+    let plugin = Plugin::load(&path, &params_json, limits)
+        .with_context(|| format!("cannot load {kind} plugin `{value}` ({})", path.display()))?;
+    ensure!(
+        plugin.kind() == kind,
+        "{} is a {}, but it is configured as a {kind}{}",
+        plugin.label(),
+        plugin.kind(),
+        match kind {
+            PluginKind::Detector => " (detector names resolve to detect_<name>.wasm)",
+            PluginKind::Reward => "",
+        }
+    );
+    Ok(plugin)
+}
+
+/// Builds a sample from text the way the trainer does from generated ids: the completion is
+/// tokenized (no special tokens), its text is the decoded ids (special tokens skipped, so
+/// lowercased and re-spaced by the SimpleStories tokenizer) and it counts as ended by EOS.
+pub fn sample_from_text(prompt: &str, completion: &str, tokenizer: &crate::model::tokenizer::Tokenizer) -> Result<Sample> {
+    let completion_ids = tokenizer.encode(completion)?;
+    Ok(Sample {
+        prompt: prompt.to_string(),
+        completion: tokenizer.decode(&completion_ids)?,
+        completion_tokens: tokenizer.token_strings(&completion_ids)?,
+        completion_ids,
+        ended_with_eos: true,
+    })
+}

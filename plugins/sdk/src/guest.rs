@@ -1,0 +1,132 @@
+//! The component glue (wasm32 only): wit-bindgen bindings for both worlds, the configured
+//! plugin's storage, the panic hook that forwards messages to the host's `log`, and the
+//! conversions between the bindings' types and the SDK's plain ones. Used by the export macros.
+
+use std::any::Any;
+use std::cell::RefCell;
+
+use crate::{Param, Plugin, Sample};
+#[cfg(feature = "detector")]
+use crate::Detector;
+#[cfg(feature = "reward")]
+use crate::Reward;
+
+#[cfg(all(feature = "reward", feature = "detector"))]
+compile_error!("smallrl-plugin-sdk: enable only one of the features `reward` and `detector` (build reward and detector plugins in separate cargo invocations)");
+#[cfg(not(any(feature = "reward", feature = "detector")))]
+compile_error!("smallrl-plugin-sdk: enable the feature `reward` or `detector` for a wasm plugin");
+
+#[cfg(feature = "reward")]
+pub mod reward {
+    wit_bindgen::generate!({
+        world: "reward",
+        path: "../../wit",
+        default_bindings_module: "smallrl_plugin_sdk::guest::reward",
+        pub_export_macro: true,
+        export_macro_name: "export_reward_world",
+    });
+}
+
+#[cfg(feature = "detector")]
+pub mod detector {
+    wit_bindgen::generate!({
+        world: "detector",
+        path: "../../wit",
+        default_bindings_module: "smallrl_plugin_sdk::guest::detector",
+        pub_export_macro: true,
+        export_macro_name: "export_detector_world",
+    });
+}
+
+thread_local! {
+    /// The plugin built by the last successful `configure` (a guest is single-threaded).
+    static CONFIGURED: RefCell<Option<Box<dyn Any>>> = const { RefCell::new(None) };
+}
+
+/// Sends panic messages to the host before the panic aborts (a trap loses the message).
+fn install_panic_hook() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        std::panic::set_hook(Box::new(|info| host_log(&info.to_string())));
+    });
+}
+
+#[cfg(feature = "reward")]
+fn host_log(message: &str) {
+    reward::smallrl::reward::host::log(message);
+}
+
+#[cfg(feature = "detector")]
+fn host_log(message: &str) {
+    detector::smallrl::reward::host::log(message);
+}
+
+pub fn configure<P: Plugin>(params_json: &str) -> Result<(), String> {
+    install_panic_hook();
+    let plugin = crate::configure::<P>(params_json)?;
+    CONFIGURED.with(|slot| *slot.borrow_mut() = Some(Box::new(plugin)));
+    Ok(())
+}
+
+/// Runs `f` on the configured plugin (built with default parameters if the host never called
+/// `configure`).
+fn with_plugin<P: Plugin, R>(f: impl FnOnce(&P) -> R) -> Result<R, String> {
+    install_panic_hook();
+    if CONFIGURED.with(|slot| slot.borrow().is_none()) {
+        configure::<P>("")?;
+    }
+    CONFIGURED.with(|slot| {
+        let slot = slot.borrow();
+        let plugin = slot.as_ref().and_then(|boxed| boxed.downcast_ref::<P>());
+        Ok(f(plugin.expect("configured with this plugin type")))
+    })
+}
+
+#[cfg(feature = "reward")]
+pub fn score<P: Reward>(batch: Vec<reward::smallrl::reward::types::Sample>) -> Result<Vec<f64>, String> {
+    let samples: Vec<Sample> = batch.into_iter().map(from_reward_sample).collect();
+    with_plugin::<P, _>(|plugin| plugin.score_batch(&samples))?
+}
+
+#[cfg(feature = "detector")]
+pub fn detect<P: Detector>(batch: Vec<detector::smallrl::reward::types::Sample>) -> Result<Vec<bool>, String> {
+    let samples: Vec<Sample> = batch.into_iter().map(from_detector_sample).collect();
+    with_plugin::<P, _>(|plugin| plugin.detect_batch(&samples))?
+}
+
+/// The two worlds' bindings define the same WIT types twice; this writes the conversions once.
+macro_rules! conversions {
+    ($world:ident, $from_sample:ident, $info:ident, $kind:ident) => {
+        fn $from_sample(sample: $world::smallrl::reward::types::Sample) -> Sample {
+            Sample {
+                prompt: sample.prompt,
+                completion: sample.completion,
+                completion_tokens: sample.completion_tokens,
+                completion_ids: sample.completion_ids,
+                ended_with_eos: sample.ended_with_eos,
+            }
+        }
+
+        pub fn $info<P: Plugin>() -> $world::smallrl::reward::types::PluginInfo {
+            use $world::smallrl::reward::types as wit;
+            let param_info = |param: Param| wit::ParamInfo {
+                name: param.name.to_string(),
+                type_name: param.param_type.name().to_string(),
+                default_json: param.default.to_string(),
+                description: param.description.to_string(),
+            };
+            wit::PluginInfo {
+                name: P::NAME.to_string(),
+                version: P::VERSION.to_string(),
+                kind: wit::PluginKind::$kind,
+                description: P::DESCRIPTION.to_string(),
+                params: P::params().into_iter().map(param_info).collect(),
+            }
+        }
+    };
+}
+
+#[cfg(feature = "reward")]
+conversions!(reward, from_reward_sample, reward_info, Reward);
+#[cfg(feature = "detector")]
+conversions!(detector, from_detector_sample, detector_info, Detector);

@@ -1,0 +1,151 @@
+//! The smallrl plugin SDK: a reward or reward-hack detector is a type that implements
+//! [`Plugin`] (name, parameters) and [`Reward`] or [`Detector`] (a function over one sample),
+//! exported with [`export_reward!`] or [`export_detector!`]:
+//!
+//! ```ignore
+//! use smallrl_plugin_sdk::{Param, Params, Plugin, Reward, Sample, text};
+//!
+//! pub struct Exclaim { max_count: u64 }
+//!
+//! impl Plugin for Exclaim {
+//!     const NAME: &'static str = "exclaim";
+//!     const VERSION: &'static str = "0.1.0";
+//!     const DESCRIPTION: &'static str = "min(number of '!' / max_count, 1)";
+//!     fn params() -> Vec<Param> { vec![Param::integer("max_count", 3, "count that earns 1.0")] }
+//!     fn from_params(params: &Params) -> Result<Self, String> {
+//!         Ok(Self { max_count: params.positive_integer("max_count")? })
+//!     }
+//! }
+//!
+//! impl Reward for Exclaim {
+//!     fn score(&self, sample: &Sample) -> f64 {
+//!         let count = text::count_substring(&sample.completion, "!");
+//!         (count as f64 / self.max_count as f64).min(1.0)
+//!     }
+//! }
+//!
+//! smallrl_plugin_sdk::export_reward!(Exclaim);
+//! ```
+//!
+//! Built for `wasm32-unknown-unknown` and componentized, the plugin imports nothing but the
+//! host's `log` function (used by the panic hook installed here, so a panic message reaches the
+//! host's error). Natively the same types are plain Rust, which is how the host benchmarks and
+//! tests the standard plugins against their wasm builds.
+
+mod params;
+pub mod text;
+
+#[cfg(target_arch = "wasm32")]
+#[doc(hidden)]
+pub mod guest;
+
+pub use params::{Param, ParamType, Params};
+
+/// One completion, as the host sends it (see `wit/smallrl-reward.wit`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Sample {
+    pub prompt: String,
+    /// Decoded with special tokens skipped.
+    pub completion: String,
+    /// Vocabulary strings of the completion tokens, without the trailing end-of-sequence token.
+    pub completion_tokens: Vec<String>,
+    pub completion_ids: Vec<u32>,
+    pub ended_with_eos: bool,
+}
+
+/// What every plugin declares: who it is and which parameters it takes.
+pub trait Plugin: Sized + 'static {
+    const NAME: &'static str;
+    const VERSION: &'static str;
+    const DESCRIPTION: &'static str;
+
+    /// The accepted parameters with their defaults. Keys not listed here are rejected.
+    fn params() -> Vec<Param> {
+        Vec::new()
+    }
+
+    /// Builds the plugin from parameters already checked against [`Plugin::params`] (every
+    /// declared name is present, with its default if the user did not set it).
+    fn from_params(params: &Params) -> Result<Self, String>;
+}
+
+/// A reward: one finite score per sample.
+pub trait Reward: Plugin {
+    fn score(&self, sample: &Sample) -> f64;
+
+    /// Scores a whole batch; override only for rewards that need the batch at once.
+    fn score_batch(&self, batch: &[Sample]) -> Result<Vec<f64>, String> {
+        Ok(batch.iter().map(|sample| self.score(sample)).collect())
+    }
+}
+
+/// A reward-hack detector: one flag per sample (true = hacking detected).
+pub trait Detector: Plugin {
+    fn detect(&self, sample: &Sample) -> bool;
+
+    /// Flags a whole batch; override only for detectors that need the batch at once.
+    fn detect_batch(&self, batch: &[Sample]) -> Result<Vec<bool>, String> {
+        Ok(batch.iter().map(|sample| self.detect(sample)).collect())
+    }
+}
+
+/// Parses parameters given as JSON text (`""` or `{}`: all defaults) and builds the plugin.
+/// The guest glue calls this for `configure`; natively it builds the same plugin directly.
+pub fn configure<P: Plugin>(params_json: &str) -> Result<P, String> {
+    let params = Params::parse(P::NAME, &P::params(), params_json)?;
+    P::from_params(&params)
+}
+
+/// Exports a [`Reward`] type as the plugin's reward world (a no-op outside wasm32).
+#[macro_export]
+macro_rules! export_reward {
+    ($plugin:ty) => {
+        #[cfg(target_arch = "wasm32")]
+        const _: () = {
+            struct SmallrlGuest;
+            impl $crate::guest::reward::exports::smallrl::reward::plugin::Guest for SmallrlGuest {
+                fn info() -> $crate::guest::reward::smallrl::reward::types::PluginInfo {
+                    $crate::guest::reward_info::<$plugin>()
+                }
+                fn configure(params_json: String) -> Result<(), String> {
+                    $crate::guest::configure::<$plugin>(&params_json)
+                }
+            }
+            impl $crate::guest::reward::exports::smallrl::reward::scorer::Guest for SmallrlGuest {
+                fn score(
+                    batch: Vec<$crate::guest::reward::smallrl::reward::types::Sample>,
+                ) -> Result<Vec<f64>, String> {
+                    $crate::guest::score::<$plugin>(batch)
+                }
+            }
+            $crate::guest::reward::export_reward_world!(SmallrlGuest with_types_in $crate::guest::reward);
+        };
+    };
+}
+
+/// Exports a [`Detector`] type as the plugin's detector world (a no-op outside wasm32).
+#[macro_export]
+macro_rules! export_detector {
+    ($plugin:ty) => {
+        #[cfg(target_arch = "wasm32")]
+        const _: () = {
+            struct SmallrlGuest;
+            impl $crate::guest::detector::exports::smallrl::reward::plugin::Guest for SmallrlGuest {
+                fn info() -> $crate::guest::detector::smallrl::reward::types::PluginInfo {
+                    $crate::guest::detector_info::<$plugin>()
+                }
+                fn configure(params_json: String) -> Result<(), String> {
+                    $crate::guest::configure::<$plugin>(&params_json)
+                }
+            }
+            impl $crate::guest::detector::exports::smallrl::reward::flagger::Guest for SmallrlGuest {
+                fn detect(
+                    batch: Vec<$crate::guest::detector::smallrl::reward::types::Sample>,
+                ) -> Result<Vec<bool>, String> {
+                    $crate::guest::detect::<$plugin>(batch)
+                }
+            }
+            $crate::guest::detector::export_detector_world!(SmallrlGuest with_types_in $crate::guest::detector);
+        };
+    };
+}

@@ -1,0 +1,82 @@
+//! Text helpers shared by the standard plugins (and useful to any plugin author).
+
+/// Non-overlapping occurrences of `needle` in `text` (Python's `str.count`, which the original
+/// rewards used: "unhappy" contains one "happy", "happiness" none). An empty needle counts 0.
+pub fn count_substring(text: &str, needle: &str) -> usize {
+    if needle.is_empty() {
+        return 0;
+    }
+    text.matches(needle).count()
+}
+
+/// Occurrences of `word` not glued to a letter or digit on either side: "happy!" and "(happy"
+/// count, "unhappy" and "happyness" do not.
+pub fn count_whole_word(text: &str, word: &str) -> usize {
+    if word.is_empty() {
+        return 0;
+    }
+    text.match_indices(word)
+        .filter(|&(start, _)| {
+            let before = text[..start].chars().next_back();
+            let after = text[start + word.len()..].chars().next();
+            !before.is_some_and(char::is_alphanumeric) && !after.is_some_and(char::is_alphanumeric)
+        })
+        .count()
+}
+
+/// Case-insensitive count of `needle` in `text`: substrings, or whole words if asked.
+pub fn count_matches(text: &str, needle: &str, whole_word: bool) -> usize {
+    let text = text.to_lowercase();
+    let needle = needle.to_lowercase();
+    if whole_word { count_whole_word(&text, &needle) } else { count_substring(&text, &needle) }
+}
+
+/// Whether a token ends a sentence (`.`, `?` or `!`).
+pub fn is_sentence_end(token: &str) -> bool {
+    matches!(token, "." | "?" | "!")
+}
+
+/// Lengths in tokens of the complete sentences: each sentence-end token closes a sentence whose
+/// length counts the tokens since the previous end (commas, quotes and `##` pieces included, the
+/// end token excluded); empty sentences (". .") are dropped and the trailing unfinished sentence
+/// is ignored.
+pub fn sentence_lengths<T: AsRef<str>>(tokens: &[T]) -> Vec<usize> {
+    let mut lengths = Vec::new();
+    let mut current = 0;
+    for token in tokens {
+        if is_sentence_end(token.as_ref()) {
+            if current > 0 {
+                lengths.push(current);
+            }
+            current = 0;
+        } else {
+            current += 1;
+        }
+    }
+    lengths
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn substring_counting_matches_python_str_count() {
+        assert_eq!(count_substring("happy unhappy happiness", "happy"), 2);
+        assert_eq!(count_substring("aaaa", "aa"), 2);
+        assert_eq!(count_substring("anything", ""), 0);
+    }
+
+    #[test]
+    fn whole_words_need_non_alphanumeric_neighbours() {
+        assert_eq!(count_whole_word("happy! unhappy (happy) happyhappy happy", "happy"), 3);
+        assert_eq!(count_matches("HAPPY Happy", "happy", true), 2);
+    }
+
+    #[test]
+    fn sentences_are_counted_between_end_tokens() {
+        let tokens: Vec<&str> = "a b c . . d e ? f".split(' ').collect();
+        assert_eq!(sentence_lengths(&tokens), vec![3, 2]);
+        assert!(sentence_lengths::<&str>(&[]).is_empty());
+    }
+}

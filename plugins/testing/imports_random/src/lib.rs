@@ -1,0 +1,33 @@
+//! A reward plugin that would be valid if it did not import `wasi:random`: rewards must be pure
+//! and reproducible, so the host refuses any import beyond its `log` function.
+wit_bindgen::generate!({ world: "sneaky-reward", generate_all });
+
+use exports::smallrl::reward::{plugin, scorer};
+use smallrl::reward::types::{PluginInfo, PluginKind, Sample};
+
+struct RandomReward;
+
+impl plugin::Guest for RandomReward {
+    fn info() -> PluginInfo {
+        PluginInfo {
+            name: "random".into(),
+            version: "0.1.0".into(),
+            kind: PluginKind::Reward,
+            description: "scores at random (forbidden)".into(),
+            params: Vec::new(),
+        }
+    }
+
+    fn configure(_params_json: String) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+impl scorer::Guest for RandomReward {
+    fn score(batch: Vec<Sample>) -> Result<Vec<f64>, String> {
+        let coin = wasi::random::random::get_random_u64();
+        Ok(batch.iter().map(|_| (coin % 2) as f64).collect())
+    }
+}
+
+export!(RandomReward);

@@ -1,0 +1,165 @@
+//! The sandbox: purpose-built misbehaving plugins each fail with a clear error naming the
+//! plugin, the call and the cause, quickly, and the host keeps working afterwards.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{load, sample_from_tokens, standard_plugin, test_plugin};
+use smallrl::plugins::{Plugin, PluginLimits, Sample};
+
+fn batch() -> Vec<Sample> {
+    ["w w happy .", "w .", "happy happy"].iter().map(|tokens| sample_from_tokens(tokens)).collect()
+}
+
+/// Tight limits so the runaway cases finish fast.
+fn tight_limits() -> PluginLimits {
+    PluginLimits { max_memory_bytes: 32 << 20, max_call_time: Duration::from_millis(300) }
+}
+
+/// Loads the misbehaving plugin in `mode` and returns the error of scoring a batch of three.
+fn misbehave(mode: &str) -> (Plugin, String) {
+    let params = format!(r#"{{"mode": "{mode}"}}"#);
+    let mut plugin = Plugin::load(&test_plugin("misbehaving"), &params, tight_limits()).unwrap();
+    let started = Instant::now();
+    let error = plugin.score(&batch()).expect_err("the plugin misbehaves");
+    assert!(started.elapsed() < Duration::from_secs(5), "{mode}: took {:?}", started.elapsed());
+    (plugin, format!("{error:#}"))
+}
+
+fn assert_contains(message: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(message.contains(part), "expected {part:?} in the error:\n{message}");
+    }
+}
+
+/// After any failure, a standard plugin still loads and scores.
+fn assert_host_still_works() {
+    let scores = load(&standard_plugin("happy_count"), "{}").score(&batch()).unwrap();
+    assert_eq!(scores, vec![0.2, 0.0, 0.4]);
+}
+
+#[test]
+fn an_endless_loop_hits_the_call_time_limit() {
+    let (mut plugin, error) = misbehave("loop");
+    assert_contains(&error, &["plugin misbehaving", "misbehaving.wasm", "score failed", "call-time limit of 300ms"]);
+    // The trapped instance is not used again silently...
+    let again = format!("{:#}", plugin.score(&batch()).unwrap_err());
+    assert_contains(&again, &["an earlier call failed", "re-instantiated explicitly"]);
+    // ...but can be replaced on request.
+    plugin.reinstantiate().unwrap();
+    assert!(plugin.failure().is_none());
+    assert_host_still_works();
+}
+
+#[test]
+fn a_memory_bomb_hits_the_memory_limit() {
+    let (_, error) = misbehave("memory_bomb");
+    assert_contains(&error, &["plugin misbehaving", "score failed", "over the limit of 32.0 MiB"]);
+    assert_host_still_works();
+}
+
+#[test]
+fn a_panic_reports_its_message() {
+    let (_, error) = misbehave("panic");
+    assert_contains(&error, &["score failed", "it panicked", "deliberate panic while scoring 3 samples"]);
+    assert_host_still_works();
+}
+
+#[test]
+fn a_wrong_number_of_scores_is_rejected() {
+    let (plugin, error) = misbehave("wrong_count");
+    assert_contains(&error, &["plugin misbehaving", "score returned 4 values for a batch of 3 samples"]);
+    assert!(plugin.failure().is_none(), "a bad result does not poison the instance");
+}
+
+#[test]
+fn non_finite_scores_are_rejected() {
+    let (_, nan) = misbehave("nan");
+    assert_contains(&nan, &["score returned NaN for sample 0", "finite"]);
+    let (_, infinite) = misbehave("inf");
+    assert_contains(&infinite, &["score returned inf for sample 0"]);
+}
+
+#[test]
+fn an_error_string_from_the_guest_is_the_message() {
+    let (_, error) = misbehave("error");
+    assert_contains(&error, &["plugin misbehaving", "score returned an error: deliberate error: the judge is on strike"]);
+}
+
+#[test]
+fn a_plugin_of_another_contract_version_is_rejected() {
+    let error = format!("{:#}", Plugin::load(&test_plugin("bad_version"), "", tight_limits()).err().unwrap());
+    assert_contains(&error, &["bad_version.wasm", "smallrl:reward@0.2.0", "speaks smallrl:reward@0.1.0"]);
+}
+
+#[test]
+fn a_plugin_importing_wasi_is_rejected() {
+    let error = format!("{:#}", Plugin::load(&test_plugin("imports_random"), "", tight_limits()).err().unwrap());
+    assert_contains(&error, &["imports_random.wasm", "wasi:random/random@0.2.0", "no capabilities"]);
+}
+
+#[test]
+fn a_core_module_is_rejected_with_how_to_componentize() {
+    let error = format!("{:#}", Plugin::load(&test_plugin("core_module"), "", tight_limits()).err().unwrap());
+    assert_contains(&error, &["core_module.wasm", "core WebAssembly module, not a component", "smallrl-componentize"]);
+}
+
+#[test]
+fn a_file_that_is_not_wasm_is_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("reward.wasm");
+    std::fs::write(&path, "def reward(text): return 1.0\n").unwrap();
+    let error = format!("{:#}", Plugin::load(&path, "", tight_limits()).err().unwrap());
+    assert_contains(&error, &["reward.wasm", "not a WebAssembly file"]);
+    let missing = format!("{:#}", Plugin::load(&dir.path().join("nope.wasm"), "", tight_limits()).err().unwrap());
+    assert_contains(&missing, &["nope.wasm", "make plugins"]);
+}
+
+#[test]
+fn unknown_and_ill_typed_parameters_are_rejected() {
+    let path = standard_plugin("happy_count");
+    let unknown = format!("{:#}", Plugin::load(&path, r#"{"max_cont": 3}"#, tight_limits()).err().unwrap());
+    assert_contains(&unknown, &["plugin happy_count", "unknown parameter `max_cont`", "accepted: max_count, whole_word"]);
+    let ill_typed = format!("{:#}", Plugin::load(&path, r#"{"max_count": "five"}"#, tight_limits()).err().unwrap());
+    assert_contains(&ill_typed, &["parameter `max_count` must be of type integer, got \"five\""]);
+    let zero = format!("{:#}", Plugin::load(&path, r#"{"max_count": 0}"#, tight_limits()).err().unwrap());
+    assert_contains(&zero, &["`max_count` must be at least 1"]);
+}
+
+#[test]
+fn a_reward_cannot_be_asked_to_detect() {
+    let mut plugin = load(&standard_plugin("happy_count"), "{}");
+    let error = format!("{:#}", plugin.detect(&batch()).unwrap_err());
+    assert_contains(&error, &["plugin happy_count", "is a reward, it has no `detect`"]);
+}
+
+#[test]
+fn compiled_plugins_are_cached_on_disk() {
+    load(&standard_plugin("happy_exp"), "{}");
+    let cache = smallrl::plugins::cache_directory().expect("a cache directory");
+    assert!(cache.is_absolute());
+    let entries = walk_count(&cache);
+    assert!(entries > 0, "no cached code in {}", cache.display());
+}
+
+fn walk_count(dir: &std::path::Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .map(|entry| if entry.path().is_dir() { walk_count(&entry.path()) } else { 1 })
+        .sum()
+}
+
+/// Scoring 512 completions must stay far below 1% of a training step (about a second).
+#[test]
+fn scoring_512_completions_is_cheap() {
+    let report = smallrl::plugins::bench::bench_happy_count(&standard_plugin("happy_count"), 512, 100, 20).unwrap();
+    println!(
+        "512 completions: wasm {:.3} ms, native {:.3} ms, load {:.2} ms",
+        report.wasm_per_batch.as_secs_f64() * 1e3,
+        report.native_per_batch.as_secs_f64() * 1e3,
+        report.load.as_secs_f64() * 1e3
+    );
+    assert!(report.wasm_per_batch < Duration::from_millis(20), "{:?} per batch", report.wasm_per_batch);
+}

@@ -1,0 +1,139 @@
+//! The trainer end to end on the pre-trained `tiny-stories` fixture with real reward plugins:
+//! learning, exact resumption, checkpoints, and a plugin failure in the middle of a run.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{fixture, one_thread, repo_root, standard_plugin, test_plugin};
+use serde_json::{Map, Value, json};
+use smallrl::train::{TrainConfig, Trainer};
+
+/// A small, fast configuration: 8 completions per step in groups of 4, short completions.
+fn small_config(output_dir: &Path, reward_plugin: &Path) -> Map<String, Value> {
+    let value = json!({
+        "model": fixture("tiny-stories"),
+        "prompts": fixture("tiny-stories/prompts.txt"),
+        "reward": {"plugin": reward_plugin, "params": {}},
+        "batch_size": 8,
+        "num_generations": 4,
+        "max_completion_length": 24,
+        "max_steps": 4,
+        "save_steps": 2,
+        "eval_every": 2,
+        "eval_samples": 4,
+        "logging_steps": 1,
+        "adapter": "dual-lora",
+        "lora_preset": "r4",
+        "lr": 1e-3,
+        "output_dir": output_dir,
+        "threads": 1,
+        "device": "cpu",
+        "name": "test",
+    });
+    let Value::Object(map) = value else { unreachable!() };
+    map
+}
+
+fn with(mut map: Map<String, Value>, key: &str, value: Value) -> Map<String, Value> {
+    map.insert(key.into(), value);
+    map
+}
+
+fn read_jsonl(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// Metric lines without wall-clock fields.
+fn deterministic(lines: Vec<Value>) -> Vec<Value> {
+    lines
+        .into_iter()
+        .map(|mut line| {
+            let obj = line.as_object_mut().unwrap();
+            obj.retain(|k, _| !k.starts_with("timing/") && k != "step_time" && k != "seconds");
+            line
+        })
+        .collect()
+}
+
+fn train(config: Map<String, Value>) -> PathBuf {
+    one_thread();
+    let config = TrainConfig::resolve(None, config).unwrap();
+    let mut trainer = Trainer::new(config, None).unwrap();
+    trainer.train(None).unwrap().run_dir
+}
+
+/// DualLoRA with classic routing; the detector flags any "happy" (threshold 1), so both
+/// sample classes occur.
+fn routed_config(output_dir: &Path) -> Map<String, Value> {
+    let config = small_config(output_dir, &standard_plugin("happy"));
+    let config = with(config, "routing_mode", "classic".into());
+    let config = with(config, "rh_detector", json!({"plugin": "happy_count", "params": {"threshold": 1}}));
+    with(config, "plugin_dir", json!(repo_root().join("plugins")))
+}
+
+#[test]
+fn resumed_run_repeats_the_uninterrupted_run_exactly() {
+    let out = tempfile::tempdir().unwrap();
+    let whole = train(routed_config(&out.path().join("a")));
+
+    let resolved = TrainConfig::resolve(None, routed_config(&out.path().join("b"))).unwrap();
+    let mut first = Trainer::new(resolved.clone(), None).unwrap();
+    let stopped = first.train(Some(2)).unwrap();
+    assert_eq!(stopped.steps, 2);
+    drop(first);
+    let mut second = Trainer::new(resolved, Some(&stopped.run_dir)).unwrap();
+    let resumed = second.train(None).unwrap();
+
+    for file in ["metrics.jsonl", "routing_eval.jsonl"] {
+        let a = deterministic(read_jsonl(&whole.join(file)));
+        let b = deterministic(read_jsonl(&resumed.run_dir.join(file)));
+        assert_eq!(a.len(), if file == "metrics.jsonl" { 4 } else { 2 });
+        assert_eq!(a, b, "{file} of the resumed run differs from the uninterrupted run");
+    }
+    let weights = |dir: &Path| smallrl::model::weights::read_safetensors(&dir.join("checkpoint-4/adapters.safetensors")).unwrap();
+    let (a, b) = (weights(&whole), weights(&resumed.run_dir));
+    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+    for (name, tensor) in &a {
+        assert!(tensor.equal(&b[name]), "{name} differs after resumption");
+    }
+    let log = std::fs::read_to_string(resumed.run_dir.join("train.log")).unwrap();
+    assert!(log.contains("[Sample @ step 1] ") && log.contains(" ||| "), "train.log lacks sample lines");
+    assert!(log.contains("[Routing Eval @ step 4]") && log.contains("retain_only") && log.contains("forget_only"));
+}
+
+#[test]
+fn checkpoints_record_the_adapter_configuration_and_load_back() {
+    let out = tempfile::tempdir().unwrap();
+    let run = train(with(small_config(out.path(), &standard_plugin("happy")), "max_steps", 2.into()));
+    let checkpoint = smallrl::train::checkpoint::load(&run.join("checkpoint-2")).unwrap();
+    let expected = smallrl::adapters::AdapterConfig::dual_lora(4, 4, 4.0, 1);
+    assert_eq!(checkpoint.state.adapters, expected);
+    assert_eq!(checkpoint.state.step, 2);
+    // 4 layers x 7 projections x 2 slots x (A, B).
+    assert_eq!(checkpoint.weights.len(), 4 * 7 * 2 * 2);
+    let name = run.file_name().unwrap().to_str().unwrap();
+    assert!(name.starts_with("test_dual-lora_r4_lr1e-3_bs8_g4_len24_steps2") && name.ends_with("_s42"), "run name {name}");
+}
+
+#[test]
+fn a_failing_plugin_stops_the_run_and_keeps_what_was_written() {
+    let out = tempfile::tempdir().unwrap();
+    let run = train(with(small_config(out.path(), &standard_plugin("happy")), "max_steps", 2.into()));
+    // Continue the run with a reward plugin that traps: step 3 must fail, loudly, and leave the
+    // checkpoint and the metrics of steps 1-2 as they were.
+    let config_path = run.join("config.yaml");
+    let mut config: Value = smallrl::yaml::read_file(&config_path).unwrap();
+    config["reward"] = json!({"plugin": test_plugin("misbehaving"), "params": {"mode": "panic"}});
+    config["max_steps"] = 4.into();
+    std::fs::write(&config_path, smallrl::yaml::to_string(&config).unwrap()).unwrap();
+    let before = std::fs::read(run.join("checkpoint-2/adapters.safetensors")).unwrap();
+    let resolved = TrainConfig::resolve(Some(&config_path), Map::new()).unwrap();
+    let mut trainer = Trainer::new(resolved, Some(&run)).unwrap();
+    let error = format!("{:#}", trainer.train(None).unwrap_err());
+    assert!(error.contains("step 3") && error.contains("misbehaving") && error.contains("panic"), "unclear error: {error}");
+    assert_eq!(read_jsonl(&run.join("metrics.jsonl")).len(), 2);
+    assert_eq!(std::fs::read(run.join("checkpoint-2/adapters.safetensors")).unwrap(), before);
+    assert!(!run.join("checkpoint-4").exists());
+}
