@@ -341,14 +341,32 @@ fn deadline_ticks(limits: PluginLimits) -> u64 {
 }
 
 fn to_wit_samples(samples: &[Sample]) -> Vec<wit::Sample> {
-    let to_wit = |sample: &Sample| wit::Sample {
-        prompt: sample.prompt.clone(),
-        completion: sample.completion.clone(),
-        completion_tokens: sample.completion_tokens.clone(),
-        completion_ids: sample.completion_ids.clone(),
-        ended_with_eos: sample.ended_with_eos,
+    let to_wit = |sample: &Sample| {
+        let (completion_tokens_joined, completion_token_ends) = join_tokens(&sample.completion_tokens);
+        wit::Sample {
+            prompt: sample.prompt.clone(),
+            completion: sample.completion.clone(),
+            completion_tokens_joined,
+            completion_token_ends,
+            completion_ids: sample.completion_ids.clone(),
+            ended_with_eos: sample.ended_with_eos,
+        }
     };
     samples.iter().map(to_wit).collect()
+}
+
+/// The tokens as one string plus end offsets: the WIT contract's form (one string per sample
+/// crosses into the guest instead of one per token).
+fn join_tokens(tokens: &[String]) -> (String, Vec<u32>) {
+    let mut joined = String::with_capacity(tokens.iter().map(String::len).sum());
+    let ends = tokens
+        .iter()
+        .map(|token| {
+            joined.push_str(token);
+            joined.len() as u32
+        })
+        .collect();
+    (joined, ends)
 }
 
 fn from_wit_kind(kind: wit::PluginKind) -> PluginKind {

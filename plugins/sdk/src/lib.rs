@@ -47,10 +47,41 @@ pub struct Sample {
     pub prompt: String,
     /// Decoded with special tokens skipped.
     pub completion: String,
-    /// Vocabulary strings of the completion tokens, without the trailing end-of-sequence token.
-    pub completion_tokens: Vec<String>,
+    /// The completion's token strings concatenated (read them with [`Sample::tokens`]);
+    /// without the trailing end-of-sequence token.
+    pub completion_tokens_joined: String,
+    /// End byte offset of each token in `completion_tokens_joined`.
+    pub completion_token_ends: Vec<u32>,
     pub completion_ids: Vec<u32>,
     pub ended_with_eos: bool,
+}
+
+impl Sample {
+    /// A sample from separate token strings (natively, e.g. in tests).
+    pub fn new<T: AsRef<str>>(prompt: &str, completion: &str, tokens: &[T], ids: &[u32], ended_with_eos: bool) -> Self {
+        let mut joined = String::new();
+        let mut ends = Vec::with_capacity(tokens.len());
+        for token in tokens {
+            joined.push_str(token.as_ref());
+            ends.push(joined.len() as u32);
+        }
+        Self {
+            prompt: prompt.to_string(),
+            completion: completion.to_string(),
+            completion_tokens_joined: joined,
+            completion_token_ends: ends,
+            completion_ids: ids.to_vec(),
+            ended_with_eos,
+        }
+    }
+
+    /// The completion's token strings, in order (`##` pieces kept, no end-of-sequence token).
+    pub fn tokens(&self) -> impl Iterator<Item = &str> + '_ {
+        let starts = std::iter::once(0).chain(self.completion_token_ends.iter().copied());
+        let ranges = starts.zip(self.completion_token_ends.iter().copied());
+        // A malformed range (never sent by smallrl) reads as an empty token rather than panicking.
+        ranges.map(|(start, end)| self.completion_tokens_joined.get(start as usize..end as usize).unwrap_or(""))
+    }
 }
 
 /// What every plugin declares: who it is and which parameters it takes.

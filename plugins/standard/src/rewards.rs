@@ -166,7 +166,7 @@ impl Plugin for SentenceLength {
 
 impl Reward for SentenceLength {
     fn score(&self, sample: &Sample) -> f64 {
-        let lengths = sentence_lengths(&sample.completion_tokens);
+        let lengths = sentence_lengths(sample.tokens());
         if lengths.is_empty() {
             return 0.0;
         }
