@@ -104,7 +104,8 @@ set -euo pipefail
 cd "$(dirname "$0")"
 target_dir="${{CARGO_TARGET_DIR:-target}}"
 cargo build --quiet --release --target wasm32-unknown-unknown
-cargo run --quiet --manifest-path {componentize} -- \
+# The componentizer builds in its own checkout's target directory (`make plugins` built it).
+env -u CARGO_TARGET_DIR cargo run --quiet --manifest-path {componentize} -- \
     "$target_dir/wasm32-unknown-unknown/release/{name}.wasm={name}.wasm"
 echo "built $(pwd)/{name}.wasm"
 "#,
