@@ -12,6 +12,7 @@ build: setup
 
 test: setup plugins
 	$(CARGO) test
+	$(CARGO) test -p smallrl-plugin-sdk
 
 # Reward / detector plugins: guests for wasm32-unknown-unknown (release profile), wrapped into
 # components by plugins/componentize. Incremental: cargo and the componentizer skip what is

@@ -51,6 +51,10 @@ pub enum PluginCommand {
         words: usize,
         #[arg(long, default_value_t = 200)]
         iterations: u32,
+        /// Also time one `RewardModel::score` call of this config's `reward:` and
+        /// `rh_detector:` (plugin names resolve in plugins/).
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
 }
 
@@ -67,7 +71,10 @@ pub fn run(command: PluginCommand) -> Result<()> {
         PluginCommand::Score { path, params, texts, file, tokenizer } => {
             score(&path, params.as_deref(), &texts, file.as_deref(), tokenizer.as_deref())
         }
-        PluginCommand::Bench { path, samples, words, iterations } => run_bench(&path, samples, words, iterations),
+        PluginCommand::Bench { path, samples, words, iterations, config } => {
+            run_bench(&path, samples, words, iterations)?;
+            config.map_or(Ok(()), |config| bench_config(&config, samples, words, iterations))
+        }
     }
 }
 
@@ -211,5 +218,34 @@ fn run_bench(path: &Path, samples: usize, words: usize, iterations: u32) -> Resu
         report.native_per_second()
     );
     println!("  wasm / native time: {:.2}x", report.wasm_per_batch.as_secs_f64() / report.native_per_batch.as_secs_f64());
+    Ok(())
+}
+
+/// The sections of a run config that describe rewards; the training keys are ignored here.
+#[derive(Deserialize)]
+struct RewardSections {
+    reward: crate::reward::RewardSpec,
+    rh_detector: Option<crate::reward::DetectorSpec>,
+}
+
+fn bench_config(config: &Path, samples: usize, words: usize, iterations: u32) -> Result<()> {
+    use crate::reward::{ProtocolKnobs, RewardModel};
+    let sections: RewardSections = crate::yaml::read_file(config)?;
+    let knobs = ProtocolKnobs { false_positive_rate: 0.0, recall: 1.0, rh_eligible_frac: 1.0 };
+    let detector = sections.rh_detector.as_ref();
+    let mut model = RewardModel::load(&sections.reward, detector, knobs, Path::new("plugins"), PluginLimits::default())?;
+    let batch = bench::synthetic_batch(samples, words);
+    let mut fastest = std::time::Duration::MAX;
+    for step in 0..iterations.max(1) {
+        let started = std::time::Instant::now();
+        model.score(&batch, u64::from(step))?;
+        fastest = fastest.min(started.elapsed());
+    }
+    let plugins = model.components().len() + usize::from(model.has_detector());
+    println!(
+        "RewardModel::score of {} ({plugins} plugins) on {samples} completions: {:.3} ms",
+        config.display(),
+        fastest.as_secs_f64() * 1e3
+    );
     Ok(())
 }

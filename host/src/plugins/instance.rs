@@ -150,28 +150,38 @@ impl Plugin {
 
     /// Scores a batch: exactly one finite score per sample, or an error.
     pub fn score(&mut self, samples: &[Sample]) -> Result<Vec<f64>> {
-        let batch = to_wit_samples(samples);
+        self.score_batch(&Batch::new(samples))
+    }
+
+    /// Flags a batch: exactly one flag per sample, or an error.
+    pub fn detect(&mut self, samples: &[Sample]) -> Result<Vec<bool>> {
+        self.detect_batch(&Batch::new(samples))
+    }
+
+    /// [`Plugin::score`] of a batch converted once for several plugins.
+    pub fn score_batch(&mut self, batch: &Batch) -> Result<Vec<f64>> {
+        let batch = &batch.0;
         let scores = self.call("score", |store, exports| match exports {
-            Exports::Reward(reward) => reward.smallrl_reward_scorer().call_score(store, &batch).map(Some),
+            Exports::Reward(reward) => reward.smallrl_reward_scorer().call_score(store, batch).map(Some),
             Exports::Detector(_) => Ok(None),
         })?;
         let scores = self.guest_result("score", scores)?;
-        self.check_count("score", scores.len(), samples.len())?;
+        self.check_count("score", scores.len(), batch.len())?;
         if let Some((index, score)) = scores.iter().enumerate().find(|(_, score)| !score.is_finite()) {
             bail!("{}: score returned {score} for sample {index}; scores must be finite numbers", self.label());
         }
         Ok(scores)
     }
 
-    /// Flags a batch: exactly one flag per sample, or an error.
-    pub fn detect(&mut self, samples: &[Sample]) -> Result<Vec<bool>> {
-        let batch = to_wit_samples(samples);
+    /// [`Plugin::detect`] of a batch converted once for several plugins.
+    pub fn detect_batch(&mut self, batch: &Batch) -> Result<Vec<bool>> {
+        let batch = &batch.0;
         let flags = self.call("detect", |store, exports| match exports {
-            Exports::Detector(detector) => detector.smallrl_reward_flagger().call_detect(store, &batch).map(Some),
+            Exports::Detector(detector) => detector.smallrl_reward_flagger().call_detect(store, batch).map(Some),
             Exports::Reward(_) => Ok(None),
         })?;
         let flags = self.guest_result("detect", flags)?;
-        self.check_count("detect", flags.len(), samples.len())?;
+        self.check_count("detect", flags.len(), batch.len())?;
         Ok(flags)
     }
 
@@ -338,6 +348,15 @@ fn instantiate_world(pre: &InstancePre<StoreState>, limits: PluginLimits, kind: 
 /// Ticks until the deadline, plus one because the current tick may end at once.
 fn deadline_ticks(limits: PluginLimits) -> u64 {
     (limits.max_call_time.as_nanos() / EPOCH_TICK.as_nanos()) as u64 + 1
+}
+
+/// Samples in the contract's form, converted once and passed to every plugin of a batch.
+pub struct Batch(Vec<wit::Sample>);
+
+impl Batch {
+    pub fn new(samples: &[Sample]) -> Self {
+        Self(to_wit_samples(samples))
+    }
 }
 
 fn to_wit_samples(samples: &[Sample]) -> Vec<wit::Sample> {
