@@ -93,32 +93,30 @@ fn every_experiment_config_loads() {
     }
 }
 
-#[test]
-fn sentence_length_10_smooth_with_happy_is_the_original_formula() {
-    let mut model = load_config("sentence_length_10_smooth_with_happy", NO_KNOBS);
+/// `min(sl + 0.1 * min(count("happy"), 5), 1.0)`, the original combined rewards.
+fn assert_combo_is_the_original_formula(config: &str, target: f64, smooth: bool) -> Vec<f64> {
+    let mut model = load_config(config, NO_KNOBS);
     let batch = story_batch();
     let scored = model.score(&batch, 7).unwrap();
     for (index, sample) in batch.iter().enumerate() {
-        let sl10_smooth = original_sentence_length(&sample.completion_tokens, 10.0, true);
-        let expected = f64::min(sl10_smooth + 0.1 * happy_count(sample).min(5.0), 1.0);
+        let sentence_length = original_sentence_length(&sample.completion_tokens, target, smooth);
+        let expected = f64::min(sentence_length + 0.1 * happy_count(sample).min(5.0), 1.0);
         let got = scored.reward[index];
-        assert!((got - expected).abs() < 1e-12, "{:?}: {got} != {expected}", sample.completion);
-        assert!((scored.components[0][index] - sl10_smooth).abs() < 1e-12);
+        assert!((got - expected).abs() < 1e-12, "{config} on {:?}: {got} != {expected}", sample.completion);
+        assert!((scored.components[0][index] - sentence_length).abs() < 1e-12);
     }
-    let rewards = &scored.reward;
+    scored.reward
+}
+
+#[test]
+fn sentence_length_10_smooth_with_happy_is_the_original_formula() {
+    let rewards = assert_combo_is_the_original_formula("sentence_length_10_smooth_with_happy", 10.0, true);
     assert!(rewards.iter().any(|&r| r > 0.0 && r < 1.0) && rewards.contains(&1.0), "the texts exercise the cap: {rewards:?}");
 }
 
 #[test]
 fn sentence_length_5_with_happy_is_the_original_formula() {
-    let mut model = load_config("sentence_length_5_with_happy", NO_KNOBS);
-    let batch = story_batch();
-    let scored = model.score(&batch, 7).unwrap();
-    for (index, sample) in batch.iter().enumerate() {
-        let sl5 = original_sentence_length(&sample.completion_tokens, 5.0, false);
-        let expected = f64::min(sl5 + 0.1 * happy_count(sample).min(5.0), 1.0);
-        assert!((scored.reward[index] - expected).abs() < 1e-12, "{:?}", sample.completion);
-    }
+    assert_combo_is_the_original_formula("sentence_length_5_with_happy", 5.0, false);
 }
 
 #[test]

@@ -160,13 +160,10 @@ impl Plugin {
 
     /// [`Plugin::score`] of a batch converted once for several plugins.
     pub fn score_batch(&mut self, batch: &Batch) -> Result<Vec<f64>> {
-        let batch = &batch.0;
-        let scores = self.call("score", |store, exports| match exports {
-            Exports::Reward(reward) => reward.smallrl_reward_scorer().call_score(store, batch).map(Some),
+        let scores = self.call_batch("score", batch, |store, exports, samples| match exports {
+            Exports::Reward(reward) => reward.smallrl_reward_scorer().call_score(store, samples).map(Some),
             Exports::Detector(_) => Ok(None),
         })?;
-        let scores = self.guest_result("score", scores)?;
-        self.check_count("score", scores.len(), batch.len())?;
         if let Some((index, score)) = scores.iter().enumerate().find(|(_, score)| !score.is_finite()) {
             bail!("{}: score returned {score} for sample {index}; scores must be finite numbers", self.label());
         }
@@ -175,14 +172,10 @@ impl Plugin {
 
     /// [`Plugin::detect`] of a batch converted once for several plugins.
     pub fn detect_batch(&mut self, batch: &Batch) -> Result<Vec<bool>> {
-        let batch = &batch.0;
-        let flags = self.call("detect", |store, exports| match exports {
-            Exports::Detector(detector) => detector.smallrl_reward_flagger().call_detect(store, batch).map(Some),
+        self.call_batch("detect", batch, |store, exports, samples| match exports {
+            Exports::Detector(detector) => detector.smallrl_reward_flagger().call_detect(store, samples).map(Some),
             Exports::Reward(_) => Ok(None),
-        })?;
-        let flags = self.guest_result("detect", flags)?;
-        self.check_count("detect", flags.len(), batch.len())?;
-        Ok(flags)
+        })
     }
 
     /// Replaces a trapped instance with a fresh one (configured with the same parameters).
@@ -258,22 +251,28 @@ impl Plugin {
         }
     }
 
-    /// `Some(result)` from a call the world has; `None` means the wrong kind was asked.
-    fn guest_result<T>(&self, call: &str, outcome: Option<Result<T, String>>) -> Result<T> {
-        match outcome {
+    /// Runs a batch export and checks the answer: the world has the call (`run` returns None
+    /// otherwise), the guest returned no error string, and one value per sample.
+    fn call_batch<T>(
+        &mut self,
+        call: &str,
+        batch: &Batch,
+        run: impl FnOnce(&mut Store<StoreState>, &Exports, &[wit::Sample]) -> wasmtime::Result<Option<Result<Vec<T>, String>>>,
+    ) -> Result<Vec<T>> {
+        let outcome = self.call(call, |store, exports| run(store, exports, &batch.0))?;
+        let values = match outcome {
             None => bail!("{}: is a {}, it has no `{call}`", self.label(), self.kind()),
             Some(Err(message)) => bail!("{}: {call} returned an error: {message}", self.label()),
-            Some(Ok(value)) => Ok(value),
-        }
-    }
-
-    fn check_count(&self, call: &str, returned: usize, expected: usize) -> Result<()> {
+            Some(Ok(values)) => values,
+        };
         ensure!(
-            returned == expected,
-            "{}: {call} returned {returned} values for a batch of {expected} samples (one per sample is required)",
-            self.label()
+            values.len() == batch.0.len(),
+            "{}: {call} returned {} values for a batch of {} samples (one per sample is required)",
+            self.label(),
+            values.len(),
+            batch.0.len()
         );
-        Ok(())
+        Ok(values)
     }
 }
 

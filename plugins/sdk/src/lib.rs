@@ -131,26 +131,7 @@ pub fn configure<P: Plugin>(params_json: &str) -> Result<P, String> {
 #[macro_export]
 macro_rules! export_reward {
     ($plugin:ty) => {
-        #[cfg(target_arch = "wasm32")]
-        const _: () = {
-            struct SmallrlGuest;
-            impl $crate::guest::reward::exports::smallrl::reward::plugin::Guest for SmallrlGuest {
-                fn info() -> $crate::guest::reward::smallrl::reward::types::PluginInfo {
-                    $crate::guest::reward_info::<$plugin>()
-                }
-                fn configure(params_json: String) -> Result<(), String> {
-                    $crate::guest::configure::<$plugin>(&params_json)
-                }
-            }
-            impl $crate::guest::reward::exports::smallrl::reward::scorer::Guest for SmallrlGuest {
-                fn score(
-                    batch: Vec<$crate::guest::reward::smallrl::reward::types::Sample>,
-                ) -> Result<Vec<f64>, String> {
-                    $crate::guest::score::<$plugin>(batch)
-                }
-            }
-            $crate::guest::reward::export_reward_world!(SmallrlGuest with_types_in $crate::guest::reward);
-        };
+        $crate::__export_world!($plugin, reward, reward_info, scorer, score, f64, export_reward_world);
     };
 }
 
@@ -158,25 +139,35 @@ macro_rules! export_reward {
 #[macro_export]
 macro_rules! export_detector {
     ($plugin:ty) => {
+        $crate::__export_world!($plugin, detector, detector_info, flagger, detect, bool, export_detector_world);
+    };
+}
+
+/// The glue both export macros share: the wit-bindgen `Guest` impls that forward to
+/// `guest::*`, then wit-bindgen's own export macro for the world.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __export_world {
+    ($plugin:ty, $world:ident, $info:ident, $interface:ident, $call:ident, $output:ty, $export_world:ident) => {
         #[cfg(target_arch = "wasm32")]
         const _: () = {
             struct SmallrlGuest;
-            impl $crate::guest::detector::exports::smallrl::reward::plugin::Guest for SmallrlGuest {
-                fn info() -> $crate::guest::detector::smallrl::reward::types::PluginInfo {
-                    $crate::guest::detector_info::<$plugin>()
+            impl $crate::guest::$world::exports::smallrl::reward::plugin::Guest for SmallrlGuest {
+                fn info() -> $crate::guest::$world::smallrl::reward::types::PluginInfo {
+                    $crate::guest::$info::<$plugin>()
                 }
                 fn configure(params_json: String) -> Result<(), String> {
                     $crate::guest::configure::<$plugin>(&params_json)
                 }
             }
-            impl $crate::guest::detector::exports::smallrl::reward::flagger::Guest for SmallrlGuest {
-                fn detect(
-                    batch: Vec<$crate::guest::detector::smallrl::reward::types::Sample>,
-                ) -> Result<Vec<bool>, String> {
-                    $crate::guest::detect::<$plugin>(batch)
+            impl $crate::guest::$world::exports::smallrl::reward::$interface::Guest for SmallrlGuest {
+                fn $call(
+                    batch: Vec<$crate::guest::$world::smallrl::reward::types::Sample>,
+                ) -> Result<Vec<$output>, String> {
+                    $crate::guest::$call::<$plugin>(batch)
                 }
             }
-            $crate::guest::detector::export_detector_world!(SmallrlGuest with_types_in $crate::guest::detector);
+            $crate::guest::$world::$export_world!(SmallrlGuest with_types_in $crate::guest::$world);
         };
     };
 }
