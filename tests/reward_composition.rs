@@ -285,3 +285,23 @@ fn specs_round_trip_through_yaml() {
     let again: RewardSpec = smallrl::yaml::from_str(&text).unwrap();
     assert_eq!(again, sections.reward);
 }
+
+#[test]
+fn a_failing_plugin_fails_the_batch_and_recovers_only_when_asked() {
+    let misbehaving = common::test_plugin("misbehaving");
+    let yaml = format!(
+        "reward:\n  components:\n    - {{plugin: happy_count}}\n    - {{plugin: {}, name: flaky, params: {{mode: panic}}}}\n",
+        misbehaving.display()
+    );
+    let mut model = model_from_yaml(&yaml, NO_KNOBS).unwrap();
+    let batch = story_batch();
+    let error = format!("{:#}", model.score(&batch, 0).unwrap_err());
+    assert!(error.contains("reward component `flaky` failed") && error.contains("it panicked"), "{error}");
+    // Still failed on the next batch: nothing recovers behind the caller's back.
+    let again = format!("{:#}", model.score(&batch, 1).unwrap_err());
+    assert!(again.contains("re-instantiated explicitly"), "{again}");
+    let recovered = model.reinstantiate_failed().unwrap();
+    assert_eq!(recovered.len(), 1, "{recovered:?}");
+    assert!(recovered[0].contains("re-instantiated plugin misbehaving") && recovered[0].contains("panicked"), "{recovered:?}");
+    assert!(model.reinstantiate_failed().unwrap().is_empty(), "nothing left to recover");
+}
