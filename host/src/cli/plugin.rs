@@ -100,14 +100,10 @@ fn info(path: &Path) -> Result<()> {
 
 fn describe(info: &PluginInfo) -> String {
     let mut text = format!("{} {} ({})\n  {}\n", info.name, info.version, info.kind, info.description);
-    if info.params.is_empty() {
-        text.push_str("  parameters: none\n");
-    }
+    text.push_str(if info.params.is_empty() { "parameters: none\n" } else { "parameters (--params JSON):\n" });
     for param in &info.params {
-        text.push_str(&format!(
-            "  --params {{\"{}\": ...}}  {} (default {}): {}\n",
-            param.name, param.type_name, param.default_json, param.description
-        ));
+        let (name, type_name, default) = (&param.name, &param.type_name, &param.default_json);
+        text.push_str(&format!("  {name:<18} {type_name:<13} default {default:<10} {}\n", param.description));
     }
     text
 }
