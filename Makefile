@@ -12,6 +12,7 @@ build: setup
 
 test: setup plugins
 	$(CARGO) test
+	$(CARGO) test -p smallrl-plugin-sdk
 
 # Reward / detector plugins: guests for wasm32-unknown-unknown (release profile), wrapped into
 # components by plugins/componentize. Incremental: cargo and the componentizer skip what is
@@ -29,7 +30,7 @@ plugins:
 	@# Two invocations: the SDK is built with feature `reward` for one, `detector` for the other.
 	$(CARGO) build --quiet --release --target $(WASM_TARGET) $(addprefix -p ,$(REWARD_PLUGINS) $(TEST_PLUGINS))
 	$(CARGO) build --quiet --release --target $(WASM_TARGET) $(addprefix -p ,$(DETECTOR_PLUGINS))
-	$(CARGO) run --quiet -p smallrl-componentize -- \
+	@$(CARGO) run --quiet -p smallrl-componentize -- \
 		$(foreach p,$(STANDARD_PLUGINS),$(WASM_BUILD)/$(p).wasm=plugins/$(p).wasm) \
 		$(WASM_BUILD)/happy_count.wasm=plugins/happy.wasm \
 		$(foreach p,$(TEST_PLUGINS),$(WASM_BUILD)/$(p).wasm=target/test-plugins/$(p:testplugin_%=%).wasm)

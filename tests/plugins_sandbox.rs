@@ -27,6 +27,10 @@ fn misbehave(mode: &str) -> (Plugin, String) {
     (plugin, format!("{error:#}"))
 }
 
+fn load_error(path: &std::path::Path, params_json: &str) -> String {
+    format!("{:#}", Plugin::load(path, params_json, tight_limits()).err().expect("the load fails"))
+}
+
 fn assert_contains(message: &str, parts: &[&str]) {
     for part in parts {
         assert!(message.contains(part), "expected {part:?} in the error:\n{message}");
@@ -89,19 +93,19 @@ fn an_error_string_from_the_guest_is_the_message() {
 
 #[test]
 fn a_plugin_of_another_contract_version_is_rejected() {
-    let error = format!("{:#}", Plugin::load(&test_plugin("bad_version"), "", tight_limits()).err().unwrap());
+    let error = load_error(&test_plugin("bad_version"), "");
     assert_contains(&error, &["bad_version.wasm", "smallrl:reward@0.2.0", "speaks smallrl:reward@0.1.0"]);
 }
 
 #[test]
 fn a_plugin_importing_wasi_is_rejected() {
-    let error = format!("{:#}", Plugin::load(&test_plugin("imports_random"), "", tight_limits()).err().unwrap());
+    let error = load_error(&test_plugin("imports_random"), "");
     assert_contains(&error, &["imports_random.wasm", "wasi:random/random@0.2.0", "no capabilities"]);
 }
 
 #[test]
 fn a_core_module_is_rejected_with_how_to_componentize() {
-    let error = format!("{:#}", Plugin::load(&test_plugin("core_module"), "", tight_limits()).err().unwrap());
+    let error = load_error(&test_plugin("core_module"), "");
     assert_contains(&error, &["core_module.wasm", "core WebAssembly module, not a component", "smallrl-componentize"]);
 }
 
@@ -110,20 +114,20 @@ fn a_file_that_is_not_wasm_is_rejected() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("reward.wasm");
     std::fs::write(&path, "def reward(text): return 1.0\n").unwrap();
-    let error = format!("{:#}", Plugin::load(&path, "", tight_limits()).err().unwrap());
+    let error = load_error(&path, "");
     assert_contains(&error, &["reward.wasm", "not a WebAssembly file"]);
-    let missing = format!("{:#}", Plugin::load(&dir.path().join("nope.wasm"), "", tight_limits()).err().unwrap());
+    let missing = load_error(&dir.path().join("nope.wasm"), "");
     assert_contains(&missing, &["nope.wasm", "make plugins"]);
 }
 
 #[test]
 fn unknown_and_ill_typed_parameters_are_rejected() {
     let path = standard_plugin("happy_count");
-    let unknown = format!("{:#}", Plugin::load(&path, r#"{"max_cont": 3}"#, tight_limits()).err().unwrap());
+    let unknown = load_error(&path, r#"{"max_cont": 3}"#);
     assert_contains(&unknown, &["plugin happy_count", "unknown parameter `max_cont`", "accepted: max_count, whole_word"]);
-    let ill_typed = format!("{:#}", Plugin::load(&path, r#"{"max_count": "five"}"#, tight_limits()).err().unwrap());
+    let ill_typed = load_error(&path, r#"{"max_count": "five"}"#);
     assert_contains(&ill_typed, &["parameter `max_count` must be of type integer, got \"five\""]);
-    let zero = format!("{:#}", Plugin::load(&path, r#"{"max_count": 0}"#, tight_limits()).err().unwrap());
+    let zero = load_error(&path, r#"{"max_count": 0}"#);
     assert_contains(&zero, &["`max_count` must be at least 1"]);
 }
 

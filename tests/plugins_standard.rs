@@ -102,7 +102,7 @@ fn snapshot_of_the_fixed_texts_as_the_plugins_see_them() {
     let described: BTreeMap<String, BTreeMap<&str, String>> = fixed_samples()
         .into_iter()
         .map(|(name, sample)| {
-            let lengths = smallrl_plugin_sdk::text::sentence_lengths(&sample.completion_tokens);
+            let lengths = smallrl_plugin_sdk::text::sentence_lengths(sample.completion_tokens.iter().map(String::as_str));
             let fields = BTreeMap::from([
                 ("completion", sample.completion.clone()),
                 ("tokens", sample.completion_tokens.join(" ")),

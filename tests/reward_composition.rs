@@ -93,32 +93,30 @@ fn every_experiment_config_loads() {
     }
 }
 
-#[test]
-fn sentence_length_10_smooth_with_happy_is_the_original_formula() {
-    let mut model = load_config("sentence_length_10_smooth_with_happy", NO_KNOBS);
+/// `min(sl + 0.1 * min(count("happy"), 5), 1.0)`, the original combined rewards.
+fn assert_combo_is_the_original_formula(config: &str, target: f64, smooth: bool) -> Vec<f64> {
+    let mut model = load_config(config, NO_KNOBS);
     let batch = story_batch();
     let scored = model.score(&batch, 7).unwrap();
     for (index, sample) in batch.iter().enumerate() {
-        let sl10_smooth = original_sentence_length(&sample.completion_tokens, 10.0, true);
-        let expected = f64::min(sl10_smooth + 0.1 * happy_count(sample).min(5.0), 1.0);
+        let sentence_length = original_sentence_length(&sample.completion_tokens, target, smooth);
+        let expected = f64::min(sentence_length + 0.1 * happy_count(sample).min(5.0), 1.0);
         let got = scored.reward[index];
-        assert!((got - expected).abs() < 1e-12, "{:?}: {got} != {expected}", sample.completion);
-        assert!((scored.components[0][index] - sl10_smooth).abs() < 1e-12);
+        assert!((got - expected).abs() < 1e-12, "{config} on {:?}: {got} != {expected}", sample.completion);
+        assert!((scored.components[0][index] - sentence_length).abs() < 1e-12);
     }
-    let rewards = &scored.reward;
+    scored.reward
+}
+
+#[test]
+fn sentence_length_10_smooth_with_happy_is_the_original_formula() {
+    let rewards = assert_combo_is_the_original_formula("sentence_length_10_smooth_with_happy", 10.0, true);
     assert!(rewards.iter().any(|&r| r > 0.0 && r < 1.0) && rewards.contains(&1.0), "the texts exercise the cap: {rewards:?}");
 }
 
 #[test]
 fn sentence_length_5_with_happy_is_the_original_formula() {
-    let mut model = load_config("sentence_length_5_with_happy", NO_KNOBS);
-    let batch = story_batch();
-    let scored = model.score(&batch, 7).unwrap();
-    for (index, sample) in batch.iter().enumerate() {
-        let sl5 = original_sentence_length(&sample.completion_tokens, 5.0, false);
-        let expected = f64::min(sl5 + 0.1 * happy_count(sample).min(5.0), 1.0);
-        assert!((scored.reward[index] - expected).abs() < 1e-12, "{:?}", sample.completion);
-    }
+    assert_combo_is_the_original_formula("sentence_length_5_with_happy", 5.0, false);
 }
 
 #[test]
@@ -286,4 +284,24 @@ fn specs_round_trip_through_yaml() {
     let text = smallrl::yaml::to_string(&sections.reward).unwrap();
     let again: RewardSpec = smallrl::yaml::from_str(&text).unwrap();
     assert_eq!(again, sections.reward);
+}
+
+#[test]
+fn a_failing_plugin_fails_the_batch_and_recovers_only_when_asked() {
+    let misbehaving = common::test_plugin("misbehaving");
+    let yaml = format!(
+        "reward:\n  components:\n    - {{plugin: happy_count}}\n    - {{plugin: {}, name: flaky, params: {{mode: panic}}}}\n",
+        misbehaving.display()
+    );
+    let mut model = model_from_yaml(&yaml, NO_KNOBS).unwrap();
+    let batch = story_batch();
+    let error = format!("{:#}", model.score(&batch, 0).unwrap_err());
+    assert!(error.contains("reward component `flaky` failed") && error.contains("it panicked"), "{error}");
+    // Still failed on the next batch: nothing recovers behind the caller's back.
+    let again = format!("{:#}", model.score(&batch, 1).unwrap_err());
+    assert!(again.contains("re-instantiated explicitly"), "{again}");
+    let recovered = model.reinstantiate_failed().unwrap();
+    assert_eq!(recovered.len(), 1, "{recovered:?}");
+    assert!(recovered[0].contains("re-instantiated plugin misbehaving") && recovered[0].contains("panicked"), "{recovered:?}");
+    assert!(model.reinstantiate_failed().unwrap().is_empty(), "nothing left to recover");
 }

@@ -51,6 +51,10 @@ pub enum PluginCommand {
         words: usize,
         #[arg(long, default_value_t = 200)]
         iterations: u32,
+        /// Also time one `RewardModel::score` call of this config's `reward:` and
+        /// `rh_detector:` (plugin names resolve in plugins/).
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
 }
 
@@ -67,7 +71,10 @@ pub fn run(command: PluginCommand) -> Result<()> {
         PluginCommand::Score { path, params, texts, file, tokenizer } => {
             score(&path, params.as_deref(), &texts, file.as_deref(), tokenizer.as_deref())
         }
-        PluginCommand::Bench { path, samples, words, iterations } => run_bench(&path, samples, words, iterations),
+        PluginCommand::Bench { path, samples, words, iterations, config } => {
+            run_bench(&path, samples, words, iterations)?;
+            config.map_or(Ok(()), |config| bench_config(&config, samples, words, iterations))
+        }
     }
 }
 
@@ -93,14 +100,10 @@ fn info(path: &Path) -> Result<()> {
 
 fn describe(info: &PluginInfo) -> String {
     let mut text = format!("{} {} ({})\n  {}\n", info.name, info.version, info.kind, info.description);
-    if info.params.is_empty() {
-        text.push_str("  parameters: none\n");
-    }
+    text.push_str(if info.params.is_empty() { "parameters: none\n" } else { "parameters (--params JSON):\n" });
     for param in &info.params {
-        text.push_str(&format!(
-            "  --params {{\"{}\": ...}}  {} (default {}): {}\n",
-            param.name, param.type_name, param.default_json, param.description
-        ));
+        let (name, type_name, default) = (&param.name, &param.type_name, &param.default_json);
+        text.push_str(&format!("  {name:<18} {type_name:<13} default {default:<10} {}\n", param.description));
     }
     text
 }
@@ -211,5 +214,34 @@ fn run_bench(path: &Path, samples: usize, words: usize, iterations: u32) -> Resu
         report.native_per_second()
     );
     println!("  wasm / native time: {:.2}x", report.wasm_per_batch.as_secs_f64() / report.native_per_batch.as_secs_f64());
+    Ok(())
+}
+
+/// The sections of a run config that describe rewards; the training keys are ignored here.
+#[derive(Deserialize)]
+struct RewardSections {
+    reward: crate::reward::RewardSpec,
+    rh_detector: Option<crate::reward::DetectorSpec>,
+}
+
+fn bench_config(config: &Path, samples: usize, words: usize, iterations: u32) -> Result<()> {
+    use crate::reward::{ProtocolKnobs, RewardModel};
+    let sections: RewardSections = crate::yaml::read_file(config)?;
+    let knobs = ProtocolKnobs { false_positive_rate: 0.0, recall: 1.0, rh_eligible_frac: 1.0 };
+    let detector = sections.rh_detector.as_ref();
+    let mut model = RewardModel::load(&sections.reward, detector, knobs, Path::new("plugins"), PluginLimits::default())?;
+    let batch = bench::synthetic_batch(samples, words);
+    let mut fastest = std::time::Duration::MAX;
+    for step in 0..iterations.max(1) {
+        let started = std::time::Instant::now();
+        model.score(&batch, u64::from(step))?;
+        fastest = fastest.min(started.elapsed());
+    }
+    let plugins = model.components().len() + usize::from(model.has_detector());
+    println!(
+        "RewardModel::score of {} ({plugins} plugins) on {samples} completions: {:.3} ms",
+        config.display(),
+        fastest.as_secs_f64() * 1e3
+    );
     Ok(())
 }

@@ -84,11 +84,11 @@ pub fn synthetic_batch(samples: usize, words: usize) -> Vec<Sample> {
 }
 
 pub fn to_sdk_sample(sample: &Sample) -> smallrl_plugin_sdk::Sample {
-    smallrl_plugin_sdk::Sample {
-        prompt: sample.prompt.clone(),
-        completion: sample.completion.clone(),
-        completion_tokens: sample.completion_tokens.clone(),
-        completion_ids: sample.completion_ids.clone(),
-        ended_with_eos: sample.ended_with_eos,
-    }
+    smallrl_plugin_sdk::Sample::new(
+        &sample.prompt,
+        &sample.completion,
+        &sample.completion_tokens,
+        &sample.completion_ids,
+        sample.ended_with_eos,
+    )
 }

@@ -150,29 +150,32 @@ impl Plugin {
 
     /// Scores a batch: exactly one finite score per sample, or an error.
     pub fn score(&mut self, samples: &[Sample]) -> Result<Vec<f64>> {
-        let batch = to_wit_samples(samples);
-        let scores = self.call("score", |store, exports| match exports {
-            Exports::Reward(reward) => reward.smallrl_reward_scorer().call_score(store, &batch).map(Some),
+        self.score_batch(&Batch::new(samples))
+    }
+
+    /// Flags a batch: exactly one flag per sample, or an error.
+    pub fn detect(&mut self, samples: &[Sample]) -> Result<Vec<bool>> {
+        self.detect_batch(&Batch::new(samples))
+    }
+
+    /// [`Plugin::score`] of a batch converted once for several plugins.
+    pub fn score_batch(&mut self, batch: &Batch) -> Result<Vec<f64>> {
+        let scores = self.call_batch("score", batch, |store, exports, samples| match exports {
+            Exports::Reward(reward) => reward.smallrl_reward_scorer().call_score(store, samples).map(Some),
             Exports::Detector(_) => Ok(None),
         })?;
-        let scores = self.guest_result("score", scores)?;
-        self.check_count("score", scores.len(), samples.len())?;
         if let Some((index, score)) = scores.iter().enumerate().find(|(_, score)| !score.is_finite()) {
             bail!("{}: score returned {score} for sample {index}; scores must be finite numbers", self.label());
         }
         Ok(scores)
     }
 
-    /// Flags a batch: exactly one flag per sample, or an error.
-    pub fn detect(&mut self, samples: &[Sample]) -> Result<Vec<bool>> {
-        let batch = to_wit_samples(samples);
-        let flags = self.call("detect", |store, exports| match exports {
-            Exports::Detector(detector) => detector.smallrl_reward_flagger().call_detect(store, &batch).map(Some),
+    /// [`Plugin::detect`] of a batch converted once for several plugins.
+    pub fn detect_batch(&mut self, batch: &Batch) -> Result<Vec<bool>> {
+        self.call_batch("detect", batch, |store, exports, samples| match exports {
+            Exports::Detector(detector) => detector.smallrl_reward_flagger().call_detect(store, samples).map(Some),
             Exports::Reward(_) => Ok(None),
-        })?;
-        let flags = self.guest_result("detect", flags)?;
-        self.check_count("detect", flags.len(), samples.len())?;
-        Ok(flags)
+        })
     }
 
     /// Replaces a trapped instance with a fresh one (configured with the same parameters).
@@ -248,22 +251,28 @@ impl Plugin {
         }
     }
 
-    /// `Some(result)` from a call the world has; `None` means the wrong kind was asked.
-    fn guest_result<T>(&self, call: &str, outcome: Option<Result<T, String>>) -> Result<T> {
-        match outcome {
+    /// Runs a batch export and checks the answer: the world has the call (`run` returns None
+    /// otherwise), the guest returned no error string, and one value per sample.
+    fn call_batch<T>(
+        &mut self,
+        call: &str,
+        batch: &Batch,
+        run: impl FnOnce(&mut Store<StoreState>, &Exports, &[wit::Sample]) -> wasmtime::Result<Option<Result<Vec<T>, String>>>,
+    ) -> Result<Vec<T>> {
+        let outcome = self.call(call, |store, exports| run(store, exports, &batch.0))?;
+        let values = match outcome {
             None => bail!("{}: is a {}, it has no `{call}`", self.label(), self.kind()),
             Some(Err(message)) => bail!("{}: {call} returned an error: {message}", self.label()),
-            Some(Ok(value)) => Ok(value),
-        }
-    }
-
-    fn check_count(&self, call: &str, returned: usize, expected: usize) -> Result<()> {
+            Some(Ok(values)) => values,
+        };
         ensure!(
-            returned == expected,
-            "{}: {call} returned {returned} values for a batch of {expected} samples (one per sample is required)",
-            self.label()
+            values.len() == batch.0.len(),
+            "{}: {call} returned {} values for a batch of {} samples (one per sample is required)",
+            self.label(),
+            values.len(),
+            batch.0.len()
         );
-        Ok(())
+        Ok(values)
     }
 }
 
@@ -340,15 +349,42 @@ fn deadline_ticks(limits: PluginLimits) -> u64 {
     (limits.max_call_time.as_nanos() / EPOCH_TICK.as_nanos()) as u64 + 1
 }
 
+/// Samples in the contract's form, converted once and passed to every plugin of a batch.
+pub struct Batch(Vec<wit::Sample>);
+
+impl Batch {
+    pub fn new(samples: &[Sample]) -> Self {
+        Self(to_wit_samples(samples))
+    }
+}
+
 fn to_wit_samples(samples: &[Sample]) -> Vec<wit::Sample> {
-    let to_wit = |sample: &Sample| wit::Sample {
-        prompt: sample.prompt.clone(),
-        completion: sample.completion.clone(),
-        completion_tokens: sample.completion_tokens.clone(),
-        completion_ids: sample.completion_ids.clone(),
-        ended_with_eos: sample.ended_with_eos,
+    let to_wit = |sample: &Sample| {
+        let (completion_tokens_joined, completion_token_ends) = join_tokens(&sample.completion_tokens);
+        wit::Sample {
+            prompt: sample.prompt.clone(),
+            completion: sample.completion.clone(),
+            completion_tokens_joined,
+            completion_token_ends,
+            completion_ids: sample.completion_ids.clone(),
+            ended_with_eos: sample.ended_with_eos,
+        }
     };
     samples.iter().map(to_wit).collect()
+}
+
+/// The tokens as one string plus end offsets: the WIT contract's form (one string per sample
+/// crosses into the guest instead of one per token).
+fn join_tokens(tokens: &[String]) -> (String, Vec<u32>) {
+    let mut joined = String::with_capacity(tokens.iter().map(String::len).sum());
+    let ends = tokens
+        .iter()
+        .map(|token| {
+            joined.push_str(token);
+            joined.len() as u32
+        })
+        .collect();
+    (joined, ends)
 }
 
 fn from_wit_kind(kind: wit::PluginKind) -> PluginKind {

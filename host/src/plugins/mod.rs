@@ -13,7 +13,7 @@ pub mod scaffold;
 
 use std::time::Duration;
 
-pub use instance::Plugin;
+pub use instance::{Batch, Plugin};
 
 /// One completion to score (the trainer builds these from generation output).
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -25,11 +25,11 @@ pub fn scaffold(name: &str, dir: &Path, kind: PluginKind) -> Result<PathBuf> {
     let crate_dir = dir.join(name);
     ensure!(!crate_dir.exists(), "{} already exists: choose another name or --dir", crate_dir.display());
     std::fs::create_dir_all(crate_dir.join("src")).with_context(|| format!("cannot create {}", crate_dir.display()))?;
-    let crate_abs = std::path::absolute(&crate_dir)?;
-    let sdk = relative_path(&crate_abs, &std::path::absolute(sdk_dir())?);
-    let componentize = std::path::absolute(componentize_manifest())?;
+    let canonical = |path: &Path| path.canonicalize().with_context(|| format!("cannot find {}", path.display()));
+    let sdk = relative_path(&canonical(&crate_dir)?, &canonical(&sdk_dir())?);
+    let componentize = canonical(&componentize_manifest())?;
     let files = [
-        ("Cargo.toml", cargo_toml(name, &sdk)),
+        ("Cargo.toml", cargo_toml(name, &sdk, kind)),
         ("rust-toolchain.toml", RUST_TOOLCHAIN.to_string()),
         ("build.sh", build_script(name, &componentize)),
         ("src/lib.rs", lib_rs(name, kind)),
@@ -68,7 +68,7 @@ fn set_executable(path: &Path) -> Result<()> {
 
 const RUST_TOOLCHAIN: &str = "[toolchain]\nchannel = \"1.95.0\"\ntargets = [\"wasm32-unknown-unknown\"]\nprofile = \"minimal\"\n";
 
-fn cargo_toml(name: &str, sdk: &Path) -> String {
+fn cargo_toml(name: &str, sdk: &Path, kind: PluginKind) -> String {
     format!(
         r#"[package]
 name = "{name}"
@@ -80,7 +80,7 @@ edition = "2024"
 crate-type = ["cdylib", "rlib"]
 
 [dependencies]
-smallrl-plugin-sdk = {{ path = "{sdk}" }}
+smallrl-plugin-sdk = {{ path = "{sdk}", features = ["{kind}"] }}
 
 # A standalone crate, not a member of the smallrl workspace.
 [workspace]
@@ -102,9 +102,11 @@ fn build_script(name: &str, componentize: &Path) -> String {
 # Builds {name}.wasm, a smallrl plugin component, next to this crate.
 set -euo pipefail
 cd "$(dirname "$0")"
+target_dir="${{CARGO_TARGET_DIR:-target}}"
 cargo build --quiet --release --target wasm32-unknown-unknown
-cargo run --quiet --manifest-path {componentize} -- \
-    target/wasm32-unknown-unknown/release/{name}.wasm={name}.wasm
+# The componentizer builds in its own checkout's target directory (`make plugins` built it).
+env -u CARGO_TARGET_DIR cargo run --quiet --manifest-path {componentize} -- \
+    "$target_dir/wasm32-unknown-unknown/release/{name}.wasm={name}.wasm"
 echo "built $(pwd)/{name}.wasm"
 "#,
         componentize = componentize.display()

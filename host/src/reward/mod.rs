@@ -10,7 +10,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail, ensure};
 
 pub use crate::plugins::{PluginLimits, Sample};
-use crate::plugins::{Plugin, PluginKind};
+use crate::plugins::{Batch, Plugin, PluginKind};
 pub use config::{ComponentSpec, DetectorSpec, RewardSpec, Role, ScoreThreshold, resolve_plugin};
 pub use knobs::ProtocolKnobs;
 
@@ -96,11 +96,12 @@ impl RewardModel {
     /// (samples, seed). A failing plugin is an error (fatal for training by default); the
     /// plugin stays unusable until [`RewardModel::reinstantiate_failed`] is called.
     pub fn score(&mut self, samples: &[Sample], seed: u64) -> Result<ScoredBatch> {
-        let components = self.score_components(samples)?;
+        let batch = Batch::new(samples);
+        let components = self.score_components(&batch)?;
         let draws = knobs::Draws::new(seed, samples.len());
         let eligible = draws.eligible(&self.knobs);
         let reward = self.combine(&components, &eligible);
-        let detector_raw = self.detect(samples, &components)?;
+        let detector_raw = self.detect(&batch, &components)?;
         let is_rh = detector_raw.as_ref().map(|detected| draws.labels(&self.knobs, detected, &eligible));
         Ok(ScoredBatch { reward, components, is_rh, detector_raw, eligible })
     }
@@ -122,11 +123,11 @@ impl RewardModel {
         Ok(recovered)
     }
 
-    fn score_components(&mut self, samples: &[Sample]) -> Result<Vec<Vec<f64>>> {
+    fn score_components(&mut self, batch: &Batch) -> Result<Vec<Vec<f64>>> {
         let named = self.components.iter().zip(&mut self.plugins);
         named
             .map(|(info, plugin)| {
-                plugin.score(samples).with_context(|| format!("reward component `{}` failed", info.name))
+                plugin.score_batch(batch).with_context(|| format!("reward component `{}` failed", info.name))
             })
             .collect()
     }
@@ -143,11 +144,11 @@ impl RewardModel {
         eligible.iter().enumerate().map(total).collect()
     }
 
-    fn detect(&mut self, samples: &[Sample], components: &[Vec<f64>]) -> Result<Option<Vec<bool>>> {
+    fn detect(&mut self, batch: &Batch, components: &[Vec<f64>]) -> Result<Option<Vec<bool>>> {
         match &mut self.detector {
             None => Ok(None),
             Some(DetectorSource::Plugin(plugin)) => {
-                Ok(Some(plugin.detect(samples).context("the reward-hack detector failed")?))
+                Ok(Some(plugin.detect_batch(batch).context("the reward-hack detector failed")?))
             }
             Some(DetectorSource::ScoreThreshold { component, threshold }) => {
                 Ok(Some(components[*component].iter().map(|score| score >= threshold).collect()))

@@ -101,7 +101,8 @@ macro_rules! conversions {
             Sample {
                 prompt: sample.prompt,
                 completion: sample.completion,
-                completion_tokens: sample.completion_tokens,
+                completion_tokens_joined: sample.completion_tokens_joined,
+                completion_token_ends: sample.completion_token_ends,
                 completion_ids: sample.completion_ids,
                 ended_with_eos: sample.ended_with_eos,
             }

@@ -47,10 +47,41 @@ pub struct Sample {
     pub prompt: String,
     /// Decoded with special tokens skipped.
     pub completion: String,
-    /// Vocabulary strings of the completion tokens, without the trailing end-of-sequence token.
-    pub completion_tokens: Vec<String>,
+    /// The completion's token strings concatenated (read them with [`Sample::tokens`]);
+    /// without the trailing end-of-sequence token.
+    pub completion_tokens_joined: String,
+    /// End byte offset of each token in `completion_tokens_joined`.
+    pub completion_token_ends: Vec<u32>,
     pub completion_ids: Vec<u32>,
     pub ended_with_eos: bool,
+}
+
+impl Sample {
+    /// A sample from separate token strings (natively, e.g. in tests).
+    pub fn new<T: AsRef<str>>(prompt: &str, completion: &str, tokens: &[T], ids: &[u32], ended_with_eos: bool) -> Self {
+        let mut joined = String::new();
+        let mut ends = Vec::with_capacity(tokens.len());
+        for token in tokens {
+            joined.push_str(token.as_ref());
+            ends.push(joined.len() as u32);
+        }
+        Self {
+            prompt: prompt.to_string(),
+            completion: completion.to_string(),
+            completion_tokens_joined: joined,
+            completion_token_ends: ends,
+            completion_ids: ids.to_vec(),
+            ended_with_eos,
+        }
+    }
+
+    /// The completion's token strings, in order (`##` pieces kept, no end-of-sequence token).
+    pub fn tokens(&self) -> impl Iterator<Item = &str> + '_ {
+        let starts = std::iter::once(0).chain(self.completion_token_ends.iter().copied());
+        let ranges = starts.zip(self.completion_token_ends.iter().copied());
+        // A malformed range (never sent by smallrl) reads as an empty token rather than panicking.
+        ranges.map(|(start, end)| self.completion_tokens_joined.get(start as usize..end as usize).unwrap_or(""))
+    }
 }
 
 /// What every plugin declares: who it is and which parameters it takes.
@@ -100,26 +131,7 @@ pub fn configure<P: Plugin>(params_json: &str) -> Result<P, String> {
 #[macro_export]
 macro_rules! export_reward {
     ($plugin:ty) => {
-        #[cfg(target_arch = "wasm32")]
-        const _: () = {
-            struct SmallrlGuest;
-            impl $crate::guest::reward::exports::smallrl::reward::plugin::Guest for SmallrlGuest {
-                fn info() -> $crate::guest::reward::smallrl::reward::types::PluginInfo {
-                    $crate::guest::reward_info::<$plugin>()
-                }
-                fn configure(params_json: String) -> Result<(), String> {
-                    $crate::guest::configure::<$plugin>(&params_json)
-                }
-            }
-            impl $crate::guest::reward::exports::smallrl::reward::scorer::Guest for SmallrlGuest {
-                fn score(
-                    batch: Vec<$crate::guest::reward::smallrl::reward::types::Sample>,
-                ) -> Result<Vec<f64>, String> {
-                    $crate::guest::score::<$plugin>(batch)
-                }
-            }
-            $crate::guest::reward::export_reward_world!(SmallrlGuest with_types_in $crate::guest::reward);
-        };
+        $crate::__export_world!($plugin, reward, reward_info, scorer, score, f64, export_reward_world);
     };
 }
 
@@ -127,25 +139,35 @@ macro_rules! export_reward {
 #[macro_export]
 macro_rules! export_detector {
     ($plugin:ty) => {
+        $crate::__export_world!($plugin, detector, detector_info, flagger, detect, bool, export_detector_world);
+    };
+}
+
+/// The glue both export macros share: the wit-bindgen `Guest` impls that forward to
+/// `guest::*`, then wit-bindgen's own export macro for the world.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __export_world {
+    ($plugin:ty, $world:ident, $info:ident, $interface:ident, $call:ident, $output:ty, $export_world:ident) => {
         #[cfg(target_arch = "wasm32")]
         const _: () = {
             struct SmallrlGuest;
-            impl $crate::guest::detector::exports::smallrl::reward::plugin::Guest for SmallrlGuest {
-                fn info() -> $crate::guest::detector::smallrl::reward::types::PluginInfo {
-                    $crate::guest::detector_info::<$plugin>()
+            impl $crate::guest::$world::exports::smallrl::reward::plugin::Guest for SmallrlGuest {
+                fn info() -> $crate::guest::$world::smallrl::reward::types::PluginInfo {
+                    $crate::guest::$info::<$plugin>()
                 }
                 fn configure(params_json: String) -> Result<(), String> {
                     $crate::guest::configure::<$plugin>(&params_json)
                 }
             }
-            impl $crate::guest::detector::exports::smallrl::reward::flagger::Guest for SmallrlGuest {
-                fn detect(
-                    batch: Vec<$crate::guest::detector::smallrl::reward::types::Sample>,
-                ) -> Result<Vec<bool>, String> {
-                    $crate::guest::detect::<$plugin>(batch)
+            impl $crate::guest::$world::exports::smallrl::reward::$interface::Guest for SmallrlGuest {
+                fn $call(
+                    batch: Vec<$crate::guest::$world::smallrl::reward::types::Sample>,
+                ) -> Result<Vec<$output>, String> {
+                    $crate::guest::$call::<$plugin>(batch)
                 }
             }
-            $crate::guest::detector::export_detector_world!(SmallrlGuest with_types_in $crate::guest::detector);
+            $crate::guest::$world::$export_world!(SmallrlGuest with_types_in $crate::guest::$world);
         };
     };
 }

@@ -40,11 +40,11 @@ pub fn is_sentence_end(token: &str) -> bool {
 /// length counts the tokens since the previous end (commas, quotes and `##` pieces included, the
 /// end token excluded); empty sentences (". .") are dropped and the trailing unfinished sentence
 /// is ignored.
-pub fn sentence_lengths<T: AsRef<str>>(tokens: &[T]) -> Vec<usize> {
+pub fn sentence_lengths<'a>(tokens: impl IntoIterator<Item = &'a str>) -> Vec<usize> {
     let mut lengths = Vec::new();
     let mut current = 0;
     for token in tokens {
-        if is_sentence_end(token.as_ref()) {
+        if is_sentence_end(token) {
             if current > 0 {
                 lengths.push(current);
             }
@@ -75,8 +75,7 @@ mod tests {
 
     #[test]
     fn sentences_are_counted_between_end_tokens() {
-        let tokens: Vec<&str> = "a b c . . d e ? f".split(' ').collect();
-        assert_eq!(sentence_lengths(&tokens), vec![3, 2]);
-        assert!(sentence_lengths::<&str>(&[]).is_empty());
+        assert_eq!(sentence_lengths("a b c . . d e ? f".split(' ')), vec![3, 2]);
+        assert!(sentence_lengths([]).is_empty());
     }
 }

@@ -29,28 +29,16 @@ impl Detector for HappyCountDetector {
     }
 }
 
-/// Flags completions containing "happy" at all.
-pub struct HappyAny {
-    whole_word: bool,
-}
-
-impl Plugin for HappyAny {
-    const NAME: &'static str = "happy_any";
-    const VERSION: &'static str = "0.1.0";
-    const DESCRIPTION: &'static str = "flags completions where \"happy\" occurs";
-
-    fn params() -> Vec<Param> {
-        vec![whole_word_param()]
-    }
-
-    fn from_params(params: &Params) -> Result<Self, String> {
-        Ok(Self { whole_word: params.boolean("whole_word") })
-    }
-}
+whole_word_plugin!(
+    /// Flags completions containing "happy" at all.
+    HappyAny,
+    "happy_any",
+    "flags completions where \"happy\" occurs"
+);
 
 impl Detector for HappyAny {
     fn detect(&self, sample: &Sample) -> bool {
-        count_matches(&sample.completion, HAPPY, self.whole_word) > 0
+        self.happy_count(sample) > 0
     }
 }
 

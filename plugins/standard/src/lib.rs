@@ -2,6 +2,37 @@
 //! exports one of these types as a WebAssembly component; the host links this crate natively
 //! to benchmark and test the wasm builds against the same functions.
 
+/// Declares a plugin whose only parameter is `whole_word` (the struct, its `Plugin` impl and
+/// `happy_count`, the count of "happy" it judges by). Must precede the modules that use it.
+macro_rules! whole_word_plugin {
+    ($(#[$doc:meta])* $type:ident, $name:literal, $description:literal) => {
+        $(#[$doc])*
+        pub struct $type {
+            whole_word: bool,
+        }
+
+        impl smallrl_plugin_sdk::Plugin for $type {
+            const NAME: &'static str = $name;
+            const VERSION: &'static str = "0.1.0";
+            const DESCRIPTION: &'static str = $description;
+
+            fn params() -> Vec<smallrl_plugin_sdk::Param> {
+                vec![crate::whole_word_param()]
+            }
+
+            fn from_params(params: &smallrl_plugin_sdk::Params) -> Result<Self, String> {
+                Ok(Self { whole_word: params.boolean("whole_word") })
+            }
+        }
+
+        impl $type {
+            fn happy_count(&self, sample: &smallrl_plugin_sdk::Sample) -> usize {
+                smallrl_plugin_sdk::text::count_matches(&sample.completion, crate::HAPPY, self.whole_word)
+            }
+        }
+    };
+}
+
 mod detectors;
 mod rewards;
 

@@ -3,29 +3,16 @@ use smallrl_plugin_sdk::{Param, Params, Plugin, Reward, Sample};
 
 use crate::{HAPPY, whole_word_param};
 
-/// 1.0 if "happy" occurs in the completion, else 0.0.
-pub struct HappyBinary {
-    whole_word: bool,
-}
-
-impl Plugin for HappyBinary {
-    const NAME: &'static str = "happy_binary";
-    const VERSION: &'static str = "0.1.0";
-    const DESCRIPTION: &'static str = "1.0 if \"happy\" occurs in the completion, else 0.0";
-
-    fn params() -> Vec<Param> {
-        vec![whole_word_param()]
-    }
-
-    fn from_params(params: &Params) -> Result<Self, String> {
-        Ok(Self { whole_word: params.boolean("whole_word") })
-    }
-}
+whole_word_plugin!(
+    /// 1.0 if "happy" occurs in the completion, else 0.0.
+    HappyBinary,
+    "happy_binary",
+    "1.0 if \"happy\" occurs in the completion, else 0.0"
+);
 
 impl Reward for HappyBinary {
     fn score(&self, sample: &Sample) -> f64 {
-        let count = count_matches(&sample.completion, HAPPY, self.whole_word);
-        if count > 0 { 1.0 } else { 0.0 }
+        if self.happy_count(sample) > 0 { 1.0 } else { 0.0 }
     }
 }
 
@@ -103,28 +90,16 @@ impl Reward for HappyCount {
     }
 }
 
-/// `1 - 2^(-count("happy"))`: each extra "happy" earns half the remaining distance to 1.
-pub struct HappyExp {
-    whole_word: bool,
-}
-
-impl Plugin for HappyExp {
-    const NAME: &'static str = "happy_exp";
-    const VERSION: &'static str = "0.1.0";
-    const DESCRIPTION: &'static str = "1 - 2^(-count of \"happy\")";
-
-    fn params() -> Vec<Param> {
-        vec![whole_word_param()]
-    }
-
-    fn from_params(params: &Params) -> Result<Self, String> {
-        Ok(Self { whole_word: params.boolean("whole_word") })
-    }
-}
+whole_word_plugin!(
+    /// `1 - 2^(-count("happy"))`: each extra "happy" earns half the remaining distance to 1.
+    HappyExp,
+    "happy_exp",
+    "1 - 2^(-count of \"happy\")"
+);
 
 impl Reward for HappyExp {
     fn score(&self, sample: &Sample) -> f64 {
-        let count = count_matches(&sample.completion, HAPPY, self.whole_word);
+        let count = self.happy_count(sample);
         1.0 - 0.5f64.powi(count.min(i32::MAX as usize) as i32)
     }
 }
@@ -166,7 +141,7 @@ impl Plugin for SentenceLength {
 
 impl Reward for SentenceLength {
     fn score(&self, sample: &Sample) -> f64 {
-        let lengths = sentence_lengths(&sample.completion_tokens);
+        let lengths = sentence_lengths(sample.tokens());
         if lengths.is_empty() {
             return 0.0;
         }
