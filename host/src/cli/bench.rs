@@ -1,6 +1,7 @@
 //! `smallrl bench ...`: benchmarks that print figures (speed targets are checked by people
 //! reading these, not by timed tests).
 
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Result;
@@ -9,11 +10,32 @@ use clap::{Args, Subcommand};
 use super::common::ModelArgs;
 use crate::model::decode::DecodeModel;
 use crate::model::generate::{SamplingParams, generate};
+use crate::train::{TrainConfig, Trainer};
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
     /// Sampling throughput: BATCH prompts x MAX_NEW_TOKENS new tokens, per thread count.
     Sample(SampleBench),
+    /// GRPO step time (generate / score / train) for full fine-tuning and DualLoRA r32.
+    Train(TrainBench),
+}
+
+#[derive(Args, Debug)]
+pub struct TrainBench {
+    /// A local model directory; a random model (e.g. the tiny-random fixture) never stops
+    /// early, so every completion has the full length.
+    #[arg(long)]
+    pub model: String,
+    /// One prompt per line.
+    #[arg(long)]
+    pub prompts: PathBuf,
+    #[arg(long, default_value = "plugins/happy.wasm")]
+    pub reward_plugin: String,
+    /// Timed steps per setting (after one warm-up step); the median is reported.
+    #[arg(long, default_value_t = 5)]
+    pub steps: usize,
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    pub thread_counts: Vec<usize>,
 }
 
 #[derive(Args, Debug)]
@@ -35,7 +57,43 @@ pub struct SampleBench {
 pub fn run(command: BenchCommand) -> Result<()> {
     match command {
         BenchCommand::Sample(args) => bench_sample(args),
+        BenchCommand::Train(args) => bench_train(args),
     }
+}
+
+fn bench_train(args: TrainBench) -> Result<()> {
+    let out = std::env::temp_dir().join(format!("smallrl-bench-{}", std::process::id()));
+    println!("GRPO step, defaults (batch 32 completions, 16 per group, up to 128 new tokens), model {}", args.model);
+    for adapter in ["full", "dual-lora"] {
+        for &threads in &args.thread_counts {
+            let overrides = serde_json::json!({
+                "model": args.model, "prompts": args.prompts,
+                "reward": {"plugin": args.reward_plugin, "params": {}},
+                "adapter": adapter, "lora_preset": (adapter == "dual-lora").then_some("r32"),
+                "max_steps": args.steps + 1, "eval_every": 1_000_000, "save_steps": 1_000_000,
+                "logging_steps": 1_000_000, "threads": threads, "device": "cpu",
+                "output_dir": out, "name": format!("{adapter}-{threads}"),
+            });
+            let serde_json::Value::Object(overrides) = overrides else { unreachable!() };
+            let config = TrainConfig::resolve(None, overrides)?;
+            let mut trainer = Trainer::new(config, None)?;
+            let mut steps = Vec::new();
+            for _ in 0..=args.steps {
+                steps.push(trainer.train_one()?);
+            }
+            let median = |key: &str| {
+                let mut values: Vec<f64> = steps[1..].iter().map(|m| m[key].as_f64().unwrap_or(f64::NAN)).collect();
+                values.sort_by(f64::total_cmp);
+                values[values.len() / 2]
+            };
+            println!(
+                "{adapter:<9} threads {threads}: step {:.3} s (generate {:.3}, score {:.4}, train {:.3}), mean completion {:.0} tokens",
+                median("step_time"), median("timing/generate"), median("timing/score"), median("timing/train"), median("completions/mean_length")
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&out);
+    Ok(())
 }
 
 fn bench_sample(args: SampleBench) -> Result<()> {

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod common;
+mod export;
 mod logprobs;
 mod plugin;
 mod sample;
@@ -22,6 +23,8 @@ struct Cli {
 enum Command {
     /// Train with GRPO (full fine-tuning, LoRA or DualLoRA with gradient routing).
     Train(Box<train::TrainArgs>),
+    /// Write a checkpoint as an HF model directory with its adapters merged.
+    Export(export::ExportArgs),
     /// Sample completions from a model.
     Sample(sample::SampleArgs),
     /// Print the log-probability a model gives each next token of a text.
@@ -37,6 +40,7 @@ enum Command {
 pub fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Train(args) => train::run(*args),
+        Command::Export(args) => export::run(args),
         Command::Sample(args) => sample::run(args),
         Command::Logprobs(args) => logprobs::run(args),
         Command::Bench(command) => bench::run(command),

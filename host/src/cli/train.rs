@@ -84,6 +84,8 @@ pub struct TrainArgs {
     #[arg(long)] #[serde(skip_serializing_if = "Option::is_none")] pub eval_samples: Option<usize>,
     #[arg(long)] #[serde(skip_serializing_if = "Option::is_none")] pub output_dir: Option<PathBuf>,
     #[arg(long)] #[serde(skip_serializing_if = "Option::is_none")] pub plugin_dir: Option<PathBuf>,
+    /// Write each step's batch tensors (ids, masks, rewards, advantages, log-probs, loss) here.
+    #[arg(long)] #[serde(skip_serializing_if = "Option::is_none")] pub dump_batches: Option<PathBuf>,
     /// Experiment name (first part of the run directory name).
     #[arg(long)] #[serde(skip_serializing_if = "Option::is_none")] pub name: Option<String>,
     /// auto, cpu, cuda or cuda:N.
@@ -123,10 +125,16 @@ fn plugin_spec(plugin: &str, params: Option<&str>, flag: &str) -> Result<Value> 
     Ok(json!({"plugin": plugin, "params": params}))
 }
 
+/// Options that may differ when a run is resumed (they do not change what it computes, except
+/// that another thread count changes float summation order, which the log records).
+const RESUME_MAY_CHANGE: &[&str] = &["threads", "device", "dump_batches"];
+
 pub fn run(args: TrainArgs) -> Result<()> {
     let overrides = args.overrides()?;
     let (config, resume) = match &args.resume {
         Some(run_dir) => {
+            let changing: Vec<&String> = overrides.keys().filter(|k| !RESUME_MAY_CHANGE.contains(&k.as_str())).collect();
+            anyhow::ensure!(changing.is_empty(), "--resume continues a run exactly as configured; these options would change it: {changing:?}");
             let saved = run_dir.join("config.yaml");
             anyhow::ensure!(saved.exists(), "{} has no config.yaml: is it a smallrl run directory?", run_dir.display());
             (TrainConfig::resolve(Some(&saved), overrides)?, Some(run_dir.as_path()))

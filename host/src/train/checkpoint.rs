@@ -109,3 +109,31 @@ pub fn check_adapters(state: &TrainerState, expected: &AdapterConfig, dir: &Path
     );
     Ok(())
 }
+
+/// A model rebuilt from a checkpoint: the base model it names, the adapters exactly as the
+/// checkpoint's configuration describes them, and the trained weights.
+pub struct RestoredModel {
+    pub model: crate::model::Llama,
+    pub adapters: AdapterConfig,
+    pub tokenizer_path: PathBuf,
+    pub state: TrainerState,
+}
+
+pub fn restore_model(dir: &Path, device: tch::Device) -> Result<RestoredModel> {
+    let loaded = load(dir)?;
+    let adapters = loaded.state.adapters.clone();
+    let (mut model, tokenizer_path) = if adapters.kind == AdapterKind::Full {
+        let files = crate::model::hub::from_dir(dir)?;
+        let base = crate::model::load(dir.to_str().context("checkpoint path is not UTF-8")?, "main", device, tch::Kind::Float)?;
+        (base.model, files.tokenizer)
+    } else {
+        let base = crate::model::load(&loaded.state.base_model, &loaded.state.revision, device, tch::Kind::Float)
+            .with_context(|| format!("{}: cannot load its base model {}", dir.display(), loaded.state.base_model))?;
+        (base.model, base.files.tokenizer)
+    };
+    if adapters.kind != AdapterKind::Full {
+        adapters.attach(&mut model, 0)?;
+        crate::adapters::load_trainable(&adapters.trainable(&model), &loaded.weights, &dir.display().to_string())?;
+    }
+    Ok(RestoredModel { model, adapters, tokenizer_path, state: loaded.state })
+}

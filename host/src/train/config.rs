@@ -68,6 +68,8 @@ pub struct TrainConfig {
     pub eval_every: usize,
     pub eval_samples: usize,
     pub output_dir: PathBuf,
+    /// Write every step's tensors (ids, masks, rewards, advantages, log-probs, loss) here.
+    pub dump_batches: Option<PathBuf>,
     /// The experiment's name, first part of the run directory name (default: the config file's
     /// stem, or the reward plugin's name).
     pub name: Option<String>,
@@ -122,6 +124,7 @@ impl Default for TrainConfig {
             eval_every: d::EVAL_EVERY,
             eval_samples: d::EVAL_SAMPLES,
             output_dir: d::OUTPUT_DIR.into(),
+            dump_batches: None,
             name: None,
             device: d::DEVICE.into(),
             dtype: d::DTYPE.into(),
@@ -134,7 +137,7 @@ impl Default for TrainConfig {
 /// names. (`threads` does change float summation order; it is recorded in the saved config.)
 const NOT_IN_RUN_NAME: &[&str] = &[
     "model", "revision", "prompts", "eval_prompts", "reward", "rh_detector", "plugin_dir",
-    "logging_steps", "save_steps", "eval_every", "eval_samples", "output_dir", "name", "device",
+    "logging_steps", "save_steps", "eval_every", "eval_samples", "output_dir", "dump_batches", "name", "device",
     "threads", "seed",
 ];
 
@@ -252,7 +255,7 @@ impl TrainConfig {
     }
 
     /// `<name>_<key><value>..._s<seed>` with every hyperparameter that differs from its
-    /// default, in a fixed order (the field order above).
+    /// default, in alphabetical order of their keys.
     pub fn run_name(&self) -> Result<String> {
         let here = serde_json::to_value(self)?;
         let defaults = serde_json::to_value(Self::default())?;

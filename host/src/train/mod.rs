@@ -41,6 +41,8 @@ struct Batch {
     /// Metrics of generation and scoring (logged with every step that uses the batch).
     metrics: serde_json::Map<String, serde_json::Value>,
     first_sample: (String, String),
+    /// Per-sample tensors kept for `--dump-batches` (rewards per component, labels).
+    dump: Vec<(String, Tensor)>,
 }
 
 pub struct Trainer {
@@ -68,6 +70,7 @@ pub struct Trainer {
 }
 
 /// Where and what a finished (or stopped) run left.
+#[derive(Debug)]
 pub struct RunSummary {
     pub run_dir: PathBuf,
     pub steps: usize,
@@ -188,6 +191,12 @@ impl Trainer {
         Ok(RunSummary { run_dir: self.run_dir.clone(), steps: end, last_metrics: last })
     }
 
+    /// One optimizer step (no evaluation or checkpoint), for benchmarks; returns its metrics.
+    pub fn train_one(&mut self) -> Result<serde_json::Value> {
+        let step = self.optimizer.step;
+        self.step(step)
+    }
+
     fn step(&mut self, step: usize) -> Result<serde_json::Value> {
         let started = Instant::now();
         if step % self.cfg.num_iterations == 0 {
@@ -207,6 +216,9 @@ impl Trainer {
             &batch.plan.classes,
             &self.loss,
         );
+        if let Some(dir) = &self.cfg.dump_batches {
+            dump_step(dir, step + 1, batch, &logprobs.logprobs, &terms.loss)?;
+        }
         let loss_value = terms.loss.double_value(&[]);
         ensure!(loss_value.is_finite(), "the loss is {loss_value} at step {}", step + 1);
         terms.loss.backward();
@@ -294,7 +306,22 @@ impl Trainer {
         metrics.insert("timing/generate".into(), generate_seconds.into());
         metrics.insert("timing/score".into(), score_seconds.into());
         let first_sample = (samples[0].prompt.clone(), samples[0].completion.clone());
-        Ok(Batch { generation, advantages, plan, ref_logprobs, old_logprobs, metrics, first_sample })
+        let dump = self.cfg.dump_batches.as_ref().map_or_else(Vec::new, |_| self.dump_tensors(&scored, &rewards, &is_rh, &ablated));
+        Ok(Batch { generation, advantages, plan, ref_logprobs, old_logprobs, metrics, first_sample, dump })
+    }
+
+    fn dump_tensors(&self, scored: &ScoredBatch, rewards: &Tensor, is_rh: &[bool], ablated: &[bool]) -> Vec<(String, Tensor)> {
+        let flags = |v: &[bool]| Tensor::from_slice(&v.iter().map(|&b| b as i64).collect::<Vec<_>>());
+        let mut out = vec![
+            ("rewards".to_string(), rewards.shallow_clone()),
+            ("is_rh".to_string(), flags(is_rh)),
+            ("ablated".to_string(), flags(ablated)),
+            ("eligible".to_string(), flags(&scored.eligible)),
+        ];
+        for (component, scores) in self.rewards.components().iter().zip(&scored.components) {
+            out.push((format!("rewards/{}", component.name), Tensor::from_slice(scores)));
+        }
+        out
     }
 
     fn batch_metrics(
@@ -372,6 +399,26 @@ impl Trainer {
         )?;
         self.log.line(&format!("saved {}", dir.display()))
     }
+}
+
+/// Writes `<dir>/step-<N>.safetensors` with everything needed to recompute the step's loss.
+fn dump_step(dir: &Path, step: usize, batch: &Batch, logprobs: &Tensor, loss: &Tensor) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let g = &batch.generation;
+    let mut tensors: Vec<(String, Tensor)> = vec![
+        ("prompt_ids".into(), g.prompt_ids.shallow_clone()),
+        ("prompt_mask".into(), g.prompt_mask.shallow_clone()),
+        ("completion_ids".into(), g.completion_ids.shallow_clone()),
+        ("completion_mask".into(), g.completion_mask.shallow_clone()),
+        ("advantages".into(), batch.advantages.shallow_clone()),
+        ("sampling_logprobs".into(), g.sampling_logprobs.shallow_clone()),
+        ("new_logprobs".into(), logprobs.detach()),
+        ("loss".into(), loss.detach()),
+    ];
+    tensors.extend(batch.ref_logprobs.iter().map(|t| ("ref_logprobs".to_string(), t.shallow_clone())));
+    tensors.extend(batch.old_logprobs.iter().map(|t| ("old_logprobs".to_string(), t.shallow_clone())));
+    tensors.extend(batch.dump.iter().map(|(n, t)| (n.clone(), t.shallow_clone())));
+    crate::model::weights::write_safetensors(&dir.join(format!("step-{step}.safetensors")), &tensors)
 }
 
 /// `<output_dir>/<run name>`; an existing directory is an error (use --resume).
