@@ -138,3 +138,26 @@ fn a_failing_plugin_stops_the_run_and_keeps_what_was_written() {
     assert_eq!(std::fs::read(run.join("checkpoint-2/adapters.safetensors")).unwrap(), before);
     assert!(!run.join("checkpoint-4").exists());
 }
+
+#[test]
+fn grpo_on_happy_count_raises_the_reward() {
+    let out = tempfile::tempdir().unwrap();
+    let config = small_config(out.path(), &standard_plugin("happy"));
+    let config = [
+        ("adapter", json!("lora")), ("lora_preset", Value::Null), ("lora_rank", 8.into()), ("lora_alpha", 8.0.into()),
+        ("lr", 3e-3.into()), ("batch_size", 32.into()), ("num_generations", 16.into()),
+        ("max_completion_length", 64.into()), ("max_steps", 20.into()), ("save_steps", 20.into()), ("eval_every", 20.into()),
+    ]
+    .into_iter()
+    .fold(config, |c, (k, v)| with(c, k, v));
+    let run = train(config);
+    let rewards: Vec<f64> = read_jsonl(&run.join("metrics.jsonl")).iter().map(|m| m["reward"].as_f64().unwrap()).collect();
+    let mean = |r: &[f64]| r.iter().sum::<f64>() / r.len() as f64;
+    let (first, last) = (mean(&rewards[..5]), mean(&rewards[15..]));
+    println!("mean reward, steps 1-5: {first:.3}; steps 16-20: {last:.3}");
+    // tiny-stories says "happy" in about 45% of samples (0.1-0.2 on the happy_count scale);
+    // 20 steps of GRPO with LoRA r8 at lr 3e-3 roughly double it (seen with 1 thread:
+    // 0.165 over steps 1-5 -> 0.350 over steps 16-20).
+    assert!(first < 0.25, "the starting reward should be the pre-trained model's, got {first:.3}");
+    assert!(last > first + 0.08, "GRPO did not raise the reward: {first:.3} -> {last:.3}");
+}

@@ -6,7 +6,7 @@
 
 use anyhow::{Result, bail, ensure};
 use serde::{Deserialize, Serialize};
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
 use crate::model::Llama;
 use crate::model::linear::Lora;
@@ -107,12 +107,13 @@ impl AdapterConfig {
 
     /// Adds freshly initialised adapters to `model`: `A ~ U(-1/sqrt(in), 1/sqrt(in))` (kaiming
     /// uniform with a = sqrt(5), as PEFT does) and `B = 0`, so the model starts equal to the
-    /// base. Base weights are frozen. Draws from libtorch's generator seeded with `seed`.
+    /// base. Base weights are frozen. Draws from a generator seeded with `seed` (not libtorch's
+    /// global one, which other threads may use).
     pub fn attach(&self, model: &mut Llama, seed: u64) -> Result<()> {
         self.validate()?;
         ensure!(self.kind != AdapterKind::Full, "full fine-tuning has no adapters to attach");
         ensure!(model.adapter_slots() == 0, "the model already has adapters");
-        tch::manual_seed(seed as i64);
+        let mut rng = crate::rng::SplitMix64::new(seed);
         let (device, kind) = (model.device, model.kind);
         let stride = self.layer_stride;
         for (name, linear) in model.projections_mut() {
@@ -125,9 +126,8 @@ impl AdapterConfig {
                     (targeted && layer % stride == 0).then(|| {
                         let (out, inp) = linear.weight.size2().expect("weights are 2-d");
                         let bound = 1.0 / (inp as f64).sqrt();
-                        let a = (Tensor::rand([rank as i64, inp], (Kind::Float, device)) * (2.0 * bound) - bound)
-                            .to_kind(kind)
-                            .set_requires_grad(true);
+                        let values: Vec<f32> = (0..rank * inp as usize).map(|_| ((rng.next_f64() * 2.0 - 1.0) * bound) as f32).collect();
+                        let a = Tensor::from_slice(&values).view([rank as i64, inp]).to_kind(kind).to(device).set_requires_grad(true);
                         let b = Tensor::zeros([out, rank as i64], (kind, device)).set_requires_grad(true);
                         Lora { a, b, scaling: self.alpha / rank as f64 }
                     })

@@ -7,6 +7,7 @@ use anyhow::{Result, ensure};
 use tch::{Kind, Tensor};
 
 use super::decode::{DecodeModel, additive_mask, prefill_mask};
+use crate::rng::SplitMix64;
 
 /// How tokens are drawn. `temperature == 0` is greedy decoding.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,7 +53,9 @@ pub fn generate(model: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingPara
     ensure!(params.top_p > 0.0 && params.top_p <= 1.0, "top_p must be in (0, 1]");
     ensure!(params.repetition_penalty > 0.0, "repetition_penalty must be > 0");
     let _guard = tch::no_grad_guard();
-    tch::manual_seed(seed as i64);
+    // Draws come from a generator owned by this call, not libtorch's global one, so samples
+    // depend only on the seed (not on other threads, and not on the device).
+    let mut rng = SplitMix64::new(seed);
     let device = model.device;
     let eos = model.config.eos_token_id as i64;
     let (prompt_ids, prompt_mask) = left_pad(prompts, eos, device);
@@ -74,7 +77,7 @@ pub fn generate(model: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingPara
     let mut finished = Tensor::zeros([batch], (Kind::Bool, device));
     let mut steps = 0;
     for step in 0..params.max_new_tokens {
-        let (token, logprob) = sampler.draw(&logits);
+        let (token, logprob) = sampler.draw(&logits, &mut rng);
         let token = token.masked_fill(&finished, eos);
         tokens.select(1, step as i64).copy_(&token);
         logprobs.select(1, step as i64).copy_(&logprob.masked_fill(&finished, 0.0));
@@ -163,7 +166,7 @@ impl<'a> Sampler<'a> {
     }
 
     /// Returns the drawn tokens `[batch]` (int64) and their log-probabilities `[batch]`.
-    fn draw(&self, logits: &Tensor) -> (Tensor, Tensor) {
+    fn draw(&self, logits: &Tensor, rng: &mut SplitMix64) -> (Tensor, Tensor) {
         let mut scores = logits.to_kind(Kind::Float);
         if let Some(seen) = &self.seen {
             let penalty = self.params.repetition_penalty;
@@ -185,7 +188,7 @@ impl<'a> Sampler<'a> {
             scores = top_p(&scores, self.params.top_p);
         }
         let probs = scores.softmax(-1, Kind::Float);
-        let token = inverse_cdf_sample(&probs);
+        let token = inverse_cdf_sample(&probs, rng);
         // A drawn token has a probability well above float32's smallest normal, so the log of
         // the gathered probability is exact enough and avoids a second pass over the vocabulary.
         let logprob = probs.gather(1, &token, false).log().squeeze_dim(1);
@@ -199,11 +202,12 @@ impl<'a> Sampler<'a> {
 /// step, more than the whole forward pass. The cumulative sum is in float64 so the last bins
 /// keep their mass; a token of probability 0 is never drawn (`right = true` picks the first
 /// bin whose upper edge exceeds the draw). Returns `[batch, 1]` int64.
-fn inverse_cdf_sample(probs: &Tensor) -> Tensor {
+fn inverse_cdf_sample(probs: &Tensor, rng: &mut SplitMix64) -> Tensor {
     let cdf = probs.cumsum(-1, Kind::Double);
     let (batch, vocab) = cdf.size2().expect("probabilities are [batch, vocab]");
     let total = cdf.narrow(1, vocab - 1, 1);
-    let draw = Tensor::rand([batch, 1], (Kind::Double, probs.device())) * total;
+    let uniforms: Vec<f64> = (0..batch).map(|_| rng.next_f64()).collect();
+    let draw = Tensor::from_slice(&uniforms).view([batch, 1]).to(probs.device()) * total;
     draw.searchsorted(&cdf, false, true, "right", None::<Tensor>).clamp_max(vocab - 1)
 }
 
