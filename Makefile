@@ -2,13 +2,22 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: setup build test plugins
+.PHONY: setup build test plugins demo
 setup:
 	bash scripts/setup-python.sh
 	rustup target add wasm32-unknown-unknown >/dev/null
 
 build: setup
 	$(CARGO) build
+
+# The main job, offline: GRPO with DualLoRA and classic gradient routing on the pre-trained
+# tiny-stories fixture (../shared/fixtures), reward sentence_length_10_smooth + a hackable
+# "happy" bonus, routing evaluations every 25 steps. Outputs in runs/demo/<run name>/.
+FIXTURES ?= ../shared/fixtures/tiny-stories
+DEMO_FLAGS ?= --max-steps 100 --lr 1e-3 --eval-every 25 --save-steps 50
+demo: build plugins
+	./target/debug/smallrl train --config configs/sentence_length_10_smooth_with_happy.yaml \
+		--model $(FIXTURES) --prompts $(FIXTURES)/prompts.txt --output-dir runs/demo $(DEMO_FLAGS)
 
 test: setup plugins
 	$(CARGO) test

@@ -68,9 +68,7 @@ fn loss_and_gradients_match_trl() {
     let rewards = Tensor::from_slice(&rewards_for(&lengths));
     let (advantages, _) = grpo::group_advantages(&rewards, GROUP, 1e-4);
 
-    let ref_logprobs = tch::no_grad(|| {
-        grpo::completion_logprobs(&reference.model, &g.prompt_ids, &g.prompt_mask, &g.completion_ids, &g.completion_mask, 1.0, &[]).logprobs
-    });
+    let ref_logprobs = grpo::frozen_logprobs(&reference.model, &g.prompt_ids, &g.prompt_mask, &g.completion_ids, &g.completion_mask, 1.0, &[]);
     let mut policy_model = policy.model;
     set_base_trainable(&mut policy_model, true);
     let cases = [

@@ -60,8 +60,8 @@ pub struct TokenLogprobs {
 }
 
 /// One forward pass over `[prompt | completion]`; logits divided by `temperature`, then
-/// `log_softmax` gathered at the completion tokens (TRL's `selective_log_softmax`). Only the
-/// positions that predict completion tokens go through the output head.
+/// `log_softmax` gathered at the completion tokens (TRL's `selective_log_softmax`), and the
+/// entropy of each next-token distribution (a metric, no gradient).
 pub fn completion_logprobs(
     model: &Llama,
     prompt_ids: &Tensor,
@@ -71,16 +71,7 @@ pub fn completion_logprobs(
     temperature: f64,
     ctl: &[AdapterCtl],
 ) -> TokenLogprobs {
-    let input_ids = Tensor::cat(&[prompt_ids, completion_ids], 1);
-    let attention_mask = Tensor::cat(&[prompt_mask, completion_mask], 1);
-    let prompt_len = prompt_ids.size()[1];
-    let completion_len = completion_ids.size()[1];
-    let hidden = model.forward(&input_ids, &attention_mask, ctl);
-    let predicting = hidden.narrow(1, prompt_len - 1, completion_len);
-    let mut logits = model.logits(&predicting).to_kind(Kind::Float);
-    if temperature != 1.0 {
-        logits = logits / temperature;
-    }
+    let logits = completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature, ctl);
     let normaliser = logits.logsumexp([-1], false);
     let picked = logits.gather(-1, &completion_ids.unsqueeze(-1), false).squeeze_dim(-1);
     let entropy = tch::no_grad(|| {
@@ -88,6 +79,43 @@ pub fn completion_logprobs(
         &normaliser - (probs * &logits).sum_dim_intlist(-1, false, Kind::Float)
     });
     TokenLogprobs { logprobs: picked - normaliser, entropy }
+}
+
+/// The completion log-probabilities only, without gradient: reference and old policies.
+pub fn frozen_logprobs(
+    model: &Llama,
+    prompt_ids: &Tensor,
+    prompt_mask: &Tensor,
+    completion_ids: &Tensor,
+    completion_mask: &Tensor,
+    temperature: f64,
+    ctl: &[AdapterCtl],
+) -> Tensor {
+    tch::no_grad(|| {
+        let logits = completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature, ctl);
+        logits.gather(-1, &completion_ids.unsqueeze(-1), false).squeeze_dim(-1) - logits.logsumexp([-1], false)
+    })
+}
+
+/// `[batch, completion_len, vocab]` logits / temperature at the positions that predict the
+/// completion tokens (only those go through the output head).
+fn completion_logits(
+    model: &Llama,
+    prompt_ids: &Tensor,
+    prompt_mask: &Tensor,
+    completion_ids: &Tensor,
+    completion_mask: &Tensor,
+    temperature: f64,
+    ctl: &[AdapterCtl],
+) -> Tensor {
+    let input_ids = Tensor::cat(&[prompt_ids, completion_ids], 1);
+    let attention_mask = Tensor::cat(&[prompt_mask, completion_mask], 1);
+    let prompt_len = prompt_ids.size()[1];
+    let completion_len = completion_ids.size()[1];
+    let hidden = model.forward(&input_ids, &attention_mask, ctl);
+    let predicting = hidden.narrow(1, prompt_len - 1, completion_len);
+    let logits = model.logits(&predicting).to_kind(Kind::Float);
+    if temperature != 1.0 { logits / temperature } else { logits }
 }
 
 /// Schulman's k3 estimator of KL(policy || reference), per token.

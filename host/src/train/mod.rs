@@ -289,16 +289,14 @@ impl Trainer {
 
         let g = &generation;
         let ref_logprobs = (self.cfg.beta != 0.0).then(|| {
-            tch::no_grad(|| {
-                let (model, ctl) = match &self.reference {
-                    Some(reference) => (reference, vec![]),
-                    None => (&self.model, self.adapters.slots.iter().map(|_| model::linear::AdapterCtl::off()).collect()),
-                };
-                grpo::completion_logprobs(model, &g.prompt_ids, &g.prompt_mask, &g.completion_ids, &g.completion_mask, self.cfg.temperature, &ctl).logprobs
-            })
+            let (model, ctl) = match &self.reference {
+                Some(reference) => (reference, vec![]),
+                None => (&self.model, self.adapters.slots.iter().map(|_| model::linear::AdapterCtl::off()).collect()),
+            };
+            grpo::frozen_logprobs(model, &g.prompt_ids, &g.prompt_mask, &g.completion_ids, &g.completion_mask, self.cfg.temperature, &ctl)
         });
         let old_logprobs = (self.cfg.num_iterations > 1).then(|| {
-            tch::no_grad(|| grpo::completion_logprobs(&self.model, &g.prompt_ids, &g.prompt_mask, &g.completion_ids, &g.completion_mask, self.cfg.temperature, &plan.ctl).logprobs)
+            grpo::frozen_logprobs(&self.model, &g.prompt_ids, &g.prompt_mask, &g.completion_ids, &g.completion_mask, self.cfg.temperature, &plan.ctl)
         });
 
         let mut metrics = serde_json::Map::new();
