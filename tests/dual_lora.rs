@@ -127,7 +127,7 @@ fn routed_grads(model: &Llama, config: &AdapterConfig, b: &Routed, mode: Routing
     zero_grads(config, model);
     let plan = routing::plan(config, mode, is_rh, ablated, Device::Cpu);
     let g = &b.generation;
-    let lp = grpo::completion_logprobs(model, &g.prompt_ids, &g.prompt_mask, &g.completion_ids, &g.completion_mask, 1.0, &plan.ctl);
+    let lp = grpo::completion_logprobs(model, g.into(), 1.0, &plan.ctl);
     grpo::grpo_loss(&lp.logprobs, None, None, &b.advantages, &g.completion_mask, &plan.classes, &settings(loss_type)).loss.backward();
     grads(config, model)
 }
@@ -149,7 +149,9 @@ fn per_class_grads(model: &Llama, config: &AdapterConfig, b: &Routed, mode: Rout
         let pick = |t: &Tensor| t.index_select(0, &index);
         let forget_scale = if *class == "ablated" { 0.0 } else { 1.0 };
         let ctl = [AdapterCtl::on(), AdapterCtl { scale: RowScale::All(forget_scale), learn: smallrl::model::linear::RowLearn::All }];
-        let lp = grpo::completion_logprobs(model, &pick(&g.prompt_ids), &pick(&g.prompt_mask), &pick(&g.completion_ids), &pick(&g.completion_mask), 1.0, &ctl);
+        let (prompt_ids, prompt_mask, completion_ids, completion_mask) = (pick(&g.prompt_ids), pick(&g.prompt_mask), pick(&g.completion_ids), pick(&g.completion_mask));
+        let seqs = grpo::Sequences { prompt_ids: &prompt_ids, prompt_mask: &prompt_mask, completion_ids: &completion_ids, completion_mask: &completion_mask };
+        let lp = grpo::completion_logprobs(model, seqs, 1.0, &ctl);
         let ones = vec![Tensor::ones([rows.len() as i64], (Kind::Float, Device::Cpu))];
         let loss = grpo::grpo_loss(&lp.logprobs, None, None, &pick(&b.advantages), &pick(&g.completion_mask), &ones, &settings(loss_type)).loss;
         (loss * (rows.len() as f64 / n as f64)).backward();
@@ -220,7 +222,7 @@ fn ablated_rows_train_retain_on_the_forget_ablated_output() {
     zero_grads(&config, &loaded.model);
     let g = &b.generation;
     let ctl = [AdapterCtl::on(), AdapterCtl::off()];
-    let lp = grpo::completion_logprobs(&loaded.model, &g.prompt_ids, &g.prompt_mask, &g.completion_ids, &g.completion_mask, 1.0, &ctl);
+    let lp = grpo::completion_logprobs(&loaded.model, g.into(), 1.0, &ctl);
     let ones = vec![Tensor::ones([8], (Kind::Float, Device::Cpu))];
     grpo::grpo_loss(&lp.logprobs, None, None, &b.advantages, &g.completion_mask, &ones, &settings(LossType::Grpo)).loss.backward();
     let retain_only = grads(&config, &loaded.model);

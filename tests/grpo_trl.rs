@@ -68,7 +68,7 @@ fn loss_and_gradients_match_trl() {
     let rewards = Tensor::from_slice(&rewards_for(&lengths));
     let (advantages, _) = grpo::group_advantages(&rewards, GROUP, 1e-4);
 
-    let ref_logprobs = grpo::frozen_logprobs(&reference.model, &g.prompt_ids, &g.prompt_mask, &g.completion_ids, &g.completion_mask, 1.0, &[]);
+    let ref_logprobs = grpo::frozen_logprobs(&reference.model, (&g).into(), 1.0, &[]);
     let mut policy_model = policy.model;
     set_base_trainable(&mut policy_model, true);
     let cases = [
@@ -82,7 +82,7 @@ fn loss_and_gradients_match_trl() {
         for (_, t) in policy_model.base_tensors() {
             t.shallow_clone().zero_grad();
         }
-        let logprobs = grpo::completion_logprobs(&policy_model, &g.prompt_ids, &g.prompt_mask, &g.completion_ids, &g.completion_mask, 1.0, &[]);
+        let logprobs = grpo::completion_logprobs(&policy_model, (&g).into(), 1.0, &[]);
         // With num_iterations = 2 the second pass sees old log-probs from before an update:
         // shift them by +-0.5 so the clip is active on many tokens.
         let old = (case.num_iterations > 1).then(|| {

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
 use crate::model::Llama;
+use crate::model::generate::Generation;
 use crate::model::linear::AdapterCtl;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,21 +60,29 @@ pub struct TokenLogprobs {
     pub entropy: Tensor,
 }
 
+/// A batch of `[prompt | completion]` sequences: prompts left-padded, completions
+/// right-padded, masks 1 on real tokens (completions up to and including EOS).
+#[derive(Clone, Copy)]
+pub struct Sequences<'a> {
+    pub prompt_ids: &'a Tensor,
+    pub prompt_mask: &'a Tensor,
+    pub completion_ids: &'a Tensor,
+    pub completion_mask: &'a Tensor,
+}
+
+impl<'a> From<&'a Generation> for Sequences<'a> {
+    fn from(g: &'a Generation) -> Self {
+        Self { prompt_ids: &g.prompt_ids, prompt_mask: &g.prompt_mask, completion_ids: &g.completion_ids, completion_mask: &g.completion_mask }
+    }
+}
+
 /// One forward pass over `[prompt | completion]`; logits divided by `temperature`, then
 /// `log_softmax` gathered at the completion tokens (TRL's `selective_log_softmax`), and the
 /// entropy of each next-token distribution (a metric, no gradient).
-pub fn completion_logprobs(
-    model: &Llama,
-    prompt_ids: &Tensor,
-    prompt_mask: &Tensor,
-    completion_ids: &Tensor,
-    completion_mask: &Tensor,
-    temperature: f64,
-    ctl: &[AdapterCtl],
-) -> TokenLogprobs {
-    let logits = completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature, ctl);
+pub fn completion_logprobs(model: &Llama, seqs: Sequences, temperature: f64, ctl: &[AdapterCtl]) -> TokenLogprobs {
+    let logits = completion_logits(model, seqs, temperature, ctl);
     let normaliser = logits.logsumexp([-1], false);
-    let picked = logits.gather(-1, &completion_ids.unsqueeze(-1), false).squeeze_dim(-1);
+    let picked = logits.gather(-1, &seqs.completion_ids.unsqueeze(-1), false).squeeze_dim(-1);
     let entropy = tch::no_grad(|| {
         let probs = logits.softmax(-1, Kind::Float);
         &normaliser - (probs * &logits).sum_dim_intlist(-1, false, Kind::Float)
@@ -82,36 +91,20 @@ pub fn completion_logprobs(
 }
 
 /// The completion log-probabilities only, without gradient: reference and old policies.
-pub fn frozen_logprobs(
-    model: &Llama,
-    prompt_ids: &Tensor,
-    prompt_mask: &Tensor,
-    completion_ids: &Tensor,
-    completion_mask: &Tensor,
-    temperature: f64,
-    ctl: &[AdapterCtl],
-) -> Tensor {
+pub fn frozen_logprobs(model: &Llama, seqs: Sequences, temperature: f64, ctl: &[AdapterCtl]) -> Tensor {
     tch::no_grad(|| {
-        let logits = completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature, ctl);
-        logits.gather(-1, &completion_ids.unsqueeze(-1), false).squeeze_dim(-1) - logits.logsumexp([-1], false)
+        let logits = completion_logits(model, seqs, temperature, ctl);
+        logits.gather(-1, &seqs.completion_ids.unsqueeze(-1), false).squeeze_dim(-1) - logits.logsumexp([-1], false)
     })
 }
 
 /// `[batch, completion_len, vocab]` logits / temperature at the positions that predict the
 /// completion tokens (only those go through the output head).
-fn completion_logits(
-    model: &Llama,
-    prompt_ids: &Tensor,
-    prompt_mask: &Tensor,
-    completion_ids: &Tensor,
-    completion_mask: &Tensor,
-    temperature: f64,
-    ctl: &[AdapterCtl],
-) -> Tensor {
-    let input_ids = Tensor::cat(&[prompt_ids, completion_ids], 1);
-    let attention_mask = Tensor::cat(&[prompt_mask, completion_mask], 1);
-    let prompt_len = prompt_ids.size()[1];
-    let completion_len = completion_ids.size()[1];
+fn completion_logits(model: &Llama, seqs: Sequences, temperature: f64, ctl: &[AdapterCtl]) -> Tensor {
+    let input_ids = Tensor::cat(&[seqs.prompt_ids, seqs.completion_ids], 1);
+    let attention_mask = Tensor::cat(&[seqs.prompt_mask, seqs.completion_mask], 1);
+    let prompt_len = seqs.prompt_ids.size()[1];
+    let completion_len = seqs.completion_ids.size()[1];
     let hidden = model.forward(&input_ids, &attention_mask, ctl);
     let predicting = hidden.narrow(1, prompt_len - 1, completion_len);
     let logits = model.logits(&predicting).to_kind(Kind::Float);

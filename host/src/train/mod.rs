@@ -206,7 +206,7 @@ impl Trainer {
         let train_start = Instant::now();
         let g = &batch.generation;
         self.optimizer.zero_grad();
-        let logprobs = grpo::completion_logprobs(&self.model, &g.prompt_ids, &g.prompt_mask, &g.completion_ids, &g.completion_mask, self.cfg.temperature, &batch.plan.ctl);
+        let logprobs = grpo::completion_logprobs(&self.model, g.into(), self.cfg.temperature, &batch.plan.ctl);
         let terms = grpo::grpo_loss(
             &logprobs.logprobs,
             batch.old_logprobs.as_ref(),
@@ -293,10 +293,10 @@ impl Trainer {
                 Some(reference) => (reference, vec![]),
                 None => (&self.model, self.adapters.slots.iter().map(|_| model::linear::AdapterCtl::off()).collect()),
             };
-            grpo::frozen_logprobs(model, &g.prompt_ids, &g.prompt_mask, &g.completion_ids, &g.completion_mask, self.cfg.temperature, &ctl)
+            grpo::frozen_logprobs(model, g.into(), self.cfg.temperature, &ctl)
         });
         let old_logprobs = (self.cfg.num_iterations > 1).then(|| {
-            grpo::frozen_logprobs(&self.model, &g.prompt_ids, &g.prompt_mask, &g.completion_ids, &g.completion_mask, self.cfg.temperature, &plan.ctl)
+            grpo::frozen_logprobs(&self.model, g.into(), self.cfg.temperature, &plan.ctl)
         });
 
         let mut metrics = serde_json::Map::new();
