@@ -61,3 +61,8 @@ pub const EVAL_EVERY: usize = 100;
 pub const EVAL_SAMPLES: usize = 10;
 pub const OUTPUT_DIR: &str = "runs";
 pub const PLUGIN_DIR: &str = "plugins";
+
+// Plugin sandbox limits per call: generous for text rewards (512 completions take about 1 ms
+// and under 2 MiB), small enough that a runaway plugin fails fast.
+pub const PLUGIN_MAX_MEMORY_BYTES: usize = 64 << 20;
+pub const PLUGIN_MAX_CALL_SECONDS: u64 = 10;

@@ -76,7 +76,10 @@ impl Default for PluginLimits {
     /// Generous for text rewards (scoring 512 completions takes about 1 ms and under 2 MiB),
     /// small enough that a runaway plugin fails fast.
     fn default() -> Self {
-        Self { max_memory_bytes: 64 << 20, max_call_time: Duration::from_secs(10) }
+        Self {
+            max_memory_bytes: crate::defaults::PLUGIN_MAX_MEMORY_BYTES,
+            max_call_time: Duration::from_secs(crate::defaults::PLUGIN_MAX_CALL_SECONDS),
+        }
     }
 }
 

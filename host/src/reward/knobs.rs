@@ -3,6 +3,8 @@
 
 use anyhow::{Result, ensure};
 
+use crate::rng::SplitMix64;
+
 /// Host-side protocol knobs. No `Default`: the trainer owns the defaults
 /// (false_positive_rate 0, recall 1, rh_eligible_frac 1) and passes them in.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -43,8 +45,8 @@ const LABEL_STREAM: u64 = 0xd1b5_4a32_d192_ed03;
 impl Draws {
     pub fn new(seed: u64, samples: usize) -> Self {
         Self {
-            eligibility: SplitMix64(seed ^ ELIGIBILITY_STREAM).uniforms(samples),
-            label: SplitMix64(seed ^ LABEL_STREAM).uniforms(samples),
+            eligibility: uniforms(seed ^ ELIGIBILITY_STREAM, samples),
+            label: uniforms(seed ^ LABEL_STREAM, samples),
         }
     }
 
@@ -65,39 +67,7 @@ impl Draws {
     }
 }
 
-/// SplitMix64 (Steele, Lea and Flood 2014), written out instead of depending on `rand`: a
-/// dozen lines whose output is fixed by definition (no crate upgrade can change which samples
-/// get flagged in a resumed or replicated run) and ample quality for Bernoulli draws.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1) with 53 random bits.
-    fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
-
-    fn uniforms(mut self, count: usize) -> Vec<f64> {
-        (0..count).map(|_| self.next_f64()).collect()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn splitmix64_matches_the_reference_sequence() {
-        // First outputs for seed 0 from the reference C implementation.
-        let mut rng = SplitMix64(0);
-        assert_eq!(rng.next_u64(), 0xe220_a839_7b1d_cdaf);
-        assert_eq!(rng.next_u64(), 0x6e78_9e6a_a1b9_65f4);
-    }
+fn uniforms(seed: u64, count: usize) -> Vec<f64> {
+    let mut rng = SplitMix64::new(seed);
+    (0..count).map(|_| rng.next_f64()).collect()
 }

@@ -210,9 +210,8 @@ impl TrainConfig {
         ensure!(self.temperature > 0.0, "temperature must be positive for GRPO sampling");
         ensure!(self.lr > 0.0 && self.beta >= 0.0 && self.epsilon > 0.0, "lr must be positive, beta >= 0, epsilon > 0");
         ensure!(self.logging_steps > 0 && self.save_steps > 0 && self.eval_every > 0, "logging_steps, save_steps and eval_every must be positive");
-        for (name, p) in [("ablated_frac", self.ablated_frac), ("false_positive_rate", self.false_positive_rate), ("recall", self.recall), ("rh_eligible_frac", self.rh_eligible_frac)] {
-            ensure!((0.0..=1.0).contains(&p), "{name} must be in [0, 1], got {p}");
-        }
+        ensure!((0.0..=1.0).contains(&self.ablated_frac), "ablated_frac must be in [0, 1], got {}", self.ablated_frac);
+        self.knobs().check()?;
         if routing != RoutingMode::None {
             ensure!(adapters.is_dual(), "routing_mode {} needs adapter: dual-lora (got {})", self.routing_mode, self.adapter);
             ensure!(self.rh_detector.is_some(), "routing_mode {} needs an rh_detector to label samples", self.routing_mode);
