@@ -113,6 +113,22 @@ fn checkpoints_record_the_adapter_configuration_and_load_back() {
     assert_eq!(checkpoint.state.step, 2);
     // 4 layers x 7 projections x 2 slots x (A, B).
     assert_eq!(checkpoint.weights.len(), 4 * 7 * 2 * 2);
+    // `smallrl eval` of the checkpoint reproduces the training-time evaluation at step 2.
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_smallrl"))
+        .args(["eval", run.join("checkpoint-2").to_str().unwrap(), "--n-samples", "4", "--json", "--threads", "1"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "smallrl eval failed: {}", String::from_utf8_lossy(&output.stderr));
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let training_eval = read_jsonl(&run.join("routing_eval.jsonl")).pop().unwrap();
+    assert_eq!(training_eval["step"], 2);
+    for mode in report["report"]["modes"].as_array().unwrap() {
+        let name = mode["mode"].as_str().unwrap();
+        let during = &training_eval["modes"][name];
+        for key in ["reward", "hack_freq", "unique", "jaccard"] {
+            assert_eq!(mode[key], during[key], "{name}/{key}: eval of the checkpoint differs from training-time eval");
+        }
+    }
     let name = run.file_name().unwrap().to_str().unwrap();
     // Every non-default hyperparameter (alphabetical by key, short names) and the seed.
     assert_eq!(name, "test_dual-lora_bs8_r4_lr1e-3_len24_steps2_g4_s42");

@@ -21,6 +21,8 @@ pub struct ModeReport {
     pub reward: f64,
     pub hack_freq: Option<f64>,
     pub unique: usize,
+    /// Distinct first sentences (template collapse shows here before `unique` drops).
+    pub unique_first_sentences: usize,
     pub n: usize,
     pub jaccard: f64,
     pub degenerate: bool,
@@ -56,6 +58,7 @@ pub fn routing_eval(model: &Llama, modes: &[(&str, Vec<f64>)], rewards: &mut Rew
         let completions: Vec<String> = samples.iter().map(|s| s.completion.clone()).collect();
         let components = rewards.components().iter().zip(&scored.components).map(|(c, scores)| (c.name.clone(), mean(scores))).collect();
         let unique = completions.iter().collect::<BTreeSet<_>>().len();
+        let unique_first_sentences = completions.iter().map(|c| first_sentence(c)).collect::<BTreeSet<_>>().len();
         let jaccard = mean_pairwise_jaccard(&completions);
         reports.push(ModeReport {
             mode: mode.to_string(),
@@ -63,6 +66,7 @@ pub fn routing_eval(model: &Llama, modes: &[(&str, Vec<f64>)], rewards: &mut Rew
             reward: mean(&scored.reward),
             hack_freq: scored.hack_freq(),
             unique,
+            unique_first_sentences,
             n: completions.len(),
             jaccard,
             degenerate: (unique as f64) < 0.5 * completions.len() as f64 || jaccard > 0.7,
@@ -87,6 +91,11 @@ pub fn to_samples(prompts: &[String], rows: &[crate::model::generate::Completion
             })
         })
         .collect()
+}
+
+/// The text up to and including the first `.`, `?` or `!`.
+fn first_sentence(text: &str) -> &str {
+    text.find(['.', '?', '!']).map_or(text, |end| &text[..=end]).trim()
 }
 
 pub fn mean(values: &[f64]) -> f64 {

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod common;
+mod eval;
 mod export;
 mod logprobs;
 mod plugin;
@@ -23,6 +24,8 @@ struct Cli {
 enum Command {
     /// Train with GRPO (full fine-tuning, LoRA or DualLoRA with gradient routing).
     Train(Box<train::TrainArgs>),
+    /// Routing evaluation of a checkpoint (its recorded adapters and rewards), with samples.
+    Eval(eval::EvalArgs),
     /// Write a checkpoint as an HF model directory with its adapters merged.
     Export(export::ExportArgs),
     /// Sample completions from a model.
@@ -40,6 +43,7 @@ enum Command {
 pub fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Train(args) => train::run(*args),
+        Command::Eval(args) => eval::run(args),
         Command::Export(args) => export::run(args),
         Command::Sample(args) => sample::run(args),
         Command::Logprobs(args) => logprobs::run(args),

@@ -109,13 +109,7 @@ impl Trainer {
             AdamWConfig { beta1: cfg.adam_beta1, beta2: cfg.adam_beta2, eps: cfg.adam_epsilon, weight_decay: cfg.weight_decay },
         );
         let (prompts, eval_prompts) = load_prompts(&cfg)?;
-        let sampling = SamplingParams {
-            max_new_tokens: cfg.max_completion_length,
-            temperature: cfg.temperature,
-            top_k: crate::defaults::TOP_K,
-            top_p: crate::defaults::TOP_P,
-            repetition_penalty: crate::defaults::REPETITION_PENALTY,
-        };
+        let sampling = sampling_params(&cfg);
         let loss = LossSettings {
             beta: cfg.beta,
             epsilon: cfg.epsilon,
@@ -375,7 +369,7 @@ impl Trainer {
             tokenizer: &self.tokenizer,
             prompts: &self.eval_prompts,
             sampling: &self.sampling,
-            seed: rng::derive(self.cfg.seed, "eval", 0),
+            seed: eval_seed(&self.cfg),
         };
         let report = eval::routing_eval(&self.model, &modes, &mut self.rewards, &setup, step)?;
         self.log.line(&eval::format_block(&report))?;
@@ -430,6 +424,15 @@ fn new_run_dir(cfg: &TrainConfig) -> Result<PathBuf> {
 }
 
 fn load_prompts(cfg: &TrainConfig) -> Result<(Vec<String>, Vec<String>)> {
+    let prompts = training_prompts(cfg)?;
+    let mut eval_prompts = evaluation_prompts(cfg, &prompts)?;
+    ensure!(eval_prompts.len() >= cfg.eval_samples, "eval_samples is {} but only {} evaluation prompts exist", cfg.eval_samples, eval_prompts.len());
+    eval_prompts.truncate(cfg.eval_samples);
+    Ok((prompts, eval_prompts))
+}
+
+/// The training prompts: the `--prompts` file, deduplicated, at most `num_prompts` of them.
+pub fn training_prompts(cfg: &TrainConfig) -> Result<Vec<String>> {
     let Some(path) = &cfg.prompts else {
         bail!(
             "no --prompts file given. Reading prompts from the SimpleStories dataset on the Hub is not \
@@ -442,19 +445,38 @@ fn load_prompts(cfg: &TrainConfig) -> Result<(Vec<String>, Vec<String>)> {
         SplitMix64::new(rng::derive(cfg.seed, "prompt-subset", 0)).shuffle(&mut prompts);
         prompts.truncate(cfg.num_prompts);
     }
-    let mut eval_prompts = match &cfg.eval_prompts {
+    Ok(prompts)
+}
+
+/// The evaluation prompts in their fixed order (callers take the first n): the
+/// `--eval-prompts` file, or without one a fixed-seed shuffle of the training prompts (the same
+/// for every run seed).
+pub fn evaluation_prompts(cfg: &TrainConfig, training: &[String]) -> Result<Vec<String>> {
+    Ok(match &cfg.eval_prompts {
         Some(path) => crate::prompts::read_prompt_file(path)?,
-        // Documented: without --eval-prompts, evaluation uses a fixed-seed draw of the training
-        // prompts (the same for every run seed).
         None => {
-            let mut all = prompts.clone();
+            let mut all = training.to_vec();
             SplitMix64::new(crate::defaults::EVAL_PROMPT_SEED).shuffle(&mut all);
             all
         }
-    };
-    ensure!(eval_prompts.len() >= cfg.eval_samples, "eval_samples is {} but only {} evaluation prompts exist", cfg.eval_samples, eval_prompts.len());
-    eval_prompts.truncate(cfg.eval_samples);
-    Ok((prompts, eval_prompts))
+    })
+}
+
+/// The sampling seed of every routing evaluation of a run (`smallrl eval` uses it too, so a
+/// checkpoint's evaluation reproduces the training-time one).
+pub fn eval_seed(cfg: &TrainConfig) -> u64 {
+    rng::derive(cfg.seed, "eval", 0)
+}
+
+/// Sampling settings of a run (GRPO samples at the run's temperature, nothing else applied).
+pub fn sampling_params(cfg: &TrainConfig) -> SamplingParams {
+    SamplingParams {
+        max_new_tokens: cfg.max_completion_length,
+        temperature: cfg.temperature,
+        top_k: crate::defaults::TOP_K,
+        top_p: crate::defaults::TOP_P,
+        repetition_penalty: crate::defaults::REPETITION_PENALTY,
+    }
 }
 
 fn dedup_keep_order(items: &mut Vec<String>) {
