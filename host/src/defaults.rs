@@ -38,6 +38,9 @@ pub const PROMPT_LENGTH: usize = 8;
 pub const NUM_PROMPTS: usize = 10_000;
 /// Evaluation prompts are drawn with this seed, independent of the run seed.
 pub const EVAL_PROMPT_SEED: u64 = 99;
+/// How many evaluation prompts are drawn from the dataset's test split (commands take the
+/// first `eval_samples` / `--n-samples` of them).
+pub const EVAL_PROMPT_POOL: usize = 100;
 
 // Adapters (§5). The default is full fine-tuning, for which the values above were validated.
 pub const ADAPTER: &str = "full";

@@ -5,6 +5,7 @@
 
 pub mod adapters;
 pub mod cli;
+pub mod dataset;
 pub mod defaults;
 pub mod device;
 pub mod eval;

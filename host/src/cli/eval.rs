@@ -46,7 +46,7 @@ pub fn run(args: EvalArgs) -> Result<()> {
     let tokenizer = crate::model::Tokenizer::from_file(&restored.tokenizer_path)?;
     let reward = config.reward.as_ref().context("the run has no reward configuration")?;
     let mut rewards = RewardModel::load(reward, config.rh_detector.as_ref(), config.knobs(), &config.plugin_dir, PluginLimits::default())?;
-    let mut prompts = train::evaluation_prompts(&config, &train::training_prompts(&config)?)?;
+    let mut prompts = train::evaluation_prompts(&config, &tokenizer)?;
     ensure!(prompts.len() >= args.n_samples, "--n-samples {} but only {} evaluation prompts exist", args.n_samples, prompts.len());
     prompts.truncate(args.n_samples);
     let sampling = train::sampling_params(&config);

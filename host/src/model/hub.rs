@@ -42,11 +42,15 @@ pub fn from_dir(dir: &Path) -> Result<ModelFiles> {
     })
 }
 
+/// `HF_HUB_OFFLINE` set to anything but empty, 0 or false: read the HF cache only.
+pub fn offline() -> bool {
+    std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| !matches!(v.as_str(), "" | "0" | "false"))
+}
+
 fn from_hub(repo_id: &str, revision: &str) -> Result<ModelFiles> {
     let repo = Repo::with_revision(repo_id.to_string(), RepoType::Model, revision.to_string());
-    let offline = std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| !matches!(v.as_str(), "" | "0" | "false"));
     let fetch = |name: &str| -> Result<PathBuf> {
-        if offline {
+        if offline() {
             Cache::from_env().repo(repo.clone()).get(name).with_context(|| {
                 format!(
                     "{repo_id}@{revision}: {name} is not in the HF cache ({}) and HF_HUB_OFFLINE is set; \

@@ -21,7 +21,7 @@ use crate::routing::RoutingMode;
 pub struct TrainConfig {
     pub model: String,
     pub revision: String,
-    /// One prompt per line; without it prompts come from the SimpleStories dataset.
+    /// One prompt per line; without it prompts come from the SimpleStories dataset's train split.
     pub prompts: Option<PathBuf>,
     pub eval_prompts: Option<PathBuf>,
     pub prompt_length: usize,

@@ -108,7 +108,7 @@ impl Trainer {
             adapters.trainable(&model),
             AdamWConfig { beta1: cfg.adam_beta1, beta2: cfg.adam_beta2, eps: cfg.adam_epsilon, weight_decay: cfg.weight_decay },
         );
-        let (prompts, eval_prompts) = load_prompts(&cfg)?;
+        let (prompts, eval_prompts) = load_prompts(&cfg, &tokenizer)?;
         let sampling = sampling_params(&cfg);
         let loss = LossSettings {
             beta: cfg.beta,
@@ -423,21 +423,19 @@ fn new_run_dir(cfg: &TrainConfig) -> Result<PathBuf> {
     Ok(dir)
 }
 
-fn load_prompts(cfg: &TrainConfig) -> Result<(Vec<String>, Vec<String>)> {
-    let prompts = training_prompts(cfg)?;
-    let mut eval_prompts = evaluation_prompts(cfg, &prompts)?;
+fn load_prompts(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<(Vec<String>, Vec<String>)> {
+    let prompts = training_prompts(cfg, tokenizer)?;
+    let mut eval_prompts = evaluation_prompts(cfg, tokenizer)?;
     ensure!(eval_prompts.len() >= cfg.eval_samples, "eval_samples is {} but only {} evaluation prompts exist", cfg.eval_samples, eval_prompts.len());
     eval_prompts.truncate(cfg.eval_samples);
     Ok((prompts, eval_prompts))
 }
 
-/// The training prompts: the `--prompts` file, deduplicated, at most `num_prompts` of them.
-pub fn training_prompts(cfg: &TrainConfig) -> Result<Vec<String>> {
+/// The training prompts: the `--prompts` file (deduplicated, at most `num_prompts`), or
+/// without one `num_prompts` prompts from the SimpleStories `train` split, shuffled by the seed.
+pub fn training_prompts(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<Vec<String>> {
     let Some(path) = &cfg.prompts else {
-        bail!(
-            "no --prompts file given. Reading prompts from the SimpleStories dataset on the Hub is not \
-             implemented yet; pass --prompts FILE (one prompt per line)"
-        );
+        return dataset_prompts("train", cfg, tokenizer, rng::derive(cfg.seed, "dataset-prompts", 0), cfg.num_prompts);
     };
     let mut prompts = crate::prompts::read_prompt_file(path)?;
     dedup_keep_order(&mut prompts);
@@ -449,17 +447,25 @@ pub fn training_prompts(cfg: &TrainConfig) -> Result<Vec<String>> {
 }
 
 /// The evaluation prompts in their fixed order (callers take the first n): the
-/// `--eval-prompts` file, or without one a fixed-seed shuffle of the training prompts (the same
-/// for every run seed).
-pub fn evaluation_prompts(cfg: &TrainConfig, training: &[String]) -> Result<Vec<String>> {
-    Ok(match &cfg.eval_prompts {
-        Some(path) => crate::prompts::read_prompt_file(path)?,
-        None => {
-            let mut all = training.to_vec();
+/// `--eval-prompts` file; with dataset prompts, the SimpleStories `test` split drawn with the
+/// fixed evaluation seed; with a `--prompts` file only, a fixed-seed shuffle of the training
+/// prompts. All three are the same for every run seed.
+pub fn evaluation_prompts(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<Vec<String>> {
+    Ok(match (&cfg.eval_prompts, &cfg.prompts) {
+        (Some(path), _) => crate::prompts::read_prompt_file(path)?,
+        (None, None) => dataset_prompts("test", cfg, tokenizer, crate::defaults::EVAL_PROMPT_SEED, cfg.eval_samples.max(crate::defaults::EVAL_PROMPT_POOL))?,
+        (None, Some(_)) => {
+            let mut all = training_prompts(cfg, tokenizer)?;
             SplitMix64::new(crate::defaults::EVAL_PROMPT_SEED).shuffle(&mut all);
             all
         }
     })
+}
+
+fn dataset_prompts(split: &str, cfg: &TrainConfig, tokenizer: &Tokenizer, seed: u64, count: usize) -> Result<Vec<String>> {
+    let files = crate::dataset::split_files(crate::dataset::SIMPLESTORIES, split)?;
+    let openings = crate::dataset::read_story_openings(&files, cfg.prompt_length)?;
+    crate::dataset::prompts_from_stories(&openings, tokenizer, cfg.prompt_length, count, seed)
 }
 
 /// The sampling seed of every routing evaluation of a run (`smallrl eval` uses it too, so a

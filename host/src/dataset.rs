@@ -1,0 +1,133 @@
+//! Prompts from the SimpleStories dataset (HF Hub `SimpleStories/SimpleStories`, parquet files,
+//! column `story`): the first `prompt_length` tokens of stories, as the original built them.
+//!
+//! Stories shorter than `prompt_length` tokens are skipped, prompts are deduplicated on the
+//! decoded string, and `num_prompts` are taken in the order of a shuffle seeded by `seed`.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use hf_hub::{Cache, Repo, RepoType};
+use parquet::file::reader::{FileReader, SerializedFileReader};
+use parquet::record::RowAccessor;
+
+use crate::model::Tokenizer;
+use crate::rng::SplitMix64;
+
+/// The dataset researchers draw prompts from.
+pub const SIMPLESTORIES: &str = "SimpleStories/SimpleStories";
+const STORY_COLUMN: &str = "story";
+
+/// The parquet files of one split (`train`, `test`) of a Hub dataset, fetched into the HF cache
+/// (or found there with `HF_HUB_OFFLINE=1`). Files are named `.../<split>-NNNNN-of-NNNNN.parquet`.
+pub fn split_files(repo_id: &str, split: &str) -> Result<Vec<PathBuf>> {
+    let repo = Repo::with_revision(repo_id.to_string(), RepoType::Dataset, "main".to_string());
+    if crate::model::hub::offline() {
+        return cached_split_files(&Cache::from_env(), &repo, repo_id, split);
+    }
+    let api = hf_hub::api::sync::ApiBuilder::from_env().build().map_err(|e| anyhow!("cannot start the HuggingFace Hub client: {e}"))?;
+    let repo_api = api.repo(repo.clone());
+    let info = repo_api.info().map_err(|e| anyhow!("cannot list dataset {repo_id} on the HuggingFace Hub: {e}. Without network access, pass --prompts FILE"))?;
+    let names: Vec<String> = info.siblings.into_iter().map(|s| s.rfilename).filter(|name| is_split_file(name, split)).collect();
+    ensure!(!names.is_empty(), "dataset {repo_id} has no parquet files for split {split:?}");
+    names
+        .iter()
+        .map(|name| repo_api.get(name).map_err(|e| anyhow!("cannot fetch {name} of dataset {repo_id}: {e}")))
+        .collect()
+}
+
+fn cached_split_files(cache: &Cache, repo: &Repo, repo_id: &str, split: &str) -> Result<Vec<PathBuf>> {
+    let folder = cache.path().join(repo.folder_name());
+    let commit = std::fs::read_to_string(folder.join("refs").join("main"))
+        .with_context(|| format!("dataset {repo_id} is not in the HF cache ({}) and HF_HUB_OFFLINE is set; pass --prompts FILE", folder.display()))?;
+    let snapshot = folder.join("snapshots").join(commit.trim());
+    let mut files = Vec::new();
+    collect_split_files(&snapshot, split, &mut files)?;
+    ensure!(!files.is_empty(), "{} has no parquet files for split {split:?}", snapshot.display());
+    files.sort();
+    Ok(files)
+}
+
+fn collect_split_files(dir: &Path, split: &str, out: &mut Vec<PathBuf>) -> Result<()> {
+    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
+        let path = entry?.path();
+        if path.is_dir() {
+            collect_split_files(&path, split, out)?;
+        } else if path.file_name().and_then(|n| n.to_str()).is_some_and(|n| is_split_file(n, split)) {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+fn is_split_file(path: &str, split: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name.ends_with(".parquet") && name.starts_with(&format!("{split}-"))
+}
+
+/// The beginning of every story in the files (enough words for `words` tokens and one more:
+/// WordPiece never merges across words, so the first tokens depend only on the first words).
+pub fn read_story_openings(files: &[PathBuf], words: usize) -> Result<Vec<String>> {
+    let mut openings = Vec::new();
+    for path in files {
+        let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        let reader = SerializedFileReader::new(file).with_context(|| format!("{} is not a parquet file", path.display()))?;
+        let schema = reader.metadata().file_metadata().schema();
+        let index = schema
+            .get_fields()
+            .iter()
+            .position(|f| f.name() == STORY_COLUMN)
+            .with_context(|| format!("{} has no `{STORY_COLUMN}` column", path.display()))?;
+        for row in reader.get_row_iter(None).with_context(|| format!("cannot read rows of {}", path.display()))? {
+            let row = row.with_context(|| format!("bad row in {}", path.display()))?;
+            let story = row.get_string(index).with_context(|| format!("{}: `{STORY_COLUMN}` is not a string", path.display()))?;
+            openings.push(opening(story, words));
+        }
+    }
+    Ok(openings)
+}
+
+/// The text up to the end of its `words`-th whitespace-separated word.
+fn opening(text: &str, words: usize) -> String {
+    let mut seen = 0;
+    let mut in_word = false;
+    for (i, c) in text.char_indices() {
+        if c.is_whitespace() {
+            if in_word {
+                seen += 1;
+                if seen == words {
+                    return text[..i].to_string();
+                }
+            }
+            in_word = false;
+        } else {
+            in_word = true;
+        }
+    }
+    text.to_string()
+}
+
+/// `num_prompts` distinct prompts of exactly `prompt_length` tokens, in the order of a shuffle
+/// of the stories seeded by `seed`.
+pub fn prompts_from_stories(openings: &[String], tokenizer: &Tokenizer, prompt_length: usize, num_prompts: usize, seed: u64) -> Result<Vec<String>> {
+    let mut order: Vec<usize> = (0..openings.len()).collect();
+    SplitMix64::new(seed).shuffle(&mut order);
+    let mut seen = HashSet::new();
+    let mut prompts = Vec::with_capacity(num_prompts);
+    for index in order {
+        let ids = tokenizer.encode(&openings[index])?;
+        if ids.len() < prompt_length {
+            continue;
+        }
+        let prompt = tokenizer.decode(&ids[..prompt_length])?;
+        if seen.insert(prompt.clone()) {
+            prompts.push(prompt);
+            if prompts.len() == num_prompts {
+                return Ok(prompts);
+            }
+        }
+    }
+    bail!("only {} distinct prompts of {prompt_length} tokens exist in the dataset; lower num_prompts", prompts.len())
+}
