@@ -177,3 +177,61 @@ fn grpo_on_happy_count_raises_the_reward() {
     assert!(first < 0.25, "the starting reward should be the pre-trained model's, got {first:.3}");
     assert!(last > first + 0.08, "GRPO did not raise the reward: {first:.3} -> {last:.3}");
 }
+
+#[test]
+fn exported_checkpoints_load_in_transformers_with_the_same_logits() {
+    let out = tempfile::tempdir().unwrap();
+    let run = train(with(small_config(out.path(), &standard_plugin("happy")), "max_steps", 2.into()));
+    let export = out.path().join("retain_only");
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_smallrl"))
+        .args(["export", run.join("checkpoint-2").to_str().unwrap(), "--out", export.to_str().unwrap(), "--scales", "1,0", "--threads", "1"])
+        .status()
+        .unwrap();
+    assert!(status.success(), "smallrl export failed");
+    let restored = smallrl::train::checkpoint::restore_model(&run.join("checkpoint-2"), tch::Device::Cpu).unwrap();
+    let tokenizer = smallrl::model::Tokenizer::from_file(&restored.tokenizer_path).unwrap();
+    let ids: Vec<i64> = tokenizer.encode("once upon a time, a happy girl named lily").unwrap().iter().map(|&i| i as i64).collect();
+    std::fs::write(out.path().join("ids.json"), serde_json::to_string(&ids).unwrap()).unwrap();
+    let status = std::process::Command::new(common::python())
+        .current_dir(repo_root())
+        .args(["scripts/reference/hf_logits.py", export.to_str().unwrap()])
+        .args([out.path().join("ids.json").to_str().unwrap(), out.path().join("hf.safetensors").to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "transformers could not load the exported directory");
+    let hf = smallrl::model::weights::read_safetensors(&out.path().join("hf.safetensors")).unwrap();
+    let input = tch::Tensor::from_slice(&ids).unsqueeze(0);
+    let ctl = [smallrl::model::linear::AdapterCtl::frozen(1.0), smallrl::model::linear::AdapterCtl::frozen(0.0)];
+    let ours = tch::no_grad(|| restored.model.logits(&restored.model.forward(&input, &input.ones_like(), &ctl))).squeeze_dim(0);
+    let diff = common::max_abs_diff(&ours, &hf["logits"]);
+    assert!(diff < 1e-4, "transformers' logits of the export differ from smallrl's retain-only model by {diff}");
+    let both = [smallrl::model::linear::AdapterCtl::frozen(1.0), smallrl::model::linear::AdapterCtl::frozen(1.0)];
+    let with_forget = tch::no_grad(|| restored.model.logits(&restored.model.forward(&input, &input.ones_like(), &both))).squeeze_dim(0);
+    assert!(common::max_abs_diff(&with_forget, &hf["logits"]) > 1e-4, "the forget adapter should matter after training");
+}
+
+#[test]
+fn dumped_batches_recompute_the_logged_loss() {
+    let out = tempfile::tempdir().unwrap();
+    let dump = out.path().join("dump");
+    let config = with(small_config(out.path(), &standard_plugin("happy")), "max_steps", 1.into());
+    let run = train(with(config, "dump_batches", json!(dump)));
+    let tensors = smallrl::model::weights::read_safetensors(&dump.join("step-1.safetensors")).unwrap();
+    for key in ["prompt_ids", "completion_ids", "completion_mask", "rewards", "rewards/happy", "is_rh", "advantages", "sampling_logprobs", "ref_logprobs", "new_logprobs", "loss"] {
+        assert!(tensors.contains_key(key), "dump lacks {key}");
+    }
+    // Recompute the grpo loss (beta 0.02, ratio 1) by hand from the dumped tensors.
+    let mask = tensors["completion_mask"].to_kind(tch::Kind::Double);
+    let (new, reference) = (tensors["new_logprobs"].to_kind(tch::Kind::Double), tensors["ref_logprobs"].to_kind(tch::Kind::Double));
+    let delta = &reference - &new;
+    let kl = delta.exp() - &delta - 1.0;
+    let per_token = -tensors["advantages"].to_kind(tch::Kind::Double).unsqueeze(1) + kl * 0.02;
+    let per_sequence = (per_token * &mask).sum_dim_intlist(1, false, tch::Kind::Double) / mask.sum_dim_intlist(1, false, tch::Kind::Double);
+    let expected = per_sequence.mean(tch::Kind::Double).double_value(&[]);
+    let logged = read_jsonl(&run.join("metrics.jsonl"))[0]["loss"].as_f64().unwrap();
+    assert!((tensors["loss"].double_value(&[]) - expected).abs() < 1e-6, "dumped loss does not follow from the dumped tensors");
+    assert!((logged - expected).abs() < 1e-6, "logged loss {logged} vs recomputed {expected}");
+    // The sampling log-probs are those of the policy that sampled (same weights at step 1).
+    let sampled = tensors["sampling_logprobs"].to_kind(tch::Kind::Double);
+    assert!(common::max_abs_diff(&(sampled * &mask), &(&new * &mask)) < 1e-4);
+}
