@@ -170,6 +170,7 @@ impl Trainer {
     pub fn train(&mut self, stop_after: Option<usize>) -> Result<RunSummary> {
         let start = self.optimizer.step;
         let end = stop_after.map_or(self.cfg.max_steps, |n| (start + n).min(self.cfg.max_steps));
+        self.log.progress(start as u64, String::new());
         let mut last = json!({});
         for step in start..end {
             last = self.step(step).with_context(|| format!("training stopped at step {}; {} keeps what was written", step + 1, self.run_dir.display()))?;
@@ -507,7 +508,9 @@ fn summary_line(m: &serde_json::Value) -> String {
     }
     for key in ["hack_freq", "kl", "entropy", "loss", "grad_norm", "completions/mean_length", "step_time"] {
         if let Some(v) = m[key].as_f64() {
-            parts.push(format!("{}={v:.4}", key.trim_start_matches("completions/")));
+            // Small values (the KL early in a run) keep their significant digits.
+            let text = if v != 0.0 && v.abs() < 1e-3 { format!("{v:.2e}") } else { format!("{v:.4}") };
+            parts.push(format!("{}={text}", key.trim_start_matches("completions/")));
         }
     }
     parts.join(" ")
