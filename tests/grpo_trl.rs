@@ -46,10 +46,8 @@ fn perturbed_policy(dir: &Path) -> LoadedModel {
     model::load(dir.to_str().unwrap(), "main", Device::Cpu, Kind::Float).unwrap()
 }
 
-/// Hand-made rewards with ties inside one group (so one group has zero std).
-fn rewards_for(lengths: &[usize]) -> Vec<f32> {
-    lengths.iter().enumerate().map(|(i, &len)| if i < GROUP { 0.5 } else { (len % 5) as f32 / 4.0 }).collect()
-}
+/// Hand-made rewards: the first group all equal (zero std, advantages 0), the second spread.
+const REWARDS: [f32; 2 * GROUP] = [0.5, 0.5, 0.5, 0.5, 0.0, 0.25, 1.0, 0.75];
 
 #[test]
 fn loss_and_gradients_match_trl() {
@@ -64,8 +62,7 @@ fn loss_and_gradients_match_trl() {
         .collect();
     let params = SamplingParams { max_new_tokens: 48, temperature: 1.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 };
     let g = generate(&DecodeModel::new(&policy.model, &[]), &prompts, &params, 3).unwrap();
-    let lengths: Vec<usize> = g.rows.iter().map(|r| r.ids.len()).collect();
-    let rewards = Tensor::from_slice(&rewards_for(&lengths));
+    let rewards = Tensor::from_slice(&REWARDS);
     let (advantages, _) = grpo::group_advantages(&rewards, GROUP, 1e-4);
 
     let ref_logprobs = grpo::frozen_logprobs(&reference.model, (&g).into(), 1.0, &[]);
@@ -124,6 +121,7 @@ fn loss_and_gradients_match_trl() {
             .status()
             .unwrap();
         assert!(status.success(), "trl_grpo.py failed for {}", case.loss_type);
+        assert!(case.num_iterations == 1 || terms.clip_ratio.double_value(&[]) > 0.05, "the clip must be active with shifted old log-probs");
         let trl = read_safetensors(&dir.join("trl.safetensors")).unwrap();
         compare(case.loss_type, case.num_iterations, &terms.loss, &logprobs.logprobs, &advantages, &g.completion_mask, &ours, &trl);
     }
@@ -139,14 +137,20 @@ fn compare(name: &str, iters: usize, loss: &Tensor, logprobs: &Tensor, advantage
     assert!(lp_diff <= 1e-4, "{label}: per-token log-probs differ by {lp_diff}");
     let (ours, theirs) = (loss.double_value(&[]), trl["loss"].double_value(&[]));
     assert!((ours - theirs).abs() <= 1e-5 * theirs.abs() + 1e-7, "{label}: loss {ours} vs TRL {theirs}");
+    // Relative L2 error per parameter. float32 noise only (libtorch's and TRL's kernels sum in
+    // different orders): up to 4e-6 seen here. A wrong formula is off by O(1).
     let mut checked = 0;
+    let mut worst = 0.0f64;
     for (name_, grad) in grads {
         let expected = trl.get(&format!("grad.{name_}")).unwrap_or_else(|| panic!("TRL has no gradient for {name_}"));
-        let scale = expected.abs().max().double_value(&[]).max(1e-12);
-        let diff = common::max_abs_diff(grad, expected);
-        assert!(diff <= 1e-5 * scale + 1e-9, "{label}: gradient of {name_} differs by {diff} (max |grad| {scale})");
+        let expected = expected.to_kind(Kind::Double);
+        let norm = expected.norm().double_value(&[]);
+        assert!(norm > 0.0, "{label}: TRL's gradient of {name_} is zero");
+        let relative = (grad.to_kind(Kind::Double) - &expected).norm().double_value(&[]) / norm;
+        assert!(relative <= 2e-5, "{label}: gradient of {name_} differs from TRL's by {relative:.2e} (relative L2)");
+        worst = worst.max(relative);
         checked += 1;
     }
     assert_eq!(checked, trl.keys().filter(|k| k.starts_with("grad.")).count(), "{label}: parameter sets differ");
-    println!("{label}: loss {ours:.9} (TRL {theirs:.9}), {checked} gradients within 1e-5 relative");
+    println!("{label}: loss {ours:.9} (TRL {theirs:.9}), {checked} gradients, worst relative L2 error {worst:.2e}");
 }
