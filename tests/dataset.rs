@@ -26,10 +26,13 @@ fn training_uses_dataset_prompts_from_the_hf_cache() {
     let expected_train: BTreeSet<String> = expected["train"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect();
     let expected_test: BTreeSet<String> = expected["test"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect();
     let out = tempfile::tempdir().unwrap();
+    let smallrl = || {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_smallrl"));
+        command.env("HF_HOME", home.path()).env("HF_HUB_OFFLINE", "1");
+        command
+    };
     let run = |num_prompts: usize| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_smallrl"))
-            .env("HF_HOME", home.path())
-            .env("HF_HUB_OFFLINE", "1")
+        smallrl()
             .args(["train", "--model", fixture("tiny-stories").to_str().unwrap()])
             .args(["--reward-plugin", standard_plugin("happy").to_str().unwrap()])
             .args(["--max-steps", "1", "--batch-size", "4", "--num-generations", "2", "--max-completion-length", "8"])
@@ -46,8 +49,15 @@ fn training_uses_dataset_prompts_from_the_hf_cache() {
     let sample = stdout.lines().find_map(|l| l.strip_prefix("[Sample @ step 1] ")).unwrap();
     let prompt = sample.split(" ||| ").next().unwrap();
     assert!(expected_train.contains(prompt), "{prompt:?} is not a first-8-token prompt of the train split");
-    let eval_block = stdout.lines().skip_while(|l| !l.starts_with("[Routing Eval")).nth(1).unwrap().to_string();
-    assert!(eval_block.contains("unique=") && !expected_test.is_empty());
+    // Evaluation prompts come from the test split.
+    let checkpoint = std::fs::read_dir(out.path().join("50")).unwrap().next().unwrap().unwrap().path().join("checkpoint-1");
+    let eval = smallrl().args(["eval", checkpoint.to_str().unwrap(), "--n-samples", "3", "--json", "--threads", "1"]).output().unwrap();
+    assert!(eval.status.success(), "eval failed: {}", String::from_utf8_lossy(&eval.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&eval.stdout).unwrap();
+    for sample in report["report"]["modes"][0]["samples"].as_array().unwrap() {
+        let prompt = sample[0].as_str().unwrap();
+        assert!(expected_test.contains(prompt), "evaluation prompt {prompt:?} is not from the test split");
+    }
 
     // Asking for more distinct prompts than the split has is an error, not a silent shortfall.
     let too_many = run(expected_train.len() + 1);

@@ -206,7 +206,7 @@ fn flagged_only_batch_leaves_retain_untouched() {
         let is_zero = grad.abs().max().double_value(&[]) == 0.0;
         match config.slot_of(name) {
             Some(RETAIN) => assert!(is_zero, "{name}: retain must get exactly zero gradient from flagged samples"),
-            _ => assert!(name.contains("lora_A") || !is_zero, "{name}: forget must learn from flagged samples"),
+            _ => assert!(!is_zero, "{name}: forget must learn from flagged samples"),
         }
     }
 }

@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::model::decode::DecodeModel;
 use crate::model::generate::{SamplingParams, generate};
 use crate::model::{Llama, Tokenizer};
-use crate::reward::{RewardModel, Sample};
+use crate::reward::{RewardModel, Sample, sample_from_ids};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ModeReport {
@@ -78,19 +78,7 @@ pub fn routing_eval(model: &Llama, modes: &[(&str, Vec<f64>)], rewards: &mut Rew
 
 /// Reward samples from generated rows (prompt texts in the same order as the rows).
 pub fn to_samples(prompts: &[String], rows: &[crate::model::generate::CompletionRow], tokenizer: &Tokenizer) -> Result<Vec<Sample>> {
-    prompts
-        .iter()
-        .zip(rows)
-        .map(|(prompt, row)| {
-            Ok(Sample {
-                prompt: prompt.clone(),
-                completion: tokenizer.decode(&row.ids)?,
-                completion_tokens: tokenizer.token_strings(&row.ids)?,
-                completion_ids: row.ids.clone(),
-                ended_with_eos: row.ended_with_eos,
-            })
-        })
-        .collect()
+    prompts.iter().zip(rows).map(|(prompt, row)| sample_from_ids(prompt, row.ids.clone(), row.ended_with_eos, tokenizer)).collect()
 }
 
 /// The text up to and including the first `.`, `?` or `!`.

@@ -77,10 +77,10 @@ pub fn run(args: EvalArgs) -> Result<()> {
 /// above 90% of that average over those steps (the original's verdict).
 fn reward_history(checkpoint: &Path) -> Result<serde_json::Value> {
     let metrics = checkpoint.parent().context("a checkpoint lives in a run directory")?.join("metrics.jsonl");
-    let text = std::fs::read_to_string(&metrics).with_context(|| format!("cannot read {}", metrics.display()))?;
-    let rewards: Vec<f64> = text
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).ok().and_then(|v| v["reward"].as_f64()))
+    let rewards: Vec<f64> = crate::train::runlog::Jsonl::new(metrics.clone())
+        .read()?
+        .iter()
+        .map(|line| line["reward"].as_f64())
         .collect::<Option<_>>()
         .with_context(|| format!("{} has a line without a numeric reward", metrics.display()))?;
     ensure!(!rewards.is_empty(), "{} is empty", metrics.display());

@@ -3,10 +3,12 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
 use serde::Serialize;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
+
+use crate::reward::{DetectorSpec, RewardSpec};
 
 use crate::train::config::parse_override;
 use crate::train::{TrainConfig, Trainer};
@@ -100,14 +102,14 @@ impl TrainArgs {
     pub fn overrides(&self) -> Result<Map<String, Value>> {
         let Value::Object(mut map) = serde_json::to_value(self)? else { unreachable!("a struct serializes to an object") };
         if let Some(plugin) = &self.reward_plugin {
-            map.insert("reward".into(), plugin_spec(plugin, self.reward_params.as_deref(), "--reward-params")?);
+            map.insert("reward".into(), serde_json::to_value(RewardSpec::single(plugin, self.reward_params.as_deref())?)?);
             if self.name.is_none() && self.config.is_none() {
                 let stem = std::path::Path::new(plugin).file_stem().map(|s| s.to_string_lossy().into_owned());
                 map.insert("name".into(), stem.into());
             }
         }
         if let Some(plugin) = &self.rh_detector {
-            map.insert("rh_detector".into(), plugin_spec(plugin, self.rh_detector_params.as_deref(), "--rh-detector-params")?);
+            map.insert("rh_detector".into(), serde_json::to_value(DetectorSpec::single(plugin, self.rh_detector_params.as_deref())?)?);
         }
         for text in &self.set {
             let (key, value) = parse_override(text)?;
@@ -115,14 +117,6 @@ impl TrainArgs {
         }
         Ok(map)
     }
-}
-
-fn plugin_spec(plugin: &str, params: Option<&str>, flag: &str) -> Result<Value> {
-    let params: Value = match params {
-        Some(text) => serde_json::from_str(text).with_context(|| format!("{flag} is not valid JSON: {text}"))?,
-        None => json!({}),
-    };
-    Ok(json!({"plugin": plugin, "params": params}))
 }
 
 /// Options that may differ when a run is resumed (they do not change what it computes, except

@@ -7,8 +7,17 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use tch::Tensor;
 
-use super::Llama;
+use super::{Llama, LlamaConfig};
 use super::weights::write_safetensors;
+
+/// Writes `config.json` and a copy of `tokenizer.json` into `dir`: with a `model.safetensors`
+/// beside them, an HF model directory.
+pub fn write_hf_metadata(dir: &Path, config: &LlamaConfig, tokenizer: &Path) -> Result<()> {
+    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config.to_hf_json())?)
+        .with_context(|| format!("cannot write {}", dir.join("config.json").display()))?;
+    std::fs::copy(tokenizer, dir.join("tokenizer.json")).with_context(|| format!("cannot copy {}", tokenizer.display()))?;
+    Ok(())
+}
 
 /// Writes `model` with its adapters folded in at `scales` (one per slot) into a new directory
 /// `dir` (atomically: a crash leaves no half-written model).
@@ -29,9 +38,7 @@ pub fn save_hf_dir(model: &Llama, scales: &[f64], tokenizer: &Path, dir: &Path) 
         .collect();
     crate::fsutil::create_dir_atomic(dir, |tmp| {
         write_safetensors(&tmp.join("model.safetensors"), &tensors)?;
-        std::fs::write(tmp.join("config.json"), serde_json::to_string_pretty(&model.config.to_hf_json())?)?;
-        std::fs::copy(tokenizer, tmp.join("tokenizer.json")).with_context(|| format!("cannot copy {}", tokenizer.display()))?;
-        Ok(())
+        write_hf_metadata(tmp, &model.config, tokenizer)
     })
     .with_context(|| format!("cannot write model directory {}", dir.display()))
 }

@@ -118,6 +118,38 @@ impl Llama {
         rms_norm(&x, &self.norm, eps)
     }
 
+    /// A copy of the base weights outside autograd: the frozen reference policy of full
+    /// fine-tuning (adapters are not copied; the RoPE tables are shared, they never change).
+    pub fn frozen_copy(&self) -> Self {
+        let copy = |t: &Tensor| t.detach().copy();
+        let linear = |l: &Linear| Linear::new(copy(&l.weight));
+        let layers = self
+            .layers
+            .iter()
+            .map(|b| Block {
+                input_layernorm: copy(&b.input_layernorm),
+                self_attn: Attention {
+                    q_proj: linear(&b.self_attn.q_proj),
+                    k_proj: linear(&b.self_attn.k_proj),
+                    v_proj: linear(&b.self_attn.v_proj),
+                    o_proj: linear(&b.self_attn.o_proj),
+                },
+                post_attention_layernorm: copy(&b.post_attention_layernorm),
+                mlp: Mlp { gate_proj: linear(&b.mlp.gate_proj), up_proj: linear(&b.mlp.up_proj), down_proj: linear(&b.mlp.down_proj) },
+            })
+            .collect();
+        Self {
+            config: self.config.clone(),
+            embed_tokens: copy(&self.embed_tokens),
+            layers,
+            norm: copy(&self.norm),
+            lm_head: self.lm_head.as_ref().map(copy),
+            rope: Rope { cos: self.rope.cos.shallow_clone(), sin: self.rope.sin.shallow_clone() },
+            device: self.device,
+            kind: self.kind,
+        }
+    }
+
     /// `[.., vocab]` logits of hidden states.
     pub fn logits(&self, hidden: &Tensor) -> Tensor {
         hidden.matmul(&self.head_weight().tr())

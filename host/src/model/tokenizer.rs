@@ -35,16 +35,6 @@ impl Tokenizer {
         Ok(encoding.get_ids().to_vec())
     }
 
-    /// Encodes with the post-processor's special tokens (for SimpleStories: `[EOS]` appended).
-    /// Used for training documents, never for prompts.
-    pub fn encode_with_special_tokens(&self, text: &str) -> Result<Vec<u32>> {
-        let encoding = self
-            .inner
-            .encode(text, true)
-            .map_err(|e| anyhow!("tokenizer {} cannot encode {text:?}: {e}", self.path.display()))?;
-        Ok(encoding.get_ids().to_vec())
-    }
-
     /// Decodes ids to text with special tokens skipped (what rewards see).
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.inner
@@ -61,10 +51,6 @@ impl Tokenizer {
                 })
             })
             .collect()
-    }
-
-    pub fn token_id(&self, token: &str) -> Option<u32> {
-        self.inner.token_to_id(token)
     }
 
     /// Checks that `eos_id` (read from the model's config.json) names a special token of this

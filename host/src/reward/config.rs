@@ -64,6 +64,18 @@ pub struct DetectorSpec {
     pub score_threshold: Option<ScoreThreshold>,
 }
 
+impl DetectorSpec {
+    /// The command-line shortcut `--rh-detector PATH_OR_NAME [--rh-detector-params JSON]`.
+    pub fn single(plugin: &str, params_json: Option<&str>) -> Result<Self> {
+        let params = parse_flag_params(params_json, "--rh-detector-params")?;
+        Ok(Self { plugin: Some(plugin.to_string()), params, ..Self::default() })
+    }
+}
+
+fn parse_flag_params(params_json: Option<&str>, flag: &str) -> Result<Option<Value>> {
+    params_json.map(|json| serde_json::from_str(json).with_context(|| format!("{flag} is not valid JSON: {json}"))).transpose()
+}
+
 /// Flags a sample when the named reward component's raw score is >= `threshold`.
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -83,9 +95,7 @@ fn unit_scale() -> f64 {
 impl RewardSpec {
     /// The command-line shortcut `--reward-plugin PATH [--reward-params JSON]`.
     pub fn single(plugin: &str, params_json: Option<&str>) -> Result<Self> {
-        let params = params_json
-            .map(|json| serde_json::from_str(json).with_context(|| format!("--reward-params is not valid JSON: {json}")))
-            .transpose()?;
+        let params = parse_flag_params(params_json, "--reward-params")?;
         Ok(Self { plugin: Some(plugin.to_string()), params, ..Self::default() })
     }
 

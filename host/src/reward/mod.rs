@@ -208,16 +208,21 @@ fn load_plugin(value: &str, params: Option<&serde_json::Value>, plugin_dir: &Pat
     Ok(plugin)
 }
 
-/// Builds a sample from text the way the trainer does from generated ids: the completion is
-/// tokenized (no special tokens), its text is the decoded ids (special tokens skipped, so
-/// lowercased and re-spaced by the SimpleStories tokenizer) and it counts as ended by EOS.
-pub fn sample_from_text(prompt: &str, completion: &str, tokenizer: &crate::model::tokenizer::Tokenizer) -> Result<Sample> {
-    let completion_ids = tokenizer.encode(completion)?;
+/// The sample of a completion given by its ids without the final EOS (what generation
+/// returns): text decoded with special tokens skipped, vocabulary strings of the tokens.
+pub fn sample_from_ids(prompt: &str, completion_ids: Vec<u32>, ended_with_eos: bool, tokenizer: &crate::model::tokenizer::Tokenizer) -> Result<Sample> {
     Ok(Sample {
         prompt: prompt.to_string(),
         completion: tokenizer.decode(&completion_ids)?,
         completion_tokens: tokenizer.token_strings(&completion_ids)?,
         completion_ids,
-        ended_with_eos: true,
+        ended_with_eos,
     })
+}
+
+/// Builds a sample from text the way the trainer does from generated ids: the completion is
+/// tokenized (no special tokens), its text is the decoded ids (special tokens skipped, so
+/// lowercased and re-spaced by the SimpleStories tokenizer) and it counts as ended by EOS.
+pub fn sample_from_text(prompt: &str, completion: &str, tokenizer: &crate::model::tokenizer::Tokenizer) -> Result<Sample> {
+    sample_from_ids(prompt, tokenizer.encode(completion)?, true, tokenizer)
 }

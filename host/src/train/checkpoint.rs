@@ -38,20 +38,20 @@ pub struct Snapshot<'a> {
     pub config: &'a TrainConfig,
     pub trainable: &'a [(String, Tensor)],
     pub optimizer: Vec<(String, Tensor)>,
-    /// For full fine-tuning: the model's config.json and tokenizer.json to copy alongside.
-    pub hf_files: Option<(serde_json::Value, PathBuf)>,
+    /// For full fine-tuning: the model configuration and tokenizer file written alongside, so
+    /// the checkpoint is an HF model directory.
+    pub hf_files: Option<(&'a crate::model::LlamaConfig, &'a Path)>,
 }
 
 pub fn save(run_dir: &Path, snapshot: Snapshot) -> Result<PathBuf> {
     let dir = run_dir.join(dir_name(snapshot.state.step));
     crate::fsutil::create_dir_atomic(&dir, |tmp| {
-        let weights = if snapshot.state.adapters.kind == AdapterKind::Full { "model.safetensors" } else { "adapters.safetensors" };
+        let weights = weights_file(snapshot.state.adapters.kind);
         let trainable: Vec<(String, Tensor)> = snapshot.trainable.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
         write_safetensors(&tmp.join(weights), &trainable)?;
         write_safetensors(&tmp.join("optimizer.safetensors"), &snapshot.optimizer)?;
-        if let Some((config_json, tokenizer)) = &snapshot.hf_files {
-            std::fs::write(tmp.join("config.json"), serde_json::to_string_pretty(config_json)?)?;
-            std::fs::copy(tokenizer, tmp.join("tokenizer.json")).with_context(|| format!("cannot copy {}", tokenizer.display()))?;
+        if let Some((config, tokenizer)) = snapshot.hf_files {
+            crate::model::export::write_hf_metadata(tmp, config, tokenizer)?;
         }
         std::fs::write(tmp.join("trainer_state.json"), serde_json::to_string_pretty(&snapshot.state)?)?;
         std::fs::write(tmp.join("config.yaml"), crate::yaml::to_string(snapshot.config)?)?;
@@ -61,21 +61,22 @@ pub fn save(run_dir: &Path, snapshot: Snapshot) -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// What a checkpoint directory holds.
-pub struct Loaded {
-    pub dir: PathBuf,
-    pub state: TrainerState,
-    pub weights: std::collections::BTreeMap<String, Tensor>,
-}
-
-pub fn load(dir: &Path) -> Result<Loaded> {
+/// The trainer state of a checkpoint (step, adapter configuration, base model, seed).
+pub fn read_state(dir: &Path) -> Result<TrainerState> {
     let state_path = dir.join("trainer_state.json");
     let text = std::fs::read_to_string(&state_path).with_context(|| format!("{} is not a checkpoint: cannot read trainer_state.json", dir.display()))?;
     let state: TrainerState = serde_json::from_str(&text).with_context(|| format!("{} is corrupt", state_path.display()))?;
     state.adapters.validate().with_context(|| format!("{}: bad adapter configuration", state_path.display()))?;
-    let weights_file = if state.adapters.kind == AdapterKind::Full { "model.safetensors" } else { "adapters.safetensors" };
-    let weights = read_safetensors(&dir.join(weights_file))?;
-    Ok(Loaded { dir: dir.to_owned(), state, weights })
+    Ok(state)
+}
+
+/// The trained tensors of a checkpoint, by the names of [`AdapterConfig::trainable`].
+pub fn read_weights(dir: &Path, state: &TrainerState) -> Result<std::collections::BTreeMap<String, Tensor>> {
+    read_safetensors(&dir.join(weights_file(state.adapters.kind)))
+}
+
+fn weights_file(kind: AdapterKind) -> &'static str {
+    if kind == AdapterKind::Full { "model.safetensors" } else { "adapters.safetensors" }
 }
 
 pub fn load_optimizer(dir: &Path) -> Result<std::collections::BTreeMap<String, Tensor>> {
@@ -120,20 +121,20 @@ pub struct RestoredModel {
 }
 
 pub fn restore_model(dir: &Path, device: tch::Device) -> Result<RestoredModel> {
-    let loaded = load(dir)?;
-    let adapters = loaded.state.adapters.clone();
-    let (mut model, tokenizer_path) = if adapters.kind == AdapterKind::Full {
-        let files = crate::model::hub::from_dir(dir)?;
-        let base = crate::model::load(dir.to_str().context("checkpoint path is not UTF-8")?, "main", device, tch::Kind::Float)?;
-        (base.model, files.tokenizer)
-    } else {
-        let base = crate::model::load(&loaded.state.base_model, &loaded.state.revision, device, tch::Kind::Float)
-            .with_context(|| format!("{}: cannot load its base model {}", dir.display(), loaded.state.base_model))?;
-        (base.model, base.files.tokenizer)
+    let state = read_state(dir)?;
+    let adapters = state.adapters.clone();
+    // A full fine-tuning checkpoint is itself an HF model directory; an adapter checkpoint
+    // names the base model its adapters apply to.
+    let (spec, revision) = match adapters.kind {
+        AdapterKind::Full => (dir.to_str().context("checkpoint path is not UTF-8")?, "main"),
+        _ => (state.base_model.as_str(), state.revision.as_str()),
     };
+    let base = crate::model::load(spec, revision, device, tch::Kind::Float)
+        .with_context(|| format!("{}: cannot load the model it was trained from ({spec})", dir.display()))?;
+    let mut model = base.model;
     if adapters.kind != AdapterKind::Full {
         adapters.attach(&mut model, 0)?;
-        crate::adapters::load_trainable(&adapters.trainable(&model), &loaded.weights, &dir.display().to_string())?;
+        crate::adapters::load_trainable(&adapters.trainable(&model), &read_weights(dir, &state)?, &dir.display().to_string())?;
     }
-    Ok(RestoredModel { model, adapters, tokenizer_path, state: loaded.state })
+    Ok(RestoredModel { model, adapters, tokenizer_path: base.files.tokenizer, state })
 }

@@ -16,7 +16,6 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail, ensure};
-use serde_json::json;
 use tch::{Kind, Tensor};
 
 use crate::adapters::{AdapterConfig, AdapterKind, set_base_trainable};
@@ -67,6 +66,8 @@ pub struct Trainer {
     evals: Jsonl,
     num_tokens: usize,
     batch: Option<Batch>,
+    /// The shuffled order of the current pass over the prompts: (pass, order).
+    prompt_order: (usize, Vec<usize>),
 }
 
 /// Where and what a finished (or stopped) run left.
@@ -74,7 +75,6 @@ pub struct Trainer {
 pub struct RunSummary {
     pub run_dir: PathBuf,
     pub steps: usize,
-    pub last_metrics: serde_json::Value,
 }
 
 impl Trainer {
@@ -94,8 +94,9 @@ impl Trainer {
         let (mut model, tokenizer, model_files) = (loaded.model, loaded.tokenizer, loaded.files);
         let reference = match adapters.kind {
             AdapterKind::Full => {
+                let frozen = model.frozen_copy();
                 set_base_trainable(&mut model, true);
-                Some(model::load(&cfg.model, &cfg.revision, device, kind)?.model)
+                Some(frozen)
             }
             _ => {
                 adapters.attach(&mut model, rng::derive(cfg.seed, "adapter-init", 0))?;
@@ -117,22 +118,19 @@ impl Trainer {
             max_completion_length: cfg.max_completion_length,
         };
         let routing = RoutingMode::parse(&cfg.routing_mode)?;
-        let log = RunLog::open(&run_dir, cfg.max_steps as u64, 0)?;
+        let log = RunLog::open(&run_dir, cfg.max_steps as u64)?;
         let mut trainer = Self {
             metrics: Jsonl::new(run_dir.join("metrics.jsonl")),
             evals: Jsonl::new(run_dir.join("routing_eval.jsonl")),
             cfg, run_dir, adapters, model, reference, tokenizer, model_files, rewards, optimizer,
             prompts, eval_prompts, routing, loss, sampling, log, num_tokens: 0, batch: None,
+            prompt_order: (usize::MAX, Vec::new()),
         };
         match resume {
             Some(_) => trainer.resume()?,
             None => trainer.write_run_header()?,
         }
         Ok(trainer)
-    }
-
-    pub fn run_dir(&self) -> &Path {
-        &self.run_dir
     }
 
     fn write_run_header(&mut self) -> Result<()> {
@@ -154,15 +152,16 @@ impl Trainer {
 
     fn resume(&mut self) -> Result<()> {
         let dir = checkpoint::latest(&self.run_dir)?;
-        let loaded = checkpoint::load(&dir)?;
-        checkpoint::check_adapters(&loaded.state, &self.adapters, &dir)?;
-        ensure!(loaded.state.seed == self.cfg.seed, "{}: seed {} differs from the run's {}", dir.display(), loaded.state.seed, self.cfg.seed);
-        crate::adapters::load_trainable(self.optimizer.params(), &loaded.weights, &dir.display().to_string())?;
-        let step = loaded.state.step;
+        let state = checkpoint::read_state(&dir)?;
+        checkpoint::check_adapters(&state, &self.adapters, &dir)?;
+        ensure!(state.seed == self.cfg.seed, "{}: seed {} differs from the run's {}", dir.display(), state.seed, self.cfg.seed);
+        crate::adapters::load_trainable(self.optimizer.params(), &checkpoint::read_weights(&dir, &state)?, &dir.display().to_string())?;
+        let step = state.step;
         self.optimizer.load_state(&checkpoint::load_optimizer(&dir)?, step, &dir.display().to_string())?;
-        self.metrics.truncate_after(step)?;
+        let last_metrics = self.metrics.truncate_after(step)?;
         self.evals.truncate_after(step)?;
-        self.num_tokens = last_num_tokens(&self.run_dir.join("metrics.jsonl"))?;
+        let last_metrics = last_metrics.with_context(|| format!("{}: metrics.jsonl has no line for step {step}", self.run_dir.display()))?;
+        self.num_tokens = last_metrics["num_tokens"].as_u64().context("metrics.jsonl lacks num_tokens")? as usize;
         self.log.line(&format!("resumed from {} at step {step}", dir.display()))
     }
 
@@ -171,9 +170,8 @@ impl Trainer {
         let start = self.optimizer.step;
         let end = stop_after.map_or(self.cfg.max_steps, |n| (start + n).min(self.cfg.max_steps));
         self.log.progress(start as u64, String::new());
-        let mut last = json!({});
         for step in start..end {
-            last = self.step(step).with_context(|| format!("training stopped at step {}; {} keeps what was written", step + 1, self.run_dir.display()))?;
+            self.step(step).with_context(|| format!("training stopped at step {}; {} keeps what was written", step + 1, self.run_dir.display()))?;
             let done = step + 1;
             if done % self.cfg.eval_every == 0 || done == self.cfg.max_steps {
                 self.evaluate(done)?;
@@ -183,7 +181,7 @@ impl Trainer {
             }
         }
         self.log.finish();
-        Ok(RunSummary { run_dir: self.run_dir.clone(), steps: end, last_metrics: last })
+        Ok(RunSummary { run_dir: self.run_dir.clone(), steps: end })
     }
 
     /// One optimizer step (no evaluation or checkpoint), for benchmarks; returns its metrics.
@@ -356,12 +354,16 @@ impl Trainer {
     }
 
     /// The prompt at position `index` of the endless stream: each pass over the prompts is a
-    /// fresh shuffle seeded by (seed, pass).
-    fn prompt_at(&self, index: usize) -> String {
+    /// fresh shuffle seeded by (seed, pass), so the order follows from the index alone.
+    fn prompt_at(&mut self, index: usize) -> String {
         let n = self.prompts.len();
-        let mut order: Vec<usize> = (0..n).collect();
-        SplitMix64::new(rng::derive(self.cfg.seed, "prompt-order", (index / n) as u64)).shuffle(&mut order);
-        self.prompts[order[index % n]].clone()
+        let pass = index / n;
+        if self.prompt_order.0 != pass {
+            let mut order: Vec<usize> = (0..n).collect();
+            SplitMix64::new(rng::derive(self.cfg.seed, "prompt-order", pass as u64)).shuffle(&mut order);
+            self.prompt_order = (pass, order);
+        }
+        self.prompts[self.prompt_order.1[index % n]].clone()
     }
 
     fn evaluate(&mut self, step: usize) -> Result<()> {
@@ -385,7 +387,7 @@ impl Trainer {
             revision: self.cfg.revision.clone(),
             seed: self.cfg.seed,
         };
-        let hf_files = (self.adapters.kind == AdapterKind::Full).then(|| (self.model.config.to_hf_json(), self.model_files.tokenizer.clone()));
+        let hf_files = (self.adapters.kind == AdapterKind::Full).then_some((&self.model.config, self.model_files.tokenizer.as_path()));
         let dir = checkpoint::save(
             &self.run_dir,
             checkpoint::Snapshot { state, config: &self.cfg, trainable: self.optimizer.params(), optimizer: self.optimizer.state_tensors(), hf_files },
@@ -489,13 +491,6 @@ pub fn sampling_params(cfg: &TrainConfig) -> SamplingParams {
 fn dedup_keep_order(items: &mut Vec<String>) {
     let mut seen = std::collections::HashSet::new();
     items.retain(|item| seen.insert(item.clone()));
-}
-
-fn last_num_tokens(metrics: &Path) -> Result<usize> {
-    let text = std::fs::read_to_string(metrics).unwrap_or_default();
-    let Some(last) = text.lines().rev().find(|l| !l.trim().is_empty()) else { return Ok(0) };
-    let value: serde_json::Value = serde_json::from_str(last).with_context(|| format!("{} ends with a line that is not JSON", metrics.display()))?;
-    Ok(value["num_tokens"].as_u64().unwrap_or(0) as usize)
 }
 
 /// The step line people read: reward, its components, kl, loss, length, time.

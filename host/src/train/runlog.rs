@@ -16,13 +16,12 @@ pub struct RunLog {
 }
 
 impl RunLog {
-    pub fn open(run_dir: &Path, total_steps: u64, start_step: u64) -> Result<Self> {
+    pub fn open(run_dir: &Path, total_steps: u64) -> Result<Self> {
         let path = run_dir.join("train.log");
         let file = OpenOptions::new().create(true).append(true).open(&path).with_context(|| format!("cannot open {}", path.display()))?;
         let progress = std::io::stderr().is_terminal().then(|| {
             let bar = ProgressBar::new(total_steps);
             bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} steps  {elapsed} < {eta}  {msg}").expect("valid template"));
-            bar.set_position(start_step);
             bar
         });
         Ok(Self { file, path, progress })
@@ -66,22 +65,31 @@ impl Jsonl {
         writeln!(file, "{value}").and_then(|_| file.flush()).with_context(|| format!("cannot write {}", self.path.display()))
     }
 
+    /// Every line, parsed; a missing file has none.
+    pub fn read(&self) -> Result<Vec<serde_json::Value>> {
+        let text = match std::fs::read_to_string(&self.path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e).with_context(|| format!("cannot read {}", self.path.display())),
+        };
+        let lines = text.lines().filter(|l| !l.trim().is_empty()).enumerate();
+        lines
+            .map(|(i, line)| serde_json::from_str(line).with_context(|| format!("{} line {} is not JSON", self.path.display(), i + 1)))
+            .collect()
+    }
+
     /// Keeps only the lines whose `step` is at most `step` (a resumed run rewrites what came
-    /// after its checkpoint). Atomic.
-    pub fn truncate_after(&self, step: usize) -> Result<()> {
-        if !self.path.exists() {
-            return Ok(());
-        }
-        let text = std::fs::read_to_string(&self.path).with_context(|| format!("cannot read {}", self.path.display()))?;
-        let mut kept = String::new();
-        for line in text.lines().filter(|l| !l.trim().is_empty()) {
-            let value: serde_json::Value = serde_json::from_str(line).with_context(|| format!("{} has a line that is not JSON", self.path.display()))?;
+    /// after its checkpoint), atomically, and returns the last line kept.
+    pub fn truncate_after(&self, step: usize) -> Result<Option<serde_json::Value>> {
+        let mut kept = Vec::new();
+        for value in self.read()? {
             let line_step = value["step"].as_u64().with_context(|| format!("{} has a line without a step", self.path.display()))?;
             if line_step as usize <= step {
-                kept.push_str(line);
-                kept.push('\n');
+                kept.push(value);
             }
         }
-        crate::fsutil::write_atomic(&self.path, kept.as_bytes())
+        let text: String = kept.iter().map(|v| format!("{v}\n")).collect();
+        crate::fsutil::write_atomic(&self.path, text.as_bytes())?;
+        Ok(kept.pop())
     }
 }
