@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use common::{fixture, max_abs_diff, one_thread};
 use smallrl::model::decode::{DecodeModel, additive_mask, prefill_mask};
+use smallrl::model::generate::{Engine, SamplingParams, generate_with};
 use smallrl::model::{self, LoadedModel};
 use tch::{Device, Kind, Tensor};
 
@@ -143,12 +144,14 @@ fn other_llama_configs_match_transformers() {
         let hidden = tch::no_grad(|| decoder.forward(ids, &reference["batch_gen_position_ids"], &mut cache, 0, &prefill_mask(mask, len)));
         let diff = masked_diff(&decoder.logits(&hidden), &reference["batch_gen_logits"], mask);
         assert!(diff <= TOLERANCE, "{variant}: fused decoder differs by {diff}");
+        // The native sampler on this architecture: prompts 0-2 of the reference, sampled.
+        let prompts: Vec<Vec<u32>> = (0..3).map(|i| Vec::<i64>::try_from(&reference[&format!("input_ids_{i}")]).unwrap().iter().map(|&t| t as u32).collect()).collect();
+        check_engines_agree(variant, &decoder, &prompts, &sampling(24, 1.0, 0, 1.0, 1.0));
     }
 }
 
 #[test]
 fn greedy_decoding_matches_transformers_token_for_token() {
-    use smallrl::model::generate::{SamplingParams, generate};
     let (loaded, _) = load("tiny-stories");
     let text = std::fs::read_to_string(variants().join("greedy.json")).unwrap();
     let greedy: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -159,15 +162,63 @@ fn greedy_decoding_matches_transformers_token_for_token() {
     assert!(results.len() >= 5);
     let to_ids = |v: &serde_json::Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<_>>();
     let prompts: Vec<Vec<u32>> = results.iter().map(|r| to_ids(&r["prompt_ids"])).collect();
-    // All prompts in one left-padded batch: the batched path must not change greedy choices.
-    let generation = generate(&decoder, &prompts, &params, 0).unwrap();
-    for (result, row) in results.iter().zip(&generation.rows) {
-        let mut ours = row.ids.clone();
-        if row.ended_with_eos {
-            ours.push(loaded.model.config.eos_token_id);
+    // All prompts in one batch (left-padded for libtorch, split into streams natively): the
+    // batched paths must not change greedy choices.
+    let penalty = greedy["repetition_penalty"].as_f64().unwrap();
+    let penalized = SamplingParams { repetition_penalty: penalty, ..params.clone() };
+    for engine in [Engine::Libtorch, Engine::Native { threads: 1 }, Engine::Native { threads: 2 }] {
+        for (params, key) in [(&params, "generated_ids"), (&penalized, "generated_ids_repetition_penalty")] {
+            let generation = generate_with(engine, &decoder, &prompts, params, 0).unwrap();
+            for (result, row) in results.iter().zip(&generation.rows) {
+                let mut ours = row.ids.clone();
+                if row.ended_with_eos {
+                    ours.push(loaded.model.config.eos_token_id);
+                }
+                assert_eq!(ours, to_ids(&result[key]), "{engine:?}, {key}: greedy decode of {:?}", result["prompt"]);
+            }
         }
-        assert_eq!(ours, to_ids(&result["generated_ids"]), "greedy decode of {:?}", result["prompt"]);
     }
+    let differs = results.iter().filter(|r| r["generated_ids"] != r["generated_ids_repetition_penalty"]).count();
+    assert!(differs > 0, "the repetition penalty changed no greedy decode: the check is void");
+}
+
+/// Samples `prompts` with both engines (the native one with 1 and 3 streams) and requires the
+/// same tokens, masks and, within the logits tolerance, the same sampling log-probabilities.
+fn check_engines_agree(what: &str, decoder: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingParams) {
+    let reference = generate_with(Engine::Libtorch, decoder, prompts, params, 7).unwrap();
+    let finished = reference.rows.iter().filter(|r| r.ended_with_eos).count();
+    for threads in [1, 3] {
+        let native = generate_with(Engine::Native { threads }, decoder, prompts, params, 7).unwrap();
+        let context = format!("{what}, {threads} stream(s), {params:?}");
+        assert_eq!(native.prompt_ids, reference.prompt_ids, "{context}: prompt ids");
+        assert_eq!(native.prompt_mask, reference.prompt_mask, "{context}: prompt mask");
+        assert_eq!(native.completion_ids, reference.completion_ids, "{context}: sampled tokens");
+        assert_eq!(native.completion_mask, reference.completion_mask, "{context}: completion mask");
+        let diff = max_abs_diff(&native.sampling_logprobs, &reference.sampling_logprobs);
+        assert!(diff <= TOLERANCE, "{context}: sampling log-probs differ by {diff}");
+        let rows: Vec<_> = native.rows.iter().map(|r| (r.ids.clone(), r.ended_with_eos)).collect();
+        let expected: Vec<_> = reference.rows.iter().map(|r| (r.ids.clone(), r.ended_with_eos)).collect();
+        assert_eq!(rows, expected, "{context}: rows");
+    }
+    eprintln!("{what}: {} rows agree ({finished} ended with EOS)", prompts.len());
+}
+
+fn sampling(max_new_tokens: usize, temperature: f64, top_k: usize, top_p: f64, repetition_penalty: f64) -> SamplingParams {
+    SamplingParams { max_new_tokens, temperature, top_k, top_p, repetition_penalty }
+}
+
+#[test]
+fn native_and_libtorch_samplers_draw_the_same_tokens() {
+    let (loaded, _) = load("tiny-stories");
+    let text = std::fs::read_to_string(fixture("tiny-stories").join("prompts.txt")).unwrap();
+    // Prompts of different lengths (left padding on the libtorch side), 10 rows over 3 streams.
+    let mut prompts: Vec<Vec<u32>> = text.lines().take(10).map(|l| loaded.tokenizer.encode(l).unwrap()).collect();
+    prompts[3].truncate(3);
+    prompts[7].truncate(5);
+    let decoder = DecodeModel::new(&loaded.model, &[]);
+    check_engines_agree("tiny-stories", &decoder, &prompts, &sampling(80, 1.0, 0, 1.0, 1.0));
+    check_engines_agree("tiny-stories", &decoder, &prompts, &sampling(40, 0.7, 20, 0.9, 1.3));
+    check_engines_agree("tiny-stories", &decoder, &prompts, &sampling(40, 1.5, 0, 0.8, 1.0));
 }
 
 /// Copies tiny-random into a temporary directory after `edit` changes its tensors or config,

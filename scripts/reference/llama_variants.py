@@ -40,7 +40,8 @@ Compare batch outputs only where the mask is 1.
 greedy.json: for the first 5 lines of tiny-stories/prompts.txt, each run unbatched:
 prompt ids (add_special_tokens=False), generated ids (new tokens only, including the final
 [EOS]=1 if produced), do_sample=False, max_new_tokens=64, eos 1; also the smallest top-1/top-2
-logit margin along the greedy path (how robust the argmax is to float noise).
+logit margin along the greedy path (how robust the argmax is to float noise); and the greedy
+decode with repetition_penalty=1.3 (generated_ids_repetition_penalty).
 
 Deterministic (torch.manual_seed per variant), takes about 2 s on 1 CPU thread.
 """
@@ -244,6 +245,9 @@ def versions() -> dict:
             "safetensors": safetensors.__version__, "python": sys.version.split()[0]}
 
 
+REPETITION_PENALTY = 1.3
+
+
 @torch.no_grad()
 def write_greedy(out_dir: Path, fixtures: Path, n_prompts: int = 5, max_new_tokens: int = 64) -> str:
     mdir = fixtures / "tiny-stories"
@@ -273,10 +277,19 @@ def write_greedy(out_dir: Path, fixtures: Path, n_prompts: int = 5, max_new_toke
             nc = nc[: nc.index(1) + 1]
         if nc != new:
             die(f"greedy decode with and without KV cache differ for prompt {text!r}")
+        # greedy with HF's repetition penalty (RepetitionPenaltyLogitsProcessor) on prompt and output
+        pen = model.generate(
+            input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
+            max_new_tokens=max_new_tokens, eos_token_id=1, pad_token_id=1, use_cache=True,
+            repetition_penalty=REPETITION_PENALTY,
+        )[0, len(ids):].tolist()
+        if 1 in pen:
+            pen = pen[: pen.index(1) + 1]
         results.append({
             "prompt": text,
             "prompt_ids": ids,
             "generated_ids": new,
+            "generated_ids_repetition_penalty": pen,
             "ends_with_eos": bool(new and new[-1] == 1),
             "generated_text": tok.decode(new, skip_special_tokens=True),
             "min_top2_logit_margin": min(margins),
@@ -287,6 +300,7 @@ def write_greedy(out_dir: Path, fixtures: Path, n_prompts: int = 5, max_new_toke
         "final [EOS]=1 if produced within max_new_tokens. fp32, eager attention, 1 thread.",
         "model_dir": "../shared/fixtures/tiny-stories",
         "max_new_tokens": max_new_tokens,
+        "repetition_penalty": REPETITION_PENALTY,
         "eos_token_id": 1,
         "results": results,
         "versions": versions(),

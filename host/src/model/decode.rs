@@ -13,29 +13,32 @@ use tch::{Device, Kind, Tensor};
 use super::config::LlamaConfig;
 use super::linear::Linear;
 use super::llama::{Llama, rms_norm};
+use super::native::NativeModel;
 
-struct DecodeLayer {
-    input_layernorm: Tensor,
+pub(super) struct DecodeLayer {
+    pub(super) input_layernorm: Tensor,
     /// `[hidden, (q + k) * 2 + v]`, transposed for `x.matmul`.
-    qkv_t: Tensor,
-    o_t: Tensor,
-    post_attention_layernorm: Tensor,
+    pub(super) qkv_t: Tensor,
+    pub(super) o_t: Tensor,
+    pub(super) post_attention_layernorm: Tensor,
     /// `[hidden, 2 * intermediate]`: gate then up.
-    gate_up_t: Tensor,
-    down_t: Tensor,
+    pub(super) gate_up_t: Tensor,
+    pub(super) down_t: Tensor,
 }
 
 /// Inference weights of a [`Llama`] at fixed adapter scales. Rebuild after the weights change.
 pub struct DecodeModel {
     pub config: LlamaConfig,
-    embed_tokens: Tensor,
-    layers: Vec<DecodeLayer>,
-    norm: Tensor,
-    head_t: Tensor,
-    cos: Tensor,
-    sin: Tensor,
+    pub(super) embed_tokens: Tensor,
+    pub(super) layers: Vec<DecodeLayer>,
+    pub(super) norm: Tensor,
+    pub(super) head_t: Tensor,
+    pub(super) cos: Tensor,
+    pub(super) sin: Tensor,
     pub device: Device,
     pub kind: Kind,
+    /// The same weights for the libtorch-free CPU sampler (float32 on the CPU only).
+    pub(super) native: Option<NativeModel>,
 }
 
 /// Keys and values of every layer, `[batch, kv_heads, capacity, head_dim]` each.
@@ -72,7 +75,7 @@ impl DecodeModel {
                 }
             })
             .collect();
-        Self {
+        let mut decoder = Self {
             config: cfg.clone(),
             embed_tokens: model.embed_tokens.detach(),
             layers,
@@ -82,7 +85,12 @@ impl DecodeModel {
             sin: model.rope.sin.to_kind(model.kind),
             device: model.device,
             kind: model.kind,
+            native: None,
+        };
+        if decoder.device == Device::Cpu && decoder.kind == Kind::Float {
+            decoder.native = Some(NativeModel::new(&decoder));
         }
+        decoder
     }
 
     pub fn new_cache(&self, batch: i64, capacity: i64) -> KvCache {

@@ -1,12 +1,16 @@
-//! Batched sampling with a KV cache: prefill the left-padded prompts, then one step per token
-//! for all rows. Rows that produced EOS keep running (the batch shape stays fixed) but emit
-//! padding; the host checks for "all finished" only every few steps, so the loop does not wait
-//! on the device after each token.
+//! Batched sampling with a KV cache, by one of two engines (see [`Engine`]): on the CPU in
+//! float32 the libtorch-free sampler of `native.rs`; elsewhere libtorch ops here. The libtorch
+//! path prefills the left-padded prompts, then runs one step per token for all rows. Rows that
+//! produced EOS keep running (the batch shape stays fixed) but emit padding; the host checks for
+//! "all finished" only every few steps, so the loop does not wait on the device after each
+//! token. Both engines apply HF's logits processors in HF's order and draw each row's tokens
+//! from that row's own random stream ([`row_rng`]).
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
 use tch::{Kind, Tensor};
 
 use super::decode::{DecodeModel, additive_mask, prefill_mask};
+use super::native;
 use crate::rng::SplitMix64;
 
 /// How tokens are drawn. `temperature == 0` is greedy decoding.
@@ -45,17 +49,54 @@ pub struct CompletionRow {
 /// How often (in tokens) the loop asks whether every row has finished.
 const FINISHED_CHECK_INTERVAL: usize = 8;
 
+/// Which implementation samples. Both compute the same function from the same folded weights
+/// and draw the same tokens for the same seed; [`generate`] picks [`Engine::Native`] whenever
+/// the model is float32 on the CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    /// Plain Rust loops and `gemm` (`native.rs`): rows split into `threads` independent streams.
+    Native { threads: usize },
+    /// libtorch ops (any device and dtype).
+    Libtorch,
+}
+
+/// Samples completions for `prompts` (token ids without special tokens); on the CPU in float32
+/// with one stream of rows per libtorch thread.
 pub fn generate(model: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingParams, seed: u64) -> Result<Generation> {
+    let engine = match model.native {
+        Some(_) => Engine::Native { threads: tch::get_num_threads().max(1) as usize },
+        None => Engine::Libtorch,
+    };
+    generate_with(engine, model, prompts, params, seed)
+}
+
+pub fn generate_with(engine: Engine, model: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingParams, seed: u64) -> Result<Generation> {
     ensure!(!prompts.is_empty(), "no prompts to sample from");
     ensure!(prompts.iter().all(|p| !p.is_empty()), "empty prompt: every prompt needs at least one token");
     ensure!(params.max_new_tokens > 0, "max_new_tokens must be at least 1");
     ensure!(params.temperature >= 0.0, "temperature must be >= 0");
     ensure!(params.top_p > 0.0 && params.top_p <= 1.0, "top_p must be in (0, 1]");
     ensure!(params.repetition_penalty > 0.0, "repetition_penalty must be > 0");
+    match engine {
+        Engine::Native { threads } => {
+            let native = model.native.as_ref().context("the native sampler needs a float32 model on the CPU")?;
+            native::generate(native, prompts, params, seed, threads)
+        }
+        Engine::Libtorch => generate_libtorch(model, prompts, params, seed),
+    }
+}
+
+/// The random stream of batch row `row`. One stream per row (not one per batch) makes a row's
+/// sample independent of how rows are split across threads.
+pub fn row_rng(seed: u64, row: usize) -> SplitMix64 {
+    SplitMix64::new(crate::rng::derive(seed, "sample-row", row as u64))
+}
+
+fn generate_libtorch(model: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingParams, seed: u64) -> Result<Generation> {
     let _guard = tch::no_grad_guard();
-    // Draws come from a generator owned by this call, not libtorch's global one, so samples
+    // Draws come from generators owned by this call, not libtorch's global one, so samples
     // depend only on the seed (not on other threads, and not on the device).
-    let mut rng = SplitMix64::new(seed);
+    let mut rngs: Vec<SplitMix64> = (0..prompts.len()).map(|row| row_rng(seed, row)).collect();
     let device = model.device;
     let eos = model.config.eos_token_id as i64;
     let (prompt_ids, prompt_mask) = left_pad(prompts, eos, device);
@@ -77,7 +118,7 @@ pub fn generate(model: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingPara
     let mut finished = Tensor::zeros([batch], (Kind::Bool, device));
     let mut steps = 0;
     for step in 0..params.max_new_tokens {
-        let (token, logprob) = sampler.draw(&logits, &mut rng);
+        let (token, logprob) = sampler.draw(&logits, &mut rngs);
         let token = token.masked_fill(&finished, eos);
         tokens.select(1, step as i64).copy_(&token);
         logprobs.select(1, step as i64).copy_(&logprob.masked_fill(&finished, 0.0));
@@ -166,11 +207,11 @@ impl<'a> Sampler<'a> {
     }
 
     /// Returns the drawn tokens `[batch]` (int64) and their log-probabilities `[batch]`.
-    fn draw(&self, logits: &Tensor, rng: &mut SplitMix64) -> (Tensor, Tensor) {
+    fn draw(&self, logits: &Tensor, rngs: &mut [SplitMix64]) -> (Tensor, Tensor) {
         let mut scores = logits.to_kind(Kind::Float);
         if let Some(seen) = &self.seen {
             let penalty = self.params.repetition_penalty;
-            let penalized = scores.lt(0.0).where_self(&(&scores * penalty), &(&scores / penalty));
+            let penalized = (&scores * penalty).where_self(&scores.lt(0.0), &(&scores / penalty));
             scores = penalized.where_self(seen, &scores);
         }
         if self.params.temperature == 0.0 {
@@ -188,7 +229,7 @@ impl<'a> Sampler<'a> {
             scores = top_p(&scores, self.params.top_p);
         }
         let probs = scores.softmax(-1, Kind::Float);
-        let token = inverse_cdf_sample(&probs, rng);
+        let token = inverse_cdf_sample(&probs, rngs);
         // A drawn token has a probability well above float32's smallest normal, so the log of
         // the gathered probability is exact enough and avoids a second pass over the vocabulary.
         let logprob = probs.gather(1, &token, false).log().squeeze_dim(1);
@@ -197,16 +238,17 @@ impl<'a> Sampler<'a> {
 }
 
 /// One draw per row from `probs` (`[batch, vocab]`) by inverting the cumulative distribution
-/// with a single uniform number per row. libtorch's CPU generator costs about 25 ns per number,
+/// with a single uniform number per row, from the row's own stream. libtorch's CPU generator costs about 25 ns per number,
 /// so `multinomial` (or Gumbel noise), which draws one per vocabulary entry, took 3-4 ms per
 /// step, more than the whole forward pass. The cumulative sum is in float64 so the last bins
 /// keep their mass; a token of probability 0 is never drawn (`right = true` picks the first
 /// bin whose upper edge exceeds the draw). Returns `[batch, 1]` int64.
-fn inverse_cdf_sample(probs: &Tensor, rng: &mut SplitMix64) -> Tensor {
+fn inverse_cdf_sample(probs: &Tensor, rngs: &mut [SplitMix64]) -> Tensor {
     let cdf = probs.cumsum(-1, Kind::Double);
     let (batch, vocab) = cdf.size2().expect("probabilities are [batch, vocab]");
+    assert_eq!(batch as usize, rngs.len(), "one random stream per row");
     let total = cdf.narrow(1, vocab - 1, 1);
-    let uniforms: Vec<f64> = (0..batch).map(|_| rng.next_f64()).collect();
+    let uniforms: Vec<f64> = rngs.iter_mut().map(SplitMix64::next_f64).collect();
     let draw = Tensor::from_slice(&uniforms).view([batch, 1]).to(probs.device()) * total;
     draw.searchsorted(&cdf, false, true, "right", None::<Tensor>).clamp_max(vocab - 1)
 }

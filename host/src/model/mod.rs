@@ -11,6 +11,7 @@ pub mod generate;
 pub mod hub;
 pub mod linear;
 pub mod llama;
+pub mod native;
 pub mod rope;
 pub mod tokenizer;
 pub mod weights;

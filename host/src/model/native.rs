@@ -1,0 +1,119 @@
+//! The CPU sampler of the `smallrl-native` crate fed with a [`DecodeModel`]'s weights.
+//!
+//! Invariant: the native model is a copy of the libtorch decoder's folded weights (adapters
+//! merged, attention scale and `rotate_half` folded into the fused projection), so both
+//! decoders share every modelling decision; `tests/model.rs` holds this path to transformers'
+//! logits and greedy tokens and to the libtorch path's samples for the same seed.
+
+use anyhow::{Result, ensure};
+use smallrl_native::{Dims, Layer, Matrix, Model, RowOutput, Sampling, UniformStream};
+use tch::Tensor;
+
+use super::decode::DecodeModel;
+use super::generate::{CompletionRow, Generation, SamplingParams, left_pad, row_rng};
+
+/// The float32 CPU copy of a [`DecodeModel`].
+pub struct NativeModel(Model);
+
+fn to_vec(t: &Tensor) -> Vec<f32> {
+    let flat = t.detach().to_device(tch::Device::Cpu).contiguous().view([-1]);
+    Vec::<f32>::try_from(&flat).expect("decoder weights are float32")
+}
+
+fn matrix(t: &Tensor) -> Matrix {
+    let (inputs, outputs) = t.size2().expect("a decoder weight is 2-d");
+    Matrix::new(inputs as usize, outputs as usize, to_vec(t))
+}
+
+impl NativeModel {
+    pub(super) fn new(d: &DecodeModel) -> Self {
+        let cfg = &d.config;
+        let dims = Dims {
+            hidden: cfg.hidden_size,
+            heads: cfg.num_attention_heads,
+            kv_heads: cfg.num_key_value_heads,
+            head_dim: cfg.head_dim,
+            intermediate: cfg.intermediate_size,
+            vocab: cfg.vocab_size,
+            max_positions: cfg.max_position_embeddings,
+            rms_norm_eps: cfg.rms_norm_eps as f32,
+            eos: cfg.eos_token_id,
+        };
+        let layers = d
+            .layers
+            .iter()
+            .map(|l| Layer {
+                input_layernorm: to_vec(&l.input_layernorm),
+                qkv: matrix(&l.qkv_t),
+                o: matrix(&l.o_t),
+                post_attention_layernorm: to_vec(&l.post_attention_layernorm),
+                gate_up: matrix(&l.gate_up_t),
+                down: matrix(&l.down_t),
+            })
+            .collect();
+        Self(Model::new(dims, to_vec(&d.embed_tokens), layers, to_vec(&d.norm), matrix(&d.head_t), to_vec(&d.cos), to_vec(&d.sin)))
+    }
+}
+
+/// Samples completions for `prompts` with `threads` independent streams of rows.
+pub fn generate(model: &NativeModel, prompts: &[Vec<u32>], params: &SamplingParams, seed: u64, threads: usize) -> Result<Generation> {
+    let dims = model.0.dims();
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    ensure!(
+        longest + params.max_new_tokens <= dims.max_positions,
+        "prompt plus completion ({} tokens) exceeds max_position_embeddings {}",
+        longest + params.max_new_tokens,
+        dims.max_positions
+    );
+    ensure!(prompts.iter().flatten().all(|&t| (t as usize) < dims.vocab), "a prompt token id is outside the vocabulary");
+    let sampling = Sampling {
+        max_new_tokens: params.max_new_tokens,
+        temperature: params.temperature,
+        top_k: params.top_k,
+        top_p: params.top_p,
+        repetition_penalty: params.repetition_penalty,
+    };
+    let mut uniforms: Vec<UniformStream> = (0..prompts.len())
+        .map(|row| {
+            let mut rng = row_rng(seed, row);
+            Box::new(move || rng.next_f64()) as UniformStream
+        })
+        .collect();
+    let outputs = smallrl_native::sample(&model.0, prompts, &sampling, &mut uniforms, threads);
+    Ok(assemble(prompts, &outputs, dims.eos))
+}
+
+/// Builds the padded tensors of a [`Generation`] from the rows' outputs, as the libtorch path
+/// lays them out: completions right-padded with EOS to the longest, mask through the first EOS,
+/// log-probabilities 0 on padding.
+fn assemble(prompts: &[Vec<u32>], outputs: &[RowOutput], eos: u32) -> Generation {
+    let (prompt_ids, prompt_mask) = left_pad(prompts, eos as i64, tch::Device::Cpu);
+    let batch = outputs.len();
+    let longest = outputs.iter().map(|o| o.tokens.len()).max().unwrap_or(0);
+    let mut ids = vec![eos as i64; batch * longest];
+    let mut mask = vec![0i64; batch * longest];
+    let mut logprobs = vec![0f32; batch * longest];
+    for (row, out) in outputs.iter().enumerate() {
+        for (t, (&token, &logprob)) in out.tokens.iter().zip(&out.logprobs).enumerate() {
+            ids[row * longest + t] = token as i64;
+            mask[row * longest + t] = 1;
+            logprobs[row * longest + t] = logprob;
+        }
+    }
+    let shape = [batch as i64, longest as i64];
+    let rows = outputs
+        .iter()
+        .map(|o| {
+            let ended_with_eos = o.tokens.last() == Some(&eos);
+            CompletionRow { ids: o.tokens[..o.tokens.len() - usize::from(ended_with_eos)].to_vec(), ended_with_eos }
+        })
+        .collect();
+    Generation {
+        prompt_ids,
+        prompt_mask,
+        completion_ids: Tensor::from_slice(&ids).view(shape),
+        completion_mask: Tensor::from_slice(&mask).view(shape),
+        sampling_logprobs: Tensor::from_slice(&logprobs).view(shape),
+        rows,
+    }
+}
