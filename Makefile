@@ -21,7 +21,7 @@ demo: build plugins
 
 test: setup plugins
 	$(CARGO) test
-	$(CARGO) test -p smallrl-plugin-sdk
+	$(CARGO) test -p smallrl-plugin-sdk -p smallrl-native
 
 # Reward / detector plugins: guests for wasm32-unknown-unknown (release profile), wrapped into
 # components by plugins/componentize. Incremental: cargo and the componentizer skip what is

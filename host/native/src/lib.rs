@@ -425,16 +425,23 @@ fn attention(model: &Model, layer: usize, block: &[TokenSlot], fused: &[f32], ca
             let base = cache.head_base(layer, kv, h / group, hd);
             let q = &row[h * hd..(h + 1) * hd];
             let scores = &mut scores[..len];
-            scores.fill(0.0);
-            for (d, &qd) in q.iter().enumerate() {
-                let keys_d = &cache.keys[base + d * cache.capacity..base + d * cache.capacity + len];
-                for (s, k) in scores.iter_mut().zip(keys_d) {
-                    *s += qd * k;
-                }
-            }
+            query_key_scores(q, &cache.keys[base..base + hd * cache.capacity], cache.capacity, scores);
             let inv_total = 1.0 / softmax_in_place(scores);
             let values = &cache.values[base..base + len * hd];
             weighted_sum(scores, inv_total, values, &mut out[h * hd..(h + 1) * hd]);
+        }
+    }
+}
+
+/// `scores[s] = q · key[s]` for keys stored `[head_dim][capacity]`: one pass over the slots
+/// per query component, so the loop runs along the slots (vectorised, no horizontal sums).
+#[inline(always)]
+fn query_key_scores(q: &[f32], keys: &[f32], capacity: usize, scores: &mut [f32]) {
+    let len = scores.len();
+    scores.fill(0.0);
+    for (keys_d, &qd) in keys.chunks_exact(capacity).zip(q) {
+        for (score, k) in scores.iter_mut().zip(&keys_d[..len]) {
+            *score += qd * k;
         }
     }
 }
@@ -482,21 +489,52 @@ fn silu_gate(gate_up: &[f32], intermediate: usize, act: &mut [f32]) {
 /// Replaces `x` by `exp(x - max(x))` and returns the sum (the softmax denominator).
 #[inline(always)]
 fn softmax_in_place(x: &mut [f32]) -> f32 {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let max = max_of(x);
+    // Two simple loops (map, then sum) vectorise; one fused loop did not.
+    for v in x.iter_mut() {
+        *v = exp(*v - max);
+    }
+    sum_f32(x)
+}
+
+/// Sum in float32, eight lanes at a time.
+#[inline(always)]
+fn sum_f32(x: &[f32]) -> f32 {
     let mut lanes = [0f32; 8];
-    let mut chunks = x.chunks_exact_mut(8);
+    let mut chunks = x.chunks_exact(8);
     for chunk in &mut chunks {
         for j in 0..8 {
-            chunk[j] = exp(chunk[j] - max);
             lanes[j] += chunk[j];
         }
     }
-    let mut tail = 0.0;
-    for v in chunks.into_remainder() {
-        *v = exp(*v - max);
-        tail += *v;
+    lanes.iter().sum::<f32>() + chunks.remainder().iter().sum::<f32>()
+}
+
+/// The largest value (`-inf` for an empty slice), eight lanes at a time.
+#[inline(always)]
+fn max_of(x: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let mut chunks = x.chunks_exact(8);
+    for chunk in &mut chunks {
+        for j in 0..8 {
+            lanes[j] = if chunk[j] > lanes[j] { chunk[j] } else { lanes[j] };
+        }
     }
-    lanes.iter().sum::<f32>() + tail
+    let tail = chunks.remainder().iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    lanes.iter().copied().fold(tail, f32::max)
+}
+
+/// Sum in float64, eight lanes at a time.
+#[inline(always)]
+fn sum_f64(x: &[f32]) -> f64 {
+    let mut lanes = [0f64; 8];
+    let mut chunks = x.chunks_exact(8);
+    for chunk in &mut chunks {
+        for j in 0..8 {
+            lanes[j] += chunk[j] as f64;
+        }
+    }
+    lanes.iter().sum::<f64>() + chunks.remainder().iter().map(|&v| v as f64).sum::<f64>()
 }
 
 /// `e^x` in float32 (Cephes' `expf`: Cody-Waite reduction and a degree-5 polynomial, within
@@ -571,9 +609,10 @@ fn argmax(x: &[f32]) -> usize {
 /// The first bin whose cumulative weight exceeds `uniform * total` (float64 sums), over
 /// unnormalised weights: a bin of weight 0 is never chosen. Blocks of 64 are summed first so
 /// the sequential part is short.
+#[inline(always)]
 fn inverse_cdf(weights: &[f32], uniform: f64) -> usize {
     const BLOCK: usize = 64;
-    let block_sums: Vec<f64> = weights.chunks(BLOCK).map(|b| b.iter().map(|&w| w as f64).sum()).collect();
+    let block_sums: Vec<f64> = weights.chunks(BLOCK).map(sum_f64).collect();
     let target = uniform * block_sums.iter().sum::<f64>();
     let mut cumulative = 0.0;
     for (b, &block_sum) in block_sums.iter().enumerate() {
@@ -613,5 +652,49 @@ fn top_p(scores: &mut [f32], top_p: f32) {
         if cumulative <= 1.0 - top_p {
             scores[i] = f32::NEG_INFINITY;
         }
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_is_within_two_ulp_of_libm_and_zero_far_below() {
+        let mut worst = 0.0f32;
+        for i in 0..=200_000 {
+            let x = -87.0 + 175.0 * i as f32 / 200_000.0;
+            let (ours, reference) = (exp(x), x.exp());
+            worst = worst.max((ours - reference).abs() / reference);
+        }
+        assert!(worst <= 2.0 * f32::EPSILON, "relative error {worst}");
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp(-90.0), 0.0);
+    }
+
+    #[test]
+    fn inverse_cdf_picks_bins_by_cumulative_weight_and_never_an_empty_one() {
+        let mut weights = vec![0.0f32; 200];
+        weights[1] = 1.0;
+        weights[130] = 2.0;
+        weights[199] = 1.0;
+        // Cumulative edges at 1, 3, 4 of a total of 4.
+        for (uniform, expected) in [(0.0, 1), (0.2499, 1), (0.25, 130), (0.7499, 130), (0.75, 199), (0.999_999, 199)] {
+            assert_eq!(inverse_cdf(&weights, uniform), expected, "uniform {uniform}");
+        }
+    }
+
+    #[test]
+    fn top_k_and_top_p_follow_hf() {
+        let mut scores = vec![1.0, 3.0, 2.0, 3.0];
+        top_k(&mut scores, 2);
+        assert_eq!(scores, [f32::NEG_INFINITY, 3.0, f32::NEG_INFINITY, 3.0]);
+        // Probabilities 0.1, 0.2, 0.3, 0.4 (by log): top_p 0.6 keeps the two most likely
+        // (ascending cumulative 0.1, 0.3 <= 0.4 are removed; 0.6 is not).
+        let mut scores: Vec<f32> = [0.1f32, 0.2, 0.3, 0.4].iter().map(|p| p.ln()).collect();
+        top_p(&mut scores, 0.6);
+        assert_eq!(scores[..2], [f32::NEG_INFINITY, f32::NEG_INFINITY]);
+        assert!(scores[2].is_finite() && scores[3].is_finite());
     }
 }
