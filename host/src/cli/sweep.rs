@@ -8,7 +8,7 @@ use clap::{Args, ValueEnum};
 use serde_json::Map;
 
 use crate::defaults;
-use crate::sweep::plan::{self, CacheState, Plan, RunRole, SweepSpec};
+use crate::sweep::plan::{self, CacheState, Plan, SweepSpec};
 use crate::sweep::{self as sweeps, RunStatus, runner};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -96,16 +96,12 @@ fn print_plan(plan: &Plan) {
     let cached = plan.runs.iter().filter(|r| r.state == CacheState::Finished).count();
     println!("{} runs planned in {} ({cached} cached):", plan.runs.len(), plan.output_dir.display());
     for (i, run) in plan.runs.iter().enumerate() {
-        let role = match run.role {
-            RunRole::Grid => "run",
-            RunRole::Baseline => "baseline",
-        };
         let state = match run.state {
             CacheState::New => "new",
             CacheState::Finished => "CACHED",
             CacheState::Resumable => "resume",
             CacheState::Stale => "restart (no checkpoint)",
         };
-        println!("  {:>3}. {:<8} {:<24} {}", i + 1, role, state, run.name);
+        println!("  {:>3}. {:<8} {:<24} {}", i + 1, run.role.as_str(), state, run.name);
     }
 }

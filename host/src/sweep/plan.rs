@@ -36,6 +36,15 @@ pub enum RunRole {
     Baseline,
 }
 
+impl RunRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Grid => "run",
+            Self::Baseline => "baseline",
+        }
+    }
+}
+
 /// A run directory's state before the sweep starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CacheState {

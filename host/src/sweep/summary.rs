@@ -7,7 +7,6 @@ use anyhow::{Context, Result};
 use serde_json::Value;
 
 use super::RunEntry;
-use super::plan::RunRole;
 use crate::train::runlog::Jsonl;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -39,10 +38,7 @@ fn row(entry: &RunEntry) -> Result<SummaryRow> {
     };
     Ok(SummaryRow {
         run: entry.name.clone(),
-        role: match entry.role {
-            RunRole::Grid => "run",
-            RunRole::Baseline => "baseline",
-        },
+        role: entry.role.as_str(),
         final_reward: field("reward").context("reading the final reward")?,
         kl: field("kl")?,
         step: field("step")?.map(|s| s as u64),
