@@ -196,7 +196,7 @@ pub fn register_font() -> Result<()> {
     Ok(())
 }
 
-type Area<'a> = DrawingArea<BitMapBackend<'a>, Shift>;
+pub type Area<'a> = DrawingArea<BitMapBackend<'a>, Shift>;
 
 fn draw_bars(root: &Area, data: &GroupData, step: usize, y_max: f64) -> Result<()> {
     root.fill(&WHITE)?;
@@ -260,19 +260,29 @@ fn draw_lines(root: &Area, data: &GroupData, y_max: f64) -> Result<()> {
 }
 
 /// Steps are integers: ticks between them get no label (rounded ones would repeat).
-fn integer_label(x: f64) -> String {
+pub fn integer_label(x: f64) -> String {
     if (x - x.round()).abs() < 1e-6 { format!("{x:.0}") } else { String::new() }
 }
 
 const LEGEND_STRIP_HEIGHT: u32 = 36;
+/// Height of one row of a legend drawn by [`draw_legend`].
+pub const LEGEND_ROW_PX: i32 = 22;
 
 /// The series' colours in a strip above the panels, where no data can be hidden under it.
 fn draw_legend_strip(strip: &Area, data: &GroupData) -> Result<()> {
-    let mut x = 70;
-    for (_, (name, color)) in SERIES.iter().enumerate().filter(|(s, _)| data.has_series(*s)) {
-        strip.draw(&Rectangle::new([(x, 12), (x + 24, 24)], color.filled()))?;
-        strip.draw(&Text::new(*name, (x + 32, 10), (FONT, 16)))?;
-        x += 180;
+    let items: Vec<(String, RGBColor)> = SERIES.iter().enumerate().filter(|(s, _)| data.has_series(*s)).map(|(_, (n, c))| (n.to_string(), *c)).collect();
+    draw_legend(strip, &items, 180)
+}
+
+/// Colour swatches and names in columns `column_px` wide, wrapping into rows; drawn in an area
+/// of their own beside the plots so they never cover data.
+pub fn draw_legend(area: &Area, items: &[(String, RGBColor)], column_px: i32) -> Result<()> {
+    const LEFT: i32 = 70;
+    let per_row = ((area.dim_in_pixel().0 as i32 - LEFT) / column_px).max(1);
+    for (i, (name, color)) in items.iter().enumerate() {
+        let (x, y) = (LEFT + (i as i32 % per_row) * column_px, 8 + (i as i32 / per_row) * LEGEND_ROW_PX);
+        area.draw(&Rectangle::new([(x, y + 3), (x + 24, y + 15)], color.filled()))?;
+        area.draw(&Text::new(name.clone(), (x + 32, y), (FONT, 16)))?;
     }
     Ok(())
 }

@@ -70,11 +70,14 @@ pub fn entries_of_plan(plan: &Plan, statuses: &BTreeMap<String, RunStatus>) -> V
         .collect()
 }
 
-/// The run directories already in `dir` (those with a `config.yaml`), for `--collect`.
+/// The run directories already in `dir` (those with a `config.yaml`, except runs moved aside),
+/// for `--collect`.
 /// A non-routed run that is some routed run's baseline counts as a baseline.
 pub fn collect_entries(dir: &Path) -> Result<Vec<RunEntry>> {
     let listing = std::fs::read_dir(dir).with_context(|| format!("cannot list {} (--collect needs a sweep output directory)", dir.display()))?;
-    let mut run_dirs: Vec<PathBuf> = listing.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.join("config.yaml").is_file()).collect();
+    let moved_aside = |p: &PathBuf| p.file_name().is_some_and(|n| n.to_string_lossy().contains(runner::MOVED_ASIDE));
+    let is_run = |p: &PathBuf| p.join("config.yaml").is_file() && !moved_aside(p);
+    let mut run_dirs: Vec<PathBuf> = listing.filter_map(|e| e.ok()).map(|e| e.path()).filter(is_run).collect();
     run_dirs.sort();
     ensure!(!run_dirs.is_empty(), "{} has no run directories (subdirectories with a config.yaml)", dir.display());
     let mut entries = Vec::new();

@@ -80,7 +80,8 @@ pub struct Plan {
     pub runs: Vec<PlannedRun>,
 }
 
-/// Parses `--grid key=v1,v2,...`; each value is read as YAML like `--set` values.
+/// Parses `--grid key=v1,v2,...`; each value is read as YAML like `--set` values. Values are
+/// split at every comma, so a value containing one (a YAML mapping) belongs in `--fixed`.
 pub fn parse_grid(text: &str) -> Result<(String, Vec<Value>)> {
     let (key, values) = text.split_once('=').with_context(|| format!("--grid {text:?} is not key=v1,v2,..."))?;
     let parsed = values.split(',').map(|v| parse_override(&format!("{key}={v}")).map(|(_, value)| value)).collect::<Result<Vec<_>>>()?;
@@ -221,9 +222,16 @@ pub fn saved_config(dir: &Path) -> Result<TrainConfig> {
     TrainConfig::resolve(Some(&path), Map::new()).with_context(|| format!("cannot read the run configuration {}", path.display()))
 }
 
-/// Keys that say where or how fast a run executed, not what it computed.
+/// Without the keys that say where or how fast a run executed, not what it computed (the
+/// output directory may be spelled differently by another sweep over the same directory).
 fn comparable(config: &TrainConfig) -> TrainConfig {
-    TrainConfig { threads: None, device: defaults::DEVICE.into(), name: config.name.clone().or_else(|| Some(UNNAMED_RUN.into())), ..config.clone() }
+    TrainConfig {
+        threads: None,
+        device: defaults::DEVICE.into(),
+        output_dir: defaults::OUTPUT_DIR.into(),
+        name: config.name.clone().or_else(|| Some(UNNAMED_RUN.into())),
+        ..config.clone()
+    }
 }
 
 fn differing_keys(a: &TrainConfig, b: &TrainConfig) -> Result<Vec<String>> {

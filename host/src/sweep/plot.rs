@@ -6,12 +6,13 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, ensure};
 use plotters::prelude::*;
 
-use super::charts::{FONT, register_font};
+use super::charts::{Area, FONT, LEGEND_ROW_PX, draw_legend, integer_label, register_font};
 use crate::train::runlog::Jsonl;
 
 /// The metrics drawn, one panel each: (key in metrics.jsonl, panel title).
 const CURVES: [(&str, &str); 3] = [("reward", "reward"), ("kl", "KL"), ("completions/mean_length", "completion length (tokens)")];
-const SIZE: (u32, u32) = (1500, 480);
+/// Width and height of the panels; the legend below them adds a row per run.
+const PANELS_SIZE: (u32, u32) = (1500, 480);
 
 /// One run's (step, value) points for each curve.
 struct RunCurves {
@@ -43,17 +44,27 @@ pub fn plot_runs(run_dirs: &[PathBuf], out_dir: &Path) -> Result<PathBuf> {
     std::fs::create_dir_all(out_dir).with_context(|| format!("cannot create {}", out_dir.display()))?;
     let path = out_dir.join("curves.png");
     crate::fsutil::create_file_atomic(&path, |tmp| {
-        let root = BitMapBackend::new(tmp, SIZE).into_drawing_area();
+        let legend_height = (runs.len() as i32 * LEGEND_ROW_PX + 16) as u32;
+        let root = BitMapBackend::new(tmp, (PANELS_SIZE.0, PANELS_SIZE.1 + legend_height)).into_drawing_area();
         root.fill(&WHITE)?;
-        for (curve, panel) in root.split_evenly((1, CURVES.len())).iter().enumerate() {
-            draw_panel(panel, &runs, curve)?;
+        let (panels, legend) = root.split_vertically(PANELS_SIZE.1);
+        let colors: Vec<RGBColor> = (0..runs.len()).map(run_color).collect();
+        for (curve, panel) in panels.split_evenly((1, CURVES.len())).iter().enumerate() {
+            draw_panel(panel, &runs, &colors, curve)?;
         }
+        let items: Vec<(String, RGBColor)> = runs.iter().map(|r| r.label.clone()).zip(colors.iter().copied()).collect();
+        draw_legend(&legend, &items, PANELS_SIZE.0 as i32)?;
         Ok(root.present()?)
     })?;
     Ok(path)
 }
 
-fn draw_panel(panel: &DrawingArea<BitMapBackend, plotters::coord::Shift>, runs: &[RunCurves], curve: usize) -> Result<()> {
+fn run_color(index: usize) -> RGBColor {
+    let (r, g, b) = Palette99::pick(index).rgb();
+    RGBColor(r, g, b)
+}
+
+fn draw_panel(panel: &Area, runs: &[RunCurves], colors: &[RGBColor], curve: usize) -> Result<()> {
     let all = runs.iter().flat_map(|r| r.points[curve].iter());
     let (x_max, y_min, y_max) = all.fold((1.0f64, f64::INFINITY, f64::NEG_INFINITY), |(x, lo, hi), (s, v)| (x.max(*s), lo.min(*v), hi.max(*v)));
     let pad = ((y_max - y_min) * 0.05).max(1e-3);
@@ -63,16 +74,9 @@ fn draw_panel(panel: &DrawingArea<BitMapBackend, plotters::coord::Shift>, runs: 
         .x_label_area_size(40)
         .y_label_area_size(60)
         .build_cartesian_2d(0f64..x_max, (y_min - pad)..(y_max + pad))?;
-    chart.configure_mesh().x_desc("step").label_style((FONT, 14)).draw()?;
-    for (i, run) in runs.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
-        chart
-            .draw_series(LineSeries::new(run.points[curve].iter().copied(), color.stroke_width(2)))?
-            .label(run.label.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
-    }
-    if curve == 0 {
-        chart.configure_series_labels().position(SeriesLabelPosition::LowerRight).background_style(WHITE.mix(0.9)).border_style(BLACK).label_font((FONT, 13)).draw()?;
+    chart.configure_mesh().x_desc("step").x_label_formatter(&|x| integer_label(*x)).label_style((FONT, 14)).draw()?;
+    for (run, color) in runs.iter().zip(colors) {
+        chart.draw_series(LineSeries::new(run.points[curve].iter().copied(), color.stroke_width(2)))?;
     }
     Ok(())
 }
