@@ -63,11 +63,11 @@ fn plan_applies_fixed_values_and_derives_deduplicated_baselines() {
     assert_eq!(names.len(), plan.runs.len(), "one directory per run");
     assert!(!out.exists(), "planning writes nothing");
 
-    // A grid point that is itself another point's baseline is planned once, as a grid run.
+    // A grid point that is itself another point's baseline is planned once, labelled baseline.
     let plan = plan::plan(&spec(&out, &["routing_mode=none,classic"], &["seed=1"])).unwrap();
     assert_eq!(plan.runs.len(), 2);
-    assert!(plan.runs.iter().all(|r| r.role == RunRole::Grid));
     assert_eq!(plan.runs[1].baseline.as_ref(), Some(&plan.runs[0].name));
+    assert_eq!((plan.runs[0].role, plan.runs[1].role), (RunRole::Baseline, RunRole::Grid));
 }
 
 #[test]

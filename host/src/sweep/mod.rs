@@ -72,7 +72,6 @@ pub fn entries_of_plan(plan: &Plan, statuses: &BTreeMap<String, RunStatus>) -> V
 
 /// The run directories already in `dir` (those with a `config.yaml`, except runs moved aside),
 /// for `--collect`.
-/// A non-routed run that is some routed run's baseline counts as a baseline.
 pub fn collect_entries(dir: &Path) -> Result<Vec<RunEntry>> {
     let listing = std::fs::read_dir(dir).with_context(|| format!("cannot list {} (--collect needs a sweep output directory)", dir.display()))?;
     let moved_aside = |p: &PathBuf| p.file_name().is_some_and(|n| n.to_string_lossy().contains(runner::MOVED_ASIDE));
@@ -88,11 +87,9 @@ pub fn collect_entries(dir: &Path) -> Result<Vec<RunEntry>> {
         let name = run_dir.file_name().unwrap_or_default().to_string_lossy().into_owned();
         entries.push(RunEntry { name, dir: run_dir, config, role: RunRole::Grid, baseline, status });
     }
-    let baseline_names: Vec<String> = entries.iter().filter_map(|e| e.baseline.clone()).collect();
+    let referenced: Vec<Option<String>> = entries.iter().map(|e| e.baseline.clone()).collect();
     for entry in &mut entries {
-        if entry.baseline.is_none() && baseline_names.contains(&entry.name) {
-            entry.role = RunRole::Baseline;
-        }
+        entry.role = plan::role_of(&entry.name, &referenced);
     }
     Ok(entries)
 }

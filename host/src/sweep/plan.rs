@@ -32,7 +32,7 @@ pub struct SweepSpec {
 pub enum RunRole {
     /// A point of the grid.
     Grid,
-    /// An automatic non-routed baseline that is not itself a grid point.
+    /// The non-routed baseline of a routed run (derived, or a grid point that is one).
     Baseline,
 }
 
@@ -143,6 +143,10 @@ pub fn plan(spec: &SweepSpec) -> Result<Plan> {
     for config in baselines {
         add_run(&mut runs, config, RunRole::Baseline, None)?;
     }
+    let referenced: Vec<Option<String>> = runs.iter().map(|r| r.baseline.clone()).collect();
+    for run in &mut runs {
+        run.role = role_of(&run.name, &referenced);
+    }
     for run in &mut runs {
         run.state = cache_state(&run.dir(&spec.output_dir), &run.config)?;
     }
@@ -188,6 +192,12 @@ pub fn baseline_of(config: &TrainConfig) -> Result<Option<TrainConfig>> {
     baseline.ablated_frac = defaults::ABLATED_FRAC;
     baseline.validate().context("the non-routed baseline of a routed run is invalid")?;
     Ok(Some(baseline))
+}
+
+/// A run is a baseline when some run of the sweep names it as its baseline (also a non-routed
+/// grid point), so a finished sweep and `--collect` of its directory label runs alike.
+pub fn role_of(name: &str, baselines: &[Option<String>]) -> RunRole {
+    if baselines.iter().any(|b| b.as_deref() == Some(name)) { RunRole::Baseline } else { RunRole::Grid }
 }
 
 /// All seeds of one parameter setting: the run name without its `_s<seed>` suffix.
@@ -257,8 +267,8 @@ fn has_checkpoint(dir: &Path) -> Result<bool> {
     Ok(entries.filter_map(|e| e.ok()).any(|e| e.file_name().to_string_lossy().starts_with("checkpoint-")))
 }
 
-/// Runs grouped by experiment group, in plan order of their first run.
-pub fn groups<'a, T>(runs: &'a [T], name: impl Fn(&T) -> &str) -> BTreeMap<String, Vec<&'a T>> {
+/// Runs grouped by experiment group (groups in name order, runs in their given order).
+pub fn groups<T>(runs: &[T], name: impl Fn(&T) -> &str) -> BTreeMap<String, Vec<&T>> {
     let mut groups: BTreeMap<String, Vec<&T>> = BTreeMap::new();
     for run in runs {
         groups.entry(group_of(name(run)).to_string()).or_default().push(run);
