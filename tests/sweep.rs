@@ -235,9 +235,23 @@ fn png_pixels(path: &Path) -> (u32, u32, Vec<[u8; 3]>) {
     (info.width, info.height, pixels)
 }
 
-fn count_colour(pixels: &[[u8; 3]], colour: (u8, u8, u8)) -> usize {
-    let near = |a: u8, b: u8| a.abs_diff(b) <= 3;
-    pixels.iter().filter(|p| near(p[0], colour.0) && near(p[1], colour.1) && near(p[2], colour.2)).count()
+/// Whether a `side`×`side` square of `colour` is in the image: a bar, not a line (3 px), an
+/// error bar (black) or a legend swatch (12 px high).
+fn has_solid_square(width: u32, pixels: &[[u8; 3]], colour: (u8, u8, u8), side: usize) -> bool {
+    let near = |p: &[u8; 3]| p[0].abs_diff(colour.0) <= 3 && p[1].abs_diff(colour.1) <= 3 && p[2].abs_diff(colour.2) <= 3;
+    let width = width as usize;
+    let mut run_right = vec![0usize; width]; // matching pixels ending here in this row
+    let mut rows_down = vec![0usize; width]; // consecutive rows whose run here reaches `side`
+    for row in pixels.chunks(width) {
+        for (x, p) in row.iter().enumerate() {
+            run_right[x] = if near(p) { if x > 0 { run_right[x - 1] + 1 } else { 1 } } else { 0 };
+            rows_down[x] = if run_right[x] >= side { rows_down[x] + 1 } else { 0 };
+            if rows_down[x] >= side {
+                return true;
+            }
+        }
+    }
+    false
 }
 
 /// Headless Chromium on a page with `action` (a missing Chromium fails the test: `make setup`).
@@ -332,12 +346,11 @@ fn sweep_end_to_end_with_baselines_charts_viewer_and_cache() {
     // The viewer, opened from the file system, shows the bar chart: every series colour.
     let shot = tmp.path().join("viewer.png");
     screenshot(&group_dir.join("index.html"), &shot);
-    let (_, _, pixels) = png_pixels(&shot);
+    let (width, _, pixels) = png_pixels(&shot);
     let dom = chromium_dump_dom(&group_dir.join("index.html"));
     assert!(dom.contains("step 2 (1/2)"), "the viewer's script did not run from file://: {dom}");
     for (name, colour) in SERIES {
-        let found = count_colour(&pixels, (colour.0, colour.1, colour.2));
-        assert!(found > 1000, "the viewer screenshot shows only {found} pixels of the {name} bars");
+        assert!(has_solid_square(width, &pixels, (colour.0, colour.1, colour.2), 20), "the viewer screenshot shows no {name} bar");
     }
 
     // A second sweep reuses every finished run; --collect rebuilds the same table.
