@@ -254,6 +254,31 @@ fn has_solid_square(width: u32, pixels: &[[u8; 3]], colour: (u8, u8, u8), side: 
     false
 }
 
+/// The number of images in a GIF, walking its blocks (GIF89a: header, optional colour tables,
+/// extension blocks 0x21, image descriptors 0x2C, trailer 0x3B).
+fn gif_frames(bytes: &[u8]) -> usize {
+    assert!(bytes.starts_with(b"GIF89a"), "not a GIF");
+    let table = |flags: u8| if flags & 0x80 != 0 { 3 << ((flags & 7) + 1) } else { 0 };
+    let skip_sub_blocks = |mut i: usize| {
+        while bytes[i] != 0 {
+            i += bytes[i] as usize + 1;
+        }
+        i + 1
+    };
+    let (mut i, mut frames) = (13 + table(bytes[10]), 0);
+    loop {
+        match bytes[i] {
+            0x21 => i = skip_sub_blocks(i + 2),
+            0x2C => {
+                frames += 1;
+                i = skip_sub_blocks(i + 10 + table(bytes[i + 9]) + 1);
+            }
+            0x3B => return frames,
+            other => panic!("unexpected GIF block {other:#x} at byte {i}"),
+        }
+    }
+}
+
 /// Headless Chromium on a page with `action` (a missing Chromium fails the test: `make setup`).
 fn chromium(page: &Path, action: &str) -> Output {
     let chromium = Path::new("/usr/bin/chromium");
@@ -338,7 +363,7 @@ fn sweep_end_to_end_with_baselines_charts_viewer_and_cache() {
         assert_eq!((w, h), charts::BAR_CHART_SIZE);
     }
     assert!(group_dir.join("over_steps.png").is_file());
-    assert!(std::fs::read(group_dir.join("animation.gif")).unwrap().starts_with(b"GIF89a"));
+    assert_eq!(gif_frames(&std::fs::read(group_dir.join("animation.gif")).unwrap()), 2, "one frame per evaluation step");
     let viewer = std::fs::read_to_string(group_dir.join("index.html")).unwrap();
     assert!(viewer.contains("\"step-000002.png\"") && viewer.contains("\"step-000004.png\"") && viewer.contains("ArrowRight"));
     assert!(std::fs::read_to_string(out.join("charts/index.html")).unwrap().contains(&format!("{group}/index.html")));
