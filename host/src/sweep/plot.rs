@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, ensure};
 use plotters::prelude::*;
+use serde_json::Value;
 
 use super::charts::{Area, FONT, LEGEND_ROW_PX, draw_legend, integer_label, register_font};
 use crate::train::runlog::Jsonl;
@@ -28,8 +29,11 @@ fn read_curves(run_dir: &Path) -> Result<RunCurves> {
     for line in &lines {
         let step = line["step"].as_f64().with_context(|| format!("{}: a line has no step", path.display()))?;
         for (curve, (key, _)) in CURVES.iter().enumerate() {
-            let value = line[*key].as_f64().with_context(|| format!("{}: step {step} has no numeric `{key}`", path.display()))?;
-            points[curve].push((step, value));
+            match &line[*key] {
+                // A non-finite value is logged as null (JSON has no NaN): left out of the curve.
+                Value::Null if line.get(*key).is_some() => {}
+                value => points[curve].push((step, value.as_f64().with_context(|| format!("{}: step {step} has no numeric `{key}`", path.display()))?)),
+            }
         }
     }
     let label = run_dir.canonicalize().unwrap_or_else(|_| run_dir.to_path_buf());
@@ -67,6 +71,8 @@ fn run_color(index: usize) -> RGBColor {
 fn draw_panel(panel: &Area, runs: &[RunCurves], colors: &[RGBColor], curve: usize) -> Result<()> {
     let all = runs.iter().flat_map(|r| r.points[curve].iter());
     let (x_max, y_min, y_max) = all.fold((1.0f64, f64::INFINITY, f64::NEG_INFINITY), |(x, lo, hi), (s, v)| (x.max(*s), lo.min(*v), hi.max(*v)));
+    // No finite value at all: an empty panel with a unit axis.
+    let (y_min, y_max) = if y_min <= y_max { (y_min, y_max) } else { (0.0, 1.0) };
     let pad = ((y_max - y_min) * 0.05).max(1e-3);
     let mut chart = ChartBuilder::on(panel)
         .caption(CURVES[curve].1, (FONT, 18))

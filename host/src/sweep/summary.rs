@@ -31,7 +31,8 @@ fn row(entry: &RunEntry) -> Result<SummaryRow> {
     let last = Jsonl::new(path.clone()).read()?.pop();
     let field = |key: &str| -> Result<Option<f64>> {
         match last.as_ref().map(|l| &l[key]) {
-            None => Ok(None),
+            // null: the trainer logged a non-finite value (JSON has no NaN); shown empty.
+            None | Some(Value::Null) => Ok(None),
             Some(Value::Number(n)) => Ok(n.as_f64()),
             Some(other) => Err(anyhow::anyhow!("{}: `{key}` of the last line is {other}, not a number", path.display())),
         }
