@@ -69,3 +69,21 @@ pub const PLUGIN_DIR: &str = "plugins";
 // and under 2 MiB), small enough that a runaway plugin fails fast.
 pub const PLUGIN_MAX_MEMORY_BYTES: usize = 64 << 20;
 pub const PLUGIN_MAX_CALL_SECONDS: u64 = 10;
+
+// Sweeps and charts (issue 6).
+/// Where `smallrl sweep` puts its runs, logs, summary and charts.
+pub const SWEEP_OUTPUT_DIR: &str = "runs/sweep";
+/// Concurrent child runs of a sweep.
+pub const SWEEP_JOBS: usize = 1;
+/// Seconds between the sweep's status lines (running/done/failed/queued).
+pub const SWEEP_STATUS_SECONDS: u64 = 30;
+/// How often the sweep looks at its children (milliseconds).
+pub const SWEEP_POLL_MILLIS: u64 = 200;
+/// CPUs (and libtorch threads) per run in an emitted SLURM array job.
+pub const SLURM_CPUS_PER_RUN: usize = 1;
+/// Delay between frames of the animated GIF across evaluation steps (milliseconds).
+pub const GIF_FRAME_MILLIS: u32 = 800;
+/// Delay between frames when the HTML viewer plays (milliseconds).
+pub const VIEWER_FRAME_MILLIS: u32 = 800;
+/// Where `smallrl plot` writes its curves.
+pub const PLOT_OUTPUT_DIR: &str = "plots";

@@ -36,3 +36,16 @@ pub fn create_dir_atomic(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> 
     }
     std::fs::rename(&tmp, dir).with_context(|| format!("cannot move {} into place", dir.display()))
 }
+
+/// Creates `path` atomically through `fill`, which writes a temporary sibling that keeps the
+/// file's extension (writers such as image encoders choose the format from it); renamed into
+/// place only when `fill` succeeded.
+pub fn create_file_atomic(path: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = path.with_file_name(format!(".tmp-{}-{name}", std::process::id()));
+    if let Err(e) = fill(&tmp) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot move {} into place", path.display()))
+}

@@ -18,5 +18,6 @@ pub mod prompts;
 pub mod reward;
 pub mod rng;
 pub mod routing;
+pub mod sweep;
 pub mod train;
 pub mod yaml;

@@ -9,8 +9,10 @@ mod common;
 mod eval;
 mod export;
 mod logprobs;
+mod plot;
 mod plugin;
 mod sample;
+mod sweep;
 mod train;
 
 #[derive(Parser)]
@@ -26,6 +28,10 @@ enum Command {
     Train(Box<train::TrainArgs>),
     /// Routing evaluation of a checkpoint (its recorded adapters and rewards), with samples.
     Eval(eval::EvalArgs),
+    /// A grid of training runs with automatic non-routed baselines, a summary table and charts.
+    Sweep(Box<sweep::SweepArgs>),
+    /// Reward, KL and completion-length curves of runs from their metrics.jsonl.
+    Plot(plot::PlotArgs),
     /// Write a checkpoint as an HF model directory with its adapters merged.
     Export(export::ExportArgs),
     /// Sample completions from a model.
@@ -44,6 +50,8 @@ pub fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Train(args) => train::run(*args),
         Command::Eval(args) => eval::run(args),
+        Command::Sweep(args) => sweep::run(*args),
+        Command::Plot(args) => plot::run(args),
         Command::Export(args) => export::run(args),
         Command::Sample(args) => sample::run(args),
         Command::Logprobs(args) => logprobs::run(args),

@@ -102,11 +102,8 @@ impl TrainArgs {
     pub fn overrides(&self) -> Result<Map<String, Value>> {
         let Value::Object(mut map) = serde_json::to_value(self)? else { unreachable!("a struct serializes to an object") };
         if let Some(plugin) = &self.reward_plugin {
-            map.insert("reward".into(), serde_json::to_value(RewardSpec::single(plugin, self.reward_params.as_deref())?)?);
-            if self.name.is_none() && self.config.is_none() {
-                let stem = std::path::Path::new(plugin).file_stem().map(|s| s.to_string_lossy().into_owned());
-                map.insert("name".into(), stem.into());
-            }
+            let named = self.name.is_some() || self.config.is_some();
+            map.extend(reward_plugin_overrides(plugin, self.reward_params.as_deref(), named)?);
         }
         if let Some(plugin) = &self.rh_detector {
             map.insert("rh_detector".into(), serde_json::to_value(DetectorSpec::single(plugin, self.rh_detector_params.as_deref())?)?);
@@ -117,6 +114,18 @@ impl TrainArgs {
         }
         Ok(map)
     }
+}
+
+/// `--reward-plugin` as config keys: `reward`, and `name` (the plugin's file stem) unless the
+/// experiment is already named by `--name` or a config file. Shared with `smallrl sweep`.
+pub fn reward_plugin_overrides(plugin: &str, params_json: Option<&str>, named: bool) -> Result<Map<String, Value>> {
+    let mut map = Map::new();
+    map.insert("reward".into(), serde_json::to_value(RewardSpec::single(plugin, params_json)?)?);
+    if !named {
+        let stem = std::path::Path::new(plugin).file_stem().map(|s| s.to_string_lossy().into_owned());
+        map.insert("name".into(), stem.into());
+    }
+    Ok(map)
 }
 
 /// Options that may differ when a run is resumed (they do not change what it computes, except

@@ -141,6 +141,9 @@ const NOT_IN_RUN_NAME: &[&str] = &[
     "threads", "seed",
 ];
 
+/// The first part of the run name of a configuration without `name`.
+pub const UNNAMED_RUN: &str = "run";
+
 /// Short names used in run directory names.
 fn short_name(key: &str) -> &str {
     match key {
@@ -259,7 +262,7 @@ impl TrainConfig {
         let here = serde_json::to_value(self)?;
         let defaults = serde_json::to_value(Self::default())?;
         let (Value::Object(here), Value::Object(defaults)) = (here, defaults) else { unreachable!("structs serialize to objects") };
-        let mut parts = vec![self.name.clone().unwrap_or_else(|| "run".into())];
+        let mut parts = vec![self.name.clone().unwrap_or_else(|| UNNAMED_RUN.into())];
         for (key, value) in &here {
             if NOT_IN_RUN_NAME.contains(&key.as_str()) || defaults.get(key) == Some(value) {
                 continue;

@@ -1,0 +1,107 @@
+//! `smallrl sweep`: a grid of `smallrl train` runs with automatic baselines (see
+//! `crate::sweep`). Every key is validated before any run starts.
+
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use clap::{Args, ValueEnum};
+use serde_json::Map;
+
+use crate::defaults;
+use crate::sweep::plan::{self, CacheState, Plan, SweepSpec};
+use crate::sweep::{self as sweeps, RunStatus, runner};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Emit {
+    /// A SLURM array script (sweep.sbatch) and a job list (jobs.txt) in the output directory.
+    Slurm,
+}
+
+#[derive(Args, Debug)]
+pub struct SweepArgs {
+    /// The base YAML experiment config (see configs/).
+    #[arg(long, conflicts_with = "collect")]
+    pub config: Option<PathBuf>,
+    /// One reward plugin (.wasm path or a name in the plugin dir) instead of `reward:` in YAML.
+    #[arg(long, conflicts_with = "collect")]
+    pub reward_plugin: Option<String>,
+    /// JSON parameters for --reward-plugin.
+    #[arg(long, requires = "reward_plugin")]
+    pub reward_params: Option<String>,
+    /// A config key and its values, e.g. `lr=1e-4,3e-4` (repeatable; Cartesian product).
+    #[arg(long, value_name = "KEY=V1,V2,...", num_args = 1.., conflicts_with = "collect")]
+    pub grid: Vec<String>,
+    /// A config key every run shares, e.g. `max_steps=200` (repeatable).
+    #[arg(long, value_name = "KEY=VALUE", num_args = 1.., conflicts_with = "collect")]
+    pub fixed: Vec<String>,
+    /// Print the planned runs (cached ones marked) and stop.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Concurrent runs on this machine; each gets max(1, cores / jobs) libtorch threads.
+    #[arg(long, default_value_t = defaults::SWEEP_JOBS)]
+    pub jobs: usize,
+    /// Where run directories, logs, summary.csv and charts go (also the cache of finished runs).
+    #[arg(long, default_value = defaults::SWEEP_OUTPUT_DIR)]
+    pub output_dir: PathBuf,
+    /// Write the commands for a cluster scheduler instead of running them.
+    #[arg(long, value_enum, conflicts_with = "dry_run")]
+    pub emit: Option<Emit>,
+    /// Build the summary table and charts from the run directories already in DIR.
+    #[arg(long, value_name = "DIR")]
+    pub collect: Option<PathBuf>,
+}
+
+pub fn run(args: SweepArgs) -> Result<()> {
+    if let Some(dir) = &args.collect {
+        let entries = sweeps::collect_entries(dir)?;
+        return sweeps::report(dir, &entries);
+    }
+    anyhow::ensure!(args.jobs >= 1, "--jobs must be at least 1");
+    let plan = plan::plan(&spec(&args)?)?;
+    print_plan(&plan);
+    if args.dry_run {
+        return Ok(());
+    }
+    if let Some(Emit::Slurm) = args.emit {
+        let exe = std::env::current_exe()?;
+        match sweeps::slurm::emit(&plan, &exe)? {
+            Some(script) => println!("wrote {} (submit with `sbatch {}`); afterwards: smallrl sweep --collect {}", script.display(), script.display(), plan.output_dir.display()),
+            None => println!("every run is finished; nothing to submit"),
+        }
+        return Ok(());
+    }
+    let statuses = runner::execute(&plan, args.jobs, &runner::Launch::for_jobs(args.jobs)?)?;
+    sweeps::report(&plan.output_dir, &sweeps::entries_of_plan(&plan, &statuses))?;
+    let failed: Vec<&String> = statuses.iter().filter(|(_, s)| **s == RunStatus::Failed).map(|(n, _)| n).collect();
+    if !failed.is_empty() {
+        bail!("{} of {} runs failed: {failed:?}; their logs are in {}", failed.len(), plan.runs.len(), plan.output_dir.join("logs").display());
+    }
+    Ok(())
+}
+
+fn spec(args: &SweepArgs) -> Result<SweepSpec> {
+    let mut fixed = Map::new();
+    if let Some(plugin) = &args.reward_plugin {
+        fixed.extend(super::train::reward_plugin_overrides(plugin, args.reward_params.as_deref(), args.config.is_some())?);
+    }
+    for text in &args.fixed {
+        let (key, value) = plan::parse_fixed(text)?;
+        fixed.insert(key, value);
+    }
+    let grid = args.grid.iter().map(|g| plan::parse_grid(g)).collect::<Result<Vec<_>>>()?;
+    Ok(SweepSpec { config_file: args.config.clone(), fixed, grid, output_dir: args.output_dir.clone() })
+}
+
+fn print_plan(plan: &Plan) {
+    let cached = plan.runs.iter().filter(|r| r.state == CacheState::Finished).count();
+    println!("{} runs planned in {} ({cached} cached):", plan.runs.len(), plan.output_dir.display());
+    for (i, run) in plan.runs.iter().enumerate() {
+        let state = match run.state {
+            CacheState::New => "new",
+            CacheState::Finished => "CACHED",
+            CacheState::Resumable => "resume",
+            CacheState::Stale => "restart (no checkpoint)",
+        };
+        println!("  {:>3}. {:<8} {:<24} {}", i + 1, run.role.as_str(), state, run.name);
+    }
+}

@@ -1,0 +1,277 @@
+//! Sweep planning: `--grid`/`--fixed` into resolved training configurations, one per run
+//! directory, plus the automatic non-routed baselines, and what is already on disk (cache).
+//! Pure apart from reading run directories; nothing here starts a run.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail, ensure};
+use serde_json::{Map, Value};
+
+use crate::defaults;
+use crate::routing::RoutingMode;
+use crate::train::TrainConfig;
+use crate::train::config::{UNNAMED_RUN, parse_override};
+use crate::train::runlog::Jsonl;
+
+/// Keys the sweep itself sets for every run: `--output-dir` and `--jobs` choose them.
+const SWEEP_OWNED_KEYS: &[&str] = &["output_dir", "threads"];
+
+/// What to sweep: a base configuration (YAML file and fixed keys) and the grid over it.
+#[derive(Debug, Clone)]
+pub struct SweepSpec {
+    pub config_file: Option<PathBuf>,
+    /// Keys every run shares (`--fixed`, `--reward-plugin`, ...), as config keys.
+    pub fixed: Map<String, Value>,
+    /// `--grid` keys in the order given, each with its values.
+    pub grid: Vec<(String, Vec<Value>)>,
+    pub output_dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunRole {
+    /// A point of the grid.
+    Grid,
+    /// The non-routed baseline of a routed run (derived, or a grid point that is one).
+    Baseline,
+}
+
+impl RunRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Grid => "run",
+            Self::Baseline => "baseline",
+        }
+    }
+}
+
+/// A run directory's state before the sweep starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheState {
+    /// No directory: the run starts from scratch.
+    New,
+    /// Finished with the same configuration: reused, not re-run.
+    Finished,
+    /// Interrupted after a checkpoint: resumed from it (`train --resume`).
+    Resumable,
+    /// Interrupted before any checkpoint: moved aside and started again.
+    Stale,
+}
+
+#[derive(Debug, Clone)]
+pub struct PlannedRun {
+    pub name: String,
+    pub config: TrainConfig,
+    pub role: RunRole,
+    /// The run directory name of this run's baseline (routed runs only).
+    pub baseline: Option<String>,
+    pub state: CacheState,
+}
+
+impl PlannedRun {
+    pub fn dir(&self, output_dir: &Path) -> PathBuf {
+        output_dir.join(&self.name)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub output_dir: PathBuf,
+    pub runs: Vec<PlannedRun>,
+}
+
+/// Parses `--grid key=v1,v2,...`; each value is read as YAML like `--set` values. Values are
+/// split at every comma, so a value containing one (a YAML mapping) belongs in `--fixed`.
+pub fn parse_grid(text: &str) -> Result<(String, Vec<Value>)> {
+    let (key, values) = text.split_once('=').with_context(|| format!("--grid {text:?} is not key=v1,v2,..."))?;
+    let parsed = values.split(',').map(|v| parse_override(&format!("{key}={v}")).map(|(_, value)| value)).collect::<Result<Vec<_>>>()?;
+    let key = key.trim().replace('-', "_");
+    check_key(&key, &format!("--grid {text}"))?;
+    ensure!(!parsed.is_empty() && values.split(',').all(|v| !v.trim().is_empty()), "--grid {text:?}: every value must be non-empty");
+    Ok((key, parsed))
+}
+
+/// Parses `--fixed key=value`.
+pub fn parse_fixed(text: &str) -> Result<(String, Value)> {
+    let (key, value) = parse_override(text)?;
+    check_key(&key, &format!("--fixed {text}"))?;
+    Ok((key, value))
+}
+
+/// A typo in a key fails here, before any run starts, naming the flag and the valid keys.
+fn check_key(key: &str, flag: &str) -> Result<()> {
+    let Value::Object(fields) = serde_json::to_value(TrainConfig::default())? else { unreachable!("structs serialize to objects") };
+    if SWEEP_OWNED_KEYS.contains(&key) {
+        bail!("{flag}: `{key}` is set by the sweep for every run; use --output-dir or --jobs instead");
+    }
+    if !fields.contains_key(key) {
+        let known: Vec<&str> = fields.keys().map(String::as_str).collect();
+        bail!("{flag}: unknown key `{key}`; sweep keys are training config keys (snake_case): {}", known.join(", "));
+    }
+    Ok(())
+}
+
+/// The Cartesian product of the grid, the last key varying fastest; one empty point for an
+/// empty grid.
+pub fn expand(grid: &[(String, Vec<Value>)]) -> Vec<Map<String, Value>> {
+    let mut points = vec![Map::new()];
+    for (key, values) in grid {
+        points = points
+            .iter()
+            .flat_map(|point| {
+                values.iter().map(move |value| {
+                    let mut next = point.clone();
+                    next.insert(key.clone(), value.clone());
+                    next
+                })
+            })
+            .collect();
+    }
+    points
+}
+
+/// Resolves every grid point (defaults < YAML < fixed < grid point), adds the baselines and
+/// reads the cache state of each run directory.
+pub fn plan(spec: &SweepSpec) -> Result<Plan> {
+    let mut runs: Vec<PlannedRun> = Vec::new();
+    for point in expand(&spec.grid) {
+        let config = resolve_point(spec, &point)?;
+        let baseline = baseline_of(&config)?.map(|b| b.run_name()).transpose()?;
+        add_run(&mut runs, config, RunRole::Grid, baseline)?;
+    }
+    let baselines: Vec<TrainConfig> = runs.iter().map(|r| baseline_of(&r.config)).collect::<Result<Vec<_>>>()?.into_iter().flatten().collect();
+    for config in baselines {
+        add_run(&mut runs, config, RunRole::Baseline, None)?;
+    }
+    let referenced: Vec<Option<String>> = runs.iter().map(|r| r.baseline.clone()).collect();
+    for run in &mut runs {
+        run.role = role_of(&run.name, &referenced);
+    }
+    for run in &mut runs {
+        run.state = cache_state(&run.dir(&spec.output_dir), &run.config)?;
+    }
+    Ok(Plan { output_dir: spec.output_dir.clone(), runs })
+}
+
+fn resolve_point(spec: &SweepSpec, point: &Map<String, Value>) -> Result<TrainConfig> {
+    let mut overrides = spec.fixed.clone();
+    overrides.extend(point.clone());
+    overrides.insert("output_dir".into(), serde_json::to_value(&spec.output_dir)?);
+    let described = Value::Object(point.clone());
+    let mut config = TrainConfig::resolve(spec.config_file.as_deref(), overrides).with_context(|| format!("sweep point {described}"))?;
+    // Pinned so the per-run YAML the child reads resolves to the same name (a YAML file without
+    // `name` would otherwise be named after its file stem).
+    config.name.get_or_insert_with(|| UNNAMED_RUN.into());
+    Ok(config)
+}
+
+/// Adds a run unless an identical one is planned; two different configurations with the same
+/// directory name (they differ only in keys that run names leave out) are an error.
+fn add_run(runs: &mut Vec<PlannedRun>, config: TrainConfig, role: RunRole, baseline: Option<String>) -> Result<()> {
+    let name = config.run_name()?;
+    if let Some(existing) = runs.iter().find(|r| r.name == name) {
+        ensure!(
+            existing.config == config,
+            "two planned runs share the directory name {name} but differ in {:?}; run them in separate sweeps (--output-dir)",
+            differing_keys(&existing.config, &config)?
+        );
+        return Ok(());
+    }
+    runs.push(PlannedRun { name, config, role, baseline, state: CacheState::New });
+    Ok(())
+}
+
+/// The same run with routing removed (routing keys back to their defaults, which route
+/// nothing; the seed and everything else unchanged), for routed runs only.
+pub fn baseline_of(config: &TrainConfig) -> Result<Option<TrainConfig>> {
+    if RoutingMode::parse(&config.routing_mode)? == RoutingMode::None {
+        return Ok(None);
+    }
+    let mut baseline = config.clone();
+    baseline.routing_mode = defaults::ROUTING_MODE.into();
+    baseline.ablated_frac = defaults::ABLATED_FRAC;
+    baseline.validate().context("the non-routed baseline of a routed run is invalid")?;
+    Ok(Some(baseline))
+}
+
+/// A run is a baseline when some run of the sweep names it as its baseline (also a non-routed
+/// grid point), so a finished sweep and `--collect` of its directory label runs alike.
+pub fn role_of(name: &str, baselines: &[Option<String>]) -> RunRole {
+    if baselines.iter().any(|b| b.as_deref() == Some(name)) { RunRole::Baseline } else { RunRole::Grid }
+}
+
+/// All seeds of one parameter setting: the run name without its `_s<seed>` suffix.
+pub fn group_of(run_name: &str) -> &str {
+    run_name.rsplit_once("_s").map_or(run_name, |(group, _)| group)
+}
+
+fn cache_state(dir: &Path, planned: &TrainConfig) -> Result<CacheState> {
+    if !dir.exists() {
+        return Ok(CacheState::New);
+    }
+    let saved = saved_config(dir)?;
+    let differing = differing_keys(&comparable(&saved), &comparable(planned))?;
+    ensure!(
+        differing.is_empty(),
+        "{} exists but was trained with another configuration (differs in {differing:?}); remove it or sweep into another --output-dir",
+        dir.display()
+    );
+    if is_finished(dir, planned.max_steps)? {
+        Ok(CacheState::Finished)
+    } else if has_checkpoint(dir)? {
+        Ok(CacheState::Resumable)
+    } else {
+        Ok(CacheState::Stale)
+    }
+}
+
+/// A run directory's resolved configuration (`config.yaml`, written when the run started).
+pub fn saved_config(dir: &Path) -> Result<TrainConfig> {
+    let path = dir.join("config.yaml");
+    ensure!(path.exists(), "{} has no config.yaml: it is not a smallrl run directory (remove it or choose another --output-dir)", dir.display());
+    TrainConfig::resolve(Some(&path), Map::new()).with_context(|| format!("cannot read the run configuration {}", path.display()))
+}
+
+/// Without the keys that say where or how fast a run executed, not what it computed (the
+/// output directory may be spelled differently by another sweep over the same directory).
+fn comparable(config: &TrainConfig) -> TrainConfig {
+    TrainConfig {
+        threads: None,
+        device: defaults::DEVICE.into(),
+        output_dir: defaults::OUTPUT_DIR.into(),
+        name: config.name.clone().or_else(|| Some(UNNAMED_RUN.into())),
+        ..config.clone()
+    }
+}
+
+fn differing_keys(a: &TrainConfig, b: &TrainConfig) -> Result<Vec<String>> {
+    let (Value::Object(a), Value::Object(b)) = (serde_json::to_value(a)?, serde_json::to_value(b)?) else { unreachable!("structs serialize to objects") };
+    Ok(a.iter().filter(|(k, v)| b.get(*k) != Some(v)).map(|(k, _)| k.clone()).collect())
+}
+
+/// Finished = the final checkpoint exists (the trainer writes it atomically, after the final
+/// evaluation and metrics line), and metrics.jsonl and routing_eval.jsonl reach `max_steps`.
+pub fn is_finished(dir: &Path, max_steps: usize) -> Result<bool> {
+    let final_checkpoint = dir.join(crate::train::checkpoint::dir_name(max_steps));
+    Ok(final_checkpoint.is_dir() && last_step(&dir.join("metrics.jsonl"))? == Some(max_steps) && last_step(&dir.join("routing_eval.jsonl"))? == Some(max_steps))
+}
+
+/// The `step` of a JSON-lines file's last line (None for a missing or empty file).
+pub fn last_step(path: &Path) -> Result<Option<usize>> {
+    let lines = Jsonl::new(path.to_path_buf()).read()?;
+    lines.last().map(|l| l["step"].as_u64().map(|s| s as usize).with_context(|| format!("{}: the last line has no step", path.display()))).transpose()
+}
+
+fn has_checkpoint(dir: &Path) -> Result<bool> {
+    let entries = std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))?;
+    Ok(entries.filter_map(|e| e.ok()).any(|e| e.file_name().to_string_lossy().starts_with("checkpoint-")))
+}
+
+/// Runs grouped by experiment group (groups in name order, runs in their given order).
+pub fn groups<T>(runs: &[T], name: impl Fn(&T) -> &str) -> BTreeMap<String, Vec<&T>> {
+    let mut groups: BTreeMap<String, Vec<&T>> = BTreeMap::new();
+    for run in runs {
+        groups.entry(group_of(name(run)).to_string()).or_default().push(run);
+    }
+    groups
+}

@@ -1,0 +1,427 @@
+//! Sweeps (issue 6): planning (grid expansion, fixed keys, baselines and their de-duplication,
+//! the cache of finished runs, bad keys), SLURM emission, and one end-to-end sweep of 2×2 tiny
+//! runs on the `tiny-stories` fixture with its baselines: the summary against the runs' own
+//! metrics, the charts against their routing evaluations, the viewer in headless Chromium, the
+//! cache on a second sweep, `--collect` and `smallrl plot`.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::{fixture, repo_root};
+use serde_json::{Map, Value};
+use smallrl::sweep::charts::{self, SERIES};
+use smallrl::sweep::plan::{self, CacheState, RunRole, SweepSpec, expand, parse_fixed, parse_grid};
+use smallrl::train::TrainConfig;
+
+const HAPPY_CONFIG: &str = "configs/sentence_length_10_smooth_with_happy.yaml";
+
+fn spec(output_dir: &Path, grid: &[&str], fixed: &[&str]) -> SweepSpec {
+    SweepSpec {
+        config_file: Some(repo_root().join(HAPPY_CONFIG)),
+        fixed: fixed.iter().map(|f| parse_fixed(f).unwrap()).collect::<Map<String, Value>>(),
+        grid: grid.iter().map(|g| parse_grid(g).unwrap()).collect(),
+        output_dir: output_dir.to_path_buf(),
+    }
+}
+
+#[test]
+fn grid_expands_to_the_cartesian_product_last_key_fastest() {
+    let grid = vec![parse_grid("lr=1e-3,3e-3").unwrap(), parse_grid("seed=1,2,3").unwrap()];
+    let pairs: Vec<(f64, u64)> = expand(&grid).iter().map(|p| (p["lr"].as_f64().unwrap(), p["seed"].as_u64().unwrap())).collect();
+    assert_eq!(pairs, vec![(1e-3, 1), (1e-3, 2), (1e-3, 3), (3e-3, 1), (3e-3, 2), (3e-3, 3)]);
+    assert_eq!(expand(&[]), vec![Map::new()], "no grid is one run");
+    // kebab-case keys are accepted like on the command line
+    assert_eq!(parse_grid("max-steps=5").unwrap().0, "max_steps");
+}
+
+#[test]
+fn plan_applies_fixed_values_and_derives_deduplicated_baselines() {
+    let out = tempfile::tempdir().unwrap();
+    let out = out.path().join("sweep");
+    let grid = ["routing_mode=classic,exclusive", "ablated_frac=0,0.5", "seed=1,2"];
+    let plan = plan::plan(&spec(&out, &grid, &["max_steps=4", "beta=0.05"])).unwrap();
+    let (runs, baselines): (Vec<_>, Vec<_>) = plan.runs.iter().partition(|r| r.role == RunRole::Grid);
+    assert_eq!(runs.len(), 8);
+    // Routing mode and ablation are routing parameters: all 8 share 2 baselines (one per seed).
+    assert_eq!(baselines.len(), 2);
+    for run in &plan.runs {
+        assert_eq!((run.config.max_steps, run.config.beta), (4, 0.05), "fixed values apply to every run, baselines too");
+        assert_eq!(run.config.lr, 3e-4, "unswept keys come from the YAML config");
+        assert_eq!(run.state, CacheState::New);
+        assert_eq!(run.name, run.config.run_name().unwrap());
+    }
+    for run in &runs {
+        let expected = TrainConfig { routing_mode: "none".into(), ablated_frac: 0.0, ..run.config.clone() };
+        let baseline = plan.runs.iter().find(|b| Some(&b.name) == run.baseline.as_ref()).expect("the baseline is planned");
+        assert_eq!(baseline.config, expected, "{}: baseline = same run without routing", run.name);
+        assert_eq!(baseline.role, RunRole::Baseline);
+    }
+    let names: BTreeSet<&String> = plan.runs.iter().map(|r| &r.name).collect();
+    assert_eq!(names.len(), plan.runs.len(), "one directory per run");
+    assert!(!out.exists(), "planning writes nothing");
+
+    // A grid point that is itself another point's baseline is planned once, labelled baseline.
+    let plan = plan::plan(&spec(&out, &["routing_mode=none,classic"], &["seed=1"])).unwrap();
+    assert_eq!(plan.runs.len(), 2);
+    assert_eq!(plan.runs[1].baseline.as_ref(), Some(&plan.runs[0].name));
+    assert_eq!((plan.runs[0].role, plan.runs[1].role), (RunRole::Baseline, RunRole::Grid));
+}
+
+#[test]
+fn bad_keys_and_values_fail_before_any_run() {
+    let message = |e: anyhow::Error| format!("{e:#}");
+    let typo = message(parse_grid("lrr=1e-3,3e-3").unwrap_err());
+    assert!(typo.contains("--grid lrr=1e-3,3e-3") && typo.contains("unknown key `lrr`") && typo.contains("lr,"), "{typo}");
+    assert!(message(parse_fixed("threads=2").unwrap_err()).contains("--jobs"));
+    assert!(message(parse_grid("lr=1e-3,").unwrap_err()).contains("non-empty"));
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("never");
+    let bad_value = message(plan::plan(&spec(&out, &["lr=1e-3,-1"], &[])).unwrap_err());
+    assert!(bad_value.contains("\"lr\":-1") && bad_value.contains("lr must be positive"), "{bad_value}");
+
+    let output = smallrl(&["sweep", "--config", &happy_config_abs(), "--grid", "lrr=1,2", "--output-dir", out.to_str().unwrap()]);
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("unknown key `lrr`"));
+    assert!(!out.exists(), "a bad key fails before the output directory is made");
+}
+
+/// Writes the files a finished run leaves (the trainer's formats, with arbitrary values).
+fn fake_finished_run(dir: &Path, config: &TrainConfig) {
+    std::fs::create_dir_all(dir.join(format!("checkpoint-{}", config.max_steps))).unwrap();
+    let saved = TrainConfig { threads: Some(1), ..config.clone() };
+    std::fs::write(dir.join("config.yaml"), smallrl::yaml::to_string(&saved).unwrap()).unwrap();
+    let metrics: String = (1..=config.max_steps).map(|s| format!("{{\"step\":{s},\"reward\":0.5,\"kl\":0.01}}\n")).collect();
+    std::fs::write(dir.join("metrics.jsonl"), metrics).unwrap();
+    let evals: String = [2, 4].map(|s| format!("{{\"step\":{s},\"modes\":{{}}}}\n")).concat();
+    std::fs::write(dir.join("routing_eval.jsonl"), evals).unwrap();
+}
+
+#[test]
+fn finished_runs_are_cache_hits_and_interrupted_ones_resume_or_restart() {
+    let out = tempfile::tempdir().unwrap();
+    let sweep = spec(out.path(), &[], &["max_steps=4", "seed=3", "routing_mode=none"]);
+    let planned = plan::plan(&sweep).unwrap().runs.remove(0);
+    let dir = planned.dir(out.path());
+    fake_finished_run(&dir, &planned.config);
+    let state = || plan::plan(&sweep).map(|p| p.runs[0].state);
+    assert_eq!(state().unwrap(), CacheState::Finished, "a finished run is reused (another thread count does not matter)");
+
+    std::fs::write(dir.join("routing_eval.jsonl"), "{\"step\":2,\"modes\":{}}\n").unwrap();
+    assert_eq!(state().unwrap(), CacheState::Resumable, "without its final evaluation the run is not finished");
+    std::fs::remove_dir(dir.join("checkpoint-4")).unwrap();
+    assert_eq!(state().unwrap(), CacheState::Stale, "no checkpoint: nothing to resume from");
+    smallrl::sweep::runner::prepare(&plan::plan(&sweep).unwrap()).unwrap();
+    assert!(!dir.exists(), "a stale directory is moved aside before its run starts again");
+    let aside: Vec<_> = std::fs::read_dir(out.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).filter(|n| n.starts_with(&format!("{}.incomplete-", planned.name))).collect();
+    assert_eq!(aside.len(), 1, "kept for inspection");
+    let written = TrainConfig::resolve(Some(&smallrl::sweep::runner::run_config_path(out.path(), &planned.name)), Map::new()).unwrap();
+    assert_eq!(written.run_name().unwrap(), planned.name, "the child's YAML resolves to the planned run");
+
+    fake_finished_run(&dir, &TrainConfig { beta: 0.5, ..planned.config.clone() });
+    let error = format!("{:#}", state().unwrap_err());
+    assert!(error.contains("another configuration") && error.contains("beta"), "{error}");
+}
+
+#[test]
+fn slurm_emission_writes_one_command_per_run_and_runs_nothing() {
+    let out = tempfile::tempdir().unwrap();
+    let out = out.path().join("cluster");
+    let grid = ["routing_mode=classic", "seed=1,2"];
+    let config = happy_config_abs();
+    let mut args = vec!["sweep", "--config", config.as_str(), "--emit", "slurm", "--output-dir", out.to_str().unwrap(), "--grid"];
+    args.extend(grid);
+    let output = smallrl(&args);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let planned: BTreeSet<String> = plan::plan(&spec(&out, &grid, &[])).unwrap().runs.into_iter().map(|r| r.name).collect();
+    assert_eq!(planned.len(), 4, "2 routed runs and their 2 baselines");
+
+    let script = std::fs::read_to_string(out.join("sweep.sbatch")).unwrap();
+    assert!(script.contains("#SBATCH --array=0-3"), "{script}");
+    let jobs = std::fs::read_to_string(out.join("jobs.txt")).unwrap();
+    let mut named = BTreeSet::new();
+    for line in jobs.lines() {
+        assert!(script.contains(line.split(" > ").next().unwrap()), "the script runs the listed command {line}");
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(&words[1..3], &["train", "--config"]);
+        let config = TrainConfig::resolve(Some(Path::new(words[3])), Map::new()).unwrap();
+        named.insert(config.run_name().unwrap());
+    }
+    assert_eq!(named, planned, "each job trains exactly one planned run");
+    assert!(planned.iter().all(|name| !out.join(name).exists()), "emitting runs nothing");
+}
+
+fn happy_config_abs() -> String {
+    repo_root().join(HAPPY_CONFIG).to_string_lossy().into_owned()
+}
+
+fn smallrl(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_smallrl")).args(args).env_remove("RUST_BACKTRACE").output().unwrap()
+}
+
+/// A 2×2 sweep (two routing modes × two seeds) of tiny DualLoRA runs; the detector flags any
+/// "happy" so routing has samples to route. Baselines: one per seed, shared by both modes.
+fn tiny_sweep_args(out: &Path) -> Vec<String> {
+    let model = fixture("tiny-stories");
+    let fixed = [
+        format!("model={}", model.display()),
+        format!("prompts={}", model.join("prompts.txt").display()),
+        format!("plugin_dir={}", repo_root().join("plugins").display()),
+        "rh_detector={plugin: happy_count, params: {threshold: 1}}".into(),
+        "batch_size=8".into(),
+        "num_generations=4".into(),
+        "max_completion_length=24".into(),
+        "max_steps=4".into(),
+        "save_steps=4".into(),
+        "eval_every=2".into(),
+        "eval_samples=4".into(),
+        "lora_preset=r4".into(),
+        "lr=3e-2".into(),
+        "device=cpu".into(),
+    ];
+    let mut args: Vec<String> = ["sweep", "--config", &happy_config_abs(), "--jobs", "2", "--output-dir", out.to_str().unwrap()].map(String::from).to_vec();
+    args.extend(["--grid", "routing_mode=classic,exclusive", "seed=1,2", "--fixed"].map(String::from));
+    args.extend(fixed);
+    args
+}
+
+fn run_sweep(args: &[String]) -> String {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let output = smallrl(&args);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "sweep failed:\n{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    stdout
+}
+
+fn read_jsonl(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// (run, role, final_reward, kl, step, status) rows of summary.csv.
+fn read_summary(out: &Path) -> Vec<Vec<String>> {
+    let text = std::fs::read_to_string(out.join("summary.csv")).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("run,role,final_reward,kl,step,status"));
+    lines.map(|l| l.split(',').map(String::from).collect()).collect()
+}
+
+fn check_summary_against_metrics(out: &Path, status: &str) -> Vec<Vec<String>> {
+    let rows = read_summary(out);
+    assert_eq!(rows.len(), 6, "4 runs and 2 baselines");
+    for row in &rows {
+        let last = read_jsonl(&out.join(&row[0]).join("metrics.jsonl")).pop().unwrap();
+        assert_eq!(row[2].parse::<f64>().unwrap(), last["reward"].as_f64().unwrap(), "{} final reward", row[0]);
+        assert_eq!(row[3].parse::<f64>().unwrap(), last["kl"].as_f64().unwrap(), "{} kl", row[0]);
+        assert_eq!(row[4], "4");
+        assert_eq!(row[5], status);
+    }
+    rows
+}
+
+fn saved_config(run_dir: &Path) -> TrainConfig {
+    TrainConfig::resolve(Some(&run_dir.join("config.yaml")), Map::new()).unwrap()
+}
+
+fn png_pixels(path: &Path) -> (u32, u32, Vec<[u8; 3]>) {
+    let decoder = png::Decoder::new(std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())));
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    let channels = info.color_type.samples();
+    assert!(channels >= 3 && info.bit_depth == png::BitDepth::Eight, "{}: expected 8-bit RGB(A)", path.display());
+    let pixels = buf[..info.buffer_size()].chunks(channels).map(|p| [p[0], p[1], p[2]]).collect();
+    (info.width, info.height, pixels)
+}
+
+/// Whether a `side`×`side` square of `colour` is in the image: a bar, not a line (3 px), an
+/// error bar (black) or a legend swatch (12 px high).
+fn has_solid_square(width: u32, pixels: &[[u8; 3]], colour: (u8, u8, u8), side: usize) -> bool {
+    let near = |p: &[u8; 3]| p[0].abs_diff(colour.0) <= 3 && p[1].abs_diff(colour.1) <= 3 && p[2].abs_diff(colour.2) <= 3;
+    let width = width as usize;
+    let mut run_right = vec![0usize; width]; // matching pixels ending here in this row
+    let mut rows_down = vec![0usize; width]; // consecutive rows whose run here reaches `side`
+    for row in pixels.chunks(width) {
+        for (x, p) in row.iter().enumerate() {
+            run_right[x] = if near(p) { if x > 0 { run_right[x - 1] + 1 } else { 1 } } else { 0 };
+            rows_down[x] = if run_right[x] >= side { rows_down[x] + 1 } else { 0 };
+            if rows_down[x] >= side {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// The number of images in a GIF, walking its blocks (GIF89a: header, optional colour tables,
+/// extension blocks 0x21, image descriptors 0x2C, trailer 0x3B).
+fn gif_frames(bytes: &[u8]) -> usize {
+    assert!(bytes.starts_with(b"GIF89a"), "not a GIF");
+    let table = |flags: u8| if flags & 0x80 != 0 { 3 << ((flags & 7) + 1) } else { 0 };
+    let skip_sub_blocks = |mut i: usize| {
+        while bytes[i] != 0 {
+            i += bytes[i] as usize + 1;
+        }
+        i + 1
+    };
+    let (mut i, mut frames) = (13 + table(bytes[10]), 0);
+    loop {
+        match bytes[i] {
+            0x21 => i = skip_sub_blocks(i + 2),
+            0x2C => {
+                frames += 1;
+                i = skip_sub_blocks(i + 10 + table(bytes[i + 9]) + 1);
+            }
+            0x3B => return frames,
+            other => panic!("unexpected GIF block {other:#x} at byte {i}"),
+        }
+    }
+}
+
+/// Headless Chromium on a page with `action` (a missing Chromium fails the test: `make setup`).
+fn chromium(page: &Path, action: &str) -> Output {
+    let chromium = Path::new("/usr/bin/chromium");
+    assert!(chromium.exists(), "/usr/bin/chromium is missing: run `make setup` (apt-get install chromium)");
+    let profile = tempfile::tempdir().unwrap();
+    Command::new("timeout")
+        .arg("120")
+        .arg(chromium)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg(action)
+        .arg("--window-size=1000,800")
+        .arg(format!("file://{}", page.canonicalize().unwrap().display()))
+        .output()
+        .unwrap()
+}
+
+fn screenshot(page: &Path, png: &Path) {
+    let output = chromium(page, &format!("--screenshot={}", png.display()));
+    assert!(png.exists(), "no screenshot: {}", String::from_utf8_lossy(&output.stderr));
+}
+
+/// The page's DOM after its scripts ran.
+fn chromium_dump_dom(page: &Path) -> String {
+    String::from_utf8_lossy(&chromium(page, "--dump-dom").stdout).into_owned()
+}
+
+/// The group's mean over runs of `value(modes[mode])` at `step`, from routing_eval.jsonl.
+fn mean_eval(dirs: &[PathBuf], step: u64, mode: &str, value: impl Fn(&Value) -> f64) -> f64 {
+    let values: Vec<f64> = dirs
+        .iter()
+        .map(|d| read_jsonl(&d.join("routing_eval.jsonl")).into_iter().find(|l| l["step"] == step).map(|l| value(&l["modes"][mode])).unwrap())
+        .collect();
+    values.iter().sum::<f64>() / values.len() as f64
+}
+
+#[test]
+fn sweep_end_to_end_with_baselines_charts_viewer_and_cache() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("sweep");
+    let args = tiny_sweep_args(&out);
+    let stdout = run_sweep(&args);
+    assert_eq!(stdout.matches("[LAUNCH ").count(), 6, "{stdout}");
+    assert_eq!(stdout.lines().filter(|l| l.starts_with("[DONE ") && l.contains(" OK ")).count(), 6, "{stdout}");
+    assert!(stdout.contains("[STATUS] running 0  done 6  failed 0  queued 0"), "{stdout}");
+
+    // Summary against each run's own metrics; baselines are the routed runs without routing.
+    let rows = check_summary_against_metrics(&out, "OK");
+    let baselines: Vec<&Vec<String>> = rows.iter().filter(|r| r[1] == "baseline").collect();
+    assert_eq!(baselines.len(), 2);
+    for row in rows.iter().filter(|r| r[1] == "run") {
+        let routed = saved_config(&out.join(&row[0]));
+        let seed_baseline = baselines.iter().map(|b| saved_config(&out.join(&b[0]))).find(|b| b.seed == routed.seed).unwrap();
+        assert_eq!(seed_baseline.routing_mode, "none");
+        assert_eq!(seed_baseline, TrainConfig { routing_mode: "none".into(), ..routed }, "the baseline differs only in routing");
+    }
+
+    // Charts per group: the statistics against the routing evaluations read here directly.
+    let entries = smallrl::sweep::collect_entries(&out).unwrap();
+    let classic: Vec<PathBuf> = rows.iter().filter(|r| r[0].contains("_classic_")).map(|r| out.join(&r[0])).collect();
+    let baseline_dirs: Vec<PathBuf> = baselines.iter().map(|r| out.join(&r[0])).collect();
+    let group = plan::group_of(classic[0].file_name().unwrap().to_str().unwrap()).to_string();
+    let members: Vec<&_> = entries.iter().filter(|e| plan::group_of(&e.name) == group).collect();
+    let base_entries: Vec<&_> = entries.iter().filter(|e| baseline_dirs.contains(&e.dir)).collect();
+    let data = charts::group_data(&group, &members, &base_entries).unwrap();
+    assert_eq!(data.steps, vec![2, 4]);
+    // task reward = the retain component (sentence_length_10_smooth, scale 1); total = reward.
+    let task = |m: &Value| m["sentence_length_10_smooth"].as_f64().unwrap();
+    let total = |m: &Value| m["reward"].as_f64().unwrap();
+    let hack = |m: &Value| m["hack_freq"].as_f64().unwrap();
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+    for (series, mode, dirs) in [(1, "both", &classic), (3, "forget_only", &classic), (0, "both", &baseline_dirs)] {
+        for (metric, value) in [(0, &task as &dyn Fn(&Value) -> f64), (1, &total), (2, &hack)] {
+            let stat = data.get(4, series, metric).unwrap();
+            assert!(close(stat.mean, mean_eval(dirs, 4, mode, value)), "series {series} metric {metric}");
+            assert_eq!(stat.n, 2, "two seeds");
+        }
+    }
+    let group_dir = out.join("charts").join(&group);
+    for step in [2, 4] {
+        let (w, h, _) = png_pixels(&group_dir.join(format!("step-{step:06}.png")));
+        assert_eq!((w, h), charts::BAR_CHART_SIZE);
+    }
+    assert!(group_dir.join("over_steps.png").is_file());
+    assert_eq!(gif_frames(&std::fs::read(group_dir.join("animation.gif")).unwrap()), 2, "one frame per evaluation step");
+    let viewer = std::fs::read_to_string(group_dir.join("index.html")).unwrap();
+    assert!(viewer.contains("\"step-000002.png\"") && viewer.contains("\"step-000004.png\"") && viewer.contains("ArrowRight"));
+    assert!(std::fs::read_to_string(out.join("charts/index.html")).unwrap().contains(&format!("{group}/index.html")));
+
+    // The viewer, opened from the file system, shows the bar chart: every series colour.
+    let shot = tmp.path().join("viewer.png");
+    screenshot(&group_dir.join("index.html"), &shot);
+    let (width, _, pixels) = png_pixels(&shot);
+    let dom = chromium_dump_dom(&group_dir.join("index.html"));
+    assert!(dom.contains("step 2 (1/2)"), "the viewer's script did not run from file://: {dom}");
+    for (name, colour) in SERIES {
+        assert!(has_solid_square(width, &pixels, (colour.0, colour.1, colour.2), 20), "the viewer screenshot shows no {name} bar");
+    }
+
+    // A second sweep reuses every finished run; --collect rebuilds the same table.
+    let before = std::fs::read_to_string(out.join(&rows[0][0]).join("metrics.jsonl")).unwrap();
+    let stdout = run_sweep(&args);
+    assert_eq!(stdout.matches("[CACHED] ").count(), 6, "{stdout}");
+    assert!(!stdout.contains("[LAUNCH"), "{stdout}");
+    assert_eq!(std::fs::read_to_string(out.join(&rows[0][0]).join("metrics.jsonl")).unwrap(), before);
+    let cached = check_summary_against_metrics(&out, "CACHED");
+    let collect_args: Vec<String> = ["sweep", "--collect", out.to_str().unwrap()].map(String::from).to_vec();
+    run_sweep(&collect_args);
+    let collected = check_summary_against_metrics(&out, "OK");
+    let without_status = |rows: &[Vec<String>]| rows.iter().map(|r| r[..5].to_vec()).collect::<BTreeSet<_>>();
+    assert_eq!(without_status(&collected), without_status(&cached));
+
+    // `smallrl plot` of two runs.
+    let plots = tmp.path().join("plots");
+    let output = smallrl(&["plot", classic[0].to_str().unwrap(), classic[1].to_str().unwrap(), "--out", plots.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let (w, h, pixels) = png_pixels(&plots.join("curves.png"));
+    assert!(w == 1500 && h > 480, "three panels and a legend below them: {w}x{h}");
+    assert!(pixels.iter().filter(|p| p[0] != p[1] || p[1] != p[2]).count() > 500, "the curves are drawn in colour");
+}
+
+#[test]
+fn a_failing_run_is_reported_and_the_others_finish() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("sweep");
+    let mut args: Vec<String> = tiny_sweep_args(&out).into_iter().filter(|a| a != "routing_mode=classic,exclusive").collect();
+    // fp16 passes the sweep's validation but the trainer rejects it when the run starts.
+    let grid_at = args.iter().position(|a| a == "--grid").unwrap();
+    args.insert(grid_at + 1, "dtype=float32,fp16".into());
+    args.extend(["max_steps=2", "save_steps=2", "routing_mode=none"].map(String::from));
+    let output = smallrl(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(!output.status.success(), "a sweep with a failed run exits with an error");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("2 of 4 runs failed"), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(stdout.lines().filter(|l| l.starts_with("[DONE ") && l.contains(" FAIL ")).count(), 2, "{stdout}");
+    assert_eq!(stdout.lines().filter(|l| l.starts_with("[DONE ") && l.contains(" OK ")).count(), 2, "{stdout}");
+    let rows = read_summary(&out);
+    for row in rows {
+        let failed = row[0].contains("_dtypefp16_");
+        assert_eq!(row[5], if failed { "FAIL" } else { "OK" }, "{row:?}");
+        if failed {
+            let log = std::fs::read_to_string(out.join("logs").join(format!("{}.log", row[0]))).unwrap();
+            assert!(log.contains("unknown --dtype \"fp16\""), "the run's log has its error: {log}");
+        }
+    }
+}
