@@ -260,3 +260,25 @@ fn bad_model_directories_name_the_file_and_the_problem() {
     let theta = load_error(|_, c| { c["rope_theta"] = 500000.0.into(); });
     assert!(theta.contains("disagree"), "{theta}");
 }
+
+#[test]
+fn native_scorer_matches_the_training_forward_pass() {
+    // The reference log-probabilities of GRPO: native (unpadded rows, positions from 0) against
+    // the libtorch scoring path (left-padded batch, positions 0..T, as TRL).
+    let (loaded, _) = load("tiny-stories");
+    let text = std::fs::read_to_string(fixture("tiny-stories").join("prompts.txt")).unwrap();
+    let mut prompts: Vec<Vec<u32>> = text.lines().take(6).map(|l| loaded.tokenizer.encode(l).unwrap()).collect();
+    prompts[1].truncate(2);
+    prompts[4].truncate(6);
+    let decoder = DecodeModel::new(&loaded.model, &[]);
+    let generation = generate_with(Engine::Libtorch, &decoder, &prompts, &sampling(60, 1.0, 0, 1.0, 1.0), 3).unwrap();
+    assert!(generation.rows.iter().any(|r| r.ended_with_eos) && generation.rows.iter().any(|r| !r.ended_with_eos));
+    for (temperature, threads) in [(1.0, 1), (0.7, 2)] {
+        let native = smallrl::model::native::completion_logprobs(&decoder, &generation, temperature, threads).unwrap();
+        let reference = smallrl::grpo::frozen_logprobs(&loaded.model, (&generation).into(), temperature, &[]);
+        let mask = &generation.completion_mask;
+        let diff = masked_diff(&native.unsqueeze(-1), &reference.unsqueeze(-1), mask);
+        assert!(diff <= TOLERANCE, "temperature {temperature}: native vs libtorch log-probs differ by {diff}");
+        assert_eq!(native.masked_select(&mask.eq(0)).abs().sum(Kind::Float).double_value(&[]), 0.0, "padding must be 0");
+    }
+}

@@ -174,20 +174,38 @@ pub fn sample(model: &Model, prompts: &[Vec<u32>], params: &Sampling, uniforms: 
         assert!(p.len() + params.max_new_tokens <= model.dims.max_positions, "prompt plus completion exceeds max_positions");
         assert!(p.iter().all(|&t| (t as usize) < model.dims.vocab), "a prompt token is outside the vocabulary");
     }
-    if prompts.is_empty() {
+    let mut jobs: Vec<(&[u32], &mut UniformStream)> = prompts.iter().map(Vec::as_slice).zip(uniforms.iter_mut()).collect();
+    in_streams(&mut jobs, threads, |rows| run_stream(model, rows, params))
+}
+
+/// Log-probabilities of the tokens `start..` of each `(tokens, start)` sequence (`start >= 1`),
+/// each predicted from all tokens before it, with the logits divided by `temperature`: what
+/// GRPO's reference and old policies need. `threads` streams of sequences in parallel.
+pub fn score(model: &Model, sequences: &[(Vec<u32>, usize)], temperature: f32, threads: usize) -> Vec<Vec<f32>> {
+    for (tokens, start) in sequences {
+        assert!(*start >= 1 && *start <= tokens.len(), "scored tokens must follow at least one token");
+        assert!(tokens.len() <= model.dims.max_positions, "sequence longer than max_positions");
+        assert!(tokens.iter().all(|&t| (t as usize) < model.dims.vocab), "a token is outside the vocabulary");
+    }
+    assert!(temperature > 0.0, "temperature must be positive");
+    let mut jobs: Vec<&(Vec<u32>, usize)> = sequences.iter().collect();
+    in_streams(&mut jobs, threads, |rows| score_stream(model, rows, temperature))
+}
+
+/// Runs `work` on `threads` contiguous chunks of `jobs` in parallel and concatenates the
+/// results in job order (the calling thread does the work when there is one chunk).
+fn in_streams<J: Send, R: Send>(jobs: &mut [J], threads: usize, work: impl Fn(&mut [J]) -> Vec<R> + Sync) -> Vec<R> {
+    if jobs.is_empty() {
         return Vec::new();
     }
-    let per_stream = prompts.len().div_ceil(threads.clamp(1, prompts.len()));
-    if per_stream == prompts.len() {
-        return run_stream(model, prompts, params, uniforms);
+    let per_stream = jobs.len().div_ceil(threads.clamp(1, jobs.len()));
+    if per_stream == jobs.len() {
+        return work(jobs);
     }
+    let work = &work;
     std::thread::scope(|scope| {
-        let handles: Vec<_> = prompts
-            .chunks(per_stream)
-            .zip(uniforms.chunks_mut(per_stream))
-            .map(|(rows, streams)| scope.spawn(move || run_stream(model, rows, params, streams)))
-            .collect();
-        handles.into_iter().flat_map(|h| h.join().expect("a sampling stream panicked")).collect()
+        let handles: Vec<_> = jobs.chunks_mut(per_stream).map(|chunk| scope.spawn(move || work(chunk))).collect();
+        handles.into_iter().flat_map(|h| h.join().expect("a stream of rows panicked")).collect()
     })
 }
 
@@ -200,6 +218,11 @@ struct RowCache {
 }
 
 impl RowCache {
+    fn new(model: &Model, capacity: usize) -> Self {
+        let size = model.layers.len() * model.dims.kv_heads * model.dims.head_dim * capacity;
+        Self { keys: vec![0.0; size], values: vec![0.0; size], capacity }
+    }
+
     /// Offset of one layer's key/value head in `keys` and `values`.
     fn head_base(&self, layer: usize, kv_heads: usize, head: usize, head_dim: usize) -> usize {
         (layer * kv_heads + head) * self.capacity * head_dim
@@ -240,34 +263,33 @@ impl Scratch {
 }
 
 /// Samples every row of `prompts` on the calling thread.
-fn run_stream(model: &Model, prompts: &[Vec<u32>], params: &Sampling, uniforms: &mut [UniformStream]) -> Vec<RowOutput> {
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU supports the features the function is compiled for (checked above).
-        return unsafe { run_stream_avx2(model, prompts, params, uniforms) };
+fn run_stream(model: &Model, rows: &mut [(&[u32], &mut UniformStream)], params: &Sampling) -> Vec<RowOutput> {
+    if has_avx2() {
+        // SAFETY: the CPU supports the features the function is compiled for (checked).
+        return unsafe { run_stream_avx2(model, rows, params) };
     }
-    run_stream_body(model, prompts, params, uniforms)
+    run_stream_body(model, rows, params)
+}
+
+fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// The same loops compiled with AVX2 and FMA, so the element-wise kernels (exp, norms,
 /// attention) vectorise 8 wide; the matrix products dispatch on their own.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn run_stream_avx2(model: &Model, prompts: &[Vec<u32>], params: &Sampling, uniforms: &mut [UniformStream]) -> Vec<RowOutput> {
-    run_stream_body(model, prompts, params, uniforms)
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
+unsafe fn run_stream_avx2(model: &Model, rows: &mut [(&[u32], &mut UniformStream)], params: &Sampling) -> Vec<RowOutput> {
+    run_stream_body(model, rows, params)
 }
 
 #[inline(always)]
-fn run_stream_body(model: &Model, prompts: &[Vec<u32>], params: &Sampling, uniforms: &mut [UniformStream]) -> Vec<RowOutput> {
-    let layer_size = model.dims.kv_heads * model.dims.head_dim;
-    let mut caches: Vec<RowCache> = prompts
-        .iter()
-        .map(|p| {
-            let capacity = p.len() + params.max_new_tokens;
-            let size = model.layers.len() * layer_size * capacity;
-            RowCache { keys: vec![0.0; size], values: vec![0.0; size], capacity }
-        })
-        .collect();
+fn run_stream_body(model: &Model, rows: &mut [(&[u32], &mut UniformStream)], params: &Sampling) -> Vec<RowOutput> {
+    let (prompts, uniforms): (Vec<&[u32]>, Vec<&mut UniformStream>) = rows.iter_mut().map(|(p, u)| (*p, &mut **u)).unzip();
+    let mut uniforms = uniforms;
+    let mut caches: Vec<RowCache> = prompts.iter().map(|p| RowCache::new(model, p.len() + params.max_new_tokens)).collect();
     let mut seen: Vec<Vec<bool>> = if params.repetition_penalty != 1.0 {
         prompts.iter().map(|p| seen_tokens(p, model.dims.vocab)).collect()
     } else {
@@ -296,7 +318,7 @@ fn run_stream_body(model: &Model, prompts: &[Vec<u32>], params: &Sampling, unifo
         for (i, &row) in active.iter().enumerate() {
             let row_logits = &mut logits[i * model.dims.vocab..(i + 1) * model.dims.vocab];
             let row_seen = seen.get(row).map(Vec::as_slice);
-            let (token, logprob) = draw(row_logits, row_seen, params, &mut uniforms[row]);
+            let (token, logprob) = draw(row_logits, row_seen, params, uniforms[row]);
             outputs[row].tokens.push(token);
             outputs[row].logprobs.push(logprob);
             if let Some(s) = seen.get_mut(row) {
@@ -319,6 +341,52 @@ fn run_stream_body(model: &Model, prompts: &[Vec<u32>], params: &Sampling, unifo
         head(model, &scratch.x, &every, &mut logits);
     }
     outputs
+}
+
+fn score_stream(model: &Model, rows: &mut [&(Vec<u32>, usize)], temperature: f32) -> Vec<Vec<f32>> {
+    if has_avx2() {
+        // SAFETY: the CPU supports the features the function is compiled for (checked).
+        return unsafe { score_stream_avx2(model, rows, temperature) };
+    }
+    score_stream_body(model, rows, temperature)
+}
+
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
+unsafe fn score_stream_avx2(model: &Model, rows: &mut [&(Vec<u32>, usize)], temperature: f32) -> Vec<Vec<f32>> {
+    score_stream_body(model, rows, temperature)
+}
+
+/// One sequence at a time: the whole sequence as one block (causal through the cache), then
+/// the output head at the positions that predict the scored tokens. (Plain loops: closures
+/// would not be compiled with this function's target features.)
+#[inline(always)]
+fn score_stream_body(model: &Model, rows: &mut [&(Vec<u32>, usize)], temperature: f32) -> Vec<Vec<f32>> {
+    let vocab = model.dims.vocab;
+    let mut scratch = Scratch::default();
+    let mut logits = Vec::new();
+    let mut scored = Vec::with_capacity(rows.len());
+    for (tokens, start) in rows.iter() {
+        let mut cache = [RowCache::new(model, tokens.len())];
+        let mut block = Vec::with_capacity(tokens.len());
+        for (position, &token) in tokens.iter().enumerate() {
+            block.push(TokenSlot { row: 0, position, token });
+        }
+        forward(model, &block, &mut cache, &mut scratch);
+        let predicting: Vec<usize> = (start - 1..tokens.len() - 1).collect();
+        head(model, &scratch.x, &predicting, &mut logits);
+        let mut logprobs = Vec::with_capacity(predicting.len());
+        for (scores, &token) in logits.chunks_exact_mut(vocab).zip(&tokens[*start..]) {
+            if temperature != 1.0 {
+                for s in scores.iter_mut() {
+                    *s /= temperature;
+                }
+            }
+            let (chosen, max) = (scores[token as usize], max_of(scores));
+            logprobs.push(chosen - max - softmax_in_place(scores).ln());
+        }
+        scored.push(logprobs);
+    }
+    scored
 }
 
 fn seen_tokens(prompt: &[u32], vocab: usize) -> Vec<bool> {

@@ -87,8 +87,13 @@ fn bench_train(args: TrainBench) -> Result<()> {
                 values[values.len() / 2]
             };
             println!(
-                "{adapter:<9} threads {threads}: step {:.3} s (generate {:.3}, score {:.4}, train {:.3}), mean completion {:.0} tokens",
-                median("step_time"), median("timing/generate"), median("timing/score"), median("timing/train"), median("completions/mean_length")
+                "{adapter:<9} threads {threads}: step {:.3} s (generate {:.3}, score {:.4}, reference + old log-probs {:.3}, train {:.3}), mean completion {:.0} tokens",
+                median("step_time"),
+                median("timing/generate"),
+                median("timing/score"),
+                median("timing/reference"),
+                median("timing/train"),
+                median("completions/mean_length")
             );
         }
     }

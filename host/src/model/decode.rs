@@ -87,10 +87,15 @@ impl DecodeModel {
             kind: model.kind,
             native: None,
         };
-        if decoder.device == Device::Cpu && decoder.kind == Kind::Float {
+        if Self::native_available(decoder.device, decoder.kind) {
             decoder.native = Some(NativeModel::new(&decoder));
         }
         decoder
+    }
+
+    /// Whether the libtorch-free sampler and scorer (`native.rs`) serve this device and dtype.
+    pub fn native_available(device: Device, kind: Kind) -> bool {
+        device == Device::Cpu && kind == Kind::Float
     }
 
     pub fn new_cache(&self, batch: i64, capacity: i64) -> KvCache {

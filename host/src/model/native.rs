@@ -5,7 +5,7 @@
 //! decoders share every modelling decision; `tests/model.rs` holds this path to transformers'
 //! logits and greedy tokens and to the libtorch path's samples for the same seed.
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
 use smallrl_native::{Dims, Layer, Matrix, Model, RowOutput, Sampling, UniformStream};
 use tch::Tensor;
 
@@ -116,4 +116,39 @@ fn assemble(prompts: &[Vec<u32>], outputs: &[RowOutput], eos: u32) -> Generation
         sampling_logprobs: Tensor::from_slice(&logprobs).view(shape),
         rows,
     }
+}
+
+/// Log-probabilities of each completion token of `generation` under `decoder`'s weights, with
+/// logits divided by `temperature`: `[batch, completion_len]`, 0 after each row's first EOS.
+/// The same function as `grpo::frozen_logprobs` on the policy's scoring path (positions
+/// `0..T` over the left-padded batch): RoPE depends only on relative positions and padding is
+/// masked, so the two differ by float rounding only (about 1e-5).
+pub fn completion_logprobs(decoder: &DecodeModel, generation: &Generation, temperature: f64, threads: usize) -> Result<Tensor> {
+    let native = decoder.native.as_ref().context("the native scorer needs a float32 model on the CPU")?;
+    let prompts = masked_rows(&generation.prompt_ids, &generation.prompt_mask)?;
+    let completions = masked_rows(&generation.completion_ids, &generation.completion_mask)?;
+    let sequences: Vec<(Vec<u32>, usize)> = prompts
+        .into_iter()
+        .zip(&completions)
+        .map(|(prompt, completion)| {
+            let start = prompt.len();
+            (prompt.into_iter().chain(completion.iter().copied()).collect(), start)
+        })
+        .collect();
+    let dims = native.0.dims();
+    ensure!(sequences.iter().all(|(s, _)| s.len() <= dims.max_positions), "a sequence exceeds max_position_embeddings {}", dims.max_positions);
+    let scored = smallrl_native::score(&native.0, &sequences, temperature as f32, threads);
+    let (batch, width) = generation.completion_ids.size2()?;
+    let mut values = vec![0f32; (batch * width) as usize];
+    for (row, logprobs) in scored.iter().enumerate() {
+        values[row * width as usize..][..logprobs.len()].copy_from_slice(logprobs);
+    }
+    Ok(Tensor::from_slice(&values).view([batch, width]))
+}
+
+/// The tokens of each row where `mask` is 1, in order.
+fn masked_rows(ids: &Tensor, mask: &Tensor) -> Result<Vec<Vec<u32>>> {
+    let ids = Vec::<Vec<i64>>::try_from(ids.to_device(tch::Device::Cpu))?;
+    let mask = Vec::<Vec<i64>>::try_from(mask.to_device(tch::Device::Cpu))?;
+    Ok(ids.iter().zip(&mask).map(|(ids, mask)| ids.iter().zip(mask).filter(|(_, m)| **m == 1).map(|(&t, _)| t as u32).collect()).collect())
 }
