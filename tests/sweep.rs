@@ -404,10 +404,12 @@ fn sweep_end_to_end_with_baselines_charts_viewer_and_cache() {
 fn a_failing_run_is_reported_and_the_others_finish() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("sweep");
-    let mut args: Vec<String> = tiny_sweep_args(&out).into_iter().filter(|a| a != "routing_mode=classic,exclusive").collect();
-    // fp16 passes the sweep's validation but the trainer rejects it when the run starts.
+    let mut args: Vec<String> =
+        tiny_sweep_args(&out).into_iter().filter(|a| a != "routing_mode=classic,exclusive" && a != "max_completion_length=24").collect();
+    // 600 new tokens pass the sweep's validation (which does not load the model) but exceed the
+    // model's 512 positions, so those runs fail once they start.
     let grid_at = args.iter().position(|a| a == "--grid").unwrap();
-    args.insert(grid_at + 1, "dtype=float32,fp16".into());
+    args.insert(grid_at + 1, "max_completion_length=24,600".into());
     args.extend(["max_steps=2", "save_steps=2", "routing_mode=none"].map(String::from));
     let output = smallrl(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -417,11 +419,11 @@ fn a_failing_run_is_reported_and_the_others_finish() {
     assert_eq!(stdout.lines().filter(|l| l.starts_with("[DONE ") && l.contains(" OK ")).count(), 2, "{stdout}");
     let rows = read_summary(&out);
     for row in rows {
-        let failed = row[0].contains("_dtypefp16_");
+        let failed = row[0].contains("_len600_");
         assert_eq!(row[5], if failed { "FAIL" } else { "OK" }, "{row:?}");
         if failed {
             let log = std::fs::read_to_string(out.join("logs").join(format!("{}.log", row[0]))).unwrap();
-            assert!(log.contains("unknown --dtype \"fp16\""), "the run's log has its error: {log}");
+            assert!(log.contains("exceeds max_position_embeddings 512"), "the run's log has its error: {log}");
         }
     }
 }

@@ -192,6 +192,7 @@ impl TrainConfig {
     /// Rejects inconsistent settings before any work starts.
     pub fn validate(&self) -> Result<()> {
         let adapters = self.adapter_config()?;
+        crate::device::parse_dtype(&self.dtype)?;
         LossType::parse(&self.loss_type)?;
         let routing = RoutingMode::parse(&self.routing_mode)?;
         ensure!(self.reward.is_some(), "no reward: set `reward:` in the config or pass --reward-plugin");
