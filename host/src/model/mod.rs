@@ -14,6 +14,7 @@ pub mod llama;
 pub mod rope;
 pub mod tokenizer;
 pub mod weights;
+pub mod wordpiece;
 
 use anyhow::{Context, Result};
 use tch::{Device, Kind};
