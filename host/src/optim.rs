@@ -1,5 +1,6 @@
-//! AdamW, gradient-norm clipping and the linear learning-rate schedule, written out so that
-//! their state can be checkpointed and resumed exactly (tch's optimizers expose no state).
+//! AdamW, gradient-norm clipping and the learning-rate schedules (linear; warm-up + cosine),
+//! written out so that their state can be checkpointed and resumed exactly (tch's optimizers
+//! expose no state).
 //!
 //! The arithmetic follows `torch.optim.AdamW` (single-tensor path) and
 //! `torch.nn.utils.clip_grad_norm_` operation by operation.
