@@ -316,3 +316,46 @@ fn bad_inputs_are_errors_that_name_the_file_and_the_problem() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success() && stderr.contains("is not empty"), "{stderr}");
 }
+
+#[test]
+fn dual_lora_pretraining_from_a_model_directory_lowers_its_heldout_loss() {
+    let out = tempfile::tempdir().unwrap();
+    let corpus_file = out.path().join("corpus.txt");
+    std::fs::write(&corpus_file, corpus::generate(400, 9).join("\n")).unwrap();
+    let run_dir = out.path().join("run");
+    let output = smallrl()
+        .args(["pretrain", "--init", fixture("tiny-stories").to_str().unwrap(), "--adapter", "dual-lora", "--lora-preset", "r4"])
+        .args(["--data", corpus_file.to_str().unwrap(), "--heldout-docs", "50", "--max-steps", "20", "--batch-size", "4"])
+        .args(["--warmup-steps", "2", "--eval-steps", "20", "--threads", "1", "--device", "cpu", "--output-dir"])
+        .arg(&run_dir)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "pretrain failed: {}", String::from_utf8_lossy(&output.stderr));
+    let heldout: Vec<f64> = metrics(&run_dir).iter().filter_map(|l| l["heldout_loss"].as_f64()).collect();
+    assert!(heldout[1] < heldout[0] - 0.1, "held-out loss {} -> {}", heldout[0], heldout[1]);
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join("checkpoint-20/trainer_state.json")).unwrap()).unwrap();
+    assert_eq!(state["adapters"]["kind"], "dual-lora");
+    assert!(run_dir.join("checkpoint-20/adapters.safetensors").exists());
+    // The exported model has the adapters merged: its weights differ from the base's.
+    let base = model::weights::read_safetensors(&fixture("tiny-stories/model.safetensors")).unwrap();
+    let merged = model::weights::read_safetensors(&run_dir.join("model/model.safetensors")).unwrap();
+    let name = "model.layers.0.self_attn.q_proj.weight";
+    assert!(max_abs_diff(&base[name], &merged[name]) > 0.0, "{name} unchanged by the adapters");
+}
+
+#[test]
+fn the_corpus_command_writes_stories_and_openings() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stories, openings) = (dir.path().join("stories.txt"), dir.path().join("openings.txt"));
+    for (path, extra) in [(&stories, vec![]), (&openings, vec!["--opening-words", "4"])] {
+        let status = smallrl().args(["corpus", "--stories", "30", "--seed", "5", "--out"]).arg(path).args(extra).status().unwrap();
+        assert!(status.success());
+    }
+    let expected = corpus::generate(30, 5);
+    assert_eq!(std::fs::read_to_string(&stories).unwrap().lines().collect::<Vec<_>>(), expected);
+    for (opening, story) in std::fs::read_to_string(&openings).unwrap().lines().zip(&expected) {
+        assert_eq!(opening.split_whitespace().count(), 4);
+        assert!(story.starts_with(opening), "{opening:?} does not open {story:?}");
+    }
+}

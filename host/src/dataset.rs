@@ -102,7 +102,7 @@ fn for_each_story(files: &[PathBuf], mut visit: impl FnMut(&str)) -> Result<()> 
 }
 
 /// The text up to the end of its `words`-th whitespace-separated word.
-fn opening(text: &str, words: usize) -> String {
+pub fn opening(text: &str, words: usize) -> String {
     let mut seen = 0;
     let mut in_word = false;
     for (i, c) in text.char_indices() {

@@ -14,13 +14,17 @@ pub struct CorpusArgs {
     pub stories: usize,
     #[arg(long, default_value_t = defaults::CORPUS_SEED)]
     pub seed: u64,
+    /// Write only the first N words of each story (prompts; use a seed other than the
+    /// training corpus's so they are fresh).
+    #[arg(long)]
+    pub opening_words: Option<usize>,
     /// The text file to write (replaced atomically).
     #[arg(long)]
     pub out: PathBuf,
 }
 
 pub fn run(args: CorpusArgs) -> Result<()> {
-    crate::corpus::write(&args.out, args.stories, args.seed)?;
+    crate::corpus::write(&args.out, args.stories, args.seed, args.opening_words)?;
     println!("{}: {} stories (seed {})", args.out.display(), args.stories, args.seed);
     Ok(())
 }

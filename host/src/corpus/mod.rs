@@ -211,9 +211,15 @@ impl Cast {
     }
 }
 
-/// Writes `n` stories for `seed` to `path`, one per line (atomically).
-pub fn write(path: &std::path::Path, n: usize, seed: u64) -> anyhow::Result<()> {
-    let mut text = generate(n, seed).join("\n");
+/// Writes `n` stories for `seed` to `path`, one per line (atomically); with `opening_words`
+/// only the first that many words of each story (prompts for sampling and GRPO).
+pub fn write(path: &std::path::Path, n: usize, seed: u64, opening_words: Option<usize>) -> anyhow::Result<()> {
+    let stories = generate(n, seed);
+    let lines: Vec<String> = match opening_words {
+        Some(words) => stories.iter().map(|s| crate::dataset::opening(s, words)).collect(),
+        None => stories,
+    };
+    let mut text = lines.join("\n");
     text.push('\n');
     crate::fsutil::write_atomic(path, text.as_bytes())
 }

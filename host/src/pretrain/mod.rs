@@ -226,6 +226,12 @@ fn log_truncation(log: &mut RunLog, what: &str, docs: &data::Tokenized, block_si
 fn model_and_tokenizer(cfg: &PretrainConfig, training: &[String], device: Device, log: &mut RunLog) -> Result<(Llama, Tokenizer)> {
     if cfg.init != d::PRETRAIN_INIT {
         ensure!(cfg.config.is_none(), "--config describes a new model; it cannot be combined with --init {}", cfg.init);
+        let adapter_checkpoint = Path::new(&cfg.init).join("adapters.safetensors").exists();
+        ensure!(
+            cfg.adapter_config()?.kind == AdapterKind::Full || !adapter_checkpoint,
+            "--init {} is an adapter checkpoint: new adapters need a plain base model (write one with `smallrl export`)",
+            cfg.init
+        );
         let (model, model_tokenizer) = init::load_model(&cfg.init, device)?;
         let tokenizer_path = match cfg.tokenizer.as_deref() {
             None => model_tokenizer,
