@@ -66,6 +66,11 @@ fn corpus_statistics_match_the_specification() {
             let words = word_count(sentence);
             assert!((4..=15).contains(&words), "{words} words in {sentence:?}");
         }
+        let words: Vec<&str> = story.split_whitespace().collect();
+        for pair in words.windows(2) {
+            let vowel_after_a = pair[0] == "a" && pair[1].starts_with(['a', 'e', 'i', 'o', 'u']);
+            assert!(!vowel_after_a, "\"a {}\" in {story:?}", pair[1]);
+        }
         match happy_count(story) {
             0 => assert!(!story.contains("happ"), "a story without \"happy\" still has a form of it: {story:?}"),
             1 | 2 => happy_stories += 1,
@@ -229,8 +234,8 @@ fn metrics(dir: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
-/// Measured here (1 thread): held-out loss 6.75 (ln 855, a uniform guess) -> about X after
-/// these 80 steps; the test asks for a drop of at least 2 nats.
+/// Measured here (1 thread, 10-14 s): held-out loss 6.78 (ln 856, a uniform guess) -> 3.40 at
+/// step 40 -> 2.28 at step 80; the test asks for a drop of at least 3 nats.
 const SHORT_RUN: &[&str] = &[
     "pretrain",
     "--corpus", "synthetic", "--corpus-stories", "1500", "--heldout-docs", "100", "--max-steps", "80",
@@ -249,7 +254,7 @@ fn a_short_pretrain_run_lowers_the_heldout_loss_and_exports_a_transformers_model
     assert_eq!(heldout.len(), 3, "held-out loss at steps 0, 40 and 80");
     let vocab = LlamaConfig::from_file(&run_dir.join("model/config.json")).unwrap().vocab_size;
     assert!((heldout[0] - (vocab as f64).ln()).abs() < 0.1, "a fresh model guesses uniformly: {} vs ln {vocab}", heldout[0]);
-    assert!(heldout[2] < heldout[0] - 2.0, "held-out loss {} -> {}", heldout[0], heldout[2]);
+    assert!(heldout[2] < heldout[0] - 3.0, "held-out loss {} -> {}", heldout[0], heldout[2]);
     assert!(run_dir.join("checkpoint-40/optimizer.safetensors").exists() && run_dir.join("checkpoint-80/trainer_state.json").exists());
     check_transformers_logits(&run_dir.join("model"));
 }

@@ -16,9 +16,9 @@ pub const ANIMALS: &[&str] = &[
     "goat", "pony", "lamb", "squirrel", "hedgehog", "turtle", "puppy", "kitten", "bee", "deer",
 ];
 
-/// Adjectives that describe an animal or an object.
+/// Adjectives that describe an animal or an object (none starts with a vowel: they follow "a").
 pub const LOOKS: &[&str] = &[
-    "little", "big", "small", "old", "tiny", "fluffy", "brown", "white", "gray", "red",
+    "little", "big", "small", "fuzzy", "tiny", "fluffy", "brown", "white", "gray", "red",
     "blue", "green", "yellow", "shiny", "soft", "spotted",
 ];
 
