@@ -312,6 +312,15 @@ fn bad_inputs_are_errors_that_name_the_file_and_the_problem() {
     assert!(error.contains("/nonexistent/tokenizer.json"), "{error}");
     let error = pretrain_error(&["--data", corpus.to_str().unwrap(), "--heldout-docs", "5", "--init", "/nonexistent/model"]);
     assert!(error.contains("/nonexistent/model"), "{error}");
+    let bad_config = dir.path().join("config.json");
+    std::fs::write(&bad_config, "{\"vocab_size\": 900, \"rope_scaling\": {\"type\": \"linear\"}}").unwrap();
+    let error = pretrain_error(&["--data", corpus.to_str().unwrap(), "--heldout-docs", "5", "--config", bad_config.to_str().unwrap()]);
+    assert!(error.contains("config.json"), "{error}");
+    let checkpoint = dir.path().join("checkpoint-3");
+    std::fs::create_dir(&checkpoint).unwrap();
+    std::fs::write(checkpoint.join("trainer_state.json"), "{not json").unwrap();
+    let error = pretrain_error(&["--data", corpus.to_str().unwrap(), "--heldout-docs", "5", "--init", checkpoint.to_str().unwrap()]);
+    assert!(error.contains("checkpoint-3/trainer_state.json"), "{error}");
     let error = pretrain_error(&["--corpus", "synthetic", "--adapter", "lora"]);
     assert!(error.contains("--init PATH"), "{error}");
     let error = pretrain_error(&["--data", corpus.to_str().unwrap(), "--heldout-docs", "50"]);
