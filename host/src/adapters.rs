@@ -69,6 +69,40 @@ pub fn preset(name: &str) -> Result<Preset> {
     })
 }
 
+/// The rank settings of the `lora_*` / `retain_rank` / `forget_rank` options.
+pub struct Ranks {
+    pub lora_rank: usize,
+    pub retain_rank: usize,
+    pub forget_rank: usize,
+    pub lora_alpha: f64,
+    pub layer_stride: usize,
+}
+
+/// The adapter configuration of the options `adapter` (full, lora, dual-lora), `lora_preset`
+/// (DualLoRA only; overrides the ranks) and the ranks.
+pub fn config_from(adapter: &str, lora_preset: Option<&str>, ranks: &Ranks) -> Result<AdapterConfig> {
+    let config = match adapter {
+        "full" => {
+            ensure!(lora_preset.is_none(), "lora_preset is set but adapter is full");
+            AdapterConfig::full()
+        }
+        "lora" => {
+            ensure!(lora_preset.is_none(), "lora_preset applies to dual-lora; set lora_rank for lora");
+            AdapterConfig::lora(ranks.lora_rank, ranks.lora_alpha, ranks.layer_stride)
+        }
+        "dual-lora" => match lora_preset {
+            Some(name) => {
+                let p = preset(name)?;
+                AdapterConfig::dual_lora(p.retain_rank, p.forget_rank, p.alpha, p.layer_stride)
+            }
+            None => AdapterConfig::dual_lora(ranks.retain_rank, ranks.forget_rank, ranks.lora_alpha, ranks.layer_stride),
+        },
+        other => bail!("unknown adapter {other:?}: use full, lora or dual-lora"),
+    };
+    config.validate()?;
+    Ok(config)
+}
+
 impl AdapterConfig {
     pub fn full() -> Self {
         Self { kind: AdapterKind::Full, slots: vec![], ranks: vec![], alpha: 0.0, layer_stride: 1, target_modules: vec![] }

@@ -71,6 +71,18 @@ fn is_split_file(path: &str, split: &str) -> bool {
 /// WordPiece never merges across words, so the first tokens depend only on the first words).
 pub fn read_story_openings(files: &[PathBuf], words: usize) -> Result<Vec<String>> {
     let mut openings = Vec::new();
+    for_each_story(files, |story| openings.push(opening(story, words)))?;
+    Ok(openings)
+}
+
+/// Every story in the files, whole (pre-training documents).
+pub fn read_stories(files: &[PathBuf]) -> Result<Vec<String>> {
+    let mut stories = Vec::new();
+    for_each_story(files, |story| stories.push(story.to_string()))?;
+    Ok(stories)
+}
+
+fn for_each_story(files: &[PathBuf], mut visit: impl FnMut(&str)) -> Result<()> {
     for path in files {
         let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
         let reader = SerializedFileReader::new(file).with_context(|| format!("{} is not a parquet file", path.display()))?;
@@ -83,14 +95,14 @@ pub fn read_story_openings(files: &[PathBuf], words: usize) -> Result<Vec<String
         for row in reader.get_row_iter(None).with_context(|| format!("cannot read rows of {}", path.display()))? {
             let row = row.with_context(|| format!("bad row in {}", path.display()))?;
             let story = row.get_string(index).with_context(|| format!("{}: `{STORY_COLUMN}` is not a string", path.display()))?;
-            openings.push(opening(story, words));
+            visit(story);
         }
     }
-    Ok(openings)
+    Ok(())
 }
 
 /// The text up to the end of its `words`-th whitespace-separated word.
-fn opening(text: &str, words: usize) -> String {
+pub fn opening(text: &str, words: usize) -> String {
     let mut seen = 0;
     let mut in_word = false;
     for (i, c) in text.char_indices() {

@@ -5,6 +5,7 @@
 
 pub mod adapters;
 pub mod cli;
+pub mod corpus;
 pub mod dataset;
 pub mod defaults;
 pub mod device;
@@ -13,6 +14,7 @@ pub mod fsutil;
 pub mod grpo;
 pub mod model;
 pub mod optim;
+pub mod pretrain;
 pub mod plugins;
 pub mod prompts;
 pub mod reward;

@@ -1,5 +1,6 @@
-//! AdamW, gradient-norm clipping and the linear learning-rate schedule, written out so that
-//! their state can be checkpointed and resumed exactly (tch's optimizers expose no state).
+//! AdamW, gradient-norm clipping and the learning-rate schedules (linear; warm-up + cosine),
+//! written out so that their state can be checkpointed and resumed exactly (tch's optimizers
+//! expose no state).
 //!
 //! The arithmetic follows `torch.optim.AdamW` (single-tensor path) and
 //! `torch.nn.utils.clip_grad_norm_` operation by operation.
@@ -20,6 +21,8 @@ pub struct AdamWConfig {
 pub struct AdamW {
     config: AdamWConfig,
     params: Vec<(String, Tensor)>,
+    /// Whether weight decay applies to each parameter.
+    decays: Vec<bool>,
     exp_avg: Vec<Tensor>,
     exp_avg_sq: Vec<Tensor>,
     /// Optimizer steps taken so far.
@@ -27,9 +30,22 @@ pub struct AdamW {
 }
 
 impl AdamW {
+    /// Weight decay (if any) on every parameter, as the GRPO trainer's single parameter group.
     pub fn new(params: Vec<(String, Tensor)>, config: AdamWConfig) -> Self {
+        let decays = vec![true; params.len()];
+        Self::with_decays(params, decays, config)
+    }
+
+    /// Weight decay only on matrices (2-D and larger), none on norm weights: the usual
+    /// pre-training parameter groups.
+    pub fn decay_matrices_only(params: Vec<(String, Tensor)>, config: AdamWConfig) -> Self {
+        let decays = params.iter().map(|(_, t)| t.dim() >= 2).collect();
+        Self::with_decays(params, decays, config)
+    }
+
+    fn with_decays(params: Vec<(String, Tensor)>, decays: Vec<bool>, config: AdamWConfig) -> Self {
         let zeros = |p: &Vec<(String, Tensor)>| p.iter().map(|(_, t)| t.zeros_like().detach()).collect();
-        Self { config, exp_avg: zeros(&params), exp_avg_sq: zeros(&params), params, step: 0 }
+        Self { config, decays, exp_avg: zeros(&params), exp_avg_sq: zeros(&params), params, step: 0 }
     }
 
     pub fn params(&self) -> &[(String, Tensor)] {
@@ -82,7 +98,7 @@ impl AdamW {
         let step_size = lr / bias_correction1;
         for (i, (_, param)) in self.params.iter_mut().enumerate() {
             let grad = &grads[i];
-            if c.weight_decay != 0.0 {
+            if c.weight_decay != 0.0 && self.decays[i] {
                 *param *= 1.0 - lr * c.weight_decay;
             }
             let _ = self.exp_avg[i].lerp_(grad, 1.0 - c.beta1);
@@ -122,4 +138,31 @@ impl AdamW {
 /// optimizer step numbered `step` (0-based).
 pub fn linear_lr(base_lr: f64, step: usize, max_steps: usize) -> f64 {
     base_lr * (max_steps.saturating_sub(step)) as f64 / max_steps.max(1) as f64
+}
+
+/// Linear warm-up from 0 over `warmup_steps`, then cosine decay to `min_ratio * base_lr` at
+/// `max_steps`, for the optimizer step numbered `step` (0-based; step 0 already gets a
+/// non-zero rate, `base_lr / warmup_steps`).
+pub fn warmup_cosine_lr(base_lr: f64, step: usize, warmup_steps: usize, max_steps: usize, min_ratio: f64) -> f64 {
+    if step < warmup_steps {
+        return base_lr * (step + 1) as f64 / warmup_steps as f64;
+    }
+    let decay_steps = max_steps.saturating_sub(warmup_steps).max(1);
+    let progress = ((step - warmup_steps) as f64 / decay_steps as f64).min(1.0);
+    let cosine = 0.5 * (1.0 + (std::f64::consts::PI * progress).cos());
+    base_lr * (min_ratio + (1.0 - min_ratio) * cosine)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::warmup_cosine_lr;
+
+    #[test]
+    fn warmup_then_cosine_to_the_floor() {
+        let lr = |step| warmup_cosine_lr(1.0, step, 10, 110, 0.1);
+        assert!((lr(0) - 0.1).abs() < 1e-12 && (lr(9) - 1.0).abs() < 1e-12);
+        assert!((lr(10) - 1.0).abs() < 1e-12, "decay starts at the peak");
+        assert!((lr(60) - 0.55).abs() < 1e-12, "half way: (1 + 0.1) / 2");
+        assert!((lr(110) - 0.1).abs() < 1e-12 && (lr(500) - 0.1).abs() < 1e-12);
+    }
 }

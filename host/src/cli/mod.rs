@@ -6,13 +6,16 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod common;
+mod corpus;
 mod eval;
 mod export;
 mod logprobs;
 mod plot;
 mod plugin;
+mod pretrain;
 mod sample;
 mod sweep;
+mod tokenizer;
 mod train;
 
 #[derive(Parser)]
@@ -38,6 +41,13 @@ enum Command {
     Sample(sample::SampleArgs),
     /// Print the log-probability a model gives each next token of a text.
     Logprobs(logprobs::LogprobsArgs),
+    /// Causal-LM pre-training (from scratch or a model; full, LoRA or DualLoRA) to an HF model directory.
+    Pretrain(Box<pretrain::PretrainArgs>),
+    /// Write the synthetic story corpus (offline pipeline and tests; not a substitute for SimpleStories).
+    Corpus(corpus::CorpusArgs),
+    /// Train a WordPiece tokenizer with the SimpleStories recipe.
+    #[command(subcommand)]
+    Tokenizer(tokenizer::TokenizerCommand),
     /// Benchmarks that print throughput figures.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -55,6 +65,9 @@ pub fn main() -> Result<()> {
         Command::Export(args) => export::run(args),
         Command::Sample(args) => sample::run(args),
         Command::Logprobs(args) => logprobs::run(args),
+        Command::Pretrain(args) => pretrain::run(*args),
+        Command::Corpus(args) => corpus::run(args),
+        Command::Tokenizer(command) => tokenizer::run(command),
         Command::Bench(command) => bench::run(command),
         Command::Plugin(command) => plugin::run(command),
     }

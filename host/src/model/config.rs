@@ -37,7 +37,24 @@ const KNOWN_KEYS: &[&str] = &[
     "use_cache", "torch_dtype", "dtype", "transformers_version", "_name_or_path",
 ];
 
+/// The name of the SimpleStories-1.25M architecture for `--arch`.
+pub const SIMPLESTORIES_1_25M: &str = "simplestories-1.25m";
+
 impl LlamaConfig {
+    /// A named architecture with `vocab_size` tokens (the one shape that follows the
+    /// tokenizer). `simplestories-1.25m` is SimpleStories-1.25M (1,245,824 parameters at 4096
+    /// tokens): 4 layers, 128 wide, MLP 341, 4 heads and 2 key/value heads of 32, tied
+    /// embeddings, RMSNorm eps 1e-6, RoPE theta 10000, context 512, `[EOS]` = 1.
+    pub fn architecture(name: &str, vocab_size: usize) -> Result<Self> {
+        ensure!(name == SIMPLESTORIES_1_25M, "unknown architecture {name:?}: use {SIMPLESTORIES_1_25M} or --config config.json");
+        let raw = serde_json::json!({
+            "vocab_size": vocab_size, "hidden_size": 128, "intermediate_size": 341, "num_hidden_layers": 4,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0, "tie_word_embeddings": true, "max_position_embeddings": 512, "eos_token_id": 1,
+        });
+        Self::from_json(raw.as_object().expect("a JSON object"))
+    }
+
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read model config {}", path.display()))?;

@@ -105,8 +105,14 @@ impl Llama {
             self.config.max_position_embeddings
         );
         let positions = Tensor::arange(t, (Kind::Int64, self.device)).unsqueeze(0).expand([b, t], false);
-        let (cos, sin) = self.rope.at(&positions, self.kind);
-        let mask = training_mask(attention_mask);
+        self.forward_masked(input_ids, &positions, &training_mask(attention_mask), ctl)
+    }
+
+    /// [`Self::forward`] with explicit `[batch, seq]` positions and a boolean
+    /// `[batch, 1, seq, seq]` attention mask (true = attend), for packed sequences whose
+    /// documents must not see each other (see [`document_mask`]).
+    pub fn forward_masked(&self, input_ids: &Tensor, positions: &Tensor, mask: &Tensor, ctl: &[AdapterCtl]) -> Tensor {
+        let (cos, sin) = self.rope.at(positions, self.kind);
         let mut x = Tensor::embedding(&self.embed_tokens, input_ids, -1, false, false);
         let eps = self.config.rms_norm_eps;
         for block in &self.layers {
@@ -217,4 +223,14 @@ pub fn training_mask(attention_mask: &Tensor) -> Tensor {
     let diagonal = Tensor::eye(t, (Kind::Bool, device));
     let keys = attention_mask.to_kind(Kind::Bool).unsqueeze(1).unsqueeze(1);
     causal.logical_and(&keys.logical_or(&diagonal))
+}
+
+/// `[batch, 1, seq, seq]` boolean for packed rows: causal, and a token attends only to tokens
+/// of its own document (`document_ids`, `[batch, seq]`). The diagonal is always allowed, so no
+/// softmax row is empty (padding gets a document id of its own).
+pub fn document_mask(document_ids: &Tensor) -> Tensor {
+    let (_, t) = document_ids.size2().expect("document_ids must be [batch, seq]");
+    let causal = Tensor::ones([t, t], (Kind::Bool, document_ids.device())).tril(0);
+    let same_document = document_ids.unsqueeze(2).eq_tensor(&document_ids.unsqueeze(1)).unsqueeze(1);
+    causal.logical_and(&same_document)
 }

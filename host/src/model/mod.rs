@@ -15,6 +15,7 @@ pub mod native;
 pub mod rope;
 pub mod tokenizer;
 pub mod weights;
+pub mod wordpiece;
 
 use anyhow::{Context, Result};
 use tch::{Device, Kind};

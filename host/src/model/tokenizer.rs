@@ -35,6 +35,22 @@ impl Tokenizer {
         Ok(encoding.get_ids().to_vec())
     }
 
+    /// Encodes a training document with special tokens: the post-processor appends `[EOS]`,
+    /// which must come out as `eos_id` (the document's last target).
+    pub fn encode_document(&self, text: &str, eos_id: u32) -> Result<Vec<u32>> {
+        let encoding = self
+            .inner
+            .encode(text, true)
+            .map_err(|e| anyhow!("tokenizer {} cannot encode {text:?}: {e}", self.path.display()))?;
+        let ids = encoding.get_ids().to_vec();
+        ensure!(
+            ids.last() == Some(&eos_id),
+            "tokenizer {} does not append the end-of-sequence token {eos_id} to documents (its post-processor must add [EOS])",
+            self.path.display()
+        );
+        Ok(ids)
+    }
+
     /// Decodes ids to text with special tokens skipped (what rewards see).
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.inner

@@ -73,7 +73,17 @@ fn shard_files(index: &Path) -> Result<Vec<PathBuf>> {
 
 /// Loads a LLaMA from weight files, checking every tensor against the configuration.
 pub fn load_llama(config: LlamaConfig, files: &[PathBuf], device: Device, kind: Kind) -> Result<Llama> {
-    let mut stored = read_all(files)?;
+    assemble(config, read_all(files)?, device, kind)
+}
+
+/// Builds a LLaMA from named tensors made in memory (e.g. a fresh initialisation); `origin`
+/// stands for the file in error messages. The same checks as loading from disk apply.
+pub fn llama_from_tensors(config: LlamaConfig, tensors: Vec<(String, Tensor)>, origin: &Path, device: Device, kind: Kind) -> Result<Llama> {
+    let stored = tensors.into_iter().map(|(name, tensor)| (name, Stored { tensor, file: origin.to_owned() })).collect();
+    assemble(config, stored, device, kind)
+}
+
+fn assemble(config: LlamaConfig, mut stored: HashMap<String, Stored>, device: Device, kind: Kind) -> Result<Llama> {
     let mut take = |name: &str, shape: &[usize]| take_tensor(&mut stored, name, shape, device, kind);
     let (h, i) = (config.hidden_size, config.intermediate_size);
     let embed_tokens = take("model.embed_tokens.weight", &[config.vocab_size, h])?;

@@ -14,7 +14,6 @@ use anyhow::{Context, Result, ensure};
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
-use super::config::TrainConfig;
 use crate::adapters::{AdapterConfig, AdapterKind};
 use crate::model::weights::{read_safetensors, write_safetensors};
 
@@ -35,7 +34,8 @@ pub fn dir_name(step: usize) -> String {
 
 pub struct Snapshot<'a> {
     pub state: TrainerState,
-    pub config: &'a TrainConfig,
+    /// The run's resolved configuration as YAML (`config.yaml` of the checkpoint).
+    pub config_yaml: String,
     pub trainable: &'a [(String, Tensor)],
     pub optimizer: Vec<(String, Tensor)>,
     /// For full fine-tuning: the model configuration and tokenizer file written alongside, so
@@ -54,7 +54,7 @@ pub fn save(run_dir: &Path, snapshot: Snapshot) -> Result<PathBuf> {
             crate::model::export::write_hf_metadata(tmp, config, tokenizer)?;
         }
         std::fs::write(tmp.join("trainer_state.json"), serde_json::to_string_pretty(&snapshot.state)?)?;
-        std::fs::write(tmp.join("config.yaml"), crate::yaml::to_string(snapshot.config)?)?;
+        std::fs::write(tmp.join("config.yaml"), &snapshot.config_yaml)?;
         Ok(())
     })
     .with_context(|| format!("cannot write checkpoint {}", dir.display()))?;

@@ -227,26 +227,8 @@ impl TrainConfig {
     }
 
     pub fn adapter_config(&self) -> Result<AdapterConfig> {
-        let config = match self.adapter.as_str() {
-            "full" => {
-                ensure!(self.lora_preset.is_none(), "lora_preset is set but adapter is full");
-                AdapterConfig::full()
-            }
-            "lora" => {
-                ensure!(self.lora_preset.is_none(), "lora_preset applies to dual-lora; set lora_rank for lora");
-                AdapterConfig::lora(self.lora_rank, self.lora_alpha, self.layer_stride)
-            }
-            "dual-lora" => match &self.lora_preset {
-                Some(name) => {
-                    let p = adapters::preset(name)?;
-                    AdapterConfig::dual_lora(p.retain_rank, p.forget_rank, p.alpha, p.layer_stride)
-                }
-                None => AdapterConfig::dual_lora(self.retain_rank, self.forget_rank, self.lora_alpha, self.layer_stride),
-            },
-            other => bail!("unknown adapter {other:?}: use full, lora or dual-lora"),
-        };
-        config.validate()?;
-        Ok(config)
+        let ranks = adapters::Ranks { lora_rank: self.lora_rank, retain_rank: self.retain_rank, forget_rank: self.forget_rank, lora_alpha: self.lora_alpha, layer_stride: self.layer_stride };
+        adapters::config_from(&self.adapter, self.lora_preset.as_deref(), &ranks)
     }
 
     pub fn knobs(&self) -> ProtocolKnobs {

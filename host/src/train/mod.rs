@@ -409,7 +409,7 @@ impl Trainer {
         let hf_files = (self.adapters.kind == AdapterKind::Full).then_some((&self.model.config, self.model_files.tokenizer.as_path()));
         let dir = checkpoint::save(
             &self.run_dir,
-            checkpoint::Snapshot { state, config: &self.cfg, trainable: self.optimizer.params(), optimizer: self.optimizer.state_tensors(), hf_files },
+            checkpoint::Snapshot { state, config_yaml: crate::yaml::to_string(&self.cfg)?, trainable: self.optimizer.params(), optimizer: self.optimizer.state_tensors(), hf_files },
         )?;
         self.log.line(&format!("saved {}", dir.display()))
     }
