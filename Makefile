@@ -12,14 +12,12 @@ setup:
 build: setup
 	$(CARGO) build
 
-# The main job, offline: GRPO with DualLoRA and classic gradient routing on the pre-trained
-# tiny-stories fixture (../shared/fixtures), reward sentence_length_10_smooth + a hackable
-# "happy" bonus, routing evaluations every 25 steps. Outputs in runs/demo/<run name>/.
-FIXTURES ?= ../shared/fixtures/tiny-stories
-DEMO_FLAGS ?= --max-steps 100 --lr 1e-3 --eval-every 25 --save-steps 50
+# The main job, offline, end to end (scripts/demo.sh): a synthetic story corpus, a WordPiece
+# tokenizer, pre-training the SimpleStories-1.25M architecture from scratch, then GRPO with
+# DualLoRA and classic gradient routing on configs/sentence_length_10_smooth_with_happy.yaml,
+# and a report (reward curve PNG, routing evaluation, samples). Outputs in runs/demo/.
 demo: build plugins
-	./target/debug/smallrl train --config configs/sentence_length_10_smooth_with_happy.yaml \
-		--model $(FIXTURES) --prompts $(FIXTURES)/prompts.txt --output-dir runs/demo $(DEMO_FLAGS)
+	bash scripts/demo.sh
 
 test: setup plugins
 	$(CARGO) test
