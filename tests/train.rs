@@ -57,6 +57,26 @@ fn deterministic(lines: Vec<Value>) -> Vec<Value> {
         .collect()
 }
 
+/// Equal lines, with floats equal to 1e-12 relative: the training state is compared bit for bit
+/// (below), but libtorch's float64 reductions of logged summaries (a masked mean of per-token
+/// KL values near 1e-14 at step 1) can differ in the last bit with the memory alignment of
+/// their inputs, which differs between two trainers in one process.
+fn assert_same_metrics(a: &[Value], b: &[Value], file: &str) {
+    for (step, (x, y)) in a.iter().zip(b).enumerate() {
+        let (x, y) = (x.as_object().unwrap(), y.as_object().unwrap());
+        assert_eq!(x.keys().collect::<Vec<_>>(), y.keys().collect::<Vec<_>>(), "{file} line {step}: keys");
+        for (key, value) in x {
+            let other = &y[key];
+            match (value.as_f64(), other.as_f64()) {
+                (Some(p), Some(q)) if value.is_f64() => {
+                    assert!((p - q).abs() <= 1e-12 * p.abs().max(q.abs()), "{file} line {step}: {key} {p} vs {q} after resuming")
+                }
+                _ => assert_eq!(value, other, "{file} line {step}: {key} after resuming"),
+            }
+        }
+    }
+}
+
 fn train(config: Map<String, Value>) -> PathBuf {
     one_thread();
     let config = TrainConfig::resolve(None, config).unwrap();
@@ -90,7 +110,7 @@ fn resumed_run_repeats_the_uninterrupted_run_exactly() {
         let a = deterministic(read_jsonl(&whole.join(file)));
         let b = deterministic(read_jsonl(&resumed.run_dir.join(file)));
         assert_eq!(a.len(), if file == "metrics.jsonl" { 4 } else { 2 });
-        assert_eq!(a, b, "{file} of the resumed run differs from the uninterrupted run");
+        assert_same_metrics(&a, &b, file);
     }
     let weights = |dir: &Path| smallrl::model::weights::read_safetensors(&dir.join("checkpoint-4/adapters.safetensors")).unwrap();
     let (a, b) = (weights(&whole), weights(&resumed.run_dir));
