@@ -685,12 +685,17 @@ fn inverse_cdf(weights: &[f32], uniform: f64) -> usize {
     let mut cumulative = 0.0;
     for (b, &block_sum) in block_sums.iter().enumerate() {
         if cumulative + block_sum > target {
-            for (i, &w) in weights[b * BLOCK..].iter().enumerate().take(BLOCK) {
-                cumulative += w as f64;
-                if cumulative > target {
+            let block = &weights[b * BLOCK..(b * BLOCK + BLOCK).min(weights.len())];
+            let mut inside = cumulative;
+            for (i, &w) in block.iter().enumerate() {
+                inside += w as f64;
+                if inside > target {
                     return b * BLOCK + i;
                 }
             }
+            // The block's sum (eight lanes) and its running sum round differently: the draw
+            // fell in the block's last ulps, so it belongs to the block's last token with weight.
+            return b * BLOCK + block.iter().rposition(|&w| w > 0.0).expect("a block with positive sum has a token with weight");
         }
         cumulative += block_sum;
     }
@@ -751,6 +756,22 @@ mod tests {
         for (uniform, expected) in [(0.0, 1), (0.2499, 1), (0.25, 130), (0.7499, 130), (0.75, 199), (0.999_999, 199)] {
             assert_eq!(inverse_cdf(&weights, uniform), expected, "uniform {uniform}");
         }
+    }
+
+    #[test]
+    fn a_draw_in_the_rounding_gap_of_a_block_stays_in_that_block() {
+        // Block 0: 1.0 and 63 weights of 3e-17. Summed in eight lanes the block exceeds 1.0 by
+        // a few ulps; summed one by one it stays 1.0. A target in that gap belongs to block 0.
+        let mut weights = vec![3e-17f32; 128];
+        weights[0] = 1.0;
+        weights[64] = 1.0;
+        weights[65..].iter_mut().for_each(|w| *w = 0.0);
+        let block0 = sum_f64(&weights[..64]);
+        assert!(block0 > 1.0, "the lanes keep the small weights: {block0}");
+        let total = block0 + 1.0;
+        let uniform = (1.0 + (block0 - 1.0) / 2.0) / total;
+        assert!(uniform * total > 1.0 && uniform * total < block0);
+        assert_eq!(inverse_cdf(&weights, uniform), 63);
     }
 
     #[test]
