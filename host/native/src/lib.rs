@@ -287,8 +287,7 @@ unsafe fn run_stream_avx2(model: &Model, rows: &mut [(&[u32], &mut UniformStream
 
 #[inline(always)]
 fn run_stream_body(model: &Model, rows: &mut [(&[u32], &mut UniformStream)], params: &Sampling) -> Vec<RowOutput> {
-    let (prompts, uniforms): (Vec<&[u32]>, Vec<&mut UniformStream>) = rows.iter_mut().map(|(p, u)| (*p, &mut **u)).unzip();
-    let mut uniforms = uniforms;
+    let (prompts, mut uniforms): (Vec<&[u32]>, Vec<&mut UniformStream>) = rows.iter_mut().map(|(p, u)| (*p, &mut **u)).unzip();
     let mut caches: Vec<RowCache> = prompts.iter().map(|p| RowCache::new(model, p.len() + params.max_new_tokens)).collect();
     let mut seen: Vec<Vec<bool>> = if params.repetition_penalty != 1.0 {
         prompts.iter().map(|p| seen_tokens(p, model.dims.vocab)).collect()
