@@ -78,37 +78,64 @@ impl<'a> From<&'a Generation> for Sequences<'a> {
 
 /// One forward pass over `[prompt | completion]`; logits divided by `temperature`, then
 /// `log_softmax` gathered at the completion tokens (TRL's `selective_log_softmax`), and the
-/// entropy of each next-token distribution (a metric, no gradient).
+/// entropy of each next-token distribution (a metric, no gradient). `[batch, completion_len]`,
+/// 0 after each row's first EOS.
 pub fn completion_logprobs(model: &Llama, seqs: Sequences, temperature: f64, ctl: &[AdapterCtl]) -> TokenLogprobs {
-    let logits = completion_logits(model, seqs, temperature, ctl);
-    let normaliser = logits.logsumexp([-1], false);
-    let picked = logits.gather(-1, &seqs.completion_ids.unsqueeze(-1), false).squeeze_dim(-1);
+    let real = real_completion_logits(model, seqs, temperature, ctl);
+    let normaliser = real.logits.logsumexp([-1], false);
+    let picked = real.logits.gather(-1, &real.targets.unsqueeze(-1), false).squeeze_dim(-1);
     let entropy = tch::no_grad(|| {
-        let probs = logits.softmax(-1, Kind::Float);
-        &normaliser - (probs * &logits).sum_dim_intlist(-1, false, Kind::Float)
+        let probs = real.logits.softmax(-1, Kind::Float);
+        &normaliser - (probs * &real.logits).sum_dim_intlist(-1, false, Kind::Float)
     });
-    TokenLogprobs { logprobs: picked - normaliser, entropy }
+    TokenLogprobs { logprobs: real.scatter(&(picked - &normaliser)), entropy: real.scatter(&entropy) }
 }
 
 /// The completion log-probabilities only, without gradient: reference and old policies.
 pub fn frozen_logprobs(model: &Llama, seqs: Sequences, temperature: f64, ctl: &[AdapterCtl]) -> Tensor {
     tch::no_grad(|| {
-        let logits = completion_logits(model, seqs, temperature, ctl);
-        logits.gather(-1, &seqs.completion_ids.unsqueeze(-1), false).squeeze_dim(-1) - logits.logsumexp([-1], false)
+        let real = real_completion_logits(model, seqs, temperature, ctl);
+        let picked = real.logits.gather(-1, &real.targets.unsqueeze(-1), false).squeeze_dim(-1);
+        real.scatter(&(picked - real.logits.logsumexp([-1], false)))
     })
 }
 
-/// `[batch, completion_len, vocab]` logits / temperature at the positions that predict the
-/// completion tokens (only those go through the output head).
-fn completion_logits(model: &Llama, seqs: Sequences, temperature: f64, ctl: &[AdapterCtl]) -> Tensor {
+/// Logits / temperature at the positions that predict real completion tokens (mask 1), one
+/// row per token. Only those positions go through the output head: padding after EOS never
+/// reaches the loss (it is masked), so computing it, as TRL does, only costs time (about half
+/// of the head and log-softmax work when completions average half the longest).
+struct RealCompletionLogits {
+    /// `[n_real, vocab]`.
+    logits: Tensor,
+    /// `[n_real]` the completion tokens these logits predict.
+    targets: Tensor,
+    /// `[n_real]` positions in the flattened `[batch, completion_len]` grid.
+    positions: Tensor,
+    shape: [i64; 2],
+}
+
+impl RealCompletionLogits {
+    /// Per-token values `[n_real]` back on the `[batch, completion_len]` grid, 0 on padding
+    /// (differentiable in `values`).
+    fn scatter(&self, values: &Tensor) -> Tensor {
+        let grid = Tensor::zeros([self.shape[0] * self.shape[1]], (values.kind(), values.device()));
+        grid.index_copy(0, &self.positions, values).view(self.shape)
+    }
+}
+
+fn real_completion_logits(model: &Llama, seqs: Sequences, temperature: f64, ctl: &[AdapterCtl]) -> RealCompletionLogits {
     let input_ids = Tensor::cat(&[seqs.prompt_ids, seqs.completion_ids], 1);
     let attention_mask = Tensor::cat(&[seqs.prompt_mask, seqs.completion_mask], 1);
     let prompt_len = seqs.prompt_ids.size()[1];
-    let completion_len = seqs.completion_ids.size()[1];
+    let (batch, completion_len) = seqs.completion_ids.size2().expect("completion ids are [batch, len]");
     let hidden = model.forward(&input_ids, &attention_mask, ctl);
-    let predicting = hidden.narrow(1, prompt_len - 1, completion_len);
-    let logits = model.logits(&predicting).to_kind(Kind::Float);
-    if temperature != 1.0 { logits / temperature } else { logits }
+    let width = hidden.size()[2];
+    let predicting = hidden.narrow(1, prompt_len - 1, completion_len).reshape([-1, width]);
+    let positions = seqs.completion_mask.reshape([-1]).nonzero().squeeze_dim(1);
+    let logits = model.logits(&predicting.index_select(0, &positions)).to_kind(Kind::Float);
+    let logits = if temperature != 1.0 { logits / temperature } else { logits };
+    let targets = seqs.completion_ids.reshape([-1]).index_select(0, &positions);
+    RealCompletionLogits { logits, targets, positions, shape: [batch, completion_len] }
 }
 
 /// Schulman's k3 estimator of KL(policy || reference), per token.
