@@ -180,6 +180,13 @@ impl TrainConfig {
                 merged.insert("name".into(), stem.into());
             }
         }
+        if file.is_some() && !overrides.contains_key("name") {
+            let changed = changed_specs(&merged, &overrides);
+            if let (Some(Value::String(name)), false) = (merged.get("name"), changed.is_empty()) {
+                let renamed = format!("{name}_{changed}");
+                merged.insert("name".into(), renamed.into());
+            }
+        }
         merged.extend(overrides);
         let config: Self = serde_json::from_value(Value::Object(merged)).map_err(|e| {
             let source = file.map_or("the command line".to_string(), |p| p.display().to_string());
@@ -257,6 +264,42 @@ impl TrainConfig {
     }
 }
 
+/// The config file's name stands for its reward and detector, so a run that overrides either
+/// (flags, `--set`, a sweep's grid) says so in its name: `rew<label>` / `det<label>` for each one
+/// that differs from the file's; empty when neither does.
+fn changed_specs(from_file: &Map<String, Value>, overrides: &Map<String, Value>) -> String {
+    let mut parts = Vec::new();
+    for (key, short) in [("reward", "rew"), ("rh_detector", "det")] {
+        if let Some(value) = overrides.get(key).filter(|v| from_file.get(key) != Some(*v)) {
+            parts.push(format!("{short}-{}", spec_label(value)));
+        }
+    }
+    parts.join("_")
+}
+
+/// Plugin names and parameter values of a reward or detector spec, joined by `-`
+/// (`happy_count-threshold1`); `none` for null.
+fn spec_label(value: &Value) -> String {
+    fn walk(value: &Value, key: Option<&str>, out: &mut Vec<String>) {
+        match value {
+            Value::Object(map) => {
+                // Which plugin first, then its parameters (maps iterate alphabetically).
+                let (names, rest): (Vec<_>, Vec<_>) = map.iter().partition(|(k, _)| matches!(k.as_str(), "plugin" | "name"));
+                names.into_iter().chain(rest).for_each(|(k, v)| walk(v, Some(k), out));
+            }
+            Value::Array(items) => items.iter().for_each(|v| walk(v, None, out)),
+            Value::Null => out.push("none".into()),
+            leaf => match key {
+                Some("plugin" | "name" | "role") | None => out.push(compact(leaf)),
+                Some(k) => out.push(format!("{k}{}", compact(leaf))),
+            },
+        }
+    }
+    let mut out = Vec::new();
+    walk(value, None, &mut out);
+    out.join("-")
+}
+
 /// A value as it appears in a run name: `3e-4` rather than `0.0003`.
 fn compact(value: &Value) -> String {
     match value {
@@ -280,4 +323,33 @@ pub fn parse_override(text: &str) -> Result<(String, Value)> {
     let (key, value) = text.split_once('=').with_context(|| format!("override {text:?} is not key=value"))?;
     let value: Value = crate::yaml::from_str(value).with_context(|| format!("override {text:?}: bad value"))?;
     Ok((key.trim().replace('-', "_"), value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config_file() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sentence_length_10_smooth_with_happy.yaml")
+    }
+
+    fn resolved(overrides: &[(&str, &str)]) -> TrainConfig {
+        let overrides = overrides.iter().map(|(k, v)| (k.to_string(), crate::yaml::from_str(v).unwrap())).collect();
+        TrainConfig::resolve(Some(&config_file()), overrides).unwrap()
+    }
+
+    #[test]
+    fn run_names_say_when_the_reward_or_detector_differs_from_the_config_file() {
+        let plain = resolved(&[]).run_name().unwrap();
+        assert!(plain.starts_with("sentence_length_10_smooth_with_happy_dual-lora"), "{plain}");
+        let file_detector = "{plugin: happy_count, params: {threshold: 3}}";
+        assert_eq!(resolved(&[("rh_detector", file_detector)]).run_name().unwrap(), plain, "the file's own detector");
+        let other = resolved(&[("rh_detector", "{plugin: happy_count, params: {threshold: 1}}")]).run_name().unwrap();
+        assert!(other.starts_with("sentence_length_10_smooth_with_happy_det-happy_count-threshold1_"), "{other}");
+        let reward = "{components: [{plugin: happy_count, params: {max_count: 2}}]}";
+        let both = resolved(&[("reward", reward), ("rh_detector", "null"), ("routing_mode", "none")]).run_name().unwrap();
+        assert!(both.starts_with("sentence_length_10_smooth_with_happy_rew-happy_count-max_count2_det-none_"), "{both}");
+        let named = resolved(&[("rh_detector", "{plugin: happy_any}"), ("name", "mine")]).run_name().unwrap();
+        assert!(named.starts_with("mine_"), "an explicit name is kept: {named}");
+    }
 }
