@@ -427,3 +427,38 @@ fn a_failing_run_is_reported_and_the_others_finish() {
         }
     }
 }
+
+/// Processes (other than `exclude`) whose command line mentions `needle`.
+fn processes_mentioning(needle: &str, exclude: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != exclude && pid != std::process::id())
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| String::from_utf8_lossy(&c).contains(needle)))
+        .collect()
+}
+
+#[test]
+fn interrupting_a_sweep_stops_its_runs() {
+    use std::io::{BufRead, BufReader};
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("sweep");
+    // Long runs (they would take minutes), two at a time.
+    let mut args: Vec<String> = tiny_sweep_args(&out).into_iter().filter(|a| a != "max_steps=4").collect();
+    args.push("max_steps=2000".into());
+    let mut sweep = Command::new(env!("CARGO_BIN_EXE_smallrl")).args(&args).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(sweep.stdout.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    while seen.iter().filter(|l: &&String| l.starts_with("[LAUNCH ")).count() < 2 {
+        seen.push(lines.next().expect("the sweep printed two launches").unwrap());
+    }
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let needle = out.to_str().unwrap().to_string();
+    assert!(!processes_mentioning(&needle, sweep.id()).is_empty(), "the runs are child processes mentioning the output dir");
+    assert!(Command::new("kill").args(["-INT", &sweep.id().to_string()]).status().unwrap().success());
+    let status = sweep.wait().unwrap();
+    seen.extend(lines.map(Result::unwrap));
+    assert!(!status.success(), "an interrupted sweep exits with an error");
+    assert_eq!(seen.iter().filter(|l| l.starts_with("[STOPPED] ")).count(), 2, "{seen:?}");
+    assert_eq!(processes_mentioning(&needle, sweep.id()), Vec::<u32>::new(), "no run outlives the sweep");
+}
