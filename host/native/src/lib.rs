@@ -258,7 +258,7 @@ impl Scratch {
         self.attn.resize(m * model.dims.heads * hd, 0.0);
         self.gate_up.resize(m * 2 * model.dims.intermediate, 0.0);
         self.act.resize(m * model.dims.intermediate, 0.0);
-        self.scores.resize(capacity, 0.0);
+        self.scores.resize(capacity * (model.dims.heads / model.dims.kv_heads), 0.0);
     }
 }
 
@@ -479,7 +479,8 @@ fn rope_and_cache(model: &Model, layer: usize, block: &[TokenSlot], fused: &mut 
 }
 
 /// Causal attention of each token's (pre-scaled) query heads over its row's cached slots
-/// `0..=position`; query head `h` reads key/value head `h / (heads / kv_heads)`.
+/// `0..=position`; query head `h` reads key/value head `h / (heads / kv_heads)`. The query heads
+/// sharing a key/value head are scored together, each key row read once for the group.
 #[inline(always)]
 fn attention(model: &Model, layer: usize, block: &[TokenSlot], fused: &[f32], caches: &[RowCache], out: &mut [f32], scores: &mut [f32]) {
     let (hd, kv) = (model.dims.head_dim, model.dims.kv_heads);
@@ -488,27 +489,34 @@ fn attention(model: &Model, layer: usize, block: &[TokenSlot], fused: &[f32], ca
     for ((row, slot), out) in fused.chunks_exact(width).zip(block).zip(out.chunks_exact_mut(model.dims.heads * hd)) {
         let cache = &caches[slot.row];
         let len = slot.position + 1;
-        for h in 0..model.dims.heads {
-            let base = cache.head_base(layer, kv, h / group, hd);
-            let q = &row[h * hd..(h + 1) * hd];
-            let scores = &mut scores[..len];
-            query_key_scores(q, &cache.keys[base..base + hd * cache.capacity], cache.capacity, scores);
-            let inv_total = 1.0 / softmax_in_place(scores);
+        for kv_head in 0..kv {
+            let base = cache.head_base(layer, kv, kv_head, hd);
+            let heads = kv_head * group * hd..(kv_head + 1) * group * hd;
+            let scores = &mut scores[..group * len];
+            group_scores(&row[heads.clone()], hd, &cache.keys[base..base + hd * cache.capacity], cache.capacity, scores);
             let values = &cache.values[base..base + len * hd];
-            weighted_sum(scores, inv_total, values, &mut out[h * hd..(h + 1) * hd]);
+            for (head_scores, head_out) in scores.chunks_exact_mut(len).zip(out[heads].chunks_exact_mut(hd)) {
+                let inv_total = 1.0 / softmax_in_place(head_scores);
+                weighted_sum(head_scores, inv_total, values, head_out);
+            }
         }
     }
 }
 
-/// `scores[s] = q · key[s]` for keys stored `[head_dim][capacity]`: one pass over the slots
-/// per query component, so the loop runs along the slots (vectorised, no horizontal sums).
+/// `scores[g][s] = q_g · key[s]` for the query heads `queries` (`[group][head_dim]`) of one
+/// key head, keys stored `[head_dim][capacity]`, `scores` `[group][len]`: one pass over the
+/// slots per query component (vectorised along the slots, no horizontal sums).
 #[inline(always)]
-fn query_key_scores(q: &[f32], keys: &[f32], capacity: usize, scores: &mut [f32]) {
-    let len = scores.len();
+fn group_scores(queries: &[f32], head_dim: usize, keys: &[f32], capacity: usize, scores: &mut [f32]) {
+    let len = scores.len() / (queries.len() / head_dim);
     scores.fill(0.0);
-    for (keys_d, &qd) in keys.chunks_exact(capacity).zip(q) {
-        for (score, k) in scores.iter_mut().zip(&keys_d[..len]) {
-            *score += qd * k;
+    for (d, keys_d) in keys.chunks_exact(capacity).enumerate() {
+        let keys_d = &keys_d[..len];
+        for (head_scores, q) in scores.chunks_exact_mut(len).zip(queries.chunks_exact(head_dim)) {
+            let qd = q[d];
+            for (score, k) in head_scores.iter_mut().zip(keys_d) {
+                *score += qd * k;
+            }
         }
     }
 }
@@ -517,6 +525,8 @@ fn query_key_scores(q: &[f32], keys: &[f32], capacity: usize, scores: &mut [f32]
 /// head_dim of 32 gets an accumulator the compiler keeps in registers.
 #[inline(always)]
 fn weighted_sum(weights: &[f32], inv_total: f32, values: &[f32], out: &mut [f32]) {
+    // Inlined so it is compiled with the caller's target features.
+    #[inline(always)]
     fn fixed<const HD: usize>(weights: &[f32], values: &[f32]) -> [f32; HD] {
         let mut acc = [0f32; HD];
         for (w, v) in weights.iter().zip(values.chunks_exact(HD)) {
