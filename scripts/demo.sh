@@ -13,7 +13,7 @@ SMALLRL=${SMALLRL:-./target/debug/smallrl}
 DEMO_DIR=${DEMO_DIR:-runs/demo}
 THREADS=${THREADS:-2}
 PRETRAIN_STEPS=${PRETRAIN_STEPS:-1000}
-GRPO_FLAGS=${GRPO_FLAGS:---max-steps 240 --lr 1e-3 --ablated-frac 0.5 --eval-every 60 --save-steps 240}
+GRPO_FLAGS=${GRPO_FLAGS:---max-steps 240 --lr 2e-3 --ablated-frac 0.5 --eval-every 60 --save-steps 240}
 
 step() { printf '\n=== %s (%s)\n' "$1" "$(date +%H:%M:%S)"; }
 
