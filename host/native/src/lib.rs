@@ -16,8 +16,9 @@
 //! Invariant: each row's tokens depend only on its prompt and its own uniform stream, never on
 //! which stream or thread computed it.
 
-/// How tokens are drawn (the host's `SamplingParams`). `temperature == 0` is greedy.
-#[derive(Debug, Clone, Copy)]
+/// How tokens are drawn (the host re-exports it as `SamplingParams`). `temperature == 0` is
+/// greedy decoding.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sampling {
     pub max_new_tokens: usize,
     pub temperature: f64,

@@ -13,18 +13,8 @@ use super::decode::{DecodeModel, additive_mask, prefill_mask};
 use super::native;
 use crate::rng::SplitMix64;
 
-/// How tokens are drawn. `temperature == 0` is greedy decoding.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SamplingParams {
-    pub max_new_tokens: usize,
-    pub temperature: f64,
-    /// 0 disables top-k.
-    pub top_k: usize,
-    /// 1.0 disables nucleus sampling.
-    pub top_p: f64,
-    /// 1.0 disables the repetition penalty.
-    pub repetition_penalty: f64,
-}
+/// How tokens are drawn: one definition, shared with the native sampler.
+pub use smallrl_native::Sampling as SamplingParams;
 
 /// A sampled batch, as tensors (for the trainer) and per row (for people and rewards).
 pub struct Generation {
@@ -77,6 +67,15 @@ pub fn generate_with(engine: Engine, model: &DecodeModel, prompts: &[Vec<u32>], 
     ensure!(params.temperature >= 0.0, "temperature must be >= 0");
     ensure!(params.top_p > 0.0 && params.top_p <= 1.0, "top_p must be in (0, 1]");
     ensure!(params.repetition_penalty > 0.0, "repetition_penalty must be > 0");
+    let cfg = &model.config;
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    ensure!(
+        longest + params.max_new_tokens <= cfg.max_position_embeddings,
+        "prompt plus completion ({} tokens) exceeds max_position_embeddings {}",
+        longest + params.max_new_tokens,
+        cfg.max_position_embeddings
+    );
+    ensure!(prompts.iter().flatten().all(|&t| (t as usize) < cfg.vocab_size), "a prompt token id is outside the vocabulary");
     match engine {
         Engine::Native { threads } => {
             let native = model.native.as_ref().context("the native sampler needs a float32 model on the CPU")?;
@@ -168,18 +167,22 @@ pub fn mask_through_first_eos(ids: &Tensor, eos: i64) -> Tensor {
 }
 
 fn completion_rows(ids: &Tensor, mask: &Tensor, eos: i64) -> Result<Vec<CompletionRow>> {
-    let ids: Vec<Vec<i64>> = Vec::<Vec<i64>>::try_from(ids.to_device(tch::Device::Cpu))?;
-    let mask: Vec<Vec<i64>> = Vec::<Vec<i64>>::try_from(mask.to_device(tch::Device::Cpu))?;
-    Ok(ids
-        .iter()
-        .zip(&mask)
-        .map(|(ids, mask)| {
-            let kept: Vec<i64> = ids.iter().zip(mask).filter(|(_, m)| **m == 1).map(|(t, _)| *t).collect();
-            let ended_with_eos = kept.last() == Some(&eos);
-            let ids = kept[..kept.len() - usize::from(ended_with_eos)].iter().map(|&t| t as u32).collect();
-            CompletionRow { ids, ended_with_eos }
-        })
-        .collect())
+    Ok(masked_rows(ids, mask)?.iter().map(|kept| CompletionRow::new(kept, eos as u32)).collect())
+}
+
+impl CompletionRow {
+    /// A row from its tokens through the first EOS (if any).
+    pub(super) fn new(tokens: &[u32], eos: u32) -> Self {
+        let ended_with_eos = tokens.last() == Some(&eos);
+        Self { ids: tokens[..tokens.len() - usize::from(ended_with_eos)].to_vec(), ended_with_eos }
+    }
+}
+
+/// The tokens of each row where `mask` is 1, in order.
+pub(super) fn masked_rows(ids: &Tensor, mask: &Tensor) -> Result<Vec<Vec<u32>>> {
+    let ids = Vec::<Vec<i64>>::try_from(ids.to_device(tch::Device::Cpu))?;
+    let mask = Vec::<Vec<i64>>::try_from(mask.to_device(tch::Device::Cpu))?;
+    Ok(ids.iter().zip(&mask).map(|(ids, mask)| ids.iter().zip(mask).filter(|(_, m)| **m == 1).map(|(&t, _)| t as u32).collect()).collect())
 }
 
 /// Draws one token per row, applying HF's logits processors in HF's order: repetition penalty

@@ -6,11 +6,11 @@
 //! logits and greedy tokens and to the libtorch path's samples for the same seed.
 
 use anyhow::{Context, Result, ensure};
-use smallrl_native::{Dims, Layer, Matrix, Model, RowOutput, Sampling, UniformStream};
+use smallrl_native::{Dims, Layer, Matrix, Model, RowOutput, UniformStream};
 use tch::Tensor;
 
 use super::decode::DecodeModel;
-use super::generate::{CompletionRow, Generation, SamplingParams, left_pad, row_rng};
+use super::generate::{CompletionRow, Generation, SamplingParams, left_pad, masked_rows, row_rng};
 
 /// The float32 CPU copy of a [`DecodeModel`].
 pub struct NativeModel(Model);
@@ -55,32 +55,17 @@ impl NativeModel {
     }
 }
 
-/// Samples completions for `prompts` with `threads` independent streams of rows.
+/// Samples completions for `prompts` with `threads` independent streams of rows (arguments
+/// checked by `generate::generate_with`).
 pub fn generate(model: &NativeModel, prompts: &[Vec<u32>], params: &SamplingParams, seed: u64, threads: usize) -> Result<Generation> {
-    let dims = model.0.dims();
-    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-    ensure!(
-        longest + params.max_new_tokens <= dims.max_positions,
-        "prompt plus completion ({} tokens) exceeds max_position_embeddings {}",
-        longest + params.max_new_tokens,
-        dims.max_positions
-    );
-    ensure!(prompts.iter().flatten().all(|&t| (t as usize) < dims.vocab), "a prompt token id is outside the vocabulary");
-    let sampling = Sampling {
-        max_new_tokens: params.max_new_tokens,
-        temperature: params.temperature,
-        top_k: params.top_k,
-        top_p: params.top_p,
-        repetition_penalty: params.repetition_penalty,
-    };
     let mut uniforms: Vec<UniformStream> = (0..prompts.len())
         .map(|row| {
             let mut rng = row_rng(seed, row);
             Box::new(move || rng.next_f64()) as UniformStream
         })
         .collect();
-    let outputs = smallrl_native::sample(&model.0, prompts, &sampling, &mut uniforms, threads);
-    Ok(assemble(prompts, &outputs, dims.eos))
+    let outputs = smallrl_native::sample(&model.0, prompts, params, &mut uniforms, threads);
+    Ok(assemble(prompts, &outputs, model.0.dims().eos))
 }
 
 /// Builds the padded tensors of a [`Generation`] from the rows' outputs, as the libtorch path
@@ -101,13 +86,7 @@ fn assemble(prompts: &[Vec<u32>], outputs: &[RowOutput], eos: u32) -> Generation
         }
     }
     let shape = [batch as i64, longest as i64];
-    let rows = outputs
-        .iter()
-        .map(|o| {
-            let ended_with_eos = o.tokens.last() == Some(&eos);
-            CompletionRow { ids: o.tokens[..o.tokens.len() - usize::from(ended_with_eos)].to_vec(), ended_with_eos }
-        })
-        .collect();
+    let rows = outputs.iter().map(|o| CompletionRow::new(&o.tokens, eos)).collect();
     Generation {
         prompt_ids,
         prompt_mask,
@@ -144,11 +123,4 @@ pub fn completion_logprobs(decoder: &DecodeModel, generation: &Generation, tempe
         values[row * width as usize..][..logprobs.len()].copy_from_slice(logprobs);
     }
     Ok(Tensor::from_slice(&values).view([batch, width]))
-}
-
-/// The tokens of each row where `mask` is 1, in order.
-fn masked_rows(ids: &Tensor, mask: &Tensor) -> Result<Vec<Vec<u32>>> {
-    let ids = Vec::<Vec<i64>>::try_from(ids.to_device(tch::Device::Cpu))?;
-    let mask = Vec::<Vec<i64>>::try_from(mask.to_device(tch::Device::Cpu))?;
-    Ok(ids.iter().zip(&mask).map(|(ids, mask)| ids.iter().zip(mask).filter(|(_, m)| **m == 1).map(|(&t, _)| t as u32).collect()).collect())
 }
