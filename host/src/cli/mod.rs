@@ -57,6 +57,7 @@ enum Command {
 }
 
 pub fn main() -> Result<()> {
+    crate::device::keep_freed_memory();
     match Cli::parse().command {
         Command::Train(args) => train::run(*args),
         Command::Eval(args) => eval::run(args),
