@@ -81,40 +81,34 @@ impl<'a> From<&'a Generation> for Sequences<'a> {
 /// entropy of each next-token distribution (a metric, no gradient). `[batch, completion_len]`,
 /// 0 after each row's first EOS.
 pub fn completion_logprobs(model: &Llama, seqs: Sequences, temperature: f64, ctl: &[AdapterCtl]) -> TokenLogprobs {
-    let real = real_completion_logits(model, seqs, temperature, ctl);
-    let normaliser = real.logits.logsumexp([-1], false);
-    let picked = real.logits.gather(-1, &real.targets.unsqueeze(-1), false).squeeze_dim(-1);
-    let entropy = tch::no_grad(|| {
-        let probs = real.logits.softmax(-1, Kind::Float);
-        &normaliser - (probs * &real.logits).sum_dim_intlist(-1, false, Kind::Float)
-    });
-    TokenLogprobs { logprobs: real.scatter(&(picked - &normaliser)), entropy: real.scatter(&entropy) }
+    let real = real_completion_hidden(model, seqs, ctl);
+    let head = head_logprobs(model.head_weight(), &real.hidden, &real.targets, temperature);
+    TokenLogprobs { logprobs: real.scatter(&head.logprobs), entropy: real.scatter(&head.entropy) }
 }
 
 /// The completion log-probabilities only, without gradient: reference and old policies.
 pub fn frozen_logprobs(model: &Llama, seqs: Sequences, temperature: f64, ctl: &[AdapterCtl]) -> Tensor {
     tch::no_grad(|| {
-        let real = real_completion_logits(model, seqs, temperature, ctl);
-        let picked = real.logits.gather(-1, &real.targets.unsqueeze(-1), false).squeeze_dim(-1);
-        real.scatter(&(picked - real.logits.logsumexp([-1], false)))
+        let real = real_completion_hidden(model, seqs, ctl);
+        real.scatter(&head_logprobs(model.head_weight(), &real.hidden, &real.targets, temperature).logprobs)
     })
 }
 
-/// Logits / temperature at the positions that predict real completion tokens (mask 1), one
+/// Final hidden states at the positions that predict real completion tokens (mask 1), one
 /// row per token. Only those positions go through the output head: padding after EOS never
 /// reaches the loss (it is masked), so computing it, as TRL does, only costs time (about half
 /// of the head and log-softmax work when completions average half the longest).
-struct RealCompletionLogits {
-    /// `[n_real, vocab]`.
-    logits: Tensor,
-    /// `[n_real]` the completion tokens these logits predict.
+struct RealCompletionHidden {
+    /// `[n_real, hidden]`.
+    hidden: Tensor,
+    /// `[n_real]` the completion tokens these states predict.
     targets: Tensor,
     /// `[n_real]` positions in the flattened `[batch, completion_len]` grid.
     positions: Tensor,
     shape: [i64; 2],
 }
 
-impl RealCompletionLogits {
+impl RealCompletionHidden {
     /// Per-token values `[n_real]` back on the `[batch, completion_len]` grid, 0 on padding
     /// (differentiable in `values`).
     fn scatter(&self, values: &Tensor) -> Tensor {
@@ -123,7 +117,7 @@ impl RealCompletionLogits {
     }
 }
 
-fn real_completion_logits(model: &Llama, seqs: Sequences, temperature: f64, ctl: &[AdapterCtl]) -> RealCompletionLogits {
+fn real_completion_hidden(model: &Llama, seqs: Sequences, ctl: &[AdapterCtl]) -> RealCompletionHidden {
     let input_ids = Tensor::cat(&[seqs.prompt_ids, seqs.completion_ids], 1);
     let attention_mask = Tensor::cat(&[seqs.prompt_mask, seqs.completion_mask], 1);
     let prompt_len = seqs.prompt_ids.size()[1];
@@ -132,10 +126,74 @@ fn real_completion_logits(model: &Llama, seqs: Sequences, temperature: f64, ctl:
     let width = hidden.size()[2];
     let predicting = hidden.narrow(1, prompt_len - 1, completion_len).reshape([-1, width]);
     let positions = seqs.completion_mask.reshape([-1]).nonzero().squeeze_dim(1);
-    let logits = model.logits(&predicting.index_select(0, &positions)).to_kind(Kind::Float);
-    let logits = if temperature != 1.0 { logits / temperature } else { logits };
     let targets = seqs.completion_ids.reshape([-1]).index_select(0, &positions);
-    RealCompletionLogits { logits, targets, positions, shape: [batch, completion_len] }
+    RealCompletionHidden { hidden: predicting.index_select(0, &positions), targets, positions, shape: [batch, completion_len] }
+}
+
+/// Rows of the output head done together: a `[rows, vocab]` block of logits (4 MB for
+/// 256 × 4096) stays in cache through log-softmax, entropy and the residual product `r W`.
+const HEAD_CHUNK_ROWS: i64 = 256;
+
+struct HeadOutputs {
+    /// `[n]` log p(target), differentiable in the hidden states and the head weight.
+    logprobs: Tensor,
+    /// `[n]` entropy of each next-token distribution (no gradient).
+    entropy: Tensor,
+}
+
+/// `log_softmax(hidden W^T / T)` at `targets`, and the entropies, without `[tokens, vocab]`
+/// tensors in the autograd graph. The values are computed in cached chunks of rows outside
+/// autograd; the gradient comes from zero-valued terms built on the analytic derivatives
+/// (p = softmax, w_v = row v of W, r_v = 1[v = target] - p_v):
+///
+///   d logp / d h   = Σ_v r_v w_v / T    (a `[n, hidden]` product `r W`, made in the forward
+///                                        pass in place of the backward's `dlogits W`)
+///   d logp / d w_v = r_v h / T          (the backward of that same product `r W`)
+///
+/// So the log-softmax and gather backward passes and their `[tokens, vocab]` gradients are
+/// gone and the matrix products stay the same in number. `r` keeps the one-hot and the
+/// probabilities together: `w_target - p W` would cancel when the model is confident and
+/// lose digits. Tested against TRL's gradients and float64 ones (`tests/grpo_trl.rs`).
+fn head_logprobs(weight: &Tensor, hidden: &Tensor, targets: &Tensor, temperature: f64) -> HeadOutputs {
+    // Under `no_grad` nothing requires grad; a head weight learns only with full fine-tuning,
+    // where the hidden states learn too.
+    let learns_hidden = hidden.requires_grad();
+    let learns_weight = learns_hidden && weight.requires_grad();
+    let weight_f = weight.to_kind(Kind::Float);
+    let product_weight = if learns_weight { weight_f.shallow_clone() } else { weight_f.detach() };
+    let (frozen_hidden, frozen_weight) = (hidden.detach(), weight.detach());
+    let (mut logprobs, mut entropy, mut jacobian) = (Vec::new(), Vec::new(), Vec::new());
+    for (rows, row_targets) in frozen_hidden.split(HEAD_CHUNK_ROWS, 0).iter().zip(targets.split(HEAD_CHUNK_ROWS, 0)) {
+        let logits = rows.matmul(&frozen_weight.tr()).to_kind(Kind::Float);
+        let logits = if temperature != 1.0 { logits / temperature } else { logits };
+        let normaliser = logits.logsumexp([-1], false);
+        let row_targets = row_targets.unsqueeze(-1);
+        let picked = logits.gather(-1, &row_targets, false).squeeze_dim(-1);
+        logprobs.push(picked - &normaliser);
+        let mut probs = logits.softmax(-1, Kind::Float);
+        entropy.push(&normaliser - (&probs * &logits).sum_dim_intlist(-1, false, Kind::Float));
+        if learns_hidden {
+            // r_target = Σ_{v ≠ target} p_v, not 1 - p_target: a confident model (p_target
+            // ≈ 1) would lose digits in the subtraction.
+            let zeros = Tensor::zeros(row_targets.size(), (Kind::Float, probs.device()));
+            let _ = probs.scatter_(-1, &row_targets, &zeros);
+            let others = probs.sum_dim_intlist(-1, true, Kind::Float);
+            let residual = probs.neg_().scatter_(-1, &row_targets, &others);
+            // With a learning head weight this product keeps `residual` for its backward.
+            jacobian.push(residual.matmul(&product_weight) / temperature);
+        }
+    }
+    let mut logprobs = Tensor::cat(&logprobs, 0);
+    if learns_hidden {
+        let jacobian = Tensor::cat(&jacobian, 0);
+        let hidden_f = hidden.to_kind(Kind::Float);
+        logprobs = logprobs + ((&hidden_f - hidden_f.detach()) * jacobian.detach()).sum_dim_intlist(-1, false, Kind::Float);
+        if learns_weight {
+            let through_weight = (jacobian * hidden_f.detach()).sum_dim_intlist(-1, false, Kind::Float);
+            logprobs = logprobs + (&through_weight - through_weight.detach());
+        }
+    }
+    HeadOutputs { logprobs, entropy: Tensor::cat(&entropy, 0) }
 }
 
 /// Schulman's k3 estimator of KL(policy || reference), per token.

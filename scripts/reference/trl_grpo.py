@@ -452,7 +452,7 @@ def independent_loss(a: dict, b: dict[str, torch.Tensor], exact: bool = False) -
     clipped = ((ratio < 1 - eps_lo) & (adv < 0)) | ((ratio > 1 + eps_hi) & (adv > 0))
     return {
         "loss": loss.item(),
-        "grads": {f"grad.{n}": p.grad.detach().float() for n, p in model.named_parameters()},
+        "grads": {f"grad.{n}": p.grad.detach() for n, p in model.named_parameters()},
         "per_token_logps": (lp.detach() * m).float(),
         "advantages": adv.view(-1).float(),
         "kl": ((kl.detach() * m).sum() / m.sum()).item(),
@@ -590,6 +590,8 @@ def main() -> int:
     ap.add_argument("--args", type=Path)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--self-test", action="store_true", help="check this script against an independent loss")
+    ap.add_argument("--float64-out", type=Path, help="also save the float64 gradients of the independent "
+                    "loss (unpadded rows, no TRL code): the exact values both fp32 results approximate")
     ns = ap.parse_args()
     try:
         if ns.self_test:
@@ -597,6 +599,10 @@ def main() -> int:
         if not (ns.batch and ns.args and ns.out):
             ap.error("--batch, --args and --out are required (or --self-test)")
         run_cli(ns.args, ns.batch, ns.out)
+        if ns.float64_out:
+            a = read_args(ns.args)
+            exact = independent_loss(a, read_batch(ns.batch, a), exact=True)
+            save_file({"loss": torch.tensor(exact["loss"], dtype=torch.float64), **exact["grads"]}, str(ns.float64_out))
         return 0
     except InputError as e:
         print(f"trl_grpo.py: error: {e}", file=sys.stderr)

@@ -33,6 +33,60 @@ impl Lora {
     }
 }
 
+/// The adapters whose parameters learn from every row or from none, computed as one low-rank
+/// product: `x [A_1; A_2]^T` then `[B_1 | B_2]^T` with each adapter's scaling folded into its
+/// `B` block. For DualLoRA this halves the number of (thin, slow) matrix products; the value
+/// and every gradient are those of the separate branches.
+#[derive(Default)]
+struct JointBranch {
+    a_blocks: Vec<Tensor>,
+    b_blocks: Vec<Tensor>,
+    /// Per block, `Some([batch, 1, 1])` when rows see the adapter at different scales.
+    row_scales: Vec<Option<Tensor>>,
+}
+
+impl JointBranch {
+    fn push(&mut self, lora: &Lora, detach_weights: bool, scale: &RowScale) {
+        let (a, b) = if detach_weights { (lora.a.detach(), lora.b.detach()) } else { (lora.a.shallow_clone(), lora.b.shallow_clone()) };
+        let (scale, row_scale) = match scale {
+            RowScale::All(s) => (*s, None),
+            RowScale::PerRow(scales) => (1.0, Some(scales.shallow_clone())),
+        };
+        self.a_blocks.push(a);
+        self.b_blocks.push(b * (lora.scaling * scale));
+        self.row_scales.push(row_scale);
+    }
+
+    /// `y + x A^T B^T` (with per-row scales applied to the rank dimension).
+    fn add_to(self, y: Tensor, x: &Tensor) -> Tensor {
+        if self.a_blocks.is_empty() {
+            return y;
+        }
+        let a = Tensor::cat(&self.a_blocks, 0);
+        let b = Tensor::cat(&self.b_blocks, 1);
+        let mut low_rank = x.matmul(&a.tr());
+        if self.row_scales.iter().any(Option::is_some) {
+            let batch = x.size()[0];
+            let columns: Vec<Tensor> = self
+                .row_scales
+                .iter()
+                .zip(&self.a_blocks)
+                .map(|(scale, a)| {
+                    let rank = a.size()[0];
+                    match scale {
+                        Some(scales) => scales.expand([batch, 1, rank], false),
+                        None => Tensor::ones([batch, 1, rank], (low_rank.kind(), low_rank.device())),
+                    }
+                })
+                .collect();
+            low_rank = low_rank * Tensor::cat(&columns, 2);
+        }
+        let out = *y.size().last().expect("linear output has a feature dimension");
+        let rank = *low_rank.size().last().expect("low-rank product has a rank dimension");
+        y.reshape([-1, out]).addmm(&low_rank.reshape([-1, rank]), &b.tr()).view(y.size().as_slice())
+    }
+}
+
 /// How much of an adapter each row sees.
 pub enum RowScale {
     /// The same scale for every row (1 = on, 0 = off).
@@ -96,25 +150,26 @@ impl Linear {
             self.adapters.len()
         );
         let mut y = x.matmul(&self.weight.tr());
+        let mut joint = JointBranch::default();
         for (lora, ctl) in self.adapters.iter().zip(ctl) {
             let Some(lora) = lora else { continue };
             if ctl.is_off() {
                 continue;
             }
-            let branch = match &ctl.learn {
-                RowLearn::All => lora.branch(x, false),
-                RowLearn::Nothing => lora.branch(x, true),
+            match &ctl.learn {
+                RowLearn::All => joint.push(lora, false, &ctl.scale),
+                RowLearn::Nothing => joint.push(lora, true, &ctl.scale),
                 RowLearn::Rows(mask) => {
-                    lora.branch(x, false) * mask + lora.branch(x, true) * (1.0 - mask)
+                    let branch = lora.branch(x, false) * mask + lora.branch(x, true) * (1.0 - mask);
+                    y = match &ctl.scale {
+                        RowScale::All(s) if *s == 1.0 => y + branch,
+                        RowScale::All(s) => y + branch * *s,
+                        RowScale::PerRow(scales) => y + branch * scales,
+                    };
                 }
-            };
-            y = match &ctl.scale {
-                RowScale::All(s) if *s == 1.0 => y + branch,
-                RowScale::All(s) => y + branch * *s,
-                RowScale::PerRow(scales) => y + branch * scales,
-            };
+            }
         }
-        y
+        joint.add_to(y, x)
     }
 
     /// The weight with the adapters folded in at fixed scales (one per slot).
