@@ -15,76 +15,107 @@ pub struct Lora {
 }
 
 impl Lora {
-    /// `scaling * (x A^T) B^T`, with gradients to `A`/`B` only when `detach_weights` is false.
-    /// The input always keeps its gradient path: routing blocks parameter updates, not the flow
-    /// of gradient to earlier layers.
-    fn branch(&self, x: &Tensor, detach_weights: bool) -> Tensor {
-        let (a, b) = if detach_weights {
-            (self.a.detach(), self.b.detach())
-        } else {
-            (self.a.shallow_clone(), self.b.shallow_clone())
-        };
-        x.matmul(&a.tr()).matmul(&b.tr()) * self.scaling
-    }
-
     /// `B A * scaling`, the adapter folded into a weight matrix (for merged inference weights).
     pub fn delta_weight(&self) -> Tensor {
         self.b.matmul(&self.a) * self.scaling
     }
 }
 
-/// The adapters whose parameters learn from every row or from none, computed as one low-rank
-/// product: `x [A_1; A_2]^T` then `[B_1 | B_2]^T` with each adapter's scaling folded into its
-/// `B` block. For DualLoRA this halves the number of (thin, slow) matrix products; the value
-/// and every gradient are those of the separate branches.
+/// Every active adapter of a layer as one low-rank product pair: `x [A_1; A_2]^T`, then
+/// `[B_1 | B_2]^T` with each adapter's scaling folded into its `B` block. For DualLoRA this
+/// halves the number of (thin, slow) matrix products.
+///
+/// Routing: an adapter that may learn from some rows only enters the value path with detached
+/// weights (so gradient reaches `x` from every row but not its weights), and its weights get
+/// their gradient from zero-valued terms `t - t.detach()` whose products see only the learning
+/// rows: `t_A = (x ⊙ rows) A^T` added to its columns of the low-rank product, and
+/// `t_B = (u ⊙ rows) B^T` added to the output. That is the gradient of separate live and
+/// detached branches mixed by the row mask, with two extra products instead of a second branch.
 #[derive(Default)]
 struct JointBranch {
     a_blocks: Vec<Tensor>,
+    /// Scaled by `scaling * scale`.
     b_blocks: Vec<Tensor>,
     /// Per block, `Some([batch, 1, 1])` when rows see the adapter at different scales.
     row_scales: Vec<Option<Tensor>>,
+    /// Per block, the live weights and `[batch, 1, 1]` row mask of an adapter that learns
+    /// from some rows only.
+    routed: Vec<Option<Routed>>,
+}
+
+struct Routed {
+    a: Tensor,
+    /// Scaled like the block's `B`.
+    b: Tensor,
+    rows: Tensor,
 }
 
 impl JointBranch {
-    fn push(&mut self, lora: &Lora, detach_weights: bool, scale: &RowScale) {
-        let (a, b) = if detach_weights { (lora.a.detach(), lora.b.detach()) } else { (lora.a.shallow_clone(), lora.b.shallow_clone()) };
+    fn push(&mut self, lora: &Lora, learn: &RowLearn, scale: &RowScale) {
         let (scale, row_scale) = match scale {
             RowScale::All(s) => (*s, None),
             RowScale::PerRow(scales) => (1.0, Some(scales.shallow_clone())),
         };
-        self.a_blocks.push(a);
-        self.b_blocks.push(b * (lora.scaling * scale));
+        let b = &lora.b * (lora.scaling * scale);
+        let (a_block, b_block, routed) = match learn {
+            RowLearn::All => (lora.a.shallow_clone(), b, None),
+            RowLearn::Nothing => (lora.a.detach(), b.detach(), None),
+            RowLearn::Rows(rows) => (lora.a.detach(), b.detach(), Some(Routed { a: lora.a.shallow_clone(), b, rows: rows.shallow_clone() })),
+        };
+        self.a_blocks.push(a_block);
+        self.b_blocks.push(b_block);
         self.row_scales.push(row_scale);
+        self.routed.push(routed);
     }
 
-    /// `y + x A^T B^T` (with per-row scales applied to the rank dimension).
+    /// `y + x A^T B^T`, with per-row scales applied to the rank dimension.
     fn add_to(self, y: Tensor, x: &Tensor) -> Tensor {
         if self.a_blocks.is_empty() {
             return y;
         }
-        let a = Tensor::cat(&self.a_blocks, 0);
-        let b = Tensor::cat(&self.b_blocks, 1);
-        let mut low_rank = x.matmul(&a.tr());
+        let ranks: Vec<i64> = self.a_blocks.iter().map(|a| a.size()[0]).collect();
+        let mut low_rank = x.matmul(&Tensor::cat(&self.a_blocks, 0).tr());
+        if self.routed.iter().any(Option::is_some) {
+            let blocks: Vec<Tensor> = low_rank
+                .split_with_sizes(ranks.as_slice(), -1)
+                .into_iter()
+                .zip(&self.routed)
+                .map(|(block, routed)| match routed {
+                    Some(r) => block + weight_gradient_only(&(x.detach() * &r.rows).matmul(&r.a.tr())),
+                    None => block,
+                })
+                .collect();
+            low_rank = Tensor::cat(&blocks, -1);
+        }
         if self.row_scales.iter().any(Option::is_some) {
             let batch = x.size()[0];
             let columns: Vec<Tensor> = self
                 .row_scales
                 .iter()
-                .zip(&self.a_blocks)
-                .map(|(scale, a)| {
-                    let rank = a.size()[0];
-                    match scale {
-                        Some(scales) => scales.expand([batch, 1, rank], false),
-                        None => Tensor::ones([batch, 1, rank], (low_rank.kind(), low_rank.device())),
-                    }
+                .zip(&ranks)
+                .map(|(scale, &rank)| match scale {
+                    Some(scales) => scales.expand([batch, 1, rank], false),
+                    None => Tensor::ones([batch, 1, rank], (low_rank.kind(), low_rank.device())),
                 })
                 .collect();
             low_rank = low_rank * Tensor::cat(&columns, 2);
         }
         let out = *y.size().last().expect("linear output has a feature dimension");
-        let rank = *low_rank.size().last().expect("low-rank product has a rank dimension");
-        y.reshape([-1, out]).addmm(&low_rank.reshape([-1, rank]), &b.tr()).view(y.size().as_slice())
+        let total_rank = ranks.iter().sum::<i64>();
+        let mut y = y.reshape([-1, out]).addmm(&low_rank.reshape([-1, total_rank]), &Tensor::cat(&self.b_blocks, 1).tr()).view(y.size().as_slice());
+        let blocks = low_rank.detach().split_with_sizes(ranks.as_slice(), -1);
+        for (block, routed) in blocks.iter().zip(&self.routed) {
+            if let Some(r) = routed {
+                y = y + weight_gradient_only(&(block * &r.rows).matmul(&r.b.tr()));
+            }
+        }
+        y
     }
+}
+
+/// `t - t.detach()`: exactly zero, with `t`'s gradient.
+fn weight_gradient_only(t: &Tensor) -> Tensor {
+    t - t.detach()
 }
 
 /// How much of an adapter each row sees.
@@ -149,24 +180,11 @@ impl Linear {
             ctl.len(),
             self.adapters.len()
         );
-        let mut y = x.matmul(&self.weight.tr());
+        let y = x.matmul(&self.weight.tr());
         let mut joint = JointBranch::default();
         for (lora, ctl) in self.adapters.iter().zip(ctl) {
-            let Some(lora) = lora else { continue };
-            if ctl.is_off() {
-                continue;
-            }
-            match &ctl.learn {
-                RowLearn::All => joint.push(lora, false, &ctl.scale),
-                RowLearn::Nothing => joint.push(lora, true, &ctl.scale),
-                RowLearn::Rows(mask) => {
-                    let branch = lora.branch(x, false) * mask + lora.branch(x, true) * (1.0 - mask);
-                    y = match &ctl.scale {
-                        RowScale::All(s) if *s == 1.0 => y + branch,
-                        RowScale::All(s) => y + branch * *s,
-                        RowScale::PerRow(scales) => y + branch * scales,
-                    };
-                }
+            if let Some(lora) = lora.as_ref().filter(|_| !ctl.is_off()) {
+                joint.push(lora, &ctl.learn, &ctl.scale);
             }
         }
         joint.add_to(y, x)
