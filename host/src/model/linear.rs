@@ -74,36 +74,55 @@ impl JointBranch {
             return y;
         }
         let ranks: Vec<i64> = self.a_blocks.iter().map(|a| a.size()[0]).collect();
-        let mut low_rank = x.matmul(&Tensor::cat(&self.a_blocks, 0).tr());
-        if self.routed.iter().any(Option::is_some) {
-            let blocks: Vec<Tensor> = low_rank
-                .split_with_sizes(ranks.as_slice(), -1)
-                .into_iter()
-                .zip(&self.routed)
-                .map(|(block, routed)| match routed {
-                    Some(r) => block + weight_gradient_only(&(x.detach() * &r.rows).matmul(&r.a.tr())),
-                    None => block,
-                })
-                .collect();
-            low_rank = Tensor::cat(&blocks, -1);
+        let low_rank = x.matmul(&Tensor::cat(&self.a_blocks, 0).tr());
+        let low_rank = self.scale_rows(self.add_routed_a_gradients(low_rank, x, &ranks), &ranks);
+        let (out, total_rank) = (*y.size().last().expect("linear output has features"), ranks.iter().sum::<i64>());
+        let b = Tensor::cat(&self.b_blocks, 1);
+        let y = y.reshape([-1, out]).addmm(&low_rank.reshape([-1, total_rank]), &b.tr()).view(y.size().as_slice());
+        self.add_routed_b_gradients(y, &low_rank, &ranks)
+    }
+
+    /// `t_A` of each routed block, added to its columns of `x A^T`.
+    fn add_routed_a_gradients(&self, low_rank: Tensor, x: &Tensor, ranks: &[i64]) -> Tensor {
+        if self.routed.iter().all(Option::is_none) {
+            return low_rank;
         }
-        if self.row_scales.iter().any(Option::is_some) {
-            let batch = x.size()[0];
-            let columns: Vec<Tensor> = self
-                .row_scales
-                .iter()
-                .zip(&ranks)
-                .map(|(scale, &rank)| match scale {
-                    Some(scales) => scales.expand([batch, 1, rank], false),
-                    None => Tensor::ones([batch, 1, rank], (low_rank.kind(), low_rank.device())),
-                })
-                .collect();
-            low_rank = low_rank * Tensor::cat(&columns, 2);
+        let blocks: Vec<Tensor> = low_rank
+            .split_with_sizes(ranks, -1)
+            .into_iter()
+            .zip(&self.routed)
+            .map(|(block, routed)| match routed {
+                Some(r) => block + weight_gradient_only(&(x.detach() * &r.rows).matmul(&r.a.tr())),
+                None => block,
+            })
+            .collect();
+        Tensor::cat(&blocks, -1)
+    }
+
+    /// The rank dimension times each row's scale of each block (`[batch, seq, rank]` input).
+    fn scale_rows(&self, low_rank: Tensor, ranks: &[i64]) -> Tensor {
+        if self.row_scales.iter().all(Option::is_none) {
+            return low_rank;
         }
-        let out = *y.size().last().expect("linear output has a feature dimension");
-        let total_rank = ranks.iter().sum::<i64>();
-        let mut y = y.reshape([-1, out]).addmm(&low_rank.reshape([-1, total_rank]), &Tensor::cat(&self.b_blocks, 1).tr()).view(y.size().as_slice());
-        let blocks = low_rank.detach().split_with_sizes(ranks.as_slice(), -1);
+        let batch = low_rank.size()[0];
+        let columns: Vec<Tensor> = self
+            .row_scales
+            .iter()
+            .zip(ranks)
+            .map(|(scale, &rank)| match scale {
+                Some(scales) => scales.expand([batch, 1, rank], false),
+                None => Tensor::ones([batch, 1, rank], (low_rank.kind(), low_rank.device())),
+            })
+            .collect();
+        low_rank * Tensor::cat(&columns, 2)
+    }
+
+    /// `t_B` of each routed block, added to the output.
+    fn add_routed_b_gradients(&self, mut y: Tensor, low_rank: &Tensor, ranks: &[i64]) -> Tensor {
+        if self.routed.iter().all(Option::is_none) {
+            return y;
+        }
+        let blocks = low_rank.detach().split_with_sizes(ranks, -1);
         for (block, routed) in blocks.iter().zip(&self.routed) {
             if let Some(r) = routed {
                 y = y + weight_gradient_only(&(block * &r.rows).matmul(&r.b.tr()));
