@@ -8,7 +8,7 @@ use tch::{Kind, Tensor};
 
 use crate::model::Llama;
 use crate::model::generate::Generation;
-use crate::model::linear::AdapterCtl;
+use crate::model::linear::{AdapterCtl, gradient_only};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -159,9 +159,9 @@ fn head_logprobs(weight: &Tensor, hidden: &Tensor, targets: &Tensor, temperature
     // where the hidden states learn too.
     let learns_hidden = hidden.requires_grad();
     let learns_weight = learns_hidden && weight.requires_grad();
-    let weight_f = weight.to_kind(Kind::Float);
-    let product_weight = if learns_weight { weight_f.shallow_clone() } else { weight_f.detach() };
     let (frozen_hidden, frozen_weight) = (hidden.detach(), weight.detach());
+    // The weight of the residual product, made only when a gradient is wanted.
+    let product_weight = learns_hidden.then(|| (if learns_weight { weight } else { &frozen_weight }).to_kind(Kind::Float));
     let (mut logprobs, mut entropy, mut jacobian) = (Vec::new(), Vec::new(), Vec::new());
     for (rows, row_targets) in frozen_hidden.split(HEAD_CHUNK_ROWS, 0).iter().zip(targets.split(HEAD_CHUNK_ROWS, 0)) {
         let logits = rows.matmul(&frozen_weight.tr()).to_kind(Kind::Float);
@@ -172,7 +172,7 @@ fn head_logprobs(weight: &Tensor, hidden: &Tensor, targets: &Tensor, temperature
         logprobs.push(picked - &normaliser);
         let mut probs = logits.softmax(-1, Kind::Float);
         entropy.push(&normaliser - (&probs * &logits).sum_dim_intlist(-1, false, Kind::Float));
-        if learns_hidden {
+        if let Some(product_weight) = &product_weight {
             // r_target = Σ_{v ≠ target} p_v, not 1 - p_target: a confident model (p_target
             // ≈ 1) would lose digits in the subtraction.
             let zeros = Tensor::zeros(row_targets.size(), (Kind::Float, probs.device()));
@@ -180,17 +180,16 @@ fn head_logprobs(weight: &Tensor, hidden: &Tensor, targets: &Tensor, temperature
             let others = probs.sum_dim_intlist(-1, true, Kind::Float);
             let residual = probs.neg_().scatter_(-1, &row_targets, &others);
             // With a learning head weight this product keeps `residual` for its backward.
-            jacobian.push(residual.matmul(&product_weight) / temperature);
+            jacobian.push(residual.matmul(product_weight) / temperature);
         }
     }
     let mut logprobs = Tensor::cat(&logprobs, 0);
     if learns_hidden {
         let jacobian = Tensor::cat(&jacobian, 0);
         let hidden_f = hidden.to_kind(Kind::Float);
-        logprobs = logprobs + ((&hidden_f - hidden_f.detach()) * jacobian.detach()).sum_dim_intlist(-1, false, Kind::Float);
+        logprobs = logprobs + (gradient_only(&hidden_f) * jacobian.detach()).sum_dim_intlist(-1, false, Kind::Float);
         if learns_weight {
-            let through_weight = (jacobian * hidden_f.detach()).sum_dim_intlist(-1, false, Kind::Float);
-            logprobs = logprobs + (&through_weight - through_weight.detach());
+            logprobs = logprobs + gradient_only(&(jacobian * hidden_f.detach()).sum_dim_intlist(-1, false, Kind::Float));
         }
     }
     HeadOutputs { logprobs, entropy: Tensor::cat(&entropy, 0) }

@@ -92,7 +92,7 @@ impl JointBranch {
             .into_iter()
             .zip(&self.routed)
             .map(|(block, routed)| match routed {
-                Some(r) => block + weight_gradient_only(&(x.detach() * &r.rows).matmul(&r.a.tr())),
+                Some(r) => block + gradient_only(&(x.detach() * &r.rows).matmul(&r.a.tr())),
                 None => block,
             })
             .collect();
@@ -125,15 +125,16 @@ impl JointBranch {
         let blocks = low_rank.detach().split_with_sizes(ranks, -1);
         for (block, routed) in blocks.iter().zip(&self.routed) {
             if let Some(r) = routed {
-                y = y + weight_gradient_only(&(block * &r.rows).matmul(&r.b.tr()));
+                y = y + gradient_only(&(block * &r.rows).matmul(&r.b.tr()));
             }
         }
         y
     }
 }
 
-/// `t - t.detach()`: exactly zero, with `t`'s gradient.
-fn weight_gradient_only(t: &Tensor) -> Tensor {
+/// `t - t.detach()`: exactly zero, with `t`'s gradient. Adds a gradient path to a value computed
+/// elsewhere (routed adapters here, the output head's analytic gradient in `grpo`).
+pub fn gradient_only(t: &Tensor) -> Tensor {
     t - t.detach()
 }
 
