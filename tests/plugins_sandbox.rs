@@ -12,15 +12,19 @@ fn batch() -> Vec<Sample> {
     ["w w happy .", "w .", "happy happy"].iter().map(|tokens| sample_from_tokens(tokens)).collect()
 }
 
-/// Tight limits so the runaway cases finish fast.
+/// Tight limits so the runaway cases finish fast (the default fuel per sample).
 fn tight_limits() -> PluginLimits {
-    PluginLimits { max_memory_bytes: 32 << 20, max_call_time: Duration::from_millis(300) }
+    PluginLimits::new(0.3, 32, smallrl::defaults::PLUGIN_FUEL_PER_SAMPLE).unwrap()
 }
 
 /// Loads the misbehaving plugin in `mode` and returns the error of scoring a batch of three.
 fn misbehave(mode: &str) -> (Plugin, String) {
+    misbehave_within(mode, tight_limits())
+}
+
+fn misbehave_within(mode: &str, limits: PluginLimits) -> (Plugin, String) {
     let params = format!(r#"{{"mode": "{mode}"}}"#);
-    let mut plugin = Plugin::load(&test_plugin("misbehaving"), &params, tight_limits()).unwrap();
+    let mut plugin = Plugin::load(&test_plugin("misbehaving"), &params, limits).unwrap();
     let started = Instant::now();
     let error = plugin.score(&batch()).expect_err("the plugin misbehaves");
     assert!(started.elapsed() < Duration::from_secs(5), "{mode}: took {:?}", started.elapsed());
@@ -44,9 +48,9 @@ fn assert_host_still_works() {
 }
 
 #[test]
-fn an_endless_loop_hits_the_call_time_limit() {
+fn an_endless_loop_runs_out_of_fuel() {
     let (mut plugin, error) = misbehave("loop");
-    assert_contains(&error, &["plugin misbehaving", "misbehaving.wasm", "score failed", "call-time limit of 300ms"]);
+    assert_contains(&error, &["plugin misbehaving", "misbehaving.wasm", "score failed", "ran out of fuel: 30000000 instructions"]);
     // The trapped instance is not used again silently...
     let again = format!("{:#}", plugin.score(&batch()).unwrap_err());
     assert_contains(&again, &["an earlier call failed", "re-instantiated explicitly"]);
@@ -58,7 +62,8 @@ fn an_endless_loop_hits_the_call_time_limit() {
 
 #[test]
 fn a_memory_bomb_hits_the_memory_limit() {
-    let (_, error) = misbehave("memory_bomb");
+    // Filling each megabyte costs fuel; enough fuel that the memory limit is what stops it.
+    let (_, error) = misbehave_within("memory_bomb", PluginLimits::new(5.0, 32, 1_000_000_000).unwrap());
     assert_contains(&error, &["plugin misbehaving", "score failed", "over the limit of 32.0 MiB"]);
     assert_host_still_works();
 }
@@ -160,7 +165,7 @@ fn walk_count(dir: &std::path::Path) -> usize {
 /// is read from `smallrl plugin bench`, not checked by a timed test).
 #[test]
 fn sandboxed_scores_equal_native_scores_on_the_benchmark_batch() {
-    let report = smallrl::plugins::bench::bench_happy_count(&standard_plugin("happy_count"), 512, 100, 20).unwrap();
+    let report = smallrl::plugins::bench::bench_happy_count(&standard_plugin("happy_count"), 512, 100, 20, PluginLimits::default()).unwrap();
     println!(
         "512 completions: wasm {:.3} ms, native {:.3} ms, load {:.2} ms",
         report.wasm_per_batch.as_secs_f64() * 1e3,

@@ -168,9 +168,13 @@ fn a_failing_plugin_stops_the_run_and_keeps_what_was_written() {
     std::fs::write(&config_path, smallrl::yaml::to_string(&config).unwrap()).unwrap();
     let before = std::fs::read(run.join("checkpoint-2/adapters.safetensors")).unwrap();
     let resolved = TrainConfig::resolve(Some(&config_path), Map::new()).unwrap();
-    let mut trainer = Trainer::new(resolved, Some(&run)).unwrap();
+    // The plugin is swapped on purpose, so its changed bytes are accepted.
+    let mut trainer = Trainer::start(resolved, Some(&run), true).unwrap();
     let error = format!("{:#}", trainer.train(None).unwrap_err());
     assert!(error.contains("step 3") && error.contains("misbehaving") && error.contains("panic"), "unclear error: {error}");
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    assert!(log.contains("continuing with changed plugin files"), "{log}");
+    assert!(log.contains("training stopped: training stopped at step 3") && log.contains("deliberate panic"), "train.log must say why: {log}");
     assert_eq!(read_jsonl(&run.join("metrics.jsonl")).len(), 2);
     assert_eq!(std::fs::read(run.join("checkpoint-2/adapters.safetensors")).unwrap(), before);
     assert!(!run.join("checkpoint-4").exists());
@@ -255,4 +259,92 @@ fn dumped_batches_recompute_the_logged_loss() {
     // The sampling log-probs are those of the policy that sampled (same weights at step 1).
     let sampled = tensors["sampling_logprobs"].to_kind(tch::Kind::Double);
     assert!(common::max_abs_diff(&(sampled * &mask), &(&new * &mask)) < 1e-4);
+}
+
+/// Names of the entries of `dir`, sorted.
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    names
+}
+
+/// A run that failed before its first checkpoint never blocks its retry: a plugin refused at
+/// load writes nothing, and a run that failed at step 1 is moved aside (kept, never deleted)
+/// when the same command runs again, by `train` or by `--resume`.
+#[test]
+fn a_failed_run_is_restarted_by_the_same_command() {
+    one_thread();
+    let out = tempfile::tempdir().unwrap();
+    let base = with(small_config(out.path(), &test_plugin("hostile_bad_type")), "max_steps", 2.into());
+    let refused = Trainer::new(TrainConfig::resolve(None, base.clone()).unwrap(), None).err().expect("the plugin is refused");
+    assert!(format!("{refused:#}").contains("type-name"), "{refused:#}");
+    assert!(entries(out.path()).is_empty(), "a refused plugin must leave no run directory: {:?}", entries(out.path()));
+
+    // Step 1 fails: the directory keeps config.yaml and a train.log that says why.
+    let failing = with(base.clone(), "reward", json!({"plugin": test_plugin("misbehaving"), "params": {"mode": "error"}}));
+    let mut trainer = Trainer::new(TrainConfig::resolve(None, failing.clone()).unwrap(), None).unwrap();
+    let run = out.path().join("test_dual-lora_bs8_r4_lr1e-3_len24_steps2_g4_s42");
+    assert!(trainer.train(None).is_err());
+    drop(trainer);
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    assert!(log.contains("training stopped: training stopped at step 1") && log.contains("the judge is on strike"), "{log}");
+
+    // The same command again (now with a working reward) starts afresh.
+    let working = with(base.clone(), "reward", json!({"plugin": standard_plugin("happy"), "params": {}}));
+    let retried = train(working.clone());
+    assert_eq!(retried, run);
+    let names = entries(out.path());
+    assert_eq!(names.len(), 2, "{names:?}");
+    let aside = out.path().join(&names[1]);
+    assert!(names[1].starts_with("test_dual-lora_bs8_r4_lr1e-3_len24_steps2_g4_s42.incomplete-"), "{names:?}");
+    assert!(std::fs::read_to_string(aside.join("train.log")).unwrap().contains("the judge is on strike"), "the failed attempt is kept");
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    assert!(log.contains("restarted: an earlier attempt at this run left no checkpoint") && log.contains(aside.to_str().unwrap()), "{log}");
+    assert!(run.join("checkpoint-2").is_dir());
+
+    // A checkpointed run is never restarted.
+    let again = Trainer::new(TrainConfig::resolve(None, working).unwrap(), None).err().expect("the run exists");
+    assert!(format!("{again:#}").contains("pass --resume"), "{again:#}");
+
+    // `--resume` of a run without a checkpoint starts it afresh too.
+    let other = with(failing, "seed", 7.into());
+    let mut trainer = Trainer::new(TrainConfig::resolve(None, other).unwrap(), None).unwrap();
+    assert!(trainer.train(None).is_err());
+    drop(trainer);
+    let failed = out.path().join("test_dual-lora_bs8_r4_lr1e-3_len24_steps2_g4_s7");
+    let mut saved: Value = smallrl::yaml::read_file(&failed.join("config.yaml")).unwrap();
+    saved["reward"] = json!({"plugin": standard_plugin("happy"), "params": {}});
+    saved.as_object_mut().unwrap().remove("plugin_sha256");
+    std::fs::write(failed.join("config.yaml"), smallrl::yaml::to_string(&saved).unwrap()).unwrap();
+    let resolved = TrainConfig::resolve(Some(&failed.join("config.yaml")), Map::new()).unwrap();
+    let mut resumed = Trainer::new(resolved, Some(&failed)).unwrap();
+    assert_eq!(resumed.train(None).unwrap().steps, 2);
+    assert!(std::fs::read_to_string(failed.join("train.log")).unwrap().contains("restarted:"));
+}
+
+/// A resumed run scores with the plugin files it started with: their SHA-256 is in config.yaml
+/// and a changed file is refused, naming it, unless the change is accepted explicitly.
+#[test]
+fn resuming_with_changed_plugin_bytes_is_refused_unless_accepted() {
+    one_thread();
+    let out = tempfile::tempdir().unwrap();
+    let plugin = out.path().join("reward.wasm");
+    std::fs::copy(standard_plugin("happy"), &plugin).unwrap();
+    let config = TrainConfig::resolve(None, small_config(&out.path().join("runs"), &plugin)).unwrap();
+    let mut first = Trainer::new(config.clone(), None).unwrap();
+    let run = first.train(Some(2)).unwrap().run_dir;
+    drop(first);
+    let saved = TrainConfig::resolve(Some(&run.join("config.yaml")), Map::new()).unwrap();
+    let recorded = smallrl::plugins::sha256_hex(&std::fs::read(&plugin).unwrap());
+    assert_eq!(saved.plugin_sha256.get(plugin.to_str().unwrap()), Some(&recorded), "{:?}", saved.plugin_sha256);
+
+    std::fs::copy(standard_plugin("happy_binary"), &plugin).unwrap();
+    let refused = format!("{:#}", Trainer::new(saved.clone(), Some(&run)).err().expect("changed bytes are refused"));
+    assert!(refused.contains("plugin files changed since the run started") && refused.contains("reward.wasm") && refused.contains("--accept-changed-plugins"), "{refused}");
+    let mut accepted = Trainer::start(saved, Some(&run), true).unwrap();
+    assert_eq!(accepted.train(None).unwrap().steps, 4);
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    assert!(log.contains("continuing with changed plugin files") && log.contains("reward.wasm"), "{log}");
+    let updated = TrainConfig::resolve(Some(&run.join("config.yaml")), Map::new()).unwrap();
+    assert_ne!(updated.plugin_sha256.get(plugin.to_str().unwrap()), Some(&recorded), "the new hash is recorded");
 }

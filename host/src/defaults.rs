@@ -65,10 +65,17 @@ pub const EVAL_SAMPLES: usize = 10;
 pub const OUTPUT_DIR: &str = "runs";
 pub const PLUGIN_DIR: &str = "plugins";
 
-// Plugin sandbox limits per call: generous for text rewards (512 completions take about 1 ms
-// and under 2 MiB), small enough that a runaway plugin fails fast.
-pub const PLUGIN_MAX_MEMORY_BYTES: usize = 64 << 20;
-pub const PLUGIN_MAX_CALL_SECONDS: u64 = 10;
+// Plugin sandbox limits per call (`plugin_max_memory_mb`, `plugin_fuel_per_sample`,
+// `plugin_max_call_seconds`): generous for text rewards (512 completions take about 1 ms and
+// under 2 MiB), small enough that a runaway plugin fails fast.
+pub const PLUGIN_MAX_MEMORY_MB: usize = 64;
+/// Fuel is counted in WebAssembly instructions (deterministic). The standard rewards and
+/// detectors need at most 30,000 for a sample of 140 words (measured with `smallrl plugin score
+/// --plugin-fuel-per-sample`); this is over 300 times that, and an endless loop over a batch of
+/// 32 runs out of it in about 0.3 s of CPU time here.
+pub const PLUGIN_FUEL_PER_SAMPLE: u64 = 10_000_000;
+/// The wall-clock backstop for what fuel does not count.
+pub const PLUGIN_MAX_CALL_SECONDS: f64 = 10.0;
 
 // Sweeps and charts (issue 6).
 /// Where `smallrl sweep` puts its runs, logs, summary and charts.

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, ensure};
 use clap::Args;
 
 use crate::eval::{self, EvalSetup};
-use crate::reward::{PluginLimits, RewardModel};
+use crate::reward::RewardModel;
 use crate::routing;
 use crate::train::{self, TrainConfig, checkpoint};
 
@@ -45,7 +45,7 @@ pub fn run(args: EvalArgs) -> Result<()> {
     let restored = checkpoint::restore_model(&args.checkpoint, crate::device::parse_device(&config.device)?)?;
     let tokenizer = crate::model::Tokenizer::from_file(&restored.tokenizer_path)?;
     let reward = config.reward.as_ref().context("the run has no reward configuration")?;
-    let mut rewards = RewardModel::load(reward, config.rh_detector.as_ref(), config.knobs(), &config.plugin_dir, PluginLimits::default())?;
+    let mut rewards = RewardModel::load(reward, config.rh_detector.as_ref(), config.knobs(), &config.plugin_dir, config.plugin_limits()?)?;
     let mut prompts = train::evaluation_prompts(&config, &tokenizer)?;
     ensure!(prompts.len() >= args.n_samples, "--n-samples {} but only {} evaluation prompts exist", args.n_samples, prompts.len());
     prompts.truncate(args.n_samples);

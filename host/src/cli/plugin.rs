@@ -4,11 +4,43 @@ use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use clap::{Subcommand, ValueEnum};
-use serde::Deserialize;
+use clap::{Args, Subcommand, ValueEnum};
+use serde::{Deserialize, Serialize};
 
 use crate::model::tokenizer::Tokenizer;
+use crate::defaults as d;
+use crate::plugins::text::shown;
 use crate::plugins::{Plugin, PluginInfo, PluginKind, PluginLimits, Sample, bench, scaffold};
+
+/// The sandbox's per-call limits as flags (`smallrl train` and `smallrl plugin info|score|bench`);
+/// the same names are keys of a run config. Defaults: `defaults.rs` (`PLUGIN_*`).
+#[derive(Args, Debug, Default, Serialize)]
+pub struct PluginLimitArgs {
+    /// Fuel (about one unit per WebAssembly instruction) a plugin call may use per sample: the
+    /// deterministic bound on a plugin's work.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plugin_fuel_per_sample: Option<u64>,
+    /// Wall-clock seconds a plugin call may run, the backstop behind fuel.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plugin_max_call_seconds: Option<f64>,
+    /// Largest plugin memory in MiB, its initial memory included.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plugin_max_memory_mb: Option<usize>,
+}
+
+impl PluginLimitArgs {
+    /// The limits given, the defaults for the others.
+    pub fn limits(&self) -> Result<PluginLimits> {
+        PluginLimits::new(
+            self.plugin_max_call_seconds.unwrap_or(d::PLUGIN_MAX_CALL_SECONDS),
+            self.plugin_max_memory_mb.unwrap_or(d::PLUGIN_MAX_MEMORY_MB),
+            self.plugin_fuel_per_sample.unwrap_or(d::PLUGIN_FUEL_PER_SAMPLE),
+        )
+    }
+}
 
 #[derive(Subcommand)]
 pub enum PluginCommand {
@@ -23,7 +55,11 @@ pub enum PluginCommand {
         kind: Kind,
     },
     /// Print what a plugin is (reward or detector), its description and its parameters.
-    Info { path: PathBuf },
+    Info {
+        path: PathBuf,
+        #[command(flatten)]
+        limits: PluginLimitArgs,
+    },
     /// Score texts (or a JSONL file of samples) with a plugin and print one line per sample.
     Score {
         path: PathBuf,
@@ -40,6 +76,8 @@ pub enum PluginCommand {
         /// it, words and punctuation marks are the tokens.
         #[arg(long)]
         tokenizer: Option<PathBuf>,
+        #[command(flatten)]
+        limits: PluginLimitArgs,
     },
     /// Scoring throughput of a wasm plugin against the same function in native Rust.
     Bench {
@@ -55,6 +93,8 @@ pub enum PluginCommand {
         /// `rh_detector:` (plugin names resolve in plugins/).
         #[arg(long)]
         config: Option<PathBuf>,
+        #[command(flatten)]
+        limits: PluginLimitArgs,
     },
 }
 
@@ -67,13 +107,14 @@ pub enum Kind {
 pub fn run(command: PluginCommand) -> Result<()> {
     match command {
         PluginCommand::New { name, dir, kind } => new(&name, &dir, kind),
-        PluginCommand::Info { path } => info(&path),
-        PluginCommand::Score { path, params, texts, file, tokenizer } => {
-            score(&path, params.as_deref(), &texts, file.as_deref(), tokenizer.as_deref())
+        PluginCommand::Info { path, limits } => info(&path, limits.limits()?),
+        PluginCommand::Score { path, params, texts, file, tokenizer, limits } => {
+            score(&path, params.as_deref(), &texts, file.as_deref(), tokenizer.as_deref(), limits.limits()?)
         }
-        PluginCommand::Bench { path, samples, words, iterations, config } => {
-            run_bench(&path, samples, words, iterations)?;
-            config.map_or(Ok(()), |config| bench_config(&config, samples, words, iterations))
+        PluginCommand::Bench { path, samples, words, iterations, config, limits } => {
+            let limits = limits.limits()?;
+            run_bench(&path, samples, words, iterations, limits)?;
+            config.map_or(Ok(()), |config| bench_config(&config, samples, words, iterations, limits))
         }
     }
 }
@@ -92,23 +133,25 @@ fn new(name: &str, dir: &Path, kind: Kind) -> Result<()> {
     Ok(())
 }
 
-fn info(path: &Path) -> Result<()> {
-    let plugin = Plugin::load(path, "", PluginLimits::default())?;
+fn info(path: &Path, limits: PluginLimits) -> Result<()> {
+    let plugin = Plugin::load(path, "", limits)?;
     print!("{}", describe(plugin.info()));
     Ok(())
 }
 
+/// The plugin's self-description. Names, version and types were checked at load; the
+/// descriptions and defaults are the plugin's own text, bounded and cleaned for the terminal.
 fn describe(info: &PluginInfo) -> String {
-    let mut text = format!("{} {} ({})\n  {}\n", info.name, info.version, info.kind, info.description);
+    let mut text = format!("{} {} ({})\n  {}\n", info.name, info.version, info.kind, shown(&info.description));
     text.push_str(if info.params.is_empty() { "parameters: none\n" } else { "parameters (--params JSON):\n" });
     for param in &info.params {
-        let (name, type_name, default) = (&param.name, &param.type_name, &param.default_json);
-        text.push_str(&format!("  {name:<18} {type_name:<13} default {default:<10} {}\n", param.description));
+        let (name, type_name, default) = (&param.name, &param.type_name, shown(&param.default_json));
+        text.push_str(&format!("  {name:<18} {type_name:<13} default {default:<10} {}\n", shown(&param.description)));
     }
     text
 }
 
-fn score(path: &Path, params: Option<&str>, texts: &[String], file: Option<&Path>, tokenizer: Option<&Path>) -> Result<()> {
+fn score(path: &Path, params: Option<&str>, texts: &[String], file: Option<&Path>, tokenizer: Option<&Path>, limits: PluginLimits) -> Result<()> {
     let tokenizer = tokenizer.map(Tokenizer::from_file).transpose()?;
     let mut samples = texts
         .iter()
@@ -121,7 +164,7 @@ fn score(path: &Path, params: Option<&str>, texts: &[String], file: Option<&Path
     if tokenizer.is_none() {
         eprintln!("note: no --tokenizer, so words and punctuation marks are the tokens");
     }
-    let mut plugin = Plugin::load(path, params.unwrap_or(""), PluginLimits::default())?;
+    let mut plugin = Plugin::load(path, params.unwrap_or(""), limits)?;
     let results: Vec<String> = match plugin.kind() {
         PluginKind::Reward => plugin.score(&samples)?.iter().map(|score| format!("{score:.6}")).collect(),
         PluginKind::Detector => plugin.detect(&samples)?.iter().map(bool::to_string).collect(),
@@ -199,8 +242,8 @@ fn words_and_punctuation(text: &str) -> Vec<String> {
     tokens
 }
 
-fn run_bench(path: &Path, samples: usize, words: usize, iterations: u32) -> Result<()> {
-    let report = bench::bench_happy_count(path, samples, words, iterations)?;
+fn run_bench(path: &Path, samples: usize, words: usize, iterations: u32, limits: PluginLimits) -> Result<()> {
+    let report = bench::bench_happy_count(path, samples, words, iterations, limits)?;
     println!("happy_count on {samples} completions of {words} words ({iterations} iterations):");
     println!("  load (compile or cache hit + instantiate): {:.2} ms", report.load.as_secs_f64() * 1e3);
     println!(
@@ -224,12 +267,12 @@ struct RewardSections {
     rh_detector: Option<crate::reward::DetectorSpec>,
 }
 
-fn bench_config(config: &Path, samples: usize, words: usize, iterations: u32) -> Result<()> {
+fn bench_config(config: &Path, samples: usize, words: usize, iterations: u32, limits: PluginLimits) -> Result<()> {
     use crate::reward::{ProtocolKnobs, RewardModel};
     let sections: RewardSections = crate::yaml::read_file(config)?;
     let knobs = ProtocolKnobs { false_positive_rate: 0.0, recall: 1.0, rh_eligible_frac: 1.0 };
     let detector = sections.rh_detector.as_ref();
-    let mut model = RewardModel::load(&sections.reward, detector, knobs, Path::new("plugins"), PluginLimits::default())?;
+    let mut model = RewardModel::load(&sections.reward, detector, knobs, Path::new("plugins"), limits)?;
     let batch = bench::synthetic_batch(samples, words);
     let mut fastest = std::time::Duration::MAX;
     for step in 0..iterations.max(1) {

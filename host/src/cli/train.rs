@@ -43,6 +43,11 @@ pub struct TrainArgs {
     #[arg(long = "set", value_name = "KEY=VALUE")]
     #[serde(skip)]
     pub set: Vec<String>,
+    /// With --resume: continue even if a plugin file's bytes differ from those the run started
+    /// with (the new hashes are recorded in config.yaml and the change in train.log).
+    #[arg(long, requires = "resume")]
+    #[serde(skip)]
+    pub accept_changed_plugins: bool,
     /// Stop after this many steps in this invocation (the run can be resumed).
     #[arg(long, hide = true)]
     #[serde(skip)]
@@ -86,6 +91,9 @@ pub struct TrainArgs {
     #[arg(long)] #[serde(skip_serializing_if = "Option::is_none")] pub eval_samples: Option<usize>,
     #[arg(long)] #[serde(skip_serializing_if = "Option::is_none")] pub output_dir: Option<PathBuf>,
     #[arg(long)] #[serde(skip_serializing_if = "Option::is_none")] pub plugin_dir: Option<PathBuf>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub plugin_limits: super::plugin::PluginLimitArgs,
     /// Write each step's batch tensors (ids, masks, rewards, advantages, log-probs, loss) here.
     #[arg(long)] #[serde(skip_serializing_if = "Option::is_none")] pub dump_batches: Option<PathBuf>,
     /// Experiment name (first part of the run directory name).
@@ -130,7 +138,8 @@ pub fn reward_plugin_overrides(plugin: &str, params_json: Option<&str>, named: b
 
 /// Options that may differ when a run is resumed (they do not change what it computes, except
 /// that another thread count changes float summation order, which the log records).
-const RESUME_MAY_CHANGE: &[&str] = &["threads", "device", "dump_batches"];
+const RESUME_MAY_CHANGE: &[&str] =
+    &["threads", "device", "dump_batches", "plugin_fuel_per_sample", "plugin_max_call_seconds", "plugin_max_memory_mb"];
 
 pub fn run(args: TrainArgs) -> Result<()> {
     let overrides = args.overrides()?;
@@ -139,12 +148,17 @@ pub fn run(args: TrainArgs) -> Result<()> {
             let changing: Vec<&String> = overrides.keys().filter(|k| !RESUME_MAY_CHANGE.contains(&k.as_str())).collect();
             anyhow::ensure!(changing.is_empty(), "--resume continues a run exactly as configured; these options would change it: {changing:?}");
             let saved = run_dir.join("config.yaml");
-            anyhow::ensure!(saved.exists(), "{} has no config.yaml: is it a smallrl run directory?", run_dir.display());
+            anyhow::ensure!(
+                saved.exists(),
+                "{} has no config.yaml: it is not a smallrl run directory, or its run failed before it started \
+                 (then run the original `smallrl train` command again: it starts the run afresh)",
+                run_dir.display()
+            );
             (TrainConfig::resolve(Some(&saved), overrides)?, Some(run_dir.as_path()))
         }
         None => (TrainConfig::resolve(args.config.as_deref(), overrides)?, None),
     };
-    let mut trainer = Trainer::new(config, resume)?;
+    let mut trainer = Trainer::start(config, resume, args.accept_changed_plugins)?;
     let summary = trainer.train(args.stop_after)?;
     println!("run directory: {} ({} steps)", summary.run_dir.display(), summary.steps);
     Ok(())

@@ -29,10 +29,10 @@ impl BenchReport {
 }
 
 /// Scores `samples` completions of about `words` words, `iterations` times each way.
-pub fn bench_happy_count(path: &Path, samples: usize, words: usize, iterations: u32) -> Result<BenchReport> {
+pub fn bench_happy_count(path: &Path, samples: usize, words: usize, iterations: u32, limits: PluginLimits) -> Result<BenchReport> {
     let batch = synthetic_batch(samples, words);
     let started = Instant::now();
-    let mut plugin = Plugin::load(path, "{}", PluginLimits::default())?;
+    let mut plugin = Plugin::load(path, "{}", limits)?;
     let load = started.elapsed();
     let native: HappyCount = smallrl_plugin_sdk::configure("{}").map_err(anyhow::Error::msg)?;
     let native_batch: Vec<smallrl_plugin_sdk::Sample> = batch.iter().map(to_sdk_sample).collect();

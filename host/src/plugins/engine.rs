@@ -37,6 +37,8 @@ pub fn runtime() -> Result<&'static Runtime> {
 
 fn build_runtime() -> Result<Runtime> {
     let mut config = Config::new();
+    // Fuel bounds a call deterministically; the epoch deadline is the wall-clock backstop.
+    config.consume_fuel(true);
     config.epoch_interruption(true);
     config.cache(compilation_cache());
     let engine = Engine::new(&config).map_err(anyhow::Error::from)?;

@@ -8,6 +8,7 @@ use wasmtime::{Engine, Trap};
 
 use super::PluginLimits;
 use super::instance::StoreState;
+use super::text::shown;
 
 /// The contract this host speaks (matches `package` in `wit/smallrl-reward.wit`).
 const CONTRACT: &str = "smallrl:reward@0.1.0";
@@ -19,17 +20,25 @@ pub fn describe_failure(error: wasmtime::Error, state: &StoreState, limits: Plug
     let trap = error.downcast_ref::<Trap>().copied();
     if let Some(desired) = state.memory_limit_hit() {
         return format!(
-            "it tried to grow its memory to {:.1} MiB, over the limit of {:.1} MiB (PluginLimits::max_memory_bytes)",
+            "it tried to grow its memory to {:.1} MiB, over the limit of {:.1} MiB \
+             (if it really needs that much, raise `plugin_max_memory_mb` in the run config or pass --plugin-max-memory-mb)",
             mebibytes(desired),
             mebibytes(limits.max_memory_bytes)
         );
     }
     match (trap, state.last_log()) {
+        (Some(Trap::OutOfFuel), _) => format!(
+            "it ran out of fuel: {} instructions for this call ({} per sample); an endless loop? \
+             If the work is real, raise `plugin_fuel_per_sample` in the run config or pass --plugin-fuel-per-sample",
+            state.fuel_budget(),
+            limits.fuel_per_sample
+        ),
         (Some(Trap::Interrupt), _) => format!(
-            "it ran longer than the call-time limit of {:?} (an endless loop? raise PluginLimits::max_call_time if the work is real)",
+            "it ran longer than the call-time limit of {:?} (an endless loop? if the work is real, raise \
+             `plugin_max_call_seconds` in the run config or pass --plugin-max-call-seconds)",
             limits.max_call_time
         ),
-        (Some(Trap::UnreachableCodeReached), Some(message)) => format!("it panicked: {message}"),
+        (Some(Trap::UnreachableCodeReached), Some(message)) => format!("it panicked: {}", shown(message)),
         (Some(Trap::UnreachableCodeReached), None) => {
             "it trapped on `unreachable` (a panic or abort; no message was logged)".to_string()
         }
@@ -54,7 +63,7 @@ pub fn describe_incompatible(path: &Path, component: &Component, engine: &Engine
              (no WASI, filesystem, network, clock, environment or randomness) so that rewards are pure and \
              reproducible; only `{CONTRACT_PREFIX}host` (log) is available",
             path.display(),
-            forbidden.join(", ")
+            shown(&forbidden.join(", "))
         );
     }
     let other_versions: Vec<String> = component_type
@@ -65,15 +74,29 @@ pub fn describe_incompatible(path: &Path, component: &Component, engine: &Engine
         .collect();
     if let Some(version) = other_versions.first() {
         return anyhow!(
-            "plugin {} was built against smallrl:reward@{version}, but this smallrl speaks {CONTRACT}: \
+            "plugin {} was built against smallrl:reward@{}, but this smallrl speaks {CONTRACT}: \
              rebuild the plugin with the SDK of this smallrl (plugins/sdk) or use a matching smallrl",
-            path.display()
+            path.display(),
+            shown(version)
         );
     }
     anyhow!(
-        "plugin {} does not implement the {CONTRACT} reward or detector world: {:#}",
+        "plugin {} does not implement the {CONTRACT} reward or detector world: {}",
         path.display(),
-        anyhow::Error::from(error)
+        shown(&format!("{:#}", anyhow::Error::from(error)))
+    )
+}
+
+/// A component whose initial memory is over the limit: it is refused at load, and the limit is
+/// what to change, not the plugin's world.
+pub fn describe_memory_at_start(path: &Path, wanted_bytes: usize, limits: PluginLimits) -> anyhow::Error {
+    anyhow!(
+        "plugin {} asks for {:.1} MiB of memory when it starts, over the limit of {:.1} MiB: raise the limit with \
+         `plugin_max_memory_mb` in the run config or --plugin-max-memory-mb (at most 4096), or make the plugin's \
+         initial memory smaller (large static arrays)",
+        path.display(),
+        mebibytes(wanted_bytes),
+        mebibytes(limits.max_memory_bytes)
     )
 }
 

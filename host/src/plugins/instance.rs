@@ -9,7 +9,9 @@ use wasmtime::component::{Component, InstancePre};
 use wasmtime::{ResourceLimiter, Store};
 
 use super::engine::{EPOCH_TICK, Runtime, runtime};
-use super::failure::{describe_failure, describe_incompatible};
+use super::failure::{describe_failure, describe_incompatible, describe_memory_at_start};
+use super::text::shown;
+use super::validate::check_info;
 use super::{ParamInfo, PluginInfo, PluginKind, PluginLimits, Sample};
 
 mod bindings {
@@ -40,6 +42,8 @@ const MAX_TABLE_ELEMENTS: usize = 100_000;
 /// What a plugin's store holds besides its memory: its limits and what it logged.
 pub struct StoreState {
     max_memory_bytes: usize,
+    /// The fuel the current call started with (to say how much a plugin that ran out had).
+    fuel_budget: u64,
     /// Set when the plugin asked for more memory than allowed (the cause of the trap).
     memory_limit_hit: Option<usize>,
     /// Messages from the guest's `log` during the current call (the SDK logs panic messages).
@@ -60,6 +64,10 @@ impl StoreState {
 
     pub fn memory_limit_hit(&self) -> Option<usize> {
         self.memory_limit_hit
+    }
+
+    pub fn fuel_budget(&self) -> u64 {
+        self.fuel_budget
     }
 }
 
@@ -103,6 +111,8 @@ struct Live {
 /// A loaded, configured reward or detector plugin.
 pub struct Plugin {
     path: PathBuf,
+    /// SHA-256 of the component file as loaded (hex), so a run can tell when it changed.
+    sha256: String,
     pre: InstancePre<StoreState>,
     info: PluginInfo,
     params_json: String,
@@ -117,15 +127,18 @@ impl Plugin {
     /// instantiation), reads its `info` and configures it with `params_json` (`""` = defaults).
     pub fn load(path: &Path, params_json: &str, limits: PluginLimits) -> Result<Self> {
         let runtime = runtime()?;
-        let component = compile(runtime, path)?;
+        let (component, sha256) = compile(runtime, path)?;
         let pre = runtime
             .linker
             .instantiate_pre(&component)
             .map_err(|error| describe_incompatible(path, &component, &runtime.engine, error))?;
-        let live = instantiate_any_world(&pre, limits)
-            .map_err(|error| describe_incompatible(path, &component, &runtime.engine, error))?;
+        let live = instantiate_any_world(&pre, limits).map_err(|failure| match failure.memory_wanted {
+            Some(bytes) => describe_memory_at_start(path, bytes, limits),
+            None => describe_incompatible(path, &component, &runtime.engine, failure.error),
+        })?;
         let info = PluginInfo { name: String::new(), version: String::new(), kind: live.kind(), description: String::new(), params: Vec::new() };
-        let mut plugin = Self { path: path.to_owned(), pre, info, params_json: params_json.to_owned(), limits, live: Some(live), failure: None };
+        let mut plugin =
+            Self { path: path.to_owned(), sha256, pre, info, params_json: params_json.to_owned(), limits, live: Some(live), failure: None };
         plugin.info = plugin.read_info()?;
         plugin.configure()?;
         Ok(plugin)
@@ -135,8 +148,16 @@ impl Plugin {
         &self.path
     }
 
+    /// What the plugin says about itself, checked against the contract's rules at load
+    /// (names, version, parameter types and defaults). Descriptions are the plugin's own text:
+    /// show them through [`super::text::shown`].
     pub fn info(&self) -> &PluginInfo {
         &self.info
+    }
+
+    /// SHA-256 of the component file as it was loaded, in hex.
+    pub fn sha256(&self) -> &str {
+        &self.sha256
     }
 
     pub fn kind(&self) -> PluginKind {
@@ -182,7 +203,7 @@ impl Plugin {
     /// Never called implicitly: the caller decides, and should log, that it recovers.
     pub fn reinstantiate(&mut self) -> Result<()> {
         let live = instantiate_world(&self.pre, self.limits, self.kind())
-            .map_err(anyhow::Error::from)
+            .map_err(|failure| anyhow::Error::from(failure.error))
             .with_context(|| format!("{}: cannot re-instantiate", self.label()))?;
         self.live = Some(live);
         self.failure = None;
@@ -198,7 +219,7 @@ impl Plugin {
     }
 
     fn read_info(&mut self) -> Result<PluginInfo> {
-        let info = self.call("info", |store, exports| match exports {
+        let info = self.call("info", 1, |store, exports| match exports {
             Exports::Reward(reward) => reward.smallrl_reward_plugin().call_info(store),
             Exports::Detector(detector) => detector.smallrl_reward_plugin().call_info(store),
         })?;
@@ -209,28 +230,35 @@ impl Plugin {
             self.label(),
             info.kind
         );
-        Ok(from_wit_info(info, kind))
+        let info = from_wit_info(info, kind);
+        check_info(&info).map_err(|rule| {
+            anyhow!("{}: its info() breaks the plugin contract (wit/smallrl-reward.wit): {rule}", self.label())
+        })?;
+        Ok(info)
     }
 
     fn configure(&mut self) -> Result<()> {
         let params_json = self.params_json.clone();
-        let outcome = self.call("configure", |store, exports| match exports {
+        let outcome = self.call("configure", 1, |store, exports| match exports {
             Exports::Reward(reward) => reward.smallrl_reward_plugin().call_configure(store, &params_json),
             Exports::Detector(detector) => detector.smallrl_reward_plugin().call_configure(store, &params_json),
         })?;
         outcome.map_err(|message| {
             anyhow!(
-                "{}: rejected its parameters {params_json}: {message} (`smallrl plugin info {}` lists them)",
+                "{}: rejected its parameters {params_json}: {} (`smallrl plugin info {}` lists them)",
                 self.label(),
+                shown(&message),
                 self.path.display()
             )
         })
     }
 
-    /// Runs one export under the call-time limit; a trap drops the instance and says why.
+    /// Runs one export under the fuel of `samples` samples and the call-time limit; a trap
+    /// drops the instance and says why.
     fn call<R>(
         &mut self,
         call: &str,
+        samples: usize,
         run: impl FnOnce(&mut Store<StoreState>, &Exports) -> wasmtime::Result<R>,
     ) -> Result<R> {
         let label = self.label();
@@ -239,7 +267,7 @@ impl Plugin {
             bail!("{label}: cannot {call}: an earlier call failed ({failure}); the plugin must be re-instantiated explicitly");
         };
         live.store.data_mut().logs.clear();
-        live.store.set_epoch_deadline(deadline_ticks(self.limits));
+        set_budget(&mut live.store, self.limits, samples).map_err(anyhow::Error::from).with_context(|| format!("{label}: cannot set its fuel"))?;
         match run(&mut live.store, &live.exports) {
             Ok(value) => Ok(value),
             Err(error) => {
@@ -259,10 +287,10 @@ impl Plugin {
         batch: &Batch,
         run: impl FnOnce(&mut Store<StoreState>, &Exports, &[wit::Sample]) -> wasmtime::Result<Option<Result<Vec<T>, String>>>,
     ) -> Result<Vec<T>> {
-        let outcome = self.call(call, |store, exports| run(store, exports, &batch.0))?;
+        let outcome = self.call(call, batch.0.len(), |store, exports| run(store, exports, &batch.0))?;
         let values = match outcome {
             None => bail!("{}: is a {}, it has no `{call}`", self.label(), self.kind()),
-            Some(Err(message)) => bail!("{}: {call} returned an error: {message}", self.label()),
+            Some(Err(message)) => bail!("{}: {call} returned an error: {}", self.label(), shown(&message)),
             Some(Ok(values)) => values,
         };
         ensure!(
@@ -286,15 +314,16 @@ impl Live {
 }
 
 /// Reads and compiles (or fetches from the cache) a component, with helpful messages for files
-/// that are not components.
-fn compile(runtime: &Runtime, path: &Path) -> Result<Component> {
+/// that are not components; also returns the file's SHA-256.
+fn compile(runtime: &Runtime, path: &Path) -> Result<(Component, String)> {
     let bytes = std::fs::read(path).with_context(|| {
         format!("cannot read plugin {}: build the standard plugins with `make plugins`, or check the path", path.display())
     })?;
     check_header(path, &bytes)?;
-    Component::new(&runtime.engine, &bytes)
+    let component = Component::new(&runtime.engine, &bytes)
         .map_err(anyhow::Error::from)
-        .with_context(|| format!("plugin {} is not a valid WebAssembly component", path.display()))
+        .with_context(|| format!("plugin {} is not a valid WebAssembly component", path.display()))?;
+    Ok((component, super::sha256_hex(&bytes)))
 }
 
 fn check_header(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -317,31 +346,53 @@ fn check_header(path: &Path, bytes: &[u8]) -> Result<()> {
     }
 }
 
+/// Why an instantiation failed, and whether it was the memory limit (the store, which saw
+/// the refused growth, is gone by the time the error is read).
+struct InstantiateFailure {
+    error: wasmtime::Error,
+    /// The memory the component asked for when it was refused, in bytes.
+    memory_wanted: Option<usize>,
+}
+
 /// The trial instantiation that tells the worlds apart: an export-name check alone would accept
 /// a wrong signature, which only instantiation (typed lookup of each export) catches.
-fn instantiate_any_world(pre: &InstancePre<StoreState>, limits: PluginLimits) -> wasmtime::Result<Live> {
-    let as_reward = instantiate_world(pre, limits, PluginKind::Reward);
-    as_reward.or_else(|reward_error| {
-        instantiate_world(pre, limits, PluginKind::Detector).map_err(|detector_error| {
-            wasmtime::format_err!(
-                "not a reward ({:#}) and not a detector ({:#})",
-                anyhow::Error::from(reward_error),
-                anyhow::Error::from(detector_error)
-            )
-        })
+fn instantiate_any_world(pre: &InstancePre<StoreState>, limits: PluginLimits) -> Result<Live, InstantiateFailure> {
+    let reward_failure = match instantiate_world(pre, limits, PluginKind::Reward) {
+        Ok(live) => return Ok(live),
+        Err(failure) if failure.memory_wanted.is_some() => return Err(failure),
+        Err(failure) => failure,
+    };
+    instantiate_world(pre, limits, PluginKind::Detector).map_err(|detector_failure| InstantiateFailure {
+        memory_wanted: detector_failure.memory_wanted,
+        error: wasmtime::format_err!(
+            "not a reward ({:#}) and not a detector ({:#})",
+            anyhow::Error::from(reward_failure.error),
+            anyhow::Error::from(detector_failure.error)
+        ),
     })
 }
 
-fn instantiate_world(pre: &InstancePre<StoreState>, limits: PluginLimits, kind: PluginKind) -> wasmtime::Result<Live> {
-    let state = StoreState { max_memory_bytes: limits.max_memory_bytes, memory_limit_hit: None, logs: Vec::new() };
+fn instantiate_world(pre: &InstancePre<StoreState>, limits: PluginLimits, kind: PluginKind) -> Result<Live, InstantiateFailure> {
+    let state = StoreState { max_memory_bytes: limits.max_memory_bytes, fuel_budget: 0, memory_limit_hit: None, logs: Vec::new() };
     let mut store = Store::new(pre.engine(), state);
     store.limiter(|state| state);
+    let instantiated = set_budget(&mut store, limits, 1).and_then(|()| match kind {
+        PluginKind::Reward => RewardPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::Reward),
+        PluginKind::Detector => DetectorPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::Detector),
+    });
+    match instantiated {
+        Ok(exports) => Ok(Live { store, exports }),
+        Err(error) => Err(InstantiateFailure { error, memory_wanted: store.data().memory_limit_hit() }),
+    }
+}
+
+/// Gives the store the fuel of a call over `samples` samples and a fresh wall-clock deadline.
+fn set_budget(store: &mut Store<StoreState>, limits: PluginLimits, samples: usize) -> wasmtime::Result<()> {
+    let fuel = limits.fuel_for(samples);
+    store.set_fuel(fuel)?;
+    store.data_mut().fuel_budget = fuel;
     store.set_epoch_deadline(deadline_ticks(limits));
-    let exports = match kind {
-        PluginKind::Reward => Exports::Reward(RewardPre::new(pre.clone())?.instantiate(&mut store)?),
-        PluginKind::Detector => Exports::Detector(DetectorPre::new(pre.clone())?.instantiate(&mut store)?),
-    };
-    Ok(Live { store, exports })
+    Ok(())
 }
 
 /// Ticks until the deadline, plus one because the current tick may end at once.

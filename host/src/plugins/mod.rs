@@ -10,6 +10,8 @@ mod engine;
 mod failure;
 mod instance;
 pub mod scaffold;
+pub mod text;
+mod validate;
 
 use std::time::Duration;
 
@@ -63,24 +65,56 @@ pub struct ParamInfo {
     pub description: String,
 }
 
-/// Per-call limits. A plugin over a limit fails that call with an error saying which limit.
+/// Per-call limits. A plugin over a limit fails that call with an error saying which limit and
+/// how to raise it.
+///
+/// Fuel is the primary bound: wasmtime counts executed instructions, so a reward that fits on
+/// one machine fits on every machine, and a run is reproducible. The wall-clock limit is the
+/// backstop for what fuel does not count (host calls, a pathological compile).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PluginLimits {
-    /// Largest linear memory a plugin may grow to, in bytes (each of its memories).
+    /// Largest linear memory a plugin may grow to, in bytes (each of its memories), its
+    /// initial memory included.
     pub max_memory_bytes: usize,
     /// Wall-clock time one call may run (epoch interruption, so a loop cannot hang the host).
     pub max_call_time: Duration,
+    /// Fuel (about one unit per WebAssembly instruction) per sample of a batch; a call gets
+    /// `fuel_per_sample * max(1, samples)`. `info` and `configure` count as one sample.
+    pub fuel_per_sample: u64,
 }
 
 impl Default for PluginLimits {
-    /// Generous for text rewards (scoring 512 completions takes about 1 ms and under 2 MiB),
-    /// small enough that a runaway plugin fails fast.
     fn default() -> Self {
-        Self {
-            max_memory_bytes: crate::defaults::PLUGIN_MAX_MEMORY_BYTES,
-            max_call_time: Duration::from_secs(crate::defaults::PLUGIN_MAX_CALL_SECONDS),
-        }
+        Self::new(crate::defaults::PLUGIN_MAX_CALL_SECONDS, crate::defaults::PLUGIN_MAX_MEMORY_MB, crate::defaults::PLUGIN_FUEL_PER_SAMPLE)
+            .expect("the default plugin limits are valid")
     }
+}
+
+impl PluginLimits {
+    /// The limits as the config keys `plugin_max_call_seconds`, `plugin_max_memory_mb` and
+    /// `plugin_fuel_per_sample` give them.
+    pub fn new(max_call_seconds: f64, max_memory_mb: usize, fuel_per_sample: u64) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            max_call_seconds.is_finite() && max_call_seconds > 0.0 && max_call_seconds <= 86_400.0,
+            "plugin_max_call_seconds must be in (0, 86400], got {max_call_seconds}"
+        );
+        // A 32-bit WebAssembly memory holds at most 4 GiB.
+        anyhow::ensure!((1..=4096).contains(&max_memory_mb), "plugin_max_memory_mb must be in [1, 4096], got {max_memory_mb}");
+        anyhow::ensure!(fuel_per_sample > 0, "plugin_fuel_per_sample must be positive");
+        Ok(Self { max_memory_bytes: max_memory_mb << 20, max_call_time: Duration::from_secs_f64(max_call_seconds), fuel_per_sample })
+    }
+
+    /// The fuel of one call over `samples` samples (saturating at the most a store can hold).
+    pub fn fuel_for(&self, samples: usize) -> u64 {
+        self.fuel_per_sample.saturating_mul(samples.max(1) as u64).min(i64::MAX as u64)
+    }
+}
+
+/// SHA-256 of a plugin file's bytes, in lowercase hex (stored in a run's config so that a
+/// resumed run can tell whether its plugins changed).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
 /// Where wasmtime keeps compiled plugins (absolute, shared by every checkout and run).

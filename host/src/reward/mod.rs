@@ -92,6 +92,16 @@ impl RewardModel {
         self.detector.is_some()
     }
 
+    /// SHA-256 (hex) of every plugin file loaded, keyed by its path as resolved: what a run
+    /// records so that a resumed run can refuse plugins that changed.
+    pub fn plugin_hashes(&self) -> std::collections::BTreeMap<String, String> {
+        let detector = match &self.detector {
+            Some(DetectorSource::Plugin(plugin)) => Some(plugin),
+            _ => None,
+        };
+        self.plugins.iter().chain(detector).map(|plugin| (plugin.path().display().to_string(), plugin.sha256().to_string())).collect()
+    }
+
     /// Scores a batch. `seed` drives the protocol knobs' draws; the result is deterministic for
     /// (samples, seed). A failing plugin is an error (fatal for training by default); the
     /// plugin stays unusable until [`RewardModel::reinstantiate_failed`] is called.

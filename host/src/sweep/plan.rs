@@ -218,7 +218,7 @@ fn cache_state(dir: &Path, planned: &TrainConfig) -> Result<CacheState> {
     );
     if is_finished(dir, planned.max_steps)? {
         Ok(CacheState::Finished)
-    } else if has_checkpoint(dir)? {
+    } else if crate::train::rundir::has_checkpoint(dir)? {
         Ok(CacheState::Resumable)
     } else {
         Ok(CacheState::Stale)
@@ -232,13 +232,20 @@ pub fn saved_config(dir: &Path) -> Result<TrainConfig> {
     TrainConfig::resolve(Some(&path), Map::new()).with_context(|| format!("cannot read the run configuration {}", path.display()))
 }
 
-/// Without the keys that say where or how fast a run executed, not what it computed (the
-/// output directory may be spelled differently by another sweep over the same directory).
+/// Without the keys that say where or how fast a run executed, or how it may fail, not what it
+/// computed (the output directory may be spelled differently by another sweep over the same
+/// directory).
 fn comparable(config: &TrainConfig) -> TrainConfig {
     TrainConfig {
         threads: None,
         device: defaults::DEVICE.into(),
         output_dir: defaults::OUTPUT_DIR.into(),
+        // Plugin limits bound how a run may fail, not what it computes; the hashes are
+        // recorded by the run itself and checked when it resumes.
+        plugin_fuel_per_sample: defaults::PLUGIN_FUEL_PER_SAMPLE,
+        plugin_max_call_seconds: defaults::PLUGIN_MAX_CALL_SECONDS,
+        plugin_max_memory_mb: defaults::PLUGIN_MAX_MEMORY_MB,
+        plugin_sha256: Default::default(),
         name: config.name.clone().or_else(|| Some(UNNAMED_RUN.into())),
         ..config.clone()
     }
@@ -260,11 +267,6 @@ pub fn is_finished(dir: &Path, max_steps: usize) -> Result<bool> {
 pub fn last_step(path: &Path) -> Result<Option<usize>> {
     let lines = Jsonl::new(path.to_path_buf()).read()?;
     lines.last().map(|l| l["step"].as_u64().map(|s| s as usize).with_context(|| format!("{}: the last line has no step", path.display()))).transpose()
-}
-
-fn has_checkpoint(dir: &Path) -> Result<bool> {
-    let entries = std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))?;
-    Ok(entries.filter_map(|e| e.ok()).any(|e| e.file_name().to_string_lossy().starts_with("checkpoint-")))
 }
 
 /// Runs grouped by experiment group (groups in name order, runs in their given order).

@@ -73,16 +73,14 @@ pub fn prepare(plan: &Plan) -> Result<()> {
     Ok(())
 }
 
-/// Marks the name of a run directory moved aside (`--collect` skips them).
-pub const MOVED_ASIDE: &str = ".incomplete-";
+pub use crate::train::rundir::MOVED_ASIDE;
 
 /// A run directory interrupted before its first checkpoint is kept for inspection under
 /// `<name>.incomplete-<unix seconds>` and the run starts again.
 fn move_aside(dir: &Path) -> Result<()> {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let aside = dir.with_file_name(format!("{}{MOVED_ASIDE}{secs}", dir.file_name().unwrap_or_default().to_string_lossy()));
+    let aside = crate::train::rundir::move_aside(dir)?;
     println!("[STALE] {} has no checkpoint; moved to {} and started again", dir.display(), aside.display());
-    std::fs::rename(dir, &aside).with_context(|| format!("cannot move {} aside", dir.display()))
+    Ok(())
 }
 
 struct Running {

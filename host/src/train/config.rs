@@ -2,6 +2,7 @@
 //! The resolved configuration is written into the run directory, and the run directory's name
 //! lists every hyperparameter that differs from its default, plus the seed.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail, ensure};
@@ -11,7 +12,7 @@ use serde_json::{Map, Value};
 use crate::adapters::{self, AdapterConfig};
 use crate::defaults as d;
 use crate::grpo::LossType;
-use crate::reward::{DetectorSpec, ProtocolKnobs, RewardSpec};
+use crate::reward::{DetectorSpec, PluginLimits, ProtocolKnobs, RewardSpec};
 use crate::routing::RoutingMode;
 
 /// Every hyperparameter of a run, with snake_case names shared by YAML, `--grid`/`--fixed`
@@ -62,6 +63,17 @@ pub struct TrainConfig {
     pub reward: Option<RewardSpec>,
     pub rh_detector: Option<DetectorSpec>,
     pub plugin_dir: PathBuf,
+    /// Fuel (about one unit per WebAssembly instruction) a plugin call may use per sample: the
+    /// deterministic bound on a plugin's work.
+    pub plugin_fuel_per_sample: u64,
+    /// Wall-clock seconds a plugin call may run: the backstop behind fuel.
+    pub plugin_max_call_seconds: f64,
+    /// Largest memory a plugin may have, in MiB (its initial memory included).
+    pub plugin_max_memory_mb: usize,
+    /// SHA-256 of every plugin file the run loaded (path as resolved -> hex), recorded when
+    /// the run starts; `--resume` refuses plugins whose bytes changed.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub plugin_sha256: BTreeMap<String, String>,
 
     pub logging_steps: usize,
     pub save_steps: usize,
@@ -119,6 +131,10 @@ impl Default for TrainConfig {
             reward: None,
             rh_detector: None,
             plugin_dir: d::PLUGIN_DIR.into(),
+            plugin_fuel_per_sample: d::PLUGIN_FUEL_PER_SAMPLE,
+            plugin_max_call_seconds: d::PLUGIN_MAX_CALL_SECONDS,
+            plugin_max_memory_mb: d::PLUGIN_MAX_MEMORY_MB,
+            plugin_sha256: BTreeMap::new(),
             logging_steps: d::LOGGING_STEPS,
             save_steps: d::SAVE_STEPS,
             eval_every: d::EVAL_EVERY,
@@ -137,6 +153,7 @@ impl Default for TrainConfig {
 /// names. (`threads` does change float summation order; it is recorded in the saved config.)
 const NOT_IN_RUN_NAME: &[&str] = &[
     "model", "revision", "prompts", "eval_prompts", "reward", "rh_detector", "plugin_dir",
+    "plugin_fuel_per_sample", "plugin_max_call_seconds", "plugin_max_memory_mb", "plugin_sha256",
     "logging_steps", "save_steps", "eval_every", "eval_samples", "output_dir", "dump_batches", "name", "device",
     "threads", "seed",
 ];
@@ -223,6 +240,7 @@ impl TrainConfig {
         ensure!(self.logging_steps > 0 && self.save_steps > 0 && self.eval_every > 0, "logging_steps, save_steps and eval_every must be positive");
         ensure!((0.0..=1.0).contains(&self.ablated_frac), "ablated_frac must be in [0, 1], got {}", self.ablated_frac);
         self.knobs().check()?;
+        self.plugin_limits()?;
         if routing != RoutingMode::None {
             ensure!(adapters.is_dual(), "routing_mode {} needs adapter: dual-lora (got {})", self.routing_mode, self.adapter);
             ensure!(self.rh_detector.is_some(), "routing_mode {} needs an rh_detector to label samples", self.routing_mode);
@@ -236,6 +254,10 @@ impl TrainConfig {
     pub fn adapter_config(&self) -> Result<AdapterConfig> {
         let ranks = adapters::Ranks { lora_rank: self.lora_rank, retain_rank: self.retain_rank, forget_rank: self.forget_rank, lora_alpha: self.lora_alpha, layer_stride: self.layer_stride };
         adapters::config_from(&self.adapter, self.lora_preset.as_deref(), &ranks)
+    }
+
+    pub fn plugin_limits(&self) -> Result<PluginLimits> {
+        PluginLimits::new(self.plugin_max_call_seconds, self.plugin_max_memory_mb, self.plugin_fuel_per_sample)
     }
 
     pub fn knobs(&self) -> ProtocolKnobs {

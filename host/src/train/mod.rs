@@ -10,12 +10,14 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod provenance;
+pub mod rundir;
 pub mod runlog;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use tch::{Kind, Tensor};
 
 use crate::adapters::{AdapterConfig, AdapterKind, set_base_trainable};
@@ -24,7 +26,7 @@ use crate::grpo::{self, LossSettings, LossType};
 use crate::model::generate::{Generation, SamplingParams, generate};
 use crate::model::{self, Llama, Tokenizer, decode::DecodeModel};
 use crate::optim::{AdamW, AdamWConfig, linear_lr};
-use crate::reward::{PluginLimits, RewardModel, ScoredBatch};
+use crate::reward::{RewardModel, ScoredBatch};
 use crate::rng::{self, SplitMix64};
 use crate::routing::{self, RoutePlan, RoutingMode};
 pub use config::TrainConfig;
@@ -66,6 +68,8 @@ pub struct Trainer {
     loss: LossSettings,
     sampling: SamplingParams,
     log: RunLog,
+    /// Held for the run's life: no second process writes this run directory.
+    _lock: std::fs::File,
     metrics: Jsonl,
     evals: Jsonl,
     num_tokens: usize,
@@ -83,15 +87,28 @@ pub struct RunSummary {
 
 impl Trainer {
     /// Sets up a new run in `<output_dir>/<run name>`, or resumes `resume` (a run directory)
-    /// from its newest checkpoint.
+    /// from its newest checkpoint; see [`Trainer::start`].
     pub fn new(cfg: TrainConfig, resume: Option<&Path>) -> Result<Self> {
+        Self::start(cfg, resume, false)
+    }
+
+    /// Loads everything a run needs (model, plugins, prompts) before it touches the run
+    /// directory, so bad input leaves nothing behind. A run directory without a checkpoint
+    /// (`resume`, or the new run's own name) starts afresh, its earlier files moved aside
+    /// ([`rundir`]). `accept_changed_plugins`: a resumed run continues with plugin files whose
+    /// bytes changed since it started ([`provenance`]).
+    pub fn start(mut cfg: TrainConfig, resume: Option<&Path>, accept_changed_plugins: bool) -> Result<Self> {
         cfg.validate()?;
         crate::device::set_threads(cfg.threads)?;
         let device = crate::device::parse_device(&cfg.device)?;
         let kind = crate::device::parse_dtype(&cfg.dtype)?;
         let run_dir = match resume {
             Some(dir) => dir.to_owned(),
-            None => new_run_dir(&cfg)?,
+            None => cfg.output_dir.join(cfg.run_name()?),
+        };
+        let resume = match resume {
+            Some(dir) if rundir::has_checkpoint(dir)? => Some(dir),
+            _ => None,
         };
         let adapters = cfg.adapter_config()?;
         let loaded = model::load(&cfg.model, &cfg.revision, device, kind)?;
@@ -112,7 +129,8 @@ impl Trainer {
             None => DecodeModel::new(&model, &vec![0.0; adapters.slots.len()]),
         });
         let reward_spec = cfg.reward.as_ref().context("no reward configured")?;
-        let rewards = RewardModel::load(reward_spec, cfg.rh_detector.as_ref(), cfg.knobs(), &cfg.plugin_dir, PluginLimits::default())?;
+        let rewards = RewardModel::load(reward_spec, cfg.rh_detector.as_ref(), cfg.knobs(), &cfg.plugin_dir, cfg.plugin_limits()?)?;
+        let hashes = provenance::reconcile(&mut cfg, rewards.plugin_hashes(), resume.is_some(), accept_changed_plugins)?;
         let optimizer = AdamW::new(
             adapters.trainable(&model),
             AdamWConfig { beta1: cfg.adam_beta1, beta2: cfg.adam_beta2, eps: cfg.adam_epsilon, weight_decay: cfg.weight_decay },
@@ -126,19 +144,58 @@ impl Trainer {
             max_completion_length: cfg.max_completion_length,
         };
         let routing = RoutingMode::parse(&cfg.routing_mode)?;
+        // Everything above can fail on bad input; only now is the run directory written.
+        let restarted = match resume {
+            Some(_) => None,
+            None => rundir::claim_new(&run_dir)?,
+        };
+        let _lock = rundir::lock(&run_dir)?;
         let log = RunLog::open(&run_dir, cfg.max_steps as u64)?;
         let mut trainer = Self {
             metrics: Jsonl::new(run_dir.join("metrics.jsonl")),
             evals: Jsonl::new(run_dir.join("routing_eval.jsonl")),
             cfg, run_dir, adapters, model, reference, reference_decoder, tokenizer, model_files, rewards, optimizer,
-            prompts, eval_prompts, routing, loss, sampling, log, num_tokens: 0, batch: None,
+            prompts, eval_prompts, routing, loss, sampling, log, _lock, num_tokens: 0, batch: None,
             prompt_order: (usize::MAX, Vec::new()),
         };
-        match resume {
-            Some(_) => trainer.resume()?,
-            None => trainer.write_run_header()?,
-        }
+        let opened = trainer.open_run(resume.is_some(), restarted, hashes);
+        trainer.log_failure(opened)?;
         Ok(trainer)
+    }
+
+    /// Writes a new run's config and header, or restores a resumed run's state; either way
+    /// says in train.log what happened to earlier attempts and to changed plugins.
+    fn open_run(&mut self, resuming: bool, restarted: Option<String>, hashes: provenance::Hashes) -> Result<()> {
+        match resuming {
+            true => self.resume()?,
+            false => self.write_run_header()?,
+        }
+        if let Some(line) = restarted {
+            self.log.line(&line)?;
+        }
+        match hashes {
+            provenance::Hashes::Same => Ok(()),
+            provenance::Hashes::RecordedNow => {
+                provenance::save_hashes(&self.run_dir, &self.cfg.plugin_sha256)?;
+                self.log.line("recorded the plugin files' SHA-256 in config.yaml (the run was started by a smallrl that did not)")
+            }
+            provenance::Hashes::Accepted(line) => {
+                provenance::save_hashes(&self.run_dir, &self.cfg.plugin_sha256)?;
+                self.log.line(&line)
+            }
+        }
+    }
+
+    /// Records in train.log why the run stopped (the full error, bounded), then returns it.
+    fn log_failure<T>(&mut self, outcome: Result<T>) -> Result<T> {
+        if let Err(error) = &outcome {
+            let text = crate::plugins::text::bounded(&format!("{error:#}"), MAX_LOGGED_ERROR_BYTES);
+            // The error is what the user needs; a log that cannot be written must not hide it.
+            if let Err(log_error) = self.log.line(&format!("training stopped: {text}")) {
+                eprintln!("warning: {log_error:#}");
+            }
+        }
+        outcome
     }
 
     fn write_run_header(&mut self) -> Result<()> {
@@ -173,8 +230,14 @@ impl Trainer {
         self.log.line(&format!("resumed from {} at step {step}", dir.display()))
     }
 
-    /// Runs to `max_steps` (or `stop_after` steps from where it is, for tests of resumption).
+    /// Runs to `max_steps` (or `stop_after` steps from where it is, for tests of resumption);
+    /// an error is recorded in train.log before it is returned.
     pub fn train(&mut self, stop_after: Option<usize>) -> Result<RunSummary> {
+        let outcome = self.train_steps(stop_after);
+        self.log_failure(outcome)
+    }
+
+    fn train_steps(&mut self, stop_after: Option<usize>) -> Result<RunSummary> {
         let start = self.optimizer.step;
         let end = stop_after.map_or(self.cfg.max_steps, |n| (start + n).min(self.cfg.max_steps));
         self.log.progress(start as u64, String::new());
@@ -436,14 +499,8 @@ fn dump_step(dir: &Path, step: usize, batch: &Batch, logprobs: &Tensor, loss: &T
 }
 
 /// `<output_dir>/<run name>`; an existing directory is an error (use --resume).
-fn new_run_dir(cfg: &TrainConfig) -> Result<PathBuf> {
-    let dir = cfg.output_dir.join(cfg.run_name()?);
-    if dir.exists() {
-        bail!("run directory {} already exists: pass --resume {} to continue it, or change the seed/output dir", dir.display(), dir.display());
-    }
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create run directory {}", dir.display()))?;
-    Ok(dir)
-}
+/// The most of an error that train.log keeps (plugin-supplied parts are already bounded).
+const MAX_LOGGED_ERROR_BYTES: usize = 64 << 10;
 
 fn load_prompts(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<(Vec<String>, Vec<String>)> {
     let prompts = training_prompts(cfg, tokenizer)?;
