@@ -1,20 +1,37 @@
-//! `smallrl plugin new` writes crates that build into working plugins (a real nested cargo
-//! build for wasm32: about a minute the first time, seconds once `target/scaffold-check` is warm).
+//! `smallrl plugin new` writes crates that build into working plugins and whose own `cargo test`
+//! passes, snapshot test included (real nested cargo builds, for wasm32 and native: a few
+//! minutes the first time, seconds once `target/scaffold-check` is warm).
 
 mod common;
 
-use std::process::Command;
+use std::path::Path;
+use std::process::{Command, Output};
 
 use smallrl::plugins::scaffold::scaffold;
 use smallrl::plugins::{Plugin, PluginKind, PluginLimits, Sample};
 
-fn build(crate_dir: &std::path::Path) {
-    let status = Command::new(crate_dir.join("build.sh"))
-        // Shared across runs and scaffolds so the SDK's dependencies compile once.
-        .env("CARGO_TARGET_DIR", common::repo_root().join("target/scaffold-check"))
-        .status()
-        .expect("build.sh runs");
+/// Shared across runs and scaffolds so the SDK's and insta's dependencies compile once; offline,
+/// because the workspace's build already fetched every crate a scaffold needs.
+fn nested_cargo(command: &mut Command) -> &mut Command {
+    command.env("CARGO_TARGET_DIR", common::repo_root().join("target/scaffold-check")).env("CARGO_NET_OFFLINE", "true")
+}
+
+fn build(crate_dir: &Path) {
+    let status = nested_cargo(&mut Command::new(crate_dir.join("build.sh"))).status().expect("build.sh runs");
     assert!(status.success(), "{}/build.sh failed", crate_dir.display());
+}
+
+/// `cargo test` in the crate, as in CI (`CI=true`: insta compares and never writes).
+fn cargo_test(crate_dir: &Path) -> Output {
+    let mut command = Command::new("cargo");
+    nested_cargo(command.arg("test").current_dir(crate_dir).env("CI", "true").env_remove("INSTA_UPDATE"));
+    command.output().expect("cargo test runs")
+}
+
+fn passes(output: Output, crate_dir: &Path) -> String {
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "cargo test failed in {}: {stdout}{}", crate_dir.display(), String::from_utf8_lossy(&output.stderr));
+    stdout
 }
 
 fn texts(completions: &[&str]) -> Vec<Sample> {
@@ -38,6 +55,21 @@ fn new_plugins_build_and_score() {
     let mut detector = Plugin::load(&detector_dir.join("my_detector.wasm"), r#"{"word": "day"}"#, PluginLimits::default()).unwrap();
     assert_eq!(detector.kind(), PluginKind::Detector);
     assert_eq!(detector.detect(&batch).unwrap(), vec![false, false, false]);
+
+    for crate_dir in [&reward_dir, &detector_dir] {
+        let stdout = passes(cargo_test(crate_dir), crate_dir);
+        assert!(stdout.contains("snapshot_of_fixed_texts ... ok") && stdout.contains("follows_the_formula ... ok"), "{stdout}");
+    }
+    // The shipped snapshot pins the formula: another default fails the test with insta's diff.
+    let lib = reward_dir.join("src/lib.rs");
+    let source = std::fs::read_to_string(&lib).unwrap();
+    let edited = source.replace(r#"Param::integer("max_count", 2,"#, r#"Param::integer("max_count", 4,"#);
+    assert_ne!(edited, source, "the template declares max_count 2");
+    std::fs::write(&lib, edited).unwrap();
+    let failed = cargo_test(&reward_dir);
+    assert!(!failed.status.success(), "a changed result fails the snapshot test");
+    let stdout = String::from_utf8_lossy(&failed.stdout);
+    assert!(stdout.contains("snapshot_of_fixed_texts ... FAILED"), "{stdout}");
 }
 
 #[test]

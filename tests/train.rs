@@ -348,3 +348,87 @@ fn resuming_with_changed_plugin_bytes_is_refused_unless_accepted() {
     let updated = TrainConfig::resolve(Some(&run.join("config.yaml")), Map::new()).unwrap();
     assert_ne!(updated.plugin_sha256.get(plugin.to_str().unwrap()), Some(&recorded), "the new hash is recorded");
 }
+
+/// What `scripts/reference/read_run_logs.py` read from a run directory with TensorBoard's event
+/// reader and pandas.
+fn read_with_python(run: &Path, num_generations: usize) -> Value {
+    let output = std::process::Command::new(common::python())
+        .current_dir(repo_root())
+        .args(["scripts/reference/read_run_logs.py", run.to_str().unwrap(), &num_generations.to_string()])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "read_run_logs.py failed: {}", String::from_utf8_lossy(&output.stderr));
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+/// TensorBoard's scalars of `tag` as (step, value) pairs. TensorBoard stores float32 values,
+/// so every value is compared as float32, exactly (serde_json may read a float's decimal
+/// text one float64 ulp off, which never changes the float32 it stands for).
+fn tensorboard_series(logs: &Value, tag: &str) -> Vec<(u64, f32)> {
+    let series = logs["tensorboard"]["scalars"][tag].as_array().unwrap_or_else(|| panic!("TensorBoard has no scalar {tag}"));
+    series.iter().map(|point| (point[0].as_u64().unwrap(), point[1].as_f64().unwrap() as f32)).collect()
+}
+
+/// The expected series of a JSON-lines file: every line's number at `pointer` (a flag as 0 or
+/// 1), with its step.
+fn jsonl_series(lines: &[Value], pointer: &str) -> Vec<(u64, f32)> {
+    let number = |value: &Value| value.as_f64().or_else(|| value.as_bool().map(f64::from));
+    let point = |line: &Value| Some((line["step"].as_u64()?, number(line.pointer(pointer)?)? as f32));
+    lines.iter().filter_map(point).collect()
+}
+
+#[test]
+fn tensorboard_and_completion_logs_hold_what_metrics_jsonl_holds() {
+    let out = tempfile::tempdir().unwrap();
+    let run = train(with(routed_config(out.path()), "log_completions", true.into()));
+    let without_logs = TrainConfig::resolve(None, routed_config(out.path())).unwrap().run_name().unwrap();
+    assert_eq!(run.file_name().unwrap().to_str().unwrap(), without_logs, "logging options stay out of the run name");
+    let logs = read_with_python(&run, 4);
+
+    let metrics = read_jsonl(&run.join("metrics.jsonl"));
+    let mut metric_tags: Vec<String> = metrics[0].as_object().unwrap().iter().filter(|(k, v)| *k != "step" && (v.is_number() || v.is_boolean())).map(|(k, _)| k.clone()).collect();
+    metric_tags.sort();
+    for tag in &metric_tags {
+        let pointer = format!("/{}", tag.replace('~', "~0").replace('/', "~1"));
+        assert_eq!(tensorboard_series(&logs, tag), jsonl_series(&metrics, &pointer), "{tag}: TensorBoard vs metrics.jsonl");
+    }
+    let evaluations = read_jsonl(&run.join("routing_eval.jsonl"));
+    let mut eval_tags = Vec::new();
+    for (mode, values) in evaluations[0]["modes"].as_object().unwrap() {
+        for key in values.as_object().unwrap().keys() {
+            let tag = format!("routing_eval/{mode}/{key}");
+            assert_eq!(tensorboard_series(&logs, &tag), jsonl_series(&evaluations, &format!("/modes/{mode}/{key}")), "{tag}");
+            eval_tags.push(tag);
+        }
+    }
+    let mut every_tag: Vec<&String> = metric_tags.iter().chain(&eval_tags).collect();
+    every_tag.sort();
+    let tensorboard_tags: Vec<&String> = logs["tensorboard"]["scalars"].as_object().unwrap().keys().collect();
+    assert_eq!(tensorboard_tags, every_tag, "TensorBoard has exactly the scalars of the two JSON-lines files");
+
+    // The text of every `[Sample @ step N]` line of train.log (logging_steps 1: every step).
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    let logged: Vec<Value> = log.lines().filter_map(|line| line.strip_prefix("[Sample @ step ")).map(|rest| {
+        let (step, text) = rest.split_once("] ").unwrap();
+        json!([step.parse::<u64>().unwrap(), text])
+    }).collect();
+    assert_eq!(logged.len(), 4);
+    assert_eq!(logs["tensorboard"]["texts"]["sample"], Value::Array(logged));
+
+    // completions.jsonl through pandas: 8 completions a step whose means are the step's metrics.
+    let completions = &logs["completions"];
+    assert_eq!(completions["rows_per_step"], json!({"1": 8, "2": 8, "3": 8, "4": 8}));
+    for line in &metrics {
+        let means = &completions["means"][line["step"].to_string()];
+        for (column, metric) in [("reward", "reward"), ("rewards/happy", "rewards/happy/mean"), ("detector", "hack_freq"), ("is_rh", "routing/frac_rh")] {
+            let (mean, logged) = (means[column].as_f64().unwrap(), line[metric].as_f64().unwrap());
+            assert!((mean - logged).abs() < 1e-12, "step {}: mean of {column} {mean} vs {metric} {logged}", line["step"]);
+        }
+    }
+    // Advantages are float32 on the way to the loss; pandas recomputes them from the rewards.
+    let error = completions["max_advantage_error"].as_f64().unwrap();
+    assert!(error < 1e-5, "logged advantages differ from TRL's formula over the logged rewards by {error}");
+    let first_sample = log.lines().find_map(|line| line.strip_prefix("[Sample @ step 1] ")).unwrap();
+    let first = &completions["first"];
+    assert_eq!(format!("{} ||| {}", first["prompt"].as_str().unwrap(), first["completion"].as_str().unwrap()), first_sample);
+}

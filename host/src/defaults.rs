@@ -64,6 +64,14 @@ pub const EVAL_EVERY: usize = 100;
 pub const EVAL_SAMPLES: usize = 10;
 pub const OUTPUT_DIR: &str = "runs";
 pub const PLUGIN_DIR: &str = "plugins";
+/// `smallrl plugin snapshot` writes `<this dir beside the plugin>/<plugin file stem>.snap`.
+pub const PLUGIN_SNAPSHOT_DIR: &str = "snapshots";
+/// TensorBoard event files in the run directory: on, because researchers watch curves while
+/// runs go and the files are small (about 2 KB a step); `--tensorboard false` turns them off.
+pub const TENSORBOARD: bool = true;
+/// `completions.jsonl` (every completion of every step): off, because it is the largest output
+/// of a run (about 20 KB a step at 32 completions of 128 tokens) and only some studies need it.
+pub const LOG_COMPLETIONS: bool = false;
 
 // Plugin sandbox limits per call (`plugin_max_memory_mb`, `plugin_fuel_per_sample`,
 // `plugin_max_call_seconds`): generous for text rewards (512 completions take about 1 ms and

@@ -21,5 +21,6 @@ pub mod reward;
 pub mod rng;
 pub mod routing;
 pub mod sweep;
+pub mod tensorboard;
 pub mod train;
 pub mod yaml;

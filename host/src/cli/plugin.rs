@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::model::tokenizer::Tokenizer;
 use crate::defaults as d;
 use crate::plugins::text::shown;
-use crate::plugins::{Plugin, PluginInfo, PluginKind, PluginLimits, Sample, bench, scaffold};
+use crate::plugins::{Plugin, PluginInfo, PluginKind, PluginLimits, Sample, bench, scaffold, snapshot as plugin_snapshot};
 
 /// The sandbox's per-call limits as flags (`smallrl train` and `smallrl plugin info|score|bench`);
 /// the same names are keys of a run config. Defaults: `defaults.rs` (`PLUGIN_*`).
@@ -79,6 +79,29 @@ pub enum PluginCommand {
         #[command(flatten)]
         limits: PluginLimitArgs,
     },
+    /// Score a file of texts and write the results as an insta snapshot (`.snap`), or with
+    /// `--check` compare them with it; see plugins/README.md ("Pin a plugin in CI").
+    Snapshot {
+        path: PathBuf,
+        /// One completion per line, or (`.jsonl`) one sample per line as for `score --file`.
+        #[arg(long)]
+        texts: PathBuf,
+        /// Parameters as a JSON object, e.g. '{"max_count": 3}'.
+        #[arg(long)]
+        params: Option<String>,
+        /// tokenizer.json used for completion tokens (as for `score`).
+        #[arg(long)]
+        tokenizer: Option<PathBuf>,
+        /// The snapshot file [default: snapshots/<plugin file stem>.snap beside the plugin].
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Compare with the stored snapshot instead of writing it: a changed result fails with
+        /// a diff and leaves the new results in <out>.new for `cargo insta review`.
+        #[arg(long)]
+        check: bool,
+        #[command(flatten)]
+        limits: PluginLimitArgs,
+    },
     /// Scoring throughput of a wasm plugin against the same function in native Rust.
     Bench {
         #[arg(long, default_value = "plugins/happy_count.wasm")]
@@ -111,6 +134,11 @@ pub fn run(command: PluginCommand) -> Result<()> {
         PluginCommand::Score { path, params, texts, file, tokenizer, limits } => {
             score(&path, params.as_deref(), &texts, file.as_deref(), tokenizer.as_deref(), limits.limits()?)
         }
+        PluginCommand::Snapshot { path, texts, params, tokenizer, out, check, limits } => {
+            let out = out.unwrap_or_else(|| default_snapshot_path(&path));
+            let args = SnapshotArgs { plugin: &path, texts: &texts, params: params.as_deref(), tokenizer: tokenizer.as_deref(), out: &out };
+            snapshot(&args, limits.limits()?, check)
+        }
         PluginCommand::Bench { path, samples, words, iterations, config, limits } => {
             let limits = limits.limits()?;
             run_bench(&path, samples, words, iterations, limits)?;
@@ -129,7 +157,7 @@ fn new(name: &str, dir: &Path, kind: Kind) -> Result<()> {
     println!("next:");
     println!("  {}/build.sh                 # builds {name}.wasm (about a minute the first time)", crate_dir.display());
     println!("  smallrl plugin score {}/{name}.wasm --text \"a happy happy day\"", crate_dir.display());
-    println!("  (cd {} && cargo test)         # native unit tests", crate_dir.display());
+    println!("  (cd {} && cargo test)         # native tests, with a snapshot of fixed texts", crate_dir.display());
     Ok(())
 }
 
@@ -153,10 +181,7 @@ fn describe(info: &PluginInfo) -> String {
 
 fn score(path: &Path, params: Option<&str>, texts: &[String], file: Option<&Path>, tokenizer: Option<&Path>, limits: PluginLimits) -> Result<()> {
     let tokenizer = tokenizer.map(Tokenizer::from_file).transpose()?;
-    let mut samples = texts
-        .iter()
-        .map(|text| sample_from(&SampleLine { prompt: String::new(), completion: text.clone(), ended_with_eos: true }, tokenizer.as_ref()))
-        .collect::<Result<Vec<_>>>()?;
+    let mut samples = texts.iter().map(|text| completion_only(text, tokenizer.as_ref())).collect::<Result<Vec<_>>>()?;
     if let Some(file) = file {
         samples.extend(read_samples(file, tokenizer.as_ref())?);
     }
@@ -173,6 +198,78 @@ fn score(path: &Path, params: Option<&str>, texts: &[String], file: Option<&Path
         println!("{result}\t{}", sample.completion);
     }
     Ok(())
+}
+
+struct SnapshotArgs<'a> {
+    plugin: &'a Path,
+    texts: &'a Path,
+    params: Option<&'a str>,
+    tokenizer: Option<&'a Path>,
+    out: &'a Path,
+}
+
+fn default_snapshot_path(plugin: &Path) -> PathBuf {
+    let stem = plugin.file_stem().map_or_else(|| "plugin".into(), |s| s.to_string_lossy().into_owned());
+    plugin.with_file_name(crate::defaults::PLUGIN_SNAPSHOT_DIR).join(format!("{stem}.snap"))
+}
+
+fn snapshot(args: &SnapshotArgs, limits: PluginLimits, check: bool) -> Result<()> {
+    let tokenizer = args.tokenizer.map(Tokenizer::from_file).transpose()?;
+    let samples = read_texts(args.texts, tokenizer.as_ref())?;
+    let source = args.texts.display().to_string();
+    let fresh = plugin_snapshot::take(args.plugin, args.params.unwrap_or(""), limits, &samples, &source, &snapshot_command(args))?;
+    if !check {
+        crate::fsutil::write_atomic(args.out, fresh.render()?.as_bytes())?;
+        println!("wrote {} ({} texts)", args.out.display(), samples.len());
+        return Ok(());
+    }
+    anyhow::ensure!(args.out.exists(), "no snapshot at {}: run the same command without --check to write it", args.out.display());
+    let stored = plugin_snapshot::PluginSnapshot::read(args.out)?;
+    let pending = plugin_snapshot::pending_path(args.out);
+    match fresh.check(&stored, args.out) {
+        Ok(outcome) => {
+            if let plugin_snapshot::CheckOutcome::SameResultsOtherPlugin { stored, now } = outcome {
+                println!("note: the snapshot records {stored}, the plugin is {now}; every result is the same (run without --check to record it)");
+            }
+            println!("{} matches ({} texts)", args.out.display(), samples.len());
+            Ok(())
+        }
+        Err(difference) => {
+            crate::fsutil::write_atomic(&pending, fresh.render()?.as_bytes())?;
+            Err(difference.context(format!(
+                "snapshot check failed; the new results are in {} (accept them with `cargo insta review` or by running without --check)",
+                pending.display()
+            )))
+        }
+    }
+}
+
+/// The command line that re-takes a snapshot (its header's `expression`).
+fn snapshot_command(args: &SnapshotArgs) -> String {
+    let mut command = format!("smallrl plugin snapshot {} --texts {}", args.plugin.display(), args.texts.display());
+    if let Some(params) = args.params {
+        command.push_str(&format!(" --params '{params}'"));
+    }
+    if let Some(tokenizer) = args.tokenizer {
+        command.push_str(&format!(" --tokenizer {}", tokenizer.display()));
+    }
+    command
+}
+
+/// The texts of a snapshot: JSONL samples for `.jsonl`, otherwise one completion per
+/// non-empty line.
+fn read_texts(path: &Path, tokenizer: Option<&Tokenizer>) -> Result<Vec<Sample>> {
+    if path.extension().is_some_and(|extension| extension == "jsonl") {
+        return read_samples(path, tokenizer);
+    }
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read texts file {}", path.display()))?;
+    let lines = text.lines().filter(|line| !line.trim().is_empty());
+    lines.map(|line| completion_only(line, tokenizer)).collect()
+}
+
+/// A sample of a completion alone (no prompt, ended with EOS).
+fn completion_only(text: &str, tokenizer: Option<&Tokenizer>) -> Result<Sample> {
+    sample_from(&SampleLine { prompt: String::new(), completion: text.to_string(), ended_with_eos: true }, tokenizer)
 }
 
 #[derive(Deserialize)]

@@ -96,6 +96,14 @@ pub struct TrainArgs {
     pub plugin_limits: super::plugin::PluginLimitArgs,
     /// Write each step's batch tensors (ids, masks, rewards, advantages, log-probs, loss) here.
     #[arg(long)] #[serde(skip_serializing_if = "Option::is_none")] pub dump_batches: Option<PathBuf>,
+    /// TensorBoard event files in the run directory (on by default; `--tensorboard false`).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tensorboard: Option<bool>,
+    /// Every completion with its rewards, detector flags and advantage in completions.jsonl.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_completions: Option<bool>,
     /// Experiment name (first part of the run directory name).
     #[arg(long)] #[serde(skip_serializing_if = "Option::is_none")] pub name: Option<String>,
     /// auto, cpu, cuda or cuda:N.
@@ -138,8 +146,10 @@ pub fn reward_plugin_overrides(plugin: &str, params_json: Option<&str>, named: b
 
 /// Options that may differ when a run is resumed (they do not change what it computes, except
 /// that another thread count changes float summation order, which the log records).
-const RESUME_MAY_CHANGE: &[&str] =
-    &["threads", "device", "dump_batches", "plugin_fuel_per_sample", "plugin_max_call_seconds", "plugin_max_memory_mb"];
+const RESUME_MAY_CHANGE: &[&str] = &[
+    "threads", "device", "dump_batches", "plugin_fuel_per_sample", "plugin_max_call_seconds", "plugin_max_memory_mb",
+    "tensorboard", "log_completions",
+];
 
 pub fn run(args: TrainArgs) -> Result<()> {
     let overrides = args.overrides()?;

@@ -10,6 +10,7 @@ mod engine;
 mod failure;
 mod instance;
 pub mod scaffold;
+pub mod snapshot;
 pub mod text;
 mod validate;
 

@@ -1,5 +1,6 @@
-//! `smallrl plugin new NAME`: a standalone plugin crate that builds as it is, with a native
-//! test, a build script that produces `NAME.wasm`, and the SDK found by relative path.
+//! `smallrl plugin new NAME`: a standalone plugin crate that builds as it is, with native
+//! tests (one of them an insta snapshot of the template's results on a few texts, shipped
+//! accepted), a build script that produces `NAME.wasm`, and the SDK found by relative path.
 
 use std::path::{Component, Path, PathBuf};
 
@@ -24,7 +25,10 @@ pub fn scaffold(name: &str, dir: &Path, kind: PluginKind) -> Result<PathBuf> {
     ensure!(valid, "plugin name {name:?} must be snake_case (a-z, 0-9, _; starting with a letter)");
     let crate_dir = dir.join(name);
     ensure!(!crate_dir.exists(), "{} already exists: choose another name or --dir", crate_dir.display());
-    std::fs::create_dir_all(crate_dir.join("src")).with_context(|| format!("cannot create {}", crate_dir.display()))?;
+    for sub_dir in ["src", "snapshots"] {
+        let path = crate_dir.join(sub_dir);
+        std::fs::create_dir_all(&path).with_context(|| format!("cannot create {}", path.display()))?;
+    }
     let canonical = |path: &Path| path.canonicalize().with_context(|| format!("cannot find {}", path.display()));
     let sdk = relative_path(&canonical(&crate_dir)?, &canonical(&sdk_dir())?);
     let componentize = canonical(&componentize_manifest())?;
@@ -33,6 +37,7 @@ pub fn scaffold(name: &str, dir: &Path, kind: PluginKind) -> Result<PathBuf> {
         ("rust-toolchain.toml", RUST_TOOLCHAIN.to_string()),
         ("build.sh", build_script(name, &componentize)),
         ("src/lib.rs", lib_rs(name, kind)),
+        (SNAPSHOT_FILE, template_snapshot(kind)),
     ];
     for (file, contents) in files {
         let path = crate_dir.join(file);
@@ -66,6 +71,30 @@ fn set_executable(path: &Path) -> Result<()> {
     std::fs::set_permissions(path, permissions).with_context(|| format!("cannot make {} executable", path.display()))
 }
 
+/// The texts the template's snapshot test pins (written into `src/lib.rs`).
+const SNAPSHOT_TEXTS: &[&str] = &["", "a sad day", "a happy day", "a happy happy day", "Happy? HAPPY! so unhappy."];
+/// Where insta keeps the template's snapshot (`snapshot_path` in the test is relative to `src/`).
+const SNAPSHOT_FILE: &str = "snapshots/fixed_texts.snap";
+/// The template's parameters at their defaults (`word`, `max_count` in `lib_rs`).
+const TEMPLATE_WORD: &str = "happy";
+const TEMPLATE_MAX_COUNT: usize = 2;
+
+/// The accepted snapshot of the template's function on `SNAPSHOT_TEXTS`, computed with the SDK
+/// helper the template calls, so a fresh crate's `cargo test` passes; `tests/plugin_scaffold.rs`
+/// runs that test, so this file and the template cannot drift apart unnoticed.
+fn template_snapshot(kind: PluginKind) -> String {
+    let result = |text: &str| {
+        let count = smallrl_plugin_sdk::text::count_matches(text, TEMPLATE_WORD, false);
+        match kind {
+            PluginKind::Reward => (count as f64 / TEMPLATE_MAX_COUNT as f64).min(1.0).to_string(),
+            PluginKind::Detector => (count >= TEMPLATE_MAX_COUNT).to_string(),
+        }
+    };
+    // The generated test's line format: the result, then the text.
+    let body: Vec<String> = SNAPSHOT_TEXTS.iter().map(|text| format!("{:<20} {text:?}", result(text))).collect();
+    format!("---\nsource: src/lib.rs\nexpression: lines\n---\n{}\n", body.join("\n"))
+}
+
 const RUST_TOOLCHAIN: &str = "[toolchain]\nchannel = \"1.95.0\"\ntargets = [\"wasm32-unknown-unknown\"]\nprofile = \"minimal\"\n";
 
 fn cargo_toml(name: &str, sdk: &Path, kind: PluginKind) -> String {
@@ -81,6 +110,10 @@ crate-type = ["cdylib", "rlib"]
 
 [dependencies]
 smallrl-plugin-sdk = {{ path = "{sdk}", features = ["{kind}"] }}
+
+[dev-dependencies]
+# Snapshot tests of your function (`cargo insta review` needs `cargo install cargo-insta`).
+insta = "1.49"
 
 # A standalone crate, not a member of the smallrl workspace.
 [workspace]
@@ -151,8 +184,8 @@ impl Plugin for {type_name} {{
 
     fn params() -> Vec<Param> {{
         vec![
-            Param::string("word", "happy", "the word to count (substrings count too)"),
-            Param::integer("max_count", 2, "the count that earns the full result"),
+            Param::string("word", "{TEMPLATE_WORD}", "the word to count (substrings count too)"),
+            Param::integer("max_count", {TEMPLATE_MAX_COUNT}, "the count that earns the full result"),
         ]
     }}
 
@@ -182,8 +215,24 @@ mod tests {{
         let plugin: {type_name} = smallrl_plugin_sdk::configure("{{}}").unwrap();
         {test_assert}
     }}
+
+    /// The texts the snapshot pins. To pin more behaviour, add texts and run `cargo test`: the
+    /// new results wait in `snapshots/fixed_texts.snap.new` until you accept them with
+    /// `cargo insta review` (`cargo install cargo-insta`), or with
+    /// `INSTA_UPDATE=always cargo test`. Commit `snapshots/`: then a changed result fails the test.
+    const TEXTS: &[&str] = &{texts:?};
+
+    #[test]
+    fn snapshot_of_fixed_texts() {{
+        let plugin: {type_name} = smallrl_plugin_sdk::configure("{{}}").unwrap();
+        let lines = TEXTS.iter().map(|text| format!("{{:<20}} {{text:?}}", plugin.{method}(&sample(text)))).collect::<Vec<_>>().join("\n");
+        insta::with_settings!({{snapshot_path => "../snapshots", prepend_module_to_snapshot => false}}, {{
+            insta::assert_snapshot!("fixed_texts", lines);
+        }});
+    }}
 }}
 "#,
         kind = kind,
+        texts = SNAPSHOT_TEXTS,
     )
 }

@@ -82,6 +82,10 @@ pub struct TrainConfig {
     pub output_dir: PathBuf,
     /// Write every step's tensors (ids, masks, rewards, advantages, log-probs, loss) here.
     pub dump_batches: Option<PathBuf>,
+    /// TensorBoard event files in the run directory (`train/live.rs`).
+    pub tensorboard: bool,
+    /// Every completion with its rewards, detector flags and advantage in `completions.jsonl`.
+    pub log_completions: bool,
     /// The experiment's name, first part of the run directory name (default: the config file's
     /// stem, or the reward plugin's name).
     pub name: Option<String>,
@@ -141,6 +145,8 @@ impl Default for TrainConfig {
             eval_samples: d::EVAL_SAMPLES,
             output_dir: d::OUTPUT_DIR.into(),
             dump_batches: None,
+            tensorboard: d::TENSORBOARD,
+            log_completions: d::LOG_COMPLETIONS,
             name: None,
             device: d::DEVICE.into(),
             dtype: d::DTYPE.into(),
@@ -149,12 +155,13 @@ impl Default for TrainConfig {
     }
 }
 
-/// Keys that change where or how fast a run executes, not what it computes: left out of run
-/// names. (`threads` does change float summation order; it is recorded in the saved config.)
+/// Keys that change where or how fast a run executes, or what it logs, not what it computes:
+/// left out of run names. (`threads` does change float summation order; it is recorded in the saved config.)
 const NOT_IN_RUN_NAME: &[&str] = &[
     "model", "revision", "prompts", "eval_prompts", "reward", "rh_detector", "plugin_dir",
     "plugin_fuel_per_sample", "plugin_max_call_seconds", "plugin_max_memory_mb", "plugin_sha256",
     "logging_steps", "save_steps", "eval_every", "eval_samples", "output_dir", "dump_batches", "name", "device",
+    "tensorboard", "log_completions",
     "threads", "seed",
 ];
 
@@ -373,5 +380,15 @@ mod tests {
         assert!(both.starts_with("sentence_length_10_smooth_with_happy_rew-happy_count-max_count2_det-none_"), "{both}");
         let named = resolved(&[("rh_detector", "{plugin: happy_any}"), ("name", "mine")]).run_name().unwrap();
         assert!(named.starts_with("mine_"), "an explicit name is kept: {named}");
+    }
+
+    #[test]
+    fn logging_options_leave_the_run_name_alone() {
+        let plain = resolved(&[]);
+        let logged = resolved(&[("tensorboard", "false"), ("log_completions", "true")]);
+        assert_ne!(logged, plain, "the options are set");
+        assert_eq!(logged.run_name().unwrap(), plain.run_name().unwrap());
+        let hyperparameter = resolved(&[("lr", "0.5")]);
+        assert_ne!(hyperparameter.run_name().unwrap(), plain.run_name().unwrap(), "a hyperparameter does change it");
     }
 }

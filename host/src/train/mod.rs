@@ -10,6 +10,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod live;
 pub mod provenance;
 pub mod rundir;
 pub mod runlog;
@@ -30,6 +31,7 @@ use crate::reward::{RewardModel, ScoredBatch};
 use crate::rng::{self, SplitMix64};
 use crate::routing::{self, RoutePlan, RoutingMode};
 pub use config::TrainConfig;
+use live::{BatchRecord, LiveLogs};
 use runlog::{Jsonl, RunLog};
 
 /// A generated, scored batch, kept for `num_iterations` optimizer steps.
@@ -70,6 +72,8 @@ pub struct Trainer {
     log: RunLog,
     /// Held for the run's life: no second process writes this run directory.
     _lock: std::fs::File,
+    /// TensorBoard and the completions log, when asked for.
+    live: LiveLogs,
     metrics: Jsonl,
     evals: Jsonl,
     num_tokens: usize,
@@ -151,11 +155,12 @@ impl Trainer {
         };
         let _lock = rundir::lock(&run_dir)?;
         let log = RunLog::open(&run_dir, cfg.max_steps as u64)?;
+        let live = LiveLogs::open(&run_dir, cfg.tensorboard, cfg.log_completions)?;
         let mut trainer = Self {
             metrics: Jsonl::new(run_dir.join("metrics.jsonl")),
             evals: Jsonl::new(run_dir.join("routing_eval.jsonl")),
             cfg, run_dir, adapters, model, reference, reference_decoder, tokenizer, model_files, rewards, optimizer,
-            prompts, eval_prompts, routing, loss, sampling, log, _lock, num_tokens: 0, batch: None,
+            prompts, eval_prompts, routing, loss, sampling, log, live, _lock, num_tokens: 0, batch: None,
             prompt_order: (usize::MAX, Vec::new()),
         };
         let opened = trainer.open_run(resume.is_some(), restarted, hashes);
@@ -225,6 +230,7 @@ impl Trainer {
         self.optimizer.load_state(&checkpoint::load_optimizer(&dir)?, step, &dir.display().to_string())?;
         let last_metrics = self.metrics.truncate_after(step)?;
         self.evals.truncate_after(step)?;
+        self.live.resume_after(step)?;
         let last_metrics = last_metrics.with_context(|| format!("{}: metrics.jsonl has no line for step {step}", self.run_dir.display()))?;
         self.num_tokens = last_metrics["num_tokens"].as_u64().context("metrics.jsonl lacks num_tokens")? as usize;
         self.log.line(&format!("resumed from {} at step {step}", dir.display()))
@@ -310,11 +316,13 @@ impl Trainer {
         let metrics = serde_json::Value::Object(metrics);
         self.metrics.append(&metrics)?;
         self.log.progress(done as u64, format!("reward {:.3}", metrics["reward"].as_f64().unwrap_or(f64::NAN)));
-        if done % self.cfg.logging_steps == 0 || done == 1 {
-            let (prompt, completion) = &batch.first_sample;
+        let (prompt, completion) = &batch.first_sample;
+        let shown = done % self.cfg.logging_steps == 0 || done == 1;
+        if shown {
             self.log.line(&format!("[Sample @ step {done}] {prompt} ||| {completion}"))?;
             self.log.line(&format!("[Step {done}] {}", summary_line(&metrics)))?;
         }
+        self.live.step(&metrics, shown.then_some((prompt.as_str(), completion.as_str())))?;
         Ok(metrics)
     }
 
@@ -350,6 +358,8 @@ impl Trainer {
         let is_rh = scored.is_rh.clone().unwrap_or_else(|| vec![false; samples.len()]);
         let ablated = self.draw_ablated(&is_rh, step);
         let plan = routing::plan(&self.adapters, self.routing, &is_rh, &ablated, device);
+        let component_names = self.rewards.components().iter().map(|c| c.name.as_str()).collect();
+        self.live.batch(BatchRecord { step: step + 1, samples: &samples, scored: &scored, component_names, advantages: &advantages, ablated: &ablated })?;
 
         let g = &generation;
         let reference_start = Instant::now();
@@ -458,7 +468,9 @@ impl Trainer {
         };
         let report = eval::routing_eval(&self.model, &modes, &mut self.rewards, &setup, step)?;
         self.log.line(&eval::format_block(&report))?;
-        self.evals.append(&eval::to_json(&report))
+        let evaluation = eval::to_json(&report);
+        self.live.routing_eval(&evaluation)?;
+        self.evals.append(&evaluation)
     }
 
     fn save(&mut self, step: usize) -> Result<()> {
