@@ -98,10 +98,11 @@ fn resumed_run_repeats_the_uninterrupted_run_exactly() {
     let out = tempfile::tempdir().unwrap();
     let whole = train(routed_config(&out.path().join("a")));
 
-    let resolved = TrainConfig::resolve(None, routed_config(&out.path().join("b"))).unwrap();
+    // Interrupted after step 3, past its newest checkpoint (step 2): step 3 is done again.
+    let resolved = TrainConfig::resolve(None, with(routed_config(&out.path().join("b")), "log_completions", true.into())).unwrap();
     let mut first = Trainer::new(resolved.clone(), None).unwrap();
-    let stopped = first.train(Some(2)).unwrap();
-    assert_eq!(stopped.steps, 2);
+    let stopped = first.train(Some(3)).unwrap();
+    assert_eq!(stopped.steps, 3);
     drop(first);
     let mut second = Trainer::new(resolved, Some(&stopped.run_dir)).unwrap();
     let resumed = second.train(None).unwrap();
@@ -118,6 +119,12 @@ fn resumed_run_repeats_the_uninterrupted_run_exactly() {
     for (name, tensor) in &a {
         assert!(tensor.equal(&b[name]), "{name} differs after resumption");
     }
+    // TensorBoard drops what the first process logged after the checkpoint (its step 3), and
+    // completions.jsonl is cut there too.
+    let logs = read_with_python(&resumed.run_dir, 4);
+    let metrics = read_jsonl(&resumed.run_dir.join("metrics.jsonl"));
+    assert_eq!(tensorboard_series(&logs, "loss"), jsonl_series(&metrics, "/loss"), "TensorBoard shows each step once");
+    assert_eq!(logs["completions"]["rows_per_step"], json!({"1": 8, "2": 8, "3": 8, "4": 8}));
     let log = std::fs::read_to_string(resumed.run_dir.join("train.log")).unwrap();
     assert!(log.contains("[Sample @ step 1] ") && log.contains(" ||| "), "train.log lacks sample lines");
     assert!(log.contains("[Routing Eval @ step 4]") && log.contains("retain_only") && log.contains("forget_only"));

@@ -9,6 +9,7 @@
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{Context, Result};
 
@@ -26,11 +27,14 @@ pub struct EventWriter {
 }
 
 impl EventWriter {
-    /// A new event file in `dir` (`events.out.tfevents.<unix time>.smallrl.<pid>`, the name
-    /// pattern TensorBoard looks for), starting with the file-version record.
+    /// A new event file in `dir` (`events.out.tfevents.<unix time>.smallrl.<pid>.<n>`, the name
+    /// pattern TensorBoard looks for; `n` counts the files of this process, so two writers in
+    /// one second never collide), starting with the file-version record.
     pub fn create(dir: &Path) -> Result<Self> {
-        let seconds = wall_time() as u64;
-        let path = dir.join(format!("events.out.tfevents.{seconds}.smallrl.{}", std::process::id()));
+        static FILES_CREATED: AtomicU64 = AtomicU64::new(0);
+        let (seconds, pid) = (wall_time() as u64, std::process::id());
+        let number = FILES_CREATED.fetch_add(1, Ordering::Relaxed);
+        let path = dir.join(format!("events.out.tfevents.{seconds}.smallrl.{pid}.{number}"));
         let file = File::create_new(&path).with_context(|| format!("cannot create the TensorBoard event file {}", path.display()))?;
         let mut writer = Self { file, path };
         writer.write_event(0, &string_field(3, FILE_VERSION))?;
