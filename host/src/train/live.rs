@@ -1,7 +1,7 @@
 //! Optional views of a run for people watching it, beside `metrics.jsonl` (which stays the
 //! record): TensorBoard event files (`tensorboard`) and every generated completion as JSON
-//! lines (`log_completions`, `completions.jsonl`). The trainer calls three hooks: after each
-//! step, after each routing evaluation, and when a batch is generated.
+//! lines (`log_completions`, `completions.jsonl`). The trainer calls four hooks: after each
+//! step, after each routing evaluation, when a batch is generated, and when it resumes.
 
 use std::path::Path;
 
