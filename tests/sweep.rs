@@ -105,9 +105,10 @@ fn finished_runs_are_cache_hits_and_interrupted_ones_resume_or_restart() {
     let sweep = spec(out.path(), &[], &["max_steps=4", "seed=3", "routing_mode=none"]);
     let planned = plan::plan(&sweep).unwrap().runs.remove(0);
     let dir = planned.dir(out.path());
-    fake_finished_run(&dir, &planned.config);
+    let logged_otherwise = TrainConfig { tensorboard: !planned.config.tensorboard, log_completions: !planned.config.log_completions, ..planned.config.clone() };
+    fake_finished_run(&dir, &logged_otherwise);
     let state = || plan::plan(&sweep).map(|p| p.runs[0].state);
-    assert_eq!(state().unwrap(), CacheState::Finished, "a finished run is reused (another thread count does not matter)");
+    assert_eq!(state().unwrap(), CacheState::Finished, "a finished run is reused (another thread count or logging options do not matter)");
 
     std::fs::write(dir.join("routing_eval.jsonl"), "{\"step\":2,\"modes\":{}}\n").unwrap();
     assert_eq!(state().unwrap(), CacheState::Resumable, "without its final evaluation the run is not finished");

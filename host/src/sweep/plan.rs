@@ -232,13 +232,15 @@ pub fn saved_config(dir: &Path) -> Result<TrainConfig> {
     TrainConfig::resolve(Some(&path), Map::new()).with_context(|| format!("cannot read the run configuration {}", path.display()))
 }
 
-/// Without the keys that say where or how fast a run executed, or how it may fail, not what it
-/// computed (the output directory may be spelled differently by another sweep over the same
-/// directory).
+/// Without the keys that say where or how fast a run executed, how it may fail or what it
+/// logged, not what it computed (the output directory may be spelled differently by another
+/// sweep over the same directory).
 fn comparable(config: &TrainConfig) -> TrainConfig {
     TrainConfig {
         threads: None,
         device: defaults::DEVICE.into(),
+        tensorboard: defaults::TENSORBOARD,
+        log_completions: defaults::LOG_COMPLETIONS,
         output_dir: defaults::OUTPUT_DIR.into(),
         // Plugin limits bound how a run may fail, not what it computes; the hashes are
         // recorded by the run itself and checked when it resumes.

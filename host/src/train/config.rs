@@ -156,7 +156,8 @@ impl Default for TrainConfig {
 }
 
 /// Keys that change where or how fast a run executes, or what it logs, not what it computes:
-/// left out of run names. (`threads` does change float summation order; it is recorded in the saved config.)
+/// left out of run names. (`threads` does change float summation order; it is recorded in the
+/// saved config.)
 const NOT_IN_RUN_NAME: &[&str] = &[
     "model", "revision", "prompts", "eval_prompts", "reward", "rh_detector", "plugin_dir",
     "plugin_fuel_per_sample", "plugin_max_call_seconds", "plugin_max_memory_mb", "plugin_sha256",
