@@ -51,8 +51,9 @@ pub enum CheckOutcome {
     SameResultsOtherPlugin { stored: String, now: String },
 }
 
-/// Scores `samples` with the plugin at `path` (under `limits`) and builds its snapshot. `source` is how the
-/// texts file is named in the header and `expression` the command that re-takes it.
+/// Scores `samples` with the plugin at `path` (under `limits`) and builds its snapshot.
+/// `source` is how the texts file is named in the header, `expression` the command that
+/// re-takes it.
 pub fn take(path: &Path, params_json: &str, limits: PluginLimits, samples: &[Sample], source: &str, expression: &str) -> Result<PluginSnapshot> {
     ensure!(!samples.is_empty(), "{source} has no texts to snapshot");
     let bytes = std::fs::read(path).with_context(|| format!("cannot read plugin {}", path.display()))?;
