@@ -12,8 +12,9 @@ use crate::defaults as d;
 use crate::plugins::text::shown;
 use crate::plugins::{Plugin, PluginInfo, PluginKind, PluginLimits, Sample, bench, scaffold, snapshot as plugin_snapshot};
 
-/// The sandbox's per-call limits as flags (`smallrl train` and `smallrl plugin info|score|bench`);
-/// the same names are keys of a run config. Defaults: `defaults.rs` (`PLUGIN_*`).
+/// The sandbox's per-call limits as flags (`smallrl train` and
+/// `smallrl plugin info|score|snapshot|bench`); the same names are keys of a run config.
+/// Defaults: `defaults.rs` (`PLUGIN_*`).
 #[derive(Args, Debug, Default, Serialize)]
 pub struct PluginLimitArgs {
     /// Fuel (about one unit per WebAssembly instruction) a plugin call may use per sample: the
@@ -80,7 +81,7 @@ pub enum PluginCommand {
         limits: PluginLimitArgs,
     },
     /// Score a file of texts and write the results as an insta snapshot (`.snap`), or with
-    /// `--check` compare them with it; see plugins/README.md ("Pin a plugin in CI").
+    /// `--check` compare them with it; see plugins/README.md ("Pin a built plugin in CI").
     Snapshot {
         path: PathBuf,
         /// One completion per line, or (`.jsonl`) one sample per line as for `score --file`.
