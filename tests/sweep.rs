@@ -54,7 +54,7 @@ fn plan_applies_fixed_values_and_derives_deduplicated_baselines() {
         assert_eq!(run.name, run.config.run_name().unwrap());
     }
     for run in &runs {
-        let expected = TrainConfig { routing_mode: "none".into(), ablated_frac: 0.0, ..run.config.clone() };
+        let expected = TrainConfig { routing_mode: smallrl::routing::RoutingMode::None, ablated_frac: 0.0, ..run.config.clone() };
         let baseline = plan.runs.iter().find(|b| Some(&b.name) == run.baseline.as_ref()).expect("the baseline is planned");
         assert_eq!(baseline.config, expected, "{}: baseline = same run without routing", run.name);
         assert_eq!(baseline.role, RunRole::Baseline);
@@ -333,8 +333,8 @@ fn sweep_end_to_end_with_baselines_charts_viewer_and_cache() {
     for row in rows.iter().filter(|r| r[1] == "run") {
         let routed = saved_config(&out.join(&row[0]));
         let seed_baseline = baselines.iter().map(|b| saved_config(&out.join(&b[0]))).find(|b| b.seed == routed.seed).unwrap();
-        assert_eq!(seed_baseline.routing_mode, "none");
-        assert_eq!(seed_baseline, TrainConfig { routing_mode: "none".into(), ..routed }, "the baseline differs only in routing");
+        assert_eq!(seed_baseline.routing_mode.as_str(), "none");
+        assert_eq!(seed_baseline, TrainConfig { routing_mode: smallrl::routing::RoutingMode::None, ..routed }, "the baseline differs only in routing");
     }
 
     // Charts per group: the statistics against the routing evaluations read here directly.

@@ -12,15 +12,16 @@ use crate::model::Llama;
 use crate::model::linear::Lora;
 use crate::model::llama::PROJECTIONS;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum AdapterKind {
-    /// Full fine-tuning: every base weight is trained; the reference policy is a frozen copy.
-    Full,
-    /// One LoRA adapter (the non-routed baseline).
-    Lora,
-    /// Retain and forget adapters, for gradient routing.
-    DualLora,
+crate::choice::choice! {
+    /// What is trained.
+    pub enum AdapterKind ("adapter") {
+        /// Full fine-tuning: every base weight is trained; the reference policy is a frozen copy.
+        Full = "full",
+        /// One LoRA adapter (the non-routed baseline).
+        Lora = "lora",
+        /// Retain and forget adapters, for gradient routing.
+        DualLora = "dual-lora",
+    }
 }
 
 /// Slot indices of DualLoRA.
@@ -80,24 +81,23 @@ pub struct Ranks {
 
 /// The adapter configuration of the options `adapter` (full, lora, dual-lora), `lora_preset`
 /// (DualLoRA only; overrides the ranks) and the ranks.
-pub fn config_from(adapter: &str, lora_preset: Option<&str>, ranks: &Ranks) -> Result<AdapterConfig> {
+pub fn config_from(adapter: AdapterKind, lora_preset: Option<&str>, ranks: &Ranks) -> Result<AdapterConfig> {
     let config = match adapter {
-        "full" => {
+        AdapterKind::Full => {
             ensure!(lora_preset.is_none(), "lora_preset is set but adapter is full");
             AdapterConfig::full()
         }
-        "lora" => {
+        AdapterKind::Lora => {
             ensure!(lora_preset.is_none(), "lora_preset applies to dual-lora; set lora_rank for lora");
             AdapterConfig::lora(ranks.lora_rank, ranks.lora_alpha, ranks.layer_stride)
         }
-        "dual-lora" => match lora_preset {
+        AdapterKind::DualLora => match lora_preset {
             Some(name) => {
                 let p = preset(name)?;
                 AdapterConfig::dual_lora(p.retain_rank, p.forget_rank, p.alpha, p.layer_stride)
             }
             None => AdapterConfig::dual_lora(ranks.retain_rank, ranks.forget_rank, ranks.lora_alpha, ranks.layer_stride),
         },
-        other => bail!("unknown adapter {other:?}: use full, lora or dual-lora"),
     };
     config.validate()?;
     Ok(config)

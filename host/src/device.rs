@@ -4,17 +4,77 @@
 use anyhow::{Result, bail};
 use tch::{Device, Kind};
 
-/// Parses `auto`, `cpu`, `cuda` or `cuda:N`. `auto` is CUDA device 0 when libtorch sees a GPU.
-pub fn parse_device(spec: &str) -> Result<Device> {
-    match spec {
-        "auto" => Ok(Device::cuda_if_available()),
-        "cpu" => Ok(Device::Cpu),
-        "cuda" => cuda(0),
-        other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
-            Some(Ok(index)) => cuda(index),
-            _ => bail!("unknown device {other:?}: use auto, cpu, cuda or cuda:N"),
-        },
+/// `--device`: `auto` (CUDA device 0 when libtorch sees a GPU, else the CPU), `cpu`, `cuda` or
+/// `cuda:N`; written back as spelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceSpec {
+    Auto,
+    Cpu,
+    /// `cuda` (`None`) or `cuda:N`.
+    Cuda(Option<usize>),
+}
+
+impl DeviceSpec {
+    pub fn parse(spec: &str) -> Result<Self> {
+        Ok(match spec {
+            "auto" => Self::Auto,
+            "cpu" => Self::Cpu,
+            "cuda" => Self::Cuda(None),
+            other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(index)) => Self::Cuda(Some(index)),
+                _ => bail!("unknown device {other:?}: use auto, cpu, cuda or cuda:N"),
+            },
+        })
     }
+
+    /// The libtorch device; a CUDA device libtorch does not see is an error.
+    pub fn resolve(self) -> Result<Device> {
+        match self {
+            Self::Auto => Ok(Device::cuda_if_available()),
+            Self::Cpu => Ok(Device::Cpu),
+            Self::Cuda(index) => cuda(index.unwrap_or(0)),
+        }
+    }
+}
+
+impl std::fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Auto => f.write_str("auto"),
+            Self::Cpu => f.write_str("cpu"),
+            Self::Cuda(None) => f.write_str("cuda"),
+            Self::Cuda(Some(index)) => write!(f, "cuda:{index}"),
+        }
+    }
+}
+
+impl std::str::FromStr for DeviceSpec {
+    type Err = anyhow::Error;
+    fn from_str(spec: &str) -> Result<Self> {
+        Self::parse(spec)
+    }
+}
+
+impl serde::Serialize for DeviceSpec {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for DeviceSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        let spec = <String as serde::Deserialize>::deserialize(deserializer)?;
+        Self::parse(&spec).map_err(serde::de::Error::custom)
+    }
+}
+
+impl crate::hyperparams::FlagValue for DeviceSpec {
+    type Flag = Self;
+}
+
+/// Parses and resolves `auto`, `cpu`, `cuda` or `cuda:N` (see [`DeviceSpec`]).
+pub fn parse_device(spec: &str) -> Result<Device> {
+    DeviceSpec::parse(spec)?.resolve()
 }
 
 fn cuda(index: usize) -> Result<Device> {
@@ -53,11 +113,28 @@ pub fn keep_freed_memory() {
     }
 }
 
-/// `--dtype`: float32 (the default, what the references are computed in) or bfloat16 (CUDA).
-pub fn parse_dtype(name: &str) -> Result<Kind> {
-    match name {
-        "float32" | "fp32" => Ok(Kind::Float),
-        "bfloat16" | "bf16" => Ok(Kind::BFloat16),
-        other => bail!("unknown --dtype {other:?}: use float32 or bfloat16"),
+crate::choice::choice! {
+    /// `--dtype`: float32 (the default, what the references are computed in) or bfloat16
+    /// (CUDA). The short spellings are kept as written, so saved configs and run names that
+    /// used them stay the same.
+    pub enum Dtype ("dtype") {
+        Float32 = "float32",
+        Fp32 = "fp32",
+        Bfloat16 = "bfloat16",
+        Bf16 = "bf16",
     }
+}
+
+impl Dtype {
+    pub fn kind(self) -> Kind {
+        match self {
+            Self::Float32 | Self::Fp32 => Kind::Float,
+            Self::Bfloat16 | Self::Bf16 => Kind::BFloat16,
+        }
+    }
+}
+
+/// Parses a `--dtype` word (see [`Dtype`]).
+pub fn parse_dtype(name: &str) -> Result<Kind> {
+    Ok(Dtype::parse(name)?.kind())
 }

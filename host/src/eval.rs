@@ -138,23 +138,44 @@ pub fn format_block(report: &EvalReport) -> String {
     out
 }
 
+/// The keys of a `routing_eval.jsonl` line (`modes` maps each evaluation mode to its values;
+/// reward components appear under their names).
+pub mod key {
+    pub const STEP: &str = "step";
+    pub const MODES: &str = "modes";
+    pub const SECONDS: &str = "seconds";
+    pub const REWARD: &str = "reward";
+    pub const HACK_FREQ: &str = "hack_freq";
+    pub const UNIQUE: &str = "unique";
+    pub const N: &str = "n";
+    pub const JACCARD: &str = "jaccard";
+    pub const DEGENERATE: &str = "degenerate";
+}
+
 /// One line of `routing_eval.jsonl`.
 pub fn to_json(report: &EvalReport) -> serde_json::Value {
     let modes: serde_json::Map<String, serde_json::Value> = report
         .modes
         .iter()
         .map(|m| {
-            let mut v = serde_json::json!({
-                "reward": m.reward, "hack_freq": m.hack_freq, "unique": m.unique, "n": m.n,
-                "jaccard": m.jaccard, "degenerate": m.degenerate,
-            });
+            let mut v = serde_json::Value::Object(serde_json::Map::new());
+            v[key::REWARD] = m.reward.into();
+            v[key::HACK_FREQ] = m.hack_freq.into();
+            v[key::UNIQUE] = m.unique.into();
+            v[key::N] = m.n.into();
+            v[key::JACCARD] = m.jaccard.into();
+            v[key::DEGENERATE] = m.degenerate.into();
             for (name, value) in &m.components {
                 v[name] = (*value).into();
             }
             (m.mode.clone(), v)
         })
         .collect();
-    serde_json::json!({"step": report.step, "modes": modes, "seconds": report.seconds})
+    let mut line = serde_json::Map::new();
+    line.insert(key::STEP.into(), report.step.into());
+    line.insert(key::MODES.into(), modes.into());
+    line.insert(key::SECONDS.into(), report.seconds.into());
+    serde_json::Value::Object(line)
 }
 
 #[cfg(test)]

@@ -2,36 +2,24 @@
 //! per-token log-probabilities, Schulman's k3 KL estimator, the clipped surrogate and the four
 //! loss aggregations. Pure tensor functions; the trainer decides what goes in.
 
-use anyhow::{Result, bail};
-use serde::{Deserialize, Serialize};
+use anyhow::Result;
 use tch::{Kind, Tensor};
 
 use crate::model::Llama;
 use crate::model::generate::Generation;
 use crate::model::linear::{AdapterCtl, gradient_only};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LossType {
-    /// Mean over each sequence's tokens, then mean over sequences.
-    Grpo,
-    /// Sum over tokens / (sequences * max_completion_length).
-    DrGrpo,
-    /// Sum over tokens / active tokens of the (global) batch.
-    Dapo,
-    /// Sum over tokens / active tokens of the local batch (the same as dapo on one process).
-    Bnpo,
-}
-
-impl LossType {
-    pub fn parse(name: &str) -> Result<Self> {
-        Ok(match name {
-            "grpo" => Self::Grpo,
-            "dr_grpo" => Self::DrGrpo,
-            "dapo" => Self::Dapo,
-            "bnpo" => Self::Bnpo,
-            other => bail!("unknown loss_type {other:?}: use grpo, dr_grpo, dapo or bnpo"),
-        })
+crate::choice::choice! {
+    /// How the per-token loss is aggregated (TRL's `loss_type`).
+    pub enum LossType ("loss_type") {
+        /// Mean over each sequence's tokens, then mean over sequences.
+        Grpo = "grpo",
+        /// Sum over tokens / (sequences * max_completion_length).
+        DrGrpo = "dr_grpo",
+        /// Sum over tokens / active tokens of the (global) batch.
+        Dapo = "dapo",
+        /// Sum over tokens / active tokens of the local batch (the same as dapo on one process).
+        Bnpo = "bnpo",
     }
 }
 

@@ -4,6 +4,7 @@
 //! repository root describes how the modules fit together and what may depend on what.
 
 pub mod adapters;
+pub mod choice;
 pub mod cli;
 pub mod corpus;
 pub mod dataset;
@@ -12,11 +13,11 @@ pub mod device;
 pub mod eval;
 pub mod fsutil;
 pub mod grpo;
+pub mod hyperparams;
 pub mod model;
 pub mod optim;
 pub mod pretrain;
 pub mod plugins;
-pub mod prompts;
 pub mod reward;
 pub mod rng;
 pub mod routing;

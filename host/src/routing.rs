@@ -12,29 +12,18 @@
 //! layers. Together with the class-weighted loss of [`crate::grpo::grpo_loss`] this equals the
 //! original's per-class backward passes (tested).
 
-use anyhow::{Result, bail};
-use serde::{Deserialize, Serialize};
+use anyhow::Result;
 use tch::{Device, Kind, Tensor};
 
 use crate::adapters::{AdapterConfig, AdapterKind, FORGET, RETAIN};
 use crate::model::linear::{AdapterCtl, RowLearn, RowScale};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RoutingMode {
-    None,
-    Classic,
-    Exclusive,
-}
-
-impl RoutingMode {
-    pub fn parse(name: &str) -> Result<Self> {
-        Ok(match name {
-            "none" => Self::None,
-            "classic" => Self::Classic,
-            "exclusive" => Self::Exclusive,
-            other => bail!("unknown routing_mode {other:?}: use none, classic or exclusive"),
-        })
+crate::choice::choice! {
+    /// Which adapter learns from which sample (the table above).
+    pub enum RoutingMode ("routing_mode") {
+        None = "none",
+        Classic = "classic",
+        Exclusive = "exclusive",
     }
 }
 
@@ -97,15 +86,23 @@ pub fn row_mask(rows: &[bool], device: Device) -> Tensor {
     Tensor::from_slice(&values).to_kind(Kind::Float).to(device)
 }
 
+/// The names of the evaluation modes (keys of `routing_eval.jsonl`'s `modes`).
+pub mod eval_mode {
+    /// Every adapter on (the only mode without DualLoRA).
+    pub const BOTH: &str = "both";
+    pub const RETAIN_ONLY: &str = "retain_only";
+    pub const FORGET_ONLY: &str = "forget_only";
+}
+
 /// Adapter scales (one per slot) of the evaluation modes.
 pub fn eval_modes(adapters: &AdapterConfig) -> Vec<(&'static str, Vec<f64>)> {
     match adapters.kind {
-        AdapterKind::Full => vec![("both", vec![])],
-        AdapterKind::Lora => vec![("both", vec![1.0])],
+        AdapterKind::Full => vec![(eval_mode::BOTH, vec![])],
+        AdapterKind::Lora => vec![(eval_mode::BOTH, vec![1.0])],
         AdapterKind::DualLora => vec![
-            ("both", vec![1.0, 1.0]),
-            ("retain_only", vec![1.0, 0.0]),
-            ("forget_only", vec![0.0, 1.0]),
+            (eval_mode::BOTH, vec![1.0, 1.0]),
+            (eval_mode::RETAIN_ONLY, vec![1.0, 0.0]),
+            (eval_mode::FORGET_ONLY, vec![0.0, 1.0]),
         ],
     }
 }

@@ -10,6 +10,7 @@ use clap::{Args, Subcommand};
 use super::common::ModelArgs;
 use crate::model::decode::DecodeModel;
 use crate::model::generate::{SamplingParams, generate};
+use crate::train::metrics::key;
 use crate::train::{TrainConfig, Trainer};
 
 #[derive(Subcommand, Debug)]
@@ -88,12 +89,12 @@ fn bench_train(args: TrainBench) -> Result<()> {
             };
             println!(
                 "{adapter:<9} threads {threads}: step {:.3} s (generate {:.3}, score {:.4}, reference + old log-probs {:.3}, train {:.3}), mean completion {:.0} tokens",
-                median("step_time"),
-                median("timing/generate"),
-                median("timing/score"),
-                median("timing/reference"),
-                median("timing/train"),
-                median("completions/mean_length")
+                median(key::STEP_TIME),
+                median(key::TIMING_GENERATE),
+                median(key::TIMING_SCORE),
+                median(key::TIMING_REFERENCE),
+                median(key::TIMING_TRAIN),
+                median(key::MEAN_LENGTH)
             );
         }
     }

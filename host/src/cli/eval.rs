@@ -42,7 +42,7 @@ pub fn run(args: EvalArgs) -> Result<()> {
         let scoring = TrainConfig::resolve(Some(path), Default::default())?;
         (config.reward, config.rh_detector) = (scoring.reward, scoring.rh_detector);
     }
-    let restored = checkpoint::restore_model(&args.checkpoint, crate::device::parse_device(&config.device)?)?;
+    let restored = checkpoint::restore_model(&args.checkpoint, config.device.resolve()?)?;
     let tokenizer = crate::model::Tokenizer::from_file(&restored.tokenizer_path)?;
     let reward = config.reward.as_ref().context("the run has no reward configuration")?;
     let mut rewards = RewardModel::load(reward, config.rh_detector.as_ref(), config.knobs(), &config.plugin_dir, config.plugin_limits()?)?;
@@ -80,7 +80,7 @@ fn reward_history(checkpoint: &Path) -> Result<serde_json::Value> {
     let rewards: Vec<f64> = crate::train::runlog::Jsonl::new(metrics.clone())
         .read()?
         .iter()
-        .map(|line| line["reward"].as_f64())
+        .map(|line| line[crate::train::metrics::key::REWARD].as_f64())
         .collect::<Option<_>>()
         .with_context(|| format!("{} has a line without a numeric reward", metrics.display()))?;
     ensure!(!rewards.is_empty(), "{} is empty", metrics.display());

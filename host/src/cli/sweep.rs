@@ -82,7 +82,7 @@ pub fn run(args: SweepArgs) -> Result<()> {
 fn spec(args: &SweepArgs) -> Result<SweepSpec> {
     let mut fixed = Map::new();
     if let Some(plugin) = &args.reward_plugin {
-        fixed.extend(super::train::reward_plugin_overrides(plugin, args.reward_params.as_deref(), args.config.is_some())?);
+        fixed.extend(crate::train::config::reward_plugin_overrides(plugin, args.reward_params.as_deref(), args.config.is_some())?);
     }
     for text in &args.fixed {
         let (key, value) = plan::parse_fixed(text)?;

@@ -89,8 +89,8 @@ pub struct PretrainConfig {
     #[arg(long, default_value_t = d::MAX_GRAD_NORM)]
     pub max_grad_norm: f64,
     /// full, lora or dual-lora (adapters need --init PATH: a random base is not worth keeping frozen).
-    #[arg(long, default_value = d::ADAPTER)]
-    pub adapter: String,
+    #[arg(long, default_value_t = d::ADAPTER)]
+    pub adapter: AdapterKind,
     #[arg(long)]
     pub lora_preset: Option<String>,
     #[arg(long, default_value_t = d::LORA_RANK)]
@@ -150,7 +150,7 @@ impl PretrainConfig {
             lora_alpha: self.lora_alpha,
             layer_stride: self.layer_stride,
         };
-        adapters::config_from(&self.adapter, self.lora_preset.as_deref(), &ranks)
+        adapters::config_from(self.adapter, self.lora_preset.as_deref(), &ranks)
     }
 
     fn source(&self) -> Result<Source<'_>> {

@@ -7,7 +7,7 @@ mod knobs;
 
 use std::path::Path;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 
 pub use crate::plugins::{PluginLimits, Sample};
 use crate::plugins::{Batch, Plugin, PluginKind};
@@ -71,17 +71,14 @@ impl RewardModel {
         limits: PluginLimits,
     ) -> Result<Self> {
         knobs.check()?;
-        let specs = reward.component_specs()?;
+        let specs = reward.component_specs();
         let components = component_infos(&specs)?;
         let plugins = specs
             .iter()
             .map(|spec| load_plugin(&spec.plugin, Some(&spec.params), plugin_dir, PluginKind::Reward, limits))
             .collect::<Result<Vec<_>>>()?;
-        if let Some(max_reward) = reward.max_reward {
-            ensure!(max_reward.is_finite(), "`reward: max_reward` must be a finite number, got {max_reward}");
-        }
         let detector = detector.map(|spec| load_detector(spec, &components, plugin_dir, limits)).transpose()?;
-        Ok(Self { components, plugins, max_reward: reward.max_reward, detector, knobs })
+        Ok(Self { components, plugins, max_reward: reward.max_reward(), detector, knobs })
     }
 
     pub fn components(&self) -> &[ComponentInfo] {
@@ -182,21 +179,18 @@ fn component_infos(specs: &[ComponentSpec]) -> Result<Vec<ComponentInfo>> {
 }
 
 fn load_detector(spec: &DetectorSpec, components: &[ComponentInfo], plugin_dir: &Path, limits: PluginLimits) -> Result<DetectorSource> {
-    match (&spec.plugin, &spec.score_threshold) {
-        (Some(plugin), None) => {
-            let plugin = load_plugin(plugin, spec.params.as_ref(), plugin_dir, PluginKind::Detector, limits)?;
+    match spec {
+        DetectorSpec::Plugin { plugin, params } => {
+            let plugin = load_plugin(plugin, params.as_ref(), plugin_dir, PluginKind::Detector, limits)?;
             Ok(DetectorSource::Plugin(plugin))
         }
-        (None, Some(rule)) => {
-            ensure!(spec.params.is_none(), "`rh_detector:` has `params` next to `score_threshold`: remove them");
+        DetectorSpec::ScoreThreshold(rule) => {
             let component = components.iter().position(|info| info.name == rule.component).with_context(|| {
                 let names: Vec<&str> = components.iter().map(|info| info.name.as_str()).collect();
                 format!("`rh_detector: score_threshold` names component `{}`, but the reward components are: {}", rule.component, names.join(", "))
             })?;
             Ok(DetectorSource::ScoreThreshold { component, threshold: rule.threshold })
         }
-        (Some(_), Some(_)) => bail!("`rh_detector:` has both `plugin` and `score_threshold`: use one or the other"),
-        (None, None) => bail!("`rh_detector:` needs `plugin: NAME_OR_PATH` or `score_threshold: {{component, threshold}}`"),
     }
 }
 

@@ -21,19 +21,21 @@ use super::RunEntry;
 use super::plan::{self, RunRole};
 use crate::defaults;
 use crate::reward::Role;
+use crate::routing::eval_mode;
+use crate::eval::key as eval_key;
 use crate::train::runlog::Jsonl;
 
 /// The bar series in chart order, with their colours (the viewer test looks for these).
 pub const SERIES: [(&str, RGBColor); 4] = [
     ("baseline", RGBColor(127, 127, 127)),
-    ("both", RGBColor(31, 119, 180)),
-    ("retain_only", RGBColor(44, 160, 44)),
-    ("forget_only", RGBColor(214, 39, 40)),
+    (eval_mode::BOTH, RGBColor(31, 119, 180)),
+    (eval_mode::RETAIN_ONLY, RGBColor(44, 160, 44)),
+    (eval_mode::FORGET_ONLY, RGBColor(214, 39, 40)),
 ];
 const BASELINE: usize = 0;
 pub const METRICS: [&str; 3] = ["task reward", "total reward", "hack frequency"];
 /// The evaluation mode of a baseline run that stands for it in the charts.
-const BASELINE_MODE: &str = "both";
+const BASELINE_MODE: &str = eval_mode::BOTH;
 pub const BAR_CHART_SIZE: (u32, u32) = (900, 560);
 const LINE_CHART_SIZE: (u32, u32) = (1500, 480);
 pub const FONT: &str = "sans-serif";
@@ -88,11 +90,11 @@ pub fn run_evaluations(entry: &RunEntry) -> Result<Vec<(usize, String, ModeValue
     let weights = task_weights(entry)?;
     let mut out = Vec::new();
     for line in Jsonl::new(path.clone()).read()? {
-        let step = line["step"].as_u64().with_context(|| format!("{}: a line has no step", path.display()))? as usize;
-        let modes = line["modes"].as_object().with_context(|| format!("{}: step {step} has no `modes`", path.display()))?;
+        let step = line[eval_key::STEP].as_u64().with_context(|| format!("{}: a line has no step", path.display()))? as usize;
+        let modes = line[eval_key::MODES].as_object().with_context(|| format!("{}: step {step} has no `modes`", path.display()))?;
         for (mode, values) in modes {
             let task = weights.iter().map(|(name, scale)| component(values, name, &path, step).map(|v| scale * v)).sum::<Result<f64>>()?;
-            out.push((step, mode.clone(), [Some(task), values["reward"].as_f64(), values["hack_freq"].as_f64()]));
+            out.push((step, mode.clone(), [Some(task), values[eval_key::REWARD].as_f64(), values[eval_key::HACK_FREQ].as_f64()]));
         }
     }
     Ok(out)
@@ -105,7 +107,7 @@ fn component(values: &Value, name: &str, path: &Path, step: usize) -> Result<f64
 /// (component name, scale) of the retain components: the task part of the reward.
 fn task_weights(entry: &RunEntry) -> Result<Vec<(String, f64)>> {
     let reward = entry.config.reward.as_ref().with_context(|| format!("{}: the run has no reward configuration", entry.dir.display()))?;
-    let specs = reward.component_specs()?;
+    let specs = reward.component_specs();
     Ok(specs.iter().filter(|c| c.role == Role::Retain).map(|c| (c.display_name(), c.scale)).collect())
 }
 

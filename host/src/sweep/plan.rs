@@ -8,10 +8,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Map, Value};
 
-use crate::defaults;
+use crate::hyperparams::{self, UNNAMED_RUN, parse_override};
 use crate::routing::RoutingMode;
 use crate::train::TrainConfig;
-use crate::train::config::{UNNAMED_RUN, parse_override};
 use crate::train::runlog::Jsonl;
 
 /// Keys the sweep itself sets for every run: `--output-dir` and `--jobs` choose them.
@@ -100,15 +99,10 @@ pub fn parse_fixed(text: &str) -> Result<(String, Value)> {
 
 /// A typo in a key fails here, before any run starts, naming the flag and the valid keys.
 fn check_key(key: &str, flag: &str) -> Result<()> {
-    let Value::Object(fields) = serde_json::to_value(TrainConfig::default())? else { unreachable!("structs serialize to objects") };
     if SWEEP_OWNED_KEYS.contains(&key) {
         bail!("{flag}: `{key}` is set by the sweep for every run; use --output-dir or --jobs instead");
     }
-    if !fields.contains_key(key) {
-        let known: Vec<&str> = fields.keys().map(String::as_str).collect();
-        bail!("{flag}: unknown key `{key}`; sweep keys are training config keys (snake_case): {}", known.join(", "));
-    }
-    Ok(())
+    hyperparams::check_key::<TrainConfig>(key, flag)
 }
 
 /// The Cartesian product of the grid, the last key varying fastest; one empty point for an
@@ -184,12 +178,10 @@ fn add_run(runs: &mut Vec<PlannedRun>, config: TrainConfig, role: RunRole, basel
 /// The same run with routing removed (routing keys back to their defaults, which route
 /// nothing; the seed and everything else unchanged), for routed runs only.
 pub fn baseline_of(config: &TrainConfig) -> Result<Option<TrainConfig>> {
-    if RoutingMode::parse(&config.routing_mode)? == RoutingMode::None {
+    if config.routing_mode == RoutingMode::None {
         return Ok(None);
     }
-    let mut baseline = config.clone();
-    baseline.routing_mode = defaults::ROUTING_MODE.into();
-    baseline.ablated_frac = defaults::ABLATED_FRAC;
+    let baseline = config.without_routing();
     baseline.validate().context("the non-routed baseline of a routed run is invalid")?;
     Ok(Some(baseline))
 }
@@ -227,27 +219,26 @@ fn cache_state(dir: &Path, planned: &TrainConfig) -> Result<CacheState> {
 
 /// A run directory's resolved configuration (`config.yaml`, written when the run started).
 pub fn saved_config(dir: &Path) -> Result<TrainConfig> {
-    let path = dir.join("config.yaml");
-    ensure!(path.exists(), "{} has no config.yaml: it is not a smallrl run directory (remove it or choose another --output-dir)", dir.display());
-    TrainConfig::resolve(Some(&path), Map::new()).with_context(|| format!("cannot read the run configuration {}", path.display()))
+    TrainConfig::read_saved(dir).context("a sweep's output directory holds only smallrl run directories (remove it or choose another --output-dir)")
 }
 
 /// Without the keys that say where or how fast a run executed, how it may fail or what it
 /// logged, not what it computed (the output directory may be spelled differently by another
 /// sweep over the same directory).
 fn comparable(config: &TrainConfig) -> TrainConfig {
+    let defaults = TrainConfig::default();
     TrainConfig {
         threads: None,
-        device: defaults::DEVICE.into(),
-        tensorboard: defaults::TENSORBOARD,
-        log_completions: defaults::LOG_COMPLETIONS,
-        output_dir: defaults::OUTPUT_DIR.into(),
+        device: defaults.device,
+        tensorboard: defaults.tensorboard,
+        log_completions: defaults.log_completions,
+        output_dir: defaults.output_dir,
         // Plugin limits bound how a run may fail, not what it computes; the hashes are
         // recorded by the run itself and checked when it resumes.
-        plugin_fuel_per_sample: defaults::PLUGIN_FUEL_PER_SAMPLE,
-        plugin_max_call_seconds: defaults::PLUGIN_MAX_CALL_SECONDS,
-        plugin_max_memory_mb: defaults::PLUGIN_MAX_MEMORY_MB,
-        plugin_sha256: Default::default(),
+        plugin_fuel_per_sample: defaults.plugin_fuel_per_sample,
+        plugin_max_call_seconds: defaults.plugin_max_call_seconds,
+        plugin_max_memory_mb: defaults.plugin_max_memory_mb,
+        plugin_sha256: defaults.plugin_sha256,
         name: config.name.clone().or_else(|| Some(UNNAMED_RUN.into())),
         ..config.clone()
     }
@@ -268,7 +259,7 @@ pub fn is_finished(dir: &Path, max_steps: usize) -> Result<bool> {
 /// The `step` of a JSON-lines file's last line (None for a missing or empty file).
 pub fn last_step(path: &Path) -> Result<Option<usize>> {
     let lines = Jsonl::new(path.to_path_buf()).read()?;
-    lines.last().map(|l| l["step"].as_u64().map(|s| s as usize).with_context(|| format!("{}: the last line has no step", path.display()))).transpose()
+    lines.last().map(|l| l[crate::train::metrics::key::STEP].as_u64().map(|s| s as usize).with_context(|| format!("{}: the last line has no step", path.display()))).transpose()
 }
 
 /// Runs grouped by experiment group (groups in name order, runs in their given order).

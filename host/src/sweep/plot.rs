@@ -8,10 +8,11 @@ use plotters::prelude::*;
 use serde_json::Value;
 
 use super::charts::{Area, FONT, LEGEND_ROW_PX, draw_legend, integer_label, register_font};
+use crate::train::metrics::key;
 use crate::train::runlog::Jsonl;
 
 /// The metrics drawn, one panel each: (key in metrics.jsonl, panel title).
-const CURVES: [(&str, &str); 3] = [("reward", "reward"), ("kl", "KL"), ("completions/mean_length", "completion length (tokens)")];
+const CURVES: [(&str, &str); 3] = [(key::REWARD, "reward"), (key::KL, "KL"), (key::MEAN_LENGTH, "completion length (tokens)")];
 /// Width and height of the panels; the legend below them adds a row per run.
 const PANELS_SIZE: (u32, u32) = (1500, 480);
 
@@ -27,7 +28,7 @@ fn read_curves(run_dir: &Path) -> Result<RunCurves> {
     let lines = Jsonl::new(path.clone()).read()?;
     let mut points = vec![Vec::new(); CURVES.len()];
     for line in &lines {
-        let step = line["step"].as_f64().with_context(|| format!("{}: a line has no step", path.display()))?;
+        let step = line[key::STEP].as_f64().with_context(|| format!("{}: a line has no step", path.display()))?;
         for (curve, (key, _)) in CURVES.iter().enumerate() {
             match &line[*key] {
                 // A non-finite value is logged as null (JSON has no NaN): left out of the curve.

@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 use serde_json::Value;
 
 use super::RunEntry;
+use crate::train::metrics::key;
 use crate::train::runlog::Jsonl;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -40,9 +41,9 @@ fn row(entry: &RunEntry) -> Result<SummaryRow> {
     Ok(SummaryRow {
         run: entry.name.clone(),
         role: entry.role.as_str(),
-        final_reward: field("reward").context("reading the final reward")?,
-        kl: field("kl")?,
-        step: field("step")?.map(|s| s as u64),
+        final_reward: field(key::REWARD).context("reading the final reward")?,
+        kl: field(key::KL)?,
+        step: field(key::STEP)?.map(|s| s as u64),
         status: entry.status.as_str(),
     })
 }

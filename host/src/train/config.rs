@@ -1,222 +1,169 @@
-//! The training configuration: defaults (from [`crate::defaults`]) < YAML file < command line.
-//! The resolved configuration is written into the run directory, and the run directory's name
-//! lists every hyperparameter that differs from its default, plus the seed.
+//! The training configuration: every hyperparameter of `smallrl train` declared once (below),
+//! resolved as defaults < YAML file < flags < `--set` (see [`crate::hyperparams`]). The
+//! resolved configuration is written into the run directory, whose name lists every
+//! hyperparameter that differs from its default, plus the seed.
+//!
+//! Adding a hyperparameter: one entry in the table (name, type, default, doc line, run-name
+//! label), plus its check in [`TrainConfig::validate`] if it has one, plus its test.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail, ensure};
-use serde::{Deserialize, Serialize};
+use anyhow::{Context, Result, ensure};
 use serde_json::{Map, Value};
 
-use crate::adapters::{self, AdapterConfig};
+use crate::adapters::{self, AdapterConfig, AdapterKind};
 use crate::defaults as d;
+use crate::device::{DeviceSpec, Dtype};
 use crate::grpo::LossType;
+use crate::hyperparams::Label::{Key, Omit, Short};
+use crate::hyperparams::{self, hyperparameters};
 use crate::reward::{DetectorSpec, PluginLimits, ProtocolKnobs, RewardSpec};
 use crate::routing::RoutingMode;
 
-/// Every hyperparameter of a run, with snake_case names shared by YAML, `--grid`/`--fixed`
-/// of sweeps and (in kebab-case) the command line.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct TrainConfig {
-    pub model: String,
-    pub revision: String,
-    /// One prompt per line; without it prompts come from the SimpleStories dataset's train split.
-    pub prompts: Option<PathBuf>,
-    pub eval_prompts: Option<PathBuf>,
-    pub prompt_length: usize,
-    pub num_prompts: usize,
+pub use crate::hyperparams::{UNNAMED_RUN, parse_override};
 
-    pub adapter: String,
-    /// A DualLoRA preset (r1 ... r32, r1h, r32f16, r32f4, r32f1); overrides the ranks below.
-    pub lora_preset: Option<String>,
-    pub retain_rank: usize,
-    pub forget_rank: usize,
-    pub lora_rank: usize,
-    pub lora_alpha: f64,
-    pub layer_stride: usize,
+hyperparameters! {
+    /// Every hyperparameter of a run, with snake_case names shared by YAML, `--set`, sweeps'
+    /// `--grid`/`--fixed` and (in kebab-case) the command line.
+    pub struct TrainConfig;
+    /// `smallrl train`'s hyperparameter flags: one per key of [`TrainConfig`], each optional.
+    pub struct TrainFlags;
+    flags {
+        /// A model directory or HuggingFace Hub repo id.
+        model: String = d::MODEL.into(), Omit;
+        /// Hub revision (branch, tag or commit) when `model` is a repo id.
+        revision: String = d::REVISION.into(), Omit;
+        /// One prompt per line; without it prompts come from the SimpleStories dataset's train split.
+        prompts: Option<PathBuf> = None, Omit;
+        /// One evaluation prompt per line.
+        eval_prompts: Option<PathBuf> = None, Omit;
+        /// Tokens of each SimpleStories prompt (the opening of a story).
+        prompt_length: usize = 8, Key;
+        /// Training prompts used (at most).
+        num_prompts: usize = 10_000, Key;
 
-    pub lr: f64,
-    pub beta: f64,
-    pub epsilon: f64,
-    pub loss_type: String,
-    pub num_iterations: usize,
-    pub batch_size: usize,
-    pub num_generations: usize,
-    pub max_completion_length: usize,
-    pub temperature: f64,
-    pub max_steps: usize,
-    pub seed: u64,
-    pub max_grad_norm: f64,
-    pub weight_decay: f64,
-    pub adam_beta1: f64,
-    pub adam_beta2: f64,
-    pub adam_epsilon: f64,
+        /// full, lora or dual-lora.
+        adapter: AdapterKind = d::ADAPTER, Short("");
+        /// DualLoRA preset: r1 r2 r4 r8 r16 r32 r1h r32f16 r32f4 r32f1 (overrides the ranks).
+        lora_preset: Option<String> = None, Short("");
+        /// Rank of DualLoRA's retain adapter.
+        retain_rank: usize = d::RETAIN_RANK, Key;
+        /// Rank of DualLoRA's forget adapter.
+        forget_rank: usize = d::FORGET_RANK, Key;
+        /// Rank of the single LoRA adapter.
+        lora_rank: usize = d::LORA_RANK, Key;
+        /// LoRA alpha (an adapter's scale is alpha / rank).
+        lora_alpha: f64 = d::LORA_ALPHA, Key;
+        /// Adapt layers 0, stride, 2 * stride, ...
+        layer_stride: usize = d::LAYER_STRIDE, Key;
 
-    pub routing_mode: String,
-    pub ablated_frac: f64,
-    pub false_positive_rate: f64,
-    pub recall: f64,
-    pub rh_eligible_frac: f64,
+        /// Peak learning rate (linear decay to 0 over max_steps).
+        lr: f64 = 1e-5, Key;
+        /// KL coefficient (0 skips the reference model).
+        beta: f64 = 0.02, Key;
+        /// PPO clipping range.
+        epsilon: f64 = 0.2, Key;
+        /// grpo, dr_grpo, dapo or bnpo.
+        loss_type: LossType = LossType::Grpo, Short("");
+        /// Optimizer steps per generated batch.
+        num_iterations: usize = 1, Short("iters");
+        /// Completions per optimizer step.
+        batch_size: usize = 32, Short("bs");
+        /// Completions per prompt (the group of the advantages).
+        num_generations: usize = 16, Short("g");
+        /// Tokens generated per completion (at most).
+        max_completion_length: usize = d::MAX_COMPLETION_LENGTH, Short("len");
+        /// Sampling temperature (also applied to the log-probabilities).
+        temperature: f64 = d::TEMPERATURE, Short("temp");
+        /// Optimizer steps of the run.
+        max_steps: usize = 2000, Short("steps");
+        /// Seed of everything random in the run (always in the run name).
+        seed: u64 = d::SEED, Omit;
+        /// Gradient clipping (global L2 norm).
+        max_grad_norm: f64 = d::MAX_GRAD_NORM, Key;
+        /// AdamW weight decay (on every trainable tensor).
+        weight_decay: f64 = 0.0, Key;
+        /// AdamW beta1.
+        adam_beta1: f64 = d::ADAM_BETA1, Key;
+        /// AdamW beta2.
+        adam_beta2: f64 = 0.999, Key;
+        /// AdamW epsilon.
+        adam_epsilon: f64 = d::ADAM_EPSILON, Key;
 
-    pub reward: Option<RewardSpec>,
-    pub rh_detector: Option<DetectorSpec>,
-    pub plugin_dir: PathBuf,
-    /// Fuel (about one unit per WebAssembly instruction) a plugin call may use per sample: the
-    /// deterministic bound on a plugin's work.
-    pub plugin_fuel_per_sample: u64,
-    /// Wall-clock seconds a plugin call may run: the backstop behind fuel.
-    pub plugin_max_call_seconds: f64,
-    /// Largest memory a plugin may have, in MiB (its initial memory included).
-    pub plugin_max_memory_mb: usize,
-    /// SHA-256 of every plugin file the run loaded (path as resolved -> hex), recorded when
-    /// the run starts; `--resume` refuses plugins whose bytes changed.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub plugin_sha256: BTreeMap<String, String>,
+        /// none, classic or exclusive.
+        routing_mode: RoutingMode = RoutingMode::None, Short("");
+        /// Fraction of clean samples trained with the forget adapter off.
+        ablated_frac: f64 = 0.0, Short("abl");
+        /// Detector protocol knob: clean samples flagged anyway (drawn by the host).
+        false_positive_rate: f64 = 0.0, Short("fpr");
+        /// Detector protocol knob: fraction of flagged samples that stay flagged.
+        recall: f64 = 1.0, Key;
+        /// Detector protocol knob: fraction of samples eligible for the forget components.
+        rh_eligible_frac: f64 = 1.0, Short("elig");
+        /// Where reward and detector plugin names resolve (`<dir>/<name>.wasm`).
+        plugin_dir: PathBuf = "plugins".into(), Omit;
+        /// Fuel (about one unit per WebAssembly instruction) a plugin call may use per sample: the
+        /// deterministic bound on a plugin's work.
+        plugin_fuel_per_sample: u64 = d::PLUGIN_FUEL_PER_SAMPLE, Omit;
+        /// Wall-clock seconds a plugin call may run: the backstop behind fuel.
+        plugin_max_call_seconds: f64 = d::PLUGIN_MAX_CALL_SECONDS, Omit;
+        /// Largest memory a plugin may have, in MiB (its initial memory included).
+        plugin_max_memory_mb: usize = d::PLUGIN_MAX_MEMORY_MB, Omit;
 
-    pub logging_steps: usize,
-    pub save_steps: usize,
-    pub eval_every: usize,
-    pub eval_samples: usize,
-    pub output_dir: PathBuf,
-    /// Write every step's tensors (ids, masks, rewards, advantages, log-probs, loss) here.
-    pub dump_batches: Option<PathBuf>,
-    /// TensorBoard event files in the run directory (`train/live.rs`).
-    pub tensorboard: bool,
-    /// Every completion with its rewards, detector flags and advantage in `completions.jsonl`.
-    pub log_completions: bool,
-    /// The experiment's name, first part of the run directory name (default: the config file's
-    /// stem, or the reward plugin's name).
-    pub name: Option<String>,
-
-    pub device: String,
-    pub dtype: String,
-    pub threads: Option<usize>,
-}
-
-impl Default for TrainConfig {
-    fn default() -> Self {
-        Self {
-            model: d::MODEL.into(),
-            revision: d::REVISION.into(),
-            prompts: None,
-            eval_prompts: None,
-            prompt_length: d::PROMPT_LENGTH,
-            num_prompts: d::NUM_PROMPTS,
-            adapter: d::ADAPTER.into(),
-            lora_preset: None,
-            retain_rank: d::RETAIN_RANK,
-            forget_rank: d::FORGET_RANK,
-            lora_rank: d::LORA_RANK,
-            lora_alpha: d::LORA_ALPHA,
-            layer_stride: d::LAYER_STRIDE,
-            lr: d::LEARNING_RATE,
-            beta: d::BETA,
-            epsilon: d::EPSILON,
-            loss_type: d::LOSS_TYPE.into(),
-            num_iterations: d::NUM_ITERATIONS,
-            batch_size: d::BATCH_SIZE,
-            num_generations: d::NUM_GENERATIONS,
-            max_completion_length: d::MAX_COMPLETION_LENGTH,
-            temperature: d::TEMPERATURE,
-            max_steps: d::MAX_STEPS,
-            seed: d::SEED,
-            max_grad_norm: d::MAX_GRAD_NORM,
-            weight_decay: d::WEIGHT_DECAY,
-            adam_beta1: d::ADAM_BETA1,
-            adam_beta2: d::ADAM_BETA2,
-            adam_epsilon: d::ADAM_EPSILON,
-            routing_mode: d::ROUTING_MODE.into(),
-            ablated_frac: d::ABLATED_FRAC,
-            false_positive_rate: d::FALSE_POSITIVE_RATE,
-            recall: d::RECALL,
-            rh_eligible_frac: d::RH_ELIGIBLE_FRAC,
-            reward: None,
-            rh_detector: None,
-            plugin_dir: d::PLUGIN_DIR.into(),
-            plugin_fuel_per_sample: d::PLUGIN_FUEL_PER_SAMPLE,
-            plugin_max_call_seconds: d::PLUGIN_MAX_CALL_SECONDS,
-            plugin_max_memory_mb: d::PLUGIN_MAX_MEMORY_MB,
-            plugin_sha256: BTreeMap::new(),
-            logging_steps: d::LOGGING_STEPS,
-            save_steps: d::SAVE_STEPS,
-            eval_every: d::EVAL_EVERY,
-            eval_samples: d::EVAL_SAMPLES,
-            output_dir: d::OUTPUT_DIR.into(),
-            dump_batches: None,
-            tensorboard: d::TENSORBOARD,
-            log_completions: d::LOG_COMPLETIONS,
-            name: None,
-            device: d::DEVICE.into(),
-            dtype: d::DTYPE.into(),
-            threads: None,
-        }
+        /// Steps between the sample and summary lines of train.log.
+        logging_steps: usize = 10, Omit;
+        /// Steps between checkpoints.
+        save_steps: usize = 500, Omit;
+        /// Steps between routing evaluations.
+        eval_every: usize = 100, Omit;
+        /// Evaluation prompts (one completion per adapter mode each).
+        eval_samples: usize = 10, Omit;
+        /// Run directories go to `<output_dir>/<run name>`.
+        output_dir: PathBuf = "runs".into(), Omit;
+        /// Write each step's batch tensors (ids, masks, rewards, advantages, log-probs, loss) here.
+        dump_batches: Option<PathBuf> = None, Omit;
+        /// TensorBoard event files in the run directory (`train/live.rs`; `--tensorboard false`
+        /// turns them off).
+        #[arg(num_args = 0..=1, default_missing_value = "true")]
+        tensorboard: bool = d::TENSORBOARD, Omit;
+        /// Every completion with its rewards, detector flags and advantage in `completions.jsonl`.
+        #[arg(num_args = 0..=1, default_missing_value = "true")]
+        log_completions: bool = d::LOG_COMPLETIONS, Omit;
+        /// Experiment name, first part of the run directory name (default: the config file's
+        /// stem, or the reward plugin's name).
+        name: Option<String> = None, Omit;
+        /// auto, cpu, cuda or cuda:N.
+        device: DeviceSpec = d::DEVICE.parse().expect("the default device parses"), Omit;
+        /// float32, or bfloat16 (on CUDA).
+        dtype: Dtype = d::DTYPE.parse().expect("the default dtype parses"), Key;
+        /// libtorch intra-op threads (default: one per core).
+        threads: Option<usize> = None, Omit;
+    }
+    file_only {
+        /// The reward: one plugin or a sum of components (see configs/).
+        reward: Option<RewardSpec> = None, Omit;
+        /// The reward-hack detector that labels samples for routing.
+        rh_detector: Option<DetectorSpec> = None, Omit;
+        /// SHA-256 of every plugin file the run loaded (path as resolved -> hex), recorded when
+        /// the run starts; `--resume` refuses plugins whose bytes changed.
+        #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+        plugin_sha256: BTreeMap<String, String> = BTreeMap::new(), Omit;
     }
 }
 
-/// Keys that change where or how fast a run executes, or what it logs, not what it computes:
-/// left out of run names. (`threads` does change float summation order; it is recorded in the
-/// saved config.)
-const NOT_IN_RUN_NAME: &[&str] = &[
-    "model", "revision", "prompts", "eval_prompts", "reward", "rh_detector", "plugin_dir",
-    "plugin_fuel_per_sample", "plugin_max_call_seconds", "plugin_max_memory_mb", "plugin_sha256",
-    "logging_steps", "save_steps", "eval_every", "eval_samples", "output_dir", "dump_batches", "name", "device",
+/// Keys that may differ when a run is resumed: they do not change what it computes (another
+/// thread count changes float summation order, which the log records).
+pub const RESUME_MAY_CHANGE: &[&str] = &[
+    "threads", "device", "dump_batches", "plugin_fuel_per_sample", "plugin_max_call_seconds", "plugin_max_memory_mb",
     "tensorboard", "log_completions",
-    "threads", "seed",
 ];
 
-/// The first part of the run name of a configuration without `name`.
-pub const UNNAMED_RUN: &str = "run";
-
-/// Short names used in run directory names.
-fn short_name(key: &str) -> &str {
-    match key {
-        "batch_size" => "bs",
-        "num_generations" => "g",
-        "max_steps" => "steps",
-        "max_completion_length" => "len",
-        "num_iterations" => "iters",
-        "temperature" => "temp",
-        "routing_mode" => "",
-        "lora_preset" => "",
-        "adapter" => "",
-        "loss_type" => "",
-        "false_positive_rate" => "fpr",
-        "rh_eligible_frac" => "elig",
-        "ablated_frac" => "abl",
-        other => other,
-    }
-}
-
 impl TrainConfig {
-    /// Layers a YAML file's keys (if any) and then explicit overrides over the defaults.
+    /// Layers a YAML file's keys (if any) and then explicit overrides over the defaults, and
+    /// validates the result.
     pub fn resolve(file: Option<&Path>, overrides: Map<String, Value>) -> Result<Self> {
-        let mut merged = Map::new();
-        if let Some(path) = file {
-            let yaml: Value = crate::yaml::read_file(path)?;
-            match yaml {
-                Value::Object(map) => merged.extend(map),
-                Value::Null => {}
-                _ => bail!("{}: a training config must be a mapping of keys to values", path.display()),
-            }
-            if !merged.contains_key("name") {
-                let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned());
-                merged.insert("name".into(), stem.into());
-            }
-        }
-        if file.is_some() && !overrides.contains_key("name") {
-            let changed = changed_specs(&merged, &overrides);
-            if let (Some(Value::String(name)), false) = (merged.get("name"), changed.is_empty()) {
-                let renamed = format!("{name}_{changed}");
-                merged.insert("name".into(), renamed.into());
-            }
-        }
-        merged.extend(overrides);
-        let config: Self = serde_json::from_value(Value::Object(merged)).map_err(|e| {
-            let source = file.map_or("the command line".to_string(), |p| p.display().to_string());
-            anyhow::anyhow!("invalid training configuration ({source}): {e}")
-        })?;
+        let config: Self = hyperparams::resolve(file, overrides, "training configuration")?;
         config.validate()?;
         Ok(config)
     }
@@ -224,9 +171,6 @@ impl TrainConfig {
     /// Rejects inconsistent settings before any work starts.
     pub fn validate(&self) -> Result<()> {
         let adapters = self.adapter_config()?;
-        crate::device::parse_dtype(&self.dtype)?;
-        LossType::parse(&self.loss_type)?;
-        let routing = RoutingMode::parse(&self.routing_mode)?;
         ensure!(self.reward.is_some(), "no reward: set `reward:` in the config or pass --reward-plugin");
         ensure!(self.batch_size > 0 && self.num_generations > 1, "batch_size must be positive and num_generations at least 2");
         ensure!(
@@ -249,19 +193,19 @@ impl TrainConfig {
         ensure!((0.0..=1.0).contains(&self.ablated_frac), "ablated_frac must be in [0, 1], got {}", self.ablated_frac);
         self.knobs().check()?;
         self.plugin_limits()?;
-        if routing != RoutingMode::None {
+        if self.routing_mode != RoutingMode::None {
             ensure!(adapters.is_dual(), "routing_mode {} needs adapter: dual-lora (got {})", self.routing_mode, self.adapter);
             ensure!(self.rh_detector.is_some(), "routing_mode {} needs an rh_detector to label samples", self.routing_mode);
         }
         if self.ablated_frac > 0.0 {
-            ensure!(routing != RoutingMode::None, "ablated_frac needs a routing_mode other than none");
+            ensure!(self.routing_mode != RoutingMode::None, "ablated_frac needs a routing_mode other than none");
         }
         Ok(())
     }
 
     pub fn adapter_config(&self) -> Result<AdapterConfig> {
         let ranks = adapters::Ranks { lora_rank: self.lora_rank, retain_rank: self.retain_rank, forget_rank: self.forget_rank, lora_alpha: self.lora_alpha, layer_stride: self.layer_stride };
-        adapters::config_from(&self.adapter, self.lora_preset.as_deref(), &ranks)
+        adapters::config_from(self.adapter, self.lora_preset.as_deref(), &ranks)
     }
 
     pub fn plugin_limits(&self) -> Result<PluginLimits> {
@@ -279,85 +223,40 @@ impl TrainConfig {
     /// `<name>_<key><value>..._s<seed>` with every hyperparameter that differs from its
     /// default, in alphabetical order of their keys.
     pub fn run_name(&self) -> Result<String> {
-        let here = serde_json::to_value(self)?;
-        let defaults = serde_json::to_value(Self::default())?;
-        let (Value::Object(here), Value::Object(defaults)) = (here, defaults) else { unreachable!("structs serialize to objects") };
-        let mut parts = vec![self.name.clone().unwrap_or_else(|| UNNAMED_RUN.into())];
-        for (key, value) in &here {
-            if NOT_IN_RUN_NAME.contains(&key.as_str()) || defaults.get(key) == Some(value) {
-                continue;
-            }
-            parts.push(format!("{}{}", short_name(key), compact(value)));
-        }
-        parts.push(format!("s{}", self.seed));
-        Ok(parts.join("_").replace(['/', ' '], "-"))
+        hyperparams::run_name(self)
+    }
+
+    /// The same run without routing (routing keys at their defaults, which route nothing).
+    pub fn without_routing(&self) -> Self {
+        let defaults = Self::default();
+        Self { routing_mode: defaults.routing_mode, ablated_frac: defaults.ablated_frac, ..self.clone() }
+    }
+
+    /// A run directory's resolved configuration (`config.yaml`, written when the run started).
+    pub fn read_saved(run_dir: &Path) -> Result<Self> {
+        let path = run_dir.join("config.yaml");
+        ensure!(path.exists(), "{} has no config.yaml: is it a smallrl run directory?", run_dir.display());
+        Self::resolve(Some(&path), Map::new()).with_context(|| format!("cannot read the run configuration {}", path.display()))
     }
 }
 
-/// The config file's name stands for its reward and detector, so a run that overrides either
-/// (flags, `--set`, a sweep's grid) says so in its name: `rew<label>` / `det<label>` for each one
-/// that differs from the file's; empty when neither does.
-fn changed_specs(from_file: &Map<String, Value>, overrides: &Map<String, Value>) -> String {
-    let mut parts = Vec::new();
-    for (key, short) in [("reward", "rew"), ("rh_detector", "det")] {
-        if let Some(value) = overrides.get(key).filter(|v| from_file.get(key) != Some(*v)) {
-            parts.push(format!("{short}-{}", spec_label(value)));
-        }
+/// `--reward-plugin` as config keys: `reward`, and `name` (the plugin's file stem) unless the
+/// experiment is already named by `--name` or a config file. `smallrl train` and `smallrl sweep`
+/// share it.
+pub fn reward_plugin_overrides(plugin: &str, params_json: Option<&str>, named: bool) -> Result<Map<String, Value>> {
+    let mut map = Map::new();
+    map.insert("reward".into(), serde_json::to_value(RewardSpec::single(plugin, params_json)?)?);
+    if !named {
+        let stem = Path::new(plugin).file_stem().map(|s| s.to_string_lossy().into_owned());
+        map.insert("name".into(), stem.into());
     }
-    parts.join("_")
-}
-
-/// Plugin names and parameter values of a reward or detector spec, joined by `-`
-/// (`happy_count-threshold1`); `none` for null.
-fn spec_label(value: &Value) -> String {
-    fn walk(value: &Value, key: Option<&str>, out: &mut Vec<String>) {
-        match value {
-            Value::Object(map) => {
-                // Which plugin first, then its parameters (maps iterate alphabetically).
-                let (names, rest): (Vec<_>, Vec<_>) = map.iter().partition(|(k, _)| matches!(k.as_str(), "plugin" | "name"));
-                names.into_iter().chain(rest).for_each(|(k, v)| walk(v, Some(k), out));
-            }
-            Value::Array(items) => items.iter().for_each(|v| walk(v, None, out)),
-            Value::Null => out.push("none".into()),
-            leaf => match key {
-                Some("plugin" | "name" | "role") | None => out.push(compact(leaf)),
-                Some(k) => out.push(format!("{k}{}", compact(leaf))),
-            },
-        }
-    }
-    let mut out = Vec::new();
-    walk(value, None, &mut out);
-    out.join("-")
-}
-
-/// A value as it appears in a run name: `3e-4` rather than `0.0003`.
-fn compact(value: &Value) -> String {
-    match value {
-        Value::Number(n) if n.is_f64() => {
-            let x = n.as_f64().expect("f64 numbers convert");
-            if x != 0.0 && (x.abs() < 1e-2 || x.abs() >= 1e5) {
-                let s = format!("{x:e}");
-                s.replace("e-0", "e-")
-            } else {
-                format!("{x}")
-            }
-        }
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
-}
-
-/// Parses `key=value` overrides (sweeps' `--grid`/`--fixed`, the CLI's `--set`): the value is
-/// read as YAML, so numbers, booleans and strings all work.
-pub fn parse_override(text: &str) -> Result<(String, Value)> {
-    let (key, value) = text.split_once('=').with_context(|| format!("override {text:?} is not key=value"))?;
-    let value: Value = crate::yaml::from_str(value).with_context(|| format!("override {text:?}: bad value"))?;
-    Ok((key.trim().replace('-', "_"), value))
+    Ok(map)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hyperparams::Hyperparameters;
 
     fn config_file() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sentence_length_10_smooth_with_happy.yaml")
@@ -391,5 +290,45 @@ mod tests {
         assert_eq!(logged.run_name().unwrap(), plain.run_name().unwrap());
         let hyperparameter = resolved(&[("lr", "0.5")]);
         assert_ne!(hyperparameter.run_name().unwrap(), plain.run_name().unwrap(), "a hyperparameter does change it");
+    }
+
+    /// The run-name labels the code had before the keys were declared in one table (written
+    /// out here as they were), so run directories keep their names.
+    #[test]
+    fn run_name_labels_are_unchanged() {
+        let omitted = [
+            "model", "revision", "prompts", "eval_prompts", "reward", "rh_detector", "plugin_dir", "plugin_fuel_per_sample",
+            "plugin_max_call_seconds", "plugin_max_memory_mb", "plugin_sha256", "logging_steps", "save_steps",
+            "eval_every", "eval_samples", "output_dir", "dump_batches", "tensorboard", "log_completions", "name", "device",
+            "threads", "seed",
+        ];
+        let short = [
+            ("batch_size", "bs"), ("num_generations", "g"), ("max_steps", "steps"), ("max_completion_length", "len"),
+            ("num_iterations", "iters"), ("temperature", "temp"), ("routing_mode", ""), ("lora_preset", ""), ("adapter", ""),
+            ("loss_type", ""), ("false_positive_rate", "fpr"), ("rh_eligible_frac", "elig"), ("ablated_frac", "abl"),
+        ];
+        for key in TrainConfig::KEYS {
+            let expected = if omitted.contains(&key.name) {
+                crate::hyperparams::Label::Omit
+            } else {
+                short.iter().find(|(k, _)| *k == key.name).map_or(crate::hyperparams::Label::Key, |(_, s)| crate::hyperparams::Label::Short(s))
+            };
+            assert_eq!(key.label, expected, "{}", key.name);
+        }
+        for key in RESUME_MAY_CHANGE {
+            assert!(TrainConfig::key(key).is_some(), "{key} is a declared key");
+        }
+    }
+
+    #[test]
+    fn mode_values_are_typed_and_keep_their_spelling() {
+        let config = resolved(&[("loss_type", "dr_grpo"), ("routing_mode", "exclusive"), ("dtype", "fp32"), ("device", "cpu")]);
+        assert_eq!((config.loss_type, config.routing_mode, config.adapter), (LossType::DrGrpo, RoutingMode::Exclusive, AdapterKind::DualLora));
+        let name = config.run_name().unwrap();
+        assert!(name.contains("_dr_grpo_") && name.contains("_dtypefp32_") && name.contains("_exclusive_"), "{name}");
+        let saved = crate::yaml::to_string(&config).unwrap();
+        assert!(saved.contains("loss_type: dr_grpo") && saved.contains("dtype: fp32") && saved.contains("adapter: dual-lora"), "{saved}");
+        let error = format!("{:#}", TrainConfig::resolve(Some(&config_file()), [("routing_mode".to_string(), "classical".into())].into_iter().collect()).unwrap_err());
+        assert!(error.contains("unknown routing_mode \"classical\": use none, classic or exclusive"), "{error}");
     }
 }

@@ -5,48 +5,46 @@
 //! reference / old log-probs → routed loss, backward → clip, AdamW, LR schedule →
 //! metrics, samples, evaluation, checkpoint.
 //!
+//! By concern: `config.rs` (the hyperparameters), `prompts.rs` (prompt sourcing),
+//! `rollout.rs` (generate, score, advantages, routing plan), `step.rs` (the optimizer step),
+//! `metrics.rs` (the `metrics.jsonl` record and its keys), `dump.rs` (`dump_batches`),
+//! `checkpoint.rs`, `runlog.rs`, `rundir.rs` (claiming and locking a run directory) and
+//! `provenance.rs` (plugin hashes); this file sets a run up, resumes it and runs the loop.
+//!
 //! Invariant: everything random derives from (seed, step), so a resumed run repeats exactly
 //! what the uninterrupted run would have done (on CPU with the same thread count).
 
 pub mod checkpoint;
 pub mod config;
+mod dump;
+pub mod metrics;
 pub mod live;
+pub mod prompts;
 pub mod provenance;
+mod rollout;
 pub mod rundir;
 pub mod runlog;
+mod step;
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use anyhow::{Context, Result, ensure};
-use tch::{Kind, Tensor};
 
 use crate::adapters::{AdapterConfig, AdapterKind, set_base_trainable};
 use crate::eval::{self, EvalSetup};
-use crate::grpo::{self, LossSettings, LossType};
-use crate::model::generate::{Generation, SamplingParams, generate};
+use crate::grpo::LossSettings;
+use crate::model::generate::SamplingParams;
 use crate::model::{self, Llama, Tokenizer, decode::DecodeModel};
-use crate::optim::{AdamW, AdamWConfig, linear_lr};
-use crate::reward::{RewardModel, ScoredBatch};
-use crate::rng::{self, SplitMix64};
-use crate::routing::{self, RoutePlan, RoutingMode};
+use crate::optim::{AdamW, AdamWConfig};
+use crate::reward::RewardModel;
+use crate::rng;
+use crate::routing;
 pub use config::TrainConfig;
-use live::{BatchRecord, LiveLogs};
+pub use prompts::{evaluation_prompts, training_prompts};
+use prompts::PromptStream;
+use rollout::Rollout;
+use live::LiveLogs;
 use runlog::{Jsonl, RunLog};
-
-/// A generated, scored batch, kept for `num_iterations` optimizer steps.
-struct Batch {
-    generation: Generation,
-    advantages: Tensor,
-    plan: RoutePlan,
-    ref_logprobs: Option<Tensor>,
-    old_logprobs: Option<Tensor>,
-    /// Metrics of generation and scoring (logged with every step that uses the batch).
-    metrics: serde_json::Map<String, serde_json::Value>,
-    first_sample: (String, String),
-    /// Per-sample tensors kept for `--dump-batches` (rewards per component, labels).
-    dump: Vec<(String, Tensor)>,
-}
 
 pub struct Trainer {
     cfg: TrainConfig,
@@ -64,9 +62,8 @@ pub struct Trainer {
     model_files: model::ModelFiles,
     rewards: RewardModel,
     optimizer: AdamW,
-    prompts: Vec<String>,
+    prompts: PromptStream,
     eval_prompts: Vec<String>,
-    routing: RoutingMode,
     loss: LossSettings,
     sampling: SamplingParams,
     log: RunLog,
@@ -77,9 +74,7 @@ pub struct Trainer {
     metrics: Jsonl,
     evals: Jsonl,
     num_tokens: usize,
-    batch: Option<Batch>,
-    /// The shuffled order of the current pass over the prompts: (pass, order).
-    prompt_order: (usize, Vec<usize>),
+    rollout: Option<Rollout>,
 }
 
 /// Where and what a finished (or stopped) run left.
@@ -104,8 +99,7 @@ impl Trainer {
     pub fn start(mut cfg: TrainConfig, resume: Option<&Path>, accept_changed_plugins: bool) -> Result<Self> {
         cfg.validate()?;
         crate::device::set_threads(cfg.threads)?;
-        let device = crate::device::parse_device(&cfg.device)?;
-        let kind = crate::device::parse_dtype(&cfg.dtype)?;
+        let (device, kind) = (cfg.device.resolve()?, cfg.dtype.kind());
         let run_dir = match resume {
             Some(dir) => dir.to_owned(),
             None => cfg.output_dir.join(cfg.run_name()?),
@@ -139,15 +133,9 @@ impl Trainer {
             adapters.trainable(&model),
             AdamWConfig { beta1: cfg.adam_beta1, beta2: cfg.adam_beta2, eps: cfg.adam_epsilon, weight_decay: cfg.weight_decay },
         );
-        let (prompts, eval_prompts) = load_prompts(&cfg, &tokenizer)?;
+        let (prompts, eval_prompts) = prompts::load(&cfg, &tokenizer)?;
         let sampling = sampling_params(&cfg);
-        let loss = LossSettings {
-            beta: cfg.beta,
-            epsilon: cfg.epsilon,
-            loss_type: LossType::parse(&cfg.loss_type)?,
-            max_completion_length: cfg.max_completion_length,
-        };
-        let routing = RoutingMode::parse(&cfg.routing_mode)?;
+        let loss = LossSettings { beta: cfg.beta, epsilon: cfg.epsilon, loss_type: cfg.loss_type, max_completion_length: cfg.max_completion_length };
         // Everything above can fail on bad input; only now is the run directory written.
         let restarted = match resume {
             Some(_) => None,
@@ -159,9 +147,9 @@ impl Trainer {
         let mut trainer = Self {
             metrics: Jsonl::new(run_dir.join("metrics.jsonl")),
             evals: Jsonl::new(run_dir.join("routing_eval.jsonl")),
+            prompts: PromptStream::new(prompts, cfg.seed),
             cfg, run_dir, adapters, model, reference, reference_decoder, tokenizer, model_files, rewards, optimizer,
-            prompts, eval_prompts, routing, loss, sampling, log, live, _lock, num_tokens: 0, batch: None,
-            prompt_order: (usize::MAX, Vec::new()),
+            eval_prompts, loss, sampling, log, live, _lock, num_tokens: 0, rollout: None,
         };
         let opened = trainer.open_run(resume.is_some(), restarted, hashes);
         trainer.log_failure(opened)?;
@@ -232,7 +220,8 @@ impl Trainer {
         self.evals.truncate_after(step)?;
         self.live.resume_after(step)?;
         let last_metrics = last_metrics.with_context(|| format!("{}: metrics.jsonl has no line for step {step}", self.run_dir.display()))?;
-        self.num_tokens = last_metrics["num_tokens"].as_u64().context("metrics.jsonl lacks num_tokens")? as usize;
+        let num_tokens = last_metrics[metrics::key::NUM_TOKENS].as_u64();
+        self.num_tokens = num_tokens.with_context(|| format!("{}: metrics.jsonl lacks {}", self.run_dir.display(), metrics::key::NUM_TOKENS))? as usize;
         self.log.line(&format!("resumed from {} at step {step}", dir.display()))
     }
 
@@ -267,205 +256,9 @@ impl Trainer {
         self.step(step)
     }
 
-    fn step(&mut self, step: usize) -> Result<serde_json::Value> {
-        let started = Instant::now();
-        if step % self.cfg.num_iterations == 0 {
-            self.batch = Some(self.make_batch(step)?);
-        }
-        let batch = self.batch.as_ref().expect("a batch exists for every step");
-        let train_start = Instant::now();
-        let g = &batch.generation;
-        self.optimizer.zero_grad();
-        let logprobs = grpo::completion_logprobs(&self.model, g.into(), self.cfg.temperature, &batch.plan.ctl);
-        let terms = grpo::grpo_loss(
-            &logprobs.logprobs,
-            batch.old_logprobs.as_ref(),
-            batch.ref_logprobs.as_ref(),
-            &batch.advantages,
-            &g.completion_mask,
-            &batch.plan.classes,
-            &self.loss,
-        );
-        if let Some(dir) = &self.cfg.dump_batches {
-            dump_step(dir, step + 1, batch, &logprobs.logprobs, &terms.loss)?;
-        }
-        let loss_value = terms.loss.double_value(&[]);
-        ensure!(loss_value.is_finite(), "the loss is {loss_value} at step {}", step + 1);
-        terms.loss.backward();
-        let grad_norm = self.optimizer.clip_grad_norm(self.cfg.max_grad_norm);
-        let lr = linear_lr(self.cfg.lr, step, self.cfg.max_steps);
-        self.optimizer.step(lr);
-        let train_seconds = train_start.elapsed().as_secs_f64();
-
-        let mask = &g.completion_mask;
-        let mut metrics = batch.metrics.clone();
-        let done = step + 1;
-        metrics.insert("step".into(), done.into());
-        metrics.insert("loss".into(), loss_value.into());
-        metrics.insert("grad_norm".into(), grad_norm.into());
-        metrics.insert("learning_rate".into(), lr.into());
-        metrics.insert("entropy".into(), grpo::masked_mean(&logprobs.entropy, mask).into());
-        metrics.insert("kl".into(), terms.per_token_kl.as_ref().map(|kl| grpo::masked_mean(&kl.detach(), mask)).into());
-        metrics.insert("clip_ratio".into(), terms.clip_ratio.double_value(&[]).into());
-        if step % self.cfg.num_iterations == 0 {
-            self.num_tokens += (g.prompt_mask.sum(Kind::Int64).int64_value(&[]) + mask.sum(Kind::Int64).int64_value(&[])) as usize;
-        }
-        metrics.insert("num_tokens".into(), self.num_tokens.into());
-        metrics.insert("timing/train".into(), train_seconds.into());
-        metrics.insert("step_time".into(), started.elapsed().as_secs_f64().into());
-        let metrics = serde_json::Value::Object(metrics);
-        self.metrics.append(&metrics)?;
-        self.log.progress(done as u64, format!("reward {:.3}", metrics["reward"].as_f64().unwrap_or(f64::NAN)));
-        let (prompt, completion) = &batch.first_sample;
-        let shown = done % self.cfg.logging_steps == 0 || done == 1;
-        if shown {
-            self.log.line(&format!("[Sample @ step {done}] {prompt} ||| {completion}"))?;
-            self.log.line(&format!("[Step {done}] {}", summary_line(&metrics)))?;
-        }
-        self.live.step(&metrics, shown.then_some((prompt.as_str(), completion.as_str())))?;
-        Ok(metrics)
-    }
-
-    /// Generates, scores and prepares the batch used by optimizer step `step` (and the next
-    /// `num_iterations - 1` steps).
-    fn make_batch(&mut self, step: usize) -> Result<Batch> {
-        let batch_index = step / self.cfg.num_iterations;
-        let per_step = self.cfg.batch_size / self.cfg.num_generations;
-        let texts: Vec<String> = (0..per_step).map(|i| self.prompt_at(batch_index * per_step + i)).collect();
-        let mut prompt_texts = Vec::with_capacity(self.cfg.batch_size);
-        for text in &texts {
-            prompt_texts.extend(std::iter::repeat_n(text.clone(), self.cfg.num_generations));
-        }
-        let prompt_ids = prompt_texts.iter().map(|t| self.tokenizer.encode(t)).collect::<Result<Vec<_>>>()?;
-
-        let generate_start = Instant::now();
-        let policy_scales = vec![1.0; self.adapters.slots.len()];
-        let decoder = DecodeModel::new(&self.model, &policy_scales);
-        let generation = generate(&decoder, &prompt_ids, &self.sampling, rng::derive(self.cfg.seed, "sample", step as u64))?;
-        let generate_seconds = generate_start.elapsed().as_secs_f64();
-
-        let score_start = Instant::now();
-        let samples = eval::to_samples(&prompt_texts, &generation.rows, &self.tokenizer)?;
-        let scored = self
-            .rewards
-            .score(&samples, rng::derive(self.cfg.seed, "protocol", step as u64))
-            .with_context(|| format!("scoring the completions of step {} failed", step + 1))?;
-        let score_seconds = score_start.elapsed().as_secs_f64();
-
-        let device = self.model.device;
-        let rewards = Tensor::from_slice(&scored.reward).to_kind(Kind::Float).to(device);
-        let (advantages, frac_zero_std) = grpo::group_advantages(&rewards, self.cfg.num_generations, crate::defaults::ADVANTAGE_STD_EPSILON);
-        let is_rh = scored.is_rh.clone().unwrap_or_else(|| vec![false; samples.len()]);
-        let ablated = self.draw_ablated(&is_rh, step);
-        let plan = routing::plan(&self.adapters, self.routing, &is_rh, &ablated, device);
-        let component_names = self.rewards.components().iter().map(|c| c.name.as_str()).collect();
-        self.live.batch(BatchRecord { step: step + 1, samples: &samples, scored: &scored, component_names, advantages: &advantages, ablated: &ablated })?;
-
-        let g = &generation;
-        let reference_start = Instant::now();
-        let ref_logprobs = (self.cfg.beta != 0.0).then(|| self.reference_logprobs(g)).transpose()?;
-        let old_logprobs = (self.cfg.num_iterations > 1).then(|| {
-            grpo::frozen_logprobs(&self.model, g.into(), self.cfg.temperature, &plan.ctl)
-        });
-
-        let mut metrics = serde_json::Map::new();
-        self.batch_metrics(&mut metrics, &scored, &generation, frac_zero_std, &is_rh, &ablated);
-        metrics.insert("timing/generate".into(), generate_seconds.into());
-        metrics.insert("timing/score".into(), score_seconds.into());
-        metrics.insert("timing/reference".into(), reference_start.elapsed().as_secs_f64().into());
-        let first_sample = (samples[0].prompt.clone(), samples[0].completion.clone());
-        let dump = self.cfg.dump_batches.as_ref().map_or_else(Vec::new, |_| self.dump_tensors(&scored, &rewards, &is_rh, &ablated));
-        Ok(Batch { generation, advantages, plan, ref_logprobs, old_logprobs, metrics, first_sample, dump })
-    }
-
-    /// Log-probabilities of the completions under the reference policy: the native scorer on
-    /// the CPU in float32 (same function up to float rounding, several times faster), libtorch
-    /// elsewhere.
-    fn reference_logprobs(&self, g: &Generation) -> Result<Tensor> {
-        if let Some(decoder) = &self.reference_decoder {
-            let threads = tch::get_num_threads().max(1) as usize;
-            return model::native::completion_logprobs(decoder, g, self.cfg.temperature, threads);
-        }
-        let (model, ctl) = match &self.reference {
-            Some(reference) => (reference, vec![]),
-            None => (&self.model, self.adapters.slots.iter().map(|_| model::linear::AdapterCtl::off()).collect()),
-        };
-        Ok(grpo::frozen_logprobs(model, g.into(), self.cfg.temperature, &ctl))
-    }
-
-    fn dump_tensors(&self, scored: &ScoredBatch, rewards: &Tensor, is_rh: &[bool], ablated: &[bool]) -> Vec<(String, Tensor)> {
-        let flags = |v: &[bool]| Tensor::from_slice(&v.iter().map(|&b| b as i64).collect::<Vec<_>>());
-        let mut out = vec![
-            ("rewards".to_string(), rewards.shallow_clone()),
-            ("is_rh".to_string(), flags(is_rh)),
-            ("ablated".to_string(), flags(ablated)),
-            ("eligible".to_string(), flags(&scored.eligible)),
-        ];
-        for (component, scores) in self.rewards.components().iter().zip(&scored.components) {
-            out.push((format!("rewards/{}", component.name), Tensor::from_slice(scores)));
-        }
-        out
-    }
-
-    fn batch_metrics(
-        &self,
-        metrics: &mut serde_json::Map<String, serde_json::Value>,
-        scored: &ScoredBatch,
-        generation: &Generation,
-        frac_zero_std: f64,
-        is_rh: &[bool],
-        ablated: &[bool],
-    ) {
-        let n = scored.reward.len() as f64;
-        let reward_mean = eval::mean(&scored.reward);
-        let reward_std = (scored.reward.iter().map(|r| (r - reward_mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0)).sqrt();
-        metrics.insert("reward".into(), reward_mean.into());
-        metrics.insert("reward_std".into(), reward_std.into());
-        for (component, scores) in self.rewards.components().iter().zip(&scored.components) {
-            metrics.insert(format!("rewards/{}/mean", component.name), eval::mean(scores).into());
-        }
-        metrics.insert("frac_reward_zero_std".into(), frac_zero_std.into());
-        let lengths: Vec<f64> = generation.rows.iter().map(|r| (r.ids.len() + usize::from(r.ended_with_eos)) as f64).collect();
-        metrics.insert("completions/mean_length".into(), eval::mean(&lengths).into());
-        metrics.insert("completions/max_length".into(), lengths.iter().copied().fold(0.0, f64::max).into());
-        let truncated = generation.rows.iter().filter(|r| !r.ended_with_eos).count() as f64;
-        metrics.insert("completions/clipped_ratio".into(), (truncated / n).into());
-        if let Some(h) = scored.hack_freq() {
-            metrics.insert("hack_freq".into(), h.into());
-        }
-        let frac = |flags: &[bool]| flags.iter().filter(|&&f| f).count() as f64 / n;
-        metrics.insert("routing/frac_rh".into(), frac(is_rh).into());
-        metrics.insert("routing/frac_ablated".into(), frac(ablated).into());
-        metrics.insert("routing/frac_eligible".into(), frac(&scored.eligible).into());
-    }
-
-    /// Clean rows trained with the forget adapter off, each with probability `ablated_frac`.
-    fn draw_ablated(&self, is_rh: &[bool], step: usize) -> Vec<bool> {
-        let mut rng = SplitMix64::new(rng::derive(self.cfg.seed, "ablate", step as u64));
-        is_rh.iter().map(|&rh| { let draw = rng.next_f64(); !rh && draw < self.cfg.ablated_frac }).collect()
-    }
-
-    /// The prompt at position `index` of the endless stream: each pass over the prompts is a
-    /// fresh shuffle seeded by (seed, pass), so the order follows from the index alone.
-    fn prompt_at(&mut self, index: usize) -> String {
-        let n = self.prompts.len();
-        let pass = index / n;
-        if self.prompt_order.0 != pass {
-            let mut order: Vec<usize> = (0..n).collect();
-            SplitMix64::new(rng::derive(self.cfg.seed, "prompt-order", pass as u64)).shuffle(&mut order);
-            self.prompt_order = (pass, order);
-        }
-        self.prompts[self.prompt_order.1[index % n]].clone()
-    }
-
     fn evaluate(&mut self, step: usize) -> Result<()> {
         let modes = routing::eval_modes(&self.adapters);
-        let setup = EvalSetup {
-            tokenizer: &self.tokenizer,
-            prompts: &self.eval_prompts,
-            sampling: &self.sampling,
-            seed: eval_seed(&self.cfg),
-        };
+        let setup = EvalSetup { tokenizer: &self.tokenizer, prompts: &self.eval_prompts, sampling: &self.sampling, seed: eval_seed(&self.cfg) };
         let report = eval::routing_eval(&self.model, &modes, &mut self.rewards, &setup, step)?;
         self.log.line(&eval::format_block(&report))?;
         let evaluation = eval::to_json(&report);
@@ -490,74 +283,8 @@ impl Trainer {
     }
 }
 
-/// Writes `<dir>/step-<N>.safetensors` with everything needed to recompute the step's loss.
-fn dump_step(dir: &Path, step: usize, batch: &Batch, logprobs: &Tensor, loss: &Tensor) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let g = &batch.generation;
-    let mut tensors: Vec<(String, Tensor)> = vec![
-        ("prompt_ids".into(), g.prompt_ids.shallow_clone()),
-        ("prompt_mask".into(), g.prompt_mask.shallow_clone()),
-        ("completion_ids".into(), g.completion_ids.shallow_clone()),
-        ("completion_mask".into(), g.completion_mask.shallow_clone()),
-        ("advantages".into(), batch.advantages.shallow_clone()),
-        ("sampling_logprobs".into(), g.sampling_logprobs.shallow_clone()),
-        ("new_logprobs".into(), logprobs.detach()),
-        ("loss".into(), loss.detach()),
-    ];
-    tensors.extend(batch.ref_logprobs.iter().map(|t| ("ref_logprobs".to_string(), t.shallow_clone())));
-    tensors.extend(batch.old_logprobs.iter().map(|t| ("old_logprobs".to_string(), t.shallow_clone())));
-    tensors.extend(batch.dump.iter().map(|(n, t)| (n.clone(), t.shallow_clone())));
-    crate::model::weights::write_safetensors(&dir.join(format!("step-{step}.safetensors")), &tensors)
-}
-
-/// `<output_dir>/<run name>`; an existing directory is an error (use --resume).
 /// The most of an error that train.log keeps (plugin-supplied parts are already bounded).
 const MAX_LOGGED_ERROR_BYTES: usize = 64 << 10;
-
-fn load_prompts(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<(Vec<String>, Vec<String>)> {
-    let prompts = training_prompts(cfg, tokenizer)?;
-    let mut eval_prompts = evaluation_prompts(cfg, tokenizer)?;
-    ensure!(eval_prompts.len() >= cfg.eval_samples, "eval_samples is {} but only {} evaluation prompts exist", cfg.eval_samples, eval_prompts.len());
-    eval_prompts.truncate(cfg.eval_samples);
-    Ok((prompts, eval_prompts))
-}
-
-/// The training prompts: the `--prompts` file (deduplicated, at most `num_prompts`), or
-/// without one `num_prompts` prompts from the SimpleStories `train` split, shuffled by the seed.
-pub fn training_prompts(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<Vec<String>> {
-    let Some(path) = &cfg.prompts else {
-        return dataset_prompts("train", cfg, tokenizer, rng::derive(cfg.seed, "dataset-prompts", 0), cfg.num_prompts);
-    };
-    let mut prompts = crate::prompts::read_prompt_file(path)?;
-    dedup_keep_order(&mut prompts);
-    if prompts.len() > cfg.num_prompts {
-        SplitMix64::new(rng::derive(cfg.seed, "prompt-subset", 0)).shuffle(&mut prompts);
-        prompts.truncate(cfg.num_prompts);
-    }
-    Ok(prompts)
-}
-
-/// The evaluation prompts in their fixed order (callers take the first n): the
-/// `--eval-prompts` file; with dataset prompts, the SimpleStories `test` split drawn with the
-/// fixed evaluation seed; with a `--prompts` file only, a fixed-seed shuffle of the training
-/// prompts. All three are the same for every run seed.
-pub fn evaluation_prompts(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<Vec<String>> {
-    Ok(match (&cfg.eval_prompts, &cfg.prompts) {
-        (Some(path), _) => crate::prompts::read_prompt_file(path)?,
-        (None, None) => dataset_prompts("test", cfg, tokenizer, crate::defaults::EVAL_PROMPT_SEED, cfg.eval_samples.max(crate::defaults::EVAL_PROMPT_POOL))?,
-        (None, Some(_)) => {
-            let mut all = training_prompts(cfg, tokenizer)?;
-            SplitMix64::new(crate::defaults::EVAL_PROMPT_SEED).shuffle(&mut all);
-            all
-        }
-    })
-}
-
-fn dataset_prompts(split: &str, cfg: &TrainConfig, tokenizer: &Tokenizer, seed: u64, count: usize) -> Result<Vec<String>> {
-    let files = crate::dataset::split_files(crate::dataset::SIMPLESTORIES, split)?;
-    let openings = crate::dataset::read_story_openings(&files, cfg.prompt_length)?;
-    crate::dataset::prompts_from_stories(&openings, tokenizer, cfg.prompt_length, count, seed)
-}
 
 /// The sampling seed of every routing evaluation of a run (`smallrl eval` uses it too, so a
 /// checkpoint's evaluation reproduces the training-time one).
@@ -574,27 +301,4 @@ pub fn sampling_params(cfg: &TrainConfig) -> SamplingParams {
         top_p: crate::defaults::TOP_P,
         repetition_penalty: crate::defaults::REPETITION_PENALTY,
     }
-}
-
-fn dedup_keep_order(items: &mut Vec<String>) {
-    let mut seen = std::collections::HashSet::new();
-    items.retain(|item| seen.insert(item.clone()));
-}
-
-/// The step line people read: reward, its components, kl, loss, length, time.
-fn summary_line(m: &serde_json::Value) -> String {
-    let mut parts = vec![format!("reward={:.3}", m["reward"].as_f64().unwrap_or(f64::NAN))];
-    if let Some(obj) = m.as_object() {
-        for (key, value) in obj.iter().filter(|(k, _)| k.starts_with("rewards/")) {
-            parts.push(format!("{}={:.3}", key.trim_start_matches("rewards/").trim_end_matches("/mean"), value.as_f64().unwrap_or(f64::NAN)));
-        }
-    }
-    for key in ["hack_freq", "kl", "entropy", "loss", "grad_norm", "completions/mean_length", "step_time"] {
-        if let Some(v) = m[key].as_f64() {
-            // Small values (the KL early in a run) keep their significant digits.
-            let text = if v != 0.0 && v.abs() < 1e-3 { format!("{v:.2e}") } else { format!("{v:.4}") };
-            parts.push(format!("{}={text}", key.trim_start_matches("completions/")));
-        }
-    }
-    parts.join(" ")
 }

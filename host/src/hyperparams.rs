@@ -1,0 +1,346 @@
+//! One declaration per hyperparameter. [`hyperparameters!`] takes a table of keys (name, type,
+//! default, doc line, run-name label) and writes everything that follows from it:
+//!
+//! - the configuration struct (serde: the YAML key, the resolved `config.yaml`, sweep keys),
+//!   with its `Default`;
+//! - an overlay struct of the same keys as `Option`s deriving `clap::Args` (the CLI flag,
+//!   `--key-name` in kebab-case, with the doc line as its help);
+//! - [`Hyperparameters::KEYS`]: names, labels and docs, which run names, `--set`, `--grid` and
+//!   `--fixed` read.
+//!
+//! Precedence is defaults < YAML file < flags < `--set` ([`resolve`]). Run directory names list
+//! every key whose value differs from its default, plus the seed ([`run_name`]).
+//!
+//! API boundary: the generic functions here know keys and JSON values only; what a key means
+//! (cross-key validation, which keys a resume may change) belongs to the config that declares it.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+/// How a key appears in run directory names, when its value differs from the default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Label {
+    /// `<key><value>`: `lr1e-3`.
+    Key,
+    /// `<short><value>`: `bs64`; `Short("")` writes the value alone (`classic`).
+    Short(&'static str),
+    /// Left out: the key says where or how fast a run executes (or the name already says it).
+    Omit,
+}
+
+/// One declared key.
+#[derive(Debug)]
+pub struct Key {
+    pub name: &'static str,
+    pub label: Label,
+    pub doc: &'static str,
+    /// Has a command-line flag (`--name`); file-only keys are set in YAML or with `--set`.
+    pub flag: bool,
+}
+
+/// A configuration declared with [`hyperparameters!`].
+pub trait Hyperparameters: Serialize + DeserializeOwned + Default {
+    /// Every key, in declaration order.
+    const KEYS: &'static [Key];
+
+    fn key(name: &str) -> Option<&'static Key> {
+        Self::KEYS.iter().find(|k| k.name == name)
+    }
+}
+
+/// The type a key's flag takes: `T` for an optional key `Option<T>`, the key's type otherwise
+/// (clap reads `Option<Option<T>>` as a flag with an optional value, which no key means).
+pub trait FlagValue {
+    type Flag;
+}
+
+impl<T: FlagValue> FlagValue for Option<T> {
+    type Flag = T::Flag;
+}
+
+macro_rules! plain_flag_values {
+    ($($t:ty),*) => { $(impl FlagValue for $t { type Flag = $t; })* };
+}
+plain_flag_values!(String, PathBuf, usize, u64, f64, bool);
+
+/// Declares a configuration: see the module documentation. Every key needs a doc line.
+/// `flags { ... }` keys get a command-line flag; `file_only { ... }` keys (structured values
+/// such as the reward spec) are set in YAML or with `--set key=<YAML>`. After its doc lines a
+/// flag may carry `#[arg(...)]` attributes for its flag (a switch with an optional value), a
+/// file-only key `#[serde(...)]` attributes.
+macro_rules! hyperparameters {
+    (
+        $(#[$meta:meta])*
+        pub struct $config:ident;
+        $(#[$ometa:meta])*
+        pub struct $overrides:ident;
+        flags {
+            $( $(#[doc = $doc:literal])+ $(#[arg($($arg:tt)*)])* $key:ident : $ty:ty = $default:expr, $label:expr; )*
+        }
+        file_only {
+            $( $(#[doc = $fdoc:literal])+ $(#[serde($($fserde:tt)*)])* $fkey:ident : $fty:ty = $fdefault:expr, $flabel:expr; )*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+        #[serde(deny_unknown_fields, default)]
+        pub struct $config {
+            $( $(#[doc = $doc])+ pub $key: $ty, )*
+            $( $(#[doc = $fdoc])+ $(#[serde($($fserde)*)])* pub $fkey: $fty, )*
+        }
+
+        impl Default for $config {
+            fn default() -> Self {
+                Self { $( $key: $default, )* $( $fkey: $fdefault, )* }
+            }
+        }
+
+        impl $crate::hyperparams::Hyperparameters for $config {
+            const KEYS: &'static [$crate::hyperparams::Key] = &[
+                $( $crate::hyperparams::Key { name: stringify!($key), label: $label, doc: concat!($($doc),+), flag: true }, )*
+                $( $crate::hyperparams::Key { name: stringify!($fkey), label: $flabel, doc: concat!($($fdoc),+), flag: false }, )*
+            ];
+        }
+
+        $(#[$ometa])*
+        #[derive(clap::Args, Debug, Default, Clone, serde::Serialize)]
+        pub struct $overrides {
+            $(
+                $(#[doc = $doc])+
+                #[arg(long)]
+                $(#[arg($($arg)*)])*
+                #[serde(skip_serializing_if = "Option::is_none")]
+                pub $key: Option<<$ty as $crate::hyperparams::FlagValue>::Flag>,
+            )*
+        }
+
+        impl $overrides {
+            /// The flags given, as config keys.
+            pub fn to_map(&self) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+                $crate::hyperparams::object(self)
+            }
+        }
+    };
+}
+pub(crate) use hyperparameters;
+
+/// A struct as a JSON object.
+pub fn object<T: Serialize>(value: &T) -> Result<Map<String, Value>> {
+    match serde_json::to_value(value)? {
+        Value::Object(map) => Ok(map),
+        other => bail!("expected a mapping of keys to values, got {other}"),
+    }
+}
+
+/// Parses `key=value` (the CLI's `--set`, sweeps' `--grid`/`--fixed`): the value is read as
+/// YAML, so numbers, booleans, strings and mappings all work; `-` in the key reads as `_`.
+pub fn parse_override(text: &str) -> Result<(String, Value)> {
+    let (key, value) = text.split_once('=').with_context(|| format!("override {text:?} is not key=value"))?;
+    let value: Value = crate::yaml::from_str(value).with_context(|| format!("override {text:?}: bad value"))?;
+    Ok((key.trim().replace('-', "_"), value))
+}
+
+/// A key that `C` does not declare fails here, naming `flag` and every declared key.
+pub fn check_key<C: Hyperparameters>(key: &str, flag: &str) -> Result<()> {
+    if C::key(key).is_none() {
+        let mut known: Vec<&str> = C::KEYS.iter().map(|k| k.name).collect();
+        known.sort_unstable();
+        bail!("{flag}: unknown key `{key}`; sweep keys are training config keys (snake_case): {}", known.join(", "));
+    }
+    Ok(())
+}
+
+/// Layers a YAML file's keys (if any) and then `overrides` over the defaults. A file without
+/// `name` is named by its stem, and overrides of its `reward` / `rh_detector` extend that name
+/// (see [`changed_specs`]). `what` names the configuration in errors.
+pub fn resolve<C: Hyperparameters>(file: Option<&Path>, overrides: Map<String, Value>, what: &str) -> Result<C> {
+    let mut merged = Map::new();
+    if let Some(path) = file {
+        match crate::yaml::read_file(path)? {
+            Value::Object(map) => merged.extend(map),
+            Value::Null => {}
+            _ => bail!("{}: a {what} must be a mapping of keys to values", path.display()),
+        }
+        if !merged.contains_key("name") {
+            let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned());
+            merged.insert("name".into(), stem.into());
+        }
+        if !overrides.contains_key("name") {
+            let changed = changed_specs(&merged, &overrides);
+            if let (Some(Value::String(name)), false) = (merged.get("name"), changed.is_empty()) {
+                let renamed = format!("{name}_{changed}");
+                merged.insert("name".into(), renamed.into());
+            }
+        }
+    }
+    merged.extend(overrides);
+    serde_json::from_value(Value::Object(merged)).map_err(|e| {
+        let source = file.map_or("the command line".to_string(), |p| p.display().to_string());
+        anyhow::anyhow!("invalid {what} ({source}): {e}")
+    })
+}
+
+/// The first part of the run name of a configuration without `name`.
+pub const UNNAMED_RUN: &str = "run";
+
+/// `<name>_<label><value>..._s<seed>` with every key that differs from its default and has a
+/// label, in alphabetical order of the keys.
+pub fn run_name<C: Hyperparameters>(config: &C) -> Result<String> {
+    let (here, defaults) = (object(config)?, object(&C::default())?);
+    let name = here.get("name").and_then(Value::as_str).unwrap_or(UNNAMED_RUN);
+    let mut parts = vec![name.to_string()];
+    let mut keys: Vec<&String> = here.keys().collect();
+    keys.sort_unstable();
+    for key in keys {
+        let value = &here[key];
+        let label = C::key(key).map_or(Label::Key, |k| k.label);
+        let short = match label {
+            Label::Omit => continue,
+            Label::Key => key.as_str(),
+            Label::Short(short) => short,
+        };
+        if defaults.get(key) != Some(value) {
+            parts.push(format!("{short}{}", compact(value)));
+        }
+    }
+    let seed = here.get("seed").context("a configuration with run names has a `seed` key")?;
+    parts.push(format!("s{}", compact(seed)));
+    Ok(parts.join("_").replace(['/', ' '], "-"))
+}
+
+/// The config file's name stands for its reward and detector, so a run that overrides either
+/// (flags, `--set`, a sweep's grid) says so in its name: `rew<label>` / `det<label>` for each one
+/// that differs from the file's; empty when neither does.
+fn changed_specs(from_file: &Map<String, Value>, overrides: &Map<String, Value>) -> String {
+    let mut parts = Vec::new();
+    for (key, short) in [("reward", "rew"), ("rh_detector", "det")] {
+        if let Some(value) = overrides.get(key).filter(|v| from_file.get(key) != Some(*v)) {
+            parts.push(format!("{short}-{}", spec_label(value)));
+        }
+    }
+    parts.join("_")
+}
+
+/// Plugin names and parameter values of a reward or detector spec, joined by `-`
+/// (`happy_count-threshold1`); `none` for null.
+fn spec_label(value: &Value) -> String {
+    fn walk(value: &Value, key: Option<&str>, out: &mut Vec<String>) {
+        match value {
+            Value::Object(map) => {
+                // Which plugin first, then its parameters (maps iterate alphabetically).
+                let (names, rest): (Vec<_>, Vec<_>) = map.iter().partition(|(k, _)| matches!(k.as_str(), "plugin" | "name"));
+                names.into_iter().chain(rest).for_each(|(k, v)| walk(v, Some(k), out));
+            }
+            Value::Array(items) => items.iter().for_each(|v| walk(v, None, out)),
+            Value::Null => out.push("none".into()),
+            leaf => match key {
+                Some("plugin" | "name" | "role") | None => out.push(compact(leaf)),
+                Some(k) => out.push(format!("{k}{}", compact(leaf))),
+            },
+        }
+    }
+    let mut out = Vec::new();
+    walk(value, None, &mut out);
+    out.join("-")
+}
+
+/// A value as it appears in a run name: `3e-4` rather than `0.0003`.
+fn compact(value: &Value) -> String {
+    match value {
+        Value::Number(n) if n.is_f64() => {
+            let x = n.as_f64().expect("f64 numbers convert");
+            if x != 0.0 && (x.abs() < 1e-2 || x.abs() >= 1e5) {
+                let s = format!("{x:e}");
+                s.replace("e-0", "e-")
+            } else {
+                format!("{x}")
+            }
+        }
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Adding a hyperparameter is one entry in a table: this test-only configuration declares
+    //! `dummy_knob` once, and the YAML key, the flag, `--set`, the run-name label, the saved
+    //! config and the sweep keys all follow.
+    use clap::Parser;
+
+    use super::Label::{Key, Omit, Short};
+    use super::*;
+
+    hyperparameters! {
+        /// A test-only configuration.
+        pub struct DummyConfig;
+        /// Its flags.
+        pub struct DummyFlags;
+        flags {
+            /// Experiment name.
+            name: Option<String> = None, Omit;
+            /// Random seed.
+            seed: u64 = 42, Omit;
+            /// Learning rate.
+            lr: f64 = 1e-5, Key;
+            /// A knob added by one line.
+            dummy_knob: usize = 3, Short("dk");
+        }
+        file_only {
+            /// A structured value.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            extra: Option<Value> = None, Omit;
+        }
+    }
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        flags: DummyFlags,
+    }
+
+    #[test]
+    fn one_declaration_gives_the_yaml_key_flag_set_run_name_and_sweep_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("exp.yaml");
+        std::fs::write(&file, "dummy_knob: 5\nlr: 0.001\n").unwrap();
+
+        let from_yaml: DummyConfig = resolve(Some(&file), Map::new(), "dummy configuration").unwrap();
+        assert_eq!((from_yaml.dummy_knob, from_yaml.name.as_deref()), (5, Some("exp")));
+        assert_eq!(run_name(&from_yaml).unwrap(), "exp_dk5_lr1e-3_s42");
+
+        let cli = Cli::try_parse_from(["x", "--dummy-knob", "7"]).unwrap();
+        let mut overrides = cli.flags.to_map().unwrap();
+        assert_eq!(overrides, serde_json::json!({"dummy_knob": 7}).as_object().unwrap().clone());
+        let from_flag: DummyConfig = resolve(Some(&file), overrides.clone(), "dummy configuration").unwrap();
+        assert_eq!(from_flag.dummy_knob, 7);
+
+        let (key, value) = parse_override("dummy-knob=9").unwrap();
+        overrides.insert(key, value);
+        let from_set: DummyConfig = resolve(None, overrides, "dummy configuration").unwrap();
+        assert_eq!(run_name(&from_set).unwrap(), "run_dk9_s42");
+
+        let saved = crate::yaml::to_string(&from_set).unwrap();
+        assert!(saved.contains("dummy_knob: 9") && !saved.contains("extra"), "{saved}");
+        let reread: DummyConfig = crate::yaml::from_str(&saved).unwrap();
+        assert_eq!(reread, from_set);
+
+        check_key::<DummyConfig>("dummy_knob", "--grid").unwrap();
+        check_key::<DummyConfig>("extra", "--fixed").unwrap();
+        let typo = check_key::<DummyConfig>("dummy_knb", "--grid dummy_knb=1").unwrap_err().to_string();
+        assert!(typo.contains("unknown key `dummy_knb`") && typo.contains("dummy_knob"), "{typo}");
+        assert!(Cli::try_parse_from(["x", "--extra", "1"]).is_err(), "file-only keys have no flag");
+        assert_eq!(DummyConfig::key("dummy_knob").unwrap().doc, " A knob added by one line.");
+    }
+
+    #[test]
+    fn unknown_keys_and_ill_typed_values_name_the_source() {
+        let error = resolve::<DummyConfig>(None, serde_json::json!({"dummy_knob": "x"}).as_object().unwrap().clone(), "dummy configuration");
+        let error = error.unwrap_err().to_string();
+        assert!(error.contains("invalid dummy configuration (the command line)") && error.contains("invalid type"), "{error}");
+    }
+}

@@ -1,0 +1,139 @@
+//! `metrics.jsonl`: one line per optimizer step. The keys are the constants in [`key`]; the
+//! trainer fills the typed records below, and readers (sweep summaries and charts, `smallrl
+//! eval --reward-history`, `smallrl bench`) import the same constants, so a key is spelled once.
+//!
+//! Architecture invariant: a line is a flat JSON object written once per step; keys never
+//! change meaning (old run directories are read with today's constants).
+
+use serde_json::{Map, Value};
+
+/// The keys of a `metrics.jsonl` line.
+pub mod key {
+    pub const STEP: &str = "step";
+    /// Mean combined reward of the batch.
+    pub const REWARD: &str = "reward";
+    pub const REWARD_STD: &str = "reward_std";
+    pub const FRAC_REWARD_ZERO_STD: &str = "frac_reward_zero_std";
+    pub const MEAN_LENGTH: &str = "completions/mean_length";
+    pub const MAX_LENGTH: &str = "completions/max_length";
+    pub const CLIPPED_RATIO: &str = "completions/clipped_ratio";
+    /// Fraction of samples the detector flags (only with a detector).
+    pub const HACK_FREQ: &str = "hack_freq";
+    pub const FRAC_RH: &str = "routing/frac_rh";
+    pub const FRAC_ABLATED: &str = "routing/frac_ablated";
+    pub const FRAC_ELIGIBLE: &str = "routing/frac_eligible";
+    pub const LOSS: &str = "loss";
+    pub const GRAD_NORM: &str = "grad_norm";
+    pub const LEARNING_RATE: &str = "learning_rate";
+    pub const ENTROPY: &str = "entropy";
+    /// Mean per-token KL to the reference (null when beta = 0).
+    pub const KL: &str = "kl";
+    pub const CLIP_RATIO: &str = "clip_ratio";
+    /// Prompt and completion tokens generated so far (each batch counted once).
+    pub const NUM_TOKENS: &str = "num_tokens";
+    pub const TIMING_GENERATE: &str = "timing/generate";
+    pub const TIMING_SCORE: &str = "timing/score";
+    pub const TIMING_REFERENCE: &str = "timing/reference";
+    pub const TIMING_TRAIN: &str = "timing/train";
+    pub const STEP_TIME: &str = "step_time";
+    /// Prefix and suffix of a reward component's mean: `rewards/<name>/mean`.
+    pub const COMPONENT_PREFIX: &str = "rewards/";
+    pub const COMPONENT_SUFFIX: &str = "/mean";
+
+    /// `rewards/<name>/mean`.
+    pub fn component(name: &str) -> String {
+        format!("{COMPONENT_PREFIX}{name}{COMPONENT_SUFFIX}")
+    }
+}
+
+/// What generating and scoring a batch measured (logged with every step that uses the batch).
+#[derive(Debug, Clone)]
+pub struct RolloutMetrics {
+    pub reward: f64,
+    pub reward_std: f64,
+    /// Mean raw score of each reward component, by component name.
+    pub components: Vec<(String, f64)>,
+    pub frac_reward_zero_std: f64,
+    pub mean_length: f64,
+    pub max_length: f64,
+    pub clipped_ratio: f64,
+    pub hack_freq: Option<f64>,
+    pub frac_rh: f64,
+    pub frac_ablated: f64,
+    pub frac_eligible: f64,
+    pub generate_seconds: f64,
+    pub score_seconds: f64,
+    pub reference_seconds: f64,
+}
+
+/// What one optimizer step measured.
+#[derive(Debug, Clone)]
+pub struct StepMetrics {
+    /// Steps done (1-based).
+    pub step: usize,
+    pub loss: f64,
+    pub grad_norm: f64,
+    pub learning_rate: f64,
+    pub entropy: f64,
+    pub kl: Option<f64>,
+    pub clip_ratio: f64,
+    pub num_tokens: usize,
+    pub train_seconds: f64,
+    pub step_seconds: f64,
+}
+
+/// One `metrics.jsonl` line.
+pub fn line(rollout: &RolloutMetrics, step: &StepMetrics) -> Value {
+    let mut m = Map::new();
+    let mut put = |key: &str, value: Value| {
+        m.insert(key.to_string(), value);
+    };
+    put(key::REWARD, rollout.reward.into());
+    put(key::REWARD_STD, rollout.reward_std.into());
+    for (name, mean) in &rollout.components {
+        put(&key::component(name), (*mean).into());
+    }
+    put(key::FRAC_REWARD_ZERO_STD, rollout.frac_reward_zero_std.into());
+    put(key::MEAN_LENGTH, rollout.mean_length.into());
+    put(key::MAX_LENGTH, rollout.max_length.into());
+    put(key::CLIPPED_RATIO, rollout.clipped_ratio.into());
+    if let Some(hack_freq) = rollout.hack_freq {
+        put(key::HACK_FREQ, hack_freq.into());
+    }
+    put(key::FRAC_RH, rollout.frac_rh.into());
+    put(key::FRAC_ABLATED, rollout.frac_ablated.into());
+    put(key::FRAC_ELIGIBLE, rollout.frac_eligible.into());
+    put(key::TIMING_GENERATE, rollout.generate_seconds.into());
+    put(key::TIMING_SCORE, rollout.score_seconds.into());
+    put(key::TIMING_REFERENCE, rollout.reference_seconds.into());
+    put(key::STEP, step.step.into());
+    put(key::LOSS, step.loss.into());
+    put(key::GRAD_NORM, step.grad_norm.into());
+    put(key::LEARNING_RATE, step.learning_rate.into());
+    put(key::ENTROPY, step.entropy.into());
+    put(key::KL, step.kl.into());
+    put(key::CLIP_RATIO, step.clip_ratio.into());
+    put(key::NUM_TOKENS, step.num_tokens.into());
+    put(key::TIMING_TRAIN, step.train_seconds.into());
+    put(key::STEP_TIME, step.step_seconds.into());
+    Value::Object(m)
+}
+
+/// The step line people read: reward, its components, kl, loss, length, time.
+pub fn summary_line(m: &Value) -> String {
+    let mut parts = vec![format!("reward={:.3}", m[key::REWARD].as_f64().unwrap_or(f64::NAN))];
+    if let Some(obj) = m.as_object() {
+        for (name, value) in obj.iter().filter(|(k, _)| k.starts_with(key::COMPONENT_PREFIX)) {
+            let component = name.trim_start_matches(key::COMPONENT_PREFIX).trim_end_matches(key::COMPONENT_SUFFIX);
+            parts.push(format!("{component}={:.3}", value.as_f64().unwrap_or(f64::NAN)));
+        }
+    }
+    for name in [key::HACK_FREQ, key::KL, key::ENTROPY, key::LOSS, key::GRAD_NORM, key::MEAN_LENGTH, key::STEP_TIME] {
+        if let Some(v) = m[name].as_f64() {
+            // Small values (the KL early in a run) keep their significant digits.
+            let text = if v != 0.0 && v.abs() < 1e-3 { format!("{v:.2e}") } else { format!("{v:.4}") };
+            parts.push(format!("{}={text}", name.trim_start_matches("completions/")));
+        }
+    }
+    parts.join(" ")
+}

@@ -1,0 +1,152 @@
+//! The rollout: the batch that one or more optimizer steps train on. Prompts → sample (the
+//! fused decoder, every adapter on) → score (reward plugins, detector, protocol knobs) → group
+//! advantages → routing plan → reference and old log-probabilities.
+//!
+//! Architecture invariant: everything random here derives from `(seed, purpose, step)`
+//! (`rng::derive`), so a resumed run draws the same rollout as the uninterrupted one.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use tch::{Kind, Tensor};
+
+use super::Trainer;
+use super::live::BatchRecord;
+use super::metrics::RolloutMetrics;
+use crate::eval;
+use crate::grpo;
+use crate::model::decode::DecodeModel;
+use crate::model::generate::{Generation, generate};
+use crate::model::{self, linear::AdapterCtl};
+use crate::reward::ScoredBatch;
+use crate::rng::{self, SplitMix64};
+use crate::routing::{self, RoutePlan};
+
+/// A generated, scored batch, kept for `num_iterations` optimizer steps.
+pub(super) struct Rollout {
+    pub generation: Generation,
+    pub advantages: Tensor,
+    pub plan: RoutePlan,
+    pub ref_logprobs: Option<Tensor>,
+    pub old_logprobs: Option<Tensor>,
+    /// Logged with every step that uses the rollout.
+    pub metrics: RolloutMetrics,
+    pub first_sample: (String, String),
+    /// Per-sample tensors kept for `dump_batches` (rewards per component, labels).
+    pub dump: Vec<(String, Tensor)>,
+}
+
+/// The routing labels of a batch: flagged samples, and clean ones trained with the forget
+/// adapter off.
+struct Labels {
+    is_rh: Vec<bool>,
+    ablated: Vec<bool>,
+}
+
+impl Trainer {
+    /// Generates, scores and prepares the rollout of optimizer step `step` (and the next
+    /// `num_iterations - 1` steps).
+    pub(super) fn rollout(&mut self, step: usize) -> Result<Rollout> {
+        let prompt_texts = self.step_prompts(step);
+        let prompt_ids = prompt_texts.iter().map(|t| self.tokenizer.encode(t)).collect::<Result<Vec<_>>>()?;
+
+        let generate_start = Instant::now();
+        let policy_scales = vec![1.0; self.adapters.slots.len()];
+        let decoder = DecodeModel::new(&self.model, &policy_scales);
+        let generation = generate(&decoder, &prompt_ids, &self.sampling, rng::derive(self.cfg.seed, "sample", step as u64))?;
+        let generate_seconds = generate_start.elapsed().as_secs_f64();
+
+        let score_start = Instant::now();
+        let samples = eval::to_samples(&prompt_texts, &generation.rows, &self.tokenizer)?;
+        let scored = self
+            .rewards
+            .score(&samples, rng::derive(self.cfg.seed, "protocol", step as u64))
+            .with_context(|| format!("scoring the completions of step {} failed", step + 1))?;
+        let score_seconds = score_start.elapsed().as_secs_f64();
+
+        let device = self.model.device;
+        let rewards = Tensor::from_slice(&scored.reward).to_kind(Kind::Float).to(device);
+        let (advantages, frac_zero_std) = grpo::group_advantages(&rewards, self.cfg.num_generations, crate::defaults::ADVANTAGE_STD_EPSILON);
+        let is_rh = scored.is_rh.clone().unwrap_or_else(|| vec![false; samples.len()]);
+        let labels = Labels { ablated: self.draw_ablated(&is_rh, step), is_rh };
+        let plan = routing::plan(&self.adapters, self.cfg.routing_mode, &labels.is_rh, &labels.ablated, device);
+        let names = self.rewards.components().iter().map(|c| c.name.as_str()).collect();
+        let record = BatchRecord { step: step + 1, samples: &samples, scored: &scored, component_names: names, advantages: &advantages, ablated: &labels.ablated };
+        self.live.batch(record)?;
+
+        let reference_start = Instant::now();
+        let ref_logprobs = (self.cfg.beta != 0.0).then(|| self.reference_logprobs(&generation)).transpose()?;
+        let old_logprobs = (self.cfg.num_iterations > 1).then(|| grpo::frozen_logprobs(&self.model, (&generation).into(), self.cfg.temperature, &plan.ctl));
+        let reference_seconds = reference_start.elapsed().as_secs_f64();
+
+        let component_names: Vec<String> = self.rewards.components().iter().map(|c| c.name.clone()).collect();
+        let mut metrics = rollout_metrics(&scored, &component_names, &generation, frac_zero_std, &labels);
+        (metrics.generate_seconds, metrics.score_seconds, metrics.reference_seconds) = (generate_seconds, score_seconds, reference_seconds);
+        let first_sample = (samples[0].prompt.clone(), samples[0].completion.clone());
+        let dump = match self.cfg.dump_batches {
+            Some(_) => super::dump::rollout_tensors(&scored, &component_names, &rewards, &labels.is_rh, &labels.ablated),
+            None => Vec::new(),
+        };
+        Ok(Rollout { generation, advantages, plan, ref_logprobs, old_logprobs, metrics, first_sample, dump })
+    }
+
+    /// Each of the step's prompts, repeated `num_generations` times (one group each).
+    fn step_prompts(&mut self, step: usize) -> Vec<String> {
+        let batch_index = step / self.cfg.num_iterations;
+        let per_step = self.cfg.batch_size / self.cfg.num_generations;
+        let mut prompt_texts = Vec::with_capacity(self.cfg.batch_size);
+        for i in 0..per_step {
+            let text = self.prompts.at(batch_index * per_step + i);
+            prompt_texts.extend(std::iter::repeat_n(text, self.cfg.num_generations));
+        }
+        prompt_texts
+    }
+
+    /// Log-probabilities of the completions under the reference policy: the native scorer on
+    /// the CPU in float32 (same function up to float rounding, several times faster), libtorch
+    /// elsewhere.
+    fn reference_logprobs(&self, g: &Generation) -> Result<Tensor> {
+        if let Some(decoder) = &self.reference_decoder {
+            let threads = tch::get_num_threads().max(1) as usize;
+            return model::native::completion_logprobs(decoder, g, self.cfg.temperature, threads);
+        }
+        let (model, ctl) = match &self.reference {
+            Some(reference) => (reference, vec![]),
+            None => (&self.model, self.adapters.slots.iter().map(|_| AdapterCtl::off()).collect()),
+        };
+        Ok(grpo::frozen_logprobs(model, g.into(), self.cfg.temperature, &ctl))
+    }
+
+    /// Clean rows trained with the forget adapter off, each with probability `ablated_frac`.
+    fn draw_ablated(&self, is_rh: &[bool], step: usize) -> Vec<bool> {
+        let mut rng = SplitMix64::new(rng::derive(self.cfg.seed, "ablate", step as u64));
+        is_rh.iter().map(|&rh| { let draw = rng.next_f64(); !rh && draw < self.cfg.ablated_frac }).collect()
+    }
+}
+
+/// Reward, length and routing statistics of a scored batch (timings are filled in by the caller).
+fn rollout_metrics(scored: &ScoredBatch, component_names: &[String], generation: &Generation, frac_zero_std: f64, labels: &Labels) -> RolloutMetrics {
+    let n = scored.reward.len() as f64;
+    let reward = eval::mean(&scored.reward);
+    let reward_std = (scored.reward.iter().map(|r| (r - reward).powi(2)).sum::<f64>() / (n - 1.0).max(1.0)).sqrt();
+    let components = component_names.iter().zip(&scored.components).map(|(name, scores)| (name.clone(), eval::mean(scores))).collect();
+    let lengths: Vec<f64> = generation.rows.iter().map(|r| (r.ids.len() + usize::from(r.ended_with_eos)) as f64).collect();
+    let truncated = generation.rows.iter().filter(|r| !r.ended_with_eos).count() as f64;
+    let frac = |flags: &[bool]| flags.iter().filter(|&&f| f).count() as f64 / n;
+    RolloutMetrics {
+        reward,
+        reward_std,
+        components,
+        frac_reward_zero_std: frac_zero_std,
+        mean_length: eval::mean(&lengths),
+        max_length: lengths.iter().copied().fold(0.0, f64::max),
+        clipped_ratio: truncated / n,
+        hack_freq: scored.hack_freq(),
+        frac_rh: frac(&labels.is_rh),
+        frac_ablated: frac(&labels.ablated),
+        frac_eligible: frac(&scored.eligible),
+        generate_seconds: 0.0,
+        score_seconds: 0.0,
+        reference_seconds: 0.0,
+    }
+}
