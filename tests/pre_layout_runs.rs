@@ -1,5 +1,5 @@
-//! Run directories written by the code before the configuration was declared in one table
-//! (issue 13) still `--resume`, `eval` and `sweep --collect`. The fixtures in
+//! Run directories written by the code before the hyperparameters were declared in one table
+//! still `--resume`, `eval` and `sweep --collect`. The fixtures in
 //! `tests/fixtures/pre-layout-runs/` were made by that code's binary, from `host/` (the directory
 //! tests run in), with relative paths to the `tiny-stories` model in `../shared/fixtures` and to
 //! the built plugins: a finished 2-step routed DualLoRA run, the same run stopped after step 1,

@@ -44,7 +44,7 @@ pub struct AdapterConfig {
     pub target_modules: Vec<String>,
 }
 
-/// Ranks and alpha of a DualLoRA preset name (§5 of the behaviour reference).
+/// Ranks and alpha of a DualLoRA preset name.
 pub struct Preset {
     pub retain_rank: usize,
     pub forget_rank: usize,

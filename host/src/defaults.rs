@@ -63,7 +63,7 @@ pub const PLUGIN_FUEL_PER_SAMPLE: u64 = 10_000_000;
 /// The wall-clock backstop for what fuel does not count.
 pub const PLUGIN_MAX_CALL_SECONDS: f64 = 10.0;
 
-// Sweeps and charts (issue 6).
+// Sweeps and charts.
 /// Where `smallrl sweep` puts its runs, logs, summary and charts.
 pub const SWEEP_OUTPUT_DIR: &str = "runs/sweep";
 /// Concurrent child runs of a sweep.

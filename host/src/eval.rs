@@ -1,4 +1,4 @@
-//! Routing evaluation (§6): for each adapter mode, one completion per fixed evaluation prompt,
+//! Routing evaluation: for each adapter mode, one completion per fixed evaluation prompt,
 //! scored by every reward component and the detector, plus diversity measures.
 
 use std::collections::BTreeSet;

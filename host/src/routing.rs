@@ -1,4 +1,4 @@
-//! Gradient routing: which adapter learns from which sample (§5 of the behaviour reference).
+//! Gradient routing: which adapter learns from which sample.
 //!
 //! | mode      | clean sample        | flagged sample |
 //! |-----------|---------------------|----------------|

@@ -10,31 +10,13 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::config::LlamaConfig;
-use super::linear::Linear;
+use super::folded::FoldedWeights;
 use super::llama::{Llama, rms_norm};
 use super::native::NativeModel;
 
-pub(super) struct DecodeLayer {
-    pub(super) input_layernorm: Tensor,
-    /// `[hidden, (q + k) * 2 + v]`, transposed for `x.matmul`.
-    pub(super) qkv_t: Tensor,
-    pub(super) o_t: Tensor,
-    pub(super) post_attention_layernorm: Tensor,
-    /// `[hidden, 2 * intermediate]`: gate then up.
-    pub(super) gate_up_t: Tensor,
-    pub(super) down_t: Tensor,
-}
-
-/// Inference weights of a [`Llama`] at fixed adapter scales. Rebuild after the weights change.
+/// The decoder of a [`Llama`] at fixed adapter scales. Rebuild after the weights change.
 pub struct DecodeModel {
-    pub config: LlamaConfig,
-    pub(super) embed_tokens: Tensor,
-    pub(super) layers: Vec<DecodeLayer>,
-    pub(super) norm: Tensor,
-    pub(super) head_t: Tensor,
-    pub(super) cos: Tensor,
-    pub(super) sin: Tensor,
+    pub(super) weights: FoldedWeights,
     pub device: Device,
     pub kind: Kind,
     /// The same weights for the libtorch-free CPU sampler (float32 on the CPU only).
@@ -51,46 +33,14 @@ pub struct KvCache {
 impl DecodeModel {
     /// Folds the adapters in at `scales` (one per adapter slot of the model).
     pub fn new(model: &Llama, scales: &[f64]) -> Self {
-        let _guard = tch::no_grad_guard();
-        let cfg = &model.config;
-        let merged = |l: &Linear| l.merged_weight(scales);
-        let layers = model
-            .layers
-            .iter()
-            .map(|block| {
-                let attn = &block.self_attn;
-                // The attention scale 1/sqrt(head_dim) is folded into the query rows.
-                let q = merged(&attn.q_proj) * (cfg.head_dim as f64).powf(-0.5);
-                let (k, v) = (merged(&attn.k_proj), merged(&attn.v_proj));
-                let rq = rotate_half_rows(&q, cfg.num_attention_heads, cfg.head_dim);
-                let rk = rotate_half_rows(&k, cfg.num_key_value_heads, cfg.head_dim);
-                let mlp = &block.mlp;
-                DecodeLayer {
-                    input_layernorm: block.input_layernorm.detach(),
-                    qkv_t: transposed(&Tensor::cat(&[q, k, rq, rk, v], 0)),
-                    o_t: transposed(&merged(&attn.o_proj)),
-                    post_attention_layernorm: block.post_attention_layernorm.detach(),
-                    gate_up_t: transposed(&Tensor::cat(&[merged(&mlp.gate_proj), merged(&mlp.up_proj)], 0)),
-                    down_t: transposed(&merged(&mlp.down_proj)),
-                }
-            })
-            .collect();
-        let mut decoder = Self {
-            config: cfg.clone(),
-            embed_tokens: model.embed_tokens.detach(),
-            layers,
-            norm: model.norm.detach(),
-            head_t: transposed(model.head_weight()),
-            cos: model.rope.cos.to_kind(model.kind),
-            sin: model.rope.sin.to_kind(model.kind),
-            device: model.device,
-            kind: model.kind,
-            native: None,
-        };
-        if Self::native_available(decoder.device, decoder.kind) {
-            decoder.native = Some(NativeModel::new(&decoder));
-        }
-        decoder
+        let weights = FoldedWeights::new(model, scales);
+        let native = Self::native_available(model.device, model.kind).then(|| NativeModel::new(&weights));
+        Self { weights, device: model.device, kind: model.kind, native }
+    }
+
+    /// The CPU sampler's copy of the weights (float32 on the CPU only).
+    pub fn native(&self) -> Option<&NativeModel> {
+        self.native.as_ref()
     }
 
     /// Whether the libtorch-free sampler and scorer (`native.rs`) serve this device and dtype.
@@ -99,7 +49,7 @@ impl DecodeModel {
     }
 
     pub fn new_cache(&self, batch: i64, capacity: i64) -> KvCache {
-        let cfg = &self.config;
+        let cfg = &self.weights.config;
         assert!(
             capacity as usize <= cfg.max_position_embeddings,
             "prompt plus completion ({capacity} tokens) exceeds max_position_embeddings {}",
@@ -115,16 +65,16 @@ impl DecodeModel {
     /// attend, -inf = not; see [`additive_mask`]). Returns the final-norm hidden states
     /// `[batch, n, hidden]`.
     pub fn forward(&self, ids: &Tensor, positions: &Tensor, cache: &mut KvCache, start: i64, mask: &Tensor) -> Tensor {
-        let cfg = &self.config;
+        let cfg = &self.weights.config;
         let (b, n) = ids.size2().expect("ids must be [batch, n]");
         let (heads, kv_heads, hd) = (cfg.num_attention_heads as i64, cfg.num_key_value_heads as i64, cfg.head_dim as i64);
         let qk_width = (heads + kv_heads) * hd;
         let flat = positions.reshape([-1]);
-        let cos = self.cos.index_select(0, &flat).view([b, n, 1, hd]);
-        let sin = self.sin.index_select(0, &flat).view([b, n, 1, hd]);
+        let cos = self.weights.cos.index_select(0, &flat).view([b, n, 1, hd]);
+        let sin = self.weights.sin.index_select(0, &flat).view([b, n, 1, hd]);
         let eps = cfg.rms_norm_eps;
-        let mut x = Tensor::embedding(&self.embed_tokens, ids, -1, false, false);
-        for (layer, (keys, values)) in self.layers.iter().zip(cache.keys.iter_mut().zip(cache.values.iter_mut())) {
+        let mut x = Tensor::embedding(&self.weights.embed_tokens, ids, -1, false, false);
+        for (layer, (keys, values)) in self.weights.layers.iter().zip(cache.keys.iter_mut().zip(cache.values.iter_mut())) {
             let h = rms_norm(&x, &layer.input_layernorm, eps);
             let fused = h.matmul(&layer.qkv_t);
             let qk = fused.narrow(-1, 0, qk_width).view([b, n, heads + kv_heads, hd]);
@@ -143,11 +93,11 @@ impl DecodeModel {
             let act = gate_up.narrow(-1, 0, inter).silu() * gate_up.narrow(-1, inter, inter);
             x = x + act.matmul(&layer.down_t);
         }
-        rms_norm(&x, &self.norm, eps)
+        rms_norm(&x, &self.weights.norm, eps)
     }
 
     pub fn logits(&self, hidden: &Tensor) -> Tensor {
-        hidden.matmul(&self.head_t)
+        hidden.matmul(&self.weights.head_t)
     }
 }
 
@@ -175,19 +125,6 @@ fn grouped_attention(q: &Tensor, keys: &Tensor, values: &Tensor, mask: &Tensor, 
 /// Boolean attend-mask to the additive form (0 where attended, -inf elsewhere).
 pub fn additive_mask(mask: &Tensor, kind: Kind) -> Tensor {
     Tensor::zeros(mask.size(), (kind, mask.device())).masked_fill(&mask.logical_not(), f64::NEG_INFINITY)
-}
-
-fn transposed(weight: &Tensor) -> Tensor {
-    weight.detach().tr().contiguous()
-}
-
-/// Rows of a `[heads * head_dim, in]` projection rearranged so that `W' x = rotate_half(W x)`
-/// head by head.
-fn rotate_half_rows(weight: &Tensor, heads: usize, head_dim: usize) -> Tensor {
-    let per_head = weight.view([heads as i64, head_dim as i64, -1]);
-    let half = head_dim as i64 / 2;
-    let rotated = Tensor::cat(&[per_head.narrow(1, half, half).neg(), per_head.narrow(1, 0, half)], 1);
-    rotated.reshape([(heads * head_dim) as i64, -1])
 }
 
 /// The additive prefill mask `[batch, 1, n, capacity]` for prompts in slots `0..n`: causal,

@@ -9,32 +9,14 @@
 use anyhow::{Context, Result, ensure};
 use tch::{Kind, Tensor};
 
+use super::batch::completion_rows;
+pub use super::batch::{CompletionRow, Generation, left_pad, mask_through_first_eos, masked_rows, row_rng};
 use super::decode::{DecodeModel, additive_mask, prefill_mask};
 use super::native;
 use crate::rng::SplitMix64;
 
 /// How tokens are drawn: one definition, shared with the native sampler.
 pub use smallrl_native::Sampling as SamplingParams;
-
-/// A sampled batch, as tensors (for the trainer) and per row (for people and rewards).
-pub struct Generation {
-    /// `[batch, prompt_len]`, left-padded with the pad id (= EOS id).
-    pub prompt_ids: Tensor,
-    pub prompt_mask: Tensor,
-    /// `[batch, completion_len]`, right-padded; `completion_len` is the longest completion.
-    pub completion_ids: Tensor,
-    /// 1 on every token up to and including the first EOS.
-    pub completion_mask: Tensor,
-    /// Log-probability of each sampled token under the sampling distribution (0 on padding).
-    pub sampling_logprobs: Tensor,
-    pub rows: Vec<CompletionRow>,
-}
-
-pub struct CompletionRow {
-    /// The sampled ids without the final EOS.
-    pub ids: Vec<u32>,
-    pub ended_with_eos: bool,
-}
 
 /// How often (in tokens) the loop asks whether every row has finished.
 const FINISHED_CHECK_INTERVAL: usize = 8;
@@ -67,7 +49,7 @@ pub fn generate_with(engine: Engine, model: &DecodeModel, prompts: &[Vec<u32>], 
     ensure!(params.temperature >= 0.0, "temperature must be >= 0");
     ensure!(params.top_p > 0.0 && params.top_p <= 1.0, "top_p must be in (0, 1]");
     ensure!(params.repetition_penalty > 0.0, "repetition_penalty must be > 0");
-    let cfg = &model.config;
+    let cfg = &model.weights.config;
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
     ensure!(
         longest + params.max_new_tokens <= cfg.max_position_embeddings,
@@ -85,19 +67,13 @@ pub fn generate_with(engine: Engine, model: &DecodeModel, prompts: &[Vec<u32>], 
     }
 }
 
-/// The random stream of batch row `row`. One stream per row (not one per batch) makes a row's
-/// sample independent of how rows are split across threads.
-pub fn row_rng(seed: u64, row: usize) -> SplitMix64 {
-    SplitMix64::new(crate::rng::derive(seed, "sample-row", row as u64))
-}
-
 fn generate_libtorch(model: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingParams, seed: u64) -> Result<Generation> {
     let _guard = tch::no_grad_guard();
     // Draws come from generators owned by this call, not libtorch's global one, so samples
     // depend only on the seed (not on other threads, and not on the device).
     let mut rngs: Vec<SplitMix64> = (0..prompts.len()).map(|row| row_rng(seed, row)).collect();
     let device = model.device;
-    let eos = model.config.eos_token_id as i64;
+    let eos = model.weights.config.eos_token_id as i64;
     let (prompt_ids, prompt_mask) = left_pad(prompts, eos, device);
     let (batch, prompt_len) = prompt_ids.size2()?;
     let capacity = prompt_len + params.max_new_tokens as i64;
@@ -106,7 +82,7 @@ fn generate_libtorch(model: &DecodeModel, prompts: &[Vec<u32>], params: &Samplin
     let hidden = model.forward(&prompt_ids, &positions, &mut cache, 0, &prefill_mask(&prompt_mask, capacity));
     let mut logits = model.logits(&hidden.narrow(1, prompt_len - 1, 1)).squeeze_dim(1);
 
-    let mut sampler = Sampler::new(params, &prompt_ids, &prompt_mask, model.config.vocab_size as i64);
+    let mut sampler = Sampler::new(params, &prompt_ids, &prompt_mask, model.weights.config.vocab_size as i64);
     // Additive key mask over the cache: 0 for prompt tokens and for each generated slot once
     // written, -inf for padding and for slots not yet reached.
     let key_mask = additive_mask(&prompt_mask.constant_pad_nd([0, params.max_new_tokens as i64]).to_kind(Kind::Bool), Kind::Float);
@@ -143,46 +119,6 @@ fn generate_libtorch(model: &DecodeModel, prompts: &[Vec<u32>], params: &Samplin
     let sampling_logprobs = logprobs.narrow(1, 0, longest);
     let rows = completion_rows(&completion_ids, &completion_mask, eos)?;
     Ok(Generation { prompt_ids, prompt_mask, completion_ids, completion_mask, sampling_logprobs, rows })
-}
-
-/// Left-pads prompts with `pad` into `[batch, longest]` ids and a 0/1 mask.
-pub fn left_pad(prompts: &[Vec<u32>], pad: i64, device: tch::Device) -> (Tensor, Tensor) {
-    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-    let mut ids = Vec::with_capacity(prompts.len() * longest);
-    let mut mask = Vec::with_capacity(prompts.len() * longest);
-    for prompt in prompts {
-        let padding = longest - prompt.len();
-        ids.extend(std::iter::repeat_n(pad, padding).chain(prompt.iter().map(|&t| t as i64)));
-        mask.extend(std::iter::repeat_n(0i64, padding).chain(std::iter::repeat_n(1, prompt.len())));
-    }
-    let shape = [prompts.len() as i64, longest as i64];
-    (Tensor::from_slice(&ids).view(shape).to(device), Tensor::from_slice(&mask).view(shape).to(device))
-}
-
-/// 1 on every position up to and including the first EOS of each row, 0 after it.
-pub fn mask_through_first_eos(ids: &Tensor, eos: i64) -> Tensor {
-    let is_eos = ids.eq(eos).to_kind(Kind::Int64);
-    let eos_before = is_eos.cumsum(1, Kind::Int64) - &is_eos;
-    eos_before.eq(0).to_kind(Kind::Int64)
-}
-
-fn completion_rows(ids: &Tensor, mask: &Tensor, eos: i64) -> Result<Vec<CompletionRow>> {
-    Ok(masked_rows(ids, mask)?.iter().map(|kept| CompletionRow::new(kept, eos as u32)).collect())
-}
-
-impl CompletionRow {
-    /// A row from its tokens through the first EOS (if any).
-    pub(super) fn new(tokens: &[u32], eos: u32) -> Self {
-        let ended_with_eos = tokens.last() == Some(&eos);
-        Self { ids: tokens[..tokens.len() - usize::from(ended_with_eos)].to_vec(), ended_with_eos }
-    }
-}
-
-/// The tokens of each row where `mask` is 1, in order.
-pub(super) fn masked_rows(ids: &Tensor, mask: &Tensor) -> Result<Vec<Vec<u32>>> {
-    let ids = Vec::<Vec<i64>>::try_from(ids.to_device(tch::Device::Cpu))?;
-    let mask = Vec::<Vec<i64>>::try_from(mask.to_device(tch::Device::Cpu))?;
-    Ok(ids.iter().zip(&mask).map(|(ids, mask)| ids.iter().zip(mask).filter(|(_, m)| **m == 1).map(|(&t, _)| t as u32).collect()).collect())
 }
 
 /// Draws one token per row, applying HF's logits processors in HF's order: repetition penalty

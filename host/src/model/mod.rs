@@ -4,9 +4,11 @@
 //! enter only as [`linear::Lora`] slots inside [`linear::Linear`] and per-row
 //! [`linear::AdapterCtl`]s chosen by the caller.
 
+pub mod batch;
 pub mod config;
 pub mod decode;
 pub mod export;
+pub mod folded;
 pub mod generate;
 pub mod hub;
 pub mod linear;

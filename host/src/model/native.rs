@@ -1,18 +1,20 @@
-//! The CPU sampler of the `smallrl-native` crate fed with a [`DecodeModel`]'s weights.
+//! The CPU sampler of the `smallrl-native` crate fed with the folded weights ([`FoldedWeights`])
+//! that the libtorch decoder runs on.
 //!
 //! Invariant: the native model is a copy of the libtorch decoder's folded weights (adapters
 //! merged, attention scale and `rotate_half` folded into the fused projection), so both
 //! decoders share every modelling decision; `tests/model.rs` holds this path to transformers'
 //! logits and greedy tokens and to the libtorch path's samples for the same seed.
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Result, ensure};
 use smallrl_native::{Dims, Layer, Matrix, Model, RowOutput, UniformStream};
 use tch::Tensor;
 
-use super::decode::DecodeModel;
-use super::generate::{CompletionRow, Generation, SamplingParams, left_pad, masked_rows, row_rng};
+use super::batch::{CompletionRow, Generation, left_pad, masked_rows, row_rng};
+use super::folded::FoldedWeights;
+use smallrl_native::Sampling as SamplingParams;
 
-/// The float32 CPU copy of a [`DecodeModel`].
+/// The float32 CPU copy of [`FoldedWeights`].
 pub struct NativeModel(Model);
 
 fn to_vec(t: &Tensor) -> Vec<f32> {
@@ -26,7 +28,7 @@ fn matrix(t: &Tensor) -> Matrix {
 }
 
 impl NativeModel {
-    pub(super) fn new(d: &DecodeModel) -> Self {
+    pub(super) fn new(d: &FoldedWeights) -> Self {
         let cfg = &d.config;
         let dims = Dims {
             hidden: cfg.hidden_size,
@@ -97,13 +99,12 @@ fn assemble(prompts: &[Vec<u32>], outputs: &[RowOutput], eos: u32) -> Generation
     }
 }
 
-/// Log-probabilities of each completion token of `generation` under `decoder`'s weights, with
+/// Log-probabilities of each completion token of `generation` under `native`'s weights, with
 /// logits divided by `temperature`: `[batch, completion_len]`, 0 after each row's first EOS.
 /// The same function as `grpo::frozen_logprobs` on the policy's scoring path (positions
 /// `0..T` over the left-padded batch): RoPE depends only on relative positions and padding is
 /// masked, so the two differ by float rounding only (about 1e-5).
-pub fn completion_logprobs(decoder: &DecodeModel, generation: &Generation, temperature: f64, threads: usize) -> Result<Tensor> {
-    let native = decoder.native.as_ref().context("the native scorer needs a float32 model on the CPU")?;
+pub fn completion_logprobs(native: &NativeModel, generation: &Generation, temperature: f64, threads: usize) -> Result<Tensor> {
     let prompts = masked_rows(&generation.prompt_ids, &generation.prompt_mask)?;
     let completions = masked_rows(&generation.completion_ids, &generation.completion_mask)?;
     let sequences: Vec<(Vec<u32>, usize)> = prompts

@@ -1,4 +1,4 @@
-//! The experimental-protocol knobs (reference §4), applied by the host with a seeded RNG so a
+//! The experimental-protocol knobs, applied by the host with a seeded RNG so a
 //! run resumed at a step draws exactly what the original run drew.
 
 use anyhow::{Result, ensure};

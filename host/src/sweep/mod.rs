@@ -1,4 +1,4 @@
-//! Sweeps (issue 6): a grid of training runs with automatic non-routed baselines, run as
+//! Sweeps: a grid of training runs with automatic non-routed baselines, run as
 //! `smallrl train` child processes (or emitted as a SLURM array), then a summary table and
 //! charts built from the run directories alone, so `--collect` gives the same results.
 //!

@@ -106,9 +106,9 @@ impl Trainer {
     /// the CPU in float32 (same function up to float rounding, several times faster), libtorch
     /// elsewhere.
     fn reference_logprobs(&self, g: &Generation) -> Result<Tensor> {
-        if let Some(decoder) = &self.reference_decoder {
+        if let Some(native) = self.reference_decoder.as_ref().and_then(DecodeModel::native) {
             let threads = tch::get_num_threads().max(1) as usize;
-            return model::native::completion_logprobs(decoder, g, self.cfg.temperature, threads);
+            return model::native::completion_logprobs(native, g, self.cfg.temperature, threads);
         }
         let (model, ctl) = match &self.reference {
             Some(reference) => (reference, vec![]),

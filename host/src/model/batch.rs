@@ -1,0 +1,77 @@
+//! What both samplers produce and share: a [`Generation`] (padded tensors for the trainer, rows
+//! for people and rewards), padding and masks, and each row's random stream.
+//!
+//! Architecture invariant: `generate.rs` (libtorch) and `native.rs` (the CPU sampler) lay out a
+//! generation the same way through these functions, and draw row `r`'s tokens from
+//! [`row_rng`]`(seed, r)` whatever the engine or thread split.
+
+use anyhow::Result;
+use tch::{Kind, Tensor};
+
+use crate::rng::SplitMix64;
+
+/// A sampled batch, as tensors (for the trainer) and per row (for people and rewards).
+pub struct Generation {
+    /// `[batch, prompt_len]`, left-padded with the pad id (= EOS id).
+    pub prompt_ids: Tensor,
+    pub prompt_mask: Tensor,
+    /// `[batch, completion_len]`, right-padded; `completion_len` is the longest completion.
+    pub completion_ids: Tensor,
+    /// 1 on every token up to and including the first EOS.
+    pub completion_mask: Tensor,
+    /// Log-probability of each sampled token under the sampling distribution (0 on padding).
+    pub sampling_logprobs: Tensor,
+    pub rows: Vec<CompletionRow>,
+}
+
+pub struct CompletionRow {
+    /// The sampled ids without the final EOS.
+    pub ids: Vec<u32>,
+    pub ended_with_eos: bool,
+}
+
+/// The random stream of batch row `row`. One stream per row (not one per batch) makes a row's
+/// sample independent of how rows are split across threads.
+pub fn row_rng(seed: u64, row: usize) -> SplitMix64 {
+    SplitMix64::new(crate::rng::derive(seed, "sample-row", row as u64))
+}
+
+/// Left-pads prompts with `pad` into `[batch, longest]` ids and a 0/1 mask.
+pub fn left_pad(prompts: &[Vec<u32>], pad: i64, device: tch::Device) -> (Tensor, Tensor) {
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let mut ids = Vec::with_capacity(prompts.len() * longest);
+    let mut mask = Vec::with_capacity(prompts.len() * longest);
+    for prompt in prompts {
+        let padding = longest - prompt.len();
+        ids.extend(std::iter::repeat_n(pad, padding).chain(prompt.iter().map(|&t| t as i64)));
+        mask.extend(std::iter::repeat_n(0i64, padding).chain(std::iter::repeat_n(1, prompt.len())));
+    }
+    let shape = [prompts.len() as i64, longest as i64];
+    (Tensor::from_slice(&ids).view(shape).to(device), Tensor::from_slice(&mask).view(shape).to(device))
+}
+
+/// 1 on every position up to and including the first EOS of each row, 0 after it.
+pub fn mask_through_first_eos(ids: &Tensor, eos: i64) -> Tensor {
+    let is_eos = ids.eq(eos).to_kind(Kind::Int64);
+    let eos_before = is_eos.cumsum(1, Kind::Int64) - &is_eos;
+    eos_before.eq(0).to_kind(Kind::Int64)
+}
+
+pub(super) fn completion_rows(ids: &Tensor, mask: &Tensor, eos: i64) -> Result<Vec<CompletionRow>> {
+    Ok(masked_rows(ids, mask)?.iter().map(|kept| CompletionRow::new(kept, eos as u32)).collect())
+}
+
+impl CompletionRow {
+    /// A row from its tokens through the first EOS (if any).
+    pub(crate) fn new(tokens: &[u32], eos: u32) -> Self {
+        let ended_with_eos = tokens.last() == Some(&eos);
+        Self { ids: tokens[..tokens.len() - usize::from(ended_with_eos)].to_vec(), ended_with_eos }
+    }
+}
+
+/// The tokens of each row where `mask` is 1, in order.
+pub fn masked_rows(ids: &Tensor, mask: &Tensor) -> Result<Vec<Vec<u32>>> {
+    let ids = Vec::<Vec<i64>>::try_from(ids.to_device(tch::Device::Cpu))?;
+    let mask = Vec::<Vec<i64>>::try_from(mask.to_device(tch::Device::Cpu))?;
+    Ok(ids.iter().zip(&mask).map(|(ids, mask)| ids.iter().zip(mask).filter(|(_, m)| **m == 1).map(|(&t, _)| t as u32).collect()).collect())
+}

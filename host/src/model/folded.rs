@@ -1,0 +1,86 @@
+//! The weights both decoders run on: a [`Llama`] at fixed adapter scales with the adapters
+//! merged, the attention scale folded into the query rows and `rotate_half` folded into extra
+//! rows of one fused `q, k, rotate_half(q), rotate_half(k), v` projection per layer.
+//!
+//! Architecture invariant: `decode.rs` (libtorch) and `native.rs` (the CPU sampler and scorer)
+//! both read these values and nothing else of the model, so they share every modelling decision.
+
+use tch::Tensor;
+
+use super::config::LlamaConfig;
+use super::linear::Linear;
+use super::llama::Llama;
+
+pub(super) struct FoldedLayer {
+    pub(super) input_layernorm: Tensor,
+    /// `[hidden, (q + k) * 2 + v]`, transposed for `x.matmul`.
+    pub(super) qkv_t: Tensor,
+    pub(super) o_t: Tensor,
+    pub(super) post_attention_layernorm: Tensor,
+    /// `[hidden, 2 * intermediate]`: gate then up.
+    pub(super) gate_up_t: Tensor,
+    pub(super) down_t: Tensor,
+}
+
+/// Inference weights of a [`Llama`] at fixed adapter scales. Rebuild after the weights change.
+pub struct FoldedWeights {
+    pub config: LlamaConfig,
+    pub(super) embed_tokens: Tensor,
+    pub(super) layers: Vec<FoldedLayer>,
+    pub(super) norm: Tensor,
+    pub(super) head_t: Tensor,
+    pub(super) cos: Tensor,
+    pub(super) sin: Tensor,
+}
+
+impl FoldedWeights {
+    /// Folds the adapters in at `scales` (one per adapter slot of the model).
+    pub fn new(model: &Llama, scales: &[f64]) -> Self {
+        let _guard = tch::no_grad_guard();
+        let cfg = &model.config;
+        let merged = |l: &Linear| l.merged_weight(scales);
+        let layers = model
+            .layers
+            .iter()
+            .map(|block| {
+                let attn = &block.self_attn;
+                // The attention scale 1/sqrt(head_dim) is folded into the query rows.
+                let q = merged(&attn.q_proj) * (cfg.head_dim as f64).powf(-0.5);
+                let (k, v) = (merged(&attn.k_proj), merged(&attn.v_proj));
+                let rq = rotate_half_rows(&q, cfg.num_attention_heads, cfg.head_dim);
+                let rk = rotate_half_rows(&k, cfg.num_key_value_heads, cfg.head_dim);
+                let mlp = &block.mlp;
+                FoldedLayer {
+                    input_layernorm: block.input_layernorm.detach(),
+                    qkv_t: transposed(&Tensor::cat(&[q, k, rq, rk, v], 0)),
+                    o_t: transposed(&merged(&attn.o_proj)),
+                    post_attention_layernorm: block.post_attention_layernorm.detach(),
+                    gate_up_t: transposed(&Tensor::cat(&[merged(&mlp.gate_proj), merged(&mlp.up_proj)], 0)),
+                    down_t: transposed(&merged(&mlp.down_proj)),
+                }
+            })
+            .collect();
+        Self {
+            config: cfg.clone(),
+            embed_tokens: model.embed_tokens.detach(),
+            layers,
+            norm: model.norm.detach(),
+            head_t: transposed(model.head_weight()),
+            cos: model.rope.cos.to_kind(model.kind),
+            sin: model.rope.sin.to_kind(model.kind),
+        }
+    }
+}
+
+fn transposed(weight: &Tensor) -> Tensor {
+    weight.detach().tr().contiguous()
+}
+
+/// Rows of a `[heads * head_dim, in]` projection rearranged so that `W' x = rotate_half(W x)`
+/// head by head.
+fn rotate_half_rows(weight: &Tensor, heads: usize, head_dim: usize) -> Tensor {
+    let per_head = weight.view([heads as i64, head_dim as i64, -1]);
+    let half = head_dim as i64 / 2;
+    let rotated = Tensor::cat(&[per_head.narrow(1, half, half).neg(), per_head.narrow(1, 0, half)], 1);
+    rotated.reshape([(heads * head_dim) as i64, -1])
+}
