@@ -274,7 +274,7 @@ fn native_scorer_matches_the_training_forward_pass() {
     let generation = generate_with(Engine::Libtorch, &decoder, &prompts, &sampling(60, 1.0, 0, 1.0, 1.0), 3).unwrap();
     assert!(generation.rows.iter().any(|r| r.ended_with_eos) && generation.rows.iter().any(|r| !r.ended_with_eos));
     for (temperature, threads) in [(1.0, 1), (0.7, 2)] {
-        let native = smallrl::model::native::completion_logprobs(decoder.native().unwrap(), &generation, temperature, threads).unwrap();
+        let native = smallrl::model::native::frozen_logprobs(decoder.native().unwrap(), &generation, temperature, threads).unwrap();
         let reference = smallrl::grpo::frozen_logprobs(&loaded.model, (&generation).into(), temperature, &[]);
         let mask = &generation.completion_mask;
         let diff = masked_diff(&native.unsqueeze(-1), &reference.unsqueeze(-1), mask);

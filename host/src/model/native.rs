@@ -104,7 +104,7 @@ fn assemble(prompts: &[Vec<u32>], outputs: &[RowOutput], eos: u32) -> Generation
 /// The same function as `grpo::frozen_logprobs` on the policy's scoring path (positions
 /// `0..T` over the left-padded batch): RoPE depends only on relative positions and padding is
 /// masked, so the two differ by float rounding only (about 1e-5).
-pub fn completion_logprobs(native: &NativeModel, generation: &Generation, temperature: f64, threads: usize) -> Result<Tensor> {
+pub fn frozen_logprobs(native: &NativeModel, generation: &Generation, temperature: f64, threads: usize) -> Result<Tensor> {
     let prompts = masked_rows(&generation.prompt_ids, &generation.prompt_mask)?;
     let completions = masked_rows(&generation.completion_ids, &generation.completion_mask)?;
     let sequences: Vec<(Vec<u32>, usize)> = prompts

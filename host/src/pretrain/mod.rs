@@ -9,6 +9,10 @@
 //!
 //! Invariant: everything random (initialisation, held-out split, data order, adapter init)
 //! derives from `seed` through `rng::derive`; libtorch's global generator is never used.
+//!
+//! Over 300 lines because it is one command end to end: its options (`PretrainConfig`, one
+//! clap + serde struct, so each option is declared once with its default), the loop, held-out
+//! loss and export; documents and initialisation are in `data.rs` and `init.rs`.
 
 pub mod data;
 pub mod init;

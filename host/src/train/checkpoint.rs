@@ -126,7 +126,7 @@ pub fn restore_model(dir: &Path, device: tch::Device) -> Result<RestoredModel> {
     // A full fine-tuning checkpoint is itself an HF model directory; an adapter checkpoint
     // names the base model its adapters apply to.
     let (spec, revision) = match adapters.kind {
-        AdapterKind::Full => (dir.to_str().context("checkpoint path is not UTF-8")?, "main"),
+        AdapterKind::Full => (dir.to_str().context("checkpoint path is not UTF-8")?, crate::defaults::REVISION),
         _ => (state.base_model.as_str(), state.revision.as_str()),
     };
     let base = crate::model::load(spec, revision, device, tch::Kind::Float)

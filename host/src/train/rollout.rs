@@ -108,7 +108,7 @@ impl Trainer {
     fn reference_logprobs(&self, g: &Generation) -> Result<Tensor> {
         if let Some(native) = self.reference_decoder.as_ref().and_then(DecodeModel::native) {
             let threads = tch::get_num_threads().max(1) as usize;
-            return model::native::completion_logprobs(native, g, self.cfg.temperature, threads);
+            return model::native::frozen_logprobs(native, g, self.cfg.temperature, threads);
         }
         let (model, ctl) = match &self.reference {
             Some(reference) => (reference, vec![]),
