@@ -160,7 +160,7 @@ pub fn pack(documents: &[&[i64]], block_size: usize) -> Vec<Row> {
 }
 
 /// A batch on the device: `input_ids`, `targets`, `positions` and the attention mask.
-pub struct Batch {
+pub struct PackedBatch {
     pub input_ids: Tensor,
     pub targets: Tensor,
     pub positions: Tensor,
@@ -169,7 +169,7 @@ pub struct Batch {
     pub target_tokens: i64,
 }
 
-pub fn batch(rows: &[Row], block_size: usize, pad: i64, device: Device) -> Batch {
+pub fn batch(rows: &[Row], block_size: usize, pad: i64, device: Device) -> PackedBatch {
     let (mut ids, mut targets, mut positions, mut documents) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for row in rows {
         let (i, t, p, d) = row.padded(block_size, pad);
@@ -182,7 +182,7 @@ pub fn batch(rows: &[Row], block_size: usize, pad: i64, device: Device) -> Batch
     let tensor = |v: &[i64]| Tensor::from_slice(v).view(shape).to_device(device);
     let target_tokens = targets.iter().filter(|&&t| t != NO_TARGET).count() as i64;
     let mask = crate::model::llama::document_mask(&tensor(&documents));
-    Batch { input_ids: tensor(&ids), targets: tensor(&targets).to_kind(Kind::Int64), positions: tensor(&positions), mask, target_tokens }
+    PackedBatch { input_ids: tensor(&ids), targets: tensor(&targets).to_kind(Kind::Int64), positions: tensor(&positions), mask, target_tokens }
 }
 
 /// The training rows of every epoch, one after another: epoch `e` packs the documents in the

@@ -32,7 +32,7 @@ use crate::optim::{AdamW, AdamWConfig, warmup_cosine_lr};
 use crate::rng::derive;
 use crate::train::checkpoint;
 use crate::train::runlog::{Jsonl, RunLog};
-use data::{Batch, Row, RowStream, Source};
+use data::{PackedBatch, Row, RowStream, Source};
 
 /// Every option of a pre-training run (flags in kebab-case; written to `config.yaml`).
 #[derive(Args, Debug, Clone, Serialize)]
@@ -342,7 +342,7 @@ impl Run<'_> {
     }
 
     /// Forward, backward, clip, AdamW; returns the batch loss and the gradient norm before clipping.
-    fn optimizer_step(&mut self, optimizer: &mut AdamW, batch: &Batch, lr: f64) -> (f64, f64) {
+    fn optimizer_step(&mut self, optimizer: &mut AdamW, batch: &PackedBatch, lr: f64) -> (f64, f64) {
         optimizer.zero_grad();
         let loss = self.loss(batch);
         loss.backward();
@@ -354,7 +354,7 @@ impl Run<'_> {
     }
 
     /// Mean next-token cross-entropy over the batch's targets.
-    fn loss(&self, batch: &Batch) -> Tensor {
+    fn loss(&self, batch: &PackedBatch) -> Tensor {
         let ctl: Vec<_> = (0..self.model.adapter_slots()).map(|_| crate::model::linear::AdapterCtl::on()).collect();
         let hidden = self.model.forward_masked(&batch.input_ids, &batch.positions, &batch.mask, &ctl);
         let logits = self.model.logits(&hidden);
