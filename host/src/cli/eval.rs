@@ -1,7 +1,7 @@
 //! `smallrl eval CHECKPOINT`: the routing evaluation of a saved checkpoint, with the adapter
 //! configuration and the reward configuration the run recorded (never guessed).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result, ensure};
 use clap::Args;
@@ -53,7 +53,7 @@ pub fn run(args: EvalArgs) -> Result<()> {
     let setup = EvalSetup { tokenizer: &tokenizer, prompts: &prompts, sampling: &sampling, seed: train::eval_seed(&config) };
     let report = eval::routing_eval(&restored.model, &routing::eval_modes(&restored.adapters), &mut rewards, &setup, restored.state.step)?;
     let history = match args.reward_history {
-        true => Some(reward_history(&args.checkpoint)?),
+        true => Some(crate::train::metrics::reward_history(args.checkpoint.parent().context("a checkpoint lives in a run directory")?)?),
         false => None,
     };
     if args.json {
@@ -71,29 +71,4 @@ pub fn run(args: EvalArgs) -> Result<()> {
         println!("\n{}", history["summary"].as_str().unwrap_or_default());
     }
     Ok(())
-}
-
-/// The run's reward curve: final average (last 10% of steps) and whether the reward stayed
-/// above 90% of that average over those steps (the original's verdict).
-fn reward_history(checkpoint: &Path) -> Result<serde_json::Value> {
-    let metrics = checkpoint.parent().context("a checkpoint lives in a run directory")?.join("metrics.jsonl");
-    let rewards: Vec<f64> = crate::train::runlog::Jsonl::new(metrics.clone())
-        .read()?
-        .iter()
-        .map(|line| line[crate::train::metrics::key::REWARD].as_f64())
-        .collect::<Option<_>>()
-        .with_context(|| format!("{} has a line without a numeric reward", metrics.display()))?;
-    ensure!(!rewards.is_empty(), "{} is empty", metrics.display());
-    let tail = &rewards[rewards.len() - (rewards.len() / 10).max(1)..];
-    let final_average = eval::mean(tail);
-    let stable = tail.iter().all(|&r| r >= 0.9 * final_average);
-    let summary = format!(
-        "reward history: {} steps, first {:.3}, final average {:.3} (last {} steps), {}",
-        rewards.len(),
-        rewards[0],
-        final_average,
-        tail.len(),
-        if stable { "stable" } else { "not stable (a step fell below 90% of the final average)" }
-    );
-    Ok(serde_json::json!({"rewards": rewards, "final_average": final_average, "stable": stable, "summary": summary}))
 }

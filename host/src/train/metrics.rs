@@ -5,6 +5,9 @@
 //! Architecture invariant: a line is a flat JSON object written once per step; keys never
 //! change meaning (old run directories are read with today's constants).
 
+use std::path::Path;
+
+use anyhow::{Context, Result, ensure};
 use serde_json::{Map, Value};
 
 /// The keys of a `metrics.jsonl` line.
@@ -136,4 +139,30 @@ pub fn summary_line(m: &Value) -> String {
         }
     }
     parts.join(" ")
+}
+
+/// A run's reward curve (`smallrl eval --reward-history`): final average (last 10% of steps)
+/// and whether the reward stayed above 90% of that average over those steps (the original's
+/// stability verdict).
+pub fn reward_history(run_dir: &Path) -> Result<Value> {
+    let metrics = run_dir.join("metrics.jsonl");
+    let rewards: Vec<f64> = super::runlog::Jsonl::new(metrics.clone())
+        .read()?
+        .iter()
+        .map(|line| line[key::REWARD].as_f64())
+        .collect::<Option<_>>()
+        .with_context(|| format!("{} has a line without a numeric reward", metrics.display()))?;
+    ensure!(!rewards.is_empty(), "{} is empty", metrics.display());
+    let tail = &rewards[rewards.len() - (rewards.len() / 10).max(1)..];
+    let final_average = crate::eval::mean(tail);
+    let stable = tail.iter().all(|&r| r >= 0.9 * final_average);
+    let summary = format!(
+        "reward history: {} steps, first {:.3}, final average {:.3} (last {} steps), {}",
+        rewards.len(),
+        rewards[0],
+        final_average,
+        tail.len(),
+        if stable { "stable" } else { "not stable (a step fell below 90% of the final average)" }
+    );
+    Ok(serde_json::json!({"rewards": rewards, "final_average": final_average, "stable": stable, "summary": summary}))
 }
