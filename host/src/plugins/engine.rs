@@ -9,13 +9,11 @@ use anyhow::{Result, anyhow};
 use wasmtime::component::Linker;
 use wasmtime::{Cache, CacheConfig, Config, Engine};
 
-use super::instance::StoreState;
+use super::store::StoreState;
+use super::wit::HOST_INTERFACE;
 
 /// Period of the epoch ticker: the granularity of the call-time limit.
 pub const EPOCH_TICK: Duration = Duration::from_millis(5);
-
-/// The versioned name of the only instance the host provides.
-const HOST_INTERFACE: &str = "smallrl:reward/host@0.1.0";
 
 /// The longest log message kept from a guest (a panic message is short; a hostile guest is not).
 const MAX_LOG_BYTES: usize = 4096;

@@ -7,12 +7,9 @@ use wasmtime::component::Component;
 use wasmtime::{Engine, Trap};
 
 use super::PluginLimits;
-use super::instance::StoreState;
+use super::store::StoreState;
+use super::wit::{CONTRACT, INTERFACE_PREFIX as CONTRACT_PREFIX, compatible};
 use super::text::shown;
-
-/// The contract this host speaks (matches `package` in `wit/smallrl-reward.wit`).
-const CONTRACT: &str = "smallrl:reward@0.1.0";
-const CONTRACT_PREFIX: &str = "smallrl:reward/";
 
 /// Why a call trapped, from the trap code and what the store saw (a logged panic message, a
 /// refused memory growth).
@@ -70,7 +67,7 @@ pub fn describe_incompatible(path: &Path, component: &Component, engine: &Engine
         .exports(engine)
         .filter_map(|(name, _)| name.strip_prefix(CONTRACT_PREFIX).and_then(|rest| rest.split_once('@')))
         .map(|(_, version)| version.to_string())
-        .filter(|version| !version.starts_with("0.1."))
+        .filter(|version| !compatible(version))
         .collect();
     if let Some(version) = other_versions.first() {
         return anyhow!(

@@ -6,96 +6,17 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use wasmtime::component::{Component, InstancePre};
-use wasmtime::{ResourceLimiter, Store};
+use wasmtime::Store;
 
+pub use super::convert::Batch;
+use super::convert::{from_wit_info, from_wit_kind};
 use super::engine::{EPOCH_TICK, Runtime, runtime};
 use super::failure::{describe_failure, describe_incompatible, describe_memory_at_start};
+use super::store::StoreState;
 use super::text::shown;
 use super::validate::check_info;
-use super::{ParamInfo, PluginInfo, PluginKind, PluginLimits, Sample};
-
-mod bindings {
-    pub mod reward {
-        wasmtime::component::bindgen!({ world: "reward", path: "../wit" });
-    }
-    pub mod detector {
-        wasmtime::component::bindgen!({
-            world: "detector",
-            path: "../wit",
-            with: {
-                "smallrl:reward/types": super::reward::smallrl::reward::types,
-                "smallrl:reward/host": super::reward::smallrl::reward::host,
-            },
-        });
-    }
-}
-
-use bindings::detector::{Detector, DetectorPre};
-use bindings::reward::smallrl::reward::types as wit;
-use bindings::reward::{Reward, RewardPre};
-
-/// A component instance has a few internal core instances, memories and tables; more than this
-/// is not a text reward.
-const MAX_INSTANCES: usize = 16;
-const MAX_TABLE_ELEMENTS: usize = 100_000;
-
-/// What a plugin's store holds besides its memory: its limits and what it logged.
-pub struct StoreState {
-    max_memory_bytes: usize,
-    /// The fuel the current call started with (to say how much a plugin that ran out had).
-    fuel_budget: u64,
-    /// Set when the plugin asked for more memory than allowed (the cause of the trap).
-    memory_limit_hit: Option<usize>,
-    /// Messages from the guest's `log` during the current call (the SDK logs panic messages).
-    logs: Vec<String>,
-}
-
-impl StoreState {
-    pub fn record_log(&mut self, message: String) {
-        const MAX_MESSAGES: usize = 16;
-        if self.logs.len() < MAX_MESSAGES {
-            self.logs.push(message);
-        }
-    }
-
-    pub fn last_log(&self) -> Option<&str> {
-        self.logs.last().map(String::as_str)
-    }
-
-    pub fn memory_limit_hit(&self) -> Option<usize> {
-        self.memory_limit_hit
-    }
-
-    pub fn fuel_budget(&self) -> u64 {
-        self.fuel_budget
-    }
-}
-
-impl ResourceLimiter for StoreState {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
-        if desired > self.max_memory_bytes {
-            self.memory_limit_hit = Some(desired);
-            wasmtime::bail!("memory would grow to {desired} bytes, over the limit of {}", self.max_memory_bytes);
-        }
-        Ok(true)
-    }
-
-    fn table_growing(&mut self, _current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
-        Ok(desired <= MAX_TABLE_ELEMENTS)
-    }
-
-    fn instances(&self) -> usize {
-        MAX_INSTANCES
-    }
-
-    fn memories(&self) -> usize {
-        MAX_INSTANCES
-    }
-
-    fn tables(&self) -> usize {
-        MAX_INSTANCES
-    }
-}
+use super::wit::{Detector, DetectorPre, Reward, RewardPre, types as wit};
+use super::{PluginInfo, PluginKind, PluginLimits, Sample};
 
 enum Exports {
     Reward(Reward),
@@ -266,7 +187,6 @@ impl Plugin {
             let failure = self.failure.as_deref().unwrap_or("unknown failure");
             bail!("{label}: cannot {call}: an earlier call failed ({failure}); the plugin must be re-instantiated explicitly");
         };
-        live.store.data_mut().logs.clear();
         set_budget(&mut live.store, self.limits, samples).map_err(anyhow::Error::from).with_context(|| format!("{label}: cannot set its fuel"))?;
         match run(&mut live.store, &live.exports) {
             Ok(value) => Ok(value),
@@ -373,7 +293,7 @@ fn instantiate_any_world(pre: &InstancePre<StoreState>, limits: PluginLimits) ->
 }
 
 fn instantiate_world(pre: &InstancePre<StoreState>, limits: PluginLimits, kind: PluginKind) -> Result<Live, InstantiateFailure> {
-    let state = StoreState { max_memory_bytes: limits.max_memory_bytes, fuel_budget: 0, memory_limit_hit: None, logs: Vec::new() };
+    let state = StoreState::new(limits.max_memory_bytes);
     let mut store = Store::new(pre.engine(), state);
     store.limiter(|state| state);
     let instantiated = set_budget(&mut store, limits, 1).and_then(|()| match kind {
@@ -390,7 +310,7 @@ fn instantiate_world(pre: &InstancePre<StoreState>, limits: PluginLimits, kind: 
 fn set_budget(store: &mut Store<StoreState>, limits: PluginLimits, samples: usize) -> wasmtime::Result<()> {
     let fuel = limits.fuel_for(samples);
     store.set_fuel(fuel)?;
-    store.data_mut().fuel_budget = fuel;
+    store.data_mut().start_call(fuel);
     store.set_epoch_deadline(deadline_ticks(limits));
     Ok(())
 }
@@ -400,63 +320,3 @@ fn deadline_ticks(limits: PluginLimits) -> u64 {
     (limits.max_call_time.as_nanos() / EPOCH_TICK.as_nanos()) as u64 + 1
 }
 
-/// Samples in the contract's form, converted once and passed to every plugin of a batch.
-pub struct Batch(Vec<wit::Sample>);
-
-impl Batch {
-    pub fn new(samples: &[Sample]) -> Self {
-        Self(to_wit_samples(samples))
-    }
-}
-
-fn to_wit_samples(samples: &[Sample]) -> Vec<wit::Sample> {
-    let to_wit = |sample: &Sample| {
-        let (completion_tokens_joined, completion_token_ends) = join_tokens(&sample.completion_tokens);
-        wit::Sample {
-            prompt: sample.prompt.clone(),
-            completion: sample.completion.clone(),
-            completion_tokens_joined,
-            completion_token_ends,
-            completion_ids: sample.completion_ids.clone(),
-            ended_with_eos: sample.ended_with_eos,
-        }
-    };
-    samples.iter().map(to_wit).collect()
-}
-
-/// The tokens as one string plus end offsets: the WIT contract's form (one string per sample
-/// crosses into the guest instead of one per token).
-fn join_tokens(tokens: &[String]) -> (String, Vec<u32>) {
-    let mut joined = String::with_capacity(tokens.iter().map(String::len).sum());
-    let ends = tokens
-        .iter()
-        .map(|token| {
-            joined.push_str(token);
-            joined.len() as u32
-        })
-        .collect();
-    (joined, ends)
-}
-
-fn from_wit_kind(kind: wit::PluginKind) -> PluginKind {
-    match kind {
-        wit::PluginKind::Reward => PluginKind::Reward,
-        wit::PluginKind::Detector => PluginKind::Detector,
-    }
-}
-
-fn from_wit_info(info: wit::PluginInfo, kind: PluginKind) -> PluginInfo {
-    let to_param = |param: wit::ParamInfo| ParamInfo {
-        name: param.name,
-        type_name: param.type_name,
-        default_json: param.default_json,
-        description: param.description,
-    };
-    PluginInfo {
-        name: info.name,
-        version: info.version,
-        kind,
-        description: info.description,
-        params: info.params.into_iter().map(to_param).collect(),
-    }
-}

@@ -6,13 +6,16 @@
 //! `anyhow` errors that name the plugin file, the call and the cause.
 
 pub mod bench;
+mod convert;
 mod engine;
 mod failure;
 mod instance;
 pub mod scaffold;
 pub mod snapshot;
+mod store;
 pub mod text;
 mod validate;
+mod wit;
 
 use std::time::Duration;
 
