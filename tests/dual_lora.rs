@@ -14,6 +14,7 @@ use smallrl::model::generate::{Generation, SamplingParams, generate};
 use smallrl::model::linear::{AdapterCtl, RowScale};
 use smallrl::model::{self, Llama, LoadedModel};
 use smallrl::routing::{self, RoutingMode};
+use smallrl::train::TrainConfig;
 use tch::{Device, Kind, Tensor};
 
 fn load() -> LoadedModel {
@@ -102,7 +103,7 @@ fn batch(loaded: &LoadedModel) -> Routed {
 }
 
 fn settings(loss_type: LossType) -> LossSettings {
-    LossSettings { beta: 0.0, epsilon: 0.2, loss_type, max_completion_length: 24 }
+    LossSettings { beta: 0.0, loss_type, max_completion_length: 24, ..TrainConfig::default().loss_settings() }
 }
 
 fn grads(config: &AdapterConfig, model: &Llama) -> BTreeMap<String, Tensor> {

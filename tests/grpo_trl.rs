@@ -3,8 +3,10 @@
 //! The policy is `tiny-stories` with small seeded noise on every weight (so KL is not zero),
 //! the reference policy is the fixture itself. Completions are sampled by smallrl, rewards are
 //! hand-made, and `scripts/reference/trl_grpo.py` runs TRL's own `_generate_and_score_completions`
-//! and `compute_loss` on them. Compared: advantages, per-token log-probs, the loss and the
-//! gradient of every parameter (full fine-tuning).
+//! and `compute_loss` on them. Compared: advantages, per-token log-probs, the loss, the
+//! gradient of every parameter (full fine-tuning) and the clip fractions TRL logs, for each
+//! aggregation and each policy-loss knob (`epsilon_high`, `delta`, sequence ratios,
+//! `scale_rewards`, `mask_truncated_completions`).
 
 mod common;
 
@@ -13,7 +15,8 @@ use std::path::Path;
 
 use common::{fixture, one_thread, python, repo_root};
 use smallrl::adapters::set_base_trainable;
-use smallrl::grpo::{self, LossSettings, LossType};
+use smallrl::grpo;
+use smallrl::train::TrainConfig;
 use smallrl::model::decode::DecodeModel;
 use smallrl::model::export::save_hf_dir;
 use smallrl::model::generate::{SamplingParams, generate};
@@ -26,6 +29,15 @@ const GROUP: usize = 4;
 struct Case {
     loss_type: &'static str,
     num_iterations: usize,
+    /// Loss settings beyond the defaults, as config keys: `args.json` of `trl_grpo.py` takes
+    /// them under the same names (TRL's), so one value sets both sides.
+    knobs: serde_json::Value,
+}
+
+impl Case {
+    fn label(&self) -> String {
+        format!("{} (num_iterations {}{})", self.loss_type, self.num_iterations, if self.knobs.as_object().is_some_and(|k| k.is_empty()) { String::new() } else { format!(", {}", self.knobs) })
+    }
 }
 
 fn load_fixture() -> LoadedModel {
@@ -63,35 +75,53 @@ fn loss_and_gradients_match_trl() {
     let params = SamplingParams { max_new_tokens: 48, temperature: 1.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 };
     let g = generate(&DecodeModel::new(&policy.model, &[]), &prompts, &params, 3).unwrap();
     let rewards = Tensor::from_slice(&REWARDS);
-    let (advantages, _) = grpo::group_advantages(&rewards, GROUP, 1e-4);
+    let truncated = g.rows.iter().filter(|r| !r.ended_with_eos).count();
+    assert!(truncated > 0 && truncated < prompts.len(), "mask_truncated_completions needs truncated and finished rows ({truncated} truncated)");
 
     let ref_logprobs = grpo::frozen_logprobs(&reference.model, (&g).into(), 1.0, &[]);
     let mut policy_model = policy.model;
     set_base_trainable(&mut policy_model, true);
+    let none = || serde_json::json!({});
     let cases = [
-        Case { loss_type: "grpo", num_iterations: 1 },
-        Case { loss_type: "dr_grpo", num_iterations: 1 },
-        Case { loss_type: "dapo", num_iterations: 1 },
-        Case { loss_type: "grpo", num_iterations: 2 },
+        Case { loss_type: "grpo", num_iterations: 1, knobs: none() },
+        Case { loss_type: "dr_grpo", num_iterations: 1, knobs: none() },
+        Case { loss_type: "dapo", num_iterations: 1, knobs: none() },
+        Case { loss_type: "grpo", num_iterations: 2, knobs: none() },
+        // The clip's knobs need old log-probs that differ from the current ones (num_iterations 2).
+        Case { loss_type: "dapo", num_iterations: 2, knobs: serde_json::json!({"epsilon_high": 0.28, "delta": 1.35}) },
+        Case { loss_type: "grpo", num_iterations: 2, knobs: serde_json::json!({"importance_sampling_level": "sequence", "scale_rewards": "batch"}) },
+        Case { loss_type: "dapo", num_iterations: 1, knobs: serde_json::json!({"mask_truncated_completions": true, "scale_rewards": "none"}) },
     ];
     for case in cases {
-        let settings = LossSettings { beta: 0.02, epsilon: 0.2, loss_type: LossType::parse(case.loss_type).unwrap(), max_completion_length: params.max_new_tokens };
+        let label = case.label();
+        let mut keys = serde_json::json!({
+            "beta": 0.02, "epsilon": 0.2, "loss_type": case.loss_type, "temperature": 1.0,
+            "max_completion_length": params.max_new_tokens, "num_generations": GROUP, "num_iterations": case.num_iterations,
+        });
+        keys.as_object_mut().unwrap().extend(case.knobs.as_object().unwrap().clone());
+        let config: TrainConfig = serde_json::from_value(keys.clone()).unwrap();
+        let settings = config.loss_settings();
+        let (advantages, _) = grpo::group_advantages(&rewards, GROUP, config.scale_rewards, 1e-4);
+        let loss_mask = grpo::loss_mask(&g, config.mask_truncated_completions);
         for (_, t) in policy_model.base_tensors() {
             t.shallow_clone().zero_grad();
         }
         let logprobs = grpo::completion_logprobs(&policy_model, (&g).into(), 1.0, &[]);
         // With num_iterations = 2 the second pass sees old log-probs from before an update:
-        // shift them by +-0.5 so the clip is active on many tokens.
+        // shift them by +-0.5 per token so the clip is active on many tokens, and by 0.3 up or
+        // down on half the rows so that sequence ratios (where the per-token shifts average
+        // out) leave the clip range too.
         let old = (case.num_iterations > 1).then(|| {
             tch::manual_seed(11);
-            logprobs.logprobs.detach() + (logprobs.logprobs.rand_like() - 0.5)
+            let per_row: Vec<f32> = (0..prompts.len()).map(|row| [0.3, -0.3, 0.0, 0.0][row % 4]).collect();
+            logprobs.logprobs.detach() + (logprobs.logprobs.rand_like() - 0.5) + Tensor::from_slice(&per_row).unsqueeze(1)
         });
         let all_rows = vec![Tensor::ones([prompts.len() as i64], (Kind::Float, Device::Cpu))];
-        let terms = grpo::grpo_loss(&logprobs.logprobs, old.as_ref(), Some(&ref_logprobs), &advantages, &g.completion_mask, &all_rows, &settings);
+        let terms = grpo::grpo_loss(&logprobs.logprobs, old.as_ref(), Some(&ref_logprobs), &advantages, &loss_mask, &all_rows, &settings);
         terms.loss.backward();
         let ours: BTreeMap<String, Tensor> = policy_model.base_tensors().into_iter().map(|(n, t)| (n, t.grad().copy())).collect();
 
-        let dir = work.path().join(format!("{}-{}", case.loss_type, case.num_iterations));
+        let dir = work.path().join(format!("case-{}", label.replace([' ', '(', ')', '"', ':', ',', '{', '}'], "")));
         std::fs::create_dir_all(&dir).unwrap();
         let mut batch = vec![
             ("prompt_ids".to_string(), g.prompt_ids.shallow_clone()),
@@ -105,12 +135,9 @@ fn loss_and_gradients_match_trl() {
             batch.push(("old_per_token_logps".to_string(), old * g.completion_mask.to_kind(Kind::Float)));
         }
         write_safetensors(&dir.join("batch.safetensors"), &batch).unwrap();
-        let args = serde_json::json!({
-            "model_dir": work.path().join("policy"), "ref_model_dir": fixture("tiny-stories"),
-            "beta": 0.02, "epsilon": 0.2, "loss_type": case.loss_type, "temperature": 1.0,
-            "max_completion_length": params.max_new_tokens, "num_generations": GROUP,
-            "num_iterations": case.num_iterations,
-        });
+        let mut args = keys;
+        args["model_dir"] = work.path().join("policy").to_str().unwrap().into();
+        args["ref_model_dir"] = fixture("tiny-stories").to_str().unwrap().into();
         std::fs::write(dir.join("args.json"), args.to_string()).unwrap();
         let status = std::process::Command::new(python())
             .current_dir(repo_root())
@@ -121,65 +148,90 @@ fn loss_and_gradients_match_trl() {
             .args(["--float64-out", dir.join("exact.safetensors").to_str().unwrap()])
             .status()
             .unwrap();
-        assert!(status.success(), "trl_grpo.py failed for {}", case.loss_type);
-        assert!(case.num_iterations == 1 || terms.clip_ratio.double_value(&[]) > 0.05, "the clip must be active with shifted old log-probs");
+        assert!(status.success(), "trl_grpo.py failed for {label}");
+        if let (Some(delta), Some(old)) = (settings.delta, &old) {
+            let clamped = (&logprobs.logprobs - old).exp().gt(delta).logical_and(&advantages.lt(0.0).unsqueeze(1)).logical_and(&loss_mask.to_kind(Kind::Bool));
+            assert!(clamped.sum(Kind::Int64).int64_value(&[]) > 0, "{label}: delta must clamp some ratios of negative advantage");
+        }
+        let region = terms.clip_fractions.region.double_value(&[]);
+        assert!(case.num_iterations == 1 || region > 0.05, "{label}: the clip must bind with shifted old log-probs (clip_ratio/region_mean {region})");
         let trl = read_safetensors(&dir.join("trl.safetensors")).unwrap();
-        compare(case.loss_type, case.num_iterations, &terms.loss, &logprobs.logprobs, &advantages, &g.completion_mask, &ours, &trl);
         let exact = read_safetensors(&dir.join("exact.safetensors")).unwrap();
-        compare_with_float64(case.loss_type, case.num_iterations, &ours, &terms.loss, &trl, &exact);
+        let computed = Computed { loss: &terms.loss, logprobs: &logprobs.logprobs, advantages: &advantages, grads: &ours };
+        compare(&label, &computed, &loss_mask, &trl, &exact);
+        compare_clip_fractions(&label, &terms.clip_fractions, &dir.join("trl.metrics.json"));
+        compare_with_float64(&label, &ours, &terms.loss, &trl, &exact);
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn compare(name: &str, iters: usize, loss: &Tensor, logprobs: &Tensor, advantages: &Tensor, mask: &Tensor, grads: &BTreeMap<String, Tensor>, trl: &BTreeMap<String, Tensor>) {
-    let label = format!("{name} (num_iterations {iters})");
-    let adv_diff = common::max_abs_diff(advantages, &trl["advantages_trl"]);
+/// Our clip fractions against the ones TRL logged for the same batch (counts over the same
+/// tokens or completions: equal up to float32 division).
+fn compare_clip_fractions(label: &str, ours: &grpo::ClipFractions, trl_metrics: &Path) {
+    let metrics: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(trl_metrics).unwrap()).unwrap();
+    for (key, fraction) in [("clip_ratio/low_mean", &ours.low), ("clip_ratio/high_mean", &ours.high), ("clip_ratio/region_mean", &ours.region)] {
+        let (ours, theirs) = (fraction.double_value(&[]), metrics["metrics"][key].as_f64().unwrap_or_else(|| panic!("TRL logged no {key}")));
+        assert!((ours - theirs).abs() <= 1e-6, "{label}: {key} {ours} vs TRL {theirs}");
+    }
+}
+
+/// What each side of the comparison computed: loss, log-probs, advantages, gradients.
+struct Computed<'a> {
+    loss: &'a Tensor,
+    logprobs: &'a Tensor,
+    advantages: &'a Tensor,
+    grads: &'a BTreeMap<String, Tensor>,
+}
+
+/// Relative L2 distance of a gradient to a reference one.
+fn relative_l2(grad: &Tensor, reference: &Tensor) -> f64 {
+    let reference = reference.to_kind(Kind::Double);
+    (grad.to_kind(Kind::Double) - &reference).norm().double_value(&[]) / reference.norm().double_value(&[])
+}
+
+fn compare(label: &str, ours: &Computed, mask: &Tensor, trl: &BTreeMap<String, Tensor>, exact: &BTreeMap<String, Tensor>) {
+    let adv_diff = common::max_abs_diff(ours.advantages, &trl["advantages_trl"]);
     assert!(adv_diff <= 1e-6, "{label}: advantages differ from TRL's by {adv_diff}");
     let keep = mask.to_kind(Kind::Float);
-    let lp_diff = common::max_abs_diff(&(logprobs.detach() * &keep), &(&trl["per_token_logps"] * &keep));
+    let lp_diff = common::max_abs_diff(&(ours.logprobs.detach() * &keep), &(&trl["per_token_logps"] * &keep));
     assert!(lp_diff <= 1e-4, "{label}: per-token log-probs differ by {lp_diff}");
-    let (ours, theirs) = (loss.double_value(&[]), trl["loss"].double_value(&[]));
-    assert!((ours - theirs).abs() <= 1e-5 * theirs.abs() + 1e-7, "{label}: loss {ours} vs TRL {theirs}");
+    let (loss, theirs) = (ours.loss.double_value(&[]), trl["loss"].double_value(&[]));
+    assert!((loss - theirs).abs() <= 1e-5 * theirs.abs() + 1e-7, "{label}: loss {loss} vs TRL {theirs}");
     // Relative L2 error per parameter. float32 noise only (our head's analytic gradient and
-    // TRL's autograd sum in different orders; each is 3e-6 to 7e-6 from the float64 values):
-    // up to 7e-6 seen here. A wrong formula is off by O(1).
-    let mut checked = 0;
-    let mut worst = 0.0f64;
-    for (name_, grad) in grads {
-        let expected = trl.get(&format!("grad.{name_}")).unwrap_or_else(|| panic!("TRL has no gradient for {name_}"));
-        let expected = expected.to_kind(Kind::Double);
-        let norm = expected.norm().double_value(&[]);
-        assert!(norm > 0.0, "{label}: TRL's gradient of {name_} is zero");
-        let relative = (grad.to_kind(Kind::Double) - &expected).norm().double_value(&[]) / norm;
-        assert!(relative <= 2e-5, "{label}: gradient of {name_} differs from TRL's by {relative:.2e} (relative L2)");
-        worst = worst.max(relative);
-        checked += 1;
+    // TRL's autograd sum in different orders; each is 3e-6 to 8e-6 from the float64 values):
+    // up to 8.2e-6 seen here. A wrong formula is off by O(1).
+    let mut worst = (0.0f64, String::new());
+    for (param, grad) in ours.grads {
+        let expected = trl.get(&format!("grad.{param}")).unwrap_or_else(|| panic!("TRL has no gradient for {param}"));
+        assert!(expected.norm().double_value(&[]) > 0.0, "{label}: TRL's gradient of {param} is zero");
+        let relative = relative_l2(grad, expected);
+        let trl_error = relative_l2(expected, &exact[&format!("grad.{param}")]);
+        assert!(relative <= 2e-5, "{label}: gradient of {param} differs from TRL's by {relative:.2e} (relative L2; TRL is {trl_error:.2e} from float64)");
+        if relative > worst.0 {
+            worst = (relative, param.clone());
+        }
     }
-    assert_eq!(checked, trl.keys().filter(|k| k.starts_with("grad.")).count(), "{label}: parameter sets differ");
-    println!("{label}: loss {ours:.9} (TRL {theirs:.9}), {checked} gradients, worst relative L2 error {worst:.2e}");
+    assert_eq!(ours.grads.len(), trl.keys().filter(|k| k.starts_with("grad.")).count(), "{label}: parameter sets differ");
+    println!("{label}: loss {loss:.9} (TRL {theirs:.9}), {} gradients, worst relative L2 error {:.2e} ({})", ours.grads.len(), worst.0, worst.1);
 }
 
 /// Our float32 loss and gradients against the float64 ones (the independent loss of
 /// `trl_grpo.py`, unpadded rows, no TRL code). The bounds depend on our result alone, never on
 /// TRL's float32 rounding (which follows the machine's MKL code path): measured here, ours is
-/// 3.2e-6 to 6.4e-6 from float64 (relative L2 per parameter; 6.2e-6 on a machine where the old
-/// bound tied to TRL's rounding failed) and the loss 5e-10 to 2.6e-8 from it, so 2e-5 and 1e-6
-/// leave a 3x and a 38x margin. A summation order that loses digits (a first
+/// 2.8e-6 to 7.0e-6 from float64 (relative L2 per parameter; 6.2e-6 on a machine where the old
+/// bound tied to TRL's rounding failed) and the loss 5e-10 to 3.0e-8 from it, so 2e-5 and 1e-6
+/// leave a 2.9x and a 33x margin. A summation order that loses digits (a first
 /// head, `w_target - p W`, reached 1.9e-5) or a wrong formula (O(1)) fails here.
 /// TRL's own distance to float64 is printed beside ours for information only.
-fn compare_with_float64(name: &str, iters: usize, ours: &BTreeMap<String, Tensor>, loss: &Tensor, trl: &BTreeMap<String, Tensor>, exact: &BTreeMap<String, Tensor>) {
+fn compare_with_float64(label: &str, ours: &BTreeMap<String, Tensor>, loss: &Tensor, trl: &BTreeMap<String, Tensor>, exact: &BTreeMap<String, Tensor>) {
     let worst_error = |grads: &dyn Fn(&str) -> Tensor| {
         ours.keys()
-            .map(|param| {
-                let expected = &exact[&format!("grad.{param}")];
-                (grads(param).to_kind(Kind::Double) - expected).norm().double_value(&[]) / expected.norm().double_value(&[])
-            })
+            .map(|param| relative_l2(&grads(param), &exact[&format!("grad.{param}")]))
             .fold(0.0f64, f64::max)
     };
     let ours_error = worst_error(&|param| ours[param].shallow_clone());
     let trl_error = worst_error(&|param| trl[&format!("grad.{param}")].shallow_clone());
     let loss_error = (loss.double_value(&[]) - exact["loss"].double_value(&[])).abs();
-    println!("{name} (num_iterations {iters}): against float64: gradients ours {ours_error:.2e} (TRL {trl_error:.2e}), loss ours {loss_error:.1e}");
-    assert!(ours_error <= 2e-5, "{name} (num_iterations {iters}): our gradients are {ours_error:.2e} from float64 (relative L2; bound 2e-5)");
-    assert!(loss_error <= 1e-6, "{name} (num_iterations {iters}): our loss is {loss_error:.2e} from float64 (bound 1e-6)");
+    println!("{label}: against float64: gradients ours {ours_error:.2e} (TRL {trl_error:.2e}), loss ours {loss_error:.1e}");
+    assert!(ours_error <= 2e-5, "{label}: our gradients are {ours_error:.2e} from float64 (relative L2; bound 2e-5)");
+    assert!(loss_error <= 1e-6, "{label}: our loss is {loss_error:.2e} from float64 (bound 1e-6)");
 }

@@ -18,6 +18,7 @@ pub mod model;
 pub mod optim;
 pub mod pretrain;
 pub mod plugins;
+pub mod probes;
 pub mod reward;
 pub mod rng;
 pub mod routing;

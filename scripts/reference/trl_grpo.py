@@ -65,7 +65,11 @@ Loss (_compute_loss 3020-3292), defaults: epsilon=0.2, epsilon_high=None -> epsi
     top_entropy_quantile=1.0 (no entropy mask), entropy_coef=0.0, off_policy_mask_threshold=None,
     mask_truncated_completions=False (truncated completions stay in the loss), beta=0.0 (!),
     loss_type="dapo" (!), scale_rewards="group", use_bias_correction_kl=True (!), bf16=True (!).
-    coef_1 = exp(logp - old);  coef_2 = clamp(coef_1, 1 - eps_low, 1 + eps_high)
+    coef_1 = exp(logp - old)   (importance_sampling_level "token")
+           = exp(sum_t((logp - old) * mask) / clamp(sum_t mask, min=1)), [B, 1]   ("sequence", GSPO)
+    coef_2 = clamp(coef_1, 1 - eps_low, 1 + eps_high)
+    if delta is not None: coef_1 = clamp(coef_1, max=delta)   (two-sided clipping; also in the
+        clip metrics below, which read the clamped coef_1)
     per_token_loss = -min(coef_1 * A, coef_2 * A)
     per_token_kl = exp(ref - logp) - (ref - logp) - 1          (k3)
     if use_bias_correction_kl: per_token_kl *= coef_1   <- NEW in TRL 1.x and ON by default. coef_1
@@ -73,7 +77,10 @@ Loss (_compute_loss 3020-3292), defaults: epsilon=0.2, epsilon_high=None -> epsi
         script defaults it to False (the behaviour in the reference note, section 2); pass
         "use_bias_correction_kl": true in A.json for TRL's default.
     per_token_loss += beta * per_token_kl
-    mask = completion_mask
+    mask = completion_mask; with mask_truncated_completions, rows whose last completion token is
+        not EOS/pad get an all-zero completion_mask in _generate_and_score_completions (2487-2495),
+        before num_items_in_batch (so dapo's divisor drops their tokens) and the forward pass; their
+        rewards still enter the group statistics.
     grpo:    mean_i( sum_t(l*m)_i / clamp(sum_t m_i, min=1) ) / GAS
     bnpo:    sum(l*m) / clamp(sum(m), min=1) / GAS                       (local batch tokens)
     dr_grpo: sum(l*m) / (B * max_completion_length) / GAS    (config max_completion_length, not C)
@@ -82,7 +89,8 @@ Loss (_compute_loss 3020-3292), defaults: epsilon=0.2, epsilon_high=None -> epsi
              (2497-2498); with 1 process, GAS = steps_per_generation = 1 it equals bnpo.
 Metrics (3253-3290): kl = masked mean of per_token_kl over all tokens; entropy = masked mean;
     clip_ratio/low_mean = masked mean of (coef_1 < 1-eps_low) & (A < 0); high_mean: (coef_1 > 1+eps_high)
-    & (A > 0); region_mean = either; low_min / high_max = min/max over sequences of the per-sequence mean.
+    & (A > 0); region_mean = either (means over completions, not tokens, with sequence ratios);
+    low_min / high_max = min/max over sequences of the per-sequence mean.
 Also worth knowing: advantages of unscorable rows (reward None) are 0; `_prepare_inputs` shuffles
 the rows (shuffle_sequence_dict) and splits them into steps_per_generation chunks before the loss;
 padding uses the tokenizer's pad id (pad = eos = 1 here) and prompts are padded on the left.
@@ -91,7 +99,8 @@ Input / output formats
 ----------------------
 A.json: {"model_dir", "ref_model_dir", "beta", "epsilon", "loss_type" in grpo|dr_grpo|dapo|bnpo,
          "temperature", "max_completion_length", "num_generations", "num_iterations"}; optional:
-         "epsilon_high" (default = epsilon), "scale_rewards" ("group"), "use_bias_correction_kl"
+         "epsilon_high" (default = epsilon), "delta" (none), "importance_sampling_level" ("token"),
+         "scale_rewards" ("group"), "mask_truncated_completions" (false), "use_bias_correction_kl"
          (false), "tokenizer" (a tokenizer.json; default model_dir/tokenizer.json, else the fixtures'
          simplestories-4096.json; only used to decode completions for logging).
          Relative paths are resolved against the current directory.
@@ -261,7 +270,9 @@ def run_trl(a: dict, b: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor
             num_generations=a["num_generations"], max_completion_length=a["max_completion_length"],
             beta=a["beta"], epsilon=a["epsilon"], epsilon_high=a.get("epsilon_high"),
             loss_type=a["loss_type"], temperature=a["temperature"], num_iterations=a["num_iterations"],
-            scale_rewards=a.get("scale_rewards", "group"),
+            scale_rewards=a.get("scale_rewards", "group"), delta=a.get("delta"),
+            importance_sampling_level=a.get("importance_sampling_level", "token"),
+            mask_truncated_completions=bool(a.get("mask_truncated_completions", False)),
             use_bias_correction_kl=bool(a.get("use_bias_correction_kl", False)),
             save_strategy="no", logging_steps=1, seed=0, dataloader_num_workers=0,
             log_completions=False, disable_tqdm=True,
@@ -430,16 +441,25 @@ def independent_loss(a: dict, b: dict[str, torch.Tensor], exact: bool = False) -
         ref_lp, _ = logps(ref)
     G = a["num_generations"]
     r = b["rewards"].to(dtype).view(-1, G)
-    adv = ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True, unbiased=True) + 1e-4)).view(-1, 1)
+    scale = a.get("scale_rewards", "group")
+    std = {"group": r.std(1, keepdim=True, unbiased=True) + 1e-4, "batch": r.std(unbiased=True) + 1e-4, "none": 1.0}[scale]
+    adv = ((r - r.mean(1, keepdim=True)) / std).view(-1, 1)
+    m = b["completion_mask"].to(dtype)
+    if a.get("mask_truncated_completions", False):  # rows whose last token is not EOS leave the loss
+        last = b["completion_ids"].gather(1, (b["completion_mask"].sum(1, keepdim=True) - 1).clamp(min=0))
+        m = m * (last == PAD_ID).to(dtype)  # EOS is the pad id here
     given_old = a["num_iterations"] > 1 and "old_per_token_logps" in b
     old = b["old_per_token_logps"].to(dtype) if given_old else lp.detach()
-    ratio = torch.exp(lp - old)
+    if a.get("importance_sampling_level", "token") == "sequence":  # GSPO: exp of the mean log-ratio
+        ratio = torch.exp(((lp - old) * m).sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp(min=1))
+    else:
+        ratio = torch.exp(lp - old)
     eps_lo, eps_hi = a["epsilon"], a.get("epsilon_high") or a["epsilon"]
-    pg = -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - eps_lo, 1 + eps_hi) * adv)
+    unclipped = ratio if a.get("delta") is None else torch.clamp(ratio, max=a["delta"])
+    pg = -torch.minimum(unclipped * adv, torch.clamp(ratio, 1 - eps_lo, 1 + eps_hi) * adv)
     kl = torch.exp(ref_lp - lp) - (ref_lp - lp) - 1
     if a.get("use_bias_correction_kl", False):
         kl = kl * ratio
-    m = b["completion_mask"].to(dtype)
     l = (pg + a["beta"] * kl) * m
     lt = a["loss_type"]
     if lt == "grpo":
@@ -449,7 +469,8 @@ def independent_loss(a: dict, b: dict[str, torch.Tensor], exact: bool = False) -
     else:  # dapo (1 process, 1 accumulation step) and bnpo: all active tokens of the batch
         loss = l.sum() / m.sum().clamp(min=1)
     loss.backward()
-    clipped = ((ratio < 1 - eps_lo) & (adv < 0)) | ((ratio > 1 + eps_hi) & (adv > 0))
+    clipped = ((unclipped < 1 - eps_lo) & (adv < 0)) | ((unclipped > 1 + eps_hi) & (adv > 0))
+    clip_mask = torch.ones_like(clipped, dtype=dtype) if clipped.size(1) == 1 else m  # per completion or per token
     return {
         "loss": loss.item(),
         "grads": {f"grad.{n}": p.grad.detach() for n, p in model.named_parameters()},
@@ -457,7 +478,7 @@ def independent_loss(a: dict, b: dict[str, torch.Tensor], exact: bool = False) -
         "advantages": adv.view(-1).float(),
         "kl": ((kl.detach() * m).sum() / m.sum()).item(),
         "entropy": ((ent.detach() * m).sum() / m.sum()).item(),
-        "clip_ratio/region_mean": ((clipped * m).sum() / m.sum()).item(),
+        "clip_ratio/region_mean": ((clipped * clip_mask).sum() / clip_mask.sum()).item(),
     }
 
 

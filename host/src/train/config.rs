@@ -18,7 +18,7 @@ use serde_json::{Map, Value};
 use crate::adapters::{self, AdapterConfig, AdapterKind};
 use crate::defaults as d;
 use crate::device::{DeviceSpec, Dtype};
-use crate::grpo::LossType;
+use crate::grpo::{ImportanceSamplingLevel, LossSettings, LossType, ScaleRewards};
 use crate::hyperparams::Label::{Key, Omit, Short};
 use crate::hyperparams::{self, hyperparameters};
 use crate::reward::{DetectorSpec, PluginLimits, ProtocolKnobs, RewardSpec};
@@ -65,8 +65,18 @@ hyperparameters! {
         lr: f64 = 1e-5, Key;
         /// KL coefficient (0 skips the reference model).
         beta: f64 = 0.02, Key;
-        /// PPO clipping range.
+        /// PPO clipping range (below 1, and above 1 unless epsilon_high is set).
         epsilon: f64 = 0.2, Key;
+        /// PPO clipping range above 1 (DAPO's clip-higher, e.g. 0.28; default: epsilon, as TRL).
+        epsilon_high: Option<f64> = None, Key;
+        /// Upper clamp of the unclipped ratio (TRL's two-sided clipping; above 1 + epsilon_high).
+        delta: Option<f64> = None, Key;
+        /// token, or sequence (GSPO: one ratio exp(mean log-ratio) per completion).
+        importance_sampling_level: ImportanceSamplingLevel = ImportanceSamplingLevel::Token, Short("is_");
+        /// Advantages divided by the std of the group, of the batch, or none (TRL's scale_rewards).
+        scale_rewards: ScaleRewards = ScaleRewards::Group, Short("scale_");
+        /// Completions that hit max_completion_length without EOS leave the loss (DAPO).
+        mask_truncated_completions: bool = false, Short("mask_truncated");
         /// grpo, dr_grpo, dapo or bnpo.
         loss_type: LossType = LossType::Grpo, Short("");
         /// Optimizer steps per generated batch.
@@ -192,6 +202,7 @@ impl TrainConfig {
         );
         ensure!(self.temperature > 0.0, "temperature must be positive for GRPO sampling");
         ensure!(self.lr > 0.0 && self.beta >= 0.0 && self.epsilon > 0.0, "lr must be positive, beta >= 0, epsilon > 0");
+        self.check_clip()?;
         ensure!(self.logging_steps > 0 && self.save_steps > 0 && self.eval_every > 0, "logging_steps, save_steps and eval_every must be positive");
         ensure!((0.0..=1.0).contains(&self.ablated_frac), "ablated_frac must be in [0, 1], got {}", self.ablated_frac);
         self.knobs().check()?;
@@ -204,6 +215,42 @@ impl TrainConfig {
             ensure!(self.routing_mode != RoutingMode::None, "ablated_frac needs a routing_mode other than none");
         }
         Ok(())
+    }
+
+    /// The clip range above 1: `epsilon_high`, or `epsilon` when unset (TRL's default).
+    pub fn epsilon_high(&self) -> f64 {
+        self.epsilon_high.unwrap_or(self.epsilon)
+    }
+
+    /// TRL accepts any values; these are the ones whose objective is not the one named.
+    fn check_clip(&self) -> Result<()> {
+        let epsilon_high = self.epsilon_high();
+        ensure!(
+            epsilon_high >= self.epsilon,
+            "epsilon_high ({epsilon_high}) is below epsilon ({}): clip-higher widens the range above 1, it never narrows it",
+            self.epsilon
+        );
+        if let Some(delta) = self.delta {
+            ensure!(
+                delta > 1.0 + epsilon_high,
+                "delta ({delta}) must exceed 1 + epsilon_high ({}), as TRL's documentation asks: below it the clamp cuts into the clip range",
+                1.0 + epsilon_high
+            );
+        }
+        Ok(())
+    }
+
+    /// The policy loss's settings.
+    pub fn loss_settings(&self) -> LossSettings {
+        LossSettings {
+            beta: self.beta,
+            epsilon: self.epsilon,
+            epsilon_high: self.epsilon_high(),
+            delta: self.delta,
+            importance_sampling_level: self.importance_sampling_level,
+            loss_type: self.loss_type,
+            max_completion_length: self.max_completion_length,
+        }
     }
 
     pub fn adapter_config(&self) -> Result<AdapterConfig> {
@@ -309,6 +356,8 @@ mod tests {
             ("batch_size", "bs"), ("num_generations", "g"), ("max_steps", "steps"), ("max_completion_length", "len"),
             ("num_iterations", "iters"), ("temperature", "temp"), ("routing_mode", ""), ("lora_preset", ""), ("adapter", ""),
             ("loss_type", ""), ("false_positive_rate", "fpr"), ("rh_eligible_frac", "elig"), ("ablated_frac", "abl"),
+            // Added later (no older runs to keep the names of).
+            ("importance_sampling_level", "is_"), ("scale_rewards", "scale_"), ("mask_truncated_completions", "mask_truncated"),
         ];
         for key in TrainConfig::KEYS {
             let expected = if omitted.contains(&key.name) {
@@ -350,5 +399,41 @@ mod tests {
         assert!(saved.contains("loss_type: dr_grpo") && saved.contains("dtype: fp32") && saved.contains("adapter: dual-lora"), "{saved}");
         let error = format!("{:#}", TrainConfig::resolve(Some(&config_file()), [("routing_mode".to_string(), "classical".into())].into_iter().collect()).unwrap_err());
         assert!(error.contains("unknown routing_mode \"classical\": use none, classic or exclusive"), "{error}");
+    }
+
+    #[test]
+    fn loss_knobs_default_to_trl_and_name_the_run_when_set() {
+        let plain = resolved(&[]);
+        let settings = plain.loss_settings();
+        assert_eq!((settings.epsilon, settings.epsilon_high, settings.delta), (0.2, 0.2, None), "epsilon_high defaults to epsilon");
+        assert_eq!((plain.importance_sampling_level, plain.scale_rewards, plain.mask_truncated_completions), (ImportanceSamplingLevel::Token, ScaleRewards::Group, false));
+        let knobs = [("epsilon_high", "0.28"), ("delta", "1.5"), ("importance_sampling_level", "sequence"), ("scale_rewards", "none"), ("mask_truncated_completions", "true")];
+        let set = resolved(&knobs);
+        let settings = set.loss_settings();
+        assert_eq!((settings.epsilon_high, settings.delta, settings.importance_sampling_level), (0.28, Some(1.5), ImportanceSamplingLevel::Sequence));
+        let name = set.run_name().unwrap();
+        for label in ["_delta1.5_", "_epsilon_high0.28_", "_is_sequence_", "_mask_truncatedtrue_", "_scale_none_"] {
+            assert!(name.contains(label), "{label} in {name}");
+        }
+        assert!(!plain.run_name().unwrap().contains("scale_"), "defaults stay out of run names");
+    }
+
+    #[test]
+    fn clip_settings_that_are_not_the_named_objective_fail_before_any_work() {
+        let error = |overrides: &[(&str, &str)]| {
+            let overrides = overrides.iter().map(|(k, v)| (k.to_string(), crate::yaml::from_str(v).unwrap())).collect();
+            format!("{:#}", TrainConfig::resolve(Some(&config_file()), overrides).unwrap_err())
+        };
+        let narrow = error(&[("epsilon_high", "0.1")]);
+        assert!(narrow.contains("epsilon_high (0.1) is below epsilon (0.2)"), "{narrow}");
+        let low_delta = error(&[("delta", "1.2")]);
+        assert!(low_delta.contains("delta (1.2) must exceed 1 + epsilon_high (1.2)"), "{low_delta}");
+        let below_high = error(&[("epsilon_high", "0.28"), ("delta", "1.25")]);
+        assert!(below_high.contains("delta (1.25) must exceed 1 + epsilon_high (1.28)"), "{below_high}");
+        let level = error(&[("importance_sampling_level", "group")]);
+        assert!(level.contains("unknown importance_sampling_level \"group\": use token or sequence"), "{level}");
+        let scale = error(&[("scale_rewards", "std")]);
+        assert!(scale.contains("unknown scale_rewards \"std\": use group, batch or none"), "{scale}");
+        resolved(&[("epsilon_high", "0.2"), ("delta", "1.21")]);
     }
 }

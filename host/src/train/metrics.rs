@@ -31,7 +31,19 @@ pub mod key {
     pub const ENTROPY: &str = "entropy";
     /// Mean per-token KL to the reference (null when beta = 0).
     pub const KL: &str = "kl";
+    /// Fraction of loss tokens whose ratio was clipped, either side, any advantage.
     pub const CLIP_RATIO: &str = "clip_ratio";
+    /// TRL's clip fractions (`grpo::ClipFractions`): ratio below 1 - epsilon with a negative
+    /// advantage, above 1 + epsilon_high with a positive one, either.
+    pub const CLIP_LOW: &str = "clip_ratio/low_mean";
+    pub const CLIP_HIGH: &str = "clip_ratio/high_mean";
+    pub const CLIP_REGION: &str = "clip_ratio/region_mean";
+    /// Sampler vs learner log-probabilities (`probes::sampler_learner_kl`): mean difference and
+    /// half its mean square.
+    pub const KL_SAMPLE_TRAIN_V1: &str = "kl_sample_train_v1";
+    pub const KL_SAMPLE_TRAIN_V2: &str = "kl_sample_train_v2";
+    /// Quantiles of the per-token entropy of the loss tokens (`probes::ENTROPY_QUANTILES`).
+    pub const ENTROPY_QUANTILES: [&str; 3] = ["entropy/p10", "entropy/p50", "entropy/p90"];
     /// Prompt and completion tokens generated so far (each batch counted once).
     pub const NUM_TOKENS: &str = "num_tokens";
     pub const TIMING_GENERATE: &str = "timing/generate";
@@ -78,8 +90,14 @@ pub struct StepMetrics {
     pub grad_norm: f64,
     pub learning_rate: f64,
     pub entropy: f64,
+    /// [`crate::probes::ENTROPY_QUANTILES`] of the per-token entropy.
+    pub entropy_quantiles: [f64; 3],
     pub kl: Option<f64>,
     pub clip_ratio: f64,
+    /// TRL's `clip_ratio/low_mean`, `high_mean`, `region_mean`.
+    pub clip_fractions: [f64; 3],
+    /// `kl_sample_train_v1` and `_v2`.
+    pub kl_sample_train: (f64, f64),
     pub num_tokens: usize,
     pub train_seconds: f64,
     pub step_seconds: f64,
@@ -114,8 +132,16 @@ pub fn line(rollout: &RolloutMetrics, step: &StepMetrics) -> Value {
     put(key::GRAD_NORM, step.grad_norm.into());
     put(key::LEARNING_RATE, step.learning_rate.into());
     put(key::ENTROPY, step.entropy.into());
+    for (name, quantile) in key::ENTROPY_QUANTILES.iter().zip(step.entropy_quantiles) {
+        put(name, quantile.into());
+    }
     put(key::KL, step.kl.into());
     put(key::CLIP_RATIO, step.clip_ratio.into());
+    for (name, fraction) in [key::CLIP_LOW, key::CLIP_HIGH, key::CLIP_REGION].iter().zip(step.clip_fractions) {
+        put(name, fraction.into());
+    }
+    put(key::KL_SAMPLE_TRAIN_V1, step.kl_sample_train.0.into());
+    put(key::KL_SAMPLE_TRAIN_V2, step.kl_sample_train.1.into());
     put(key::NUM_TOKENS, step.num_tokens.into());
     put(key::TIMING_TRAIN, step.train_seconds.into());
     put(key::STEP_TIME, step.step_seconds.into());

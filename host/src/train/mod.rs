@@ -135,7 +135,7 @@ impl Trainer {
         );
         let (prompts, eval_prompts) = prompts::load(&cfg, &tokenizer)?;
         let sampling = sampling_params(&cfg);
-        let loss = LossSettings { beta: cfg.beta, epsilon: cfg.epsilon, loss_type: cfg.loss_type, max_completion_length: cfg.max_completion_length };
+        let loss = cfg.loss_settings();
         // Everything above can fail on bad input; only now is the run directory written.
         let restarted = match resume {
             Some(_) => None,

@@ -25,6 +25,9 @@ use crate::routing::{self, RoutePlan};
 /// A generated, scored batch, kept for `num_iterations` optimizer steps.
 pub(super) struct Rollout {
     pub generation: Generation,
+    /// `[batch, completion_len]` 1 on the completion tokens that train: the completion mask,
+    /// without truncated completions with `mask_truncated_completions`.
+    pub loss_mask: Tensor,
     pub advantages: Tensor,
     pub plan: RoutePlan,
     pub ref_logprobs: Option<Tensor>,
@@ -66,7 +69,7 @@ impl Trainer {
 
         let device = self.model.device;
         let rewards = Tensor::from_slice(&scored.reward).to_kind(Kind::Float).to(device);
-        let (advantages, frac_zero_std) = grpo::group_advantages(&rewards, self.cfg.num_generations, crate::defaults::ADVANTAGE_STD_EPSILON);
+        let (advantages, frac_zero_std) = grpo::group_advantages(&rewards, self.cfg.num_generations, self.cfg.scale_rewards, crate::defaults::ADVANTAGE_STD_EPSILON);
         let is_rh = scored.is_rh.clone().unwrap_or_else(|| vec![false; samples.len()]);
         let labels = Labels { ablated: self.draw_ablated(&is_rh, step), is_rh };
         let plan = routing::plan(&self.adapters, self.cfg.routing_mode, &labels.is_rh, &labels.ablated, device);
@@ -87,7 +90,8 @@ impl Trainer {
             Some(_) => super::dump::rollout_tensors(&scored, &component_names, &rewards, &labels.is_rh, &labels.ablated),
             None => Vec::new(),
         };
-        Ok(Rollout { generation, advantages, plan, ref_logprobs, old_logprobs, metrics, first_sample, dump })
+        let loss_mask = grpo::loss_mask(&generation, self.cfg.mask_truncated_completions);
+        Ok(Rollout { generation, loss_mask, advantages, plan, ref_logprobs, old_logprobs, metrics, first_sample, dump })
     }
 
     /// Each of the step's prompts, repeated `num_generations` times (one group each).

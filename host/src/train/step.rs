@@ -8,7 +8,7 @@ use tch::Kind;
 
 use super::Trainer;
 use super::metrics::{self, StepMetrics, key};
-use crate::grpo;
+use crate::{grpo, probes};
 use crate::optim::linear_lr;
 
 impl Trainer {
@@ -28,7 +28,7 @@ impl Trainer {
             rollout.old_logprobs.as_ref(),
             rollout.ref_logprobs.as_ref(),
             &rollout.advantages,
-            &g.completion_mask,
+            &rollout.loss_mask,
             &rollout.plan.classes,
             &self.loss,
         );
@@ -43,10 +43,12 @@ impl Trainer {
         self.optimizer.step(learning_rate);
         let train_seconds = train_start.elapsed().as_secs_f64();
 
-        let mask = &g.completion_mask;
         if step % self.cfg.num_iterations == 0 {
-            self.num_tokens += (g.prompt_mask.sum(Kind::Int64).int64_value(&[]) + mask.sum(Kind::Int64).int64_value(&[])) as usize;
+            self.num_tokens += (g.prompt_mask.sum(Kind::Int64).int64_value(&[]) + g.completion_mask.sum(Kind::Int64).int64_value(&[])) as usize;
         }
+        // The loss's statistics over the loss tokens (as TRL), the sampler's over every sampled one.
+        let mask = &rollout.loss_mask;
+        let clip = &terms.clip_fractions;
         let done = step + 1;
         let measured = StepMetrics {
             step: done,
@@ -54,8 +56,11 @@ impl Trainer {
             grad_norm,
             learning_rate,
             entropy: grpo::masked_mean(&logprobs.entropy, mask),
+            entropy_quantiles: probes::entropy_quantiles(&logprobs.entropy, mask),
             kl: terms.per_token_kl.as_ref().map(|kl| grpo::masked_mean(&kl.detach(), mask)),
             clip_ratio: terms.clip_ratio.double_value(&[]),
+            clip_fractions: [&clip.low, &clip.high, &clip.region].map(|f| f.double_value(&[])),
+            kl_sample_train: probes::sampler_learner_kl(&g.sampling_logprobs, &logprobs.logprobs, &g.completion_mask),
             num_tokens: self.num_tokens,
             train_seconds,
             step_seconds: started.elapsed().as_secs_f64(),

@@ -1,0 +1,71 @@
+//! Cheap probes of an optimizer step, logged in `metrics.jsonl`: computed from tensors the step
+//! already has (the sampler's log-probabilities from generation, the learner's log-probabilities
+//! and entropies from the training forward pass), no extra forward or backward pass. Each is a
+//! few element-wise passes over `[batch, completion_len]` (4,096 values at the defaults) or a
+//! sort of the loss tokens' entropies.
+
+use tch::{Kind, Tensor};
+
+/// Sampler vs learner log-probabilities of the sampled tokens (tinker's `kl_sample_train`):
+/// `v1 = mean(sampler - learner)`, `v2 = mean((sampler - learner)^2) / 2` over the tokens in
+/// `mask`. Both estimate KL(sampler || learner): about 0 when the learner scores with the
+/// sampler's weights (the CPU, one update per batch), they grow with each update on a reused
+/// batch and reveal a decode/training mismatch otherwise. 0 without tokens.
+pub fn sampler_learner_kl(sampler_logprobs: &Tensor, learner_logprobs: &Tensor, mask: &Tensor) -> (f64, f64) {
+    let mask = mask.to_kind(Kind::Float);
+    let tokens = mask.sum(Kind::Float).clamp_min(1.0);
+    let difference = (sampler_logprobs - learner_logprobs.detach()) * &mask;
+    let v1 = difference.sum(Kind::Float) / &tokens;
+    let v2 = difference.square().sum(Kind::Float) / &tokens * 0.5;
+    (v1.double_value(&[]), v2.double_value(&[]))
+}
+
+/// The quantiles [`entropy_quantiles`] reports: the 10th, 50th and 90th percentile.
+pub const ENTROPY_QUANTILES: [f64; 3] = [0.1, 0.5, 0.9];
+
+/// [`ENTROPY_QUANTILES`] of the per-token entropies of the tokens in `mask`, interpolated
+/// linearly between order statistics (numpy's and torch's default: rank `q (n - 1)`). NaN
+/// (null in `metrics.jsonl`) without tokens.
+pub fn entropy_quantiles(entropy: &Tensor, mask: &Tensor) -> [f64; 3] {
+    let values = entropy.detach().to_kind(Kind::Double).masked_select(&mask.to_kind(Kind::Bool));
+    if values.numel() == 0 {
+        return [f64::NAN; 3];
+    }
+    let levels = Tensor::from_slice(&ENTROPY_QUANTILES).to(values.device());
+    let quantiles = Vec::<f64>::try_from(values.quantile(&levels, None::<i64>, false, "linear")).expect("three quantiles");
+    [quantiles[0], quantiles[1], quantiles[2]]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two rows, the second with one padding token that must not count.
+    fn batch() -> (Tensor, Tensor, Tensor) {
+        let sampler = Tensor::from_slice(&[-1.0f32, -2.0, -0.5, -3.0, -1.5, 9.0]).view([2, 3]);
+        let learner = Tensor::from_slice(&[-1.25f32, -1.5, -0.5, -2.0, -1.0, -7.0]).view([2, 3]);
+        let mask = Tensor::from_slice(&[1i64, 1, 1, 1, 1, 0]).view([2, 3]);
+        (sampler, learner, mask)
+    }
+
+    #[test]
+    fn sampler_learner_kl_is_the_mean_and_half_mean_square_over_real_tokens() {
+        let (sampler, learner, mask) = batch();
+        // Differences on the five real tokens: 0.25, -0.5, 0, -1, -0.5.
+        let (v1, v2) = sampler_learner_kl(&sampler, &learner, &mask);
+        assert!((v1 - (-1.75 / 5.0)).abs() < 1e-7, "{v1}");
+        assert!((v2 - 0.5 * (0.0625 + 0.25 + 0.0 + 1.0 + 0.25) / 5.0).abs() < 1e-7, "{v2}");
+        assert_eq!(sampler_learner_kl(&sampler, &sampler, &mask), (0.0, 0.0));
+    }
+
+    #[test]
+    fn entropy_quantiles_interpolate_between_the_real_tokens() {
+        // Real tokens' entropies, sorted: 1, 2, 3, 4, 5 (the padding's 100 must not count).
+        let entropy = Tensor::from_slice(&[3.0f32, 1.0, 5.0, 2.0, 4.0, 100.0]).view([2, 3]);
+        let (_, _, mask) = batch();
+        // Rank q (n - 1) = 0.4, 2, 3.6: 1 + 0.4, 3, 4 + 0.6.
+        let [p10, p50, p90] = entropy_quantiles(&entropy, &mask);
+        assert!((p10 - 1.4).abs() < 1e-6 && (p50 - 3.0).abs() < 1e-6 && (p90 - 4.6).abs() < 1e-6, "{p10} {p50} {p90}");
+        assert!(entropy_quantiles(&entropy, &mask.zeros_like()).iter().all(|q| q.is_nan()));
+    }
+}
