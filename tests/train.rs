@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use common::{fixture, one_thread, repo_root, standard_plugin, test_plugin};
 use serde_json::{Map, Value, json};
+use smallrl::train::metrics::key;
 use smallrl::train::{TrainConfig, Trainer};
 
 /// A small, fast configuration: 8 completions per step in groups of 4, short completions.
@@ -208,6 +209,34 @@ fn grpo_on_happy_count_raises_the_reward() {
     // 0.165 over steps 1-5 -> 0.350 over steps 16-20).
     assert!(first < 0.25, "the starting reward should be the pre-trained model's, got {first:.3}");
     assert!(last > first + 0.08, "GRPO did not raise the reward: {first:.3} -> {last:.3}");
+}
+
+/// The probes as a run logs them: the sampler (the native CPU sampler) and the learner (the
+/// libtorch training pass) score the same weights on a fresh batch, so `kl_sample_train` is
+/// float rounding only; on the reused batch of `num_iterations = 2` the learner has moved.
+/// Measured: v1 3.9e-7 and v2 2.0e-12 on the fresh batch, v2 3.8e-5 on the reused one.
+#[test]
+fn probes_see_sampler_and_learner_agree_until_the_update() {
+    let out = tempfile::tempdir().unwrap();
+    let config = small_config(out.path(), &standard_plugin("happy"));
+    let config = [("num_iterations", json!(2)), ("max_steps", json!(2)), ("epsilon_high", json!(0.28))]
+        .into_iter()
+        .fold(config, |c, (k, v)| with(c, k, v));
+    let lines = read_jsonl(&train(config).join("metrics.jsonl"));
+    let probe = |line: &Value, key: &str| line[key].as_f64().unwrap_or_else(|| panic!("{key} is logged"));
+    let (fresh, reused) = (&lines[0], &lines[1]);
+    let (v1, v2) = (probe(fresh, key::KL_SAMPLE_TRAIN_V1), probe(fresh, key::KL_SAMPLE_TRAIN_V2));
+    let moved = probe(reused, key::KL_SAMPLE_TRAIN_V2);
+    println!("kl_sample_train fresh batch v1 {v1:.2e} v2 {v2:.2e}; reused batch v2 {moved:.2e}");
+    assert!(v1.abs() < 1e-5 && v2 < 1e-10, "sampler and learner disagree on the same weights: v1 {v1:.2e}, v2 {v2:.2e}");
+    assert!(moved > 100.0 * v2.max(1e-14), "the update must show on the reused batch: {moved:.2e} vs {v2:.2e}");
+    for line in &lines {
+        let quantiles = key::ENTROPY_QUANTILES.map(|k| probe(line, k));
+        assert!(quantiles[0] <= quantiles[1] && quantiles[1] <= quantiles[2] && quantiles[0] > 0.0, "{quantiles:?}");
+        let (low, high, region) = (probe(line, key::CLIP_LOW), probe(line, key::CLIP_HIGH), probe(line, key::CLIP_REGION));
+        assert!((region - low - high).abs() < 1e-6 && region <= probe(line, key::CLIP_RATIO) + 1e-6, "{line}");
+    }
+    assert_eq!(probe(fresh, key::CLIP_REGION), 0.0, "ratio 1 on a fresh batch");
 }
 
 #[test]

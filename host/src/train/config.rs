@@ -76,6 +76,7 @@ hyperparameters! {
         /// Advantages divided by the std of the group, of the batch, or none (TRL's scale_rewards).
         scale_rewards: ScaleRewards = ScaleRewards::Group, Short("scale_");
         /// Completions that hit max_completion_length without EOS leave the loss (DAPO).
+        #[arg(num_args = 0..=1, default_missing_value = "true")]
         mask_truncated_completions: bool = false, Short("mask_truncated");
         /// grpo, dr_grpo, dapo or bnpo.
         loss_type: LossType = LossType::Grpo, Short("");
