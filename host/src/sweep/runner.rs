@@ -57,7 +57,9 @@ pub fn log_path(output_dir: &Path, name: &str) -> PathBuf {
     output_dir.join("logs").join(format!("{name}.log"))
 }
 
-/// Writes the per-run YAML files and moves stale directories aside, for the runs to start.
+/// Writes the per-run YAML files, for the runs to start. A stale directory (no checkpoint) is
+/// left to its `smallrl train` child, which moves it aside itself (`train::rundir::claim_new`,
+/// after checking that no process still writes it) and says so in the run's train.log.
 pub fn prepare(plan: &Plan) -> Result<()> {
     for dir in ["configs", "logs"] {
         let path = plan.output_dir.join(dir);
@@ -66,22 +68,11 @@ pub fn prepare(plan: &Plan) -> Result<()> {
     for run in plan.runs.iter().filter(|r| r.state != CacheState::Finished) {
         let yaml = crate::yaml::to_string(&run.config)?;
         crate::fsutil::write_atomic(&run_config_path(&plan.output_dir, &run.name), yaml.as_bytes())?;
-        if run.state == CacheState::Stale {
-            move_aside(&run.dir(&plan.output_dir))?;
-        }
     }
     Ok(())
 }
 
 pub use crate::train::rundir::MOVED_ASIDE;
-
-/// A run directory interrupted before its first checkpoint is kept for inspection under
-/// `<name>.incomplete-<unix seconds>` and the run starts again.
-fn move_aside(dir: &Path) -> Result<()> {
-    let aside = crate::train::rundir::move_aside(dir)?;
-    println!("[STALE] {} has no checkpoint; moved to {} and started again", dir.display(), aside.display());
-    Ok(())
-}
 
 struct Running {
     index: usize,

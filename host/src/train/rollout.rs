@@ -73,7 +73,8 @@ impl Trainer {
         let is_rh = scored.is_rh.clone().unwrap_or_else(|| vec![false; samples.len()]);
         let labels = Labels { ablated: self.draw_ablated(&is_rh, step), is_rh };
         let plan = routing::plan(&self.adapters, self.cfg.routing_mode, &labels.is_rh, &labels.ablated, device);
-        let names = self.rewards.components().iter().map(|c| c.name.as_str()).collect();
+        let component_names: Vec<String> = self.rewards.components().iter().map(|c| c.name.clone()).collect();
+        let names = component_names.iter().map(String::as_str).collect();
         let record = BatchRecord { step: step + 1, samples: &samples, scored: &scored, component_names: names, advantages: &advantages, ablated: &labels.ablated };
         self.live.batch(record)?;
 
@@ -82,7 +83,6 @@ impl Trainer {
         let old_logprobs = (self.cfg.num_iterations > 1).then(|| grpo::frozen_logprobs(&self.model, (&generation).into(), self.cfg.temperature, &plan.ctl));
         let reference_seconds = reference_start.elapsed().as_secs_f64();
 
-        let component_names: Vec<String> = self.rewards.components().iter().map(|c| c.name.clone()).collect();
         let mut metrics = rollout_metrics(&scored, &component_names, &generation, frac_zero_std, &labels);
         (metrics.generate_seconds, metrics.score_seconds, metrics.reference_seconds) = (generate_seconds, score_seconds, reference_seconds);
         let first_sample = (samples[0].prompt.clone(), samples[0].completion.clone());
