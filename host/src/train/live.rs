@@ -84,10 +84,8 @@ impl LiveLogs {
         let Some(log) = &self.completions else { return Ok(()) };
         let advantages = Vec::<f64>::try_from(record.advantages.to_kind(Kind::Double).to_device(tch::Device::Cpu))
             .context("advantages are a vector")?;
-        for (index, sample) in record.samples.iter().enumerate() {
-            log.append(&completion_line(&record, index, sample, advantages[index]))?;
-        }
-        Ok(())
+        let lines: Vec<Value> = record.samples.iter().enumerate().map(|(index, sample)| completion_line(&record, index, sample, advantages[index])).collect();
+        log.append_all(&lines)
     }
 }
 

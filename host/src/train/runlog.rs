@@ -61,8 +61,18 @@ impl Jsonl {
     }
 
     pub fn append(&self, value: &serde_json::Value) -> Result<()> {
-        let mut file = OpenOptions::new().create(true).append(true).open(&self.path).with_context(|| format!("cannot open {}", self.path.display()))?;
-        writeln!(file, "{value}").and_then(|_| file.flush()).with_context(|| format!("cannot write {}", self.path.display()))
+        self.append_all(std::iter::once(value))
+    }
+
+    /// Appends several lines with one open and one flush (a batch's completions).
+    pub fn append_all<'a>(&self, values: impl IntoIterator<Item = &'a serde_json::Value>) -> Result<()> {
+        let file = OpenOptions::new().create(true).append(true).open(&self.path).with_context(|| format!("cannot open {}", self.path.display()))?;
+        let mut writer = std::io::BufWriter::new(file);
+        values
+            .into_iter()
+            .try_for_each(|value| writeln!(writer, "{value}"))
+            .and_then(|_| writer.flush())
+            .with_context(|| format!("cannot write {}", self.path.display()))
     }
 
     /// Every line, parsed; a missing file has none.
