@@ -154,31 +154,20 @@ pub fn pending_path(snapshot: &Path) -> PathBuf {
     snapshot.with_extension("snap.new")
 }
 
-/// A line diff over the longest common subsequence (snapshot bodies are small): every line,
-/// `-` stored, `+` now, two spaces unchanged.
+/// A line diff (`similar`, the diff insta itself uses): every line, `-` stored, `+` now, two
+/// spaces unchanged.
 fn line_diff(old: &str, new: &str) -> String {
     let (old, new): (Vec<&str>, Vec<&str>) = (old.lines().collect(), new.lines().collect());
-    // common[i][j]: length of the longest common subsequence of old[i..] and new[j..].
-    let mut common = vec![vec![0usize; new.len() + 1]; old.len() + 1];
-    for i in (0..old.len()).rev() {
-        for j in (0..new.len()).rev() {
-            common[i][j] = if old[i] == new[j] { common[i + 1][j + 1] + 1 } else { common[i + 1][j].max(common[i][j + 1]) };
-        }
-    }
-    let (mut i, mut j, mut out) = (0, 0, Vec::new());
-    while i < old.len() || j < new.len() {
-        if i < old.len() && j < new.len() && old[i] == new[j] {
-            out.push(format!("  {}", old[i]));
-            (i, j) = (i + 1, j + 1);
-        } else if i < old.len() && (j == new.len() || common[i + 1][j] >= common[i][j + 1]) {
-            out.push(format!("- {}", old[i]));
-            i += 1;
-        } else {
-            out.push(format!("+ {}", new[j]));
-            j += 1;
-        }
-    }
-    out.join("\n")
+    let diff = similar::TextDiff::from_slices(&old, &new);
+    let marked = |change: similar::Change<&str>| {
+        let sign = match change.tag() {
+            similar::ChangeTag::Equal => ' ',
+            similar::ChangeTag::Delete => '-',
+            similar::ChangeTag::Insert => '+',
+        };
+        format!("{sign} {}", change.value())
+    };
+    diff.iter_all_changes().map(marked).collect::<Vec<_>>().join("\n")
 }
 
 #[cfg(test)]
