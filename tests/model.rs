@@ -5,7 +5,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::{fixture, max_abs_diff, one_thread};
+use common::{cuda_or_skip, fixture, max_abs_diff, one_thread};
 use smallrl::model::decode::{DecodeModel, additive_mask, prefill_mask};
 use smallrl::model::generate::{Engine, SamplingParams, generate_with};
 use smallrl::model::{self, LoadedModel};
@@ -14,9 +14,13 @@ use tch::{Device, Kind, Tensor};
 const TOLERANCE: f64 = 1e-4;
 
 fn load(name: &str) -> (LoadedModel, BTreeMap<String, Tensor>) {
+    load_on(name, Device::Cpu)
+}
+
+fn load_on(name: &str, device: Device) -> (LoadedModel, BTreeMap<String, Tensor>) {
     one_thread();
     let dir = fixture(name);
-    let loaded = model::load(dir.to_str().unwrap(), "main", Device::Cpu, Kind::Float).unwrap();
+    let loaded = model::load(dir.to_str().unwrap(), "main", device, Kind::Float).unwrap();
     let reference = model::weights::read_safetensors(&dir.join("reference.safetensors")).unwrap();
     (loaded, reference)
 }
@@ -26,24 +30,32 @@ fn full_forward_logits(model: &smallrl::model::Llama, ids: &Tensor, mask: &Tenso
     model.logits(&model.forward(ids, mask, &[]))
 }
 
-fn check_single_prompts(name: &str) {
-    let (loaded, reference) = load(name);
+fn check_single_prompts(name: &str, device: Device) {
+    let (loaded, reference) = load_on(name, device);
     for i in 0..4 {
-        let ids = reference[&format!("input_ids_{i}")].unsqueeze(0);
+        let ids = reference[&format!("input_ids_{i}")].unsqueeze(0).to_device(device);
         let logits = full_forward_logits(&loaded.model, &ids, &ids.ones_like());
         let diff = max_abs_diff(&logits.squeeze_dim(0), &reference[&format!("logits_{i}")]);
-        assert!(diff <= TOLERANCE, "{name} prompt {i}: max |logits - transformers| = {diff}");
+        assert!(diff <= TOLERANCE, "{name} prompt {i} on {device:?}: max |logits - transformers| = {diff}");
     }
 }
 
 #[test]
 fn logits_match_transformers_on_tiny_random() {
-    check_single_prompts("tiny-random");
+    check_single_prompts("tiny-random", Device::Cpu);
 }
 
 #[test]
 fn logits_match_transformers_on_tiny_stories() {
-    check_single_prompts("tiny-stories");
+    check_single_prompts("tiny-stories", Device::Cpu);
+}
+
+#[test]
+fn logits_match_transformers_on_cuda() {
+    if let Some(cuda) = cuda_or_skip("logits_match_transformers_on_cuda") {
+        check_single_prompts("tiny-random", cuda);
+        check_single_prompts("tiny-stories", cuda);
+    }
 }
 
 /// Compares only positions where the attention mask is 1.
@@ -152,7 +164,18 @@ fn other_llama_configs_match_transformers() {
 
 #[test]
 fn greedy_decoding_matches_transformers_token_for_token() {
-    let (loaded, _) = load("tiny-stories");
+    check_greedy_decoding(Device::Cpu, &[Engine::Libtorch, Engine::Native { threads: 1 }, Engine::Native { threads: 2 }]);
+}
+
+#[test]
+fn greedy_decoding_on_cuda_matches_transformers_token_for_token() {
+    if let Some(cuda) = cuda_or_skip("greedy_decoding_on_cuda_matches_transformers_token_for_token") {
+        check_greedy_decoding(cuda, &[Engine::Libtorch]);
+    }
+}
+
+fn check_greedy_decoding(device: Device, engines: &[Engine]) {
+    let (loaded, _) = load_on("tiny-stories", device);
     let text = std::fs::read_to_string(variants().join("greedy.json")).unwrap();
     let greedy: serde_json::Value = serde_json::from_str(&text).unwrap();
     let max_new_tokens = greedy["max_new_tokens"].as_u64().unwrap() as usize;
@@ -166,7 +189,7 @@ fn greedy_decoding_matches_transformers_token_for_token() {
     // batched paths must not change greedy choices.
     let penalty = greedy["repetition_penalty"].as_f64().unwrap();
     let penalized = SamplingParams { repetition_penalty: penalty, ..params.clone() };
-    for engine in [Engine::Libtorch, Engine::Native { threads: 1 }, Engine::Native { threads: 2 }] {
+    for &engine in engines {
         for (params, key) in [(&params, "generated_ids"), (&penalized, "generated_ids_repetition_penalty")] {
             let generation = generate_with(engine, &decoder, &prompts, params, 0).unwrap();
             for (result, row) in results.iter().zip(&generation.rows) {
@@ -174,7 +197,7 @@ fn greedy_decoding_matches_transformers_token_for_token() {
                 if row.ended_with_eos {
                     ours.push(loaded.model.config.eos_token_id);
                 }
-                assert_eq!(ours, to_ids(&result[key]), "{engine:?}, {key}: greedy decode of {:?}", result["prompt"]);
+                assert_eq!(ours, to_ids(&result[key]), "{engine:?} on {device:?}, {key}: greedy decode of {:?}", result["prompt"]);
             }
         }
     }

@@ -27,10 +27,22 @@ pub fn one_thread() {
     INIT.call_once(|| tch::set_num_threads(1));
 }
 
-/// Largest absolute difference between two tensors of the same shape.
+/// Largest absolute difference between two tensors of the same shape (on any devices).
 pub fn max_abs_diff(a: &tch::Tensor, b: &tch::Tensor) -> f64 {
     assert_eq!(a.size(), b.size(), "shapes differ");
-    (a.to_kind(tch::Kind::Double) - b.to_kind(tch::Kind::Double)).abs().max().double_value(&[])
+    let on_cpu = |t: &tch::Tensor| t.to_device(tch::Device::Cpu).to_kind(tch::Kind::Double);
+    (on_cpu(a) - on_cpu(b)).abs().max().double_value(&[])
+}
+
+/// The first CUDA device for a GPU-only check, or `None` after printing that `test` was
+/// skipped: the suite passes on machines without a GPU, and says what it did not check there.
+pub fn cuda_or_skip(test: &str) -> Option<tch::Device> {
+    if tch::Cuda::is_available() {
+        Some(tch::Device::Cuda(0))
+    } else {
+        println!("{test}: skipped: no CUDA device");
+        None
+    }
 }
 
 /// The project's Python (the venv made by `make setup`), for reference scripts.

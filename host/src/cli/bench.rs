@@ -8,6 +8,7 @@ use anyhow::Result;
 use clap::{Args, Subcommand};
 
 use super::common::ModelArgs;
+use crate::device::DeviceSpec;
 use crate::model::decode::DecodeModel;
 use crate::model::generate::{SamplingParams, generate};
 use crate::train::metrics::key;
@@ -35,8 +36,12 @@ pub struct TrainBench {
     /// Timed steps per setting (after one warm-up step); the median is reported.
     #[arg(long, default_value_t = 5)]
     pub steps: usize,
+    /// libtorch thread counts to measure (on CUDA only the first is used: the GPU does the work).
     #[arg(long, value_delimiter = ',', default_value = "1,2")]
     pub thread_counts: Vec<usize>,
+    /// auto, cpu, cuda or cuda:N.
+    #[arg(long, default_value = crate::defaults::DEVICE)]
+    pub device: DeviceSpec,
 }
 
 #[derive(Args, Debug)]
@@ -47,7 +52,7 @@ pub struct SampleBench {
     pub batch: usize,
     #[arg(long, default_value_t = 128)]
     pub max_new_tokens: usize,
-    /// Thread counts to measure.
+    /// libtorch thread counts to measure (on CUDA only the first is used).
     #[arg(long, value_delimiter = ',', default_value = "1,2")]
     pub thread_counts: Vec<usize>,
     /// Timed repetitions per thread count (after one warm-up); the median is reported.
@@ -64,15 +69,17 @@ pub fn run(command: BenchCommand) -> Result<()> {
 
 fn bench_train(args: TrainBench) -> Result<()> {
     let out = std::env::temp_dir().join(format!("smallrl-bench-{}", std::process::id()));
-    println!("GRPO step, defaults (batch 32 completions, 16 per group, up to 128 new tokens), model {}", args.model);
+    let device = args.device.resolve()?;
+    println!("GRPO step, defaults (batch 32 completions, 16 per group, up to 128 new tokens), model {}, device {device:?}", args.model);
+    let thread_counts = if device.is_cuda() { &args.thread_counts[..1] } else { &args.thread_counts[..] };
     for adapter in ["full", "dual-lora"] {
-        for &threads in &args.thread_counts {
+        for &threads in thread_counts {
             let overrides = serde_json::json!({
                 "model": args.model, "prompts": args.prompts,
                 "reward": {"plugin": args.reward_plugin, "params": {}},
                 "adapter": adapter, "lora_preset": (adapter == "dual-lora").then_some("r32"),
                 "max_steps": args.steps + 1, "eval_every": 1_000_000, "save_steps": 1_000_000,
-                "logging_steps": 1_000_000, "threads": threads, "device": "cpu",
+                "logging_steps": 1_000_000, "threads": threads, "device": args.device.to_string(),
                 "output_dir": out, "name": format!("{adapter}-{threads}"),
             });
             let serde_json::Value::Object(overrides) = overrides else { unreachable!() };
@@ -114,8 +121,10 @@ fn bench_sample(args: SampleBench) -> Result<()> {
         repetition_penalty: 1.0,
     };
     let decoder = DecodeModel::new(&loaded.model, &[]);
-    println!("sampling {} prompts x up to {} new tokens, model {}", args.batch, args.max_new_tokens, loaded.files.source);
-    for &threads in &args.thread_counts {
+    let on_cuda = decoder.device.is_cuda();
+    println!("sampling {} prompts x up to {} new tokens, model {}, device {:?}", args.batch, args.max_new_tokens, loaded.files.source, decoder.device);
+    let thread_counts = if on_cuda { &args.thread_counts[..1] } else { &args.thread_counts[..] };
+    for &threads in thread_counts {
         crate::device::set_threads(Some(threads))?;
         generate(&decoder, &prompts, &params, 0)?;
         let mut times = Vec::new();

@@ -70,6 +70,9 @@ pub fn run(args: SweepArgs) -> Result<()> {
         }
         return Ok(());
     }
+    if args.jobs > 1 && plan.runs.iter().any(|run| run.config.device.resolve().is_ok_and(|d| d.is_cuda())) {
+        println!("{}", crate::device::mps_advice(args.jobs, crate::device::mps_daemon_running(std::path::Path::new("/proc"))));
+    }
     let statuses = runner::execute(&plan, args.jobs, &runner::Launch::for_jobs(args.jobs)?)?;
     sweeps::report(&plan.output_dir, &sweeps::entries_of_plan(&plan, &statuses))?;
     let failed: Vec<&String> = statuses.iter().filter(|(_, s)| **s == RunStatus::Failed).map(|(n, _)| n).collect();

@@ -13,7 +13,6 @@ use super::batch::completion_rows;
 pub use super::batch::{CompletionRow, Generation, left_pad, mask_through_first_eos, masked_rows, row_rng};
 use super::decode::{DecodeModel, additive_mask, prefill_mask};
 use super::native;
-use crate::rng::SplitMix64;
 
 /// How tokens are drawn: one definition, shared with the native sampler.
 pub use smallrl_native::Sampling as SamplingParams;
@@ -69,10 +68,8 @@ pub fn generate_with(engine: Engine, model: &DecodeModel, prompts: &[Vec<u32>], 
 
 fn generate_libtorch(model: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingParams, seed: u64) -> Result<Generation> {
     let _guard = tch::no_grad_guard();
-    // Draws come from generators owned by this call, not libtorch's global one, so samples
-    // depend only on the seed (not on other threads, and not on the device).
-    let mut rngs: Vec<SplitMix64> = (0..prompts.len()).map(|row| row_rng(seed, row)).collect();
     let device = model.device;
+    let uniforms = (params.temperature != 0.0).then(|| row_uniforms(seed, prompts.len(), params.max_new_tokens, device));
     let eos = model.weights.config.eos_token_id as i64;
     let (prompt_ids, prompt_mask) = left_pad(prompts, eos, device);
     let (batch, prompt_len) = prompt_ids.size2()?;
@@ -93,7 +90,7 @@ fn generate_libtorch(model: &DecodeModel, prompts: &[Vec<u32>], params: &Samplin
     let mut finished = Tensor::zeros([batch], (Kind::Bool, device));
     let mut steps = 0;
     for step in 0..params.max_new_tokens {
-        let (token, logprob) = sampler.draw(&logits, &mut rngs);
+        let (token, logprob) = sampler.draw(&logits, uniforms.as_ref().map(|u| u.select(1, step as i64)));
         let token = token.masked_fill(&finished, eos);
         tokens.select(1, step as i64).copy_(&token);
         logprobs.select(1, step as i64).copy_(&logprob.masked_fill(&finished, 0.0));
@@ -145,8 +142,9 @@ impl<'a> Sampler<'a> {
         }
     }
 
-    /// Returns the drawn tokens `[batch]` (int64) and their log-probabilities `[batch]`.
-    fn draw(&self, logits: &Tensor, rngs: &mut [SplitMix64]) -> (Tensor, Tensor) {
+    /// Returns the drawn tokens `[batch]` (int64) and their log-probabilities `[batch]`;
+    /// `uniforms` (`[batch]`, this step's draw of each row) is `None` for greedy decoding.
+    fn draw(&self, logits: &Tensor, uniforms: Option<Tensor>) -> (Tensor, Tensor) {
         let mut scores = logits.to_kind(Kind::Float);
         if let Some(seen) = &self.seen {
             let penalty = self.params.repetition_penalty;
@@ -168,7 +166,7 @@ impl<'a> Sampler<'a> {
             scores = top_p(&scores, self.params.top_p);
         }
         let probs = scores.softmax(-1, Kind::Float);
-        let token = inverse_cdf_sample(&probs, rngs);
+        let token = inverse_cdf_sample(&probs, &uniforms.expect("sampling at temperature > 0 has uniforms"));
         // A drawn token has a probability well above float32's smallest normal, so the log of
         // the gathered probability is exact enough and avoids a second pass over the vocabulary.
         let logprob = probs.gather(1, &token, false).log().squeeze_dim(1);
@@ -176,19 +174,34 @@ impl<'a> Sampler<'a> {
     }
 }
 
+/// Every uniform number the rollout can use, `[rows, max_new_tokens]` float64 on `device`:
+/// row r's column t is the t-th number of row r's own stream ([`row_rng`]), the same numbers in
+/// the same order as the native sampler draws them, so both engines draw the same tokens. They
+/// are made up front and copied to the device once, so the token loop has no host-to-device
+/// copy (on a GPU, one per token was a synchronising copy from pageable memory).
+fn row_uniforms(seed: u64, rows: usize, steps: usize, device: tch::Device) -> Tensor {
+    let uniforms: Vec<f64> = (0..rows)
+        .flat_map(|row| {
+            let mut rng = row_rng(seed, row);
+            (0..steps).map(move |_| rng.next_f64())
+        })
+        .collect();
+    Tensor::from_slice(&uniforms).view([rows as i64, steps as i64]).to(device)
+}
+
 /// One draw per row from `probs` (`[batch, vocab]`) by inverting the cumulative distribution
-/// with a single uniform number per row, from the row's own stream. libtorch's CPU generator costs about 25 ns per number,
-/// so `multinomial` (or Gumbel noise), which draws one per vocabulary entry, took 3-4 ms per
-/// step, more than the whole forward pass. The cumulative sum is in float64 so the last bins
-/// keep their mass; a token of probability 0 is never drawn (`right = true` picks the first
-/// bin whose upper edge exceeds the draw). Returns `[batch, 1]` int64.
-fn inverse_cdf_sample(probs: &Tensor, rngs: &mut [SplitMix64]) -> Tensor {
+/// with a single uniform number per row (`uniforms`, `[batch]` float64 on the same device).
+/// libtorch's CPU generator costs about 25 ns per number, so `multinomial` (or Gumbel noise),
+/// which draws one per vocabulary entry, took 3-4 ms per step, more than the whole forward
+/// pass. The cumulative sum is in float64 so the last bins keep their mass; a token of
+/// probability 0 is never drawn (`right = true` picks the first bin whose upper edge exceeds
+/// the draw). Returns `[batch, 1]` int64.
+fn inverse_cdf_sample(probs: &Tensor, uniforms: &Tensor) -> Tensor {
     let cdf = probs.cumsum(-1, Kind::Double);
     let (batch, vocab) = cdf.size2().expect("probabilities are [batch, vocab]");
-    assert_eq!(batch as usize, rngs.len(), "one random stream per row");
+    assert_eq!(uniforms.size(), [batch], "one uniform number per row");
     let total = cdf.narrow(1, vocab - 1, 1);
-    let uniforms: Vec<f64> = rngs.iter_mut().map(SplitMix64::next_f64).collect();
-    let draw = Tensor::from_slice(&uniforms).view([batch, 1]).to(probs.device()) * total;
+    let draw = uniforms.view([batch, 1]) * total;
     draw.searchsorted(&cdf, false, true, "right", None::<Tensor>).clamp_max(vocab - 1)
 }
 
