@@ -138,8 +138,9 @@ pub fn group_data(group: &str, members: &[&RunEntry], baselines: &[&RunEntry]) -
     Ok(GroupData { group: group.to_string(), steps, stats })
 }
 
-/// Charts for every group of grid runs, and `<charts_dir>/index.html` linking their viewers.
-pub fn write_all(charts_dir: &Path, entries: &[RunEntry]) -> Result<PathBuf> {
+/// Charts for every group of grid runs, the Pareto chart of the arms (`pareto.png`, when any
+/// arm has a hack frequency), and `<charts_dir>/index.html` showing it and linking the viewers.
+pub fn write_all(charts_dir: &Path, entries: &[RunEntry], arm_rows: &[super::arms::ArmRow]) -> Result<PathBuf> {
     std::fs::create_dir_all(charts_dir).with_context(|| format!("cannot create {}", charts_dir.display()))?;
     let grid: Vec<&RunEntry> = entries.iter().filter(|e| e.role == RunRole::Grid).collect();
     let mut written = Vec::new();
@@ -154,8 +155,12 @@ pub fn write_all(charts_dir: &Path, entries: &[RunEntry]) -> Result<PathBuf> {
         write_group(&charts_dir.join(&group), &data)?;
         written.push(group);
     }
+    let pareto = !super::pareto::points(arm_rows).1.is_empty();
+    if pareto {
+        super::pareto::write(&charts_dir.join(super::pareto::FILE), arm_rows)?;
+    }
     let index = charts_dir.join("index.html");
-    crate::fsutil::write_atomic(&index, super::viewer::index_page(&written).as_bytes())?;
+    crate::fsutil::write_atomic(&index, super::viewer::index_page(&written, pareto).as_bytes())?;
     Ok(index)
 }
 

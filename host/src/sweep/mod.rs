@@ -5,11 +5,14 @@
 //! Depends on the training configuration and run naming (`train::config`) and the run-log
 //! readers (`train::runlog`), never on the model: a sweep only reads what runs wrote.
 
+pub mod arms;
 pub mod charts;
+pub mod pareto;
 pub mod plan;
 pub mod plot;
 pub mod runner;
 pub mod slurm;
+pub mod stats;
 pub mod summary;
 mod viewer;
 
@@ -101,7 +104,12 @@ pub fn report(output_dir: &Path, entries: &[RunEntry]) -> Result<()> {
     let csv = output_dir.join("summary.csv");
     summary::write_csv(&csv, &rows)?;
     println!("summary: {}", csv.display());
-    let index = charts::write_all(&output_dir.join("charts"), entries)?;
+    let arm_rows = arms::rows(entries)?;
+    println!("{}", arms::format_table(&arm_rows));
+    let arms_csv = output_dir.join("arms.csv");
+    arms::write_csv(&arms_csv, &arm_rows)?;
+    println!("arms: {}", arms_csv.display());
+    let index = charts::write_all(&output_dir.join("charts"), entries, &arm_rows)?;
     println!("charts: {}", index.display());
     Ok(())
 }

@@ -50,10 +50,15 @@ show(0);
     )
 }
 
-/// `charts/index.html`: a link to each group's viewer.
-pub fn index_page(groups: &[String]) -> String {
+/// `charts/index.html`: the Pareto chart of the arms (when drawn), then a link to each group's
+/// viewer.
+pub fn index_page(groups: &[String], pareto: bool) -> String {
     let items: String = groups.iter().map(|g| format!("<li><a href=\"{0}/index.html\">{1}</a></li>\n", escape(g), escape(g))).collect();
-    format!("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>sweep charts</title></head><body>\n<h2>Experiment groups</h2>\n<ul>\n{items}</ul>\n</body></html>\n")
+    let pareto = match pareto {
+        true => format!("<h2>Arms: task reward vs hack frequency</h2>\n<img src=\"{}\" alt=\"Pareto chart of the arms\">\n", super::pareto::FILE),
+        false => String::new(),
+    };
+    format!("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>sweep charts</title></head><body>\n{pareto}<h2>Experiment groups</h2>\n<ul>\n{items}</ul>\n</body></html>\n")
 }
 
 fn escape(text: &str) -> String {

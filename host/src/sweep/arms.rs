@@ -1,0 +1,110 @@
+//! The sweep's summary per arm: an arm is every run with the same configuration except the
+//! seed (the run name without `_s<seed>`, which lists every non-default hyperparameter), so
+//! routed runs, their baselines and any other intervention each form their own arm. Per arm
+//! and metric: the mean over seeds and a 95% percentile-bootstrap interval ([`super::stats`]).
+//!
+//! Metrics, per finished run: `final_reward` (the training reward of the last step,
+//! `metrics.jsonl`; mode `train`), and from the final routing evaluation (the last line of
+//! `routing_eval.jsonl`, at `max_steps`) `task_reward` and `hack_freq` in each adapter mode,
+//! and `retain_minus_hack` = task reward − hack frequency in `retain_only` (what routing is
+//! for: a retain adapter that keeps the task and drops the hack scores high).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+use super::stats::{self, MeanCi};
+use super::{RunEntry, RunStatus, charts, plan};
+use crate::routing::eval_mode;
+use crate::train::metrics::key;
+use crate::train::runlog::Jsonl;
+
+pub const FINAL_REWARD: &str = "final_reward";
+pub const TASK_REWARD: &str = "task_reward";
+pub const HACK_FREQ: &str = "hack_freq";
+pub const RETAIN_MINUS_HACK: &str = "retain_minus_hack";
+/// The mode of `final_reward` (the policy that trained: both adapters, ablation as trained).
+pub const TRAIN_MODE: &str = "train";
+
+pub const CSV_HEADER: &str = "arm,role,metric,mode,seeds,mean,ci_low,ci_high";
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ArmRow {
+    pub arm: String,
+    /// `baseline` when every run of the arm is some routed run's baseline, else `run`.
+    pub role: &'static str,
+    pub metric: &'static str,
+    pub mode: String,
+    pub stat: MeanCi,
+}
+
+/// One finished run's values: (metric, mode) → value.
+pub fn run_values(entry: &RunEntry) -> Result<BTreeMap<(&'static str, String), f64>> {
+    let mut values = BTreeMap::new();
+    let metrics_path = entry.dir.join("metrics.jsonl");
+    let last = Jsonl::new(metrics_path.clone()).read()?.pop().with_context(|| format!("{} is empty", metrics_path.display()))?;
+    let reward = last[key::REWARD].as_f64().with_context(|| format!("{}: the last line has no finite `{}`", metrics_path.display(), key::REWARD))?;
+    values.insert((FINAL_REWARD, TRAIN_MODE.to_string()), reward);
+    let evaluations = charts::run_evaluations(entry)?;
+    let final_step = evaluations.iter().map(|(step, _, _)| *step).max().with_context(|| format!("{}: no routing evaluation", entry.dir.display()))?;
+    anyhow::ensure!(final_step == entry.config.max_steps, "{}: the last routing evaluation is at step {final_step}, not max_steps {}", entry.dir.display(), entry.config.max_steps);
+    for (_, mode, [task, _, hack]) in evaluations.into_iter().filter(|(step, _, _)| *step == final_step) {
+        let task = task.expect("task reward is always computed");
+        values.insert((TASK_REWARD, mode.clone()), task);
+        if let Some(hack) = hack {
+            values.insert((HACK_FREQ, mode.clone()), hack);
+            if mode == eval_mode::RETAIN_ONLY {
+                values.insert((RETAIN_MINUS_HACK, mode), task - hack);
+            }
+        }
+    }
+    Ok(values)
+}
+
+/// Rows for every arm of the finished runs (unfinished and failed runs are left out and
+/// named on stdout), arms in name order, metrics and modes in a fixed order.
+pub fn rows(entries: &[RunEntry]) -> Result<Vec<ArmRow>> {
+    let finished: Vec<&RunEntry> = entries.iter().filter(|e| matches!(e.status, RunStatus::Ok | RunStatus::Cached)).collect();
+    for left_out in entries.iter().filter(|e| !matches!(e.status, RunStatus::Ok | RunStatus::Cached)) {
+        println!("arms: {} ({}) is left out of the arm summary", left_out.name, left_out.status.as_str());
+    }
+    let mut rows = Vec::new();
+    for (arm, members) in plan::groups(&finished, |e| e.name.as_str()) {
+        let role = if members.iter().all(|m| m.role == plan::RunRole::Baseline) { "baseline" } else { "run" };
+        let mut samples: BTreeMap<(usize, &'static str, String), Vec<f64>> = BTreeMap::new();
+        for member in &members {
+            let values = run_values(member).with_context(|| format!("arm summary of {}", member.name))?;
+            for ((metric, mode), value) in values {
+                samples.entry((metric_order(metric), metric, mode)).or_default().push(value);
+            }
+        }
+        for ((_, metric, mode), values) in samples {
+            rows.push(ArmRow { arm: arm.clone(), role, metric, mode, stat: stats::mean_ci(&values) });
+        }
+    }
+    Ok(rows)
+}
+
+fn metric_order(metric: &str) -> usize {
+    [FINAL_REWARD, TASK_REWARD, HACK_FREQ, RETAIN_MINUS_HACK].iter().position(|m| *m == metric).expect("a known metric")
+}
+
+pub fn write_csv(path: &Path, rows: &[ArmRow]) -> Result<()> {
+    let mut text = format!("{CSV_HEADER}\n");
+    for r in rows {
+        let (low, high) = r.stat.ci.map_or((String::new(), String::new()), |(l, h)| (l.to_string(), h.to_string()));
+        text.push_str(&format!("{},{},{},{},{},{},{low},{high}\n", r.arm, r.role, r.metric, r.mode, r.stat.n, r.stat.mean));
+    }
+    crate::fsutil::write_atomic(path, text.as_bytes())
+}
+
+pub fn format_table(rows: &[ArmRow]) -> String {
+    let width = rows.iter().map(|r| r.arm.len()).max().unwrap_or(3).max(3);
+    let mut out = format!("{:<width$}  {:<17}  {:<11}  {:>5}  {:>7}  95% CI (bootstrap)", "arm", "metric", "mode", "seeds", "mean");
+    for r in rows {
+        let ci = r.stat.ci.map_or("-".to_string(), |(l, h)| format!("[{l:.3}, {h:.3}]"));
+        out.push_str(&format!("\n{:<width$}  {:<17}  {:<11}  {:>5}  {:>7.3}  {ci}", r.arm, r.metric, r.mode, r.stat.n, r.stat.mean));
+    }
+    out
+}
