@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::{fixture, repo_root};
+use common::{fixture, repo_root, smallrl};
 use serde_json::{Map, Value};
 use smallrl::sweep::charts::{self, SERIES};
 use smallrl::sweep::plan::{self, CacheState, RunRole, SweepSpec, expand, parse_fixed, parse_grid};
@@ -155,10 +155,6 @@ fn slurm_emission_writes_one_command_per_run_and_runs_nothing() {
 
 fn happy_config_abs() -> String {
     repo_root().join(HAPPY_CONFIG).to_string_lossy().into_owned()
-}
-
-fn smallrl(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_smallrl")).args(args).env_remove("RUST_BACKTRACE").output().unwrap()
 }
 
 /// A 2×2 sweep (two routing modes × two seeds) of tiny DualLoRA runs; the detector flags any

@@ -468,3 +468,102 @@ fn tensorboard_and_completion_logs_hold_what_metrics_jsonl_holds() {
     let first = &completions["first"];
     assert_eq!(format!("{} ||| {}", first["prompt"].as_str().unwrap(), first["completion"].as_str().unwrap()), first_sample);
 }
+
+/// The modes of a `smallrl eval --json` report, by name, without the name.
+fn eval_modes(stdout: &str) -> Map<String, Value> {
+    let report: Value = serde_json::from_str(stdout).unwrap();
+    report["report"]["modes"].as_array().unwrap().iter().map(|m| {
+        let mut m = m.clone();
+        let name = m.as_object_mut().unwrap().remove("mode").unwrap();
+        (name.as_str().unwrap().to_string(), m)
+    }).collect()
+}
+
+#[test]
+fn eval_at_adapter_scales_and_over_all_checkpoints_matches_separate_evaluations() {
+    let out = tempfile::tempdir().unwrap();
+    let run = train(with(with(routed_config(out.path()), "max_steps", 2.into()), "save_steps", 1.into()));
+    let (ckpt1, ckpt2) = (run.join("checkpoint-1"), run.join("checkpoint-2"));
+    let eval = |dir: &Path, extra: &[&str]| {
+        let mut args = vec!["eval", dir.to_str().unwrap(), "--n-samples", "4", "--threads", "1", "--json"];
+        args.extend(extra);
+        eval_modes(&common::smallrl_ok(&args))
+    };
+    let standard = eval(&ckpt2, &[]);
+    let sweep = eval(&ckpt2, &["--forget-scales", "0,0.5,1"]);
+    assert_eq!(sweep.keys().collect::<Vec<_>>(), ["retain1_forget0", "retain1_forget0.5", "retain1_forget1"]);
+    assert_eq!(sweep["retain1_forget0"], standard["retain_only"], "forget scale 0 is retain_only");
+    assert_eq!(sweep["retain1_forget1"], standard["both"], "forget scale 1 is both");
+    let separate = eval(&ckpt2, &["--scales", "1,0.5", "--scales", "0,0"]);
+    assert_eq!(separate["retain1_forget0.5"], sweep["retain1_forget0.5"], "a scale evaluated alone or in a sweep");
+    assert_eq!(separate.len(), 2);
+    let wrong = common::smallrl(&["eval", ckpt2.to_str().unwrap(), "--scales", "1"]);
+    assert!(String::from_utf8_lossy(&wrong.stderr).contains("needs 2 value(s), one per adapter"), "{}", String::from_utf8_lossy(&wrong.stderr));
+
+    // --all-checkpoints: one CSV, step x mode x metric, equal to each checkpoint's evaluation.
+    common::smallrl_ok(&["eval", run.to_str().unwrap(), "--all-checkpoints", "--n-samples", "4", "--threads", "1"]);
+    let csv = run.join(smallrl::eval::CHECKPOINTS_CSV);
+    let text = std::fs::read_to_string(&csv).unwrap();
+    assert!(text.starts_with("step,mode,metric,value\n"), "{text}");
+    // serde_json's default float parsing may be one ulp off the written value, so cells and the
+    // --json report are compared after the same parse (equal iff the texts are equal).
+    let cells: std::collections::BTreeMap<(u64, String, String), Value> = text
+        .lines()
+        .skip(1)
+        .map(|line| {
+            let c: Vec<&str> = line.split(',').collect();
+            let value = if c[3].is_empty() { Value::Null } else { serde_json::from_str(c[3]).unwrap() };
+            ((c[0].parse().unwrap(), c[1].to_string(), c[2].to_string()), value)
+        })
+        .collect();
+    let mut expected = std::collections::BTreeMap::new();
+    for (step, modes) in [(1, eval(&ckpt1, &[])), (2, standard.clone())] {
+        for (mode, values) in &modes {
+            for metric in ["reward", "hack_freq", "jaccard", "unique", "n"] {
+                expected.insert((step, mode.clone(), metric.to_string()), values[metric].clone());
+            }
+            expected.insert((step, mode.clone(), "degenerate".into()), json!(values["degenerate"].as_bool().unwrap() as u8));
+            for component in values["components"].as_array().unwrap() {
+                expected.insert((step, mode.clone(), component[0].as_str().unwrap().to_string()), component[1].clone());
+            }
+        }
+    }
+    assert_eq!(cells, expected, "the CSV holds exactly each checkpoint's own evaluation");
+    // The sweep reads it back as routing_eval.jsonl-shaped lines.
+    let read_back = smallrl::eval::read_checkpoints_csv(&csv).unwrap();
+    assert_eq!(read_back.iter().map(|l| l["step"].as_u64().unwrap()).collect::<Vec<_>>(), [1, 2]);
+    assert_eq!(read_back[1]["modes"]["retain_only"]["n"].as_f64(), Some(4.0));
+}
+
+#[test]
+fn a_finished_run_is_extended_only_when_asked_with_the_schedule_recorded() {
+    let out = tempfile::tempdir().unwrap();
+    let run = train(with(routed_config(out.path()), "max_steps", 2.into()));
+    let run_arg = run.to_str().unwrap();
+    let refused = common::smallrl(&["train", "--resume", run_arg, "--max-steps", "4", "--threads", "1"]);
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && message.contains("--extend-schedule") && message.contains("linear LR schedule"), "{message}");
+    let shorter = common::smallrl(&["train", "--resume", run_arg, "--max-steps", "1", "--extend-schedule"]);
+    assert!(String::from_utf8_lossy(&shorter.stderr).contains("can only be extended past its max_steps (2)"));
+    common::smallrl_ok(&["train", "--resume", run_arg, "--max-steps", "4", "--extend-schedule", "--threads", "1"]);
+
+    // Steps 1-2 kept the 2-step schedule, steps 3-4 follow the 4-step one: lr (H - s) / H for
+    // the 0-based step s.
+    let lr = 1e-3;
+    let expected = [lr * 2.0 / 2.0, lr * 1.0 / 2.0, lr * 2.0 / 4.0, lr * 1.0 / 4.0];
+    let logged: Vec<f64> = read_jsonl(&run.join("metrics.jsonl")).iter().map(|l| l[key::LEARNING_RATE].as_f64().unwrap()).collect();
+    assert_eq!(logged.len(), 4);
+    for (got, want) in logged.iter().zip(expected) {
+        assert!((got - want).abs() <= 1e-15, "learning rates {logged:?}, expected {expected:?}");
+    }
+    let saved = TrainConfig::read_saved(&run).unwrap();
+    assert_eq!(saved.max_steps, 4);
+    assert_eq!(saved.lr_horizons, vec![smallrl::train::config::LrHorizon { until_step: 2, max_steps: 2 }]);
+    assert!(smallrl::sweep::plan::is_finished(&run, 4).unwrap(), "checkpoint-4 and evaluations to step 4");
+    assert!(std::fs::read_to_string(run.join("train.log")).unwrap().contains("extended from max_steps 2 to 4"));
+
+    // The record is the trainer's: a new run cannot start with one.
+    let forged = TrainConfig { lr_horizons: saved.lr_horizons.clone(), output_dir: out.path().join("new"), ..saved };
+    let error = format!("{:#}", Trainer::new(forged, None).err().unwrap());
+    assert!(error.contains("lr_horizons is a record"), "{error}");
+}

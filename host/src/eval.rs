@@ -45,8 +45,9 @@ pub struct EvalSetup<'a> {
     pub seed: u64,
 }
 
-/// Evaluates `model` in each `(mode name, adapter scales)`.
-pub fn routing_eval(model: &Llama, modes: &[(&str, Vec<f64>)], rewards: &mut RewardModel, setup: &EvalSetup, step: usize) -> Result<EvalReport> {
+/// Evaluates `model` in each `(mode name, adapter scales)`; every mode samples with the same
+/// seed, so a mode's result does not depend on the other modes asked for.
+pub fn routing_eval<M: AsRef<str>>(model: &Llama, modes: &[(M, Vec<f64>)], rewards: &mut RewardModel, setup: &EvalSetup, step: usize) -> Result<EvalReport> {
     let start = Instant::now();
     let prompt_ids = setup.prompts.iter().map(|p| setup.tokenizer.encode(p)).collect::<Result<Vec<_>>>()?;
     let mut reports = Vec::new();
@@ -61,7 +62,7 @@ pub fn routing_eval(model: &Llama, modes: &[(&str, Vec<f64>)], rewards: &mut Rew
         let unique_first_sentences = completions.iter().map(|c| first_sentence(c)).collect::<BTreeSet<_>>().len();
         let jaccard = mean_pairwise_jaccard(&completions);
         reports.push(ModeReport {
-            mode: mode.to_string(),
+            mode: mode.as_ref().to_string(),
             components,
             reward: mean(&scored.reward),
             hack_freq: scored.hack_freq(),
@@ -176,6 +177,55 @@ pub fn to_json(report: &EvalReport) -> serde_json::Value {
     line.insert(key::MODES.into(), modes.into());
     line.insert(key::SECONDS.into(), report.seconds.into());
     serde_json::Value::Object(line)
+}
+
+/// `smallrl eval RUN --all-checkpoints` writes this into the run directory.
+pub const CHECKPOINTS_CSV: &str = "eval_checkpoints.csv";
+pub const CHECKPOINTS_CSV_HEADER: &str = "step,mode,metric,value";
+
+/// The evaluations of several checkpoints as one long table, `step,mode,metric,value`: the
+/// values of [`to_json`] (a `routing_eval.jsonl` line) row by row, booleans as 0/1, a missing
+/// value (`hack_freq` without a detector) empty; floats in shortest round-trip form.
+pub fn checkpoints_csv(reports: &[EvalReport]) -> Result<String> {
+    let mut text = format!("{CHECKPOINTS_CSV_HEADER}\n");
+    for report in reports {
+        let line = to_json(report);
+        for (mode, values) in line[key::MODES].as_object().expect("to_json writes modes") {
+            for (metric, value) in values.as_object().expect("a mode is an object") {
+                anyhow::ensure!(!mode.contains(',') && !metric.contains(','), "mode `{mode}` / metric `{metric}` contains a comma: cannot be a CSV cell");
+                let cell = match value {
+                    serde_json::Value::Bool(b) => (*b as u8).to_string(),
+                    serde_json::Value::Null => String::new(),
+                    other => other.to_string(),
+                };
+                text.push_str(&format!("{},{mode},{metric},{cell}\n", report.step));
+            }
+        }
+    }
+    Ok(text)
+}
+
+/// Reads [`CHECKPOINTS_CSV`] back into `routing_eval.jsonl`-shaped lines (one per step, in step
+/// order; every value a number or null), so readers of evaluations handle both alike.
+pub fn read_checkpoints_csv(path: &std::path::Path) -> Result<Vec<serde_json::Value>> {
+    use anyhow::Context;
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut lines = text.lines();
+    anyhow::ensure!(lines.next() == Some(CHECKPOINTS_CSV_HEADER), "{}: the first line is not `{CHECKPOINTS_CSV_HEADER}`", path.display());
+    let mut steps: std::collections::BTreeMap<u64, serde_json::Map<String, serde_json::Value>> = Default::default();
+    for (i, line) in lines.enumerate() {
+        let cells: Vec<&str> = line.split(',').collect();
+        let [step, mode, metric, value] = cells[..] else { anyhow::bail!("{} line {}: expected 4 cells, got `{line}`", path.display(), i + 2) };
+        let step: u64 = step.parse().with_context(|| format!("{} line {}: step `{step}`", path.display(), i + 2))?;
+        let value = match value {
+            "" => serde_json::Value::Null,
+            number => serde_json::Value::from(number.parse::<f64>().with_context(|| format!("{} line {}: value `{number}`", path.display(), i + 2))?),
+        };
+        let modes = steps.entry(step).or_default();
+        let values = modes.entry(mode.to_string()).or_insert_with(|| serde_json::json!({}));
+        values[metric] = value;
+    }
+    Ok(steps.into_iter().map(|(step, modes)| serde_json::json!({ key::STEP: step, key::MODES: modes })).collect())
 }
 
 #[cfg(test)]

@@ -106,3 +106,25 @@ pub fn eval_modes(adapters: &AdapterConfig) -> Vec<(&'static str, Vec<f64>)> {
         ],
     }
 }
+
+/// Evaluation modes at chosen adapter scales, in the order given: each of `scales` (one value
+/// per adapter slot), then `(1, f)` for each forget scale `f` (DualLoRA only: retain on, the
+/// forget adapter scaled). Named `retain<r>_forget<f>` (DualLoRA) or `lora<s>` (one LoRA), so
+/// `retain1_forget0` is `retain_only`'s scales. Errors name the flag and what fits.
+pub fn scaled_modes(adapters: &AdapterConfig, scales: &[Vec<f64>], forget_scales: &[f64]) -> Result<Vec<(String, Vec<f64>)>> {
+    let slots = adapters.slots.len();
+    anyhow::ensure!(slots > 0 || (scales.is_empty() && forget_scales.is_empty()), "--scales and --forget-scales need adapters; this checkpoint is full fine-tuning");
+    anyhow::ensure!(forget_scales.is_empty() || adapters.is_dual(), "--forget-scales needs DualLoRA (retain and forget adapters); this checkpoint has {:?}", adapters.kind);
+    let mut modes: Vec<(String, Vec<f64>)> = Vec::new();
+    for values in scales.iter().cloned().chain(forget_scales.iter().map(|&f| vec![1.0, f])) {
+        anyhow::ensure!(values.len() == slots, "--scales {values:?}: needs {slots} value(s), one per adapter {:?}", adapters.slots);
+        anyhow::ensure!(values.iter().all(|v| v.is_finite()), "adapter scales must be finite numbers, got {values:?}");
+        let name = match adapters.is_dual() {
+            true => format!("retain{}_forget{}", values[RETAIN], values[FORGET]),
+            false => format!("lora{}", values[0]),
+        };
+        anyhow::ensure!(!modes.iter().any(|(n, _)| *n == name), "adapter scales {values:?} are asked for twice");
+        modes.push((name, values));
+    }
+    Ok(modes)
+}

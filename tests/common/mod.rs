@@ -96,3 +96,15 @@ pub fn sample_from_tokens(tokens: &str) -> Sample {
         ended_with_eos: true,
     }
 }
+
+/// Runs the built `smallrl` binary with `args` (no backtraces in its error output).
+pub fn smallrl(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_smallrl")).args(args).env_remove("RUST_BACKTRACE").output().expect("smallrl runs")
+}
+
+/// [`smallrl`] that must succeed; its stdout.
+pub fn smallrl_ok(args: &[&str]) -> String {
+    let output = smallrl(args);
+    assert!(output.status.success(), "smallrl {args:?} failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}

@@ -1,7 +1,10 @@
 //! `smallrl eval CHECKPOINT`: the routing evaluation of a saved checkpoint, with the adapter
-//! configuration and the reward configuration the run recorded (never guessed).
+//! configuration and the reward configuration the run recorded (never guessed); at the
+//! standard adapter modes or at chosen adapter scales (`--scales`, `--forget-scales`: one model
+//! load, one sampling pass per scale); `--all-checkpoints` evaluates every checkpoint of a run
+//! into one CSV.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, ensure};
 use clap::Args;
@@ -13,8 +16,21 @@ use crate::train::{self, TrainConfig, checkpoint};
 
 #[derive(Args, Debug)]
 pub struct EvalArgs {
-    /// A `checkpoint-N` directory of a run.
+    /// A `checkpoint-N` directory of a run (a run directory with --all-checkpoints).
     pub checkpoint: PathBuf,
+    /// Evaluate at these adapter scales instead of the standard modes: one value per adapter
+    /// (DualLoRA: retain,forget), e.g. `--scales 1,0.5`; repeat for several. A global scale s
+    /// is `--scales s,s`. Modes are named `retain<r>_forget<f>` (or `lora<s>`).
+    #[arg(long, value_name = "S1,S2", value_parser = parse_scales)]
+    pub scales: Vec<Vec<f64>>,
+    /// DualLoRA: evaluate with retain at 1 and forget at each of these scales (with --scales,
+    /// after its modes), e.g. `--forget-scales 0,0.25,0.5,0.75,1`.
+    #[arg(long, value_delimiter = ',')]
+    pub forget_scales: Vec<f64>,
+    /// CHECKPOINT is a run directory: evaluate each of its checkpoints (in step order) and write
+    /// `<run>/eval_checkpoints.csv` (step,mode,metric,value).
+    #[arg(long, conflicts_with = "reward_history")]
+    pub all_checkpoints: bool,
     /// Completions per adapter mode (one per evaluation prompt).
     #[arg(long, default_value_t = 20)]
     pub n_samples: usize,
@@ -34,15 +50,56 @@ pub struct EvalArgs {
     pub threads: Option<usize>,
 }
 
+fn parse_scales(text: &str) -> Result<Vec<f64>, String> {
+    text.split(',').map(|v| v.trim().parse::<f64>().map_err(|e| format!("`{v}` in `{text}`: {e}"))).collect()
+}
+
 pub fn run(args: EvalArgs) -> Result<()> {
     crate::device::set_threads(args.threads)?;
-    let run_config_path = args.checkpoint.join("config.yaml");
+    let checkpoints = match args.all_checkpoints {
+        true => {
+            let all = checkpoint::all(&args.checkpoint)?;
+            ensure!(!all.is_empty(), "{} has no checkpoint-N directories (--all-checkpoints takes a run directory)", args.checkpoint.display());
+            all.into_iter().map(|(_, dir)| dir).collect()
+        }
+        false => vec![args.checkpoint.clone()],
+    };
+    // The scales are checked against the adapters before any model is loaded; a run's
+    // checkpoints all have the run's adapters.
+    let adapters = checkpoint::read_state(&checkpoints[0])?.adapters;
+    for dir in &checkpoints[1..] {
+        checkpoint::check_adapters(&checkpoint::read_state(dir)?, &adapters, dir)?;
+    }
+    let modes: Vec<(String, Vec<f64>)> = match args.scales.is_empty() && args.forget_scales.is_empty() {
+        true => routing::eval_modes(&adapters).into_iter().map(|(name, scales)| (name.to_string(), scales)).collect(),
+        false => routing::scaled_modes(&adapters, &args.scales, &args.forget_scales)?,
+    };
+    let mut reports = Vec::new();
+    for dir in &checkpoints {
+        let report = evaluate(dir, &modes, &args)?;
+        match args.all_checkpoints {
+            true => println!("{}", eval::format_block(&report)),
+            false => print_report(&report, &args)?,
+        }
+        reports.push(report);
+    }
+    if args.all_checkpoints {
+        let csv = args.checkpoint.join(eval::CHECKPOINTS_CSV);
+        crate::fsutil::write_atomic(&csv, eval::checkpoints_csv(&reports)?.as_bytes())?;
+        println!("wrote {} ({} checkpoints x {} modes)", csv.display(), reports.len(), modes.len());
+    }
+    Ok(())
+}
+
+/// One checkpoint's evaluation in `modes`, with the run's recorded configuration.
+fn evaluate(dir: &Path, modes: &[(String, Vec<f64>)], args: &EvalArgs) -> Result<eval::EvalReport> {
+    let run_config_path = dir.join("config.yaml");
     let mut config = TrainConfig::resolve(Some(&run_config_path), Default::default())?;
     if let Some(path) = &args.config {
         let scoring = TrainConfig::resolve(Some(path), Default::default())?;
         (config.reward, config.rh_detector) = (scoring.reward, scoring.rh_detector);
     }
-    let restored = checkpoint::restore_model(&args.checkpoint, config.device.resolve()?)?;
+    let restored = checkpoint::restore_model(dir, config.device.resolve()?)?;
     let tokenizer = crate::model::Tokenizer::from_file(&restored.tokenizer_path)?;
     let reward = config.reward.as_ref().context("the run has no reward configuration")?;
     let mut rewards = RewardModel::load(reward, config.rh_detector.as_ref(), config.knobs(), &config.plugin_dir, config.plugin_limits()?)?;
@@ -51,7 +108,10 @@ pub fn run(args: EvalArgs) -> Result<()> {
     prompts.truncate(args.n_samples);
     let sampling = train::sampling_params(&config);
     let setup = EvalSetup { tokenizer: &tokenizer, prompts: &prompts, sampling: &sampling, seed: train::eval_seed(&config) };
-    let report = eval::routing_eval(&restored.model, &routing::eval_modes(&restored.adapters), &mut rewards, &setup, restored.state.step)?;
+    eval::routing_eval(&restored.model, modes, &mut rewards, &setup, restored.state.step)
+}
+
+fn print_report(report: &eval::EvalReport, args: &EvalArgs) -> Result<()> {
     let history = match args.reward_history {
         true => Some(crate::train::metrics::reward_history(args.checkpoint.parent().context("a checkpoint lives in a run directory")?)?),
         false => None,
@@ -60,7 +120,7 @@ pub fn run(args: EvalArgs) -> Result<()> {
         println!("{}", serde_json::json!({"report": report, "reward_history": history}));
         return Ok(());
     }
-    println!("{}", eval::format_block(&report));
+    println!("{}", eval::format_block(report));
     for mode in &report.modes {
         println!("\n{} (unique first sentences {}/{}):", mode.mode, mode.unique_first_sentences, mode.n);
         for (prompt, completion) in mode.samples.iter().take(args.show) {

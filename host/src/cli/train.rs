@@ -2,15 +2,15 @@
 //! YAML < flags < `--set`. Every hyperparameter flag is the snake_case config key in kebab-case
 //! (declared once, in `train/config.rs`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::{Map, Value};
 
 use crate::reward::DetectorSpec;
 use crate::train::config::{RESUME_MAY_CHANGE, TrainFlags, parse_override, reward_plugin_overrides};
-use crate::train::{TrainConfig, Trainer};
+use crate::train::{TrainConfig, Trainer, checkpoint};
 
 #[derive(Args, Debug)]
 pub struct TrainArgs {
@@ -39,6 +39,13 @@ pub struct TrainArgs {
     /// with (the new hashes are recorded in config.yaml and the change in train.log).
     #[arg(long, requires = "resume")]
     pub accept_changed_plugins: bool,
+    /// With --resume and a larger --max-steps: continue the run to the new max_steps. The
+    /// linear LR schedule's horizon sets the rate of every step, so the steps already taken
+    /// keep the horizon they were trained with (recorded as `lr_horizons` in config.yaml) and
+    /// the rest follow the schedule over the new max_steps: the rate jumps up where the run
+    /// continues. Without this flag a different --max-steps is refused.
+    #[arg(long, requires = "resume")]
+    pub extend_schedule: bool,
     /// Stop after this many steps in this invocation (the run can be resumed).
     #[arg(long, hide = true)]
     pub stop_after: Option<usize>,
@@ -68,22 +75,43 @@ impl TrainArgs {
 pub fn run(args: TrainArgs) -> Result<()> {
     let overrides = args.overrides()?;
     let (config, resume) = match &args.resume {
-        Some(run_dir) => {
-            let changing: Vec<&String> = overrides.keys().filter(|k| !RESUME_MAY_CHANGE.contains(&k.as_str())).collect();
-            anyhow::ensure!(changing.is_empty(), "--resume continues a run exactly as configured; these options would change it: {changing:?}");
-            let saved = run_dir.join("config.yaml");
-            anyhow::ensure!(
-                saved.exists(),
-                "{} has no config.yaml: it is not a smallrl run directory, or its run failed before it started \
-                 (then run the original `smallrl train` command again: it starts the run afresh)",
-                run_dir.display()
-            );
-            (TrainConfig::resolve(Some(&saved), overrides)?, Some(run_dir.as_path()))
-        }
+        Some(run_dir) => (resumed_config(run_dir, overrides, args.extend_schedule)?, Some(run_dir.as_path())),
         None => (TrainConfig::resolve(args.config.as_deref(), overrides)?, None),
     };
     let mut trainer = Trainer::start(config, resume, args.accept_changed_plugins)?;
     let summary = trainer.train(args.stop_after)?;
     println!("run directory: {} ({} steps)", summary.run_dir.display(), summary.steps);
     Ok(())
+}
+
+/// The configuration a resumed run continues with: its saved one, with only the keys that do
+/// not change what it computes overridden, or extended to a larger `--max-steps` with
+/// `--extend-schedule`.
+fn resumed_config(run_dir: &Path, mut overrides: Map<String, Value>, extend_schedule: bool) -> Result<TrainConfig> {
+    let max_steps = overrides.remove("max_steps").map(|v| v.as_u64().map(|n| n as usize).with_context(|| format!("--max-steps {v} is not a step count"))).transpose()?;
+    let changing: Vec<&String> = overrides.keys().filter(|k| !RESUME_MAY_CHANGE.contains(&k.as_str())).collect();
+    anyhow::ensure!(changing.is_empty(), "--resume continues a run exactly as configured; these options would change it: {changing:?}");
+    let saved = run_dir.join("config.yaml");
+    anyhow::ensure!(
+        saved.exists(),
+        "{} has no config.yaml: it is not a smallrl run directory, or its run failed before it started \
+         (then run the original `smallrl train` command again: it starts the run afresh)",
+        run_dir.display()
+    );
+    let config = TrainConfig::resolve(Some(&saved), overrides)?;
+    let Some(n) = max_steps.filter(|&n| n != config.max_steps) else {
+        anyhow::ensure!(!extend_schedule, "--extend-schedule needs --max-steps N larger than the run's max_steps ({})", config.max_steps);
+        return Ok(config);
+    };
+    anyhow::ensure!(
+        extend_schedule,
+        "--max-steps {n} differs from the run's max_steps {}: the linear LR schedule decays to 0 at max_steps, so every step \
+         already taken had its rate set by {} steps. Add --extend-schedule to continue to step {n} anyway (the steps taken keep \
+         their rates, recorded in config.yaml as lr_horizons; the rest follow the {n}-step schedule, so the rate jumps up where the \
+         run continues), or start a new run with --max-steps {n}",
+        config.max_steps,
+        config.max_steps
+    );
+    let checkpoint = checkpoint::latest(run_dir).context("--extend-schedule continues from a checkpoint")?;
+    config.extended(n, checkpoint::read_state(&checkpoint)?.step)
 }

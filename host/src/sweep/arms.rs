@@ -4,8 +4,8 @@
 //! and metric: the mean over seeds and a 95% percentile-bootstrap interval ([`super::stats`]).
 //!
 //! Metrics, per finished run: `final_reward` (the training reward of the last step,
-//! `metrics.jsonl`; mode `train`), and from the final routing evaluation (the last line of
-//! `routing_eval.jsonl`, at `max_steps`) `task_reward` and `hack_freq` in each adapter mode,
+//! `metrics.jsonl`; mode `train`), and from the run's own final routing evaluation (the last line
+//! of `routing_eval.jsonl`, at `max_steps`; not `eval_checkpoints.csv`) `task_reward` and `hack_freq` in each adapter mode,
 //! and `retain_minus_hack` = task reward − hack frequency in `retain_only` (what routing is
 //! for: a retain adapter that keeps the task and drops the hack scores high).
 
@@ -46,7 +46,7 @@ pub fn run_values(entry: &RunEntry) -> Result<BTreeMap<(&'static str, String), f
     let last = Jsonl::new(metrics_path.clone()).read()?.pop().with_context(|| format!("{} is empty", metrics_path.display()))?;
     let reward = last[key::REWARD].as_f64().with_context(|| format!("{}: the last line has no finite `{}`", metrics_path.display(), key::REWARD))?;
     values.insert((FINAL_REWARD, TRAIN_MODE.to_string()), reward);
-    let evaluations = charts::run_evaluations(entry)?;
+    let evaluations = charts::run_evaluations(entry, charts::EvalSource::Training)?;
     let final_step = evaluations.iter().map(|(step, _, _)| *step).max().with_context(|| format!("{}: no routing evaluation", entry.dir.display()))?;
     anyhow::ensure!(final_step == entry.config.max_steps, "{}: the last routing evaluation is at step {final_step}, not max_steps {}", entry.dir.display(), entry.config.max_steps);
     for (_, mode, [task, _, hack]) in evaluations.into_iter().filter(|(step, _, _)| *step == final_step) {

@@ -22,7 +22,7 @@ use super::plan::{self, RunRole};
 use crate::defaults;
 use crate::reward::Role;
 use crate::routing::eval_mode;
-use crate::eval::key as eval_key;
+use crate::eval::{self, key as eval_key};
 use crate::train::runlog::Jsonl;
 
 /// The bar series in chart order, with their colours (the viewer test looks for these).
@@ -63,6 +63,7 @@ pub struct GroupData {
     pub group: String,
     pub steps: Vec<usize>,
     pub stats: BTreeMap<(usize, usize, usize), Stat>,
+    pub source: EvalSource,
 }
 
 impl GroupData {
@@ -84,12 +85,43 @@ impl GroupData {
 /// One evaluation of one mode of one run: [task reward, total reward, hack frequency].
 type ModeValues = [Option<f64>; 3];
 
-/// Every (step, mode, values) in a run's routing_eval.jsonl.
-pub fn run_evaluations(entry: &RunEntry) -> Result<Vec<(usize, String, ModeValues)>> {
-    let path = entry.dir.join("routing_eval.jsonl");
+/// Where a run's evaluations are read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvalSource {
+    /// `routing_eval.jsonl`: the evaluations the run made while training (every `eval_every`).
+    Training,
+    /// `eval_checkpoints.csv`: `smallrl eval RUN --all-checkpoints` (every checkpoint).
+    Checkpoints,
+}
+
+impl EvalSource {
+    pub fn path(self, entry: &RunEntry) -> PathBuf {
+        match self {
+            Self::Training => entry.dir.join("routing_eval.jsonl"),
+            Self::Checkpoints => entry.dir.join(eval::CHECKPOINTS_CSV),
+        }
+    }
+
+    /// The checkpoints' evaluations when every run has them, else the training-time ones (a
+    /// chart never mixes the two: they differ in steps and in samples per mode).
+    pub fn of_runs(runs: &[&RunEntry]) -> Self {
+        match !runs.is_empty() && runs.iter().all(|r| Self::Checkpoints.path(r).is_file()) {
+            true => Self::Checkpoints,
+            false => Self::Training,
+        }
+    }
+}
+
+/// Every (step, mode, values) in a run's evaluations from `source`.
+pub fn run_evaluations(entry: &RunEntry, source: EvalSource) -> Result<Vec<(usize, String, ModeValues)>> {
+    let path = source.path(entry);
     let weights = task_weights(entry)?;
+    let lines = match source {
+        EvalSource::Training => Jsonl::new(path.clone()).read()?,
+        EvalSource::Checkpoints => eval::read_checkpoints_csv(&path)?,
+    };
     let mut out = Vec::new();
-    for line in Jsonl::new(path.clone()).read()? {
+    for line in lines {
         let step = line[eval_key::STEP].as_u64().with_context(|| format!("{}: a line has no step", path.display()))? as usize;
         let modes = line[eval_key::MODES].as_object().with_context(|| format!("{}: step {step} has no `modes`", path.display()))?;
         for (mode, values) in modes {
@@ -114,9 +146,10 @@ fn task_weights(entry: &RunEntry) -> Result<Vec<(String, f64)>> {
 /// Statistics over the seeds of a group's runs (modes → their series) and of their
 /// baselines (the baseline's `both` mode → the baseline series).
 pub fn group_data(group: &str, members: &[&RunEntry], baselines: &[&RunEntry]) -> Result<GroupData> {
+    let source = EvalSource::of_runs(&members.iter().chain(baselines).copied().collect::<Vec<_>>());
     let mut samples: BTreeMap<(usize, usize, usize), Vec<f64>> = BTreeMap::new();
     let mut add = |entry: &RunEntry, series_of: &dyn Fn(&str) -> Option<usize>| -> Result<()> {
-        for (step, mode, values) in run_evaluations(entry)? {
+        for (step, mode, values) in run_evaluations(entry, source)? {
             let Some(series) = series_of(&mode) else { continue };
             for (metric, value) in values.iter().enumerate() {
                 if let Some(v) = value {
@@ -135,7 +168,7 @@ pub fn group_data(group: &str, members: &[&RunEntry], baselines: &[&RunEntry]) -
     let mut steps: Vec<usize> = samples.keys().map(|(step, _, _)| *step).collect();
     steps.dedup();
     let stats = samples.into_iter().map(|(key, values)| (key, Stat::of(&values))).collect();
-    Ok(GroupData { group: group.to_string(), steps, stats })
+    Ok(GroupData { group: group.to_string(), steps, stats, source })
 }
 
 /// Charts for every group of grid runs, the Pareto chart of the arms (`pareto.png`, when any
@@ -151,6 +184,9 @@ pub fn write_all(charts_dir: &Path, entries: &[RunEntry], arm_rows: &[super::arm
         if data.steps.is_empty() {
             println!("charts: {group} has no routing evaluations yet; skipped");
             continue;
+        }
+        if data.source == EvalSource::Checkpoints {
+            println!("charts: {group} from every run's {} (smallrl eval --all-checkpoints)", eval::CHECKPOINTS_CSV);
         }
         write_group(&charts_dir.join(&group), &data)?;
         written.push(group);

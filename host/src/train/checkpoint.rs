@@ -85,18 +85,22 @@ pub fn load_optimizer(dir: &Path) -> Result<std::collections::BTreeMap<String, T
 
 /// The newest complete checkpoint of a run directory.
 pub fn latest(run_dir: &Path) -> Result<PathBuf> {
-    let mut best: Option<(usize, PathBuf)> = None;
+    let (_, path) = all(run_dir)?.pop().with_context(|| format!("{} has no checkpoint to resume from", run_dir.display()))?;
+    Ok(path)
+}
+
+/// Every complete checkpoint of a run directory (`checkpoint-N` with its trainer state), by step.
+pub fn all(run_dir: &Path) -> Result<Vec<(usize, PathBuf)>> {
+    let mut found = Vec::new();
     for entry in std::fs::read_dir(run_dir).with_context(|| format!("cannot read run directory {}", run_dir.display()))? {
         let path = entry?.path();
         let step = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_prefix("checkpoint-")).and_then(|s| s.parse::<usize>().ok());
         if let Some(step) = step.filter(|_| path.join("trainer_state.json").exists()) {
-            if best.as_ref().is_none_or(|(b, _)| step > *b) {
-                best = Some((step, path));
-            }
+            found.push((step, path));
         }
     }
-    let (_, path) = best.with_context(|| format!("{} has no checkpoint to resume from", run_dir.display()))?;
-    Ok(path)
+    found.sort();
+    Ok(found)
 }
 
 /// Checks that a checkpoint's adapter configuration is the one a run expects.

@@ -163,7 +163,20 @@ hyperparameters! {
         /// the run starts; `--resume` refuses plugins whose bytes changed.
         #[serde(skip_serializing_if = "BTreeMap::is_empty")]
         plugin_sha256: BTreeMap<String, String> = BTreeMap::new(), Omit;
+        /// Written by `train --resume RUN --max-steps N --extend-schedule`, never set by hand:
+        /// the linear LR schedule's earlier horizons, each with the step up to which it applied
+        /// (a record of what the run computed; the run keeps its directory and name).
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        lr_horizons: Vec<LrHorizon> = Vec::new(), Omit;
     }
+}
+
+/// Steps `0..until_step` of a run were trained with the linear schedule over `max_steps`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LrHorizon {
+    pub until_step: usize,
+    pub max_steps: usize,
 }
 
 /// Keys that may differ when a run is resumed: they do not change what it computes (another
@@ -215,7 +228,46 @@ impl TrainConfig {
         if self.ablated_frac > 0.0 {
             ensure!(self.routing_mode != RoutingMode::None, "ablated_frac needs a routing_mode other than none");
         }
+        self.check_lr_horizons()
+    }
+
+    /// Each recorded horizon was extended (to a later one, ending at `max_steps`) at or before
+    /// its end, and the extensions are in step order.
+    fn check_lr_horizons(&self) -> Result<()> {
+        let mut previous = LrHorizon { until_step: 0, max_steps: 0 };
+        for (i, h) in self.lr_horizons.iter().enumerate() {
+            let next_horizon = self.lr_horizons.get(i + 1).map_or(self.max_steps, |n| n.max_steps);
+            ensure!(
+                h.until_step > previous.until_step && h.until_step <= h.max_steps && h.max_steps < next_horizon && h.max_steps > previous.max_steps,
+                "lr_horizons {:?} with max_steps {} is not a record of schedule extensions (written by --extend-schedule only)",
+                self.lr_horizons,
+                self.max_steps
+            );
+            previous = h.clone();
+        }
         Ok(())
+    }
+
+    /// The horizon of the linear LR schedule at 0-based `step`: `max_steps`, or an earlier one
+    /// recorded by `--extend-schedule` for the steps trained before the extension.
+    pub fn lr_horizon(&self, step: usize) -> usize {
+        self.lr_horizons.iter().find(|h| step < h.until_step).map_or(self.max_steps, |h| h.max_steps)
+    }
+
+    /// This run continued to `max_steps` from a checkpoint at `resume_step`: the steps before
+    /// it keep the horizon they were trained with. Only a longer run is an extension.
+    pub fn extended(&self, max_steps: usize, resume_step: usize) -> Result<Self> {
+        ensure!(
+            max_steps > self.max_steps,
+            "--max-steps {max_steps} with --extend-schedule: a run can only be extended past its max_steps ({})",
+            self.max_steps
+        );
+        let mut lr_horizons = self.lr_horizons.clone();
+        lr_horizons.retain(|h| h.until_step < resume_step);
+        lr_horizons.push(LrHorizon { until_step: resume_step, max_steps: self.max_steps });
+        let extended = Self { max_steps, lr_horizons, ..self.clone() };
+        extended.validate()?;
+        Ok(extended)
     }
 
     /// The clip range above 1: `epsilon_high`, or `epsilon` when unset (TRL's default).

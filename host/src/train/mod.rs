@@ -98,6 +98,7 @@ impl Trainer {
     /// bytes changed since it started ([`provenance`]).
     pub fn start(mut cfg: TrainConfig, resume: Option<&Path>, accept_changed_plugins: bool) -> Result<Self> {
         cfg.validate()?;
+        ensure!(resume.is_some() || cfg.lr_horizons.is_empty(), "lr_horizons is a record written by `--resume --extend-schedule`; a new run cannot start with it");
         crate::device::set_threads(cfg.threads)?;
         let (device, kind) = (cfg.device.resolve()?, cfg.dtype.kind());
         let run_dir = match resume {
@@ -222,7 +223,26 @@ impl Trainer {
         let last_metrics = last_metrics.with_context(|| format!("{}: metrics.jsonl has no line for step {step}", self.run_dir.display()))?;
         let num_tokens = last_metrics[metrics::key::NUM_TOKENS].as_u64();
         self.num_tokens = num_tokens.with_context(|| format!("{}: metrics.jsonl lacks {}", self.run_dir.display(), metrics::key::NUM_TOKENS))? as usize;
-        self.log.line(&format!("resumed from {} at step {step}", dir.display()))
+        self.log.line(&format!("resumed from {} at step {step}", dir.display()))?;
+        self.record_extension()
+    }
+
+    /// A run resumed with `--extend-schedule` records its new max_steps and the earlier LR
+    /// horizons in config.yaml (the rest of the saved configuration stays as it was).
+    fn record_extension(&mut self) -> Result<()> {
+        let saved = TrainConfig::read_saved(&self.run_dir)?;
+        if (saved.max_steps, &saved.lr_horizons) == (self.cfg.max_steps, &self.cfg.lr_horizons) {
+            return Ok(());
+        }
+        let extended = TrainConfig { max_steps: self.cfg.max_steps, lr_horizons: self.cfg.lr_horizons.clone(), ..saved };
+        crate::fsutil::write_atomic(&self.run_dir.join("config.yaml"), crate::yaml::to_string(&extended)?.as_bytes())?;
+        self.log.line(&format!(
+            "extended from max_steps {} to {} (--extend-schedule): LR horizons by step {:?}, then {}",
+            extended.lr_horizons.last().map_or(0, |h| h.max_steps),
+            self.cfg.max_steps,
+            self.cfg.lr_horizons,
+            self.cfg.max_steps
+        ))
     }
 
     /// Runs to `max_steps` (or `stop_after` steps from where it is, for tests of resumption);

@@ -39,7 +39,7 @@ impl Trainer {
         ensure!(loss.is_finite(), "the loss is {loss} at step {}", step + 1);
         terms.loss.backward();
         let grad_norm = self.optimizer.clip_grad_norm(self.cfg.max_grad_norm);
-        let learning_rate = linear_lr(self.cfg.lr, step, self.cfg.max_steps);
+        let learning_rate = linear_lr(self.cfg.lr, step, self.cfg.lr_horizon(step));
         self.optimizer.step(learning_rate);
         let train_seconds = train_start.elapsed().as_secs_f64();
 
