@@ -397,6 +397,19 @@ fn sweep_end_to_end_with_baselines_charts_viewer_and_cache() {
         assert!(has_solid_square(width, &pixels, (colour.0, colour.1, colour.2), 20), "the viewer screenshot shows no {name} bar");
     }
 
+    // The charts' index shows the Pareto chart: the screenshot has a marker of each colour that
+    // the PNG has (markers are the only solid squares this large; legend swatches are 12 px
+    // high; a marker may hide under another arm's).
+    let shot = tmp.path().join("index.png");
+    screenshot(&out.join("charts/index.html"), &shot);
+    let (width, _, pixels) = png_pixels(&shot);
+    let (pareto_width, _, pareto_pixels) = png_pixels(&out.join("charts/pareto.png"));
+    let marker = |width, pixels: &[[u8; 3]], colour: &plotters::style::RGBColor| has_solid_square(width, pixels, (colour.0, colour.1, colour.2), 14);
+    assert!(marker(pareto_width, &pareto_pixels, &SERIES[0].1), "baselines are drawn on top, never hidden");
+    for (name, colour) in &SERIES[..3] {
+        assert_eq!(marker(width, &pixels, colour), marker(pareto_width, &pareto_pixels, colour), "{name} markers in the index screenshot and in pareto.png");
+    }
+
     // A second sweep reuses every finished run; --collect rebuilds the same table.
     let before = std::fs::read_to_string(out.join(&rows[0][0]).join("metrics.jsonl")).unwrap();
     let stdout = run_sweep(&args);
@@ -417,6 +430,25 @@ fn sweep_end_to_end_with_baselines_charts_viewer_and_cache() {
     let (w, h, pixels) = png_pixels(&plots.join("curves.png"));
     assert!(w == 1500 && h > 480, "three panels and a legend below them: {w}x{h}");
     assert!(pixels.iter().filter(|p| p[0] != p[1] || p[1] != p[2]).count() > 500, "the curves are drawn in colour");
+
+    // Curves over training from `smallrl eval RUN --all-checkpoints` (eval_checkpoints.csv,
+    // here written by hand with known values) when every run of the group has one.
+    let with_csv: Vec<&PathBuf> = classic.iter().chain(&baseline_dirs).collect();
+    for (i, dir) in with_csv.iter().enumerate() {
+        let task = 0.1 * (i + 1) as f64;
+        let mut csv = String::from("step,mode,metric,value\n");
+        for mode in ["both", "retain_only", "forget_only"] {
+            csv.push_str(&format!("3,{mode},sentence_length_10_smooth,{task}\n3,{mode},reward,0.5\n3,{mode},hack_freq,\n"));
+        }
+        std::fs::write(dir.join(smallrl::eval::CHECKPOINTS_CSV), csv).unwrap();
+    }
+    let data = charts::group_data(&group, &members, &base_entries).unwrap();
+    assert_eq!((data.steps.clone(), data.source), (vec![3], charts::EvalSource::Checkpoints));
+    assert!(close(data.get(3, 1, 0).unwrap().mean, 0.15) && close(data.get(3, 0, 0).unwrap().mean, 0.35), "task reward of both / baseline from the CSVs");
+    assert!(data.get(3, 1, 2).is_none(), "an empty cell is a missing value");
+    std::fs::remove_file(with_csv[3].join(smallrl::eval::CHECKPOINTS_CSV)).unwrap();
+    let data = charts::group_data(&group, &members, &base_entries).unwrap();
+    assert_eq!((data.steps, data.source), (vec![2, 4], charts::EvalSource::Training), "never a mix of sources");
 }
 
 #[test]

@@ -66,6 +66,8 @@ pub fn points(rows: &[ArmRow]) -> (Vec<String>, Vec<Point>) {
         };
         points.push(Point { arm: arm + 1, color, hack, task });
     }
+    // Baselines last, on top: the reference every routed arm is read against.
+    points.sort_by_key(|p| p.color == SERIES[0].1);
     (arms, points)
 }
 
