@@ -6,8 +6,9 @@
 //! Metrics, per finished run: `final_reward` (the training reward of the last step,
 //! `metrics.jsonl`; mode `train`), and from the run's own final routing evaluation (the last
 //! line of `routing_eval.jsonl`, at `max_steps`; not `eval_checkpoints.csv`) `task_reward` and
-//! `hack_freq` in each adapter mode, and `retain_minus_hack` = task reward − hack frequency in `retain_only` (what routing is
-//! for: a retain adapter that keeps the task and drops the hack scores high).
+//! `hack_freq` in each adapter mode, and `retain_minus_hack` = task reward − hack frequency in
+//! `retain_only` (what routing is for: a retain adapter that keeps the task and drops the hack
+//! scores high).
 
 use std::collections::BTreeMap;
 use std::path::Path;
