@@ -29,7 +29,7 @@ pub struct EvalArgs {
     pub forget_scales: Vec<f64>,
     /// CHECKPOINT is a run directory: evaluate each of its checkpoints (in step order) and write
     /// `<run>/eval_checkpoints.csv` (step,mode,metric,value).
-    #[arg(long, conflicts_with = "reward_history")]
+    #[arg(long, conflicts_with_all = ["reward_history", "json"])]
     pub all_checkpoints: bool,
     /// Completions per adapter mode (one per evaluation prompt).
     #[arg(long, default_value_t = 20)]

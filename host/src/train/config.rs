@@ -404,6 +404,9 @@ mod tests {
             "plugin_max_call_seconds", "plugin_max_memory_mb", "plugin_sha256", "logging_steps", "save_steps",
             "eval_every", "eval_samples", "output_dir", "dump_batches", "tensorboard", "log_completions", "name", "device",
             "threads", "seed",
+            // A record written by --extend-schedule, not a setting: an extended run keeps its
+            // directory and name.
+            "lr_horizons",
         ];
         let short = [
             ("batch_size", "bs"), ("num_generations", "g"), ("max_steps", "steps"), ("max_completion_length", "len"),
