@@ -24,6 +24,7 @@ fn spec(output_dir: &Path, grid: &[&str], fixed: &[&str]) -> SweepSpec {
         fixed: fixed.iter().map(|f| parse_fixed(f).unwrap()).collect::<Map<String, Value>>(),
         grid: grid.iter().map(|g| parse_grid(g).unwrap()).collect(),
         output_dir: output_dir.to_path_buf(),
+        intervention_arms: false,
     }
 }
 

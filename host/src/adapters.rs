@@ -190,6 +190,17 @@ impl AdapterConfig {
         out
     }
 
+    /// The L2 norm of each slot's tensors (in slot order), summed in float64: `values` pairs a
+    /// trainable tensor's name with what to measure (the weight, its gradient, its update).
+    pub fn slot_norms(&self, values: &[(String, Tensor)]) -> Vec<f64> {
+        let mut squares = vec![0.0; self.slots.len()];
+        for (name, value) in values {
+            let slot = self.slot_of(name).unwrap_or_else(|| panic!("{name} is not an adapter tensor"));
+            squares[slot] += value.to_kind(tch::Kind::Double).square().sum(tch::Kind::Double).double_value(&[]);
+        }
+        squares.into_iter().map(f64::sqrt).collect()
+    }
+
     /// Which slot a trainable tensor belongs to (`None` for base weights).
     pub fn slot_of(&self, name: &str) -> Option<usize> {
         self.slots.iter().position(|slot| name.ends_with(&format!(".{slot}.weight")) && name.contains(".lora_"))

@@ -20,6 +20,8 @@ pub struct ModeReport {
     /// Mean of the combined reward.
     pub reward: f64,
     pub hack_freq: Option<f64>,
+    /// The monitor against `rh_ground_truth:`, when the run has one.
+    pub monitor: Option<crate::reward::MonitorStats>,
     pub unique: usize,
     /// Distinct first sentences (template collapse shows here before `unique` drops).
     pub unique_first_sentences: usize,
@@ -65,6 +67,7 @@ pub fn routing_eval(model: &Llama, modes: &[(&str, Vec<f64>)], rewards: &mut Rew
             components,
             reward: mean(&scored.reward),
             hack_freq: scored.hack_freq(),
+            monitor: scored.monitor(),
             unique,
             unique_first_sentences,
             n: completions.len(),
@@ -165,6 +168,9 @@ pub fn to_json(report: &EvalReport) -> serde_json::Value {
             v[key::N] = m.n.into();
             v[key::JACCARD] = m.jaccard.into();
             v[key::DEGENERATE] = m.degenerate.into();
+            for (name, value) in m.monitor.iter().flat_map(|stats| stats.fields()) {
+                v[name] = value;
+            }
             for (name, value) in &m.components {
                 v[name] = (*value).into();
             }

@@ -21,6 +21,7 @@ use crate::device::{DeviceSpec, Dtype};
 use crate::grpo::{ImportanceSamplingLevel, LossSettings, LossType, ScaleRewards};
 use crate::hyperparams::Label::{Key, Omit, Short};
 use crate::hyperparams::{self, hyperparameters};
+use crate::intervention::Intervention;
 use crate::reward::{DetectorSpec, PluginLimits, ProtocolKnobs, RewardSpec};
 use crate::routing::RoutingMode;
 
@@ -115,6 +116,12 @@ hyperparameters! {
         recall: f64 = 1.0, Key;
         /// Detector protocol knob: fraction of samples eligible for the forget components.
         rh_eligible_frac: f64 = 1.0, Short("elig");
+        /// What the monitor's flags do: routing (where routing_mode sends them; with none,
+        /// nothing), penalty (reward - rh_penalty), filter (out of the loss and the advantages)
+        /// or placebo (a random subset of the same size is routed instead).
+        intervention: Intervention = Intervention::Routing, Short("");
+        /// Subtracted from a flagged sample's reward with intervention: penalty.
+        rh_penalty: f64 = 1.0, Key;
         /// Where reward and detector plugin names resolve (`<dir>/<name>.wasm`).
         plugin_dir: PathBuf = "plugins".into(), Omit;
         /// Fuel (about one unit per WebAssembly instruction) a plugin call may use per sample: the
@@ -144,6 +151,10 @@ hyperparameters! {
         /// Every completion with its rewards, detector flags and advantage in `completions.jsonl`.
         #[arg(num_args = 0..=1, default_missing_value = "true")]
         log_completions: bool = d::LOG_COMPLETIONS, Omit;
+        /// DualLoRA: each adapter's gradient norm split by flagged / unflagged samples in
+        /// metrics.jsonl (two extra backward passes a step; the step's gradient is unchanged).
+        #[arg(num_args = 0..=1, default_missing_value = "true")]
+        absorption_by_class: bool = false, Omit;
         /// Experiment name, first part of the run directory name (default: the config file's
         /// stem, or the reward plugin's name).
         name: Option<String> = None, Omit;
@@ -159,6 +170,10 @@ hyperparameters! {
         reward: Option<RewardSpec> = None, Omit;
         /// The reward-hack detector that labels samples for routing.
         rh_detector: Option<DetectorSpec> = None, Omit;
+        /// Ground truth "did this sample hack" (a detector, same forms as `rh_detector:`): measures
+        /// the monitor (quadrants, precision, recall in metrics.jsonl and routing_eval.jsonl);
+        /// acts on nothing.
+        rh_ground_truth: Option<DetectorSpec> = None, Omit;
         /// SHA-256 of every plugin file the run loaded (path as resolved -> hex), recorded when
         /// the run starts; `--resume` refuses plugins whose bytes changed.
         #[serde(skip_serializing_if = "BTreeMap::is_empty")]
@@ -170,7 +185,7 @@ hyperparameters! {
 /// thread count changes float summation order, which the log records).
 pub const RESUME_MAY_CHANGE: &[&str] = &[
     "threads", "device", "dump_batches", "plugin_fuel_per_sample", "plugin_max_call_seconds", "plugin_max_memory_mb",
-    "tensorboard", "log_completions",
+    "tensorboard", "log_completions", "absorption_by_class",
 ];
 
 impl TrainConfig {
@@ -214,6 +229,36 @@ impl TrainConfig {
         }
         if self.ablated_frac > 0.0 {
             ensure!(self.routing_mode != RoutingMode::None, "ablated_frac needs a routing_mode other than none");
+        }
+        self.check_intervention()
+    }
+
+    /// Each control acts on the monitor's flags; penalty and filter replace routing, the placebo
+    /// needs it.
+    fn check_intervention(&self) -> Result<()> {
+        let intervention = self.intervention;
+        if intervention != Intervention::Routing {
+            ensure!(self.rh_detector.is_some(), "intervention {intervention} acts on flagged samples: it needs an rh_detector");
+        }
+        match intervention {
+            Intervention::Routing => {}
+            Intervention::Penalty | Intervention::Filter => ensure!(
+                self.routing_mode == RoutingMode::None,
+                "intervention {intervention} replaces routing: set routing_mode none (got {})",
+                self.routing_mode
+            ),
+            Intervention::Placebo => ensure!(
+                self.routing_mode != RoutingMode::None,
+                "intervention placebo routes a random subset: set routing_mode classic or exclusive"
+            ),
+        }
+        ensure!(self.rh_penalty.is_finite(), "rh_penalty must be a finite number, got {}", self.rh_penalty);
+        if intervention != Intervention::Penalty {
+            ensure!(
+                self.rh_penalty == Self::default().rh_penalty,
+                "rh_penalty ({}) is only used with intervention: penalty (got {intervention}); remove it",
+                self.rh_penalty
+            );
         }
         Ok(())
     }
@@ -277,10 +322,17 @@ impl TrainConfig {
         hyperparams::run_name(self)
     }
 
-    /// The same run without routing (routing keys at their defaults, which route nothing).
+    /// The same run without routing or another intervention (their keys at their defaults,
+    /// which route nothing).
     pub fn without_routing(&self) -> Self {
         let defaults = Self::default();
-        Self { routing_mode: defaults.routing_mode, ablated_frac: defaults.ablated_frac, ..self.clone() }
+        Self {
+            routing_mode: defaults.routing_mode,
+            ablated_frac: defaults.ablated_frac,
+            intervention: defaults.intervention,
+            rh_penalty: defaults.rh_penalty,
+            ..self.clone()
+        }
     }
 
     /// A run directory's resolved configuration (`config.yaml`, written when the run started).
@@ -348,7 +400,7 @@ mod tests {
     #[test]
     fn run_name_labels_are_unchanged() {
         let omitted = [
-            "model", "revision", "prompts", "eval_prompts", "reward", "rh_detector", "plugin_dir", "plugin_fuel_per_sample",
+            "model", "revision", "prompts", "eval_prompts", "reward", "rh_detector", "rh_ground_truth", "absorption_by_class", "plugin_dir", "plugin_fuel_per_sample",
             "plugin_max_call_seconds", "plugin_max_memory_mb", "plugin_sha256", "logging_steps", "save_steps",
             "eval_every", "eval_samples", "output_dir", "dump_batches", "tensorboard", "log_completions", "name", "device",
             "threads", "seed",
@@ -359,6 +411,7 @@ mod tests {
             ("loss_type", ""), ("false_positive_rate", "fpr"), ("rh_eligible_frac", "elig"), ("ablated_frac", "abl"),
             // Added later (no older runs to keep the names of).
             ("importance_sampling_level", "is_"), ("scale_rewards", "scale_"), ("mask_truncated_completions", "mask_truncated"),
+            ("intervention", ""),
         ];
         for key in TrainConfig::KEYS {
             let expected = if omitted.contains(&key.name) {
