@@ -201,6 +201,17 @@ impl AdapterConfig {
         squares.into_iter().map(f64::sqrt).collect()
     }
 
+    /// Each slot's gradient norm of `loss` alone: a backward pass through a kept graph into
+    /// fresh tensors, so the parameters' accumulated gradients are untouched.
+    pub fn slot_gradient_norms(&self, model: &Llama, loss: &Tensor) -> Vec<f64> {
+        let params = self.trainable(model);
+        let tensors: Vec<&Tensor> = params.iter().map(|(_, t)| t).collect();
+        let grads = Tensor::run_backward(&[loss], &tensors, true, false);
+        // A tensor the loss does not reach (every row routed away) has no gradient: zeros.
+        let named: Vec<(String, Tensor)> = params.iter().zip(grads).map(|((name, t), g)| (name.clone(), if g.defined() { g } else { t.zeros_like() })).collect();
+        self.slot_norms(&named)
+    }
+
     /// Which slot a trainable tensor belongs to (`None` for base weights).
     pub fn slot_of(&self, name: &str) -> Option<usize> {
         self.slots.iter().position(|slot| name.ends_with(&format!(".{slot}.weight")) && name.contains(".lora_"))

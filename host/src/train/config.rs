@@ -473,6 +473,29 @@ mod tests {
     }
 
     #[test]
+    fn interventions_name_their_runs_and_bad_combinations_fail_before_any_work() {
+        let error = |overrides: &[(&str, &str)]| {
+            let overrides = overrides.iter().map(|(k, v)| (k.to_string(), crate::yaml::from_str(v).unwrap())).collect();
+            format!("{:#}", TrainConfig::resolve(Some(&config_file()), overrides).unwrap_err())
+        };
+        let routed = error(&[("intervention", "penalty")]);
+        assert!(routed.contains("intervention penalty replaces routing: set routing_mode none (got classic)"), "{routed}");
+        let placebo = error(&[("intervention", "placebo"), ("routing_mode", "none")]);
+        assert!(placebo.contains("set routing_mode classic or exclusive"), "{placebo}");
+        let unused = error(&[("rh_penalty", "0.5")]);
+        assert!(unused.contains("rh_penalty (0.5) is only used with intervention: penalty (got routing)"), "{unused}");
+        let blind = error(&[("intervention", "filter"), ("routing_mode", "none"), ("rh_detector", "null")]);
+        assert!(blind.contains("intervention filter acts on flagged samples: it needs an rh_detector"), "{blind}");
+        let penalty = resolved(&[("intervention", "penalty"), ("routing_mode", "none"), ("rh_penalty", "0.5")]);
+        let name = penalty.run_name().unwrap();
+        assert!(name.contains("_penalty_") && name.contains("_rh_penalty0.5_") && !name.contains("classic"), "{name}");
+        assert_eq!(penalty.without_routing(), resolved(&[("routing_mode", "none")]), "the baseline has no intervention");
+        let placebo = resolved(&[("intervention", "placebo")]).run_name().unwrap();
+        assert!(placebo.contains("_classic_") && placebo.contains("_placebo_"), "{placebo}");
+        assert!(!resolved(&[]).run_name().unwrap().contains("routing"), "the default intervention stays out of run names");
+    }
+
+    #[test]
     fn clip_settings_that_are_not_the_named_objective_fail_before_any_work() {
         let error = |overrides: &[(&str, &str)]| {
             let overrides = overrides.iter().map(|(k, v)| (k.to_string(), crate::yaml::from_str(v).unwrap())).collect();

@@ -114,7 +114,7 @@ impl Trainer {
         };
         let mut loss_mask = grpo::loss_mask(&generation, self.cfg.mask_truncated_completions);
         if self.cfg.intervention == Intervention::Filter {
-            loss_mask = &loss_mask * kept.unsqueeze(1).to_kind(loss_mask.kind());
+            loss_mask = intervention::filtered_loss_mask(&loss_mask, &kept);
         }
         Ok(Rollout { generation, loss_mask, advantages, plan, ref_logprobs, old_logprobs, metrics, first_sample, dump, flagged })
     }

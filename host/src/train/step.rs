@@ -97,15 +97,11 @@ impl Trainer {
     /// the step's graph (kept), into fresh tensors, so the step's own gradient is untouched.
     fn gradient_norms_by_class(&self, rollout: &Rollout, logprobs: &Tensor) -> Vec<(String, f64)> {
         let flagged = routing::row_mask(&rollout.flagged, logprobs.device());
-        let params = self.adapters.trainable(&self.model);
-        let tensors: Vec<&Tensor> = params.iter().map(|(_, t)| t).collect();
         let mut out = Vec::new();
         for (quantity, rows) in [(key::ABSORPTION_GRAD_NORM_FLAGGED, flagged.shallow_clone()), (key::ABSORPTION_GRAD_NORM_UNFLAGGED, 1.0 - &flagged)] {
-            let classes: Vec<Tensor> = rollout.plan.classes.iter().map(|class| class * &rows).collect();
+            let classes = routing::restrict_classes(&rollout.plan.classes, &rows);
             let loss = grpo::grpo_loss(logprobs, rollout.old_logprobs.as_ref(), rollout.ref_logprobs.as_ref(), &rollout.advantages, &rollout.loss_mask, &classes, &self.loss).loss;
-            let grads = Tensor::run_backward(&[loss], &tensors, true, false);
-            let named: Vec<(String, Tensor)> = params.iter().zip(grads).map(|((name, t), g)| (name.clone(), if g.defined() { g } else { t.zeros_like() })).collect();
-            out.extend(self.slot_values(quantity, self.adapters.slot_norms(&named)));
+            out.extend(self.slot_values(quantity, self.adapters.slot_gradient_norms(&self.model, &loss)));
         }
         out
     }
