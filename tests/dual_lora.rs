@@ -285,3 +285,40 @@ fn ablated_rows_train_retain_on_the_forget_ablated_output() {
         }
     }
 }
+
+/// The filter as the trainer applies it (loss mask, loss classes from the labels), on
+/// hand-made log-probabilities: the flagged rows' log-probabilities get exactly zero
+/// gradient (policy term and KL), and the loss is the kept rows' loss alone weighted
+/// n_kept / n.
+#[test]
+fn a_filtered_sample_contributes_no_gradient() {
+    use smallrl::grpo::grpo_loss;
+    use smallrl::intervention::filtered_loss_mask;
+    let device = Device::Cpu;
+    let flagged = [false, true, false, false, true, false];
+    let kept_rows: Vec<bool> = flagged.iter().map(|f| !f).collect();
+    let kept = routing::row_mask(&kept_rows, device);
+    tch::manual_seed(3);
+    let logprobs = (Tensor::randn([6, 5], (Kind::Float, device)) * 0.3 - 1.0).set_requires_grad(true);
+    let reference = Tensor::randn([6, 5], (Kind::Float, device)) * 0.3 - 1.0;
+    let advantages = Tensor::from_slice(&[0.5f32, 2.0, -0.7, 0.1, 1.5, -1.2]);
+    let completion_mask = Tensor::from_slice(&[1i64, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1]).view([6, 5]);
+    let loss_mask = filtered_loss_mask(&completion_mask, &kept);
+    let plan = routing::plan(&AdapterConfig::full(), routing::RoutingMode::None, &flagged, &[false; 6], device);
+    for loss_type in [LossType::Grpo, LossType::Dapo, LossType::DrGrpo] {
+        let settings = LossSettings { beta: 0.1, max_completion_length: 5, ..settings(loss_type) };
+        let loss = grpo_loss(&logprobs, None, Some(&reference), &advantages, &loss_mask, &plan.classes, &settings).loss;
+        let grad = Tensor::run_backward(&[&loss], &[&logprobs], false, false).remove(0);
+        for (row, &is_flagged) in flagged.iter().enumerate() {
+            let row_grad = grad.get(row as i64).abs().sum(Kind::Float).double_value(&[]);
+            assert_eq!(row_grad == 0.0, is_flagged, "{loss_type:?} row {row}: gradient {row_grad}");
+        }
+        // The kept rows alone, as a batch of their own, weighted n_kept / n = 4 / 6.
+        let index = Tensor::from_slice(&[0i64, 2, 3, 5]);
+        let pick = |t: &Tensor| t.index_select(0, &index);
+        let ones = [Tensor::ones([4], (Kind::Float, device))];
+        let alone = grpo_loss(&pick(&logprobs), None, Some(&pick(&reference)), &pick(&advantages), &pick(&completion_mask), &ones, &settings).loss;
+        let expected = alone.double_value(&[]) * 4.0 / 6.0;
+        assert!((loss.double_value(&[]) - expected).abs() < 1e-6, "{loss_type:?}: {} vs {expected}", loss.double_value(&[]));
+    }
+}

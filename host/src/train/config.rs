@@ -252,6 +252,12 @@ impl TrainConfig {
                 "intervention placebo routes a random subset: set routing_mode classic or exclusive"
             ),
         }
+        if self.rh_ground_truth.is_some() {
+            ensure!(self.rh_detector.is_some(), "rh_ground_truth measures the rh_detector's flags: set an rh_detector too");
+        }
+        if self.absorption_by_class {
+            ensure!(self.adapter_config()?.is_dual(), "absorption_by_class splits the retain and forget adapters' gradients: it needs adapter: dual-lora");
+        }
         ensure!(self.rh_penalty.is_finite(), "rh_penalty must be a finite number, got {}", self.rh_penalty);
         if intervention != Intervention::Penalty {
             ensure!(
@@ -484,6 +490,10 @@ mod tests {
         assert!(placebo.contains("set routing_mode classic or exclusive"), "{placebo}");
         let unused = error(&[("rh_penalty", "0.5")]);
         assert!(unused.contains("rh_penalty (0.5) is only used with intervention: penalty (got routing)"), "{unused}");
+        let single = error(&[("adapter", "lora"), ("lora_preset", "null"), ("routing_mode", "none"), ("absorption_by_class", "true")]);
+        assert!(single.contains("absorption_by_class splits"), "{single}");
+        let unmeasured = error(&[("rh_detector", "null"), ("routing_mode", "none"), ("rh_ground_truth", "{plugin: happy_any}")]);
+        assert!(unmeasured.contains("rh_ground_truth measures the rh_detector's flags"), "{unmeasured}");
         let blind = error(&[("intervention", "filter"), ("routing_mode", "none"), ("rh_detector", "null")]);
         assert!(blind.contains("intervention filter acts on flagged samples: it needs an rh_detector"), "{blind}");
         let penalty = resolved(&[("intervention", "penalty"), ("routing_mode", "none"), ("rh_penalty", "0.5")]);
