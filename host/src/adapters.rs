@@ -193,12 +193,13 @@ impl AdapterConfig {
     /// The L2 norm of each slot's tensors (in slot order), summed in float64: `values` pairs a
     /// trainable tensor's name with what to measure (the weight, its gradient, its update).
     pub fn slot_norms(&self, values: &[(String, Tensor)]) -> Vec<f64> {
-        let mut squares = vec![0.0; self.slots.len()];
+        // One read of a number per slot (not per tensor): a step has a few hundred tensors.
+        let mut squares: Vec<Vec<Tensor>> = self.slots.iter().map(|_| Vec::new()).collect();
         for (name, value) in values {
             let slot = self.slot_of(name).unwrap_or_else(|| panic!("{name} is not an adapter tensor"));
-            squares[slot] += value.to_kind(tch::Kind::Double).square().sum(tch::Kind::Double).double_value(&[]);
+            squares[slot].push(value.to_kind(tch::Kind::Double).square().sum(tch::Kind::Double));
         }
-        squares.into_iter().map(f64::sqrt).collect()
+        squares.iter().map(|s| if s.is_empty() { 0.0 } else { Tensor::stack(s, 0).sum(tch::Kind::Double).double_value(&[]).sqrt() }).collect()
     }
 
     /// Each slot's gradient norm of `loss` alone: a backward pass through a kept graph into
