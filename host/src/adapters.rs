@@ -208,8 +208,7 @@ impl AdapterConfig {
         let params = self.trainable(model);
         let tensors: Vec<&Tensor> = params.iter().map(|(_, t)| t).collect();
         let grads = Tensor::run_backward(&[loss], &tensors, true, false);
-        // A tensor the loss does not reach (every row routed away) has no gradient: zeros.
-        let named: Vec<(String, Tensor)> = params.iter().zip(grads).map(|((name, t), g)| (name.clone(), if g.defined() { g } else { t.zeros_like() })).collect();
+        let named: Vec<(String, Tensor)> = params.iter().zip(grads).map(|((name, t), g)| (name.clone(), gradient_or_zeros(g, t))).collect();
         self.slot_norms(&named)
     }
 
@@ -217,6 +216,12 @@ impl AdapterConfig {
     pub fn slot_of(&self, name: &str) -> Option<usize> {
         self.slots.iter().position(|slot| name.ends_with(&format!(".{slot}.weight")) && name.contains(".lora_"))
     }
+}
+
+/// A gradient, or zeros shaped like `param` when it has none (every row it could learn from
+/// was routed away, or the loss does not reach it).
+pub fn gradient_or_zeros(gradient: Tensor, param: &Tensor) -> Tensor {
+    if gradient.defined() { gradient } else { param.zeros_like() }
 }
 
 /// Marks every base weight trainable (full fine-tuning) or frozen.

@@ -371,9 +371,18 @@ mod tests {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sentence_length_10_smooth_with_happy.yaml")
     }
 
-    fn resolved(overrides: &[(&str, &str)]) -> TrainConfig {
+    fn resolve(overrides: &[(&str, &str)]) -> Result<TrainConfig> {
         let overrides = overrides.iter().map(|(k, v)| (k.to_string(), crate::yaml::from_str(v).unwrap())).collect();
-        TrainConfig::resolve(Some(&config_file()), overrides).unwrap()
+        TrainConfig::resolve(Some(&config_file()), overrides)
+    }
+
+    fn resolved(overrides: &[(&str, &str)]) -> TrainConfig {
+        resolve(overrides).unwrap()
+    }
+
+    /// The error of an invalid configuration, with its causes.
+    fn error(overrides: &[(&str, &str)]) -> String {
+        format!("{:#}", resolve(overrides).unwrap_err())
     }
 
     #[test]
@@ -480,10 +489,6 @@ mod tests {
 
     #[test]
     fn interventions_name_their_runs_and_bad_combinations_fail_before_any_work() {
-        let error = |overrides: &[(&str, &str)]| {
-            let overrides = overrides.iter().map(|(k, v)| (k.to_string(), crate::yaml::from_str(v).unwrap())).collect();
-            format!("{:#}", TrainConfig::resolve(Some(&config_file()), overrides).unwrap_err())
-        };
         let routed = error(&[("intervention", "penalty")]);
         assert!(routed.contains("intervention penalty replaces routing: set routing_mode none (got classic)"), "{routed}");
         let placebo = error(&[("intervention", "placebo"), ("routing_mode", "none")]);
@@ -507,10 +512,6 @@ mod tests {
 
     #[test]
     fn clip_settings_that_are_not_the_named_objective_fail_before_any_work() {
-        let error = |overrides: &[(&str, &str)]| {
-            let overrides = overrides.iter().map(|(k, v)| (k.to_string(), crate::yaml::from_str(v).unwrap())).collect();
-            format!("{:#}", TrainConfig::resolve(Some(&config_file()), overrides).unwrap_err())
-        };
         let narrow = error(&[("epsilon_high", "0.1")]);
         assert!(narrow.contains("epsilon_high (0.1) is below epsilon (0.2)"), "{narrow}");
         let low_delta = error(&[("delta", "1.2")]);

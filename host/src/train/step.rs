@@ -110,10 +110,7 @@ impl Trainer {
     /// weights, for the update's norm.
     fn absorption_before_step(&self, absorption: &mut Vec<(String, f64)>) -> Vec<(String, Tensor)> {
         let params = self.adapters.trainable(&self.model);
-        let grads: Vec<(String, Tensor)> = params.iter().map(|(name, t)| {
-            let g = t.grad();
-            (name.clone(), if g.defined() { g } else { t.zeros_like() })
-        }).collect();
+        let grads: Vec<(String, Tensor)> = params.iter().map(|(name, t)| (name.clone(), crate::adapters::gradient_or_zeros(t.grad(), t))).collect();
         absorption.extend(self.slot_values(key::ABSORPTION_GRAD_NORM, self.adapters.slot_norms(&grads)));
         params.into_iter().map(|(name, t)| (name, t.detach().copy())).collect()
     }
