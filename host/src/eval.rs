@@ -20,7 +20,9 @@ pub struct ModeReport {
     /// Mean of the combined reward.
     pub reward: f64,
     pub hack_freq: Option<f64>,
-    /// The monitor against `rh_ground_truth:`, when the run has one.
+    /// The monitor against `rh_ground_truth:`, when the run has one (absent otherwise, so the
+    /// JSON of runs without one is what it was).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub monitor: Option<crate::reward::MonitorStats>,
     pub unique: usize,
     /// Distinct first sentences (template collapse shows here before `unique` drops).
