@@ -1,5 +1,6 @@
 //! The rollout: the batch that one or more optimizer steps train on. Prompts → sample (the
-//! fused decoder, every adapter on) → score (reward plugins, detector, protocol knobs) → group
+//! fused decoder, every adapter on) → score (reward plugins, detector, protocol knobs, ground
+//! truth) → the intervention (penalty, filter, placebo: `crate::intervention`) → group
 //! advantages → routing plan → reference and old log-probabilities.
 //!
 //! Architecture invariant: everything random here derives from `(seed, purpose, step)`

@@ -4,12 +4,10 @@
 use std::time::Instant;
 
 use anyhow::{Result, ensure};
-use tch::Kind;
+use tch::{Kind, Tensor};
 
 use super::Trainer;
 use super::metrics::{self, StepMetrics, key};
-use tch::Tensor;
-
 use super::rollout::Rollout;
 use crate::{grpo, probes, routing};
 use crate::optim::linear_lr;
