@@ -136,6 +136,12 @@ fn routed_grads(model: &Llama, config: &AdapterConfig, b: &Routed, mode: Routing
 /// The original's reference: one backward pass per sample class on that class's rows only,
 /// loss scaled by n_class / n_total, the masked adapter's gradients replaced by zeros.
 fn per_class_grads(model: &Llama, config: &AdapterConfig, b: &Routed, mode: RoutingMode, is_rh: &[bool], ablated: &[bool], loss_type: LossType) -> BTreeMap<String, Tensor> {
+    per_class_grads_of(model, config, b, mode, is_rh, ablated, loss_type, |_| true)
+}
+
+/// [`per_class_grads`] summed over the classes `wanted` names only (clean, ablated, flagged).
+#[allow(clippy::too_many_arguments)]
+fn per_class_grads_of(model: &Llama, config: &AdapterConfig, b: &Routed, mode: RoutingMode, is_rh: &[bool], ablated: &[bool], loss_type: LossType, wanted: impl Fn(&str) -> bool) -> BTreeMap<String, Tensor> {
     let n = is_rh.len();
     let mut total: BTreeMap<String, Tensor> = grads(config, model).into_iter().map(|(k, v)| (k, v.zeros_like())).collect();
     let classes: [(&str, Vec<usize>); 3] = [
@@ -144,7 +150,7 @@ fn per_class_grads(model: &Llama, config: &AdapterConfig, b: &Routed, mode: Rout
         ("flagged", (0..n).filter(|&i| is_rh[i]).collect()),
     ];
     let g = &b.generation;
-    for (class, rows) in classes.iter().filter(|(_, rows)| !rows.is_empty()) {
+    for (class, rows) in classes.iter().filter(|(class, rows)| !rows.is_empty() && wanted(class)) {
         zero_grads(config, model);
         let index = Tensor::from_slice(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>());
         let pick = |t: &Tensor| t.index_select(0, &index);
@@ -200,6 +206,48 @@ fn routed_gradients_equal_per_class_backward_passes() {
     }
 }
 
+/// The absorption diagnostics (`absorption/<adapter>/grad_norm[_flagged|_unflagged]`): each
+/// adapter's gradient norm from the routed pass, and from the flagged and unflagged samples'
+/// loss terms through the kept graph, against the per-class backward passes of the reference
+/// (norms in float64, relative 1e-5).
+#[test]
+fn per_adapter_gradient_norms_equal_separate_backward_passes() {
+    let mut loaded = load();
+    let config = dual_lora(&mut loaded.model);
+    let b = batch(&loaded);
+    let model = &loaded.model;
+    let is_rh = [false, true, false, false, true, false, true, false];
+    let ablated = [false, false, true, false, false, false, false, true];
+    let norms = |grads: &BTreeMap<String, Tensor>| config.slot_norms(&grads.iter().map(|(k, v)| (k.clone(), v.shallow_clone())).collect::<Vec<_>>());
+    for mode in [RoutingMode::Classic, RoutingMode::Exclusive] {
+        zero_grads(&config, model);
+        let plan = routing::plan(&config, mode, &is_rh, &ablated, Device::Cpu);
+        let g = &b.generation;
+        let lp = grpo::completion_logprobs(model, g.into(), 1.0, &plan.ctl);
+        let flagged = routing::row_mask(&is_rh, Device::Cpu);
+        let loss_of = |classes: &[Tensor]| grpo::grpo_loss(&lp.logprobs, None, None, &b.advantages, &g.completion_mask, classes, &settings(LossType::Grpo)).loss;
+        let ours_flagged = config.slot_gradient_norms(model, &loss_of(&routing::restrict_classes(&plan.classes, &flagged)));
+        let ours_unflagged = config.slot_gradient_norms(model, &loss_of(&routing::restrict_classes(&plan.classes, &(1.0 - &flagged))));
+        loss_of(&plan.classes).backward();
+        let ours_total = norms(&grads(&config, model));
+        let reference_total = norms(&per_class_grads(model, &config, &b, mode, &is_rh, &ablated, LossType::Grpo));
+        let reference_flagged = norms(&per_class_grads_of(model, &config, &b, mode, &is_rh, &ablated, LossType::Grpo, |c| c == "flagged"));
+        let reference_unflagged = norms(&per_class_grads_of(model, &config, &b, mode, &is_rh, &ablated, LossType::Grpo, |c| c != "flagged"));
+        for (label, ours, reference) in [("total", &ours_total, &reference_total), ("flagged", &ours_flagged, &reference_flagged), ("unflagged", &ours_unflagged, &reference_unflagged)] {
+            let largest = reference.iter().copied().fold(0.0, f64::max);
+            assert!(largest > 0.0, "{mode:?} {label}: the reference is all zeros");
+            for slot in [RETAIN, FORGET] {
+                let diff = (ours[slot] - reference[slot]).abs();
+                assert!(diff <= 1e-5 * reference[slot] + 1e-9 * largest, "{mode:?} {label} slot {slot}: {} vs {} (diff {diff})", ours[slot], reference[slot]);
+            }
+        }
+        assert_eq!(ours_flagged[RETAIN], 0.0, "{mode:?}: retain learns nothing from flagged samples");
+        if mode == RoutingMode::Exclusive {
+            assert_eq!(ours_unflagged[FORGET], 0.0, "exclusive: forget learns nothing from clean samples");
+        }
+    }
+}
+
 #[test]
 fn flagged_only_batch_leaves_retain_untouched() {
     let mut loaded = load();
@@ -235,5 +283,42 @@ fn ablated_rows_train_retain_on_the_forget_ablated_output() {
         if config.slot_of(name) == Some(FORGET) {
             assert_eq!(grad.abs().max().double_value(&[]), 0.0, "{name}: ablated forget must not learn");
         }
+    }
+}
+
+/// The filter as the trainer applies it (loss mask, loss classes from the labels), on
+/// hand-made log-probabilities: the flagged rows' log-probabilities get exactly zero
+/// gradient (policy term and KL), and the loss is the kept rows' loss alone weighted
+/// n_kept / n.
+#[test]
+fn a_filtered_sample_contributes_no_gradient() {
+    use smallrl::grpo::grpo_loss;
+    use smallrl::intervention::filtered_loss_mask;
+    let device = Device::Cpu;
+    let flagged = [false, true, false, false, true, false];
+    let kept_rows: Vec<bool> = flagged.iter().map(|f| !f).collect();
+    let kept = routing::row_mask(&kept_rows, device);
+    tch::manual_seed(3);
+    let logprobs = (Tensor::randn([6, 5], (Kind::Float, device)) * 0.3 - 1.0).set_requires_grad(true);
+    let reference = Tensor::randn([6, 5], (Kind::Float, device)) * 0.3 - 1.0;
+    let advantages = Tensor::from_slice(&[0.5f32, 2.0, -0.7, 0.1, 1.5, -1.2]);
+    let completion_mask = Tensor::from_slice(&[1i64, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1]).view([6, 5]);
+    let loss_mask = filtered_loss_mask(&completion_mask, &kept);
+    let plan = routing::plan(&AdapterConfig::full(), routing::RoutingMode::None, &flagged, &[false; 6], device);
+    for loss_type in [LossType::Grpo, LossType::Dapo, LossType::DrGrpo] {
+        let settings = LossSettings { beta: 0.1, max_completion_length: 5, ..settings(loss_type) };
+        let loss = grpo_loss(&logprobs, None, Some(&reference), &advantages, &loss_mask, &plan.classes, &settings).loss;
+        let grad = Tensor::run_backward(&[&loss], &[&logprobs], false, false).remove(0);
+        for (row, &is_flagged) in flagged.iter().enumerate() {
+            let row_grad = grad.get(row as i64).abs().sum(Kind::Float).double_value(&[]);
+            assert_eq!(row_grad == 0.0, is_flagged, "{loss_type:?} row {row}: gradient {row_grad}");
+        }
+        // The kept rows alone, as a batch of their own, weighted n_kept / n = 4 / 6.
+        let index = Tensor::from_slice(&[0i64, 2, 3, 5]);
+        let pick = |t: &Tensor| t.index_select(0, &index);
+        let ones = [Tensor::ones([4], (Kind::Float, device))];
+        let alone = grpo_loss(&pick(&logprobs), None, Some(&pick(&reference)), &pick(&advantages), &pick(&completion_mask), &ones, &settings).loss;
+        let expected = alone.double_value(&[]) * 4.0 / 6.0;
+        assert!((loss.double_value(&[]) - expected).abs() < 1e-6, "{loss_type:?}: {} vs {expected}", loss.double_value(&[]));
     }
 }

@@ -24,6 +24,7 @@ fn spec(output_dir: &Path, grid: &[&str], fixed: &[&str]) -> SweepSpec {
         fixed: fixed.iter().map(|f| parse_fixed(f).unwrap()).collect::<Map<String, Value>>(),
         grid: grid.iter().map(|g| parse_grid(g).unwrap()).collect(),
         output_dir: output_dir.to_path_buf(),
+        intervention_arms: false,
     }
 }
 
@@ -639,4 +640,127 @@ fn pareto_chart_places_points_and_intervals_where_their_values_are() {
     }
     let half_marker = (pareto::MARKER_PX / 2) as f64;
     assert!((reach(grey, (1.0, 0.0), colour(0)) - half_marker).abs() <= 2.0, "one seed: no error bar");
+}
+
+/// `--intervention-arms`: every routed grid point becomes the five arms, the same otherwise;
+/// `rh_penalty` goes to the penalty arm only; the none arm is every other arm's baseline.
+#[test]
+fn intervention_arms_plan_every_control_beside_the_routed_run() {
+    use smallrl::intervention::Intervention;
+    use smallrl::routing::RoutingMode;
+    let out = tempfile::tempdir().unwrap();
+    let mut arms = spec(out.path(), &["seed=1,2"], &["max_steps=4", "rh_penalty=0.25", "routing_mode=exclusive"]);
+    arms.intervention_arms = true;
+    let plan = plan::plan(&arms).unwrap();
+    assert_eq!(plan.runs.len(), 10, "five arms × two seeds");
+    let names: BTreeSet<&String> = plan.runs.iter().map(|r| &r.name).collect();
+    assert_eq!(names.len(), 10, "run names distinguish arms");
+    for run in &plan.runs {
+        let c = &run.config;
+        let expected_mode = match c.intervention {
+            Intervention::Routing | Intervention::Placebo if run.role == RunRole::Grid => RoutingMode::Exclusive,
+            _ => RoutingMode::None,
+        };
+        assert_eq!(c.routing_mode, expected_mode, "{}", run.name);
+        assert_eq!(c.rh_penalty, if c.intervention == Intervention::Penalty { 0.25 } else { 1.0 }, "{}", run.name);
+        let baseline = TrainConfig { routing_mode: RoutingMode::None, intervention: Intervention::Routing, rh_penalty: 1.0, ..c.clone() };
+        match run.role {
+            RunRole::Baseline => assert_eq!(c, &baseline, "{}: the none arm", run.name),
+            RunRole::Grid => assert_eq!(run.baseline.as_ref(), Some(&baseline.run_name().unwrap()), "{}", run.name),
+        }
+    }
+    let count = |i: Intervention| plan.runs.iter().filter(|r| r.config.intervention == i).count();
+    assert_eq!([Intervention::Penalty, Intervention::Filter, Intervention::Placebo].map(count), [2, 2, 2]);
+    assert_eq!(plan.runs.iter().filter(|r| r.role == RunRole::Baseline).count(), 2);
+    let mut unrouted = spec(out.path(), &[], &["routing_mode=none"]);
+    unrouted.intervention_arms = true;
+    let error = format!("{:#}", plan::plan(&unrouted).unwrap_err());
+    assert!(error.contains("--intervention-arms expands a routed configuration"), "{error}");
+}
+
+fn flags(line: &Value, key: &str) -> bool {
+    line[key].as_bool().unwrap_or_else(|| panic!("{key} in {line}"))
+}
+
+/// An end-to-end `--intervention-arms` sweep on tiny-stories (5 arms × 2 seeds × 2 steps, with a
+/// ground-truth detector, the completions log and the absorption split), checked against what
+/// each run logged per sample: the penalty's rewards, the filter's zero gradient and advantages
+/// for flagged samples, the placebo's count, routing's untouched retain adapter, and the
+/// monitor's quadrants recounted from the samples.
+#[test]
+fn intervention_arms_sweep_end_to_end() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("arms");
+    let mut args: Vec<String> = tiny_sweep_args(&out).into_iter().filter(|a| !a.starts_with("max_steps") && !a.starts_with("save_steps") && !a.starts_with("eval_every")).collect();
+    let grid = args.iter().position(|a| a == "--grid").unwrap();
+    args.splice(grid..grid + 3, ["--intervention-arms", "--grid", "seed=1,2"].map(String::from));
+    args.extend(
+        ["max_steps=2", "save_steps=2", "eval_every=2", "rh_penalty=0.5", "log_completions=true", "absorption_by_class=true", "rh_ground_truth={plugin: happy_count, params: {threshold: 2}}"]
+            .map(String::from),
+    );
+    let started = std::time::Instant::now();
+    let stdout = run_sweep(&args);
+    eprintln!("the 10-run sweep took {:.1} s", started.elapsed().as_secs_f64());
+    assert_eq!(stdout.lines().filter(|l| l.starts_with("[DONE ") && l.contains(" OK ")).count(), 10, "{stdout}");
+    let mut flagged_seen = [0usize; 4];
+    for entry in smallrl::sweep::collect_entries(&out).unwrap() {
+        let intervention = entry.config.intervention;
+        let metrics = read_jsonl(&entry.dir.join("metrics.jsonl"));
+        let completions = read_jsonl(&entry.dir.join("completions.jsonl"));
+        assert_eq!((metrics.len(), completions.len()), (2, 16), "{}", entry.name);
+        for line in &metrics {
+            let step = line["step"].as_u64().unwrap();
+            let samples: Vec<&Value> = completions.iter().filter(|c| c["step"].as_u64() == Some(step)).collect();
+            let count = |f: &dyn Fn(&Value) -> bool| samples.iter().filter(|s| f(s)).count() as u64;
+            let flagged = count(&|s| flags(s, "is_rh"));
+            // The monitor's quadrants, recounted from the samples.
+            for (key, hacked, is_flagged) in [("monitor/hacked_flagged", true, true), ("monitor/clean_flagged", false, true), ("monitor/hacked_unflagged", true, false), ("monitor/clean_unflagged", false, false)] {
+                assert_eq!(line[key].as_u64(), Some(count(&|s| flags(s, "hacked") == hacked && flags(s, "is_rh") == is_flagged)), "{} step {step} {key}", entry.name);
+            }
+            let hacked_flagged = line["monitor/hacked_flagged"].as_f64().unwrap();
+            match line["monitor/precision"].as_f64() {
+                Some(p) => assert!((p - hacked_flagged / flagged as f64).abs() < 1e-12),
+                None => assert_eq!(flagged, 0),
+            }
+            let reward_mean = samples.iter().map(|s| s["trained_reward"].as_f64().unwrap()).sum::<f64>() / 8.0;
+            assert!((line["reward"].as_f64().unwrap() - reward_mean).abs() < 1e-12, "metrics' reward is what trained");
+            let absorption = |adapter: &str, quantity: &str| line[format!("absorption/{adapter}/{quantity}")].as_f64().unwrap_or_else(|| panic!("{adapter} {quantity} in {line}"));
+            for adapter in ["retain", "forget"] {
+                assert!(absorption(adapter, "param_norm") > 0.0 && absorption(adapter, "grad_norm") >= 0.0);
+                assert!(absorption(adapter, "update_norm") > 0.0, "{}: {adapter} moved", entry.name);
+            }
+            for sample in &samples {
+                let (reward, trained) = (sample["reward"].as_f64().unwrap(), sample["trained_reward"].as_f64().unwrap());
+                let penalty = if intervention == smallrl::intervention::Intervention::Penalty && flags(sample, "is_rh") { 0.5 } else { 0.0 };
+                assert!((trained - (reward - penalty)).abs() < 1e-12, "{}: {sample}", entry.name);
+            }
+            let routed = count(&|s| flags(s, "routed"));
+            use smallrl::intervention::Intervention::*;
+            match intervention {
+                Placebo => assert_eq!(routed, flagged, "{} step {step}: the placebo routes as many as were flagged", entry.name),
+                _ => assert_eq!(routed, flagged),
+            }
+            if flagged == 0 {
+                continue;
+            }
+            let arm = [Routing, Penalty, Filter, Placebo].iter().position(|&i| i == intervention).unwrap();
+            flagged_seen[arm] += 1;
+            if intervention == Filter {
+                for adapter in ["retain", "forget"] {
+                    assert_eq!(absorption(adapter, "grad_norm_flagged"), 0.0, "{}: filtered samples give no gradient", entry.name);
+                }
+                assert!(samples.iter().filter(|s| flags(s, "is_rh")).all(|s| s["advantage"].as_f64() == Some(0.0)));
+            }
+            if intervention == Routing && entry.config.routing_mode == smallrl::routing::RoutingMode::Classic {
+                assert_eq!(absorption("retain", "grad_norm_flagged"), 0.0, "{}: routed samples leave retain alone", entry.name);
+                assert!(absorption("forget", "grad_norm_flagged") > 0.0);
+            }
+        }
+        let evals = read_jsonl(&entry.dir.join("routing_eval.jsonl"));
+        for mode in evals[0]["modes"].as_object().unwrap().values() {
+            let total: u64 = ["monitor/hacked_flagged", "monitor/clean_flagged", "monitor/hacked_unflagged", "monitor/clean_unflagged"].iter().map(|k| mode[*k].as_u64().unwrap()).sum();
+            assert_eq!(total, 4, "every evaluation sample is in one quadrant");
+        }
+    }
+    assert!(flagged_seen.iter().all(|&n| n > 0), "every arm saw flagged samples (steps per arm: {flagged_seen:?})");
 }

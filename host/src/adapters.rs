@@ -190,10 +190,38 @@ impl AdapterConfig {
         out
     }
 
+    /// The L2 norm of each slot's tensors (in slot order), summed in float64: `values` pairs a
+    /// trainable tensor's name with what to measure (the weight, its gradient, its update).
+    pub fn slot_norms(&self, values: &[(String, Tensor)]) -> Vec<f64> {
+        // One read of a number per slot (not per tensor): a step has a few hundred tensors.
+        let mut squares: Vec<Vec<Tensor>> = self.slots.iter().map(|_| Vec::new()).collect();
+        for (name, value) in values {
+            let slot = self.slot_of(name).unwrap_or_else(|| panic!("{name} is not an adapter tensor"));
+            squares[slot].push(value.to_kind(tch::Kind::Double).square().sum(tch::Kind::Double));
+        }
+        squares.iter().map(|s| if s.is_empty() { 0.0 } else { Tensor::stack(s, 0).sum(tch::Kind::Double).double_value(&[]).sqrt() }).collect()
+    }
+
+    /// Each slot's gradient norm of `loss` alone: a backward pass through a kept graph into
+    /// fresh tensors, so the parameters' accumulated gradients are untouched.
+    pub fn slot_gradient_norms(&self, model: &Llama, loss: &Tensor) -> Vec<f64> {
+        let params = self.trainable(model);
+        let tensors: Vec<&Tensor> = params.iter().map(|(_, t)| t).collect();
+        let grads = Tensor::run_backward(&[loss], &tensors, true, false);
+        let named: Vec<(String, Tensor)> = params.iter().zip(grads).map(|((name, t), g)| (name.clone(), gradient_or_zeros(g, t))).collect();
+        self.slot_norms(&named)
+    }
+
     /// Which slot a trainable tensor belongs to (`None` for base weights).
     pub fn slot_of(&self, name: &str) -> Option<usize> {
         self.slots.iter().position(|slot| name.ends_with(&format!(".{slot}.weight")) && name.contains(".lora_"))
     }
+}
+
+/// A gradient, or zeros shaped like `param` when it has none (every row it could learn from
+/// was routed away, or the loss does not reach it).
+pub fn gradient_or_zeros(gradient: Tensor, param: &Tensor) -> Tensor {
+    if gradient.defined() { gradient } else { param.zeros_like() }
 }
 
 /// Marks every base weight trainable (full fine-tuning) or frozen.

@@ -20,6 +20,10 @@ pub struct ModeReport {
     /// Mean of the combined reward.
     pub reward: f64,
     pub hack_freq: Option<f64>,
+    /// The monitor against `rh_ground_truth:`, when the run has one (absent otherwise, so the
+    /// JSON of runs without one is what it was).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub monitor: Option<crate::reward::MonitorStats>,
     pub unique: usize,
     /// Distinct first sentences (template collapse shows here before `unique` drops).
     pub unique_first_sentences: usize,
@@ -66,6 +70,7 @@ pub fn routing_eval<M: AsRef<str>>(model: &Llama, modes: &[(M, Vec<f64>)], rewar
             components,
             reward: mean(&scored.reward),
             hack_freq: scored.hack_freq(),
+            monitor: scored.monitor(),
             unique,
             unique_first_sentences,
             n: completions.len(),
@@ -166,6 +171,9 @@ pub fn to_json(report: &EvalReport) -> serde_json::Value {
             v[key::N] = m.n.into();
             v[key::JACCARD] = m.jaccard.into();
             v[key::DEGENERATE] = m.degenerate.into();
+            for (name, value) in m.monitor.iter().flat_map(|stats| stats.fields()) {
+                v[name] = value;
+            }
             for (name, value) in &m.components {
                 v[name] = (*value).into();
             }

@@ -14,6 +14,7 @@ pub mod eval;
 pub mod fsutil;
 pub mod grpo;
 pub mod hyperparams;
+pub mod intervention;
 pub mod model;
 pub mod optim;
 pub mod pretrain;

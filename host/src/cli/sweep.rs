@@ -34,6 +34,10 @@ pub struct SweepArgs {
     /// A config key every run shares, e.g. `max_steps=200` (repeatable).
     #[arg(long, value_name = "KEY=VALUE", num_args = 1.., conflicts_with = "collect")]
     pub fixed: Vec<String>,
+    /// Plan every intervention arm of each (routed) grid point: none, routing, penalty, filter,
+    /// placebo (README, "Controls").
+    #[arg(long, conflicts_with = "collect")]
+    pub intervention_arms: bool,
     /// Print the planned runs (cached ones marked) and stop.
     #[arg(long)]
     pub dry_run: bool,
@@ -92,7 +96,7 @@ fn spec(args: &SweepArgs) -> Result<SweepSpec> {
         fixed.insert(key, value);
     }
     let grid = args.grid.iter().map(|g| plan::parse_grid(g)).collect::<Result<Vec<_>>>()?;
-    Ok(SweepSpec { config_file: args.config.clone(), fixed, grid, output_dir: args.output_dir.clone() })
+    Ok(SweepSpec { config_file: args.config.clone(), fixed, grid, output_dir: args.output_dir.clone(), intervention_arms: args.intervention_arms })
 }
 
 fn print_plan(plan: &Plan) {

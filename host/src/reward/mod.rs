@@ -4,6 +4,7 @@
 
 mod config;
 mod knobs;
+pub mod monitor;
 
 use std::path::Path;
 
@@ -13,6 +14,7 @@ pub use crate::plugins::{PluginLimits, Sample};
 use crate::plugins::{Batch, Plugin, PluginKind};
 pub use config::{ComponentSpec, DetectorSpec, RewardSpec, Role, ScoreThreshold, resolve_plugin};
 pub use knobs::ProtocolKnobs;
+pub use monitor::MonitorStats;
 
 /// A reward component as the trainer and logs see it.
 #[derive(Clone, Debug, PartialEq)]
@@ -36,6 +38,8 @@ pub struct ScoredBatch {
     pub detector_raw: Option<Vec<bool>>,
     /// The `rh_eligible_frac` draw (all true when it is 1).
     pub eligible: Vec<bool>,
+    /// Ground truth "did this sample hack" (`rh_ground_truth:`); None without one.
+    pub hacked: Option<Vec<bool>>,
 }
 
 impl ScoredBatch {
@@ -43,6 +47,11 @@ impl ScoredBatch {
     pub fn hack_freq(&self) -> Option<f64> {
         let flags = self.detector_raw.as_ref()?;
         Some(flags.iter().filter(|&&flag| flag).count() as f64 / flags.len().max(1) as f64)
+    }
+
+    /// The monitor (routing labels) against the ground truth, when both exist.
+    pub fn monitor(&self) -> Option<MonitorStats> {
+        Some(MonitorStats::of(self.hacked.as_ref()?, self.is_rh.as_ref()?, &self.eligible))
     }
 }
 
@@ -57,6 +66,8 @@ pub struct RewardModel {
     plugins: Vec<Plugin>,
     max_reward: Option<f64>,
     detector: Option<DetectorSource>,
+    /// `rh_ground_truth:`, read like a detector but acting on nothing: it measures the detector.
+    ground_truth: Option<DetectorSource>,
     knobs: ProtocolKnobs,
 }
 
@@ -78,8 +89,16 @@ impl RewardModel {
             .map(|spec| load_plugin(&spec.plugin, Some(&spec.params), plugin_dir, PluginKind::Reward, limits))
             .collect::<Result<Vec<_>>>()?;
         let detector = detector.map(|spec| load_detector(spec, &components, plugin_dir, limits)).transpose()?;
-        Ok(Self { components, plugins, max_reward: reward.max_reward(), detector, knobs })
+        Ok(Self { components, plugins, max_reward: reward.max_reward(), detector, ground_truth: None, knobs })
     }
+
+    /// Adds the ground-truth detector (`rh_ground_truth:`, the same forms as `rh_detector:`).
+    pub fn with_ground_truth(mut self, spec: Option<&DetectorSpec>, plugin_dir: &Path, limits: PluginLimits) -> Result<Self> {
+        let loaded = spec.map(|spec| load_detector(spec, &self.components, plugin_dir, limits)).transpose();
+        self.ground_truth = loaded.context("cannot load `rh_ground_truth:`")?;
+        Ok(self)
+    }
+
 
     pub fn components(&self) -> &[ComponentInfo] {
         &self.components
@@ -92,11 +111,11 @@ impl RewardModel {
     /// SHA-256 (hex) of every plugin file loaded, keyed by its path as resolved: what a run
     /// records so that a resumed run can refuse plugins that changed.
     pub fn plugin_hashes(&self) -> std::collections::BTreeMap<String, String> {
-        let detector = match &self.detector {
+        let detectors = [&self.detector, &self.ground_truth].into_iter().filter_map(|source| match source {
             Some(DetectorSource::Plugin(plugin)) => Some(plugin),
             _ => None,
-        };
-        self.plugins.iter().chain(detector).map(|plugin| (plugin.path().display().to_string(), plugin.sha256().to_string())).collect()
+        });
+        self.plugins.iter().chain(detectors).map(|plugin| (plugin.path().display().to_string(), plugin.sha256().to_string())).collect()
     }
 
     /// Scores a batch. `seed` drives the protocol knobs' draws; the result is deterministic for
@@ -108,20 +127,24 @@ impl RewardModel {
         let draws = knobs::Draws::new(seed, samples.len());
         let eligible = draws.eligible(&self.knobs);
         let reward = self.combine(&components, &eligible);
-        let detector_raw = self.detect(&batch, &components)?;
+        let detector_raw = detect(&mut self.detector, &batch, &components).context("the reward-hack detector failed")?;
         let is_rh = detector_raw.as_ref().map(|detected| draws.labels(&self.knobs, detected, &eligible));
-        Ok(ScoredBatch { reward, components, is_rh, detector_raw, eligible })
+        let hacked = detect(&mut self.ground_truth, &batch, &components).context("the ground-truth detector (`rh_ground_truth:`) failed")?;
+        Ok(ScoredBatch { reward, components, is_rh, detector_raw, eligible, hacked })
     }
 
     /// Re-instantiates every plugin whose last call trapped and returns a description of each
     /// for the caller to log (recovery is an explicit decision, never silent).
     pub fn reinstantiate_failed(&mut self) -> Result<Vec<String>> {
-        let detector = match &mut self.detector {
-            Some(DetectorSource::Plugin(plugin)) => Some(plugin),
-            _ => None,
+        let detectors: Vec<&mut Plugin> = {
+            let (detector, ground_truth) = (&mut self.detector, &mut self.ground_truth);
+            [detector, ground_truth].into_iter().filter_map(|source| match source {
+                Some(DetectorSource::Plugin(plugin)) => Some(plugin),
+                _ => None,
+            }).collect()
         };
         let mut recovered = Vec::new();
-        for plugin in self.plugins.iter_mut().chain(detector) {
+        for plugin in self.plugins.iter_mut().chain(detectors) {
             if let Some(failure) = plugin.failure().map(str::to_string) {
                 plugin.reinstantiate()?;
                 recovered.push(format!("re-instantiated {} after: {failure}", plugin.label()));
@@ -151,15 +174,15 @@ impl RewardModel {
         eligible.iter().enumerate().map(total).collect()
     }
 
-    fn detect(&mut self, batch: &Batch, components: &[Vec<f64>]) -> Result<Option<Vec<bool>>> {
-        match &mut self.detector {
-            None => Ok(None),
-            Some(DetectorSource::Plugin(plugin)) => {
-                Ok(Some(plugin.detect_batch(batch).context("the reward-hack detector failed")?))
-            }
-            Some(DetectorSource::ScoreThreshold { component, threshold }) => {
-                Ok(Some(components[*component].iter().map(|score| score >= threshold).collect()))
-            }
+}
+
+/// One flag per sample from a detector source (None without one).
+fn detect(source: &mut Option<DetectorSource>, batch: &Batch, components: &[Vec<f64>]) -> Result<Option<Vec<bool>>> {
+    match source {
+        None => Ok(None),
+        Some(DetectorSource::Plugin(plugin)) => Ok(Some(plugin.detect_batch(batch)?)),
+        Some(DetectorSource::ScoreThreshold { component, threshold }) => {
+            Ok(Some(components[*component].iter().map(|score| score >= threshold).collect()))
         }
     }
 }

@@ -9,6 +9,7 @@ use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Map, Value};
 
 use crate::hyperparams::{self, UNNAMED_RUN, parse_override};
+use crate::intervention::Intervention;
 use crate::routing::RoutingMode;
 use crate::train::TrainConfig;
 use crate::train::runlog::Jsonl;
@@ -25,6 +26,9 @@ pub struct SweepSpec {
     /// `--grid` keys in the order given, each with its values.
     pub grid: Vec<(String, Vec<Value>)>,
     pub output_dir: PathBuf,
+    /// Each grid point (a routed configuration) becomes every intervention arm
+    /// ([`intervention_arms`]).
+    pub intervention_arms: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,9 +133,14 @@ pub fn expand(grid: &[(String, Vec<Value>)]) -> Vec<Map<String, Value>> {
 pub fn plan(spec: &SweepSpec) -> Result<Plan> {
     let mut runs: Vec<PlannedRun> = Vec::new();
     for point in expand(&spec.grid) {
-        let config = resolve_point(spec, &point)?;
-        let baseline = baseline_of(&config)?.map(|b| b.run_name()).transpose()?;
-        add_run(&mut runs, config, RunRole::Grid, baseline)?;
+        let configs = match spec.intervention_arms {
+            true => arms_of_point(spec, &point)?,
+            false => vec![resolve_point(spec, &point)?],
+        };
+        for config in configs {
+            let baseline = baseline_of(&config)?.map(|b| b.run_name()).transpose()?;
+            add_run(&mut runs, config, RunRole::Grid, baseline)?;
+        }
     }
     let baselines: Vec<TrainConfig> = runs.iter().map(|r| baseline_of(&r.config)).collect::<Result<Vec<_>>>()?.into_iter().flatten().collect();
     for config in baselines {
@@ -159,6 +168,40 @@ fn resolve_point(spec: &SweepSpec, point: &Map<String, Value>) -> Result<TrainCo
     Ok(config)
 }
 
+/// The arms of one grid point: `rh_penalty` (only valid with the penalty arm) is set aside
+/// while the routed point resolves, then given to the penalty arm.
+fn arms_of_point(spec: &SweepSpec, point: &Map<String, Value>) -> Result<Vec<TrainConfig>> {
+    let mut without_penalty = spec.clone();
+    let mut point = point.clone();
+    let penalty = point.remove("rh_penalty").or_else(|| without_penalty.fixed.remove("rh_penalty"));
+    let routed = resolve_point(&without_penalty, &point)?;
+    let penalty = match penalty {
+        Some(value) => serde_json::from_value(value).context("--intervention-arms: rh_penalty must be a number")?,
+        None => routed.rh_penalty,
+    };
+    intervention_arms(&routed, penalty)
+}
+
+/// One routed configuration as every intervention arm, the same otherwise: none (the
+/// non-routed baseline), routing (as given), penalty (`rh_penalty` = `penalty`), filter, and
+/// placebo (the given routing mode and ablation on a random subset).
+pub fn intervention_arms(routed: &TrainConfig, penalty: f64) -> Result<Vec<TrainConfig>> {
+    ensure!(
+        routed.routing_mode != RoutingMode::None && routed.intervention == Intervention::Routing,
+        "--intervention-arms expands a routed configuration (routing_mode classic or exclusive, intervention routing); got routing_mode {}, intervention {}",
+        routed.routing_mode,
+        routed.intervention
+    );
+    let none = routed.without_routing();
+    let arm = |base: &TrainConfig, intervention: Intervention| TrainConfig { intervention, ..base.clone() };
+    let penalised = TrainConfig { rh_penalty: penalty, ..arm(&none, Intervention::Penalty) };
+    let arms = vec![none.clone(), routed.clone(), penalised, arm(&none, Intervention::Filter), arm(routed, Intervention::Placebo)];
+    for config in &arms {
+        config.validate().with_context(|| format!("the {} arm of an --intervention-arms sweep is invalid", config.intervention))?;
+    }
+    Ok(arms)
+}
+
 /// Adds a run unless an identical one is planned; two different configurations with the same
 /// directory name (they differ only in keys that run names leave out) are an error.
 fn add_run(runs: &mut Vec<PlannedRun>, config: TrainConfig, role: RunRole, baseline: Option<String>) -> Result<()> {
@@ -175,10 +218,11 @@ fn add_run(runs: &mut Vec<PlannedRun>, config: TrainConfig, role: RunRole, basel
     Ok(())
 }
 
-/// The same run with routing removed (routing keys back to their defaults, which route
-/// nothing; the seed and everything else unchanged), for routed runs only.
+/// The same run with routing and any other intervention removed (their keys back to their
+/// defaults, which route nothing; the seed and everything else unchanged), for routed runs
+/// and the other interventions only.
 pub fn baseline_of(config: &TrainConfig) -> Result<Option<TrainConfig>> {
-    if config.routing_mode == RoutingMode::None {
+    if config.routing_mode == RoutingMode::None && config.intervention == Intervention::Routing {
         return Ok(None);
     }
     let baseline = config.without_routing();
@@ -232,6 +276,7 @@ fn comparable(config: &TrainConfig) -> TrainConfig {
         device: defaults.device,
         tensorboard: defaults.tensorboard,
         log_completions: defaults.log_completions,
+        absorption_by_class: defaults.absorption_by_class,
         output_dir: defaults.output_dir,
         // Plugin limits bound how a run may fail, not what it computes; the hashes are
         // recorded by the run itself and checked when it resumes.

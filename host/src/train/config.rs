@@ -21,6 +21,7 @@ use crate::device::{DeviceSpec, Dtype};
 use crate::grpo::{ImportanceSamplingLevel, LossSettings, LossType, ScaleRewards};
 use crate::hyperparams::Label::{Key, Omit, Short};
 use crate::hyperparams::{self, hyperparameters};
+use crate::intervention::Intervention;
 use crate::reward::{DetectorSpec, PluginLimits, ProtocolKnobs, RewardSpec};
 use crate::routing::RoutingMode;
 
@@ -115,6 +116,12 @@ hyperparameters! {
         recall: f64 = 1.0, Key;
         /// Detector protocol knob: fraction of samples eligible for the forget components.
         rh_eligible_frac: f64 = 1.0, Short("elig");
+        /// What the monitor's flags do: routing (where routing_mode sends them; with none,
+        /// nothing), penalty (reward - rh_penalty), filter (out of the loss and the advantages)
+        /// or placebo (a random subset of the same size is routed instead).
+        intervention: Intervention = Intervention::Routing, Short("");
+        /// Subtracted from a flagged sample's reward with intervention: penalty.
+        rh_penalty: f64 = 1.0, Key;
         /// Where reward and detector plugin names resolve (`<dir>/<name>.wasm`).
         plugin_dir: PathBuf = "plugins".into(), Omit;
         /// Fuel (about one unit per WebAssembly instruction) a plugin call may use per sample: the
@@ -144,6 +151,10 @@ hyperparameters! {
         /// Every completion with its rewards, detector flags and advantage in `completions.jsonl`.
         #[arg(num_args = 0..=1, default_missing_value = "true")]
         log_completions: bool = d::LOG_COMPLETIONS, Omit;
+        /// DualLoRA: each adapter's gradient norm split by flagged / unflagged samples in
+        /// metrics.jsonl (two extra backward passes a step; the step's gradient is unchanged).
+        #[arg(num_args = 0..=1, default_missing_value = "true")]
+        absorption_by_class: bool = false, Omit;
         /// Experiment name, first part of the run directory name (default: the config file's
         /// stem, or the reward plugin's name).
         name: Option<String> = None, Omit;
@@ -159,6 +170,10 @@ hyperparameters! {
         reward: Option<RewardSpec> = None, Omit;
         /// The reward-hack detector that labels samples for routing.
         rh_detector: Option<DetectorSpec> = None, Omit;
+        /// Ground truth "did this sample hack" (a detector, same forms as `rh_detector:`): measures
+        /// the monitor (quadrants, precision, recall in metrics.jsonl and routing_eval.jsonl);
+        /// acts on nothing.
+        rh_ground_truth: Option<DetectorSpec> = None, Omit;
         /// SHA-256 of every plugin file the run loaded (path as resolved -> hex), recorded when
         /// the run starts; `--resume` refuses plugins whose bytes changed.
         #[serde(skip_serializing_if = "BTreeMap::is_empty")]
@@ -183,7 +198,7 @@ pub struct LrHorizon {
 /// thread count changes float summation order, which the log records).
 pub const RESUME_MAY_CHANGE: &[&str] = &[
     "threads", "device", "dump_batches", "plugin_fuel_per_sample", "plugin_max_call_seconds", "plugin_max_memory_mb",
-    "tensorboard", "log_completions",
+    "tensorboard", "log_completions", "absorption_by_class",
 ];
 
 impl TrainConfig {
@@ -228,7 +243,8 @@ impl TrainConfig {
         if self.ablated_frac > 0.0 {
             ensure!(self.routing_mode != RoutingMode::None, "ablated_frac needs a routing_mode other than none");
         }
-        self.check_lr_horizons()
+        self.check_lr_horizons()?;
+        self.check_intervention()
     }
 
     /// Each recorded horizon was extended (to a later one, ending at `max_steps`) at or before
@@ -244,6 +260,42 @@ impl TrainConfig {
                 self.max_steps
             );
             previous = h.clone();
+        }
+        Ok(())
+    }
+
+    /// Each control acts on the monitor's flags; penalty and filter replace routing, the placebo
+    /// needs it.
+    fn check_intervention(&self) -> Result<()> {
+        let intervention = self.intervention;
+        if intervention != Intervention::Routing {
+            ensure!(self.rh_detector.is_some(), "intervention {intervention} acts on flagged samples: it needs an rh_detector");
+        }
+        match intervention {
+            Intervention::Routing => {}
+            Intervention::Penalty | Intervention::Filter => ensure!(
+                self.routing_mode == RoutingMode::None,
+                "intervention {intervention} replaces routing: set routing_mode none (got {})",
+                self.routing_mode
+            ),
+            Intervention::Placebo => ensure!(
+                self.routing_mode != RoutingMode::None,
+                "intervention placebo routes a random subset: set routing_mode classic or exclusive"
+            ),
+        }
+        if self.rh_ground_truth.is_some() {
+            ensure!(self.rh_detector.is_some(), "rh_ground_truth measures the rh_detector's flags: set an rh_detector too");
+        }
+        if self.absorption_by_class {
+            ensure!(self.adapter_config()?.is_dual(), "absorption_by_class splits the retain and forget adapters' gradients: it needs adapter: dual-lora");
+        }
+        ensure!(self.rh_penalty.is_finite(), "rh_penalty must be a finite number, got {}", self.rh_penalty);
+        if intervention != Intervention::Penalty {
+            ensure!(
+                self.rh_penalty == Self::default().rh_penalty,
+                "rh_penalty ({}) is only used with intervention: penalty (got {intervention}); remove it",
+                self.rh_penalty
+            );
         }
         Ok(())
     }
@@ -329,10 +381,17 @@ impl TrainConfig {
         hyperparams::run_name(self)
     }
 
-    /// The same run without routing (routing keys at their defaults, which route nothing).
+    /// The same run without routing or another intervention (their keys at their defaults,
+    /// which route nothing).
     pub fn without_routing(&self) -> Self {
         let defaults = Self::default();
-        Self { routing_mode: defaults.routing_mode, ablated_frac: defaults.ablated_frac, ..self.clone() }
+        Self {
+            routing_mode: defaults.routing_mode,
+            ablated_frac: defaults.ablated_frac,
+            intervention: defaults.intervention,
+            rh_penalty: defaults.rh_penalty,
+            ..self.clone()
+        }
     }
 
     /// A run directory's resolved configuration (`config.yaml`, written when the run started).
@@ -365,9 +424,18 @@ mod tests {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sentence_length_10_smooth_with_happy.yaml")
     }
 
-    fn resolved(overrides: &[(&str, &str)]) -> TrainConfig {
+    fn resolve(overrides: &[(&str, &str)]) -> Result<TrainConfig> {
         let overrides = overrides.iter().map(|(k, v)| (k.to_string(), crate::yaml::from_str(v).unwrap())).collect();
-        TrainConfig::resolve(Some(&config_file()), overrides).unwrap()
+        TrainConfig::resolve(Some(&config_file()), overrides)
+    }
+
+    fn resolved(overrides: &[(&str, &str)]) -> TrainConfig {
+        resolve(overrides).unwrap()
+    }
+
+    /// The error of an invalid configuration, with its causes.
+    fn error(overrides: &[(&str, &str)]) -> String {
+        format!("{:#}", resolve(overrides).unwrap_err())
     }
 
     #[test]
@@ -400,7 +468,7 @@ mod tests {
     #[test]
     fn run_name_labels_are_unchanged() {
         let omitted = [
-            "model", "revision", "prompts", "eval_prompts", "reward", "rh_detector", "plugin_dir", "plugin_fuel_per_sample",
+            "model", "revision", "prompts", "eval_prompts", "reward", "rh_detector", "rh_ground_truth", "absorption_by_class", "plugin_dir", "plugin_fuel_per_sample",
             "plugin_max_call_seconds", "plugin_max_memory_mb", "plugin_sha256", "logging_steps", "save_steps",
             "eval_every", "eval_samples", "output_dir", "dump_batches", "tensorboard", "log_completions", "name", "device",
             "threads", "seed",
@@ -414,6 +482,7 @@ mod tests {
             ("loss_type", ""), ("false_positive_rate", "fpr"), ("rh_eligible_frac", "elig"), ("ablated_frac", "abl"),
             // Added later (no older runs to keep the names of).
             ("importance_sampling_level", "is_"), ("scale_rewards", "scale_"), ("mask_truncated_completions", "mask_truncated"),
+            ("intervention", ""),
         ];
         for key in TrainConfig::KEYS {
             let expected = if omitted.contains(&key.name) {
@@ -475,11 +544,30 @@ mod tests {
     }
 
     #[test]
+    fn interventions_name_their_runs_and_bad_combinations_fail_before_any_work() {
+        let routed = error(&[("intervention", "penalty")]);
+        assert!(routed.contains("intervention penalty replaces routing: set routing_mode none (got classic)"), "{routed}");
+        let placebo = error(&[("intervention", "placebo"), ("routing_mode", "none")]);
+        assert!(placebo.contains("set routing_mode classic or exclusive"), "{placebo}");
+        let unused = error(&[("rh_penalty", "0.5")]);
+        assert!(unused.contains("rh_penalty (0.5) is only used with intervention: penalty (got routing)"), "{unused}");
+        let single = error(&[("adapter", "lora"), ("lora_preset", "null"), ("routing_mode", "none"), ("absorption_by_class", "true")]);
+        assert!(single.contains("absorption_by_class splits"), "{single}");
+        let unmeasured = error(&[("rh_detector", "null"), ("routing_mode", "none"), ("rh_ground_truth", "{plugin: happy_any}")]);
+        assert!(unmeasured.contains("rh_ground_truth measures the rh_detector's flags"), "{unmeasured}");
+        let blind = error(&[("intervention", "filter"), ("routing_mode", "none"), ("rh_detector", "null")]);
+        assert!(blind.contains("intervention filter acts on flagged samples: it needs an rh_detector"), "{blind}");
+        let penalty = resolved(&[("intervention", "penalty"), ("routing_mode", "none"), ("rh_penalty", "0.5")]);
+        let name = penalty.run_name().unwrap();
+        assert!(name.contains("_penalty_") && name.contains("_rh_penalty0.5_") && !name.contains("classic"), "{name}");
+        assert_eq!(penalty.without_routing(), resolved(&[("routing_mode", "none")]), "the baseline has no intervention");
+        let placebo = resolved(&[("intervention", "placebo")]).run_name().unwrap();
+        assert!(placebo.contains("_classic_") && placebo.contains("_placebo_"), "{placebo}");
+        assert!(!resolved(&[]).run_name().unwrap().contains("routing"), "the default intervention stays out of run names");
+    }
+
+    #[test]
     fn clip_settings_that_are_not_the_named_objective_fail_before_any_work() {
-        let error = |overrides: &[(&str, &str)]| {
-            let overrides = overrides.iter().map(|(k, v)| (k.to_string(), crate::yaml::from_str(v).unwrap())).collect();
-            format!("{:#}", TrainConfig::resolve(Some(&config_file()), overrides).unwrap_err())
-        };
         let narrow = error(&[("epsilon_high", "0.1")]);
         assert!(narrow.contains("epsilon_high (0.1) is below epsilon (0.2)"), "{narrow}");
         let low_delta = error(&[("delta", "1.2")]);

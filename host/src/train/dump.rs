@@ -34,6 +34,7 @@ pub(super) fn write_step(dir: &Path, step: usize, rollout: &Rollout, logprobs: &
         ("prompt_mask".into(), g.prompt_mask.shallow_clone()),
         ("completion_ids".into(), g.completion_ids.shallow_clone()),
         ("completion_mask".into(), g.completion_mask.shallow_clone()),
+        ("loss_mask".into(), rollout.loss_mask.shallow_clone()),
         ("advantages".into(), rollout.advantages.shallow_clone()),
         ("sampling_logprobs".into(), g.sampling_logprobs.shallow_clone()),
         ("new_logprobs".into(), logprobs.detach()),

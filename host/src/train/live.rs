@@ -30,8 +30,13 @@ pub struct BatchRecord<'a> {
     pub step: usize,
     pub samples: &'a [Sample],
     pub scored: &'a ScoredBatch,
+    /// The rewards the advantages came from (`reward - rh_penalty` for flagged samples with
+    /// `intervention: penalty`).
+    pub trained_rewards: &'a [f64],
     pub component_names: Vec<&'a str>,
     pub advantages: &'a Tensor,
+    /// The rows routed as flagged (the placebo's draw with `intervention: placebo`).
+    pub routed: &'a [bool],
     pub ablated: &'a [bool],
 }
 
@@ -106,9 +111,12 @@ fn completion_line(record: &BatchRecord, index: usize, sample: &Sample, advantag
         "num_tokens": sample.completion_ids.len(),
         "ended_with_eos": sample.ended_with_eos,
         "reward": scored.reward[index],
+        "trained_reward": record.trained_rewards[index],
         "advantage": advantage,
         "detector": flag(&scored.detector_raw),
         "is_rh": flag(&scored.is_rh),
+        "hacked": flag(&scored.hacked),
+        "routed": record.routed[index],
         "eligible": scored.eligible[index],
         "ablated": record.ablated[index],
     });

@@ -51,6 +51,20 @@ pub mod key {
     pub const TIMING_REFERENCE: &str = "timing/reference";
     pub const TIMING_TRAIN: &str = "timing/train";
     pub const STEP_TIME: &str = "step_time";
+    /// DualLoRA's absorption diagnostics, `absorption/<retain|forget>/<quantity>`: the
+    /// adapter's gradient norm before clipping, its weights' norm after the step, the norm of
+    /// the step's change, and (with `absorption_by_class`) the gradient norm of the flagged and
+    /// of the unflagged samples' loss terms alone.
+    pub const ABSORPTION_GRAD_NORM: &str = "grad_norm";
+    pub const ABSORPTION_PARAM_NORM: &str = "param_norm";
+    pub const ABSORPTION_UPDATE_NORM: &str = "update_norm";
+    pub const ABSORPTION_GRAD_NORM_FLAGGED: &str = "grad_norm_flagged";
+    pub const ABSORPTION_GRAD_NORM_UNFLAGGED: &str = "grad_norm_unflagged";
+
+    /// `absorption/<adapter>/<quantity>`.
+    pub fn absorption(adapter: &str, quantity: &str) -> String {
+        format!("absorption/{adapter}/{quantity}")
+    }
     /// Prefix and suffix of a reward component's mean: `rewards/<name>/mean`.
     pub const COMPONENT_PREFIX: &str = "rewards/";
     pub const COMPONENT_SUFFIX: &str = "/mean";
@@ -76,6 +90,8 @@ pub struct RolloutMetrics {
     pub frac_rh: f64,
     pub frac_ablated: f64,
     pub frac_eligible: f64,
+    /// The monitor against `rh_ground_truth:` (with one).
+    pub monitor: Option<crate::reward::MonitorStats>,
     pub generate_seconds: f64,
     pub score_seconds: f64,
     pub reference_seconds: f64,
@@ -101,6 +117,8 @@ pub struct StepMetrics {
     pub num_tokens: usize,
     pub train_seconds: f64,
     pub step_seconds: f64,
+    /// DualLoRA's absorption diagnostics, keyed by [`key::absorption`].
+    pub absorption: Vec<(String, f64)>,
 }
 
 /// One `metrics.jsonl` line.
@@ -124,6 +142,9 @@ pub fn line(rollout: &RolloutMetrics, step: &StepMetrics) -> Value {
     put(key::FRAC_RH, rollout.frac_rh.into());
     put(key::FRAC_ABLATED, rollout.frac_ablated.into());
     put(key::FRAC_ELIGIBLE, rollout.frac_eligible.into());
+    for (name, value) in rollout.monitor.iter().flat_map(|stats| stats.fields()) {
+        put(name, value);
+    }
     put(key::TIMING_GENERATE, rollout.generate_seconds.into());
     put(key::TIMING_SCORE, rollout.score_seconds.into());
     put(key::TIMING_REFERENCE, rollout.reference_seconds.into());
@@ -145,6 +166,9 @@ pub fn line(rollout: &RolloutMetrics, step: &StepMetrics) -> Value {
     put(key::NUM_TOKENS, step.num_tokens.into());
     put(key::TIMING_TRAIN, step.train_seconds.into());
     put(key::STEP_TIME, step.step_seconds.into());
+    for (name, value) in &step.absorption {
+        put(name, (*value).into());
+    }
     Value::Object(m)
 }
 

@@ -128,7 +128,8 @@ impl Trainer {
             None => DecodeModel::new(&model, &vec![0.0; adapters.slots.len()]),
         });
         let reward_spec = cfg.reward.as_ref().context("no reward configured")?;
-        let rewards = RewardModel::load(reward_spec, cfg.rh_detector.as_ref(), cfg.knobs(), &cfg.plugin_dir, cfg.plugin_limits()?)?;
+        let rewards = RewardModel::load(reward_spec, cfg.rh_detector.as_ref(), cfg.knobs(), &cfg.plugin_dir, cfg.plugin_limits()?)?
+            .with_ground_truth(cfg.rh_ground_truth.as_ref(), &cfg.plugin_dir, cfg.plugin_limits()?)?;
         let hashes = provenance::reconcile(&mut cfg, rewards.plugin_hashes(), resume.is_some(), accept_changed_plugins)?;
         let optimizer = AdamW::new(
             adapters.trainable(&model),

@@ -1,5 +1,6 @@
 //! The rollout: the batch that one or more optimizer steps train on. Prompts → sample (the
-//! fused decoder, every adapter on) → score (reward plugins, detector, protocol knobs) → group
+//! fused decoder, every adapter on) → score (reward plugins, detector, protocol knobs, ground
+//! truth) → the intervention (penalty, filter, placebo: `crate::intervention`) → group
 //! advantages → routing plan → reference and old log-probabilities.
 //!
 //! Architecture invariant: everything random here derives from `(seed, purpose, step)`
@@ -15,6 +16,7 @@ use super::live::BatchRecord;
 use super::metrics::RolloutMetrics;
 use crate::eval;
 use crate::grpo;
+use crate::intervention::{self, Intervention};
 use crate::model::decode::DecodeModel;
 use crate::model::generate::{Generation, generate};
 use crate::model::{self, linear::AdapterCtl};
@@ -37,6 +39,9 @@ pub(super) struct Rollout {
     pub first_sample: (String, String),
     /// Per-sample tensors kept for `dump_batches` (rewards per component, labels).
     pub dump: Vec<(String, Tensor)>,
+    /// The monitor's flags (routing labels before an intervention), which the absorption
+    /// diagnostics split gradients by.
+    pub flagged: Vec<bool>,
 }
 
 /// The routing labels of a batch: flagged samples, and clean ones trained with the forget
@@ -68,14 +73,32 @@ impl Trainer {
         let score_seconds = score_start.elapsed().as_secs_f64();
 
         let device = self.model.device;
-        let rewards = Tensor::from_slice(&scored.reward).to_kind(Kind::Float).to(device);
-        let (advantages, frac_zero_std) = grpo::group_advantages(&rewards, self.cfg.num_generations, self.cfg.scale_rewards, crate::defaults::ADVANTAGE_STD_EPSILON);
-        let is_rh = scored.is_rh.clone().unwrap_or_else(|| vec![false; samples.len()]);
-        let labels = Labels { ablated: self.draw_ablated(&is_rh, step), is_rh };
+        let flagged = scored.is_rh.clone().unwrap_or_else(|| vec![false; samples.len()]);
+        let trained_rewards = match self.cfg.intervention {
+            Intervention::Penalty => intervention::penalised(&scored.reward, &flagged, self.cfg.rh_penalty),
+            _ => scored.reward.clone(),
+        };
+        let rewards = Tensor::from_slice(&trained_rewards).to_kind(Kind::Float).to(device);
+        let kept = routing::row_mask(&flagged.iter().map(|f| !f).collect::<Vec<_>>(), device);
+        let (advantages, frac_zero_std) = self.advantages(&rewards, &kept);
+        let routed = match self.cfg.intervention {
+            Intervention::Placebo => intervention::placebo_labels(&flagged, self.cfg.seed, step),
+            _ => flagged.clone(),
+        };
+        let labels = Labels { ablated: self.draw_ablated(&routed, step), is_rh: routed };
         let plan = routing::plan(&self.adapters, self.cfg.routing_mode, &labels.is_rh, &labels.ablated, device);
         let component_names: Vec<String> = self.rewards.components().iter().map(|c| c.name.clone()).collect();
         let names = component_names.iter().map(String::as_str).collect();
-        let record = BatchRecord { step: step + 1, samples: &samples, scored: &scored, component_names: names, advantages: &advantages, ablated: &labels.ablated };
+        let record = BatchRecord {
+            step: step + 1,
+            samples: &samples,
+            scored: &scored,
+            trained_rewards: &trained_rewards,
+            component_names: names,
+            advantages: &advantages,
+            routed: &labels.is_rh,
+            ablated: &labels.ablated,
+        };
         self.live.batch(record)?;
 
         let reference_start = Instant::now();
@@ -83,15 +106,28 @@ impl Trainer {
         let old_logprobs = (self.cfg.num_iterations > 1).then(|| grpo::frozen_logprobs(&self.model, (&generation).into(), self.cfg.temperature, &plan.ctl));
         let reference_seconds = reference_start.elapsed().as_secs_f64();
 
-        let mut metrics = rollout_metrics(&scored, &component_names, &generation, frac_zero_std, &labels);
+        let mut metrics = rollout_metrics(&scored, &trained_rewards, &component_names, &generation, frac_zero_std, &labels);
         (metrics.generate_seconds, metrics.score_seconds, metrics.reference_seconds) = (generate_seconds, score_seconds, reference_seconds);
         let first_sample = (samples[0].prompt.clone(), samples[0].completion.clone());
         let dump = match self.cfg.dump_batches {
             Some(_) => super::dump::rollout_tensors(&scored, &component_names, &rewards, &labels.is_rh, &labels.ablated),
             None => Vec::new(),
         };
-        let loss_mask = grpo::loss_mask(&generation, self.cfg.mask_truncated_completions);
-        Ok(Rollout { generation, loss_mask, advantages, plan, ref_logprobs, old_logprobs, metrics, first_sample, dump })
+        let mut loss_mask = grpo::loss_mask(&generation, self.cfg.mask_truncated_completions);
+        if self.cfg.intervention == Intervention::Filter {
+            loss_mask = intervention::filtered_loss_mask(&loss_mask, &kept);
+        }
+        Ok(Rollout { generation, loss_mask, advantages, plan, ref_logprobs, old_logprobs, metrics, first_sample, dump, flagged })
+    }
+
+    /// Group advantages; with `intervention: filter`, over the `kept` rows only (see
+    /// [`crate::intervention`]).
+    fn advantages(&self, rewards: &Tensor, kept: &Tensor) -> (Tensor, f64) {
+        let (group, scale, eps) = (self.cfg.num_generations, self.cfg.scale_rewards, crate::defaults::ADVANTAGE_STD_EPSILON);
+        match self.cfg.intervention {
+            Intervention::Filter => intervention::kept_group_advantages(rewards, kept, group, scale, eps),
+            _ => grpo::group_advantages(rewards, group, scale, eps),
+        }
     }
 
     /// Each of the step's prompts, repeated `num_generations` times (one group each).
@@ -128,11 +164,12 @@ impl Trainer {
     }
 }
 
-/// Reward, length and routing statistics of a scored batch (timings are filled in by the caller).
-fn rollout_metrics(scored: &ScoredBatch, component_names: &[String], generation: &Generation, frac_zero_std: f64, labels: &Labels) -> RolloutMetrics {
-    let n = scored.reward.len() as f64;
-    let reward = eval::mean(&scored.reward);
-    let reward_std = (scored.reward.iter().map(|r| (r - reward).powi(2)).sum::<f64>() / (n - 1.0).max(1.0)).sqrt();
+/// Reward, length and routing statistics of a scored batch (timings are filled in by the
+/// caller). `rewards` are those the advantages were computed from (after a penalty).
+fn rollout_metrics(scored: &ScoredBatch, rewards: &[f64], component_names: &[String], generation: &Generation, frac_zero_std: f64, labels: &Labels) -> RolloutMetrics {
+    let n = rewards.len() as f64;
+    let reward = eval::mean(rewards);
+    let reward_std = (rewards.iter().map(|r| (r - reward).powi(2)).sum::<f64>() / (n - 1.0).max(1.0)).sqrt();
     let components = component_names.iter().zip(&scored.components).map(|(name, scores)| (name.clone(), eval::mean(scores))).collect();
     let lengths: Vec<f64> = generation.rows.iter().map(|r| (r.ids.len() + usize::from(r.ended_with_eos)) as f64).collect();
     let truncated = generation.rows.iter().filter(|r| !r.ended_with_eos).count() as f64;
@@ -149,6 +186,7 @@ fn rollout_metrics(scored: &ScoredBatch, component_names: &[String], generation:
         frac_rh: frac(&labels.is_rh),
         frac_ablated: frac(&labels.ablated),
         frac_eligible: frac(&scored.eligible),
+        monitor: scored.monitor(),
         generate_seconds: 0.0,
         score_seconds: 0.0,
         reference_seconds: 0.0,

@@ -4,11 +4,12 @@
 use std::time::Instant;
 
 use anyhow::{Result, ensure};
-use tch::Kind;
+use tch::{Kind, Tensor};
 
 use super::Trainer;
 use super::metrics::{self, StepMetrics, key};
-use crate::{grpo, probes};
+use super::rollout::Rollout;
+use crate::{grpo, probes, routing};
 use crate::optim::linear_lr;
 
 impl Trainer {
@@ -37,10 +38,19 @@ impl Trainer {
         }
         let loss = terms.loss.double_value(&[]);
         ensure!(loss.is_finite(), "the loss is {loss} at step {}", step + 1);
+        let dual = self.adapters.is_dual();
+        let mut absorption = match dual && self.cfg.absorption_by_class {
+            true => self.gradient_norms_by_class(rollout, &logprobs.logprobs),
+            false => Vec::new(),
+        };
         terms.loss.backward();
+        let before = dual.then(|| self.absorption_before_step(&mut absorption));
         let grad_norm = self.optimizer.clip_grad_norm(self.cfg.max_grad_norm);
         let learning_rate = linear_lr(self.cfg.lr, step, self.cfg.lr_horizon(step));
         self.optimizer.step(learning_rate);
+        if let Some(before) = before {
+            self.absorption_after_step(&before, &mut absorption);
+        }
         let train_seconds = train_start.elapsed().as_secs_f64();
 
         if step % self.cfg.num_iterations == 0 {
@@ -64,6 +74,7 @@ impl Trainer {
             num_tokens: self.num_tokens,
             train_seconds,
             step_seconds: started.elapsed().as_secs_f64(),
+            absorption,
         };
         let line = metrics::line(&rollout.metrics, &measured);
         self.metrics.append(&line)?;
@@ -76,5 +87,42 @@ impl Trainer {
         }
         self.live.step(&line, shown.then_some((prompt.as_str(), completion.as_str())))?;
         Ok(line)
+    }
+
+    /// Each adapter's gradient norm from the flagged and from the unflagged samples' loss terms
+    /// alone: the routed loss is a sum over row classes, so splitting each class by the
+    /// monitor's flag gives two losses that add up to it; one extra backward pass each through
+    /// the step's graph (kept), into fresh tensors, so the step's own gradient is untouched.
+    fn gradient_norms_by_class(&self, rollout: &Rollout, logprobs: &Tensor) -> Vec<(String, f64)> {
+        let flagged = routing::row_mask(&rollout.flagged, logprobs.device());
+        let mut out = Vec::new();
+        for (quantity, rows) in [(key::ABSORPTION_GRAD_NORM_FLAGGED, flagged.shallow_clone()), (key::ABSORPTION_GRAD_NORM_UNFLAGGED, 1.0 - &flagged)] {
+            let classes = routing::restrict_classes(&rollout.plan.classes, &rows);
+            let loss = grpo::grpo_loss(logprobs, rollout.old_logprobs.as_ref(), rollout.ref_logprobs.as_ref(), &rollout.advantages, &rollout.loss_mask, &classes, &self.loss).loss;
+            out.extend(self.slot_values(quantity, self.adapters.slot_gradient_norms(&self.model, &loss)));
+        }
+        out
+    }
+
+    /// Records each adapter's gradient norm (before clipping) and returns a copy of the adapter
+    /// weights, for the update's norm.
+    fn absorption_before_step(&self, absorption: &mut Vec<(String, f64)>) -> Vec<(String, Tensor)> {
+        let params = self.adapters.trainable(&self.model);
+        let grads: Vec<(String, Tensor)> = params.iter().map(|(name, t)| (name.clone(), crate::adapters::gradient_or_zeros(t.grad(), t))).collect();
+        absorption.extend(self.slot_values(key::ABSORPTION_GRAD_NORM, self.adapters.slot_norms(&grads)));
+        params.into_iter().map(|(name, t)| (name, t.detach().copy())).collect()
+    }
+
+    /// Each adapter's weight norm after the step and the norm of the step's change.
+    fn absorption_after_step(&self, before: &[(String, Tensor)], absorption: &mut Vec<(String, f64)>) {
+        let after = self.adapters.trainable(&self.model);
+        let updates: Vec<(String, Tensor)> = after.iter().zip(before).map(|((name, now), (_, then))| (name.clone(), now.detach() - then)).collect();
+        absorption.extend(self.slot_values(key::ABSORPTION_PARAM_NORM, self.adapters.slot_norms(&after)));
+        absorption.extend(self.slot_values(key::ABSORPTION_UPDATE_NORM, self.adapters.slot_norms(&updates)));
+    }
+
+    /// `absorption/<slot>/<quantity>` for each adapter slot's value.
+    fn slot_values(&self, quantity: &str, values: Vec<f64>) -> Vec<(String, f64)> {
+        self.adapters.slots.iter().zip(values).map(|(slot, value)| (key::absorption(slot, quantity), value)).collect()
     }
 }
