@@ -1,5 +1,6 @@
-//! DualLoRA and gradient routing: adapter scales behave as the formula says, and a routed
-//! single-pass step has exactly the gradients of the original's per-class backward passes.
+//! DualLoRA, DualMLP and gradient routing: adapter scales behave as the formula says (also
+//! through the fused decoder and a merged HF export), and a routed single-pass step has exactly
+//! the gradients of the original's per-class backward passes.
 
 mod common;
 
@@ -13,7 +14,7 @@ use smallrl::model::export::save_hf_dir;
 use smallrl::model::generate::{Generation, SamplingParams, generate};
 use smallrl::model::linear::{AdapterCtl, RowScale};
 use smallrl::model::{self, Llama, LoadedModel};
-use smallrl::routing::{self, RoutingMode};
+use smallrl::routing::{self, RoutingMode, RowWeights};
 use smallrl::train::TrainConfig;
 use tch::{Device, Kind, Tensor};
 
@@ -24,17 +25,41 @@ fn load() -> LoadedModel {
 
 /// DualLoRA r8/r4 with B drawn at random (B = 0 would make every A gradient zero).
 fn dual_lora(model: &mut Llama) -> AdapterConfig {
-    let config = AdapterConfig::dual_lora(8, 4, 16.0, 1);
+    attach_with_random(AdapterConfig::dual_lora(8, 4, 16.0, 1), model, "lora_B")
+}
+
+/// DualMLP with 6 retain and 3 forget neurons (kappa 1.5 and 3), down weights drawn at random
+/// (down = 0 would make every gate and up gradient zero).
+fn dual_mlp(model: &mut Llama) -> AdapterConfig {
+    attach_with_random(AdapterConfig::dual_mlp(6, 3, 1), model, "adapter_down")
+}
+
+/// Attaches `config` and draws the zero-initialised tensors (names containing `zero_part`) at
+/// random.
+fn attach_with_random(config: AdapterConfig, model: &mut Llama, zero_part: &str) -> AdapterConfig {
     config.attach(model, 5).unwrap();
     tch::manual_seed(6);
     tch::no_grad(|| {
         for (name, tensor) in config.trainable(model) {
-            if name.contains("lora_B") {
+            if name.contains(zero_part) {
                 tensor.shallow_clone().copy_(&(tensor.randn_like() * 0.05));
             }
         }
     });
     config
+}
+
+/// Both dual adapter kinds, with their names, each on a fresh copy of the fixture.
+fn dual_adapters() -> Vec<(&'static str, LoadedModel, AdapterConfig)> {
+    let builders: [(&str, fn(&mut Llama) -> AdapterConfig); 2] = [("dual-lora", dual_lora), ("dual-mlp", dual_mlp)];
+    builders
+        .into_iter()
+        .map(|(name, build)| {
+            let mut loaded = load();
+            let config = build(&mut loaded.model);
+            (name, loaded, config)
+        })
+        .collect()
 }
 
 fn ids(loaded: &LoadedModel) -> Tensor {
@@ -54,28 +79,40 @@ fn fresh_adapters_leave_the_model_unchanged() {
     AdapterConfig::dual_lora(32, 32, 32.0, 1).attach(&mut loaded.model, 1).unwrap();
     let with_adapters = logits(&loaded.model, &ids, &[AdapterCtl::on(), AdapterCtl::on()]);
     assert!(base.equal(&with_adapters), "B = 0 must give exactly the base model");
+    let mut loaded = load();
+    AdapterConfig::dual_mlp(16, 16, 1).attach(&mut loaded.model, 1).unwrap();
+    let with_adapters = logits(&loaded.model, &ids, &[AdapterCtl::on(), AdapterCtl::on()]);
+    assert!(base.equal(&with_adapters), "down = 0 must give exactly the base model");
 }
 
 #[test]
 fn adapter_scales_select_the_adapters() {
-    let mut loaded = load();
-    let ids = ids(&loaded);
-    let base = logits(&loaded.model, &ids, &[]);
-    dual_lora(&mut loaded.model);
+    let base = {
+        let loaded = load();
+        logits(&loaded.model, &ids(&loaded), &[])
+    };
+    for (kind, loaded, _) in dual_adapters() {
+        scales_select_the_adapters(kind, &loaded, &base);
+    }
+}
+
+fn scales_select_the_adapters(kind: &str, loaded: &LoadedModel, base: &Tensor) {
+    let ids = ids(loaded);
     let off = logits(&loaded.model, &ids, &[AdapterCtl::off(), AdapterCtl::off()]);
-    assert!(base.equal(&off), "scales (0, 0) must give exactly the base model");
+    assert!(base.equal(&off), "{kind}: scales (0, 0) must give exactly the base model");
     let work = tempfile::tempdir().unwrap();
-    for (scales, name) in [([1.0, 0.0], "retain_only"), ([0.0, 1.0], "forget_only"), ([1.0, 1.0], "both")] {
+    for (scales, mode) in [([1.0, 0.0], "retain_only"), ([0.0, 1.0], "forget_only"), ([1.0, 1.0], "both")] {
+        let name = format!("{kind}-{mode}");
         // An independent route to the same function: merge the adapters into the weights,
         // write an HF model and load it back as a plain model.
-        let dir = work.path().join(name);
+        let dir = work.path().join(&name);
         save_hf_dir(&loaded.model, &scales, &loaded.files.tokenizer, &dir).unwrap();
         let merged = model::load(dir.to_str().unwrap(), "main", Device::Cpu, Kind::Float).unwrap();
         let expected = logits(&merged.model, &ids, &[]);
         let ctl = [AdapterCtl::frozen(scales[0]), AdapterCtl::frozen(scales[1])];
         let diff = max_abs_diff(&logits(&loaded.model, &ids, &ctl), &expected);
         assert!(diff < 1e-4, "{name}: adapter forward differs from merged weights by {diff}");
-        assert!(max_abs_diff(&expected, &base) > 1e-3, "{name}: the adapters must change the output");
+        assert!(max_abs_diff(&expected, base) > 1e-3, "{name}: the adapters must change the output");
         // The fused decoder folds the same scales in.
         let decoder = DecodeModel::new(&loaded.model, &scales);
         let len = ids.size()[1];
@@ -125,8 +162,13 @@ fn zero_grads(config: &AdapterConfig, model: &Llama) {
 
 /// The single-pass routed step.
 fn routed_grads(model: &Llama, config: &AdapterConfig, b: &Routed, mode: RoutingMode, is_rh: &[bool], ablated: &[bool], loss_type: LossType) -> BTreeMap<String, Tensor> {
+    weighted_grads(model, config, b, RowWeights::gates(mode), is_rh, ablated, loss_type)
+}
+
+/// The single-pass step with per-row adapter gradient weights.
+fn weighted_grads(model: &Llama, config: &AdapterConfig, b: &Routed, weights: RowWeights, is_rh: &[bool], ablated: &[bool], loss_type: LossType) -> BTreeMap<String, Tensor> {
     zero_grads(config, model);
-    let plan = routing::plan(config, mode, is_rh, ablated, Device::Cpu);
+    let plan = routing::plan(config, weights, &routing::Labels::routed(is_rh.to_vec(), ablated.to_vec()), Device::Cpu);
     let g = &b.generation;
     let lp = grpo::completion_logprobs(model, g.into(), 1.0, &plan.ctl);
     grpo::grpo_loss(&lp.logprobs, None, None, &b.advantages, &g.completion_mask, &plan.classes, &settings(loss_type)).loss.backward();
@@ -142,6 +184,20 @@ fn per_class_grads(model: &Llama, config: &AdapterConfig, b: &Routed, mode: Rout
 /// [`per_class_grads`] summed over the classes `wanted` names only (clean, ablated, flagged).
 #[allow(clippy::too_many_arguments)]
 fn per_class_grads_of(model: &Llama, config: &AdapterConfig, b: &Routed, mode: RoutingMode, is_rh: &[bool], ablated: &[bool], loss_type: LossType, wanted: impl Fn(&str) -> bool) -> BTreeMap<String, Tensor> {
+    // The routing table of the README, by hand: (retain, forget) on clean and flagged rows.
+    let (clean, flagged) = match mode {
+        RoutingMode::None => ([1.0, 1.0], [1.0, 1.0]),
+        RoutingMode::Classic => ([1.0, 1.0], [0.0, 1.0]),
+        RoutingMode::Exclusive => ([1.0, 0.0], [0.0, 1.0]),
+    };
+    scaled_per_class_grads(model, config, b, (clean, flagged), is_rh, ablated, loss_type, wanted)
+}
+
+/// [`per_class_grads_of`] with each class's gradient of each adapter multiplied by a weight
+/// (`[retain, forget]` on clean and on flagged classes) instead of kept or zeroed: the
+/// original's balanced renormalisation scales the surviving adapter's gradient by its kappa.
+#[allow(clippy::too_many_arguments)]
+fn scaled_per_class_grads(model: &Llama, config: &AdapterConfig, b: &Routed, (clean, flagged): ([f64; 2], [f64; 2]), is_rh: &[bool], ablated: &[bool], loss_type: LossType, wanted: impl Fn(&str) -> bool) -> BTreeMap<String, Tensor> {
     let n = is_rh.len();
     let mut total: BTreeMap<String, Tensor> = grads(config, model).into_iter().map(|(k, v)| (k, v.zeros_like())).collect();
     let classes: [(&str, Vec<usize>); 3] = [
@@ -162,13 +218,12 @@ fn per_class_grads_of(model: &Llama, config: &AdapterConfig, b: &Routed, mode: R
         let ones = vec![Tensor::ones([rows.len() as i64], (Kind::Float, Device::Cpu))];
         let loss = grpo::grpo_loss(&lp.logprobs, None, None, &pick(&b.advantages), &pick(&g.completion_mask), &ones, &settings(loss_type)).loss;
         (loss * (rows.len() as f64 / n as f64)).backward();
-        let retain_masked = *class == "flagged" && mode != RoutingMode::None;
-        let forget_masked = *class != "flagged" && mode == RoutingMode::Exclusive;
+        let weights = if *class == "flagged" { flagged } else { clean };
         for (name, grad) in grads(config, model) {
             let slot = config.slot_of(&name).expect("adapter tensors have a slot");
-            let masked = (slot == RETAIN && retain_masked) || (slot == FORGET && forget_masked);
-            if !masked {
-                total.insert(name.clone(), &total[&name] + grad);
+            let weight = weights[if slot == RETAIN { 0 } else { 1 }];
+            if weight != 0.0 {
+                total.insert(name.clone(), &total[&name] + grad * weight);
             }
         }
     }
@@ -189,18 +244,22 @@ fn assert_same(label: &str, ours: &BTreeMap<String, Tensor>, reference: &BTreeMa
 
 #[test]
 fn routed_gradients_equal_per_class_backward_passes() {
-    let mut loaded = load();
-    let config = dual_lora(&mut loaded.model);
-    let b = batch(&loaded);
+    for (kind, loaded, config) in dual_adapters() {
+        routed_equal_per_class(kind, &loaded, &config);
+    }
+}
+
+fn routed_equal_per_class(kind: &str, loaded: &LoadedModel, config: &AdapterConfig) {
+    let b = batch(loaded);
     let is_rh = [false, true, false, false, true, false, true, false];
     let ablated = [false, false, true, false, false, false, false, true];
     let none = [false; 8];
     for mode in [RoutingMode::None, RoutingMode::Classic, RoutingMode::Exclusive] {
         for loss_type in [LossType::Grpo, LossType::Dapo] {
             let ablation: &[bool] = if mode == RoutingMode::None { &none } else { &ablated };
-            let label = format!("{mode:?}/{loss_type:?}");
-            let ours = routed_grads(&loaded.model, &config, &b, mode, &is_rh, ablation, loss_type);
-            let reference = per_class_grads(&loaded.model, &config, &b, mode, &is_rh, ablation, loss_type);
+            let label = format!("{kind} {mode:?}/{loss_type:?}");
+            let ours = routed_grads(&loaded.model, config, &b, mode, &is_rh, ablation, loss_type);
+            let reference = per_class_grads(&loaded.model, config, &b, mode, &is_rh, ablation, loss_type);
             assert_same(&label, &ours, &reference);
         }
     }
@@ -221,7 +280,7 @@ fn per_adapter_gradient_norms_equal_separate_backward_passes() {
     let norms = |grads: &BTreeMap<String, Tensor>| config.slot_norms(&grads.iter().map(|(k, v)| (k.clone(), v.shallow_clone())).collect::<Vec<_>>());
     for mode in [RoutingMode::Classic, RoutingMode::Exclusive] {
         zero_grads(&config, model);
-        let plan = routing::plan(&config, mode, &is_rh, &ablated, Device::Cpu);
+        let plan = routing::plan(&config, RowWeights::gates(mode), &routing::Labels::routed(is_rh.to_vec(), ablated.to_vec()), Device::Cpu);
         let g = &b.generation;
         let lp = grpo::completion_logprobs(model, g.into(), 1.0, &plan.ctl);
         let flagged = routing::row_mask(&is_rh, Device::Cpu);
@@ -248,17 +307,39 @@ fn per_adapter_gradient_norms_equal_separate_backward_passes() {
     }
 }
 
+/// The original's balanced renormalisation (RENORMALIZATION.md #2, `routing_grad_mask_weights`):
+/// the surviving adapter learns kappa times its per-class gradient where the other is masked.
+/// With r8/r4 LoRA ranks and 6/3 MLP neurons kappa is (1.5, 3): classic flagged rows give
+/// forget 3x, exclusive clean rows give retain 1.5x.
+#[test]
+fn balanced_weights_scale_the_per_class_gradients() {
+    let is_rh = [false, true, false, false, true, false, true, false];
+    let ablated = [false, false, true, false, false, false, false, true];
+    for (kind, loaded, config) in dual_adapters() {
+        let b = batch(&loaded);
+        let kappas = routing::adapter_kappas(config.ranks[0], config.ranks[1]);
+        for (mode, clean, flagged) in [(RoutingMode::Classic, [1.0, 1.0], [0.0, 3.0]), (RoutingMode::Exclusive, [1.5, 0.0], [0.0, 3.0])] {
+            for loss_type in [LossType::Grpo, LossType::Dapo] {
+                let label = format!("balanced {kind} {mode:?}/{loss_type:?}");
+                let ours = weighted_grads(&loaded.model, &config, &b, routing::balanced_weights(mode, kappas), &is_rh, &ablated, loss_type);
+                let reference = scaled_per_class_grads(&loaded.model, &config, &b, (clean, flagged), &is_rh, &ablated, loss_type, |_| true);
+                assert_same(&label, &ours, &reference);
+            }
+        }
+    }
+}
+
 #[test]
 fn flagged_only_batch_leaves_retain_untouched() {
-    let mut loaded = load();
-    let config = dual_lora(&mut loaded.model);
-    let b = batch(&loaded);
-    let grads = routed_grads(&loaded.model, &config, &b, RoutingMode::Classic, &[true; 8], &[false; 8], LossType::Grpo);
-    for (name, grad) in &grads {
-        let is_zero = grad.abs().max().double_value(&[]) == 0.0;
-        match config.slot_of(name) {
-            Some(RETAIN) => assert!(is_zero, "{name}: retain must get exactly zero gradient from flagged samples"),
-            _ => assert!(!is_zero, "{name}: forget must learn from flagged samples"),
+    for (kind, loaded, config) in dual_adapters() {
+        let b = batch(&loaded);
+        let grads = routed_grads(&loaded.model, &config, &b, RoutingMode::Classic, &[true; 8], &[false; 8], LossType::Grpo);
+        for (name, grad) in &grads {
+            let is_zero = grad.abs().max().double_value(&[]) == 0.0;
+            match config.slot_of(name) {
+                Some(RETAIN) => assert!(is_zero, "{kind} {name}: retain must get exactly zero gradient from flagged samples"),
+                _ => assert!(!is_zero, "{kind} {name}: forget must learn from flagged samples"),
+            }
         }
     }
 }
@@ -304,7 +385,7 @@ fn a_filtered_sample_contributes_no_gradient() {
     let advantages = Tensor::from_slice(&[0.5f32, 2.0, -0.7, 0.1, 1.5, -1.2]);
     let completion_mask = Tensor::from_slice(&[1i64, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1]).view([6, 5]);
     let loss_mask = filtered_loss_mask(&completion_mask, &kept);
-    let plan = routing::plan(&AdapterConfig::full(), routing::RoutingMode::None, &flagged, &[false; 6], device);
+    let plan = routing::plan(&AdapterConfig::full(), RowWeights::gates(RoutingMode::None), &routing::Labels::routed(flagged.to_vec(), vec![false; 6]), device);
     for loss_type in [LossType::Grpo, LossType::Dapo, LossType::DrGrpo] {
         let settings = LossSettings { beta: 0.1, max_completion_length: 5, ..settings(loss_type) };
         let loss = grpo_loss(&logprobs, None, Some(&reference), &advantages, &loss_mask, &plan.classes, &settings).loss;
@@ -320,5 +401,27 @@ fn a_filtered_sample_contributes_no_gradient() {
         let alone = grpo_loss(&pick(&logprobs), None, Some(&pick(&reference)), &pick(&advantages), &pick(&completion_mask), &ones, &settings).loss;
         let expected = alone.double_value(&[]) * 4.0 / 6.0;
         assert!((loss.double_value(&[]) - expected).abs() < 1e-6, "{loss_type:?}: {} vs {expected}", loss.double_value(&[]));
+    }
+}
+
+/// Coherence rows (the original's interlaced coherence: forget forward-off, retain alone
+/// learning, the detector ignored) get the per-class reference's gradients of clean rows with
+/// the forget adapter off, even when flagged (row 6 here).
+#[test]
+fn coherence_rows_train_retain_alone_with_forget_off() {
+    let is_rh = [false, true, false, false, true, false, true, false];
+    let coherence = [false, false, true, false, false, false, true, false];
+    for (kind, loaded, config) in dual_adapters() {
+        let b = batch(&loaded);
+        let labels = routing::Labels { is_rh: is_rh.to_vec(), ablated: vec![false; 8], coherence: coherence.to_vec(), dropped: vec![false; 8] };
+        zero_grads(&config, &loaded.model);
+        let plan = routing::plan(&config, RowWeights::gates(RoutingMode::Classic), &labels, Device::Cpu);
+        let g = &b.generation;
+        let lp = grpo::completion_logprobs(&loaded.model, g.into(), 1.0, &plan.ctl);
+        grpo::grpo_loss(&lp.logprobs, None, None, &b.advantages, &g.completion_mask, &plan.classes, &settings(LossType::Dapo)).loss.backward();
+        let ours = grads(&config, &loaded.model);
+        let as_clean: Vec<bool> = (0..8).map(|i| is_rh[i] && !coherence[i]).collect();
+        let reference = per_class_grads(&loaded.model, &config, &b, RoutingMode::Classic, &as_clean, &coherence, LossType::Dapo);
+        assert_same(&format!("{kind} coherence"), &ours, &reference);
     }
 }

@@ -134,14 +134,34 @@ fn resumed_run_repeats_the_uninterrupted_run_exactly() {
 #[test]
 fn checkpoints_record_the_adapter_configuration_and_load_back() {
     let out = tempfile::tempdir().unwrap();
-    let run = train(with(small_config(out.path(), &standard_plugin("happy")), "max_steps", 2.into()));
-    let state = smallrl::train::checkpoint::read_state(&run.join("checkpoint-2")).unwrap();
+    let config = with(small_config(out.path(), &standard_plugin("happy")), "max_steps", 2.into());
+    // 4 layers x 7 projections x 2 slots x (A, B).
     let expected = smallrl::adapters::AdapterConfig::dual_lora(4, 4, 4.0, 1);
+    let run = checkpoint_loads_back(config, expected, 4 * 7 * 2 * 2);
+    let name = run.file_name().unwrap().to_str().unwrap();
+    // Every non-default hyperparameter (alphabetical by key, short names) and the seed.
+    assert_eq!(name, "test_dual-lora_bs8_r4_lr1e-3_len24_steps2_g4_s42");
+    // DualMLP (m5): 4 layers x 2 slots x (gate, up, down), routed with balanced renormalisation.
+    let mut config = with(small_config(&out.path().join("mlp"), &standard_plugin("happy")), "max_steps", 2.into());
+    config.remove("lora_preset");
+    for (key, value) in [("adapter", json!("dual-mlp")), ("mlp_config", json!("m5")), ("routing_mode", json!("classic")), ("renormalization_mode", json!("balanced"))] {
+        config = with(config, key, value);
+    }
+    let config = with(config, "rh_detector", json!({"plugin": "happy_count", "params": {"threshold": 1}}));
+    let config = with(config, "plugin_dir", json!(repo_root().join("plugins")));
+    let run = checkpoint_loads_back(config, smallrl::adapters::AdapterConfig::dual_mlp(5, 5, 1), 4 * 2 * 3);
+    assert_eq!(run.file_name().unwrap().to_str().unwrap(), "test_dual-mlp_bs8_lr1e-3_len24_steps2_m5_g4_renorm_balanced_classic_s42");
+}
+
+/// Trains `config`, checks its step-2 checkpoint's adapters and tensor count, and that `smallrl
+/// eval` of the checkpoint reproduces the training-time evaluation; returns the run directory.
+fn checkpoint_loads_back(config: Map<String, Value>, expected: smallrl::adapters::AdapterConfig, tensors: usize) -> PathBuf {
+    let run = train(config);
+    let state = smallrl::train::checkpoint::read_state(&run.join("checkpoint-2")).unwrap();
     assert_eq!(state.adapters, expected);
     assert_eq!(state.step, 2);
-    // 4 layers x 7 projections x 2 slots x (A, B).
     let weights = smallrl::train::checkpoint::read_weights(&run.join("checkpoint-2"), &state).unwrap();
-    assert_eq!(weights.len(), 4 * 7 * 2 * 2);
+    assert_eq!(weights.len(), tensors);
     // `smallrl eval` of the checkpoint reproduces the training-time evaluation at step 2.
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_smallrl"))
         .args(["eval", run.join("checkpoint-2").to_str().unwrap(), "--n-samples", "4", "--json", "--threads", "1"])
@@ -158,9 +178,7 @@ fn checkpoints_record_the_adapter_configuration_and_load_back() {
             assert_eq!(mode[key], during[key], "{name}/{key}: eval of the checkpoint differs from training-time eval");
         }
     }
-    let name = run.file_name().unwrap().to_str().unwrap();
-    // Every non-default hyperparameter (alphabetical by key, short names) and the seed.
-    assert_eq!(name, "test_dual-lora_bs8_r4_lr1e-3_len24_steps2_g4_s42");
+    run
 }
 
 #[test]
@@ -566,4 +584,85 @@ fn a_finished_run_is_extended_only_when_asked_with_the_schedule_recorded() {
     let forged = TrainConfig { lr_horizons: saved.lr_horizons.clone(), output_dir: out.path().join("new"), ..saved };
     let error = format!("{:#}", Trainer::new(forged, None).err().unwrap());
     assert!(error.contains("lr_horizons is a record"), "{error}");
+}
+
+/// `renormalization_mode: balanced` with split-moment AdamW runs, and its dumped advantages are
+/// the original's balanced renormalisation (advantages.py `_baseline_nonflagged_var_all`) of the
+/// dumped rewards and labels, recomputed here in float64: per group, the clean samples' mean
+/// as baseline (the group's when all are flagged), the group's unbiased std as scale.
+#[test]
+fn balanced_runs_train_on_renormalised_advantages() {
+    let out = tempfile::tempdir().unwrap();
+    let dump = out.path().join("dump");
+    let mut config = with(routed_config(out.path()), "max_steps", 2.into());
+    for (key, value) in [("renormalization_mode", json!("balanced")), ("allow_approx_lora_kappa", json!(true)), ("split_moment", json!(true)), ("dump_batches", json!(dump))] {
+        config = with(config, key, value);
+    }
+    let run = train(config);
+    let lines = read_jsonl(&run.join("metrics.jsonl"));
+    assert!(lines.iter().all(|l| l["loss"].as_f64().unwrap().is_finite()), "{lines:?}");
+    let mut mixed_groups = 0;
+    for step in 1..=2 {
+        let tensors = smallrl::model::weights::read_safetensors(&dump.join(format!("step-{step}.safetensors"))).unwrap();
+        let rewards = Vec::<f64>::try_from(tensors["rewards"].to_kind(tch::Kind::Double)).unwrap();
+        let is_rh = Vec::<i64>::try_from(&tensors["is_rh"]).unwrap();
+        let advantages = Vec::<f64>::try_from(tensors["advantages"].to_kind(tch::Kind::Double)).unwrap();
+        for g in 0..rewards.len() / 4 {
+            let rows = g * 4..g * 4 + 4;
+            let group = &rewards[rows.clone()];
+            let clean: Vec<f64> = rows.clone().filter(|&i| is_rh[i] == 0).map(|i| rewards[i]).collect();
+            mixed_groups += usize::from(!clean.is_empty() && clean.len() < 4);
+            let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+            let baseline = if clean.is_empty() { mean(group) } else { mean(&clean) };
+            let std = (group.iter().map(|r| (r - mean(group)).powi(2)).sum::<f64>() / 3.0).sqrt();
+            for i in rows {
+                let expected = (rewards[i] - baseline) / (std + 1e-4);
+                assert!((advantages[i] - expected).abs() < 1e-5 * expected.abs().max(1.0), "step {step} row {i}: {} vs {expected}", advantages[i]);
+            }
+        }
+    }
+    assert!(mixed_groups > 0, "no group mixed clean and flagged samples: the check above tested nothing balanced-specific");
+}
+
+/// Coherence training (the original's coh_samples_per_rollout, coherence_start_frac,
+/// coherence_rh_mode filter_renorm): from step round(0.5 * 2) = 1 (0-based) on, the last group
+/// of each batch is a coherence group, sampled and trained with the forget adapter off (the
+/// sampler's log-probabilities equal the training forward's there), its flagged rows dropped
+/// and its clean rows renormalised among themselves.
+#[test]
+fn coherence_rows_train_retain_alone_from_the_start_fraction_on() {
+    let out = tempfile::tempdir().unwrap();
+    let dump = out.path().join("dump");
+    let mut config = with(routed_config(out.path()), "max_steps", 2.into());
+    for (key, value) in [("coh_samples_per_rollout", json!(4)), ("coherence_start_frac", json!(0.5)), ("coherence_rh_mode", json!("filter_renorm")), ("dump_batches", json!(dump))] {
+        config = with(config, key, value);
+    }
+    train(config);
+    let read = |step: usize| smallrl::model::weights::read_safetensors(&dump.join(format!("step-{step}.safetensors"))).unwrap();
+    let flags = |t: &tch::Tensor| Vec::<i64>::try_from(t).unwrap();
+    assert_eq!(flags(&read(1)["coherence"]), vec![0; 8], "no coherence rows before the start fraction");
+    let tensors = read(2);
+    assert_eq!(flags(&tensors["coherence"]), vec![0, 0, 0, 0, 1, 1, 1, 1]);
+    let is_rh = flags(&tensors["is_rh"]);
+    let dropped: Vec<i64> = (0..8).map(|i| i64::from(i >= 4 && is_rh[i] == 1)).collect();
+    assert_eq!(flags(&tensors["dropped"]), dropped);
+    let rewards = Vec::<f64>::try_from(tensors["rewards"].to_kind(tch::Kind::Double)).unwrap();
+    let advantages = Vec::<f64>::try_from(tensors["advantages"].to_kind(tch::Kind::Double)).unwrap();
+    let clean: Vec<f64> = (4..8).filter(|&i| is_rh[i] == 0).map(|i| rewards[i]).collect();
+    let mean = clean.iter().sum::<f64>() / clean.len().max(1) as f64;
+    let std = if clean.len() > 1 { (clean.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (clean.len() - 1) as f64).sqrt() } else { 0.0 };
+    let any_flagged = (4..8).any(|i| is_rh[i] == 1);
+    for i in 4..8 {
+        let expected = match (any_flagged, is_rh[i] == 1) {
+            (true, true) => 0.0,
+            (true, false) => (rewards[i] - mean) / (std + 1e-4),
+            // No flagged coherence row: the plain group advantage (the original changes nothing).
+            (false, _) => { let m = rewards[4..8].iter().sum::<f64>() / 4.0; let s = (rewards[4..8].iter().map(|r| (r - m).powi(2)).sum::<f64>() / 3.0).sqrt(); (rewards[i] - m) / (s + 1e-4) }
+        };
+        assert!((advantages[i] - expected).abs() < 1e-5 * expected.abs().max(1.0), "row {i}: {} vs {expected}", advantages[i]);
+    }
+    let mask = tensors["completion_mask"].to_kind(tch::Kind::Double).narrow(0, 4, 4);
+    let sampled = tensors["sampling_logprobs"].to_kind(tch::Kind::Double).narrow(0, 4, 4) * &mask;
+    let trained = tensors["new_logprobs"].to_kind(tch::Kind::Double).narrow(0, 4, 4) * &mask;
+    assert!(common::max_abs_diff(&sampled, &trained) < 1e-4, "coherence rows are sampled as they are trained, forget off");
 }

@@ -1,15 +1,17 @@
-//! What is trained: the full model, one LoRA adapter, or DualLoRA (a "retain" and a "forget"
-//! adapter on every adapted projection).
+//! What is trained: the full model, one LoRA adapter, DualLoRA (a "retain" and a "forget"
+//! adapter on every adapted projection) or DualMLP (a retain and a forget mini-SwiGLU beside
+//! every adapted MLP block, the original's recommended adapter).
 //!
 //! Invariant: an [`AdapterConfig`] fully describes the adapters (ranks, alpha, layers, slot
 //! names); every checkpoint stores it and evaluation reads it back, never guessing.
 
-use anyhow::{Result, bail, ensure};
+use anyhow::{Context, Result, bail, ensure};
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
 use crate::model::Llama;
 use crate::model::linear::Lora;
+use crate::model::mlp_adapter::MlpAdapter;
 use crate::model::llama::PROJECTIONS;
 
 crate::choice::choice! {
@@ -21,10 +23,16 @@ crate::choice::choice! {
         Lora = "lora",
         /// Retain and forget adapters, for gradient routing.
         DualLora = "dual-lora",
+        /// Retain and forget mini-SwiGLUs beside each MLP block (`mlp_config` presets), for
+        /// gradient routing (the original's `DualMLPAdapter`).
+        DualMlp = "dual-mlp",
     }
 }
 
-/// Slot indices of DualLoRA.
+/// The target module of DualMLP adapters (whole MLP blocks).
+const MLP_TARGET: &str = "mlp";
+
+/// Slot indices of DualLoRA and DualMLP.
 pub const RETAIN: usize = 0;
 pub const FORGET: usize = 1;
 
@@ -70,6 +78,24 @@ pub fn preset(name: &str) -> Result<Preset> {
     })
 }
 
+/// Neurons of a DualMLP preset (the original's `MLP_PRESETS`, vllm_utils.py; its
+/// `m64_retain_only` has no forget adapter and is not offered).
+pub fn mlp_preset(name: &str) -> Result<[usize; 2]> {
+    Ok(match name {
+        "m5" => [5, 5],
+        "m10" => [10, 10],
+        "m16" => [16, 16],
+        "m30" => [30, 30],
+        "m32" => [32, 32],
+        "m29f3" => [29, 3],
+        "m24f8" => [24, 8],
+        "m64" => [64, 64],
+        "m128" => [128, 128],
+        "m256" => [256, 256],
+        other => bail!("unknown mlp_config {other:?}: use m5, m10, m16, m30, m32, m29f3, m24f8, m64, m128 or m256"),
+    })
+}
+
 /// The rank settings of the `lora_*` / `retain_rank` / `forget_rank` options.
 pub struct Ranks {
     pub lora_rank: usize,
@@ -79,9 +105,11 @@ pub struct Ranks {
     pub layer_stride: usize,
 }
 
-/// The adapter configuration of the options `adapter` (full, lora, dual-lora), `lora_preset`
-/// (DualLoRA only; overrides the ranks) and the ranks.
-pub fn config_from(adapter: AdapterKind, lora_preset: Option<&str>, ranks: &Ranks) -> Result<AdapterConfig> {
+/// The adapter configuration of the options `adapter` (full, lora, dual-lora, dual-mlp),
+/// `lora_preset` (DualLoRA only; overrides the ranks), `mlp_config` (DualMLP only, required)
+/// and the ranks.
+pub fn config_from(adapter: AdapterKind, lora_preset: Option<&str>, mlp_config: Option<&str>, ranks: &Ranks) -> Result<AdapterConfig> {
+    ensure!(mlp_config.is_none() || adapter == AdapterKind::DualMlp, "mlp_config is set but adapter is {adapter}: it applies to dual-mlp");
     let config = match adapter {
         AdapterKind::Full => {
             ensure!(lora_preset.is_none(), "lora_preset is set but adapter is full");
@@ -98,6 +126,12 @@ pub fn config_from(adapter: AdapterKind, lora_preset: Option<&str>, ranks: &Rank
             }
             None => AdapterConfig::dual_lora(ranks.retain_rank, ranks.forget_rank, ranks.lora_alpha, ranks.layer_stride),
         },
+        AdapterKind::DualMlp => {
+            ensure!(lora_preset.is_none(), "lora_preset applies to dual-lora; set mlp_config (e.g. m16) for dual-mlp");
+            let name = mlp_config.context("adapter dual-mlp needs mlp_config: a preset such as m16 (the original's recommended one)")?;
+            let [retain, forget] = mlp_preset(name)?;
+            AdapterConfig::dual_mlp(retain, forget, 1)
+        }
     };
     config.validate()?;
     Ok(config)
@@ -117,24 +151,34 @@ impl AdapterConfig {
         Self::adapters(AdapterKind::DualLora, slots, vec![retain_rank, forget_rank], alpha, layer_stride)
     }
 
+    /// `ranks` are the neurons of each mini-SwiGLU; there is no alpha.
+    pub fn dual_mlp(retain_neurons: usize, forget_neurons: usize, layer_stride: usize) -> Self {
+        let slots = vec!["retain".into(), "forget".into()];
+        Self { kind: AdapterKind::DualMlp, slots, ranks: vec![retain_neurons, forget_neurons], alpha: 0.0, layer_stride, target_modules: vec![MLP_TARGET.into()] }
+    }
+
     fn adapters(kind: AdapterKind, slots: Vec<String>, ranks: Vec<usize>, alpha: f64, layer_stride: usize) -> Self {
         let target_modules = PROJECTIONS.iter().map(|p| p.to_string()).collect();
         Self { kind, slots, ranks, alpha, layer_stride, target_modules }
     }
 
     pub fn is_dual(&self) -> bool {
-        self.kind == AdapterKind::DualLora
+        matches!(self.kind, AdapterKind::DualLora | AdapterKind::DualMlp)
     }
 
     pub fn validate(&self) -> Result<()> {
         ensure!(self.slots.len() == self.ranks.len(), "adapter config: one rank per slot is required");
         ensure!(self.ranks.iter().all(|&r| r > 0), "adapter ranks must be at least 1");
         ensure!(self.layer_stride >= 1, "layer_stride must be at least 1");
-        if self.kind != AdapterKind::Full {
-            ensure!(self.alpha > 0.0, "lora_alpha must be positive");
-            for module in &self.target_modules {
-                ensure!(PROJECTIONS.contains(&module.as_str()), "unknown target module {module:?}");
+        match self.kind {
+            AdapterKind::Full => {}
+            AdapterKind::Lora | AdapterKind::DualLora => {
+                ensure!(self.alpha > 0.0, "lora_alpha must be positive");
+                for module in &self.target_modules {
+                    ensure!(PROJECTIONS.contains(&module.as_str()), "unknown target module {module:?}");
+                }
             }
+            AdapterKind::DualMlp => ensure!(self.target_modules == [MLP_TARGET], "dual-mlp adapts whole MLP blocks (target_modules [\"mlp\"])"),
         }
         Ok(())
     }
@@ -148,6 +192,10 @@ impl AdapterConfig {
         ensure!(self.kind != AdapterKind::Full, "full fine-tuning has no adapters to attach");
         ensure!(model.adapter_slots() == 0, "the model already has adapters");
         let mut rng = crate::rng::SplitMix64::new(seed);
+        if self.kind == AdapterKind::DualMlp {
+            self.attach_mlp(model, &mut rng);
+            return Ok(());
+        }
         let (device, kind) = (model.device, model.kind);
         let stride = self.layer_stride;
         for (name, linear) in model.projections_mut() {
@@ -171,14 +219,54 @@ impl AdapterConfig {
         Ok(())
     }
 
+    /// DualMLP: in every `layer_stride`-th layer a mini-SwiGLU per slot, gate and up
+    /// `U(-1/sqrt(hidden), 1/sqrt(hidden))` (the original's kaiming-uniform, a = sqrt(5)) and
+    /// down zero, so the model starts equal to the base. Projections get empty LoRA slots, so
+    /// every layer takes one [`crate::model::linear::AdapterCtl`] per slot.
+    fn attach_mlp(&self, model: &mut Llama, rng: &mut crate::rng::SplitMix64) {
+        let (device, kind, hidden) = (model.device, model.kind, model.config.hidden_size as i64);
+        let slots = self.ranks.len();
+        for (_, linear) in model.projections_mut() {
+            linear.adapters = (0..slots).map(|_| None).collect();
+        }
+        let bound = 1.0 / (hidden as f64).sqrt();
+        let mut uniform = |rows: usize| {
+            let values: Vec<f32> = (0..rows * hidden as usize).map(|_| ((rng.next_f64() * 2.0 - 1.0) * bound) as f32).collect();
+            Tensor::from_slice(&values).view([rows as i64, hidden]).to_kind(kind).to(device).set_requires_grad(true)
+        };
+        for (layer, block) in model.layers.iter_mut().enumerate() {
+            block.mlp.adapters = self
+                .ranks
+                .iter()
+                .map(|&neurons| {
+                    (layer % self.layer_stride == 0).then(|| MlpAdapter {
+                        gate: uniform(neurons),
+                        up: uniform(neurons),
+                        down: Tensor::zeros([hidden, neurons as i64], (kind, device)).set_requires_grad(true),
+                    })
+                })
+                .collect();
+        }
+    }
+
     /// The trainable tensors with their checkpoint names. For adapters:
-    /// `model.layers.{i}.self_attn.q_proj.lora_A.{slot}.weight`; for full fine-tuning the HF
-    /// names of the base weights.
+    /// `model.layers.{i}.self_attn.q_proj.lora_A.{slot}.weight`, for DualMLP
+    /// `model.layers.{i}.mlp.adapter_gate.{slot}.weight` (`_up`, `_down`); for full fine-tuning
+    /// the HF names of the base weights.
     pub fn trainable(&self, model: &Llama) -> Vec<(String, Tensor)> {
         if self.kind == AdapterKind::Full {
             return model.base_tensors().into_iter().map(|(n, t)| (n, t.shallow_clone())).collect();
         }
         let mut out = Vec::new();
+        for (layer, block) in model.layers.iter().enumerate() {
+            for (slot, adapter) in self.slots.iter().zip(&block.mlp.adapters) {
+                if let Some(a) = adapter {
+                    for (part, tensor) in [("gate", &a.gate), ("up", &a.up), ("down", &a.down)] {
+                        out.push((format!("model.layers.{layer}.mlp.adapter_{part}.{slot}.weight"), tensor.shallow_clone()));
+                    }
+                }
+            }
+        }
         for (name, linear) in model.projections() {
             for (slot, lora) in self.slots.iter().zip(&linear.adapters) {
                 if let Some(lora) = lora {
@@ -214,7 +302,8 @@ impl AdapterConfig {
 
     /// Which slot a trainable tensor belongs to (`None` for base weights).
     pub fn slot_of(&self, name: &str) -> Option<usize> {
-        self.slots.iter().position(|slot| name.ends_with(&format!(".{slot}.weight")) && name.contains(".lora_"))
+        let adapter_tensor = name.contains(".lora_") || name.contains(".adapter_");
+        self.slots.iter().position(|slot| adapter_tensor && name.ends_with(&format!(".{slot}.weight")))
     }
 }
 

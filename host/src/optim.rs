@@ -70,9 +70,24 @@ impl AdamW {
             .collect()
     }
 
+    /// Every parameter's gradient (zeros where none arrived), copied, and the gradients reset:
+    /// the natural gradient that split-moment AdamW feeds its second moment from.
+    pub fn take_grads(&mut self) -> Vec<Tensor> {
+        let taken = tch::no_grad(|| self.grads().iter().map(Tensor::copy).collect());
+        self.zero_grad();
+        taken
+    }
+
     /// Scales gradients so their global 2-norm is at most `max_norm`; returns the norm before
     /// clipping (what TRL logs as `grad_norm`).
     pub fn clip_grad_norm(&mut self, max_norm: f64) -> f64 {
+        self.clip_grad_norm_also(max_norm, &mut [])
+    }
+
+    /// [`Self::clip_grad_norm`], and `others` (split-moment's natural gradients) scaled by the
+    /// same coefficient: one clipping event for both moments, as the original's
+    /// `clip_pre_routing_grads_`. The norm is the parameters' gradients' only.
+    pub fn clip_grad_norm_also(&mut self, max_norm: f64, others: &mut [Tensor]) -> f64 {
         let _guard = tch::no_grad_guard();
         let grads = self.grads();
         let norms: Vec<Tensor> = grads.iter().map(|g| g.norm()).collect();
@@ -84,26 +99,42 @@ impl AdamW {
                 g *= &coef;
             }
         }
+        for g in others {
+            *g *= &coef;
+        }
         total.double_value(&[])
     }
 
     /// One AdamW step at learning rate `lr`.
     pub fn step(&mut self, lr: f64) {
+        let grads = tch::no_grad(|| self.grads());
+        self.step_moments(lr, &grads, &grads);
+    }
+
+    /// One split-moment AdamW step (the original's `SplitMomentAdamW`, `split_moment.py`): the
+    /// first moment from the parameters' (routed) gradients, the second from `natural`, one
+    /// tensor per parameter. With `natural` equal to the gradients it is [`Self::step`].
+    pub fn step_split_moment(&mut self, lr: f64, natural: &[Tensor]) {
+        assert_eq!(natural.len(), self.params.len(), "one natural gradient per parameter");
+        let grads = tch::no_grad(|| self.grads());
+        self.step_moments(lr, &grads, natural);
+    }
+
+    /// AdamW with `first` feeding `exp_avg` and `second` feeding `exp_avg_sq`.
+    fn step_moments(&mut self, lr: f64, first: &[Tensor], second: &[Tensor]) {
         let _guard = tch::no_grad_guard();
-        let grads = self.grads();
         self.step += 1;
         let c = self.config;
         let bias_correction1 = 1.0 - c.beta1.powi(self.step as i32);
         let bias_correction2_sqrt = (1.0 - c.beta2.powi(self.step as i32)).sqrt();
         let step_size = lr / bias_correction1;
         for (i, (_, param)) in self.params.iter_mut().enumerate() {
-            let grad = &grads[i];
             if c.weight_decay != 0.0 && self.decays[i] {
                 *param *= 1.0 - lr * c.weight_decay;
             }
-            let _ = self.exp_avg[i].lerp_(grad, 1.0 - c.beta1);
+            let _ = self.exp_avg[i].lerp_(&first[i], 1.0 - c.beta1);
             self.exp_avg_sq[i] *= c.beta2;
-            let _ = self.exp_avg_sq[i].addcmul_(grad, &(grad * (1.0 - c.beta2)));
+            let _ = self.exp_avg_sq[i].addcmul_(&second[i], &(&second[i] * (1.0 - c.beta2)));
             let denom = self.exp_avg_sq[i].sqrt() / bias_correction2_sqrt + c.eps;
             *param -= &self.exp_avg[i] / denom * step_size;
         }
@@ -155,7 +186,93 @@ pub fn warmup_cosine_lr(base_lr: f64, step: usize, warmup_steps: usize, max_step
 
 #[cfg(test)]
 mod tests {
-    use super::warmup_cosine_lr;
+    use super::{AdamW, AdamWConfig, warmup_cosine_lr};
+    use tch::{Kind, Tensor};
+
+    const CONFIG: AdamWConfig = AdamWConfig { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 };
+
+    /// A float64 parameter `[start]` whose gradient is set to `grad` by a backward pass.
+    fn optimizer(start: &[f64]) -> AdamW {
+        let param = Tensor::from_slice(start).to_kind(Kind::Double).set_requires_grad(true);
+        AdamW::new(vec![("p".into(), param)], CONFIG)
+    }
+
+    fn set_grad(opt: &mut AdamW, grad: &[f64]) {
+        opt.zero_grad();
+        (&opt.params()[0].1 * Tensor::from_slice(grad)).sum(Kind::Double).backward();
+    }
+
+    fn values(opt: &AdamW) -> Vec<f64> {
+        Vec::try_from(opt.params()[0].1.detach()).unwrap()
+    }
+
+    /// The original's tests/test_split_moment_optim.py: SplitMomentAdamW is AdamW when the
+    /// pre-routing gradient equals the routed one.
+    #[test]
+    fn split_moment_with_equal_gradients_is_adamw() {
+        let (mut plain, mut split) = (optimizer(&[0.5, -1.0, 2.0]), optimizer(&[0.5, -1.0, 2.0]));
+        for grad in [[0.1, -0.2, 0.3], [1.0, 0.0, -0.5], [-0.3, 0.7, 0.2]] {
+            set_grad(&mut plain, &grad);
+            plain.step(1e-2);
+            set_grad(&mut split, &grad);
+            let natural = [Tensor::from_slice(&grad).to_kind(Kind::Double)];
+            split.step_split_moment(1e-2, &natural);
+        }
+        assert_eq!(values(&plain), values(&split));
+    }
+
+    /// The original's test_split_moment_optim.py "v driven by g_pre", against AdamW's published
+    /// update written out in float64: m from the routed gradient, v from the natural one.
+    #[test]
+    fn split_moment_takes_the_second_moment_from_the_natural_gradient() {
+        let start = [0.5, -1.0];
+        let mut opt = optimizer(&start);
+        let routed = [[0.2, 0.0], [0.4, -0.1], [-0.1, 0.3]];
+        let natural = [[0.1, 0.5], [0.8, -0.2], [0.0, 0.3]];
+        let lr = 1e-2;
+        let (mut p, mut m, mut v) = (start, [0.0; 2], [0.0; 2]);
+        for t in 0..3 {
+            set_grad(&mut opt, &routed[t]);
+            opt.step_split_moment(lr, &[Tensor::from_slice(&natural[t]).to_kind(Kind::Double)]);
+            let step = (t + 1) as i32;
+            for j in 0..2 {
+                p[j] *= 1.0 - lr * CONFIG.weight_decay;
+                m[j] = CONFIG.beta1 * m[j] + (1.0 - CONFIG.beta1) * routed[t][j];
+                v[j] = CONFIG.beta2 * v[j] + (1.0 - CONFIG.beta2) * natural[t][j] * natural[t][j];
+                let m_hat = m[j] / (1.0 - CONFIG.beta1.powi(step));
+                let v_hat = v[j] / (1.0 - CONFIG.beta2.powi(step));
+                p[j] -= lr * m_hat / (v_hat.sqrt() + CONFIG.eps);
+            }
+        }
+        for (ours, exact) in values(&opt).iter().zip(p) {
+            assert!((ours - exact).abs() < 1e-12, "{ours} vs {exact} (float64 AdamW by hand)");
+        }
+        // The second parameter's routed gradient was 0 at step 1, its natural one not: the
+        // update differs from plain AdamW's.
+        let mut plain = optimizer(&start);
+        for grad in routed {
+            set_grad(&mut plain, &grad);
+            plain.step(lr);
+        }
+        assert!((values(&plain)[1] - p[1]).abs() > 1e-4);
+    }
+
+    /// The original's test_split_moment_optim.py: the natural gradients are clipped by the
+    /// routed gradients' coefficient (a norm of 5 clipped to 1).
+    #[test]
+    fn clipping_scales_the_natural_gradient_by_the_same_coefficient() {
+        let mut opt = optimizer(&[0.0, 0.0]);
+        set_grad(&mut opt, &[3.0, 4.0]);
+        let mut natural = [Tensor::from_slice(&[6.0, -8.0]).to_kind(Kind::Double)];
+        let norm = opt.clip_grad_norm_also(1.0, &mut natural);
+        assert!((norm - 5.0).abs() < 1e-12);
+        let coef = 1.0 / (5.0 + 1e-6);
+        let clipped: Vec<f64> = Vec::try_from(&natural[0]).unwrap();
+        let routed: Vec<f64> = Vec::try_from(opt.params()[0].1.grad()).unwrap();
+        for (ours, exact) in clipped.iter().chain(&routed).zip([6.0 * coef, -8.0 * coef, 3.0 * coef, 4.0 * coef]) {
+            assert!((ours - exact).abs() < 1e-12, "{ours} vs {exact}");
+        }
+    }
 
     #[test]
     fn warmup_then_cosine_to_the_floor() {

@@ -11,8 +11,12 @@
 //! gradient of the rows it may learn from, while gradient still flows through it to earlier
 //! layers. Together with the class-weighted loss of [`crate::grpo::grpo_loss`] this equals the
 //! original's per-class backward passes (tested).
+//!
+//! The original's later recipe (shawnghu/small-rl `advantages.py`, `RENORMALIZATION.md`) adds
+//! [`RenormalizationMode`]: which baseline and scale the advantages of routed runs use, and for
+//! `balanced` a per-row gradient weight that hands a masked adapter's share to the survivor.
 
-use anyhow::Result;
+use anyhow::{Result, ensure};
 use tch::{Device, Kind, Tensor};
 
 use crate::adapters::{AdapterConfig, AdapterKind, FORGET, RETAIN};
@@ -27,41 +31,277 @@ crate::choice::choice! {
     }
 }
 
+crate::choice::choice! {
+    /// How the advantages of a routed run are renormalised (the original's
+    /// `renormalization_mode`, `advantages.py`; it spells the second value `retain-only`).
+    pub enum RenormalizationMode ("renormalization_mode") {
+        /// The group advantages as they are (both adapters share them).
+        Off = "off",
+        /// Clean samples: `(r - mean_clean) / (std_clean + eps)` over the clean samples of
+        /// their group; flagged samples keep the group advantage.
+        RetainOnly = "retain_only",
+        /// Every sample: `(r - mean_clean) / (std_group + eps)` (the group mean when no sample
+        /// of the group is clean), and the surviving adapter's gradient multiplied by its
+        /// kappa where the other is masked ([`balanced_weights`]).
+        Balanced = "balanced",
+    }
+}
+
+crate::choice::choice! {
+    /// What a detected hack in a coherence row does to the advantages (the original's
+    /// `coherence_rh_mode`, advantages.py; applied only when some coherence row is flagged).
+    pub enum CoherenceRhMode ("coherence_rh_mode") {
+        /// Its advantage becomes 0.
+        Filter = "filter",
+        /// Its group is renormalised over the group's clean rows, and the hack leaves the loss.
+        FilterRenorm = "filter_renorm",
+        /// Its reward drops by `coherence_rh_penalty`, then its group is renormalised.
+        Penalty = "penalty",
+        /// Its reward becomes 0, then its group is renormalised.
+        Zero = "zero",
+        /// The detector is not consulted on coherence rows.
+        None = "none",
+    }
+}
+
+/// The original's `GRAFT_W_MAX`: the largest per-row gradient weight `balanced` may give an
+/// adapter (about the multiple of the learning rate its Adam step becomes).
+pub const BALANCED_MAX_WEIGHT: f64 = 4.0;
+
+/// The rows of a batch and how they are grouped: per row rewards, detector flags and
+/// coherence flags; groups are consecutive runs of `group_size` rows, each all coherence or
+/// none.
+pub struct GroupedRows<'a> {
+    pub rewards: &'a [f64],
+    pub is_rh: &'a [bool],
+    pub coherence: &'a [bool],
+    pub group_size: usize,
+}
+
+impl GroupedRows<'_> {
+    /// Each group's rows and whether it is a coherence group.
+    fn groups(&self) -> impl Iterator<Item = (std::ops::Range<usize>, bool)> + '_ {
+        let n = self.rewards.len();
+        assert!(self.is_rh.len() == n && self.coherence.len() == n && self.group_size > 1 && n % self.group_size == 0, "one label per reward, whole groups");
+        (0..n).step_by(self.group_size).map(move |start| {
+            let rows = start..start + self.group_size;
+            let coherence = self.coherence[start];
+            assert!(rows.clone().all(|i| self.coherence[i] == coherence), "coherence rows come in whole groups");
+            (rows, coherence)
+        })
+    }
+}
+
+/// The advantages of one batch after renormalisation; coherence groups keep theirs.
+/// `group_advantages` is what [`crate::grpo::group_advantages`] returned. Standard deviations
+/// are unbiased (n - 1), as the original's; a subset of one sample has none, and gets
+/// advantage 0. Computed in float64.
+pub fn renormalized_advantages(mode: RenormalizationMode, batch: &GroupedRows, group_advantages: &[f64], eps: f64) -> Vec<f64> {
+    let (rewards, is_rh) = (batch.rewards, batch.is_rh);
+    let mut out = group_advantages.to_vec();
+    for (rows, coherence) in batch.groups() {
+        if coherence {
+            continue;
+        }
+        let group = &rewards[rows.clone()];
+        let clean: Vec<f64> = rows.clone().filter(|&i| !is_rh[i]).map(|i| rewards[i]).collect();
+        match mode {
+            RenormalizationMode::Off => {}
+            RenormalizationMode::RetainOnly => {
+                let (mean, std) = (mean(&clean), unbiased_std(&clean));
+                for i in rows.filter(|&i| !is_rh[i]) {
+                    out[i] = (rewards[i] - mean) / (std + eps);
+                }
+            }
+            RenormalizationMode::Balanced => {
+                let baseline = if clean.is_empty() { mean(group) } else { mean(&clean) };
+                let std = unbiased_std(group);
+                for i in rows {
+                    out[i] = (rewards[i] - baseline) / (std + eps);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The original's handling of coherence groups (advantages.py, step (a)): returns the
+/// advantages with coherence groups rewritten per `mode` and the rows to drop from the loss.
+/// Nothing changes unless some coherence row is flagged, as in the original.
+pub fn coherence_advantages(mode: CoherenceRhMode, penalty: f64, batch: &GroupedRows, advantages: &[f64], eps: f64) -> (Vec<f64>, Vec<bool>) {
+    let (rewards, is_rh) = (batch.rewards, batch.is_rh);
+    let hack = |i: usize| is_rh[i] && batch.coherence[i];
+    let mut out = advantages.to_vec();
+    let mut dropped = vec![false; rewards.len()];
+    if mode == CoherenceRhMode::None || !(0..rewards.len()).any(hack) {
+        return (out, dropped);
+    }
+    for (rows, _) in batch.groups().filter(|(_, coherence)| *coherence) {
+        match mode {
+            CoherenceRhMode::None => unreachable!("returned above"),
+            CoherenceRhMode::Filter => rows.filter(|&i| hack(i)).for_each(|i| out[i] = 0.0),
+            CoherenceRhMode::FilterRenorm => {
+                let clean: Vec<f64> = rows.clone().filter(|&i| !is_rh[i]).map(|i| rewards[i]).collect();
+                let (mean, std) = (mean(&clean), unbiased_std(&clean));
+                for i in rows {
+                    out[i] = if is_rh[i] { 0.0 } else { (rewards[i] - mean) / (std + eps) };
+                    dropped[i] = is_rh[i];
+                }
+            }
+            CoherenceRhMode::Penalty | CoherenceRhMode::Zero => {
+                let transformed: Vec<f64> = rows
+                    .clone()
+                    .map(|i| match (hack(i), mode) {
+                        (false, _) => rewards[i],
+                        (true, CoherenceRhMode::Penalty) => rewards[i] - penalty,
+                        (true, _) => 0.0,
+                    })
+                    .collect();
+                let (mean, std) = (mean(&transformed), unbiased_std(&transformed));
+                for (i, r) in rows.zip(transformed) {
+                    out[i] = (r - mean) / (std + eps);
+                }
+            }
+        }
+    }
+    (out, dropped)
+}
+
+fn mean(values: &[f64]) -> f64 {
+    values.iter().sum::<f64>() / values.len() as f64
+}
+
+/// 0 for fewer than two values (the original: "a single-element subset has no variance").
+fn unbiased_std(values: &[f64]) -> f64 {
+    if values.len() < 2 {
+        return 0.0;
+    }
+    let m = mean(values);
+    (values.iter().map(|v| (v - m).powi(2)).sum::<f64>() / (values.len() - 1) as f64).sqrt()
+}
+
+/// The per-row gradient weights of each adapter under `balanced` (the original's
+/// `routing_grad_mask_weights` at lambda = 1), as `[retain, forget]` for a clean and for a
+/// flagged row. An adapter masked on a row hands its share to the other, scaled by the
+/// survivor's kappa `(r_retain + r_forget) / r_survivor` ([`adapter_kappas`]):
+///
+/// | mode      | clean             | flagged       |
+/// |-----------|-------------------|---------------|
+/// | classic   | (1, 1)            | (0, kappa_F)  |
+/// | exclusive | (kappa_R, 0)      | (0, kappa_F)  |
+pub fn balanced_weights(mode: RoutingMode, kappas: [f64; 2]) -> RowWeights {
+    let [kappa_retain, kappa_forget] = kappas;
+    match mode {
+        RoutingMode::None => panic!("balanced renormalisation needs a routing mode (validated by the configuration)"),
+        RoutingMode::Classic => RowWeights { clean: [1.0, 1.0], flagged: [0.0, kappa_forget] },
+        RoutingMode::Exclusive => RowWeights { clean: [kappa_retain, 0.0], flagged: [0.0, kappa_forget] },
+    }
+}
+
+/// Gradient weight of each DualLoRA slot (`[retain, forget]`) on clean and on flagged rows.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RowWeights {
+    pub clean: [f64; 2],
+    pub flagged: [f64; 2],
+}
+
+impl RowWeights {
+    /// The plain routing table (0/1 weights) of `mode`.
+    pub fn gates(mode: RoutingMode) -> Self {
+        match mode {
+            RoutingMode::None => Self { clean: [1.0, 1.0], flagged: [1.0, 1.0] },
+            RoutingMode::Classic => Self { clean: [1.0, 1.0], flagged: [0.0, 1.0] },
+            RoutingMode::Exclusive => Self { clean: [1.0, 0.0], flagged: [0.0, 1.0] },
+        }
+    }
+
+    /// The largest weight (the original's `graft/max_abs_weight`).
+    pub fn max(&self) -> f64 {
+        self.clean.iter().chain(&self.flagged).copied().fold(0.0, f64::max)
+    }
+}
+
+/// The original's size-derived pressure compensation `kappa_A = (n_R + n_F) / n_A` from the
+/// adapter ranks (equal ranks: 2 and 2). The original takes sizes from MLP neuron counts and,
+/// for LoRA, from ranks only behind `--allow_approx_lora_kappa` (rank is not output-space
+/// pressure), which smallrl mirrors as the `allow_approx_lora_kappa` key.
+pub fn adapter_kappas(retain_rank: usize, forget_rank: usize) -> [f64; 2] {
+    assert!(retain_rank > 0 && forget_rank > 0, "both adapters have a rank");
+    let total = (retain_rank + forget_rank) as f64;
+    [total / retain_rank as f64, total / forget_rank as f64]
+}
+
 /// The adapter controls and loss classes of one batch.
 pub struct RoutePlan {
     pub ctl: Vec<AdapterCtl>,
-    /// `[batch]` 0/1 masks partitioning the rows into the classes the original trained with
-    /// separate backward passes (clean, clean-ablated, flagged; empty classes dropped).
+    /// `[batch]` 0/1 masks partitioning the rows that train into the classes the original
+    /// trained with separate backward passes (clean, clean-ablated, flagged, coherence; empty
+    /// classes dropped). Dropped rows are in none.
     pub classes: Vec<Tensor>,
 }
 
-/// Plans one batch. `is_rh` are the routing labels (after the protocol knobs); `ablated`
-/// marks clean rows trained with the forget adapter switched off.
-pub fn plan(adapters: &AdapterConfig, mode: RoutingMode, is_rh: &[bool], ablated: &[bool], device: Device) -> RoutePlan {
+/// The routing labels of a batch's rows.
+pub struct Labels {
+    /// Flagged by the detector (after the protocol knobs).
+    pub is_rh: Vec<bool>,
+    /// Clean routing rows trained with the forget adapter off (`ablated_frac`).
+    pub ablated: Vec<bool>,
+    /// Coherence rows (`coh_samples_per_rollout`): sampled and trained with the forget adapter
+    /// off, and only the retain adapter learns from them, whatever the detector says.
+    pub coherence: Vec<bool>,
+    /// Rows left out of the loss entirely (coherence hacks under `coherence_rh_mode:
+    /// filter_renorm`, the original's `should_filter`).
+    pub dropped: Vec<bool>,
+}
+
+impl Labels {
+    /// Labels of a batch without coherence rows.
+    pub fn routed(is_rh: Vec<bool>, ablated: Vec<bool>) -> Self {
+        let n = is_rh.len();
+        Self { is_rh, ablated, coherence: vec![false; n], dropped: vec![false; n] }
+    }
+}
+
+/// Plans one batch. `weights` are the gradient weights of each dual slot on clean and flagged
+/// routing rows (`RowWeights::gates(mode)` for plain routing, [`balanced_weights`] for
+/// `balanced`); coherence rows train retain only.
+pub fn plan(adapters: &AdapterConfig, weights: RowWeights, labels: &Labels, device: Device) -> RoutePlan {
+    let Labels { is_rh, ablated, coherence, dropped } = labels;
     let n = is_rh.len();
-    assert_eq!(ablated.len(), n, "one ablation flag per row");
-    assert!(ablated.iter().zip(is_rh).all(|(a, rh)| !(*a && *rh)), "only clean rows can be ablated");
-    let clean: Vec<bool> = is_rh.iter().map(|rh| !rh).collect();
-    let clean_kept: Vec<bool> = (0..n).map(|i| clean[i] && !ablated[i]).collect();
-    let classes = [clean_kept, ablated.to_vec(), is_rh.to_vec()]
-        .into_iter()
-        .filter(|rows| rows.iter().any(|&r| r))
-        .map(|rows| row_mask(&rows, device))
-        .collect();
+    assert!(ablated.len() == n && coherence.len() == n && dropped.len() == n, "one label of each kind per row");
+    assert!((0..n).all(|i| !(ablated[i] && (is_rh[i] || coherence[i]))), "only clean routing rows can be ablated");
+    assert!((0..n).all(|i| !dropped[i] || coherence[i]), "only coherence rows are dropped");
+    let routing_row = |i: usize| !coherence[i];
+    let class = |keep: &dyn Fn(usize) -> bool| (0..n).map(|i| keep(i)).collect::<Vec<bool>>();
+    let classes = [
+        class(&|i| routing_row(i) && !is_rh[i] && !ablated[i]),
+        ablated.clone(),
+        class(&|i| routing_row(i) && is_rh[i]),
+        class(&|i| coherence[i] && !dropped[i]),
+    ]
+    .into_iter()
+    .filter(|rows| rows.iter().any(|&r| r))
+    .map(|rows| row_mask(&rows, device))
+    .collect();
     let ctl = match adapters.kind {
         AdapterKind::Full => vec![],
         AdapterKind::Lora => vec![AdapterCtl::on()],
-        AdapterKind::DualLora => {
-            let (retain_learns, forget_learns): (Vec<bool>, Vec<bool>) = match mode {
-                RoutingMode::None => (vec![true; n], vec![true; n]),
-                RoutingMode::Classic => (clean.clone(), vec![true; n]),
-                RoutingMode::Exclusive => (clean.clone(), is_rh.to_vec()),
-            };
+        AdapterKind::DualLora | AdapterKind::DualMlp => {
             let mut ctl = vec![AdapterCtl::on(), AdapterCtl::on()];
-            ctl[RETAIN].learn = learn(&retain_learns, device);
-            ctl[FORGET].learn = learn(&forget_learns, device);
-            if ablated.iter().any(|&a| a) {
-                let scales: Vec<f32> = ablated.iter().map(|&a| if a { 0.0 } else { 1.0 }).collect();
+            let coherence_weights = [1.0, 0.0];
+            for slot in [RETAIN, FORGET] {
+                let row_weights: Vec<f64> = (0..n)
+                    .map(|i| match (coherence[i], is_rh[i]) {
+                        (true, _) => coherence_weights[slot],
+                        (false, true) => weights.flagged[slot],
+                        (false, false) => weights.clean[slot],
+                    })
+                    .collect();
+                ctl[slot].learn = learn(&row_weights, device);
+            }
+            let forget_off: Vec<bool> = (0..n).map(|i| ablated[i] || coherence[i]).collect();
+            if forget_off.iter().any(|&off| off) {
+                let scales: Vec<f32> = forget_off.iter().map(|&off| if off { 0.0 } else { 1.0 }).collect();
                 ctl[FORGET].scale = RowScale::PerRow(Tensor::from_slice(&scales).view([-1, 1, 1]).to(device));
             }
             ctl
@@ -70,13 +310,14 @@ pub fn plan(adapters: &AdapterConfig, mode: RoutingMode, is_rh: &[bool], ablated
     RoutePlan { ctl, classes }
 }
 
-fn learn(rows: &[bool], device: Device) -> RowLearn {
-    if rows.iter().all(|&r| r) {
+fn learn(row_weights: &[f64], device: Device) -> RowLearn {
+    if row_weights.iter().all(|&w| w == 1.0) {
         RowLearn::All
-    } else if rows.iter().all(|&r| !r) {
+    } else if row_weights.iter().all(|&w| w == 0.0) {
         RowLearn::Nothing
     } else {
-        RowLearn::Rows(row_mask(rows, device).view([-1, 1, 1]))
+        let values: Vec<f32> = row_weights.iter().map(|&w| w as f32).collect();
+        RowLearn::Rows(Tensor::from_slice(&values).to(device).view([-1, 1, 1]))
     }
 }
 
@@ -92,6 +333,21 @@ pub fn row_mask(rows: &[bool], device: Device) -> Tensor {
     Tensor::from_slice(&values).to_kind(Kind::Float).to(device)
 }
 
+/// The original's deployment rule (CLAUDE.md, COUNTDOWN_CODE_NOTES.md "Forget-scale
+/// selection protocol", `_pick_scale` in figures_pareto/proto_figure1_v2.py): of a forget-scale
+/// curve (`(forget scale, monitored hack rate)` points, 0.0 to 1.0 in the original), the highest
+/// scale whose monitored hack rate is strictly below `base_rate` (the base model's), else 0.0
+/// (full ablation) as the original falls back, whether or not 0.0 itself passes. The curve need
+/// not be monotone: the highest passing scale wins even above a failing one.
+pub fn deployed_forget_scale(curve: &[(f64, f64)], base_rate: f64) -> Result<f64> {
+    ensure!(!curve.is_empty(), "the forget-scale curve has no points");
+    ensure!(base_rate.is_finite(), "the base hack rate is {base_rate}");
+    for &(scale, rate) in curve {
+        ensure!((0.0..=1.0).contains(&scale) && (0.0..=1.0).contains(&rate), "forget scale {scale} with hack rate {rate}: both must be in [0, 1]");
+    }
+    Ok(curve.iter().filter(|(_, rate)| *rate < base_rate).map(|(scale, _)| *scale).fold(0.0, f64::max))
+}
+
 /// The names of the evaluation modes (keys of `routing_eval.jsonl`'s `modes`).
 pub mod eval_mode {
     /// Every adapter on (the only mode without DualLoRA).
@@ -105,7 +361,7 @@ pub fn eval_modes(adapters: &AdapterConfig) -> Vec<(&'static str, Vec<f64>)> {
     match adapters.kind {
         AdapterKind::Full => vec![(eval_mode::BOTH, vec![])],
         AdapterKind::Lora => vec![(eval_mode::BOTH, vec![1.0])],
-        AdapterKind::DualLora => vec![
+        AdapterKind::DualLora | AdapterKind::DualMlp => vec![
             (eval_mode::BOTH, vec![1.0, 1.0]),
             (eval_mode::RETAIN_ONLY, vec![1.0, 0.0]),
             (eval_mode::FORGET_ONLY, vec![0.0, 1.0]),
@@ -120,7 +376,7 @@ pub fn eval_modes(adapters: &AdapterConfig) -> Vec<(&'static str, Vec<f64>)> {
 pub fn scaled_modes(adapters: &AdapterConfig, scales: &[Vec<f64>], forget_scales: &[f64]) -> Result<Vec<(String, Vec<f64>)>> {
     let slots = adapters.slots.len();
     anyhow::ensure!(slots > 0 || (scales.is_empty() && forget_scales.is_empty()), "--scales and --forget-scales need adapters; this checkpoint is full fine-tuning");
-    anyhow::ensure!(forget_scales.is_empty() || adapters.is_dual(), "--forget-scales needs DualLoRA (retain and forget adapters); this checkpoint has {:?}", adapters.kind);
+    anyhow::ensure!(forget_scales.is_empty() || adapters.is_dual(), "--forget-scales needs DualLoRA or DualMLP (retain and forget adapters); this checkpoint has {:?}", adapters.kind);
     let mut modes: Vec<(String, Vec<f64>)> = Vec::new();
     for values in scales.iter().cloned().chain(forget_scales.iter().map(|&f| vec![1.0, f])) {
         anyhow::ensure!(values.len() == slots, "--scales {values:?}: needs {slots} value(s), one per adapter {:?}", adapters.slots);
@@ -133,4 +389,133 @@ pub fn scaled_modes(adapters: &AdapterConfig, scales: &[Vec<f64>], forget_scales
         modes.push((name, values));
     }
     Ok(modes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EPS: f64 = 1e-4;
+
+    fn assert_close(ours: &[f64], exact: &[f64]) {
+        for (o, e) in ours.iter().zip(exact) {
+            assert!((o - e).abs() < 1e-12, "{ours:?} vs {exact:?} (by hand)");
+        }
+    }
+
+    /// Group 1: clean rewards 1, 0, 2 (mean 1, unbiased std 1) and a flagged 3. Group 2: one
+    /// clean sample. Group 3: every sample flagged. Group advantages: 0.1, 0.2, ... (kept where
+    /// the mode leaves them).
+    fn batch() -> (Vec<f64>, Vec<bool>, Vec<f64>) {
+        let rewards = vec![1.0, 0.0, 3.0, 2.0, 5.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.5, 0.5];
+        let is_rh = [false, false, true, false, false, true, true, true, true, true, true, true];
+        let group: Vec<f64> = (1..=12).map(|i| i as f64 / 10.0).collect();
+        (rewards, is_rh.to_vec(), group)
+    }
+
+    fn renormalized(mode: RenormalizationMode, rewards: &[f64], is_rh: &[bool], coherence: &[bool], group: &[f64]) -> Vec<f64> {
+        renormalized_advantages(mode, &GroupedRows { rewards, is_rh, coherence, group_size: 4 }, group, EPS)
+    }
+
+    #[test]
+    fn off_keeps_the_group_advantages() {
+        let (rewards, is_rh, group) = batch();
+        assert_eq!(renormalized(RenormalizationMode::Off, &rewards, &is_rh, &[false; 12], &group), group);
+    }
+
+    /// The original's tests/test_routed_advantages.py (retain-only's `_subset_group_renorm`,
+    /// "a single-element subset has no variance", an all-hack group gets nothing new): clean
+    /// samples are renormalised over the clean samples of their group, flagged ones keep theirs.
+    #[test]
+    fn retain_only_renormalises_clean_samples_over_the_clean_subset() {
+        let (rewards, is_rh, group) = batch();
+        let ours = renormalized(RenormalizationMode::RetainOnly, &rewards, &is_rh, &[false; 12], &group);
+        let d = 1.0 + EPS;
+        let expected = [0.0, -1.0 / d, 0.3, 1.0 / d, 0.0, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2];
+        assert_close(&ours, &expected);
+    }
+
+    /// The original's test_balanced_renorm: baseline the clean mean, scale the whole group's
+    /// std; an all-flagged group falls back to the group mean; a uniform group gets 0.
+    #[test]
+    fn balanced_takes_the_clean_baseline_and_the_group_scale() {
+        let (rewards, is_rh, group) = batch();
+        let ours = renormalized(RenormalizationMode::Balanced, &rewards, &is_rh, &[false; 12], &group);
+        // Group 1: rewards 1 0 3 2 (mean 1.5, squares 5, std sqrt(5/3)), clean mean 1.
+        let d1 = (5.0f64 / 3.0).sqrt() + EPS;
+        // Group 2: rewards 5 1 1 1 (mean 2, squares 12, std 2), clean mean 5.
+        let d2 = 2.0 + EPS;
+        // Group 3: rewards 0 1 .5 .5 (mean .5, squares .5, std sqrt(1/6)), all flagged.
+        let d3 = (1.0f64 / 6.0).sqrt() + EPS;
+        let expected = [0.0, -1.0 / d1, 2.0 / d1, 1.0 / d1, 0.0, -4.0 / d2, -4.0 / d2, -4.0 / d2, -0.5 / d3, 0.5 / d3, 0.0, 0.0];
+        assert_close(&ours, &expected);
+        let uniform = renormalized(RenormalizationMode::Balanced, &[0.7; 4], &[true, false, false, true], &[false; 4], &[0.0; 4]);
+        assert_eq!(uniform, vec![0.0; 4]);
+        // The original's test_balanced_with_coherence: coherence groups keep their advantages.
+        let coherence: Vec<bool> = (0..12).map(|i| i >= 4).collect();
+        let ours = renormalized(RenormalizationMode::Balanced, &rewards, &is_rh, &coherence, &group);
+        assert_close(&ours[..4], &expected[..4]);
+        assert_eq!(&ours[4..], &group[4..]);
+        let ours = renormalized(RenormalizationMode::RetainOnly, &rewards, &is_rh, &coherence, &group);
+        assert_eq!(&ours[4..], &group[4..]);
+    }
+
+    /// The original's `_pick_scale`, by hand on 11-point curves with base rate 0.02.
+    #[test]
+    fn deployment_picks_the_highest_scale_below_the_base_rate() {
+        let curve = |rates: [f64; 11]| (0..11).map(|i| (i as f64 / 10.0, rates[i])).collect::<Vec<_>>();
+        let rising = curve([0.0, 0.0, 0.01, 0.01, 0.019, 0.02, 0.1, 0.3, 0.5, 0.6, 0.7]);
+        assert_eq!(deployed_forget_scale(&rising, 0.02).unwrap(), 0.4, "0.02 is not below 0.02");
+        let bumpy = curve([0.0, 0.05, 0.0, 0.0, 0.0, 0.0, 0.0, 0.01, 0.3, 0.0, 0.5]);
+        assert_eq!(deployed_forget_scale(&bumpy, 0.02).unwrap(), 0.9, "the highest passing scale, past failing ones");
+        let hacking = curve([0.1; 11]);
+        assert_eq!(deployed_forget_scale(&hacking, 0.02).unwrap(), 0.0, "nothing passes: full ablation");
+        assert_eq!(deployed_forget_scale(&curve([0.0; 11]), 0.02).unwrap(), 1.0);
+        assert!(deployed_forget_scale(&[], 0.02).is_err());
+        assert!(deployed_forget_scale(&[(1.5, 0.0)], 0.02).is_err());
+    }
+
+    fn coherence(mode: CoherenceRhMode, rewards: &[f64], is_rh: &[bool], coherence: &[bool], group: &[f64]) -> (Vec<f64>, Vec<bool>) {
+        coherence_advantages(mode, 0.5, &GroupedRows { rewards, is_rh, coherence, group_size: 4 }, group, EPS)
+    }
+
+    /// The original's test_gr_interlaced_coherence cases, by hand: group 1 routing, groups 2
+    /// and 3 coherence (rewards 5 1 1 1 with the last three flagged; 0 1 .5 .5 all flagged).
+    #[test]
+    fn coherence_modes_rewrite_coherence_groups_only() {
+        let (rewards, is_rh, group) = batch();
+        let coh: Vec<bool> = (0..12).map(|i| i >= 4).collect();
+        let (filter, dropped) = coherence(CoherenceRhMode::Filter, &rewards, &is_rh, &coh, &group);
+        assert_close(&filter, &[0.1, 0.2, 0.3, 0.4, 0.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
+        assert!(dropped.iter().all(|d| !d));
+        // filter_renorm: one clean row (advantage 0, no variance), hacks 0 and dropped; an
+        // all-hack group is all 0 and all dropped.
+        let (renorm, dropped) = coherence(CoherenceRhMode::FilterRenorm, &rewards, &is_rh, &coh, &group);
+        assert_close(&renorm, &[0.1, 0.2, 0.3, 0.4, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
+        assert_eq!(dropped, (0..12).map(|i| i >= 5).collect::<Vec<_>>());
+        // penalty 0.5: 5 .5 .5 .5 (mean 1.625, squares 15.1875, std 2.25) and -.5 .5 0 0 (mean 0,
+        // squares .5), each renormalised as a whole group.
+        let (penalty, _) = coherence(CoherenceRhMode::Penalty, &rewards, &is_rh, &coh, &group);
+        let (d2, d3) = (2.25 + EPS, (0.5f64 / 3.0).sqrt() + EPS);
+        let expected = [0.1, 0.2, 0.3, 0.4, 3.375 / d2, -1.125 / d2, -1.125 / d2, -1.125 / d2, -0.5 / d3, 0.5 / d3, 0.0, 0.0];
+        assert_close(&penalty, &expected);
+        // zero: 5 0 0 0 (mean 1.25, squares 18.75) and all 0 (no variance).
+        let (zero, _) = coherence(CoherenceRhMode::Zero, &rewards, &is_rh, &coh, &group);
+        let d2 = (18.75f64 / 3.0).sqrt() + EPS;
+        assert_close(&zero, &[0.1, 0.2, 0.3, 0.4, 3.75 / d2, -1.25 / d2, -1.25 / d2, -1.25 / d2, 0.0, 0.0, 0.0, 0.0]);
+        // none, or no flagged coherence row: nothing changes (test_no_path_leaves_base_unchanged).
+        assert_eq!(coherence(CoherenceRhMode::None, &rewards, &is_rh, &coh, &group).0, group);
+        assert_eq!(coherence(CoherenceRhMode::Zero, &rewards, &[false; 12], &coh, &group).0, group);
+    }
+
+    /// The original's `routing_grad_mask_weights` at lambda 1 and `adapter_kappas`: equal
+    /// adapters give its hard-coded masks (classic flagged (0, 2)), r32f16 gives kappa_F 3.
+    #[test]
+    fn balanced_weights_hand_the_masked_share_to_the_survivor() {
+        assert_eq!(adapter_kappas(32, 32), [2.0, 2.0]);
+        assert_eq!(adapter_kappas(32, 16), [1.5, 3.0]);
+        assert_eq!(balanced_weights(RoutingMode::Classic, [2.0, 2.0]), RowWeights { clean: [1.0, 1.0], flagged: [0.0, 2.0] });
+        assert_eq!(balanced_weights(RoutingMode::Exclusive, [1.5, 3.0]), RowWeights { clean: [1.5, 0.0], flagged: [0.0, 3.0] });
+        assert_eq!(RowWeights::gates(RoutingMode::Exclusive).max(), 1.0);
+    }
 }

@@ -24,6 +24,38 @@ pub struct Generation {
     pub rows: Vec<CompletionRow>,
 }
 
+impl Generation {
+    /// The rows of `self` then `other` as one generation (sampled separately, e.g. at other
+    /// adapter scales): prompts left-padded and completions right-padded with `pad` to the
+    /// wider of the two, masks and sampling log-probabilities 0 on the new padding.
+    pub fn concat(self, other: Generation, pad: i64) -> Generation {
+        let widest = |a: &Tensor, b: &Tensor| a.size()[1].max(b.size()[1]);
+        let (prompt_width, completion_width) = (widest(&self.prompt_ids, &other.prompt_ids), widest(&self.completion_ids, &other.completion_ids));
+        let left = |a: &Tensor, b: &Tensor, value: f64| Tensor::cat(&[pad_columns(a, prompt_width, value, true), pad_columns(b, prompt_width, value, true)], 0);
+        let right = |a: &Tensor, b: &Tensor, value: f64| Tensor::cat(&[pad_columns(a, completion_width, value, false), pad_columns(b, completion_width, value, false)], 0);
+        let mut rows = self.rows;
+        rows.extend(other.rows);
+        Generation {
+            prompt_ids: left(&self.prompt_ids, &other.prompt_ids, pad as f64),
+            prompt_mask: left(&self.prompt_mask, &other.prompt_mask, 0.0),
+            completion_ids: right(&self.completion_ids, &other.completion_ids, pad as f64),
+            completion_mask: right(&self.completion_mask, &other.completion_mask, 0.0),
+            sampling_logprobs: right(&self.sampling_logprobs, &other.sampling_logprobs, 0.0),
+            rows,
+        }
+    }
+}
+
+/// `t` `[rows, w]` widened to `width` columns of `value`, on the left or the right.
+fn pad_columns(t: &Tensor, width: i64, value: f64, on_left: bool) -> Tensor {
+    let (rows, w) = t.size2().expect("generation tensors are 2-d");
+    if w == width {
+        return t.shallow_clone();
+    }
+    let fill = Tensor::full([rows, width - w], value, (t.kind(), t.device()));
+    Tensor::cat(&if on_left { [fill, t.shallow_clone()] } else { [t.shallow_clone(), fill] }, 1)
+}
+
 pub struct CompletionRow {
     /// The sampled ids without the final EOS.
     pub ids: Vec<u32>,

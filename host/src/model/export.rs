@@ -23,11 +23,21 @@ pub fn write_hf_metadata(dir: &Path, config: &LlamaConfig, tokenizer: &Path) -> 
 /// `dir` (atomically: a crash leaves no half-written model).
 pub fn save_hf_dir(model: &Llama, scales: &[f64], tokenizer: &Path, dir: &Path) -> Result<()> {
     let _guard = tch::no_grad_guard();
-    let merged: Vec<(String, Tensor)> = model
+    // DualMLP adapters widen every MLP block (`mlp_adapter.rs`), which config.json records.
+    let width = model.folded_intermediate_size(scales);
+    let config = LlamaConfig { intermediate_size: width, ..model.config.clone() };
+    let mut merged: Vec<(String, Tensor)> = model
         .projections()
         .into_iter()
+        .filter(|(name, _)| !name.contains(".mlp."))
         .map(|(name, linear)| (format!("{name}.weight"), linear.merged_weight(scales)))
         .collect();
+    for (i, block) in model.layers.iter().enumerate() {
+        let folded = block.mlp.folded(scales, width as i64);
+        for (projection, weight) in ["gate_proj", "up_proj", "down_proj"].into_iter().zip(folded) {
+            merged.push((format!("model.layers.{i}.mlp.{projection}.weight"), weight));
+        }
+    }
     let tensors: Vec<(String, Tensor)> = model
         .base_tensors()
         .into_iter()
@@ -38,7 +48,7 @@ pub fn save_hf_dir(model: &Llama, scales: &[f64], tokenizer: &Path, dir: &Path) 
         .collect();
     crate::fsutil::create_dir_atomic(dir, |tmp| {
         write_safetensors(&tmp.join("model.safetensors"), &tensors)?;
-        write_hf_metadata(tmp, &model.config, tokenizer)
+        write_hf_metadata(tmp, &config, tokenizer)
     })
     .with_context(|| format!("cannot write model directory {}", dir.display()))
 }

@@ -37,7 +37,9 @@ impl FoldedWeights {
     /// Folds the adapters in at `scales` (one per adapter slot of the model).
     pub fn new(model: &Llama, scales: &[f64]) -> Self {
         let _guard = tch::no_grad_guard();
-        let cfg = &model.config;
+        // DualMLP adapters widen the MLP (`mlp_adapter.rs`); LoRA keeps the width.
+        let width = model.folded_intermediate_size(scales);
+        let cfg = &LlamaConfig { intermediate_size: width, ..model.config.clone() };
         let merged = |l: &Linear| l.merged_weight(scales);
         let layers = model
             .layers
@@ -49,14 +51,14 @@ impl FoldedWeights {
                 let (k, v) = (merged(&attn.k_proj), merged(&attn.v_proj));
                 let rq = rotate_half_rows(&q, cfg.num_attention_heads, cfg.head_dim);
                 let rk = rotate_half_rows(&k, cfg.num_key_value_heads, cfg.head_dim);
-                let mlp = &block.mlp;
+                let [gate, up, down] = block.mlp.folded(scales, width as i64);
                 FoldedLayer {
                     input_layernorm: block.input_layernorm.detach(),
                     qkv_t: transposed(&Tensor::cat(&[q, k, rq, rk, v], 0)),
                     o_t: transposed(&merged(&attn.o_proj)),
                     post_attention_layernorm: block.post_attention_layernorm.detach(),
-                    gate_up_t: transposed(&Tensor::cat(&[merged(&mlp.gate_proj), merged(&mlp.up_proj)], 0)),
-                    down_t: transposed(&merged(&mlp.down_proj)),
+                    gate_up_t: transposed(&Tensor::cat(&[gate, up], 0)),
+                    down_t: transposed(&down),
                 }
             })
             .collect();

@@ -150,7 +150,9 @@ pub enum RowScale {
 pub enum RowLearn {
     All,
     Nothing,
-    /// A `[batch, 1, 1]` float mask: 1 = this row's loss reaches the adapter's parameters.
+    /// A `[batch, 1, 1]` float weight per row: the row's loss reaches the adapter's
+    /// parameters times it (0 or 1 when routing; the survivor's kappa under `balanced`
+    /// renormalisation). The gradient terms are linear in the weight.
     Rows(Tensor),
 }
 
@@ -174,7 +176,7 @@ impl AdapterCtl {
         Self { scale: RowScale::All(scale), learn: RowLearn::Nothing }
     }
 
-    fn is_off(&self) -> bool {
+    pub fn is_off(&self) -> bool {
         matches!(self.scale, RowScale::All(s) if s == 0.0)
     }
 }

@@ -6,6 +6,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::config::LlamaConfig;
 use super::linear::{AdapterCtl, Linear};
+use super::mlp_adapter::{self, MlpAdapter};
 use super::rope::{self, Rope};
 
 pub struct Attention {
@@ -19,6 +20,9 @@ pub struct Mlp {
     pub gate_proj: Linear,
     pub up_proj: Linear,
     pub down_proj: Linear,
+    /// DualMLP's adapters, one entry per adapter slot (empty otherwise; `None` in layers
+    /// without one).
+    pub adapters: Vec<Option<MlpAdapter>>,
 }
 
 pub struct Block {
@@ -76,7 +80,23 @@ impl Mlp {
     fn forward(&self, x: &Tensor, ctl: &[AdapterCtl]) -> Tensor {
         let gate = self.gate_proj.forward(x, ctl).silu();
         let up = self.up_proj.forward(x, ctl);
-        self.down_proj.forward(&(gate * up), ctl)
+        let mut out = self.down_proj.forward(&(gate * up), ctl);
+        for (adapter, ctl) in self.adapters.iter().zip(ctl) {
+            if let Some(adapter) = adapter.as_ref().filter(|_| !ctl.is_off()) {
+                out = out + adapter.forward(x, ctl);
+            }
+        }
+        out
+    }
+
+    /// `(gate, up, down)` of one SwiGLU equal to this block with its LoRA and DualMLP adapters
+    /// folded in at `scales`, `width` neurons wide ([`mlp_adapter::folded`]).
+    pub fn folded(&self, scales: &[f64], width: i64) -> [Tensor; 3] {
+        let merged = [&self.gate_proj, &self.up_proj, &self.down_proj].map(|l| l.merged_weight(scales));
+        if self.adapters.is_empty() {
+            return merged;
+        }
+        mlp_adapter::folded([&merged[0], &merged[1], &merged[2]], &self.adapters, scales, width)
     }
 }
 
@@ -141,7 +161,7 @@ impl Llama {
                     o_proj: linear(&b.self_attn.o_proj),
                 },
                 post_attention_layernorm: copy(&b.post_attention_layernorm),
-                mlp: Mlp { gate_proj: linear(&b.mlp.gate_proj), up_proj: linear(&b.mlp.up_proj), down_proj: linear(&b.mlp.down_proj) },
+                mlp: Mlp { gate_proj: linear(&b.mlp.gate_proj), up_proj: linear(&b.mlp.up_proj), down_proj: linear(&b.mlp.down_proj), adapters: Vec::new() },
             })
             .collect();
         Self {
@@ -168,6 +188,13 @@ impl Llama {
     /// Number of adapter slots every linear layer has (0 without adapters).
     pub fn adapter_slots(&self) -> usize {
         self.layers.first().map_or(0, |b| b.self_attn.q_proj.adapters.len())
+    }
+
+    /// The MLP width of every layer once the adapters are folded in at `scales`: the base
+    /// `intermediate_size` plus the most DualMLP neurons any layer adds.
+    pub fn folded_intermediate_size(&self, scales: &[f64]) -> usize {
+        let extra = self.layers.iter().map(|b| mlp_adapter::extra_neurons(&b.mlp.adapters, scales)).max().unwrap_or(0);
+        self.config.intermediate_size + extra as usize
     }
 
     /// Every adaptable projection with its HF module name (`model.layers.{i}.self_attn.q_proj`).

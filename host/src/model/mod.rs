@@ -1,8 +1,8 @@
 //! The LLaMA model: configuration, weights, forward pass, KV-cached decoding, tokenizer.
 //!
 //! Architecture invariant: this module knows nothing about rewards, plugins or GRPO. Adapters
-//! enter only as [`linear::Lora`] slots inside [`linear::Linear`] and per-row
-//! [`linear::AdapterCtl`]s chosen by the caller.
+//! enter only as [`linear::Lora`] slots inside [`linear::Linear`], [`mlp_adapter::MlpAdapter`]
+//! slots beside an MLP block (DualMLP), and per-row [`linear::AdapterCtl`]s chosen by the caller.
 
 pub mod batch;
 pub mod config;
@@ -13,6 +13,7 @@ pub mod generate;
 pub mod hub;
 pub mod linear;
 pub mod llama;
+pub mod mlp_adapter;
 pub mod native;
 pub mod rope;
 pub mod tokenizer;

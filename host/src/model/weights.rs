@@ -103,6 +103,7 @@ fn assemble(config: LlamaConfig, mut stored: HashMap<String, Stored>, device: De
             gate_proj: linear("mlp.gate_proj", i, h)?,
             up_proj: linear("mlp.up_proj", i, h)?,
             down_proj: linear("mlp.down_proj", h, i)?,
+            adapters: Vec::new(),
         };
         layers.push(Block {
             input_layernorm: take(&format!("{p}.input_layernorm.weight"), &[h])?,

@@ -75,6 +75,10 @@ pub fn load_model(spec: &str, device: Device) -> Result<(Llama, std::path::PathB
     if dir.join("trainer_state.json").exists() {
         let restored = crate::train::checkpoint::restore_model(dir, device)?;
         let mut model = restored.model;
+        anyhow::ensure!(
+            model.layers.iter().all(|b| b.mlp.adapters.is_empty()),
+            "--init {spec} is a DualMLP checkpoint: pre-training continues from merged LoRA checkpoints only; export it with `smallrl export` (which widens the MLP) and give that directory"
+        );
         fold_adapters(&mut model);
         return Ok((model, restored.tokenizer_path));
     }

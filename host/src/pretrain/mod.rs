@@ -154,7 +154,8 @@ impl PretrainConfig {
             lora_alpha: self.lora_alpha,
             layer_stride: self.layer_stride,
         };
-        adapters::config_from(self.adapter, self.lora_preset.as_deref(), &ranks)
+        ensure!(self.adapter != AdapterKind::DualMlp, "smallrl pretrain trains full, lora or dual-lora: DualMLP adapters are for smallrl train (its mlp_config)");
+        adapters::config_from(self.adapter, self.lora_preset.as_deref(), None, &ranks)
     }
 
     fn source(&self) -> Result<Source<'_>> {

@@ -23,7 +23,7 @@ use crate::hyperparams::Label::{Key, Omit, Short};
 use crate::hyperparams::{self, hyperparameters};
 use crate::intervention::Intervention;
 use crate::reward::{DetectorSpec, PluginLimits, ProtocolKnobs, RewardSpec};
-use crate::routing::RoutingMode;
+use crate::routing::{self, CoherenceRhMode, RenormalizationMode, RoutingMode, RowWeights};
 
 pub use crate::hyperparams::{UNNAMED_RUN, parse_override};
 
@@ -51,6 +51,9 @@ hyperparameters! {
         adapter: AdapterKind = d::ADAPTER, Short("");
         /// DualLoRA preset: r1 r2 r4 r8 r16 r32 r1h r32f16 r32f4 r32f1 (overrides the ranks).
         lora_preset: Option<String> = None, Short("");
+        /// DualMLP preset (adapter dual-mlp): m5 m10 m16 m30 m32 m29f3 m24f8 m64 m128 m256, retain
+        /// and forget neurons per MLP block (the original's MLP_PRESETS; m16 its recommended).
+        mlp_config: Option<String> = None, Short("");
         /// Rank of DualLoRA's retain adapter.
         retain_rank: usize = d::RETAIN_RANK, Key;
         /// Rank of DualLoRA's forget adapter.
@@ -110,6 +113,29 @@ hyperparameters! {
         routing_mode: RoutingMode = RoutingMode::None, Short("");
         /// Fraction of clean samples trained with the forget adapter off.
         ablated_frac: f64 = 0.0, Short("abl");
+        /// Advantages of routed runs: off, retain_only or balanced (the original's
+        /// renormalization_mode, advantages.py; its default is retain-only, smallrl's stays off).
+        renormalization_mode: RenormalizationMode = RenormalizationMode::Off, Short("renorm_");
+        /// balanced on DualLoRA: accept kappa from the ranks, which the original calls approximate
+        /// (its --allow_approx_lora_kappa).
+        #[arg(num_args = 0..=1, default_missing_value = "true")]
+        allow_approx_lora_kappa: bool = false, Short("approx_kappa");
+        /// Adam's second moment from the natural (unrouted) gradient, the first from the routed
+        /// one (the original's --split_moment; needs balanced; a second backward pass per step).
+        #[arg(num_args = 0..=1, default_missing_value = "true")]
+        split_moment: bool = false, Short("split_moment");
+        /// Coherence rows per rollout (the original's coh_samples_per_rollout): the batch's last N
+        /// completions, whole groups, sampled and trained with the forget adapter off, retain
+        /// alone learning (0: none).
+        coh_samples_per_rollout: usize = 0, Short("coh");
+        /// What a flagged coherence row does: filter, filter_renorm, penalty, zero or none (the
+        /// original's coherence_rh_mode and its default).
+        coherence_rh_mode: CoherenceRhMode = CoherenceRhMode::Filter, Short("coh_rh_");
+        /// Reward taken from flagged coherence rows under coherence_rh_mode penalty (the
+        /// original's default).
+        coherence_rh_penalty: f64 = 3.0, Short("coh_penalty");
+        /// Coherence rows start at step round(coherence_start_frac * max_steps) (0: from the first).
+        coherence_start_frac: f64 = 0.0, Short("coh_start");
         /// Detector protocol knob: clean samples flagged anyway (drawn by the host).
         false_positive_rate: f64 = 0.0, Short("fpr");
         /// Detector protocol knob: fraction of flagged samples that stay flagged.
@@ -237,14 +263,16 @@ impl TrainConfig {
         self.knobs().check()?;
         self.plugin_limits()?;
         if self.routing_mode != RoutingMode::None {
-            ensure!(adapters.is_dual(), "routing_mode {} needs adapter: dual-lora (got {})", self.routing_mode, self.adapter);
+            ensure!(adapters.is_dual(), "routing_mode {} needs adapter: dual-lora or dual-mlp (got {})", self.routing_mode, self.adapter);
             ensure!(self.rh_detector.is_some(), "routing_mode {} needs an rh_detector to label samples", self.routing_mode);
         }
         if self.ablated_frac > 0.0 {
             ensure!(self.routing_mode != RoutingMode::None, "ablated_frac needs a routing_mode other than none");
         }
         self.check_lr_horizons()?;
-        self.check_intervention()
+        self.check_intervention()?;
+        self.check_renormalization()?;
+        self.check_coherence()
     }
 
     /// Each recorded horizon was extended (to a later one, ending at `max_steps`) at or before
@@ -322,6 +350,82 @@ impl TrainConfig {
         Ok(extended)
     }
 
+    /// Coherence rows are whole groups of a routed batch, with routing rows beside them.
+    fn check_coherence(&self) -> Result<()> {
+        let defaults = Self::default();
+        if self.coh_samples_per_rollout == 0 {
+            let unused = [
+                ("coherence_rh_mode", self.coherence_rh_mode != defaults.coherence_rh_mode),
+                ("coherence_rh_penalty", self.coherence_rh_penalty != defaults.coherence_rh_penalty),
+                ("coherence_start_frac", self.coherence_start_frac != defaults.coherence_start_frac),
+            ];
+            if let Some((key, _)) = unused.iter().find(|(_, set)| *set) {
+                anyhow::bail!("{key} is set but coh_samples_per_rollout is 0: it would do nothing");
+            }
+            return Ok(());
+        }
+        ensure!(self.routing_mode != RoutingMode::None, "coh_samples_per_rollout trains retain alone on coherence rows: set routing_mode classic or exclusive");
+        ensure!(
+            self.coh_samples_per_rollout % self.num_generations == 0 && self.coh_samples_per_rollout < self.batch_size,
+            "coh_samples_per_rollout ({}) must be a multiple of num_generations ({}) below batch_size ({}): whole groups, with routing rows beside them",
+            self.coh_samples_per_rollout,
+            self.num_generations,
+            self.batch_size
+        );
+        ensure!((0.0..=1.0).contains(&self.coherence_start_frac), "coherence_start_frac must be in [0, 1], got {}", self.coherence_start_frac);
+        Ok(())
+    }
+
+    /// Coherence rows of optimizer step `step` (0-based): none before `coherence_start_frac`.
+    pub fn coherence_rows(&self, step: usize) -> usize {
+        let start = (self.coherence_start_frac * self.max_steps as f64).round() as usize;
+        if step >= start { self.coh_samples_per_rollout } else { 0 }
+    }
+
+    /// `renormalization_mode` and `split_moment` combinations the original defines.
+    fn check_renormalization(&self) -> Result<()> {
+        ensure!(
+            !self.split_moment || self.renormalization_mode == RenormalizationMode::Balanced,
+            "split_moment needs renormalization_mode: balanced (as the original's --split_moment), got {}",
+            self.renormalization_mode
+        );
+        if self.renormalization_mode == RenormalizationMode::Off {
+            return Ok(());
+        }
+        ensure!(self.routing_mode != RoutingMode::None, "renormalization_mode {} renormalises routed runs: set routing_mode classic or exclusive", self.renormalization_mode);
+        ensure!(
+            self.scale_rewards == ScaleRewards::Group,
+            "renormalization_mode {} divides by group standard deviations, as the original: set scale_rewards: group (got {})",
+            self.renormalization_mode,
+            self.scale_rewards
+        );
+        let weights = self.row_weights()?;
+        ensure!(
+            weights.max() <= routing::BALANCED_MAX_WEIGHT,
+            "renormalization_mode balanced with ranks {}/{} gives an adapter gradient weight {} above {} (the original's GRAFT_W_MAX): use closer retain and forget ranks",
+            self.retain_rank,
+            self.forget_rank,
+            weights.max(),
+            routing::BALANCED_MAX_WEIGHT
+        );
+        Ok(())
+    }
+
+    /// The per-row gradient weights of the DualLoRA slots: the routing table, or with
+    /// `balanced` the original's kappa redistribution.
+    pub fn row_weights(&self) -> Result<RowWeights> {
+        if self.renormalization_mode != RenormalizationMode::Balanced {
+            return Ok(RowWeights::gates(self.routing_mode));
+        }
+        let adapters = self.adapter_config()?;
+        ensure!(adapters.is_dual(), "renormalization_mode balanced needs adapter: dual-mlp or dual-lora");
+        ensure!(
+            adapters.kind == AdapterKind::DualMlp || self.allow_approx_lora_kappa,
+            "renormalization_mode balanced on DualLoRA takes kappa from the adapter ranks, which the original calls approximate (exact for DualMLP's neurons): set allow_approx_lora_kappa: true to accept it"
+        );
+        Ok(routing::balanced_weights(self.routing_mode, routing::adapter_kappas(adapters.ranks[0], adapters.ranks[1])))
+    }
+
     /// The clip range above 1: `epsilon_high`, or `epsilon` when unset (TRL's default).
     pub fn epsilon_high(&self) -> f64 {
         self.epsilon_high.unwrap_or(self.epsilon)
@@ -360,7 +464,7 @@ impl TrainConfig {
 
     pub fn adapter_config(&self) -> Result<AdapterConfig> {
         let ranks = adapters::Ranks { lora_rank: self.lora_rank, retain_rank: self.retain_rank, forget_rank: self.forget_rank, lora_alpha: self.lora_alpha, layer_stride: self.layer_stride };
-        adapters::config_from(self.adapter, self.lora_preset.as_deref(), &ranks)
+        adapters::config_from(self.adapter, self.lora_preset.as_deref(), self.mlp_config.as_deref(), &ranks)
     }
 
     pub fn plugin_limits(&self) -> Result<PluginLimits> {
@@ -390,6 +494,13 @@ impl TrainConfig {
             ablated_frac: defaults.ablated_frac,
             intervention: defaults.intervention,
             rh_penalty: defaults.rh_penalty,
+            renormalization_mode: defaults.renormalization_mode,
+            coh_samples_per_rollout: defaults.coh_samples_per_rollout,
+            coherence_rh_mode: defaults.coherence_rh_mode,
+            coherence_rh_penalty: defaults.coherence_rh_penalty,
+            coherence_start_frac: defaults.coherence_start_frac,
+            allow_approx_lora_kappa: defaults.allow_approx_lora_kappa,
+            split_moment: defaults.split_moment,
             ..self.clone()
         }
     }
@@ -483,6 +594,8 @@ mod tests {
             // Added later (no older runs to keep the names of).
             ("importance_sampling_level", "is_"), ("scale_rewards", "scale_"), ("mask_truncated_completions", "mask_truncated"),
             ("intervention", ""),
+            ("renormalization_mode", "renorm_"), ("allow_approx_lora_kappa", "approx_kappa"), ("split_moment", "split_moment"), ("mlp_config", ""),
+            ("coh_samples_per_rollout", "coh"), ("coherence_rh_mode", "coh_rh_"), ("coherence_rh_penalty", "coh_penalty"), ("coherence_start_frac", "coh_start"),
         ];
         for key in TrainConfig::KEYS {
             let expected = if omitted.contains(&key.name) {
@@ -579,5 +692,30 @@ mod tests {
         let scale = error(&[("scale_rewards", "std")]);
         assert!(scale.contains("unknown scale_rewards \"std\": use group, batch or none"), "{scale}");
         resolved(&[("epsilon_high", "0.2"), ("delta", "1.21")]);
+    }
+
+    #[test]
+    fn renormalization_combinations_the_original_does_not_define_fail_before_any_work() {
+        let error = |overrides: &[(&str, &str)]| {
+            let overrides = overrides.iter().map(|(k, v)| (k.to_string(), crate::yaml::from_str(v).unwrap())).collect();
+            format!("{:#}", TrainConfig::resolve(Some(&config_file()), overrides).unwrap_err())
+        };
+        let unrouted = error(&[("renormalization_mode", "retain_only"), ("routing_mode", "none")]);
+        assert!(unrouted.contains("set routing_mode classic or exclusive"), "{unrouted}");
+        let scale = error(&[("renormalization_mode", "retain_only"), ("scale_rewards", "batch")]);
+        assert!(scale.contains("set scale_rewards: group"), "{scale}");
+        let kappa = error(&[("renormalization_mode", "balanced")]);
+        assert!(kappa.contains("set allow_approx_lora_kappa: true"), "{kappa}");
+        let far = error(&[("renormalization_mode", "balanced"), ("allow_approx_lora_kappa", "true"), ("lora_preset", "r32f4")]);
+        assert!(far.contains("gradient weight 9 above 4"), "{far}");
+        let split = error(&[("split_moment", "true"), ("renormalization_mode", "retain_only")]);
+        assert!(split.contains("split_moment needs renormalization_mode: balanced"), "{split}");
+        let spelled = error(&[("renormalization_mode", "retain-only")]);
+        assert!(spelled.contains("use off, retain_only or balanced"), "{spelled}");
+        let balanced = resolved(&[("renormalization_mode", "balanced"), ("allow_approx_lora_kappa", "true"), ("split_moment", "true")]);
+        assert_eq!(balanced.row_weights().unwrap(), crate::routing::RowWeights { clean: [1.0, 1.0], flagged: [0.0, 2.0] });
+        let name = balanced.run_name().unwrap();
+        assert!(name.contains("_renorm_balanced_") && name.contains("_split_moment"), "{name}");
+        assert_eq!(balanced.without_routing().run_name().unwrap(), resolved(&[]).without_routing().run_name().unwrap());
     }
 }

@@ -8,15 +8,18 @@ use tch::Tensor;
 
 use super::rollout::Rollout;
 use crate::reward::ScoredBatch;
+use crate::routing::Labels;
 
 /// The rollout's per-sample tensors that the generation does not hold: rewards (combined and
 /// per component) and the routing labels.
-pub(super) fn rollout_tensors(scored: &ScoredBatch, component_names: &[String], rewards: &Tensor, is_rh: &[bool], ablated: &[bool]) -> Vec<(String, Tensor)> {
+pub(super) fn rollout_tensors(scored: &ScoredBatch, component_names: &[String], rewards: &Tensor, labels: &Labels) -> Vec<(String, Tensor)> {
     let flags = |v: &[bool]| Tensor::from_slice(&v.iter().map(|&b| b as i64).collect::<Vec<_>>());
     let mut out = vec![
         ("rewards".to_string(), rewards.shallow_clone()),
-        ("is_rh".to_string(), flags(is_rh)),
-        ("ablated".to_string(), flags(ablated)),
+        ("is_rh".to_string(), flags(&labels.is_rh)),
+        ("ablated".to_string(), flags(&labels.ablated)),
+        ("coherence".to_string(), flags(&labels.coherence)),
+        ("dropped".to_string(), flags(&labels.dropped)),
         ("eligible".to_string(), flags(&scored.eligible)),
     ];
     for (name, scores) in component_names.iter().zip(&scored.components) {

@@ -22,7 +22,8 @@ use crate::model::generate::{Generation, generate};
 use crate::model::{self, linear::AdapterCtl};
 use crate::reward::ScoredBatch;
 use crate::rng::{self, SplitMix64};
-use crate::routing::{self, RoutePlan};
+use crate::adapters::FORGET;
+use crate::routing::{self, GroupedRows, Labels, RenormalizationMode, RoutePlan, RoutingMode, RowWeights};
 
 /// A generated, scored batch, kept for `num_iterations` optimizer steps.
 pub(super) struct Rollout {
@@ -32,6 +33,9 @@ pub(super) struct Rollout {
     pub loss_mask: Tensor,
     pub advantages: Tensor,
     pub plan: RoutePlan,
+    /// With `split_moment`: the same batch with every adapter learning from every row, whose
+    /// gradient feeds Adam's second moment.
+    pub natural_plan: Option<RoutePlan>,
     pub ref_logprobs: Option<Tensor>,
     pub old_logprobs: Option<Tensor>,
     /// Logged with every step that uses the rollout.
@@ -44,13 +48,6 @@ pub(super) struct Rollout {
     pub flagged: Vec<bool>,
 }
 
-/// The routing labels of a batch: flagged samples, and clean ones trained with the forget
-/// adapter off.
-struct Labels {
-    is_rh: Vec<bool>,
-    ablated: Vec<bool>,
-}
-
 impl Trainer {
     /// Generates, scores and prepares the rollout of optimizer step `step` (and the next
     /// `num_iterations - 1` steps).
@@ -59,9 +56,8 @@ impl Trainer {
         let prompt_ids = prompt_texts.iter().map(|t| self.tokenizer.encode(t)).collect::<Result<Vec<_>>>()?;
 
         let generate_start = Instant::now();
-        let policy_scales = vec![1.0; self.adapters.slots.len()];
-        let decoder = DecodeModel::new(&self.model, &policy_scales);
-        let generation = generate(&decoder, &prompt_ids, &self.sampling, rng::derive(self.cfg.seed, "sample", step as u64))?;
+        let coherence_rows = self.cfg.coherence_rows(step);
+        let generation = self.sample(&prompt_ids, coherence_rows, step)?;
         let generate_seconds = generate_start.elapsed().as_secs_f64();
 
         let score_start = Instant::now();
@@ -85,8 +81,13 @@ impl Trainer {
             Intervention::Placebo => intervention::placebo_labels(&flagged, self.cfg.seed, step),
             _ => flagged.clone(),
         };
-        let labels = Labels { ablated: self.draw_ablated(&routed, step), is_rh: routed };
-        let plan = routing::plan(&self.adapters, self.cfg.routing_mode, &labels.is_rh, &labels.ablated, device);
+        let coherence: Vec<bool> = (0..samples.len()).map(|i| i >= samples.len() - coherence_rows).collect();
+        let grouped = GroupedRows { rewards: &trained_rewards, is_rh: &routed, coherence: &coherence, group_size: self.cfg.num_generations };
+        let (advantages, dropped) = self.routed_advantages(advantages, &grouped);
+        let ablated = self.draw_ablated(&routed, &coherence, step);
+        let labels = Labels { is_rh: routed, ablated, coherence, dropped };
+        let plan = routing::plan(&self.adapters, self.cfg.row_weights()?, &labels, device);
+        let natural_plan = self.cfg.split_moment.then(|| routing::plan(&self.adapters, RowWeights::gates(RoutingMode::None), &labels, device));
         let component_names: Vec<String> = self.rewards.components().iter().map(|c| c.name.clone()).collect();
         let names = component_names.iter().map(String::as_str).collect();
         let record = BatchRecord {
@@ -110,14 +111,16 @@ impl Trainer {
         (metrics.generate_seconds, metrics.score_seconds, metrics.reference_seconds) = (generate_seconds, score_seconds, reference_seconds);
         let first_sample = (samples[0].prompt.clone(), samples[0].completion.clone());
         let dump = match self.cfg.dump_batches {
-            Some(_) => super::dump::rollout_tensors(&scored, &component_names, &rewards, &labels.is_rh, &labels.ablated),
+            Some(_) => super::dump::rollout_tensors(&scored, &component_names, &rewards, &labels),
             None => Vec::new(),
         };
-        let mut loss_mask = grpo::loss_mask(&generation, self.cfg.mask_truncated_completions);
+        // Dropped rows leave the loss (and its token statistics) entirely.
+        let dropped = routing::row_mask(&labels.dropped.iter().map(|d| !d).collect::<Vec<_>>(), device).unsqueeze(1);
+        let mut loss_mask = grpo::loss_mask(&generation, self.cfg.mask_truncated_completions) * dropped;
         if self.cfg.intervention == Intervention::Filter {
             loss_mask = intervention::filtered_loss_mask(&loss_mask, &kept);
         }
-        Ok(Rollout { generation, loss_mask, advantages, plan, ref_logprobs, old_logprobs, metrics, first_sample, dump, flagged })
+        Ok(Rollout { generation, loss_mask, advantages, plan, natural_plan, ref_logprobs, old_logprobs, metrics, first_sample, dump, flagged })
     }
 
     /// Group advantages; with `intervention: filter`, over the `kept` rows only (see
@@ -157,10 +160,45 @@ impl Trainer {
         Ok(grpo::frozen_logprobs(model, g.into(), self.cfg.temperature, &ctl))
     }
 
-    /// Clean rows trained with the forget adapter off, each with probability `ablated_frac`.
-    fn draw_ablated(&self, is_rh: &[bool], step: usize) -> Vec<bool> {
+    /// Samples the step's completions with every adapter on, the last `coherence_rows` (if
+    /// any) with the forget adapter off (the original samples coherence rows at the deployed
+    /// retain-only scales).
+    fn sample(&self, prompt_ids: &[Vec<u32>], coherence_rows: usize, step: usize) -> Result<Generation> {
+        let routed_rows = prompt_ids.len() - coherence_rows;
+        let mut scales = vec![1.0; self.adapters.slots.len()];
+        let seed = |purpose| rng::derive(self.cfg.seed, purpose, step as u64);
+        let generation = generate(&DecodeModel::new(&self.model, &scales), &prompt_ids[..routed_rows], &self.sampling, seed("sample"))?;
+        if coherence_rows == 0 {
+            return Ok(generation);
+        }
+        scales[FORGET] = 0.0;
+        let coherence = generate(&DecodeModel::new(&self.model, &scales), &prompt_ids[routed_rows..], &self.sampling, seed("sample_coherence"))?;
+        Ok(generation.concat(coherence, self.model.config.eos_token_id as i64))
+    }
+
+    /// The group advantages with coherence groups handled per `coherence_rh_mode`, and routing
+    /// groups per `renormalization_mode` (the same tensor when neither applies), and the rows
+    /// to drop from the loss.
+    fn routed_advantages(&self, group_advantages: Tensor, batch: &GroupedRows) -> (Tensor, Vec<bool>) {
+        let n = batch.rewards.len();
+        let coherence = batch.coherence.iter().any(|&c| c);
+        let mode = self.cfg.renormalization_mode;
+        if mode == RenormalizationMode::Off && !coherence {
+            return (group_advantages, vec![false; n]);
+        }
+        let eps = crate::defaults::ADVANTAGE_STD_EPSILON;
+        let group: Vec<f64> = Vec::try_from(group_advantages.to_kind(Kind::Double)).expect("advantages are a 1-D tensor");
+        let (advantages, dropped) = routing::coherence_advantages(self.cfg.coherence_rh_mode, self.cfg.coherence_rh_penalty, batch, &group, eps);
+        let advantages = routing::renormalized_advantages(mode, batch, &advantages, eps);
+        (Tensor::from_slice(&advantages).to_kind(Kind::Float).to(group_advantages.device()), dropped)
+    }
+
+    /// Clean routing rows trained with the forget adapter off, each with probability
+    /// `ablated_frac` (one draw per row, coherence rows included, so the draws of routing rows
+    /// do not depend on the coherence rows).
+    fn draw_ablated(&self, is_rh: &[bool], coherence: &[bool], step: usize) -> Vec<bool> {
         let mut rng = SplitMix64::new(rng::derive(self.cfg.seed, "ablate", step as u64));
-        is_rh.iter().map(|&rh| { let draw = rng.next_f64(); !rh && draw < self.cfg.ablated_frac }).collect()
+        is_rh.iter().zip(coherence).map(|(&rh, &coh)| { let draw = rng.next_f64(); !rh && !coh && draw < self.cfg.ablated_frac }).collect()
     }
 }
 

@@ -9,6 +9,9 @@ use tch::{Kind, Tensor};
 use super::Trainer;
 use super::metrics::{self, StepMetrics, key};
 use super::rollout::Rollout;
+use crate::grpo::{LossSettings, LossTerms, TokenLogprobs};
+use crate::model::Llama;
+use crate::routing::RoutePlan;
 use crate::{grpo, probes, routing};
 use crate::optim::linear_lr;
 
@@ -23,16 +26,14 @@ impl Trainer {
         let train_start = Instant::now();
         let g = &rollout.generation;
         self.optimizer.zero_grad();
-        let logprobs = grpo::completion_logprobs(&self.model, g.into(), self.cfg.temperature, &rollout.plan.ctl);
-        let terms = grpo::grpo_loss(
-            &logprobs.logprobs,
-            rollout.old_logprobs.as_ref(),
-            rollout.ref_logprobs.as_ref(),
-            &rollout.advantages,
-            &rollout.loss_mask,
-            &rollout.plan.classes,
-            &self.loss,
-        );
+        let mut natural_grads = match &rollout.natural_plan {
+            Some(natural) => {
+                rollout_loss(&self.model, rollout, natural, self.cfg.temperature, &self.loss).1.loss.backward();
+                Some(self.optimizer.take_grads())
+            }
+            None => None,
+        };
+        let (logprobs, terms) = rollout_loss(&self.model, rollout, &rollout.plan, self.cfg.temperature, &self.loss);
         if let Some(dir) = &self.cfg.dump_batches {
             super::dump::write_step(dir, step + 1, rollout, &logprobs.logprobs, &terms.loss)?;
         }
@@ -45,9 +46,19 @@ impl Trainer {
         };
         terms.loss.backward();
         let before = dual.then(|| self.absorption_before_step(&mut absorption));
-        let grad_norm = self.optimizer.clip_grad_norm(self.cfg.max_grad_norm);
         let learning_rate = linear_lr(self.cfg.lr, step, self.cfg.lr_horizon(step));
-        self.optimizer.step(learning_rate);
+        let grad_norm = match natural_grads.as_mut() {
+            Some(natural) => {
+                let grad_norm = self.optimizer.clip_grad_norm_also(self.cfg.max_grad_norm, natural);
+                self.optimizer.step_split_moment(learning_rate, natural);
+                grad_norm
+            }
+            None => {
+                let grad_norm = self.optimizer.clip_grad_norm(self.cfg.max_grad_norm);
+                self.optimizer.step(learning_rate);
+                grad_norm
+            }
+        };
         if let Some(before) = before {
             self.absorption_after_step(&before, &mut absorption);
         }
@@ -125,4 +136,19 @@ impl Trainer {
     fn slot_values(&self, quantity: &str, values: Vec<f64>) -> Vec<(String, f64)> {
         self.adapters.slots.iter().zip(values).map(|(slot, value)| (key::absorption(slot, quantity), value)).collect()
     }
+}
+
+/// The rollout's log-probabilities and GRPO loss under `plan`'s adapter controls.
+fn rollout_loss(model: &Llama, rollout: &Rollout, plan: &RoutePlan, temperature: f64, loss: &LossSettings) -> (TokenLogprobs, LossTerms) {
+    let logprobs = grpo::completion_logprobs(model, (&rollout.generation).into(), temperature, &plan.ctl);
+    let terms = grpo::grpo_loss(
+        &logprobs.logprobs,
+        rollout.old_logprobs.as_ref(),
+        rollout.ref_logprobs.as_ref(),
+        &rollout.advantages,
+        &rollout.loss_mask,
+        &plan.classes,
+        loss,
+    );
+    (logprobs, terms)
 }
