@@ -273,11 +273,11 @@ pub struct ClipFractions {
 
 /// The GRPO loss. `loss_mask` is 1 on the completion tokens that train (the completion mask,
 /// without truncated completions when they are masked). `classes` are `[batch]` 0/1 row masks
-/// that partition the rows that train (one mask of ones when nothing is routed); the loss is
-/// `sum_c (n_c / n) * aggregate(rows of c)` with `n = sum_c n_c`, which is exactly what
+/// that partition the batch (one mask of ones when nothing is routed); the loss is
+/// `sum_c (n_c / n) * aggregate(rows of c)` with `n` the batch's rows, which is exactly what
 /// separate backward passes per class with loss scaled by `n_c / n` produce. For `grpo` this
-/// equals the plain aggregate over those rows. Rows in no class are dropped, and `n` counts
-/// the survivors only (the original's filtered coherence samples).
+/// equals the plain aggregate over the whole batch. Rows in no class (dropped coherence rows)
+/// add nothing but still count in `n`.
 pub fn grpo_loss(
     logprobs: &Tensor,
     old_logprobs: Option<&Tensor>,
@@ -303,14 +303,14 @@ pub fn grpo_loss(
     if let Some(kl) = &per_token_kl {
         per_token_loss = per_token_loss + kl * settings.beta;
     }
-    let batch = Tensor::stack(classes, 0).sum(Kind::Float).to_kind(Kind::Float);
+    let batch = mask.size()[0] as f64;
     let mut loss = Tensor::zeros([], (Kind::Float, mask.device()));
     for class in classes {
         let rows = class.to_kind(Kind::Float);
         let n_class = rows.sum(Kind::Float);
         let class_mask = &mask * rows.unsqueeze(1);
         let aggregate = aggregate(&per_token_loss, &class_mask, &rows, settings);
-        loss = loss + aggregate * (n_class / &batch);
+        loss = loss + aggregate * (n_class / batch);
     }
     let is_clipped = ratio.ne_tensor(&clipped).to_kind(Kind::Float);
     let clip_ratio = (is_clipped * &mask).sum(Kind::Float) / mask.sum(Kind::Float).clamp_min(1.0);
