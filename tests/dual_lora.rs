@@ -180,7 +180,7 @@ fn weighted_grads(model: &Llama, config: &AdapterConfig, b: &Routed, weights: Ro
 fn micro_batched_grads(model: &Llama, config: &AdapterConfig, b: &Routed, routes: (RoutingMode, &[bool], &[bool]), loss_type: LossType, micro_batches: usize) -> BTreeMap<String, Tensor> {
     zero_grads(config, model);
     let (mode, is_rh, ablated) = routes;
-    let plan = routing::plan(config, mode, is_rh, ablated, Device::Cpu);
+    let plan = routing::plan(config, RowWeights::gates(mode), &routing::Labels::routed(is_rh.to_vec(), ablated.to_vec()), Device::Cpu);
     let g = &b.generation;
     let batch = grpo::LossBatch { seqs: g.into(), ctl: &plan.ctl, old_logprobs: None, ref_logprobs: None, advantages: &b.advantages, loss_mask: &g.completion_mask, classes: &plan.classes };
     grpo::backward_micro_batches(model, &batch, 1.0, &settings(loss_type), micro_batches, &mut |_, _| {});
@@ -433,7 +433,7 @@ fn coherence_rows_train_retain_alone_with_forget_off() {
         let plan = routing::plan(&config, RowWeights::gates(RoutingMode::Classic), &labels, Device::Cpu);
         let g = &b.generation;
         let lp = grpo::completion_logprobs(&loaded.model, g.into(), 1.0, &plan.ctl);
-        grpo::grpo_loss(&lp.logprobs, None, None, &b.advantages, &g.completion_mask, &plan.classes, &settings(LossType::Dapo)).loss.backward();
+        grpo::grpo_loss(&lp.logprobs, None, None, &b.advantages, (&g.completion_mask).into(), &plan.classes, &settings(LossType::Dapo)).loss.backward();
         let ours = grads(&config, &loaded.model);
         let as_clean: Vec<bool> = (0..8).map(|i| is_rh[i] && !coherence[i]).collect();
         let reference = per_class_grads(&loaded.model, &config, &b, RoutingMode::Classic, &as_clean, &coherence, LossType::Dapo);
