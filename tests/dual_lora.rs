@@ -171,7 +171,19 @@ fn weighted_grads(model: &Llama, config: &AdapterConfig, b: &Routed, weights: Ro
     let plan = routing::plan(config, weights, &routing::Labels::routed(is_rh.to_vec(), ablated.to_vec()), Device::Cpu);
     let g = &b.generation;
     let lp = grpo::completion_logprobs(model, g.into(), 1.0, &plan.ctl);
-    grpo::grpo_loss(&lp.logprobs, None, None, &b.advantages, &g.completion_mask, &plan.classes, &settings(loss_type)).loss.backward();
+    grpo::grpo_loss(&lp.logprobs, None, None, &b.advantages, (&g.completion_mask).into(), &plan.classes, &settings(loss_type)).loss.backward();
+    grads(config, model)
+}
+
+/// The trainer's routed step in `micro_batches` chunks of rows (the per-row adapter controls cut
+/// to each chunk).
+fn micro_batched_grads(model: &Llama, config: &AdapterConfig, b: &Routed, routes: (RoutingMode, &[bool], &[bool]), loss_type: LossType, micro_batches: usize) -> BTreeMap<String, Tensor> {
+    zero_grads(config, model);
+    let (mode, is_rh, ablated) = routes;
+    let plan = routing::plan(config, RowWeights::gates(mode), &routing::Labels::routed(is_rh.to_vec(), ablated.to_vec()), Device::Cpu);
+    let g = &b.generation;
+    let batch = grpo::LossBatch { seqs: g.into(), ctl: &plan.ctl, old_logprobs: None, ref_logprobs: None, advantages: &b.advantages, loss_mask: &g.completion_mask, classes: &plan.classes };
+    grpo::backward_micro_batches(model, &batch, 1.0, &settings(loss_type), micro_batches, &mut |_, _| {});
     grads(config, model)
 }
 
@@ -216,7 +228,7 @@ fn scaled_per_class_grads(model: &Llama, config: &AdapterConfig, b: &Routed, (cl
         let seqs = grpo::Sequences { prompt_ids: &prompt_ids, prompt_mask: &prompt_mask, completion_ids: &completion_ids, completion_mask: &completion_mask };
         let lp = grpo::completion_logprobs(model, seqs, 1.0, &ctl);
         let ones = vec![Tensor::ones([rows.len() as i64], (Kind::Float, Device::Cpu))];
-        let loss = grpo::grpo_loss(&lp.logprobs, None, None, &pick(&b.advantages), &pick(&g.completion_mask), &ones, &settings(loss_type)).loss;
+        let loss = grpo::grpo_loss(&lp.logprobs, None, None, &pick(&b.advantages), (&pick(&g.completion_mask)).into(), &ones, &settings(loss_type)).loss;
         (loss * (rows.len() as f64 / n as f64)).backward();
         let weights = if *class == "flagged" { flagged } else { clean };
         for (name, grad) in grads(config, model) {
@@ -261,6 +273,9 @@ fn routed_equal_per_class(kind: &str, loaded: &LoadedModel, config: &AdapterConf
             let ours = routed_grads(&loaded.model, config, &b, mode, &is_rh, ablation, loss_type);
             let reference = per_class_grads(&loaded.model, config, &b, mode, &is_rh, ablation, loss_type);
             assert_same(&label, &ours, &reference);
+            // grpo's and dapo's weights do not depend on micro-batching (only bnpo's do).
+            let micro = micro_batched_grads(&loaded.model, &config, &b, (mode, &is_rh, ablation), loss_type, 2);
+            assert_same(&format!("{label}, two micro-batches"), &micro, &reference);
         }
     }
 }
@@ -284,7 +299,7 @@ fn per_adapter_gradient_norms_equal_separate_backward_passes() {
         let g = &b.generation;
         let lp = grpo::completion_logprobs(model, g.into(), 1.0, &plan.ctl);
         let flagged = routing::row_mask(&is_rh, Device::Cpu);
-        let loss_of = |classes: &[Tensor]| grpo::grpo_loss(&lp.logprobs, None, None, &b.advantages, &g.completion_mask, classes, &settings(LossType::Grpo)).loss;
+        let loss_of = |classes: &[Tensor]| grpo::grpo_loss(&lp.logprobs, None, None, &b.advantages, (&g.completion_mask).into(), classes, &settings(LossType::Grpo)).loss;
         let ours_flagged = config.slot_gradient_norms(model, &loss_of(&routing::restrict_classes(&plan.classes, &flagged)));
         let ours_unflagged = config.slot_gradient_norms(model, &loss_of(&routing::restrict_classes(&plan.classes, &(1.0 - &flagged))));
         loss_of(&plan.classes).backward();
@@ -357,7 +372,7 @@ fn ablated_rows_train_retain_on_the_forget_ablated_output() {
     let ctl = [AdapterCtl::on(), AdapterCtl::off()];
     let lp = grpo::completion_logprobs(&loaded.model, g.into(), 1.0, &ctl);
     let ones = vec![Tensor::ones([8], (Kind::Float, Device::Cpu))];
-    grpo::grpo_loss(&lp.logprobs, None, None, &b.advantages, &g.completion_mask, &ones, &settings(LossType::Grpo)).loss.backward();
+    grpo::grpo_loss(&lp.logprobs, None, None, &b.advantages, (&g.completion_mask).into(), &ones, &settings(LossType::Grpo)).loss.backward();
     let retain_only = grads(&config, &loaded.model);
     assert_same("ablated", &routed, &retain_only);
     for (name, grad) in &routed {
@@ -388,7 +403,7 @@ fn a_filtered_sample_contributes_no_gradient() {
     let plan = routing::plan(&AdapterConfig::full(), RowWeights::gates(RoutingMode::None), &routing::Labels::routed(flagged.to_vec(), vec![false; 6]), device);
     for loss_type in [LossType::Grpo, LossType::Dapo, LossType::DrGrpo] {
         let settings = LossSettings { beta: 0.1, max_completion_length: 5, ..settings(loss_type) };
-        let loss = grpo_loss(&logprobs, None, Some(&reference), &advantages, &loss_mask, &plan.classes, &settings).loss;
+        let loss = grpo_loss(&logprobs, None, Some(&reference), &advantages, (&loss_mask).into(), &plan.classes, &settings).loss;
         let grad = Tensor::run_backward(&[&loss], &[&logprobs], false, false).remove(0);
         for (row, &is_flagged) in flagged.iter().enumerate() {
             let row_grad = grad.get(row as i64).abs().sum(Kind::Float).double_value(&[]);
@@ -398,7 +413,7 @@ fn a_filtered_sample_contributes_no_gradient() {
         let index = Tensor::from_slice(&[0i64, 2, 3, 5]);
         let pick = |t: &Tensor| t.index_select(0, &index);
         let ones = [Tensor::ones([4], (Kind::Float, device))];
-        let alone = grpo_loss(&pick(&logprobs), None, Some(&pick(&reference)), &pick(&advantages), &pick(&completion_mask), &ones, &settings).loss;
+        let alone = grpo_loss(&pick(&logprobs), None, Some(&pick(&reference)), &pick(&advantages), (&pick(&completion_mask)).into(), &ones, &settings).loss;
         let expected = alone.double_value(&[]) * 4.0 / 6.0;
         assert!((loss.double_value(&[]) - expected).abs() < 1e-6, "{loss_type:?}: {} vs {expected}", loss.double_value(&[]));
     }
@@ -418,7 +433,7 @@ fn coherence_rows_train_retain_alone_with_forget_off() {
         let plan = routing::plan(&config, RowWeights::gates(RoutingMode::Classic), &labels, Device::Cpu);
         let g = &b.generation;
         let lp = grpo::completion_logprobs(&loaded.model, g.into(), 1.0, &plan.ctl);
-        grpo::grpo_loss(&lp.logprobs, None, None, &b.advantages, &g.completion_mask, &plan.classes, &settings(LossType::Dapo)).loss.backward();
+        grpo::grpo_loss(&lp.logprobs, None, None, &b.advantages, (&g.completion_mask).into(), &plan.classes, &settings(LossType::Dapo)).loss.backward();
         let ours = grads(&config, &loaded.model);
         let as_clean: Vec<bool> = (0..8).map(|i| is_rh[i] && !coherence[i]).collect();
         let reference = per_class_grads(&loaded.model, &config, &b, RoutingMode::Classic, &as_clean, &coherence, LossType::Dapo);

@@ -6,7 +6,9 @@
 //! and `compute_loss` on them. Compared: advantages, per-token log-probs, the loss, the
 //! gradient of every parameter (full fine-tuning) and the clip fractions TRL logs, for each
 //! aggregation and each policy-loss knob (`epsilon_high`, `delta`, sequence ratios,
-//! `scale_rewards`, `mask_truncated_completions`).
+//! `scale_rewards`, `mask_truncated_completions`, `cispo`, `top_entropy_quantile`, and bnpo and
+//! dapo under `gradient_accumulation_steps`), through the trainer's own forward-and-backward
+//! function.
 
 mod common;
 
@@ -91,7 +93,15 @@ fn loss_and_gradients_match_trl() {
         Case { loss_type: "dapo", num_iterations: 2, knobs: serde_json::json!({"epsilon_high": 0.28, "delta": 1.35}) },
         Case { loss_type: "grpo", num_iterations: 2, knobs: serde_json::json!({"importance_sampling_level": "sequence", "scale_rewards": "batch"}) },
         Case { loss_type: "dapo", num_iterations: 1, knobs: serde_json::json!({"mask_truncated_completions": true, "scale_rewards": "none"}) },
+        // A cap of 1.3 binds on the shifted ratios (TRL's recommended 5.0 would not here).
+        Case { loss_type: "cispo", num_iterations: 2, knobs: serde_json::json!({"epsilon_high": 1.3}) },
+        Case { loss_type: "grpo", num_iterations: 2, knobs: serde_json::json!({"top_entropy_quantile": 0.2345}) },
+        // Two micro-batches of one group each (different token counts): TRL's bnpo averages
+        // the micro-batches' token means, its dapo divides by the whole batch's tokens.
+        Case { loss_type: "bnpo", num_iterations: 1, knobs: serde_json::json!({"gradient_accumulation_steps": 2}) },
+        Case { loss_type: "dapo", num_iterations: 1, knobs: serde_json::json!({"gradient_accumulation_steps": 2}) },
     ];
+    let mut losses = BTreeMap::new();
     for case in cases {
         let label = case.label();
         let mut keys = serde_json::json!({
@@ -106,19 +116,32 @@ fn loss_and_gradients_match_trl() {
         for (_, t) in policy_model.base_tensors() {
             t.shallow_clone().zero_grad();
         }
-        let logprobs = grpo::completion_logprobs(&policy_model, (&g).into(), 1.0, &[]);
         // With num_iterations = 2 the second pass sees old log-probs from before an update:
-        // shift them by +-0.5 per token so the clip is active on many tokens, and by 0.3 up or
-        // down on half the rows so that sequence ratios (where the per-token shifts average
-        // out) leave the clip range too.
+        // shift the current ones by +-0.5 per token so the clip is active on many tokens, and
+        // by 0.3 up or down on half the rows so that sequence ratios (where the per-token shifts
+        // average out) leave the clip range too.
         let old = (case.num_iterations > 1).then(|| {
+            let current = grpo::frozen_logprobs(&policy_model, (&g).into(), 1.0, &[]);
             tch::manual_seed(11);
             let per_row: Vec<f32> = (0..prompts.len()).map(|row| [0.3, -0.3, 0.0, 0.0][row % 4]).collect();
-            logprobs.logprobs.detach() + (logprobs.logprobs.rand_like() - 0.5) + Tensor::from_slice(&per_row).unsqueeze(1)
+            &current + (current.rand_like() - 0.5) + Tensor::from_slice(&per_row).unsqueeze(1)
         });
         let all_rows = vec![Tensor::ones([prompts.len() as i64], (Kind::Float, Device::Cpu))];
-        let terms = grpo::grpo_loss(&logprobs.logprobs, old.as_ref(), Some(&ref_logprobs), &advantages, &loss_mask, &all_rows, &settings);
-        terms.loss.backward();
+        // The trainer's own path: micro-batches, the high-entropy mask, forward and backward.
+        let batch = grpo::LossBatch {
+            seqs: (&g).into(),
+            ctl: &[],
+            old_logprobs: old.as_ref(),
+            ref_logprobs: Some(&ref_logprobs),
+            advantages: &advantages,
+            loss_mask: &loss_mask,
+            classes: &all_rows,
+        };
+        let grpo::BackwardPass { logprobs, terms } = grpo::backward_micro_batches(&policy_model, &batch, 1.0, &settings, config.gradient_accumulation_steps, &mut |_, _| {});
+        if config.top_entropy_quantile < 1.0 {
+            assert_entropy_mask_is_stable(&logprobs.entropy, &loss_mask, config.top_entropy_quantile);
+        }
+        losses.insert(label.clone(), terms.loss.double_value(&[]));
         let ours: BTreeMap<String, Tensor> = policy_model.base_tensors().into_iter().map(|(n, t)| (n, t.grad().copy())).collect();
 
         let dir = work.path().join(format!("case-{}", label.replace([' ', '(', ')', '"', ':', ',', '{', '}'], "")));
@@ -153,22 +176,53 @@ fn loss_and_gradients_match_trl() {
             let clamped = (&logprobs.logprobs - old).exp().gt(delta).logical_and(&advantages.lt(0.0).unsqueeze(1)).logical_and(&loss_mask.to_kind(Kind::Bool));
             assert!(clamped.sum(Kind::Int64).int64_value(&[]) > 0, "{label}: delta must clamp some ratios of negative advantage");
         }
-        let region = terms.clip_fractions.region.double_value(&[]);
-        assert!(case.num_iterations == 1 || region > 0.05, "{label}: the clip must bind with shifted old log-probs (clip_ratio/region_mean {region})");
+        let clipped = match (&terms.clip_fractions, &terms.cispo_clip_ratio) {
+            (Some(fractions), None) => fractions.region.double_value(&[]),
+            (None, Some(capped)) => capped.double_value(&[]),
+            _ => panic!("{label}: a loss logs either TRL's clip fractions or cispo_clip_ratio"),
+        };
+        assert!(case.num_iterations == 1 || clipped > 0.05, "{label}: the clip must bind with shifted old log-probs (fraction clipped {clipped})");
         let trl = read_safetensors(&dir.join("trl.safetensors")).unwrap();
         let exact = read_safetensors(&dir.join("exact.safetensors")).unwrap();
         let computed = Computed { loss: &terms.loss, logprobs: &logprobs.logprobs, advantages: &advantages, grads: &ours };
         compare(&label, &computed, &loss_mask, &trl, &exact);
-        compare_clip_fractions(&label, &terms.clip_fractions, &dir.join("trl.metrics.json"));
+        if config.gradient_accumulation_steps == 1 {
+            // TRL logs each micro-batch's fractions (averaged when it logs); ours are the batch's.
+            compare_clip_fractions(&label, &terms, &dir.join("trl.metrics.json"));
+        }
         compare_with_float64(&label, &ours, &terms.loss, &trl, &exact);
     }
+    let micro = |loss_type: &str| losses[&format!("{loss_type} (num_iterations 1, {{\"gradient_accumulation_steps\":2}})")];
+    let (bnpo, dapo) = (micro("bnpo"), micro("dapo"));
+    println!("two micro-batches: bnpo {bnpo:.9}, dapo {dapo:.9}");
+    assert!((bnpo - dapo).abs() > 1e-3 * dapo.abs(), "bnpo and dapo must differ under micro-batching: {bnpo} vs {dapo}");
+}
+
+/// `top_entropy_quantile`'s mask must be one that float32 rounding cannot change: TRL's
+/// entropies and ours differ in the last digits, so no loss token may lie within 1e-4 of the
+/// threshold (it would then be kept on one side only). It must keep some tokens and drop some.
+fn assert_entropy_mask_is_stable(entropy: &Tensor, loss_mask: &Tensor, top_quantile: f64) {
+    let kept = grpo::high_entropy_mask(entropy, loss_mask, top_quantile);
+    let values = entropy.to_kind(Kind::Double).masked_select(&loss_mask.to_kind(Kind::Bool));
+    let threshold = values.quantile_scalar(1.0 - top_quantile, None::<i64>, false, "linear");
+    let margin = (&values - threshold).abs().min().double_value(&[]);
+    println!("top_entropy_quantile {top_quantile}: nearest loss token {margin:.2e} from the threshold");
+    assert!(margin > 1e-4, "a loss token's entropy is {margin:.1e} from the top_entropy_quantile threshold: float32 rounding could flip it");
+    let (kept_count, all) = (kept.sum(Kind::Float).double_value(&[]), values.numel() as f64);
+    assert!(kept_count > 0.0 && kept_count < all, "the mask keeps {kept_count} of {all} tokens");
 }
 
 /// Our clip fractions against the ones TRL logged for the same batch (counts over the same
-/// tokens or completions: equal up to float32 division).
-fn compare_clip_fractions(label: &str, ours: &grpo::ClipFractions, trl_metrics: &Path) {
+/// tokens or completions: equal up to float32 division): TRL's `clip_ratio/*`, or with cispo its
+/// `cispo_clip_ratio`.
+fn compare_clip_fractions(label: &str, terms: &grpo::LossTerms, trl_metrics: &Path) {
     let metrics: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(trl_metrics).unwrap()).unwrap();
-    for (key, fraction) in [("clip_ratio/low_mean", &ours.low), ("clip_ratio/high_mean", &ours.high), ("clip_ratio/region_mean", &ours.region)] {
+    let ours = match (&terms.clip_fractions, &terms.cispo_clip_ratio) {
+        (Some(fractions), _) => vec![("clip_ratio/low_mean", &fractions.low), ("clip_ratio/high_mean", &fractions.high), ("clip_ratio/region_mean", &fractions.region)],
+        (None, Some(capped)) => vec![("cispo_clip_ratio", capped)],
+        (None, None) => panic!("{label}: no clip fractions"),
+    };
+    for (key, fraction) in ours {
         let (ours, theirs) = (fraction.double_value(&[]), metrics["metrics"][key].as_f64().unwrap_or_else(|| panic!("TRL logged no {key}")));
         assert!((ours - theirs).abs() <= 1e-6, "{label}: {key} {ours} vs TRL {theirs}");
     }

@@ -208,6 +208,27 @@ fn a_failing_plugin_stops_the_run_and_keeps_what_was_written() {
 
 #[test]
 fn grpo_on_happy_count_raises_the_reward() {
+    let (first, last) = happy_count_learning(&[]);
+    // tiny-stories says "happy" in about 45% of samples (0.1-0.2 on the happy_count scale);
+    // 20 steps of GRPO with LoRA r8 at lr 3e-3 roughly double it (seen with 1 thread:
+    // 0.165 over steps 1-5 -> 0.350 over steps 16-20).
+    assert!(first < 0.25, "the starting reward should be the pre-trained model's, got {first:.3}");
+    assert!(last > first + 0.08, "GRPO did not raise the reward: {first:.3} -> {last:.3}");
+}
+
+/// CISPO (TRL's loss_type cispo, weight cap 5 as TRL recommends) on a batch reused twice, so
+/// that the second step's weights differ from 1. Seen with 1 thread: 0.144 over steps 1-5 ->
+/// 0.353 over steps 16-20.
+#[test]
+fn cispo_on_happy_count_raises_the_reward() {
+    let (first, last) = happy_count_learning(&[("loss_type", json!("cispo")), ("epsilon_high", json!(5.0)), ("num_iterations", json!(2))]);
+    assert!(first < 0.25, "the starting reward should be the pre-trained model's, got {first:.3}");
+    assert!(last > first + 0.08, "CISPO did not raise the reward: {first:.3} -> {last:.3}");
+}
+
+/// 20 steps on happy_count with LoRA r8 (plus `overrides`): the mean reward of steps 1-5 and
+/// of steps 16-20.
+fn happy_count_learning(overrides: &[(&str, Value)]) -> (f64, f64) {
     let out = tempfile::tempdir().unwrap();
     let config = small_config(out.path(), &standard_plugin("happy"));
     let config = [
@@ -216,17 +237,14 @@ fn grpo_on_happy_count_raises_the_reward() {
         ("max_completion_length", 64.into()), ("max_steps", 20.into()), ("save_steps", 20.into()), ("eval_every", 20.into()),
     ]
     .into_iter()
+    .chain(overrides.iter().map(|(k, v)| (*k, v.clone())))
     .fold(config, |c, (k, v)| with(c, k, v));
     let run = train(config);
     let rewards: Vec<f64> = read_jsonl(&run.join("metrics.jsonl")).iter().map(|m| m["reward"].as_f64().unwrap()).collect();
     let mean = |r: &[f64]| r.iter().sum::<f64>() / r.len() as f64;
     let (first, last) = (mean(&rewards[..5]), mean(&rewards[15..]));
-    println!("mean reward, steps 1-5: {first:.3}; steps 16-20: {last:.3}");
-    // tiny-stories says "happy" in about 45% of samples (0.1-0.2 on the happy_count scale);
-    // 20 steps of GRPO with LoRA r8 at lr 3e-3 roughly double it (seen with 1 thread:
-    // 0.165 over steps 1-5 -> 0.350 over steps 16-20).
-    assert!(first < 0.25, "the starting reward should be the pre-trained model's, got {first:.3}");
-    assert!(last > first + 0.08, "GRPO did not raise the reward: {first:.3} -> {last:.3}");
+    println!("{overrides:?}: mean reward, steps 1-5: {first:.3}; steps 16-20: {last:.3}");
+    (first, last)
 }
 
 /// The probes as a run logs them: the sampler (the native CPU sampler) and the learner (the
@@ -313,6 +331,43 @@ fn dumped_batches_recompute_the_logged_loss() {
     // The sampling log-probs are those of the policy that sampled (same weights at step 1).
     let sampled = tensors["sampling_logprobs"].to_kind(tch::Kind::Double);
     assert!(common::max_abs_diff(&(sampled * &mask), &(&new * &mask)) < 1e-4);
+}
+
+/// `measure_entropy_change` re-scores the batch after the update: with `num_iterations = 2` the
+/// next step trains on the same batch with the updated weights, so its logged `entropy` minus
+/// this step's is the change measured (the same forward pass, so equal up to rounding).
+#[test]
+fn the_measured_entropy_change_is_the_next_pass_over_the_same_batch() {
+    let out = tempfile::tempdir().unwrap();
+    let config = [("num_iterations", json!(2)), ("max_steps", json!(2)), ("measure_entropy_change", json!(true))]
+        .into_iter()
+        .fold(small_config(out.path(), &standard_plugin("happy")), |c, (k, v)| with(c, k, v));
+    let lines = read_jsonl(&train(config).join("metrics.jsonl"));
+    let value = |line: &Value, key: &str| line[key].as_f64().unwrap_or_else(|| panic!("{key} is logged: {line}"));
+    let measured = value(&lines[0], key::ENTROPY_CHANGE);
+    let next_pass = value(&lines[1], key::ENTROPY) - value(&lines[0], key::ENTROPY);
+    println!("entropy change measured {measured:.3e}, next pass {next_pass:.3e}; cov(logp, A) {:.3e}", value(&lines[0], key::LOGPROB_ADVANTAGE_COVARIANCE));
+    assert!(measured != 0.0 && (measured - next_pass).abs() < 1e-6, "measured {measured} vs the next pass's {next_pass}");
+}
+
+/// beta 0 takes no reference pass (as TRL): nothing is scored by the reference, the dump has no
+/// reference log-probs, `kl` is null and the loss is the policy term alone.
+#[test]
+fn beta_zero_skips_the_reference_pass() {
+    let out = tempfile::tempdir().unwrap();
+    let dump = out.path().join("dump");
+    let config = [("max_steps", json!(1)), ("beta", json!(0.0)), ("dump_batches", json!(dump))]
+        .into_iter()
+        .fold(small_config(out.path(), &standard_plugin("happy")), |c, (k, v)| with(c, k, v));
+    let line = read_jsonl(&train(config).join("metrics.jsonl")).remove(0);
+    let tensors = smallrl::model::weights::read_safetensors(&dump.join("step-1.safetensors")).unwrap();
+    assert!(!tensors.contains_key("ref_logprobs"), "beta 0 computed reference log-probs");
+    assert!(line[key::KL].is_null(), "kl with beta 0: {}", line[key::KL]);
+    assert!(line[key::TIMING_REFERENCE].as_f64().unwrap() < 1e-3, "a reference pass was timed: {}", line[key::TIMING_REFERENCE]);
+    // grpo with ratio 1 and no KL: the loss is -mean(A), 0 up to rounding for group-normalised A.
+    let advantages = tensors["advantages"].to_kind(tch::Kind::Double);
+    let expected = -advantages.mean(tch::Kind::Double).double_value(&[]);
+    assert!((line[key::LOSS].as_f64().unwrap() - expected).abs() < 1e-6, "loss {} vs -mean(A) {expected}", line[key::LOSS]);
 }
 
 /// Names of the entries of `dir`, sorted.

@@ -1,7 +1,9 @@
 //! The GRPO objective as TRL 1.16's `GRPOTrainer` computes it: group-normalised advantages
 //! (`scale_rewards`), per-token log-probabilities, Schulman's k3 KL estimator, the clipped
-//! surrogate (token or sequence importance ratios, `epsilon` / `epsilon_high`, `delta`) and the
-//! four loss aggregations. Pure tensor functions; the trainer decides what goes in.
+//! surrogate (token or sequence importance ratios, `epsilon` / `epsilon_high`, `delta`) or
+//! CISPO's, the high-entropy token mask (`top_entropy_quantile`) and the loss aggregations as
+//! per-token weights, and the step's forward and backward passes over micro-batches
+//! (`gradient_accumulation_steps`). Tensor functions; the trainer decides what goes in.
 
 use anyhow::Result;
 use tch::{Kind, Tensor};
@@ -21,6 +23,9 @@ crate::choice::choice! {
         Dapo = "dapo",
         /// Sum over tokens / active tokens of the local batch (the same as dapo on one process).
         Bnpo = "bnpo",
+        /// TRL's CISPO (MiniMax-M1): the surrogate `-min(r, epsilon_high).detach() A logp` in
+        /// place of the clipped ratio, aggregated as dapo.
+        Cispo = "cispo",
     }
 }
 
@@ -44,6 +49,19 @@ crate::choice::choice! {
         Token = "token",
         /// One ratio per completion, `exp(mean_t(logp - old_logp))` over its loss tokens (GSPO).
         Sequence = "sequence",
+    }
+}
+
+crate::choice::choice! {
+    /// The per-token estimator of KL(policy || reference) in the loss (Schulman, "Approximating
+    /// KL divergence", 2020), with `d = logp_ref - logp` of the sampled token.
+    pub enum KlEstimator ("kl_estimator") {
+        /// `-d`: unbiased, high variance, negative on some tokens.
+        K1 = "k1",
+        /// `d^2 / 2`: biased, low variance, never negative.
+        K2 = "k2",
+        /// `exp(d) - d - 1`: unbiased, low variance, never negative (TRL's, GRPO's).
+        K3 = "k3",
     }
 }
 
@@ -87,6 +105,20 @@ pub fn loss_mask(generation: &Generation, mask_truncated: bool) -> Tensor {
     let ended: Vec<i64> = generation.rows.iter().map(|r| i64::from(r.ended_with_eos)).collect();
     let ended = Tensor::from_slice(&ended).to(generation.completion_mask.device());
     &generation.completion_mask * ended.unsqueeze(1)
+}
+
+/// The loss tokens whose entropy is at least the `1 - top_quantile` quantile of the loss
+/// tokens' entropies (linear interpolation, `torch.quantile`): TRL's `get_high_entropy_mask`
+/// ("Beyond the 80/20 Rule": only the highest-entropy tokens' policy term trains). Float
+/// `[batch, len]`, all zeros without loss tokens.
+pub fn high_entropy_mask(entropy: &Tensor, loss_mask: &Tensor, top_quantile: f64) -> Tensor {
+    let mask = loss_mask.to_kind(Kind::Bool);
+    let values = entropy.detach().to_kind(Kind::Float).masked_select(&mask);
+    if values.numel() == 0 {
+        return entropy.zeros_like().to_kind(Kind::Float);
+    }
+    let threshold = values.quantile_scalar(1.0 - top_quantile, None::<i64>, false, "linear");
+    (entropy.detach() * mask.to_kind(Kind::Float)).ge_tensor(&threshold).logical_and(&mask).to_kind(Kind::Float)
 }
 
 /// Log-probabilities of the completion tokens and the logits they came from.
@@ -232,23 +264,48 @@ fn head_logprobs(weight: &Tensor, hidden: &Tensor, targets: &Tensor, temperature
     HeadOutputs { logprobs, entropy: Tensor::cat(&entropy, 0) }
 }
 
-/// Schulman's k3 estimator of KL(policy || reference), per token.
-pub fn k3_kl(logprobs: &Tensor, ref_logprobs: &Tensor) -> Tensor {
+/// The token masks of the loss: `loss` is 1 on the tokens that train and count in the
+/// aggregation (the completion mask, without truncated completions when they are masked);
+/// `policy`, when set, further restricts the policy term (not the KL term, not the
+/// aggregation's counts) to its tokens, as TRL's entropy mask does.
+#[derive(Clone, Copy)]
+pub struct TokenMasks<'a> {
+    pub loss: &'a Tensor,
+    pub policy: Option<&'a Tensor>,
+}
+
+impl<'a> From<&'a Tensor> for TokenMasks<'a> {
+    fn from(loss: &'a Tensor) -> Self {
+        Self { loss, policy: None }
+    }
+}
+
+/// `estimator`'s value of KL(policy || reference) at each sampled token.
+pub fn per_token_kl(logprobs: &Tensor, ref_logprobs: &Tensor, estimator: KlEstimator) -> Tensor {
     let delta = ref_logprobs - logprobs;
-    delta.exp() - &delta - 1.0
+    match estimator {
+        KlEstimator::K1 => -delta,
+        KlEstimator::K2 => delta.square() * 0.5,
+        KlEstimator::K3 => delta.exp() - &delta - 1.0,
+    }
 }
 
 pub struct LossSettings {
     pub beta: f64,
+    pub kl_estimator: KlEstimator,
     /// The clip range below 1: ratios under `1 - epsilon` stop learning (negative advantages).
     pub epsilon: f64,
-    /// The clip range above 1 (DAPO's clip-higher; TRL's default is `epsilon`).
+    /// The clip range above 1 (DAPO's clip-higher; TRL's default is `epsilon`); with cispo the
+    /// upper bound of the importance weight itself (TRL's use of the same key).
     pub epsilon_high: f64,
     /// Upper clamp of the unclipped ratio (TRL's two-sided clipping), none by default.
     pub delta: Option<f64>,
     pub importance_sampling_level: ImportanceSamplingLevel,
     pub loss_type: LossType,
     pub max_completion_length: usize,
+    /// The top fraction of loss tokens by entropy whose policy term trains (1: all; see
+    /// [`high_entropy_mask`]).
+    pub top_entropy_quantile: f64,
 }
 
 pub struct LossTerms {
@@ -258,7 +315,16 @@ pub struct LossTerms {
     /// Fraction of loss tokens whose ratio was clipped (low or high side, whatever the sign of
     /// the advantage; per token also with sequence ratios).
     pub clip_ratio: Tensor,
-    pub clip_fractions: ClipFractions,
+    /// TRL's clip fractions of the clipped surrogate (`None` with cispo, which TRL does not
+    /// log them for).
+    pub clip_fractions: Option<ClipFractions>,
+    /// TRL's `cispo_clip_ratio` (with cispo only): the fraction of loss tokens (completions with
+    /// sequence ratios) whose weight `epsilon_high` caps, with a positive advantage.
+    pub cispo_clip_ratio: Option<Tensor>,
+    /// `(Σw)² / Σw²` of the loss weights `w` = each token's weight in the aggregation times its
+    /// importance ratio (0 for tokens the policy mask drops): the number of equally weighted
+    /// tokens that would carry as much information ([`effective_sample_size`]).
+    pub effective_sample_size: f64,
 }
 
 /// TRL's `clip_ratio/low_mean`, `high_mean` and `region_mean`: the fraction of ratios at which
@@ -271,9 +337,8 @@ pub struct ClipFractions {
     pub region: Tensor,
 }
 
-/// The GRPO loss. `loss_mask` is 1 on the completion tokens that train (the completion mask,
-/// without truncated completions when they are masked). `classes` are `[batch]` 0/1 row masks
-/// that partition the batch (one mask of ones when nothing is routed); the loss is
+/// The GRPO loss of a whole batch in one pass. `classes` are `[batch]` 0/1 row masks that
+/// partition the batch (one mask of ones when nothing is routed); the loss is
 /// `sum_c (n_c / n) * aggregate(rows of c)` with `n` the batch's rows, which is exactly what
 /// separate backward passes per class with loss scaled by `n_c / n` produce. For `grpo` this
 /// equals the plain aggregate over the whole batch. Rows in no class (dropped coherence rows)
@@ -283,39 +348,81 @@ pub fn grpo_loss(
     old_logprobs: Option<&Tensor>,
     ref_logprobs: Option<&Tensor>,
     advantages: &Tensor,
-    loss_mask: &Tensor,
+    masks: TokenMasks,
     classes: &[Tensor],
     settings: &LossSettings,
 ) -> LossTerms {
-    let mask = loss_mask.to_kind(Kind::Float);
+    let weights = token_weights(&masks.loss.to_kind(Kind::Float), classes, settings, 1);
+    weighted_loss(logprobs, old_logprobs, ref_logprobs, advantages, masks, &weights, settings)
+}
+
+/// The loss `Σ per_token_loss * weights` of some rows, with the rows' [`token_weights`].
+fn weighted_loss(
+    logprobs: &Tensor,
+    old_logprobs: Option<&Tensor>,
+    ref_logprobs: Option<&Tensor>,
+    advantages: &Tensor,
+    masks: TokenMasks,
+    weights: &Tensor,
+    settings: &LossSettings,
+) -> LossTerms {
+    let mask = masks.loss.to_kind(Kind::Float);
     let old = old_logprobs.map_or_else(|| logprobs.detach(), Tensor::shallow_clone);
     // `[batch, len]` per token, `[batch, 1]` per sequence; everything below broadcasts.
     let ratio = importance_ratio(&(logprobs - &old), &mask, settings.importance_sampling_level);
+    let advantages = advantages.unsqueeze(1);
+    let surrogate = match settings.loss_type {
+        LossType::Cispo => cispo_surrogate(logprobs, &ratio, &advantages, &mask, settings),
+        _ => clipped_surrogate(&ratio, &advantages, &mask, settings),
+    };
+    let mut per_token_loss = match masks.policy {
+        Some(policy) => -surrogate.objective * policy,
+        None => -surrogate.objective,
+    };
+    let per_token_kl = ref_logprobs.filter(|_| settings.beta != 0.0).map(|r| per_token_kl(logprobs, r, settings.kl_estimator));
+    if let Some(kl) = &per_token_kl {
+        per_token_loss = per_token_loss + kl * settings.beta;
+    }
+    let loss = (&per_token_loss * weights).sum(Kind::Float);
+    let policy_weights = match masks.policy {
+        Some(policy) => weights * policy,
+        None => weights.shallow_clone(),
+    };
+    let effective_sample_size = effective_sample_size(&(policy_weights * ratio.detach()));
+    let is_clipped = ratio.ne_tensor(&surrogate.clipped_ratio).to_kind(Kind::Float);
+    let clip_ratio = (is_clipped * &mask).sum(Kind::Float) / mask.sum(Kind::Float).clamp_min(1.0);
+    LossTerms { loss, per_token_kl, clip_ratio, clip_fractions: surrogate.clip_fractions, cispo_clip_ratio: surrogate.cispo_clip_ratio, effective_sample_size }
+}
+
+/// A surrogate's per-token objective (maximised) and what the step logs about its clip.
+struct Surrogate {
+    objective: Tensor,
+    /// The ratio after the surrogate's clip (`ratio` where nothing clips).
+    clipped_ratio: Tensor,
+    clip_fractions: Option<ClipFractions>,
+    cispo_clip_ratio: Option<Tensor>,
+}
+
+/// PPO's `min(min(r, delta) A, clip(r, 1 - epsilon, 1 + epsilon_high) A)`, as TRL.
+fn clipped_surrogate(ratio: &Tensor, advantages: &Tensor, mask: &Tensor, settings: &LossSettings) -> Surrogate {
     let clipped = ratio.clamp(1.0 - settings.epsilon, 1.0 + settings.epsilon_high);
     let unclipped = match settings.delta {
         Some(delta) => ratio.clamp_max(delta),
         None => ratio.shallow_clone(),
     };
-    let advantages = advantages.unsqueeze(1);
-    let surrogate = (&unclipped * &advantages).min_other(&(&clipped * &advantages));
-    let mut per_token_loss = -surrogate;
-    let per_token_kl = ref_logprobs.filter(|_| settings.beta != 0.0).map(|r| k3_kl(logprobs, r));
-    if let Some(kl) = &per_token_kl {
-        per_token_loss = per_token_loss + kl * settings.beta;
-    }
-    let batch = mask.size()[0] as f64;
-    let mut loss = Tensor::zeros([], (Kind::Float, mask.device()));
-    for class in classes {
-        let rows = class.to_kind(Kind::Float);
-        let n_class = rows.sum(Kind::Float);
-        let class_mask = &mask * rows.unsqueeze(1);
-        let aggregate = aggregate(&per_token_loss, &class_mask, &rows, settings);
-        loss = loss + aggregate * (n_class / batch);
-    }
-    let is_clipped = ratio.ne_tensor(&clipped).to_kind(Kind::Float);
-    let clip_ratio = (is_clipped * &mask).sum(Kind::Float) / mask.sum(Kind::Float).clamp_min(1.0);
-    let clip_fractions = clip_fractions(&unclipped.detach(), &advantages, &mask, settings);
-    LossTerms { loss, per_token_kl, clip_ratio, clip_fractions }
+    let objective = (&unclipped * advantages).min_other(&(&clipped * advantages));
+    let clip_fractions = clip_fractions(&unclipped.detach(), advantages, mask, settings);
+    Surrogate { objective, clipped_ratio: clipped, clip_fractions: Some(clip_fractions), cispo_clip_ratio: None }
+}
+
+/// CISPO's `min(r, epsilon_high).detach() A logp` (TRL's `loss_type="cispo"`): the weight caps
+/// at `epsilon_high` (an absolute bound, TRL's recommended 5.0), no token stops learning.
+fn cispo_surrogate(logprobs: &Tensor, ratio: &Tensor, advantages: &Tensor, mask: &Tensor, settings: &LossSettings) -> Surrogate {
+    let weight = ratio.clamp_max(settings.epsilon_high).detach();
+    let objective = &weight * advantages * logprobs;
+    let capped = ratio.detach().gt(settings.epsilon_high).logical_and(&advantages.gt(0.0));
+    let cispo_clip_ratio = flag_fraction(&capped, mask, settings.importance_sampling_level);
+    Surrogate { objective, clipped_ratio: weight, clip_fractions: None, cispo_clip_ratio: Some(cispo_clip_ratio) }
 }
 
 /// `exp(log_ratio)` per token, or `exp(mean_t log_ratio)` per sequence over its loss tokens
@@ -335,28 +442,127 @@ fn clip_fractions(ratio: &Tensor, advantages: &Tensor, mask: &Tensor, settings: 
     let low = ratio.lt(1.0 - settings.epsilon).logical_and(&advantages.lt(0.0));
     let high = ratio.gt(1.0 + settings.epsilon_high).logical_and(&advantages.gt(0.0));
     let region = low.logical_or(&high);
-    let fraction = |flags: &Tensor| {
-        let flags = flags.to_kind(Kind::Float);
-        match settings.importance_sampling_level {
-            ImportanceSamplingLevel::Token => (flags * mask).sum(Kind::Float) / mask.sum(Kind::Float).clamp_min(1.0),
-            ImportanceSamplingLevel::Sequence => flags.mean(Kind::Float),
-        }
-    };
+    let fraction = |flags: &Tensor| flag_fraction(flags, mask, settings.importance_sampling_level);
     ClipFractions { low: fraction(&low), high: fraction(&high), region: fraction(&region) }
 }
 
-/// TRL's aggregation of `per_token_loss` over the tokens in `mask` (rows outside the class
-/// have an all-zero mask; `rows` counts the class's sequences).
-fn aggregate(per_token_loss: &Tensor, mask: &Tensor, rows: &Tensor, settings: &LossSettings) -> Tensor {
-    let masked = per_token_loss * mask;
-    match settings.loss_type {
-        LossType::Grpo => {
-            let per_sequence = masked.sum_dim_intlist(-1, false, Kind::Float) / mask.sum_dim_intlist(-1, false, Kind::Float).clamp_min(1.0);
-            (per_sequence * rows).sum(Kind::Float) / rows.sum(Kind::Float).clamp_min(1.0)
-        }
-        LossType::DrGrpo => masked.sum(Kind::Float) / (rows.sum(Kind::Float).clamp_min(1.0) * settings.max_completion_length as f64),
-        LossType::Dapo | LossType::Bnpo => masked.sum(Kind::Float) / mask.sum(Kind::Float).clamp_min(1.0),
+/// The fraction of boolean `flags` set, over the loss tokens in `mask` (`[batch, len]` flags,
+/// token ratios) or over completions (`[batch, 1]`, sequence ratios): TRL's `global_masked_mean`.
+fn flag_fraction(flags: &Tensor, mask: &Tensor, level: ImportanceSamplingLevel) -> Tensor {
+    let flags = flags.to_kind(Kind::Float);
+    match level {
+        ImportanceSamplingLevel::Token => (flags * mask).sum(Kind::Float) / mask.sum(Kind::Float).clamp_min(1.0),
+        ImportanceSamplingLevel::Sequence => flags.mean(Kind::Float),
     }
+}
+
+/// Each token's weight in the loss, so that `loss = Σ per_token_loss * weights`: TRL's
+/// aggregation of the tokens in `mask` within each class (rows of other classes have weight 0),
+/// times the class's share of the batch `n_c / n`. With the batch split into `micro_batches`
+/// consecutive row chunks (TRL's gradient accumulation), only bnpo changes: TRL normalises it by
+/// each micro-batch's own tokens and averages the micro-batches, where dapo and cispo divide by
+/// the whole generation batch's tokens (`num_items_in_batch`) and grpo and dr_grpo by row
+/// counts that add up to the batch's.
+pub fn token_weights(mask: &Tensor, classes: &[Tensor], settings: &LossSettings, micro_batches: usize) -> Tensor {
+    let batch = mask.size()[0] as f64;
+    let mut weights = mask.zeros_like();
+    for class in classes {
+        let rows = class.to_kind(Kind::Float);
+        let n_class = rows.sum(Kind::Float);
+        let class_mask = mask * rows.unsqueeze(1);
+        weights = weights + aggregation_weights(&class_mask, &n_class, settings, micro_batches) * (n_class / batch);
+    }
+    weights
+}
+
+/// TRL's aggregation of one class (`mask` zero outside it; `rows` its sequence count) as
+/// per-token weights.
+fn aggregation_weights(mask: &Tensor, rows: &Tensor, settings: &LossSettings, micro_batches: usize) -> Tensor {
+    let over_tokens = |mask: &Tensor| mask / mask.sum(Kind::Float).clamp_min(1.0);
+    match settings.loss_type {
+        LossType::Grpo => mask / (mask.sum_dim_intlist(-1, true, Kind::Float).clamp_min(1.0) * rows.clamp_min(1.0)),
+        LossType::DrGrpo => mask / (rows.clamp_min(1.0) * settings.max_completion_length as f64),
+        LossType::Dapo | LossType::Cispo => over_tokens(mask),
+        LossType::Bnpo if micro_batches == 1 => over_tokens(mask),
+        LossType::Bnpo => {
+            let chunks: Vec<Tensor> = mask.chunk(micro_batches as i64, 0).iter().map(|chunk| over_tokens(chunk) / micro_batches as f64).collect();
+            Tensor::cat(&chunks, 0)
+        }
+    }
+}
+
+/// One step's batch as the loss sees it (all `[batch, ...]`).
+pub struct LossBatch<'a> {
+    pub seqs: Sequences<'a>,
+    /// The routing plan's per-row adapter controls.
+    pub ctl: &'a [AdapterCtl],
+    pub old_logprobs: Option<&'a Tensor>,
+    pub ref_logprobs: Option<&'a Tensor>,
+    pub advantages: &'a Tensor,
+    pub loss_mask: &'a Tensor,
+    pub classes: &'a [Tensor],
+}
+
+/// What [`backward_micro_batches`] computed, over the whole batch.
+pub struct BackwardPass {
+    /// Log-probabilities and entropies of every row (no gradient).
+    pub logprobs: TokenLogprobs,
+    /// The loss (the sum of the micro-batches'), no gradient, and the step's statistics.
+    pub terms: LossTerms,
+}
+
+/// Forward and backward over `micro_batches` consecutive row chunks of `batch`, the gradients
+/// accumulating into the parameters: TRL's gradient accumulation with `steps_per_generation`
+/// equal to it (the whole batch generated and scored at once, then trained in chunks). Each
+/// chunk's loss is its share of the whole batch's ([`token_weights`]); the high-entropy mask's
+/// threshold is each chunk's own, as TRL computes it inside `_compute_loss`. With one chunk this
+/// is one forward and one backward pass over the batch. `before_backward` sees each chunk's
+/// differentiable log-probabilities and masks before its backward pass (for probes that need
+/// the graph).
+pub fn backward_micro_batches(model: &Llama, batch: &LossBatch, temperature: f64, settings: &LossSettings, micro_batches: usize, before_backward: &mut dyn FnMut(&Tensor, TokenMasks)) -> BackwardPass {
+    let loss_mask = batch.loss_mask.to_kind(Kind::Float);
+    let weights = token_weights(&loss_mask, batch.classes, settings, micro_batches);
+    let rows = loss_mask.size()[0] / micro_batches as i64;
+    assert_eq!(rows * micro_batches as i64, loss_mask.size()[0], "micro-batches must divide the batch");
+    let mut chunks = Vec::with_capacity(micro_batches);
+    for start in (0..micro_batches as i64).map(|k| k * rows) {
+        let pick = |t: &Tensor| t.narrow(0, start, rows);
+        let (prompt_ids, prompt_mask, completion_ids, completion_mask) = (pick(batch.seqs.prompt_ids), pick(batch.seqs.prompt_mask), pick(batch.seqs.completion_ids), pick(batch.seqs.completion_mask));
+        let seqs = Sequences { prompt_ids: &prompt_ids, prompt_mask: &prompt_mask, completion_ids: &completion_ids, completion_mask: &completion_mask };
+        let ctl: Vec<AdapterCtl> = batch.ctl.iter().map(|c| c.rows(start, rows)).collect();
+        let logprobs = completion_logprobs(model, seqs, temperature, &ctl);
+        let chunk_mask = pick(batch.loss_mask);
+        let high_entropy = (settings.top_entropy_quantile < 1.0).then(|| high_entropy_mask(&logprobs.entropy, &chunk_mask, settings.top_entropy_quantile));
+        let masks = TokenMasks { loss: &chunk_mask, policy: high_entropy.as_ref() };
+        let (old, reference) = (batch.old_logprobs.map(pick), batch.ref_logprobs.map(pick));
+        let terms = weighted_loss(&logprobs.logprobs, old.as_ref(), reference.as_ref(), &pick(batch.advantages), masks, &pick(&weights), settings);
+        before_backward(&logprobs.logprobs, masks);
+        terms.loss.backward();
+        chunks.push((TokenLogprobs { logprobs: logprobs.logprobs.detach(), entropy: logprobs.entropy }, high_entropy, terms));
+    }
+    if micro_batches == 1 {
+        let (logprobs, _, mut terms) = chunks.pop().expect("one chunk");
+        terms.loss = terms.loss.detach();
+        return BackwardPass { logprobs, terms };
+    }
+    // The statistics of the whole batch from the chunks' detached values (element-wise only).
+    let cat = |part: &dyn Fn(&(TokenLogprobs, Option<Tensor>, LossTerms)) -> Tensor| Tensor::cat(&chunks.iter().map(part).collect::<Vec<_>>(), 0);
+    let logprobs = TokenLogprobs { logprobs: cat(&|c| c.0.logprobs.shallow_clone()), entropy: cat(&|c| c.0.entropy.shallow_clone()) };
+    let high_entropy = (settings.top_entropy_quantile < 1.0).then(|| cat(&|c| c.1.as_ref().expect("a mask per chunk").shallow_clone()));
+    let masks = TokenMasks { loss: batch.loss_mask, policy: high_entropy.as_ref() };
+    let mut terms = weighted_loss(&logprobs.logprobs, batch.old_logprobs, batch.ref_logprobs, batch.advantages, masks, &weights, settings);
+    terms.loss = Tensor::stack(&chunks.iter().map(|c| c.2.loss.detach()).collect::<Vec<_>>(), 0).sum(Kind::Float);
+    BackwardPass { logprobs, terms }
+}
+
+/// Kish's effective sample size `(Σw)² / Σw²` of non-negative weights (0 when all are 0).
+pub fn effective_sample_size(weights: &Tensor) -> f64 {
+    let weights = weights.detach().to_kind(Kind::Double);
+    let squares = weights.square().sum(Kind::Double).double_value(&[]);
+    if squares == 0.0 {
+        return 0.0;
+    }
+    weights.sum(Kind::Double).double_value(&[]).powi(2) / squares
 }
 
 /// Mean of `values` over the tokens in `mask` (TRL's `masked_batch_mean`).
@@ -396,11 +602,11 @@ mod tests {
 
     fn loss_terms(b: &HandBatch, settings: &LossSettings) -> LossTerms {
         let all_rows = [Tensor::ones([2], (Kind::Float, tch::Device::Cpu))];
-        grpo_loss(&b.logprobs, Some(&b.old), None, &b.advantages, &b.mask, &all_rows, settings)
+        grpo_loss(&b.logprobs, Some(&b.old), None, &b.advantages, (&b.mask).into(), &all_rows, settings)
     }
 
     fn settings(level: ImportanceSamplingLevel, loss_type: LossType) -> LossSettings {
-        LossSettings { beta: 0.0, epsilon: 0.2, epsilon_high: 0.28, delta: Some(1.3), importance_sampling_level: level, loss_type, max_completion_length: 3 }
+        LossSettings { beta: 0.0, kl_estimator: KlEstimator::K3, epsilon: 0.2, epsilon_high: 0.28, delta: Some(1.3), importance_sampling_level: level, loss_type, max_completion_length: 3, top_entropy_quantile: 1.0 }
     }
 
     #[test]
@@ -410,9 +616,9 @@ mod tests {
         // 1.1 -> -1.1, 0.5 -> -0.5; row A = -1: 0.7 -> 0.8, 1.5 -> 1.3 (delta). dapo: sum / 5.
         approx(&terms.loss, (-1.28 - 1.1 - 0.5 + 0.8 + 1.3) / 5.0, "loss");
         // Low: 0.7 with A < 0; high: 1.5 (clamped to 1.3, still above 1.28) with A > 0.
-        approx(&terms.clip_fractions.low, 1.0 / 5.0, "clip_ratio/low_mean");
-        approx(&terms.clip_fractions.high, 1.0 / 5.0, "clip_ratio/high_mean");
-        approx(&terms.clip_fractions.region, 2.0 / 5.0, "clip_ratio/region_mean");
+        approx(&terms.clip_fractions.as_ref().unwrap().low, 1.0 / 5.0, "clip_ratio/low_mean");
+        approx(&terms.clip_fractions.as_ref().unwrap().high, 1.0 / 5.0, "clip_ratio/high_mean");
+        approx(&terms.clip_fractions.as_ref().unwrap().region, 2.0 / 5.0, "clip_ratio/region_mean");
         // Outside [0.8, 1.28] whatever the advantage: 1.5, 0.5, 0.7, 1.5.
         approx(&terms.clip_ratio, 4.0 / 5.0, "clip_ratio");
     }
@@ -425,15 +631,97 @@ mod tests {
         // per-sequence loss is -r A.
         let (first, second) = ((1.5f64 * 1.1 * 0.5).powf(1.0 / 3.0), (0.7f64 * 1.5).sqrt());
         approx(&terms.loss, (-first + second) / 2.0, "loss");
-        approx(&terms.clip_fractions.region, 0.0, "clip_ratio/region_mean");
+        approx(&terms.clip_fractions.as_ref().unwrap().region, 0.0, "clip_ratio/region_mean");
         // With A = +1 on both rows, the first stays in range and the second (1.025) is above
         // 1 + epsilon_high = 1.02: one completion in two.
         let tight = LossSettings { epsilon: 0.02, epsilon_high: 0.02, delta: None, ..settings(ImportanceSamplingLevel::Sequence, LossType::Grpo) };
         let all_rows = [Tensor::ones([2], (Kind::Float, tch::Device::Cpu))];
         let positive = Tensor::from_slice(&[1.0f32, 1.0]);
-        let terms = grpo_loss(&b.logprobs, Some(&b.old), None, &positive, &b.mask, &all_rows, &tight);
-        approx(&terms.clip_fractions.high, 0.5, "clip_ratio/high_mean per completion");
+        let terms = grpo_loss(&b.logprobs, Some(&b.old), None, &positive, (&b.mask).into(), &all_rows, &tight);
+        approx(&terms.clip_fractions.as_ref().unwrap().high, 0.5, "clip_ratio/high_mean per completion");
         approx(&terms.loss, (-first - 1.02) / 2.0, "loss with the second completion clipped");
+    }
+
+    #[test]
+    fn cispo_weights_the_log_prob_by_the_capped_detached_ratio() {
+        let b = hand_batch();
+        let logprobs = b.logprobs.set_requires_grad(true);
+        let cispo = LossSettings { epsilon_high: 1.2, delta: None, ..settings(ImportanceSamplingLevel::Token, LossType::Cispo) };
+        let all_rows = [Tensor::ones([2], (Kind::Float, tch::Device::Cpu))];
+        let terms = grpo_loss(&logprobs, Some(&b.old), None, &b.advantages, (&b.mask).into(), &all_rows, &cispo);
+        terms.loss.backward();
+        // d loss / d logp = -min(r, 1.2) A / 5 (dapo over the 5 loss tokens); the ratio itself
+        // carries no gradient. Ratios 1.5 1.1 0.5 | 0.7 1.5 (padding), A = +1 | -1.
+        let expected = [-1.2, -1.1, -0.5, 0.7, 1.2, 0.0].map(|g| g / 5.0);
+        let grad = Vec::<f64>::try_from(logprobs.grad().to_kind(Kind::Double).reshape([-1])).unwrap();
+        for (ours, hand) in grad.iter().zip(expected) {
+            assert!((ours - hand).abs() < 1e-6, "gradient {grad:?} vs {expected:?} (by hand)");
+        }
+        assert!(terms.clip_fractions.is_none(), "TRL logs no PPO clip fractions for cispo");
+        // Capped with A > 0: the first row's 1.5 only; capped at all: both 1.5s.
+        approx(terms.cispo_clip_ratio.as_ref().unwrap(), 1.0 / 5.0, "cispo_clip_ratio");
+        approx(&terms.clip_ratio, 2.0 / 5.0, "clip_ratio");
+    }
+
+    #[test]
+    fn the_high_entropy_mask_keeps_the_tokens_at_or_above_the_quantile() {
+        let b = hand_batch();
+        // Loss tokens' entropies 3 1 5 | 2 4 (the padding's 100 must not count): the 0.6
+        // quantile (top 0.4) is at rank 0.6 * 4 = 2.4 of 1 2 3 4 5, so 3.4; 5 and 4 stay.
+        let entropy = Tensor::from_slice(&[3.0f32, 1.0, 5.0, 2.0, 4.0, 100.0]).view([2, 3]);
+        let kept = high_entropy_mask(&entropy, &b.mask, 0.4);
+        assert!(kept.equal(&Tensor::from_slice(&[0.0f32, 0.0, 1.0, 0.0, 1.0, 0.0]).view([2, 3])), "{kept}");
+        assert!(high_entropy_mask(&entropy, &b.mask, 1.0).equal(&b.mask.to_kind(Kind::Float)), "quantile 1 keeps every loss token");
+        // The policy term trains on the kept tokens only; the aggregation still counts all five.
+        let masks = TokenMasks { loss: &b.mask, policy: Some(&kept) };
+        let all_rows = [Tensor::ones([2], (Kind::Float, tch::Device::Cpu))];
+        let terms = grpo_loss(&b.logprobs, Some(&b.old), None, &b.advantages, masks, &all_rows, &settings(ImportanceSamplingLevel::Token, LossType::Dapo));
+        // Kept: 0.5 with A = +1 (-0.5), 1.5 with A = -1 (1.3 after delta).
+        approx(&terms.loss, (-0.5 + 1.3) / 5.0, "loss");
+    }
+
+    /// Kish's `(Σw)² / Σw²` in f64.
+    fn kish(weights: &[f64]) -> f64 {
+        weights.iter().sum::<f64>().powi(2) / weights.iter().map(|w| w * w).sum::<f64>()
+    }
+
+    #[test]
+    fn the_effective_sample_size_weighs_tokens_by_aggregation_and_ratio() {
+        let b = hand_batch();
+        let ratios = [1.5, 1.1, 0.5, 0.7, 1.5];
+        // dapo: every loss token weighs 1/5; grpo: 1/(3 * 2) in the first row, 1/(2 * 2) in the second.
+        let dapo = ratios.map(|r| r / 5.0);
+        let grpo = [1.5 / 6.0, 1.1 / 6.0, 0.5 / 6.0, 0.7 / 4.0, 1.5 / 4.0];
+        for (loss_type, weights) in [(LossType::Dapo, dapo), (LossType::Grpo, grpo)] {
+            let ess = loss_terms(&b, &settings(ImportanceSamplingLevel::Token, loss_type)).effective_sample_size;
+            assert!((ess - kish(&weights)).abs() < 1e-5, "{loss_type}: {ess} vs {} (by hand)", kish(&weights));
+        }
+        // On-policy (ratio 1) dapo weighs the five tokens alike: five.
+        let all_rows = [Tensor::ones([2], (Kind::Float, tch::Device::Cpu))];
+        let fresh = grpo_loss(&b.logprobs, None, None, &b.advantages, (&b.mask).into(), &all_rows, &settings(ImportanceSamplingLevel::Token, LossType::Dapo));
+        assert!((fresh.effective_sample_size - 5.0).abs() < 1e-5, "{}", fresh.effective_sample_size);
+    }
+
+    #[test]
+    fn kl_estimators_and_their_gradients_follow_schulman() {
+        let mut logprobs = Tensor::from_slice(&[-1.0f32, -2.0, -0.25]).set_requires_grad(true);
+        let reference = Tensor::from_slice(&[-1.5f32, -1.0, -0.25]);
+        // d = ref - logp = -0.5, 1, 0; each value and d/dlogp written out in f64.
+        let d = [-0.5f64, 1.0, 0.0];
+        let exact: [(KlEstimator, fn(f64) -> f64, fn(f64) -> f64); 3] = [
+            (KlEstimator::K1, |d| -d, |_| 1.0),
+            (KlEstimator::K2, |d| 0.5 * d * d, |d| -d),
+            (KlEstimator::K3, |d| d.exp() - d - 1.0, |d| 1.0 - d.exp()),
+        ];
+        for (estimator, value, slope) in exact {
+            logprobs.zero_grad();
+            let kl = per_token_kl(&logprobs, &reference, estimator);
+            kl.sum(Kind::Float).backward();
+            let (kl, grad) = (Vec::<f64>::try_from(kl.detach().to_kind(Kind::Double)).unwrap(), Vec::<f64>::try_from(logprobs.grad().to_kind(Kind::Double)).unwrap());
+            for i in 0..3 {
+                assert!((kl[i] - value(d[i])).abs() < 1e-6 && (grad[i] - slope(d[i])).abs() < 1e-6, "{estimator}: {kl:?} {grad:?} at d = {d:?}");
+            }
+        }
     }
 
     /// `r - mean_g`, over the unbiased std of the group or of the batch, in plain f64.

@@ -8,8 +8,8 @@ Usage (from the repo root):
 How TRL is driven (nothing of the loss is re-implemented here)
 --------------------------------------------------------------
 A real `trl.GRPOTrainer` is constructed offline on CPU (GRPOConfig(use_cpu=True, report_to=[],
-bf16=False, gradient_checkpointing=False, gradient_accumulation_steps=1,
-per_device_train_batch_size=B), a dummy dataset, one reward function). Then:
+bf16=False, gradient_checkpointing=False, gradient_accumulation_steps=GAS,
+per_device_train_batch_size=B/GAS; GAS = "gradient_accumulation_steps" of A.json, default 1), a dummy dataset, one reward function). Then:
 1. `trainer._generate_and_score_completions(rows)` runs unmodified. Generation is replaced through
    TRL's own `rollout_func` hook (trainer.py `_generate`, grpo_trainer.py:2200-2222), which returns
    the given prompt ids (left padding stripped) and completion ids (cut to `completion_mask`); the
@@ -24,7 +24,8 @@ The reference model: TRL builds it itself from `model.config._name_or_path`
 (grpo_trainer.py:990-1003, `create_model_from_path(get_config_model_id(self.model.config))`), so
 that field of the policy's config is pointed at `ref_model_dir` before construction.
 `trainer.current_gradient_accumulation_steps` is only set by `Trainer`'s training loop; it is set
-to 1 here (one micro-batch per optimizer step).
+to GAS here, and with GAS > 1 step 3 runs once per chunk of consecutive rows (TRL's
+`split_tensor_dict`, without the row shuffle of `_prepare_inputs`), each chunk's loss backward.
 
 What TRL 1.16 does (source lines of trl/trainer/grpo_trainer.py, grpo_config.py, utils.py)
 -------------------------------------------------------------------------------------------
@@ -71,6 +72,14 @@ Loss (_compute_loss 3020-3292), defaults: epsilon=0.2, epsilon_high=None -> epsi
     if delta is not None: coef_1 = clamp(coef_1, max=delta)   (two-sided clipping; also in the
         clip metrics below, which read the clamped coef_1)
     per_token_loss = -min(coef_1 * A, coef_2 * A)
+    cispo (3109-3111): per_token_loss = -clamp(coef_1, max=epsilon_high).detach() * A * logp
+        (epsilon_high is the weight's absolute cap here; delta and epsilon are not used), and
+        aggregated as dapo; TRL logs cispo_clip_ratio = mean((coef_1 > epsilon_high) & (A > 0))
+        instead of clip_ratio/*.
+    top_entropy_quantile q < 1 (1049-1052, get_high_entropy_mask 1380-1416): threshold =
+        torch.quantile(entropies[mask], 1 - q) (linear interpolation, all processes' tokens);
+        per_token_loss *= (entropies * mask >= threshold) & mask, BEFORE the KL term is added
+        (the KL still acts on every token) and the aggregations still count every mask token.
     per_token_kl = exp(ref - logp) - (ref - logp) - 1          (k3)
     if use_bias_correction_kl: per_token_kl *= coef_1   <- NEW in TRL 1.x and ON by default. coef_1
         is differentiable, so even on-policy (value 1) the KL gradient gains + kl * dlogp. This
@@ -84,7 +93,7 @@ Loss (_compute_loss 3020-3292), defaults: epsilon=0.2, epsilon_high=None -> epsi
     grpo:    mean_i( sum_t(l*m)_i / clamp(sum_t m_i, min=1) ) / GAS
     bnpo:    sum(l*m) / clamp(sum(m), min=1) / GAS                       (local batch tokens)
     dr_grpo: sum(l*m) / (B * max_completion_length) / GAS    (config max_completion_length, not C)
-    dapo:    sum(l*m) / (clamp(num_items_in_batch, min=1) / num_processes * GAS / steps_per_generation)
+    cispo, dapo: sum(l*m) / (clamp(num_items_in_batch, min=1) / num_processes * GAS / steps_per_generation)
              num_items_in_batch = active tokens of the whole generation batch, summed over processes
              (2497-2498); with 1 process, GAS = steps_per_generation = 1 it equals bnpo.
 Metrics (3253-3290): kl = masked mean of per_token_kl over all tokens; entropy = masked mean;
@@ -97,9 +106,12 @@ padding uses the tokenizer's pad id (pad = eos = 1 here) and prompts are padded 
 
 Input / output formats
 ----------------------
-A.json: {"model_dir", "ref_model_dir", "beta", "epsilon", "loss_type" in grpo|dr_grpo|dapo|bnpo,
+A.json: {"model_dir", "ref_model_dir", "beta", "epsilon", "loss_type" in grpo|dr_grpo|dapo|bnpo|cispo,
          "temperature", "max_completion_length", "num_generations", "num_iterations"}; optional:
-         "epsilon_high" (default = epsilon), "delta" (none), "importance_sampling_level" ("token"),
+         "epsilon_high" (default = epsilon; cispo's weight cap), "delta" (none),
+         "importance_sampling_level" ("token"), "top_entropy_quantile" (1.0),
+         "gradient_accumulation_steps" (1; the batch trained as that many consecutive row chunks,
+         TRL's steps_per_generation equal to it; the loss saved is the chunks' sum),
          "scale_rewards" ("group"), "mask_truncated_completions" (false), "use_bias_correction_kl"
          (false), "tokenizer" (a tokenizer.json; default model_dir/tokenizer.json, else the fixtures'
          simplestories-4096.json; only used to decode completions for logging).
@@ -158,7 +170,7 @@ warnings.filterwarnings("ignore")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = REPO_ROOT.parent / "shared" / "fixtures"
 PAD_ID = 1
-LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo")
+LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo")
 REQUIRED_ARGS = ("model_dir", "ref_model_dir", "beta", "epsilon", "loss_type", "temperature",
                  "max_completion_length", "num_generations", "num_iterations")
 
@@ -244,6 +256,7 @@ def run_trl(a: dict, b: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor
     """Drive TRL's GRPOTrainer on batch `b`; returns (tensors to save, metrics)."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
+    from trl.trainer.utils import split_tensor_dict
 
     B, P = b["prompt_ids"].shape
     C = b["completion_ids"].shape[1]
@@ -251,6 +264,7 @@ def run_trl(a: dict, b: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor
     prompt_lists = [b["prompt_ids"][i, P - n_p[i]:].tolist() for i in range(B)]
     completion_lists = [b["completion_ids"][i, : n_c[i]].tolist() for i in range(B)]
     rewards = b["rewards"].tolist()
+    gas = int(a.get("gradient_accumulation_steps", 1))  # steps_per_generation defaults to it
 
     def rollout_func(prompts, trainer):  # TRL's generation hook: hand back the given batch
         if len(prompts) != B:
@@ -266,13 +280,14 @@ def run_trl(a: dict, b: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor
     try:
         cfg = GRPOConfig(
             output_dir=tmp, use_cpu=True, report_to=[], bf16=False, fp16=False,
-            gradient_checkpointing=False, per_device_train_batch_size=B, gradient_accumulation_steps=1,
+            gradient_checkpointing=False, per_device_train_batch_size=B // gas, gradient_accumulation_steps=gas,
             num_generations=a["num_generations"], max_completion_length=a["max_completion_length"],
             beta=a["beta"], epsilon=a["epsilon"], epsilon_high=a.get("epsilon_high"),
             loss_type=a["loss_type"], temperature=a["temperature"], num_iterations=a["num_iterations"],
             scale_rewards=a.get("scale_rewards", "group"), delta=a.get("delta"),
             importance_sampling_level=a.get("importance_sampling_level", "token"),
             mask_truncated_completions=bool(a.get("mask_truncated_completions", False)),
+            top_entropy_quantile=float(a.get("top_entropy_quantile", 1.0)),
             use_bias_correction_kl=bool(a.get("use_bias_correction_kl", False)),
             save_strategy="no", logging_steps=1, seed=0, dataloader_num_workers=0,
             log_completions=False, disable_tqdm=True,
@@ -290,7 +305,7 @@ def run_trl(a: dict, b: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor
         k = "model.embed_tokens.weight"
         if not torch.equal(trainer.ref_model.state_dict()[k], ref_check[k]):
             raise RuntimeError("TRL's reference model does not hold ref_model_dir's weights")
-        trainer.current_gradient_accumulation_steps = 1  # set by Trainer's train loop otherwise
+        trainer.current_gradient_accumulation_steps = gas  # set by Trainer's train loop otherwise
         trainer.model.train()
         trainer.model.zero_grad(set_to_none=True)
 
@@ -312,13 +327,19 @@ def run_trl(a: dict, b: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor
                 inputs["old_per_token_logps"] = b["old_per_token_logps"][:, :Ct].clone()
             else:
                 print("note: old_per_token_logps ignored (num_iterations == 1: TRL uses logp.detach())")
-        loss = trainer.compute_loss(trainer.model, inputs)
-        loss.backward()
+        # TRL's _prepare_inputs splits the generation batch into steps_per_generation chunks
+        # (after shuffling the rows, left out here so that the chunks are consecutive rows) and
+        # each optimizer step accumulates one backward pass per chunk.
+        loss = torch.zeros(())
+        for chunk in split_tensor_dict(inputs, gas):
+            chunk_loss = trainer.compute_loss(trainer.model, chunk)
+            chunk_loss.backward()
+            loss = loss + chunk_loss.detach()
 
         ref_calls = [o for tag, _, o in calls if tag == "ref"]
         pol_calls = [o for tag, ent, o in calls if tag == "policy" and ent]
-        logp = pol_calls[-1][0].detach()
-        entropy = pol_calls[-1][1].detach()
+        logp = torch.cat([o[0] for o in pol_calls[-gas:]]).detach()  # one call per chunk
+        entropy = torch.cat([o[1] for o in pol_calls[-gas:]]).detach()
         ref_logp = ref_calls[-1][0] if ref_calls else torch.zeros_like(logp)
         old = inputs.get("old_per_token_logps")
         old = logp if old is None else old
@@ -456,7 +477,19 @@ def independent_loss(a: dict, b: dict[str, torch.Tensor], exact: bool = False) -
         ratio = torch.exp(lp - old)
     eps_lo, eps_hi = a["epsilon"], a.get("epsilon_high") or a["epsilon"]
     unclipped = ratio if a.get("delta") is None else torch.clamp(ratio, max=a["delta"])
-    pg = -torch.minimum(unclipped * adv, torch.clamp(ratio, 1 - eps_lo, 1 + eps_hi) * adv)
+    if a["loss_type"] == "cispo":  # MiniMax-M1: the capped ratio, detached, weighs the log-prob
+        pg = -torch.clamp(ratio, max=eps_hi).detach() * adv * lp
+    else:
+        pg = -torch.minimum(unclipped * adv, torch.clamp(ratio, 1 - eps_lo, 1 + eps_hi) * adv)
+    gas = int(a.get("gradient_accumulation_steps", 1))
+    chunks = [slice(k * B // gas, (k + 1) * B // gas) for k in range(gas)]  # consecutive rows
+    quantile = a.get("top_entropy_quantile", 1.0)
+    if quantile < 1.0:  # "Beyond the 80/20 rule": the policy term of the top-entropy loss tokens only
+        keep = torch.zeros_like(m)
+        for rows in chunks:  # each micro-batch's own threshold
+            threshold = torch.quantile(ent.detach()[rows][m[rows].bool()], 1 - quantile)
+            keep[rows] = ((ent.detach()[rows] >= threshold) & m[rows].bool()).to(dtype)
+        pg = pg * keep
     kl = torch.exp(ref_lp - lp) - (ref_lp - lp) - 1
     if a.get("use_bias_correction_kl", False):
         kl = kl * ratio
@@ -466,7 +499,9 @@ def independent_loss(a: dict, b: dict[str, torch.Tensor], exact: bool = False) -
         loss = (l.sum(1) / m.sum(1).clamp(min=1)).mean()
     elif lt == "dr_grpo":
         loss = l.sum() / (l.size(0) * a["max_completion_length"])
-    else:  # dapo (1 process, 1 accumulation step) and bnpo: all active tokens of the batch
+    elif lt == "bnpo":  # each micro-batch over its own tokens, averaged over the micro-batches
+        loss = sum(l[rows].sum() / m[rows].sum().clamp(min=1) for rows in chunks) / gas
+    else:  # dapo and cispo (1 process): all active tokens of the generation batch
         loss = l.sum() / m.sum().clamp(min=1)
     loss.backward()
     clipped = ((unclipped < 1 - eps_lo) & (adv < 0)) | ((unclipped > 1 + eps_hi) & (adv > 0))

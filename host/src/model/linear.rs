@@ -176,6 +176,20 @@ impl AdapterCtl {
         Self { scale: RowScale::All(scale), learn: RowLearn::Nothing }
     }
 
+    /// This control for rows `start..start + len` of the batch (a micro-batch).
+    pub fn rows(&self, start: i64, len: i64) -> Self {
+        let scale = match &self.scale {
+            RowScale::All(s) => RowScale::All(*s),
+            RowScale::PerRow(t) => RowScale::PerRow(t.narrow(0, start, len)),
+        };
+        let learn = match &self.learn {
+            RowLearn::All => RowLearn::All,
+            RowLearn::Nothing => RowLearn::Nothing,
+            RowLearn::Rows(t) => RowLearn::Rows(t.narrow(0, start, len)),
+        };
+        Self { scale, learn }
+    }
+
     pub fn is_off(&self) -> bool {
         matches!(self.scale, RowScale::All(s) if s == 0.0)
     }

@@ -18,7 +18,7 @@ use serde_json::{Map, Value};
 use crate::adapters::{self, AdapterConfig, AdapterKind};
 use crate::defaults as d;
 use crate::device::{DeviceSpec, Dtype};
-use crate::grpo::{ImportanceSamplingLevel, LossSettings, LossType, ScaleRewards};
+use crate::grpo::{ImportanceSamplingLevel, KlEstimator, LossSettings, LossType, ScaleRewards};
 use crate::hyperparams::Label::{Key, Omit, Short};
 use crate::hyperparams::{self, hyperparameters};
 use crate::intervention::Intervention;
@@ -69,6 +69,8 @@ hyperparameters! {
         lr: f64 = 1e-5, Key;
         /// KL coefficient (0 skips the reference model).
         beta: f64 = 0.02, Key;
+        /// The KL term's per-token estimator: k1, k2 or k3 (Schulman 2020; k3 is TRL's).
+        kl_estimator: KlEstimator = KlEstimator::K3, Short("kl_");
         /// PPO clipping range (below 1, and above 1 unless epsilon_high is set).
         epsilon: f64 = 0.2, Key;
         /// PPO clipping range above 1 (DAPO's clip-higher, e.g. 0.28; default: epsilon, as TRL).
@@ -82,10 +84,18 @@ hyperparameters! {
         /// Completions that hit max_completion_length without EOS leave the loss (DAPO).
         #[arg(num_args = 0..=1, default_missing_value = "true")]
         mask_truncated_completions: bool = false, Short("mask_truncated");
-        /// grpo, dr_grpo, dapo or bnpo.
+        /// grpo, dr_grpo, dapo, bnpo or cispo (CISPO's surrogate, aggregated as dapo; set
+        /// epsilon_high, its weight cap, e.g. 5.0).
         loss_type: LossType = LossType::Grpo, Short("");
+        /// Only this top fraction of the loss tokens by entropy has a policy term (TRL's
+        /// top_entropy_quantile, "Beyond the 80/20 Rule": 0.2); 1 keeps every token.
+        top_entropy_quantile: f64 = 1.0, Key;
         /// Optimizer steps per generated batch.
         num_iterations: usize = 1, Short("iters");
+        /// Micro-batches per optimizer step, each a forward and backward pass over
+        /// batch_size / gradient_accumulation_steps completions (TRL's, with
+        /// steps_per_generation equal to it; only bnpo's loss changes).
+        gradient_accumulation_steps: usize = 1, Short("gas");
         /// Completions per optimizer step.
         batch_size: usize = 32, Short("bs");
         /// Completions per prompt (the group of the advantages).
@@ -168,6 +178,10 @@ hyperparameters! {
         eval_samples: usize = 10, Omit;
         /// Run directories go to `<output_dir>/<run name>`.
         output_dir: PathBuf = "runs".into(), Omit;
+        /// Re-score each step's batch after the update (one extra forward pass, about a third of
+        /// the training pass) and log the entropy change (`entropy/measured_change`).
+        #[arg(num_args = 0..=1, default_missing_value = "true")]
+        measure_entropy_change: bool = false, Omit;
         /// Write each step's batch tensors (ids, masks, rewards, advantages, log-probs, loss) here.
         dump_batches: Option<PathBuf> = None, Omit;
         /// TensorBoard event files in the run directory (`train/live.rs`; `--tensorboard false`
@@ -224,7 +238,7 @@ pub struct LrHorizon {
 /// thread count changes float summation order, which the log records).
 pub const RESUME_MAY_CHANGE: &[&str] = &[
     "threads", "device", "dump_batches", "plugin_fuel_per_sample", "plugin_max_call_seconds", "plugin_max_memory_mb",
-    "tensorboard", "log_completions", "absorption_by_class",
+    "tensorboard", "log_completions", "absorption_by_class", "measure_entropy_change",
 ];
 
 impl TrainConfig {
@@ -250,6 +264,12 @@ impl TrainConfig {
         ensure!(self.max_steps > 0, "max_steps must be positive");
         ensure!(self.num_iterations >= 1, "num_iterations must be at least 1");
         ensure!(
+            self.gradient_accumulation_steps >= 1 && self.batch_size % self.gradient_accumulation_steps == 0,
+            "gradient_accumulation_steps ({}) must be at least 1 and divide batch_size ({}): each micro-batch has batch_size / gradient_accumulation_steps completions",
+            self.gradient_accumulation_steps,
+            self.batch_size
+        );
+        ensure!(
             self.save_steps % self.num_iterations == 0,
             "save_steps ({}) must be a multiple of num_iterations ({}) so a checkpoint never splits a reused batch",
             self.save_steps,
@@ -257,6 +277,11 @@ impl TrainConfig {
         );
         ensure!(self.temperature > 0.0, "temperature must be positive for GRPO sampling");
         ensure!(self.lr > 0.0 && self.beta >= 0.0 && self.epsilon > 0.0, "lr must be positive, beta >= 0, epsilon > 0");
+        ensure!(
+            self.beta != 0.0 || self.kl_estimator == KlEstimator::K3,
+            "kl_estimator {} has no effect with beta 0 (no KL term, no reference pass): set beta or leave kl_estimator unset",
+            self.kl_estimator
+        );
         self.check_clip()?;
         ensure!(self.logging_steps > 0 && self.save_steps > 0 && self.eval_every > 0, "logging_steps, save_steps and eval_every must be positive");
         ensure!((0.0..=1.0).contains(&self.ablated_frac), "ablated_frac must be in [0, 1], got {}", self.ablated_frac);
@@ -316,6 +341,10 @@ impl TrainConfig {
         }
         if self.absorption_by_class {
             ensure!(self.adapter_config()?.is_dual(), "absorption_by_class splits the retain and forget adapters' gradients: it needs adapter: dual-lora");
+            ensure!(
+                self.gradient_accumulation_steps == 1,
+                "absorption_by_class takes its per-class gradient norms from the step's one backward pass: leave gradient_accumulation_steps at 1"
+            );
         }
         ensure!(self.rh_penalty.is_finite(), "rh_penalty must be a finite number, got {}", self.rh_penalty);
         if intervention != Intervention::Penalty {
@@ -433,6 +462,18 @@ impl TrainConfig {
 
     /// TRL accepts any values; these are the ones whose objective is not the one named.
     fn check_clip(&self) -> Result<()> {
+        ensure!(
+            self.top_entropy_quantile > 0.0 && self.top_entropy_quantile <= 1.0,
+            "top_entropy_quantile ({}) must be in (0, 1]: the fraction of loss tokens (by entropy) that train",
+            self.top_entropy_quantile
+        );
+        if self.loss_type == LossType::Cispo {
+            // TRL would cap CISPO's weight at epsilon (0.2): weights of at most 0.2, not a CISPO.
+            let cap = self.epsilon_high.context("loss_type cispo caps the importance weight at epsilon_high: set it (TRL and ScaleRL recommend 5.0)")?;
+            ensure!(cap > 1.0, "epsilon_high ({cap}) is CISPO's cap on the importance weight and must exceed 1 (TRL and ScaleRL recommend 5.0)");
+            ensure!(self.delta.is_none(), "delta clamps the PPO surrogate's ratio; cispo does not use it: unset delta");
+            return Ok(());
+        }
         let epsilon_high = self.epsilon_high();
         ensure!(
             epsilon_high >= self.epsilon,
@@ -453,12 +494,14 @@ impl TrainConfig {
     pub fn loss_settings(&self) -> LossSettings {
         LossSettings {
             beta: self.beta,
+            kl_estimator: self.kl_estimator,
             epsilon: self.epsilon,
             epsilon_high: self.epsilon_high(),
             delta: self.delta,
             importance_sampling_level: self.importance_sampling_level,
             loss_type: self.loss_type,
             max_completion_length: self.max_completion_length,
+            top_entropy_quantile: self.top_entropy_quantile,
         }
     }
 
@@ -581,7 +624,7 @@ mod tests {
         let omitted = [
             "model", "revision", "prompts", "eval_prompts", "reward", "rh_detector", "rh_ground_truth", "absorption_by_class", "plugin_dir", "plugin_fuel_per_sample",
             "plugin_max_call_seconds", "plugin_max_memory_mb", "plugin_sha256", "logging_steps", "save_steps",
-            "eval_every", "eval_samples", "output_dir", "dump_batches", "tensorboard", "log_completions", "name", "device",
+            "eval_every", "eval_samples", "output_dir", "dump_batches", "measure_entropy_change", "tensorboard", "log_completions", "name", "device",
             "threads", "seed",
             // A record written by --extend-schedule, not a setting: an extended run keeps its
             // directory and name.
@@ -596,6 +639,8 @@ mod tests {
             ("intervention", ""),
             ("renormalization_mode", "renorm_"), ("allow_approx_lora_kappa", "approx_kappa"), ("split_moment", "split_moment"), ("mlp_config", ""),
             ("coh_samples_per_rollout", "coh"), ("coherence_rh_mode", "coh_rh_"), ("coherence_rh_penalty", "coh_penalty"), ("coherence_start_frac", "coh_start"),
+            ("kl_estimator", "kl_"),
+            ("gradient_accumulation_steps", "gas"),
         ];
         for key in TrainConfig::KEYS {
             let expected = if omitted.contains(&key.name) {
@@ -666,6 +711,8 @@ mod tests {
         assert!(unused.contains("rh_penalty (0.5) is only used with intervention: penalty (got routing)"), "{unused}");
         let single = error(&[("adapter", "lora"), ("lora_preset", "null"), ("routing_mode", "none"), ("absorption_by_class", "true")]);
         assert!(single.contains("absorption_by_class splits"), "{single}");
+        let micro = error(&[("absorption_by_class", "true"), ("gradient_accumulation_steps", "2")]);
+        assert!(micro.contains("leave gradient_accumulation_steps at 1"), "{micro}");
         let unmeasured = error(&[("rh_detector", "null"), ("routing_mode", "none"), ("rh_ground_truth", "{plugin: happy_any}")]);
         assert!(unmeasured.contains("rh_ground_truth measures the rh_detector's flags"), "{unmeasured}");
         let blind = error(&[("intervention", "filter"), ("routing_mode", "none"), ("rh_detector", "null")]);
@@ -692,6 +739,26 @@ mod tests {
         let scale = error(&[("scale_rewards", "std")]);
         assert!(scale.contains("unknown scale_rewards \"std\": use group, batch or none"), "{scale}");
         resolved(&[("epsilon_high", "0.2"), ("delta", "1.21")]);
+        for bad in ["0", "-0.1", "1.5"] {
+            let quantile = error(&[("top_entropy_quantile", bad)]);
+            assert!(quantile.contains(&format!("top_entropy_quantile ({bad}) must be in (0, 1]")), "{quantile}");
+        }
+        resolved(&[("top_entropy_quantile", "1")]);
+        let cispo_cap = error(&[("loss_type", "cispo")]);
+        assert!(cispo_cap.contains("loss_type cispo caps the importance weight at epsilon_high: set it"), "{cispo_cap}");
+        let small_cap = error(&[("loss_type", "cispo"), ("epsilon_high", "0.28")]);
+        assert!(small_cap.contains("epsilon_high (0.28) is CISPO's cap on the importance weight and must exceed 1"), "{small_cap}");
+        let cispo_delta = error(&[("loss_type", "cispo"), ("epsilon_high", "5"), ("delta", "6")]);
+        assert!(cispo_delta.contains("cispo does not use it: unset delta"), "{cispo_delta}");
+        assert_eq!(resolved(&[("loss_type", "cispo"), ("epsilon_high", "5")]).loss_settings().epsilon_high, 5.0);
+        for bad in ["0", "5"] {
+            let micro = error(&[("gradient_accumulation_steps", bad)]);
+            assert!(micro.contains(&format!("gradient_accumulation_steps ({bad}) must be at least 1 and divide batch_size")), "{micro}");
+        }
+        let idle_estimator = error(&[("beta", "0"), ("kl_estimator", "k2")]);
+        assert!(idle_estimator.contains("kl_estimator k2 has no effect with beta 0"), "{idle_estimator}");
+        let k1 = resolved(&[("kl_estimator", "k1")]);
+        assert!(k1.run_name().unwrap().contains("_kl_k1_"), "{}", k1.run_name().unwrap());
     }
 
     #[test]

@@ -38,6 +38,17 @@ pub mod key {
     pub const CLIP_LOW: &str = "clip_ratio/low_mean";
     pub const CLIP_HIGH: &str = "clip_ratio/high_mean";
     pub const CLIP_REGION: &str = "clip_ratio/region_mean";
+    /// TRL's `cispo_clip_ratio` (only with loss_type cispo, whose lines have null
+    /// `clip_ratio/*_mean`): the fraction of weights capped at epsilon_high, positive advantage.
+    pub const CISPO_CLIP_RATIO: &str = "cispo_clip_ratio";
+    /// Covariance of the log-prob and the advantage over the loss tokens
+    /// (`probes::logprob_advantage_covariance`): Cui et al.'s predictor of the entropy change.
+    pub const LOGPROB_ADVANTAGE_COVARIANCE: &str = "entropy/cov_logp_advantage";
+    /// Mean entropy of the batch's loss tokens after the update minus before, the same batch
+    /// re-scored (with `measure_entropy_change` only).
+    pub const ENTROPY_CHANGE: &str = "entropy/measured_change";
+    /// Kish's effective sample size of the loss weights (`grpo::LossTerms::effective_sample_size`).
+    pub const EFFECTIVE_SAMPLE_SIZE: &str = "effective_sample_size";
     /// Sampler vs learner log-probabilities (`probes::sampler_learner_kl`): mean difference and
     /// half its mean square.
     pub const KL_SAMPLE_TRAIN_V1: &str = "kl_sample_train_v1";
@@ -106,12 +117,18 @@ pub struct StepMetrics {
     pub grad_norm: f64,
     pub learning_rate: f64,
     pub entropy: f64,
+    pub logprob_advantage_covariance: f64,
+    /// With `measure_entropy_change` only.
+    pub entropy_change: Option<f64>,
     /// [`crate::probes::ENTROPY_QUANTILES`] of the per-token entropy.
     pub entropy_quantiles: [f64; 3],
     pub kl: Option<f64>,
     pub clip_ratio: f64,
-    /// TRL's `clip_ratio/low_mean`, `high_mean`, `region_mean`.
-    pub clip_fractions: [f64; 3],
+    /// TRL's `clip_ratio/low_mean`, `high_mean`, `region_mean` (`None` with cispo).
+    pub clip_fractions: Option<[f64; 3]>,
+    /// TRL's `cispo_clip_ratio` (with cispo only).
+    pub cispo_clip_ratio: Option<f64>,
+    pub effective_sample_size: f64,
     /// `kl_sample_train_v1` and `_v2`.
     pub kl_sample_train: (f64, f64),
     pub num_tokens: usize,
@@ -153,14 +170,22 @@ pub fn line(rollout: &RolloutMetrics, step: &StepMetrics) -> Value {
     put(key::GRAD_NORM, step.grad_norm.into());
     put(key::LEARNING_RATE, step.learning_rate.into());
     put(key::ENTROPY, step.entropy.into());
+    put(key::LOGPROB_ADVANTAGE_COVARIANCE, step.logprob_advantage_covariance.into());
+    if let Some(change) = step.entropy_change {
+        put(key::ENTROPY_CHANGE, change.into());
+    }
     for (name, quantile) in key::ENTROPY_QUANTILES.iter().zip(step.entropy_quantiles) {
         put(name, quantile.into());
     }
     put(key::KL, step.kl.into());
     put(key::CLIP_RATIO, step.clip_ratio.into());
-    for (name, fraction) in [key::CLIP_LOW, key::CLIP_HIGH, key::CLIP_REGION].iter().zip(step.clip_fractions) {
-        put(name, fraction.into());
+    for (i, name) in [key::CLIP_LOW, key::CLIP_HIGH, key::CLIP_REGION].iter().enumerate() {
+        put(name, step.clip_fractions.map(|fractions| fractions[i]).into());
     }
+    if let Some(capped) = step.cispo_clip_ratio {
+        put(key::CISPO_CLIP_RATIO, capped.into());
+    }
+    put(key::EFFECTIVE_SAMPLE_SIZE, step.effective_sample_size.into());
     put(key::KL_SAMPLE_TRAIN_V1, step.kl_sample_train.0.into());
     put(key::KL_SAMPLE_TRAIN_V2, step.kl_sample_train.1.into());
     put(key::NUM_TOKENS, step.num_tokens.into());

@@ -9,8 +9,6 @@ use tch::{Kind, Tensor};
 use super::Trainer;
 use super::metrics::{self, StepMetrics, key};
 use super::rollout::Rollout;
-use crate::grpo::{LossSettings, LossTerms, TokenLogprobs};
-use crate::model::Llama;
 use crate::routing::RoutePlan;
 use crate::{grpo, probes, routing};
 use crate::optim::linear_lr;
@@ -26,25 +24,31 @@ impl Trainer {
         let train_start = Instant::now();
         let g = &rollout.generation;
         self.optimizer.zero_grad();
+        let micro_batches = self.cfg.gradient_accumulation_steps;
         let mut natural_grads = match &rollout.natural_plan {
             Some(natural) => {
-                rollout_loss(&self.model, rollout, natural, self.cfg.temperature, &self.loss).1.loss.backward();
+                grpo::backward_micro_batches(&self.model, &loss_batch(rollout, natural), self.cfg.temperature, &self.loss, micro_batches, &mut |_, _| {});
                 Some(self.optimizer.take_grads())
             }
             None => None,
         };
-        let (logprobs, terms) = rollout_loss(&self.model, rollout, &rollout.plan, self.cfg.temperature, &self.loss);
+        // absorption_by_class's per-class gradient norms need the one pass's live graph
+        // (the configuration refuses it with micro-batches).
+        let mut absorption = Vec::new();
+        let by_class = self.adapters.is_dual() && self.cfg.absorption_by_class;
+        let mut before_backward = |logprobs: &Tensor, masks: grpo::TokenMasks| {
+            if by_class {
+                absorption = self.gradient_norms_by_class(rollout, logprobs, masks);
+            }
+        };
+        let batch = loss_batch(rollout, &rollout.plan);
+        let grpo::BackwardPass { logprobs, terms } = grpo::backward_micro_batches(&self.model, &batch, self.cfg.temperature, &self.loss, micro_batches, &mut before_backward);
         if let Some(dir) = &self.cfg.dump_batches {
             super::dump::write_step(dir, step + 1, rollout, &logprobs.logprobs, &terms.loss)?;
         }
         let loss = terms.loss.double_value(&[]);
         ensure!(loss.is_finite(), "the loss is {loss} at step {}", step + 1);
         let dual = self.adapters.is_dual();
-        let mut absorption = match dual && self.cfg.absorption_by_class {
-            true => self.gradient_norms_by_class(rollout, &logprobs.logprobs),
-            false => Vec::new(),
-        };
-        terms.loss.backward();
         let before = dual.then(|| self.absorption_before_step(&mut absorption));
         let learning_rate = linear_lr(self.cfg.lr, step, self.cfg.lr_horizon(step));
         let grad_norm = match natural_grads.as_mut() {
@@ -63,24 +67,33 @@ impl Trainer {
             self.absorption_after_step(&before, &mut absorption);
         }
         let train_seconds = train_start.elapsed().as_secs_f64();
+        let entropy = grpo::masked_mean(&logprobs.entropy, &rollout.loss_mask);
+        // The same batch re-scored by the updated policy (one forward pass, no gradient).
+        let entropy_change = self.cfg.measure_entropy_change.then(|| {
+            let after = tch::no_grad(|| grpo::completion_logprobs(&self.model, g.into(), self.cfg.temperature, &rollout.plan.ctl));
+            grpo::masked_mean(&after.entropy, &rollout.loss_mask) - entropy
+        });
 
         if step % self.cfg.num_iterations == 0 {
             self.num_tokens += (g.prompt_mask.sum(Kind::Int64).int64_value(&[]) + g.completion_mask.sum(Kind::Int64).int64_value(&[])) as usize;
         }
         // The loss's statistics over the loss tokens (as TRL), the sampler's over every sampled one.
         let mask = &rollout.loss_mask;
-        let clip = &terms.clip_fractions;
         let done = step + 1;
         let measured = StepMetrics {
             step: done,
             loss,
             grad_norm,
             learning_rate,
-            entropy: grpo::masked_mean(&logprobs.entropy, mask),
+            entropy,
+            logprob_advantage_covariance: probes::logprob_advantage_covariance(&logprobs.logprobs, &rollout.advantages, mask),
+            entropy_change,
             entropy_quantiles: probes::entropy_quantiles(&logprobs.entropy, mask),
             kl: terms.per_token_kl.as_ref().map(|kl| grpo::masked_mean(&kl.detach(), mask)),
             clip_ratio: terms.clip_ratio.double_value(&[]),
-            clip_fractions: [&clip.low, &clip.high, &clip.region].map(|f| f.double_value(&[])),
+            clip_fractions: terms.clip_fractions.as_ref().map(|clip| [&clip.low, &clip.high, &clip.region].map(|f| f.double_value(&[]))),
+            cispo_clip_ratio: terms.cispo_clip_ratio.as_ref().map(|f| f.double_value(&[])),
+            effective_sample_size: terms.effective_sample_size,
             kl_sample_train: probes::sampler_learner_kl(&g.sampling_logprobs, &logprobs.logprobs, &g.completion_mask),
             num_tokens: self.num_tokens,
             train_seconds,
@@ -104,12 +117,12 @@ impl Trainer {
     /// alone: the routed loss is a sum over row classes, so splitting each class by the
     /// monitor's flag gives two losses that add up to it; one extra backward pass each through
     /// the step's graph (kept), into fresh tensors, so the step's own gradient is untouched.
-    fn gradient_norms_by_class(&self, rollout: &Rollout, logprobs: &Tensor) -> Vec<(String, f64)> {
+    fn gradient_norms_by_class(&self, rollout: &Rollout, logprobs: &Tensor, masks: grpo::TokenMasks) -> Vec<(String, f64)> {
         let flagged = routing::row_mask(&rollout.flagged, logprobs.device());
         let mut out = Vec::new();
         for (quantity, rows) in [(key::ABSORPTION_GRAD_NORM_FLAGGED, flagged.shallow_clone()), (key::ABSORPTION_GRAD_NORM_UNFLAGGED, 1.0 - &flagged)] {
             let classes = routing::restrict_classes(&rollout.plan.classes, &rows);
-            let loss = grpo::grpo_loss(logprobs, rollout.old_logprobs.as_ref(), rollout.ref_logprobs.as_ref(), &rollout.advantages, &rollout.loss_mask, &classes, &self.loss).loss;
+            let loss = grpo::grpo_loss(logprobs, rollout.old_logprobs.as_ref(), rollout.ref_logprobs.as_ref(), &rollout.advantages, masks, &classes, &self.loss).loss;
             out.extend(self.slot_values(quantity, self.adapters.slot_gradient_norms(&self.model, &loss)));
         }
         out
@@ -138,17 +151,15 @@ impl Trainer {
     }
 }
 
-/// The rollout's log-probabilities and GRPO loss under `plan`'s adapter controls.
-fn rollout_loss(model: &Llama, rollout: &Rollout, plan: &RoutePlan, temperature: f64, loss: &LossSettings) -> (TokenLogprobs, LossTerms) {
-    let logprobs = grpo::completion_logprobs(model, (&rollout.generation).into(), temperature, &plan.ctl);
-    let terms = grpo::grpo_loss(
-        &logprobs.logprobs,
-        rollout.old_logprobs.as_ref(),
-        rollout.ref_logprobs.as_ref(),
-        &rollout.advantages,
-        &rollout.loss_mask,
-        &plan.classes,
-        loss,
-    );
-    (logprobs, terms)
+/// The loss's inputs for the rollout under `plan` (its adapter controls and loss classes).
+fn loss_batch<'a>(rollout: &'a Rollout, plan: &'a RoutePlan) -> grpo::LossBatch<'a> {
+    grpo::LossBatch {
+        seqs: (&rollout.generation).into(),
+        ctl: &plan.ctl,
+        old_logprobs: rollout.old_logprobs.as_ref(),
+        ref_logprobs: rollout.ref_logprobs.as_ref(),
+        advantages: &rollout.advantages,
+        loss_mask: &rollout.loss_mask,
+        classes: &plan.classes,
+    }
 }
