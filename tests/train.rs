@@ -570,6 +570,16 @@ fn eval_at_adapter_scales_and_over_all_checkpoints_matches_separate_evaluations(
     let separate = eval(&ckpt2, &["--scales", "1,0.5", "--scales", "0,0"]);
     assert_eq!(separate["retain1_forget0.5"], sweep["retain1_forget0.5"], "a scale evaluated alone or in a sweep");
     assert_eq!(separate.len(), 2);
+    // The deployment rule over the same curve, written plainly: the highest scale whose hack
+    // frequency is strictly below the base rate, else 0. The base rate is the middle point's
+    // own rate, so that point fails.
+    let rates: Vec<(f64, f64)> = [("retain1_forget0", 0.0), ("retain1_forget0.5", 0.5), ("retain1_forget1", 1.0)].map(|(mode, scale)| (scale, sweep[mode]["hack_freq"].as_f64().unwrap())).to_vec();
+    let base_rate = rates[1].1;
+    let expected = rates.iter().filter(|(_, rate)| *rate < base_rate).map(|(scale, _)| *scale).fold(0.0, f64::max);
+    let base = base_rate.to_string();
+    let deployed = common::smallrl_ok(&["eval", ckpt2.to_str().unwrap(), "--n-samples", "4", "--threads", "1", "--forget-scales", "0,0.5,1", "--deploy-below", &base]);
+    let line = deployed.lines().find_map(|l| l.strip_prefix("deployed forget scale at step 2: ")).unwrap_or_else(|| panic!("{deployed}"));
+    assert_eq!(line.split_whitespace().next().unwrap().parse::<f64>().unwrap(), expected, "{line} (rates {rates:?})");
     let wrong = common::smallrl(&["eval", ckpt2.to_str().unwrap(), "--scales", "1"]);
     assert!(String::from_utf8_lossy(&wrong.stderr).contains("needs 2 value(s), one per adapter"), "{}", String::from_utf8_lossy(&wrong.stderr));
 
@@ -720,4 +730,48 @@ fn coherence_rows_train_retain_alone_from_the_start_fraction_on() {
     let sampled = tensors["sampling_logprobs"].to_kind(tch::Kind::Double).narrow(0, 4, 4) * &mask;
     let trained = tensors["new_logprobs"].to_kind(tch::Kind::Double).narrow(0, 4, 4) * &mask;
     assert!(common::max_abs_diff(&sampled, &trained) < 1e-4, "coherence rows are sampled as they are trained, forget off");
+}
+
+/// Without routing, flagged rows train like any other: a dapo baseline whose detector flags
+/// some rows normalises by the whole batch's loss tokens, as TRL's dapo (recomputed here in
+/// float64 from the dump), not by each flag class's own tokens.
+#[test]
+fn an_unrouted_dapo_run_normalises_over_the_whole_batch_whatever_is_flagged() {
+    let out = tempfile::tempdir().unwrap();
+    let dump = out.path().join("dump");
+    let config = [
+        ("max_steps", json!(1)),
+        // Long enough that completions end at different lengths: with equal lengths the two
+        // normalisations coincide.
+        ("max_completion_length", json!(96)),
+        ("loss_type", json!("dapo")),
+        ("rh_detector", json!({"plugin": "happy_count", "params": {"threshold": 1}})),
+        ("plugin_dir", json!(repo_root().join("plugins"))),
+        ("dump_batches", json!(dump)),
+    ]
+    .into_iter()
+    .fold(small_config(out.path(), &standard_plugin("happy")), |c, (k, v)| with(c, k, v));
+    train(config);
+    let t = smallrl::model::weights::read_safetensors(&dump.join("step-1.safetensors")).unwrap();
+    let double = |key: &str| t[key].to_kind(tch::Kind::Double);
+    let is_rh = double("is_rh");
+    let flagged = is_rh.sum(tch::Kind::Double).double_value(&[]);
+    assert!(flagged > 0.0 && flagged < is_rh.size()[0] as f64, "the test needs flagged and unflagged rows ({flagged} flagged)");
+    let (mask, new, reference) = (double("loss_mask"), double("new_logprobs"), double("ref_logprobs"));
+    let delta = &reference - &new;
+    let per_token = (-double("advantages").unsqueeze(1) + (delta.exp() - &delta - 1.0) * 0.02) * &mask;
+    let whole_batch = per_token.sum(tch::Kind::Double).double_value(&[]) / mask.sum(tch::Kind::Double).double_value(&[]);
+    // What normalising each flag class by its own tokens (weighted by its share of rows) gives.
+    let rows = is_rh.size()[0] as f64;
+    let per_class: f64 = [is_rh.shallow_clone(), 1.0 - &is_rh]
+        .iter()
+        .map(|class| {
+            let class_mask = &mask * class.unsqueeze(1);
+            let share = class.sum(tch::Kind::Double).double_value(&[]) / rows;
+            share * (&per_token * class.unsqueeze(1)).sum(tch::Kind::Double).double_value(&[]) / class_mask.sum(tch::Kind::Double).double_value(&[])
+        })
+        .sum();
+    assert!((whole_batch - per_class).abs() > 1e-4, "the two normalisations must differ on this batch for the test to mean anything ({whole_batch} vs {per_class})");
+    let loss = t["loss"].double_value(&[]);
+    assert!((loss - whole_batch).abs() < 1e-6, "loss {loss} vs TRL's dapo over the whole batch {whole_batch} (per class: {per_class})");
 }

@@ -241,6 +241,7 @@ pub struct RoutePlan {
 }
 
 /// The routing labels of a batch's rows.
+#[derive(Debug, Clone)]
 pub struct Labels {
     /// Flagged by the detector (after the protocol knobs).
     pub is_rh: Vec<bool>,

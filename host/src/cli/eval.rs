@@ -27,6 +27,11 @@ pub struct EvalArgs {
     /// after its modes), e.g. `--forget-scales 0,0.25,0.5,0.75,1`.
     #[arg(long, value_delimiter = ',')]
     pub forget_scales: Vec<f64>,
+    /// With --forget-scales: report the deployed forget scale by the original's rule, the
+    /// highest scale whose hack frequency is strictly below this base rate (the base model's;
+    /// the original's scripts use 0.02), else 0 (full ablation).
+    #[arg(long, value_name = "RATE", requires = "forget_scales", conflicts_with = "json")]
+    pub deploy_below: Option<f64>,
     /// CHECKPOINT is a run directory: evaluate each of its checkpoints (in step order) and write
     /// `<run>/eval_checkpoints.csv` (step,mode,metric,value).
     #[arg(long, conflicts_with_all = ["reward_history", "json"])]
@@ -81,6 +86,9 @@ pub fn run(args: EvalArgs) -> Result<()> {
             true => println!("{}", eval::format_block(&report)),
             false => print_report(&report, &args)?,
         }
+        if let Some(base_rate) = args.deploy_below {
+            print_deployed_scale(&report, &args.forget_scales, base_rate)?;
+        }
         reports.push(report);
     }
     if args.all_checkpoints {
@@ -110,6 +118,20 @@ fn evaluate(dir: &Path, modes: &[(String, Vec<f64>)], args: &EvalArgs) -> Result
     let sampling = train::sampling_params(&config);
     let setup = EvalSetup { tokenizer: &tokenizer, prompts: &prompts, sampling: &sampling, seed: train::eval_seed(&config) };
     eval::routing_eval(&restored.model, modes, &mut rewards, &setup, restored.state.step)
+}
+
+/// The forget-scale curve of `report` (its last `forget_scales.len()` modes, in that order)
+/// and the scale the deployment rule picks ([`routing::deployed_forget_scale`]).
+fn print_deployed_scale(report: &eval::EvalReport, forget_scales: &[f64], base_rate: f64) -> Result<()> {
+    let curve_modes = &report.modes[report.modes.len() - forget_scales.len()..];
+    let curve = forget_scales
+        .iter()
+        .zip(curve_modes)
+        .map(|(&scale, mode)| Ok((scale, mode.hack_freq.with_context(|| format!("{}: no hack frequency (the run has no rh_detector); the deployment rule needs one", mode.mode))?)))
+        .collect::<Result<Vec<(f64, f64)>>>()?;
+    let scale = routing::deployed_forget_scale(&curve, base_rate)?;
+    println!("deployed forget scale at step {}: {scale} (highest with hack_freq < {base_rate}; curve {curve:?})", report.step);
+    Ok(())
 }
 
 fn print_report(report: &eval::EvalReport, args: &EvalArgs) -> Result<()> {

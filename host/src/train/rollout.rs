@@ -86,7 +86,7 @@ impl Trainer {
         let (advantages, dropped) = self.routed_advantages(advantages, &grouped);
         let ablated = self.draw_ablated(&routed, &coherence, step);
         let labels = Labels { is_rh: routed, ablated, coherence, dropped };
-        let plan = routing::plan(&self.adapters, self.cfg.row_weights()?, &labels, device);
+        let plan = routing::plan(&self.adapters, self.cfg.row_weights()?, &self.loss_class_labels(&labels), device);
         let natural_plan = self.cfg.split_moment.then(|| routing::plan(&self.adapters, RowWeights::gates(RoutingMode::None), &labels, device));
         let component_names: Vec<String> = self.rewards.components().iter().map(|c| c.name.clone()).collect();
         let names = component_names.iter().map(String::as_str).collect();
@@ -121,6 +121,19 @@ impl Trainer {
             loss_mask = intervention::filtered_loss_mask(&loss_mask, &kept);
         }
         Ok(Rollout { generation, loss_mask, advantages, plan, natural_plan, ref_logprobs, old_logprobs, metrics, first_sample, dump, flagged })
+    }
+
+    /// The labels the loss classes are planned from. Flagged rows are a class of their own only
+    /// when something treats them apart (routing, `intervention: filter`); otherwise they train
+    /// like any other row, in one class with them, so dapo, bnpo and cispo normalise over the
+    /// whole batch as TRL's loss does (and the original's single backward pass without
+    /// routing). The adapter controls are the same either way.
+    fn loss_class_labels(&self, labels: &Labels) -> Labels {
+        let treated_apart = self.cfg.routing_mode != RoutingMode::None || self.cfg.intervention == Intervention::Filter;
+        match treated_apart {
+            true => labels.clone(),
+            false => Labels { is_rh: vec![false; labels.is_rh.len()], ..labels.clone() },
+        }
     }
 
     /// Group advantages; with `intervention: filter`, over the `kept` rows only (see
