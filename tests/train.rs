@@ -571,15 +571,17 @@ fn eval_at_adapter_scales_and_over_all_checkpoints_matches_separate_evaluations(
     assert_eq!(separate["retain1_forget0.5"], sweep["retain1_forget0.5"], "a scale evaluated alone or in a sweep");
     assert_eq!(separate.len(), 2);
     // The deployment rule over the same curve, written plainly: the highest scale whose hack
-    // frequency is strictly below the base rate, else 0. The base rate is the middle point's
-    // own rate, so that point fails.
+    // frequency is strictly below the base rate, else 0. Two base rates: the middle point's own
+    // rate (that point fails: strictly below) and one above every rate (every point passes, so
+    // 1), so a rule that answered one constant fails one of them.
     let rates: Vec<(f64, f64)> = [("retain1_forget0", 0.0), ("retain1_forget0.5", 0.5), ("retain1_forget1", 1.0)].map(|(mode, scale)| (scale, sweep[mode]["hack_freq"].as_f64().unwrap())).to_vec();
-    let base_rate = rates[1].1;
-    let expected = rates.iter().filter(|(_, rate)| *rate < base_rate).map(|(scale, _)| *scale).fold(0.0, f64::max);
-    let base = base_rate.to_string();
-    let deployed = common::smallrl_ok(&["eval", ckpt2.to_str().unwrap(), "--n-samples", "4", "--threads", "1", "--forget-scales", "0,0.5,1", "--deploy-below", &base]);
-    let line = deployed.lines().find_map(|l| l.strip_prefix("deployed forget scale at step 2: ")).unwrap_or_else(|| panic!("{deployed}"));
-    assert_eq!(line.split_whitespace().next().unwrap().parse::<f64>().unwrap(), expected, "{line} (rates {rates:?})");
+    for base_rate in [rates[1].1, rates.iter().map(|r| r.1).fold(0.0, f64::max) + 0.01] {
+        let expected = rates.iter().filter(|(_, rate)| *rate < base_rate).map(|(scale, _)| *scale).fold(0.0, f64::max);
+        let base = base_rate.to_string();
+        let deployed = common::smallrl_ok(&["eval", ckpt2.to_str().unwrap(), "--n-samples", "4", "--threads", "1", "--forget-scales", "0,0.5,1", "--deploy-below", &base]);
+        let line = deployed.lines().find_map(|l| l.strip_prefix("deployed forget scale at step 2: ")).unwrap_or_else(|| panic!("{deployed}"));
+        assert_eq!(line.split_whitespace().next().unwrap().parse::<f64>().unwrap(), expected, "{line} (rates {rates:?}, base rate {base_rate})");
+    }
     let wrong = common::smallrl(&["eval", ckpt2.to_str().unwrap(), "--scales", "1"]);
     assert!(String::from_utf8_lossy(&wrong.stderr).contains("needs 2 value(s), one per adapter"), "{}", String::from_utf8_lossy(&wrong.stderr));
 

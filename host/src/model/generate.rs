@@ -90,7 +90,7 @@ fn generate_libtorch(model: &DecodeModel, prompts: &[Vec<u32>], params: &Samplin
     let mut finished = Tensor::zeros([batch], (Kind::Bool, device));
     let mut steps = 0;
     for step in 0..params.max_new_tokens {
-        let (token, logprob) = sampler.draw(&logits, uniforms.as_ref().map(|u| u.select(1, step as i64)));
+        let (token, logprob) = sampler.draw(&logits, uniforms.as_ref().map(|u| u.select(0, step as i64)));
         let token = token.masked_fill(&finished, eos);
         tokens.select(1, step as i64).copy_(&token);
         logprobs.select(1, step as i64).copy_(&logprob.masked_fill(&finished, 0.0));
@@ -174,8 +174,9 @@ impl<'a> Sampler<'a> {
     }
 }
 
-/// Every uniform number the rollout can use, `[rows, max_new_tokens]` float64 on `device`:
-/// row r's column t is the t-th number of row r's own stream ([`row_rng`]), the same numbers in
+/// Every uniform number the rollout can use, `[max_new_tokens, rows]` float64 on `device`
+/// (step-major, so each step's draws are one contiguous row): entry `[t, r]` is the t-th number
+/// of row r's own stream ([`row_rng`]), the same numbers in
 /// the same order as the native sampler draws them, so both engines draw the same tokens. They
 /// are made up front and copied to the device once, so the token loop has no host-to-device
 /// copy (on a GPU, one per token was a synchronising copy from pageable memory).
@@ -186,7 +187,7 @@ fn row_uniforms(seed: u64, rows: usize, steps: usize, device: tch::Device) -> Te
             (0..steps).map(move |_| rng.next_f64())
         })
         .collect();
-    Tensor::from_slice(&uniforms).view([rows as i64, steps as i64]).to(device)
+    Tensor::from_slice(&uniforms).view([rows as i64, steps as i64]).tr().contiguous().to(device)
 }
 
 /// One draw per row from `probs` (`[batch, vocab]`) by inverting the cumulative distribution
