@@ -42,6 +42,21 @@ impl Case {
     }
 }
 
+/// One case with our side computed and its batch written for `trl_grpo.py`.
+struct Prepared {
+    label: String,
+    dir: std::path::PathBuf,
+    config: TrainConfig,
+    settings: grpo::LossSettings,
+    old: Option<Tensor>,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    logprobs: Tensor,
+    terms: grpo::LossTerms,
+    /// Our gradient of every base parameter.
+    ours: BTreeMap<String, Tensor>,
+}
+
 fn load_fixture() -> LoadedModel {
     model::load(fixture("tiny-stories").to_str().unwrap(), "main", Device::Cpu, Kind::Float).unwrap()
 }
@@ -101,7 +116,7 @@ fn loss_and_gradients_match_trl() {
         Case { loss_type: "bnpo", num_iterations: 1, knobs: serde_json::json!({"gradient_accumulation_steps": 2}) },
         Case { loss_type: "dapo", num_iterations: 1, knobs: serde_json::json!({"gradient_accumulation_steps": 2}) },
     ];
-    let mut losses = BTreeMap::new();
+    let mut prepared = Vec::new();
     for case in cases {
         let label = case.label();
         let mut keys = serde_json::json!({
@@ -141,7 +156,6 @@ fn loss_and_gradients_match_trl() {
         if config.top_entropy_quantile < 1.0 {
             assert_entropy_mask_is_stable(&logprobs.entropy, &loss_mask, config.top_entropy_quantile);
         }
-        losses.insert(label.clone(), terms.loss.double_value(&[]));
         let ours: BTreeMap<String, Tensor> = policy_model.base_tensors().into_iter().map(|(n, t)| (n, t.grad().copy())).collect();
 
         let dir = work.path().join(format!("case-{}", label.replace([' ', '(', ')', '"', ':', ',', '{', '}'], "")));
@@ -162,18 +176,23 @@ fn loss_and_gradients_match_trl() {
         args["model_dir"] = work.path().join("policy").to_str().unwrap().into();
         args["ref_model_dir"] = fixture("tiny-stories").to_str().unwrap().into();
         std::fs::write(dir.join("args.json"), args.to_string()).unwrap();
-        let status = std::process::Command::new(python())
-            .current_dir(repo_root())
-            .arg("scripts/reference/trl_grpo.py")
-            .args(["--batch", dir.join("batch.safetensors").to_str().unwrap()])
-            .args(["--args", dir.join("args.json").to_str().unwrap()])
-            .args(["--out", dir.join("trl.safetensors").to_str().unwrap()])
-            .args(["--float64-out", dir.join("exact.safetensors").to_str().unwrap()])
-            .status()
-            .unwrap();
-        assert!(status.success(), "trl_grpo.py failed for {label}");
+        prepared.push(Prepared { label, dir, config, settings, old, advantages, loss_mask, logprobs: logprobs.logprobs, terms, ours });
+    }
+    // One Python process for every case: importing torch, transformers and TRL is most of a run.
+    let status = std::process::Command::new(python())
+        .current_dir(repo_root())
+        .arg("scripts/reference/trl_grpo.py")
+        .arg("--case-dirs")
+        .args(prepared.iter().map(|p| &p.dir))
+        .status()
+        .unwrap();
+    assert!(status.success(), "trl_grpo.py failed (its message above names the case directory)");
+    let mut losses = BTreeMap::new();
+    for p in prepared {
+        let Prepared { label, dir, config, settings, old, advantages, loss_mask, logprobs, terms, ours } = p;
+        losses.insert(label.clone(), terms.loss.double_value(&[]));
         if let (Some(delta), Some(old)) = (settings.delta, &old) {
-            let clamped = (&logprobs.logprobs - old).exp().gt(delta).logical_and(&advantages.lt(0.0).unsqueeze(1)).logical_and(&loss_mask.to_kind(Kind::Bool));
+            let clamped = (&logprobs - old).exp().gt(delta).logical_and(&advantages.lt(0.0).unsqueeze(1)).logical_and(&loss_mask.to_kind(Kind::Bool));
             assert!(clamped.sum(Kind::Int64).int64_value(&[]) > 0, "{label}: delta must clamp some ratios of negative advantage");
         }
         let clipped = match (&terms.clip_fractions, &terms.cispo_clip_ratio) {
@@ -181,10 +200,10 @@ fn loss_and_gradients_match_trl() {
             (None, Some(capped)) => capped.double_value(&[]),
             _ => panic!("{label}: a loss logs either TRL's clip fractions or cispo_clip_ratio"),
         };
-        assert!(case.num_iterations == 1 || clipped > 0.05, "{label}: the clip must bind with shifted old log-probs (fraction clipped {clipped})");
+        assert!(config.num_iterations == 1 || clipped > 0.05, "{label}: the clip must bind with shifted old log-probs (fraction clipped {clipped})");
         let trl = read_safetensors(&dir.join("trl.safetensors")).unwrap();
         let exact = read_safetensors(&dir.join("exact.safetensors")).unwrap();
-        let computed = Computed { loss: &terms.loss, logprobs: &logprobs.logprobs, advantages: &advantages, grads: &ours };
+        let computed = Computed { loss: &terms.loss, logprobs: &logprobs, advantages: &advantages, grads: &ours };
         compare(&label, &computed, &loss_mask, &trl, &exact);
         if config.gradient_accumulation_steps == 1 {
             // TRL logs each micro-batch's fractions (averaged when it logs); ours are the batch's.

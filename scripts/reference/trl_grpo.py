@@ -3,6 +3,7 @@
 
 Usage (from the repo root):
     .venv/bin/python scripts/reference/trl_grpo.py --batch B.safetensors --args A.json --out O.safetensors
+    .venv/bin/python scripts/reference/trl_grpo.py --case-dirs DIR [DIR ...]   (DIR/args.json, DIR/batch.safetensors)
     .venv/bin/python scripts/reference/trl_grpo.py --self-test
 
 How TRL is driven (nothing of the loss is re-implemented here)
@@ -640,6 +641,14 @@ def self_test() -> int:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def run_case(args_path: Path, batch_path: Path, out_path: Path, float64_out: Path | None, quiet: bool = False) -> None:
+    run_cli(args_path, batch_path, out_path, quiet=quiet)
+    if float64_out:
+        a = read_args(args_path)
+        exact = independent_loss(a, read_batch(batch_path, a), exact=True)
+        save_file({"loss": torch.tensor(exact["loss"], dtype=torch.float64), **exact["grads"]}, str(float64_out))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description="Run TRL's GRPO loss on a batch; save loss and gradients.")
     ap.add_argument("--batch", type=Path)
@@ -648,17 +657,20 @@ def main() -> int:
     ap.add_argument("--self-test", action="store_true", help="check this script against an independent loss")
     ap.add_argument("--float64-out", type=Path, help="also save the float64 gradients of the independent "
                     "loss (unpadded rows, no TRL code): the exact values both fp32 results approximate")
+    ap.add_argument("--case-dirs", type=Path, nargs="+", help="several batches in one process (imports are "
+                    "most of a run's time): each DIR holds batch.safetensors and args.json and gets "
+                    "trl.safetensors, trl.metrics.json and exact.safetensors")
     ns = ap.parse_args()
     try:
         if ns.self_test:
             return self_test()
+        if ns.case_dirs:
+            for d in ns.case_dirs:
+                run_case(d / "args.json", d / "batch.safetensors", d / "trl.safetensors", d / "exact.safetensors", quiet=True)
+            return 0
         if not (ns.batch and ns.args and ns.out):
-            ap.error("--batch, --args and --out are required (or --self-test)")
-        run_cli(ns.args, ns.batch, ns.out)
-        if ns.float64_out:
-            a = read_args(ns.args)
-            exact = independent_loss(a, read_batch(ns.batch, a), exact=True)
-            save_file({"loss": torch.tensor(exact["loss"], dtype=torch.float64), **exact["grads"]}, str(ns.float64_out))
+            ap.error("--batch, --args and --out are required (or --case-dirs, or --self-test)")
+        run_case(ns.args, ns.batch, ns.out, ns.float64_out)
         return 0
     except InputError as e:
         print(f"trl_grpo.py: error: {e}", file=sys.stderr)
