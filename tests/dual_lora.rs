@@ -440,3 +440,70 @@ fn coherence_rows_train_retain_alone_with_forget_off() {
         assert_same(&format!("{kind} coherence"), &ours, &reference);
     }
 }
+
+/// Every trainable tensor's gradient of `loss` (zeros where it has none), flattened into one
+/// float64 vector; the graph is kept for the next call.
+fn flat_gradient(config: &AdapterConfig, model: &Llama, loss: &Tensor) -> Tensor {
+    let params = config.trainable(model);
+    let tensors: Vec<&Tensor> = params.iter().map(|(_, t)| t).collect();
+    let grads = Tensor::run_backward(&[loss], &tensors, true, false);
+    let flat: Vec<Tensor> = grads.iter().zip(&tensors).map(|(g, t)| smallrl::adapters::gradient_or_zeros(g.shallow_clone(), t).to_kind(Kind::Double).reshape([-1])).collect();
+    Tensor::cat(&flat, 0)
+}
+
+#[test]
+fn the_gradient_noise_scale_follows_mccandlish_from_per_row_gradients() {
+    // A routed DualLoRA step (classic, two flagged rows, one ablated), grpo: each row's term of
+    // the loss is the loss with its classes restricted to that row (grpo's weights do not
+    // depend on the class sizes), so per-row gradients come from one forward pass.
+    let mut loaded = load();
+    let config = dual_lora(&mut loaded.model);
+    let model = &loaded.model;
+    let b = batch(&loaded);
+    let rows = 8;
+    let is_rh = [false, true, false, false, false, false, true, false];
+    let ablated = [false, false, true, false, false, false, false, false];
+    let plan = routing::plan(&config, RowWeights::gates(RoutingMode::Classic), &routing::Labels::routed(is_rh.to_vec(), ablated.to_vec()), Device::Cpu);
+    let settings = settings(LossType::Grpo);
+    let g = &b.generation;
+    let lp = grpo::completion_logprobs(model, g.into(), 1.0, &plan.ctl);
+    let per_row: Vec<Tensor> = (0..rows)
+        .map(|i| {
+            let row = Tensor::zeros([rows], (Kind::Float, Device::Cpu)).index_fill(0, &Tensor::from_slice(&[i]), 1.0);
+            let classes = routing::restrict_classes(&plan.classes, &row);
+            flat_gradient(&config, model, &grpo::grpo_loss(&lp.logprobs, None, None, &b.advantages, (&g.completion_mask).into(), &classes, &settings).loss)
+        })
+        .collect();
+    let batch = grpo::LossBatch { seqs: g.into(), ctl: &plan.ctl, old_logprobs: None, ref_logprobs: None, advantages: &b.advantages, loss_mask: &g.completion_mask, classes: &plan.classes };
+    // The two halves (gradient_accumulation_steps 1), and two and four micro-batches.
+    for passes in [grpo::Passes { micro_batches: 1, splits: 2 }, grpo::Passes { micro_batches: 2, splits: 1 }, grpo::Passes { micro_batches: 4, splits: 1 }] {
+        // McCandlish et al. (2018), appendix A.1, in float64: part j's gradient estimate from
+        // B_small rows is k times its rows' share of the batch loss.
+        let k = passes.count();
+        let norm_sq = |t: &Tensor| t.square().sum(Kind::Double).double_value(&[]);
+        let part = |j: usize| per_row[j * rows as usize / k..(j + 1) * rows as usize / k].iter().fold(Tensor::zeros_like(&per_row[0]), |sum, g| sum + g);
+        let small_sq = (0..k).map(|j| norm_sq(&(part(j) * k as f64))).sum::<f64>() / k as f64;
+        let big_sq = norm_sq(&per_row.iter().fold(Tensor::zeros_like(&per_row[0]), |sum, g| sum + g));
+        let (b_big, b_small) = (rows as f64, rows as f64 / k as f64);
+        let grad_squared = (b_big * big_sq - b_small * small_sq) / (b_big - b_small);
+        let trace = (small_sq - big_sq) / (1.0 / b_small - 1.0 / b_big);
+
+        zero_grads(&config, model);
+        let trained: Vec<Tensor> = config.trainable(model).into_iter().map(|(_, t)| t).collect();
+        let mut gradients = smallrl::probes::PassGradients::default();
+        let mut after_backward = || {
+            let accumulated = trained.iter().map(|t| smallrl::adapters::gradient_or_zeros(t.grad(), t)).collect();
+            let last = gradients.pass_squared_norms.len() + 1 == k;
+            gradients.record(accumulated, last);
+        };
+        grpo::backward_passes(model, &batch, 1.0, &settings, passes, &mut |_, _| {}, &mut after_backward);
+        let ours = smallrl::probes::NoiseScale::from_passes(&gradients, rows as usize);
+        // Bounds relative to the float64 terms each estimate is a difference of.
+        let grad_bound = 1e-5 * (b_big * big_sq + b_small * small_sq) / (b_big - b_small);
+        let trace_bound = 1e-5 * (small_sq + big_sq) / (1.0 / b_small - 1.0 / b_big);
+        let (grad_error, trace_error) = ((ours.grad_squared - grad_squared).abs(), (ours.trace - trace).abs());
+        println!("{passes:?}: |G|² {:.6e} (f64 {grad_squared:.6e}, error {grad_error:.1e}, bound {grad_bound:.1e}), tr {:.6e} (f64 {trace:.6e}, error {trace_error:.1e}, bound {trace_bound:.1e})", ours.grad_squared, ours.trace);
+        assert!(grad_error <= grad_bound && trace_error <= trace_bound, "{passes:?}: ours {ours:?}, float64 |G|² {grad_squared}, tr {trace}");
+        assert!(trace > 0.0 && ours.simple().is_finite(), "{passes:?}: rows that differ must show noise");
+    }
+}

@@ -350,6 +350,45 @@ fn the_measured_entropy_change_is_the_next_pass_over_the_same_batch() {
     assert!(measured != 0.0 && (measured - next_pass).abs() < 1e-6, "measured {measured} vs the next pass's {next_pass}");
 }
 
+#[test]
+fn the_gradient_noise_scale_is_logged_averaged_and_resumed_without_changing_the_step() {
+    // A routed run with the probe (the step as two halves, one group each), interrupted after
+    // step 3 and resumed from its step-2 checkpoint, against the same run without the probe.
+    let out = tempfile::tempdir().unwrap();
+    let plain = read_jsonl(&train(routed_config(&out.path().join("plain"))).join("metrics.jsonl"));
+    let probed = TrainConfig::resolve(None, with(routed_config(&out.path().join("probed")), "gradient_noise_scale", true.into())).unwrap();
+    let mut first = Trainer::new(probed.clone(), None).unwrap();
+    let stopped = first.train(Some(3)).unwrap();
+    drop(first);
+    let run = Trainer::new(probed, Some(&stopped.run_dir)).unwrap().train(None).unwrap().run_dir;
+    let lines = read_jsonl(&run.join("metrics.jsonl"));
+    assert_eq!(lines.len(), 4);
+    let value = |line: &Value, key: &str| line[key].as_f64().unwrap_or_else(|| panic!("{key} is logged: {line}"));
+    // The halves' passes compute the step's gradient in another summation order only.
+    for (step, (a, b)) in plain.iter().zip(&lines).enumerate() {
+        for k in [key::LOSS, key::GRAD_NORM] {
+            // The on-policy loss is about 0 (1e-7): rounding of that size, absolute.
+            assert!((value(a, k) - value(b, k)).abs() <= 1e-4 * value(a, k).abs() + 1e-6, "step {}: {k} {} without the probe, {} with it", step + 1, a[k], b[k]);
+        }
+    }
+    assert!(plain[0].get(key::NOISE_SCALE).is_none(), "no probe, no key");
+    // The running averages are exponential moving averages of the steps' estimates, started
+    // at the first, continued across the resumption; B_simple is each pair's ratio.
+    let decay = smallrl::probes::NOISE_SCALE_EMA_DECAY;
+    let (mut grad_avg, mut trace_avg) = (value(&lines[0], key::NOISE_GRAD_SQUARED), value(&lines[0], key::NOISE_TRACE));
+    for (i, line) in lines.iter().enumerate() {
+        let (grad, trace) = (value(line, key::NOISE_GRAD_SQUARED), value(line, key::NOISE_TRACE));
+        if i > 0 {
+            (grad_avg, trace_avg) = (decay * grad_avg + (1.0 - decay) * grad, decay * trace_avg + (1.0 - decay) * trace);
+        }
+        let close = |ours: f64, exact: f64| (ours - exact).abs() <= 1e-12 * exact.abs();
+        assert!(close(value(line, key::NOISE_GRAD_SQUARED_AVG), grad_avg) && close(value(line, key::NOISE_TRACE_AVG), trace_avg), "step {}: {line}", i + 1);
+        assert!(close(value(line, key::NOISE_SCALE), trace / grad) && close(value(line, key::NOISE_SCALE_AVG), trace_avg / grad_avg), "step {}: {line}", i + 1);
+        assert!(trace > 0.0, "step {}: eight different completions must show gradient noise: {line}", i + 1);
+        println!("step {}: |G|² {grad:.3e} tr(Σ) {trace:.3e} B_simple {:.1} (average {:.1})", i + 1, trace / grad, trace_avg / grad_avg);
+    }
+}
+
 /// beta 0 takes no reference pass (as TRL): nothing is scored by the reference, the dump has no
 /// reference log-probs, `kl` is null and the loss is the policy term alone.
 #[test]

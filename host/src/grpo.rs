@@ -520,27 +520,75 @@ pub struct BackwardPass {
 /// differentiable log-probabilities and masks before its backward pass (for probes that need
 /// the graph).
 pub fn backward_micro_batches(model: &Llama, batch: &LossBatch, temperature: f64, settings: &LossSettings, micro_batches: usize, before_backward: &mut dyn FnMut(&Tensor, TokenMasks)) -> BackwardPass {
-    let loss_mask = batch.loss_mask.to_kind(Kind::Float);
-    let weights = token_weights(&loss_mask, batch.classes, settings, micro_batches);
-    let rows = loss_mask.size()[0] / micro_batches as i64;
-    assert_eq!(rows * micro_batches as i64, loss_mask.size()[0], "micro-batches must divide the batch");
-    let mut chunks = Vec::with_capacity(micro_batches);
-    for start in (0..micro_batches as i64).map(|k| k * rows) {
-        let pick = |t: &Tensor| t.narrow(0, start, rows);
-        let (prompt_ids, prompt_mask, completion_ids, completion_mask) = (pick(batch.seqs.prompt_ids), pick(batch.seqs.prompt_mask), pick(batch.seqs.completion_ids), pick(batch.seqs.completion_mask));
-        let seqs = Sequences { prompt_ids: &prompt_ids, prompt_mask: &prompt_mask, completion_ids: &completion_ids, completion_mask: &completion_mask };
-        let ctl: Vec<AdapterCtl> = batch.ctl.iter().map(|c| c.rows(start, rows)).collect();
-        let logprobs = completion_logprobs(model, seqs, temperature, &ctl);
-        let chunk_mask = pick(batch.loss_mask);
-        let high_entropy = (settings.top_entropy_quantile < 1.0).then(|| high_entropy_mask(&logprobs.entropy, &chunk_mask, settings.top_entropy_quantile));
-        let masks = TokenMasks { loss: &chunk_mask, policy: high_entropy.as_ref() };
-        let (old, reference) = (batch.old_logprobs.map(pick), batch.ref_logprobs.map(pick));
-        let terms = weighted_loss(&logprobs.logprobs, old.as_ref(), reference.as_ref(), &pick(batch.advantages), masks, &pick(&weights), settings);
-        before_backward(&logprobs.logprobs, masks);
-        terms.loss.backward();
-        chunks.push((TokenLogprobs { logprobs: logprobs.logprobs.detach(), entropy: logprobs.entropy }, high_entropy, terms));
+    let passes = Passes { micro_batches, splits: 1 };
+    backward_passes(model, batch, temperature, settings, passes, before_backward, &mut || {})
+}
+
+/// How a step's batch goes through backward passes: `micro_batches` chunks of consecutive rows
+/// (the objective's `gradient_accumulation_steps`), each run as `splits` passes of consecutive
+/// rows. Splitting changes nothing in the objective (weights and high-entropy thresholds stay
+/// the micro-batch's); it exists so that probes can see the gradient of each part of the batch
+/// (the gradient noise scale, `crate::probes`).
+#[derive(Clone, Copy, Debug)]
+pub struct Passes {
+    pub micro_batches: usize,
+    pub splits: usize,
+}
+
+impl Passes {
+    /// Backward passes in all.
+    pub fn count(&self) -> usize {
+        self.micro_batches * self.splits
     }
-    if micro_batches == 1 {
+}
+
+/// [`backward_micro_batches`] with each micro-batch run as `passes.splits` backward passes: the
+/// micro-batch's parts are all forwarded first (their graphs kept, together as large as the
+/// micro-batch's one), so its high-entropy threshold is computed over all its rows, then each
+/// part's loss goes backward on its own. `after_backward` runs after every backward pass (the
+/// parameters' gradients then hold the sum of the passes so far).
+pub fn backward_passes(
+    model: &Llama,
+    batch: &LossBatch,
+    temperature: f64,
+    settings: &LossSettings,
+    passes: Passes,
+    before_backward: &mut dyn FnMut(&Tensor, TokenMasks),
+    after_backward: &mut dyn FnMut(),
+) -> BackwardPass {
+    let loss_mask = batch.loss_mask.to_kind(Kind::Float);
+    let weights = token_weights(&loss_mask, batch.classes, settings, passes.micro_batches);
+    let total_rows = loss_mask.size()[0];
+    let rows = total_rows / passes.micro_batches as i64;
+    let part_rows = rows / passes.splits as i64;
+    assert_eq!(part_rows * passes.count() as i64, total_rows, "micro-batches and their splits must divide the batch");
+    let mut chunks = Vec::with_capacity(passes.count());
+    for start in (0..passes.micro_batches as i64).map(|k| k * rows) {
+        let parts: Vec<(i64, TokenLogprobs)> = (0..passes.splits as i64)
+            .map(|p| start + p * part_rows)
+            .map(|part_start| (part_start, rows_logprobs(model, batch, temperature, part_start, part_rows)))
+            .collect();
+        let high_entropy = (settings.top_entropy_quantile < 1.0).then(|| {
+            let entropy = match &parts[..] {
+                [(_, only)] => only.entropy.shallow_clone(),
+                _ => Tensor::cat(&parts.iter().map(|(_, part)| part.entropy.shallow_clone()).collect::<Vec<_>>(), 0),
+            };
+            high_entropy_mask(&entropy, &batch.loss_mask.narrow(0, start, rows), settings.top_entropy_quantile)
+        });
+        for (part_start, logprobs) in parts {
+            let pick = |t: &Tensor| t.narrow(0, part_start, part_rows);
+            let part_mask = pick(batch.loss_mask);
+            let part_high_entropy = high_entropy.as_ref().map(|mask| mask.narrow(0, part_start - start, part_rows));
+            let masks = TokenMasks { loss: &part_mask, policy: part_high_entropy.as_ref() };
+            let (old, reference) = (batch.old_logprobs.map(pick), batch.ref_logprobs.map(pick));
+            let terms = weighted_loss(&logprobs.logprobs, old.as_ref(), reference.as_ref(), &pick(batch.advantages), masks, &pick(&weights), settings);
+            before_backward(&logprobs.logprobs, masks);
+            terms.loss.backward();
+            after_backward();
+            chunks.push((TokenLogprobs { logprobs: logprobs.logprobs.detach(), entropy: logprobs.entropy }, part_high_entropy, terms));
+        }
+    }
+    if chunks.len() == 1 {
         let (logprobs, _, mut terms) = chunks.pop().expect("one chunk");
         terms.loss = terms.loss.detach();
         return BackwardPass { logprobs, terms };
@@ -553,6 +601,15 @@ pub fn backward_micro_batches(model: &Llama, batch: &LossBatch, temperature: f64
     let mut terms = weighted_loss(&logprobs.logprobs, batch.old_logprobs, batch.ref_logprobs, batch.advantages, masks, &weights, settings);
     terms.loss = Tensor::stack(&chunks.iter().map(|c| c.2.loss.detach()).collect::<Vec<_>>(), 0).sum(Kind::Float);
     BackwardPass { logprobs, terms }
+}
+
+/// The differentiable log-probabilities of rows `start..start + rows` of `batch`.
+fn rows_logprobs(model: &Llama, batch: &LossBatch, temperature: f64, start: i64, rows: i64) -> TokenLogprobs {
+    let pick = |t: &Tensor| t.narrow(0, start, rows);
+    let (prompt_ids, prompt_mask, completion_ids, completion_mask) = (pick(batch.seqs.prompt_ids), pick(batch.seqs.prompt_mask), pick(batch.seqs.completion_ids), pick(batch.seqs.completion_mask));
+    let seqs = Sequences { prompt_ids: &prompt_ids, prompt_mask: &prompt_mask, completion_ids: &completion_ids, completion_mask: &completion_mask };
+    let ctl: Vec<AdapterCtl> = batch.ctl.iter().map(|c| c.rows(start, rows)).collect();
+    completion_logprobs(model, seqs, temperature, &ctl)
 }
 
 /// Kish's effective sample size `(Σw)² / Σw²` of non-negative weights (0 when all are 0).

@@ -53,6 +53,81 @@ pub fn entropy_quantiles(entropy: &Tensor, mask: &Tensor) -> [f64; 3] {
     [quantiles[0], quantiles[1], quantiles[2]]
 }
 
+/// The squared L2 norms of the gradients of a step's backward passes, from the parameters'
+/// accumulated gradients after each pass: a pass's gradient is the change since the previous
+/// pass (the gradients start at zero). One copy of the gradients per pass but the last.
+#[derive(Default)]
+pub struct PassGradients {
+    previous: Option<Vec<Tensor>>,
+    /// `|g_j|²` of each pass `j` so far.
+    pub pass_squared_norms: Vec<f64>,
+    /// `|Σ_j g_j|²`: the accumulated gradient's after the last pass.
+    pub total_squared_norm: f64,
+}
+
+impl PassGradients {
+    /// Records the pass that just went backward; `accumulated` are the parameters' gradients
+    /// now (zeros for a parameter without one). `last`: no copy is kept after it.
+    pub fn record(&mut self, accumulated: Vec<Tensor>, last: bool) {
+        let _guard = tch::no_grad_guard();
+        let squared_norm = |tensors: &mut dyn Iterator<Item = Tensor>| tensors.map(|t| t.square().sum(Kind::Double).double_value(&[])).sum::<f64>();
+        let pass = match &self.previous {
+            None => squared_norm(&mut accumulated.iter().map(Tensor::shallow_clone)),
+            Some(previous) => squared_norm(&mut accumulated.iter().zip(previous).map(|(now, then)| now - then)),
+        };
+        self.pass_squared_norms.push(pass);
+        self.total_squared_norm = squared_norm(&mut accumulated.iter().map(Tensor::shallow_clone));
+        self.previous = (!last).then(|| accumulated.iter().map(Tensor::copy).collect());
+    }
+}
+
+/// McCandlish et al. (2018, "An Empirical Model of Large-Batch Training", appendix A.1) unbiased
+/// estimates of the true gradient's squared norm `|G|²` and of the per-sample gradient
+/// covariance's trace `tr(Σ)`, from gradient norms at two batch sizes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NoiseScale {
+    pub grad_squared: f64,
+    pub trace: f64,
+}
+
+impl NoiseScale {
+    /// The step's `k` passes over equal parts of a batch of `batch` samples: each part's
+    /// gradient times `k` is a gradient estimate from `B_small = batch / k` samples (the
+    /// batch's loss restricted to the part, rescaled to the whole), their sum the estimate
+    /// `G_big` from `B_big = batch`. With `|G_small|²` the mean over the parts:
+    /// `|G|² = (B_big |G_big|² - B_small |G_small|²) / (B_big - B_small)`,
+    /// `tr(Σ) = (|G_small|² - |G_big|²) / (1 / B_small - 1 / B_big)`.
+    pub fn from_passes(gradients: &PassGradients, batch: usize) -> Self {
+        let k = gradients.pass_squared_norms.len() as f64;
+        assert!(k >= 2.0, "the gradient noise scale needs at least two passes");
+        let (big, small) = (batch as f64, batch as f64 / k);
+        let small_squared = gradients.pass_squared_norms.iter().map(|g| k * k * g).sum::<f64>() / k;
+        let big_squared = gradients.total_squared_norm;
+        NoiseScale {
+            grad_squared: (big * big_squared - small * small_squared) / (big - small),
+            trace: (small_squared - big_squared) / (1.0 / small - 1.0 / big),
+        }
+    }
+
+    /// The simple noise scale `B_simple = tr(Σ) / |G|²` (in samples; NaN, null in
+    /// `metrics.jsonl`, when `|G|²` is 0). Each step's estimate is noisy and can be negative.
+    pub fn simple(&self) -> f64 {
+        if self.grad_squared == 0.0 { f64::NAN } else { self.trace / self.grad_squared }
+    }
+
+    /// The running average: numerator and denominator each an exponential moving average
+    /// (decay [`NOISE_SCALE_EMA_DECAY`], started at the first step's estimates), as McCandlish
+    /// et al. average them separately before taking the ratio.
+    pub fn averaged(previous: Option<NoiseScale>, now: NoiseScale) -> NoiseScale {
+        let Some(previous) = previous else { return now };
+        let mix = |old: f64, new: f64| NOISE_SCALE_EMA_DECAY * old + (1.0 - NOISE_SCALE_EMA_DECAY) * new;
+        NoiseScale { grad_squared: mix(previous.grad_squared, now.grad_squared), trace: mix(previous.trace, now.trace) }
+    }
+}
+
+/// The running gradient noise scale's decay per step (a horizon of about 20 steps).
+pub const NOISE_SCALE_EMA_DECAY: f64 = 0.95;
+
 #[cfg(test)]
 mod tests {
     use super::*;

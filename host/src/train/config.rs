@@ -182,6 +182,11 @@ hyperparameters! {
         /// the training pass) and log the entropy change (`entropy/measured_change`).
         #[arg(num_args = 0..=1, default_missing_value = "true")]
         measure_entropy_change: bool = false, Omit;
+        /// Log the gradient noise scale (McCandlish et al. 2018's B_simple = tr(Σ) / |G|²) from the
+        /// gradients of the batch's micro-batches, or with gradient_accumulation_steps 1 of its two
+        /// halves (the step then runs as two backward passes of half the batch each).
+        #[arg(num_args = 0..=1, default_missing_value = "true")]
+        gradient_noise_scale: bool = false, Omit;
         /// Write each step's batch tensors (ids, masks, rewards, advantages, log-probs, loss) here.
         dump_batches: Option<PathBuf> = None, Omit;
         /// TensorBoard event files in the run directory (`train/live.rs`; `--tensorboard false`
@@ -346,6 +351,7 @@ impl TrainConfig {
                 "absorption_by_class takes its per-class gradient norms from the step's one backward pass: leave gradient_accumulation_steps at 1"
             );
         }
+        self.check_gradient_noise_scale()?;
         ensure!(self.rh_penalty.is_finite(), "rh_penalty must be a finite number, got {}", self.rh_penalty);
         if intervention != Intervention::Penalty {
             ensure!(
@@ -490,6 +496,32 @@ impl TrainConfig {
         Ok(())
     }
 
+    /// The gradient noise scale compares the gradients of the step's backward passes: they must
+    /// be at least two, each of whole groups (a group's advantages tie its rows together, so
+    /// parts that split groups are not independent samples), and the step must not need its
+    /// one pass for absorption_by_class.
+    fn check_gradient_noise_scale(&self) -> Result<()> {
+        if !self.gradient_noise_scale {
+            return Ok(());
+        }
+        let passes = self.backward_passes().count();
+        ensure!(
+            self.batch_size % passes == 0 && (self.batch_size / passes) % self.num_generations == 0,
+            "gradient_noise_scale compares {passes} backward passes (the micro-batches, or two halves when gradient_accumulation_steps is 1) and each must hold whole groups: batch_size ({}) / {passes} must be a multiple of num_generations ({})",
+            self.batch_size,
+            self.num_generations
+        );
+        ensure!(!self.absorption_by_class, "absorption_by_class needs the step's one backward pass and gradient_noise_scale splits it: use one of them");
+        Ok(())
+    }
+
+    /// The step's backward passes: the micro-batches, each halved for the gradient noise scale
+    /// when there is only one.
+    pub fn backward_passes(&self) -> crate::grpo::Passes {
+        let halves = self.gradient_noise_scale && self.gradient_accumulation_steps == 1;
+        crate::grpo::Passes { micro_batches: self.gradient_accumulation_steps, splits: if halves { 2 } else { 1 } }
+    }
+
     /// The policy loss's settings.
     pub fn loss_settings(&self) -> LossSettings {
         LossSettings {
@@ -624,7 +656,7 @@ mod tests {
         let omitted = [
             "model", "revision", "prompts", "eval_prompts", "reward", "rh_detector", "rh_ground_truth", "absorption_by_class", "plugin_dir", "plugin_fuel_per_sample",
             "plugin_max_call_seconds", "plugin_max_memory_mb", "plugin_sha256", "logging_steps", "save_steps",
-            "eval_every", "eval_samples", "output_dir", "dump_batches", "measure_entropy_change", "tensorboard", "log_completions", "name", "device",
+            "eval_every", "eval_samples", "output_dir", "dump_batches", "measure_entropy_change", "gradient_noise_scale", "tensorboard", "log_completions", "name", "device",
             "threads", "seed",
             // A record written by --extend-schedule, not a setting: an extended run keeps its
             // directory and name.
@@ -713,6 +745,11 @@ mod tests {
         assert!(single.contains("absorption_by_class splits"), "{single}");
         let micro = error(&[("absorption_by_class", "true"), ("gradient_accumulation_steps", "2")]);
         assert!(micro.contains("leave gradient_accumulation_steps at 1"), "{micro}");
+        let noise = error(&[("absorption_by_class", "true"), ("gradient_noise_scale", "true")]);
+        assert!(noise.contains("gradient_noise_scale splits it"), "{noise}");
+        let split_groups = error(&[("gradient_noise_scale", "true"), ("batch_size", "32"), ("num_generations", "16"), ("gradient_accumulation_steps", "4")]);
+        assert!(split_groups.contains("4 backward passes") && split_groups.contains("must hold whole groups"), "{split_groups}");
+        assert_eq!(resolved(&[("gradient_noise_scale", "true"), ("batch_size", "32"), ("num_generations", "16")]).backward_passes().count(), 2, "two halves of one group each");
         let unmeasured = error(&[("rh_detector", "null"), ("routing_mode", "none"), ("rh_ground_truth", "{plugin: happy_any}")]);
         assert!(unmeasured.contains("rh_ground_truth measures the rh_detector's flags"), "{unmeasured}");
         let blind = error(&[("intervention", "filter"), ("routing_mode", "none"), ("rh_detector", "null")]);

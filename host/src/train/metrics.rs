@@ -10,6 +10,8 @@ use std::path::Path;
 use anyhow::{Context, Result, ensure};
 use serde_json::{Map, Value};
 
+use crate::probes::NoiseScale;
+
 /// The keys of a `metrics.jsonl` line.
 pub mod key {
     pub const STEP: &str = "step";
@@ -55,6 +57,15 @@ pub mod key {
     pub const KL_SAMPLE_TRAIN_V2: &str = "kl_sample_train_v2";
     /// Quantiles of the per-token entropy of the loss tokens (`probes::ENTROPY_QUANTILES`).
     pub const ENTROPY_QUANTILES: [&str; 3] = ["entropy/p10", "entropy/p50", "entropy/p90"];
+    /// The gradient noise scale (`probes::NoiseScale`, with `gradient_noise_scale` only): the
+    /// step's unbiased estimates of |G|² and tr(Σ), their ratio B_simple (in completions), and
+    /// the same three from the running averages of |G|² and tr(Σ).
+    pub const NOISE_GRAD_SQUARED: &str = "gradient_noise/grad_squared";
+    pub const NOISE_TRACE: &str = "gradient_noise/trace";
+    pub const NOISE_SCALE: &str = "gradient_noise/b_simple";
+    pub const NOISE_GRAD_SQUARED_AVG: &str = "gradient_noise/grad_squared_avg";
+    pub const NOISE_TRACE_AVG: &str = "gradient_noise/trace_avg";
+    pub const NOISE_SCALE_AVG: &str = "gradient_noise/b_simple_avg";
     /// Prompt and completion tokens generated so far (each batch counted once).
     pub const NUM_TOKENS: &str = "num_tokens";
     pub const TIMING_GENERATE: &str = "timing/generate";
@@ -131,11 +142,35 @@ pub struct StepMetrics {
     pub effective_sample_size: f64,
     /// `kl_sample_train_v1` and `_v2`.
     pub kl_sample_train: (f64, f64),
+    /// With `gradient_noise_scale`: the step's estimates and their running averages.
+    pub gradient_noise: Option<GradientNoise>,
     pub num_tokens: usize,
     pub train_seconds: f64,
     pub step_seconds: f64,
     /// DualLoRA's absorption diagnostics, keyed by [`key::absorption`].
     pub absorption: Vec<(String, f64)>,
+}
+
+/// The gradient noise scale of a step and its running average.
+#[derive(Debug, Clone, Copy)]
+pub struct GradientNoise {
+    pub step: NoiseScale,
+    pub average: NoiseScale,
+}
+
+impl GradientNoise {
+    fn put(&self, put: &mut dyn FnMut(&str, Value)) {
+        for (scale, [grad_squared, trace, simple]) in [(self.step, [key::NOISE_GRAD_SQUARED, key::NOISE_TRACE, key::NOISE_SCALE]), (self.average, [key::NOISE_GRAD_SQUARED_AVG, key::NOISE_TRACE_AVG, key::NOISE_SCALE_AVG])] {
+            put(grad_squared, scale.grad_squared.into());
+            put(trace, scale.trace.into());
+            put(simple, scale.simple().into());
+        }
+    }
+
+    /// The running average a metrics line recorded (to continue it on resume).
+    pub fn average_in(line: &Value) -> Option<NoiseScale> {
+        Some(NoiseScale { grad_squared: line[key::NOISE_GRAD_SQUARED_AVG].as_f64()?, trace: line[key::NOISE_TRACE_AVG].as_f64()? })
+    }
 }
 
 /// One `metrics.jsonl` line.
@@ -188,6 +223,9 @@ pub fn line(rollout: &RolloutMetrics, step: &StepMetrics) -> Value {
     put(key::EFFECTIVE_SAMPLE_SIZE, step.effective_sample_size.into());
     put(key::KL_SAMPLE_TRAIN_V1, step.kl_sample_train.0.into());
     put(key::KL_SAMPLE_TRAIN_V2, step.kl_sample_train.1.into());
+    if let Some(noise) = &step.gradient_noise {
+        noise.put(&mut put);
+    }
     put(key::NUM_TOKENS, step.num_tokens.into());
     put(key::TIMING_TRAIN, step.train_seconds.into());
     put(key::STEP_TIME, step.step_seconds.into());

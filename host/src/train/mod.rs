@@ -75,6 +75,9 @@ pub struct Trainer {
     evals: Jsonl,
     num_tokens: usize,
     rollout: Option<Rollout>,
+    /// The running average of the gradient noise scale (`gradient_noise_scale`), restored from
+    /// the last metrics line on resume.
+    noise_scale_average: Option<crate::probes::NoiseScale>,
 }
 
 /// Where and what a finished (or stopped) run left.
@@ -151,7 +154,7 @@ impl Trainer {
             evals: Jsonl::new(run_dir.join("routing_eval.jsonl")),
             prompts: PromptStream::new(prompts, cfg.seed),
             cfg, run_dir, adapters, model, reference, reference_decoder, tokenizer, model_files, rewards, optimizer,
-            eval_prompts, loss, sampling, log, live, _lock, num_tokens: 0, rollout: None,
+            eval_prompts, loss, sampling, log, live, _lock, num_tokens: 0, rollout: None, noise_scale_average: None,
         };
         let opened = trainer.open_run(resume.is_some(), restarted, hashes);
         trainer.log_failure(opened)?;
@@ -224,6 +227,11 @@ impl Trainer {
         let last_metrics = last_metrics.with_context(|| format!("{}: metrics.jsonl has no line for step {step}", self.run_dir.display()))?;
         let num_tokens = last_metrics[metrics::key::NUM_TOKENS].as_u64();
         self.num_tokens = num_tokens.with_context(|| format!("{}: metrics.jsonl lacks {}", self.run_dir.display(), metrics::key::NUM_TOKENS))? as usize;
+        if self.cfg.gradient_noise_scale {
+            let average = metrics::GradientNoise::average_in(&last_metrics);
+            let average = average.with_context(|| format!("{}: metrics.jsonl's step {step} lacks the gradient noise scale's running average", self.run_dir.display()))?;
+            self.noise_scale_average = Some(average);
+        }
         self.log.line(&format!("resumed from {} at step {step}", dir.display()))?;
         self.record_extension()
     }

@@ -7,11 +7,12 @@ use anyhow::{Result, ensure};
 use tch::{Kind, Tensor};
 
 use super::Trainer;
-use super::metrics::{self, StepMetrics, key};
+use super::metrics::{self, GradientNoise, StepMetrics, key};
 use super::rollout::Rollout;
 use crate::routing::RoutePlan;
 use crate::{grpo, probes, routing};
 use crate::optim::linear_lr;
+use crate::probes::NoiseScale;
 
 impl Trainer {
     /// Optimizer step `step` (0-based); returns its metrics line.
@@ -42,7 +43,25 @@ impl Trainer {
             }
         };
         let batch = loss_batch(rollout, &rollout.plan);
-        let grpo::BackwardPass { logprobs, terms } = grpo::backward_micro_batches(&self.model, &batch, self.cfg.temperature, &self.loss, micro_batches, &mut before_backward);
+        let passes = self.cfg.backward_passes();
+        let mut pass_gradients = self.cfg.gradient_noise_scale.then(probes::PassGradients::default);
+        let trained: Vec<Tensor> = self.optimizer.params().iter().map(|(_, t)| t.shallow_clone()).collect();
+        let mut after_backward = || {
+            if let Some(gradients) = pass_gradients.as_mut() {
+                let accumulated = trained.iter().map(|t| crate::adapters::gradient_or_zeros(t.grad(), t)).collect();
+                let last = gradients.pass_squared_norms.len() + 1 == passes.count();
+                gradients.record(accumulated, last);
+            }
+        };
+        let grpo::BackwardPass { logprobs, terms } = grpo::backward_passes(&self.model, &batch, self.cfg.temperature, &self.loss, passes, &mut before_backward, &mut after_backward);
+        // The step's gradient noise scale from its passes' gradients (before clipping), and the
+        // running average updated with it.
+        let gradient_noise = pass_gradients.map(|gradients| {
+            let step = NoiseScale::from_passes(&gradients, self.cfg.batch_size);
+            let average = NoiseScale::averaged(self.noise_scale_average, step);
+            self.noise_scale_average = Some(average);
+            GradientNoise { step, average }
+        });
         if let Some(dir) = &self.cfg.dump_batches {
             super::dump::write_step(dir, step + 1, rollout, &logprobs.logprobs, &terms.loss)?;
         }
@@ -95,6 +114,7 @@ impl Trainer {
             cispo_clip_ratio: terms.cispo_clip_ratio.as_ref().map(|f| f.double_value(&[])),
             effective_sample_size: terms.effective_sample_size,
             kl_sample_train: probes::sampler_learner_kl(&g.sampling_logprobs, &logprobs.logprobs, &g.completion_mask),
+            gradient_noise,
             num_tokens: self.num_tokens,
             train_seconds,
             step_seconds: started.elapsed().as_secs_f64(),
