@@ -389,6 +389,39 @@ fn the_gradient_noise_scale_is_logged_averaged_and_resumed_without_changing_the_
     }
 }
 
+#[test]
+fn dynamic_sampling_fills_the_batch_with_groups_whose_rewards_differ() {
+    // happy_count on tiny-stories: about half of the groups of 4 have equal rewards (all 0).
+    let out = tempfile::tempdir().unwrap();
+    let config = [("dynamic_sampling_rounds", json!(6)), ("max_steps", json!(3)), ("log_completions", json!(true))]
+        .into_iter()
+        .fold(small_config(out.path(), &standard_plugin("happy")), |c, (k, v)| with(c, k, v));
+    let run = train(config.clone());
+    let lines = read_jsonl(&run.join("metrics.jsonl"));
+    let count = |line: &Value, key: &str| line[key].as_u64().unwrap_or_else(|| panic!("{key} is logged: {line}"));
+    let mut dropped = 0;
+    for line in &lines {
+        let (rounds, groups_dropped) = (count(line, key::DYNAMIC_SAMPLING_ROUNDS), count(line, key::DYNAMIC_SAMPLING_DROPPED));
+        println!("step {}: {rounds} rounds, {groups_dropped} groups dropped, {} surplus", line["step"], count(line, key::DYNAMIC_SAMPLING_SURPLUS));
+        assert!(rounds >= 1 && (groups_dropped > 0) == (rounds > 1), "more rounds only when something was dropped: {line}");
+        assert_eq!(line[key::FRAC_REWARD_ZERO_STD].as_f64(), Some(0.0), "{line}");
+        dropped += groups_dropped;
+    }
+    assert!(dropped > 0, "the test needs a step with equal-reward groups");
+    // Every trained group of 4, read back from the completions log, has rewards that differ.
+    let completions = read_jsonl(&run.join("completions.jsonl"));
+    assert_eq!(completions.len(), 3 * 8, "full batches");
+    for group in completions.chunks(4) {
+        let rewards: Vec<f64> = group.iter().map(|c| c["trained_reward"].as_f64().unwrap()).collect();
+        assert!(rewards.iter().any(|&r| r != rewards[0]), "a trained group with equal rewards: {rewards:?}");
+    }
+    // One round only: the first batch with an equal-reward group stops the run, naming the key.
+    let strict = with(with(config, "dynamic_sampling_rounds", json!(1)), "output_dir", json!(out.path().join("strict")));
+    let mut trainer = Trainer::new(TrainConfig::resolve(None, strict).unwrap(), None).unwrap();
+    let error = format!("{:#}", trainer.train(None).unwrap_err());
+    assert!(error.contains("raise dynamic_sampling_rounds"), "{error}");
+}
+
 /// beta 0 takes no reference pass (as TRL): nothing is scored by the reference, the dump has no
 /// reference log-probs, `kl` is null and the loss is the policy term alone.
 #[test]

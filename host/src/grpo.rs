@@ -88,6 +88,24 @@ pub fn group_advantages(rewards: &Tensor, group_size: usize, scale: ScaleRewards
     (advantages, zero_std.mean(Kind::Float).double_value(&[]))
 }
 
+/// DAPO's dynamic-sampling filter: whether each group (consecutive rows of `group_size`) has
+/// rewards that differ among its `counted` rows. A group whose counted rewards are all equal
+/// (or with fewer than two counted rows) has zero advantages and teaches nothing: DAPO drops it.
+/// Exact equality (verl keeps groups whose `np.std` is above 0; the two differ only for rewards
+/// that differ by rounding).
+pub fn informative_groups(rewards: &[f64], counted: &[bool], group_size: usize) -> Vec<bool> {
+    assert!(rewards.len() == counted.len() && rewards.len() % group_size == 0, "whole groups, one flag per reward");
+    rewards
+        .chunks(group_size)
+        .zip(counted.chunks(group_size))
+        .map(|(group, counted)| {
+            let mut values = group.iter().zip(counted).filter(|(_, c)| **c).map(|(r, _)| *r);
+            let first = values.next();
+            first.is_some_and(|first| values.any(|r| r != first))
+        })
+        .collect()
+}
+
 /// `[rows]` unbiased standard deviation of each row of `values` `[rows, n]`, as TRL's `nanstd`.
 fn unbiased_std(values: &Tensor) -> Tensor {
     let n = values.size()[1] as f64;
@@ -809,6 +827,21 @@ mod tests {
             }
             assert!((frac_zero_std - zero_std).abs() < 1e-7, "{scale}: frac_reward_zero_std {frac_zero_std}, by hand {zero_std}");
         }
+    }
+
+    #[test]
+    fn dynamic_sampling_keeps_the_groups_whose_counted_rewards_differ() {
+        let all = [true; 9];
+        // Groups of 3: equal, one differs, equal zeros.
+        let rewards = [0.5, 0.5, 0.5, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0];
+        assert_eq!(informative_groups(&rewards, &all, 3), [false, true, false]);
+        // Only counted rows matter (intervention: filter): the second group's kept rows are
+        // equal, the first's single kept row is not a spread, the third's two kept rows differ.
+        let rewards = [0.5, 0.2, 0.5, 1.0, 0.0, 1.0, 0.0, 0.3, 0.0];
+        let counted = [true, false, false, true, false, true, false, true, true];
+        assert_eq!(informative_groups(&rewards, &counted, 3), [false, false, true]);
+        assert_eq!(informative_groups(&rewards, &all, 3), [true, true, true]);
+        assert_eq!(informative_groups(&[1.0, 1.0 + 1e-12], &[true, true], 2), [true], "any difference counts");
     }
 
     #[test]

@@ -46,6 +46,22 @@ impl Generation {
     }
 }
 
+impl Generation {
+    /// The rows `rows` (in that order) as a generation of their own, padded as before.
+    pub fn select_rows(&self, rows: &[usize]) -> Generation {
+        let index = Tensor::from_slice(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>()).to(self.prompt_ids.device());
+        let pick = |t: &Tensor| t.index_select(0, &index);
+        Generation {
+            prompt_ids: pick(&self.prompt_ids),
+            prompt_mask: pick(&self.prompt_mask),
+            completion_ids: pick(&self.completion_ids),
+            completion_mask: pick(&self.completion_mask),
+            sampling_logprobs: pick(&self.sampling_logprobs),
+            rows: rows.iter().map(|&r| CompletionRow { ids: self.rows[r].ids.clone(), ended_with_eos: self.rows[r].ended_with_eos }).collect(),
+        }
+    }
+}
+
 /// `t` `[rows, w]` widened to `width` columns of `value`, on the left or the right.
 fn pad_columns(t: &Tensor, width: i64, value: f64, on_left: bool) -> Tensor {
     let (rows, w) = t.size2().expect("generation tensors are 2-d");

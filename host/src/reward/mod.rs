@@ -49,6 +49,36 @@ impl ScoredBatch {
         Some(flags.iter().filter(|&&flag| flag).count() as f64 / flags.len().max(1) as f64)
     }
 
+    /// The rows `rows` (in that order) as a batch of their own.
+    pub fn select(&self, rows: &[usize]) -> ScoredBatch {
+        fn pick<T: Clone>(values: &[T], rows: &[usize]) -> Vec<T> {
+            rows.iter().map(|&r| values[r].clone()).collect()
+        }
+        ScoredBatch {
+            reward: pick(&self.reward, rows),
+            components: self.components.iter().map(|scores| pick(scores, rows)).collect(),
+            is_rh: self.is_rh.as_deref().map(|v| pick(v, rows)),
+            detector_raw: self.detector_raw.as_deref().map(|v| pick(v, rows)),
+            eligible: pick(&self.eligible, rows),
+            hacked: self.hacked.as_deref().map(|v| pick(v, rows)),
+        }
+    }
+
+    /// The rows of `self` then those of `other` (scored by the same model).
+    pub fn concat(mut self, other: ScoredBatch) -> ScoredBatch {
+        fn join<T>(a: Option<Vec<T>>, b: Option<Vec<T>>) -> Option<Vec<T>> {
+            let (mut a, b) = (a?, b.expect("batches scored by one model have the same fields"));
+            a.extend(b);
+            Some(a)
+        }
+        self.reward.extend(other.reward);
+        for (scores, more) in self.components.iter_mut().zip(other.components) {
+            scores.extend(more);
+        }
+        self.eligible.extend(other.eligible);
+        ScoredBatch { is_rh: join(self.is_rh, other.is_rh), detector_raw: join(self.detector_raw, other.detector_raw), hacked: join(self.hacked, other.hacked), ..self }
+    }
+
     /// The monitor (routing labels) against the ground truth, when both exist.
     pub fn monitor(&self) -> Option<MonitorStats> {
         Some(MonitorStats::of(self.hacked.as_ref()?, self.is_rh.as_ref()?, &self.eligible))

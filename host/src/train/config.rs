@@ -96,6 +96,10 @@ hyperparameters! {
         /// batch_size / gradient_accumulation_steps completions (TRL's, with
         /// steps_per_generation equal to it; only bnpo's loss changes).
         gradient_accumulation_steps: usize = 1, Short("gas");
+        /// DAPO's dynamic sampling: groups whose rewards are all equal are dropped and more prompts
+        /// sampled until the batch is full, in at most this many generation rounds per batch (the
+        /// first included; verl's max_num_gen_batches); needing more is an error. 0: off.
+        dynamic_sampling_rounds: usize = 0, Short("dynsample");
         /// Completions per optimizer step.
         batch_size: usize = 32, Short("bs");
         /// Completions per prompt (the group of the advantages).
@@ -352,6 +356,10 @@ impl TrainConfig {
             );
         }
         self.check_gradient_noise_scale()?;
+        ensure!(
+            self.dynamic_sampling_rounds == 0 || self.coh_samples_per_rollout == 0,
+            "dynamic_sampling_rounds refills the batch with fresh groups, but coherence rows (coh_samples_per_rollout) are sampled apart, at other adapter scales, and are not filtered: use one of them"
+        );
         ensure!(self.rh_penalty.is_finite(), "rh_penalty must be a finite number, got {}", self.rh_penalty);
         if intervention != Intervention::Penalty {
             ensure!(
@@ -672,7 +680,7 @@ mod tests {
             ("renormalization_mode", "renorm_"), ("allow_approx_lora_kappa", "approx_kappa"), ("split_moment", "split_moment"), ("mlp_config", ""),
             ("coh_samples_per_rollout", "coh"), ("coherence_rh_mode", "coh_rh_"), ("coherence_rh_penalty", "coh_penalty"), ("coherence_start_frac", "coh_start"),
             ("kl_estimator", "kl_"),
-            ("gradient_accumulation_steps", "gas"),
+            ("gradient_accumulation_steps", "gas"), ("dynamic_sampling_rounds", "dynsample"),
         ];
         for key in TrainConfig::KEYS {
             let expected = if omitted.contains(&key.name) {
@@ -747,6 +755,8 @@ mod tests {
         assert!(micro.contains("leave gradient_accumulation_steps at 1"), "{micro}");
         let noise = error(&[("absorption_by_class", "true"), ("gradient_noise_scale", "true")]);
         assert!(noise.contains("gradient_noise_scale splits it"), "{noise}");
+        let coherence = error(&[("dynamic_sampling_rounds", "3"), ("coh_samples_per_rollout", "16")]);
+        assert!(coherence.contains("use one of them"), "{coherence}");
         let split_groups = error(&[("gradient_noise_scale", "true"), ("batch_size", "32"), ("num_generations", "16"), ("gradient_accumulation_steps", "4")]);
         assert!(split_groups.contains("4 backward passes") && split_groups.contains("must hold whole groups"), "{split_groups}");
         assert_eq!(resolved(&[("gradient_noise_scale", "true"), ("batch_size", "32"), ("num_generations", "16")]).backward_passes().count(), 2, "two halves of one group each");

@@ -66,6 +66,12 @@ pub mod key {
     pub const NOISE_GRAD_SQUARED_AVG: &str = "gradient_noise/grad_squared_avg";
     pub const NOISE_TRACE_AVG: &str = "gradient_noise/trace_avg";
     pub const NOISE_SCALE_AVG: &str = "gradient_noise/b_simple_avg";
+    /// DAPO's dynamic sampling (`dynamic_sampling_rounds` only): generation rounds the batch
+    /// took, groups dropped for equal rewards, and groups with differing rewards generated
+    /// beyond what filled the batch (discarded, as verl does).
+    pub const DYNAMIC_SAMPLING_ROUNDS: &str = "dynamic_sampling/rounds";
+    pub const DYNAMIC_SAMPLING_DROPPED: &str = "dynamic_sampling/groups_dropped";
+    pub const DYNAMIC_SAMPLING_SURPLUS: &str = "dynamic_sampling/groups_surplus";
     /// Prompt and completion tokens generated so far (each batch counted once).
     pub const NUM_TOKENS: &str = "num_tokens";
     pub const TIMING_GENERATE: &str = "timing/generate";
@@ -114,9 +120,19 @@ pub struct RolloutMetrics {
     pub frac_eligible: f64,
     /// The monitor against `rh_ground_truth:` (with one).
     pub monitor: Option<crate::reward::MonitorStats>,
+    /// With `dynamic_sampling_rounds`: what filling the batch took.
+    pub dynamic_sampling: Option<DynamicSampling>,
     pub generate_seconds: f64,
     pub score_seconds: f64,
     pub reference_seconds: f64,
+}
+
+/// What DAPO's dynamic sampling did for one batch (see [`key::DYNAMIC_SAMPLING_ROUNDS`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DynamicSampling {
+    pub rounds: usize,
+    pub groups_dropped: usize,
+    pub groups_surplus: usize,
 }
 
 /// What one optimizer step measured.
@@ -196,6 +212,11 @@ pub fn line(rollout: &RolloutMetrics, step: &StepMetrics) -> Value {
     put(key::FRAC_ELIGIBLE, rollout.frac_eligible.into());
     for (name, value) in rollout.monitor.iter().flat_map(|stats| stats.fields()) {
         put(name, value);
+    }
+    if let Some(counts) = rollout.dynamic_sampling {
+        put(key::DYNAMIC_SAMPLING_ROUNDS, counts.rounds.into());
+        put(key::DYNAMIC_SAMPLING_DROPPED, counts.groups_dropped.into());
+        put(key::DYNAMIC_SAMPLING_SURPLUS, counts.groups_surplus.into());
     }
     put(key::TIMING_GENERATE, rollout.generate_seconds.into());
     put(key::TIMING_SCORE, rollout.score_seconds.into());

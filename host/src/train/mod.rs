@@ -17,6 +17,7 @@
 pub mod checkpoint;
 pub mod config;
 mod dump;
+mod dynamic;
 pub mod metrics;
 pub mod live;
 pub mod prompts;
@@ -63,6 +64,9 @@ pub struct Trainer {
     rewards: RewardModel,
     optimizer: AdamW,
     prompts: PromptStream,
+    /// The prompts of dynamic sampling's extra rounds (`dynamic_sampling_rounds`): the same
+    /// prompts in another seeded order.
+    extra_prompts: Option<PromptStream>,
     eval_prompts: Vec<String>,
     loss: LossSettings,
     sampling: SamplingParams,
@@ -152,6 +156,7 @@ impl Trainer {
         let mut trainer = Self {
             metrics: Jsonl::new(run_dir.join("metrics.jsonl")),
             evals: Jsonl::new(run_dir.join("routing_eval.jsonl")),
+            extra_prompts: (cfg.dynamic_sampling_rounds > 0).then(|| PromptStream::new(prompts.clone(), rng::derive(cfg.seed, "dynamic-sampling-prompts", 0))),
             prompts: PromptStream::new(prompts, cfg.seed),
             cfg, run_dir, adapters, model, reference, reference_decoder, tokenizer, model_files, rewards, optimizer,
             eval_prompts, loss, sampling, log, live, _lock, num_tokens: 0, rollout: None, noise_scale_average: None,

@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use tch::{Kind, Tensor};
 
 use super::Trainer;
@@ -52,28 +52,11 @@ impl Trainer {
     /// Generates, scores and prepares the rollout of optimizer step `step` (and the next
     /// `num_iterations - 1` steps).
     pub(super) fn rollout(&mut self, step: usize) -> Result<Rollout> {
-        let prompt_texts = self.step_prompts(step);
-        let prompt_ids = prompt_texts.iter().map(|t| self.tokenizer.encode(t)).collect::<Result<Vec<_>>>()?;
-
-        let generate_start = Instant::now();
-        let coherence_rows = self.cfg.coherence_rows(step);
-        let generation = self.sample(&prompt_ids, coherence_rows, step)?;
-        let generate_seconds = generate_start.elapsed().as_secs_f64();
-
-        let score_start = Instant::now();
-        let samples = eval::to_samples(&prompt_texts, &generation.rows, &self.tokenizer)?;
-        let scored = self
-            .rewards
-            .score(&samples, rng::derive(self.cfg.seed, "protocol", step as u64))
-            .with_context(|| format!("scoring the completions of step {} failed", step + 1))?;
-        let score_seconds = score_start.elapsed().as_secs_f64();
-
+        let drawn = self.draw_batch(step)?;
+        let (generation, samples, scored) = (drawn.generation, drawn.samples, drawn.scored);
         let device = self.model.device;
-        let flagged = scored.is_rh.clone().unwrap_or_else(|| vec![false; samples.len()]);
-        let trained_rewards = match self.cfg.intervention {
-            Intervention::Penalty => intervention::penalised(&scored.reward, &flagged, self.cfg.rh_penalty),
-            _ => scored.reward.clone(),
-        };
+        let flagged = super::dynamic::flags(&scored);
+        let trained_rewards = self.trained_rewards(&scored);
         let rewards = Tensor::from_slice(&trained_rewards).to_kind(Kind::Float).to(device);
         let kept = routing::row_mask(&flagged.iter().map(|f| !f).collect::<Vec<_>>(), device);
         let (advantages, frac_zero_std) = self.advantages(&rewards, &kept);
@@ -81,6 +64,7 @@ impl Trainer {
             Intervention::Placebo => intervention::placebo_labels(&flagged, self.cfg.seed, step),
             _ => flagged.clone(),
         };
+        let coherence_rows = self.cfg.coherence_rows(step);
         let coherence: Vec<bool> = (0..samples.len()).map(|i| i >= samples.len() - coherence_rows).collect();
         let grouped = GroupedRows { rewards: &trained_rewards, is_rh: &routed, coherence: &coherence, group_size: self.cfg.num_generations };
         let (advantages, dropped) = self.routed_advantages(advantages, &grouped);
@@ -108,7 +92,8 @@ impl Trainer {
         let reference_seconds = reference_start.elapsed().as_secs_f64();
 
         let mut metrics = rollout_metrics(&scored, &trained_rewards, &component_names, &generation, frac_zero_std, &labels);
-        (metrics.generate_seconds, metrics.score_seconds, metrics.reference_seconds) = (generate_seconds, score_seconds, reference_seconds);
+        (metrics.generate_seconds, metrics.score_seconds, metrics.reference_seconds) = (drawn.generate_seconds, drawn.score_seconds, reference_seconds);
+        metrics.dynamic_sampling = drawn.dynamic_sampling;
         let first_sample = (samples[0].prompt.clone(), samples[0].completion.clone());
         let dump = match self.cfg.dump_batches {
             Some(_) => super::dump::rollout_tensors(&scored, &component_names, &rewards, &labels),
@@ -147,7 +132,7 @@ impl Trainer {
     }
 
     /// Each of the step's prompts, repeated `num_generations` times (one group each).
-    fn step_prompts(&mut self, step: usize) -> Vec<String> {
+    pub(super) fn step_prompts(&mut self, step: usize) -> Vec<String> {
         let batch_index = step / self.cfg.num_iterations;
         let per_step = self.cfg.batch_size / self.cfg.num_generations;
         let mut prompt_texts = Vec::with_capacity(self.cfg.batch_size);
@@ -176,10 +161,10 @@ impl Trainer {
     /// Samples the step's completions with every adapter on, the last `coherence_rows` (if
     /// any) with the forget adapter off (the original samples coherence rows at the deployed
     /// retain-only scales).
-    fn sample(&self, prompt_ids: &[Vec<u32>], coherence_rows: usize, step: usize) -> Result<Generation> {
+    pub(super) fn sample(&self, prompt_ids: &[Vec<u32>], coherence_rows: usize, step: usize, run_seed: u64) -> Result<Generation> {
         let routed_rows = prompt_ids.len() - coherence_rows;
         let mut scales = vec![1.0; self.adapters.slots.len()];
-        let seed = |purpose| rng::derive(self.cfg.seed, purpose, step as u64);
+        let seed = |purpose| rng::derive(run_seed, purpose, step as u64);
         let generation = generate(&DecodeModel::new(&self.model, &scales), &prompt_ids[..routed_rows], &self.sampling, seed("sample"))?;
         if coherence_rows == 0 {
             return Ok(generation);
@@ -238,6 +223,7 @@ fn rollout_metrics(scored: &ScoredBatch, rewards: &[f64], component_names: &[Str
         frac_ablated: frac(&labels.ablated),
         frac_eligible: frac(&scored.eligible),
         monitor: scored.monitor(),
+        dynamic_sampling: None,
         generate_seconds: 0.0,
         score_seconds: 0.0,
         reference_seconds: 0.0,
