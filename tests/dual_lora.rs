@@ -299,10 +299,13 @@ fn per_adapter_gradient_norms_equal_separate_backward_passes() {
         let g = &b.generation;
         let lp = grpo::completion_logprobs(model, g.into(), 1.0, &plan.ctl);
         let flagged = routing::row_mask(&is_rh, Device::Cpu);
-        let loss_of = |classes: &[Tensor]| grpo::grpo_loss(&lp.logprobs, None, None, &b.advantages, (&g.completion_mask).into(), classes, &settings(LossType::Grpo)).loss;
-        let ours_flagged = config.slot_gradient_norms(model, &loss_of(&routing::restrict_classes(&plan.classes, &flagged)));
-        let ours_unflagged = config.slot_gradient_norms(model, &loss_of(&routing::restrict_classes(&plan.classes, &(1.0 - &flagged))));
-        loss_of(&plan.classes).backward();
+        let loss_of = |rows: &Tensor| {
+            let weights = grpo::row_token_weights(&g.completion_mask, &plan.classes, &settings(LossType::Grpo), rows);
+            grpo::weighted_loss(&lp.logprobs, None, None, &b.advantages, (&g.completion_mask).into(), &weights, &settings(LossType::Grpo)).loss
+        };
+        let ours_flagged = config.slot_gradient_norms(model, &loss_of(&flagged));
+        let ours_unflagged = config.slot_gradient_norms(model, &loss_of(&(1.0 - &flagged)));
+        loss_of(&flagged.ones_like()).backward();
         let ours_total = norms(&grads(&config, model));
         let reference_total = norms(&per_class_grads(model, &config, &b, mode, &is_rh, &ablated, LossType::Grpo));
         let reference_flagged = norms(&per_class_grads_of(model, &config, &b, mode, &is_rh, &ablated, LossType::Grpo, |c| c == "flagged"));
@@ -470,8 +473,8 @@ fn the_gradient_noise_scale_follows_mccandlish_from_per_row_gradients() {
     let per_row: Vec<Tensor> = (0..rows)
         .map(|i| {
             let row = Tensor::zeros([rows], (Kind::Float, Device::Cpu)).index_fill(0, &Tensor::from_slice(&[i]), 1.0);
-            let classes = routing::restrict_classes(&plan.classes, &row);
-            flat_gradient(&config, model, &grpo::grpo_loss(&lp.logprobs, None, None, &b.advantages, (&g.completion_mask).into(), &classes, &settings).loss)
+            let weights = grpo::row_token_weights(&g.completion_mask, &plan.classes, &settings, &row);
+            flat_gradient(&config, model, &grpo::weighted_loss(&lp.logprobs, None, None, &b.advantages, (&g.completion_mask).into(), &weights, &settings).loss)
         })
         .collect();
     let batch = grpo::LossBatch { seqs: g.into(), ctl: &plan.ctl, old_logprobs: None, ref_logprobs: None, advantages: &b.advantages, loss_mask: &g.completion_mask, classes: &plan.classes };

@@ -374,8 +374,16 @@ pub fn grpo_loss(
     weighted_loss(logprobs, old_logprobs, ref_logprobs, advantages, masks, &weights, settings)
 }
 
+/// The batch's token weights ([`token_weights`], one pass) kept on `rows` only (`[batch]` 0/1):
+/// the weights of complementary row sets add up to the batch's for every loss type, so their
+/// losses split [`grpo_loss`]. Restricting the classes instead would change the token counts
+/// that dapo, bnpo and cispo divide by.
+pub fn row_token_weights(mask: &Tensor, classes: &[Tensor], settings: &LossSettings, rows: &Tensor) -> Tensor {
+    token_weights(&mask.to_kind(Kind::Float), classes, settings, 1) * rows.to_kind(Kind::Float).unsqueeze(1)
+}
+
 /// The loss `Σ per_token_loss * weights` of some rows, with the rows' [`token_weights`].
-fn weighted_loss(
+pub fn weighted_loss(
     logprobs: &Tensor,
     old_logprobs: Option<&Tensor>,
     ref_logprobs: Option<&Tensor>,
@@ -753,6 +761,25 @@ mod tests {
         let terms = grpo_loss(&b.logprobs, Some(&b.old), None, &b.advantages, masks, &all_rows, &settings(ImportanceSamplingLevel::Token, LossType::Dapo));
         // Kept: 0.5 with A = +1 (-0.5), 1.5 with A = -1 (1.3 after delta).
         approx(&terms.loss, (-0.5 + 1.3) / 5.0, "loss");
+    }
+
+    #[test]
+    fn the_losses_of_complementary_rows_split_the_batch_loss_for_every_loss_type() {
+        let b = hand_batch();
+        let all_rows = [Tensor::ones([2], (Kind::Float, tch::Device::Cpu))];
+        let first = Tensor::from_slice(&[1.0f32, 0.0]);
+        for loss_type in [LossType::Grpo, LossType::DrGrpo, LossType::Dapo, LossType::Bnpo, LossType::Cispo] {
+            let s = settings(ImportanceSamplingLevel::Token, loss_type);
+            let part = |rows: &Tensor| weighted_loss(&b.logprobs, Some(&b.old), None, &b.advantages, (&b.mask).into(), &row_token_weights(&b.mask, &all_rows, &s, rows), &s).loss;
+            let whole = loss_terms(&b, &s).loss.double_value(&[]);
+            let (a, c) = (part(&first).double_value(&[]), part(&(1.0 - &first)).double_value(&[]));
+            assert!((a + c - whole).abs() < 1e-6, "{loss_type}: {a} + {c} vs {whole}");
+        }
+        // dapo's first row alone keeps the batch's five tokens as its divisor (by hand, as in
+        // the clip test): (-1.28 - 1.1 - 0.5) / 5, not / 3 as a class of that row alone would.
+        let dapo = settings(ImportanceSamplingLevel::Token, LossType::Dapo);
+        let weights = row_token_weights(&b.mask, &all_rows, &dapo, &first);
+        approx(&weighted_loss(&b.logprobs, Some(&b.old), None, &b.advantages, (&b.mask).into(), &weights, &dapo).loss, (-1.28 - 1.1 - 0.5) / 5.0, "first row's part");
     }
 
     /// Kish's `(Σw)² / Σw²` in f64.

@@ -322,12 +322,6 @@ fn learn(row_weights: &[f64], device: Device) -> RowLearn {
     }
 }
 
-/// The loss classes restricted to `rows` (`[batch]` 0/1): the routed loss is a sum over its
-/// classes, so the losses of complementary restrictions add up to it.
-pub fn restrict_classes(classes: &[Tensor], rows: &Tensor) -> Vec<Tensor> {
-    classes.iter().map(|class| class * rows).collect()
-}
-
 /// `[batch]` float 0/1 mask.
 pub fn row_mask(rows: &[bool], device: Device) -> Tensor {
     let values: Vec<f32> = rows.iter().map(|&r| if r { 1.0 } else { 0.0 }).collect();

@@ -134,15 +134,15 @@ impl Trainer {
     }
 
     /// Each adapter's gradient norm from the flagged and from the unflagged samples' loss terms
-    /// alone: the routed loss is a sum over row classes, so splitting each class by the
-    /// monitor's flag gives two losses that add up to it; one extra backward pass each through
-    /// the step's graph (kept), into fresh tensors, so the step's own gradient is untouched.
+    /// alone: the step's token weights kept on each set of rows, two losses that add up to the
+    /// step's for every loss type; one extra backward pass each through the step's graph
+    /// (kept), into fresh tensors, so the step's own gradient is untouched.
     fn gradient_norms_by_class(&self, rollout: &Rollout, logprobs: &Tensor, masks: grpo::TokenMasks) -> Vec<(String, f64)> {
         let flagged = routing::row_mask(&rollout.flagged, logprobs.device());
         let mut out = Vec::new();
         for (quantity, rows) in [(key::ABSORPTION_GRAD_NORM_FLAGGED, flagged.shallow_clone()), (key::ABSORPTION_GRAD_NORM_UNFLAGGED, 1.0 - &flagged)] {
-            let classes = routing::restrict_classes(&rollout.plan.classes, &rows);
-            let loss = grpo::grpo_loss(logprobs, rollout.old_logprobs.as_ref(), rollout.ref_logprobs.as_ref(), &rollout.advantages, masks, &classes, &self.loss).loss;
+            let weights = grpo::row_token_weights(masks.loss, &rollout.plan.classes, &self.loss, &rows);
+            let loss = grpo::weighted_loss(logprobs, rollout.old_logprobs.as_ref(), rollout.ref_logprobs.as_ref(), &rollout.advantages, masks, &weights, &self.loss).loss;
             out.extend(self.slot_values(quantity, self.adapters.slot_gradient_norms(&self.model, &loss)));
         }
         out
