@@ -701,6 +701,31 @@ mod tests {
     }
 
     #[test]
+    fn tinker_losses_follow_their_documented_formulas_by_hand() {
+        let b = hand_batch();
+        let all_rows = [Tensor::ones([2], (Kind::Float, tch::Device::Cpu))];
+        let tinker = |loss_fn| LossSettings { loss_fn, dro_beta: 0.5, delta: None, ..settings(ImportanceSamplingLevel::Token, LossType::Dapo) };
+        // importance_sampling, dapo over the 5 loss tokens: -(r A) = -(1.5 + 1.1 + 0.5) + (0.7 + 1.5).
+        let terms = grpo_loss(&b.logprobs, Some(&b.old), None, &b.advantages, (&b.mask).into(), &all_rows, &tinker(LossFn::ImportanceSampling));
+        approx(&terms.loss, (-3.1 + 2.2) / 5.0, "importance_sampling loss");
+        approx(&terms.clip_ratio, 0.0, "importance_sampling clips nothing");
+        assert!(terms.clip_fractions.is_none() && terms.cispo_clip_ratio.is_none());
+        // dro at logp = 0: -(0 * A - 0.25 (ln r)^2) per token; d/dlogp = -(A - 0.5 ln r) / 5.
+        let logprobs = b.logprobs.set_requires_grad(true);
+        let terms = grpo_loss(&logprobs, Some(&b.old), None, &b.advantages, (&b.mask).into(), &all_rows, &tinker(LossFn::Dro));
+        terms.loss.backward();
+        let ratios = [1.5f64, 1.1, 0.5, 0.7, 1.5];
+        approx(&terms.loss, ratios.iter().map(|r| 0.25 * r.ln().powi(2)).sum::<f64>() / 5.0, "dro loss");
+        let advantages = [1.0, 1.0, 1.0, -1.0, -1.0];
+        let grad = Vec::<f64>::try_from(logprobs.grad().to_kind(Kind::Double).reshape([-1])).unwrap();
+        for (i, (r, a)) in ratios.iter().zip(advantages).enumerate() {
+            let hand = -(a - 0.5 * r.ln()) / 5.0;
+            assert!((grad[i] - hand).abs() < 1e-6, "dro gradient {grad:?}: token {i} should be {hand} (by hand)");
+        }
+        assert_eq!(grad[5], 0.0, "padding");
+    }
+
+    #[test]
     fn the_high_entropy_mask_keeps_the_tokens_at_or_above_the_quantile() {
         let b = hand_batch();
         // Loss tokens' entropies 3 1 5 | 2 4 (the padding's 100 must not count): the 0.6
