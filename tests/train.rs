@@ -347,6 +347,29 @@ fn substeps_train_the_batch_in_mini_batches_against_the_sampler() {
     assert_eq!(whole[0][key::REWARD], first[key::REWARD], "the same seed samples the same first batch");
 }
 
+/// `num_iterations` passes over `num_substeps` mini-batches, each in `gradient_accumulation_steps`
+/// micro-batches: one rollout serves 2 x 2 optimizer steps (its tokens counted once, the next
+/// rollout's at the fifth), in the order substep 1, 2, 1, 2. The sampler's weights score
+/// only the first step's mini-batch; each later step's learner is one more update away from
+/// them. Measured (kl_sample_train_v2): 2.3e-12, 1.6e-5, 1.4e-4, 6.3e-5, then 2.6e-12 on the
+/// new rollout.
+#[test]
+fn iterations_substeps_and_micro_batches_compose() {
+    let out = tempfile::tempdir().unwrap();
+    let config = [("num_substeps", json!(2)), ("num_iterations", json!(2)), ("gradient_accumulation_steps", json!(2)), ("max_steps", json!(5)), ("save_steps", json!(4))]
+        .into_iter()
+        .fold(small_config(out.path(), &standard_plugin("happy")), |c, (k, v)| with(c, k, v));
+    let lines = read_jsonl(&train(config).join("metrics.jsonl"));
+    let v2: Vec<f64> = lines.iter().map(|l| l[key::KL_SAMPLE_TRAIN_V2].as_f64().unwrap()).collect();
+    println!("kl_sample_train_v2 per step: {v2:?}");
+    // num_tokens counts each rollout's tokens once, when it is generated.
+    let tokens: Vec<u64> = lines.iter().map(|l| l[key::NUM_TOKENS].as_u64().unwrap()).collect();
+    assert!(tokens[..4].iter().all(|&t| t == tokens[0]) && tokens[4] > tokens[0], "one rollout for four steps, the next at step 5: {tokens:?}");
+    assert!(v2[0] < 1e-10 && v2[4] < 1e-10, "fresh rollouts score with the sampling weights: {v2:?}");
+    assert!(v2[1..4].iter().all(|&v| v > 1e3 * v2[0].max(1e-14)), "later steps of a rollout score with updated weights: {v2:?}");
+    assert!(v2[3] > v2[1], "substep 2's rows, two updates later, are further from the sampler: {v2:?}");
+}
+
 #[test]
 fn exported_checkpoints_load_in_transformers_with_the_same_logits() {
     let out = tempfile::tempdir().unwrap();

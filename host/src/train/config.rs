@@ -401,6 +401,11 @@ impl TrainConfig {
             "--max-steps {max_steps} with --extend-schedule: a run can only be extended past its max_steps ({})",
             self.max_steps
         );
+        let per_rollout = self.steps_per_rollout();
+        ensure!(
+            resume_step % per_rollout == 0,
+            "the checkpoint at step {resume_step} is inside a rollout of num_iterations * num_substeps = {per_rollout} steps, whose batch no checkpoint keeps: only runs whose max_steps is a multiple of {per_rollout} can be extended"
+        );
         let mut lr_horizons = self.lr_horizons.clone();
         lr_horizons.retain(|h| h.until_step < resume_step);
         lr_horizons.push(LrHorizon { until_step: resume_step, max_steps: self.max_steps });
@@ -856,6 +861,11 @@ mod tests {
         let name = dro.run_name().unwrap();
         assert!(name.contains("_dro_beta0.05_") && name.contains("_dro_"), "{name}");
         assert_eq!(resolved(&[]).loss_settings().loss_fn, LossFn::Trl, "TRL's surrogate by default");
+        // A run that ended inside a rollout (max_steps 5, 4 steps a rollout) cannot be extended.
+        let odd = resolved(&[("num_substeps", "2"), ("num_iterations", "2"), ("save_steps", "4"), ("max_steps", "5")]);
+        let inside = format!("{:#}", odd.extended(8, 5).unwrap_err());
+        assert!(inside.contains("the checkpoint at step 5 is inside a rollout of num_iterations * num_substeps = 4 steps"), "{inside}");
+        assert_eq!(odd.extended(8, 4).unwrap().max_steps, 8);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
 use tch::{Kind, Tensor};
 
 use super::Trainer;
@@ -19,11 +19,16 @@ impl Trainer {
     /// Optimizer step `step` (0-based); returns its metrics line.
     pub(super) fn step(&mut self, step: usize) -> Result<serde_json::Value> {
         let started = Instant::now();
-        let new_rollout = step % self.cfg.steps_per_rollout() == 0;
+        let per_rollout = self.cfg.steps_per_rollout();
+        let new_rollout = step % per_rollout == 0;
         if new_rollout {
             self.rollout = Some(self.rollout(step)?);
         }
-        let rollout = self.rollout.as_ref().expect("a rollout exists for every step");
+        // Only a run resumed from its final checkpoint (saved at max_steps) can start inside a
+        // rollout, whose batch no checkpoint keeps.
+        let rollout = self.rollout.as_ref().with_context(|| {
+            format!("step {} continues a rollout of num_iterations * num_substeps = {per_rollout} steps that the checkpoint does not hold: extend runs whose max_steps is a multiple of {per_rollout}", step + 1)
+        })?;
         // Each pass over the rollout goes through its mini-batches in order.
         let mini = MiniBatch::of(rollout, step % self.cfg.num_substeps, self.cfg.num_substeps);
         let train_start = Instant::now();
