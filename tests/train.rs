@@ -226,6 +226,42 @@ fn cispo_on_happy_count_raises_the_reward() {
     assert!(last > first + 0.08, "CISPO did not raise the reward: {first:.3} -> {last:.3}");
 }
 
+/// tinker's `importance_sampling` as tinker's cookbook runs it (rewards centred per group, not
+/// scaled; tinker's sum over tokens, which dr_grpo is up to a constant; no KL in the loss).
+/// Seen with 1 thread: 0.148 over steps 1-5 -> 0.340 over steps 16-20.
+#[test]
+fn tinker_importance_sampling_on_happy_count_raises_the_reward() {
+    let (first, last) = happy_count_learning(&tinker(&[("loss_fn", json!("importance_sampling"))]));
+    assert!(first < 0.25, "the starting reward should be the pre-trained model's, got {first:.3}");
+    assert!(last > first + 0.08, "importance_sampling did not raise the reward: {first:.3} -> {last:.3}");
+}
+
+/// tinker's `ppo` with two substeps (tinker's advice for ppo): each batch of two groups is two
+/// optimizer steps of one group, the second against the sampler's log-probabilities of a policy
+/// one update behind. Seen with 1 thread: 0.140 over steps 1-5 -> 0.285 over steps 16-20.
+#[test]
+fn tinker_ppo_with_substeps_on_happy_count_raises_the_reward() {
+    let (first, last) = happy_count_learning(&tinker(&[("loss_fn", json!("ppo")), ("num_substeps", json!(2))]));
+    assert!(first < 0.25, "the starting reward should be the pre-trained model's, got {first:.3}");
+    assert!(last > first + 0.08, "ppo did not raise the reward: {first:.3} -> {last:.3}");
+}
+
+/// tinker's `dro` with its documentation's beta 0.05, on a batch reused twice so that the
+/// penalty is not zero. Seen with 1 thread: 0.150 over steps 1-5 -> 0.330 over steps 16-20.
+#[test]
+fn tinker_dro_on_happy_count_raises_the_reward() {
+    let (first, last) = happy_count_learning(&tinker(&[("loss_fn", json!("dro")), ("dro_beta", json!(0.05)), ("num_iterations", json!(2))]));
+    assert!(first < 0.25, "the starting reward should be the pre-trained model's, got {first:.3}");
+    assert!(last > first + 0.08, "dro did not raise the reward: {first:.3} -> {last:.3}");
+}
+
+/// `overrides` with tinker's aggregation and advantages: dr_grpo, no reward scaling, no KL.
+fn tinker(overrides: &[(&'static str, Value)]) -> Vec<(&'static str, Value)> {
+    let mut all = vec![("loss_type", json!("dr_grpo")), ("scale_rewards", json!("none")), ("beta", json!(0.0))];
+    all.extend(overrides.iter().cloned());
+    all
+}
+
 /// 20 steps on happy_count with LoRA r8 (plus `overrides`): the mean reward of steps 1-5 and
 /// of steps 16-20.
 fn happy_count_learning(overrides: &[(&str, Value)]) -> (f64, f64) {
@@ -273,6 +309,65 @@ fn probes_see_sampler_and_learner_agree_until_the_update() {
         assert!((region - low - high).abs() < 1e-6 && region <= probe(line, key::CLIP_RATIO) + 1e-6, "{line}");
     }
     assert_eq!(probe(fresh, key::CLIP_REGION), 0.0, "ratio 1 on a fresh batch");
+}
+
+/// With `num_substeps = 2` each batch of two groups trains as two optimizer steps of one group:
+/// the first scores its group with the weights that sampled it (`kl_sample_train` is rounding
+/// only, as with `num_substeps = 1` on every step), the second with weights one update later.
+/// tinker's ppo takes its ratios to the sampler's log-probabilities, 1 up to rounding on the
+/// first substep, so nothing clips there. Measured: substep 1 v1 5.4e-7, v2 2.3e-12; substep 2 v1 -9.3e-5, v2
+/// 1.6e-5; with num_substeps 1, v2 2.0e-12 and 2.5e-12 on its two fresh batches.
+#[test]
+fn substeps_train_the_batch_in_mini_batches_against_the_sampler() {
+    let out = tempfile::tempdir().unwrap();
+    let run = |substeps: usize| {
+        let config = [("num_substeps", json!(substeps)), ("max_steps", json!(2)), ("loss_fn", json!("ppo")), ("epsilon_high", json!(0.28))]
+            .into_iter()
+            .fold(small_config(&out.path().join(format!("substeps{substeps}")), &standard_plugin("happy")), |c, (k, v)| with(c, k, v));
+        read_jsonl(&train(config).join("metrics.jsonl"))
+    };
+    let probe = |line: &Value, key: &str| line[key].as_f64().unwrap_or_else(|| panic!("{key} is logged: {line}"));
+    let whole = run(1);
+    for line in &whole {
+        let (v1, v2) = (probe(line, key::KL_SAMPLE_TRAIN_V1), probe(line, key::KL_SAMPLE_TRAIN_V2));
+        assert!(v1.abs() < 1e-5 && v2 < 1e-10, "num_substeps 1: sampler and learner disagree on the same weights: v1 {v1:.2e}, v2 {v2:.2e}");
+        assert_eq!(probe(line, key::CLIP_REGION), 0.0, "ratio 1 to the sampler on a fresh batch");
+    }
+    let split = run(2);
+    let (first, second) = (&split[0], &split[1]);
+    let (v1, v2) = (probe(first, key::KL_SAMPLE_TRAIN_V1), probe(first, key::KL_SAMPLE_TRAIN_V2));
+    let (moved_v1, moved_v2) = (probe(second, key::KL_SAMPLE_TRAIN_V1), probe(second, key::KL_SAMPLE_TRAIN_V2));
+    println!("num_substeps 2: kl_sample_train substep 1 v1 {v1:.2e} v2 {v2:.2e}; substep 2 v1 {moved_v1:.2e} v2 {moved_v2:.2e}; whole-batch v2 {:.2e} {:.2e}", probe(&whole[0], key::KL_SAMPLE_TRAIN_V2), probe(&whole[1], key::KL_SAMPLE_TRAIN_V2));
+    assert!(v1.abs() < 1e-5 && v2 < 1e-10, "substep 1 scores with the sampling weights: v1 {v1:.2e}, v2 {v2:.2e}");
+    assert_eq!(probe(first, key::CLIP_REGION), 0.0, "ratio 1 to the sampler on the first substep");
+    assert!(moved_v2 > 100.0 * v2.max(1e-14) && moved_v2 > 1e-9, "the first substep's update must show on the second: {moved_v2:.2e} vs {v2:.2e}");
+    // One rollout: the reward metrics are the batch's on both lines; two different groups trained.
+    assert_eq!(first[key::REWARD], second[key::REWARD], "both substeps log their rollout's reward");
+    assert_ne!(first["loss"], second["loss"]);
+    assert_eq!(whole[0][key::REWARD], first[key::REWARD], "the same seed samples the same first batch");
+}
+
+/// `num_iterations` passes over `num_substeps` mini-batches, each in `gradient_accumulation_steps`
+/// micro-batches: one rollout serves 2 x 2 optimizer steps (its tokens counted once, the next
+/// rollout's at the fifth), in the order substep 1, 2, 1, 2. The sampler's weights score
+/// only the first step's mini-batch; each later step's learner is one more update away from
+/// them. Measured (kl_sample_train_v2): 2.3e-12, 1.6e-5, 1.4e-4, 6.3e-5, then 2.6e-12 on the
+/// new rollout.
+#[test]
+fn iterations_substeps_and_micro_batches_compose() {
+    let out = tempfile::tempdir().unwrap();
+    let config = [("num_substeps", json!(2)), ("num_iterations", json!(2)), ("gradient_accumulation_steps", json!(2)), ("max_steps", json!(5)), ("save_steps", json!(4))]
+        .into_iter()
+        .fold(small_config(out.path(), &standard_plugin("happy")), |c, (k, v)| with(c, k, v));
+    let lines = read_jsonl(&train(config).join("metrics.jsonl"));
+    let v2: Vec<f64> = lines.iter().map(|l| l[key::KL_SAMPLE_TRAIN_V2].as_f64().unwrap()).collect();
+    println!("kl_sample_train_v2 per step: {v2:?}");
+    // num_tokens counts each rollout's tokens once, when it is generated.
+    let tokens: Vec<u64> = lines.iter().map(|l| l[key::NUM_TOKENS].as_u64().unwrap()).collect();
+    assert!(tokens[..4].iter().all(|&t| t == tokens[0]) && tokens[4] > tokens[0], "one rollout for four steps, the next at step 5: {tokens:?}");
+    assert!(v2[0] < 1e-10 && v2[4] < 1e-10, "fresh rollouts score with the sampling weights: {v2:?}");
+    assert!(v2[1..4].iter().all(|&v| v > 1e3 * v2[0].max(1e-14)), "later steps of a rollout score with updated weights: {v2:?}");
+    assert!(v2[3] > v2[1], "substep 2's rows, two updates later, are further from the sampler: {v2:?}");
 }
 
 #[test]
@@ -331,6 +426,29 @@ fn dumped_batches_recompute_the_logged_loss() {
     // The sampling log-probs are those of the policy that sampled (same weights at step 1).
     let sampled = tensors["sampling_logprobs"].to_kind(tch::Kind::Double);
     assert!(common::max_abs_diff(&(sampled * &mask), &(&new * &mask)) < 1e-4);
+}
+
+/// With a tinker loss the ratio's denominator is the sampler's log-probabilities, from
+/// generation (no old-policy pass): the dump holds them as `old_logprobs`, and the logged loss
+/// is tinker's importance_sampling, `-r A` per token with `r = exp(new - sampler)`, averaged as
+/// grpo (loss_type's default), recomputed here from the dump in float64.
+#[test]
+fn tinker_losses_take_their_ratio_to_the_sampler() {
+    let out = tempfile::tempdir().unwrap();
+    let dump = out.path().join("dump");
+    let config = [("max_steps", json!(1)), ("beta", json!(0.0)), ("loss_fn", json!("importance_sampling")), ("dump_batches", json!(dump))]
+        .into_iter()
+        .fold(small_config(out.path(), &standard_plugin("happy")), |c, (k, v)| with(c, k, v));
+    let run = train(config);
+    let tensors = smallrl::model::weights::read_safetensors(&dump.join("step-1.safetensors")).unwrap();
+    assert!(tensors["old_logprobs"].equal(&tensors["sampling_logprobs"]), "the denominator is the sampler's log-probabilities");
+    let double = |key: &str| tensors[key].to_kind(tch::Kind::Double);
+    let mask = double("completion_mask");
+    let per_token = -(double("new_logprobs") - double("sampling_logprobs")).exp() * double("advantages").unsqueeze(1);
+    let per_sequence = (per_token * &mask).sum_dim_intlist(1, false, tch::Kind::Double) / mask.sum_dim_intlist(1, false, tch::Kind::Double);
+    let expected = per_sequence.mean(tch::Kind::Double).double_value(&[]);
+    let logged = read_jsonl(&run.join("metrics.jsonl"))[0]["loss"].as_f64().unwrap();
+    assert!((logged - expected).abs() < 1e-6, "logged loss {logged} vs recomputed {expected}");
 }
 
 /// `measure_entropy_change` re-scores the batch after the update: with `num_iterations = 2` the

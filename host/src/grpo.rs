@@ -1,7 +1,8 @@
 //! The GRPO objective as TRL 1.16's `GRPOTrainer` computes it: group-normalised advantages
 //! (`scale_rewards`), per-token log-probabilities, Schulman's k3 KL estimator, the clipped
 //! surrogate (token or sequence importance ratios, `epsilon` / `epsilon_high`, `delta`) or
-//! CISPO's, the high-entropy token mask (`top_entropy_quantile`) and the loss aggregations as
+//! CISPO's, or tinker's `importance_sampling` / `ppo` / `dro` (`loss_fn`), the high-entropy
+//! token mask (`top_entropy_quantile`) and the loss aggregations as
 //! per-token weights, and the step's forward and backward passes over micro-batches
 //! (`gradient_accumulation_steps`). Tensor functions; the trainer decides what goes in.
 
@@ -26,6 +27,29 @@ crate::choice::choice! {
         /// TRL's CISPO (MiniMax-M1): the surrogate `-min(r, epsilon_high).detach() A logp` in
         /// place of the clipped ratio, aggregated as dapo.
         Cispo = "cispo",
+    }
+}
+
+crate::choice::choice! {
+    /// The per-token surrogate: TRL's (as [`LossType`] names it) or one of tinker's built-in RL
+    /// losses (`forward_backward(loss_fn=...)`, as tinker's documentation `losses.mdx` writes
+    /// them), whose ratio `r = exp(logp - logq)` is to the sampler's log-probability `logq`.
+    pub enum LossFn ("loss_fn") {
+        /// TRL's: PPO's clip, or CISPO's with `loss_type: cispo`.
+        Trl = "trl",
+        /// tinker's `importance_sampling`: `r A`, no clip.
+        ImportanceSampling = "importance_sampling",
+        /// tinker's `ppo`: `min(r A, clip(r, 1 - epsilon, 1 + epsilon_high) A)`.
+        Ppo = "ppo",
+        /// tinker's `dro`: `logp A - dro_beta / 2 (logp - logq)^2`.
+        Dro = "dro",
+    }
+}
+
+impl LossFn {
+    /// One of tinker's losses, whose ratio is to the sampler's log-probabilities.
+    pub fn is_tinker(self) -> bool {
+        self != LossFn::Trl
     }
 }
 
@@ -320,6 +344,10 @@ pub struct LossSettings {
     pub delta: Option<f64>,
     pub importance_sampling_level: ImportanceSamplingLevel,
     pub loss_type: LossType,
+    /// The surrogate (TRL's, or tinker's with the sampler's log-probabilities as `old_logprobs`).
+    pub loss_fn: LossFn,
+    /// tinker's DRO: the quadratic penalty's coefficient (`loss_fn: dro` only).
+    pub dro_beta: f64,
     pub max_completion_length: usize,
     /// The top fraction of loss tokens by entropy whose policy term trains (1: all; see
     /// [`high_entropy_mask`]).
@@ -333,8 +361,8 @@ pub struct LossTerms {
     /// Fraction of loss tokens whose ratio was clipped (low or high side, whatever the sign of
     /// the advantage; per token also with sequence ratios).
     pub clip_ratio: Tensor,
-    /// TRL's clip fractions of the clipped surrogate (`None` with cispo, which TRL does not
-    /// log them for).
+    /// TRL's clip fractions of the clipped surrogate (also tinker's `ppo`; `None` with cispo,
+    /// which TRL does not log them for, and with tinker's unclipped losses).
     pub clip_fractions: Option<ClipFractions>,
     /// TRL's `cispo_clip_ratio` (with cispo only): the fraction of loss tokens (completions with
     /// sequence ratios) whose weight `epsilon_high` caps, with a positive advantage.
@@ -393,13 +421,17 @@ pub fn weighted_loss(
     settings: &LossSettings,
 ) -> LossTerms {
     let mask = masks.loss.to_kind(Kind::Float);
+    assert!(!settings.loss_fn.is_tinker() || old_logprobs.is_some(), "tinker's {} takes its ratio to the sampler's log-probabilities: pass them as old_logprobs", settings.loss_fn);
     let old = old_logprobs.map_or_else(|| logprobs.detach(), Tensor::shallow_clone);
     // `[batch, len]` per token, `[batch, 1]` per sequence; everything below broadcasts.
     let ratio = importance_ratio(&(logprobs - &old), &mask, settings.importance_sampling_level);
     let advantages = advantages.unsqueeze(1);
-    let surrogate = match settings.loss_type {
-        LossType::Cispo => cispo_surrogate(logprobs, &ratio, &advantages, &mask, settings),
-        _ => clipped_surrogate(&ratio, &advantages, &mask, settings),
+    let surrogate = match (settings.loss_fn, settings.loss_type) {
+        (LossFn::Trl, LossType::Cispo) => cispo_surrogate(logprobs, &ratio, &advantages, &mask, settings),
+        // tinker's ppo is TRL's clip without delta (refused with it by the configuration).
+        (LossFn::Trl | LossFn::Ppo, _) => clipped_surrogate(&ratio, &advantages, &mask, settings),
+        (LossFn::ImportanceSampling, _) => unclipped(&ratio * &advantages, &ratio),
+        (LossFn::Dro, _) => unclipped(logprobs * &advantages - (logprobs - &old).square() * (0.5 * settings.dro_beta), &ratio),
     };
     let mut per_token_loss = match masks.policy {
         Some(policy) => -surrogate.objective * policy,
@@ -427,6 +459,11 @@ struct Surrogate {
     clipped_ratio: Tensor,
     clip_fractions: Option<ClipFractions>,
     cispo_clip_ratio: Option<Tensor>,
+}
+
+/// A surrogate without a clip (tinker's `importance_sampling` and `dro`): nothing to log about it.
+fn unclipped(objective: Tensor, ratio: &Tensor) -> Surrogate {
+    Surrogate { objective, clipped_ratio: ratio.shallow_clone(), clip_fractions: None, cispo_clip_ratio: None }
 }
 
 /// PPO's `min(min(r, delta) A, clip(r, 1 - epsilon, 1 + epsilon_high) A)`, as TRL.
@@ -689,7 +726,7 @@ mod tests {
     }
 
     fn settings(level: ImportanceSamplingLevel, loss_type: LossType) -> LossSettings {
-        LossSettings { beta: 0.0, kl_estimator: KlEstimator::K3, epsilon: 0.2, epsilon_high: 0.28, delta: Some(1.3), importance_sampling_level: level, loss_type, max_completion_length: 3, top_entropy_quantile: 1.0 }
+        LossSettings { beta: 0.0, kl_estimator: KlEstimator::K3, epsilon: 0.2, epsilon_high: 0.28, delta: Some(1.3), importance_sampling_level: level, loss_type, loss_fn: LossFn::Trl, dro_beta: 0.0, max_completion_length: 3, top_entropy_quantile: 1.0 }
     }
 
     #[test]
@@ -744,6 +781,31 @@ mod tests {
         // Capped with A > 0: the first row's 1.5 only; capped at all: both 1.5s.
         approx(terms.cispo_clip_ratio.as_ref().unwrap(), 1.0 / 5.0, "cispo_clip_ratio");
         approx(&terms.clip_ratio, 2.0 / 5.0, "clip_ratio");
+    }
+
+    #[test]
+    fn tinker_losses_follow_their_documented_formulas_by_hand() {
+        let b = hand_batch();
+        let all_rows = [Tensor::ones([2], (Kind::Float, tch::Device::Cpu))];
+        let tinker = |loss_fn| LossSettings { loss_fn, dro_beta: 0.5, delta: None, ..settings(ImportanceSamplingLevel::Token, LossType::Dapo) };
+        // importance_sampling, dapo over the 5 loss tokens: -(r A) = -(1.5 + 1.1 + 0.5) + (0.7 + 1.5).
+        let terms = grpo_loss(&b.logprobs, Some(&b.old), None, &b.advantages, (&b.mask).into(), &all_rows, &tinker(LossFn::ImportanceSampling));
+        approx(&terms.loss, (-3.1 + 2.2) / 5.0, "importance_sampling loss");
+        approx(&terms.clip_ratio, 0.0, "importance_sampling clips nothing");
+        assert!(terms.clip_fractions.is_none() && terms.cispo_clip_ratio.is_none());
+        // dro at logp = 0: -(0 * A - 0.25 (ln r)^2) per token; d/dlogp = -(A - 0.5 ln r) / 5.
+        let logprobs = b.logprobs.set_requires_grad(true);
+        let terms = grpo_loss(&logprobs, Some(&b.old), None, &b.advantages, (&b.mask).into(), &all_rows, &tinker(LossFn::Dro));
+        terms.loss.backward();
+        let ratios = [1.5f64, 1.1, 0.5, 0.7, 1.5];
+        approx(&terms.loss, ratios.iter().map(|r| 0.25 * r.ln().powi(2)).sum::<f64>() / 5.0, "dro loss");
+        let advantages = [1.0, 1.0, 1.0, -1.0, -1.0];
+        let grad = Vec::<f64>::try_from(logprobs.grad().to_kind(Kind::Double).reshape([-1])).unwrap();
+        for (i, (r, a)) in ratios.iter().zip(advantages).enumerate() {
+            let hand = -(a - 0.5 * r.ln()) / 5.0;
+            assert!((grad[i] - hand).abs() < 1e-6, "dro gradient {grad:?}: token {i} should be {hand} (by hand)");
+        }
+        assert_eq!(grad[5], 0.0, "padding");
     }
 
     #[test]

@@ -18,7 +18,7 @@ use serde_json::{Map, Value};
 use crate::adapters::{self, AdapterConfig, AdapterKind};
 use crate::defaults as d;
 use crate::device::{DeviceSpec, Dtype};
-use crate::grpo::{ImportanceSamplingLevel, KlEstimator, LossSettings, LossType, ScaleRewards};
+use crate::grpo::{ImportanceSamplingLevel, KlEstimator, LossFn, LossSettings, LossType, ScaleRewards};
 use crate::hyperparams::Label::{Key, Omit, Short};
 use crate::hyperparams::{self, hyperparameters};
 use crate::intervention::Intervention;
@@ -87,20 +87,28 @@ hyperparameters! {
         /// grpo, dr_grpo, dapo, bnpo or cispo (CISPO's surrogate, aggregated as dapo; set
         /// epsilon_high, its weight cap, e.g. 5.0).
         loss_type: LossType = LossType::Grpo, Short("");
+        /// The surrogate: trl (loss_type's), or tinker's importance_sampling, ppo or dro, with the
+        /// ratio to the sampler's log-probabilities (aggregated as loss_type says).
+        loss_fn: LossFn = LossFn::Trl, Short("");
+        /// tinker's DRO penalty coefficient (loss_fn dro only; tinker's documentation uses 0.05).
+        dro_beta: Option<f64> = None, Key;
         /// Only this top fraction of the loss tokens by entropy has a policy term (TRL's
         /// top_entropy_quantile, "Beyond the 80/20 Rule": 0.2); 1 keeps every token.
         top_entropy_quantile: f64 = 1.0, Key;
-        /// Optimizer steps per generated batch.
+        /// Passes over each generated batch (TRL's reuse; each pass num_substeps optimizer steps).
         num_iterations: usize = 1, Short("iters");
+        /// Mini-batches of whole groups each generated batch is split into, one optimizer step
+        /// each (tinker's).
+        num_substeps: usize = 1, Short("substeps");
         /// Micro-batches per optimizer step, each a forward and backward pass over
-        /// batch_size / gradient_accumulation_steps completions (TRL's, with
+        /// batch_size / (num_substeps * gradient_accumulation_steps) completions (TRL's, with
         /// steps_per_generation equal to it; only bnpo's loss changes).
         gradient_accumulation_steps: usize = 1, Short("gas");
         /// DAPO's dynamic sampling: groups whose rewards are all equal are dropped and more prompts
         /// sampled until the batch is full, in at most this many generation rounds per batch (the
         /// first included; verl's max_num_gen_batches); needing more is an error. 0: off.
         dynamic_sampling_rounds: usize = 0, Short("dynsample");
-        /// Completions per optimizer step.
+        /// Completions per generated batch (per optimizer step unless num_substeps splits it).
         batch_size: usize = 32, Short("bs");
         /// Completions per prompt (the group of the advantages).
         num_generations: usize = 16, Short("g");
@@ -272,18 +280,7 @@ impl TrainConfig {
         );
         ensure!(self.max_steps > 0, "max_steps must be positive");
         ensure!(self.num_iterations >= 1, "num_iterations must be at least 1");
-        ensure!(
-            self.gradient_accumulation_steps >= 1 && self.batch_size % self.gradient_accumulation_steps == 0,
-            "gradient_accumulation_steps ({}) must be at least 1 and divide batch_size ({}): each micro-batch has batch_size / gradient_accumulation_steps completions",
-            self.gradient_accumulation_steps,
-            self.batch_size
-        );
-        ensure!(
-            self.save_steps % self.num_iterations == 0,
-            "save_steps ({}) must be a multiple of num_iterations ({}) so a checkpoint never splits a reused batch",
-            self.save_steps,
-            self.num_iterations
-        );
+        self.check_substeps()?;
         ensure!(self.temperature > 0.0, "temperature must be positive for GRPO sampling");
         ensure!(self.lr > 0.0 && self.beta >= 0.0 && self.epsilon > 0.0, "lr must be positive, beta >= 0, epsilon > 0");
         ensure!(
@@ -307,6 +304,44 @@ impl TrainConfig {
         self.check_intervention()?;
         self.check_renormalization()?;
         self.check_coherence()
+    }
+
+    /// `num_substeps` mini-batches of whole groups, each split into `gradient_accumulation_steps`
+    /// micro-batches; a checkpoint never falls inside a rollout's steps.
+    fn check_substeps(&self) -> Result<()> {
+        let groups = self.batch_size / self.num_generations;
+        ensure!(
+            self.num_substeps >= 1 && groups % self.num_substeps == 0,
+            "num_substeps ({}) must be at least 1 and divide the batch's {groups} groups (batch_size / num_generations): each mini-batch holds whole groups",
+            self.num_substeps
+        );
+        let rows = self.mini_batch_size();
+        ensure!(
+            self.gradient_accumulation_steps >= 1 && rows % self.gradient_accumulation_steps == 0,
+            "gradient_accumulation_steps ({}) must be at least 1 and divide the optimizer step's {rows} completions (batch_size / num_substeps)",
+            self.gradient_accumulation_steps
+        );
+        let per_rollout = self.steps_per_rollout();
+        ensure!(
+            self.save_steps % per_rollout == 0,
+            "save_steps ({}) must be a multiple of num_iterations * num_substeps ({per_rollout}) so a checkpoint never splits a rollout's steps",
+            self.save_steps
+        );
+        if self.num_substeps > 1 {
+            ensure!(self.dump_batches.is_none(), "dump_batches writes the whole batch with one step's log-probabilities: leave num_substeps at 1");
+            ensure!(!self.absorption_by_class, "absorption_by_class splits the whole batch's one step: leave num_substeps at 1");
+        }
+        Ok(())
+    }
+
+    /// Optimizer steps trained on each generated batch.
+    pub fn steps_per_rollout(&self) -> usize {
+        self.num_iterations * self.num_substeps
+    }
+
+    /// Completions each optimizer step trains on (its mini-batch).
+    pub fn mini_batch_size(&self) -> usize {
+        self.batch_size / self.num_substeps
     }
 
     /// Each recorded horizon was extended (to a later one, ending at `max_steps`) at or before
@@ -384,6 +419,11 @@ impl TrainConfig {
             max_steps > self.max_steps,
             "--max-steps {max_steps} with --extend-schedule: a run can only be extended past its max_steps ({})",
             self.max_steps
+        );
+        let per_rollout = self.steps_per_rollout();
+        ensure!(
+            resume_step % per_rollout == 0,
+            "the checkpoint at step {resume_step} is inside a rollout of num_iterations * num_substeps = {per_rollout} steps, whose batch no checkpoint keeps: only runs whose max_steps is a multiple of {per_rollout} can be extended"
         );
         let mut lr_horizons = self.lr_horizons.clone();
         lr_horizons.retain(|h| h.until_step < resume_step);
@@ -481,6 +521,10 @@ impl TrainConfig {
             "top_entropy_quantile ({}) must be in (0, 1]: the fraction of loss tokens (by entropy) that train",
             self.top_entropy_quantile
         );
+        self.check_loss_fn()?;
+        if matches!(self.loss_fn, LossFn::ImportanceSampling | LossFn::Dro) {
+            return Ok(());
+        }
         if self.loss_type == LossType::Cispo {
             // TRL would cap CISPO's weight at epsilon (0.2): weights of at most 0.2, not a CISPO.
             let cap = self.epsilon_high.context("loss_type cispo caps the importance weight at epsilon_high: set it (TRL and ScaleRL recommend 5.0)")?;
@@ -513,10 +557,10 @@ impl TrainConfig {
             return Ok(());
         }
         let passes = self.backward_passes().count();
+        let rows = self.mini_batch_size();
         ensure!(
-            self.batch_size % passes == 0 && (self.batch_size / passes) % self.num_generations == 0,
-            "gradient_noise_scale compares {passes} backward passes (the micro-batches, or two halves when gradient_accumulation_steps is 1) and each must hold whole groups: batch_size ({}) / {passes} must be a multiple of num_generations ({})",
-            self.batch_size,
+            rows % passes == 0 && (rows / passes) % self.num_generations == 0,
+            "gradient_noise_scale compares {passes} backward passes (the micro-batches, or two halves when gradient_accumulation_steps is 1) and each must hold whole groups: the step's {rows} completions (batch_size / num_substeps) / {passes} must be a multiple of num_generations ({})",
             self.num_generations
         );
         ensure!(!self.absorption_by_class, "absorption_by_class needs the step's one backward pass and gradient_noise_scale splits it: use one of them");
@@ -530,6 +574,34 @@ impl TrainConfig {
         crate::grpo::Passes { micro_batches: self.gradient_accumulation_steps, splits: if halves { 2 } else { 1 } }
     }
 
+    /// tinker's losses as tinker defines them: per token, no `delta`, their own surrogate in
+    /// place of cispo's, only the knobs each uses.
+    fn check_loss_fn(&self) -> Result<()> {
+        let loss_fn = self.loss_fn;
+        ensure!(
+            (loss_fn == LossFn::Dro) == self.dro_beta.is_some(),
+            "dro_beta is DRO's penalty coefficient: set it with loss_fn dro (tinker's documentation uses 0.05) and only then (loss_fn {loss_fn}, dro_beta {:?})",
+            self.dro_beta
+        );
+        if let Some(beta) = self.dro_beta {
+            ensure!(beta > 0.0 && beta.is_finite(), "dro_beta ({beta}) must be positive");
+        }
+        if !loss_fn.is_tinker() {
+            return Ok(());
+        }
+        ensure!(self.loss_type != LossType::Cispo, "loss_type cispo is TRL's own surrogate; loss_fn {loss_fn} replaces it: pick an aggregation (grpo, dr_grpo, dapo, bnpo)");
+        ensure!(
+            self.importance_sampling_level == ImportanceSamplingLevel::Token,
+            "tinker's {loss_fn} takes one ratio per token: leave importance_sampling_level at token"
+        );
+        ensure!(self.delta.is_none(), "delta is TRL's clamp; tinker's {loss_fn} has none: unset delta");
+        if loss_fn != LossFn::Ppo {
+            let unused = self.epsilon != Self::default().epsilon || self.epsilon_high.is_some();
+            ensure!(!unused, "epsilon and epsilon_high set a clip range; tinker's {loss_fn} has no clip: unset them");
+        }
+        Ok(())
+    }
+
     /// The policy loss's settings.
     pub fn loss_settings(&self) -> LossSettings {
         LossSettings {
@@ -540,6 +612,8 @@ impl TrainConfig {
             delta: self.delta,
             importance_sampling_level: self.importance_sampling_level,
             loss_type: self.loss_type,
+            loss_fn: self.loss_fn,
+            dro_beta: self.dro_beta.unwrap_or(0.0),
             max_completion_length: self.max_completion_length,
             top_entropy_quantile: self.top_entropy_quantile,
         }
@@ -681,6 +755,7 @@ mod tests {
             ("coh_samples_per_rollout", "coh"), ("coherence_rh_mode", "coh_rh_"), ("coherence_rh_penalty", "coh_penalty"), ("coherence_start_frac", "coh_start"),
             ("kl_estimator", "kl_"),
             ("gradient_accumulation_steps", "gas"), ("dynamic_sampling_rounds", "dynsample"),
+            ("loss_fn", ""), ("num_substeps", "substeps"),
         ];
         for key in TrainConfig::KEYS {
             let expected = if omitted.contains(&key.name) {
@@ -800,12 +875,49 @@ mod tests {
         assert_eq!(resolved(&[("loss_type", "cispo"), ("epsilon_high", "5")]).loss_settings().epsilon_high, 5.0);
         for bad in ["0", "5"] {
             let micro = error(&[("gradient_accumulation_steps", bad)]);
-            assert!(micro.contains(&format!("gradient_accumulation_steps ({bad}) must be at least 1 and divide batch_size")), "{micro}");
+            assert!(micro.contains(&format!("gradient_accumulation_steps ({bad}) must be at least 1 and divide the optimizer step's 32 completions")), "{micro}");
         }
         let idle_estimator = error(&[("beta", "0"), ("kl_estimator", "k2")]);
         assert!(idle_estimator.contains("kl_estimator k2 has no effect with beta 0"), "{idle_estimator}");
         let k1 = resolved(&[("kl_estimator", "k1")]);
         assert!(k1.run_name().unwrap().contains("_kl_k1_"), "{}", k1.run_name().unwrap());
+    }
+
+    /// The config file's batch: 32 completions in groups of 16, so two groups.
+    #[test]
+    fn tinker_losses_and_substeps_refuse_what_they_do_not_define_before_any_work() {
+        let checks: [(&[(&str, &str)], &str); 12] = [
+            (&[("num_substeps", "0")], "num_substeps (0) must be at least 1 and divide the batch's 2 groups"),
+            (&[("num_substeps", "4")], "num_substeps (4) must be at least 1 and divide the batch's 2 groups"),
+            (&[("num_substeps", "2"), ("gradient_accumulation_steps", "32")], "gradient_accumulation_steps (32) must be at least 1 and divide the optimizer step's 16 completions"),
+            (&[("num_substeps", "2"), ("save_steps", "3")], "save_steps (3) must be a multiple of num_iterations * num_substeps (2)"),
+            (&[("num_substeps", "2"), ("num_iterations", "2"), ("save_steps", "6")], "save_steps (6) must be a multiple of num_iterations * num_substeps (4)"),
+            (&[("num_substeps", "2"), ("dump_batches", "dump")], "dump_batches writes the whole batch with one step's log-probabilities: leave num_substeps at 1"),
+            (&[("loss_fn", "dro")], "dro_beta is DRO's penalty coefficient: set it with loss_fn dro"),
+            (&[("loss_fn", "ppo"), ("dro_beta", "0.05")], "dro_beta is DRO's penalty coefficient: set it with loss_fn dro"),
+            (&[("loss_fn", "ppo"), ("loss_type", "cispo"), ("epsilon_high", "5")], "loss_type cispo is TRL's own surrogate; loss_fn ppo replaces it"),
+            (&[("loss_fn", "importance_sampling"), ("importance_sampling_level", "sequence")], "tinker's importance_sampling takes one ratio per token"),
+            (&[("loss_fn", "ppo"), ("delta", "2")], "delta is TRL's clamp; tinker's ppo has none"),
+            (&[("loss_fn", "dro"), ("dro_beta", "0.05"), ("epsilon_high", "0.28")], "tinker's dro has no clip: unset them"),
+        ];
+        for (overrides, expected) in checks {
+            let message = error(overrides);
+            assert!(message.contains(expected), "{overrides:?}: {message}");
+        }
+        let ppo = resolved(&[("loss_fn", "ppo"), ("epsilon_high", "0.28"), ("num_substeps", "2"), ("save_steps", "500")]);
+        assert!(error(&[("loss_fn", "ppo"), ("epsilon_high", "0.1")]).contains("epsilon_high (0.1) is below epsilon"), "ppo keeps the clip's checks");
+        let name = ppo.run_name().unwrap();
+        assert!(name.contains("_ppo_") && name.contains("_substeps2_"), "{name}");
+        let dro = resolved(&[("loss_fn", "dro"), ("dro_beta", "0.05")]);
+        assert_eq!((dro.loss_settings().loss_fn, dro.loss_settings().dro_beta), (LossFn::Dro, 0.05));
+        let name = dro.run_name().unwrap();
+        assert!(name.contains("_dro_beta0.05_") && name.contains("_dro_"), "{name}");
+        assert_eq!(resolved(&[]).loss_settings().loss_fn, LossFn::Trl, "TRL's surrogate by default");
+        // A run that ended inside a rollout (max_steps 5, 4 steps a rollout) cannot be extended.
+        let odd = resolved(&[("num_substeps", "2"), ("num_iterations", "2"), ("save_steps", "4"), ("max_steps", "5")]);
+        let inside = format!("{:#}", odd.extended(8, 5).unwrap_err());
+        assert!(inside.contains("the checkpoint at step 5 is inside a rollout of num_iterations * num_substeps = 4 steps"), "{inside}");
+        assert_eq!(odd.extended(8, 4).unwrap().max_steps, 8);
     }
 
     #[test]

@@ -137,7 +137,7 @@ impl Trainer {
     /// The prompts of extra round `round` (1-based) of step `step`'s batch, each repeated
     /// `num_generations` times: positions of the second stream reserved for that batch and round.
     fn extra_prompts(&mut self, step: usize, round: usize) -> Vec<String> {
-        let batch_index = step / self.cfg.num_iterations;
+        let batch_index = step / self.cfg.steps_per_rollout();
         let per_round = self.cfg.batch_size / self.cfg.num_generations;
         let first = (batch_index * (self.cfg.dynamic_sampling_rounds - 1) + round - 1) * per_round;
         let stream = self.extra_prompts.as_mut().expect("dynamic sampling has its prompt stream");

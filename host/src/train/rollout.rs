@@ -25,7 +25,7 @@ use crate::rng::{self, SplitMix64};
 use crate::adapters::FORGET;
 use crate::routing::{self, GroupedRows, Labels, RenormalizationMode, RoutePlan, RoutingMode, RowWeights};
 
-/// A generated, scored batch, kept for `num_iterations` optimizer steps.
+/// A generated, scored batch, kept for `num_iterations * num_substeps` optimizer steps.
 pub(super) struct Rollout {
     pub generation: Generation,
     /// `[batch, completion_len]` 1 on the completion tokens that train: the completion mask,
@@ -37,6 +37,8 @@ pub(super) struct Rollout {
     /// gradient feeds Adam's second moment.
     pub natural_plan: Option<RoutePlan>,
     pub ref_logprobs: Option<Tensor>,
+    /// The ratio's denominator: TRL's old policy (when the batch serves more than one update),
+    /// or with a tinker `loss_fn` the sampler's log-probabilities.
     pub old_logprobs: Option<Tensor>,
     /// Logged with every step that uses the rollout.
     pub metrics: RolloutMetrics,
@@ -50,7 +52,7 @@ pub(super) struct Rollout {
 
 impl Trainer {
     /// Generates, scores and prepares the rollout of optimizer step `step` (and the next
-    /// `num_iterations - 1` steps).
+    /// `num_iterations * num_substeps - 1` steps).
     pub(super) fn rollout(&mut self, step: usize) -> Result<Rollout> {
         let drawn = self.draw_batch(step)?;
         let (generation, samples, scored) = (drawn.generation, drawn.samples, drawn.scored);
@@ -88,7 +90,10 @@ impl Trainer {
 
         let reference_start = Instant::now();
         let ref_logprobs = (self.cfg.beta != 0.0).then(|| self.reference_logprobs(&generation)).transpose()?;
-        let old_logprobs = (self.cfg.num_iterations > 1).then(|| grpo::frozen_logprobs(&self.model, (&generation).into(), self.cfg.temperature, &plan.ctl));
+        let old_logprobs = match self.cfg.loss_fn.is_tinker() {
+            true => Some(generation.sampling_logprobs.shallow_clone()),
+            false => (self.cfg.steps_per_rollout() > 1).then(|| grpo::frozen_logprobs(&self.model, (&generation).into(), self.cfg.temperature, &plan.ctl)),
+        };
         let reference_seconds = reference_start.elapsed().as_secs_f64();
 
         let mut metrics = rollout_metrics(&scored, &trained_rewards, &component_names, &generation, frac_zero_std, &labels);
@@ -133,7 +138,7 @@ impl Trainer {
 
     /// Each of the step's prompts, repeated `num_generations` times (one group each).
     pub(super) fn step_prompts(&mut self, step: usize) -> Vec<String> {
-        let batch_index = step / self.cfg.num_iterations;
+        let batch_index = step / self.cfg.steps_per_rollout();
         let per_step = self.cfg.batch_size / self.cfg.num_generations;
         let mut prompt_texts = Vec::with_capacity(self.cfg.batch_size);
         for i in 0..per_step {

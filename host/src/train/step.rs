@@ -1,14 +1,16 @@
-//! One optimizer step on a rollout: routed log-probabilities, the GRPO loss, backward, clipping,
-//! AdamW with the linear schedule, then the step's metrics line, log lines and live views.
+//! One optimizer step on a rollout's mini-batch (the whole batch unless `num_substeps` splits
+//! it): routed log-probabilities, the GRPO loss, backward, clipping, AdamW with the linear
+//! schedule, then the step's metrics line, log lines and live views.
 
 use std::time::Instant;
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
 use tch::{Kind, Tensor};
 
 use super::Trainer;
 use super::metrics::{self, GradientNoise, StepMetrics, key};
 use super::rollout::Rollout;
+use crate::model::linear::AdapterCtl;
 use crate::routing::RoutePlan;
 use crate::{grpo, probes, routing};
 use crate::optim::linear_lr;
@@ -18,23 +20,31 @@ impl Trainer {
     /// Optimizer step `step` (0-based); returns its metrics line.
     pub(super) fn step(&mut self, step: usize) -> Result<serde_json::Value> {
         let started = Instant::now();
-        if step % self.cfg.num_iterations == 0 {
+        let per_rollout = self.cfg.steps_per_rollout();
+        let new_rollout = step % per_rollout == 0;
+        if new_rollout {
             self.rollout = Some(self.rollout(step)?);
         }
-        let rollout = self.rollout.as_ref().expect("a rollout exists for every step");
+        // Only a run resumed from its final checkpoint (saved at max_steps) can start inside a
+        // rollout, whose batch no checkpoint keeps.
+        let rollout = self.rollout.as_ref().with_context(|| {
+            format!("step {} continues a rollout of num_iterations * num_substeps = {per_rollout} steps that the checkpoint does not hold: extend runs whose max_steps is a multiple of {per_rollout}", step + 1)
+        })?;
+        // Each pass over the rollout goes through its mini-batches in order.
+        let mini = MiniBatch::of(rollout, step % self.cfg.num_substeps, self.cfg.num_substeps);
         let train_start = Instant::now();
         let g = &rollout.generation;
         self.optimizer.zero_grad();
         let micro_batches = self.cfg.gradient_accumulation_steps;
-        let mut natural_grads = match &rollout.natural_plan {
+        let mut natural_grads = match &mini.natural {
             Some(natural) => {
-                grpo::backward_micro_batches(&self.model, &loss_batch(rollout, natural), self.cfg.temperature, &self.loss, micro_batches, &mut |_, _| {});
+                grpo::backward_micro_batches(&self.model, &mini.loss_batch(natural), self.cfg.temperature, &self.loss, micro_batches, &mut |_, _| {});
                 Some(self.optimizer.take_grads())
             }
             None => None,
         };
-        // absorption_by_class's per-class gradient norms need the one pass's live graph
-        // (the configuration refuses it with micro-batches).
+        // absorption_by_class's per-class gradient norms need the one pass's live graph over the
+        // whole batch (the configuration refuses it with micro-batches and substeps).
         let mut absorption = Vec::new();
         let by_class = self.adapters.is_dual() && self.cfg.absorption_by_class;
         let mut before_backward = |logprobs: &Tensor, masks: grpo::TokenMasks| {
@@ -42,7 +52,7 @@ impl Trainer {
                 absorption = self.gradient_norms_by_class(rollout, logprobs, masks);
             }
         };
-        let batch = loss_batch(rollout, &rollout.plan);
+        let batch = mini.loss_batch(&mini.plan);
         let passes = self.cfg.backward_passes();
         let mut pass_gradients = self.cfg.gradient_noise_scale.then(probes::PassGradients::default);
         let trained: Vec<Tensor> = self.optimizer.params().iter().map(|(_, t)| t.shallow_clone()).collect();
@@ -57,7 +67,7 @@ impl Trainer {
         // The step's gradient noise scale from its passes' gradients (before clipping), and the
         // running average updated with it.
         let gradient_noise = pass_gradients.map(|gradients| {
-            let step = NoiseScale::from_passes(&gradients, self.cfg.batch_size);
+            let step = NoiseScale::from_passes(&gradients, self.cfg.mini_batch_size());
             let average = NoiseScale::averaged(self.noise_scale_average, step);
             self.noise_scale_average = Some(average);
             GradientNoise { step, average }
@@ -86,18 +96,18 @@ impl Trainer {
             self.absorption_after_step(&before, &mut absorption);
         }
         let train_seconds = train_start.elapsed().as_secs_f64();
-        let entropy = grpo::masked_mean(&logprobs.entropy, &rollout.loss_mask);
+        let entropy = grpo::masked_mean(&logprobs.entropy, &mini.loss_mask);
         // The same batch re-scored by the updated policy (one forward pass, no gradient).
         let entropy_change = self.cfg.measure_entropy_change.then(|| {
-            let after = tch::no_grad(|| grpo::completion_logprobs(&self.model, g.into(), self.cfg.temperature, &rollout.plan.ctl));
-            grpo::masked_mean(&after.entropy, &rollout.loss_mask) - entropy
+            let after = tch::no_grad(|| grpo::completion_logprobs(&self.model, mini.seqs(), self.cfg.temperature, &mini.plan.ctl));
+            grpo::masked_mean(&after.entropy, &mini.loss_mask) - entropy
         });
 
-        if step % self.cfg.num_iterations == 0 {
+        if new_rollout {
             self.num_tokens += (g.prompt_mask.sum(Kind::Int64).int64_value(&[]) + g.completion_mask.sum(Kind::Int64).int64_value(&[])) as usize;
         }
         // The loss's statistics over the loss tokens (as TRL), the sampler's over every sampled one.
-        let mask = &rollout.loss_mask;
+        let mask = &mini.loss_mask;
         let done = step + 1;
         let measured = StepMetrics {
             step: done,
@@ -105,7 +115,7 @@ impl Trainer {
             grad_norm,
             learning_rate,
             entropy,
-            logprob_advantage_covariance: probes::logprob_advantage_covariance(&logprobs.logprobs, &rollout.advantages, mask),
+            logprob_advantage_covariance: probes::logprob_advantage_covariance(&logprobs.logprobs, &mini.advantages, mask),
             entropy_change,
             entropy_quantiles: probes::entropy_quantiles(&logprobs.entropy, mask),
             kl: terms.per_token_kl.as_ref().map(|kl| grpo::masked_mean(&kl.detach(), mask)),
@@ -113,7 +123,7 @@ impl Trainer {
             clip_fractions: terms.clip_fractions.as_ref().map(|clip| [&clip.low, &clip.high, &clip.region].map(|f| f.double_value(&[]))),
             cispo_clip_ratio: terms.cispo_clip_ratio.as_ref().map(|f| f.double_value(&[])),
             effective_sample_size: terms.effective_sample_size,
-            kl_sample_train: probes::sampler_learner_kl(&g.sampling_logprobs, &logprobs.logprobs, &g.completion_mask),
+            kl_sample_train: probes::sampler_learner_kl(&mini.sampling_logprobs, &logprobs.logprobs, &mini.completion_mask),
             gradient_noise,
             num_tokens: self.num_tokens,
             train_seconds,
@@ -171,15 +181,73 @@ impl Trainer {
     }
 }
 
-/// The loss's inputs for the rollout under `plan` (its adapter controls and loss classes).
-fn loss_batch<'a>(rollout: &'a Rollout, plan: &'a RoutePlan) -> grpo::LossBatch<'a> {
-    grpo::LossBatch {
-        seqs: (&rollout.generation).into(),
-        ctl: &plan.ctl,
-        old_logprobs: rollout.old_logprobs.as_ref(),
-        ref_logprobs: rollout.ref_logprobs.as_ref(),
-        advantages: &rollout.advantages,
-        loss_mask: &rollout.loss_mask,
-        classes: &plan.classes,
+/// A routing plan's adapter controls and loss classes restricted to some rows.
+struct PlanRows {
+    ctl: Vec<AdapterCtl>,
+    classes: Vec<Tensor>,
+}
+
+impl PlanRows {
+    fn of(plan: &RoutePlan, start: i64, rows: i64) -> Self {
+        Self { ctl: plan.ctl.iter().map(|c| c.rows(start, rows)).collect(), classes: plan.classes.iter().map(|c| c.narrow(0, start, rows)).collect() }
+    }
+}
+
+/// The rows of a rollout that one optimizer step trains on: mini-batch `substep` of
+/// `substeps` equal runs of consecutive rows (whole groups, as the configuration checks), as
+/// views of the rollout's tensors. With one substep it is the whole rollout.
+struct MiniBatch {
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    completion_ids: Tensor,
+    completion_mask: Tensor,
+    sampling_logprobs: Tensor,
+    loss_mask: Tensor,
+    advantages: Tensor,
+    old_logprobs: Option<Tensor>,
+    ref_logprobs: Option<Tensor>,
+    plan: PlanRows,
+    /// With `split_moment`: the natural plan's rows.
+    natural: Option<PlanRows>,
+}
+
+impl MiniBatch {
+    fn of(rollout: &Rollout, substep: usize, substeps: usize) -> Self {
+        let g = &rollout.generation;
+        let batch = g.completion_ids.size()[0];
+        let rows = batch / substeps as i64;
+        assert_eq!(rows * substeps as i64, batch, "num_substeps divides the batch (checked by the configuration)");
+        let start = substep as i64 * rows;
+        let pick = |t: &Tensor| t.narrow(0, start, rows);
+        Self {
+            prompt_ids: pick(&g.prompt_ids),
+            prompt_mask: pick(&g.prompt_mask),
+            completion_ids: pick(&g.completion_ids),
+            completion_mask: pick(&g.completion_mask),
+            sampling_logprobs: pick(&g.sampling_logprobs),
+            loss_mask: pick(&rollout.loss_mask),
+            advantages: pick(&rollout.advantages),
+            old_logprobs: rollout.old_logprobs.as_ref().map(pick),
+            ref_logprobs: rollout.ref_logprobs.as_ref().map(pick),
+            plan: PlanRows::of(&rollout.plan, start, rows),
+            natural: rollout.natural_plan.as_ref().map(|plan| PlanRows::of(plan, start, rows)),
+        }
+    }
+
+    fn seqs(&self) -> grpo::Sequences<'_> {
+        grpo::Sequences { prompt_ids: &self.prompt_ids, prompt_mask: &self.prompt_mask, completion_ids: &self.completion_ids, completion_mask: &self.completion_mask }
+    }
+
+    /// The loss's inputs for these rows under `plan` (its adapter controls and loss classes).
+    fn loss_batch<'a>(&'a self, plan: &'a PlanRows) -> grpo::LossBatch<'a> {
+        grpo::LossBatch {
+            seqs: self.seqs(),
+            ctl: &plan.ctl,
+            old_logprobs: self.old_logprobs.as_ref(),
+            ref_logprobs: self.ref_logprobs.as_ref(),
+            advantages: &self.advantages,
+            loss_mask: &self.loss_mask,
+            classes: &plan.classes,
+        }
     }
 }
