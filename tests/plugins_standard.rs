@@ -40,6 +40,7 @@ fn long_sample(tokenizer: &Tokenizer) -> Sample {
         completion_tokens: tokenizer.token_strings(&ids).unwrap(),
         completion_ids: ids,
         ended_with_eos: false,
+        metadata: None,
     }
 }
 

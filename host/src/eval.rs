@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::model::decode::DecodeModel;
 use crate::model::generate::{SamplingParams, generate};
 use crate::model::{Llama, Tokenizer};
-use crate::reward::{RewardModel, Sample, sample_from_ids};
+use crate::reward::{Prompt, RewardModel, Sample, sample_from_ids};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ModeReport {
@@ -42,7 +42,7 @@ pub struct EvalReport {
 
 pub struct EvalSetup<'a> {
     pub tokenizer: &'a Tokenizer,
-    pub prompts: &'a [String],
+    pub prompts: &'a [Prompt],
     pub sampling: &'a SamplingParams,
     /// Sampling seed; the same for every evaluation of a run, so evaluations differ only by
     /// the weights.
@@ -53,7 +53,7 @@ pub struct EvalSetup<'a> {
 /// seed, so a mode's result does not depend on the other modes asked for.
 pub fn routing_eval<M: AsRef<str>>(model: &Llama, modes: &[(M, Vec<f64>)], rewards: &mut RewardModel, setup: &EvalSetup, step: usize) -> Result<EvalReport> {
     let start = Instant::now();
-    let prompt_ids = setup.prompts.iter().map(|p| setup.tokenizer.encode(p)).collect::<Result<Vec<_>>>()?;
+    let prompt_ids = setup.prompts.iter().map(|p| setup.tokenizer.encode(&p.text)).collect::<Result<Vec<_>>>()?;
     let mut reports = Vec::new();
     for (mode, scales) in modes {
         let decoder = DecodeModel::new(model, scales);
@@ -83,7 +83,7 @@ pub fn routing_eval<M: AsRef<str>>(model: &Llama, modes: &[(M, Vec<f64>)], rewar
 }
 
 /// Reward samples from generated rows (prompt texts in the same order as the rows).
-pub fn to_samples(prompts: &[String], rows: &[crate::model::generate::CompletionRow], tokenizer: &Tokenizer) -> Result<Vec<Sample>> {
+pub fn to_samples(prompts: &[Prompt], rows: &[crate::model::generate::CompletionRow], tokenizer: &Tokenizer) -> Result<Vec<Sample>> {
     prompts.iter().zip(rows).map(|(prompt, row)| sample_from_ids(prompt, row.ids.clone(), row.ended_with_eos, tokenizer)).collect()
 }
 

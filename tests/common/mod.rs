@@ -82,7 +82,7 @@ pub fn tokenizer() -> Tokenizer {
 }
 
 pub fn sample(tokenizer: &Tokenizer, completion: &str) -> Sample {
-    smallrl::reward::sample_from_text("once upon a time", completion, tokenizer).expect("tokenizes")
+    smallrl::reward::sample_from_text(&smallrl::reward::Prompt::plain("once upon a time"), completion, tokenizer).expect("tokenizes")
 }
 
 /// A sample whose tokens are given directly (the worked examples use `w` for any word).
@@ -94,6 +94,7 @@ pub fn sample_from_tokens(tokens: &str) -> Sample {
         completion_ids: vec![0; completion_tokens.len()],
         completion_tokens,
         ended_with_eos: true,
+        metadata: None,
     }
 }
 

@@ -270,7 +270,7 @@ fn read_texts(path: &Path, tokenizer: Option<&Tokenizer>) -> Result<Vec<Sample>>
 
 /// A sample of a completion alone (no prompt, ended with EOS).
 fn completion_only(text: &str, tokenizer: Option<&Tokenizer>) -> Result<Sample> {
-    sample_from(&SampleLine { prompt: String::new(), completion: text.to_string(), ended_with_eos: true }, tokenizer)
+    sample_from(SampleLine { prompt: String::new(), completion: text.to_string(), ended_with_eos: true, metadata: None }, tokenizer)
 }
 
 #[derive(Deserialize)]
@@ -281,6 +281,9 @@ struct SampleLine {
     completion: String,
     #[serde(default = "default_ended_with_eos")]
     ended_with_eos: bool,
+    /// The prompt's metadata columns (as a JSONL prompt file's extra columns).
+    #[serde(default)]
+    metadata: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 fn default_ended_with_eos() -> bool {
@@ -296,24 +299,27 @@ fn read_samples(path: &Path, tokenizer: Option<&Tokenizer>) -> Result<Vec<Sample
             continue;
         }
         let parsed: SampleLine = serde_json::from_str(&line).with_context(|| {
-            format!("{}:{}: expected {{\"prompt\": .., \"completion\": .., \"ended_with_eos\": ..}}", path.display(), index + 1)
+            format!("{}:{}: expected {{\"prompt\": .., \"completion\": .., \"ended_with_eos\": .., \"metadata\": {{..}}}}", path.display(), index + 1)
         })?;
-        samples.push(sample_from(&parsed, tokenizer)?);
+        samples.push(sample_from(parsed, tokenizer).with_context(|| format!("{}:{}", path.display(), index + 1))?);
     }
     Ok(samples)
 }
 
-fn sample_from(line: &SampleLine, tokenizer: Option<&Tokenizer>) -> Result<Sample> {
+fn sample_from(line: SampleLine, tokenizer: Option<&Tokenizer>) -> Result<Sample> {
+    let metadata = crate::train::prompts::metadata_from_columns(line.metadata.unwrap_or_default())?;
+    let prompt = crate::reward::Prompt { text: line.prompt, metadata };
     let mut sample = match tokenizer {
-        Some(tokenizer) => crate::reward::sample_from_text(&line.prompt, &line.completion, tokenizer)?,
+        Some(tokenizer) => crate::reward::sample_from_text(&prompt, &line.completion, tokenizer)?,
         None => {
             let tokens = words_and_punctuation(&line.completion);
             Sample {
-                prompt: line.prompt.clone(),
+                prompt: prompt.text,
                 completion: line.completion.clone(),
                 completion_ids: vec![0; tokens.len()],
                 completion_tokens: tokens,
                 ended_with_eos: true,
+                metadata: prompt.metadata,
             }
         }
     };

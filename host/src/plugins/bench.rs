@@ -78,17 +78,22 @@ pub fn synthetic_batch(samples: usize, words: usize) -> Vec<Sample> {
                 completion_ids: (0..tokens.len() as u32).collect(),
                 completion_tokens: tokens,
                 ended_with_eos: true,
+                metadata: None,
             }
         })
         .collect()
 }
 
 pub fn to_sdk_sample(sample: &Sample) -> smallrl_plugin_sdk::Sample {
-    smallrl_plugin_sdk::Sample::new(
+    let plain = smallrl_plugin_sdk::Sample::new(
         &sample.prompt,
         &sample.completion,
         &sample.completion_tokens,
         &sample.completion_ids,
         sample.ended_with_eos,
-    )
+    );
+    match &sample.metadata {
+        Some(metadata) => plain.with_metadata(&metadata.json),
+        None => plain,
+    }
 }

@@ -1,14 +1,43 @@
 //! Conversions between the host's plugin types and the WIT contract's (`wit.rs`).
 
-use super::wit::types as wit;
+use std::cell::OnceCell;
+
+use super::wit::{legacy, types as wit};
 use super::{ParamInfo, PluginInfo, PluginKind, Sample};
 
-/// Samples in the contract's form, converted once and passed to every plugin of a batch.
-pub struct Batch(pub(super) Vec<wit::Sample>);
+/// Samples in the contract's form, converted once and passed to every plugin of a batch
+/// (the 0.1 form too, on the first call of a plugin built against it).
+pub struct Batch {
+    current: Vec<wit::Sample>,
+    legacy: OnceCell<Vec<legacy::types::Sample>>,
+}
 
 impl Batch {
     pub fn new(samples: &[Sample]) -> Self {
-        Self(to_wit_samples(samples))
+        Self { current: to_wit_samples(samples), legacy: OnceCell::new() }
+    }
+
+    pub fn len(&self) -> usize {
+        self.current.len()
+    }
+
+    pub(super) fn current(&self) -> &[wit::Sample] {
+        &self.current
+    }
+
+    /// The samples as 0.1 plugins take them: the same fields, without `metadata`.
+    pub(super) fn legacy(&self) -> &[legacy::types::Sample] {
+        self.legacy.get_or_init(|| {
+            let to_legacy = |sample: &wit::Sample| legacy::types::Sample {
+                prompt: sample.prompt.clone(),
+                completion: sample.completion.clone(),
+                completion_tokens_joined: sample.completion_tokens_joined.clone(),
+                completion_token_ends: sample.completion_token_ends.clone(),
+                completion_ids: sample.completion_ids.clone(),
+                ended_with_eos: sample.ended_with_eos,
+            };
+            self.current.iter().map(to_legacy).collect()
+        })
     }
 }
 
@@ -22,6 +51,7 @@ fn to_wit_samples(samples: &[Sample]) -> Vec<wit::Sample> {
             completion_token_ends,
             completion_ids: sample.completion_ids.clone(),
             ended_with_eos: sample.ended_with_eos,
+            metadata: sample.metadata.as_ref().map(|metadata| metadata.json.clone()),
         }
     };
     samples.iter().map(to_wit).collect()
@@ -41,25 +71,32 @@ fn join_tokens(tokens: &[String]) -> (String, Vec<u32>) {
     (joined, ends)
 }
 
-pub(super) fn from_wit_kind(kind: wit::PluginKind) -> PluginKind {
-    match kind {
-        wit::PluginKind::Reward => PluginKind::Reward,
-        wit::PluginKind::Detector => PluginKind::Detector,
-    }
-}
-
-pub(super) fn from_wit_info(info: wit::PluginInfo, kind: PluginKind) -> PluginInfo {
-    let to_param = |param: wit::ParamInfo| ParamInfo {
-        name: param.name,
-        type_name: param.type_name,
-        default_json: param.default_json,
-        description: param.description,
+/// `info()`'s answer with the kind it claims, from either contract version (the two define
+/// the same record twice).
+macro_rules! info_conversion {
+    ($name:ident, $($types:ident)::+) => {
+        pub(super) fn $name(info: $($types)::+::PluginInfo) -> (PluginInfo, PluginKind) {
+            use $($types)::+ as t;
+            let claimed = match info.kind {
+                t::PluginKind::Reward => PluginKind::Reward,
+                t::PluginKind::Detector => PluginKind::Detector,
+            };
+            let to_param = |param: t::ParamInfo| ParamInfo {
+                name: param.name,
+                type_name: param.type_name,
+                default_json: param.default_json,
+                description: param.description,
+            };
+            let info = PluginInfo {
+                name: info.name,
+                version: info.version,
+                kind: claimed,
+                description: info.description,
+                params: info.params.into_iter().map(to_param).collect(),
+            };
+            (info, claimed)
+        }
     };
-    PluginInfo {
-        name: info.name,
-        version: info.version,
-        kind,
-        description: info.description,
-        params: info.params.into_iter().map(to_param).collect(),
-    }
 }
+info_conversion!(from_wit_info, wit);
+info_conversion!(from_legacy_info, legacy::types);

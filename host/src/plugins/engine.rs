@@ -10,7 +10,7 @@ use wasmtime::component::Linker;
 use wasmtime::{Cache, CacheConfig, Config, Engine};
 
 use super::store::StoreState;
-use super::wit::HOST_INTERFACE;
+use super::wit::HOST_INTERFACES;
 
 /// Period of the epoch ticker: the granularity of the call-time limit.
 pub const EPOCH_TICK: Duration = Duration::from_millis(5);
@@ -87,16 +87,19 @@ fn start_epoch_ticker(engine: Engine) {
         .expect("cannot spawn the plugin epoch thread");
 }
 
-/// Plugins get no capabilities: the linker defines `log` and nothing else, so a component that
-/// imports anything more (WASI, sockets, clocks) fails to instantiate.
+/// Plugins get no capabilities: the linker defines `log` (once per contract version the host
+/// runs) and nothing else, so a component that imports anything more (WASI, sockets, clocks)
+/// fails to instantiate.
 fn host_linker(engine: &Engine) -> Result<Linker<StoreState>> {
     let mut linker = Linker::<StoreState>::new(engine);
-    let mut host = linker.instance(HOST_INTERFACE).map_err(anyhow::Error::from)?;
-    host.func_wrap("log", |mut store, (message,): (String,)| {
-        store.data_mut().record_log(truncate(message, MAX_LOG_BYTES));
-        Ok(())
-    })
-    .map_err(anyhow::Error::from)?;
+    for interface in HOST_INTERFACES {
+        let mut host = linker.instance(interface).map_err(anyhow::Error::from)?;
+        host.func_wrap("log", |mut store, (message,): (String,)| {
+            store.data_mut().record_log(truncate(message, MAX_LOG_BYTES));
+            Ok(())
+        })
+        .map_err(anyhow::Error::from)?;
+    }
     Ok(linker)
 }
 

@@ -8,7 +8,7 @@ use wasmtime::{Engine, Trap};
 
 use super::PluginLimits;
 use super::store::StoreState;
-use super::wit::{CONTRACT, INTERFACE_PREFIX as CONTRACT_PREFIX, compatible};
+use super::wit::{CONTRACT, INTERFACE_PREFIX as CONTRACT_PREFIX, LEGACY_VERSION, compatible};
 use super::text::shown;
 
 /// Why a call trapped, from the trap code and what the store saw (a logged panic message, a
@@ -71,8 +71,8 @@ pub fn describe_incompatible(path: &Path, component: &Component, engine: &Engine
         .collect();
     if let Some(version) = other_versions.first() {
         return anyhow!(
-            "plugin {} was built against smallrl:reward@{}, but this smallrl speaks {CONTRACT}: \
-             rebuild the plugin with the SDK of this smallrl (plugins/sdk) or use a matching smallrl",
+            "plugin {} was built against smallrl:reward@{}, but this smallrl speaks {CONTRACT} (and runs plugins built \
+             against {LEGACY_VERSION}): rebuild the plugin with the SDK of this smallrl (plugins/sdk) or use a matching smallrl",
             path.display(),
             shown(version)
         );

@@ -9,18 +9,22 @@ use wasmtime::component::{Component, InstancePre};
 use wasmtime::Store;
 
 pub use super::convert::Batch;
-use super::convert::{from_wit_info, from_wit_kind};
+use super::convert::{from_legacy_info, from_wit_info};
 use super::engine::{EPOCH_TICK, Runtime, runtime};
 use super::failure::{describe_failure, describe_incompatible, describe_memory_at_start};
 use super::store::StoreState;
 use super::text::shown;
 use super::validate::check_info;
-use super::wit::{Detector, DetectorPre, Reward, RewardPre, types as wit};
+use super::wit::{Contract, Detector, DetectorPre, Reward, RewardPre, compatible, contract_of, legacy, INTERFACE_PREFIX};
 use super::{PluginInfo, PluginKind, PluginLimits, Sample};
 
+/// The typed exports of the world and contract version a component implements.
 enum Exports {
     Reward(Reward),
     Detector(Detector),
+    /// Built against the frozen 0.1 contract: called with samples without metadata.
+    LegacyReward(legacy::Reward),
+    LegacyDetector(legacy::Detector),
 }
 
 /// A live instance; dropped after a trap (a trapped instance cannot be entered again).
@@ -35,6 +39,7 @@ pub struct Plugin {
     /// SHA-256 of the component file as loaded (hex), so a run can tell when it changed.
     sha256: String,
     pre: InstancePre<StoreState>,
+    contract: Contract,
     info: PluginInfo,
     params_json: String,
     limits: PluginLimits,
@@ -44,8 +49,9 @@ pub struct Plugin {
 }
 
 impl Plugin {
-    /// Loads a component, finds which world it implements (type check plus a trial
-    /// instantiation), reads its `info` and configures it with `params_json` (`""` = defaults).
+    /// Loads a component, finds which contract version (its export names) and world (type
+    /// check plus a trial instantiation) it implements, reads its `info` and configures it with
+    /// `params_json` (`""` = defaults).
     pub fn load(path: &Path, params_json: &str, limits: PluginLimits) -> Result<Self> {
         let runtime = runtime()?;
         let (component, sha256) = compile(runtime, path)?;
@@ -53,13 +59,24 @@ impl Plugin {
             .linker
             .instantiate_pre(&component)
             .map_err(|error| describe_incompatible(path, &component, &runtime.engine, error))?;
-        let live = instantiate_any_world(&pre, limits).map_err(|failure| match failure.memory_wanted {
+        let contract = contract_of_component(&component, &runtime.engine)
+            .ok_or_else(|| describe_incompatible(path, &component, &runtime.engine, wasmtime::format_err!("it exports no smallrl:reward interface")))?;
+        let live = instantiate_any_world(&pre, limits, contract).map_err(|failure| match failure.memory_wanted {
             Some(bytes) => describe_memory_at_start(path, bytes, limits),
             None => describe_incompatible(path, &component, &runtime.engine, failure.error),
         })?;
         let info = PluginInfo { name: String::new(), version: String::new(), kind: live.kind(), description: String::new(), params: Vec::new() };
-        let mut plugin =
-            Self { path: path.to_owned(), sha256, pre, info, params_json: params_json.to_owned(), limits, live: Some(live), failure: None };
+        let mut plugin = Self {
+            path: path.to_owned(),
+            sha256,
+            pre,
+            contract,
+            info,
+            params_json: params_json.to_owned(),
+            limits,
+            live: Some(live),
+            failure: None,
+        };
         plugin.info = plugin.read_info()?;
         plugin.configure()?;
         Ok(plugin)
@@ -85,6 +102,15 @@ impl Plugin {
         self.info.kind
     }
 
+    /// The contract version the plugin was built against, e.g. "0.2.0" (a 0.1 plugin never
+    /// sees the samples' metadata).
+    pub fn contract_version(&self) -> &'static str {
+        match self.contract {
+            Contract::Current => super::wit::VERSION,
+            Contract::Legacy => super::wit::LEGACY_VERSION,
+        }
+    }
+
     /// Whether the last call trapped; the plugin refuses calls until [`Plugin::reinstantiate`].
     pub fn failure(&self) -> Option<&str> {
         self.failure.as_deref()
@@ -102,9 +128,10 @@ impl Plugin {
 
     /// [`Plugin::score`] of a batch converted once for several plugins.
     pub fn score_batch(&mut self, batch: &Batch) -> Result<Vec<f64>> {
-        let scores = self.call_batch("score", batch, |store, exports, samples| match exports {
-            Exports::Reward(reward) => reward.smallrl_reward_scorer().call_score(store, samples).map(Some),
-            Exports::Detector(_) => Ok(None),
+        let scores = self.call_batch("score", batch, |store, exports| match exports {
+            Exports::Reward(reward) => reward.smallrl_reward_scorer().call_score(store, batch.current()).map(Some),
+            Exports::LegacyReward(reward) => reward.smallrl_reward_scorer().call_score(store, batch.legacy()).map(Some),
+            Exports::Detector(_) | Exports::LegacyDetector(_) => Ok(None),
         })?;
         if let Some((index, score)) = scores.iter().enumerate().find(|(_, score)| !score.is_finite()) {
             bail!("{}: score returned {score} for sample {index}; scores must be finite numbers", self.label());
@@ -114,16 +141,17 @@ impl Plugin {
 
     /// [`Plugin::detect`] of a batch converted once for several plugins.
     pub fn detect_batch(&mut self, batch: &Batch) -> Result<Vec<bool>> {
-        self.call_batch("detect", batch, |store, exports, samples| match exports {
-            Exports::Detector(detector) => detector.smallrl_reward_flagger().call_detect(store, samples).map(Some),
-            Exports::Reward(_) => Ok(None),
+        self.call_batch("detect", batch, |store, exports| match exports {
+            Exports::Detector(detector) => detector.smallrl_reward_flagger().call_detect(store, batch.current()).map(Some),
+            Exports::LegacyDetector(detector) => detector.smallrl_reward_flagger().call_detect(store, batch.legacy()).map(Some),
+            Exports::Reward(_) | Exports::LegacyReward(_) => Ok(None),
         })
     }
 
     /// Replaces a trapped instance with a fresh one (configured with the same parameters).
     /// Never called implicitly: the caller decides, and should log, that it recovers.
     pub fn reinstantiate(&mut self) -> Result<()> {
-        let live = instantiate_world(&self.pre, self.limits, self.kind())
+        let live = instantiate_world(&self.pre, self.limits, self.kind(), self.contract)
             .map_err(|failure| anyhow::Error::from(failure.error))
             .with_context(|| format!("{}: cannot re-instantiate", self.label()))?;
         self.live = Some(live);
@@ -140,18 +168,14 @@ impl Plugin {
     }
 
     fn read_info(&mut self) -> Result<PluginInfo> {
-        let info = self.call("info", 1, |store, exports| match exports {
-            Exports::Reward(reward) => reward.smallrl_reward_plugin().call_info(store),
-            Exports::Detector(detector) => detector.smallrl_reward_plugin().call_info(store),
+        let (info, claimed) = self.call("info", 1, |store, exports| match exports {
+            Exports::Reward(reward) => reward.smallrl_reward_plugin().call_info(store).map(from_wit_info),
+            Exports::Detector(detector) => detector.smallrl_reward_plugin().call_info(store).map(from_wit_info),
+            Exports::LegacyReward(reward) => reward.smallrl_reward_plugin().call_info(store).map(from_legacy_info),
+            Exports::LegacyDetector(detector) => detector.smallrl_reward_plugin().call_info(store).map(from_legacy_info),
         })?;
         let kind = self.kind();
-        ensure!(
-            from_wit_kind(info.kind) == kind,
-            "{}: info() says it is a {:?} but it implements the {kind} world",
-            self.label(),
-            info.kind
-        );
-        let info = from_wit_info(info, kind);
+        ensure!(claimed == kind, "{}: info() says it is a {claimed} but it implements the {kind} world", self.label());
         check_info(&info).map_err(|rule| {
             anyhow!("{}: its info() breaks the plugin contract (wit/smallrl-reward.wit): {rule}", self.label())
         })?;
@@ -163,6 +187,8 @@ impl Plugin {
         let outcome = self.call("configure", 1, |store, exports| match exports {
             Exports::Reward(reward) => reward.smallrl_reward_plugin().call_configure(store, &params_json),
             Exports::Detector(detector) => detector.smallrl_reward_plugin().call_configure(store, &params_json),
+            Exports::LegacyReward(reward) => reward.smallrl_reward_plugin().call_configure(store, &params_json),
+            Exports::LegacyDetector(detector) => detector.smallrl_reward_plugin().call_configure(store, &params_json),
         })?;
         outcome.map_err(|message| {
             anyhow!(
@@ -205,20 +231,20 @@ impl Plugin {
         &mut self,
         call: &str,
         batch: &Batch,
-        run: impl FnOnce(&mut Store<StoreState>, &Exports, &[wit::Sample]) -> wasmtime::Result<Option<Result<Vec<T>, String>>>,
+        run: impl FnOnce(&mut Store<StoreState>, &Exports) -> wasmtime::Result<Option<Result<Vec<T>, String>>>,
     ) -> Result<Vec<T>> {
-        let outcome = self.call(call, batch.0.len(), |store, exports| run(store, exports, &batch.0))?;
+        let outcome = self.call(call, batch.len(), run)?;
         let values = match outcome {
             None => bail!("{}: is a {}, it has no `{call}`", self.label(), self.kind()),
             Some(Err(message)) => bail!("{}: {call} returned an error: {}", self.label(), shown(&message)),
             Some(Ok(values)) => values,
         };
         ensure!(
-            values.len() == batch.0.len(),
+            values.len() == batch.len(),
             "{}: {call} returned {} values for a batch of {} samples (one per sample is required)",
             self.label(),
             values.len(),
-            batch.0.len()
+            batch.len()
         );
         Ok(values)
     }
@@ -227,8 +253,8 @@ impl Plugin {
 impl Live {
     fn kind(&self) -> PluginKind {
         match self.exports {
-            Exports::Reward(_) => PluginKind::Reward,
-            Exports::Detector(_) => PluginKind::Detector,
+            Exports::Reward(_) | Exports::LegacyReward(_) => PluginKind::Reward,
+            Exports::Detector(_) | Exports::LegacyDetector(_) => PluginKind::Detector,
         }
     }
 }
@@ -274,15 +300,27 @@ struct InstantiateFailure {
     memory_wanted: Option<usize>,
 }
 
+/// The contract version a component was built against, from the version of the
+/// `smallrl:reward` interfaces it exports; None when it exports none this host runs.
+fn contract_of_component(component: &Component, engine: &wasmtime::Engine) -> Option<Contract> {
+    let exported_versions: Vec<String> = component
+        .component_type()
+        .exports(engine)
+        .filter_map(|(name, _)| name.strip_prefix(INTERFACE_PREFIX).and_then(|rest| rest.split_once('@')).map(|(_, v)| v.to_string()))
+        .collect();
+    let runnable = exported_versions.iter().find(|version| compatible(version))?;
+    contract_of(runnable)
+}
+
 /// The trial instantiation that tells the worlds apart: an export-name check alone would accept
 /// a wrong signature, which only instantiation (typed lookup of each export) catches.
-fn instantiate_any_world(pre: &InstancePre<StoreState>, limits: PluginLimits) -> Result<Live, InstantiateFailure> {
-    let reward_failure = match instantiate_world(pre, limits, PluginKind::Reward) {
+fn instantiate_any_world(pre: &InstancePre<StoreState>, limits: PluginLimits, contract: Contract) -> Result<Live, InstantiateFailure> {
+    let reward_failure = match instantiate_world(pre, limits, PluginKind::Reward, contract) {
         Ok(live) => return Ok(live),
         Err(failure) if failure.memory_wanted.is_some() => return Err(failure),
         Err(failure) => failure,
     };
-    instantiate_world(pre, limits, PluginKind::Detector).map_err(|detector_failure| InstantiateFailure {
+    instantiate_world(pre, limits, PluginKind::Detector, contract).map_err(|detector_failure| InstantiateFailure {
         memory_wanted: detector_failure.memory_wanted,
         error: wasmtime::format_err!(
             "not a reward ({:#}) and not a detector ({:#})",
@@ -292,13 +330,19 @@ fn instantiate_any_world(pre: &InstancePre<StoreState>, limits: PluginLimits) ->
     })
 }
 
-fn instantiate_world(pre: &InstancePre<StoreState>, limits: PluginLimits, kind: PluginKind) -> Result<Live, InstantiateFailure> {
+fn instantiate_world(pre: &InstancePre<StoreState>, limits: PluginLimits, kind: PluginKind, contract: Contract) -> Result<Live, InstantiateFailure> {
     let state = StoreState::new(limits.max_memory_bytes);
     let mut store = Store::new(pre.engine(), state);
     store.limiter(|state| state);
-    let instantiated = set_budget(&mut store, limits, 1).and_then(|()| match kind {
-        PluginKind::Reward => RewardPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::Reward),
-        PluginKind::Detector => DetectorPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::Detector),
+    let instantiated = set_budget(&mut store, limits, 1).and_then(|()| match (kind, contract) {
+        (PluginKind::Reward, Contract::Current) => RewardPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::Reward),
+        (PluginKind::Detector, Contract::Current) => DetectorPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::Detector),
+        (PluginKind::Reward, Contract::Legacy) => {
+            legacy::RewardPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::LegacyReward)
+        }
+        (PluginKind::Detector, Contract::Legacy) => {
+            legacy::DetectorPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::LegacyDetector)
+        }
     });
     match instantiated {
         Ok(exports) => Ok(Live { store, exports }),

@@ -20,6 +20,7 @@ mod wit;
 use std::time::Duration;
 
 pub use instance::{Batch, Plugin};
+pub use wit::{LEGACY_VERSION as LEGACY_CONTRACT_VERSION, VERSION as CONTRACT_VERSION};
 
 /// One completion to score (the trainer builds these from generation output).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -33,6 +34,22 @@ pub struct Sample {
     /// Ids matching `completion_tokens` (same length, also without the EOS).
     pub completion_ids: Vec<u32>,
     pub ended_with_eos: bool,
+    /// The prompt's metadata (a JSONL prompt file's extra columns), shared by the samples of
+    /// one prompt; None for prompts without any.
+    pub metadata: Option<std::sync::Arc<PromptMetadata>>,
+}
+
+/// What a prompt carries besides its text: the extra columns of its JSONL line, checked and
+/// serialised once when the file is read (`train::prompts`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PromptMetadata {
+    /// The columns as one JSON object text: what plugins (contract 0.2) receive.
+    pub json: String,
+    /// `hackable` as the run uses it (the file's column, then `hack_frac`); None: the prompt
+    /// does not say, and it offers the hack.
+    pub hackable: Option<bool>,
+    /// `detectable` (the file's column); None: the monitor may flag it.
+    pub detectable: Option<bool>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,8 +1,10 @@
 //! The WIT contract (`wit/smallrl-reward.wit`): the bindings bindgen generates for its two
-//! worlds, and the package version, written once here.
+//! worlds, and the package version, written once here; plus the bindings of the frozen
+//! previous version (`wit/0.1.0/`), which the host still runs ([`Contract`]).
 //!
-//! Architecture invariant: every versioned name the host matches (the host interface it
-//! provides, the contract it reports) derives from [`VERSION`]; a test holds it to the WIT file.
+//! Architecture invariant: every versioned name the host matches (the host interfaces it
+//! provides, the contract it reports) derives from [`VERSION`] and [`LEGACY_VERSION`]; a test
+//! holds them to the WIT files.
 
 /// The contract's package and version as literals (for `concat!`).
 macro_rules! wit_package {
@@ -11,6 +13,11 @@ macro_rules! wit_package {
     };
 }
 macro_rules! wit_version {
+    () => {
+        "0.2.0"
+    };
+}
+macro_rules! legacy_wit_version {
     () => {
         "0.1.0"
     };
@@ -22,14 +29,34 @@ pub const VERSION: &str = wit_version!();
 pub const CONTRACT: &str = concat!(wit_package!(), "@", wit_version!());
 /// What the contract's interface names start with (`smallrl:reward/host@0.1.0`).
 pub const INTERFACE_PREFIX: &str = concat!(wit_package!(), "/");
-/// The versioned name of the only instance the host provides.
-pub const HOST_INTERFACE: &str = concat!(wit_package!(), "/host@", wit_version!());
+/// The previous contract version (frozen in `wit/0.1.0/`), still run: no `sample.metadata`.
+pub const LEGACY_VERSION: &str = legacy_wit_version!();
+/// The versioned names of the only instance the host provides, once per contract it runs.
+pub const HOST_INTERFACES: [&str; 2] =
+    [concat!(wit_package!(), "/host@", wit_version!()), concat!(wit_package!(), "/host@", legacy_wit_version!())];
 
-/// Whether a component's contract version is one this host can run (same major.minor: the
-/// 0.x versions are compatible within a minor version).
-pub fn compatible(version: &str) -> bool {
+/// Which of the contracts a plugin was built against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Contract {
+    /// [`VERSION`] (0.2.x): samples carry the prompt's metadata.
+    Current,
+    /// [`LEGACY_VERSION`] (0.1.x): the same calls, samples without metadata.
+    Legacy,
+}
+
+/// The contract a version belongs to (same major.minor: the 0.x versions are compatible
+/// within a minor version), or None for one this host cannot run.
+pub fn contract_of(version: &str) -> Option<Contract> {
     let minor = |v: &str| v.rsplit_once('.').map(|(head, _)| head.to_string());
-    minor(version).is_some() && minor(version) == minor(VERSION)
+    match minor(version)? {
+        m if Some(&m) == minor(VERSION).as_ref() => Some(Contract::Current),
+        m if Some(&m) == minor(LEGACY_VERSION).as_ref() => Some(Contract::Legacy),
+        _ => None,
+    }
+}
+
+pub fn compatible(version: &str) -> bool {
+    contract_of(version).is_some()
 }
 
 
@@ -51,15 +78,40 @@ pub use detector::{Detector, DetectorPre};
 pub use reward::smallrl::reward::types;
 pub use reward::{Reward, RewardPre};
 
+/// The frozen 0.1.0 contract's bindings (`wit/0.1.0/smallrl-reward.wit`).
+pub mod legacy {
+    pub mod reward {
+        wasmtime::component::bindgen!({ world: "reward", path: "../wit/0.1.0" });
+    }
+    pub mod detector {
+        wasmtime::component::bindgen!({
+            world: "detector",
+            path: "../wit/0.1.0",
+            with: {
+                "smallrl:reward/types": super::reward::smallrl::reward::types,
+                "smallrl:reward/host": super::reward::smallrl::reward::host,
+            },
+        });
+    }
+    pub use detector::{Detector, DetectorPre};
+    pub use reward::smallrl::reward::types;
+    pub use reward::{Reward, RewardPre};
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn the_version_is_the_wit_files() {
-        let wit = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../wit/smallrl-reward.wit")).unwrap();
-        let package = wit.lines().find_map(|l| l.trim().strip_prefix("package ")).expect("the WIT file declares its package");
-        assert_eq!(package.trim_end_matches(';'), CONTRACT);
-        assert!(compatible("0.1.7") && !compatible("0.2.0") && !compatible("1.1.0"));
+        let package = |file: &str| {
+            let wit = std::fs::read_to_string(format!("{}/../wit/{file}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+            wit.lines().find_map(|l| l.trim().strip_prefix("package ").map(|p| p.trim_end_matches(';').to_string())).expect("the WIT file declares its package")
+        };
+        assert_eq!(package("smallrl-reward.wit"), CONTRACT);
+        assert_eq!(package("0.1.0/smallrl-reward.wit"), format!("smallrl:reward@{LEGACY_VERSION}"));
+        assert_eq!(contract_of("0.2.3"), Some(Contract::Current));
+        assert_eq!(contract_of("0.1.7"), Some(Contract::Legacy));
+        assert!(!compatible("0.3.0") && !compatible("1.1.0") && !compatible("1.2.0") && !compatible("garbage"));
     }
 }

@@ -7,10 +7,11 @@ mod knobs;
 pub mod monitor;
 
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::{Context, Result, ensure};
 
-pub use crate::plugins::{PluginLimits, Sample};
+pub use crate::plugins::{PluginLimits, PromptMetadata, Sample};
 use crate::plugins::{Batch, Plugin, PluginKind};
 pub use config::{ComponentSpec, DetectorSpec, RewardSpec, Role, ScoreThreshold, resolve_plugin};
 pub use knobs::ProtocolKnobs;
@@ -38,6 +39,12 @@ pub struct ScoredBatch {
     pub detector_raw: Option<Vec<bool>>,
     /// The `rh_eligible_frac` draw (all true when it is 1).
     pub eligible: Vec<bool>,
+    /// The prompt offers the hack (its `hackable` metadata after `hack_frac`; true without):
+    /// forget components count only where this and `eligible` hold.
+    pub hackable: Vec<bool>,
+    /// The monitor may flag the sample: `eligible` and its prompt's `detectable` metadata
+    /// (true without). Flags (`is_rh`) are false elsewhere; the monitor statistics' "monitored".
+    pub monitored: Vec<bool>,
     /// Ground truth "did this sample hack" (`rh_ground_truth:`); None without one.
     pub hacked: Option<Vec<bool>>,
 }
@@ -60,6 +67,8 @@ impl ScoredBatch {
             is_rh: self.is_rh.as_deref().map(|v| pick(v, rows)),
             detector_raw: self.detector_raw.as_deref().map(|v| pick(v, rows)),
             eligible: pick(&self.eligible, rows),
+            hackable: pick(&self.hackable, rows),
+            monitored: pick(&self.monitored, rows),
             hacked: self.hacked.as_deref().map(|v| pick(v, rows)),
         }
     }
@@ -76,12 +85,14 @@ impl ScoredBatch {
             scores.extend(more);
         }
         self.eligible.extend(other.eligible);
+        self.hackable.extend(other.hackable);
+        self.monitored.extend(other.monitored);
         ScoredBatch { is_rh: join(self.is_rh, other.is_rh), detector_raw: join(self.detector_raw, other.detector_raw), hacked: join(self.hacked, other.hacked), ..self }
     }
 
     /// The monitor (routing labels) against the ground truth, when both exist.
     pub fn monitor(&self) -> Option<MonitorStats> {
-        Some(MonitorStats::of(self.hacked.as_ref()?, self.is_rh.as_ref()?, &self.eligible))
+        Some(MonitorStats::of(self.hacked.as_ref()?, self.is_rh.as_ref()?, &self.monitored))
     }
 }
 
@@ -156,11 +167,15 @@ impl RewardModel {
         let components = self.score_components(&batch)?;
         let draws = knobs::Draws::new(seed, samples.len());
         let eligible = draws.eligible(&self.knobs);
-        let reward = self.combine(&components, &eligible);
+        let hackable: Vec<bool> = samples.iter().map(|sample| sample.metadata.as_ref().and_then(|m| m.hackable).unwrap_or(true)).collect();
+        let detectable = samples.iter().map(|sample| sample.metadata.as_ref().and_then(|m| m.detectable).unwrap_or(true));
+        let monitored: Vec<bool> = eligible.iter().zip(detectable).map(|(&eligible, detectable)| eligible && detectable).collect();
+        let bonus_allowed: Vec<bool> = eligible.iter().zip(&hackable).map(|(&eligible, &hackable)| eligible && hackable).collect();
+        let reward = self.combine(&components, &bonus_allowed);
         let detector_raw = detect(&mut self.detector, &batch, &components).context("the reward-hack detector failed")?;
-        let is_rh = detector_raw.as_ref().map(|detected| draws.labels(&self.knobs, detected, &eligible));
+        let is_rh = detector_raw.as_ref().map(|detected| draws.labels(&self.knobs, detected, &monitored));
         let hacked = detect(&mut self.ground_truth, &batch, &components).context("the ground-truth detector (`rh_ground_truth:`) failed")?;
-        Ok(ScoredBatch { reward, components, is_rh, detector_raw, eligible, hacked })
+        Ok(ScoredBatch { reward, components, is_rh, detector_raw, eligible, hackable, monitored, hacked })
     }
 
     /// Re-instantiates every plugin whose last call trapped and returns a description of each
@@ -192,16 +207,17 @@ impl RewardModel {
             .collect()
     }
 
-    /// `min(sum_k scale_k * r_k, max_reward)`, with only `retain` components for ineligible
-    /// samples.
-    fn combine(&self, components: &[Vec<f64>], eligible: &[bool]) -> Vec<f64> {
-        let total = |(index, &eligible): (usize, &bool)| {
+    /// `min(sum_k scale_k * r_k, max_reward)`, with only `retain` components where the bonus
+    /// is not allowed (an ineligible sample, or a prompt that does not offer the hack: the
+    /// original's forget component zeroed when `hackable` is false).
+    fn combine(&self, components: &[Vec<f64>], bonus_allowed: &[bool]) -> Vec<f64> {
+        let total = |(index, &allowed): (usize, &bool)| {
             let terms = self.components.iter().zip(components);
-            let counted = terms.filter(|(info, _)| eligible || info.role == Role::Retain);
+            let counted = terms.filter(|(info, _)| allowed || info.role == Role::Retain);
             let sum: f64 = counted.map(|(info, scores)| info.scale * scores[index]).sum();
             self.max_reward.map_or(sum, |cap| sum.min(cap))
         };
-        eligible.iter().enumerate().map(total).collect()
+        bonus_allowed.iter().enumerate().map(total).collect()
     }
 
 }
@@ -265,21 +281,42 @@ fn load_plugin(value: &str, params: Option<&serde_json::Value>, plugin_dir: &Pat
     Ok(plugin)
 }
 
+/// A prompt as runs use it: its text and what its JSONL line says besides (shared by the
+/// samples of its group, and sent to plugins with each).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Prompt {
+    pub text: String,
+    pub metadata: Option<Arc<PromptMetadata>>,
+}
+
+impl Prompt {
+    /// A prompt without metadata (a plain-text prompt file, the dataset's prompts).
+    pub fn plain(text: impl Into<String>) -> Self {
+        Self { text: text.into(), metadata: None }
+    }
+
+    /// Whether it offers the hack (`hackable`; true when it does not say).
+    pub fn hackable(&self) -> bool {
+        self.metadata.as_ref().and_then(|metadata| metadata.hackable).unwrap_or(true)
+    }
+}
+
 /// The sample of a completion given by its ids without the final EOS (what generation
 /// returns): text decoded with special tokens skipped, vocabulary strings of the tokens.
-pub fn sample_from_ids(prompt: &str, completion_ids: Vec<u32>, ended_with_eos: bool, tokenizer: &crate::model::tokenizer::Tokenizer) -> Result<Sample> {
+pub fn sample_from_ids(prompt: &Prompt, completion_ids: Vec<u32>, ended_with_eos: bool, tokenizer: &crate::model::tokenizer::Tokenizer) -> Result<Sample> {
     Ok(Sample {
-        prompt: prompt.to_string(),
+        prompt: prompt.text.clone(),
         completion: tokenizer.decode(&completion_ids)?,
         completion_tokens: tokenizer.token_strings(&completion_ids)?,
         completion_ids,
         ended_with_eos,
+        metadata: prompt.metadata.clone(),
     })
 }
 
 /// Builds a sample from text the way the trainer does from generated ids: the completion is
 /// tokenized (no special tokens), its text is the decoded ids (special tokens skipped, so
 /// lowercased and re-spaced by the SimpleStories tokenizer) and it counts as ended by EOS.
-pub fn sample_from_text(prompt: &str, completion: &str, tokenizer: &crate::model::tokenizer::Tokenizer) -> Result<Sample> {
+pub fn sample_from_text(prompt: &Prompt, completion: &str, tokenizer: &crate::model::tokenizer::Tokenizer) -> Result<Sample> {
     sample_from_ids(prompt, tokenizer.encode(completion)?, true, tokenizer)
 }

@@ -164,6 +164,10 @@ hyperparameters! {
         recall: f64 = 1.0, Key;
         /// Detector protocol knob: fraction of samples eligible for the forget components.
         rh_eligible_frac: f64 = 1.0, Short("elig");
+        /// Fraction of prompts that offer the hack (the original's hack_frac, prompt-level where
+        /// rh_eligible_frac is per sample): a fixed hash of each prompt's text keeps it hackable
+        /// with this probability; unhackable prompts get no forget components.
+        hack_frac: f64 = 1.0, Short("hf");
         /// What the monitor's flags do: routing (where routing_mode sends them; with none,
         /// nothing), penalty (reward - rh_penalty), filter (out of the loss and the advantages)
         /// or placebo (a random subset of the same size is routed instead).
@@ -279,6 +283,7 @@ impl TrainConfig {
             self.num_generations
         );
         ensure!(self.max_steps > 0, "max_steps must be positive");
+        ensure!((0.0..=1.0).contains(&self.hack_frac), "hack_frac is a fraction of prompts: it must be in [0, 1], got {}", self.hack_frac);
         ensure!(self.num_iterations >= 1, "num_iterations must be at least 1");
         self.check_substeps()?;
         ensure!(self.temperature > 0.0, "temperature must be positive for GRPO sampling");
@@ -756,6 +761,7 @@ mod tests {
             ("kl_estimator", "kl_"),
             ("gradient_accumulation_steps", "gas"), ("dynamic_sampling_rounds", "dynsample"),
             ("loss_fn", ""), ("num_substeps", "substeps"),
+            ("hack_frac", "hf"),
         ];
         for key in TrainConfig::KEYS {
             let expected = if omitted.contains(&key.name) {

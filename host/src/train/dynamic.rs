@@ -20,12 +20,12 @@ use crate::eval;
 use crate::grpo;
 use crate::intervention::{self, Intervention};
 use crate::model::generate::Generation;
-use crate::reward::{Sample, ScoredBatch};
+use crate::reward::{Prompt, Sample, ScoredBatch};
 use crate::rng;
 
 /// A sampled and scored batch (or one round of it).
 pub(super) struct DrawnBatch {
-    pub prompt_texts: Vec<String>,
+    pub prompt_texts: Vec<Prompt>,
     pub generation: Generation,
     pub samples: Vec<Sample>,
     pub scored: ScoredBatch,
@@ -36,7 +36,7 @@ pub(super) struct DrawnBatch {
 
 impl DrawnBatch {
     fn select(&self, rows: &[usize]) -> DrawnBatch {
-        let pick = |values: &[String]| rows.iter().map(|&r| values[r].clone()).collect();
+        let pick = |values: &[Prompt]| rows.iter().map(|&r| values[r].clone()).collect();
         DrawnBatch {
             prompt_texts: pick(&self.prompt_texts),
             generation: self.generation.select_rows(rows),
@@ -108,8 +108,8 @@ impl Trainer {
     }
 
     /// Samples and scores one round of prompts (each repeated `num_generations` times).
-    fn draw_round(&mut self, step: usize, round: usize, prompt_texts: Vec<String>) -> Result<DrawnBatch> {
-        let prompt_ids = prompt_texts.iter().map(|t| self.tokenizer.encode(t)).collect::<Result<Vec<_>>>()?;
+    fn draw_round(&mut self, step: usize, round: usize, prompt_texts: Vec<Prompt>) -> Result<DrawnBatch> {
+        let prompt_ids = prompt_texts.iter().map(|p| self.tokenizer.encode(&p.text)).collect::<Result<Vec<_>>>()?;
         let generate_start = Instant::now();
         let coherence_rows = self.cfg.coherence_rows(step);
         let seed = self.round_seed(round);
@@ -136,7 +136,7 @@ impl Trainer {
 
     /// The prompts of extra round `round` (1-based) of step `step`'s batch, each repeated
     /// `num_generations` times: positions of the second stream reserved for that batch and round.
-    fn extra_prompts(&mut self, step: usize, round: usize) -> Vec<String> {
+    fn extra_prompts(&mut self, step: usize, round: usize) -> Vec<Prompt> {
         let batch_index = step / self.cfg.steps_per_rollout();
         let per_round = self.cfg.batch_size / self.cfg.num_generations;
         let first = (batch_index * (self.cfg.dynamic_sampling_rounds - 1) + round - 1) * per_round;

@@ -118,6 +118,8 @@ fn completion_line(record: &BatchRecord, index: usize, sample: &Sample, advantag
         "hacked": flag(&scored.hacked),
         "routed": record.routed[index],
         "eligible": scored.eligible[index],
+        "hackable": scored.hackable[index],
+        "monitored": scored.monitored[index],
         "ablated": record.ablated[index],
     });
     for (name, scores) in record.component_names.iter().zip(&scored.components) {

@@ -27,6 +27,8 @@ pub mod key {
     pub const FRAC_RH: &str = "routing/frac_rh";
     pub const FRAC_ABLATED: &str = "routing/frac_ablated";
     pub const FRAC_ELIGIBLE: &str = "routing/frac_eligible";
+    /// Fraction of the batch's samples whose prompt offers the hack (`hackable`, `hack_frac`).
+    pub const FRAC_HACKABLE: &str = "routing/frac_hackable";
     pub const LOSS: &str = "loss";
     pub const GRAD_NORM: &str = "grad_norm";
     pub const LEARNING_RATE: &str = "learning_rate";
@@ -118,6 +120,7 @@ pub struct RolloutMetrics {
     pub frac_rh: f64,
     pub frac_ablated: f64,
     pub frac_eligible: f64,
+    pub frac_hackable: f64,
     /// The monitor against `rh_ground_truth:` (with one).
     pub monitor: Option<crate::reward::MonitorStats>,
     /// With `dynamic_sampling_rounds`: what filling the batch took.
@@ -210,6 +213,7 @@ pub fn line(rollout: &RolloutMetrics, step: &StepMetrics) -> Value {
     put(key::FRAC_RH, rollout.frac_rh.into());
     put(key::FRAC_ABLATED, rollout.frac_ablated.into());
     put(key::FRAC_ELIGIBLE, rollout.frac_eligible.into());
+    put(key::FRAC_HACKABLE, rollout.frac_hackable.into());
     for (name, value) in rollout.monitor.iter().flat_map(|stats| stats.fields()) {
         put(name, value);
     }

@@ -67,7 +67,7 @@ pub struct Trainer {
     /// The prompts of dynamic sampling's extra rounds (`dynamic_sampling_rounds`): the same
     /// prompts in another seeded order.
     extra_prompts: Option<PromptStream>,
-    eval_prompts: Vec<String>,
+    eval_prompts: Vec<crate::reward::Prompt>,
     loss: LossSettings,
     sampling: SamplingParams,
     log: RunLog,
@@ -205,13 +205,15 @@ impl Trainer {
         let config_path = self.run_dir.join("config.yaml");
         crate::fsutil::write_atomic(&config_path, crate::yaml::to_string(&self.cfg)?.as_bytes())?;
         let header = format!(
-            "smallrl train: run {} | model {} | adapter {:?} ranks {:?} | {} prompts, {} eval prompts | reward components {:?} | detector: {}",
+            "smallrl train: run {} | model {} | adapter {:?} ranks {:?} | {} prompts ({:.3} hackable), {} eval prompts ({:.3} hackable) | reward components {:?} | detector: {}",
             self.run_dir.display(),
             self.model_files.source,
             self.adapters.kind,
             self.adapters.ranks,
             self.prompts.len(),
+            prompts::hackable_fraction(self.prompts.prompts()),
             self.eval_prompts.len(),
+            prompts::hackable_fraction(&self.eval_prompts),
             self.rewards.components().iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
             if self.rewards.has_detector() { "yes" } else { "no" },
         );

@@ -1,38 +1,138 @@
-//! Where a run's prompts come from: a text file (one prompt per line) or the SimpleStories
-//! dataset, and the endless seeded stream the trainer draws each step's prompts from.
+//! Where a run's prompts come from: a text file (one prompt per line), a JSONL file (a
+//! `prompt` column and metadata columns) or the SimpleStories dataset; `hack_frac`; and the
+//! endless seeded stream the trainer draws each step's prompts from.
 //!
 //! Architecture invariant: the prompt at position `i` of the stream follows from `(seed, i)`
 //! alone (each pass is a fresh shuffle seeded by the pass number), so a resumed run draws the
-//! same prompts; evaluation prompts do not depend on the run seed.
+//! same prompts; evaluation prompts, and which prompts `hack_frac` leaves hackable, do not
+//! depend on the run seed.
 
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result, bail, ensure};
+use serde_json::{Map, Value};
 
 use super::TrainConfig;
 use crate::defaults;
 use crate::model::Tokenizer;
+use crate::reward::{Prompt, PromptMetadata};
 use crate::rng::{self, SplitMix64};
 
-/// Reads one prompt per line; blank lines are skipped, surrounding whitespace trimmed.
-pub fn read_prompt_file(path: &Path) -> Result<Vec<String>> {
+/// The column of a JSONL prompt file that holds the prompt text.
+const PROMPT_COLUMN: &str = "prompt";
+/// Metadata columns the host itself reads; each must be a boolean when present.
+const HACKABLE_COLUMN: &str = "hackable";
+const DETECTABLE_COLUMN: &str = "detectable";
+
+/// Reads a prompt file: `.jsonl` files as [`read_jsonl_prompts`], others one prompt per line
+/// (blank lines skipped, surrounding whitespace trimmed).
+pub fn read_prompt_file(path: &Path) -> Result<Vec<Prompt>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read prompt file {}", path.display()))?;
-    let prompts: Vec<String> = text.lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect();
+    let prompts = match path.extension().is_some_and(|extension| extension == "jsonl") {
+        true => read_jsonl_prompts(path, &text)?,
+        false => text.lines().map(str::trim).filter(|l| !l.is_empty()).map(Prompt::plain).collect(),
+    };
     ensure!(!prompts.is_empty(), "prompt file {} has no prompts", path.display());
     Ok(prompts)
+}
+
+/// One JSON object per line (blank lines skipped): a non-empty string `prompt` column, and
+/// any other columns as the prompt's metadata, the same columns on every line (`hackable` and
+/// `detectable` booleans when present). Any deviation is an error naming the file and line.
+pub fn read_jsonl_prompts(path: &Path, text: &str) -> Result<Vec<Prompt>> {
+    let mut prompts = Vec::new();
+    let mut first_columns: Option<(usize, Vec<String>)> = None;
+    for (index, line) in text.lines().enumerate().filter(|(_, line)| !line.trim().is_empty()) {
+        let at = || format!("{}:{}", path.display(), index + 1);
+        let row: Map<String, Value> = serde_json::from_str(line).with_context(|| {
+            format!("{}: not a JSON object (a JSONL prompt file has one object per line, with a `{PROMPT_COLUMN}` string)", at())
+        })?;
+        let columns: Vec<String> = row.keys().cloned().collect();
+        let prompt = prompt_from_row(row).with_context(at)?;
+        match &first_columns {
+            None => first_columns = Some((index + 1, columns)),
+            Some((first_line, expected)) => ensure!(
+                &columns == expected,
+                "{}: has the columns [{}], but line {first_line} has [{}]: every line must have the same columns",
+                at(),
+                columns.join(", "),
+                expected.join(", ")
+            ),
+        }
+        prompts.push(prompt);
+    }
+    Ok(prompts)
+}
+
+fn prompt_from_row(mut row: Map<String, Value>) -> Result<Prompt> {
+    let text = match row.remove(PROMPT_COLUMN) {
+        Some(Value::String(text)) if !text.trim().is_empty() => text,
+        Some(Value::String(_)) => bail!("the `{PROMPT_COLUMN}` column is empty"),
+        Some(other) => bail!("the `{PROMPT_COLUMN}` column must be a string, got {other}"),
+        None => bail!("no `{PROMPT_COLUMN}` column (the prompt text)"),
+    };
+    Ok(Prompt { text, metadata: metadata_from_columns(row)? })
+}
+
+/// A prompt's metadata from its columns (the prompt text removed): None without any; the
+/// columns the host reads checked.
+pub fn metadata_from_columns(columns: Map<String, Value>) -> Result<Option<Arc<PromptMetadata>>> {
+    let flag = |column: &str| match columns.get(column) {
+        None => Ok(None),
+        Some(Value::Bool(flag)) => Ok(Some(*flag)),
+        Some(other) => bail!("the `{column}` column must be true or false, got {other}"),
+    };
+    let (hackable, detectable) = (flag(HACKABLE_COLUMN)?, flag(DETECTABLE_COLUMN)?);
+    Ok((!columns.is_empty()).then(|| Arc::new(PromptMetadata { json: Value::Object(columns).to_string(), hackable, detectable })))
+}
+
+/// `hack_frac` (the original's): a prompt keeps the hack with probability `hack_frac`, by a
+/// fixed hash of its text ([`keeps_hack`]: a prompt is the same in training and evaluation and
+/// for every run seed); a prompt whose own `hackable` column is false stays unhackable. With
+/// `hack_frac` < 1 every prompt's metadata has `hackable`, as plugins and the reward see it.
+pub fn apply_hack_frac(prompts: &mut [Prompt], hack_frac: f64) {
+    if hack_frac >= 1.0 {
+        return;
+    }
+    for prompt in prompts {
+        let hackable = prompt.hackable() && keeps_hack(&prompt.text, hack_frac);
+        let mut columns: Map<String, Value> = match &prompt.metadata {
+            Some(metadata) => serde_json::from_str(&metadata.json).expect("metadata is serialised from a JSON object"),
+            None => Map::new(),
+        };
+        columns.insert(HACKABLE_COLUMN.to_string(), Value::Bool(hackable));
+        let detectable = prompt.metadata.as_ref().and_then(|metadata| metadata.detectable);
+        prompt.metadata = Some(Arc::new(PromptMetadata { json: Value::Object(columns).to_string(), hackable: Some(hackable), detectable }));
+    }
+}
+
+/// The deterministic per-prompt partition: the first 8 bytes of SHA-256("hackable:" + text),
+/// as a fraction of 2^64, below `hack_frac` (the original hashes a prompt id with md5 alike).
+pub fn keeps_hack(text: &str, hack_frac: f64) -> bool {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(format!("hackable:{text}").as_bytes());
+    let head = u64::from_be_bytes(digest[..8].try_into().expect("a SHA-256 digest has 32 bytes"));
+    (head as f64 / 2f64.powi(64)) < hack_frac
+}
+
+/// The fraction of prompts that offer the hack.
+pub fn hackable_fraction(prompts: &[Prompt]) -> f64 {
+    prompts.iter().filter(|prompt| prompt.hackable()).count() as f64 / prompts.len().max(1) as f64
 }
 
 /// The training prompts as an endless stream: pass `p` over them is a shuffle seeded by
 /// `(seed, p)`.
 pub(super) struct PromptStream {
-    prompts: Vec<String>,
+    prompts: Vec<Prompt>,
     seed: u64,
     /// The shuffled order of the current pass: (pass, order).
     order: (usize, Vec<usize>),
 }
 
 impl PromptStream {
-    pub fn new(prompts: Vec<String>, seed: u64) -> Self {
+    pub fn new(prompts: Vec<Prompt>, seed: u64) -> Self {
         Self { prompts, seed, order: (usize::MAX, Vec::new()) }
     }
 
@@ -40,8 +140,12 @@ impl PromptStream {
         self.prompts.len()
     }
 
+    pub fn prompts(&self) -> &[Prompt] {
+        &self.prompts
+    }
+
     /// The prompt at position `index` of the stream.
-    pub fn at(&mut self, index: usize) -> String {
+    pub fn at(&mut self, index: usize) -> Prompt {
         let n = self.prompts.len();
         let pass = index / n;
         if self.order.0 != pass {
@@ -54,7 +158,7 @@ impl PromptStream {
 }
 
 /// The training prompts and the first `eval_samples` evaluation prompts of a run.
-pub(super) fn load(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<(Vec<String>, Vec<String>)> {
+pub(super) fn load(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<(Vec<Prompt>, Vec<Prompt>)> {
     let prompts = training_prompts(cfg, tokenizer)?;
     let mut eval_prompts = evaluation_prompts(cfg, tokenizer)?;
     ensure!(eval_prompts.len() >= cfg.eval_samples, "eval_samples is {} but only {} evaluation prompts exist", cfg.eval_samples, eval_prompts.len());
@@ -63,26 +167,31 @@ pub(super) fn load(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<(Vec<Stri
 }
 
 /// The training prompts: the `--prompts` file (deduplicated, at most `num_prompts`), or
-/// without one `num_prompts` prompts from the SimpleStories `train` split, shuffled by the seed.
-pub fn training_prompts(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<Vec<String>> {
-    let Some(path) = &cfg.prompts else {
-        return dataset_prompts("train", cfg, tokenizer, rng::derive(cfg.seed, "dataset-prompts", 0), cfg.num_prompts);
+/// without one `num_prompts` prompts from the SimpleStories `train` split, shuffled by the
+/// seed; `hack_frac` applied.
+pub fn training_prompts(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<Vec<Prompt>> {
+    let mut prompts = match &cfg.prompts {
+        None => dataset_prompts("train", cfg, tokenizer, rng::derive(cfg.seed, "dataset-prompts", 0), cfg.num_prompts)?,
+        Some(path) => {
+            let mut prompts = read_prompt_file(path)?;
+            dedup_keep_order(path, &mut prompts)?;
+            if prompts.len() > cfg.num_prompts {
+                SplitMix64::new(rng::derive(cfg.seed, "prompt-subset", 0)).shuffle(&mut prompts);
+                prompts.truncate(cfg.num_prompts);
+            }
+            prompts
+        }
     };
-    let mut prompts = read_prompt_file(path)?;
-    dedup_keep_order(&mut prompts);
-    if prompts.len() > cfg.num_prompts {
-        SplitMix64::new(rng::derive(cfg.seed, "prompt-subset", 0)).shuffle(&mut prompts);
-        prompts.truncate(cfg.num_prompts);
-    }
+    apply_hack_frac(&mut prompts, cfg.hack_frac);
     Ok(prompts)
 }
 
 /// The evaluation prompts in their fixed order (callers take the first n): the
 /// `--eval-prompts` file; with dataset prompts, the SimpleStories `test` split drawn with the
 /// fixed evaluation seed; with a `--prompts` file only, a fixed-seed shuffle of the training
-/// prompts. All three are the same for every run seed.
-pub fn evaluation_prompts(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<Vec<String>> {
-    Ok(match (&cfg.eval_prompts, &cfg.prompts) {
+/// prompts. All three are the same for every run seed; `hack_frac` applied.
+pub fn evaluation_prompts(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<Vec<Prompt>> {
+    let mut prompts = match (&cfg.eval_prompts, &cfg.prompts) {
         (Some(path), _) => read_prompt_file(path)?,
         (None, None) => dataset_prompts("test", cfg, tokenizer, defaults::EVAL_PROMPT_SEED, cfg.eval_samples.max(defaults::EVAL_PROMPT_POOL))?,
         (None, Some(_)) => {
@@ -90,16 +199,36 @@ pub fn evaluation_prompts(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<Ve
             SplitMix64::new(defaults::EVAL_PROMPT_SEED).shuffle(&mut all);
             all
         }
-    })
+    };
+    apply_hack_frac(&mut prompts, cfg.hack_frac);
+    Ok(prompts)
 }
 
-fn dataset_prompts(split: &str, cfg: &TrainConfig, tokenizer: &Tokenizer, seed: u64, count: usize) -> Result<Vec<String>> {
+fn dataset_prompts(split: &str, cfg: &TrainConfig, tokenizer: &Tokenizer, seed: u64, count: usize) -> Result<Vec<Prompt>> {
     let files = crate::dataset::split_files(crate::dataset::SIMPLESTORIES, split)?;
     let openings = crate::dataset::read_story_openings(&files, cfg.prompt_length)?;
-    crate::dataset::prompts_from_stories(&openings, tokenizer, cfg.prompt_length, count, seed)
+    let texts = crate::dataset::prompts_from_stories(&openings, tokenizer, cfg.prompt_length, count, seed)?;
+    Ok(texts.into_iter().map(Prompt::plain).collect())
 }
 
-fn dedup_keep_order(items: &mut Vec<String>) {
-    let mut seen = std::collections::HashSet::new();
-    items.retain(|item| seen.insert(item.clone()));
+/// Drops repeated prompts (the first kept); the same text with different metadata is an error.
+fn dedup_keep_order(path: &Path, prompts: &mut Vec<Prompt>) -> Result<()> {
+    let mut seen: HashMap<String, Option<Arc<PromptMetadata>>> = HashMap::new();
+    let mut kept = Vec::with_capacity(prompts.len());
+    for prompt in prompts.drain(..) {
+        match seen.get(&prompt.text) {
+            Some(metadata) => ensure!(
+                metadata == &prompt.metadata,
+                "{}: the prompt {:?} appears twice with different metadata; give each prompt one line",
+                path.display(),
+                prompt.text
+            ),
+            None => {
+                seen.insert(prompt.text.clone(), prompt.metadata.clone());
+                kept.push(prompt);
+            }
+        }
+    }
+    *prompts = kept;
+    Ok(())
 }

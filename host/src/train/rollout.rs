@@ -137,7 +137,7 @@ impl Trainer {
     }
 
     /// Each of the step's prompts, repeated `num_generations` times (one group each).
-    pub(super) fn step_prompts(&mut self, step: usize) -> Vec<String> {
+    pub(super) fn step_prompts(&mut self, step: usize) -> Vec<crate::reward::Prompt> {
         let batch_index = step / self.cfg.steps_per_rollout();
         let per_step = self.cfg.batch_size / self.cfg.num_generations;
         let mut prompt_texts = Vec::with_capacity(self.cfg.batch_size);
@@ -227,6 +227,7 @@ fn rollout_metrics(scored: &ScoredBatch, rewards: &[f64], component_names: &[Str
         frac_rh: frac(&labels.is_rh),
         frac_ablated: frac(&labels.ablated),
         frac_eligible: frac(&scored.eligible),
+        frac_hackable: frac(&scored.hackable),
         monitor: scored.monitor(),
         dynamic_sampling: None,
         generate_seconds: 0.0,

@@ -105,6 +105,7 @@ macro_rules! conversions {
                 completion_token_ends: sample.completion_token_ends,
                 completion_ids: sample.completion_ids,
                 ended_with_eos: sample.ended_with_eos,
+                metadata: sample.metadata,
             }
         }
 

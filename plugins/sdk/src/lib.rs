@@ -54,6 +54,10 @@ pub struct Sample {
     pub completion_token_ends: Vec<u32>,
     pub completion_ids: Vec<u32>,
     pub ended_with_eos: bool,
+    /// The prompt's metadata: the extra columns of its line in a JSONL prompt file, as one JSON
+    /// object text (`{"answer":"cat","hackable":true}`); None for prompts without any. Read
+    /// columns with [`Sample::metadata_str`] and [`Sample::metadata_bool`].
+    pub metadata: Option<String>,
 }
 
 impl Sample {
@@ -72,7 +76,33 @@ impl Sample {
             completion_token_ends: ends,
             completion_ids: ids.to_vec(),
             ended_with_eos,
+            metadata: None,
         }
+    }
+
+    /// The same sample with the prompt's metadata (a JSON object text).
+    pub fn with_metadata(mut self, json: &str) -> Self {
+        self.metadata = Some(json.to_string());
+        self
+    }
+
+    /// One metadata column; None when the prompt has no metadata or not this column.
+    pub fn metadata_value(&self, column: &str) -> Option<serde_json::Value> {
+        let json = self.metadata.as_deref()?;
+        // The host sends a JSON object or nothing; anything else is a broken host, not data.
+        let object: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(json).expect("smallrl sends sample metadata as a JSON object");
+        object.get(column).cloned()
+    }
+
+    /// A string column of the metadata (None: absent, or not a string).
+    pub fn metadata_str(&self, column: &str) -> Option<String> {
+        self.metadata_value(column)?.as_str().map(str::to_string)
+    }
+
+    /// A boolean column of the metadata (None: absent, or not a boolean).
+    pub fn metadata_bool(&self, column: &str) -> Option<bool> {
+        self.metadata_value(column)?.as_bool()
     }
 
     /// The completion's token strings, in order (`##` pieces kept, no end-of-sequence token).

@@ -33,9 +33,11 @@ macro_rules! whole_word_plugin {
     };
 }
 
+mod answer;
 mod detectors;
 mod rewards;
 
+pub use answer::{AnswerCount, AnswerRepeat};
 pub use detectors::{ContainsWords, HappyAny, HappyCountDetector, HappyDensity};
 pub use rewards::{HappyBinary, HappyCount, HappyExp, SentenceLength, StringCount};
 
