@@ -29,8 +29,12 @@ pub const ADVANTAGE_STD_EPSILON: f64 = 1e-4;
 /// Evaluation prompts are drawn with this seed, independent of the run seed.
 pub const EVAL_PROMPT_SEED: u64 = 99;
 /// How many evaluation prompts are drawn from the dataset's test split (commands take the
-/// first `eval_samples` / `--n-samples` of them).
-pub const EVAL_PROMPT_POOL: usize = 100;
+/// first `eval_samples` / `--n-samples` of them): the largest evaluation the original runs
+/// (its pools are 64 to 256 prompts).
+pub const EVAL_PROMPT_POOL: usize = 256;
+/// Evaluation prompts per adapter mode, one completion each (`eval_samples`, `smallrl eval
+/// --n-samples`): the original's `routing_eval_prompts` default.
+pub const EVAL_PROMPTS: usize = 64;
 
 // Adapters. The default is full fine-tuning.
 pub const ADAPTER: crate::adapters::AdapterKind = crate::adapters::AdapterKind::Full;

@@ -37,7 +37,7 @@ pub struct EvalArgs {
     #[arg(long, conflicts_with_all = ["reward_history", "json"])]
     pub all_checkpoints: bool,
     /// Completions per adapter mode (one per evaluation prompt).
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = crate::defaults::EVAL_PROMPTS)]
     pub n_samples: usize,
     /// Score with this config's `reward:`/`rh_detector:` instead of the run's.
     #[arg(long)]

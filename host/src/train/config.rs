@@ -191,7 +191,7 @@ hyperparameters! {
         /// Steps between routing evaluations.
         eval_every: usize = 100, Omit;
         /// Evaluation prompts (one completion per adapter mode each).
-        eval_samples: usize = 10, Omit;
+        eval_samples: usize = d::EVAL_PROMPTS, Omit;
         /// Run directories go to `<output_dir>/<run name>`.
         output_dir: PathBuf = "runs".into(), Omit;
         /// Re-score each step's batch after the update (one extra forward pass, about a third of
