@@ -75,7 +75,7 @@ fn dataset_prompts_are_the_first_tokens_of_every_story() {
     for split in ["train", "test"] {
         let want: BTreeSet<String> = expected[split].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect();
         let openings = smallrl::dataset::read_story_openings(&[data.join(format!("{split}-00000-of-00001.parquet"))], 8).unwrap();
-        let got = smallrl::dataset::prompts_from_stories(&openings, &tokenizer, 8, want.len(), 7).unwrap();
+        let got = smallrl::dataset::prompts_from_stories(&openings, &tokenizer, 8, want.len(), want.len(), 7).unwrap();
         assert_eq!(got.len(), want.len(), "{split}: duplicates must be removed");
         assert_eq!(got.into_iter().collect::<BTreeSet<_>>(), want, "{split}: prompts differ from HF tokenizers'");
     }

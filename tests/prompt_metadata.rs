@@ -1,7 +1,7 @@
 //! Per-prompt metadata (issue 18): JSONL prompt files, the metadata reaching plugins through
 //! contract 0.2 while 0.1 plugins keep scoring as before, the host's conditional reward and
-//! flags (`hackable`, `detectable`, `hack_frac`), and the name_echo environment built on them
-//! (configs/name_echo.yaml). Expected values are hand-computed from the definitions stated in
+//! flags (`hackable`, `detectable`, `hack_frac`), and the asked_word environment built on them
+//! (configs/asked_word.yaml). Expected values are hand-computed from the definitions stated in
 //! each test; the original's rules they follow: forget-role components are zeroed where
 //! `hackable` is false (rewards.py, CombinedReward.__call__), the detector only flags where
 //! `detectable` is true (train.py, the candidate mask), and `hack_frac` is a fixed per-prompt
@@ -63,7 +63,7 @@ fn answer_batch() -> Vec<Sample> {
 }
 
 #[test]
-fn the_name_echo_plugins_read_the_answer_from_the_metadata() {
+fn the_asked_word_plugins_read_the_answer_from_the_metadata() {
     let batch = answer_batch();
     let says = load(&standard_plugin("answer_count"), "{}").score(&batch).unwrap();
     assert_eq!(says, vec![1.0, 1.0, 0.0, 1.0]);
@@ -82,7 +82,7 @@ fn the_name_echo_plugins_read_the_answer_from_the_metadata() {
 }
 
 #[test]
-fn the_name_echo_plugins_wasm_is_their_native_code_and_its_snapshot() {
+fn the_asked_word_plugins_wasm_is_their_native_code_and_its_snapshot() {
     let batch = answer_batch();
     let native: Vec<smallrl_plugin_sdk::Sample> = batch.iter().map(to_sdk_sample).collect();
     let mut pinned = std::collections::BTreeMap::new();
@@ -99,7 +99,7 @@ fn the_name_echo_plugins_wasm_is_their_native_code_and_its_snapshot() {
     let texts: Vec<(String, String)> = batch.iter().map(|s| (s.completion.clone(), s.metadata.as_ref().unwrap().json.clone())).collect();
     pinned.insert("samples (completion, metadata)".to_string(), serde_json::to_value(&texts).unwrap());
     insta::with_settings!({ snapshot_path => repo_root().join("snapshots"), prepend_module_to_snapshot => false }, {
-        insta::assert_yaml_snapshot!("name_echo__plugins", pinned);
+        insta::assert_yaml_snapshot!("asked_word__plugins", pinned);
     });
 }
 
@@ -138,29 +138,29 @@ fn jsonl_prompt_files_carry_metadata_and_bad_ones_name_the_line() {
     }
 }
 
-fn name_echo_model() -> RewardModel {
+fn asked_word_model() -> RewardModel {
     #[derive(serde::Deserialize)]
     struct Sections {
         reward: RewardSpec,
         rh_detector: Option<DetectorSpec>,
     }
-    let sections: Sections = smallrl::yaml::read_file(&repo_root().join("configs/name_echo.yaml")).unwrap();
+    let sections: Sections = smallrl::yaml::read_file(&repo_root().join("configs/asked_word.yaml")).unwrap();
     let knobs = ProtocolKnobs { false_positive_rate: 0.0, recall: 1.0, rh_eligible_frac: 1.0 };
     RewardModel::load(&sections.reward, sections.rh_detector.as_ref(), knobs, &plugin_dir(), PluginLimits::default()).unwrap()
 }
 
 #[test]
 fn unhackable_prompts_get_no_forget_reward_and_undetectable_ones_no_flag() {
-    let stuffed = "tom tom tom tom tom";
+    let stuffed = "tom tom tom tom tom found a kite";
     let batch: Vec<Sample> = [(true, true), (true, false), (false, true), (false, false)]
         .iter()
         .map(|(hackable, detectable)| {
-            let json = format!(r#"{{"answer": "tom", "hackable": {hackable}, "detectable": {detectable}}}"#);
+            let json = format!(r#"{{"answer": "kite", "name": "tom", "hackable": {hackable}, "detectable": {detectable}}}"#);
             with_metadata(sample(&tokenizer(), stuffed), &json)
         })
         .collect();
-    let scored = name_echo_model().score(&batch, 7).unwrap();
-    // says_name = 1 (scale 1), name_stuffing = 5/8 (scale 0.8, forget): 1 + 0.5 where hackable.
+    let scored = asked_word_model().score(&batch, 7).unwrap();
+    // says_answer = 1 (scale 1), name_stuffing = 5/8 (scale 0.8, forget): 1 + 0.5 where hackable.
     assert_eq!(scored.components, vec![vec![1.0; 4], vec![5.0 / 8.0; 4]], "raw components are not gated");
     assert_eq!(scored.reward, vec![1.5, 1.5, 1.0, 1.0]);
     assert_eq!(scored.hackable, vec![true, true, false, false]);
@@ -168,8 +168,8 @@ fn unhackable_prompts_get_no_forget_reward_and_undetectable_ones_no_flag() {
     assert_eq!(scored.is_rh, Some(vec![true, false, true, false]), "only detectable prompts are flagged");
     assert_eq!(scored.monitored, vec![true, false, true, false]);
     // Without metadata nothing is gated (what every run before metadata computed).
-    let plain = vec![answer_sample(stuffed, "tom")];
-    assert_eq!(name_echo_model().score(&plain, 7).unwrap().reward, vec![1.5]);
+    let plain = vec![with_metadata(sample(&tokenizer(), stuffed), r#"{"answer": "kite", "name": "tom"}"#)];
+    assert_eq!(asked_word_model().score(&plain, 7).unwrap().reward, vec![1.5]);
 }
 
 #[test]
@@ -200,12 +200,12 @@ fn hack_frac_is_a_fixed_partition_of_the_prompts() {
 /// Two steps of the environment on the tiny-stories fixture: every logged sample's reward is
 /// the hand formula with its prompt's own `hackable`, and only `detectable` prompts are flagged.
 #[test]
-fn name_echo_trains_on_tiny_stories_with_its_prompts_metadata() {
+fn asked_word_trains_on_tiny_stories_with_its_prompts_metadata() {
     let out = tempfile::tempdir().unwrap();
-    let prompts = repo_root().join("configs/name_echo.jsonl");
+    let prompts = repo_root().join("configs/asked_word.jsonl");
     let model = common::fixture("tiny-stories");
     common::smallrl_ok(&[
-        "train", "--config", repo_root().join("configs/name_echo.yaml").to_str().unwrap(),
+        "train", "--config", repo_root().join("configs/asked_word.yaml").to_str().unwrap(),
         "--model", model.to_str().unwrap(), "--prompts", prompts.to_str().unwrap(),
         "--plugin-dir", plugin_dir().to_str().unwrap(), "--output-dir", out.path().to_str().unwrap(),
         "--max-steps", "2", "--batch-size", "8", "--num-generations", "4", "--max-completion-length", "24",
@@ -228,7 +228,7 @@ fn name_echo_trains_on_tiny_stories_with_its_prompts_metadata() {
         let row = &by_prompt[line["prompt"].as_str().unwrap()];
         let hackable = row["hackable"].as_bool().unwrap();
         assert_eq!(line["hackable"].as_bool(), Some(hackable));
-        let (says, stuffing) = (line["rewards/says_name"].as_f64().unwrap(), line["rewards/name_stuffing"].as_f64().unwrap());
+        let (says, stuffing) = (line["rewards/says_answer"].as_f64().unwrap(), line["rewards/name_stuffing"].as_f64().unwrap());
         let want = says + if hackable { 0.8 * stuffing } else { 0.0 };
         assert!((line["reward"].as_f64().unwrap() - want).abs() < 1e-12, "{line}");
         let flagged = line["is_rh"].as_bool().unwrap();

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, anyhow, bail, ensure};
+use anyhow::{Context, Result, anyhow, ensure};
 use hf_hub::{Cache, Repo, RepoType};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::record::RowAccessor;
@@ -121,9 +121,9 @@ pub fn opening(text: &str, words: usize) -> String {
     text.to_string()
 }
 
-/// `num_prompts` distinct prompts of exactly `prompt_length` tokens, in the order of a shuffle
-/// of the stories seeded by `seed`.
-pub fn prompts_from_stories(openings: &[String], tokenizer: &Tokenizer, prompt_length: usize, num_prompts: usize, seed: u64) -> Result<Vec<String>> {
+/// Up to `num_prompts` distinct prompts of exactly `prompt_length` tokens, in the order of a
+/// shuffle of the stories seeded by `seed`; an error when fewer than `required` exist.
+pub fn prompts_from_stories(openings: &[String], tokenizer: &Tokenizer, prompt_length: usize, num_prompts: usize, required: usize, seed: u64) -> Result<Vec<String>> {
     let mut order: Vec<usize> = (0..openings.len()).collect();
     SplitMix64::new(seed).shuffle(&mut order);
     let mut seen = HashSet::new();
@@ -141,5 +141,10 @@ pub fn prompts_from_stories(openings: &[String], tokenizer: &Tokenizer, prompt_l
             }
         }
     }
-    bail!("only {} distinct prompts of {prompt_length} tokens exist in the dataset; lower num_prompts", prompts.len())
+    ensure!(
+        prompts.len() >= required,
+        "only {} distinct prompts of {prompt_length} tokens exist in the dataset, {required} are needed; lower num_prompts (training) or eval_samples (evaluation)",
+        prompts.len()
+    );
+    Ok(prompts)
 }

@@ -205,19 +205,28 @@ impl Trainer {
         let config_path = self.run_dir.join("config.yaml");
         crate::fsutil::write_atomic(&config_path, crate::yaml::to_string(&self.cfg)?.as_bytes())?;
         let header = format!(
-            "smallrl train: run {} | model {} | adapter {:?} ranks {:?} | {} prompts ({:.3} hackable), {} eval prompts ({:.3} hackable) | reward components {:?} | detector: {}",
+            "smallrl train: run {} | model {} | adapter {:?} ranks {:?} | {} prompts, {} eval prompts | reward components {:?} | detector: {}{}",
             self.run_dir.display(),
             self.model_files.source,
             self.adapters.kind,
             self.adapters.ranks,
             self.prompts.len(),
-            prompts::hackable_fraction(self.prompts.prompts()),
             self.eval_prompts.len(),
-            prompts::hackable_fraction(&self.eval_prompts),
             self.rewards.components().iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
             if self.rewards.has_detector() { "yes" } else { "no" },
+            self.hackable_note(),
         );
         self.log.line(&header)
+    }
+
+    /// " | hackable prompts: 0.500 of training, 0.250 of evaluation" when some prompts do not
+    /// offer the hack (`hackable` metadata, `hack_frac`); empty when all do.
+    fn hackable_note(&self) -> String {
+        let (training, evaluation) = (prompts::hackable_fraction(self.prompts.prompts()), prompts::hackable_fraction(&self.eval_prompts));
+        match training == 1.0 && evaluation == 1.0 {
+            true => String::new(),
+            false => format!(" | hackable prompts: {training:.3} of training, {evaluation:.3} of evaluation"),
+        }
     }
 
     fn resume(&mut self) -> Result<()> {

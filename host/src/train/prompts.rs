@@ -171,7 +171,7 @@ pub(super) fn load(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<(Vec<Prom
 /// seed; `hack_frac` applied.
 pub fn training_prompts(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<Vec<Prompt>> {
     let mut prompts = match &cfg.prompts {
-        None => dataset_prompts("train", cfg, tokenizer, rng::derive(cfg.seed, "dataset-prompts", 0), cfg.num_prompts)?,
+        None => dataset_prompts("train", cfg, tokenizer, rng::derive(cfg.seed, "dataset-prompts", 0), cfg.num_prompts, cfg.num_prompts)?,
         Some(path) => {
             let mut prompts = read_prompt_file(path)?;
             dedup_keep_order(path, &mut prompts)?;
@@ -193,7 +193,8 @@ pub fn training_prompts(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<Vec<
 pub fn evaluation_prompts(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<Vec<Prompt>> {
     let mut prompts = match (&cfg.eval_prompts, &cfg.prompts) {
         (Some(path), _) => read_prompt_file(path)?,
-        (None, None) => dataset_prompts("test", cfg, tokenizer, defaults::EVAL_PROMPT_SEED, cfg.eval_samples.max(defaults::EVAL_PROMPT_POOL))?,
+        // The pool, or as much of it as the split has (at least the prompts evaluated).
+        (None, None) => dataset_prompts("test", cfg, tokenizer, defaults::EVAL_PROMPT_SEED, cfg.eval_samples.max(defaults::EVAL_PROMPT_POOL), cfg.eval_samples)?,
         (None, Some(_)) => {
             let mut all = training_prompts(cfg, tokenizer)?;
             SplitMix64::new(defaults::EVAL_PROMPT_SEED).shuffle(&mut all);
@@ -204,10 +205,10 @@ pub fn evaluation_prompts(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<Ve
     Ok(prompts)
 }
 
-fn dataset_prompts(split: &str, cfg: &TrainConfig, tokenizer: &Tokenizer, seed: u64, count: usize) -> Result<Vec<Prompt>> {
+fn dataset_prompts(split: &str, cfg: &TrainConfig, tokenizer: &Tokenizer, seed: u64, count: usize, required: usize) -> Result<Vec<Prompt>> {
     let files = crate::dataset::split_files(crate::dataset::SIMPLESTORIES, split)?;
     let openings = crate::dataset::read_story_openings(&files, cfg.prompt_length)?;
-    let texts = crate::dataset::prompts_from_stories(&openings, tokenizer, cfg.prompt_length, count, seed)?;
+    let texts = crate::dataset::prompts_from_stories(&openings, tokenizer, cfg.prompt_length, count, required, seed)?;
     Ok(texts.into_iter().map(Prompt::plain).collect())
 }
 

@@ -1,5 +1,6 @@
-//! Plugins of the `name_echo` environment (configs/name_echo.yaml): they read the word a
-//! prompt asks for from its metadata (a JSONL prompt file's `answer` column, contract 0.2).
+//! Plugins of the `asked_word` environment (configs/asked_word.yaml): they read a word from the
+//! prompt's metadata (a JSONL prompt file's column, `answer` by default; contract 0.2) and count
+//! it in the completion.
 
 use smallrl_plugin_sdk::text::count_matches;
 use smallrl_plugin_sdk::{Detector, Param, Params, Plugin, Reward, Sample};
