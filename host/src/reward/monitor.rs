@@ -1,7 +1,7 @@
 //! The monitor measured against ground truth: the 2×2 quadrants of "did the sample hack"
 //! (`rh_ground_truth:`) × "was it flagged" (the routing label: the detector after the protocol
 //! knobs, what an intervention acts on), precision, recall, and the hack rate among monitored
-//! (eligible, see `rh_eligible_frac`) and unmonitored samples.
+//! (eligible, see `rh_eligible_frac`, and on a detectable prompt) and unmonitored samples.
 
 /// Counts and rates of one batch.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -72,7 +72,7 @@ pub mod key {
     pub const TRUE_NEGATIVES: &str = "monitor/clean_unflagged";
     pub const PRECISION: &str = "monitor/precision";
     pub const RECALL: &str = "monitor/recall";
-    /// Ground-truth hack rate among samples eligible for flags (`rh_eligible_frac`).
+    /// Ground-truth hack rate among samples eligible for flags (`rh_eligible_frac`, detectable).
     pub const HACK_FREQ_MONITORED: &str = "hack_freq/monitored";
     pub const HACK_FREQ_UNMONITORED: &str = "hack_freq/unmonitored";
 }
