@@ -292,6 +292,30 @@ fn cuda_graphs_without_a_cuda_device_decode_eagerly_with_the_same_tokens() {
 }
 
 #[test]
+fn a_refreshed_decoder_samples_as_a_new_one_from_the_changed_weights() {
+    let (mut loaded, _) = load("tiny-stories");
+    let prompts = story_prompts(&loaded, 6);
+    let params = sampling(24, 1.0, 0, 1.0, 1.0);
+    let mut decoder = DecodeModel::new(&loaded.model, &[]);
+    let before = generate_with(Engine::Libtorch, &decoder, &prompts, &params, 9).unwrap();
+    // A change of the weights in place, as AdamW makes it.
+    tch::no_grad(|| {
+        for block in &mut loaded.model.layers {
+            let _ = block.mlp.down_proj.weight.g_mul_scalar_(1.1);
+        }
+    });
+    decoder.refresh(&loaded.model, &[]);
+    let rebuilt = DecodeModel::new(&loaded.model, &[]);
+    for engine in [Engine::Libtorch, Engine::Native { threads: 1 }] {
+        let refreshed = generate_with(engine, &decoder, &prompts, &params, 9).unwrap();
+        let expected = generate_with(engine, &rebuilt, &prompts, &params, 9).unwrap();
+        assert_same_generation(&format!("{engine:?}, refreshed"), &refreshed, &expected, 0.0);
+    }
+    let after = generate_with(Engine::Libtorch, &decoder, &prompts, &params, 9).unwrap();
+    assert_ne!(after.completion_ids, before.completion_ids, "the weight change changed no token: the check is void");
+}
+
+#[test]
 fn cuda_graph_and_eager_decoding_draw_the_same_tokens() {
     let Some(cuda) = cuda_or_skip("cuda_graph_and_eager_decoding_draw_the_same_tokens") else { return };
     let (loaded, _) = load_on("tiny-stories", cuda);

@@ -66,6 +66,11 @@ mod imp {
         raw: *mut c_void,
     }
 
+    // SAFETY: an at::cuda::CUDAGraph is not tied to the thread that made it once capture has
+    // ended (capture itself happens inside `run_and_capture`); every use goes through `&self`
+    // or `Drop`, and the decoder that owns it serialises replays behind a mutex.
+    unsafe impl Send for CudaGraph {}
+
     /// Ends a capture that did not finish (an error or panic in the captured code), so the
     /// stream leaves capture mode before the graph is freed.
     struct Unfinished(*mut c_void);

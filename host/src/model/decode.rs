@@ -54,6 +54,16 @@ impl DecodeModel {
         Self { weights, device: model.device, kind: model.kind, native, graphs: Mutex::new(None) }
     }
 
+    /// Refolds `model` at `scales` into these weights in place (the same shapes), so buffers
+    /// and CUDA graphs captured on them stay valid: the trainer keeps one decoder per set of
+    /// scales for the whole run instead of capturing again after every optimizer step.
+    pub fn refresh(&mut self, model: &Llama, scales: &[f64]) {
+        self.weights.copy_from(&FoldedWeights::new(model, scales));
+        if self.native.is_some() {
+            self.native = Some(NativeModel::new(&self.weights));
+        }
+    }
+
     /// The CPU sampler's copy of the weights (float32 on the CPU only).
     pub fn native(&self) -> Option<&NativeModel> {
         self.native.as_ref()
