@@ -6,8 +6,9 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::{cuda_or_skip, fixture, max_abs_diff, one_thread};
+use smallrl::model::cuda_graph::{self, CudaGraph};
 use smallrl::model::decode::{DecodeModel, additive_mask, prefill_mask};
-use smallrl::model::generate::{Engine, SamplingParams, generate_with};
+use smallrl::model::generate::{Engine, Generation, SamplingParams, generate_with};
 use smallrl::model::{self, LoadedModel};
 use tch::{Device, Kind, Tensor};
 
@@ -170,7 +171,7 @@ fn greedy_decoding_matches_transformers_token_for_token() {
 #[test]
 fn greedy_decoding_on_cuda_matches_transformers_token_for_token() {
     if let Some(cuda) = cuda_or_skip("greedy_decoding_on_cuda_matches_transformers_token_for_token") {
-        check_greedy_decoding(cuda, &[Engine::Libtorch]);
+        check_greedy_decoding(cuda, &[Engine::Libtorch, Engine::CudaGraphs]);
     }
 }
 
@@ -242,6 +243,94 @@ fn native_and_libtorch_samplers_draw_the_same_tokens() {
     check_engines_agree("tiny-stories", &decoder, &prompts, &sampling(80, 1.0, 0, 1.0, 1.0));
     check_engines_agree("tiny-stories", &decoder, &prompts, &sampling(40, 0.7, 20, 0.9, 1.3));
     check_engines_agree("tiny-stories", &decoder, &prompts, &sampling(40, 1.5, 0, 0.8, 1.0));
+    // A length that is no multiple of the finished-check interval (a shorter last chunk).
+    check_engines_agree("tiny-stories", &decoder, &prompts, &sampling(21, 1.0, 0, 1.0, 1.0));
+}
+
+/// The same tokens, masks and rows, and log-probabilities within `tolerance`.
+fn assert_same_generation(context: &str, ours: &Generation, expected: &Generation, tolerance: f64) {
+    assert_eq!(ours.completion_ids, expected.completion_ids, "{context}: sampled tokens");
+    assert_eq!(ours.completion_mask, expected.completion_mask, "{context}: completion mask");
+    let diff = max_abs_diff(&ours.sampling_logprobs, &expected.sampling_logprobs);
+    assert!(diff <= tolerance, "{context}: sampling log-probs differ by {diff}");
+    let rows = |g: &Generation| g.rows.iter().map(|r| (r.ids.clone(), r.ended_with_eos)).collect::<Vec<_>>();
+    assert_eq!(rows(ours), rows(expected), "{context}: rows");
+}
+
+/// Prompts of different lengths from the tiny-stories fixture (left padding in libtorch).
+fn story_prompts(loaded: &LoadedModel, rows: usize) -> Vec<Vec<u32>> {
+    let text = std::fs::read_to_string(fixture("tiny-stories").join("prompts.txt")).unwrap();
+    let mut prompts: Vec<Vec<u32>> = text.lines().cycle().take(rows).map(|l| loaded.tokenizer.encode(l).unwrap()).collect();
+    prompts[1].truncate(3);
+    prompts
+}
+
+#[test]
+fn the_cuda_graph_shim_is_linked_when_libtorch_is_a_cuda_build() {
+    let cuda_build = common::repo_root().join(".libtorch/lib/libtorch_cuda.so").exists();
+    assert_eq!(cuda_graph::shim_linked(), cuda_build, "shim build status: {}", cuda_graph::build_status());
+    if !cuda_build || tch::Cuda::is_available() {
+        return;
+    }
+    // No GPU here: the shim's C++ side reports the missing device as an error (an exception
+    // crossing into Rust would abort), and the body is never run.
+    let error = CudaGraph::run_and_capture(Device::Cuda(0), || panic!("the body must not run without a device")).err().expect("no CUDA device, no graph");
+    eprintln!("the shim without a device: {error:#}");
+    assert!(format!("{error:#}").contains("CUDA graph creation"), "{error:#}");
+}
+
+#[test]
+fn cuda_graphs_without_a_cuda_device_decode_eagerly_with_the_same_tokens() {
+    let (loaded, _) = load("tiny-stories");
+    let decoder = DecodeModel::new(&loaded.model, &[]);
+    assert!(cuda_graph::availability(Device::Cpu).is_err());
+    let prompts = story_prompts(&loaded, 6);
+    let params = sampling(20, 1.0, 0, 1.0, 1.3);
+    let eager = generate_with(Engine::Libtorch, &decoder, &prompts, &params, 5).unwrap();
+    let asked_for_graphs = generate_with(Engine::CudaGraphs, &decoder, &prompts, &params, 5).unwrap();
+    assert_same_generation("graphs asked for on the CPU", &asked_for_graphs, &eager, 0.0);
+}
+
+#[test]
+fn a_refreshed_decoder_samples_as_a_new_one_from_the_changed_weights() {
+    let (mut loaded, _) = load("tiny-stories");
+    let prompts = story_prompts(&loaded, 6);
+    let params = sampling(24, 1.0, 0, 1.0, 1.0);
+    let mut decoder = DecodeModel::new(&loaded.model, &[]);
+    let before = generate_with(Engine::Libtorch, &decoder, &prompts, &params, 9).unwrap();
+    // A change of the weights in place, as AdamW makes it.
+    tch::no_grad(|| {
+        for block in &mut loaded.model.layers {
+            let _ = block.mlp.down_proj.weight.g_mul_scalar_(1.1);
+        }
+    });
+    decoder.refresh(&loaded.model, &[]);
+    let rebuilt = DecodeModel::new(&loaded.model, &[]);
+    for engine in [Engine::Libtorch, Engine::Native { threads: 1 }] {
+        let refreshed = generate_with(engine, &decoder, &prompts, &params, 9).unwrap();
+        let expected = generate_with(engine, &rebuilt, &prompts, &params, 9).unwrap();
+        assert_same_generation(&format!("{engine:?}, refreshed"), &refreshed, &expected, 0.0);
+    }
+    let after = generate_with(Engine::Libtorch, &decoder, &prompts, &params, 9).unwrap();
+    assert_ne!(after.completion_ids, before.completion_ids, "the weight change changed no token: the check is void");
+}
+
+#[test]
+fn cuda_graph_and_eager_decoding_draw_the_same_tokens() {
+    let Some(cuda) = cuda_or_skip("cuda_graph_and_eager_decoding_draw_the_same_tokens") else { return };
+    let (loaded, _) = load_on("tiny-stories", cuda);
+    let decoder = DecodeModel::new(&loaded.model, &[]);
+    let prompts = story_prompts(&loaded, 12);
+    // Seeds 3, 4, 3: the second and third calls replay the graphs captured by the first on
+    // new inputs; 21 tokens need a graph for the shorter last chunk too.
+    for params in [sampling(40, 1.0, 0, 1.0, 1.0), sampling(21, 0.7, 20, 0.9, 1.3), sampling(16, 0.0, 0, 1.0, 1.0)] {
+        for seed in [3, 4, 3] {
+            let eager = generate_with(Engine::Libtorch, &decoder, &prompts, &params, seed).unwrap();
+            let graphs = generate_with(Engine::CudaGraphs, &decoder, &prompts, &params, seed).unwrap();
+            // The same kernels on the same inputs: identical up to float rounding.
+            assert_same_generation(&format!("{params:?}, seed {seed}"), &graphs, &eager, TOLERANCE);
+        }
+    }
 }
 
 /// Copies tiny-random into a temporary directory after `edit` changes its tensors or config,

@@ -10,13 +10,14 @@ use clap::{Args, Subcommand};
 use super::common::ModelArgs;
 use crate::device::DeviceSpec;
 use crate::model::decode::DecodeModel;
-use crate::model::generate::{SamplingParams, generate};
+use crate::model::generate::{Engine, SamplingParams, generate_with};
 use crate::train::metrics::key;
 use crate::train::{TrainConfig, Trainer};
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
-    /// Sampling throughput: BATCH prompts x MAX_NEW_TOKENS new tokens, per thread count.
+    /// Sampling throughput: BATCH prompts x MAX_NEW_TOKENS new tokens, per thread count on the
+    /// CPU, eager and CUDA-graph decoding on CUDA (`--device cuda`).
     Sample(SampleBench),
     /// GRPO step time (generate / score / train) for full fine-tuning and DualLoRA r32.
     Train(TrainBench),
@@ -52,7 +53,7 @@ pub struct SampleBench {
     pub batch: usize,
     #[arg(long, default_value_t = 128)]
     pub max_new_tokens: usize,
-    /// libtorch thread counts to measure (on CUDA only the first is used).
+    /// libtorch thread counts to measure on the CPU (on CUDA the GPU does the work).
     #[arg(long, value_delimiter = ',', default_value = "1,2")]
     pub thread_counts: Vec<usize>,
     /// Timed repetitions per thread count (after one warm-up); the median is reported.
@@ -123,25 +124,43 @@ fn bench_sample(args: SampleBench) -> Result<()> {
     let decoder = DecodeModel::new(&loaded.model, &[]);
     let on_cuda = decoder.device.is_cuda();
     println!("sampling {} prompts x up to {} new tokens, model {}, device {:?}", args.batch, args.max_new_tokens, loaded.files.source, decoder.device);
-    let thread_counts = if on_cuda { &args.thread_counts[..1] } else { &args.thread_counts[..] };
-    for &threads in thread_counts {
-        crate::device::set_threads(Some(threads))?;
-        generate(&decoder, &prompts, &params, 0)?;
-        let mut times = Vec::new();
-        let mut tokens = 0;
-        for seed in 0..args.repeats {
-            let start = Instant::now();
-            let generation = generate(&decoder, &prompts, &params, seed as u64)?;
-            times.push(start.elapsed().as_secs_f64());
-            tokens = generation.completion_ids.numel();
+    if on_cuda {
+        bench_engine("eager libtorch ops", Engine::Libtorch, &decoder, &prompts, &params, args.repeats)?;
+        match crate::model::cuda_graph::availability(decoder.device) {
+            Ok(()) => bench_engine("CUDA graphs", Engine::CudaGraphs, &decoder, &prompts, &params, args.repeats)?,
+            Err(reason) => println!("CUDA graphs: not measured ({reason})"),
         }
-        times.sort_by(f64::total_cmp);
-        let median = times[times.len() / 2];
-        println!(
-            "threads {threads}: median {:.1} ms per batch, {:.0} tokens/s ({tokens} token slots per batch)",
-            median * 1e3,
-            tokens as f64 / median
-        );
+        return Ok(());
     }
+    for &threads in &args.thread_counts {
+        crate::device::set_threads(Some(threads))?;
+        let engine = if decoder.native().is_some() { Engine::Native { threads } } else { Engine::Libtorch };
+        bench_engine(&format!("threads {threads}"), engine, &decoder, &prompts, &params, args.repeats)?;
+    }
+    Ok(())
+}
+
+/// Times `repeats` batches (after one warm-up, which also captures CUDA graphs) and prints
+/// the median time per batch and tokens per second.
+fn bench_engine(label: &str, engine: Engine, decoder: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingParams, repeats: usize) -> Result<()> {
+    let synchronize = || {
+        if let tch::Device::Cuda(index) = decoder.device {
+            tch::Cuda::synchronize(index as i64);
+        }
+    };
+    generate_with(engine, decoder, prompts, params, 0)?;
+    let mut times = Vec::new();
+    let mut tokens = 0;
+    for seed in 0..repeats {
+        synchronize();
+        let start = Instant::now();
+        let generation = generate_with(engine, decoder, prompts, params, seed as u64)?;
+        synchronize();
+        times.push(start.elapsed().as_secs_f64());
+        tokens = generation.completion_ids.numel();
+    }
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2];
+    println!("{label}: median {:.1} ms per batch, {:.0} tokens/s ({tokens} token slots per batch)", median * 1e3, tokens as f64 / median);
     Ok(())
 }

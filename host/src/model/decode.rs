@@ -8,9 +8,12 @@
 //! attention reads the slots written so far (views of the cache, no copies) under an additive
 //! key mask, and runs as two batched matrix products (see [`grouped_attention`]).
 
+use std::sync::Mutex;
+
 use tch::{Device, Kind, Tensor};
 
 use super::folded::FoldedWeights;
+use super::generate::GraphedDecode;
 use super::llama::{Llama, rms_norm};
 use super::native::NativeModel;
 
@@ -21,6 +24,9 @@ pub struct DecodeModel {
     pub kind: Kind,
     /// The same weights for the libtorch-free CPU sampler (float32 on the CPU only).
     pub(super) native: Option<NativeModel>,
+    /// Decode buffers and CUDA graphs captured on these weights (`Engine::CudaGraphs`); they
+    /// are freed with the model, so a graph never outlives the weights it reads.
+    pub(super) graphs: Mutex<Option<GraphedDecode>>,
 }
 
 /// Keys and values of every layer, `[batch, kv_heads, capacity, head_dim]` each.
@@ -30,12 +36,32 @@ pub struct KvCache {
     pub capacity: i64,
 }
 
+impl KvCache {
+    /// Copies `other` (of the same shape) into this cache, keeping its memory.
+    pub(super) fn copy_from(&mut self, other: &KvCache) {
+        assert_eq!(self.capacity, other.capacity, "caches of different capacities");
+        for (to, from) in self.keys.iter_mut().chain(self.values.iter_mut()).zip(other.keys.iter().chain(&other.values)) {
+            to.copy_(from);
+        }
+    }
+}
+
 impl DecodeModel {
     /// Folds the adapters in at `scales` (one per adapter slot of the model).
     pub fn new(model: &Llama, scales: &[f64]) -> Self {
         let weights = FoldedWeights::new(model, scales);
         let native = Self::native_available(model.device, model.kind).then(|| NativeModel::new(&weights));
-        Self { weights, device: model.device, kind: model.kind, native }
+        Self { weights, device: model.device, kind: model.kind, native, graphs: Mutex::new(None) }
+    }
+
+    /// Refolds `model` at `scales` into these weights in place (the same shapes), so buffers
+    /// and CUDA graphs captured on them stay valid: the trainer keeps one decoder per set of
+    /// scales for the whole run instead of capturing again after every optimizer step.
+    pub fn refresh(&mut self, model: &Llama, scales: &[f64]) {
+        self.weights.copy_from(&FoldedWeights::new(model, scales));
+        if self.native.is_some() {
+            self.native = Some(NativeModel::new(&self.weights));
+        }
     }
 
     /// The CPU sampler's copy of the weights (float32 on the CPU only).
@@ -65,6 +91,18 @@ impl DecodeModel {
     /// attend, -inf = not; see [`additive_mask`]). Returns the final-norm hidden states
     /// `[batch, n, hidden]`.
     pub fn forward(&self, ids: &Tensor, positions: &Tensor, cache: &mut KvCache, start: i64, mask: &Tensor) -> Tensor {
+        self.forward_writing(ids, positions, cache, CacheWrite::Range(start), mask)
+    }
+
+    /// One decode step: `ids` (`[batch, 1]`) at `positions`, keys and values written into the
+    /// cache slot held by `slot` (`[1]` int64 on the model's device), attention over the whole
+    /// capacity under `mask` (`[batch, 1, 1, capacity]`). No shape depends on the step and
+    /// nothing is read back to the host, so a step can be recorded as a CUDA graph.
+    pub fn forward_at_slot(&self, ids: &Tensor, positions: &Tensor, cache: &mut KvCache, slot: &Tensor, mask: &Tensor) -> Tensor {
+        self.forward_writing(ids, positions, cache, CacheWrite::Slot(slot), mask)
+    }
+
+    fn forward_writing(&self, ids: &Tensor, positions: &Tensor, cache: &mut KvCache, write: CacheWrite, mask: &Tensor) -> Tensor {
         let cfg = &self.weights.config;
         let (b, n) = ids.size2().expect("ids must be [batch, n]");
         let (heads, kv_heads, hd) = (cfg.num_attention_heads as i64, cfg.num_key_value_heads as i64, cfg.head_dim as i64);
@@ -73,6 +111,7 @@ impl DecodeModel {
         let cos = self.weights.cos.index_select(0, &flat).view([b, n, 1, hd]);
         let sin = self.weights.sin.index_select(0, &flat).view([b, n, 1, hd]);
         let eps = cfg.rms_norm_eps;
+        let capacity = cache.capacity;
         let mut x = Tensor::embedding(&self.weights.embed_tokens, ids, -1, false, false);
         for (layer, (keys, values)) in self.weights.layers.iter().zip(cache.keys.iter_mut().zip(cache.values.iter_mut())) {
             let h = rms_norm(&x, &layer.input_layernorm, eps);
@@ -81,10 +120,20 @@ impl DecodeModel {
             let rotated = fused.narrow(-1, qk_width, qk_width).view([b, n, heads + kv_heads, hd]);
             let v = fused.narrow(-1, 2 * qk_width, kv_heads * hd).view([b, n, kv_heads, hd]);
             let qk = qk * &cos + rotated * &sin;
-            keys.narrow(2, start, n).copy_(&qk.narrow(2, heads, kv_heads).transpose(1, 2));
-            values.narrow(2, start, n).copy_(&v.transpose(1, 2));
-            // Only slots up to the last one written can be attended to.
-            let used = start + n;
+            let (new_keys, new_values) = (qk.narrow(2, heads, kv_heads).transpose(1, 2), v.transpose(1, 2));
+            let used = match write {
+                CacheWrite::Range(start) => {
+                    keys.narrow(2, start, n).copy_(&new_keys);
+                    values.narrow(2, start, n).copy_(&new_values);
+                    // Only slots up to the last one written can be attended to.
+                    start + n
+                }
+                CacheWrite::Slot(slot) => {
+                    let _ = keys.index_copy_(2, slot, &new_keys);
+                    let _ = values.index_copy_(2, slot, &new_values);
+                    capacity
+                }
+            };
             let attn = grouped_attention(&qk.narrow(2, 0, heads), &keys.narrow(2, 0, used), &values.narrow(2, 0, used), &mask.narrow(3, 0, used), kv_heads);
             x = x + attn.matmul(&layer.o_t);
             let h = rms_norm(&x, &layer.post_attention_layernorm, eps);
@@ -99,6 +148,15 @@ impl DecodeModel {
     pub fn logits(&self, hidden: &Tensor) -> Tensor {
         hidden.matmul(&self.weights.head_t)
     }
+}
+
+/// Where a forward pass writes its keys and values, and which cache slots it attends to.
+#[derive(Clone, Copy)]
+enum CacheWrite<'a> {
+    /// Slots `start..start + n`; attention reads slots `0..start + n` (views, no copies).
+    Range(i64),
+    /// The slot held by a `[1]` int64 device tensor; attention reads the whole capacity.
+    Slot(&'a Tensor),
 }
 
 /// Attention of pre-scaled queries `[batch, n, heads, head_dim]` over the used part of the

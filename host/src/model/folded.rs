@@ -74,6 +74,31 @@ impl FoldedWeights {
     }
 }
 
+impl FoldedWeights {
+    /// Every tensor, in a fixed order.
+    fn tensors(&self) -> Vec<&Tensor> {
+        let mut all = vec![&self.embed_tokens, &self.norm, &self.head_t, &self.cos, &self.sin];
+        for l in &self.layers {
+            all.extend([&l.input_layernorm, &l.qkv_t, &l.o_t, &l.post_attention_layernorm, &l.gate_up_t, &l.down_t]);
+        }
+        all
+    }
+
+    /// Copies `other` (the same model folded again, e.g. after an optimizer step) into these
+    /// tensors, keeping their memory: what a captured CUDA graph reads stays where it was.
+    pub(super) fn copy_from(&self, other: &FoldedWeights) {
+        let _guard = tch::no_grad_guard();
+        assert_eq!(self.config, other.config, "refolded weights of another shape");
+        let (to, from) = (self.tensors(), other.tensors());
+        assert_eq!(to.len(), from.len(), "refolded weights with another layer count");
+        for (to, from) in to.into_iter().zip(from) {
+            assert_eq!(to.size(), from.size(), "refolded weights of another shape");
+            // A shallow clone shares the storage, so this writes into `self`.
+            to.shallow_clone().copy_(from);
+        }
+    }
+}
+
 fn transposed(weight: &Tensor) -> Tensor {
     weight.detach().tr().contiguous()
 }

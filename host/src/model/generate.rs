@@ -1,34 +1,44 @@
-//! Batched sampling with a KV cache, by one of two engines (see [`Engine`]): on the CPU in
-//! float32 the libtorch-free sampler of `native.rs`; elsewhere libtorch ops here. The libtorch
-//! path prefills the left-padded prompts, then runs one step per token for all rows. Rows that
-//! produced EOS keep running (the batch shape stays fixed) but emit padding; the host checks for
-//! "all finished" only every few steps, so the loop does not wait on the device after each
-//! token. Both engines apply HF's logits processors in HF's order and draw each row's tokens
-//! from that row's own random stream ([`row_rng`]).
+//! Batched sampling with a KV cache, by one of three engines (see [`Engine`]): on the CPU in
+//! float32 the libtorch-free sampler of `native.rs`; elsewhere libtorch ops here, on a CUDA
+//! device replayed from CUDA graphs. The libtorch path prefills the left-padded prompts, then
+//! runs one step per token for all rows. Rows that produced EOS keep running (the batch shape
+//! stays fixed) but emit padding; the host checks for "all finished" only every few steps, so
+//! the loop does not wait on the device after each token. Both engines apply HF's logits
+//! processors in HF's order and draw each row's tokens from that row's own random stream
+//! ([`row_rng`]).
+
+use std::collections::HashMap;
 
 use anyhow::{Context, Result, ensure};
 use tch::{Kind, Tensor};
 
 use super::batch::completion_rows;
 pub use super::batch::{CompletionRow, Generation, left_pad, mask_through_first_eos, masked_rows, row_rng};
-use super::decode::{DecodeModel, additive_mask, prefill_mask};
+use super::cuda_graph::{self, CudaGraph};
+use super::decode::{DecodeModel, KvCache, additive_mask, prefill_mask};
 use super::native;
 
 /// How tokens are drawn: one definition, shared with the native sampler.
 pub use smallrl_native::Sampling as SamplingParams;
 
-/// How often (in tokens) the loop asks whether every row has finished.
+/// How often (in tokens) the loop asks whether every row has finished: the only point where
+/// it waits for the device, and the length of a captured CUDA graph.
 const FINISHED_CHECK_INTERVAL: usize = 8;
 
-/// Which implementation samples. Both compute the same function from the same folded weights
+/// Which implementation samples. All compute the same function from the same folded weights
 /// and draw the same tokens for the same seed; [`generate`] picks [`Engine::Native`] whenever
-/// the model is float32 on the CPU.
+/// the model is float32 on the CPU, [`Engine::CudaGraphs`] on a CUDA device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Engine {
     /// Plain Rust loops and `gemm` (`native.rs`): rows split into `threads` independent streams.
     Native { threads: usize },
-    /// libtorch ops (any device and dtype).
+    /// libtorch ops issued one by one (any device and dtype).
     Libtorch,
+    /// The same libtorch ops recorded once per shape as CUDA graphs of
+    /// [`FINISHED_CHECK_INTERVAL`] steps and replayed (one launch per chunk instead of a few
+    /// hundred per token). Without a CUDA device, or in a binary built without the shim, it
+    /// decodes as [`Engine::Libtorch`] and says so once.
+    CudaGraphs,
 }
 
 /// Samples completions for `prompts` (token ids without special tokens); on the CPU in float32
@@ -36,6 +46,7 @@ pub enum Engine {
 pub fn generate(model: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingParams, seed: u64) -> Result<Generation> {
     let engine = match model.native {
         Some(_) => Engine::Native { threads: tch::get_num_threads().max(1) as usize },
+        None if model.device.is_cuda() => Engine::CudaGraphs,
         None => Engine::Libtorch,
     };
     generate_with(engine, model, prompts, params, seed)
@@ -62,54 +73,51 @@ pub fn generate_with(engine: Engine, model: &DecodeModel, prompts: &[Vec<u32>], 
             let native = model.native.as_ref().context("the native sampler needs a float32 model on the CPU")?;
             native::generate(native, prompts, params, seed, threads)
         }
-        Engine::Libtorch => generate_libtorch(model, prompts, params, seed),
+        Engine::Libtorch => generate_libtorch(model, prompts, params, seed, Stepping::Eager),
+        Engine::CudaGraphs => match cuda_graph::availability(model.device) {
+            Ok(()) => generate_libtorch(model, prompts, params, seed, Stepping::Graphs),
+            Err(reason) => {
+                eager_instead_of_graphs(&reason);
+                generate_libtorch(model, prompts, params, seed, Stepping::Eager)
+            }
+        },
     }
 }
 
-fn generate_libtorch(model: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingParams, seed: u64) -> Result<Generation> {
-    let _guard = tch::no_grad_guard();
-    let device = model.device;
-    let uniforms = (params.temperature != 0.0).then(|| row_uniforms(seed, prompts.len(), params.max_new_tokens, device));
-    let eos = model.weights.config.eos_token_id as i64;
-    let (prompt_ids, prompt_mask) = left_pad(prompts, eos, device);
-    let (batch, prompt_len) = prompt_ids.size2()?;
-    let capacity = prompt_len + params.max_new_tokens as i64;
-    let mut cache = model.new_cache(batch, capacity);
-    let positions = (prompt_mask.cumsum(1, Kind::Int64) - 1).clamp_min(0);
-    let hidden = model.forward(&prompt_ids, &positions, &mut cache, 0, &prefill_mask(&prompt_mask, capacity));
-    let mut logits = model.logits(&hidden.narrow(1, prompt_len - 1, 1)).squeeze_dim(1);
+/// How the libtorch engine issues a step's ops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stepping {
+    /// Op by op from the host.
+    Eager,
+    /// Recorded once as CUDA graphs of [`FINISHED_CHECK_INTERVAL`] steps, then replayed.
+    Graphs,
+}
 
-    let mut sampler = Sampler::new(params, &prompt_ids, &prompt_mask, model.weights.config.vocab_size as i64);
-    // Additive key mask over the cache: 0 for prompt tokens and for each generated slot once
-    // written, -inf for padding and for slots not yet reached.
-    let key_mask = additive_mask(&prompt_mask.constant_pad_nd([0, params.max_new_tokens as i64]).to_kind(Kind::Bool), Kind::Float);
-    let step_mask = key_mask.view([batch, 1, 1, capacity]);
-    let mut next_position = prompt_mask.sum_dim_intlist(1, false, Kind::Int64).unsqueeze(1);
-    let tokens = Tensor::full([batch, params.max_new_tokens as i64], eos, (Kind::Int64, device));
-    let logprobs = Tensor::zeros([batch, params.max_new_tokens as i64], (Kind::Float, device));
-    let mut finished = Tensor::zeros([batch], (Kind::Bool, device));
-    let mut steps = 0;
-    for step in 0..params.max_new_tokens {
-        let (token, logprob) = sampler.draw(&logits, uniforms.as_ref().map(|u| u.select(0, step as i64)));
-        let token = token.masked_fill(&finished, eos);
-        tokens.select(1, step as i64).copy_(&token);
-        logprobs.select(1, step as i64).copy_(&logprob.masked_fill(&finished, 0.0));
-        finished = finished.logical_or(&token.eq(eos));
-        steps = step + 1;
-        let last = step + 1 == params.max_new_tokens;
-        if last || (steps % FINISHED_CHECK_INTERVAL == 0 && finished.all().int64_value(&[]) == 1) {
-            break;
+/// Says once per process why [`Engine::CudaGraphs`] decodes eagerly.
+fn eager_instead_of_graphs(reason: &str) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| eprintln!("decoding without CUDA graphs (eager libtorch ops, the same tokens): {reason}"));
+}
+
+fn generate_libtorch(model: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingParams, seed: u64, stepping: Stepping) -> Result<Generation> {
+    let _guard = tch::no_grad_guard();
+    let eos = model.weights.config.eos_token_id as i64;
+    let (prompt_ids, prompt_mask) = left_pad(prompts, eos, model.device);
+    let fresh = DecodeState::prefill(model, &prompt_ids, &prompt_mask, params, seed);
+    let (tokens, logprobs) = match stepping {
+        Stepping::Eager => {
+            let mut state = fresh;
+            let steps = decode(&mut state, |state, n| {
+                state.run_steps(model, n);
+                Ok(())
+            })?;
+            state.results(steps)
         }
-        let slot = prompt_len + step as i64;
-        let _ = key_mask.select(1, slot).fill_(0.0);
-        let hidden = model.forward(&token.unsqueeze(1), &next_position, &mut cache, slot, &step_mask);
-        next_position += 1;
-        logits = model.logits(&hidden).squeeze_dim(1);
-        sampler.observe(&token);
-    }
+        Stepping::Graphs => decode_with_graphs(model, fresh)?,
+    };
     // Rows stop being checked only every few steps: trim columns that are padding everywhere,
     // so the completion length is that of the longest completion (as TRL pads).
-    let completion_mask = mask_through_first_eos(&tokens.narrow(1, 0, steps as i64), eos);
+    let completion_mask = mask_through_first_eos(&tokens, eos);
     let longest = completion_mask.sum_dim_intlist(1, false, Kind::Int64).max().int64_value(&[]);
     let completion_ids = tokens.narrow(1, 0, longest);
     let completion_mask = completion_mask.narrow(1, 0, longest);
@@ -118,22 +126,191 @@ fn generate_libtorch(model: &DecodeModel, prompts: &[Vec<u32>], params: &Samplin
     Ok(Generation { prompt_ids, prompt_mask, completion_ids, completion_mask, sampling_logprobs, rows })
 }
 
+/// Runs the token loop in chunks of [`FINISHED_CHECK_INTERVAL`] steps (`run(state, n)` runs
+/// `n` steps) and stops once every row has finished, asking the device only between chunks.
+/// Returns the number of steps run.
+fn decode(state: &mut DecodeState, mut run: impl FnMut(&mut DecodeState, usize) -> Result<()>) -> Result<usize> {
+    let max_new_tokens = state.sampler.params.max_new_tokens;
+    let mut steps = 0;
+    while steps < max_new_tokens {
+        let n = FINISHED_CHECK_INTERVAL.min(max_new_tokens - steps);
+        run(state, n)?;
+        steps += n;
+        if steps < max_new_tokens && state.finished.all().int64_value(&[]) == 1 {
+            break;
+        }
+    }
+    Ok(steps)
+}
+
+/// The token loop replayed from CUDA graphs: the model keeps one set of static buffers per
+/// shape (batch, prompt length, sampling settings) with a graph per chunk length, captured on
+/// first use and replayed by later calls; `fresh` (this call's prefilled state) is copied in.
+/// Returns the tokens and log-probabilities of the steps run.
+fn decode_with_graphs(model: &DecodeModel, fresh: DecodeState) -> Result<(Tensor, Tensor)> {
+    let mut slot = model.graphs.lock().map_err(|_| anyhow::anyhow!("an earlier CUDA-graph decode panicked"))?;
+    let key = fresh.shape_key();
+    match slot.as_mut() {
+        Some(graphed) if graphed.key == key => graphed.state.load(&fresh),
+        _ => *slot = Some(GraphedDecode { key, state: fresh, graphs: HashMap::new() }),
+    }
+    let GraphedDecode { state, graphs, .. } = slot.as_mut().expect("set above");
+    let steps = decode(state, |state, n| match graphs.get(&n) {
+        Some(graph) => graph.replay(),
+        None => {
+            // Capturing runs the n steps once for real, then records them.
+            graphs.insert(n, CudaGraph::run_and_capture(model.device, || state.run_steps(model, n))?);
+            Ok(())
+        }
+    })?;
+    // The buffers are overwritten by the next call: the results are copied out.
+    let (tokens, logprobs) = state.results(steps);
+    Ok((tokens.copy(), logprobs.copy()))
+}
+
+/// Static buffers and CUDA graphs of one decode shape, kept by the [`DecodeModel`].
+pub(super) struct GraphedDecode {
+    key: ShapeKey,
+    state: DecodeState,
+    /// One graph per chunk length.
+    graphs: HashMap<usize, CudaGraph>,
+}
+
+/// What a captured graph is specific to: batch, prompt length and the sampling settings
+/// (which ops a step runs, and the capacity).
+#[derive(Debug, Clone, PartialEq)]
+struct ShapeKey {
+    batch: i64,
+    prompt_len: i64,
+    params: SamplingParams,
+}
+
+/// Everything the token loop reads and writes, in tensors that keep their memory for the whole
+/// decode (a CUDA graph replays on the same addresses). The step counter lives on the device,
+/// so a step's ops do not depend on the host.
+struct DecodeState {
+    cache: KvCache,
+    /// `[batch, capacity]` additive: 0 for prompt tokens and for each generated slot once
+    /// written, -inf for padding and for slots not yet reached.
+    key_mask: Tensor,
+    /// `[batch, 1]`: the position of each row's next token.
+    next_position: Tensor,
+    /// `[1]` int64: tokens drawn so far.
+    step: Tensor,
+    /// `[batch, vocab]`: the logits the next token is drawn from.
+    logits: Tensor,
+    /// `[batch, max_new_tokens]` drawn tokens (EOS after a row's end) and their log-probs.
+    tokens: Tensor,
+    logprobs: Tensor,
+    /// `[batch]` bool: rows that produced EOS.
+    finished: Tensor,
+    /// `[max_new_tokens, batch]` float64, `None` for greedy decoding.
+    uniforms: Option<Tensor>,
+    sampler: Sampler,
+    prompt_len: i64,
+    eos: i64,
+}
+
+impl DecodeState {
+    /// Prefills the left-padded prompts and sets up the loop's buffers.
+    fn prefill(model: &DecodeModel, prompt_ids: &Tensor, prompt_mask: &Tensor, params: &SamplingParams, seed: u64) -> Self {
+        let device = model.device;
+        let eos = model.weights.config.eos_token_id as i64;
+        let (batch, prompt_len) = prompt_ids.size2().expect("prompt ids are [batch, len]");
+        let max_new_tokens = params.max_new_tokens as i64;
+        let capacity = prompt_len + max_new_tokens;
+        let mut cache = model.new_cache(batch, capacity);
+        let positions = (prompt_mask.cumsum(1, Kind::Int64) - 1).clamp_min(0);
+        let hidden = model.forward(prompt_ids, &positions, &mut cache, 0, &prefill_mask(prompt_mask, capacity));
+        Self {
+            cache,
+            key_mask: additive_mask(&prompt_mask.constant_pad_nd([0, max_new_tokens]).to_kind(Kind::Bool), Kind::Float),
+            next_position: prompt_mask.sum_dim_intlist(1, false, Kind::Int64).unsqueeze(1),
+            step: Tensor::zeros([1], (Kind::Int64, device)),
+            logits: model.logits(&hidden.narrow(1, prompt_len - 1, 1)).squeeze_dim(1).contiguous(),
+            tokens: Tensor::full([batch, max_new_tokens], eos, (Kind::Int64, device)),
+            logprobs: Tensor::zeros([batch, max_new_tokens], (Kind::Float, device)),
+            finished: Tensor::zeros([batch], (Kind::Bool, device)),
+            uniforms: (params.temperature != 0.0).then(|| row_uniforms(seed, batch as usize, params.max_new_tokens, device)),
+            sampler: Sampler::new(params, prompt_ids, prompt_mask, model.weights.config.vocab_size as i64),
+            prompt_len,
+            eos,
+        }
+    }
+
+    fn shape_key(&self) -> ShapeKey {
+        ShapeKey { batch: self.finished.size()[0], prompt_len: self.prompt_len, params: self.sampler.params.clone() }
+    }
+
+    /// Copies `fresh` (a state of the same shape) into these buffers, keeping their memory.
+    fn load(&mut self, fresh: &DecodeState) {
+        assert_eq!(self.shape_key(), fresh.shape_key(), "a decode state is reused for its own shape only");
+        self.cache.copy_from(&fresh.cache);
+        for (to, from) in [
+            (&mut self.key_mask, &fresh.key_mask),
+            (&mut self.next_position, &fresh.next_position),
+            (&mut self.step, &fresh.step),
+            (&mut self.logits, &fresh.logits),
+            (&mut self.tokens, &fresh.tokens),
+            (&mut self.logprobs, &fresh.logprobs),
+            (&mut self.finished, &fresh.finished),
+        ] {
+            to.copy_(from);
+        }
+        // The key says whether these exist (temperature, repetition penalty), so both or neither do.
+        if let (Some(to), Some(from)) = (&mut self.uniforms, &fresh.uniforms) {
+            to.copy_(from);
+        }
+        if let (Some(to), Some(from)) = (&mut self.sampler.seen, &fresh.sampler.seen) {
+            to.copy_(from);
+        }
+    }
+
+    /// Runs `n` decode steps: draw each row's token from the current logits, record it, and
+    /// run it through the model for the next logits. Finished rows keep running (the shape
+    /// stays fixed) but emit EOS with log-probability 0. Nothing is read back to the host.
+    fn run_steps(&mut self, model: &DecodeModel, n: usize) {
+        let batch = self.finished.size()[0];
+        let step_mask = self.key_mask.view([batch, 1, 1, self.cache.capacity]);
+        for _ in 0..n {
+            let uniforms = self.uniforms.as_ref().map(|u| u.index_select(0, &self.step).squeeze_dim(0));
+            let (token, logprob) = self.sampler.draw(&self.logits, uniforms);
+            let token = token.masked_fill(&self.finished, self.eos);
+            let _ = self.tokens.index_copy_(1, &self.step, &token.unsqueeze(1));
+            let _ = self.logprobs.index_copy_(1, &self.step, &logprob.masked_fill(&self.finished, 0.0).unsqueeze(1));
+            let _ = self.finished.logical_or_(&token.eq(self.eos));
+            let slot = &self.step + self.prompt_len;
+            let _ = self.key_mask.index_fill_(1, &slot, 0.0);
+            let hidden = model.forward_at_slot(&token.unsqueeze(1), &self.next_position, &mut self.cache, &slot, &step_mask);
+            self.logits.copy_(&model.logits(&hidden).squeeze_dim(1));
+            self.next_position += 1;
+            self.sampler.observe(&token);
+            self.step += 1;
+        }
+    }
+
+    /// Tokens and log-probabilities of the first `steps` steps (views of the buffers).
+    fn results(&self, steps: usize) -> (Tensor, Tensor) {
+        (self.tokens.narrow(1, 0, steps as i64), self.logprobs.narrow(1, 0, steps as i64))
+    }
+}
+
 /// Draws one token per row, applying HF's logits processors in HF's order: repetition penalty
 /// on the raw logits, then temperature, top-k and top-p.
-struct Sampler<'a> {
-    params: &'a SamplingParams,
+struct Sampler {
+    params: SamplingParams,
     /// `[batch, vocab]` tokens seen so far (prompt and completion), for the repetition penalty.
     seen: Option<Tensor>,
 }
 
-impl<'a> Sampler<'a> {
-    fn new(params: &'a SamplingParams, prompt_ids: &Tensor, prompt_mask: &Tensor, vocab: i64) -> Self {
+impl Sampler {
+    fn new(params: &SamplingParams, prompt_ids: &Tensor, prompt_mask: &Tensor, vocab: i64) -> Self {
         let seen = (params.repetition_penalty != 1.0).then(|| {
             let (batch, _) = prompt_ids.size2().expect("prompt ids are 2-d");
             let counts = Tensor::zeros([batch, vocab], (Kind::Int64, prompt_ids.device()));
             counts.scatter_add(1, prompt_ids, &prompt_mask.to_kind(Kind::Int64)).gt(0)
         });
-        Self { params, seen }
+        Self { params: params.clone(), seen }
     }
 
     fn observe(&mut self, token: &Tensor) {

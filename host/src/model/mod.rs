@@ -6,6 +6,7 @@
 
 pub mod batch;
 pub mod config;
+pub mod cuda_graph;
 pub mod decode;
 pub mod export;
 pub mod folded;

@@ -59,6 +59,9 @@ pub struct Trainer {
     /// reference never changes (a frozen copy, or base weights with adapters at scale 0), so
     /// it is built once.
     reference_decoder: Option<DecodeModel>,
+    /// The policy's decoders, one per set of adapter scales sampled at, refreshed from the
+    /// weights before each use (`rollout.rs`).
+    decoders: std::sync::Mutex<Vec<(Vec<f64>, DecodeModel)>>,
     tokenizer: Tokenizer,
     model_files: model::ModelFiles,
     rewards: RewardModel,
@@ -160,6 +163,7 @@ impl Trainer {
             prompts: PromptStream::new(prompts, cfg.seed),
             cfg, run_dir, adapters, model, reference, reference_decoder, tokenizer, model_files, rewards, optimizer,
             eval_prompts, loss, sampling, log, live, _lock, num_tokens: 0, rollout: None, noise_scale_average: None,
+            decoders: Default::default(),
         };
         let opened = trainer.open_run(resume.is_some(), restarted, hashes);
         trainer.log_failure(opened)?;

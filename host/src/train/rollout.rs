@@ -170,13 +170,31 @@ impl Trainer {
         let routed_rows = prompt_ids.len() - coherence_rows;
         let mut scales = vec![1.0; self.adapters.slots.len()];
         let seed = |purpose| rng::derive(run_seed, purpose, step as u64);
-        let generation = generate(&DecodeModel::new(&self.model, &scales), &prompt_ids[..routed_rows], &self.sampling, seed("sample"))?;
+        let generation = self.sample_at(&scales, &prompt_ids[..routed_rows], seed("sample"))?;
         if coherence_rows == 0 {
             return Ok(generation);
         }
         scales[FORGET] = 0.0;
-        let coherence = generate(&DecodeModel::new(&self.model, &scales), &prompt_ids[routed_rows..], &self.sampling, seed("sample_coherence"))?;
+        let coherence = self.sample_at(&scales, &prompt_ids[routed_rows..], seed("sample_coherence"))?;
         Ok(generation.concat(coherence, self.model.config.eos_token_id as i64))
+    }
+
+    /// Samples from the policy at adapter `scales` with the run's decoder for those scales,
+    /// refolded from the current weights. The decoders live as long as the run, so the CUDA
+    /// graphs captured in the first step are replayed in every later one.
+    fn sample_at(&self, scales: &[f64], prompt_ids: &[Vec<u32>], seed: u64) -> Result<Generation> {
+        let mut decoders = self.decoders.lock().map_err(|_| anyhow::anyhow!("an earlier sampling call panicked"))?;
+        let index = match decoders.iter().position(|(at, _)| at.as_slice() == scales) {
+            Some(index) => {
+                decoders[index].1.refresh(&self.model, scales);
+                index
+            }
+            None => {
+                decoders.push((scales.to_vec(), DecodeModel::new(&self.model, scales)));
+                decoders.len() - 1
+            }
+        };
+        generate(&decoders[index].1, prompt_ids, &self.sampling, seed)
     }
 
     /// The group advantages with coherence groups handled per `coherence_rh_mode`, and routing

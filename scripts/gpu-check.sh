@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# The GPU checks of issue 16, reproducible by anyone with a GPU: CUDA parity tests (logits and
+# greedy decodes against transformers, CUDA-graph decoding against eager decoding) and the
+# speed figures (`smallrl bench sample|train --device cuda`) next to the issue's targets.
+#
+#   scripts/gpu-check.sh bundle TORCH_DIR [OUT.tar.xz]   where Rust is (and the network, for tch 0.24)
+#   scripts/gpu-check.sh run BUNDLE.tar.xz                on the GPU machine (no Rust needed)
+#   scripts/gpu-check.sh local                            Rust and a GPU on one machine: both steps
+#
+# TORCH_DIR is the `torch/` package directory of the PyTorch the GPU machine runs (tch pairs
+# with exactly one libtorch: 2.13 -> tch 0.26, 2.11 -> tch 0.24; see ../shared/notes/gpu.md).
+# Binaries are built in $STAGE with that libtorch and run from the same path on the GPU
+# machine, because the test binaries find fixtures and reference scripts through the path
+# they were built at. Any failed step, a test that says "skipped: no CUDA device", or a
+# libtorch version other than the one built against stops the script with an error.
+set -euo pipefail
+
+STAGE=/tmp/smallrl-gpu-check
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+die() {
+    echo "gpu-check: $*" >&2
+    exit 1
+}
+
+# "2.11.0+cu130" from a torch/ directory's version.py.
+torch_version() {
+    local version
+    version=$(sed -n "s/^__version__ = '\(.*\)'$/\1/p" "$1/version.py")
+    [[ -n $version ]] || die "no __version__ in $1/version.py: is $1 a torch/ package directory?"
+    echo "$version"
+}
+
+# The tch release built against a given libtorch version.
+tch_for() {
+    case $1 in
+        2.13.*) echo 0.26 ;;
+        2.11.*) echo 0.24 ;;
+        *) die "no known tch release for libtorch $1 (tch 0.26 needs 2.13, 0.24 needs 2.11)" ;;
+    esac
+}
+
+bundle() {
+    local torch_dir out version tch repo
+    torch_dir=$(cd "${1:?usage: gpu-check.sh bundle TORCH_DIR [OUT.tar.xz]}" && pwd -P)
+    out=${2:-$PWD/smallrl-gpu-check.tar.xz}
+    [[ $out = /* ]] || out=$PWD/$out
+    [[ -f $torch_dir/lib/libtorch_cuda.so ]] || die "$torch_dir/lib has no libtorch_cuda.so: not a CUDA build of libtorch"
+    version=$(torch_version "$torch_dir")
+    tch=$(tch_for "$version")
+    echo "gpu-check: building against libtorch $version ($torch_dir) with tch $tch in $STAGE"
+    ls "$ROOT"/plugins/*.wasm >/dev/null 2>&1 || die "no plugins/*.wasm: run \`make plugins\` first"
+    [[ -d $ROOT/../shared/fixtures ]] || die "$ROOT/../shared/fixtures is missing (the test fixtures)"
+
+    repo=$STAGE/repo
+    rm -rf "$repo" "$STAGE/shared"
+    mkdir -p "$repo" "$STAGE/shared"
+    # The working tree as git sees it (tracked and untracked, not ignored), plus built plugins.
+    (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf -) | tar -C "$repo" -xf -
+    cp "$ROOT"/plugins/*.wasm "$repo/plugins/"
+    cp -r "$ROOT/../shared/fixtures" "$STAGE/shared/fixtures"
+    if [[ $tch != 0.26 ]]; then
+        sed -i -e "s/^tch = \"0.26\"/tch = \"$tch\"/" -e "s/^torch-sys = \"0.26\"/torch-sys = \"$tch\"/" "$repo/host/Cargo.toml"
+        grep -q "^tch = \"$tch\"" "$repo/host/Cargo.toml" || die "could not pin tch $tch in host/Cargo.toml"
+    fi
+    ln -sfn "$torch_dir" "$repo/.libtorch"
+
+    (
+        cd "$repo"
+        export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$STAGE/target}
+        local messages tests
+        messages=$(cargo build --bin smallrl --message-format=json-render-diagnostics)
+        grep -q '"cfgs":\["smallrl_cuda_graphs"\]' <<<"$messages" \
+            || die "the CUDA-graph shim was not built (SMALLRL_CUDA_GRAPHS_BUILD in the build script's output says why)"
+        mkdir -p gpu-bin
+        cp "$CARGO_TARGET_DIR/debug/smallrl" gpu-bin/smallrl
+        messages=$(cargo test --test model --no-run --message-format=json-render-diagnostics)
+        tests=$(sed -n '/"kind":\["test"\]/s/.*"executable":"\([^"]*\)".*/\1/p' <<<"$messages")
+        [[ -f $tests ]] || die "cargo did not report the model test binary"
+        cp "$tests" gpu-bin/model-tests
+        strip gpu-bin/smallrl gpu-bin/model-tests
+        echo "$version" >gpu-bin/TORCH_VERSION
+    )
+    tar -C "$STAGE" --exclude=repo/.libtorch -cJf "$out" repo shared
+    echo "gpu-check: wrote $out ($(du -h "$out" | cut -f1)); on the GPU machine: scripts/gpu-check.sh run $(basename "$out")"
+}
+
+run_checks() {
+    local archive torch_dir version repo log fixtures
+    archive=$(realpath "${1:?usage: gpu-check.sh run BUNDLE.tar.xz}")
+    command -v nvidia-smi >/dev/null || die "nvidia-smi not found: this machine has no NVIDIA driver"
+    nvidia-smi -L || die "nvidia-smi sees no GPU"
+    torch_dir=${TORCH_DIR:-$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')} \
+        || die "no PyTorch for python3: set TORCH_DIR to a torch/ package directory"
+    version=$(torch_version "$torch_dir")
+
+    rm -rf "$STAGE/repo" "$STAGE/shared"
+    mkdir -p "$STAGE"
+    tar -C "$STAGE" -xJf "$archive"
+    repo=$STAGE/repo
+    [[ $(cat "$repo/gpu-bin/TORCH_VERSION") == "$version" ]] \
+        || die "the bundle was built for libtorch $(cat "$repo/gpu-bin/TORCH_VERSION"), this machine has $version"
+    ln -sfn "$torch_dir" "$repo/.libtorch"
+    # The reference scripts run with the project's Python: here, the system's (transformers).
+    mkdir -p "$repo/.venv/bin"
+    ln -sfn "$(command -v python3)" "$repo/.venv/bin/python"
+    cd "$repo"
+    log=$STAGE/gpu-check.log
+    fixtures=$STAGE/shared/fixtures
+
+    echo "== CUDA parity tests (tests/model.rs, every test with cuda in its name)"
+    gpu-bin/model-tests cuda --test-threads 1 --nocapture 2>&1 | tee "$log"
+    grep -q "test result: ok" "$log" || die "the CUDA parity tests failed (log: $log)"
+    if grep -q "skipped: no CUDA device" "$log"; then
+        die "a CUDA test was skipped: libtorch sees no CUDA device (log: $log)"
+    fi
+
+    echo "== sampling 32 x 128 (target: at least 200,000 tokens/s)"
+    gpu-bin/smallrl bench sample --device cuda --model "$fixtures/tiny-random" --batch 32 --max-new-tokens 128 2>&1 | tee -a "$log"
+    echo "== sampling 512 x 128"
+    gpu-bin/smallrl bench sample --device cuda --model "$fixtures/tiny-random" --batch 512 --max-new-tokens 128 2>&1 | tee -a "$log"
+    echo "== one default run (target: at most 0.07 s per step; TRL 1.16 on an H100: 1.03 s)"
+    gpu-bin/smallrl bench train --device cuda --model "$fixtures/tiny-random" \
+        --prompts "$fixtures/tiny-stories/prompts.txt" --reward-plugin plugins/happy.wasm 2>&1 | tee -a "$log"
+    grep -q "CUDA graphs: median" "$log" || die "bench sample did not measure CUDA-graph decoding (log: $log)"
+    echo "== a sweep of 16 default runs in one process (target: 100 steps/s in all): not measured by this script (needs sweep --pack)"
+    echo "gpu-check: all checks passed; log in $log"
+}
+
+case ${1:-} in
+    bundle) shift; bundle "$@" ;;
+    run) shift; run_checks "$@" ;;
+    local)
+        bundle "$ROOT/.libtorch" "$STAGE.tar.xz"
+        run_checks "$STAGE.tar.xz"
+        ;;
+    *) die "usage: gpu-check.sh bundle TORCH_DIR [OUT.tar.xz] | run BUNDLE.tar.xz | local" ;;
+esac
