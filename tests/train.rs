@@ -1035,12 +1035,15 @@ fn packed_runs_equal_the_same_runs_trained_alone_and_resume_alone() {
     }
 }
 
-/// A run whose plugin fails (a NaN score) stops alone: its train.log says why, its pack mate
-/// finishes. Runs of different shapes are refused before anything is written.
+/// A run whose plugin fails (a NaN score) and one whose weights diverge (a huge learning rate:
+/// non-finite logits, which the sampler reports rather than panicking the process) stop alone:
+/// their train.log says why and their pack mate finishes. Runs of different shapes are refused
+/// before anything is written.
 #[test]
 fn a_failing_run_leaves_its_pack_and_mismatched_runs_are_refused() {
     let out = tempfile::tempdir().unwrap();
     let mut configs = pack_pair(out.path(), "dual-lora");
+    configs.push(with(with(configs[0].clone(), "seed", 9.into()), "lr", 1e9.into()));
     configs[1] = with(configs[1].clone(), "reward", json!({"plugin": test_plugin("misbehaving"), "params": {"mode": "nan"}}));
     let configs: Vec<_> = configs.into_iter().map(|c| with(c, "max_steps", 2.into())).collect();
 
@@ -1059,9 +1062,14 @@ fn a_failing_run_leaves_its_pack_and_mismatched_runs_are_refused() {
     let error = format!("{:#}", outcomes[1].as_ref().err().expect("the NaN score stops its run"));
     assert!(error.contains("step 1") && error.contains("misbehaving"), "{error}");
     let names = entries(out.path());
-    assert_eq!(names.len(), 2, "{names:?}");
+    assert_eq!(names.len(), 3, "{names:?}");
     let failed = out.path().join(names.iter().find(|n| n.ends_with("_s7")).unwrap());
     let log = std::fs::read_to_string(failed.join("train.log")).unwrap();
     assert!(log.contains("training stopped: training stopped at step 1"), "{log}");
     assert!(!failed.join("metrics.jsonl").exists() || read_jsonl(&failed.join("metrics.jsonl")).is_empty());
+
+    let diverged = format!("{:#}", outcomes[2].as_ref().err().expect("lr 1e9 diverges"));
+    assert!(diverged.contains("step 2") && diverged.contains("the weights diverged"), "{diverged}");
+    let log = std::fs::read_to_string(out.path().join(names.iter().find(|n| n.ends_with("_s9")).unwrap()).join("train.log")).unwrap();
+    assert!(log.contains("training stopped: ") && log.contains("step 2") && log.contains("the weights diverged"), "{log}");
 }

@@ -289,11 +289,12 @@ impl Trainer {
         self.step(step).with_context(|| format!("training stopped at step {}; {} keeps what was written", step + 1, self.run_dir.display()))?;
         let done = step + 1;
         ensure!(self.optimizer.step == done, "the optimizer is at step {} after step {done}", self.optimizer.step);
+        let kept = format!("{} keeps what was written", self.run_dir.display());
         if done % self.cfg.eval_every == 0 || done == self.cfg.max_steps {
-            self.evaluate(done)?;
+            self.evaluate(done).with_context(|| format!("the routing evaluation after step {done} failed; {kept}"))?;
         }
         if done % self.cfg.save_steps == 0 || done == self.cfg.max_steps {
-            self.save(done)?;
+            self.save(done).with_context(|| format!("saving the checkpoint of step {done} failed; {kept}"))?;
         }
         Ok(())
     }
