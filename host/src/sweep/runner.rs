@@ -43,10 +43,23 @@ impl Launch {
 /// The arguments of `smallrl` that (re)start a run: a new run reads its resolved YAML, an
 /// interrupted one resumes from its newest checkpoint.
 pub fn train_args(plan: &Plan, run: &PlannedRun, threads: usize) -> Vec<OsString> {
+    command_args(plan, &[run], ["--resume", "--config"], threads)
+}
+
+/// The arguments of `smallrl` that train `runs` as one pack, each started or resumed as
+/// [`train_args`] would.
+pub fn packed_train_args(plan: &Plan, runs: &[&PlannedRun], threads: usize) -> Vec<OsString> {
+    command_args(plan, runs, ["--pack-resume", "--pack-config"], threads)
+}
+
+/// `train`, then per run `resume DIR` (a resumable run) or `config YAML`, then the threads.
+fn command_args(plan: &Plan, runs: &[&PlannedRun], [resume, config]: [&str; 2], threads: usize) -> Vec<OsString> {
     let mut args: Vec<OsString> = vec!["train".into()];
-    match run.state {
-        CacheState::Resumable => args.extend(["--resume".into(), run.dir(&plan.output_dir).into_os_string()]),
-        _ => args.extend(["--config".into(), run_config_path(&plan.output_dir, &run.name).into_os_string()]),
+    for run in runs {
+        match run.state {
+            CacheState::Resumable => args.extend([resume.into(), run.dir(&plan.output_dir).into_os_string()]),
+            _ => args.extend([config.into(), run_config_path(&plan.output_dir, &run.name).into_os_string()]),
+        }
     }
     args.extend(["--threads".into(), threads.to_string().into()]);
     args
@@ -59,20 +72,6 @@ pub fn run_config_path(output_dir: &Path, name: &str) -> PathBuf {
 
 pub fn log_path(output_dir: &Path, name: &str) -> PathBuf {
     output_dir.join("logs").join(format!("{name}.log"))
-}
-
-/// The arguments of `smallrl` that train `runs` as one pack: new runs by their resolved YAML,
-/// interrupted ones resumed from their newest checkpoint.
-pub fn packed_train_args(plan: &Plan, runs: &[&PlannedRun], threads: usize) -> Vec<OsString> {
-    let mut args: Vec<OsString> = vec!["train".into()];
-    for run in runs {
-        match run.state {
-            CacheState::Resumable => args.extend(["--pack-resume".into(), run.dir(&plan.output_dir).into_os_string()]),
-            _ => args.extend(["--pack-config".into(), run_config_path(&plan.output_dir, &run.name).into_os_string()]),
-        }
-    }
-    args.extend(["--threads".into(), threads.to_string().into()]);
-    args
 }
 
 /// The output of the child that trains a pack, named after its first run.
