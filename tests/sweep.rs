@@ -764,3 +764,35 @@ fn intervention_arms_sweep_end_to_end() {
     }
     assert!(flagged_seen.iter().all(|&n| n > 0), "every arm saw flagged samples (steps per arm: {flagged_seen:?})");
 }
+
+/// `--pack 4`: the six runs of the tiny sweep (routed runs and their baselines differ in
+/// routing, seed and nothing of their shapes) train in two child processes, each run finishing
+/// in its own directory as a solo run would; a second sweep finds them all cached. A grid over a
+/// shape key is refused before any run starts, naming the key.
+#[test]
+fn a_packed_sweep_trains_in_packs_and_refuses_different_shapes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("sweep");
+    let mut mixed: Vec<String> = tiny_sweep_args(&out).into_iter().filter(|a| a != "max_completion_length=24").collect();
+    let grid_at = mixed.iter().position(|a| a == "--grid").unwrap();
+    mixed.insert(grid_at + 1, "max_completion_length=16,24".into());
+    mixed.extend(["--pack", "2"].map(String::from));
+    let output = smallrl(&mixed.iter().map(String::as_str).collect::<Vec<_>>());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && stderr.contains("`max_completion_length` is 16") && stderr.contains("drop --pack"), "{stderr}");
+    assert!(!out.exists(), "a refused sweep writes nothing");
+
+    let mut args = tiny_sweep_args(&out);
+    args.extend(["--pack", "4"].map(String::from));
+    let stdout = run_sweep(&args);
+    assert_eq!(stdout.lines().filter(|l| l.starts_with("[DONE ") && l.contains(" OK ")).count(), 6, "{stdout}");
+    check_summary_against_metrics(&out, "OK");
+    let mut pack_logs: Vec<String> = std::fs::read_dir(out.join("logs")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    pack_logs.sort();
+    assert_eq!(pack_logs.len(), 2, "one log per pack: {pack_logs:?}");
+    assert!(pack_logs.iter().all(|name| name.starts_with("pack-of-")), "{pack_logs:?}");
+    let pack_log = std::fs::read_to_string(out.join("logs").join(&pack_logs[0])).unwrap();
+    assert!(pack_log.matches("run directory: ").count() >= 2, "{pack_log}");
+    let again = run_sweep(&args);
+    assert_eq!(again.matches("[CACHED] ").count(), 6, "{again}");
+}

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use common::{fixture, one_thread, repo_root, standard_plugin, test_plugin};
 use serde_json::{Map, Value, json};
 use smallrl::train::metrics::key;
+use smallrl::train::packed::{PackedRun, train_packed};
 use smallrl::train::{TrainConfig, Trainer};
 
 /// A small, fast configuration: 8 completions per step in groups of 4, short completions.
@@ -63,6 +64,7 @@ fn deterministic(lines: Vec<Value>) -> Vec<Value> {
 /// KL values near 1e-14 at step 1) can differ in the last bit with the memory alignment of
 /// their inputs, which differs between two trainers in one process.
 fn assert_same_metrics(a: &[Value], b: &[Value], file: &str) {
+    assert_eq!(a.len(), b.len(), "{file}: line count");
     for (step, (x, y)) in a.iter().zip(b).enumerate() {
         let (x, y) = (x.as_object().unwrap(), y.as_object().unwrap());
         assert_eq!(x.keys().collect::<Vec<_>>(), y.keys().collect::<Vec<_>>(), "{file} line {step}: keys");
@@ -70,9 +72,9 @@ fn assert_same_metrics(a: &[Value], b: &[Value], file: &str) {
             let other = &y[key];
             match (value.as_f64(), other.as_f64()) {
                 (Some(p), Some(q)) if value.is_f64() => {
-                    assert!((p - q).abs() <= 1e-12 * p.abs().max(q.abs()), "{file} line {step}: {key} {p} vs {q} after resuming")
+                    assert!((p - q).abs() <= 1e-12 * p.abs().max(q.abs()), "{file} line {step}: {key} {p} vs {q}")
                 }
-                _ => assert_eq!(value, other, "{file} line {step}: {key} after resuming"),
+                _ => assert_eq!(value, other, "{file} line {step}: {key}"),
             }
         }
     }
@@ -966,4 +968,108 @@ fn an_unrouted_dapo_run_normalises_over_the_whole_batch_whatever_is_flagged() {
     assert!((whole_batch - per_class).abs() > 1e-4, "the two normalisations must differ on this batch for the test to mean anything ({whole_batch} vs {per_class})");
     let loss = t["loss"].double_value(&[]);
     assert!((loss - whole_batch).abs() < 1e-6, "loss {loss} vs TRL's dapo over the whole batch {whole_batch} (per class: {per_class})");
+}
+
+/// Two runs of one architecture that differ in seed, learning rate and KL coefficient, with
+/// their completions logged; `adapter` "full" or "dual-lora".
+fn pack_pair(output_dir: &Path, adapter: &str) -> Vec<Map<String, Value>> {
+    let mut base = with(small_config(output_dir, &standard_plugin("happy")), "log_completions", true.into());
+    base = with(base, "adapter", adapter.into());
+    if adapter == "full" {
+        base.remove("lora_preset");
+        base = with(base, "lr", 1e-4.into());
+    }
+    let other = with(with(with(base.clone(), "seed", 7.into()), "lr", 3e-4.into()), "beta", 0.05.into());
+    vec![base, other]
+}
+
+fn packed(configs: Vec<Map<String, Value>>, stop_after: Option<usize>) -> Vec<anyhow::Result<smallrl::train::RunSummary>> {
+    one_thread();
+    let runs = configs.into_iter().map(|c| PackedRun { config: TrainConfig::resolve(None, c).unwrap(), resume: None }).collect();
+    train_packed(runs, stop_after).unwrap()
+}
+
+/// The same directory name, metrics, evaluations and completions, and bit-identical checkpoints.
+fn assert_same_run(alone: &Path, other: &Path) {
+    assert_eq!(alone.file_name(), other.file_name(), "run names");
+    for file in ["metrics.jsonl", "routing_eval.jsonl", "completions.jsonl"] {
+        assert_same_metrics(&deterministic(read_jsonl(&alone.join(file))), &deterministic(read_jsonl(&other.join(file))), &format!("{} {file}", other.display()));
+    }
+    for checkpoint in ["checkpoint-2", "checkpoint-4"] {
+        let weights = |run: &Path| {
+            let dir = run.join(checkpoint);
+            smallrl::train::checkpoint::read_weights(&dir, &smallrl::train::checkpoint::read_state(&dir).unwrap()).unwrap()
+        };
+        let (a, b) = (weights(alone), weights(other));
+        assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+        for (name, tensor) in &a {
+            assert!(tensor.equal(&b[name]), "{checkpoint} {name} differs");
+        }
+    }
+}
+
+/// Packed runs compute exactly what they compute alone: DualLoRA packed to the end; full
+/// fine-tuning packed for 3 steps (past its step-2 checkpoint), then each run resumed alone from
+/// the checkpoint the pack wrote, to the end of the uninterrupted solo run.
+#[test]
+fn packed_runs_equal_the_same_runs_trained_alone_and_resume_alone() {
+    let out = tempfile::tempdir().unwrap();
+    for adapter in ["dual-lora", "full"] {
+        let alone: Vec<PathBuf> = pack_pair(&out.path().join("alone").join(adapter), adapter).into_iter().map(train).collect();
+        let configs = pack_pair(&out.path().join("packed").join(adapter), adapter);
+        let stop_after = (adapter == "full").then_some(3);
+        let mut runs = Vec::new();
+        for (config, outcome) in configs.iter().zip(packed(configs.clone(), stop_after)) {
+            let summary = outcome.unwrap();
+            assert_eq!(summary.steps, stop_after.unwrap_or(4));
+            if stop_after.is_some() {
+                let resolved = TrainConfig::resolve(None, config.clone()).unwrap();
+                assert_eq!(Trainer::new(resolved, Some(&summary.run_dir)).unwrap().train(None).unwrap().steps, 4);
+            }
+            runs.push(summary.run_dir);
+        }
+        assert_ne!(read_jsonl(&alone[0].join("completions.jsonl")), read_jsonl(&alone[1].join("completions.jsonl")), "the two runs differ");
+        for (alone, packed) in alone.iter().zip(&runs) {
+            assert_same_run(alone, packed);
+        }
+    }
+}
+
+/// A run whose plugin fails (a NaN score) and one whose weights diverge (a huge learning rate:
+/// non-finite logits, which the sampler reports rather than panicking the process) stop alone:
+/// their train.log says why and their pack mate finishes. Runs of different shapes are refused
+/// before anything is written.
+#[test]
+fn a_failing_run_leaves_its_pack_and_mismatched_runs_are_refused() {
+    let out = tempfile::tempdir().unwrap();
+    let mut configs = pack_pair(out.path(), "dual-lora");
+    configs.push(with(with(configs[0].clone(), "seed", 9.into()), "lr", 1e9.into()));
+    configs[1] = with(configs[1].clone(), "reward", json!({"plugin": test_plugin("misbehaving"), "params": {"mode": "nan"}}));
+    let configs: Vec<_> = configs.into_iter().map(|c| with(c, "max_steps", 2.into())).collect();
+
+    let mut mismatched = configs.clone();
+    mismatched[1] = with(mismatched[1].clone(), "lora_preset", "r8".into());
+    let runs = mismatched.into_iter().map(|c| PackedRun { config: TrainConfig::resolve(None, c).unwrap(), resume: None }).collect();
+    let refused = format!("{:#}", train_packed(runs, None).err().expect("different ranks are refused"));
+    assert!(refused.contains("`lora_preset` is \"r4\"") && refused.contains("\"r8\"") && refused.contains("drop --pack"), "{refused}");
+    assert!(entries(out.path()).is_empty(), "a refused pack writes nothing: {:?}", entries(out.path()));
+
+    let outcomes = packed(configs, None);
+    let finished = outcomes[0].as_ref().unwrap();
+    assert_eq!(finished.steps, 2);
+    assert!(finished.run_dir.join("checkpoint-2").is_dir());
+    assert_eq!(read_jsonl(&finished.run_dir.join("metrics.jsonl")).len(), 2);
+    let error = format!("{:#}", outcomes[1].as_ref().err().expect("the NaN score stops its run"));
+    assert!(error.contains("step 1") && error.contains("misbehaving"), "{error}");
+    let names = entries(out.path());
+    assert_eq!(names.len(), 3, "{names:?}");
+    let failed = out.path().join(names.iter().find(|n| n.ends_with("_s7")).unwrap());
+    let log = std::fs::read_to_string(failed.join("train.log")).unwrap();
+    assert!(log.contains("training stopped: training stopped at step 1"), "{log}");
+    assert!(!failed.join("metrics.jsonl").exists() || read_jsonl(&failed.join("metrics.jsonl")).is_empty());
+
+    let diverged = format!("{:#}", outcomes[2].as_ref().err().expect("lr 1e9 diverges"));
+    assert!(diverged.contains("step 2") && diverged.contains("the weights diverged"), "{diverged}");
+    let log = std::fs::read_to_string(out.path().join(names.iter().find(|n| n.ends_with("_s9")).unwrap()).join("train.log")).unwrap();
+    assert!(log.contains("training stopped: ") && log.contains("step 2") && log.contains("the weights diverged"), "{log}");
 }

@@ -161,6 +161,9 @@ impl Model {
 pub struct RowOutput {
     pub tokens: Vec<u32>,
     pub logprobs: Vec<f32>,
+    /// The row stopped early because no token had a positive probability (non-finite logits:
+    /// the weights diverged); the caller reports it as an error.
+    pub diverged: bool,
 }
 
 /// Samples a completion for every prompt, `threads` streams of rows in parallel. Row `r`
@@ -295,7 +298,7 @@ fn run_stream_body(model: &Model, rows: &mut [(&[u32], &mut UniformStream)], par
     } else {
         Vec::new()
     };
-    let mut outputs: Vec<RowOutput> = prompts.iter().map(|_| RowOutput { tokens: Vec::new(), logprobs: Vec::new() }).collect();
+    let mut outputs: Vec<RowOutput> = prompts.iter().map(|_| RowOutput { tokens: Vec::new(), logprobs: Vec::new(), diverged: false }).collect();
     let mut scratch = Scratch::default();
     let mut logits = Vec::new();
 
@@ -318,7 +321,10 @@ fn run_stream_body(model: &Model, rows: &mut [(&[u32], &mut UniformStream)], par
         for (i, &row) in active.iter().enumerate() {
             let row_logits = &mut logits[i * model.dims.vocab..(i + 1) * model.dims.vocab];
             let row_seen = seen.get(row).map(Vec::as_slice);
-            let (token, logprob) = draw(row_logits, row_seen, params, uniforms[row]);
+            let Some((token, logprob)) = draw(row_logits, row_seen, params, uniforms[row]) else {
+                outputs[row].diverged = true;
+                continue;
+            };
             outputs[row].tokens.push(token);
             outputs[row].logprobs.push(logprob);
             if let Some(s) = seen.get_mut(row) {
@@ -640,9 +646,10 @@ fn exp(x: f32) -> f32 {
 
 /// Draws one token from a row's logits with HF's processors in HF's order (repetition
 /// penalty, temperature, top-k, top-p), like the host's libtorch sampler (`model/generate.rs`). Returns
-/// the token and its log-probability under the processed distribution. `scores` is consumed.
+/// the token and its log-probability under the processed distribution, or None when the logits
+/// are not a distribution (a NaN, or an infinite logit: the weights diverged). `scores` is consumed.
 #[inline(always)]
-fn draw(scores: &mut [f32], seen: Option<&[bool]>, params: &Sampling, uniform: &mut UniformStream) -> (u32, f32) {
+fn draw(scores: &mut [f32], seen: Option<&[bool]>, params: &Sampling, uniform: &mut UniformStream) -> Option<(u32, f32)> {
     if let Some(seen) = seen {
         let penalty = params.repetition_penalty as f32;
         for (s, &was_seen) in scores.iter_mut().zip(seen) {
@@ -656,7 +663,10 @@ fn draw(scores: &mut [f32], seen: Option<&[bool]>, params: &Sampling, uniform: &
         let chosen = scores[token];
         let max = chosen;
         let total = softmax_in_place(scores);
-        return (token as u32, chosen - max - total.ln());
+        if !total.is_finite() {
+            return None;
+        }
+        return Some((token as u32, chosen - max - total.ln()));
     }
     if params.temperature != 1.0 {
         let t = params.temperature as f32;
@@ -669,8 +679,11 @@ fn draw(scores: &mut [f32], seen: Option<&[bool]>, params: &Sampling, uniform: &
         top_p(scores, params.top_p as f32);
     }
     let total = softmax_in_place(scores);
-    let token = inverse_cdf(scores, uniform());
-    (token as u32, (scores[token] / total).ln())
+    if !total.is_finite() {
+        return None;
+    }
+    let token = inverse_cdf(scores, uniform())?;
+    Some((token as u32, (scores[token] / total).ln()))
 }
 
 /// First index of the largest value (libtorch's `argmax` on CPU).
@@ -688,7 +701,7 @@ fn argmax(x: &[f32]) -> usize {
 /// unnormalised weights: a bin of weight 0 is never chosen. Blocks of 64 are summed first so
 /// the sequential part is short.
 #[inline(always)]
-fn inverse_cdf(weights: &[f32], uniform: f64) -> usize {
+fn inverse_cdf(weights: &[f32], uniform: f64) -> Option<usize> {
     const BLOCK: usize = 64;
     let block_sums: Vec<f64> = weights.chunks(BLOCK).map(sum_f64).collect();
     let target = uniform * block_sums.iter().sum::<f64>();
@@ -700,17 +713,18 @@ fn inverse_cdf(weights: &[f32], uniform: f64) -> usize {
             for (i, &w) in block.iter().enumerate() {
                 inside += w as f64;
                 if inside > target {
-                    return b * BLOCK + i;
+                    return Some(b * BLOCK + i);
                 }
             }
             // The block's sum (eight lanes) and its running sum round differently: the draw
             // fell in the block's last ulps, so it belongs to the block's last token with weight.
-            return b * BLOCK + block.iter().rposition(|&w| w > 0.0).expect("a block with positive sum has a token with weight");
+            return Some(b * BLOCK + block.iter().rposition(|&w| w > 0.0).expect("a block with positive sum has a token with weight"));
         }
         cumulative += block_sum;
     }
-    // Rounding can leave the target at the very top: the last bin with weight.
-    weights.iter().rposition(|&w| w > 0.0).expect("no token has positive probability")
+    // Rounding can leave the target at the very top: the last bin with weight. None when no bin
+    // has weight (NaN weights compare false everywhere above and here).
+    weights.iter().rposition(|&w| w > 0.0)
 }
 
 /// HF `TopKLogitsWarper`: scores below the k-th largest become `-inf`.
@@ -764,8 +778,20 @@ mod tests {
         weights[199] = 1.0;
         // Cumulative edges at 1, 3, 4 of a total of 4.
         for (uniform, expected) in [(0.0, 1), (0.2499, 1), (0.25, 130), (0.7499, 130), (0.75, 199), (0.999_999, 199)] {
-            assert_eq!(inverse_cdf(&weights, uniform), expected, "uniform {uniform}");
+            assert_eq!(inverse_cdf(&weights, uniform), Some(expected), "uniform {uniform}");
         }
+    }
+
+    #[test]
+    fn a_draw_from_non_finite_logits_is_none_not_a_token() {
+        let params = Sampling { max_new_tokens: 1, temperature: 1.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 };
+        for (bad, temperature) in [(f32::NAN, 1.0), (f32::INFINITY, 1.0), (f32::NAN, 0.0), (f32::INFINITY, 0.0)] {
+            let mut scores = vec![0.0f32, bad, 1.0];
+            let mut uniform: UniformStream = Box::new(|| 0.5);
+            assert_eq!(draw(&mut scores, None, &Sampling { temperature, ..params }, &mut uniform), None, "logit {bad}, temperature {temperature}");
+        }
+        let mut uniform: UniformStream = Box::new(|| 0.5);
+        assert_eq!(draw(&mut [0.0f32, 0.0], None, &params, &mut uniform).map(|(token, _)| token), Some(1));
     }
 
     #[test]
@@ -781,7 +807,7 @@ mod tests {
         let total = block0 + 1.0;
         let uniform = (1.0 + (block0 - 1.0) / 2.0) / total;
         assert!(uniform * total > 1.0 && uniform * total < block0);
-        assert_eq!(inverse_cdf(&weights, uniform), 63);
+        assert_eq!(inverse_cdf(&weights, uniform), Some(63));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! `smallrl bench ...`: benchmarks that print figures (speed targets are checked by people
 //! reading these, not by timed tests).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Result;
@@ -12,6 +12,7 @@ use crate::device::DeviceSpec;
 use crate::model::decode::DecodeModel;
 use crate::model::generate::{Engine, SamplingParams, generate_with};
 use crate::train::metrics::key;
+use crate::train::packed::{PackedRun, train_packed};
 use crate::train::{TrainConfig, Trainer};
 
 #[derive(Subcommand, Debug)]
@@ -43,6 +44,10 @@ pub struct TrainBench {
     /// auto, cpu, cuda or cuda:N.
     #[arg(long, default_value = crate::defaults::DEVICE)]
     pub device: DeviceSpec,
+    /// Instead of the step breakdown: N runs (seeds 0..N) of STEPS steps each, trained one after
+    /// another and then packed in one lockstep pack (`train::packed`); prints steps/s in all.
+    #[arg(long, value_name = "N")]
+    pub pack: Option<usize>,
 }
 
 #[derive(Args, Debug)]
@@ -68,23 +73,34 @@ pub fn run(command: BenchCommand) -> Result<()> {
     }
 }
 
+/// The configuration of a benchmark run: defaults, `adapter` (DualLoRA at r32), no evaluation
+/// or checkpoint before the last step.
+fn bench_config(args: &TrainBench, adapter: &str, threads: usize, max_steps: usize, seed: u64, output_dir: &Path) -> Result<TrainConfig> {
+    let overrides = serde_json::json!({
+        "model": args.model, "prompts": args.prompts,
+        "reward": {"plugin": args.reward_plugin, "params": {}},
+        "adapter": adapter, "lora_preset": (adapter == "dual-lora").then_some("r32"),
+        "max_steps": max_steps, "eval_every": 1_000_000, "save_steps": 1_000_000,
+        "logging_steps": 1_000_000, "threads": threads, "device": args.device.to_string(),
+        "output_dir": output_dir, "name": format!("{adapter}-{threads}"), "seed": seed,
+    });
+    let serde_json::Value::Object(overrides) = overrides else { unreachable!() };
+    TrainConfig::resolve(None, overrides)
+}
+
 fn bench_train(args: TrainBench) -> Result<()> {
     let out = std::env::temp_dir().join(format!("smallrl-bench-{}", std::process::id()));
     let device = args.device.resolve()?;
     println!("GRPO step, defaults (batch 32 completions, 16 per group, up to 128 new tokens), model {}, device {device:?}", args.model);
     let thread_counts = if device.is_cuda() { &args.thread_counts[..1] } else { &args.thread_counts[..] };
+    if let Some(runs) = args.pack {
+        let outcome = bench_packed(&args, runs, thread_counts, &out);
+        let _ = std::fs::remove_dir_all(&out);
+        return outcome;
+    }
     for adapter in ["full", "dual-lora"] {
         for &threads in thread_counts {
-            let overrides = serde_json::json!({
-                "model": args.model, "prompts": args.prompts,
-                "reward": {"plugin": args.reward_plugin, "params": {}},
-                "adapter": adapter, "lora_preset": (adapter == "dual-lora").then_some("r32"),
-                "max_steps": args.steps + 1, "eval_every": 1_000_000, "save_steps": 1_000_000,
-                "logging_steps": 1_000_000, "threads": threads, "device": args.device.to_string(),
-                "output_dir": out, "name": format!("{adapter}-{threads}"),
-            });
-            let serde_json::Value::Object(overrides) = overrides else { unreachable!() };
-            let config = TrainConfig::resolve(None, overrides)?;
+            let config = bench_config(&args, adapter, threads, args.steps + 1, crate::defaults::SEED, &out)?;
             let mut trainer = Trainer::new(config, None)?;
             let mut steps = Vec::new();
             for _ in 0..=args.steps {
@@ -108,6 +124,66 @@ fn bench_train(args: TrainBench) -> Result<()> {
     }
     let _ = std::fs::remove_dir_all(&out);
     Ok(())
+}
+
+/// `--pack N`: N whole runs (start-up, STEPS steps, the final evaluation and checkpoint) one
+/// after another in this process, and the same runs as one pack, alternately three times; the
+/// least wall time and the least CPU time (this process's) of each are shown: other processes
+/// on the machine only ever slow a measurement down.
+fn bench_packed(args: &TrainBench, runs: usize, thread_counts: &[usize], out: &Path) -> Result<()> {
+    anyhow::ensure!(runs >= 1, "--pack must be at least 1");
+    println!("{runs} runs (seeds 0..{runs}) of {} steps each: one after another, and packed", args.steps);
+    for adapter in ["full", "dual-lora"] {
+        for &threads in thread_counts {
+            let configs = |dir: String| (0..runs as u64).map(|seed| bench_config(args, adapter, threads, args.steps, seed, &out.join(&dir))).collect::<Result<Vec<_>>>();
+            // A one-step run first, so neither measurement pays the process's one-time costs.
+            Trainer::new(bench_config(args, adapter, threads, 1, 0, &out.join("warm-up"))?, None)?.train(None)?;
+            let (mut alone, mut packed) = ((f64::INFINITY, f64::INFINITY), (f64::INFINITY, f64::INFINITY));
+            for round in 0..3 {
+                let measured = timed(|| {
+                    for config in configs(format!("alone-{round}"))? {
+                        Trainer::new(config, None)?.train(None)?;
+                    }
+                    Ok(())
+                })?;
+                alone = (alone.0.min(measured.0), alone.1.min(measured.1));
+                let measured = timed(|| {
+                    let packed_runs = configs(format!("packed-{round}"))?.into_iter().map(|config| PackedRun { config, resume: None }).collect();
+                    train_packed(packed_runs, None)?.into_iter().map(|outcome| outcome.map(|_| ())).collect()
+                })?;
+                packed = (packed.0.min(measured.0), packed.1.min(measured.1));
+            }
+            let steps = (runs * args.steps) as f64;
+            println!(
+                "{adapter:<9} threads {threads}: one after another {:.2} s ({:.3} steps/s in all, CPU {:.1} s), packed {:.2} s ({:.3} steps/s in all, CPU {:.1} s)",
+                alone.0,
+                steps / alone.0,
+                alone.1,
+                packed.0,
+                steps / packed.0,
+                packed.1
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Wall-clock and CPU seconds (this process, user + system) of `work`.
+fn timed(work: impl FnOnce() -> Result<()>) -> Result<(f64, f64)> {
+    let (wall, cpu) = (Instant::now(), process_cpu_seconds()?);
+    work()?;
+    Ok((wall.elapsed().as_secs_f64(), process_cpu_seconds()? - cpu))
+}
+
+fn process_cpu_seconds() -> Result<f64> {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes the struct it is given; RUSAGE_SELF is a valid target.
+    let status = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) };
+    anyhow::ensure!(status == 0, "getrusage failed: {}", std::io::Error::last_os_error());
+    // SAFETY: initialised by the successful call above.
+    let usage = unsafe { usage.assume_init() };
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    Ok(seconds(usage.ru_utime) + seconds(usage.ru_stime))
 }
 
 fn bench_sample(args: SampleBench) -> Result<()> {

@@ -44,6 +44,11 @@ pub struct SweepArgs {
     /// Concurrent runs on this machine; each gets max(1, cores / jobs) libtorch threads.
     #[arg(long, default_value_t = defaults::SWEEP_JOBS)]
     pub jobs: usize,
+    /// Runs per process: each `smallrl train` child trains N runs of the grid in lockstep (README,
+    /// "Packed runs"); the runs must share their architecture and shapes, checked before any
+    /// run starts. 1: one process per run.
+    #[arg(long, default_value_t = 1, value_name = "N", conflicts_with_all = ["collect", "emit"])]
+    pub pack: usize,
     /// Where run directories, logs, summary.csv and charts go (also the cache of finished runs).
     #[arg(long, default_value = defaults::SWEEP_OUTPUT_DIR)]
     pub output_dir: PathBuf,
@@ -61,7 +66,11 @@ pub fn run(args: SweepArgs) -> Result<()> {
         return sweeps::report(dir, &entries);
     }
     anyhow::ensure!(args.jobs >= 1, "--jobs must be at least 1");
+    anyhow::ensure!(args.pack >= 1, "--pack must be at least 1 (1: one process per run)");
     let plan = plan::plan(&spec(&args)?)?;
+    if args.pack > 1 {
+        crate::train::packed::check_packable(&plan.runs.iter().map(|run| &run.config).collect::<Vec<_>>())?;
+    }
     print_plan(&plan);
     if args.dry_run {
         return Ok(());
@@ -77,7 +86,8 @@ pub fn run(args: SweepArgs) -> Result<()> {
     if args.jobs > 1 && plan.runs.iter().any(|run| run.config.device.resolve().is_ok_and(|d| d.is_cuda())) {
         println!("{}", crate::device::mps_advice(args.jobs, crate::device::mps_daemon_running(std::path::Path::new("/proc"))));
     }
-    let statuses = runner::execute(&plan, args.jobs, &runner::Launch::for_jobs(args.jobs)?)?;
+    let launch = runner::Launch { pack: args.pack, ..runner::Launch::for_jobs(args.jobs)? };
+    let statuses = runner::execute(&plan, args.jobs, &launch)?;
     sweeps::report(&plan.output_dir, &sweeps::entries_of_plan(&plan, &statuses))?;
     let failed: Vec<&String> = statuses.iter().filter(|(_, s)| **s == RunStatus::Failed).map(|(n, _)| n).collect();
     if !failed.is_empty() {

@@ -10,6 +10,7 @@ use serde_json::{Map, Value};
 
 use crate::reward::DetectorSpec;
 use crate::train::config::{RESUME_MAY_CHANGE, TrainFlags, parse_override, reward_plugin_overrides};
+use crate::train::packed::{self, PackedRun};
 use crate::train::{TrainConfig, Trainer, checkpoint};
 
 #[derive(Args, Debug)]
@@ -46,6 +47,15 @@ pub struct TrainArgs {
     /// continues. Without this flag a different --max-steps is refused.
     #[arg(long, requires = "resume")]
     pub extend_schedule: bool,
+    /// Packed runs: a new run's YAML config (repeatable, with --pack-resume). The runs train in
+    /// this process in lockstep, each exactly as `smallrl train --config YAML` would; they must
+    /// share their architecture and shapes (README, "Packed runs"). `smallrl sweep --pack N`
+    /// starts these.
+    #[arg(long, value_name = "YAML", conflicts_with_all = ["config", "resume"])]
+    pub pack_config: Vec<PathBuf>,
+    /// Packed runs: a run directory to resume, as `smallrl train --resume DIR` (repeatable).
+    #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["config", "resume"])]
+    pub pack_resume: Vec<PathBuf>,
     /// Stop after this many steps in this invocation (the run can be resumed).
     #[arg(long, hide = true)]
     pub stop_after: Option<usize>,
@@ -74,6 +84,9 @@ impl TrainArgs {
 
 pub fn run(args: TrainArgs) -> Result<()> {
     let overrides = args.overrides()?;
+    if !args.pack_config.is_empty() || !args.pack_resume.is_empty() {
+        return run_packed(&args, overrides);
+    }
     let (config, resume) = match &args.resume {
         Some(run_dir) => (resumed_config(run_dir, overrides, args.extend_schedule)?, Some(run_dir.as_path())),
         None => (TrainConfig::resolve(args.config.as_deref(), overrides)?, None),
@@ -81,6 +94,38 @@ pub fn run(args: TrainArgs) -> Result<()> {
     let mut trainer = Trainer::start(config, resume, args.accept_changed_plugins)?;
     let summary = trainer.train(args.stop_after)?;
     println!("run directory: {} ({} steps)", summary.run_dir.display(), summary.steps);
+    Ok(())
+}
+
+/// `--pack-config` / `--pack-resume`: the runs of one pack, each reported; an error if any
+/// failed (the others have finished).
+fn run_packed(args: &TrainArgs, overrides: Map<String, Value>) -> Result<()> {
+    let changing: Vec<&String> = overrides.keys().filter(|k| !RESUME_MAY_CHANGE.contains(&k.as_str())).collect();
+    anyhow::ensure!(
+        changing.is_empty(),
+        "packed runs take their configuration from each --pack-config file or --pack-resume directory; \
+         only options that do not change what a run computes ({RESUME_MAY_CHANGE:?}) apply to all of them, not {changing:?}"
+    );
+    let mut runs = Vec::new();
+    for path in &args.pack_config {
+        runs.push(PackedRun { config: TrainConfig::resolve(Some(path), overrides.clone())?, resume: None });
+    }
+    for dir in &args.pack_resume {
+        runs.push(PackedRun { config: resumed_config(dir, overrides.clone(), false)?, resume: Some(dir.clone()) });
+    }
+    let total = runs.len();
+    let outcomes = packed::train_packed(runs, args.stop_after)?;
+    let mut failed = 0;
+    for outcome in outcomes {
+        match outcome {
+            Ok(summary) => println!("run directory: {} ({} steps)", summary.run_dir.display(), summary.steps),
+            Err(error) => {
+                failed += 1;
+                println!("a packed run failed: {error:#}");
+            }
+        }
+    }
+    anyhow::ensure!(failed == 0, "{failed} of {total} packed runs failed (the others finished); each failed run's train.log says why");
     Ok(())
 }
 

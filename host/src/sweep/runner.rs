@@ -1,6 +1,8 @@
 //! Runs a plan: each run is a `smallrl train` child process with its own run directory and log
-//! file (`<output>/logs/<run>.log`), at most `jobs` at a time. A failing run is reported and
-//! the others go on; Ctrl-C kills every child and waits for it (the trainer's checkpoints are
+//! file (`<output>/logs/<run>.log`), at most `jobs` at a time; with `--pack N`, each child
+//! trains N runs of the plan in lockstep (`smallrl train --pack-config ...`, `train::packed`),
+//! logging to `<output>/logs/pack-of-<first run>.log`, and a run's status is read from its
+//! directory (finished or not). A failing run is reported and the others go on; Ctrl-C kills every child and waits for it (the trainer's checkpoints are
 //! atomic and its metrics lines flushed, so a killed run leaves a resumable directory).
 
 use std::collections::BTreeMap;
@@ -25,6 +27,8 @@ pub struct Launch {
     pub exe: PathBuf,
     pub threads_per_run: usize,
     pub status_every: Duration,
+    /// Runs per child process (1: one `smallrl train` per run).
+    pub pack: usize,
 }
 
 impl Launch {
@@ -32,17 +36,30 @@ impl Launch {
     pub fn for_jobs(jobs: usize) -> Result<Self> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let exe = std::env::current_exe().context("cannot find the smallrl executable to start runs with")?;
-        Ok(Self { exe, threads_per_run: (cores / jobs.max(1)).max(1), status_every: Duration::from_secs(defaults::SWEEP_STATUS_SECONDS) })
+        Ok(Self { exe, threads_per_run: (cores / jobs.max(1)).max(1), status_every: Duration::from_secs(defaults::SWEEP_STATUS_SECONDS), pack: 1 })
     }
 }
 
 /// The arguments of `smallrl` that (re)start a run: a new run reads its resolved YAML, an
 /// interrupted one resumes from its newest checkpoint.
 pub fn train_args(plan: &Plan, run: &PlannedRun, threads: usize) -> Vec<OsString> {
+    command_args(plan, &[run], ["--resume", "--config"], threads)
+}
+
+/// The arguments of `smallrl` that train `runs` as one pack, each started or resumed as
+/// [`train_args`] would.
+pub fn packed_train_args(plan: &Plan, runs: &[&PlannedRun], threads: usize) -> Vec<OsString> {
+    command_args(plan, runs, ["--pack-resume", "--pack-config"], threads)
+}
+
+/// `train`, then per run `resume DIR` (a resumable run) or `config YAML`, then the threads.
+fn command_args(plan: &Plan, runs: &[&PlannedRun], [resume, config]: [&str; 2], threads: usize) -> Vec<OsString> {
     let mut args: Vec<OsString> = vec!["train".into()];
-    match run.state {
-        CacheState::Resumable => args.extend(["--resume".into(), run.dir(&plan.output_dir).into_os_string()]),
-        _ => args.extend(["--config".into(), run_config_path(&plan.output_dir, &run.name).into_os_string()]),
+    for run in runs {
+        match run.state {
+            CacheState::Resumable => args.extend([resume.into(), run.dir(&plan.output_dir).into_os_string()]),
+            _ => args.extend([config.into(), run_config_path(&plan.output_dir, &run.name).into_os_string()]),
+        }
     }
     args.extend(["--threads".into(), threads.to_string().into()]);
     args
@@ -55,6 +72,11 @@ pub fn run_config_path(output_dir: &Path, name: &str) -> PathBuf {
 
 pub fn log_path(output_dir: &Path, name: &str) -> PathBuf {
     output_dir.join("logs").join(format!("{name}.log"))
+}
+
+/// The output of the child that trains a pack, named after its first run.
+pub fn pack_log_path(output_dir: &Path, first_run: &str) -> PathBuf {
+    log_path(output_dir, &format!("pack-of-{first_run}"))
 }
 
 /// Writes the per-run YAML files, for the runs to start. A stale directory (no checkpoint) is
@@ -74,9 +96,12 @@ pub fn prepare(plan: &Plan) -> Result<()> {
 
 pub use crate::train::rundir::MOVED_ASIDE;
 
+/// A child process and the runs it trains (one, or a pack).
 struct Running {
-    index: usize,
-    name: String,
+    /// Each run's position in the launch order (1-based), name and directory.
+    runs: Vec<(usize, String, PathBuf)>,
+    packed: bool,
+    log: PathBuf,
     child: Child,
     started: Instant,
 }
@@ -97,28 +122,35 @@ pub fn execute(plan: &Plan, jobs: usize, launch: &Launch) -> Result<BTreeMap<Str
         }
     }
     let total = queue.len();
-    queue.reverse(); // popped from the back: launch order = plan order
+    let mut units: Vec<Vec<(usize, &PlannedRun)>> = queue.chunks(launch.pack.max(1)).map(<[_]>::to_vec).collect();
+    units.reverse(); // popped from the back: launch order = plan order
     let mut running: Vec<Running> = Vec::new();
     let mut last_status = Instant::now();
-    while !queue.is_empty() || !running.is_empty() {
+    while !units.is_empty() || !running.is_empty() {
         if INTERRUPTED.load(Ordering::SeqCst) {
             stop_all(&mut running);
             bail!("sweep interrupted (Ctrl-C): stopped the running runs; run the sweep again to resume them");
         }
         while running.len() < jobs.max(1) {
-            let Some((index, run)) = queue.pop() else { break };
-            println!("[LAUNCH {index}/{total}] {}", run.name);
-            match spawn(plan, run, launch) {
-                Ok(child) => running.push(Running { index, name: run.name.clone(), child, started: Instant::now() }),
+            let Some(unit) = units.pop() else { break };
+            for (index, run) in &unit {
+                println!("[LAUNCH {index}/{total}] {}", run.name);
+            }
+            let runs: Vec<(usize, String, PathBuf)> = unit.iter().map(|(i, r)| (*i, r.name.clone(), r.dir(&plan.output_dir))).collect();
+            let runs_of_unit: Vec<&PlannedRun> = unit.iter().map(|(_, r)| *r).collect();
+            match spawn(plan, &runs_of_unit, launch) {
+                Ok((child, log, packed)) => running.push(Running { runs, packed, log, child, started: Instant::now() }),
                 Err(e) => {
-                    println!("[DONE {index}/{total}] {} FAIL 0.0s ({e:#})", run.name);
-                    statuses.insert(run.name.clone(), RunStatus::Failed);
+                    for (index, name, _) in runs {
+                        println!("[DONE {index}/{total}] {name} FAIL 0.0s ({e:#})");
+                        statuses.insert(name, RunStatus::Failed);
+                    }
                 }
             }
         }
-        reap(&mut running, &mut statuses, total, &plan.output_dir)?;
+        reap(&mut running, &mut statuses, total, plan)?;
         if last_status.elapsed() >= launch.status_every {
-            print_status(running.len(), &statuses, queue.len());
+            print_status(running.len(), &statuses, units.iter().map(Vec::len).sum());
             last_status = Instant::now();
         }
         std::thread::sleep(Duration::from_millis(defaults::SWEEP_POLL_MILLIS));
@@ -127,32 +159,50 @@ pub fn execute(plan: &Plan, jobs: usize, launch: &Launch) -> Result<BTreeMap<Str
     Ok(statuses)
 }
 
-fn spawn(plan: &Plan, run: &PlannedRun, launch: &Launch) -> Result<Child> {
-    let log_path = log_path(&plan.output_dir, &run.name);
+/// Starts the child for one run, or for a pack of runs when `launch.pack` > 1; returns it, its
+/// log file and whether it is a pack.
+fn spawn(plan: &Plan, runs: &[&PlannedRun], launch: &Launch) -> Result<(Child, PathBuf, bool)> {
+    let packed = launch.pack > 1;
+    let (log_path, args) = match runs {
+        [run] if !packed => (log_path(&plan.output_dir, &run.name), train_args(plan, run, launch.threads_per_run)),
+        _ => (pack_log_path(&plan.output_dir, &runs[0].name), packed_train_args(plan, runs, launch.threads_per_run)),
+    };
     let log = std::fs::File::create(&log_path).with_context(|| format!("cannot create {}", log_path.display()))?;
     let stderr = log.try_clone().with_context(|| format!("cannot share {}", log_path.display()))?;
-    Command::new(&launch.exe)
-        .args(train_args(plan, run, launch.threads_per_run))
+    let child = Command::new(&launch.exe)
+        .args(args)
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(stderr)
         .spawn()
-        .with_context(|| format!("cannot start {}", launch.exe.display()))
+        .with_context(|| format!("cannot start {}", launch.exe.display()))?;
+    Ok((child, log_path, packed))
 }
 
-/// Collects the children that exited, printing `[DONE i/N] name OK|FAIL 12.3s`.
-fn reap(running: &mut Vec<Running>, statuses: &mut BTreeMap<String, RunStatus>, total: usize, output_dir: &Path) -> Result<()> {
+/// Collects the children that exited, printing `[DONE i/N] name OK|FAIL 12.3s` for each of
+/// their runs: a solo run by its exit status, a packed one by its directory (the pack's exit
+/// status says only whether all its runs finished).
+fn reap(running: &mut Vec<Running>, statuses: &mut BTreeMap<String, RunStatus>, total: usize, plan: &Plan) -> Result<()> {
     let mut still = Vec::new();
     for mut r in running.drain(..) {
-        match r.child.try_wait().with_context(|| format!("cannot wait for run {}", r.name))? {
-            None => still.push(r),
-            Some(exit) => {
-                let seconds = r.started.elapsed().as_secs_f64();
-                let (status, word) = if exit.success() { (RunStatus::Ok, "OK") } else { (RunStatus::Failed, "FAIL") };
-                let hint = if exit.success() { String::new() } else { format!(" ({exit}; see {})", log_path(output_dir, &r.name).display()) };
-                println!("[DONE {}/{total}] {} {word} {seconds:.1}s{hint}", r.index, r.name);
-                statuses.insert(r.name, status);
-            }
+        let Some(exit) = r.child.try_wait().with_context(|| format!("cannot wait for the child training {}", r.runs[0].1))? else {
+            still.push(r);
+            continue;
+        };
+        let seconds = r.started.elapsed().as_secs_f64();
+        for (index, name, dir) in r.runs {
+            let finished = match r.packed {
+                true => plan.runs.iter().find(|p| p.name == name).map_or(Ok(false), |p| super::plan::is_finished(&dir, p.config.max_steps))?,
+                false => exit.success(),
+            };
+            let (status, word) = if finished { (RunStatus::Ok, "OK") } else { (RunStatus::Failed, "FAIL") };
+            let hint = match (finished, r.packed) {
+                (true, _) => String::new(),
+                (false, false) => format!(" ({exit}; see {})", r.log.display()),
+                (false, true) => format!(" (see {} and {})", dir.join("train.log").display(), r.log.display()),
+            };
+            println!("[DONE {index}/{total}] {name} {word} {seconds:.1}s{hint}");
+            statuses.insert(name, status);
         }
     }
     *running = still;
@@ -171,7 +221,9 @@ fn stop_all(running: &mut Vec<Running>) {
     }
     for mut r in running.drain(..) {
         let _ = r.child.wait();
-        println!("[STOPPED] {}", r.name);
+        for (_, name, _) in &r.runs {
+            println!("[STOPPED] {name}");
+        }
     }
 }
 

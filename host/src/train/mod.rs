@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod live;
 pub mod prompts;
 pub mod provenance;
+pub mod packed;
 mod rollout;
 pub mod rundir;
 pub mod runlog;
@@ -282,21 +283,35 @@ impl Trainer {
     }
 
     fn train_steps(&mut self, stop_after: Option<usize>) -> Result<RunSummary> {
-        let start = self.optimizer.step;
-        let end = stop_after.map_or(self.cfg.max_steps, |n| (start + n).min(self.cfg.max_steps));
-        self.log.progress(start as u64, String::new());
-        for step in start..end {
-            self.step(step).with_context(|| format!("training stopped at step {}; {} keeps what was written", step + 1, self.run_dir.display()))?;
-            let done = step + 1;
-            if done % self.cfg.eval_every == 0 || done == self.cfg.max_steps {
-                self.evaluate(done)?;
-            }
-            if done % self.cfg.save_steps == 0 || done == self.cfg.max_steps {
-                self.save(done)?;
-            }
+        let end = self.end_step(stop_after);
+        self.log.progress(self.optimizer.step as u64, String::new());
+        while self.optimizer.step < end {
+            self.advance()?;
         }
         self.log.finish();
         Ok(RunSummary { run_dir: self.run_dir.clone(), steps: end })
+    }
+
+    /// The step this invocation stops after: `max_steps`, or `stop_after` steps from here.
+    fn end_step(&self, stop_after: Option<usize>) -> usize {
+        stop_after.map_or(self.cfg.max_steps, |n| (self.optimizer.step + n).min(self.cfg.max_steps))
+    }
+
+    /// The next optimizer step, then the evaluation and checkpoint due after it: the unit that
+    /// a solo run repeats and a pack ([`packed`]) interleaves across its runs.
+    fn advance(&mut self) -> Result<()> {
+        let step = self.optimizer.step;
+        self.step(step).with_context(|| format!("training stopped at step {}; {} keeps what was written", step + 1, self.run_dir.display()))?;
+        let done = step + 1;
+        ensure!(self.optimizer.step == done, "the optimizer is at step {} after step {done}", self.optimizer.step);
+        let kept = format!("{} keeps what was written", self.run_dir.display());
+        if done % self.cfg.eval_every == 0 || done == self.cfg.max_steps {
+            self.evaluate(done).with_context(|| format!("the routing evaluation after step {done} failed; {kept}"))?;
+        }
+        if done % self.cfg.save_steps == 0 || done == self.cfg.max_steps {
+            self.save(done).with_context(|| format!("saving the checkpoint of step {done} failed; {kept}"))?;
+        }
+        Ok(())
     }
 
     /// One optimizer step (no evaluation or checkpoint), for benchmarks; returns its metrics.
