@@ -50,14 +50,23 @@ impl Generation {
     /// The rows `rows` (in that order) as a generation of their own, padded as before.
     pub fn select_rows(&self, rows: &[usize]) -> Generation {
         let index = Tensor::from_slice(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>()).to(self.prompt_ids.device());
-        let pick = |t: &Tensor| t.index_select(0, &index);
+        self.with_rows(|t| t.index_select(0, &index), rows.iter().copied())
+    }
+
+    /// Rows `start..start + len` as a generation of their own: views of these tensors.
+    pub fn narrow_rows(&self, start: usize, len: usize) -> Generation {
+        self.with_rows(|t| t.narrow(0, start as i64, len as i64), start..start + len)
+    }
+
+    /// The generation of `rows`, its tensors' rows taken by `pick`.
+    fn with_rows(&self, pick: impl Fn(&Tensor) -> Tensor, rows: impl Iterator<Item = usize>) -> Generation {
         Generation {
             prompt_ids: pick(&self.prompt_ids),
             prompt_mask: pick(&self.prompt_mask),
             completion_ids: pick(&self.completion_ids),
             completion_mask: pick(&self.completion_mask),
             sampling_logprobs: pick(&self.sampling_logprobs),
-            rows: rows.iter().map(|&r| CompletionRow { ids: self.rows[r].ids.clone(), ended_with_eos: self.rows[r].ended_with_eos }).collect(),
+            rows: rows.map(|r| CompletionRow { ids: self.rows[r].ids.clone(), ended_with_eos: self.rows[r].ended_with_eos }).collect(),
         }
     }
 }

@@ -10,6 +10,7 @@ use tch::{Kind, Tensor};
 use super::Trainer;
 use super::metrics::{self, GradientNoise, StepMetrics, key};
 use super::rollout::Rollout;
+use crate::model::generate::Generation;
 use crate::model::linear::AdapterCtl;
 use crate::routing::RoutePlan;
 use crate::{grpo, probes, routing};
@@ -123,7 +124,7 @@ impl Trainer {
             clip_fractions: terms.clip_fractions.as_ref().map(|clip| [&clip.low, &clip.high, &clip.region].map(|f| f.double_value(&[]))),
             cispo_clip_ratio: terms.cispo_clip_ratio.as_ref().map(|f| f.double_value(&[])),
             effective_sample_size: terms.effective_sample_size,
-            kl_sample_train: probes::sampler_learner_kl(&mini.sampling_logprobs, &logprobs.logprobs, &mini.completion_mask),
+            kl_sample_train: probes::sampler_learner_kl(&mini.generation.sampling_logprobs, &logprobs.logprobs, &mini.generation.completion_mask),
             gradient_noise,
             num_tokens: self.num_tokens,
             train_seconds,
@@ -197,11 +198,7 @@ impl PlanRows {
 /// `substeps` equal runs of consecutive rows (whole groups, as the configuration checks), as
 /// views of the rollout's tensors. With one substep it is the whole rollout.
 struct MiniBatch {
-    prompt_ids: Tensor,
-    prompt_mask: Tensor,
-    completion_ids: Tensor,
-    completion_mask: Tensor,
-    sampling_logprobs: Tensor,
+    generation: Generation,
     loss_mask: Tensor,
     advantages: Tensor,
     old_logprobs: Option<Tensor>,
@@ -220,11 +217,7 @@ impl MiniBatch {
         let start = substep as i64 * rows;
         let pick = |t: &Tensor| t.narrow(0, start, rows);
         Self {
-            prompt_ids: pick(&g.prompt_ids),
-            prompt_mask: pick(&g.prompt_mask),
-            completion_ids: pick(&g.completion_ids),
-            completion_mask: pick(&g.completion_mask),
-            sampling_logprobs: pick(&g.sampling_logprobs),
+            generation: g.narrow_rows(start as usize, rows as usize),
             loss_mask: pick(&rollout.loss_mask),
             advantages: pick(&rollout.advantages),
             old_logprobs: rollout.old_logprobs.as_ref().map(pick),
@@ -235,7 +228,7 @@ impl MiniBatch {
     }
 
     fn seqs(&self) -> grpo::Sequences<'_> {
-        grpo::Sequences { prompt_ids: &self.prompt_ids, prompt_mask: &self.prompt_mask, completion_ids: &self.completion_ids, completion_mask: &self.completion_mask }
+        (&self.generation).into()
     }
 
     /// The loss's inputs for these rows under `plan` (its adapter controls and loss classes).
