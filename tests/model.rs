@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use common::{cuda_or_skip, fixture, max_abs_diff, one_thread};
 use smallrl::model::cuda_graph::{self, CudaGraph};
 use smallrl::model::decode::{DecodeModel, additive_mask, prefill_mask};
-use smallrl::model::generate::{Engine, Generation, SamplingParams, generate_with};
+use smallrl::model::generate::{Engine, Generation, SamplingParams, generate_stacked, generate_with};
 use smallrl::model::{self, LoadedModel};
 use tch::{Device, Kind, Tensor};
 
@@ -313,6 +313,80 @@ fn a_refreshed_decoder_samples_as_a_new_one_from_the_changed_weights() {
     }
     let after = generate_with(Engine::Libtorch, &decoder, &prompts, &params, 9).unwrap();
     assert_ne!(after.completion_ids, before.completion_ids, "the weight change changed no token: the check is void");
+}
+
+/// Runs stacked on a leading axis sample what each samples alone: three runs of one
+/// architecture with different weights, prompts (run 1's all shorter than the others', so its
+/// part is cut back to its own padding) and seeds decode together, and each run gets the tokens
+/// its own decoder draws (libtorch, and the native sampler on the CPU), log-probabilities within
+/// 1e-4; after a weight change, a refreshed stack follows.
+#[test]
+fn stacked_runs_sample_what_each_run_samples_alone() {
+    check_stacked_runs(Device::Cpu, &[Engine::Libtorch]);
+}
+
+#[test]
+fn stacked_runs_sample_what_each_run_samples_alone_on_cuda() {
+    if let Some(cuda) = cuda_or_skip("stacked_runs_sample_what_each_run_samples_alone_on_cuda") {
+        check_stacked_runs(cuda, &[Engine::Libtorch, Engine::CudaGraphs]);
+    }
+}
+
+fn check_stacked_runs(device: Device, engines: &[Engine]) {
+    // Every tensor of run r > 0 (embeddings, norms, projections, head) perturbed by its own
+    // noise, so a run reading another run's tensor anywhere samples differently.
+    let perturb = |loaded: &mut LoadedModel, seed: i64| {
+        tch::manual_seed(seed);
+        tch::no_grad(|| {
+            for (_, tensor) in loaded.model.base_tensors() {
+                let noise = tensor.randn_like() * tensor.abs().mean(Kind::Float) * 0.1;
+                let _ = tensor.shallow_clone().g_add_(&noise);
+            }
+        })
+    };
+    let mut runs: Vec<LoadedModel> = (0..3)
+        .map(|run| {
+            let (mut loaded, _) = load_on("tiny-stories", device);
+            if run > 0 {
+                perturb(&mut loaded, run);
+            }
+            loaded
+        })
+        .collect();
+    let mut parts: Vec<DecodeModel> = runs.iter().map(|r| DecodeModel::new(&r.model, &[])).collect();
+    let mut stacked = DecodeModel::stacked(&parts.iter().collect::<Vec<_>>());
+    assert_eq!(stacked.runs(), 3);
+    let story = story_prompts(&runs[0], 5);
+    let short: Vec<Vec<u32>> = story.iter().map(|p| p[..p.len().min(3)].to_vec()).collect();
+    // Runs 0 and 2 have the same prompts and seed: only their weights differ.
+    let prompts = [story.clone(), short, story];
+    let seeds = [3, 11, 3];
+    let check = |stacked: &DecodeModel, parts: &[DecodeModel], label: &str| {
+        for params in [sampling(40, 1.0, 0, 1.0, 1.0), sampling(21, 0.7, 20, 0.9, 1.3), sampling(12, 0.0, 0, 1.0, 1.0)] {
+            for &engine in engines {
+                let prompt_refs: Vec<&[Vec<u32>]> = prompts.iter().map(Vec::as_slice).collect();
+                let together = generate_stacked(engine, stacked, &prompt_refs, &params, &seeds).unwrap();
+                assert_eq!(together.len(), 3);
+                let context = |run: usize| format!("{label}, {engine:?}, {params:?}, run {run}");
+                for (run, part) in parts.iter().enumerate() {
+                    let mut alone_engines = vec![Engine::Libtorch];
+                    alone_engines.extend(part.native().map(|_| Engine::Native { threads: 2 }));
+                    for alone_engine in alone_engines {
+                        let alone = generate_with(alone_engine, part, &prompts[run], &params, seeds[run]).unwrap();
+                        assert_eq!(together[run].prompt_ids, alone.prompt_ids, "{}: prompt ids", context(run));
+                        assert_eq!(together[run].prompt_mask, alone.prompt_mask, "{}: prompt mask", context(run));
+                        assert_same_generation(&format!("{} against {alone_engine:?} alone", context(run)), &together[run], &alone, TOLERANCE);
+                    }
+                }
+                assert_ne!(together[0].completion_ids, together[2].completion_ids, "{}: runs 0 and 2 differ only in weights", context(2));
+            }
+        }
+    };
+    check(&stacked, &parts, "stacked");
+    perturb(&mut runs[1], 7);
+    parts[1].refresh(&runs[1].model, &[]);
+    stacked.refresh_stacked(&parts.iter().collect::<Vec<_>>());
+    check(&stacked, &parts, "refreshed");
 }
 
 #[test]

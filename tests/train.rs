@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use common::{fixture, one_thread, repo_root, standard_plugin, test_plugin};
 use serde_json::{Map, Value, json};
 use smallrl::train::metrics::key;
-use smallrl::train::packed::{PackedRun, train_packed};
+use smallrl::train::packed::{PackedRun, Stacking, train_packed, train_packed_with};
 use smallrl::train::{TrainConfig, Trainer};
 
 /// A small, fast configuration: 8 completions per step in groups of 4, short completions.
@@ -1033,6 +1033,70 @@ fn packed_runs_equal_the_same_runs_trained_alone_and_resume_alone() {
             assert_same_run(alone, packed);
         }
     }
+}
+
+/// Packed runs sampled stacked on a leading run axis (`Stacking::Always`: on the CPU the stacked
+/// libtorch decoder instead of each run's native sampler) are the runs trained alone: the same
+/// completions, coherence rows included (a step's second sampler call, at other adapter
+/// scales), bit-identical checkpoints, and metrics within 1e-5 relative (1e-9 absolute near
+/// zero): the two engines compute the sampler's log-probabilities to float32 rounding, and those
+/// enter only the logged sampler-vs-trainer probes, not the loss.
+#[test]
+fn packed_runs_sampled_stacked_equal_the_same_runs_trained_alone() {
+    let out = tempfile::tempdir().unwrap();
+    let with_coherence = |dir: &Path| -> Vec<Map<String, Value>> {
+        let routed = routed_config(dir);
+        let keys = ["routing_mode", "rh_detector", "plugin_dir"];
+        let routed_pair = pack_pair(dir, "dual-lora").into_iter().map(|c| keys.iter().fold(c, |c, &key| with(c, key, routed[key].clone())));
+        routed_pair.map(|c| with(with(c, "coh_samples_per_rollout", json!(4)), "coherence_start_frac", json!(0.5))).collect()
+    };
+    let alone: Vec<PathBuf> = with_coherence(&out.path().join("alone")).into_iter().map(train).collect();
+    one_thread();
+    let runs = with_coherence(&out.path().join("packed")).into_iter().map(|c| PackedRun { config: TrainConfig::resolve(None, c).unwrap(), resume: None }).collect();
+    let packed: Vec<PathBuf> = train_packed_with(runs, None, Stacking::Always).unwrap().into_iter().map(|outcome| outcome.unwrap().run_dir).collect();
+    for (alone, packed) in alone.iter().zip(&packed) {
+        assert_eq!(alone.file_name(), packed.file_name(), "run names");
+        let log = std::fs::read_to_string(packed.join("train.log")).unwrap();
+        assert!(log.contains("sampling stacked with 2 packed runs"), "the pack sampled stacked: {log}");
+        for file in ["completions.jsonl", "metrics.jsonl", "routing_eval.jsonl"] {
+            let (a, b) = (deterministic(read_jsonl(&alone.join(file))), deterministic(read_jsonl(&packed.join(file))));
+            assert_close_metrics(&a, &b, &format!("{} {file}", packed.display()));
+        }
+        for checkpoint in ["checkpoint-2", "checkpoint-4"] {
+            let weights = |run: &Path| {
+                let dir = run.join(checkpoint);
+                smallrl::train::checkpoint::read_weights(&dir, &smallrl::train::checkpoint::read_state(&dir).unwrap()).unwrap()
+            };
+            let (a, b) = (weights(alone), weights(packed));
+            for (name, tensor) in &a {
+                assert!(tensor.equal(&b[name]), "{checkpoint} {name} differs");
+            }
+        }
+    }
+}
+
+/// Metrics lines with equal keys and non-float values, floats within 1e-5 relative or 1e-9
+/// absolute; the sampler-vs-trainer probes (`kl_sample_train*`, float32 rounding of one
+/// log-probability against another) within 1e-5 absolute.
+fn assert_close_metrics(a: &[Value], b: &[Value], file: &str) {
+    assert_eq!(a.len(), b.len(), "{file}: line count");
+    let mut differences = Vec::new();
+    for (step, (x, y)) in a.iter().zip(b).enumerate() {
+        let (x, y) = (x.as_object().unwrap(), y.as_object().unwrap());
+        assert_eq!(x.keys().collect::<Vec<_>>(), y.keys().collect::<Vec<_>>(), "{file} line {step}: keys");
+        for (key, value) in x {
+            match (value.as_f64(), y[key].as_f64()) {
+                (Some(p), Some(q)) if value.is_f64() => {
+                    let bound = if key.starts_with("kl_sample_train") { 1e-5 } else { (1e-5 * p.abs().max(q.abs())).max(1e-9) };
+                    if (p - q).abs() > bound {
+                        differences.push(format!("line {step}: {key} {p} vs {q}"));
+                    }
+                }
+                _ => assert_eq!(value, &y[key], "{file} line {step}: {key}"),
+            }
+        }
+    }
+    assert!(differences.is_empty(), "{file}:\n{}", differences.join("\n"));
 }
 
 /// A run whose plugin fails (a NaN score) and one whose weights diverge (a huge learning rate:

@@ -64,6 +64,32 @@ impl DecodeModel {
         }
     }
 
+    /// The decoders of several runs of one architecture as one: their weights stacked on a
+    /// leading run axis ([`FoldedWeights::stack`]), so a decode step runs every run's rows with
+    /// one batched matrix product per projection instead of a few hundred small kernels per
+    /// run. Rows `r * b..(r + 1) * b` of a batch of `runs * b` rows are run `r`'s. libtorch
+    /// only: the CPU sampler (`native.rs`) decodes one run at a time.
+    pub fn stacked(parts: &[&DecodeModel]) -> Self {
+        let first = parts.first().expect("stacking needs at least one decoder");
+        assert!(parts.iter().all(|p| p.device == first.device && p.kind == first.kind), "stacked decoders on different devices or dtypes");
+        let weights = FoldedWeights::stack(&parts.iter().map(|p| &p.weights).collect::<Vec<_>>());
+        Self { weights, device: first.device, kind: first.kind, native: None, graphs: Mutex::new(None) }
+    }
+
+    /// Copies `parts` (the runs this decoder was stacked from, refreshed) into its weights in
+    /// place, so its buffers and CUDA graphs stay valid.
+    pub fn refresh_stacked(&mut self, parts: &[&DecodeModel]) {
+        assert_eq!(Some(parts.len() as i64), self.weights.runs, "refreshing stacked weights from another number of runs");
+        for (run, part) in parts.iter().enumerate() {
+            self.weights.copy_run_from(run, &part.weights);
+        }
+    }
+
+    /// How many runs' weights this decoder holds (1 unless [`DecodeModel::stacked`]).
+    pub fn runs(&self) -> usize {
+        self.weights.runs.unwrap_or(1) as usize
+    }
+
     /// The CPU sampler's copy of the weights (float32 on the CPU only).
     pub fn native(&self) -> Option<&NativeModel> {
         self.native.as_ref()
@@ -112,10 +138,10 @@ impl DecodeModel {
         let sin = self.weights.sin.index_select(0, &flat).view([b, n, 1, hd]);
         let eps = cfg.rms_norm_eps;
         let capacity = cache.capacity;
-        let mut x = Tensor::embedding(&self.weights.embed_tokens, ids, -1, false, false);
+        let mut x = self.embed(ids);
         for (layer, (keys, values)) in self.weights.layers.iter().zip(cache.keys.iter_mut().zip(cache.values.iter_mut())) {
-            let h = rms_norm(&x, &layer.input_layernorm, eps);
-            let fused = h.matmul(&layer.qkv_t);
+            let h = self.norm(&x, &layer.input_layernorm, eps);
+            let fused = self.project(&h, &layer.qkv_t);
             let qk = fused.narrow(-1, 0, qk_width).view([b, n, heads + kv_heads, hd]);
             let rotated = fused.narrow(-1, qk_width, qk_width).view([b, n, heads + kv_heads, hd]);
             let v = fused.narrow(-1, 2 * qk_width, kv_heads * hd).view([b, n, kv_heads, hd]);
@@ -135,19 +161,55 @@ impl DecodeModel {
                 }
             };
             let attn = grouped_attention(&qk.narrow(2, 0, heads), &keys.narrow(2, 0, used), &values.narrow(2, 0, used), &mask.narrow(3, 0, used), kv_heads);
-            x = x + attn.matmul(&layer.o_t);
-            let h = rms_norm(&x, &layer.post_attention_layernorm, eps);
-            let gate_up = h.matmul(&layer.gate_up_t);
+            x = x + self.project(&attn, &layer.o_t);
+            let h = self.norm(&x, &layer.post_attention_layernorm, eps);
+            let gate_up = self.project(&h, &layer.gate_up_t);
             let inter = cfg.intermediate_size as i64;
             let act = gate_up.narrow(-1, 0, inter).silu() * gate_up.narrow(-1, inter, inter);
-            x = x + act.matmul(&layer.down_t);
+            x = x + self.project(&act, &layer.down_t);
         }
-        rms_norm(&x, &self.weights.norm, eps)
+        self.norm(&x, &self.weights.norm, eps)
     }
 
+    /// `hidden` `[rows, n, hidden]` to logits `[rows, n, vocab]`.
     pub fn logits(&self, hidden: &Tensor) -> Tensor {
-        hidden.matmul(&self.weights.head_t)
+        self.project(hidden, &self.weights.head_t)
     }
+
+    /// Token embeddings of `ids` (`[rows, n]`); stacked, each run's rows look up its own table.
+    fn embed(&self, ids: &Tensor) -> Tensor {
+        let Some(runs) = self.weights.runs else {
+            return Tensor::embedding(&self.weights.embed_tokens, ids, -1, false, false);
+        };
+        let (rows, _) = ids.size2().expect("ids must be [rows, n]");
+        let (vocab, hidden) = (self.weights.config.vocab_size as i64, self.weights.config.hidden_size as i64);
+        let run_of_row = Tensor::arange(rows, (tch::Kind::Int64, ids.device())).divide_scalar_mode(rows_per_run(rows, runs), "floor");
+        let table = self.weights.embed_tokens.view([runs * vocab, hidden]);
+        Tensor::embedding(&table, &(ids + run_of_row.unsqueeze(1) * vocab), -1, false, false)
+    }
+
+    /// `x` `[rows, n, in]` times a projection `[in, out]`; stacked (`[runs, in, out]`), each
+    /// run's rows times its own, in one batched matrix product.
+    fn project(&self, x: &Tensor, weight: &Tensor) -> Tensor {
+        let Some(runs) = self.weights.runs else { return x.matmul(weight) };
+        let (rows, n, width) = x.size3().expect("projected activations are [rows, n, width]");
+        x.reshape([runs, rows_per_run(rows, runs) * n, width]).bmm(weight).view([rows, n, -1])
+    }
+
+    /// RMSNorm of `x` `[rows, n, hidden]`; stacked (weights `[runs, hidden]`), each run's rows
+    /// scaled by its own weight.
+    fn norm(&self, x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
+        let Some(runs) = self.weights.runs else { return rms_norm(x, weight, eps) };
+        let (rows, n, hidden) = x.size3().expect("normalised activations are [rows, n, hidden]");
+        let normed = x.to_kind(Kind::Float).rms_norm([hidden], None::<Tensor>, eps).to_kind(x.kind());
+        (normed.view([runs, rows_per_run(rows, runs) * n, hidden]) * weight.unsqueeze(1)).view([rows, n, hidden])
+    }
+}
+
+/// The rows of each run in a stacked batch of `rows` rows.
+fn rows_per_run(rows: i64, runs: i64) -> i64 {
+    assert!(rows % runs == 0, "a stacked batch of {rows} rows does not split into {runs} runs");
+    rows / runs
 }
 
 /// Where a forward pass writes its keys and values, and which cache slots it attends to.

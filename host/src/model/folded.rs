@@ -31,6 +31,9 @@ pub struct FoldedWeights {
     pub(super) head_t: Tensor,
     pub(super) cos: Tensor,
     pub(super) sin: Tensor,
+    /// `Some(r)` for the weights of `r` runs stacked on a leading axis ([`FoldedWeights::stack`]):
+    /// every tensor but the rotary tables (`cos`, `sin`, which the config fixes) gains it.
+    pub(super) runs: Option<i64>,
 }
 
 impl FoldedWeights {
@@ -70,18 +73,73 @@ impl FoldedWeights {
             head_t: transposed(model.head_weight()),
             cos: model.rope.cos.to_kind(model.kind),
             sin: model.rope.sin.to_kind(model.kind),
+            runs: None,
+        }
+    }
+
+    /// The weights of several runs of one architecture (equal configs), stacked on a leading run
+    /// axis so that one batched matrix product per projection serves every run (`decode.rs`).
+    pub(super) fn stack(parts: &[&FoldedWeights]) -> Self {
+        let _guard = tch::no_grad_guard();
+        let first = parts.first().expect("stacking needs at least one run");
+        for part in parts {
+            assert_eq!(part.config, first.config, "stacked weights of another architecture");
+            assert!(part.runs.is_none(), "stacking weights that are stacked already");
+        }
+        let stacked = |pick: fn(&FoldedWeights) -> &Tensor| Tensor::stack(&parts.iter().map(|p| pick(p)).collect::<Vec<_>>(), 0);
+        let layers = (0..first.layers.len())
+            .map(|i| {
+                let layer = |pick: fn(&FoldedLayer) -> &Tensor| Tensor::stack(&parts.iter().map(|p| pick(&p.layers[i])).collect::<Vec<_>>(), 0);
+                FoldedLayer {
+                    input_layernorm: layer(|l| &l.input_layernorm),
+                    qkv_t: layer(|l| &l.qkv_t),
+                    o_t: layer(|l| &l.o_t),
+                    post_attention_layernorm: layer(|l| &l.post_attention_layernorm),
+                    gate_up_t: layer(|l| &l.gate_up_t),
+                    down_t: layer(|l| &l.down_t),
+                }
+            })
+            .collect();
+        Self {
+            config: first.config.clone(),
+            embed_tokens: stacked(|w| &w.embed_tokens),
+            layers,
+            norm: stacked(|w| &w.norm),
+            head_t: stacked(|w| &w.head_t),
+            cos: first.cos.shallow_clone(),
+            sin: first.sin.shallow_clone(),
+            runs: Some(parts.len() as i64),
         }
     }
 }
 
 impl FoldedWeights {
-    /// Every tensor, in a fixed order.
-    fn tensors(&self) -> Vec<&Tensor> {
-        let mut all = vec![&self.embed_tokens, &self.norm, &self.head_t, &self.cos, &self.sin];
+    /// Every tensor that differs between runs (all but the rotary tables), in a fixed order.
+    fn run_tensors(&self) -> Vec<&Tensor> {
+        let mut all = vec![&self.embed_tokens, &self.norm, &self.head_t];
         for l in &self.layers {
             all.extend([&l.input_layernorm, &l.qkv_t, &l.o_t, &l.post_attention_layernorm, &l.gate_up_t, &l.down_t]);
         }
         all
+    }
+
+    /// Every tensor, in a fixed order.
+    fn tensors(&self) -> Vec<&Tensor> {
+        let mut all = self.run_tensors();
+        all.extend([&self.cos, &self.sin]);
+        all
+    }
+
+    /// Copies `part` (one run's weights, folded again) into run `run` of these stacked weights,
+    /// keeping their memory, as [`FoldedWeights::copy_from`] does for one run.
+    pub(super) fn copy_run_from(&self, run: usize, part: &FoldedWeights) {
+        let _guard = tch::no_grad_guard();
+        let runs = self.runs.expect("copy_run_from writes into stacked weights");
+        assert!((run as i64) < runs && part.runs.is_none(), "run {run} of {runs} stacked runs");
+        assert_eq!(self.config, part.config, "refolded weights of another shape");
+        for (to, from) in self.run_tensors().into_iter().zip(part.run_tensors()) {
+            to.get(run as i64).copy_(from);
+        }
     }
 
     /// Copies `other` (the same model folded again, e.g. after an optimizer step) into these
@@ -89,6 +147,7 @@ impl FoldedWeights {
     pub(super) fn copy_from(&self, other: &FoldedWeights) {
         let _guard = tch::no_grad_guard();
         assert_eq!(self.config, other.config, "refolded weights of another shape");
+        assert_eq!(self.runs, other.runs, "refolded weights of another run count");
         let (to, from) = (self.tensors(), other.tensors());
         assert_eq!(to.len(), from.len(), "refolded weights with another layer count");
         for (to, from) in to.into_iter().zip(from) {

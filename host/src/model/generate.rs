@@ -53,6 +53,37 @@ pub fn generate(model: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingPara
 }
 
 pub fn generate_with(engine: Engine, model: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingParams, seed: u64) -> Result<Generation> {
+    ensure!(model.runs() == 1, "a stacked decoder samples with generate_stacked");
+    check_request(model, prompts, params)?;
+    match engine {
+        Engine::Native { threads } => {
+            let native = model.native.as_ref().context("the native sampler needs a float32 model on the CPU")?;
+            native::generate(native, prompts, params, seed, threads)
+        }
+        _ => {
+            let mut runs = generate_libtorch(model, &[prompts], params, &[seed], stepping(engine, model))?;
+            Ok(runs.pop().expect("one run"))
+        }
+    }
+}
+
+/// Samples every run of a stacked decoder ([`DecodeModel::stacked`]) at once: run `r`'s
+/// `prompts[r]` (the same number of prompts for every run) from its own weights with its own
+/// `seeds[r]`. Each run's [`Generation`] is the one [`generate_with`] returns for that run's
+/// decoder alone (the same tokens; padded to its own longest prompt and completion), computed
+/// by one batched decode of all rows. `engine` is [`Engine::Libtorch`] or [`Engine::CudaGraphs`].
+pub fn generate_stacked(engine: Engine, model: &DecodeModel, prompts: &[&[Vec<u32>]], params: &SamplingParams, seeds: &[u64]) -> Result<Vec<Generation>> {
+    ensure!(!matches!(engine, Engine::Native { .. }), "the native sampler decodes one run at a time; stacked runs decode with libtorch");
+    ensure!(prompts.len() == model.runs() && seeds.len() == model.runs(), "{} runs stacked, prompts for {} and seeds for {}", model.runs(), prompts.len(), seeds.len());
+    ensure!(prompts.iter().all(|p| p.len() == prompts[0].len()), "stacked runs sample the same number of prompts each");
+    for run_prompts in prompts {
+        check_request(model, run_prompts, params)?;
+    }
+    generate_libtorch(model, prompts, params, seeds, stepping(engine, model))
+}
+
+/// Refuses what no engine can sample.
+fn check_request(model: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingParams) -> Result<()> {
     ensure!(!prompts.is_empty(), "no prompts to sample from");
     ensure!(prompts.iter().all(|p| !p.is_empty()), "empty prompt: every prompt needs at least one token");
     ensure!(params.max_new_tokens > 0, "max_new_tokens must be at least 1");
@@ -68,19 +99,20 @@ pub fn generate_with(engine: Engine, model: &DecodeModel, prompts: &[Vec<u32>], 
         cfg.max_position_embeddings
     );
     ensure!(prompts.iter().flatten().all(|&t| (t as usize) < cfg.vocab_size), "a prompt token id is outside the vocabulary");
+    Ok(())
+}
+
+/// How a libtorch `engine` issues its ops on `model`'s device.
+fn stepping(engine: Engine, model: &DecodeModel) -> Stepping {
     match engine {
-        Engine::Native { threads } => {
-            let native = model.native.as_ref().context("the native sampler needs a float32 model on the CPU")?;
-            native::generate(native, prompts, params, seed, threads)
-        }
-        Engine::Libtorch => generate_libtorch(model, prompts, params, seed, Stepping::Eager),
         Engine::CudaGraphs => match cuda_graph::availability(model.device) {
-            Ok(()) => generate_libtorch(model, prompts, params, seed, Stepping::Graphs),
+            Ok(()) => Stepping::Graphs,
             Err(reason) => {
                 eager_instead_of_graphs(&reason);
-                generate_libtorch(model, prompts, params, seed, Stepping::Eager)
+                Stepping::Eager
             }
         },
+        _ => Stepping::Eager,
     }
 }
 
@@ -99,11 +131,16 @@ fn eager_instead_of_graphs(reason: &str) {
     SAID.call_once(|| eprintln!("decoding without CUDA graphs (eager libtorch ops, the same tokens): {reason}"));
 }
 
-fn generate_libtorch(model: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingParams, seed: u64, stepping: Stepping) -> Result<Generation> {
+/// The libtorch engine: every run's rows (one run unless `model` is stacked) left-padded to
+/// the longest prompt of all and decoded together; each run's part is then cut back to its own
+/// longest prompt and completion, so it is what decoding that run alone gives.
+fn generate_libtorch(model: &DecodeModel, prompts: &[&[Vec<u32>]], params: &SamplingParams, seeds: &[u64], stepping: Stepping) -> Result<Vec<Generation>> {
     let _guard = tch::no_grad_guard();
     let eos = model.weights.config.eos_token_id as i64;
-    let (prompt_ids, prompt_mask) = left_pad(prompts, eos, model.device);
-    let fresh = DecodeState::prefill(model, &prompt_ids, &prompt_mask, params, seed);
+    let rows_per_run = prompts[0].len();
+    let (prompt_ids, prompt_mask) = left_pad(&prompts.concat(), eos, model.device);
+    let uniforms = (params.temperature != 0.0).then(|| row_uniforms(seeds, rows_per_run, params.max_new_tokens, model.device));
+    let fresh = DecodeState::prefill(model, &prompt_ids, &prompt_mask, params, uniforms);
     let (tokens, logprobs) = match stepping {
         Stepping::Eager => {
             let mut state = fresh;
@@ -115,13 +152,29 @@ fn generate_libtorch(model: &DecodeModel, prompts: &[Vec<u32>], params: &Samplin
         }
         Stepping::Graphs => decode_with_graphs(model, fresh)?,
     };
+    let padded_width = prompt_ids.size()[1];
+    prompts
+        .iter()
+        .enumerate()
+        .map(|(run, run_prompts)| {
+            let rows = |t: &Tensor| t.narrow(0, (run * rows_per_run) as i64, rows_per_run as i64);
+            let width = run_prompts.iter().map(Vec::len).max().unwrap_or(0) as i64;
+            let prompt = |t: &Tensor| rows(t).narrow(1, padded_width - width, width).contiguous();
+            finish_generation(prompt(&prompt_ids), prompt(&prompt_mask), &rows(&tokens), &rows(&logprobs), eos)
+        })
+        .collect()
+}
+
+/// A run's [`Generation`] from its prompts and the `[rows, steps]` tokens and log-probabilities
+/// drawn for them.
+fn finish_generation(prompt_ids: Tensor, prompt_mask: Tensor, tokens: &Tensor, logprobs: &Tensor, eos: i64) -> Result<Generation> {
     // Rows stop being checked only every few steps: trim columns that are padding everywhere,
     // so the completion length is that of the longest completion (as TRL pads).
-    let completion_mask = mask_through_first_eos(&tokens, eos);
+    let completion_mask = mask_through_first_eos(tokens, eos);
     let longest = completion_mask.sum_dim_intlist(1, false, Kind::Int64).max().int64_value(&[]);
-    let completion_ids = tokens.narrow(1, 0, longest);
+    let completion_ids = tokens.narrow(1, 0, longest).contiguous();
     let completion_mask = completion_mask.narrow(1, 0, longest);
-    let sampling_logprobs = logprobs.narrow(1, 0, longest);
+    let sampling_logprobs = logprobs.narrow(1, 0, longest).contiguous();
     let rows = completion_rows(&completion_ids, &completion_mask, eos)?;
     Ok(Generation { prompt_ids, prompt_mask, completion_ids, completion_mask, sampling_logprobs, rows })
 }
@@ -213,7 +266,8 @@ struct DecodeState {
 
 impl DecodeState {
     /// Prefills the left-padded prompts and sets up the loop's buffers.
-    fn prefill(model: &DecodeModel, prompt_ids: &Tensor, prompt_mask: &Tensor, params: &SamplingParams, seed: u64) -> Self {
+    /// `uniforms` are [`row_uniforms`] (`None` for greedy decoding).
+    fn prefill(model: &DecodeModel, prompt_ids: &Tensor, prompt_mask: &Tensor, params: &SamplingParams, uniforms: Option<Tensor>) -> Self {
         let device = model.device;
         let eos = model.weights.config.eos_token_id as i64;
         let (batch, prompt_len) = prompt_ids.size2().expect("prompt ids are [batch, len]");
@@ -231,7 +285,7 @@ impl DecodeState {
             tokens: Tensor::full([batch, max_new_tokens], eos, (Kind::Int64, device)),
             logprobs: Tensor::zeros([batch, max_new_tokens], (Kind::Float, device)),
             finished: Tensor::zeros([batch], (Kind::Bool, device)),
-            uniforms: (params.temperature != 0.0).then(|| row_uniforms(seed, batch as usize, params.max_new_tokens, device)),
+            uniforms,
             sampler: Sampler::new(params, prompt_ids, prompt_mask, model.weights.config.vocab_size as i64),
             prompt_len,
             eos,
@@ -352,17 +406,18 @@ impl Sampler {
 }
 
 /// Every uniform number the rollout can use, `[max_new_tokens, rows]` float64 on `device`
-/// (step-major, so each step's draws are one contiguous row): entry `[t, r]` is the t-th number
-/// of row r's own stream ([`row_rng`]), the same numbers in
-/// the same order as the native sampler draws them, so both engines draw the same tokens. They
+/// (step-major, so each step's draws are one contiguous row), for `rows_per_run` rows of each
+/// run seeded by `seeds` (one run unless stacked): entry `[t, r * rows_per_run + i]` is the
+/// t-th number of row i's own stream of run r ([`row_rng`]), the same numbers in
+/// the same order as the native sampler draws them, so all engines draw the same tokens. They
 /// are made up front and copied to the device once, so the token loop has no host-to-device
 /// copy (on a GPU, one per token was a synchronising copy from pageable memory).
-fn row_uniforms(seed: u64, rows: usize, steps: usize, device: tch::Device) -> Tensor {
-    let uniforms: Vec<f64> = (0..rows)
-        .flat_map(|row| {
-            let mut rng = row_rng(seed, row);
-            (0..steps).map(move |_| rng.next_f64())
-        })
+fn row_uniforms(seeds: &[u64], rows_per_run: usize, steps: usize, device: tch::Device) -> Tensor {
+    let rows = seeds.len() * rows_per_run;
+    let uniforms: Vec<f64> = seeds
+        .iter()
+        .flat_map(|&seed| (0..rows_per_run).map(move |row| row_rng(seed, row)))
+        .flat_map(|mut rng| (0..steps).map(move |_| rng.next_f64()))
         .collect();
     Tensor::from_slice(&uniforms).view([rows as i64, steps as i64]).tr().contiguous().to(device)
 }

@@ -63,6 +63,8 @@ pub struct Trainer {
     /// The policy's decoders, one per set of adapter scales sampled at, refreshed from the
     /// weights before each use (`rollout.rs`).
     decoders: std::sync::Mutex<Vec<(Vec<f64>, DecodeModel)>>,
+    /// Generations a pack sampled for this run's next step, taken by the step (`rollout.rs`).
+    prefetched: std::sync::Mutex<Vec<rollout::Served>>,
     tokenizer: Tokenizer,
     model_files: model::ModelFiles,
     rewards: RewardModel,
@@ -165,6 +167,7 @@ impl Trainer {
             cfg, run_dir, adapters, model, reference, reference_decoder, tokenizer, model_files, rewards, optimizer,
             eval_prompts, loss, sampling, log, live, _lock, num_tokens: 0, rollout: None, noise_scale_average: None,
             decoders: Default::default(),
+            prefetched: Default::default(),
         };
         let opened = trainer.open_run(resume.is_some(), restarted, hashes);
         trainer.log_failure(opened)?;
@@ -302,6 +305,7 @@ impl Trainer {
     fn advance(&mut self) -> Result<()> {
         let step = self.optimizer.step;
         self.step(step).with_context(|| format!("training stopped at step {}; {} keeps what was written", step + 1, self.run_dir.display()))?;
+        self.check_prefetched_used()?;
         let done = step + 1;
         ensure!(self.optimizer.step == done, "the optimizer is at step {} after step {done}", self.optimizer.step);
         let kept = format!("{} keeps what was written", self.run_dir.display());

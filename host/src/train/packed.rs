@@ -6,17 +6,29 @@
 //! that fails (a plugin error, a non-finite loss) records why in its train.log and leaves the
 //! pack, the others go on.
 //!
-//! What this is not (yet): the runs' tensors are not stacked on a leading axis, so each run
-//! still costs its own matmuls; packing saves the per-process start-up (libtorch, model load,
-//! plugin compilation) and keeps one sweep in one process. The architecture check below is the
-//! contract a stacked model needs (equal shapes), so a pack accepted now stays valid then.
+//! Sampling, the bulk of a GPU step, is stacked ([`Stacking`]): before each round the pack asks
+//! every run what its next step will sample ([`Trainer::next_sample_requests`]: prompts,
+//! adapter scales, seed), decodes all runs' rows at once with their weights stacked on a
+//! leading run axis (`DecodeModel::stacked`, one batched matrix product per projection), and
+//! hands each run its part, which the run's step takes instead of sampling alone (only for
+//! exactly the request it makes; one it does not take is an error). A stacked decode draws each
+//! run's tokens from that run's own weights and random streams, so a run samples what it
+//! samples alone. Scoring, the loss and the optimizer step still run per run.
+//!
+//! Architecture invariant: nothing here computes a run's numbers; the pack only decides the
+//! order of work and which engine samples, so a packed run is the solo run.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::time::Instant;
 
 use anyhow::{Result, bail};
 use serde_json::Value;
 
+use super::rollout::{SampleRequest, Served};
 use super::{RunSummary, TrainConfig, Trainer};
+use crate::model::decode::DecodeModel;
+use crate::model::generate::{Engine, generate_stacked};
 
 /// Keys that fix a run's tensor shapes and its schedule of steps: packed runs must agree on
 /// every one (they may differ in anything else: seed, learning rate, KL coefficient, loss and
@@ -73,11 +85,31 @@ pub fn check_packable(configs: &[&TrainConfig]) -> Result<()> {
     Ok(())
 }
 
+/// Whether a pack samples its runs' rollouts together, stacked on a leading run axis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stacking {
+    /// When the runs sample with libtorch (on CUDA, or in bfloat16), where a decode step is a
+    /// few hundred small kernels whatever the batch, so R runs cost about what one costs. On
+    /// the CPU in float32 each run keeps the native sampler, which is faster there.
+    Auto,
+    /// Always, libtorch included on the CPU (tests and benchmarks: the stacked libtorch decoder
+    /// draws the tokens the native sampler draws).
+    Always,
+    /// Never: each run samples alone.
+    Never,
+}
+
 /// Trains the runs together, in lockstep, each to its `max_steps` (or `stop_after` steps from
-/// where it starts, for tests of resumption). Returns each run's outcome in the given order:
-/// a run that cannot start or fails at a step is an `Err` (recorded in its train.log once its
-/// directory exists); the others are unaffected.
+/// where it starts, for tests of resumption), sampling stacked where that is faster
+/// ([`Stacking::Auto`]). Returns each run's outcome in the given order: a run that cannot start
+/// or fails at a step is an `Err` (recorded in its train.log once its directory exists); the
+/// others are unaffected.
 pub fn train_packed(runs: Vec<PackedRun>, stop_after: Option<usize>) -> Result<Vec<Result<RunSummary>>> {
+    train_packed_with(runs, stop_after, Stacking::Auto)
+}
+
+/// [`train_packed`] with the sampling's stacking chosen.
+pub fn train_packed_with(runs: Vec<PackedRun>, stop_after: Option<usize>, stacking: Stacking) -> Result<Vec<Result<RunSummary>>> {
     check_packable(&runs.iter().map(|r| &r.config).collect::<Vec<_>>())?;
     let mut members: Vec<Member> = runs
         .into_iter()
@@ -90,12 +122,111 @@ pub fn train_packed(runs: Vec<PackedRun>, stop_after: Option<usize>) -> Result<V
             Err(error) => Member::Done(Err(error)),
         })
         .collect();
+    let mut samplers = StackedSamplers::default();
     while members.iter().any(Member::is_training) {
+        if stacking != Stacking::Never {
+            samplers.serve(&mut members, stacking);
+        }
         for member in &mut members {
             member.advance();
         }
     }
     Ok(members.into_iter().map(Member::outcome).collect())
+}
+
+/// The pack's stacked decoders, one per set of runs sampled together (and per sampler call of
+/// a step: routed rows, coherence rows), kept across rounds so that CUDA graphs captured on
+/// them are replayed.
+#[derive(Default)]
+struct StackedSamplers {
+    decoders: HashMap<Vec<(usize, usize)>, DecodeModel>,
+    /// Runs whose train.log says that they sample stacked (once per run).
+    announced: Vec<usize>,
+}
+
+impl StackedSamplers {
+    /// Samples, stacked, what the training runs' next steps will ask for, and serves each run
+    /// its part. A run whose requests cannot be computed fails (as its step would); a stacked
+    /// decode that fails is reported and its runs sample alone, where the error is theirs.
+    fn serve(&mut self, members: &mut [Member], stacking: Stacking) {
+        let mut requests: Vec<Vec<SampleRequest>> = Vec::with_capacity(members.len());
+        for member in members.iter_mut() {
+            requests.push(member.next_sample_requests(stacking));
+        }
+        let calls = requests.iter().map(Vec::len).max().unwrap_or(0);
+        for call in 0..calls {
+            for runs in stackable(members, &requests, call) {
+                match self.sample_stacked(members, &requests, call, &runs) {
+                    Ok(()) => self.announce(members, &runs),
+                    Err(error) => eprintln!("warning: stacked sampling of {} packed runs failed, so they sample one by one: {error:#}", runs.len()),
+                }
+            }
+        }
+    }
+
+    /// Says in each run's train.log, the first time, that its rollouts are sampled stacked.
+    fn announce(&mut self, members: &mut [Member], runs: &[usize]) {
+        for &run in runs {
+            if self.announced.contains(&run) {
+                continue;
+            }
+            self.announced.push(run);
+            if let Member::Training { trainer, .. } = &mut members[run] {
+                let line = format!("sampling stacked with {} packed runs (one batched decode; the same tokens as alone)", runs.len());
+                if let Err(error) = trainer.log.line(&line) {
+                    eprintln!("warning: {error:#}");
+                }
+            }
+        }
+    }
+
+    /// Decodes request `call` of each of `runs` (member indices) at once and serves the parts.
+    fn sample_stacked(&mut self, members: &[Member], requests: &[Vec<SampleRequest>], call: usize, runs: &[usize]) -> Result<()> {
+        let trainers: Vec<&Trainer> = runs.iter().map(|&i| members[i].trainer().expect("only training runs are stacked")).collect();
+        let run_requests: Vec<&SampleRequest> = runs.iter().map(|&i| &requests[i][call]).collect();
+        let started = Instant::now();
+        let generations = {
+            let guards = trainers.iter().zip(&run_requests).map(|(t, r)| t.refreshed_decoder(&r.scales)).collect::<Result<Vec<_>>>()?;
+            let parts: Vec<&DecodeModel> = guards.iter().map(|(decoders, index)| &decoders[*index].1).collect();
+            let key: Vec<(usize, usize)> = runs.iter().map(|&i| (i, call)).collect();
+            let stacked = match self.decoders.get_mut(&key) {
+                Some(stacked) => {
+                    stacked.refresh_stacked(&parts);
+                    stacked
+                }
+                None => self.decoders.entry(key).or_insert_with(|| DecodeModel::stacked(&parts)),
+            };
+            let engine = if stacked.device.is_cuda() { Engine::CudaGraphs } else { Engine::Libtorch };
+            let prompts: Vec<&[Vec<u32>]> = run_requests.iter().map(|r| r.prompt_ids.as_slice()).collect();
+            let seeds: Vec<u64> = run_requests.iter().map(|r| r.seed).collect();
+            generate_stacked(engine, stacked, &prompts, &trainers[0].sampling, &seeds)?
+        };
+        let seconds = started.elapsed().as_secs_f64() / runs.len() as f64;
+        for ((trainer, request), generation) in trainers.iter().zip(run_requests).zip(generations) {
+            trainer.prefetch(Served { request: request.clone(), generation, seconds })?;
+        }
+        Ok(())
+    }
+}
+
+/// The groups of training runs whose request `call` can be decoded together: the same number
+/// of prompts and the same sampling settings (the weights, prompts and seeds may differ). Only
+/// groups of two or more runs.
+fn stackable(members: &[Member], requests: &[Vec<SampleRequest>], call: usize) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for (i, run_requests) in requests.iter().enumerate() {
+        let (Some(request), Some(trainer)) = (run_requests.get(call), members[i].trainer()) else { continue };
+        let same = |&j: &usize| {
+            let other = members[j].trainer().expect("grouped runs are training");
+            requests[j][call].prompt_ids.len() == request.prompt_ids.len() && other.sampling == trainer.sampling
+        };
+        match groups.iter_mut().find(|group| same(&group[0])) {
+            Some(group) => group.push(i),
+            None => groups.push(vec![i]),
+        }
+    }
+    groups.retain(|group| group.len() >= 2);
+    groups
 }
 
 enum Member {
@@ -106,6 +237,32 @@ enum Member {
 impl Member {
     fn is_training(&self) -> bool {
         matches!(self, Member::Training { .. })
+    }
+
+    fn trainer(&self) -> Option<&Trainer> {
+        match self {
+            Member::Training { trainer, .. } => Some(trainer),
+            Member::Done(_) => None,
+        }
+    }
+
+    /// What this run's next step will sample, if it trains another step and samples with an
+    /// engine that `stacking` stacks; a run whose requests cannot be computed fails here.
+    fn next_sample_requests(&mut self, stacking: Stacking) -> Vec<SampleRequest> {
+        let Member::Training { trainer, end } = self else { return Vec::new() };
+        let native = DecodeModel::native_available(trainer.model.device, trainer.model.kind);
+        if trainer.optimizer.step >= *end || (stacking == Stacking::Auto && native) {
+            return Vec::new();
+        }
+        let step = trainer.optimizer.step + 1;
+        let requests = trainer.next_sample_requests().map_err(|e| e.context(format!("training stopped at step {step}")));
+        match trainer.log_failure(requests) {
+            Ok(requests) => requests,
+            Err(error) => {
+                *self = Member::Done(Err(error));
+                Vec::new()
+            }
+        }
     }
 
     /// One step of a training run (or its end once it reached its last step); a failure is

@@ -6,6 +6,7 @@
 //! Architecture invariant: everything random here derives from `(seed, purpose, step)`
 //! (`rng::derive`), so a resumed run draws the same rollout as the uninterrupted one.
 
+use std::sync::MutexGuard;
 use std::time::Instant;
 
 use anyhow::Result;
@@ -24,6 +25,22 @@ use crate::reward::ScoredBatch;
 use crate::rng::{self, SplitMix64};
 use crate::adapters::FORGET;
 use crate::routing::{self, GroupedRows, Labels, RenormalizationMode, RoutePlan, RoutingMode, RowWeights};
+
+/// One call of the policy's sampler: `prompt_ids` at adapter `scales`, seeded by `seed`. It
+/// determines the generation, so a pack may compute it ahead of the step and serve it.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct SampleRequest {
+    pub scales: Vec<f64>,
+    pub prompt_ids: Vec<Vec<u32>>,
+    pub seed: u64,
+}
+
+/// A generation sampled for a run ahead of its step, and the run's share of its wall time.
+pub(super) struct Served {
+    pub request: SampleRequest,
+    pub generation: Generation,
+    pub seconds: f64,
+}
 
 /// A generated, scored batch, kept for `num_iterations * num_substeps` optimizer steps.
 pub(super) struct Rollout {
@@ -165,24 +182,51 @@ impl Trainer {
 
     /// Samples the step's completions with every adapter on, the last `coherence_rows` (if
     /// any) with the forget adapter off (the original samples coherence rows at the deployed
-    /// retain-only scales).
-    pub(super) fn sample(&self, prompt_ids: &[Vec<u32>], coherence_rows: usize, step: usize, run_seed: u64) -> Result<Generation> {
-        let routed_rows = prompt_ids.len() - coherence_rows;
-        let mut scales = vec![1.0; self.adapters.slots.len()];
-        let seed = |purpose| rng::derive(run_seed, purpose, step as u64);
-        let generation = self.sample_at(&scales, &prompt_ids[..routed_rows], seed("sample"))?;
-        if coherence_rows == 0 {
-            return Ok(generation);
+    /// retain-only scales). Requests a pack served ahead of the step (`packed.rs`) are taken
+    /// from there; returns the generation and the wall time of those served (this run's share).
+    pub(super) fn sample(&self, prompt_ids: &[Vec<u32>], coherence_rows: usize, step: usize, run_seed: u64) -> Result<(Generation, f64)> {
+        let mut served_seconds = 0.0;
+        let mut parts = Vec::new();
+        for request in self.sample_requests(prompt_ids, coherence_rows, step, run_seed) {
+            parts.push(match self.take_prefetched(&request)? {
+                Some(served) => {
+                    served_seconds += served.seconds;
+                    served.generation
+                }
+                None => self.sample_at(&request.scales, &request.prompt_ids, request.seed)?,
+            });
         }
-        scales[FORGET] = 0.0;
-        let coherence = self.sample_at(&scales, &prompt_ids[routed_rows..], seed("sample_coherence"))?;
-        Ok(generation.concat(coherence, self.model.config.eos_token_id as i64))
+        let eos = self.model.config.eos_token_id as i64;
+        let mut parts = parts.into_iter();
+        let first = parts.next().expect("at least the routed rows are sampled");
+        Ok((parts.fold(first, |joined, part| joined.concat(part, eos)), served_seconds))
+    }
+
+    /// The sampler calls of [`Trainer::sample`]: the routed rows at scales 1, then the
+    /// coherence rows (if any) with the forget adapter off, each with its own seed.
+    pub(super) fn sample_requests(&self, prompt_ids: &[Vec<u32>], coherence_rows: usize, step: usize, run_seed: u64) -> Vec<SampleRequest> {
+        let routed_rows = prompt_ids.len() - coherence_rows;
+        let seed = |purpose| rng::derive(run_seed, purpose, step as u64);
+        let mut scales = vec![1.0; self.adapters.slots.len()];
+        let mut requests = vec![SampleRequest { scales: scales.clone(), prompt_ids: prompt_ids[..routed_rows].to_vec(), seed: seed("sample") }];
+        if coherence_rows > 0 {
+            scales[FORGET] = 0.0;
+            requests.push(SampleRequest { scales, prompt_ids: prompt_ids[routed_rows..].to_vec(), seed: seed("sample_coherence") });
+        }
+        requests
     }
 
     /// Samples from the policy at adapter `scales` with the run's decoder for those scales,
-    /// refolded from the current weights. The decoders live as long as the run, so the CUDA
-    /// graphs captured in the first step are replayed in every later one.
+    /// refolded from the current weights.
     fn sample_at(&self, scales: &[f64], prompt_ids: &[Vec<u32>], seed: u64) -> Result<Generation> {
+        let (decoders, index) = self.refreshed_decoder(scales)?;
+        generate(&decoders[index].1, prompt_ids, &self.sampling, seed)
+    }
+
+    /// The run's decoders, the one at `scales` (its index) refolded from the current weights.
+    /// The decoders live as long as the run, so the CUDA graphs captured in the first step are
+    /// replayed in every later one.
+    pub(super) fn refreshed_decoder(&self, scales: &[f64]) -> Result<(MutexGuard<'_, Vec<(Vec<f64>, DecodeModel)>>, usize)> {
         let mut decoders = self.decoders.lock().map_err(|_| anyhow::anyhow!("an earlier sampling call panicked"))?;
         let index = match decoders.iter().position(|(at, _)| at.as_slice() == scales) {
             Some(index) => {
@@ -194,7 +238,29 @@ impl Trainer {
                 decoders.len() - 1
             }
         };
-        generate(&decoders[index].1, prompt_ids, &self.sampling, seed)
+        Ok((decoders, index))
+    }
+
+    /// Hands the run a generation sampled for it ahead of its step (by a pack).
+    pub(super) fn prefetch(&self, served: Served) -> Result<()> {
+        self.prefetched.lock().map_err(|_| anyhow::anyhow!("an earlier sampling call panicked"))?.push(served);
+        Ok(())
+    }
+
+    /// The generation served for exactly `request` (same scales, prompts and seed), if any.
+    fn take_prefetched(&self, request: &SampleRequest) -> Result<Option<Served>> {
+        let mut prefetched = self.prefetched.lock().map_err(|_| anyhow::anyhow!("an earlier sampling call panicked"))?;
+        Ok(prefetched.iter().position(|served| &served.request == request).map(|index| prefetched.remove(index)))
+    }
+
+    /// Fails if a generation served ahead was not used by the step it was served for: the pack
+    /// computed a request the step did not make, a bug that must not pass silently.
+    pub(super) fn check_prefetched_used(&self) -> Result<()> {
+        let mut prefetched = self.prefetched.lock().map_err(|_| anyhow::anyhow!("an earlier sampling call panicked"))?;
+        let unused = prefetched.len();
+        prefetched.clear();
+        anyhow::ensure!(unused == 0, "internal error: {unused} generations sampled ahead for this run's step were not the ones it asked for (please report this)");
+        Ok(())
     }
 
     /// The group advantages with coherence groups handled per `coherence_rh_mode`, and routing
