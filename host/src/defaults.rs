@@ -72,6 +72,10 @@ pub const PLUGIN_MAX_CALL_SECONDS: f64 = 10.0;
 pub const SWEEP_OUTPUT_DIR: &str = "runs/sweep";
 /// Concurrent child runs of a sweep.
 pub const SWEEP_JOBS: usize = 1;
+/// Runs per process of a sweep on CUDA without `--pack`, when the grid's runs share an
+/// architecture: packed runs sample stacked (one batched decode for all), which on a GPU costs
+/// about what one run costs (the PyTorch stand-in: 16 runs stacked ≈ one run).
+pub const SWEEP_PACK_ON_CUDA: usize = 16;
 /// Seconds between the sweep's status lines (running/done/failed/queued).
 pub const SWEEP_STATUS_SECONDS: u64 = 30;
 /// How often the sweep looks at its children (milliseconds).

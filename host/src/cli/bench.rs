@@ -10,7 +10,7 @@ use clap::{Args, Subcommand};
 use super::common::ModelArgs;
 use crate::device::DeviceSpec;
 use crate::model::decode::DecodeModel;
-use crate::model::generate::{Engine, SamplingParams, generate_with};
+use crate::model::generate::{Engine, SamplingParams, generate_stacked, generate_with};
 use crate::train::metrics::key;
 use crate::train::packed::{PackedRun, train_packed};
 use crate::train::{TrainConfig, Trainer};
@@ -64,6 +64,11 @@ pub struct SampleBench {
     /// Timed repetitions per thread count (after one warm-up); the median is reported.
     #[arg(long, default_value_t = 5)]
     pub repeats: usize,
+    /// Instead: N runs (the model N times, each run with its own seed) sampled one after
+    /// another and stacked on a leading run axis (`generate_stacked`, what a pack does); prints
+    /// both, in tokens/s in all.
+    #[arg(long, value_name = "N")]
+    pub pack: Option<usize>,
 }
 
 pub fn run(command: BenchCommand) -> Result<()> {
@@ -200,6 +205,9 @@ fn bench_sample(args: SampleBench) -> Result<()> {
     let decoder = DecodeModel::new(&loaded.model, &[]);
     let on_cuda = decoder.device.is_cuda();
     println!("sampling {} prompts x up to {} new tokens, model {}, device {:?}", args.batch, args.max_new_tokens, loaded.files.source, decoder.device);
+    if let Some(runs) = args.pack {
+        return bench_sample_packed(&decoder, runs, &prompts, &params, args.repeats);
+    }
     if on_cuda {
         bench_engine("eager libtorch ops", Engine::Libtorch, &decoder, &prompts, &params, args.repeats)?;
         match crate::model::cuda_graph::availability(decoder.device) {
@@ -219,24 +227,56 @@ fn bench_sample(args: SampleBench) -> Result<()> {
 /// Times `repeats` batches (after one warm-up, which also captures CUDA graphs) and prints
 /// the median time per batch and tokens per second.
 fn bench_engine(label: &str, engine: Engine, decoder: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingParams, repeats: usize) -> Result<()> {
+    let (median, tokens) = median_batch(decoder, repeats, |seed| Ok(generate_with(engine, decoder, prompts, params, seed)?.completion_ids.numel()))?;
+    println!("{label}: median {:.1} ms per batch, {:.0} tokens/s ({tokens} token slots per batch)", median * 1e3, tokens as f64 / median);
+    Ok(())
+}
+
+/// `bench sample --pack N`: N runs sampled one after another, then stacked, by the engine a
+/// pack uses on this device (libtorch; CUDA graphs where available); on the CPU also the native
+/// sampler one run after another, which is what a pack uses there.
+fn bench_sample_packed(decoder: &DecodeModel, runs: usize, prompts: &[Vec<u32>], params: &SamplingParams, repeats: usize) -> Result<()> {
+    anyhow::ensure!(runs >= 1, "--pack must be at least 1");
+    let engine = match crate::model::cuda_graph::availability(decoder.device) {
+        Ok(()) => Engine::CudaGraphs,
+        Err(_) => Engine::Libtorch,
+    };
+    let stacked = DecodeModel::stacked(&vec![decoder; runs]);
+    let run_prompts = vec![prompts; runs];
+    let seeds = |seed: u64| (0..runs as u64).map(|run| seed * runs as u64 + run).collect::<Vec<_>>();
+    let one_by_one = |engine: Engine| {
+        move |seed: u64| -> Result<usize> { seeds(seed).into_iter().map(|seed| Ok(generate_with(engine, decoder, prompts, params, seed)?.completion_ids.numel())).sum() }
+    };
+    let mut lines = vec![(format!("{runs} runs one after another, {engine:?}"), median_batch(decoder, repeats, one_by_one(engine))?)];
+    if let Some(threads) = decoder.native().map(|_| tch::get_num_threads().max(1) as usize) {
+        lines.push((format!("{runs} runs one after another, native sampler ({threads} threads)"), median_batch(decoder, repeats, one_by_one(Engine::Native { threads }))?));
+    }
+    let together = |seed: u64| -> Result<usize> { Ok(generate_stacked(engine, &stacked, &run_prompts, params, &seeds(seed))?.iter().map(|g| g.completion_ids.numel()).sum()) };
+    lines.push((format!("{runs} runs stacked, {engine:?}"), median_batch(&stacked, repeats, together)?));
+    for (label, (median, tokens)) in lines {
+        println!("{label}: median {:.1} ms, {:.0} tokens/s in all ({tokens} token slots)", median * 1e3, tokens as f64 / median);
+    }
+    Ok(())
+}
+
+/// The median wall time of `repeats` calls of `batch(seed)` (seeds 1..=repeats, after one
+/// warm-up call with seed 0, which also captures CUDA graphs) and the tokens the last returned.
+fn median_batch(decoder: &DecodeModel, repeats: usize, mut batch: impl FnMut(u64) -> Result<usize>) -> Result<(f64, usize)> {
     let synchronize = || {
         if let tch::Device::Cuda(index) = decoder.device {
             tch::Cuda::synchronize(index as i64);
         }
     };
-    generate_with(engine, decoder, prompts, params, 0)?;
+    batch(0)?;
     let mut times = Vec::new();
     let mut tokens = 0;
-    for seed in 0..repeats {
+    for seed in 1..=repeats as u64 {
         synchronize();
         let start = Instant::now();
-        let generation = generate_with(engine, decoder, prompts, params, seed as u64)?;
+        tokens = batch(seed)?;
         synchronize();
         times.push(start.elapsed().as_secs_f64());
-        tokens = generation.completion_ids.numel();
     }
     times.sort_by(f64::total_cmp);
-    let median = times[times.len() / 2];
-    println!("{label}: median {:.1} ms per batch, {:.0} tokens/s ({tokens} token slots per batch)", median * 1e3, tokens as f64 / median);
-    Ok(())
+    Ok((times[times.len() / 2], tokens))
 }

@@ -44,11 +44,12 @@ pub struct SweepArgs {
     /// Concurrent runs on this machine; each gets max(1, cores / jobs) libtorch threads.
     #[arg(long, default_value_t = defaults::SWEEP_JOBS)]
     pub jobs: usize,
-    /// Runs per process: each `smallrl train` child trains N runs of the grid in lockstep (README,
-    /// "Packed runs"); the runs must share their architecture and shapes, checked before any
-    /// run starts. 1: one process per run.
-    #[arg(long, default_value_t = 1, value_name = "N", conflicts_with_all = ["collect", "emit"])]
-    pub pack: usize,
+    /// Runs per process: each `smallrl train` child trains N runs of the grid in lockstep,
+    /// sampling them stacked on CUDA (README, "Packed runs"); the runs must share their
+    /// architecture and shapes, checked before any run starts. 1: one process per run.
+    /// Default: 1 on the CPU; on CUDA 16 when the grid's runs share an architecture, else 1.
+    #[arg(long, value_name = "N", conflicts_with_all = ["collect", "emit"])]
+    pub pack: Option<usize>,
     /// Where run directories, logs, summary.csv and charts go (also the cache of finished runs).
     #[arg(long, default_value = defaults::SWEEP_OUTPUT_DIR)]
     pub output_dir: PathBuf,
@@ -60,17 +61,43 @@ pub struct SweepArgs {
     pub collect: Option<PathBuf>,
 }
 
+/// Runs per child process: `--pack` as given (its runs checked before any starts), or without it
+/// on CUDA [`defaults::SWEEP_PACK_ON_CUDA`] when every run is on CUDA and all share an
+/// architecture; says which, and why not when it could not pack.
+fn pack_size(asked: Option<usize>, plan: &plan::Plan) -> Result<usize> {
+    let configs: Vec<_> = plan.runs.iter().map(|run| &run.config).collect();
+    if let Some(pack) = asked {
+        if pack > 1 {
+            crate::train::packed::check_packable(&configs)?;
+        }
+        return Ok(pack);
+    }
+    let on_cuda = !configs.is_empty() && configs.iter().all(|config| config.device.resolve().is_ok_and(|d| d.is_cuda()));
+    if !on_cuda || configs.len() < 2 {
+        return Ok(1);
+    }
+    match crate::train::packed::check_packable(&configs) {
+        Ok(()) => {
+            let pack = defaults::SWEEP_PACK_ON_CUDA.min(configs.len());
+            println!("on CUDA: {pack} runs per process, sampled stacked (--pack {pack}); --pack 1 runs one process per run");
+            Ok(pack)
+        }
+        Err(why) => {
+            println!("on CUDA, but one process per run: the runs cannot be packed ({why:#})");
+            Ok(1)
+        }
+    }
+}
+
 pub fn run(args: SweepArgs) -> Result<()> {
     if let Some(dir) = &args.collect {
         let entries = sweeps::collect_entries(dir)?;
         return sweeps::report(dir, &entries);
     }
     anyhow::ensure!(args.jobs >= 1, "--jobs must be at least 1");
-    anyhow::ensure!(args.pack >= 1, "--pack must be at least 1 (1: one process per run)");
+    anyhow::ensure!(args.pack != Some(0), "--pack must be at least 1 (1: one process per run)");
     let plan = plan::plan(&spec(&args)?)?;
-    if args.pack > 1 {
-        crate::train::packed::check_packable(&plan.runs.iter().map(|run| &run.config).collect::<Vec<_>>())?;
-    }
+    let pack = pack_size(args.pack, &plan)?;
     print_plan(&plan);
     if args.dry_run {
         return Ok(());
@@ -86,7 +113,7 @@ pub fn run(args: SweepArgs) -> Result<()> {
     if args.jobs > 1 && plan.runs.iter().any(|run| run.config.device.resolve().is_ok_and(|d| d.is_cuda())) {
         println!("{}", crate::device::mps_advice(args.jobs, crate::device::mps_daemon_running(std::path::Path::new("/proc"))));
     }
-    let launch = runner::Launch { pack: args.pack, ..runner::Launch::for_jobs(args.jobs)? };
+    let launch = runner::Launch { pack, ..runner::Launch::for_jobs(args.jobs)? };
     let statuses = runner::execute(&plan, args.jobs, &launch)?;
     sweeps::report(&plan.output_dir, &sweeps::entries_of_plan(&plan, &statuses))?;
     let failed: Vec<&String> = statuses.iter().filter(|(_, s)| **s == RunStatus::Failed).map(|(n, _)| n).collect();
