@@ -149,6 +149,8 @@ impl StackedSamplers {
     /// its part. A run whose requests cannot be computed fails (as its step would); a stacked
     /// decode that fails is reported and its runs sample alone, where the error is theirs.
     fn serve(&mut self, members: &mut [Member], stacking: Stacking) {
+        // A stack that holds a run which left the pack is never used again: free it (and its graphs).
+        self.decoders.retain(|runs, _| runs.iter().all(|&(run, _)| members[run].is_training()));
         let mut requests: Vec<Vec<SampleRequest>> = Vec::with_capacity(members.len());
         for member in members.iter_mut() {
             requests.push(member.next_sample_requests(stacking));
