@@ -365,7 +365,7 @@ fn check_stacked_runs(device: Device, engines: &[Engine]) {
         for params in [sampling(40, 1.0, 0, 1.0, 1.0), sampling(21, 0.7, 20, 0.9, 1.3), sampling(12, 0.0, 0, 1.0, 1.0)] {
             for &engine in engines {
                 let prompt_refs: Vec<&[Vec<u32>]> = prompts.iter().map(Vec::as_slice).collect();
-                let together = generate_stacked(engine, stacked, &prompt_refs, &params, &seeds).unwrap();
+                let together: Vec<Generation> = generate_stacked(engine, stacked, &prompt_refs, &params, &seeds).unwrap().into_iter().map(Result::unwrap).collect();
                 assert_eq!(together.len(), 3);
                 let context = |run: usize| format!("{label}, {engine:?}, {params:?}, run {run}");
                 for (run, part) in parts.iter().enumerate() {
@@ -387,6 +387,32 @@ fn check_stacked_runs(device: Device, engines: &[Engine]) {
     parts[1].refresh(&runs[1].model, &[]);
     stacked.refresh_stacked(&parts.iter().collect::<Vec<_>>());
     check(&stacked, &parts, "refreshed");
+}
+
+/// A run whose weights diverged (a NaN in one layer) fails with the same message on every
+/// engine, alone or stacked, and the run stacked with it samples what it samples alone.
+#[test]
+fn a_diverged_run_fails_alone_on_every_engine_and_in_a_stack() {
+    let (healthy, _) = load("tiny-stories");
+    let (broken, _) = load("tiny-stories");
+    tch::no_grad(|| {
+        let _ = broken.model.layers[2].mlp.down_proj.weight.shallow_clone().get(0).get(0).fill_(f64::NAN);
+    });
+    let parts = [DecodeModel::new(&healthy.model, &[]), DecodeModel::new(&broken.model, &[])];
+    let stacked = DecodeModel::stacked(&parts.iter().collect::<Vec<_>>());
+    let prompts = story_prompts(&healthy, 4);
+    for params in [sampling(16, 1.0, 0, 1.0, 1.0), sampling(16, 0.0, 0, 1.0, 1.0)] {
+        let diverged = |outcome: anyhow::Result<Generation>, engine: &str| {
+            let error = format!("{:#}", outcome.err().unwrap_or_else(|| panic!("{engine}, {params:?}: a NaN weight must fail the sampling")));
+            assert!(error.contains("sampling row 0: the logits are not a distribution") && error.contains("the weights diverged"), "{engine}: {error}");
+        };
+        diverged(generate_with(Engine::Libtorch, &parts[1], &prompts, &params, 5), "libtorch");
+        diverged(generate_with(Engine::Native { threads: 2 }, &parts[1], &prompts, &params, 5), "native");
+        let mut together = generate_stacked(Engine::Libtorch, &stacked, &[&prompts, &prompts], &params, &[5, 5]).unwrap().into_iter();
+        let first = together.next().unwrap().unwrap();
+        assert_same_generation(&format!("the healthy run, {params:?}"), &first, &generate_with(Engine::Libtorch, &parts[0], &prompts, &params, 5).unwrap(), TOLERANCE);
+        diverged(together.next().unwrap(), "stacked");
+    }
 }
 
 #[test]

@@ -1106,34 +1106,43 @@ fn assert_close_metrics(a: &[Value], b: &[Value], file: &str) {
 #[test]
 fn a_failing_run_leaves_its_pack_and_mismatched_runs_are_refused() {
     let out = tempfile::tempdir().unwrap();
-    let mut configs = pack_pair(out.path(), "dual-lora");
-    configs.push(with(with(configs[0].clone(), "seed", 9.into()), "lr", 1e9.into()));
-    configs[1] = with(configs[1].clone(), "reward", json!({"plugin": test_plugin("misbehaving"), "params": {"mode": "nan"}}));
-    let configs: Vec<_> = configs.into_iter().map(|c| with(c, "max_steps", 2.into())).collect();
+    let failing_pack = |dir: &Path| {
+        let mut configs = pack_pair(dir, "dual-lora");
+        configs.push(with(with(configs[0].clone(), "seed", 9.into()), "lr", 1e9.into()));
+        configs[1] = with(configs[1].clone(), "reward", json!({"plugin": test_plugin("misbehaving"), "params": {"mode": "nan"}}));
+        configs.into_iter().map(|c| with(c, "max_steps", 2.into())).collect::<Vec<_>>()
+    };
 
-    let mut mismatched = configs.clone();
+    let mut mismatched = failing_pack(out.path());
     mismatched[1] = with(mismatched[1].clone(), "lora_preset", "r8".into());
     let runs = mismatched.into_iter().map(|c| PackedRun { config: TrainConfig::resolve(None, c).unwrap(), resume: None }).collect();
     let refused = format!("{:#}", train_packed(runs, None).err().expect("different ranks are refused"));
     assert!(refused.contains("`lora_preset` is \"r4\"") && refused.contains("\"r8\"") && refused.contains("drop --pack"), "{refused}");
     assert!(entries(out.path()).is_empty(), "a refused pack writes nothing: {:?}", entries(out.path()));
 
-    let outcomes = packed(configs, None);
-    let finished = outcomes[0].as_ref().unwrap();
-    assert_eq!(finished.steps, 2);
-    assert!(finished.run_dir.join("checkpoint-2").is_dir());
-    assert_eq!(read_jsonl(&finished.run_dir.join("metrics.jsonl")).len(), 2);
-    let error = format!("{:#}", outcomes[1].as_ref().err().expect("the NaN score stops its run"));
-    assert!(error.contains("step 1") && error.contains("misbehaving"), "{error}");
-    let names = entries(out.path());
-    assert_eq!(names.len(), 3, "{names:?}");
-    let failed = out.path().join(names.iter().find(|n| n.ends_with("_s7")).unwrap());
-    let log = std::fs::read_to_string(failed.join("train.log")).unwrap();
-    assert!(log.contains("training stopped: training stopped at step 1"), "{log}");
-    assert!(!failed.join("metrics.jsonl").exists() || read_jsonl(&failed.join("metrics.jsonl")).is_empty());
+    // Each run sampling alone (the CPU's native sampler), and sampled stacked (the diverged
+    // run's part of the stacked decode is an error of its own).
+    for stacking in [Stacking::Auto, Stacking::Always] {
+        let dir = out.path().join(format!("{stacking:?}"));
+        one_thread();
+        let runs = failing_pack(&dir).into_iter().map(|c| PackedRun { config: TrainConfig::resolve(None, c).unwrap(), resume: None }).collect();
+        let outcomes = train_packed_with(runs, None, stacking).unwrap();
+        let finished = outcomes[0].as_ref().unwrap();
+        assert_eq!(finished.steps, 2);
+        assert!(finished.run_dir.join("checkpoint-2").is_dir());
+        assert_eq!(read_jsonl(&finished.run_dir.join("metrics.jsonl")).len(), 2);
+        let error = format!("{:#}", outcomes[1].as_ref().err().expect("the NaN score stops its run"));
+        assert!(error.contains("step 1") && error.contains("misbehaving"), "{stacking:?}: {error}");
+        let names = entries(&dir);
+        assert_eq!(names.len(), 3, "{names:?}");
+        let failed = dir.join(names.iter().find(|n| n.ends_with("_s7")).unwrap());
+        let log = std::fs::read_to_string(failed.join("train.log")).unwrap();
+        assert!(log.contains("training stopped: training stopped at step 1"), "{log}");
+        assert!(!failed.join("metrics.jsonl").exists() || read_jsonl(&failed.join("metrics.jsonl")).is_empty());
 
-    let diverged = format!("{:#}", outcomes[2].as_ref().err().expect("lr 1e9 diverges"));
-    assert!(diverged.contains("step 2") && diverged.contains("the weights diverged"), "{diverged}");
-    let log = std::fs::read_to_string(out.path().join(names.iter().find(|n| n.ends_with("_s9")).unwrap()).join("train.log")).unwrap();
-    assert!(log.contains("training stopped: ") && log.contains("step 2") && log.contains("the weights diverged"), "{log}");
+        let diverged = format!("{:#}", outcomes[2].as_ref().err().expect("lr 1e9 diverges"));
+        assert!(diverged.contains("step 2") && diverged.contains("the weights diverged"), "{stacking:?}: {diverged}");
+        let log = std::fs::read_to_string(dir.join(names.iter().find(|n| n.ends_with("_s9")).unwrap()).join("train.log")).unwrap();
+        assert!(log.contains("training stopped: ") && log.contains("step 2") && log.contains("the weights diverged"), "{log}");
+    }
 }

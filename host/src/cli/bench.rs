@@ -251,7 +251,7 @@ fn bench_sample_packed(decoder: &DecodeModel, runs: usize, prompts: &[Vec<u32>],
     if let Some(threads) = decoder.native().map(|_| tch::get_num_threads().max(1) as usize) {
         lines.push((format!("{runs} runs one after another, native sampler ({threads} threads)"), median_batch(decoder, repeats, one_by_one(Engine::Native { threads }))?));
     }
-    let together = |seed: u64| -> Result<usize> { Ok(generate_stacked(engine, &stacked, &run_prompts, params, &seeds(seed))?.iter().map(|g| g.completion_ids.numel()).sum()) };
+    let together = |seed: u64| -> Result<usize> { generate_stacked(engine, &stacked, &run_prompts, params, &seeds(seed))?.into_iter().map(|g| Ok(g?.completion_ids.numel())).sum() };
     lines.push((format!("{runs} runs stacked, {engine:?}"), median_batch(&stacked, repeats, together)?));
     for (label, (median, tokens)) in lines {
         println!("{label}: median {:.1} ms, {:.0} tokens/s in all ({tokens} token slots)", median * 1e3, tokens as f64 / median);

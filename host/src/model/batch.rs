@@ -89,6 +89,12 @@ pub struct CompletionRow {
 
 /// The random stream of batch row `row`. One stream per row (not one per batch) makes a row's
 /// sample independent of how rows are split across threads.
+/// The error of a sampling call in which row `row` stopped being a distribution, whichever
+/// engine sampled it.
+pub fn diverged_row(row: usize) -> anyhow::Error {
+    anyhow::anyhow!("sampling row {row}: the logits are not a distribution (a NaN or an infinite logit): the weights diverged; lower lr or max_grad_norm")
+}
+
 pub fn row_rng(seed: u64, row: usize) -> SplitMix64 {
     SplitMix64::new(crate::rng::derive(seed, "sample-row", row as u64))
 }

@@ -13,7 +13,7 @@ use anyhow::{Context, Result, ensure};
 use tch::{Kind, Tensor};
 
 use super::batch::completion_rows;
-pub use super::batch::{CompletionRow, Generation, left_pad, mask_through_first_eos, masked_rows, row_rng};
+pub use super::batch::{CompletionRow, Generation, diverged_row, left_pad, mask_through_first_eos, masked_rows, row_rng};
 use super::cuda_graph::{self, CudaGraph};
 use super::decode::{DecodeModel, KvCache, additive_mask, prefill_mask};
 use super::native;
@@ -60,10 +60,7 @@ pub fn generate_with(engine: Engine, model: &DecodeModel, prompts: &[Vec<u32>], 
             let native = model.native.as_ref().context("the native sampler needs a float32 model on the CPU")?;
             native::generate(native, prompts, params, seed, threads)
         }
-        _ => {
-            let mut runs = generate_libtorch(model, &[prompts], params, &[seed], stepping(engine, model))?;
-            Ok(runs.pop().expect("one run"))
-        }
+        _ => generate_libtorch(model, &[prompts], params, &[seed], stepping(engine, model))?.pop().expect("one run"),
     }
 }
 
@@ -72,7 +69,9 @@ pub fn generate_with(engine: Engine, model: &DecodeModel, prompts: &[Vec<u32>], 
 /// `seeds[r]`. Each run's [`Generation`] is the one [`generate_with`] returns for that run's
 /// decoder alone (the same tokens; padded to its own longest prompt and completion), computed
 /// by one batched decode of all rows. `engine` is [`Engine::Libtorch`] or [`Engine::CudaGraphs`].
-pub fn generate_stacked(engine: Engine, model: &DecodeModel, prompts: &[&[Vec<u32>]], params: &SamplingParams, seeds: &[u64]) -> Result<Vec<Generation>> {
+/// A run whose weights diverged is an `Err` of its own (the message decoding it alone gives);
+/// the other runs are unaffected.
+pub fn generate_stacked(engine: Engine, model: &DecodeModel, prompts: &[&[Vec<u32>]], params: &SamplingParams, seeds: &[u64]) -> Result<Vec<Result<Generation>>> {
     ensure!(!matches!(engine, Engine::Native { .. }), "the native sampler decodes one run at a time; stacked runs decode with libtorch");
     ensure!(prompts.len() == model.runs() && seeds.len() == model.runs(), "{} runs stacked, prompts for {} and seeds for {}", model.runs(), prompts.len(), seeds.len());
     ensure!(prompts.iter().all(|p| p.len() == prompts[0].len()), "stacked runs sample the same number of prompts each");
@@ -133,15 +132,16 @@ fn eager_instead_of_graphs(reason: &str) {
 
 /// The libtorch engine: every run's rows (one run unless `model` is stacked) left-padded to
 /// the longest prompt of all and decoded together; each run's part is then cut back to its own
-/// longest prompt and completion, so it is what decoding that run alone gives.
-fn generate_libtorch(model: &DecodeModel, prompts: &[&[Vec<u32>]], params: &SamplingParams, seeds: &[u64], stepping: Stepping) -> Result<Vec<Generation>> {
+/// longest prompt and completion, so it is what decoding that run alone gives. A run with a
+/// diverged row is an error of its own.
+fn generate_libtorch(model: &DecodeModel, prompts: &[&[Vec<u32>]], params: &SamplingParams, seeds: &[u64], stepping: Stepping) -> Result<Vec<Result<Generation>>> {
     let _guard = tch::no_grad_guard();
     let eos = model.weights.config.eos_token_id as i64;
     let rows_per_run = prompts[0].len();
     let (prompt_ids, prompt_mask) = left_pad(&prompts.concat(), eos, model.device);
     let uniforms = (params.temperature != 0.0).then(|| row_uniforms(seeds, rows_per_run, params.max_new_tokens, model.device));
     let fresh = DecodeState::prefill(model, &prompt_ids, &prompt_mask, params, uniforms);
-    let (tokens, logprobs) = match stepping {
+    let (tokens, logprobs, diverged) = match stepping {
         Stepping::Eager => {
             let mut state = fresh;
             let steps = decode(&mut state, |state, n| {
@@ -153,16 +153,20 @@ fn generate_libtorch(model: &DecodeModel, prompts: &[&[Vec<u32>]], params: &Samp
         Stepping::Graphs => decode_with_graphs(model, fresh)?,
     };
     let padded_width = prompt_ids.size()[1];
-    prompts
+    let diverged = Vec::<bool>::try_from(&diverged).context("reading the diverged rows")?;
+    Ok(prompts
         .iter()
         .enumerate()
         .map(|(run, run_prompts)| {
+            if let Some(row) = diverged[run * rows_per_run..(run + 1) * rows_per_run].iter().position(|&d| d) {
+                return Err(diverged_row(row));
+            }
             let rows = |t: &Tensor| t.narrow(0, (run * rows_per_run) as i64, rows_per_run as i64);
             let width = run_prompts.iter().map(Vec::len).max().unwrap_or(0) as i64;
             let prompt = |t: &Tensor| rows(t).narrow(1, padded_width - width, width).contiguous();
             finish_generation(prompt(&prompt_ids), prompt(&prompt_mask), &rows(&tokens), &rows(&logprobs), eos)
         })
-        .collect()
+        .collect())
 }
 
 /// A run's [`Generation`] from its prompts and the `[rows, steps]` tokens and log-probabilities
@@ -199,8 +203,8 @@ fn decode(state: &mut DecodeState, mut run: impl FnMut(&mut DecodeState, usize) 
 /// The token loop replayed from CUDA graphs: the model keeps one set of static buffers per
 /// shape (batch, prompt length, sampling settings) with a graph per chunk length, captured on
 /// first use and replayed by later calls; `fresh` (this call's prefilled state) is copied in.
-/// Returns the tokens and log-probabilities of the steps run.
-fn decode_with_graphs(model: &DecodeModel, fresh: DecodeState) -> Result<(Tensor, Tensor)> {
+/// Returns the tokens and log-probabilities of the steps run, and the diverged rows.
+fn decode_with_graphs(model: &DecodeModel, fresh: DecodeState) -> Result<(Tensor, Tensor, Tensor)> {
     let mut slot = model.graphs.lock().map_err(|_| anyhow::anyhow!("an earlier CUDA-graph decode panicked"))?;
     let key = fresh.shape_key();
     match slot.as_mut() {
@@ -217,8 +221,8 @@ fn decode_with_graphs(model: &DecodeModel, fresh: DecodeState) -> Result<(Tensor
         }
     })?;
     // The buffers are overwritten by the next call: the results are copied out.
-    let (tokens, logprobs) = state.results(steps);
-    Ok((tokens.copy(), logprobs.copy()))
+    let (tokens, logprobs, diverged) = state.results(steps);
+    Ok((tokens.copy(), logprobs.copy(), diverged.copy()))
 }
 
 /// Static buffers and CUDA graphs of one decode shape, kept by the [`DecodeModel`].
@@ -257,6 +261,9 @@ struct DecodeState {
     logprobs: Tensor,
     /// `[batch]` bool: rows that produced EOS.
     finished: Tensor,
+    /// `[batch]` bool: rows whose logits stopped being a distribution (a NaN or an infinite
+    /// logit: the weights diverged); they count as finished, and the call fails for their run.
+    diverged: Tensor,
     /// `[max_new_tokens, batch]` float64, `None` for greedy decoding.
     uniforms: Option<Tensor>,
     sampler: Sampler,
@@ -285,6 +292,7 @@ impl DecodeState {
             tokens: Tensor::full([batch, max_new_tokens], eos, (Kind::Int64, device)),
             logprobs: Tensor::zeros([batch, max_new_tokens], (Kind::Float, device)),
             finished: Tensor::zeros([batch], (Kind::Bool, device)),
+            diverged: Tensor::zeros([batch], (Kind::Bool, device)),
             uniforms,
             sampler: Sampler::new(params, prompt_ids, prompt_mask, model.weights.config.vocab_size as i64),
             prompt_len,
@@ -308,6 +316,7 @@ impl DecodeState {
             (&mut self.tokens, &fresh.tokens),
             (&mut self.logprobs, &fresh.logprobs),
             (&mut self.finished, &fresh.finished),
+            (&mut self.diverged, &fresh.diverged),
         ] {
             to.copy_(from);
         }
@@ -327,6 +336,12 @@ impl DecodeState {
         let batch = self.finished.size()[0];
         let step_mask = self.key_mask.view([batch, 1, 1, self.cache.capacity]);
         for _ in 0..n {
+            // The largest logit is finite exactly when the row is a distribution (NaN propagates
+            // through the maximum, +inf is not finite, all -inf gives -inf), as the native
+            // sampler's check of its softmax total.
+            let broken = self.logits.amax(-1, false).isfinite().logical_not().logical_and(&self.finished.logical_not());
+            let _ = self.diverged.logical_or_(&broken);
+            let _ = self.finished.logical_or_(&broken);
             let uniforms = self.uniforms.as_ref().map(|u| u.index_select(0, &self.step).squeeze_dim(0));
             let (token, logprob) = self.sampler.draw(&self.logits, uniforms);
             let token = token.masked_fill(&self.finished, self.eos);
@@ -343,9 +358,10 @@ impl DecodeState {
         }
     }
 
-    /// Tokens and log-probabilities of the first `steps` steps (views of the buffers).
-    fn results(&self, steps: usize) -> (Tensor, Tensor) {
-        (self.tokens.narrow(1, 0, steps as i64), self.logprobs.narrow(1, 0, steps as i64))
+    /// Tokens, log-probabilities (of the first `steps` steps) and diverged rows (views of the
+    /// buffers).
+    fn results(&self, steps: usize) -> (Tensor, Tensor, Tensor) {
+        (self.tokens.narrow(1, 0, steps as i64), self.logprobs.narrow(1, 0, steps as i64), self.diverged.shallow_clone())
     }
 }
 

@@ -6,11 +6,11 @@
 //! decoders share every modelling decision; `tests/model.rs` holds this path to transformers'
 //! logits and greedy tokens and to the libtorch path's samples for the same seed.
 
-use anyhow::{Result, bail, ensure};
+use anyhow::{Result, ensure};
 use smallrl_native::{Dims, Layer, Matrix, Model, RowOutput, UniformStream};
 use tch::Tensor;
 
-use super::batch::{CompletionRow, Generation, left_pad, masked_rows, row_rng};
+use super::batch::{CompletionRow, Generation, diverged_row, left_pad, masked_rows, row_rng};
 use super::folded::FoldedWeights;
 use smallrl_native::Sampling as SamplingParams;
 
@@ -68,10 +68,7 @@ pub fn generate(model: &NativeModel, prompts: &[Vec<u32>], params: &SamplingPara
         .collect();
     let outputs = smallrl_native::sample(&model.0, prompts, params, &mut uniforms, threads);
     if let Some(row) = outputs.iter().position(|o| o.diverged) {
-        bail!(
-            "sampling row {row}: the logits are not a distribution (a NaN or an infinite logit): the weights diverged; \
-             lower lr or max_grad_norm"
-        );
+        return Err(diverged_row(row));
     }
     Ok(assemble(prompts, &outputs, model.0.dims().eos))
 }

@@ -205,7 +205,10 @@ impl StackedSamplers {
         };
         let seconds = started.elapsed().as_secs_f64() / runs.len() as f64;
         for ((trainer, request), generation) in trainers.iter().zip(run_requests).zip(generations) {
-            trainer.prefetch(Served { request: request.clone(), generation, seconds })?;
+            // A run whose weights diverged is not served: sampling alone, it fails with the error.
+            if let Ok(generation) = generation {
+                trainer.prefetch(Served { request: request.clone(), generation, seconds })?;
+            }
         }
         Ok(())
     }
