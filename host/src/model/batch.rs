@@ -101,15 +101,21 @@ pub fn row_rng(seed: u64, row: usize) -> SplitMix64 {
 
 /// Left-pads prompts with `pad` into `[batch, longest]` ids and a 0/1 mask.
 pub fn left_pad(prompts: &[Vec<u32>], pad: i64, device: tch::Device) -> (Tensor, Tensor) {
-    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-    let mut ids = Vec::with_capacity(prompts.len() * longest);
-    let mut mask = Vec::with_capacity(prompts.len() * longest);
+    left_pad_to(prompts, prompts.iter().map(Vec::len).max().unwrap_or(0), pad, device)
+}
+
+/// Left-pads prompts with `pad` into `[batch, width]` ids and a 0/1 mask (`width` at least the
+/// longest prompt).
+pub fn left_pad_to(prompts: &[Vec<u32>], width: usize, pad: i64, device: tch::Device) -> (Tensor, Tensor) {
+    assert!(prompts.iter().all(|p| p.len() <= width), "a prompt is longer than the padded width {width}");
+    let mut ids = Vec::with_capacity(prompts.len() * width);
+    let mut mask = Vec::with_capacity(prompts.len() * width);
     for prompt in prompts {
-        let padding = longest - prompt.len();
+        let padding = width - prompt.len();
         ids.extend(std::iter::repeat_n(pad, padding).chain(prompt.iter().map(|&t| t as i64)));
         mask.extend(std::iter::repeat_n(0i64, padding).chain(std::iter::repeat_n(1, prompt.len())));
     }
-    let shape = [prompts.len() as i64, longest as i64];
+    let shape = [prompts.len() as i64, width as i64];
     (Tensor::from_slice(&ids).view(shape).to(device), Tensor::from_slice(&mask).view(shape).to(device))
 }
 

@@ -26,7 +26,7 @@ pub struct DecodeModel {
     pub(super) native: Option<NativeModel>,
     /// Decode buffers and CUDA graphs captured on these weights (`Engine::CudaGraphs`); they
     /// are freed with the model, so a graph never outlives the weights it reads.
-    pub(super) graphs: Mutex<Option<GraphedDecode>>,
+    pub(super) graphs: Mutex<Vec<GraphedDecode>>,
 }
 
 /// Keys and values of every layer, `[batch, kv_heads, capacity, head_dim]` each.
@@ -51,7 +51,7 @@ impl DecodeModel {
     pub fn new(model: &Llama, scales: &[f64]) -> Self {
         let weights = FoldedWeights::new(model, scales);
         let native = Self::native_available(model.device, model.kind).then(|| NativeModel::new(&weights));
-        Self { weights, device: model.device, kind: model.kind, native, graphs: Mutex::new(None) }
+        Self { weights, device: model.device, kind: model.kind, native, graphs: Mutex::new(Vec::new()) }
     }
 
     /// Refolds `model` at `scales` into these weights in place (the same shapes), so buffers
@@ -73,7 +73,7 @@ impl DecodeModel {
         let first = parts.first().expect("stacking needs at least one decoder");
         assert!(parts.iter().all(|p| p.device == first.device && p.kind == first.kind), "stacked decoders on different devices or dtypes");
         let weights = FoldedWeights::stack(&parts.iter().map(|p| &p.weights).collect::<Vec<_>>());
-        Self { weights, device: first.device, kind: first.kind, native: None, graphs: Mutex::new(None) }
+        Self { weights, device: first.device, kind: first.kind, native: None, graphs: Mutex::new(Vec::new()) }
     }
 
     /// Copies `parts` (the runs this decoder was stacked from, refreshed) into its weights in

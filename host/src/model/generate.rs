@@ -13,7 +13,7 @@ use anyhow::{Context, Result, ensure};
 use tch::{Kind, Tensor};
 
 use super::batch::completion_rows;
-pub use super::batch::{CompletionRow, Generation, diverged_row, left_pad, mask_through_first_eos, masked_rows, row_rng};
+pub use super::batch::{CompletionRow, Generation, diverged_row, left_pad, left_pad_to, mask_through_first_eos, masked_rows, row_rng};
 use super::cuda_graph::{self, CudaGraph};
 use super::decode::{DecodeModel, KvCache, additive_mask, prefill_mask};
 use super::native;
@@ -24,6 +24,14 @@ pub use smallrl_native::Sampling as SamplingParams;
 /// How often (in tokens) the loop asks whether every row has finished: the only point where
 /// it waits for the device, and the length of a captured CUDA graph.
 const FINISHED_CHECK_INTERVAL: usize = 8;
+
+/// The libtorch engine left-pads prompts to a multiple of this width (each run's generation is
+/// cut back to its own longest prompt afterwards), so a batch's shape, and with it a captured
+/// CUDA graph, is reused across steps whose longest prompts differ by a few tokens.
+const PROMPT_WIDTH_MULTIPLE: usize = 16;
+
+/// Decode shapes whose CUDA graphs a [`DecodeModel`] keeps (the oldest is dropped beyond this).
+const GRAPHED_SHAPES: usize = 4;
 
 /// Which implementation samples. All compute the same function from the same folded weights
 /// and draw the same tokens for the same seed; [`generate`] picks [`Engine::Native`] whenever
@@ -138,7 +146,12 @@ fn generate_libtorch(model: &DecodeModel, prompts: &[&[Vec<u32>]], params: &Samp
     let _guard = tch::no_grad_guard();
     let eos = model.weights.config.eos_token_id as i64;
     let rows_per_run = prompts[0].len();
-    let (prompt_ids, prompt_mask) = left_pad(&prompts.concat(), eos, model.device);
+    let all_prompts = prompts.concat();
+    let longest = all_prompts.iter().map(Vec::len).max().unwrap_or(0);
+    // Rounded up, but never past what the cache may hold (checked per request for `longest`).
+    let room = model.weights.config.max_position_embeddings - params.max_new_tokens;
+    let width = longest.next_multiple_of(PROMPT_WIDTH_MULTIPLE).min(room).max(longest);
+    let (prompt_ids, prompt_mask) = left_pad_to(&all_prompts, width, eos, model.device);
     let uniforms = (params.temperature != 0.0).then(|| row_uniforms(seeds, rows_per_run, params.max_new_tokens, model.device));
     let fresh = DecodeState::prefill(model, &prompt_ids, &prompt_mask, params, uniforms);
     let (tokens, logprobs, diverged) = match stepping {
@@ -201,17 +214,27 @@ fn decode(state: &mut DecodeState, mut run: impl FnMut(&mut DecodeState, usize) 
 }
 
 /// The token loop replayed from CUDA graphs: the model keeps one set of static buffers per
-/// shape (batch, prompt length, sampling settings) with a graph per chunk length, captured on
-/// first use and replayed by later calls; `fresh` (this call's prefilled state) is copied in.
+/// shape (batch, padded prompt width, sampling settings; the last [`GRAPHED_SHAPES`] shapes)
+/// with a graph per chunk length, captured on first use and replayed by later calls; `fresh`
+/// (this call's prefilled state) is copied in.
 /// Returns the tokens and log-probabilities of the steps run, and the diverged rows.
 fn decode_with_graphs(model: &DecodeModel, fresh: DecodeState) -> Result<(Tensor, Tensor, Tensor)> {
-    let mut slot = model.graphs.lock().map_err(|_| anyhow::anyhow!("an earlier CUDA-graph decode panicked"))?;
+    let mut shapes = model.graphs.lock().map_err(|_| anyhow::anyhow!("an earlier CUDA-graph decode panicked"))?;
     let key = fresh.shape_key();
-    match slot.as_mut() {
-        Some(graphed) if graphed.key == key => graphed.state.load(&fresh),
-        _ => *slot = Some(GraphedDecode { key, state: fresh, graphs: HashMap::new() }),
-    }
-    let GraphedDecode { state, graphs, .. } = slot.as_mut().expect("set above");
+    let index = match shapes.iter().position(|graphed| graphed.key == key) {
+        Some(index) => {
+            shapes[index].state.load(&fresh);
+            index
+        }
+        None => {
+            if shapes.len() == GRAPHED_SHAPES {
+                shapes.remove(0);
+            }
+            shapes.push(GraphedDecode { key, state: fresh, graphs: HashMap::new() });
+            shapes.len() - 1
+        }
+    };
+    let GraphedDecode { state, graphs, .. } = &mut shapes[index];
     let steps = decode(state, |state, n| match graphs.get(&n) {
         Some(graph) => graph.replay(),
         None => {
