@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use common::{fixture, one_thread, repo_root, standard_plugin, test_plugin};
 use serde_json::{Map, Value, json};
 use smallrl::train::metrics::key;
-use smallrl::train::packed::{PackedRun, Stacking, train_packed, train_packed_with};
+use smallrl::train::packed::{PackOptions, PackedRun, Stacking, train_packed, train_packed_with};
 use smallrl::train::{TrainConfig, Trainer};
 
 /// A small, fast configuration: 8 completions per step in groups of 4, short completions.
@@ -1036,7 +1036,8 @@ fn packed_runs_equal_the_same_runs_trained_alone_and_resume_alone() {
 }
 
 /// Packed runs sampled stacked on a leading run axis (`Stacking::Always`: on the CPU the stacked
-/// libtorch decoder instead of each run's native sampler) are the runs trained alone: the same
+/// libtorch decoder instead of each run's native sampler) and stepped by two worker threads at
+/// once are the runs trained alone: the same
 /// completions, coherence rows included (a step's second sampler call, at other adapter
 /// scales), bit-identical checkpoints, and metrics within 1e-5 relative (1e-9 absolute near
 /// zero): the two engines compute the sampler's log-probabilities to float32 rounding, and those
@@ -1053,7 +1054,8 @@ fn packed_runs_sampled_stacked_equal_the_same_runs_trained_alone() {
     let alone: Vec<PathBuf> = with_coherence(&out.path().join("alone")).into_iter().map(train).collect();
     one_thread();
     let runs = with_coherence(&out.path().join("packed")).into_iter().map(|c| PackedRun { config: TrainConfig::resolve(None, c).unwrap(), resume: None }).collect();
-    let packed: Vec<PathBuf> = train_packed_with(runs, None, Stacking::Always).unwrap().into_iter().map(|outcome| outcome.unwrap().run_dir).collect();
+    let options = PackOptions { stacking: Stacking::Always, workers: 2 };
+    let packed: Vec<PathBuf> = train_packed_with(runs, None, options).unwrap().into_iter().map(|outcome| outcome.unwrap().run_dir).collect();
     for (alone, packed) in alone.iter().zip(&packed) {
         assert_eq!(alone.file_name(), packed.file_name(), "run names");
         let log = std::fs::read_to_string(packed.join("train.log")).unwrap();
@@ -1120,13 +1122,14 @@ fn a_failing_run_leaves_its_pack_and_mismatched_runs_are_refused() {
     assert!(refused.contains("`lora_preset` is \"r4\"") && refused.contains("\"r8\"") && refused.contains("drop --pack"), "{refused}");
     assert!(entries(out.path()).is_empty(), "a refused pack writes nothing: {:?}", entries(out.path()));
 
-    // Each run sampling alone (the CPU's native sampler), and sampled stacked (the diverged
-    // run's part of the stacked decode is an error of its own).
-    for stacking in [Stacking::Auto, Stacking::Always] {
+    // Each run sampling alone (the CPU's native sampler) one after another, and sampled stacked
+    // (the diverged run's part of the stacked decode is an error of its own) by two workers.
+    for options in [PackOptions::default(), PackOptions { stacking: Stacking::Always, workers: 2 }] {
+        let stacking = options.stacking;
         let dir = out.path().join(format!("{stacking:?}"));
         one_thread();
         let runs = failing_pack(&dir).into_iter().map(|c| PackedRun { config: TrainConfig::resolve(None, c).unwrap(), resume: None }).collect();
-        let outcomes = train_packed_with(runs, None, stacking).unwrap();
+        let outcomes = train_packed_with(runs, None, options).unwrap();
         let finished = outcomes[0].as_ref().unwrap();
         assert_eq!(finished.steps, 2);
         assert!(finished.run_dir.join("checkpoint-2").is_dir());

@@ -12,7 +12,7 @@ use crate::device::DeviceSpec;
 use crate::model::decode::DecodeModel;
 use crate::model::generate::{Engine, SamplingParams, generate_stacked, generate_with};
 use crate::train::metrics::key;
-use crate::train::packed::{PackedRun, train_packed};
+use crate::train::packed::{PackOptions, PackedRun, train_packed_with};
 use crate::train::{TrainConfig, Trainer};
 
 #[derive(Subcommand, Debug)]
@@ -48,6 +48,9 @@ pub struct TrainBench {
     /// another and then packed in one lockstep pack (`train::packed`); prints steps/s in all.
     #[arg(long, value_name = "N")]
     pub pack: Option<usize>,
+    /// With --pack: threads that step the pack's runs at once (`train --pack-workers`).
+    #[arg(long, value_name = "W", default_value_t = 1, requires = "pack")]
+    pub pack_workers: usize,
 }
 
 #[derive(Args, Debug)]
@@ -137,7 +140,7 @@ fn bench_train(args: TrainBench) -> Result<()> {
 /// on the machine only ever slow a measurement down.
 fn bench_packed(args: &TrainBench, runs: usize, thread_counts: &[usize], out: &Path) -> Result<()> {
     anyhow::ensure!(runs >= 1, "--pack must be at least 1");
-    println!("{runs} runs (seeds 0..{runs}) of {} steps each: one after another, and packed", args.steps);
+    println!("{runs} runs (seeds 0..{runs}) of {} steps each: one after another, and packed ({} worker threads)", args.steps, args.pack_workers);
     for adapter in ["full", "dual-lora"] {
         for &threads in thread_counts {
             let configs = |dir: String| (0..runs as u64).map(|seed| bench_config(args, adapter, threads, args.steps, seed, &out.join(&dir))).collect::<Result<Vec<_>>>();
@@ -154,7 +157,8 @@ fn bench_packed(args: &TrainBench, runs: usize, thread_counts: &[usize], out: &P
                 alone = (alone.0.min(measured.0), alone.1.min(measured.1));
                 let measured = timed(|| {
                     let packed_runs = configs(format!("packed-{round}"))?.into_iter().map(|config| PackedRun { config, resume: None }).collect();
-                    train_packed(packed_runs, None)?.into_iter().map(|outcome| outcome.map(|_| ())).collect()
+                    let options = PackOptions { workers: args.pack_workers, ..Default::default() };
+                    train_packed_with(packed_runs, None, options)?.into_iter().map(|outcome| outcome.map(|_| ())).collect()
                 })?;
                 packed = (packed.0.min(measured.0), packed.1.min(measured.1));
             }

@@ -50,6 +50,10 @@ pub struct SweepArgs {
     /// Default: 1 on the CPU; on CUDA 16 when the grid's runs share an architecture, else 1.
     #[arg(long, value_name = "N", conflicts_with_all = ["collect", "emit"])]
     pub pack: Option<usize>,
+    /// Threads that step a pack's runs at once (`train --pack-workers`); each run then gets
+    /// max(1, cores / (jobs x W)) libtorch threads.
+    #[arg(long, value_name = "W", default_value_t = 1, conflicts_with_all = ["collect", "emit"])]
+    pub pack_workers: usize,
     /// Where run directories, logs, summary.csv and charts go (also the cache of finished runs).
     #[arg(long, default_value = defaults::SWEEP_OUTPUT_DIR)]
     pub output_dir: PathBuf,
@@ -113,7 +117,8 @@ pub fn run(args: SweepArgs) -> Result<()> {
     if args.jobs > 1 && plan.runs.iter().any(|run| run.config.device.resolve().is_ok_and(|d| d.is_cuda())) {
         println!("{}", crate::device::mps_advice(args.jobs, crate::device::mps_daemon_running(std::path::Path::new("/proc"))));
     }
-    let launch = runner::Launch { pack, ..runner::Launch::for_jobs(args.jobs)? };
+    anyhow::ensure!(args.pack_workers >= 1, "--pack-workers must be at least 1");
+    let launch = runner::Launch { pack, ..runner::Launch::for_jobs(args.jobs, args.pack_workers)? };
     let statuses = runner::execute(&plan, args.jobs, &launch)?;
     sweeps::report(&plan.output_dir, &sweeps::entries_of_plan(&plan, &statuses))?;
     let failed: Vec<&String> = statuses.iter().filter(|(_, s)| **s == RunStatus::Failed).map(|(n, _)| n).collect();

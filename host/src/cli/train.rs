@@ -56,6 +56,11 @@ pub struct TrainArgs {
     /// Packed runs: a run directory to resume, as `smallrl train --resume DIR` (repeatable).
     #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["config", "resume"])]
     pub pack_resume: Vec<PathBuf>,
+    /// Packed runs: threads that step the runs at once, each a fixed share of them (1: one after
+    /// another). What a run computes does not depend on it. On the CPU give each run
+    /// `--threads` cores / N.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub pack_workers: usize,
     /// Stop after this many steps in this invocation (the run can be resumed).
     #[arg(long, hide = true)]
     pub stop_after: Option<usize>,
@@ -87,6 +92,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
     if !args.pack_config.is_empty() || !args.pack_resume.is_empty() {
         return run_packed(&args, overrides);
     }
+    anyhow::ensure!(args.pack_workers == 1, "--pack-workers steps packed runs: it needs --pack-config or --pack-resume");
     let (config, resume) = match &args.resume {
         Some(run_dir) => (resumed_config(run_dir, overrides, args.extend_schedule)?, Some(run_dir.as_path())),
         None => (TrainConfig::resolve(args.config.as_deref(), overrides)?, None),
@@ -114,7 +120,9 @@ fn run_packed(args: &TrainArgs, overrides: Map<String, Value>) -> Result<()> {
         runs.push(PackedRun { config: resumed_config(dir, overrides.clone(), false)?, resume: Some(dir.clone()) });
     }
     let total = runs.len();
-    let outcomes = packed::train_packed(runs, args.stop_after)?;
+    anyhow::ensure!(args.pack_workers >= 1, "--pack-workers must be at least 1");
+    let options = packed::PackOptions { workers: args.pack_workers, ..Default::default() };
+    let outcomes = packed::train_packed_with(runs, args.stop_after, options)?;
     let mut failed = 0;
     for outcome in outcomes {
         match outcome {

@@ -99,7 +99,10 @@ char* smallrl_graph_capture_begin(void* graph) {
   return guarded([&] {
     auto* g = static_cast<Graph*>(graph);
     TORCH_CHECK(g->on_side_stream.has_value(), "capture must begin on the side stream");
-    g->graph.capture_begin();
+    // Thread-local capture: a pack's worker threads (train --pack-workers) keep launching and
+    // allocating on their own while this thread records; only this thread's unsafe calls are
+    // refused during the capture.
+    g->graph.capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
     g->capturing = true;
   });
 }

@@ -29,14 +29,18 @@ pub struct Launch {
     pub status_every: Duration,
     /// Runs per child process (1: one `smallrl train` per run).
     pub pack: usize,
+    /// Threads that step a pack's runs at once (`train --pack-workers`).
+    pub pack_workers: usize,
 }
 
 impl Launch {
-    /// `jobs` children share the machine's cores: each gets `max(1, cores / jobs)` threads.
-    pub fn for_jobs(jobs: usize) -> Result<Self> {
+    /// `jobs` children of `pack_workers` threads stepping runs each share the machine's cores:
+    /// each run gets `max(1, cores / (jobs * pack_workers))` libtorch threads.
+    pub fn for_jobs(jobs: usize, pack_workers: usize) -> Result<Self> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let exe = std::env::current_exe().context("cannot find the smallrl executable to start runs with")?;
-        Ok(Self { exe, threads_per_run: (cores / jobs.max(1)).max(1), status_every: Duration::from_secs(defaults::SWEEP_STATUS_SECONDS), pack: 1 })
+        let threads_per_run = (cores / (jobs.max(1) * pack_workers.max(1))).max(1);
+        Ok(Self { exe, threads_per_run, status_every: Duration::from_secs(defaults::SWEEP_STATUS_SECONDS), pack: 1, pack_workers })
     }
 }
 
@@ -47,9 +51,11 @@ pub fn train_args(plan: &Plan, run: &PlannedRun, threads: usize) -> Vec<OsString
 }
 
 /// The arguments of `smallrl` that train `runs` as one pack, each started or resumed as
-/// [`train_args`] would.
-pub fn packed_train_args(plan: &Plan, runs: &[&PlannedRun], threads: usize) -> Vec<OsString> {
-    command_args(plan, runs, ["--pack-resume", "--pack-config"], threads)
+/// [`train_args`] would, stepped by `workers` threads.
+pub fn packed_train_args(plan: &Plan, runs: &[&PlannedRun], threads: usize, workers: usize) -> Vec<OsString> {
+    let mut args = command_args(plan, runs, ["--pack-resume", "--pack-config"], threads);
+    args.extend(["--pack-workers".into(), workers.to_string().into()]);
+    args
 }
 
 /// `train`, then per run `resume DIR` (a resumable run) or `config YAML`, then the threads.
@@ -165,7 +171,7 @@ fn spawn(plan: &Plan, runs: &[&PlannedRun], launch: &Launch) -> Result<(Child, P
     let packed = launch.pack > 1;
     let (log_path, args) = match runs {
         [run] if !packed => (log_path(&plan.output_dir, &run.name), train_args(plan, run, launch.threads_per_run)),
-        _ => (pack_log_path(&plan.output_dir, &runs[0].name), packed_train_args(plan, runs, launch.threads_per_run)),
+        _ => (pack_log_path(&plan.output_dir, &runs[0].name), packed_train_args(plan, runs, launch.threads_per_run, launch.pack_workers)),
     };
     let log = std::fs::File::create(&log_path).with_context(|| format!("cannot create {}", log_path.display()))?;
     let stderr = log.try_clone().with_context(|| format!("cannot share {}", log_path.display()))?;

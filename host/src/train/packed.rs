@@ -99,17 +99,33 @@ pub enum Stacking {
     Never,
 }
 
-/// Trains the runs together, in lockstep, each to its `max_steps` (or `stop_after` steps from
-/// where it starts, for tests of resumption), sampling stacked where that is faster
-/// ([`Stacking::Auto`]). Returns each run's outcome in the given order: a run that cannot start
-/// or fails at a step is an `Err` (recorded in its train.log once its directory exists); the
-/// others are unaffected.
-pub fn train_packed(runs: Vec<PackedRun>, stop_after: Option<usize>) -> Result<Vec<Result<RunSummary>>> {
-    train_packed_with(runs, stop_after, Stacking::Auto)
+/// How a pack runs; neither choice changes what a run computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackOptions {
+    pub stacking: Stacking,
+    /// Threads that advance the runs' steps at once, each a fixed share of the runs (1: one
+    /// run after another). The stacked sampling before each round stays on the calling thread.
+    pub workers: usize,
 }
 
-/// [`train_packed`] with the sampling's stacking chosen.
-pub fn train_packed_with(runs: Vec<PackedRun>, stop_after: Option<usize>, stacking: Stacking) -> Result<Vec<Result<RunSummary>>> {
+impl Default for PackOptions {
+    fn default() -> Self {
+        Self { stacking: Stacking::Auto, workers: 1 }
+    }
+}
+
+/// Trains the runs together, in lockstep, each to its `max_steps` (or `stop_after` steps from
+/// where it starts, for tests of resumption), sampling stacked where that is faster
+/// ([`Stacking::Auto`]), one run's step after another. Returns each run's outcome in the given
+/// order: a run that cannot start or fails at a step is an `Err` (recorded in its train.log
+/// once its directory exists); the others are unaffected.
+pub fn train_packed(runs: Vec<PackedRun>, stop_after: Option<usize>) -> Result<Vec<Result<RunSummary>>> {
+    train_packed_with(runs, stop_after, PackOptions::default())
+}
+
+/// [`train_packed`] with the stacking and the worker threads chosen.
+pub fn train_packed_with(runs: Vec<PackedRun>, stop_after: Option<usize>, options: PackOptions) -> Result<Vec<Result<RunSummary>>> {
+    anyhow::ensure!(options.workers >= 1, "a pack needs at least one worker thread");
     check_packable(&runs.iter().map(|r| &r.config).collect::<Vec<_>>())?;
     let mut members: Vec<Member> = runs
         .into_iter()
@@ -124,14 +140,29 @@ pub fn train_packed_with(runs: Vec<PackedRun>, stop_after: Option<usize>, stacki
         .collect();
     let mut samplers = StackedSamplers::default();
     while members.iter().any(Member::is_training) {
-        if stacking != Stacking::Never {
-            samplers.serve(&mut members, stacking);
+        if options.stacking != Stacking::Never {
+            samplers.serve(&mut members, options.stacking);
         }
-        for member in &mut members {
-            member.advance();
-        }
+        advance_all(&mut members, options.workers);
     }
     Ok(members.into_iter().map(Member::outcome).collect())
+}
+
+/// Advances every training run by one step: one after another, or with `workers` > 1 in that
+/// many scoped threads, each advancing a fixed share of the runs. Runs share nothing (each
+/// `Trainer` owns its tensors, plugins and files; libtorch's grad mode is per thread), so the
+/// threads do not change what any run computes (`tests/train.rs` holds them to the solo runs).
+fn advance_all(members: &mut [Member], workers: usize) {
+    if workers <= 1 || members.len() <= 1 {
+        members.iter_mut().for_each(Member::advance);
+        return;
+    }
+    let share = members.len().div_ceil(workers);
+    std::thread::scope(|scope| {
+        for runs in members.chunks_mut(share) {
+            scope.spawn(move || runs.iter_mut().for_each(Member::advance));
+        }
+    });
 }
 
 /// The pack's stacked decoders, one per set of runs sampled together (and per sampler call of
@@ -292,3 +323,4 @@ impl Member {
         }
     }
 }
+
