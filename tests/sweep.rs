@@ -765,8 +765,9 @@ fn intervention_arms_sweep_end_to_end() {
     assert!(flagged_seen.iter().all(|&n| n > 0), "every arm saw flagged samples (steps per arm: {flagged_seen:?})");
 }
 
-/// `--pack 4`: the six runs of the tiny sweep (routed runs and their baselines differ in
-/// routing, seed and nothing of their shapes) train in two child processes, each run finishing
+/// `--pack 4 --pack-workers 2`: the six runs of the tiny sweep (routed runs and their baselines
+/// differ in routing, seed and nothing of their shapes) train in two child processes, each
+/// stepping its runs in two threads, each run finishing
 /// in its own directory as a solo run would; a second sweep finds them all cached. A grid over a
 /// shape key is refused before any run starts, naming the key.
 #[test]
@@ -783,7 +784,7 @@ fn a_packed_sweep_trains_in_packs_and_refuses_different_shapes() {
     assert!(!out.exists(), "a refused sweep writes nothing");
 
     let mut args = tiny_sweep_args(&out);
-    args.extend(["--pack", "4"].map(String::from));
+    args.extend(["--pack", "4", "--pack-workers", "2"].map(String::from));
     let stdout = run_sweep(&args);
     assert_eq!(stdout.lines().filter(|l| l.starts_with("[DONE ") && l.contains(" OK ")).count(), 6, "{stdout}");
     check_summary_against_metrics(&out, "OK");
