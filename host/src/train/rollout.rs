@@ -243,20 +243,24 @@ impl Trainer {
 
     /// Hands the run a generation sampled for it ahead of its step (by a pack).
     pub(super) fn prefetch(&self, served: Served) -> Result<()> {
-        self.prefetched.lock().map_err(|_| anyhow::anyhow!("an earlier sampling call panicked"))?.push(served);
+        self.prefetched()?.push(served);
         Ok(())
+    }
+
+    fn prefetched(&self) -> Result<MutexGuard<'_, Vec<Served>>> {
+        self.prefetched.lock().map_err(|_| anyhow::anyhow!("an earlier sampling call panicked"))
     }
 
     /// The generation served for exactly `request` (same scales, prompts and seed), if any.
     fn take_prefetched(&self, request: &SampleRequest) -> Result<Option<Served>> {
-        let mut prefetched = self.prefetched.lock().map_err(|_| anyhow::anyhow!("an earlier sampling call panicked"))?;
+        let mut prefetched = self.prefetched()?;
         Ok(prefetched.iter().position(|served| &served.request == request).map(|index| prefetched.remove(index)))
     }
 
     /// Fails if a generation served ahead was not used by the step it was served for: the pack
     /// computed a request the step did not make, a bug that must not pass silently.
     pub(super) fn check_prefetched_used(&self) -> Result<()> {
-        let mut prefetched = self.prefetched.lock().map_err(|_| anyhow::anyhow!("an earlier sampling call panicked"))?;
+        let mut prefetched = self.prefetched()?;
         let unused = prefetched.len();
         prefetched.clear();
         anyhow::ensure!(unused == 0, "internal error: {unused} generations sampled ahead for this run's step were not the ones it asked for (please report this)");
