@@ -101,7 +101,8 @@ pub fn run(args: SweepArgs) -> Result<()> {
     anyhow::ensure!(args.jobs >= 1, "--jobs must be at least 1");
     anyhow::ensure!(args.pack != Some(0), "--pack must be at least 1 (1: one process per run)");
     let plan = plan::plan(&spec(&args)?)?;
-    let pack = pack_size(args.pack, &plan)?;
+    // A scheduler's jobs are one run each (`--pack` conflicts with `--emit`).
+    let pack = if args.emit.is_some() { 1 } else { pack_size(args.pack, &plan)? };
     print_plan(&plan);
     if args.dry_run {
         return Ok(());
