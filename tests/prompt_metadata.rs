@@ -178,7 +178,11 @@ fn hack_frac_is_a_fixed_partition_of_the_prompts() {
     let kept = texts.iter().filter(|text| keeps_hack(text, 0.3)).count() as f64 / texts.len() as f64;
     // A Binomial(4000, 0.3) fraction: standard deviation 0.0072; 5 of them.
     assert!((kept - 0.3).abs() < 0.036, "{kept}");
-    assert!(texts.iter().all(|text| keeps_hack(text, 0.3) == keeps_hack(text, 0.3)));
+    // The hash's first 8 bytes over 2^64, computed with Python's hashlib for "hackable:" + text:
+    // 0.8471, 0.2240, 0.8183, 0.0778 for prompts 0 to 3.
+    for (i, position) in [0.847_066_8, 0.224_006_0, 0.818_268_4, 0.077_786_3].into_iter().enumerate() {
+        assert!(keeps_hack(&texts[i], position + 1e-6) && !keeps_hack(&texts[i], position - 1e-6), "{}", texts[i]);
+    }
     assert!(texts.iter().filter(|text| keeps_hack(text, 0.3)).all(|text| keeps_hack(text, 0.6)), "nested in the fraction");
     assert!(!texts.iter().any(|text| keeps_hack(text, 0.0)));
 

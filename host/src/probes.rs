@@ -70,13 +70,28 @@ impl PassGradients {
     /// now (zeros for a parameter without one). `last`: no copy is kept after it.
     pub fn record(&mut self, accumulated: Vec<Tensor>, last: bool) {
         let _guard = tch::no_grad_guard();
-        let squared_norm = |tensors: &mut dyn Iterator<Item = Tensor>| tensors.map(|t| t.square().sum(Kind::Double).double_value(&[])).sum::<f64>();
-        let pass = match &self.previous {
-            None => squared_norm(&mut accumulated.iter().map(Tensor::shallow_clone)),
-            Some(previous) => squared_norm(&mut accumulated.iter().zip(previous).map(|(now, then)| now - then)),
+        // One read of a number per norm (not per tensor, as `AdapterConfig::slot_norms`): a
+        // step has a few hundred tensors, and each read waits for the device.
+        let squared_norm = |tensors: &mut dyn Iterator<Item = Tensor>| {
+            let sums: Vec<Tensor> = tensors.map(|t| t.square().sum(Kind::Double)).collect();
+            if sums.is_empty() { 0.0 } else { Tensor::stack(&sums, 0).sum(Kind::Double).double_value(&[]) }
         };
-        self.pass_squared_norms.push(pass);
-        self.total_squared_norm = squared_norm(&mut accumulated.iter().map(Tensor::shallow_clone));
+        let total = || squared_norm(&mut accumulated.iter().map(Tensor::shallow_clone));
+        match &self.previous {
+            // The first pass's gradient is the accumulated one.
+            None => {
+                let pass = total();
+                self.pass_squared_norms.push(pass);
+                self.total_squared_norm = pass;
+            }
+            Some(previous) => {
+                self.pass_squared_norms.push(squared_norm(&mut accumulated.iter().zip(previous).map(|(now, then)| now - then)));
+                // Only the last pass's total is the step's.
+                if last {
+                    self.total_squared_norm = total();
+                }
+            }
+        }
         self.previous = (!last).then(|| accumulated.iter().map(Tensor::copy).collect());
     }
 }

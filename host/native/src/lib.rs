@@ -161,8 +161,8 @@ impl Model {
 pub struct RowOutput {
     pub tokens: Vec<u32>,
     pub logprobs: Vec<f32>,
-    /// The row stopped early because no token had a positive probability (non-finite logits:
-    /// the weights diverged); the caller reports it as an error.
+    /// The row stopped early because its logits were not a distribution (a NaN or an infinite
+    /// logit: the weights diverged); the caller reports it as an error.
     pub diverged: bool,
 }
 
@@ -682,7 +682,7 @@ fn draw(scores: &mut [f32], seen: Option<&[bool]>, params: &Sampling, uniform: &
     if !total.is_finite() {
         return None;
     }
-    let token = inverse_cdf(scores, uniform())?;
+    let token = inverse_cdf(scores, uniform());
     Some((token as u32, (scores[token] / total).ln()))
 }
 
@@ -701,7 +701,7 @@ fn argmax(x: &[f32]) -> usize {
 /// unnormalised weights: a bin of weight 0 is never chosen. Blocks of 64 are summed first so
 /// the sequential part is short.
 #[inline(always)]
-fn inverse_cdf(weights: &[f32], uniform: f64) -> Option<usize> {
+fn inverse_cdf(weights: &[f32], uniform: f64) -> usize {
     const BLOCK: usize = 64;
     let block_sums: Vec<f64> = weights.chunks(BLOCK).map(sum_f64).collect();
     let target = uniform * block_sums.iter().sum::<f64>();
@@ -713,18 +713,18 @@ fn inverse_cdf(weights: &[f32], uniform: f64) -> Option<usize> {
             for (i, &w) in block.iter().enumerate() {
                 inside += w as f64;
                 if inside > target {
-                    return Some(b * BLOCK + i);
+                    return b * BLOCK + i;
                 }
             }
             // The block's sum (eight lanes) and its running sum round differently: the draw
             // fell in the block's last ulps, so it belongs to the block's last token with weight.
-            return Some(b * BLOCK + block.iter().rposition(|&w| w > 0.0).expect("a block with positive sum has a token with weight"));
+            return b * BLOCK + block.iter().rposition(|&w| w > 0.0).expect("a block with positive sum has a token with weight");
         }
         cumulative += block_sum;
     }
-    // Rounding can leave the target at the very top: the last bin with weight. None when no bin
-    // has weight (NaN weights compare false everywhere above and here).
-    weights.iter().rposition(|&w| w > 0.0)
+    // Rounding can leave the target at the very top: the last bin with weight (`draw` checked
+    // that the weights are finite, so the largest has weight 1).
+    weights.iter().rposition(|&w| w > 0.0).expect("no token has positive probability")
 }
 
 /// HF `TopKLogitsWarper`: scores below the k-th largest become `-inf`.
@@ -778,7 +778,7 @@ mod tests {
         weights[199] = 1.0;
         // Cumulative edges at 1, 3, 4 of a total of 4.
         for (uniform, expected) in [(0.0, 1), (0.2499, 1), (0.25, 130), (0.7499, 130), (0.75, 199), (0.999_999, 199)] {
-            assert_eq!(inverse_cdf(&weights, uniform), Some(expected), "uniform {uniform}");
+            assert_eq!(inverse_cdf(&weights, uniform), expected, "uniform {uniform}");
         }
     }
 
@@ -807,7 +807,7 @@ mod tests {
         let total = block0 + 1.0;
         let uniform = (1.0 + (block0 - 1.0) / 2.0) / total;
         assert!(uniform * total > 1.0 && uniform * total < block0);
-        assert_eq!(inverse_cdf(&weights, uniform), Some(63));
+        assert_eq!(inverse_cdf(&weights, uniform), 63);
     }
 
     #[test]

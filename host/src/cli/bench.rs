@@ -114,11 +114,7 @@ fn bench_train(args: TrainBench) -> Result<()> {
             for _ in 0..=args.steps {
                 steps.push(trainer.train_one()?);
             }
-            let median = |key: &str| {
-                let mut values: Vec<f64> = steps[1..].iter().map(|m| m[key].as_f64().unwrap_or(f64::NAN)).collect();
-                values.sort_by(f64::total_cmp);
-                values[values.len() / 2]
-            };
+            let median = |key: &str| median(steps[1..].iter().map(|m| m[key].as_f64().unwrap_or(f64::NAN)).collect());
             println!(
                 "{adapter:<9} threads {threads}: step {:.3} s (generate {:.3}, score {:.4}, reference + old log-probs {:.3}, train {:.3}), mean completion {:.0} tokens",
                 median(key::STEP_TIME),
@@ -281,6 +277,11 @@ fn median_batch(decoder: &DecodeModel, repeats: usize, mut batch: impl FnMut(u64
         synchronize();
         times.push(start.elapsed().as_secs_f64());
     }
-    times.sort_by(f64::total_cmp);
-    Ok((times[times.len() / 2], tokens))
+    Ok((median(times), tokens))
+}
+
+/// The median of `values` (the upper one of an even count).
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
 }

@@ -100,9 +100,12 @@ pub fn run(args: SweepArgs) -> Result<()> {
     }
     anyhow::ensure!(args.jobs >= 1, "--jobs must be at least 1");
     anyhow::ensure!(args.pack != Some(0), "--pack must be at least 1 (1: one process per run)");
+    anyhow::ensure!(args.pack_workers >= 1, "--pack-workers must be at least 1");
     let plan = plan::plan(&spec(&args)?)?;
     // A scheduler's jobs are one run each (`--pack` conflicts with `--emit`).
     let pack = if args.emit.is_some() { 1 } else { pack_size(args.pack, &plan)? };
+    // Workers step a pack's runs; without packs they would only divide each run's threads.
+    anyhow::ensure!(pack > 1 || args.pack_workers == 1, "--pack-workers steps packed runs: give --pack N with N > 1 as well");
     print_plan(&plan);
     if args.dry_run {
         return Ok(());
@@ -118,7 +121,6 @@ pub fn run(args: SweepArgs) -> Result<()> {
     if args.jobs > 1 && plan.runs.iter().any(|run| run.config.device.resolve().is_ok_and(|d| d.is_cuda())) {
         println!("{}", crate::device::mps_advice(args.jobs, crate::device::mps_daemon_running(std::path::Path::new("/proc"))));
     }
-    anyhow::ensure!(args.pack_workers >= 1, "--pack-workers must be at least 1");
     let launch = runner::Launch { pack, ..runner::Launch::for_jobs(args.jobs, args.pack_workers)? };
     let statuses = runner::execute(&plan, args.jobs, &launch)?;
     sweeps::report(&plan.output_dir, &sweeps::entries_of_plan(&plan, &statuses))?;

@@ -120,7 +120,6 @@ fn run_packed(args: &TrainArgs, overrides: Map<String, Value>) -> Result<()> {
         runs.push(PackedRun { config: resumed_config(dir, overrides.clone(), false)?, resume: Some(dir.clone()) });
     }
     let total = runs.len();
-    anyhow::ensure!(args.pack_workers >= 1, "--pack-workers must be at least 1");
     let options = packed::PackOptions { workers: args.pack_workers, ..Default::default() };
     let outcomes = packed::train_packed_with(runs, args.stop_after, options)?;
     let mut failed = 0;

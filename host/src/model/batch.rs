@@ -44,9 +44,7 @@ impl Generation {
             rows,
         }
     }
-}
 
-impl Generation {
     /// The rows `rows` (in that order) as a generation of their own, padded as before.
     pub fn select_rows(&self, rows: &[usize]) -> Generation {
         let index = Tensor::from_slice(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>()).to(self.prompt_ids.device());
@@ -87,14 +85,14 @@ pub struct CompletionRow {
     pub ended_with_eos: bool,
 }
 
-/// The random stream of batch row `row`. One stream per row (not one per batch) makes a row's
-/// sample independent of how rows are split across threads.
 /// The error of a sampling call in which row `row` stopped being a distribution, whichever
 /// engine sampled it.
 pub fn diverged_row(row: usize) -> anyhow::Error {
     anyhow::anyhow!("sampling row {row}: the logits are not a distribution (a NaN or an infinite logit): the weights diverged; lower lr or max_grad_norm")
 }
 
+/// The random stream of batch row `row`. One stream per row (not one per batch) makes a row's
+/// sample independent of how rows are split across threads.
 pub fn row_rng(seed: u64, row: usize) -> SplitMix64 {
     SplitMix64::new(crate::rng::derive(seed, "sample-row", row as u64))
 }

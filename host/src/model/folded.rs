@@ -114,19 +114,12 @@ impl FoldedWeights {
 }
 
 impl FoldedWeights {
-    /// Every tensor that differs between runs (all but the rotary tables), in a fixed order.
+    /// Every tensor that depends on the weights (all but the rotary tables), in a fixed order.
     fn run_tensors(&self) -> Vec<&Tensor> {
         let mut all = vec![&self.embed_tokens, &self.norm, &self.head_t];
         for l in &self.layers {
             all.extend([&l.input_layernorm, &l.qkv_t, &l.o_t, &l.post_attention_layernorm, &l.gate_up_t, &l.down_t]);
         }
-        all
-    }
-
-    /// Every tensor, in a fixed order.
-    fn tensors(&self) -> Vec<&Tensor> {
-        let mut all = self.run_tensors();
-        all.extend([&self.cos, &self.sin]);
         all
     }
 
@@ -148,7 +141,8 @@ impl FoldedWeights {
         let _guard = tch::no_grad_guard();
         assert_eq!(self.config, other.config, "refolded weights of another shape");
         assert_eq!(self.runs, other.runs, "refolded weights of another run count");
-        let (to, from) = (self.tensors(), other.tensors());
+        // The rotary tables follow from the config, equal above.
+        let (to, from) = (self.run_tensors(), other.run_tensors());
         assert_eq!(to.len(), from.len(), "refolded weights with another layer count");
         for (to, from) in to.into_iter().zip(from) {
             assert_eq!(to.size(), from.size(), "refolded weights of another shape");

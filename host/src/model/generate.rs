@@ -154,7 +154,7 @@ fn generate_libtorch(model: &DecodeModel, prompts: &[&[Vec<u32>]], params: &Samp
     let (prompt_ids, prompt_mask) = left_pad_to(&all_prompts, width, eos, model.device);
     let uniforms = (params.temperature != 0.0).then(|| row_uniforms(seeds, rows_per_run, params.max_new_tokens, model.device));
     let fresh = DecodeState::prefill(model, &prompt_ids, &prompt_mask, params, uniforms);
-    let (tokens, logprobs, diverged) = match stepping {
+    let (tokens, logprobs) = match stepping {
         Stepping::Eager => {
             let mut state = fresh;
             let steps = decode(&mut state, |state, n| {
@@ -166,7 +166,10 @@ fn generate_libtorch(model: &DecodeModel, prompts: &[&[Vec<u32>]], params: &Samp
         Stepping::Graphs => decode_with_graphs(model, fresh)?,
     };
     let padded_width = prompt_ids.size()[1];
-    let diverged = Vec::<bool>::try_from(&diverged).context("reading the diverged rows")?;
+    // A row whose logits stop being a distribution (a NaN or an infinite logit: the weights
+    // diverged) draws from NaN probabilities, so the log-probability it records for that token is
+    // NaN, and a healthy row's never is: one check after the loop, no work per token.
+    let diverged = Vec::<bool>::try_from(&logprobs.isnan().any_dim(1, false)).context("reading the diverged rows")?;
     Ok(prompts
         .iter()
         .enumerate()
@@ -217,8 +220,8 @@ fn decode(state: &mut DecodeState, mut run: impl FnMut(&mut DecodeState, usize) 
 /// shape (batch, padded prompt width, sampling settings; the last [`GRAPHED_SHAPES`] shapes)
 /// with a graph per chunk length, captured on first use and replayed by later calls; `fresh`
 /// (this call's prefilled state) is copied in.
-/// Returns the tokens and log-probabilities of the steps run, and the diverged rows.
-fn decode_with_graphs(model: &DecodeModel, fresh: DecodeState) -> Result<(Tensor, Tensor, Tensor)> {
+/// Returns the tokens and log-probabilities of the steps run.
+fn decode_with_graphs(model: &DecodeModel, fresh: DecodeState) -> Result<(Tensor, Tensor)> {
     let mut shapes = model.graphs.lock().map_err(|_| anyhow::anyhow!("an earlier CUDA-graph decode panicked"))?;
     let key = fresh.shape_key();
     let index = match shapes.iter().position(|graphed| graphed.key == key) {
@@ -244,8 +247,8 @@ fn decode_with_graphs(model: &DecodeModel, fresh: DecodeState) -> Result<(Tensor
         }
     })?;
     // The buffers are overwritten by the next call: the results are copied out.
-    let (tokens, logprobs, diverged) = state.results(steps);
-    Ok((tokens.copy(), logprobs.copy(), diverged.copy()))
+    let (tokens, logprobs) = state.results(steps);
+    Ok((tokens.copy(), logprobs.copy()))
 }
 
 /// Static buffers and CUDA graphs of one decode shape, kept by the [`DecodeModel`].
@@ -284,9 +287,6 @@ struct DecodeState {
     logprobs: Tensor,
     /// `[batch]` bool: rows that produced EOS.
     finished: Tensor,
-    /// `[batch]` bool: rows whose logits stopped being a distribution (a NaN or an infinite
-    /// logit: the weights diverged); they count as finished, and the call fails for their run.
-    diverged: Tensor,
     /// `[max_new_tokens, batch]` float64, `None` for greedy decoding.
     uniforms: Option<Tensor>,
     sampler: Sampler,
@@ -315,7 +315,6 @@ impl DecodeState {
             tokens: Tensor::full([batch, max_new_tokens], eos, (Kind::Int64, device)),
             logprobs: Tensor::zeros([batch, max_new_tokens], (Kind::Float, device)),
             finished: Tensor::zeros([batch], (Kind::Bool, device)),
-            diverged: Tensor::zeros([batch], (Kind::Bool, device)),
             uniforms,
             sampler: Sampler::new(params, prompt_ids, prompt_mask, model.weights.config.vocab_size as i64),
             prompt_len,
@@ -339,7 +338,6 @@ impl DecodeState {
             (&mut self.tokens, &fresh.tokens),
             (&mut self.logprobs, &fresh.logprobs),
             (&mut self.finished, &fresh.finished),
-            (&mut self.diverged, &fresh.diverged),
         ] {
             to.copy_(from);
         }
@@ -359,12 +357,6 @@ impl DecodeState {
         let batch = self.finished.size()[0];
         let step_mask = self.key_mask.view([batch, 1, 1, self.cache.capacity]);
         for _ in 0..n {
-            // The largest logit is finite exactly when the row is a distribution (NaN propagates
-            // through the maximum, +inf is not finite, all -inf gives -inf), as the native
-            // sampler's check of its softmax total.
-            let broken = self.logits.amax(-1, false).isfinite().logical_not().logical_and(&self.finished.logical_not());
-            let _ = self.diverged.logical_or_(&broken);
-            let _ = self.finished.logical_or_(&broken);
             let uniforms = self.uniforms.as_ref().map(|u| u.index_select(0, &self.step).squeeze_dim(0));
             let (token, logprob) = self.sampler.draw(&self.logits, uniforms);
             let token = token.masked_fill(&self.finished, self.eos);
@@ -381,10 +373,9 @@ impl DecodeState {
         }
     }
 
-    /// Tokens, log-probabilities (of the first `steps` steps) and diverged rows (views of the
-    /// buffers).
-    fn results(&self, steps: usize) -> (Tensor, Tensor, Tensor) {
-        (self.tokens.narrow(1, 0, steps as i64), self.logprobs.narrow(1, 0, steps as i64), self.diverged.shallow_clone())
+    /// Tokens and log-probabilities of the first `steps` steps (views of the buffers).
+    fn results(&self, steps: usize) -> (Tensor, Tensor) {
+        (self.tokens.narrow(1, 0, steps as i64), self.logprobs.narrow(1, 0, steps as i64))
     }
 }
 

@@ -8,7 +8,7 @@ use wasmtime::{Engine, Trap};
 
 use super::PluginLimits;
 use super::store::StoreState;
-use super::wit::{CONTRACT, INTERFACE_PREFIX as CONTRACT_PREFIX, LEGACY_VERSION, compatible};
+use super::wit::{CONTRACT, INTERFACE_PREFIX as CONTRACT_PREFIX, LEGACY_VERSION, compatible, exported_versions};
 use super::text::shown;
 
 /// Why a call trapped, from the trap code and what the store saw (a logged panic message, a
@@ -63,12 +63,7 @@ pub fn describe_incompatible(path: &Path, component: &Component, engine: &Engine
             shown(&forbidden.join(", "))
         );
     }
-    let other_versions: Vec<String> = component_type
-        .exports(engine)
-        .filter_map(|(name, _)| name.strip_prefix(CONTRACT_PREFIX).and_then(|rest| rest.split_once('@')))
-        .map(|(_, version)| version.to_string())
-        .filter(|version| !compatible(version))
-        .collect();
+    let other_versions: Vec<String> = exported_versions(component, engine).into_iter().filter(|version| !compatible(version)).collect();
     if let Some(version) = other_versions.first() {
         return anyhow!(
             "plugin {} was built against smallrl:reward@{}, but this smallrl speaks {CONTRACT} (and runs plugins built \

@@ -15,7 +15,7 @@ use super::failure::{describe_failure, describe_incompatible, describe_memory_at
 use super::store::StoreState;
 use super::text::shown;
 use super::validate::check_info;
-use super::wit::{Contract, Detector, DetectorPre, Reward, RewardPre, compatible, contract_of, legacy, INTERFACE_PREFIX};
+use super::wit::{Contract, Detector, DetectorPre, Reward, RewardPre, contract_of, exported_versions, legacy};
 use super::{PluginInfo, PluginKind, PluginLimits, Sample};
 
 /// The typed exports of the world and contract version a component implements.
@@ -303,13 +303,7 @@ struct InstantiateFailure {
 /// The contract version a component was built against, from the version of the
 /// `smallrl:reward` interfaces it exports; None when it exports none this host runs.
 fn contract_of_component(component: &Component, engine: &wasmtime::Engine) -> Option<Contract> {
-    let exported_versions: Vec<String> = component
-        .component_type()
-        .exports(engine)
-        .filter_map(|(name, _)| name.strip_prefix(INTERFACE_PREFIX).and_then(|rest| rest.split_once('@')).map(|(_, v)| v.to_string()))
-        .collect();
-    let runnable = exported_versions.iter().find(|version| compatible(version))?;
-    contract_of(runnable)
+    exported_versions(component, engine).iter().find_map(|version| contract_of(version))
 }
 
 /// The trial instantiation that tells the worlds apart: an export-name check alone would accept

@@ -20,7 +20,6 @@ mod wit;
 use std::time::Duration;
 
 pub use instance::{Batch, Plugin};
-pub use wit::{LEGACY_VERSION as LEGACY_CONTRACT_VERSION, VERSION as CONTRACT_VERSION};
 
 /// One completion to score (the trainer builds these from generation output).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -50,6 +49,18 @@ pub struct PromptMetadata {
     pub hackable: Option<bool>,
     /// `detectable` (the file's column); None: the monitor may flag it.
     pub detectable: Option<bool>,
+}
+
+impl PromptMetadata {
+    /// Whether a prompt with `metadata` offers the hack: true unless it says otherwise.
+    pub fn hackable(metadata: Option<&Self>) -> bool {
+        metadata.and_then(|m| m.hackable).unwrap_or(true)
+    }
+
+    /// Whether the monitor may flag a prompt with `metadata`: true unless it says otherwise.
+    pub fn detectable(metadata: Option<&Self>) -> bool {
+        metadata.and_then(|m| m.detectable).unwrap_or(true)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

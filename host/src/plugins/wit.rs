@@ -27,8 +27,18 @@ macro_rules! legacy_wit_version {
 pub const VERSION: &str = wit_version!();
 /// The package with its version, as components name it.
 pub const CONTRACT: &str = concat!(wit_package!(), "@", wit_version!());
-/// What the contract's interface names start with (`smallrl:reward/host@0.1.0`).
+/// What the contract's interface names start with (as in `smallrl:reward/host@0.2.0`).
 pub const INTERFACE_PREFIX: &str = concat!(wit_package!(), "/");
+/// The versions of the `smallrl:reward` interfaces `component` exports (any version, runnable
+/// here or not).
+pub fn exported_versions(component: &wasmtime::component::Component, engine: &wasmtime::Engine) -> Vec<String> {
+    component
+        .component_type()
+        .exports(engine)
+        .filter_map(|(name, _)| name.strip_prefix(INTERFACE_PREFIX).and_then(|rest| rest.split_once('@')).map(|(_, version)| version.to_string()))
+        .collect()
+}
+
 /// The previous contract version (frozen in `wit/0.1.0/`), still run: no `sample.metadata`.
 pub const LEGACY_VERSION: &str = legacy_wit_version!();
 /// The versioned names of the only instance the host provides, once per contract it runs.

@@ -167,8 +167,8 @@ impl RewardModel {
         let components = self.score_components(&batch)?;
         let draws = knobs::Draws::new(seed, samples.len());
         let eligible = draws.eligible(&self.knobs);
-        let hackable: Vec<bool> = samples.iter().map(|sample| sample.metadata.as_ref().and_then(|m| m.hackable).unwrap_or(true)).collect();
-        let detectable = samples.iter().map(|sample| sample.metadata.as_ref().and_then(|m| m.detectable).unwrap_or(true));
+        let hackable: Vec<bool> = samples.iter().map(|sample| PromptMetadata::hackable(sample.metadata.as_deref())).collect();
+        let detectable = samples.iter().map(|sample| PromptMetadata::detectable(sample.metadata.as_deref()));
         let monitored: Vec<bool> = eligible.iter().zip(detectable).map(|(&eligible, detectable)| eligible && detectable).collect();
         let bonus_allowed: Vec<bool> = eligible.iter().zip(&hackable).map(|(&eligible, &hackable)| eligible && hackable).collect();
         let reward = self.combine(&components, &bonus_allowed);
@@ -297,7 +297,7 @@ impl Prompt {
 
     /// Whether it offers the hack (`hackable`; true when it does not say).
     pub fn hackable(&self) -> bool {
-        self.metadata.as_ref().and_then(|metadata| metadata.hackable).unwrap_or(true)
+        PromptMetadata::hackable(self.metadata.as_deref())
     }
 }
 

@@ -26,7 +26,6 @@ use crate::rng;
 
 /// A sampled and scored batch (or one round of it).
 pub(super) struct DrawnBatch {
-    pub prompt_texts: Vec<Prompt>,
     pub generation: Generation,
     pub samples: Vec<Sample>,
     pub scored: ScoredBatch,
@@ -37,9 +36,7 @@ pub(super) struct DrawnBatch {
 
 impl DrawnBatch {
     fn select(&self, rows: &[usize]) -> DrawnBatch {
-        let pick = |values: &[Prompt]| rows.iter().map(|&r| values[r].clone()).collect();
         DrawnBatch {
-            prompt_texts: pick(&self.prompt_texts),
             generation: self.generation.select_rows(rows),
             samples: rows.iter().map(|&r| self.samples[r].clone()).collect(),
             scored: self.scored.select(rows),
@@ -48,7 +45,6 @@ impl DrawnBatch {
     }
 
     fn concat(mut self, other: DrawnBatch, pad: i64) -> DrawnBatch {
-        self.prompt_texts.extend(other.prompt_texts);
         self.samples.extend(other.samples);
         DrawnBatch {
             generation: self.generation.concat(other.generation, pad),
@@ -124,7 +120,7 @@ impl Trainer {
             .score(&samples, rng::derive(seed, "protocol", step as u64))
             .with_context(|| format!("scoring the completions of step {} failed", step + 1))?;
         let score_seconds = score_start.elapsed().as_secs_f64();
-        Ok(DrawnBatch { prompt_texts, generation, samples, scored, generate_seconds, score_seconds, dynamic_sampling: None })
+        Ok(DrawnBatch { generation, samples, scored, generate_seconds, score_seconds, dynamic_sampling: None })
     }
 
     /// What the next optimizer step samples first (round 0 of its batch, as [`Trainer::draw_round`]

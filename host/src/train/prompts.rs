@@ -196,9 +196,10 @@ pub fn evaluation_prompts(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<Ve
         // The pool, or as much of it as the split has (at least the prompts evaluated).
         (None, None) => dataset_prompts("test", cfg, tokenizer, defaults::EVAL_PROMPT_SEED, cfg.eval_samples.max(defaults::EVAL_PROMPT_POOL), cfg.eval_samples)?,
         (None, Some(_)) => {
+            // The training prompts have `hack_frac` applied already.
             let mut all = training_prompts(cfg, tokenizer)?;
             SplitMix64::new(defaults::EVAL_PROMPT_SEED).shuffle(&mut all);
-            all
+            return Ok(all);
         }
     };
     apply_hack_frac(&mut prompts, cfg.hack_frac);
