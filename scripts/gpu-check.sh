@@ -125,9 +125,10 @@ run_checks() {
     grep -q "CUDA graphs: median" "$log" || die "bench sample did not measure CUDA-graph decoding (log: $log)"
     echo "== 16 runs x 32 x 128 sampled one after another and stacked (what a pack does on CUDA)"
     gpu-bin/smallrl bench sample --device cuda --model "$fixtures/tiny-random" --batch 32 --max-new-tokens 128 --pack 16 2>&1 | tee -a "$log"
-    for workers in 1 8; do
-        echo "== 16 default runs alone and in one pack, $workers worker thread(s) (target: at least 100 steps/s in all)"
-        gpu-bin/smallrl bench train --device cuda --model "$fixtures/tiny-random" --pack 16 --pack-workers "$workers" \
+    for setting in "auto 1" "auto 8" "never 8"; do
+        read -r stacking workers <<<"$setting"
+        echo "== 16 default runs alone and in one pack, stacking $stacking, $workers worker thread(s) (target: at least 100 steps/s in all)"
+        gpu-bin/smallrl bench train --device cuda --model "$fixtures/tiny-random" --pack 16 --pack-workers "$workers" --pack-stacking "$stacking" \
             --prompts "$fixtures/tiny-stories/prompts.txt" --reward-plugin plugins/happy.wasm 2>&1 | tee -a "$log"
     done
     echo "gpu-check: all checks passed; log in $log"

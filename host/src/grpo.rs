@@ -231,14 +231,51 @@ impl RealCompletionHidden {
 fn real_completion_hidden(model: &Llama, seqs: Sequences, ctl: &[AdapterCtl]) -> RealCompletionHidden {
     let input_ids = Tensor::cat(&[seqs.prompt_ids, seqs.completion_ids], 1);
     let attention_mask = Tensor::cat(&[seqs.prompt_mask, seqs.completion_mask], 1);
-    let prompt_len = seqs.prompt_ids.size()[1];
-    let (batch, completion_len) = seqs.completion_ids.size2().expect("completion ids are [batch, len]");
     let hidden = model.forward(&input_ids, &attention_mask, ctl);
-    let width = hidden.size()[2];
-    let predicting = hidden.narrow(1, prompt_len - 1, completion_len).reshape([-1, width]);
-    let positions = seqs.completion_mask.reshape([-1]).nonzero().squeeze_dim(1);
-    let targets = seqs.completion_ids.reshape([-1]).index_select(0, &positions);
-    RealCompletionHidden { hidden: predicting.index_select(0, &positions), targets, positions, shape: [batch, completion_len] }
+    RealCompletionHidden::of(&hidden, seqs.prompt_ids.size()[1], seqs)
+}
+
+impl RealCompletionHidden {
+    /// The states of `hidden` (`[batch, seq, hidden]`, the completion starting at column
+    /// `prompt_len`) that predict `seqs`' real completion tokens.
+    fn of(hidden: &Tensor, prompt_len: i64, seqs: Sequences) -> Self {
+        let (batch, completion_len) = seqs.completion_ids.size2().expect("completion ids are [batch, len]");
+        let width = hidden.size()[2];
+        let predicting = hidden.narrow(1, prompt_len - 1, completion_len).reshape([-1, width]);
+        let positions = seqs.completion_mask.reshape([-1]).nonzero().squeeze_dim(1);
+        let targets = seqs.completion_ids.reshape([-1]).index_select(0, &positions);
+        Self { hidden: predicting.index_select(0, &positions), targets, positions, shape: [batch, completion_len] }
+    }
+}
+
+/// [`completion_logprobs`] of several runs' batches in one forward pass of their models stacked
+/// on a leading axis (`stacked`, [`Llama::stacked`]; `ctl` the runs' controls stacked with
+/// [`AdapterCtl::stacked`]). The runs' batches have the same number of rows; prompts are
+/// left-padded and completions right-padded to the longest (padding that no real token attends
+/// to, and positions that only shift, which RoPE does not see), and each run's states go through
+/// its own output head at its own temperature.
+pub fn stacked_completion_logprobs(stacked: &Llama, runs: &[Sequences], temperatures: &[f64], ctl: &[AdapterCtl]) -> Vec<TokenLogprobs> {
+    assert_eq!(stacked.runs(), runs.len() as i64, "one batch per stacked run");
+    let prompt_len = runs.iter().map(|s| s.prompt_ids.size()[1]).max().expect("at least one run");
+    let completion_len = runs.iter().map(|s| s.completion_ids.size()[1]).max().expect("at least one run");
+    let pad = |t: &Tensor, left: i64, right: i64| t.constant_pad_nd([left, right]);
+    let (mut ids, mut masks) = (Vec::new(), Vec::new());
+    for seqs in runs {
+        let (left, right) = (prompt_len - seqs.prompt_ids.size()[1], completion_len - seqs.completion_ids.size()[1]);
+        ids.push(Tensor::cat(&[pad(seqs.prompt_ids, left, 0), pad(seqs.completion_ids, 0, right)], 1));
+        masks.push(Tensor::cat(&[pad(seqs.prompt_mask, left, 0), pad(seqs.completion_mask, 0, right)], 1));
+    }
+    let hidden = stacked.forward(&Tensor::cat(&ids, 0), &Tensor::cat(&masks, 0), ctl);
+    let rows = runs[0].prompt_ids.size()[0];
+    runs.iter()
+        .zip(temperatures)
+        .enumerate()
+        .map(|(r, (seqs, &temperature))| {
+            let real = RealCompletionHidden::of(&hidden.narrow(0, r as i64 * rows, rows), prompt_len, *seqs);
+            let head = head_logprobs(&stacked.head_weight().get(r as i64), &real.hidden, &real.targets, temperature);
+            TokenLogprobs { logprobs: real.scatter(&head.logprobs), entropy: real.scatter(&head.entropy) }
+        })
+        .collect()
 }
 
 /// Rows of the output head done together: a `[rows, vocab]` block of logits (4 MB for
@@ -664,6 +701,41 @@ pub fn backward_passes(
     let mut terms = weighted_loss(&logprobs.logprobs, batch.old_logprobs, batch.ref_logprobs, batch.advantages, masks, &weights, settings);
     terms.loss = Tensor::stack(&chunks.iter().map(|c| c.2.loss.detach()).collect::<Vec<_>>(), 0).sum(Kind::Float);
     BackwardPass { logprobs, terms }
+}
+
+/// [`backward_micro_batches`] with one micro-batch for several runs at once: one forward pass of
+/// their models stacked on a leading axis (`stacked`, [`Llama::stacked`] of the runs' models in
+/// the order of `batches`), each run's loss with its own settings and temperature, and one
+/// backward pass of their sum, which leaves in each run's parameters the gradient of its own
+/// loss (the runs share no parameter). The batches have the same number of rows.
+pub fn backward_stacked(stacked: &Llama, batches: &[LossBatch], temperatures: &[f64], settings: &[&LossSettings]) -> Vec<BackwardPass> {
+    let rows = batches[0].loss_mask.size()[0];
+    assert!(batches.iter().all(|b| b.loss_mask.size()[0] == rows), "stacked runs train on the same number of rows");
+    let device = batches[0].loss_mask.device();
+    let slots = batches[0].ctl.len();
+    let ctl: Vec<AdapterCtl> = (0..slots).map(|slot| AdapterCtl::stacked(&batches.iter().map(|b| &b.ctl[slot]).collect::<Vec<_>>(), rows, device)).collect();
+    let seqs: Vec<Sequences> = batches.iter().map(|b| b.seqs).collect();
+    let logprobs = stacked_completion_logprobs(stacked, &seqs, temperatures, &ctl);
+    let terms: Vec<LossTerms> = batches.iter().zip(settings).zip(&logprobs).map(|((batch, settings), logprobs)| whole_batch_terms(batch, settings, logprobs)).collect();
+    let total = terms.iter().map(|t| t.loss.shallow_clone()).reduce(|a, b| a + b).expect("at least one run");
+    total.backward();
+    logprobs
+        .into_iter()
+        .zip(terms)
+        .map(|(logprobs, mut terms)| {
+            terms.loss = terms.loss.detach();
+            BackwardPass { logprobs: TokenLogprobs { logprobs: logprobs.logprobs.detach(), entropy: logprobs.entropy }, terms }
+        })
+        .collect()
+}
+
+/// The loss terms of a whole batch trained in one pass, from its differentiable log-probabilities
+/// (what [`backward_passes`] computes with one micro-batch and one split).
+fn whole_batch_terms(batch: &LossBatch, settings: &LossSettings, logprobs: &TokenLogprobs) -> LossTerms {
+    let weights = token_weights(&batch.loss_mask.to_kind(Kind::Float), batch.classes, settings, 1);
+    let high_entropy = (settings.top_entropy_quantile < 1.0).then(|| high_entropy_mask(&logprobs.entropy, batch.loss_mask, settings.top_entropy_quantile));
+    let masks = TokenMasks { loss: batch.loss_mask, policy: high_entropy.as_ref() };
+    weighted_loss(&logprobs.logprobs, batch.old_logprobs, batch.ref_logprobs, batch.advantages, masks, &weights, settings)
 }
 
 /// The differentiable log-probabilities of rows `start..start + rows` of `batch`.

@@ -12,7 +12,7 @@ use crate::device::DeviceSpec;
 use crate::model::decode::DecodeModel;
 use crate::model::generate::{Engine, SamplingParams, generate_stacked, generate_with};
 use crate::train::metrics::key;
-use crate::train::packed::{PackOptions, PackedRun, train_packed_with};
+use crate::train::packed::{PackOptions, PackedRun, Stacking, train_packed_with};
 use crate::train::{TrainConfig, Trainer};
 
 #[derive(Subcommand, Debug)]
@@ -51,6 +51,10 @@ pub struct TrainBench {
     /// With --pack: threads that step the pack's runs at once (`train --pack-workers`).
     #[arg(long, value_name = "W", default_value_t = 1, requires = "pack")]
     pub pack_workers: usize,
+    /// With --pack: whether the pack samples and trains its runs stacked on a leading run axis
+    /// (`auto`: sampling where libtorch samples, training on CUDA).
+    #[arg(long, value_enum, default_value = "auto", requires = "pack")]
+    pub pack_stacking: Stacking,
 }
 
 #[derive(Args, Debug)]
@@ -136,7 +140,7 @@ fn bench_train(args: TrainBench) -> Result<()> {
 /// on the machine only ever slow a measurement down.
 fn bench_packed(args: &TrainBench, runs: usize, thread_counts: &[usize], out: &Path) -> Result<()> {
     anyhow::ensure!(runs >= 1, "--pack must be at least 1");
-    println!("{runs} runs (seeds 0..{runs}) of {} steps each: one after another, and packed ({} worker threads)", args.steps, args.pack_workers);
+    println!("{runs} runs (seeds 0..{runs}) of {} steps each: one after another, and packed ({} worker threads, stacking {:?})", args.steps, args.pack_workers, args.pack_stacking);
     for adapter in ["full", "dual-lora"] {
         for &threads in thread_counts {
             let configs = |dir: String| (0..runs as u64).map(|seed| bench_config(args, adapter, threads, args.steps, seed, &out.join(&dir))).collect::<Result<Vec<_>>>();
@@ -153,7 +157,7 @@ fn bench_packed(args: &TrainBench, runs: usize, thread_counts: &[usize], out: &P
                 alone = (alone.0.min(measured.0), alone.1.min(measured.1));
                 let measured = timed(|| {
                     let packed_runs = configs(format!("packed-{round}"))?.into_iter().map(|config| PackedRun { config, resume: None }).collect();
-                    let options = PackOptions { workers: args.pack_workers, ..Default::default() };
+                    let options = PackOptions { workers: args.pack_workers, stacking: args.pack_stacking };
                     train_packed_with(packed_runs, None, options)?.into_iter().map(|outcome| outcome.map(|_| ())).collect()
                 })?;
                 packed = (packed.0.min(measured.0), packed.1.min(measured.1));

@@ -14,7 +14,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::folded::FoldedWeights;
 use super::generate::GraphedDecode;
-use super::llama::{Llama, rms_norm};
+use super::llama::{Llama, embed, rms_norm};
 use super::native::NativeModel;
 
 /// The decoder of a [`Llama`] at fixed adapter scales. Rebuild after the weights change.
@@ -138,9 +138,9 @@ impl DecodeModel {
         let sin = self.weights.sin.index_select(0, &flat).view([b, n, 1, hd]);
         let eps = cfg.rms_norm_eps;
         let capacity = cache.capacity;
-        let mut x = self.embed(ids);
+        let mut x = embed(&self.weights.embed_tokens, ids);
         for (layer, (keys, values)) in self.weights.layers.iter().zip(cache.keys.iter_mut().zip(cache.values.iter_mut())) {
-            let h = self.norm(&x, &layer.input_layernorm, eps);
+            let h = rms_norm(&x, &layer.input_layernorm, eps);
             let fused = self.project(&h, &layer.qkv_t);
             let qk = fused.narrow(-1, 0, qk_width).view([b, n, heads + kv_heads, hd]);
             let rotated = fused.narrow(-1, qk_width, qk_width).view([b, n, heads + kv_heads, hd]);
@@ -162,30 +162,18 @@ impl DecodeModel {
             };
             let attn = grouped_attention(&qk.narrow(2, 0, heads), &keys.narrow(2, 0, used), &values.narrow(2, 0, used), &mask.narrow(3, 0, used), kv_heads);
             x = x + self.project(&attn, &layer.o_t);
-            let h = self.norm(&x, &layer.post_attention_layernorm, eps);
+            let h = rms_norm(&x, &layer.post_attention_layernorm, eps);
             let gate_up = self.project(&h, &layer.gate_up_t);
             let inter = cfg.intermediate_size as i64;
             let act = gate_up.narrow(-1, 0, inter).silu() * gate_up.narrow(-1, inter, inter);
             x = x + self.project(&act, &layer.down_t);
         }
-        self.norm(&x, &self.weights.norm, eps)
+        rms_norm(&x, &self.weights.norm, eps)
     }
 
     /// `hidden` `[rows, n, hidden]` to logits `[rows, n, vocab]`.
     pub fn logits(&self, hidden: &Tensor) -> Tensor {
         self.project(hidden, &self.weights.head_t)
-    }
-
-    /// Token embeddings of `ids` (`[rows, n]`); stacked, each run's rows look up its own table.
-    fn embed(&self, ids: &Tensor) -> Tensor {
-        let Some(runs) = self.weights.runs else {
-            return Tensor::embedding(&self.weights.embed_tokens, ids, -1, false, false);
-        };
-        let (rows, _) = ids.size2().expect("ids must be [rows, n]");
-        let (vocab, hidden) = (self.weights.config.vocab_size as i64, self.weights.config.hidden_size as i64);
-        let run_of_row = Tensor::arange(rows, (tch::Kind::Int64, ids.device())).divide_scalar_mode(rows_per_run(rows, runs), "floor");
-        let table = self.weights.embed_tokens.view([runs * vocab, hidden]);
-        Tensor::embedding(&table, &(ids + run_of_row.unsqueeze(1) * vocab), -1, false, false)
     }
 
     /// `x` `[rows, n, in]` times a projection `[in, out]`; stacked (`[runs, in, out]`), each
@@ -194,15 +182,6 @@ impl DecodeModel {
         let Some(runs) = self.weights.runs else { return x.matmul(weight) };
         let (rows, n, width) = x.size3().expect("projected activations are [rows, n, width]");
         x.reshape([runs, rows_per_run(rows, runs) * n, width]).bmm(weight).view([rows, n, -1])
-    }
-
-    /// RMSNorm of `x` `[rows, n, hidden]`; stacked (weights `[runs, hidden]`), each run's rows
-    /// scaled by its own weight.
-    fn norm(&self, x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
-        let Some(runs) = self.weights.runs else { return rms_norm(x, weight, eps) };
-        let (rows, n, hidden) = x.size3().expect("normalised activations are [rows, n, hidden]");
-        let normed = x.to_kind(Kind::Float).rms_norm([hidden], None::<Tensor>, eps).to_kind(x.kind());
-        (normed.view([runs, rows_per_run(rows, runs) * n, hidden]) * weight.unsqueeze(1)).view([rows, n, hidden])
     }
 }
 

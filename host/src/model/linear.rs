@@ -73,12 +73,16 @@ impl JointBranch {
         if self.a_blocks.is_empty() {
             return y;
         }
-        let ranks: Vec<i64> = self.a_blocks.iter().map(|a| a.size()[0]).collect();
-        let low_rank = x.matmul(&Tensor::cat(&self.a_blocks, 0).tr());
+        let ranks: Vec<i64> = self.a_blocks.iter().map(|a| a.size()[a.dim() - 2]).collect();
+        let low_rank = times_transposed(x, &Tensor::cat(&self.a_blocks, -2));
         let low_rank = self.scale_rows(self.add_routed_a_gradients(low_rank, x, &ranks), &ranks);
         let (out, total_rank) = (*y.size().last().expect("linear output has features"), ranks.iter().sum::<i64>());
-        let b = Tensor::cat(&self.b_blocks, 1);
-        let y = y.reshape([-1, out]).addmm(&low_rank.reshape([-1, total_rank]), &b.tr()).view(y.size().as_slice());
+        let b = Tensor::cat(&self.b_blocks, -1);
+        let y = if b.dim() == 2 {
+            y.reshape([-1, out]).addmm(&low_rank.reshape([-1, total_rank]), &b.tr()).view(y.size().as_slice())
+        } else {
+            y + times_transposed(&low_rank, &b)
+        };
         self.add_routed_b_gradients(y, &low_rank, &ranks)
     }
 
@@ -92,7 +96,7 @@ impl JointBranch {
             .into_iter()
             .zip(&self.routed)
             .map(|(block, routed)| match routed {
-                Some(r) => block + gradient_only(&(x.detach() * &r.rows).matmul(&r.a.tr())),
+                Some(r) => block + gradient_only(&times_transposed(&(x.detach() * &r.rows), &r.a)),
                 None => block,
             })
             .collect();
@@ -125,11 +129,25 @@ impl JointBranch {
         let blocks = low_rank.detach().split_with_sizes(ranks, -1);
         for (block, routed) in blocks.iter().zip(&self.routed) {
             if let Some(r) = routed {
-                y = y + gradient_only(&(block * &r.rows).matmul(&r.b.tr()));
+                y = y + gradient_only(&times_transposed(&(block * &r.rows), &r.b));
             }
         }
         y
     }
+}
+
+/// `x W^T` for a weight `[out, in]`; for runs stacked on a leading axis ([`super::stacked`]) a
+/// weight `[runs, out, in]` whose run `r` multiplies the `r`-th of `runs` equal slices of `x`'s
+/// first dimension (one batched product).
+pub fn times_transposed(x: &Tensor, weight: &Tensor) -> Tensor {
+    if weight.dim() == 2 {
+        return x.matmul(&weight.tr());
+    }
+    let (runs, out, features) = weight.size3().expect("a stacked weight is [runs, out, in]");
+    let mut shape = x.size();
+    assert_eq!(shape[0] % runs, 0, "{} rows do not split into {runs} runs", shape[0]);
+    *shape.last_mut().expect("the input has features") = out;
+    x.reshape([runs, -1, features]).bmm(&weight.transpose(1, 2)).reshape(shape)
 }
 
 /// `t - t.detach()`: exactly zero, with `t`'s gradient. Adds a gradient path to a value computed
@@ -216,7 +234,7 @@ impl Linear {
             ctl.len(),
             self.adapters.len()
         );
-        let y = x.matmul(&self.weight.tr());
+        let y = times_transposed(x, &self.weight);
         let mut joint = JointBranch::default();
         for (lora, ctl) in self.adapters.iter().zip(ctl) {
             if let Some(lora) = lora.as_ref().filter(|_| !ctl.is_off()) {

@@ -100,15 +100,35 @@ impl Mlp {
     }
 }
 
-/// RMSNorm computed in float32 (as transformers does for half-precision weights).
+/// RMSNorm computed in float32 (as transformers does for half-precision weights). A weight
+/// `[runs, hidden]` (runs stacked on a leading axis, see [`super::stacked`]) scales each of
+/// `runs` equal slices of `x`'s rows by its own run's weight.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
     let d = *x.size().last().expect("rms_norm input has no dimensions");
+    if weight.dim() == 2 {
+        let runs = weight.size()[0];
+        let normed = x.to_kind(Kind::Float).rms_norm([d], None::<Tensor>, eps).to_kind(x.kind());
+        return (normed.reshape([runs, -1, d]) * weight.unsqueeze(1)).view(x.size().as_slice());
+    }
     if x.kind() == Kind::Float {
         x.rms_norm([d], Some(weight), eps)
     } else {
         let normed = x.to_kind(Kind::Float).rms_norm([d], None::<Tensor>, eps);
         normed.to_kind(x.kind()) * weight
     }
+}
+
+/// Token embeddings of `ids` (`[rows, n]`) from `table` (`[vocab, hidden]`); from a stacked
+/// table `[runs, vocab, hidden]`, each of `runs` equal slices of the rows looks up its own run's.
+pub fn embed(table: &Tensor, ids: &Tensor) -> Tensor {
+    if table.dim() == 2 {
+        return Tensor::embedding(table, ids, -1, false, false);
+    }
+    let (runs, vocab, hidden) = table.size3().expect("a stacked embedding table is [runs, vocab, hidden]");
+    let (rows, _) = ids.size2().expect("ids must be [rows, n]");
+    assert!(rows % runs == 0, "a stacked batch of {rows} rows does not split into {runs} runs");
+    let run_of_row = Tensor::arange(rows, (Kind::Int64, ids.device())).divide_scalar_mode(rows / runs, "floor");
+    Tensor::embedding(&table.reshape([runs * vocab, hidden]), &(ids + run_of_row.unsqueeze(1) * vocab), -1, false, false)
 }
 
 impl Llama {
@@ -133,7 +153,7 @@ impl Llama {
     /// documents must not see each other (see [`document_mask`]).
     pub fn forward_masked(&self, input_ids: &Tensor, positions: &Tensor, mask: &Tensor, ctl: &[AdapterCtl]) -> Tensor {
         let (cos, sin) = self.rope.at(positions, self.kind);
-        let mut x = Tensor::embedding(&self.embed_tokens, input_ids, -1, false, false);
+        let mut x = embed(&self.embed_tokens, input_ids);
         let eps = self.config.rms_norm_eps;
         for block in &self.layers {
             let h = rms_norm(&x, &block.input_layernorm, eps);

@@ -9,7 +9,7 @@
 
 use tch::Tensor;
 
-use super::linear::{AdapterCtl, RowLearn, RowScale, gradient_only};
+use super::linear::{AdapterCtl, RowLearn, RowScale, gradient_only, times_transposed};
 
 /// One adapter's mini-SwiGLU.
 pub struct MlpAdapter {
@@ -22,8 +22,8 @@ impl MlpAdapter {
     /// `down(silu(gate x) * up x)` with the weights live or detached.
     fn output(&self, x: &Tensor, live: bool) -> Tensor {
         let weight = |t: &Tensor| if live { t.shallow_clone() } else { t.detach() };
-        let hidden = x.matmul(&weight(&self.gate).tr()).silu() * x.matmul(&weight(&self.up).tr());
-        hidden.matmul(&weight(&self.down).tr())
+        let hidden = times_transposed(x, &weight(&self.gate)).silu() * times_transposed(x, &weight(&self.up));
+        times_transposed(&hidden, &weight(&self.down))
     }
 
     /// The adapter's contribution under `ctl`. Rows that may update it only partly (a row

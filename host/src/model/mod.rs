@@ -17,6 +17,7 @@ pub mod llama;
 pub mod mlp_adapter;
 pub mod native;
 pub mod rope;
+pub mod stacked;
 pub mod tokenizer;
 pub mod weights;
 pub mod wordpiece;

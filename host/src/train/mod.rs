@@ -303,8 +303,22 @@ impl Trainer {
     /// The next optimizer step, then the evaluation and checkpoint due after it: the unit that
     /// a solo run repeats and a pack ([`packed`]) interleaves across its runs.
     fn advance(&mut self) -> Result<()> {
+        let pending = self.begin_advance()?;
+        let trained = self.backward(&pending);
+        self.finish_advance(pending, trained)
+    }
+
+    /// [`Self::advance`] up to the step's backward pass.
+    fn begin_advance(&mut self) -> Result<step::PendingStep> {
         let step = self.optimizer.step;
-        self.step(step).with_context(|| format!("training stopped at step {}; {} keeps what was written", step + 1, self.run_dir.display()))?;
+        self.begin_step(step).with_context(|| self.stopped_at(step))
+    }
+
+    /// [`Self::advance`] after the step's backward pass: the optimizer step, then the
+    /// evaluation and checkpoint that fall on it.
+    fn finish_advance(&mut self, pending: step::PendingStep, trained: step::Trained) -> Result<()> {
+        let step = self.optimizer.step;
+        self.finish_step(pending, trained).with_context(|| self.stopped_at(step))?;
         self.check_prefetched_used()?;
         let done = step + 1;
         ensure!(self.optimizer.step == done, "the optimizer is at step {} after step {done}", self.optimizer.step);
@@ -316,6 +330,10 @@ impl Trainer {
             self.save(done).with_context(|| format!("saving the checkpoint of step {done} failed; {kept}"))?;
         }
         Ok(())
+    }
+
+    fn stopped_at(&self, step: usize) -> String {
+        format!("training stopped at step {}; {} keeps what was written", step + 1, self.run_dir.display())
     }
 
     /// One optimizer step (no evaluation or checkpoint), for benchmarks; returns its metrics.

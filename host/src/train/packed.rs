@@ -13,10 +13,19 @@
 //! hands each run its part, which the run's step takes instead of sampling alone (only for
 //! exactly the request it makes; one it does not take is an error). A stacked decode draws each
 //! run's tokens from that run's own weights and random streams, so a run samples what it
-//! samples alone. Scoring, the loss and the optimizer step still run per run.
+//! samples alone.
+//!
+//! A round then goes in three phases: each run begins its step (scoring in its plugins,
+//! advantages, routing plan, reference log-probabilities: [`Trainer::begin_step`]); the runs
+//! whose passes can stack do one forward and backward pass of their models stacked on the run
+//! axis ([`StackedPasses`], `grpo::backward_stacked`: each run's own loss, the gradients of each
+//! in its own parameters); each run finishes its step alone (clipping, AdamW, metrics,
+//! evaluation, checkpoint). A run whose step needs its own backward passes (micro-batches,
+//! probes that read a pass's gradients) does it in the third phase, and its train.log says why.
 //!
 //! Architecture invariant: nothing here computes a run's numbers; the pack only decides the
-//! order of work and which engine samples, so a packed run is the solo run.
+//! order of work, which engine samples and whether a backward pass is stacked, so a packed run
+//! is the solo run (bit for bit unstacked; to float32 rounding stacked, `tests/train.rs`).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -26,7 +35,10 @@ use anyhow::{Result, bail};
 use serde_json::Value;
 
 use super::rollout::{SampleRequest, Served};
+use super::step::{PendingStep, StackedPassInput, Trained};
 use super::{RunSummary, TrainConfig, Trainer};
+use crate::grpo::{self, LossBatch, LossSettings};
+use crate::model::Llama;
 use crate::model::decode::DecodeModel;
 use crate::model::generate::{Engine, generate_stacked};
 
@@ -85,17 +97,19 @@ pub fn check_packable(configs: &[&TrainConfig]) -> Result<()> {
     Ok(())
 }
 
-/// Whether a pack samples its runs' rollouts together, stacked on a leading run axis.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Whether a pack samples its runs' rollouts, and does their backward passes, together,
+/// stacked on a leading run axis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Stacking {
-    /// When the runs sample with libtorch (on CUDA, or in bfloat16), where a decode step is a
-    /// few hundred small kernels whatever the batch, so R runs cost about what one costs. On
-    /// the CPU in float32 each run keeps the native sampler, which is faster there.
+    /// Sampling when the runs sample with libtorch (on CUDA, or in bfloat16), where a decode
+    /// step is a few hundred small kernels whatever the batch, so R runs cost about what one
+    /// costs (on the CPU in float32 each run keeps the native sampler, which is faster there);
+    /// backward passes on CUDA, for the same reason.
     Auto,
-    /// Always, libtorch included on the CPU (tests and benchmarks: the stacked libtorch decoder
-    /// draws the tokens the native sampler draws).
+    /// Always, libtorch sampling included on the CPU (tests and benchmarks: the stacked
+    /// libtorch decoder draws the tokens the native sampler draws).
     Always,
-    /// Never: each run samples alone.
+    /// Never: each run samples and trains alone.
     Never,
 }
 
@@ -133,36 +147,114 @@ pub fn train_packed_with(runs: Vec<PackedRun>, stop_after: Option<usize>, option
             Ok(trainer) => {
                 let end = trainer.end_step(stop_after);
                 trainer.log.progress(trainer.optimizer.step as u64, String::new());
-                Member::Training { trainer: Box::new(trainer), end }
+                Member::Training { trainer: Box::new(trainer), end, pending: None, trained: None }
             }
             Err(error) => Member::Done(Err(error)),
         })
         .collect();
     let mut samplers = StackedSamplers::default();
+    let mut passes = StackedPasses::default();
     while members.iter().any(Member::is_training) {
         if options.stacking != Stacking::Never {
             samplers.serve(&mut members, options.stacking);
         }
-        advance_all(&mut members, options.workers);
+        for_each_member(&mut members, options.workers, Member::begin);
+        if options.stacking == Stacking::Always || (options.stacking == Stacking::Auto && on_cuda(&members)) {
+            passes.train(&mut members);
+        }
+        for_each_member(&mut members, options.workers, Member::finish);
     }
     Ok(members.into_iter().map(Member::outcome).collect())
 }
 
-/// Advances every training run by one step: one after another, or with `workers` > 1 in that
-/// many scoped threads, each advancing a fixed share of the runs. Runs share nothing (each
-/// `Trainer` owns its tensors, plugins and files; libtorch's grad mode is per thread), so the
-/// threads do not change what any run computes (`tests/train.rs` holds them to the solo runs).
-fn advance_all(members: &mut [Member], workers: usize) {
+/// Whether the pack's runs train on a CUDA device (they share their device).
+fn on_cuda(members: &[Member]) -> bool {
+    members.iter().filter_map(Member::trainer).any(|t| t.model.device.is_cuda())
+}
+
+/// Applies `work` to every run: one after another, or with `workers` > 1 in that many scoped
+/// threads, each a fixed share of the runs. Runs share nothing (each `Trainer` owns its
+/// tensors, plugins and files; libtorch's grad mode is per thread), so the threads do not
+/// change what any run computes (`tests/train.rs` holds them to the solo runs).
+fn for_each_member(members: &mut [Member], workers: usize, work: fn(&mut Member)) {
     if workers <= 1 || members.len() <= 1 {
-        members.iter_mut().for_each(Member::advance);
+        members.iter_mut().for_each(work);
         return;
     }
     let share = members.len().div_ceil(workers);
     std::thread::scope(|scope| {
         for runs in members.chunks_mut(share) {
-            scope.spawn(move || runs.iter_mut().for_each(Member::advance));
+            scope.spawn(move || runs.iter_mut().for_each(work));
         }
     });
+}
+
+/// Writes `line` to the train.log of each of `runs` not yet in `announced` (once per run).
+fn announce_once(members: &mut [Member], announced: &mut Vec<usize>, runs: &[usize], line: &str) {
+    for &run in runs {
+        if announced.contains(&run) {
+            continue;
+        }
+        announced.push(run);
+        if let Member::Training { trainer, .. } = &mut members[run] {
+            if let Err(error) = trainer.log.line(line) {
+                eprintln!("warning: {error:#}");
+            }
+        }
+    }
+}
+
+/// The pack's stacked backward passes: the runs whose steps have begun and whose passes can
+/// stack ([`Trainer::unstackable_pass`]), in groups that train on as many rows, go through one
+/// forward and backward pass of their models stacked on a leading axis
+/// ([`grpo::backward_stacked`]); each run then finishes its step (clipping, AdamW, metrics)
+/// alone, on the gradients of its own loss.
+#[derive(Default)]
+struct StackedPasses {
+    /// Runs whose train.log says how they train (once per run).
+    announced: Vec<usize>,
+}
+
+impl StackedPasses {
+    fn train(&mut self, members: &mut [Member]) {
+        let mut groups: Vec<(i64, Vec<usize>)> = Vec::new();
+        let mut alone = Vec::new();
+        for (i, member) in members.iter().enumerate() {
+            let Member::Training { trainer, pending: Some(pending), .. } = member else { continue };
+            if let Some(reason) = trainer.unstackable_pass() {
+                alone.push((i, reason));
+                continue;
+            }
+            let rows = pending.rows();
+            match groups.iter_mut().find(|(r, _)| *r == rows) {
+                Some((_, group)) => group.push(i),
+                None => groups.push((rows, vec![i])),
+            }
+        }
+        for (i, reason) in alone {
+            let line = format!("training each step alone, not stacked with the other packed runs: {reason} needs the run's own backward passes");
+            announce_once(members, &mut self.announced, &[i], &line);
+        }
+        for (_, runs) in groups.into_iter().filter(|(_, runs)| runs.len() >= 2) {
+            let line = format!("training stacked with {} packed runs (one batched forward and backward pass; each run's own loss and optimizer)", runs.len());
+            announce_once(members, &mut self.announced, &runs, &line);
+            let started = Instant::now();
+            let passes = {
+                let inputs: Vec<StackedPassInput> = runs.iter().map(|&i| members[i].stacked_pass_input()).collect();
+                let stacked = Llama::stacked(&inputs.iter().map(|input| input.model).collect::<Vec<_>>());
+                let temperatures: Vec<f64> = inputs.iter().map(|input| input.temperature).collect();
+                let settings: Vec<&LossSettings> = inputs.iter().map(|input| input.loss).collect();
+                let batches: Vec<LossBatch> = inputs.into_iter().map(|input| input.batch).collect();
+                grpo::backward_stacked(&stacked, &batches, &temperatures, &settings)
+            };
+            let seconds = started.elapsed().as_secs_f64() / runs.len() as f64;
+            for (&i, pass) in runs.iter().zip(passes) {
+                if let Member::Training { trained, .. } = &mut members[i] {
+                    *trained = Some(Trainer::stacked_pass_result(pass, seconds));
+                }
+            }
+        }
+    }
 }
 
 /// The pack's stacked decoders, one per set of runs sampled together (and per sampler call of
@@ -199,18 +291,8 @@ impl StackedSamplers {
 
     /// Says in each run's train.log, the first time, that its rollouts are sampled stacked.
     fn announce(&mut self, members: &mut [Member], runs: &[usize]) {
-        for &run in runs {
-            if self.announced.contains(&run) {
-                continue;
-            }
-            self.announced.push(run);
-            if let Member::Training { trainer, .. } = &mut members[run] {
-                let line = format!("sampling stacked with {} packed runs (one batched decode; the same tokens as alone)", runs.len());
-                if let Err(error) = trainer.log.line(&line) {
-                    eprintln!("warning: {error:#}");
-                }
-            }
-        }
+        let line = format!("sampling stacked with {} packed runs (one batched decode; the same tokens as alone)", runs.len());
+        announce_once(members, &mut self.announced, runs, &line);
     }
 
     /// Decodes request `call` of each of `runs` (member indices) at once and serves the parts.
@@ -266,7 +348,14 @@ fn stackable(members: &[Member], requests: &[Vec<SampleRequest>], call: usize) -
 }
 
 enum Member {
-    Training { trainer: Box<Trainer>, end: usize },
+    Training {
+        trainer: Box<Trainer>,
+        end: usize,
+        /// The step begun this round ([`Member::begin`]), finished by [`Member::finish`].
+        pending: Option<PendingStep>,
+        /// Its backward pass when a stacked pass did it ([`StackedPasses`]).
+        trained: Option<Trained>,
+    },
     Done(Result<RunSummary>),
 }
 
@@ -285,7 +374,7 @@ impl Member {
     /// What this run's next step will sample, if it trains another step and samples with an
     /// engine that `stacking` stacks; a run whose requests cannot be computed fails here.
     fn next_sample_requests(&mut self, stacking: Stacking) -> Vec<SampleRequest> {
-        let Member::Training { trainer, end } = self else { return Vec::new() };
+        let Member::Training { trainer, end, .. } = self else { return Vec::new() };
         let native = DecodeModel::native_available(trainer.model.device, trainer.model.kind);
         if trainer.optimizer.step >= *end || (stacking == Stacking::Auto && native) {
             return Vec::new();
@@ -301,18 +390,39 @@ impl Member {
         }
     }
 
-    /// One step of a training run (or its end once it reached its last step); a failure is
-    /// logged to its train.log, and the trainer (its lock included) is dropped.
-    fn advance(&mut self) {
-        let Member::Training { trainer, end } = self else { return };
+    /// Begins a training run's next step (or ends the run once it reached its last step); a
+    /// failure is logged to its train.log, and the trainer (its lock included) is dropped.
+    fn begin(&mut self) {
+        let Member::Training { trainer, end, pending, .. } = self else { return };
         if trainer.optimizer.step >= *end {
             trainer.log.finish();
             *self = Member::Done(Ok(RunSummary { run_dir: trainer.run_dir.clone(), steps: *end }));
             return;
         }
-        let outcome = trainer.advance();
+        let begun = trainer.begin_advance();
+        match trainer.log_failure(begun) {
+            Ok(begun) => *pending = Some(begun),
+            Err(error) => *self = Member::Done(Err(error)),
+        }
+    }
+
+    /// Finishes the step [`Member::begin`] began, with its own backward pass unless a stacked
+    /// pass did it; a failure is handled as in `begin`.
+    fn finish(&mut self) {
+        let Member::Training { trainer, pending, trained, .. } = self else { return };
+        let Some(pending) = pending.take() else { return };
+        let trained = trained.take().unwrap_or_else(|| trainer.backward(&pending));
+        let outcome = trainer.finish_advance(pending, trained);
         if let Err(error) = trainer.log_failure(outcome) {
             *self = Member::Done(Err(error));
+        }
+    }
+
+    /// This run's part of a stacked backward pass (a run whose step has begun).
+    fn stacked_pass_input(&self) -> StackedPassInput<'_> {
+        match self {
+            Member::Training { trainer, pending: Some(pending), .. } => trainer.stacked_pass_input(pending),
+            _ => unreachable!("only runs whose step has begun are stacked"),
         }
     }
 

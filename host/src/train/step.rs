@@ -17,9 +17,45 @@ use crate::{grpo, probes, routing};
 use crate::optim::linear_lr;
 use crate::probes::NoiseScale;
 
+/// A step prepared up to its backward pass: its rollout is the trainer's, its rows here, the
+/// gradients zeroed.
+pub(super) struct PendingStep {
+    step: usize,
+    started: Instant,
+    new_rollout: bool,
+    mini: MiniBatch,
+}
+
+/// One run's part of a backward pass stacked with other runs' ([`grpo::backward_stacked`]).
+pub(super) struct StackedPassInput<'a> {
+    pub model: &'a crate::model::Llama,
+    pub batch: grpo::LossBatch<'a>,
+    pub temperature: f64,
+    pub loss: &'a grpo::LossSettings,
+}
+
+/// What a step's backward pass left beside the gradients in the parameters.
+pub(super) struct Trained {
+    pass: grpo::BackwardPass,
+    /// With `split_moment`: the natural plan's gradients, taken out of the parameters.
+    natural_grads: Option<Vec<Tensor>>,
+    absorption: Vec<(String, f64)>,
+    gradient_noise: Option<GradientNoise>,
+    /// The backward pass's share of the wall-clock time (a stacked pass's, divided by its runs).
+    seconds: f64,
+}
+
 impl Trainer {
     /// Optimizer step `step` (0-based); returns its metrics line.
     pub(super) fn step(&mut self, step: usize) -> Result<serde_json::Value> {
+        let pending = self.begin_step(step)?;
+        let trained = self.backward(&pending);
+        self.finish_step(pending, trained)
+    }
+
+    /// The step up to its backward pass: the rollout (sampled, scored and planned when the step
+    /// starts one) and the mini-batch's rows.
+    pub(super) fn begin_step(&mut self, step: usize) -> Result<PendingStep> {
         let started = Instant::now();
         let per_rollout = self.cfg.steps_per_rollout();
         let new_rollout = step % per_rollout == 0;
@@ -33,11 +69,47 @@ impl Trainer {
         })?;
         // Each pass over the rollout goes through its mini-batches in order.
         let mini = MiniBatch::of(rollout, step % self.cfg.num_substeps, self.cfg.num_substeps);
-        let train_start = Instant::now();
-        let g = &rollout.generation;
         self.optimizer.zero_grad();
+        Ok(PendingStep { step, started, new_rollout, mini })
+    }
+
+    /// Why this run's backward passes cannot be one run's part of a pass stacked with other
+    /// runs ([`grpo::backward_stacked`] does one micro-batch in one pass, without probes that
+    /// need a run's own graph or gradients), or `None` when they can.
+    pub(super) fn unstackable_pass(&self) -> Option<&'static str> {
+        let cfg = &self.cfg;
+        if cfg.gradient_accumulation_steps > 1 {
+            Some("gradient_accumulation_steps > 1")
+        } else if cfg.gradient_noise_scale {
+            Some("gradient_noise_scale")
+        } else if cfg.split_moment {
+            Some("split_moment")
+        } else if self.adapters.is_dual() && cfg.absorption_by_class {
+            Some("absorption_by_class")
+        } else {
+            None
+        }
+    }
+
+    /// This run's part of a stacked backward pass.
+    pub(super) fn stacked_pass_input<'a>(&'a self, pending: &'a PendingStep) -> StackedPassInput<'a> {
+        assert!(self.unstackable_pass().is_none(), "only a run whose pass can stack is stacked");
+        StackedPassInput { model: &self.model, batch: pending.mini.loss_batch(&pending.mini.plan), temperature: self.cfg.temperature, loss: &self.loss }
+    }
+
+    /// This run's part of a stacked backward pass (its gradients already in its parameters).
+    pub(super) fn stacked_pass_result(pass: grpo::BackwardPass, seconds: f64) -> Trained {
+        Trained { pass, natural_grads: None, absorption: Vec::new(), gradient_noise: None, seconds }
+    }
+
+    /// The step's own backward passes: the routed loss (and with `split_moment` the natural
+    /// plan's first), with the probes that need the graph or each pass's gradients.
+    pub(super) fn backward(&mut self, pending: &PendingStep) -> Trained {
+        let pass_start = Instant::now();
+        let rollout = self.rollout.as_ref().expect("begin_step made the rollout");
+        let mini = &pending.mini;
         let micro_batches = self.cfg.gradient_accumulation_steps;
-        let mut natural_grads = match &mini.natural {
+        let natural_grads = match &mini.natural {
             Some(natural) => {
                 grpo::backward_micro_batches(&self.model, &mini.loss_batch(natural), self.cfg.temperature, &self.loss, micro_batches, &mut |_, _| {});
                 Some(self.optimizer.take_grads())
@@ -64,7 +136,7 @@ impl Trainer {
                 gradients.record(accumulated, last);
             }
         };
-        let grpo::BackwardPass { logprobs, terms } = grpo::backward_passes(&self.model, &batch, self.cfg.temperature, &self.loss, passes, &mut before_backward, &mut after_backward);
+        let pass = grpo::backward_passes(&self.model, &batch, self.cfg.temperature, &self.loss, passes, &mut before_backward, &mut after_backward);
         // The step's gradient noise scale from its passes' gradients (before clipping), and the
         // running average updated with it.
         let gradient_noise = pass_gradients.map(|gradients| {
@@ -73,6 +145,17 @@ impl Trainer {
             self.noise_scale_average = Some(average);
             GradientNoise { step, average }
         });
+        Trained { pass, natural_grads, absorption, gradient_noise, seconds: pass_start.elapsed().as_secs_f64() }
+    }
+
+    /// The rest of the step after its backward pass: clipping, AdamW with the schedule, the
+    /// metrics line, log lines and live views; returns the metrics line.
+    pub(super) fn finish_step(&mut self, pending: PendingStep, trained: Trained) -> Result<serde_json::Value> {
+        let optimizer_start = Instant::now();
+        let PendingStep { step, started, new_rollout, mini } = pending;
+        let Trained { pass: grpo::BackwardPass { logprobs, terms }, mut natural_grads, mut absorption, gradient_noise, seconds: pass_seconds } = trained;
+        let rollout = self.rollout.as_ref().expect("begin_step made the rollout");
+        let g = &rollout.generation;
         if let Some(dir) = &self.cfg.dump_batches {
             super::dump::write_step(dir, step + 1, rollout, &logprobs.logprobs, &terms.loss)?;
         }
@@ -96,7 +179,7 @@ impl Trainer {
         if let Some(before) = before {
             self.absorption_after_step(&before, &mut absorption);
         }
-        let train_seconds = train_start.elapsed().as_secs_f64();
+        let train_seconds = pass_seconds + optimizer_start.elapsed().as_secs_f64();
         let entropy = grpo::masked_mean(&logprobs.entropy, &mini.loss_mask);
         // The same batch re-scored by the updated policy (one forward pass, no gradient).
         let entropy_change = self.cfg.measure_entropy_change.then(|| {
@@ -206,6 +289,13 @@ struct MiniBatch {
     plan: PlanRows,
     /// With `split_moment`: the natural plan's rows.
     natural: Option<PlanRows>,
+}
+
+impl PendingStep {
+    /// The rows the step trains on.
+    pub(super) fn rows(&self) -> i64 {
+        self.mini.loss_mask.size()[0]
+    }
 }
 
 impl MiniBatch {

@@ -1,0 +1,148 @@
+//! Runs stacked on a leading axis for one training pass: R models of one architecture (each
+//! with its own weights and adapters) as one [`Llama`] whose tensors are `[R, ...]`, so a
+//! pack's forward and backward pass is one batched matrix product per projection instead of R
+//! passes of small kernels (what a launch-bound GPU step needs).
+//!
+//! The stacked tensors are `Tensor::stack`s of the runs' own tensors, inside autograd: the
+//! backward pass of a loss summed over the runs leaves in each run's parameters the gradient of
+//! that run's loss alone (the runs share no tensor), and the optimizer, clipping and checkpoints
+//! stay each run's own. A batch of the stacked model is run-major: its first dimension is R
+//! equal slices, run r's rows in the r-th. [`super::linear::times_transposed`],
+//! [`super::llama::rms_norm`] and [`super::llama::embed`] give each slice its own run's weights;
+//! attention, RoPE and masks work per row and need nothing.
+//!
+//! Architecture invariant: stacking changes rounding only (the batched products), never what a
+//! run computes: `tests/train.rs` holds a stacked pack to the same runs trained alone.
+
+use tch::{Kind, Tensor};
+
+use super::linear::{AdapterCtl, Linear, Lora, RowLearn, RowScale};
+use super::llama::{Attention, Block, Llama, Mlp};
+use super::mlp_adapter::MlpAdapter;
+use super::rope::Rope;
+
+/// `[R, ...]` of each run's tensor (differentiable in each run's own).
+fn stack(tensors: impl Iterator<Item = Tensor>) -> Tensor {
+    Tensor::stack(&tensors.collect::<Vec<_>>(), 0)
+}
+
+impl Llama {
+    /// The `models` stacked on a leading axis (see the module's documentation). They must share
+    /// the architecture: configuration, adapter slots and their shapes and scalings.
+    pub fn stacked(models: &[&Llama]) -> Llama {
+        let first = models.first().expect("at least one model to stack");
+        for other in &models[1..] {
+            assert_eq!(other.config, first.config, "stacked models share their configuration");
+            assert_eq!((other.device, other.kind), (first.device, first.kind), "stacked models share their device and dtype");
+        }
+        let layers = (0..first.layers.len()).map(|i| stacked_block(&models.iter().map(|m| &m.layers[i]).collect::<Vec<_>>())).collect();
+        Llama {
+            config: first.config.clone(),
+            embed_tokens: stack(models.iter().map(|m| m.embed_tokens.shallow_clone())),
+            layers,
+            norm: stack(models.iter().map(|m| m.norm.shallow_clone())),
+            lm_head: first.lm_head.as_ref().map(|_| stack(models.iter().map(|m| m.lm_head.as_ref().expect("stacked models all have a head or all tie it").shallow_clone()))),
+            rope: Rope { cos: first.rope.cos.shallow_clone(), sin: first.rope.sin.shallow_clone() },
+            device: first.device,
+            kind: first.kind,
+        }
+    }
+
+    /// How many runs this model stacks (1 for a model that is not stacked).
+    pub fn runs(&self) -> i64 {
+        if self.embed_tokens.dim() == 3 { self.embed_tokens.size()[0] } else { 1 }
+    }
+}
+
+fn stacked_block(blocks: &[&Block]) -> Block {
+    let linear = |pick: fn(&Block) -> &Linear| stacked_linear(&blocks.iter().map(|b| pick(b)).collect::<Vec<_>>());
+    let norm = |pick: fn(&Block) -> &Tensor| stack(blocks.iter().map(|b| pick(b).shallow_clone()));
+    let slots = blocks[0].mlp.adapters.len();
+    Block {
+        input_layernorm: norm(|b| &b.input_layernorm),
+        self_attn: Attention {
+            q_proj: linear(|b| &b.self_attn.q_proj),
+            k_proj: linear(|b| &b.self_attn.k_proj),
+            v_proj: linear(|b| &b.self_attn.v_proj),
+            o_proj: linear(|b| &b.self_attn.o_proj),
+        },
+        post_attention_layernorm: norm(|b| &b.post_attention_layernorm),
+        mlp: Mlp {
+            gate_proj: linear(|b| &b.mlp.gate_proj),
+            up_proj: linear(|b| &b.mlp.up_proj),
+            down_proj: linear(|b| &b.mlp.down_proj),
+            adapters: (0..slots).map(|slot| stacked_slot(blocks, |b| b.mlp.adapters[slot].as_ref(), stacked_mlp_adapter)).collect(),
+        },
+    }
+}
+
+fn stacked_linear(linears: &[&Linear]) -> Linear {
+    let slots = linears[0].adapters.len();
+    Linear {
+        weight: stack(linears.iter().map(|l| l.weight.shallow_clone())),
+        adapters: (0..slots).map(|slot| stacked_slot(linears, |l| l.adapters[slot].as_ref(), stacked_lora)).collect(),
+    }
+}
+
+/// One adapter slot across the runs: present in all of them or in none.
+fn stacked_slot<P, A>(parts: &[&P], adapter: impl Fn(&P) -> Option<&A>, stacked: fn(&[&A]) -> A) -> Option<A> {
+    let present: Vec<&A> = parts.iter().filter_map(|p| adapter(p)).collect();
+    assert!(present.is_empty() || present.len() == parts.len(), "stacked models have adapters in the same layers");
+    (!present.is_empty()).then(|| stacked(&present))
+}
+
+fn stacked_lora(loras: &[&Lora]) -> Lora {
+    let scaling = loras[0].scaling;
+    assert!(loras.iter().all(|l| l.scaling == scaling), "stacked adapters share their alpha / r");
+    Lora { a: stack(loras.iter().map(|l| l.a.shallow_clone())), b: stack(loras.iter().map(|l| l.b.shallow_clone())), scaling }
+}
+
+fn stacked_mlp_adapter(adapters: &[&MlpAdapter]) -> MlpAdapter {
+    let pick = |f: fn(&MlpAdapter) -> &Tensor| stack(adapters.iter().map(|a| f(a).shallow_clone()));
+    MlpAdapter { gate: pick(|a| &a.gate), up: pick(|a| &a.up), down: pick(|a| &a.down) }
+}
+
+impl AdapterCtl {
+    /// Each run's controls of one adapter slot (over its `rows` rows) as one control of the
+    /// run-major stacked batch: a common scale or learning rule stays one; otherwise per-row
+    /// tensors (a scale `s` for all of a run's rows becomes `s` on each; learning from all or
+    /// none of them a row weight of 1 or 0, which has the same value and gradient).
+    pub fn stacked(runs: &[&AdapterCtl], rows: i64, device: tch::Device) -> AdapterCtl {
+        let per_row = |value: f64| Tensor::full([rows, 1, 1], value, (Kind::Float, device));
+        let common_scale = match runs[0].scale {
+            RowScale::All(s) => runs.iter().all(|c| matches!(c.scale, RowScale::All(t) if t == s)).then_some(s),
+            RowScale::PerRow(_) => None,
+        };
+        let scale = match common_scale {
+            Some(s) => RowScale::All(s),
+            None => RowScale::PerRow(Tensor::cat(
+                &runs
+                    .iter()
+                    .map(|c| match &c.scale {
+                        RowScale::All(s) => per_row(*s),
+                        RowScale::PerRow(scales) => scales.to_kind(Kind::Float),
+                    })
+                    .collect::<Vec<_>>(),
+                0,
+            )),
+        };
+        let learn = if runs.iter().all(|c| matches!(c.learn, RowLearn::All)) {
+            RowLearn::All
+        } else if runs.iter().all(|c| matches!(c.learn, RowLearn::Nothing)) {
+            RowLearn::Nothing
+        } else {
+            RowLearn::Rows(Tensor::cat(
+                &runs
+                    .iter()
+                    .map(|c| match &c.learn {
+                        RowLearn::All => per_row(1.0),
+                        RowLearn::Nothing => per_row(0.0),
+                        RowLearn::Rows(weights) => weights.to_kind(Kind::Float),
+                    })
+                    .collect::<Vec<_>>(),
+                0,
+            ))
+        };
+        AdapterCtl { scale, learn }
+    }
+}
