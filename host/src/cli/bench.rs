@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 
 use super::common::ModelArgs;
@@ -147,6 +147,7 @@ fn bench_packed(args: &TrainBench, runs: usize, thread_counts: &[usize], out: &P
             // A one-step run first, so neither measurement pays the process's one-time costs.
             Trainer::new(bench_config(args, adapter, threads, 1, 0, &out.join("warm-up"))?, None)?.train(None)?;
             let (mut alone, mut packed) = ((f64::INFINITY, f64::INFINITY), (f64::INFINITY, f64::INFINITY));
+            let (mut alone_train, mut packed_train) = (Vec::new(), Vec::new());
             for round in 0..3 {
                 let measured = timed(|| {
                     for config in configs(format!("alone-{round}"))? {
@@ -161,6 +162,8 @@ fn bench_packed(args: &TrainBench, runs: usize, thread_counts: &[usize], out: &P
                     train_packed_with(packed_runs, None, options)?.into_iter().map(|outcome| outcome.map(|_| ())).collect()
                 })?;
                 packed = (packed.0.min(measured.0), packed.1.min(measured.1));
+                alone_train.extend(train_seconds(&out.join(format!("alone-{round}")))?);
+                packed_train.extend(train_seconds(&out.join(format!("packed-{round}")))?);
             }
             let steps = (runs * args.steps) as f64;
             println!(
@@ -172,9 +175,26 @@ fn bench_packed(args: &TrainBench, runs: usize, thread_counts: &[usize], out: &P
                 steps / packed.0,
                 packed.1
             );
+            println!(
+                "{adapter:<9} threads {threads}: a step's training (pass and optimizer; a stacked pass's share), median: alone {:.4} s, packed {:.4} s",
+                median(alone_train),
+                median(packed_train)
+            );
         }
     }
     Ok(())
+}
+
+/// Every step's `timing/train` in the runs under `dir` (a stacked pass counts its share).
+fn train_seconds(dir: &Path) -> Result<Vec<f64>> {
+    let mut seconds = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list the benchmark's runs in {}", dir.display()))? {
+        let metrics = crate::train::runlog::Jsonl::new(entry?.path().join("metrics.jsonl"));
+        for line in metrics.read()? {
+            seconds.push(line[crate::train::metrics::key::TIMING_TRAIN].as_f64().context("a metrics line without timing/train")?);
+        }
+    }
+    Ok(seconds)
 }
 
 /// Wall-clock and CPU seconds (this process, user + system) of `work`.
