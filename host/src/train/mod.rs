@@ -303,15 +303,15 @@ impl Trainer {
     /// The next optimizer step, then the evaluation and checkpoint due after it: the unit that
     /// a solo run repeats and a pack ([`packed`]) interleaves across its runs.
     fn advance(&mut self) -> Result<()> {
-        let pending = self.begin_advance()?;
+        let pending = self.begin_advance(rollout::Reference::Now)?;
         let trained = self.backward(&pending);
         self.finish_advance(pending, trained)
     }
 
     /// [`Self::advance`] up to the step's backward pass.
-    fn begin_advance(&mut self) -> Result<step::PendingStep> {
+    fn begin_advance(&mut self, reference: rollout::Reference) -> Result<step::PendingStep> {
         let step = self.optimizer.step;
-        self.begin_step(step).with_context(|| self.stopped_at(step))
+        self.begin_step(step, reference).with_context(|| self.stopped_at(step))
     }
 
     /// [`Self::advance`] after the step's backward pass: the optimizer step, then the

@@ -16,11 +16,12 @@
 //! samples alone.
 //!
 //! A round then goes in three phases: each run begins its step (scoring in its plugins,
-//! advantages, routing plan, reference log-probabilities: [`Trainer::begin_step`]); the runs
-//! whose passes can stack do one forward and backward pass of their models stacked on the run
-//! axis ([`StackedPasses`], `grpo::backward_stacked`: each run's own loss, the gradients of each
-//! in its own parameters); each run finishes its step alone (clipping, AdamW, metrics,
-//! evaluation, checkpoint). A run whose step needs its own backward passes (micro-batches,
+//! advantages, routing plan: [`Trainer::begin_step`]); the runs' reference log-probabilities
+//! come from one forward pass of their reference models stacked on the run axis, and the runs
+//! whose passes can stack do one forward and backward pass of their models stacked
+//! ([`StackedPasses`], `grpo::backward_stacked`: each run's own loss, the gradients of each in
+//! its own parameters); each run finishes its step alone (clipping, AdamW, metrics,
+//! evaluation, checkpoint). Stacked passes are on where they pay ([`Stacking::Auto`]: CUDA). A run whose step needs its own backward passes (micro-batches,
 //! probes that read a pass's gradients) does it in the third phase, and its train.log says why.
 //!
 //! Architecture invariant: nothing here computes a run's numbers; the pack only decides the
@@ -34,11 +35,12 @@ use std::time::Instant;
 use anyhow::{Result, bail};
 use serde_json::Value;
 
-use super::rollout::{SampleRequest, Served};
+use super::rollout::{Reference, SampleRequest, Served};
 use super::step::{PendingStep, StackedPassInput, Trained};
 use super::{RunSummary, TrainConfig, Trainer};
 use crate::grpo::{self, LossBatch, LossSettings};
 use crate::model::Llama;
+use crate::model::linear::AdapterCtl;
 use crate::model::decode::DecodeModel;
 use crate::model::generate::{Engine, generate_stacked};
 
@@ -104,10 +106,11 @@ pub enum Stacking {
     /// Sampling when the runs sample with libtorch (on CUDA, or in bfloat16), where a decode
     /// step is a few hundred small kernels whatever the batch, so R runs cost about what one
     /// costs (on the CPU in float32 each run keeps the native sampler, which is faster there);
-    /// backward passes on CUDA, for the same reason.
+    /// reference and backward passes on CUDA, for the same reason.
     Auto,
-    /// Always, libtorch sampling included on the CPU (tests and benchmarks: the stacked
-    /// libtorch decoder draws the tokens the native sampler draws).
+    /// Always, libtorch in place of the native sampler and reference scorer on the CPU (tests
+    /// and benchmarks: the stacked libtorch decoder draws the tokens the native sampler draws;
+    /// the reference log-probabilities differ by float32 rounding).
     Always,
     /// Never: each run samples and trains alone.
     Never,
@@ -158,8 +161,11 @@ pub fn train_packed_with(runs: Vec<PackedRun>, stop_after: Option<usize>, option
         if options.stacking != Stacking::Never {
             samplers.serve(&mut members, options.stacking);
         }
-        for_each_member(&mut members, options.workers, Member::begin);
-        if options.stacking == Stacking::Always || (options.stacking == Stacking::Auto && on_cuda(&members)) {
+        let stack_passes = options.stacking == Stacking::Always || (options.stacking == Stacking::Auto && on_cuda(&members));
+        let reference = if stack_passes { Reference::Deferred } else { Reference::Now };
+        for_each_member(&mut members, options.workers, |member| member.begin(reference));
+        if stack_passes {
+            passes.reference(&mut members);
             passes.train(&mut members);
         }
         for_each_member(&mut members, options.workers, Member::finish);
@@ -176,12 +182,13 @@ fn on_cuda(members: &[Member]) -> bool {
 /// threads, each a fixed share of the runs. Runs share nothing (each `Trainer` owns its
 /// tensors, plugins and files; libtorch's grad mode is per thread), so the threads do not
 /// change what any run computes (`tests/train.rs` holds them to the solo runs).
-fn for_each_member(members: &mut [Member], workers: usize, work: fn(&mut Member)) {
+fn for_each_member(members: &mut [Member], workers: usize, work: impl Fn(&mut Member) + Sync) {
     if workers <= 1 || members.len() <= 1 {
         members.iter_mut().for_each(work);
         return;
     }
     let share = members.len().div_ceil(workers);
+    let work = &work;
     std::thread::scope(|scope| {
         for runs in members.chunks_mut(share) {
             scope.spawn(move || runs.iter_mut().for_each(work));
@@ -216,11 +223,54 @@ struct StackedPasses {
 }
 
 impl StackedPasses {
+    /// The reference log-probabilities of the runs whose new rollouts left them out
+    /// ([`Reference::Deferred`]): one forward pass (no gradient) of the runs' reference models
+    /// stacked, for runs with as many rows; a run with no such partner computes its own. A run
+    /// whose own pass fails leaves the pack.
+    fn reference(&mut self, members: &mut [Member]) {
+        let mut groups: Vec<(i64, Vec<usize>)> = Vec::new();
+        for (i, member) in members.iter().enumerate() {
+            let Member::Training { trainer, pending: Some(pending), .. } = member else { continue };
+            if !pending.reference_pending() {
+                continue;
+            }
+            let rows = trainer.reference_pass_input().2.completion_ids.size()[0];
+            match groups.iter_mut().find(|(r, _)| *r == rows) {
+                Some((_, group)) => group.push(i),
+                None => groups.push((rows, vec![i])),
+            }
+        }
+        for (rows, runs) in groups {
+            if runs.len() == 1 {
+                members[runs[0]].own_reference();
+                continue;
+            }
+            let started = Instant::now();
+            let logprobs = tch::no_grad(|| {
+                let inputs: Vec<_> = runs.iter().map(|&i| members[i].trainer().expect("a run whose step has begun").reference_pass_input()).collect();
+                let stacked = Llama::stacked(&inputs.iter().map(|input| input.0).collect::<Vec<_>>());
+                let slots = inputs[0].1.len();
+                let device = stacked.device;
+                let ctl: Vec<AdapterCtl> = (0..slots).map(|slot| AdapterCtl::stacked(&inputs.iter().map(|input| &input.1[slot]).collect::<Vec<_>>(), rows, device)).collect();
+                let seqs: Vec<_> = inputs.iter().map(|input| input.2).collect();
+                let temperatures: Vec<f64> = inputs.iter().map(|input| input.3).collect();
+                grpo::stacked_completion_logprobs(&stacked, &seqs, &temperatures, &ctl)
+            });
+            let seconds = started.elapsed().as_secs_f64() / runs.len() as f64;
+            for (&i, logprobs) in runs.iter().zip(logprobs) {
+                if let Member::Training { trainer, pending: Some(pending), .. } = &mut members[i] {
+                    trainer.set_reference(pending, logprobs.logprobs, seconds);
+                }
+            }
+        }
+    }
+
     fn train(&mut self, members: &mut [Member]) {
         let mut groups: Vec<(i64, Vec<usize>)> = Vec::new();
         let mut alone = Vec::new();
         for (i, member) in members.iter().enumerate() {
             let Member::Training { trainer, pending: Some(pending), .. } = member else { continue };
+            assert!(!pending.reference_pending(), "the stacked reference pass ran first");
             if let Some(reason) = trainer.unstackable_pass() {
                 alone.push((i, reason));
                 continue;
@@ -392,14 +442,14 @@ impl Member {
 
     /// Begins a training run's next step (or ends the run once it reached its last step); a
     /// failure is logged to its train.log, and the trainer (its lock included) is dropped.
-    fn begin(&mut self) {
+    fn begin(&mut self, reference: Reference) {
         let Member::Training { trainer, end, pending, .. } = self else { return };
         if trainer.optimizer.step >= *end {
             trainer.log.finish();
             *self = Member::Done(Ok(RunSummary { run_dir: trainer.run_dir.clone(), steps: *end }));
             return;
         }
-        let begun = trainer.begin_advance();
+        let begun = trainer.begin_advance(reference);
         match trainer.log_failure(begun) {
             Ok(begun) => *pending = Some(begun),
             Err(error) => *self = Member::Done(Err(error)),
@@ -413,6 +463,17 @@ impl Member {
         let Some(pending) = pending.take() else { return };
         let trained = trained.take().unwrap_or_else(|| trainer.backward(&pending));
         let outcome = trainer.finish_advance(pending, trained);
+        if let Err(error) = trainer.log_failure(outcome) {
+            *self = Member::Done(Err(error));
+        }
+    }
+
+    /// The reference log-probabilities of the step begun, computed alone; a failure is handled
+    /// as in `begin`.
+    fn own_reference(&mut self) {
+        let Member::Training { trainer, pending: Some(pending), .. } = self else { return };
+        let step = trainer.optimizer.step;
+        let outcome = trainer.own_reference(pending).map_err(|e| e.context(format!("training stopped at step {}", step + 1)));
         if let Err(error) = trainer.log_failure(outcome) {
             *self = Member::Done(Err(error));
         }

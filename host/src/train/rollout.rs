@@ -20,7 +20,7 @@ use crate::grpo;
 use crate::intervention::{self, Intervention};
 use crate::model::decode::DecodeModel;
 use crate::model::generate::{Generation, generate};
-use crate::model::{self, linear::AdapterCtl};
+use crate::model::{self, Llama, linear::AdapterCtl};
 use crate::reward::ScoredBatch;
 use crate::rng::{self, SplitMix64};
 use crate::adapters::FORGET;
@@ -40,6 +40,15 @@ pub(super) struct Served {
     pub request: SampleRequest,
     pub generation: Generation,
     pub seconds: f64,
+}
+
+/// When a rollout computes its reference log-probabilities.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reference {
+    /// With the rollout (a solo run, or a packed run whose reference pass does not stack).
+    Now,
+    /// Later, set by a pack's stacked reference pass ([`Trainer::set_reference`]).
+    Deferred,
 }
 
 /// A generated, scored batch, kept for `num_iterations * num_substeps` optimizer steps.
@@ -69,8 +78,10 @@ pub(super) struct Rollout {
 
 impl Trainer {
     /// Generates, scores and prepares the rollout of optimizer step `step` (and the next
-    /// `num_iterations * num_substeps - 1` steps).
-    pub(super) fn rollout(&mut self, step: usize) -> Result<Rollout> {
+    /// `num_iterations * num_substeps - 1` steps). With `reference` [`Reference::Deferred`] the
+    /// reference log-probabilities (when `beta` needs them) are left for a pack's stacked
+    /// reference pass to set ([`Trainer::set_reference`]).
+    pub(super) fn rollout(&mut self, step: usize, reference: Reference) -> Result<Rollout> {
         let drawn = self.draw_batch(step)?;
         let (generation, samples, scored) = (drawn.generation, drawn.samples, drawn.scored);
         let device = self.model.device;
@@ -106,7 +117,7 @@ impl Trainer {
         self.live.batch(record)?;
 
         let reference_start = Instant::now();
-        let ref_logprobs = (self.cfg.beta != 0.0).then(|| self.reference_logprobs(&generation)).transpose()?;
+        let ref_logprobs = (self.needs_reference() && reference == Reference::Now).then(|| self.reference_logprobs(&generation)).transpose()?;
         let old_logprobs = match self.cfg.loss_fn.is_tinker() {
             true => Some(generation.sampling_logprobs.shallow_clone()),
             false => (self.cfg.steps_per_rollout() > 1).then(|| grpo::frozen_logprobs(&self.model, (&generation).into(), self.cfg.temperature, &plan.ctl)),
@@ -165,18 +176,38 @@ impl Trainer {
         prompt_texts
     }
 
+    /// Whether the loss has a KL term, whose reference log-probabilities a rollout holds (as
+    /// TRL, no reference pass with beta = 0).
+    pub(super) fn needs_reference(&self) -> bool {
+        self.cfg.beta != 0.0
+    }
+
+    /// The reference policy as the libtorch forward pass computes it: the frozen starting model
+    /// (full fine-tuning), or the model with its adapters off.
+    pub(super) fn reference_model(&self) -> (&Llama, Vec<AdapterCtl>) {
+        match &self.reference {
+            Some(reference) => (reference, vec![]),
+            None => (&self.model, self.adapters.slots.iter().map(|_| AdapterCtl::off()).collect()),
+        }
+    }
+
+    /// What a pack's stacked reference pass needs of this run's rollout (begun with
+    /// [`Reference::Deferred`]): the reference model and controls, the batch, the temperature.
+    pub(super) fn reference_pass_input(&self) -> (&Llama, Vec<AdapterCtl>, grpo::Sequences<'_>, f64) {
+        let rollout = self.rollout.as_ref().expect("a deferred reference belongs to a rollout");
+        let (model, ctl) = self.reference_model();
+        (model, ctl, (&rollout.generation).into(), self.cfg.temperature)
+    }
+
     /// Log-probabilities of the completions under the reference policy: the native scorer on
     /// the CPU in float32 (same function up to float rounding, several times faster), libtorch
     /// elsewhere.
-    fn reference_logprobs(&self, g: &Generation) -> Result<Tensor> {
+    pub(super) fn reference_logprobs(&self, g: &Generation) -> Result<Tensor> {
         if let Some(native) = self.reference_decoder.as_ref().and_then(DecodeModel::native) {
             let threads = tch::get_num_threads().max(1) as usize;
             return model::native::frozen_logprobs(native, g, self.cfg.temperature, threads);
         }
-        let (model, ctl) = match &self.reference {
-            Some(reference) => (reference, vec![]),
-            None => (&self.model, self.adapters.slots.iter().map(|_| AdapterCtl::off()).collect()),
-        };
+        let (model, ctl) = self.reference_model();
         Ok(grpo::frozen_logprobs(model, g.into(), self.cfg.temperature, &ctl))
     }
 
