@@ -21,8 +21,9 @@
 //! whose passes can stack do one forward and backward pass of their models stacked
 //! ([`StackedPasses`], `grpo::backward_stacked`: each run's own loss, the gradients of each in
 //! its own parameters); each run finishes its step alone (clipping, AdamW, metrics,
-//! evaluation, checkpoint). Stacked passes are on where they pay ([`Stacking::Auto`]: CUDA). A run whose step needs its own backward passes (micro-batches,
-//! probes that read a pass's gradients) does it in the third phase, and its train.log says why.
+//! evaluation, checkpoint). Stacked passes are on where they pay ([`Stacking::Auto`]: CUDA). A
+//! run whose step needs its own backward passes (micro-batches, probes that read a pass's
+//! gradients) does them in the third phase, and its train.log says why.
 //!
 //! Architecture invariant: nothing here computes a run's numbers; the pack only decides the
 //! order of work, which engine samples and whether a backward pass is stacked, so a packed run
@@ -211,11 +212,10 @@ fn announce_once(members: &mut [Member], announced: &mut Vec<usize>, runs: &[usi
     }
 }
 
-/// The pack's stacked backward passes: the runs whose steps have begun and whose passes can
-/// stack ([`Trainer::unstackable_pass`]), in groups that train on as many rows, go through one
-/// forward and backward pass of their models stacked on a leading axis
-/// ([`grpo::backward_stacked`]); each run then finishes its step (clipping, AdamW, metrics)
-/// alone, on the gradients of its own loss.
+/// The pack's stacked passes between the runs' `begin` and `finish`: the reference
+/// log-probabilities of the runs' new rollouts ([`StackedPasses::reference`]), then the backward
+/// passes ([`StackedPasses::train`]). Each run then finishes its step (clipping, AdamW,
+/// metrics) alone, on the gradients of its own loss.
 #[derive(Default)]
 struct StackedPasses {
     /// Runs whose train.log says how they train (once per run).
@@ -265,6 +265,10 @@ impl StackedPasses {
         }
     }
 
+    /// The runs whose steps have begun and whose passes can stack
+    /// ([`Trainer::unstackable_pass`]), in groups that train on as many rows, go through one
+    /// forward and backward pass of their models stacked on a leading axis
+    /// ([`grpo::backward_stacked`]).
     fn train(&mut self, members: &mut [Member]) {
         let mut groups: Vec<(i64, Vec<usize>)> = Vec::new();
         let mut alone = Vec::new();
