@@ -245,17 +245,12 @@ fn scaled_per_class_grads(model: &Llama, config: &AdapterConfig, b: &Routed, (cl
 /// Each parameter's gradient against its own scale (a small gradient cannot hide behind a large
 /// one); a masked (all-zero) reference gradient must be zero up to 1e-9 of the largest one.
 fn assert_same(label: &str, ours: &BTreeMap<String, Tensor>, reference: &BTreeMap<String, Tensor>) {
-    assert_within(label, ours, reference, 1e-5);
-}
-
-/// [`assert_same`] with each gradient within `relative` of its own scale.
-fn assert_within(label: &str, ours: &BTreeMap<String, Tensor>, reference: &BTreeMap<String, Tensor>, relative: f64) {
     let largest = reference.values().map(|g| g.abs().max().double_value(&[])).fold(0.0, f64::max);
     assert!(largest > 0.0, "{label}: the reference gradient is all zeros");
     for (name, grad) in ours {
         let scale = reference[name].abs().max().double_value(&[]);
         let diff = max_abs_diff(grad, &reference[name]);
-        assert!(diff <= relative * scale + 1e-9 * largest, "{label}: gradient of {name} differs by {diff} (its scale {scale})");
+        assert!(diff <= 1e-5 * scale + 1e-9 * largest, "{label}: gradient of {name} differs by {diff} (its scale {scale})");
     }
 }
 
@@ -516,6 +511,12 @@ fn the_gradient_noise_scale_follows_mccandlish_from_per_row_gradients() {
     }
 }
 
+/// How far a stacked pass's gradient may be from the run's own pass, absolutely, in any element:
+/// float32 rounding of other matrix-product shapes (measured: up to 1.2e-6, the embedding table
+/// of full fine-tuning), where another run's or a wrongly routed gradient is off by the
+/// gradient itself (about 1e-2 to 1).
+const STACKED_GRADIENT_TOLERANCE: f64 = 1e-5;
+
 /// One backward pass of three runs stacked on a leading axis (`Llama::stacked`,
 /// `grpo::backward_stacked`) gives each run the log-probabilities and gradients of its own pass
 /// alone: runs with their own weights (every base and adapter tensor perturbed), prompts and
@@ -586,16 +587,19 @@ fn a_stacked_backward_pass_gives_each_run_its_own_gradients() {
         for (loaded, config) in &runs {
             zero_grads(config, &loaded.model);
         }
-        let stacked = Llama::stacked(&runs.iter().map(|(loaded, _)| &loaded.model).collect::<Vec<_>>());
+        let models: Vec<&Llama> = runs.iter().map(|(loaded, _)| &loaded.model).collect();
         let settings: Vec<&LossSettings> = batches.iter().map(|b| &b.2).collect();
-        let passes = grpo::backward_stacked(&stacked, &batches.iter().map(loss_batch).collect::<Vec<_>>(), &temperatures, &settings);
+        let passes = grpo::backward_stacked(&models, &batches.iter().map(loss_batch).collect::<Vec<_>>(), &temperatures, &settings);
         for (run, (((loaded, config), pass), (solo, solo_grads))) in runs.iter().zip(passes).zip(&alone).enumerate() {
             let label = format!("{kind} run {run}");
             let logprob_diff = max_abs_diff(&pass.logprobs.logprobs, &solo.logprobs.logprobs);
             assert!(logprob_diff <= 1e-4, "{label}: log-probabilities differ by {logprob_diff}");
             let loss_diff = (pass.terms.loss.double_value(&[]) - solo.terms.loss.double_value(&[])).abs();
             assert!(loss_diff <= 1e-6, "{label}: the loss differs by {loss_diff}");
-            assert_within(&label, &grads(config, &loaded.model), solo_grads, 1e-4);
+            for (name, grad) in grads(config, &loaded.model) {
+                let diff = max_abs_diff(&grad, &solo_grads[&name]);
+                assert!(diff <= STACKED_GRADIENT_TOLERANCE, "{label}: gradient of {name} differs by {diff}");
+            }
         }
     }
 }

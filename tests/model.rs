@@ -383,8 +383,12 @@ fn check_stacked_runs(device: Device, engines: &[Engine]) {
         }
     };
     check(&stacked, &parts, "stacked");
+    let run_1 = |part: &DecodeModel| generate_with(Engine::Libtorch, part, &prompts[1], &sampling(40, 1.0, 0, 1.0, 1.0), seeds[1]).unwrap().completion_ids;
+    let before = run_1(&parts[1]);
     perturb(&mut runs[1], 7);
     parts[1].refresh(&runs[1].model, &[]);
+    // Otherwise a stack that kept run 1's old weights would pass the check below.
+    assert_ne!(run_1(&parts[1]), before, "the new weights sample differently");
     stacked.refresh_stacked(&parts.iter().collect::<Vec<_>>());
     check(&stacked, &parts, "refreshed");
 }

@@ -1052,8 +1052,8 @@ fn packed_runs_equal_the_same_runs_trained_alone_and_resume_alone() {
 /// backward pass of both runs' models stacked) and stepped by two worker threads at once are the
 /// runs trained alone: the same completions, coherence rows included (a step's second sampler
 /// call, at other adapter scales, and rows that train retain alone), the reference
-/// log-probabilities of the KL term from a stacked pass too (DualLoRA), metrics within 1e-5
-/// relative (absolute floors near zero, [`assert_close_metrics`]) and checkpoints within [`CHECKPOINT_TOLERANCE`]: the
+/// log-probabilities of the KL term from a stacked pass too (DualLoRA), metrics within absolute
+/// bounds per key ([`assert_close_metrics`]) and checkpoints within [`CHECKPOINT_TOLERANCE`]: the
 /// batched products round differently from one run's. DualLoRA routed (per-row adapter
 /// controls that differ between the runs), and full fine-tuning (the output head and the
 /// embeddings learn through the stacked tables).
@@ -1083,6 +1083,9 @@ fn packed_runs_sampled_and_trained_stacked_equal_the_same_runs_trained_alone() {
             let log = std::fs::read_to_string(packed.join("train.log")).unwrap();
             assert!(log.contains("sampling stacked with 2 packed runs"), "the pack sampled stacked: {log}");
             assert!(log.contains("training stacked with 2 packed runs"), "the pack trained stacked: {log}");
+            if adapter == "dual-lora" {
+                assert!(log.contains("reference log-probabilities stacked with 2 packed runs"), "the pack's reference pass was stacked: {log}");
+            }
             assert_eq!(read_jsonl(&alone.join("completions.jsonl")), read_jsonl(&packed.join("completions.jsonl")), "{adapter}: the same completions");
             for file in ["metrics.jsonl", "routing_eval.jsonl"] {
                 let (a, b) = (deterministic(read_jsonl(&alone.join(file))), deterministic(read_jsonl(&packed.join(file))));
@@ -1094,10 +1097,10 @@ fn packed_runs_sampled_and_trained_stacked_equal_the_same_runs_trained_alone() {
 }
 
 /// How far a stacked pack's checkpoint may be from the solo run's, absolutely, in any weight:
-/// 1% of one AdamW step at the pair's smaller learning rate (3e-4). AdamW moves a weight by
-/// about the learning rate whatever its gradient's size, so float32 rounding of a gradient near
-/// AdamW's eps shows as a small fraction of a step (7.7e-7 measured); a wrong gradient shows as
-/// whole steps.
+/// 1% of one AdamW step at the DualLoRA pair's smaller learning rate (3e-4), 3% at full
+/// fine-tuning's 1e-4. AdamW moves a weight by about the learning rate whatever its gradient's
+/// size, so float32 rounding of a gradient near AdamW's eps shows as a small fraction of a step
+/// (7.7e-7 measured for DualLoRA, 0 for full fine-tuning); a wrong gradient shows as whole steps.
 const CHECKPOINT_TOLERANCE: f64 = 3e-6;
 
 /// Checkpoints 2 and 4 with the same tensor names, values within [`CHECKPOINT_TOLERANCE`].
@@ -1117,20 +1120,24 @@ fn checkpoint_weights(run: &Path, checkpoint: &str) -> std::collections::BTreeMa
     smallrl::train::checkpoint::read_weights(&dir, &smallrl::train::checkpoint::read_state(&dir).unwrap()).unwrap()
 }
 
-/// Metrics lines as [`assert_metrics_within`], floats within 1e-5 relative or an absolute floor
-/// set by how float32 computes the quantity: entropies (`entropy*`) are a log-normaliser minus
-/// a mean logit, both about 10, so float32 leaves about 1e-6 of absolute error (1e-5 allowed);
-/// `kl` is k3 of log-ratios about 1e-2 whose own error is about 1e-6 (1e-8 allowed); the
-/// sampler-vs-trainer probes (`kl_sample_train*`, one engine's log-probability against another)
-/// 1e-5; anything else 1e-9.
+/// Metrics lines as [`assert_metrics_within`], each float within an absolute bound for its key,
+/// 5 to 50 times the largest difference measured between a stacked pack and its runs alone (in
+/// brackets) and far below what a wrong gradient or another run's number moves: norms of
+/// gradients, weights and updates 1e-6 (2.3e-7); entropies 1e-5 (1.3e-6: a log-normaliser
+/// minus a mean logit, both about 10, in float32); `kl` 5e-8 (7.5e-9); the loss 1e-8 (1.4e-10);
+/// the sampler-vs-trainer probes `kl_sample_train*` 1e-5 (6.3e-7: one engine's log-probability
+/// against another's); the effective sample size 1e-6 (0); anything else, counts and rewards of
+/// the same completions, 1e-9 (0).
 fn assert_close_metrics(a: &[Value], b: &[Value], file: &str) {
-    let floor = |key: &str| match key {
-        _ if key.starts_with("kl_sample_train") || key.starts_with("entropy") => 1e-5,
-        _ if key.ends_with("grad_norm") => 1e-7,
-        "kl" => 1e-8,
+    let bound = |key: &str| match key {
+        _ if key.ends_with("_norm") => 1e-6,
+        _ if key.starts_with("entropy") || key.starts_with("kl_sample_train") => 1e-5,
+        "kl" => 5e-8,
+        "loss" => 1e-8,
+        "effective_sample_size" => 1e-6,
         _ => 1e-9,
     };
-    assert_metrics_within(a, b, file, |key, p, q| (1e-5 * p.abs().max(q.abs())).max(floor(key)));
+    assert_metrics_within(a, b, file, |key, _, _| bound(key));
 }
 
 /// A run whose plugin fails (a NaN score) and one whose weights diverge (a huge learning rate:

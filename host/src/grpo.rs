@@ -254,7 +254,7 @@ impl RealCompletionHidden {
 /// left-padded and completions right-padded to the longest (padding that no real token attends
 /// to, and positions that only shift, which RoPE does not see), and each run's states go through
 /// its own output head at its own temperature.
-pub fn stacked_completion_logprobs(stacked: &Llama, runs: &[Sequences], temperatures: &[f64], ctl: &[AdapterCtl]) -> Vec<TokenLogprobs> {
+fn stacked_completion_logprobs(stacked: &Llama, runs: &[Sequences], temperatures: &[f64], ctl: &[AdapterCtl]) -> Vec<TokenLogprobs> {
     assert_eq!(stacked.runs(), runs.len() as i64, "one batch per stacked run");
     let prompt_len = runs.iter().map(|s| s.prompt_ids.size()[1]).max().expect("at least one run");
     let completion_len = runs.iter().map(|s| s.completion_ids.size()[1]).max().expect("at least one run");
@@ -704,18 +704,14 @@ pub fn backward_passes(
 }
 
 /// [`backward_micro_batches`] with one micro-batch for several runs at once: one forward pass of
-/// their models stacked on a leading axis (`stacked`, [`Llama::stacked`] of the runs' models in
-/// the order of `batches`), each run's loss with its own settings and temperature, and one
-/// backward pass of their sum, which leaves in each run's parameters the gradient of its own
-/// loss (the runs share no parameter). The batches have the same number of rows.
-pub fn backward_stacked(stacked: &Llama, batches: &[LossBatch], temperatures: &[f64], settings: &[&LossSettings]) -> Vec<BackwardPass> {
-    let rows = batches[0].loss_mask.size()[0];
-    assert!(batches.iter().all(|b| b.loss_mask.size()[0] == rows), "stacked runs train on the same number of rows");
-    let device = batches[0].loss_mask.device();
-    let slots = batches[0].ctl.len();
-    let ctl: Vec<AdapterCtl> = (0..slots).map(|slot| AdapterCtl::stacked(&batches.iter().map(|b| &b.ctl[slot]).collect::<Vec<_>>(), rows, device)).collect();
+/// their `models` stacked on a leading axis ([`Llama::stacked`]; in the order of `batches`),
+/// each run's loss with its own settings and temperature, and one backward pass of their sum,
+/// which leaves in each run's parameters the gradient of its own loss (the runs share no
+/// parameter). The batches have the same number of rows.
+pub fn backward_stacked(models: &[&Llama], batches: &[LossBatch], temperatures: &[f64], settings: &[&LossSettings]) -> Vec<BackwardPass> {
+    let ctl: Vec<&[AdapterCtl]> = batches.iter().map(|b| b.ctl).collect();
     let seqs: Vec<Sequences> = batches.iter().map(|b| b.seqs).collect();
-    let logprobs = stacked_completion_logprobs(stacked, &seqs, temperatures, &ctl);
+    let logprobs = stacked_completion_logprobs(&Llama::stacked(models), &seqs, temperatures, &stacked_controls(&ctl, &seqs));
     let terms: Vec<LossTerms> = batches.iter().zip(settings).zip(&logprobs).map(|((batch, settings), logprobs)| whole_batch_terms(batch, settings, logprobs)).collect();
     let total = terms.iter().map(|t| t.loss.shallow_clone()).reduce(|a, b| a + b).expect("at least one run");
     total.backward();
@@ -727,6 +723,24 @@ pub fn backward_stacked(stacked: &Llama, batches: &[LossBatch], temperatures: &[
             BackwardPass { logprobs: TokenLogprobs { logprobs: logprobs.logprobs.detach(), entropy: logprobs.entropy }, terms }
         })
         .collect()
+}
+
+/// [`frozen_logprobs`] of several runs' batches in one forward pass of their `models` stacked
+/// (no gradient; each run with its own adapter controls `ctl` and temperature).
+pub fn stacked_frozen_logprobs(models: &[&Llama], ctl: &[&[AdapterCtl]], runs: &[Sequences], temperatures: &[f64]) -> Vec<Tensor> {
+    tch::no_grad(|| {
+        let stacked = Llama::stacked(models);
+        stacked_completion_logprobs(&stacked, runs, temperatures, &stacked_controls(ctl, runs)).into_iter().map(|t| t.logprobs).collect()
+    })
+}
+
+/// Each run's adapter controls (one per slot, over its batch's rows) as the stacked batch's
+/// ([`AdapterCtl::stacked`]); the runs' batches have the same number of rows.
+fn stacked_controls(ctl: &[&[AdapterCtl]], runs: &[Sequences]) -> Vec<AdapterCtl> {
+    let rows = runs[0].completion_ids.size()[0];
+    assert!(runs.iter().all(|s| s.completion_ids.size()[0] == rows), "stacked runs have the same number of rows");
+    let device = runs[0].completion_ids.device();
+    (0..ctl[0].len()).map(|slot| AdapterCtl::stacked(&ctl.iter().map(|c| &c[slot]).collect::<Vec<_>>(), rows, device)).collect()
 }
 
 /// The loss terms of a whole batch trained in one pass, from its differentiable log-probabilities

@@ -149,21 +149,23 @@ fn bench_packed(args: &TrainBench, runs: usize, thread_counts: &[usize], out: &P
             let (mut alone, mut packed) = ((f64::INFINITY, f64::INFINITY), (f64::INFINITY, f64::INFINITY));
             let (mut alone_train, mut packed_train) = (Vec::new(), Vec::new());
             for round in 0..3 {
+                // Each setting's runs in directories of their own: `train_seconds` reads them all.
+                let (alone_dir, packed_dir) = (format!("alone-{adapter}-{threads}-{round}"), format!("packed-{adapter}-{threads}-{round}"));
                 let measured = timed(|| {
-                    for config in configs(format!("alone-{round}"))? {
+                    for config in configs(alone_dir.clone())? {
                         Trainer::new(config, None)?.train(None)?;
                     }
                     Ok(())
                 })?;
                 alone = (alone.0.min(measured.0), alone.1.min(measured.1));
                 let measured = timed(|| {
-                    let packed_runs = configs(format!("packed-{round}"))?.into_iter().map(|config| PackedRun { config, resume: None }).collect();
+                    let packed_runs = configs(packed_dir.clone())?.into_iter().map(|config| PackedRun { config, resume: None }).collect();
                     let options = PackOptions { workers: args.pack_workers, stacking: args.pack_stacking };
                     train_packed_with(packed_runs, None, options)?.into_iter().map(|outcome| outcome.map(|_| ())).collect()
                 })?;
                 packed = (packed.0.min(measured.0), packed.1.min(measured.1));
-                alone_train.extend(train_seconds(&out.join(format!("alone-{round}")))?);
-                packed_train.extend(train_seconds(&out.join(format!("packed-{round}")))?);
+                alone_train.extend(train_seconds(&out.join(&alone_dir))?);
+                packed_train.extend(train_seconds(&out.join(&packed_dir))?);
             }
             let steps = (runs * args.steps) as f64;
             println!(

@@ -14,6 +14,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::folded::FoldedWeights;
 use super::generate::GraphedDecode;
+use super::linear::run_matmul;
 use super::llama::{Llama, embed, rms_norm};
 use super::native::NativeModel;
 
@@ -79,7 +80,7 @@ impl DecodeModel {
     /// Copies `parts` (the runs this decoder was stacked from, refreshed) into its weights in
     /// place, so its buffers and CUDA graphs stay valid.
     pub fn refresh_stacked(&mut self, parts: &[&DecodeModel]) {
-        assert_eq!(Some(parts.len() as i64), self.weights.runs, "refreshing stacked weights from another number of runs");
+        assert_eq!(Some(parts.len() as i64), self.weights.runs(), "refreshing stacked weights from another number of runs");
         for (run, part) in parts.iter().enumerate() {
             self.weights.copy_run_from(run, &part.weights);
         }
@@ -87,7 +88,7 @@ impl DecodeModel {
 
     /// How many runs' weights this decoder holds (1 unless [`DecodeModel::stacked`]).
     pub fn runs(&self) -> usize {
-        self.weights.runs.unwrap_or(1) as usize
+        self.weights.runs().unwrap_or(1) as usize
     }
 
     /// The CPU sampler's copy of the weights (float32 on the CPU only).
@@ -141,7 +142,7 @@ impl DecodeModel {
         let mut x = embed(&self.weights.embed_tokens, ids);
         for (layer, (keys, values)) in self.weights.layers.iter().zip(cache.keys.iter_mut().zip(cache.values.iter_mut())) {
             let h = rms_norm(&x, &layer.input_layernorm, eps);
-            let fused = self.project(&h, &layer.qkv_t);
+            let fused = run_matmul(&h, &layer.qkv_t);
             let qk = fused.narrow(-1, 0, qk_width).view([b, n, heads + kv_heads, hd]);
             let rotated = fused.narrow(-1, qk_width, qk_width).view([b, n, heads + kv_heads, hd]);
             let v = fused.narrow(-1, 2 * qk_width, kv_heads * hd).view([b, n, kv_heads, hd]);
@@ -161,34 +162,20 @@ impl DecodeModel {
                 }
             };
             let attn = grouped_attention(&qk.narrow(2, 0, heads), &keys.narrow(2, 0, used), &values.narrow(2, 0, used), &mask.narrow(3, 0, used), kv_heads);
-            x = x + self.project(&attn, &layer.o_t);
+            x = x + run_matmul(&attn, &layer.o_t);
             let h = rms_norm(&x, &layer.post_attention_layernorm, eps);
-            let gate_up = self.project(&h, &layer.gate_up_t);
+            let gate_up = run_matmul(&h, &layer.gate_up_t);
             let inter = cfg.intermediate_size as i64;
             let act = gate_up.narrow(-1, 0, inter).silu() * gate_up.narrow(-1, inter, inter);
-            x = x + self.project(&act, &layer.down_t);
+            x = x + run_matmul(&act, &layer.down_t);
         }
         rms_norm(&x, &self.weights.norm, eps)
     }
 
     /// `hidden` `[rows, n, hidden]` to logits `[rows, n, vocab]`.
     pub fn logits(&self, hidden: &Tensor) -> Tensor {
-        self.project(hidden, &self.weights.head_t)
+        run_matmul(hidden, &self.weights.head_t)
     }
-
-    /// `x` `[rows, n, in]` times a projection `[in, out]`; stacked (`[runs, in, out]`), each
-    /// run's rows times its own, in one batched matrix product.
-    fn project(&self, x: &Tensor, weight: &Tensor) -> Tensor {
-        let Some(runs) = self.weights.runs else { return x.matmul(weight) };
-        let (rows, n, width) = x.size3().expect("projected activations are [rows, n, width]");
-        x.reshape([runs, rows_per_run(rows, runs) * n, width]).bmm(weight).view([rows, n, -1])
-    }
-}
-
-/// The rows of each run in a stacked batch of `rows` rows.
-fn rows_per_run(rows: i64, runs: i64) -> i64 {
-    assert!(rows % runs == 0, "a stacked batch of {rows} rows does not split into {runs} runs");
-    rows / runs
 }
 
 /// Where a forward pass writes its keys and values, and which cache slots it attends to.

@@ -31,9 +31,6 @@ pub struct FoldedWeights {
     pub(super) head_t: Tensor,
     pub(super) cos: Tensor,
     pub(super) sin: Tensor,
-    /// `Some(r)` for the weights of `r` runs stacked on a leading axis ([`FoldedWeights::stack`]):
-    /// every tensor but the rotary tables (`cos`, `sin`, which the config fixes) gains it.
-    pub(super) runs: Option<i64>,
 }
 
 impl FoldedWeights {
@@ -73,7 +70,6 @@ impl FoldedWeights {
             head_t: transposed(model.head_weight()),
             cos: model.rope.cos.to_kind(model.kind),
             sin: model.rope.sin.to_kind(model.kind),
-            runs: None,
         }
     }
 
@@ -84,7 +80,7 @@ impl FoldedWeights {
         let first = parts.first().expect("stacking needs at least one run");
         for part in parts {
             assert_eq!(part.config, first.config, "stacked weights of another architecture");
-            assert!(part.runs.is_none(), "stacking weights that are stacked already");
+            assert!(part.runs().is_none(), "stacking weights that are stacked already");
         }
         let stacked = |pick: fn(&FoldedWeights) -> &Tensor| Tensor::stack(&parts.iter().map(|p| pick(p)).collect::<Vec<_>>(), 0);
         let layers = (0..first.layers.len())
@@ -108,8 +104,13 @@ impl FoldedWeights {
             head_t: stacked(|w| &w.head_t),
             cos: first.cos.shallow_clone(),
             sin: first.sin.shallow_clone(),
-            runs: Some(parts.len() as i64),
         }
+    }
+
+    /// `Some(r)` for the weights of `r` runs stacked on a leading axis ([`FoldedWeights::stack`]):
+    /// every tensor but the rotary tables (`cos`, `sin`, which the config fixes) has it.
+    pub(super) fn runs(&self) -> Option<i64> {
+        (self.embed_tokens.dim() == 3).then(|| self.embed_tokens.size()[0])
     }
 }
 
@@ -127,8 +128,8 @@ impl FoldedWeights {
     /// keeping their memory, as [`FoldedWeights::copy_from`] does for one run.
     pub(super) fn copy_run_from(&self, run: usize, part: &FoldedWeights) {
         let _guard = tch::no_grad_guard();
-        let runs = self.runs.expect("copy_run_from writes into stacked weights");
-        assert!((run as i64) < runs && part.runs.is_none(), "run {run} of {runs} stacked runs");
+        let runs = self.runs().expect("copy_run_from writes into stacked weights");
+        assert!((run as i64) < runs && part.runs().is_none(), "run {run} of {runs} stacked runs");
         assert_eq!(self.config, part.config, "refolded weights of another shape");
         for (to, from) in self.run_tensors().into_iter().zip(part.run_tensors()) {
             to.get(run as i64).copy_(from);
@@ -140,7 +141,7 @@ impl FoldedWeights {
     pub(super) fn copy_from(&self, other: &FoldedWeights) {
         let _guard = tch::no_grad_guard();
         assert_eq!(self.config, other.config, "refolded weights of another shape");
-        assert_eq!(self.runs, other.runs, "refolded weights of another run count");
+        assert_eq!(self.runs(), other.runs(), "refolded weights of another run count");
         // The rotary tables follow from the config, equal above.
         let (to, from) = (self.run_tensors(), other.run_tensors());
         assert_eq!(to.len(), from.len(), "refolded weights with another layer count");

@@ -13,7 +13,8 @@ use anyhow::{Context, Result, ensure};
 use tch::{Kind, Tensor};
 
 use super::batch::completion_rows;
-pub use super::batch::{CompletionRow, Generation, diverged_row, left_pad, left_pad_to, mask_through_first_eos, masked_rows, row_rng};
+pub use super::batch::{CompletionRow, Generation, left_pad, mask_through_first_eos, masked_rows, row_rng};
+use super::batch::{diverged_row, left_pad_to};
 use super::cuda_graph::{self, CudaGraph};
 use super::decode::{DecodeModel, KvCache, additive_mask, prefill_mask};
 use super::native;
@@ -25,12 +26,13 @@ pub use smallrl_native::Sampling as SamplingParams;
 /// it waits for the device, and the length of a captured CUDA graph.
 const FINISHED_CHECK_INTERVAL: usize = 8;
 
-/// The libtorch engine left-pads prompts to a multiple of this width (each run's generation is
-/// cut back to its own longest prompt afterwards), so a batch's shape, and with it a captured
-/// CUDA graph, is reused across steps whose longest prompts differ by a few tokens.
+/// Decoding from CUDA graphs, the libtorch engine left-pads prompts to a multiple of this width
+/// (each run's generation is cut back to its own longest prompt afterwards), so a batch's
+/// shape, and with it a captured graph, is reused across steps whose longest prompts differ by
+/// a few tokens. Eager decoding pads to the longest prompt only.
 const PROMPT_WIDTH_MULTIPLE: usize = 16;
 
-/// Decode shapes whose CUDA graphs a [`DecodeModel`] keeps (the oldest is dropped beyond this).
+/// Decode shapes whose CUDA graphs a [`DecodeModel`] keeps (beyond this, the least recently used is dropped).
 const GRAPHED_SHAPES: usize = 4;
 
 /// Which implementation samples. All compute the same function from the same folded weights
@@ -148,9 +150,13 @@ fn generate_libtorch(model: &DecodeModel, prompts: &[&[Vec<u32>]], params: &Samp
     let rows_per_run = prompts[0].len();
     let all_prompts = prompts.concat();
     let longest = all_prompts.iter().map(Vec::len).max().unwrap_or(0);
-    // Rounded up, but never past what the cache may hold (checked per request for `longest`).
+    // Graphs: rounded up so that shapes repeat, but never past what the cache may hold
+    // (checked per request for `longest`, so the width stays at least `longest`).
     let room = model.weights.config.max_position_embeddings - params.max_new_tokens;
-    let width = longest.next_multiple_of(PROMPT_WIDTH_MULTIPLE).min(room).max(longest);
+    let width = match stepping {
+        Stepping::Graphs => longest.next_multiple_of(PROMPT_WIDTH_MULTIPLE).min(room),
+        Stepping::Eager => longest,
+    };
     let (prompt_ids, prompt_mask) = left_pad_to(&all_prompts, width, eos, model.device);
     let uniforms = (params.temperature != 0.0).then(|| row_uniforms(seeds, rows_per_run, params.max_new_tokens, model.device));
     let fresh = DecodeState::prefill(model, &prompt_ids, &prompt_mask, params, uniforms);
@@ -217,7 +223,7 @@ fn decode(state: &mut DecodeState, mut run: impl FnMut(&mut DecodeState, usize) 
 }
 
 /// The token loop replayed from CUDA graphs: the model keeps one set of static buffers per
-/// shape (batch, padded prompt width, sampling settings; the last [`GRAPHED_SHAPES`] shapes)
+/// shape (batch, padded prompt width, sampling settings; the [`GRAPHED_SHAPES`] most recently used)
 /// with a graph per chunk length, captured on first use and replayed by later calls; `fresh`
 /// (this call's prefilled state) is copied in.
 /// Returns the tokens and log-probabilities of the steps run.
@@ -226,8 +232,12 @@ fn decode_with_graphs(model: &DecodeModel, fresh: DecodeState) -> Result<(Tensor
     let key = fresh.shape_key();
     let index = match shapes.iter().position(|graphed| graphed.key == key) {
         Some(index) => {
-            shapes[index].state.load(&fresh);
-            index
+            // The shape used last goes last: the one evicted is the least recently used.
+            let graphed = shapes.remove(index);
+            shapes.push(graphed);
+            let last = shapes.len() - 1;
+            shapes[last].state.load(&fresh);
+            last
         }
         None => {
             if shapes.len() == GRAPHED_SHAPES {

@@ -136,18 +136,29 @@ impl JointBranch {
     }
 }
 
-/// `x W^T` for a weight `[out, in]`; for runs stacked on a leading axis ([`super::stacked`]) a
-/// weight `[runs, out, in]` whose run `r` multiplies the `r`-th of `runs` equal slices of `x`'s
-/// first dimension (one batched product).
+/// `x W^T` for a weight `[out, in]`, or `[runs, out, in]` ([`run_matmul`]).
 pub fn times_transposed(x: &Tensor, weight: &Tensor) -> Tensor {
+    run_matmul(x, &weight.transpose(-2, -1))
+}
+
+/// `x W` for a weight `[in, out]`; for runs stacked on a leading axis (`super::stacked`, a
+/// stacked decoder) a weight `[runs, in, out]` whose run `r` multiplies the `r`-th of `runs`
+/// equal slices of `x`'s first dimension (one batched product).
+pub fn run_matmul(x: &Tensor, weight: &Tensor) -> Tensor {
     if weight.dim() == 2 {
-        return x.matmul(&weight.tr());
+        return x.matmul(weight);
     }
-    let (runs, out, features) = weight.size3().expect("a stacked weight is [runs, out, in]");
+    let (runs, features, out) = weight.size3().expect("a stacked weight is [runs, in, out]");
     let mut shape = x.size();
-    assert_eq!(shape[0] % runs, 0, "{} rows do not split into {runs} runs", shape[0]);
+    rows_per_run(shape[0], runs);
     *shape.last_mut().expect("the input has features") = out;
-    x.reshape([runs, -1, features]).bmm(&weight.transpose(1, 2)).reshape(shape)
+    x.reshape([runs, -1, features]).bmm(weight).reshape(shape)
+}
+
+/// The rows of each run in a stacked batch of `rows` rows (run-major, equal slices).
+pub fn rows_per_run(rows: i64, runs: i64) -> i64 {
+    assert!(rows % runs == 0, "a stacked batch of {rows} rows does not split into {runs} runs");
+    rows / runs
 }
 
 /// `t - t.detach()`: exactly zero, with `t`'s gradient. Adds a gradient path to a value computed

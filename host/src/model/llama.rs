@@ -5,7 +5,7 @@
 use tch::{Device, Kind, Tensor};
 
 use super::config::LlamaConfig;
-use super::linear::{AdapterCtl, Linear};
+use super::linear::{AdapterCtl, Linear, rows_per_run, times_transposed};
 use super::mlp_adapter::{self, MlpAdapter};
 use super::rope::{self, Rope};
 
@@ -105,17 +105,15 @@ impl Mlp {
 /// `runs` equal slices of `x`'s rows by its own run's weight.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
     let d = *x.size().last().expect("rms_norm input has no dimensions");
-    if weight.dim() == 2 {
-        let runs = weight.size()[0];
-        let normed = x.to_kind(Kind::Float).rms_norm([d], None::<Tensor>, eps).to_kind(x.kind());
-        return (normed.reshape([runs, -1, d]) * weight.unsqueeze(1)).view(x.size().as_slice());
+    if x.kind() == Kind::Float && weight.dim() == 1 {
+        return x.rms_norm([d], Some(weight), eps);
     }
-    if x.kind() == Kind::Float {
-        x.rms_norm([d], Some(weight), eps)
-    } else {
-        let normed = x.to_kind(Kind::Float).rms_norm([d], None::<Tensor>, eps);
-        normed.to_kind(x.kind()) * weight
+    let normed = x.to_kind(Kind::Float).rms_norm([d], None::<Tensor>, eps).to_kind(x.kind());
+    if weight.dim() == 1 {
+        return normed * weight;
     }
+    let runs = weight.size()[0];
+    (normed.reshape([runs, -1, d]) * weight.unsqueeze(1)).view(x.size().as_slice())
 }
 
 /// Token embeddings of `ids` (`[rows, n]`) from `table` (`[vocab, hidden]`); from a stacked
@@ -126,8 +124,7 @@ pub fn embed(table: &Tensor, ids: &Tensor) -> Tensor {
     }
     let (runs, vocab, hidden) = table.size3().expect("a stacked embedding table is [runs, vocab, hidden]");
     let (rows, _) = ids.size2().expect("ids must be [rows, n]");
-    assert!(rows % runs == 0, "a stacked batch of {rows} rows does not split into {runs} runs");
-    let run_of_row = Tensor::arange(rows, (Kind::Int64, ids.device())).divide_scalar_mode(rows / runs, "floor");
+    let run_of_row = Tensor::arange(rows, (Kind::Int64, ids.device())).divide_scalar_mode(rows_per_run(rows, runs), "floor");
     Tensor::embedding(&table.reshape([runs * vocab, hidden]), &(ids + run_of_row.unsqueeze(1) * vocab), -1, false, false)
 }
 
@@ -198,7 +195,7 @@ impl Llama {
 
     /// `[.., vocab]` logits of hidden states.
     pub fn logits(&self, hidden: &Tensor) -> Tensor {
-        hidden.matmul(&self.head_weight().tr())
+        times_transposed(hidden, self.head_weight())
     }
 
     pub fn head_weight(&self) -> &Tensor {

@@ -332,6 +332,7 @@ impl Trainer {
         Ok(())
     }
 
+    /// The context of an error at 0-based `step`: where training stopped and what was kept.
     fn stopped_at(&self, step: usize) -> String {
         format!("training stopped at step {}; {} keeps what was written", step + 1, self.run_dir.display())
     }

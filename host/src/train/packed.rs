@@ -2,8 +2,8 @@
 //! is a whole solo [`Trainer`] (its own weights or adapters, optimizer state, clipping, random
 //! streams, reward plugins, `metrics.jsonl`, evaluations and checkpoints), so a packed run's
 //! directory is exactly a solo run's and `eval`, `sweep --collect`, `--resume` and export read
-//! it unchanged. The pack advances every live run by one [`Trainer::advance`] per round; a run
-//! that fails (a plugin error, a non-finite loss) records why in its train.log and leaves the
+//! it unchanged. The pack advances every live run by one step per round (the parts of
+//! [`Trainer::advance`], below); a run that fails (a plugin error, a non-finite loss) records why in its train.log and leaves the
 //! pack, the others go on.
 //!
 //! Sampling, the bulk of a GPU step, is stacked ([`Stacking`]): before each round the pack asks
@@ -21,12 +21,14 @@
 //! whose passes can stack do one forward and backward pass of their models stacked
 //! ([`StackedPasses`], `grpo::backward_stacked`: each run's own loss, the gradients of each in
 //! its own parameters); each run finishes its step alone (clipping, AdamW, metrics,
-//! evaluation, checkpoint). Stacked passes are on where they pay ([`Stacking::Auto`]: CUDA). A
-//! run whose step needs its own backward passes (micro-batches, probes that read a pass's
-//! gradients) does them in the third phase, and its train.log says why.
+//! evaluation, checkpoint). Stacked passes are on where launches dominate ([`Stacking::Auto`]:
+//! CUDA; not yet measured there). A run whose step needs its own backward passes
+//! (micro-batches, probes that read a pass's gradients) does them in the third phase, and its
+//! train.log says why.
 //!
-//! Architecture invariant: nothing here computes a run's numbers; the pack only decides the
-//! order of work, which engine samples and whether a backward pass is stacked, so a packed run
+//! Architecture invariant: nothing here computes a run's numbers (the stacked passes are
+//! `grpo`'s, the stacked decode `generate`'s); the pack only decides the order of work, which
+//! engine samples and whether a pass is stacked, so a packed run
 //! is the solo run (bit for bit unstacked; to float32 rounding stacked, `tests/train.rs`).
 
 use std::collections::HashMap;
@@ -220,47 +222,38 @@ fn announce_once(members: &mut [Member], announced: &mut Vec<usize>, runs: &[usi
 struct StackedPasses {
     /// Runs whose train.log says how they train (once per run).
     announced: Vec<usize>,
+    /// Runs whose train.log says that their reference pass is stacked (once per run).
+    announced_reference: Vec<usize>,
 }
 
 impl StackedPasses {
     /// The reference log-probabilities of the runs whose new rollouts left them out
     /// ([`Reference::Deferred`]): one forward pass (no gradient) of the runs' reference models
-    /// stacked, for runs with as many rows; a run with no such partner computes its own. A run
-    /// whose own pass fails leaves the pack.
+    /// stacked; a run with no partner computes its own. A run whose own pass fails leaves the
+    /// pack.
     fn reference(&mut self, members: &mut [Member]) {
-        let mut groups: Vec<(i64, Vec<usize>)> = Vec::new();
-        for (i, member) in members.iter().enumerate() {
-            let Member::Training { trainer, pending: Some(pending), .. } = member else { continue };
-            if !pending.reference_pending() {
-                continue;
-            }
-            let rows = trainer.reference_pass_input().2.completion_ids.size()[0];
-            match groups.iter_mut().find(|(r, _)| *r == rows) {
-                Some((_, group)) => group.push(i),
-                None => groups.push((rows, vec![i])),
-            }
+        // Every run's rollout has `batch_size` rows, a key packed runs share.
+        let runs: Vec<usize> = (0..members.len()).filter(|&i| matches!(&members[i], Member::Training { pending: Some(pending), .. } if pending.reference_pending())).collect();
+        match runs.len() {
+            0 => return,
+            1 => return members[runs[0]].own_reference(),
+            _ => {}
         }
-        for (rows, runs) in groups {
-            if runs.len() == 1 {
-                members[runs[0]].own_reference();
-                continue;
-            }
-            let started = Instant::now();
-            let logprobs = tch::no_grad(|| {
-                let inputs: Vec<_> = runs.iter().map(|&i| members[i].trainer().expect("a run whose step has begun").reference_pass_input()).collect();
-                let stacked = Llama::stacked(&inputs.iter().map(|input| input.0).collect::<Vec<_>>());
-                let slots = inputs[0].1.len();
-                let device = stacked.device;
-                let ctl: Vec<AdapterCtl> = (0..slots).map(|slot| AdapterCtl::stacked(&inputs.iter().map(|input| &input.1[slot]).collect::<Vec<_>>(), rows, device)).collect();
-                let seqs: Vec<_> = inputs.iter().map(|input| input.2).collect();
-                let temperatures: Vec<f64> = inputs.iter().map(|input| input.3).collect();
-                grpo::stacked_completion_logprobs(&stacked, &seqs, &temperatures, &ctl)
-            });
-            let seconds = started.elapsed().as_secs_f64() / runs.len() as f64;
-            for (&i, logprobs) in runs.iter().zip(logprobs) {
-                if let Member::Training { trainer, pending: Some(pending), .. } = &mut members[i] {
-                    trainer.set_reference(pending, logprobs.logprobs, seconds);
-                }
+        let line = format!("reference log-probabilities stacked with {} packed runs (one batched forward pass)", runs.len());
+        announce_once(members, &mut self.announced_reference, &runs, &line);
+        let started = Instant::now();
+        let logprobs = {
+            let inputs: Vec<_> = runs.iter().map(|&i| members[i].trainer().expect("a run whose step has begun").reference_pass_input()).collect();
+            let models: Vec<&Llama> = inputs.iter().map(|input| input.0).collect();
+            let ctl: Vec<&[AdapterCtl]> = inputs.iter().map(|input| input.1.as_slice()).collect();
+            let seqs: Vec<_> = inputs.iter().map(|input| input.2).collect();
+            let temperatures: Vec<f64> = inputs.iter().map(|input| input.3).collect();
+            grpo::stacked_frozen_logprobs(&models, &ctl, &seqs, &temperatures)
+        };
+        let seconds = started.elapsed().as_secs_f64() / runs.len() as f64;
+        for (&i, logprobs) in runs.iter().zip(logprobs) {
+            if let Member::Training { trainer, pending: Some(pending), .. } = &mut members[i] {
+                trainer.set_reference(pending, logprobs, seconds);
             }
         }
     }
@@ -295,11 +288,11 @@ impl StackedPasses {
             let started = Instant::now();
             let passes = {
                 let inputs: Vec<StackedPassInput> = runs.iter().map(|&i| members[i].stacked_pass_input()).collect();
-                let stacked = Llama::stacked(&inputs.iter().map(|input| input.model).collect::<Vec<_>>());
+                let models: Vec<&Llama> = inputs.iter().map(|input| input.model).collect();
                 let temperatures: Vec<f64> = inputs.iter().map(|input| input.temperature).collect();
                 let settings: Vec<&LossSettings> = inputs.iter().map(|input| input.loss).collect();
                 let batches: Vec<LossBatch> = inputs.into_iter().map(|input| input.batch).collect();
-                grpo::backward_stacked(&stacked, &batches, &temperatures, &settings)
+                grpo::backward_stacked(&models, &batches, &temperatures, &settings)
             };
             let seconds = started.elapsed().as_secs_f64() / runs.len() as f64;
             for (&i, pass) in runs.iter().zip(passes) {
@@ -433,8 +426,7 @@ impl Member {
         if trainer.optimizer.step >= *end || (stacking == Stacking::Auto && native) {
             return Vec::new();
         }
-        let step = trainer.optimizer.step + 1;
-        let requests = trainer.next_sample_requests().map_err(|e| e.context(format!("training stopped at step {step}")));
+        let requests = trainer.next_sample_requests().map_err(|e| e.context(trainer.stopped_at(trainer.optimizer.step)));
         match trainer.log_failure(requests) {
             Ok(requests) => requests,
             Err(error) => {
@@ -477,7 +469,7 @@ impl Member {
     fn own_reference(&mut self) {
         let Member::Training { trainer, pending: Some(pending), .. } = self else { return };
         let step = trainer.optimizer.step;
-        let outcome = trainer.own_reference(pending).map_err(|e| e.context(format!("training stopped at step {}", step + 1)));
+        let outcome = trainer.own_reference(pending).map_err(|e| e.context(trainer.stopped_at(step)));
         if let Err(error) = trainer.log_failure(outcome) {
             *self = Member::Done(Err(error));
         }
