@@ -6,7 +6,7 @@ CARGO ?= cargo
 setup:
 	bash scripts/setup-python.sh
 	rustup target add wasm32-unknown-unknown >/dev/null
-	@# tests/sweep.rs screenshots the sweep's HTML viewer with headless Chromium (Debian package).
+	@# tests/sweep/ screenshots the sweep's HTML viewer with headless Chromium (Debian package).
 	@[ -x /usr/bin/chromium ] || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 
 build: setup

@@ -1,7 +1,8 @@
 //! ARCHITECTURE.md's dependency table ("What may depend on what") is the crate's: for every
 //! top-level module of `host/src`, the modules it names as `crate::<module>` in code (comments
 //! and `$crate::` in macro bodies aside) are exactly the ones the table lists, so the document
-//! cannot drift from the `use` lines.
+//! cannot drift from the `use` lines. Beyond the table: no import circle among the modules of
+//! any folder (at every level, in both crates), and no source file over 600 lines.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -126,4 +127,192 @@ fn the_parse_reads_use_lines_and_skips_macro_paths() {
     assert_eq!(crate_paths("use crate::{adapters::Ranks, model};"), ["adapters", "model"]);
     assert_eq!(crate_paths("let x = crate::yaml::from_str(s)?; crate::fsutil::write(p)"), ["yaml", "fsutil"]);
     assert!(crate_paths("impl $crate::hyperparams::FlagValue for X").is_empty());
+}
+
+/// A file's module path inside its crate: `a/b.rs` is `[a, b]`, `a/mod.rs` is `[a]`, the root `[]`.
+fn module_path(src: &Path, file: &Path) -> Vec<String> {
+    let mut parts: Vec<String> = file.strip_prefix(src).unwrap().with_extension("").iter().map(|p| p.to_string_lossy().into_owned()).collect();
+    if matches!(parts.last().map(String::as_str), Some("mod" | "lib" | "main")) {
+        parts.pop();
+    }
+    parts
+}
+
+/// Every module path a line of code names, absolute: `crate::a::b`, `super::x`, `self::y`, with
+/// `{...}` groups expanded one level (`crate::a::{b, c}` names `a::b` and `a::c`).
+fn named_paths(line: &str, module: &[String]) -> Vec<Vec<String>> {
+    let ident = |s: &str| s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect::<String>();
+    let mut out = Vec::new();
+    let bytes = line.as_bytes();
+    let mut at = 0;
+    while at < line.len() {
+        let rest = &line[at..];
+        let boundary = at == 0 || !(bytes[at - 1].is_ascii_alphanumeric() || bytes[at - 1] == b'_' || bytes[at - 1] == b'$' || bytes[at - 1] == b':');
+        let base: Option<(Vec<String>, usize)> = if !boundary {
+            None
+        } else if rest.starts_with("crate::") {
+            Some((Vec::new(), "crate::".len()))
+        } else if rest.starts_with("self::") {
+            Some((module.to_vec(), "self::".len()))
+        } else if rest.starts_with("super::") {
+            let mut base = module.to_vec();
+            let mut len = 0;
+            while rest[len..].starts_with("super::") {
+                base.pop();
+                len += "super::".len();
+            }
+            Some((base, len))
+        } else {
+            None
+        };
+        let Some((mut path, len)) = base else {
+            at += rest.chars().next().map_or(1, char::len_utf8);
+            continue;
+        };
+        let mut tail = &rest[len..];
+        loop {
+            if let Some(group) = tail.strip_prefix('{') {
+                let group = &group[..group.find('}').unwrap_or(group.len())];
+                out.extend(group.split(',').map(|item| [path.clone(), vec![ident(item.trim())]].concat()));
+                break;
+            }
+            let name = ident(tail);
+            if name.is_empty() {
+                out.push(path);
+                break;
+            }
+            path.push(name.clone());
+            tail = &tail[name.len()..];
+            match tail.strip_prefix("::") {
+                Some(next) => tail = next,
+                None => {
+                    out.push(path);
+                    break;
+                }
+            }
+        }
+        at += len;
+    }
+    out
+}
+
+/// The module paths of a crate (from its files) and, per file's module, the paths it names.
+fn crate_graph(src: &Path) -> (BTreeSet<Vec<String>>, Vec<(Vec<String>, Vec<Vec<String>>)>) {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let modules: BTreeSet<Vec<String>> = files.iter().map(|f| module_path(src, f)).collect();
+    let uses = files
+        .iter()
+        .map(|file| {
+            let module = module_path(src, file);
+            let text = std::fs::read_to_string(file).unwrap();
+            let named = text.lines().filter(|l| !l.trim_start().starts_with("//")).flat_map(|l| named_paths(l, &module)).collect();
+            (module, named)
+        })
+        .collect();
+    (modules, uses)
+}
+
+/// For each folder F, the graph over its child modules: a -> b when code in F::a (or below it)
+/// names F::b (or below it). Returns the first circle found, as names.
+fn folder_circles(src: &Path) -> Vec<String> {
+    let (modules, uses) = crate_graph(src);
+    let mut circles = Vec::new();
+    let folders: BTreeSet<Vec<String>> = modules.iter().filter(|m| !m.is_empty()).map(|m| m[..m.len() - 1].to_vec()).collect();
+    for folder in folders {
+        let children: BTreeSet<String> = modules.iter().filter(|m| m.len() == folder.len() + 1 && m.starts_with(&folder)).map(|m| m[folder.len()].clone()).collect();
+        let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (module, named) in &uses {
+            if module.len() <= folder.len() || !module.starts_with(&folder) {
+                continue;
+            }
+            let from = &module[folder.len()];
+            for path in named {
+                if path.len() > folder.len() && path.starts_with(&folder) && children.contains(&path[folder.len()]) && &path[folder.len()] != from {
+                    edges.entry(from.clone()).or_default().insert(path[folder.len()].clone());
+                }
+            }
+        }
+        if let Some(circle) = find_circle(&edges) {
+            circles.push(format!("{}: {}", if folder.is_empty() { "(crate root)".to_string() } else { folder.join("/") }, circle.join(" -> ")));
+        }
+    }
+    circles
+}
+
+/// A circle in a directed graph (depth-first search), as the nodes along it.
+fn find_circle(edges: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(node: &str, edges: &BTreeMap<String, BTreeSet<String>>, stack: &mut Vec<String>, done: &mut BTreeSet<String>) -> Option<Vec<String>> {
+        if let Some(at) = stack.iter().position(|n| n == node) {
+            return Some([&stack[at..], &[node.to_string()]].concat());
+        }
+        if done.contains(node) {
+            return None;
+        }
+        stack.push(node.to_string());
+        for next in edges.get(node).into_iter().flatten() {
+            if let Some(circle) = visit(next, edges, stack, done) {
+                return Some(circle);
+            }
+        }
+        stack.pop();
+        done.insert(node.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    edges.keys().find_map(|node| visit(node, edges, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn no_folder_has_an_import_circle() {
+    let mut circles = Vec::new();
+    for src in ["host/src", "host/native/src"] {
+        circles.extend(folder_circles(&repo_root().join(src)).into_iter().map(|c| format!("{src}: {c}")));
+    }
+    assert!(circles.is_empty(), "import circles (move the shared item to the module both sides need, or down a level):\n{}", circles.join("\n"));
+}
+
+#[test]
+fn the_circle_finder_sees_circles_through_super_crate_and_groups() {
+    let module = vec!["train".to_string(), "rollout".to_string()];
+    let named = named_paths("use super::{dump, dynamic::Flags}; let x = crate::train::step::run(); $crate::a::b", &module);
+    let strings: Vec<String> = named.iter().map(|p| p.join("::")).collect();
+    assert_eq!(strings, ["train::dump", "train::dynamic", "train::step::run"]);
+    let edges: BTreeMap<String, BTreeSet<String>> =
+        [("a", &["b"][..]), ("b", &["c"]), ("c", &["a"])].iter().map(|(k, v)| (k.to_string(), v.iter().map(|s| s.to_string()).collect())).collect();
+    assert_eq!(find_circle(&edges), Some(vec!["a".to_string(), "b".into(), "c".into(), "a".into()]));
+    let acyclic: BTreeMap<String, BTreeSet<String>> = [("a", &["b", "c"][..]), ("b", &["c"])].iter().map(|(k, v)| (k.to_string(), v.iter().map(|s| s.to_string()).collect())).collect();
+    assert_eq!(find_circle(&acyclic), None);
+}
+
+/// The most lines a source file may have: past it, a file holds more than one concern.
+const MAX_FILE_LINES: usize = 600;
+
+#[test]
+fn no_source_file_is_over_600_lines() {
+    let mut files = Vec::new();
+    for dir in ["host/src", "host/native/src", "tests", "plugins"] {
+        rust_files_outside_target(&repo_root().join(dir), &mut files);
+    }
+    assert!(files.len() > 50, "the walk found the sources ({} files)", files.len());
+    let long: Vec<String> = files
+        .iter()
+        .map(|f| (f, std::fs::read_to_string(f).unwrap().lines().count()))
+        .filter(|(_, lines)| *lines > MAX_FILE_LINES)
+        .map(|(f, lines)| format!("{} ({lines} lines)", f.strip_prefix(repo_root()).unwrap().display()))
+        .collect();
+    assert!(long.is_empty(), "files over {MAX_FILE_LINES} lines: split them by concern:\n{}", long.join("\n"));
+}
+
+fn rust_files_outside_target(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            if path.file_name().is_some_and(|n| n != "target") {
+                rust_files_outside_target(&path, out);
+            }
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
 }

@@ -15,7 +15,7 @@ mod common;
 
 use common::{fixture, one_thread};
 use smallrl::adapters::set_base_trainable;
-use smallrl::grpo;
+use smallrl::{engine, grpo};
 use smallrl::model::decode::DecodeModel;
 use smallrl::model::generate::{SamplingParams, generate};
 use smallrl::model::{self, Llama};
@@ -126,12 +126,12 @@ fn tinker_losses_and_gradients_match_their_float64_formulas() {
         keys.as_object_mut().unwrap().extend(case.as_object().unwrap().clone());
         let config: TrainConfig = serde_json::from_value(keys).unwrap();
         let (loss_fn, loss_type) = (case["loss_fn"].as_str().unwrap(), case["loss_type"].as_str().unwrap());
-        let settings = config.loss_settings();
+        let settings = config.objective().unwrap();
 
         // Ours: the trainer's forward-and-backward function, the sampler's log-probabilities as
         // the ratio's denominator (as the trainer passes them with a tinker loss).
         zero_grads(&policy);
-        let batch = grpo::LossBatch {
+        let batch = engine::LossBatch {
             seqs: (&b.g).into(),
             ctl: &[],
             old_logprobs: Some(&b.sampler),
@@ -140,7 +140,7 @@ fn tinker_losses_and_gradients_match_their_float64_formulas() {
             loss_mask: &b.g.completion_mask,
             classes: &all_rows,
         };
-        let grpo::BackwardPass { logprobs, terms } = grpo::backward_micro_batches(&policy, &batch, 1.0, &settings, config.gradient_accumulation_steps, &mut |_, _| {});
+        let engine::BackwardPass { logprobs, terms } = engine::backward_micro_batches(&policy, &batch, 1.0, &settings, config.gradient_accumulation_steps, &mut |_, _| {});
         let ours = grads(&policy);
 
         // float64: the loss and its derivative in each token's log-probability.
@@ -160,7 +160,7 @@ fn tinker_losses_and_gradients_match_their_float64_formulas() {
 
         // The parameters' gradient that the float64 per-token derivative gives.
         zero_grads(&policy);
-        let rescored = grpo::completion_logprobs(&policy, (&b.g).into(), 1.0, &[]);
+        let rescored = engine::completion_logprobs(&policy, (&b.g).into(), 1.0, &[]);
         (rescored.logprobs * exact_slope.to_kind(Kind::Float)).sum(Kind::Float).backward();
         let reference = grads(&policy);
         let worst = ours.iter().zip(&reference).map(|((name, g), (_, r))| (relative_l2(g, r), name.clone())).fold((0.0f64, String::new()), |w, e| if e.0 > w.0 { e } else { w });

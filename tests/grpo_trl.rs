@@ -17,7 +17,7 @@ use std::path::Path;
 
 use common::{fixture, one_thread, python, repo_root};
 use smallrl::adapters::set_base_trainable;
-use smallrl::grpo;
+use smallrl::{engine, grpo};
 use smallrl::train::TrainConfig;
 use smallrl::model::decode::DecodeModel;
 use smallrl::model::export::save_hf_dir;
@@ -47,7 +47,7 @@ struct Prepared {
     label: String,
     dir: std::path::PathBuf,
     config: TrainConfig,
-    settings: grpo::LossSettings,
+    settings: grpo::Objective,
     old: Option<Tensor>,
     advantages: Tensor,
     loss_mask: Tensor,
@@ -95,7 +95,7 @@ fn loss_and_gradients_match_trl() {
     let truncated = g.rows.iter().filter(|r| !r.ended_with_eos).count();
     assert!(truncated > 0 && truncated < prompts.len(), "mask_truncated_completions needs truncated and finished rows ({truncated} truncated)");
 
-    let ref_logprobs = grpo::frozen_logprobs(&reference.model, (&g).into(), 1.0, &[]);
+    let ref_logprobs = engine::frozen_logprobs(&reference.model, (&g).into(), 1.0, &[]);
     let mut policy_model = policy.model;
     set_base_trainable(&mut policy_model, true);
     let none = || serde_json::json!({});
@@ -125,7 +125,7 @@ fn loss_and_gradients_match_trl() {
         });
         keys.as_object_mut().unwrap().extend(case.knobs.as_object().unwrap().clone());
         let config: TrainConfig = serde_json::from_value(keys.clone()).unwrap();
-        let settings = config.loss_settings();
+        let settings = config.objective().unwrap();
         let (advantages, _) = grpo::group_advantages(&rewards, GROUP, config.scale_rewards, 1e-4);
         let loss_mask = grpo::loss_mask(&g, config.mask_truncated_completions);
         for (_, t) in policy_model.base_tensors() {
@@ -136,14 +136,14 @@ fn loss_and_gradients_match_trl() {
         // by 0.3 up or down on half the rows so that sequence ratios (where the per-token shifts
         // average out) leave the clip range too.
         let old = (case.num_iterations > 1).then(|| {
-            let current = grpo::frozen_logprobs(&policy_model, (&g).into(), 1.0, &[]);
+            let current = engine::frozen_logprobs(&policy_model, (&g).into(), 1.0, &[]);
             tch::manual_seed(11);
             let per_row: Vec<f32> = (0..prompts.len()).map(|row| [0.3, -0.3, 0.0, 0.0][row % 4]).collect();
             &current + (current.rand_like() - 0.5) + Tensor::from_slice(&per_row).unsqueeze(1)
         });
         let all_rows = vec![Tensor::ones([prompts.len() as i64], (Kind::Float, Device::Cpu))];
         // The trainer's own path: micro-batches, the high-entropy mask, forward and backward.
-        let batch = grpo::LossBatch {
+        let batch = engine::LossBatch {
             seqs: (&g).into(),
             ctl: &[],
             old_logprobs: old.as_ref(),
@@ -152,7 +152,7 @@ fn loss_and_gradients_match_trl() {
             loss_mask: &loss_mask,
             classes: &all_rows,
         };
-        let grpo::BackwardPass { logprobs, terms } = grpo::backward_micro_batches(&policy_model, &batch, 1.0, &settings, config.gradient_accumulation_steps, &mut |_, _| {});
+        let engine::BackwardPass { logprobs, terms } = engine::backward_micro_batches(&policy_model, &batch, 1.0, &settings, config.gradient_accumulation_steps, &mut |_, _| {});
         if config.top_entropy_quantile < 1.0 {
             assert_entropy_mask_is_stable(&logprobs.entropy, &loss_mask, config.top_entropy_quantile);
         }
@@ -191,7 +191,7 @@ fn loss_and_gradients_match_trl() {
     for p in prepared {
         let Prepared { label, dir, config, settings, old, advantages, loss_mask, logprobs, terms, ours } = p;
         losses.insert(label.clone(), terms.loss.double_value(&[]));
-        if let (Some(delta), Some(old)) = (settings.delta, &old) {
+        if let (grpo::Surrogate::Clip { delta: Some(delta), .. }, Some(old)) = (settings.surrogate, &old) {
             let clamped = (&logprobs - old).exp().gt(delta).logical_and(&advantages.lt(0.0).unsqueeze(1)).logical_and(&loss_mask.to_kind(Kind::Bool));
             assert!(clamped.sum(Kind::Int64).int64_value(&[]) > 0, "{label}: delta must clamp some ratios of negative advantage");
         }

@@ -491,7 +491,7 @@ fn native_scorer_matches_the_training_forward_pass() {
     assert!(generation.rows.iter().any(|r| r.ended_with_eos) && generation.rows.iter().any(|r| !r.ended_with_eos));
     for (temperature, threads) in [(1.0, 1), (0.7, 2)] {
         let native = smallrl::model::native::frozen_logprobs(decoder.native().unwrap(), &generation, temperature, threads).unwrap();
-        let reference = smallrl::grpo::frozen_logprobs(&loaded.model, (&generation).into(), temperature, &[]);
+        let reference = smallrl::engine::frozen_logprobs(&loaded.model, (&generation).into(), temperature, &[]);
         let mask = &generation.completion_mask;
         let diff = masked_diff(&native.unsqueeze(-1), &reference.unsqueeze(-1), mask);
         assert!(diff <= TOLERANCE, "temperature {temperature}: native vs libtorch log-probs differ by {diff}");

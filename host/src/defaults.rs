@@ -1,6 +1,6 @@
 //! Default values that more than one command shares (`train`, `pretrain`, `sample`, ...), in one
 //! place. A default that belongs to one configuration key of `smallrl train` only is written in
-//! that key's declaration (`train/config.rs`); run names list exactly the hyperparameters that
+//! that key's declaration (`train/config/`); run names list exactly the hyperparameters that
 //! differ from the declared defaults.
 
 /// The model researchers study: SimpleStories-1.25M on the HuggingFace Hub.

@@ -11,6 +11,7 @@ use crate::model::decode::DecodeModel;
 use crate::model::generate::{SamplingParams, generate};
 use crate::model::{Llama, Tokenizer};
 use crate::reward::{Prompt, RewardModel, Sample, sample_from_ids};
+use crate::stats::mean;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ModeReport {
@@ -90,10 +91,6 @@ pub fn to_samples(prompts: &[Prompt], rows: &[crate::model::generate::Completion
 /// The text up to and including the first `.`, `?` or `!`.
 fn first_sentence(text: &str) -> &str {
     text.find(['.', '?', '!']).map_or(text, |end| &text[..=end]).trim()
-}
-
-pub fn mean(values: &[f64]) -> f64 {
-    values.iter().sum::<f64>() / values.len().max(1) as f64
 }
 
 /// Mean over pairs of `|W_i ∩ W_j| / |W_i ∪ W_j|` on lowercased whitespace word sets (two

@@ -5,8 +5,9 @@
 //!   with its `Default`;
 //! - an overlay struct of the same keys as `Option`s deriving `clap::Args` (the CLI flag,
 //!   `--key-name` in kebab-case, with the doc line as its help);
-//! - [`Hyperparameters::KEYS`]: names, labels and docs, which run names, `--set`, `--grid` and
-//!   `--fixed` read.
+//! - [`Hyperparameters::KEYS`]: names, labels, docs and properties ([`Prop`]: may change on
+//!   resume, must be equal in a pack, reset without routing), which run names, `--set`,
+//!   `--grid`, `--fixed`, `--resume`, packs and sweeps' baselines read.
 //!
 //! Precedence is defaults < YAML file < flags < `--set` ([`resolve`]). Run directory names list
 //! every key whose value differs from its default, plus the seed ([`run_name`]).
@@ -35,6 +36,18 @@ pub enum Label {
     Omit,
 }
 
+/// What a key is besides its value and label: the hyperparameter table's other columns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prop {
+    /// May differ when a run is resumed: it does not change what the run computes (another
+    /// thread count changes float summation order, which the log records).
+    Resume,
+    /// Fixes a run's tensor shapes or its schedule of steps: packed runs must agree on it.
+    Pack,
+    /// Routing or another intervention: the same run without them has it at its default.
+    Routing,
+}
+
 /// One declared key.
 #[derive(Debug)]
 pub struct Key {
@@ -43,6 +56,13 @@ pub struct Key {
     pub doc: &'static str,
     /// Has a command-line flag (`--name`); file-only keys are set in YAML or with `--set`.
     pub flag: bool,
+    pub props: &'static [Prop],
+}
+
+impl Key {
+    pub fn has(&self, prop: Prop) -> bool {
+        self.props.contains(&prop)
+    }
 }
 
 /// A configuration declared with [`hyperparameters!`].
@@ -53,6 +73,23 @@ pub trait Hyperparameters: Serialize + DeserializeOwned + Default {
     fn key(name: &str) -> Option<&'static Key> {
         Self::KEYS.iter().find(|k| k.name == name)
     }
+
+    /// The names of the keys with `prop`, in declaration order.
+    fn keys_with(prop: Prop) -> Vec<&'static str> {
+        Self::KEYS.iter().filter(|k| k.has(prop)).map(|k| k.name).collect()
+    }
+}
+
+/// `config` with every key that has `prop` at its default value.
+pub fn reset<C: Hyperparameters>(config: &C, prop: Prop) -> Result<C> {
+    let (mut values, defaults) = (object(config)?, object(&C::default())?);
+    for name in C::keys_with(prop) {
+        match defaults.get(name) {
+            Some(default) => values.insert(name.to_string(), default.clone()),
+            None => values.remove(name),
+        };
+    }
+    serde_json::from_value(Value::Object(values)).context("a configuration with keys reset to their defaults")
 }
 
 /// The type a key's flag takes: `T` for an optional key `Option<T>`, the key's type otherwise
@@ -82,10 +119,10 @@ macro_rules! hyperparameters {
         $(#[$ometa:meta])*
         pub struct $overrides:ident;
         flags {
-            $( $(#[doc = $doc:literal])+ $(#[arg($($arg:tt)*)])* $key:ident : $ty:ty = $default:expr, $label:expr; )*
+            $( $(#[doc = $doc:literal])+ $(#[arg($($arg:tt)*)])* $key:ident : $ty:ty = $default:expr, $label:expr $(, [$($prop:ident),*])?; )*
         }
         file_only {
-            $( $(#[doc = $fdoc:literal])+ $(#[serde($($fserde:tt)*)])* $fkey:ident : $fty:ty = $fdefault:expr, $flabel:expr; )*
+            $( $(#[doc = $fdoc:literal])+ $(#[serde($($fserde:tt)*)])* $fkey:ident : $fty:ty = $fdefault:expr, $flabel:expr $(, [$($fprop:ident),*])?; )*
         }
     ) => {
         $(#[$meta])*
@@ -104,8 +141,14 @@ macro_rules! hyperparameters {
 
         impl $crate::hyperparams::Hyperparameters for $config {
             const KEYS: &'static [$crate::hyperparams::Key] = &[
-                $( $crate::hyperparams::Key { name: stringify!($key), label: $label, doc: concat!($($doc),+), flag: true }, )*
-                $( $crate::hyperparams::Key { name: stringify!($fkey), label: $flabel, doc: concat!($($fdoc),+), flag: false }, )*
+                $( $crate::hyperparams::Key {
+                    name: stringify!($key), label: $label, doc: concat!($($doc),+), flag: true,
+                    props: &[$($($crate::hyperparams::Prop::$prop),*)?],
+                }, )*
+                $( $crate::hyperparams::Key {
+                    name: stringify!($fkey), label: $flabel, doc: concat!($($fdoc),+), flag: false,
+                    props: &[$($($crate::hyperparams::Prop::$fprop),*)?],
+                }, )*
             ];
         }
 

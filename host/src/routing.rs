@@ -21,6 +21,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::adapters::{AdapterConfig, AdapterKind, FORGET, RETAIN};
 use crate::model::linear::{AdapterCtl, RowLearn, RowScale};
+use crate::stats::{mean, unbiased_std};
 
 crate::choice::choice! {
     /// Which adapter learns from which sample (the table above).
@@ -165,19 +166,6 @@ pub fn coherence_advantages(mode: CoherenceRhMode, penalty: f64, batch: &Grouped
         }
     }
     (out, dropped)
-}
-
-fn mean(values: &[f64]) -> f64 {
-    values.iter().sum::<f64>() / values.len() as f64
-}
-
-/// 0 for fewer than two values (the original: "a single-element subset has no variance").
-fn unbiased_std(values: &[f64]) -> f64 {
-    if values.len() < 2 {
-        return 0.0;
-    }
-    let m = mean(values);
-    (values.iter().map(|v| (v - m).powi(2)).sum::<f64>() / (values.len() - 1) as f64).sqrt()
 }
 
 /// The per-row gradient weights of each adapter under `balanced` (the original's

@@ -173,7 +173,7 @@ mod tests {
     #[test]
     fn the_checksum_is_castagnoli() {
         // CRC-32C's catalogue check value (CRC-32/IEEE would give 0xcbf43926); the masking is
-        // checked by TensorBoard's own reader in tests/train.rs.
+        // checked by TensorBoard's own reader in tests/train/.
         assert_eq!(crc32c::crc32c(b"123456789"), 0xe306_9283);
     }
 

@@ -1,6 +1,6 @@
 """Reads a smallrl run directory's TensorBoard event files with TensorBoard's own reader
 (EventAccumulator, which also checks the records' CRCs and applies restarts), and its
-completions.jsonl with pandas; prints what they hold as JSON for tests/train.rs to compare with
+completions.jsonl with pandas; prints what they hold as JSON for tests/train/ to compare with
 metrics.jsonl and routing_eval.jsonl.
 
 usage: read_run_logs.py RUN_DIR [NUM_GENERATIONS]

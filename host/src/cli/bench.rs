@@ -9,6 +9,7 @@ use clap::{Args, Subcommand};
 
 use super::common::ModelArgs;
 use crate::device::DeviceSpec;
+use crate::stats::median;
 use crate::model::decode::DecodeModel;
 use crate::model::generate::{Engine, SamplingParams, generate_stacked, generate_with};
 use crate::train::metrics::key;
@@ -191,7 +192,7 @@ fn bench_packed(args: &TrainBench, runs: usize, thread_counts: &[usize], out: &P
 fn train_seconds(dir: &Path) -> Result<Vec<f64>> {
     let mut seconds = Vec::new();
     for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list the benchmark's runs in {}", dir.display()))? {
-        let metrics = crate::train::runlog::Jsonl::new(entry?.path().join("metrics.jsonl"));
+        let metrics = crate::runlog::Jsonl::new(entry?.path().join("metrics.jsonl"));
         for line in metrics.read()? {
             seconds.push(line[crate::train::metrics::key::TIMING_TRAIN].as_f64().context("a metrics line without timing/train")?);
         }
@@ -306,8 +307,3 @@ fn median_batch(decoder: &DecodeModel, repeats: usize, mut batch: impl FnMut(u64
     Ok((median(times), tokens))
 }
 
-/// The median of `values` (the upper one of an even count).
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
-}

@@ -1,6 +1,6 @@
 //! `smallrl train`: GRPO on a model with a reward plugin. Precedence: defaults < `--config`
 //! YAML < flags < `--set`. Every hyperparameter flag is the snake_case config key in kebab-case
-//! (declared once, in `train/config.rs`).
+//! (declared once, in `train/config/`).
 
 use std::path::{Path, PathBuf};
 
@@ -9,7 +9,8 @@ use clap::Args;
 use serde_json::{Map, Value};
 
 use crate::reward::DetectorSpec;
-use crate::train::config::{RESUME_MAY_CHANGE, TrainFlags, parse_override, reward_plugin_overrides};
+use crate::hyperparams::{Hyperparameters, Prop};
+use crate::train::config::{TrainFlags, parse_override, reward_plugin_overrides};
 use crate::train::packed::{self, PackedRun};
 use crate::train::{TrainConfig, Trainer, checkpoint};
 
@@ -106,11 +107,12 @@ pub fn run(args: TrainArgs) -> Result<()> {
 /// `--pack-config` / `--pack-resume`: the runs of one pack, each reported; an error if any
 /// failed (the others have finished).
 fn run_packed(args: &TrainArgs, overrides: Map<String, Value>) -> Result<()> {
-    let changing: Vec<&String> = overrides.keys().filter(|k| !RESUME_MAY_CHANGE.contains(&k.as_str())).collect();
+    let resume_may_change = TrainConfig::keys_with(Prop::Resume);
+    let changing: Vec<&String> = overrides.keys().filter(|k| !resume_may_change.contains(&k.as_str())).collect();
     anyhow::ensure!(
         changing.is_empty(),
         "packed runs take their configuration from each --pack-config file or --pack-resume directory; \
-         only options that do not change what a run computes ({RESUME_MAY_CHANGE:?}) apply to all of them, not {changing:?}"
+         only options that do not change what a run computes ({resume_may_change:?}) apply to all of them, not {changing:?}"
     );
     let mut runs = Vec::new();
     for path in &args.pack_config {
@@ -140,8 +142,9 @@ fn run_packed(args: &TrainArgs, overrides: Map<String, Value>) -> Result<()> {
 /// not change what it computes overridden, or extended to a larger `--max-steps` with
 /// `--extend-schedule`.
 fn resumed_config(run_dir: &Path, mut overrides: Map<String, Value>, extend_schedule: bool) -> Result<TrainConfig> {
+    let resume_may_change = TrainConfig::keys_with(Prop::Resume);
     let max_steps = overrides.remove("max_steps").map(|v| v.as_u64().map(|n| n as usize).with_context(|| format!("--max-steps {v} is not a step count"))).transpose()?;
-    let changing: Vec<&String> = overrides.keys().filter(|k| !RESUME_MAY_CHANGE.contains(&k.as_str())).collect();
+    let changing: Vec<&String> = overrides.keys().filter(|k| !resume_may_change.contains(&k.as_str())).collect();
     anyhow::ensure!(changing.is_empty(), "--resume continues a run exactly as configured; these options would change it: {changing:?}");
     let saved = run_dir.join("config.yaml");
     anyhow::ensure!(

@@ -7,13 +7,19 @@
 //! projection and one down projection. The KV cache is preallocated and written in place;
 //! attention reads the slots written so far (views of the cache, no copies) under an additive
 //! key mask, and runs as two batched matrix products (see [`grouped_attention`]).
+//!
+//! The token loop's state lives here too ([`DecodeState`]: buffers that keep their memory for
+//! the whole decode, and the sampler), with the CUDA graphs captured on it ([`GraphedDecode`]);
+//! `generate.rs` drives the loop. Architecture invariant: `decode` never imports `generate`.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
 
 use tch::{Device, Kind, Tensor};
 
+use super::cuda_graph::CudaGraph;
 use super::folded::FoldedWeights;
-use super::generate::GraphedDecode;
+use smallrl_native::Sampling as SamplingParams;
 use super::linear::run_matmul;
 use super::llama::{Llama, embed, rms_norm};
 use super::native::NativeModel;
@@ -226,4 +232,224 @@ pub fn prefill_mask(prompt_mask: &Tensor, capacity: i64) -> Tensor {
     let keys = prompt_mask.to_kind(Kind::Int64).constant_pad_nd([0, capacity - n]).to_kind(Kind::Bool);
     let keys = keys.unsqueeze(1).unsqueeze(1);
     additive_mask(&causal.logical_and(&keys).logical_or(&diagonal), Kind::Float)
+}
+
+/// Static buffers and CUDA graphs of one decode shape, kept by the [`DecodeModel`].
+pub(super) struct GraphedDecode {
+    pub(super) key: ShapeKey,
+    pub(super) state: DecodeState,
+    /// One graph per chunk length.
+    pub(super) graphs: HashMap<usize, CudaGraph>,
+}
+
+/// What a captured graph is specific to: batch, prompt length and the sampling settings
+/// (which ops a step runs, and the capacity).
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct ShapeKey {
+    batch: i64,
+    prompt_len: i64,
+    params: SamplingParams,
+}
+
+/// Everything the token loop reads and writes, in tensors that keep their memory for the whole
+/// decode (a CUDA graph replays on the same addresses). The step counter lives on the device,
+/// so a step's ops do not depend on the host.
+pub(super) struct DecodeState {
+    cache: KvCache,
+    /// `[batch, capacity]` additive: 0 for prompt tokens and for each generated slot once
+    /// written, -inf for padding and for slots not yet reached.
+    key_mask: Tensor,
+    /// `[batch, 1]`: the position of each row's next token.
+    next_position: Tensor,
+    /// `[1]` int64: tokens drawn so far.
+    step: Tensor,
+    /// `[batch, vocab]`: the logits the next token is drawn from.
+    logits: Tensor,
+    /// `[batch, max_new_tokens]` drawn tokens (EOS after a row's end) and their log-probs.
+    tokens: Tensor,
+    logprobs: Tensor,
+    /// `[batch]` bool: rows that produced EOS.
+    pub(super) finished: Tensor,
+    /// `[max_new_tokens, batch]` float64, `None` for greedy decoding.
+    uniforms: Option<Tensor>,
+    pub(super) sampler: Sampler,
+    prompt_len: i64,
+    eos: i64,
+}
+
+impl DecodeState {
+    /// Prefills the left-padded prompts and sets up the loop's buffers.
+    /// `uniforms` are [`row_uniforms`] (`None` for greedy decoding).
+    pub(super) fn prefill(model: &DecodeModel, prompt_ids: &Tensor, prompt_mask: &Tensor, params: &SamplingParams, uniforms: Option<Tensor>) -> Self {
+        let device = model.device;
+        let eos = model.weights.config.eos_token_id as i64;
+        let (batch, prompt_len) = prompt_ids.size2().expect("prompt ids are [batch, len]");
+        let max_new_tokens = params.max_new_tokens as i64;
+        let capacity = prompt_len + max_new_tokens;
+        let mut cache = model.new_cache(batch, capacity);
+        let positions = (prompt_mask.cumsum(1, Kind::Int64) - 1).clamp_min(0);
+        let hidden = model.forward(prompt_ids, &positions, &mut cache, 0, &prefill_mask(prompt_mask, capacity));
+        Self {
+            cache,
+            key_mask: additive_mask(&prompt_mask.constant_pad_nd([0, max_new_tokens]).to_kind(Kind::Bool), Kind::Float),
+            next_position: prompt_mask.sum_dim_intlist(1, false, Kind::Int64).unsqueeze(1),
+            step: Tensor::zeros([1], (Kind::Int64, device)),
+            logits: model.logits(&hidden.narrow(1, prompt_len - 1, 1)).squeeze_dim(1).contiguous(),
+            tokens: Tensor::full([batch, max_new_tokens], eos, (Kind::Int64, device)),
+            logprobs: Tensor::zeros([batch, max_new_tokens], (Kind::Float, device)),
+            finished: Tensor::zeros([batch], (Kind::Bool, device)),
+            uniforms,
+            sampler: Sampler::new(params, prompt_ids, prompt_mask, model.weights.config.vocab_size as i64),
+            prompt_len,
+            eos,
+        }
+    }
+
+    pub(super) fn shape_key(&self) -> ShapeKey {
+        ShapeKey { batch: self.finished.size()[0], prompt_len: self.prompt_len, params: self.sampler.params.clone() }
+    }
+
+    /// Copies `fresh` (a state of the same shape) into these buffers, keeping their memory.
+    pub(super) fn load(&mut self, fresh: &DecodeState) {
+        assert_eq!(self.shape_key(), fresh.shape_key(), "a decode state is reused for its own shape only");
+        self.cache.copy_from(&fresh.cache);
+        for (to, from) in [
+            (&mut self.key_mask, &fresh.key_mask),
+            (&mut self.next_position, &fresh.next_position),
+            (&mut self.step, &fresh.step),
+            (&mut self.logits, &fresh.logits),
+            (&mut self.tokens, &fresh.tokens),
+            (&mut self.logprobs, &fresh.logprobs),
+            (&mut self.finished, &fresh.finished),
+        ] {
+            to.copy_(from);
+        }
+        // The key says whether these exist (temperature, repetition penalty), so both or neither do.
+        if let (Some(to), Some(from)) = (&mut self.uniforms, &fresh.uniforms) {
+            to.copy_(from);
+        }
+        if let (Some(to), Some(from)) = (&mut self.sampler.seen, &fresh.sampler.seen) {
+            to.copy_(from);
+        }
+    }
+
+    /// Runs `n` decode steps: draw each row's token from the current logits, record it, and
+    /// run it through the model for the next logits. Finished rows keep running (the shape
+    /// stays fixed) but emit EOS with log-probability 0. Nothing is read back to the host.
+    pub(super) fn run_steps(&mut self, model: &DecodeModel, n: usize) {
+        let batch = self.finished.size()[0];
+        let step_mask = self.key_mask.view([batch, 1, 1, self.cache.capacity]);
+        for _ in 0..n {
+            let uniforms = self.uniforms.as_ref().map(|u| u.index_select(0, &self.step).squeeze_dim(0));
+            let (token, logprob) = self.sampler.draw(&self.logits, uniforms);
+            let token = token.masked_fill(&self.finished, self.eos);
+            let _ = self.tokens.index_copy_(1, &self.step, &token.unsqueeze(1));
+            let _ = self.logprobs.index_copy_(1, &self.step, &logprob.masked_fill(&self.finished, 0.0).unsqueeze(1));
+            let _ = self.finished.logical_or_(&token.eq(self.eos));
+            let slot = &self.step + self.prompt_len;
+            let _ = self.key_mask.index_fill_(1, &slot, 0.0);
+            let hidden = model.forward_at_slot(&token.unsqueeze(1), &self.next_position, &mut self.cache, &slot, &step_mask);
+            self.logits.copy_(&model.logits(&hidden).squeeze_dim(1));
+            self.next_position += 1;
+            self.sampler.observe(&token);
+            self.step += 1;
+        }
+    }
+
+    /// Tokens and log-probabilities of the first `steps` steps (views of the buffers).
+    pub(super) fn results(&self, steps: usize) -> (Tensor, Tensor) {
+        (self.tokens.narrow(1, 0, steps as i64), self.logprobs.narrow(1, 0, steps as i64))
+    }
+}
+
+/// Draws one token per row, applying HF's logits processors in HF's order: repetition penalty
+/// on the raw logits, then temperature, top-k and top-p.
+pub(super) struct Sampler {
+    pub(super) params: SamplingParams,
+    /// `[batch, vocab]` tokens seen so far (prompt and completion), for the repetition penalty.
+    seen: Option<Tensor>,
+}
+
+impl Sampler {
+    fn new(params: &SamplingParams, prompt_ids: &Tensor, prompt_mask: &Tensor, vocab: i64) -> Self {
+        let seen = (params.repetition_penalty != 1.0).then(|| {
+            let (batch, _) = prompt_ids.size2().expect("prompt ids are 2-d");
+            let counts = Tensor::zeros([batch, vocab], (Kind::Int64, prompt_ids.device()));
+            counts.scatter_add(1, prompt_ids, &prompt_mask.to_kind(Kind::Int64)).gt(0)
+        });
+        Self { params: params.clone(), seen }
+    }
+
+    fn observe(&mut self, token: &Tensor) {
+        if let Some(seen) = &mut self.seen {
+            let _ = seen.scatter_value_(1, &token.unsqueeze(1), 1);
+        }
+    }
+
+    /// Returns the drawn tokens `[batch]` (int64) and their log-probabilities `[batch]`;
+    /// `uniforms` (`[batch]`, this step's draw of each row) is `None` for greedy decoding.
+    fn draw(&self, logits: &Tensor, uniforms: Option<Tensor>) -> (Tensor, Tensor) {
+        let mut scores = logits.to_kind(Kind::Float);
+        if let Some(seen) = &self.seen {
+            let penalty = self.params.repetition_penalty;
+            let penalized = (&scores * penalty).where_self(&scores.lt(0.0), &(&scores / penalty));
+            scores = penalized.where_self(seen, &scores);
+        }
+        if self.params.temperature == 0.0 {
+            let token = scores.argmax(-1, false);
+            let logprob = scores.log_softmax(-1, Kind::Float).gather(1, &token.unsqueeze(1), false).squeeze_dim(1);
+            return (token, logprob);
+        }
+        if self.params.temperature != 1.0 {
+            scores = scores / self.params.temperature;
+        }
+        if self.params.top_k > 0 {
+            scores = top_k(&scores, self.params.top_k as i64);
+        }
+        if self.params.top_p < 1.0 {
+            scores = top_p(&scores, self.params.top_p);
+        }
+        let probs = scores.softmax(-1, Kind::Float);
+        let token = inverse_cdf_sample(&probs, &uniforms.expect("sampling at temperature > 0 has uniforms"));
+        // A drawn token has a probability well above float32's smallest normal, so the log of
+        // the gathered probability is exact enough and avoids a second pass over the vocabulary.
+        let logprob = probs.gather(1, &token, false).log().squeeze_dim(1);
+        (token.squeeze_dim(1), logprob)
+    }
+}
+
+/// One draw per row from `probs` (`[batch, vocab]`) by inverting the cumulative distribution
+/// with a single uniform number per row (`uniforms`, `[batch]` float64 on the same device).
+/// libtorch's CPU generator costs about 25 ns per number, so `multinomial` (or Gumbel noise),
+/// which draws one per vocabulary entry, took 3-4 ms per step, more than the whole forward
+/// pass. The cumulative sum is in float64 so the last bins keep their mass; a token of
+/// probability 0 is never drawn (`right = true` picks the first bin whose upper edge exceeds
+/// the draw). Returns `[batch, 1]` int64.
+fn inverse_cdf_sample(probs: &Tensor, uniforms: &Tensor) -> Tensor {
+    let cdf = probs.cumsum(-1, Kind::Double);
+    let (batch, vocab) = cdf.size2().expect("probabilities are [batch, vocab]");
+    assert_eq!(uniforms.size(), [batch], "one uniform number per row");
+    let total = cdf.narrow(1, vocab - 1, 1);
+    let draw = uniforms.view([batch, 1]) * total;
+    draw.searchsorted(&cdf, false, true, "right", None::<Tensor>).clamp_max(vocab - 1)
+}
+
+/// HF `TopKLogitsWarper`: everything below the k-th largest score is removed.
+fn top_k(scores: &Tensor, k: i64) -> Tensor {
+    let k = k.min(scores.size()[1]);
+    let (values, _) = scores.topk(k, -1, true, true);
+    let threshold = values.narrow(1, k - 1, 1);
+    scores.masked_fill(&scores.lt_tensor(&threshold), f64::NEG_INFINITY)
+}
+
+/// HF `TopPLogitsWarper`: removes the least likely tokens whose cumulative probability stays
+/// within `1 - top_p`, always keeping the most likely one.
+fn top_p(scores: &Tensor, top_p: f64) -> Tensor {
+    let (sorted, indices) = scores.sort(-1, false);
+    let cumulative = sorted.softmax(-1, Kind::Float).cumsum(-1, Kind::Float);
+    let remove_sorted = cumulative.le(1.0 - top_p);
+    let vocab = scores.size()[1];
+    let _ = remove_sorted.narrow(1, vocab - 1, 1).fill_(0);
+    let remove = remove_sorted.scatter(1, &indices, &remove_sorted);
+    scores.masked_fill(&remove, f64::NEG_INFINITY)
 }

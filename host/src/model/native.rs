@@ -104,7 +104,7 @@ fn assemble(prompts: &[Vec<u32>], outputs: &[RowOutput], eos: u32) -> Generation
 
 /// Log-probabilities of each completion token of `generation` under `native`'s weights, with
 /// logits divided by `temperature`: `[batch, completion_len]`, 0 after each row's first EOS.
-/// The same function as `grpo::frozen_logprobs` on the policy's scoring path (positions
+/// The same function as `engine::frozen_logprobs` on the policy's scoring path (positions
 /// `0..T` over the left-padded batch): RoPE depends only on relative positions and padding is
 /// masked, so the two differ by float rounding only (about 1e-5).
 pub fn frozen_logprobs(native: &NativeModel, generation: &Generation, temperature: f64, threads: usize) -> Result<Tensor> {

@@ -12,7 +12,7 @@
 //! attention, RoPE and masks work per row and need nothing.
 //!
 //! Architecture invariant: stacking changes rounding only (the batched products), never what a
-//! run computes: `tests/train.rs` holds a stacked pack to the same runs trained alone.
+//! run computes: `tests/train/` holds a stacked pack to the same runs trained alone.
 
 use tch::{Kind, Tensor};
 

@@ -31,7 +31,7 @@ use crate::model::{Llama, LlamaConfig, Tokenizer};
 use crate::optim::{AdamW, AdamWConfig, warmup_cosine_lr};
 use crate::rng::derive;
 use crate::train::checkpoint;
-use crate::train::runlog::{Jsonl, RunLog};
+use crate::runlog::{Jsonl, RunLog};
 use data::{PackedBatch, Row, RowStream, Source};
 
 /// Every option of a pre-training run (flags in kebab-case; written to `config.yaml`).

@@ -50,6 +50,11 @@ pub struct ScoredBatch {
 }
 
 impl ScoredBatch {
+    /// The monitor's flags (all false without a detector).
+    pub fn flags(&self) -> Vec<bool> {
+        self.is_rh.clone().unwrap_or_else(|| vec![false; self.reward.len()])
+    }
+
     /// Fraction of samples the detector flagged (before the protocol knobs).
     pub fn hack_freq(&self) -> Option<f64> {
         let flags = self.detector_raw.as_ref()?;

@@ -15,11 +15,11 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
-use super::stats::{self, MeanCi};
-use super::{RunEntry, RunStatus, charts, plan};
+use crate::stats::{self, MeanCi};
+use super::{RunEntry, RunStatus, evals, plan};
 use crate::routing::eval_mode;
 use crate::train::metrics::key;
-use crate::train::runlog::Jsonl;
+use crate::runlog::Jsonl;
 
 pub const FINAL_REWARD: &str = "final_reward";
 pub const TASK_REWARD: &str = "task_reward";
@@ -47,7 +47,7 @@ pub fn run_values(entry: &RunEntry) -> Result<BTreeMap<(&'static str, String), f
     let last = Jsonl::new(metrics_path.clone()).read()?.pop().with_context(|| format!("{} is empty", metrics_path.display()))?;
     let reward = last[key::REWARD].as_f64().with_context(|| format!("{}: the last line has no finite `{}`", metrics_path.display(), key::REWARD))?;
     values.insert((FINAL_REWARD, TRAIN_MODE.to_string()), reward);
-    let evaluations = charts::run_evaluations(entry, charts::EvalSource::Training)?;
+    let evaluations = evals::run_evaluations(entry, evals::EvalSource::Training)?;
     let final_step = evaluations.iter().map(|(step, _, _)| *step).max().with_context(|| format!("{}: no routing evaluation", entry.dir.display()))?;
     anyhow::ensure!(final_step == entry.config.max_steps, "{}: the last routing evaluation is at step {final_step}, not max_steps {}", entry.dir.display(), entry.config.max_steps);
     for (_, mode, [task, _, hack]) in evaluations.into_iter().filter(|(step, _, _)| *step == final_step) {

@@ -11,34 +11,24 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, ensure};
-use plotters::coord::Shift;
+use anyhow::{Context, Result};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
-use serde_json::Value;
 
 use super::RunEntry;
+use super::draw::{Area, FONT, SERIES, draw_legend, integer_label, register_font};
+use super::evals::{EvalSource, run_evaluations};
 use super::plan::{self, RunRole};
 use crate::defaults;
-use crate::reward::Role;
 use crate::routing::eval_mode;
-use crate::eval::{self, key as eval_key};
-use crate::train::runlog::Jsonl;
+use crate::eval;
 
-/// The bar series in chart order, with their colours (the viewer test looks for these).
-pub const SERIES: [(&str, RGBColor); 4] = [
-    ("baseline", RGBColor(127, 127, 127)),
-    (eval_mode::BOTH, RGBColor(31, 119, 180)),
-    (eval_mode::RETAIN_ONLY, RGBColor(44, 160, 44)),
-    (eval_mode::FORGET_ONLY, RGBColor(214, 39, 40)),
-];
 const BASELINE: usize = 0;
 pub const METRICS: [&str; 3] = ["task reward", "total reward", "hack frequency"];
 /// The evaluation mode of a baseline run that stands for it in the charts.
 const BASELINE_MODE: &str = eval_mode::BOTH;
 pub const BAR_CHART_SIZE: (u32, u32) = (900, 560);
 const LINE_CHART_SIZE: (u32, u32) = (1500, 480);
-pub const FONT: &str = "sans-serif";
 
 /// Mean and sample standard deviation (0 for one value) over seeds.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -80,67 +70,6 @@ impl GroupData {
         let top = self.stats.values().map(|s| s.mean + s.std).fold(1.0, f64::max);
         (top * 1.1 * 10.0).ceil() / 10.0
     }
-}
-
-/// One evaluation of one mode of one run: [task reward, total reward, hack frequency].
-type ModeValues = [Option<f64>; 3];
-
-/// Where a run's evaluations are read from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EvalSource {
-    /// `routing_eval.jsonl`: the evaluations the run made while training (every `eval_every`).
-    Training,
-    /// `eval_checkpoints.csv`: `smallrl eval RUN --all-checkpoints` (every checkpoint).
-    Checkpoints,
-}
-
-impl EvalSource {
-    pub fn path(self, entry: &RunEntry) -> PathBuf {
-        match self {
-            Self::Training => entry.dir.join("routing_eval.jsonl"),
-            Self::Checkpoints => entry.dir.join(eval::CHECKPOINTS_CSV),
-        }
-    }
-
-    /// The checkpoints' evaluations when every run has them, else the training-time ones (a
-    /// chart never mixes the two: they differ in steps and in samples per mode).
-    pub fn of_runs(runs: &[&RunEntry]) -> Self {
-        match !runs.is_empty() && runs.iter().all(|r| Self::Checkpoints.path(r).is_file()) {
-            true => Self::Checkpoints,
-            false => Self::Training,
-        }
-    }
-}
-
-/// Every (step, mode, values) in a run's evaluations from `source`.
-pub fn run_evaluations(entry: &RunEntry, source: EvalSource) -> Result<Vec<(usize, String, ModeValues)>> {
-    let path = source.path(entry);
-    let weights = task_weights(entry)?;
-    let lines = match source {
-        EvalSource::Training => Jsonl::new(path.clone()).read()?,
-        EvalSource::Checkpoints => eval::read_checkpoints_csv(&path)?,
-    };
-    let mut out = Vec::new();
-    for line in lines {
-        let step = line[eval_key::STEP].as_u64().with_context(|| format!("{}: a line has no step", path.display()))? as usize;
-        let modes = line[eval_key::MODES].as_object().with_context(|| format!("{}: step {step} has no `modes`", path.display()))?;
-        for (mode, values) in modes {
-            let task = weights.iter().map(|(name, scale)| component(values, name, &path, step).map(|v| scale * v)).sum::<Result<f64>>()?;
-            out.push((step, mode.clone(), [Some(task), values[eval_key::REWARD].as_f64(), values[eval_key::HACK_FREQ].as_f64()]));
-        }
-    }
-    Ok(out)
-}
-
-fn component(values: &Value, name: &str, path: &Path, step: usize) -> Result<f64> {
-    values[name].as_f64().with_context(|| format!("{}: step {step} lacks reward component `{name}` named in the run's config.yaml", path.display()))
-}
-
-/// (component name, scale) of the retain components: the task part of the reward.
-fn task_weights(entry: &RunEntry) -> Result<Vec<(String, f64)>> {
-    let reward = entry.config.reward.as_ref().with_context(|| format!("{}: the run has no reward configuration", entry.dir.display()))?;
-    let specs = reward.component_specs();
-    Ok(specs.iter().filter(|c| c.role == Role::Retain).map(|c| (c.display_name(), c.scale)).collect())
 }
 
 /// Statistics over the seeds of a group's runs (modes → their series) and of their
@@ -231,16 +160,6 @@ pub fn write_group(dir: &Path, data: &GroupData) -> Result<()> {
     crate::fsutil::write_atomic(&dir.join("index.html"), super::viewer::group_page(&data.group, &frames).as_bytes())
 }
 
-/// Text needs a font; an embedded one (DejaVu Sans) makes charts independent of system fonts.
-pub fn register_font() -> Result<()> {
-    static REGISTERED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let ok = *REGISTERED.get_or_init(|| plotters::style::register_font(FONT, FontStyle::Normal, dejavu::sans::regular()).is_ok());
-    ensure!(ok, "the embedded DejaVu Sans font could not be loaded for chart text");
-    Ok(())
-}
-
-pub type Area<'a> = DrawingArea<BitMapBackend<'a>, Shift>;
-
 fn draw_bars(root: &Area, data: &GroupData, step: usize, y_max: f64) -> Result<()> {
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(root)
@@ -302,30 +221,10 @@ fn draw_lines(root: &Area, data: &GroupData, y_max: f64) -> Result<()> {
     Ok(())
 }
 
-/// Steps are integers: ticks between them get no label (rounded ones would repeat).
-pub fn integer_label(x: f64) -> String {
-    if (x - x.round()).abs() < 1e-6 { format!("{x:.0}") } else { String::new() }
-}
-
 const LEGEND_STRIP_HEIGHT: u32 = 36;
-/// Height of one row of a legend drawn by [`draw_legend`].
-pub const LEGEND_ROW_PX: i32 = 22;
-
 /// The series' colours in a strip above the panels, where no data can be hidden under it.
 fn draw_legend_strip(strip: &Area, data: &GroupData) -> Result<()> {
     let items: Vec<(String, RGBColor)> = SERIES.iter().enumerate().filter(|(s, _)| data.has_series(*s)).map(|(_, (n, c))| (n.to_string(), *c)).collect();
     draw_legend(strip, &items, 180)
 }
 
-/// Colour swatches and names in columns `column_px` wide, wrapping into rows; drawn in an area
-/// of their own beside the plots so they never cover data.
-pub fn draw_legend(area: &Area, items: &[(String, RGBColor)], column_px: i32) -> Result<()> {
-    const LEFT: i32 = 70;
-    let per_row = ((area.dim_in_pixel().0 as i32 - LEFT) / column_px).max(1);
-    for (i, (name, color)) in items.iter().enumerate() {
-        let (x, y) = (LEFT + (i as i32 % per_row) * column_px, 8 + (i as i32 / per_row) * LEGEND_ROW_PX);
-        area.draw(&Rectangle::new([(x, y + 3), (x + 24, y + 15)], color.filled()))?;
-        area.draw(&Text::new(name.clone(), (x + 32, y), (FONT, 16)))?;
-    }
-    Ok(())
-}

@@ -7,12 +7,13 @@
 
 pub mod arms;
 pub mod charts;
+pub mod draw;
+pub mod evals;
 pub mod pareto;
 pub mod plan;
 pub mod plot;
 pub mod runner;
 pub mod slurm;
-pub mod stats;
 pub mod summary;
 mod viewer;
 

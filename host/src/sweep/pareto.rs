@@ -12,8 +12,8 @@ use anyhow::Result;
 use plotters::prelude::*;
 
 use super::arms::{ArmRow, HACK_FREQ, TASK_REWARD};
-use super::charts::{self, FONT, SERIES};
-use super::stats::MeanCi;
+use super::draw::{self, FONT, SERIES};
+use crate::stats::MeanCi;
 use crate::routing::eval_mode;
 
 /// The chart's file name in `charts/`.
@@ -73,7 +73,7 @@ pub fn points(rows: &[ArmRow]) -> (Vec<String>, Vec<Point>) {
 
 /// Writes the chart of `rows` to `path` (atomically).
 pub fn write(path: &Path, rows: &[ArmRow]) -> Result<()> {
-    charts::register_font()?;
+    draw::register_font()?;
     let (arms, points) = points(rows);
     let height = PARETO_PLOT_HEIGHT + ARM_LINE_PX * arms.len() as u32 + 10;
     crate::fsutil::create_file_atomic(path, |tmp| {
@@ -88,10 +88,10 @@ pub fn write(path: &Path, rows: &[ArmRow]) -> Result<()> {
     })
 }
 
-fn draw_plot(area: &charts::Area, points: &[Point]) -> Result<()> {
+fn draw_plot(area: &draw::Area, points: &[Point]) -> Result<()> {
     let (legend, plot) = area.split_vertically(36);
     let items: Vec<(String, RGBColor)> = [("baseline (both)", SERIES[0].1), ("both", SERIES[1].1), ("retain_only", SERIES[2].1)].map(|(n, c)| (n.to_string(), c)).to_vec();
-    charts::draw_legend(&legend, &items, 200)?;
+    draw::draw_legend(&legend, &items, 200)?;
     let top = points.iter().map(|p| p.task.ci.map_or(p.task.mean, |c| c.1)).fold(1.0, f64::max);
     let y_max = (top * 1.05 * 10.0).ceil() / 10.0;
     let mut chart = ChartBuilder::on(&plot)

@@ -12,7 +12,7 @@ use crate::hyperparams::{self, UNNAMED_RUN, parse_override};
 use crate::intervention::Intervention;
 use crate::routing::RoutingMode;
 use crate::train::TrainConfig;
-use crate::train::runlog::Jsonl;
+use crate::runlog::Jsonl;
 
 /// Keys the sweep itself sets for every run: `--output-dir` and `--jobs` choose them.
 const SWEEP_OWNED_KEYS: &[&str] = &["output_dir", "threads"];
@@ -254,7 +254,7 @@ fn cache_state(dir: &Path, planned: &TrainConfig) -> Result<CacheState> {
     );
     if is_finished(dir, planned.max_steps)? {
         Ok(CacheState::Finished)
-    } else if crate::train::rundir::has_checkpoint(dir)? {
+    } else if crate::rundir::has_checkpoint(dir)? {
         Ok(CacheState::Resumable)
     } else {
         Ok(CacheState::Stale)

@@ -7,9 +7,9 @@ use anyhow::{Context, Result, ensure};
 use plotters::prelude::*;
 use serde_json::Value;
 
-use super::charts::{Area, FONT, LEGEND_ROW_PX, draw_legend, integer_label, register_font};
+use super::draw::{Area, FONT, LEGEND_ROW_PX, draw_legend, integer_label, register_font};
 use crate::train::metrics::key;
-use crate::train::runlog::Jsonl;
+use crate::runlog::Jsonl;
 
 /// The metrics drawn, one panel each: (key in metrics.jsonl, panel title).
 const CURVES: [(&str, &str); 3] = [(key::REWARD, "reward"), (key::KL, "KL"), (key::MEAN_LENGTH, "completion length (tokens)")];

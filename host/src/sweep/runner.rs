@@ -86,7 +86,7 @@ pub fn pack_log_path(output_dir: &Path, first_run: &str) -> PathBuf {
 }
 
 /// Writes the per-run YAML files, for the runs to start. A stale directory (no checkpoint) is
-/// left to its `smallrl train` child, which moves it aside itself (`train::rundir::claim_new`,
+/// left to its `smallrl train` child, which moves it aside itself (`rundir::claim_new`,
 /// after checking that no process still writes it) and says so in the run's train.log.
 pub fn prepare(plan: &Plan) -> Result<()> {
     for dir in ["configs", "logs"] {
@@ -100,7 +100,7 @@ pub fn prepare(plan: &Plan) -> Result<()> {
     Ok(())
 }
 
-pub use crate::train::rundir::MOVED_ASIDE;
+pub use crate::rundir::MOVED_ASIDE;
 
 /// A child process and the runs it trains (one, or a pack).
 struct Running {

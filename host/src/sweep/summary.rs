@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::RunEntry;
 use crate::train::metrics::key;
-use crate::train::runlog::Jsonl;
+use crate::runlog::Jsonl;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct SummaryRow {

@@ -1,5 +1,5 @@
 //! `dump_batches`: every step's tensors in `<dir>/step-<N>.safetensors`, enough to recompute the
-//! step's loss outside smallrl (`tests/train.rs` does).
+//! step's loss outside smallrl (`tests/train/` does).
 
 use std::path::Path;
 
@@ -7,26 +7,6 @@ use anyhow::{Context, Result};
 use tch::Tensor;
 
 use super::rollout::Rollout;
-use crate::reward::ScoredBatch;
-use crate::routing::Labels;
-
-/// The rollout's per-sample tensors that the generation does not hold: rewards (combined and
-/// per component) and the routing labels.
-pub(super) fn rollout_tensors(scored: &ScoredBatch, component_names: &[String], rewards: &Tensor, labels: &Labels) -> Vec<(String, Tensor)> {
-    let flags = |v: &[bool]| Tensor::from_slice(&v.iter().map(|&b| b as i64).collect::<Vec<_>>());
-    let mut out = vec![
-        ("rewards".to_string(), rewards.shallow_clone()),
-        ("is_rh".to_string(), flags(&labels.is_rh)),
-        ("ablated".to_string(), flags(&labels.ablated)),
-        ("coherence".to_string(), flags(&labels.coherence)),
-        ("dropped".to_string(), flags(&labels.dropped)),
-        ("eligible".to_string(), flags(&scored.eligible)),
-    ];
-    for (name, scores) in component_names.iter().zip(&scored.components) {
-        out.push((format!("rewards/{name}"), Tensor::from_slice(scores)));
-    }
-    out
-}
 
 /// Writes `<dir>/step-<N>.safetensors` with everything needed to recompute the step's loss.
 pub(super) fn write_step(dir: &Path, step: usize, rollout: &Rollout, logprobs: &Tensor, loss: &Tensor) -> Result<()> {

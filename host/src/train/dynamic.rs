@@ -161,7 +161,7 @@ impl Trainer {
     /// The rewards the advantages are computed from: after `intervention: penalty`'s penalty.
     pub(super) fn trained_rewards(&self, scored: &ScoredBatch) -> Vec<f64> {
         match self.cfg.intervention {
-            Intervention::Penalty => intervention::penalised(&scored.reward, &flags(scored), self.cfg.rh_penalty),
+            Intervention::Penalty => intervention::penalised(&scored.reward, &scored.flags(), self.cfg.rh_penalty),
             _ => scored.reward.clone(),
         }
     }
@@ -170,13 +170,8 @@ impl Trainer {
     /// unflagged ones.
     fn advantage_rows(&self, scored: &ScoredBatch) -> Vec<bool> {
         match self.cfg.intervention {
-            Intervention::Filter => flags(scored).iter().map(|f| !f).collect(),
+            Intervention::Filter => scored.flags().iter().map(|f| !f).collect(),
             _ => vec![true; scored.reward.len()],
         }
     }
-}
-
-/// The monitor's flags (all false without a detector).
-pub(super) fn flags(scored: &ScoredBatch) -> Vec<bool> {
-    scored.is_rh.clone().unwrap_or_else(|| vec![false; scored.reward.len()])
 }

@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use serde_json::{Value, json};
 use tch::{Kind, Tensor};
 
-use super::runlog::Jsonl;
+use crate::runlog::Jsonl;
 use crate::reward::{Sample, ScoredBatch};
 use crate::tensorboard::EventWriter;
 

@@ -284,7 +284,7 @@ pub fn summary_line(m: &Value) -> String {
 /// stability verdict).
 pub fn reward_history(run_dir: &Path) -> Result<Value> {
     let metrics = run_dir.join("metrics.jsonl");
-    let rewards: Vec<f64> = super::runlog::Jsonl::new(metrics.clone())
+    let rewards: Vec<f64> = crate::runlog::Jsonl::new(metrics.clone())
         .read()?
         .iter()
         .map(|line| line[key::REWARD].as_f64())
@@ -292,7 +292,7 @@ pub fn reward_history(run_dir: &Path) -> Result<Value> {
         .with_context(|| format!("{} has a line without a numeric reward", metrics.display()))?;
     ensure!(!rewards.is_empty(), "{} is empty", metrics.display());
     let tail = &rewards[rewards.len() - (rewards.len() / 10).max(1)..];
-    let final_average = crate::eval::mean(tail);
+    let final_average = crate::stats::mean(tail);
     let stable = tail.iter().all(|&r| r >= 0.9 * final_average);
     let summary = format!(
         "reward history: {} steps, first {:.3}, final average {:.3} (last {} steps), {}",

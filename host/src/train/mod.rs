@@ -8,8 +8,8 @@
 //! By concern: `config.rs` (the hyperparameters), `prompts.rs` (prompt sourcing),
 //! `rollout.rs` (generate, score, advantages, routing plan), `step.rs` (the optimizer step),
 //! `metrics.rs` (the `metrics.jsonl` record and its keys), `dump.rs` (`dump_batches`),
-//! `checkpoint.rs`, `runlog.rs`, `rundir.rs` (claiming and locking a run directory) and
-//! `provenance.rs` (plugin hashes); this file sets a run up, resumes it and runs the loop.
+//! `checkpoint.rs` and `provenance.rs` (plugin hashes); run directories and their logs are
+//! [`crate::rundir`] and [`crate::runlog`], shared with `pretrain` and `sweep`; this file sets a run up, resumes it and runs the loop.
 //!
 //! Invariant: everything random derives from (seed, step), so a resumed run repeats exactly
 //! what the uninterrupted run would have done (on CPU with the same thread count).
@@ -24,8 +24,6 @@ pub mod prompts;
 pub mod provenance;
 pub mod packed;
 mod rollout;
-pub mod rundir;
-pub mod runlog;
 mod step;
 
 use std::path::{Path, PathBuf};
@@ -34,7 +32,7 @@ use anyhow::{Context, Result, ensure};
 
 use crate::adapters::{AdapterConfig, AdapterKind, set_base_trainable};
 use crate::eval::{self, EvalSetup};
-use crate::grpo::LossSettings;
+use crate::grpo::Objective;
 use crate::model::generate::SamplingParams;
 use crate::model::{self, Llama, Tokenizer, decode::DecodeModel};
 use crate::optim::{AdamW, AdamWConfig};
@@ -46,7 +44,8 @@ pub use prompts::{evaluation_prompts, training_prompts};
 use prompts::PromptStream;
 use rollout::Rollout;
 use live::LiveLogs;
-use runlog::{Jsonl, RunLog};
+use crate::rundir;
+use crate::runlog::{Jsonl, RunLog};
 
 pub struct Trainer {
     cfg: TrainConfig,
@@ -74,7 +73,7 @@ pub struct Trainer {
     /// prompts in another seeded order.
     extra_prompts: Option<PromptStream>,
     eval_prompts: Vec<crate::reward::Prompt>,
-    loss: LossSettings,
+    loss: Objective,
     sampling: SamplingParams,
     log: RunLog,
     /// Held for the run's life: no second process writes this run directory.
@@ -150,7 +149,7 @@ impl Trainer {
         );
         let (prompts, eval_prompts) = prompts::load(&cfg, &tokenizer)?;
         let sampling = sampling_params(&cfg);
-        let loss = cfg.loss_settings();
+        let loss = cfg.objective()?;
         // Everything above can fail on bad input; only now is the run directory written.
         let restarted = match resume {
             Some(_) => None,

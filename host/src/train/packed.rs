@@ -19,7 +19,7 @@
 //! advantages, routing plan: [`Trainer::begin_step`]); the runs' reference log-probabilities
 //! come from one forward pass of their reference models stacked on the run axis, and the runs
 //! whose passes can stack do one forward and backward pass of their models stacked
-//! ([`StackedPasses`], `grpo::backward_stacked`: each run's own loss, the gradients of each in
+//! ([`StackedPasses`], `engine::backward_stacked`: each run's own loss, the gradients of each in
 //! its own parameters); each run finishes its step alone (clipping, AdamW, metrics,
 //! evaluation, checkpoint). Stacked passes are on where launches dominate ([`Stacking::Auto`]:
 //! CUDA; not yet measured there). A run whose step needs its own backward passes
@@ -29,7 +29,7 @@
 //! Architecture invariant: nothing here computes a run's numbers (the stacked passes are
 //! `grpo`'s, the stacked decode `generate`'s); the pack only decides the order of work, which
 //! engine samples and whether a pass is stacked, so a packed run
-//! is the solo run (bit for bit unstacked; to float32 rounding stacked, `tests/train.rs`).
+//! is the solo run (bit for bit unstacked; to float32 rounding stacked, `tests/train/`).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -41,37 +41,13 @@ use serde_json::Value;
 use super::rollout::{Reference, SampleRequest, Served};
 use super::step::{PendingStep, StackedPassInput, Trained};
 use super::{RunSummary, TrainConfig, Trainer};
-use crate::grpo::{self, LossBatch, LossSettings};
+use crate::engine::{self, LossBatch};
+use crate::grpo::Objective;
+use crate::hyperparams::{Hyperparameters, Prop};
 use crate::model::Llama;
 use crate::model::linear::AdapterCtl;
 use crate::model::decode::DecodeModel;
 use crate::model::generate::{Engine, generate_stacked};
-
-/// Keys that fix a run's tensor shapes and its schedule of steps: packed runs must agree on
-/// every one (they may differ in anything else: seed, learning rate, KL coefficient, loss and
-/// routing settings, rewards, detectors).
-pub const SAME_IN_A_PACK: &[&str] = &[
-    "model",
-    "revision",
-    "adapter",
-    "lora_preset",
-    "mlp_config",
-    "retain_rank",
-    "forget_rank",
-    "lora_rank",
-    "lora_alpha",
-    "layer_stride",
-    "dtype",
-    "device",
-    "threads",
-    "prompt_length",
-    "batch_size",
-    "num_generations",
-    "max_completion_length",
-    "gradient_accumulation_steps",
-    "num_iterations",
-    "max_steps",
-];
 
 /// One run of a pack: a configuration, and the run directory it resumes (if any).
 pub struct PackedRun {
@@ -79,14 +55,17 @@ pub struct PackedRun {
     pub resume: Option<PathBuf>,
 }
 
-/// Refuses, before any work, runs that differ in a key of [`SAME_IN_A_PACK`], naming the key,
-/// both values and what to do.
+/// Refuses, before any work, runs that differ in a key that fixes tensor shapes or the schedule
+/// of steps ([`Prop::Pack`] in the table; they may differ in anything else: seed, learning rate,
+/// KL coefficient, loss and routing settings, rewards, detectors), naming the key, both values
+/// and what to do.
 pub fn check_packable(configs: &[&TrainConfig]) -> Result<()> {
     let Some((first, rest)) = configs.split_first() else { return Ok(()) };
+    let same_in_a_pack = TrainConfig::keys_with(Prop::Pack);
     let first_keys = serde_json::to_value(first)?;
     for other in rest {
         let other_keys = serde_json::to_value(other)?;
-        for &key in SAME_IN_A_PACK {
+        for &key in &same_in_a_pack {
             let (a, b) = (first_keys.get(key).unwrap_or(&Value::Null), other_keys.get(key).unwrap_or(&Value::Null));
             if a != b {
                 bail!(
@@ -94,7 +73,7 @@ pub fn check_packable(configs: &[&TrainConfig]) -> Result<()> {
                      drop --pack, or sweep `{key}` in separate sweeps (keys packed runs must share: {})",
                     first.run_name()?,
                     other.run_name()?,
-                    SAME_IN_A_PACK.join(", ")
+                    same_in_a_pack.join(", ")
                 );
             }
         }
@@ -184,7 +163,7 @@ fn on_cuda(members: &[Member]) -> bool {
 /// Applies `work` to every run: one after another, or with `workers` > 1 in that many scoped
 /// threads, each a fixed share of the runs. Runs share nothing (each `Trainer` owns its
 /// tensors, plugins and files; libtorch's grad mode is per thread), so the threads do not
-/// change what any run computes (`tests/train.rs` holds them to the solo runs).
+/// change what any run computes (`tests/train/` holds them to the solo runs).
 fn for_each_member(members: &mut [Member], workers: usize, work: impl Fn(&mut Member) + Sync) {
     if workers <= 1 || members.len() <= 1 {
         members.iter_mut().for_each(work);
@@ -248,7 +227,7 @@ impl StackedPasses {
             let ctl: Vec<&[AdapterCtl]> = inputs.iter().map(|input| input.1.as_slice()).collect();
             let seqs: Vec<_> = inputs.iter().map(|input| input.2).collect();
             let temperatures: Vec<f64> = inputs.iter().map(|input| input.3).collect();
-            grpo::stacked_frozen_logprobs(&models, &ctl, &seqs, &temperatures)
+            engine::stacked_frozen_logprobs(&models, &ctl, &seqs, &temperatures)
         };
         let seconds = started.elapsed().as_secs_f64() / runs.len() as f64;
         for (&i, logprobs) in runs.iter().zip(logprobs) {
@@ -261,7 +240,7 @@ impl StackedPasses {
     /// The runs whose steps have begun and whose passes can stack
     /// ([`Trainer::unstackable_pass`]), in groups that train on as many rows, go through one
     /// forward and backward pass of their models stacked on a leading axis
-    /// ([`grpo::backward_stacked`]).
+    /// ([`engine::backward_stacked`]).
     fn train(&mut self, members: &mut [Member]) {
         let mut groups: Vec<(i64, Vec<usize>)> = Vec::new();
         let mut alone = Vec::new();
@@ -290,9 +269,9 @@ impl StackedPasses {
                 let inputs: Vec<StackedPassInput> = runs.iter().map(|&i| members[i].stacked_pass_input()).collect();
                 let models: Vec<&Llama> = inputs.iter().map(|input| input.model).collect();
                 let temperatures: Vec<f64> = inputs.iter().map(|input| input.temperature).collect();
-                let settings: Vec<&LossSettings> = inputs.iter().map(|input| input.loss).collect();
+                let objectives: Vec<&Objective> = inputs.iter().map(|input| input.loss).collect();
                 let batches: Vec<LossBatch> = inputs.into_iter().map(|input| input.batch).collect();
-                grpo::backward_stacked(&models, &batches, &temperatures, &settings)
+                engine::backward_stacked(&models, &batches, &temperatures, &objectives)
             };
             let seconds = started.elapsed().as_secs_f64() / runs.len() as f64;
             for (&i, pass) in runs.iter().zip(passes) {

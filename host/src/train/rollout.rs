@@ -15,8 +15,7 @@ use tch::{Kind, Tensor};
 use super::Trainer;
 use super::live::BatchRecord;
 use super::metrics::RolloutMetrics;
-use crate::eval;
-use crate::grpo;
+use crate::{engine, grpo};
 use crate::intervention::{self, Intervention};
 use crate::model::decode::DecodeModel;
 use crate::model::generate::{Generation, generate};
@@ -85,7 +84,7 @@ impl Trainer {
         let drawn = self.draw_batch(step)?;
         let (generation, samples, scored) = (drawn.generation, drawn.samples, drawn.scored);
         let device = self.model.device;
-        let flagged = super::dynamic::flags(&scored);
+        let flagged = scored.flags();
         let trained_rewards = self.trained_rewards(&scored);
         let rewards = Tensor::from_slice(&trained_rewards).to_kind(Kind::Float).to(device);
         let kept = routing::row_mask(&flagged.iter().map(|f| !f).collect::<Vec<_>>(), device);
@@ -118,9 +117,9 @@ impl Trainer {
 
         let reference_start = Instant::now();
         let ref_logprobs = (self.needs_reference() && reference == Reference::Now).then(|| self.reference_logprobs(&generation)).transpose()?;
-        let old_logprobs = match self.cfg.loss_fn.is_tinker() {
+        let old_logprobs = match self.loss.ratio_to == grpo::RatioTo::Sampler {
             true => Some(generation.sampling_logprobs.shallow_clone()),
-            false => (self.cfg.steps_per_rollout() > 1).then(|| grpo::frozen_logprobs(&self.model, (&generation).into(), self.cfg.temperature, &plan.ctl)),
+            false => (self.cfg.steps_per_rollout() > 1).then(|| engine::frozen_logprobs(&self.model, (&generation).into(), self.cfg.temperature, &plan.ctl)),
         };
         let reference_seconds = reference_start.elapsed().as_secs_f64();
 
@@ -129,7 +128,7 @@ impl Trainer {
         metrics.dynamic_sampling = drawn.dynamic_sampling;
         let first_sample = (samples[0].prompt.clone(), samples[0].completion.clone());
         let dump = match self.cfg.dump_batches {
-            Some(_) => super::dump::rollout_tensors(&scored, &component_names, &rewards, &labels),
+            Some(_) => rollout_tensors(&scored, &component_names, &rewards, &labels),
             None => Vec::new(),
         };
         // Dropped rows leave the loss (and its token statistics) entirely.
@@ -179,7 +178,7 @@ impl Trainer {
     /// Whether the loss has a KL term, whose reference log-probabilities a rollout holds (as
     /// TRL, no reference pass with beta = 0).
     pub(super) fn needs_reference(&self) -> bool {
-        self.cfg.beta != 0.0
+        self.loss.kl.is_some()
     }
 
     /// The reference policy as the libtorch forward pass computes it: the frozen starting model
@@ -193,7 +192,7 @@ impl Trainer {
 
     /// What a pack's stacked reference pass needs of this run's rollout (begun with
     /// [`Reference::Deferred`]): the reference model and controls, the batch, the temperature.
-    pub(super) fn reference_pass_input(&self) -> (&Llama, Vec<AdapterCtl>, grpo::Sequences<'_>, f64) {
+    pub(super) fn reference_pass_input(&self) -> (&Llama, Vec<AdapterCtl>, engine::Sequences<'_>, f64) {
         let rollout = self.rollout.as_ref().expect("a deferred reference belongs to a rollout");
         let (model, ctl) = self.reference_model();
         (model, ctl, (&rollout.generation).into(), self.cfg.temperature)
@@ -208,7 +207,7 @@ impl Trainer {
             return model::native::frozen_logprobs(native, g, self.cfg.temperature, threads);
         }
         let (model, ctl) = self.reference_model();
-        Ok(grpo::frozen_logprobs(model, g.into(), self.cfg.temperature, &ctl))
+        Ok(engine::frozen_logprobs(model, g.into(), self.cfg.temperature, &ctl))
     }
 
     /// Samples the step's completions with every adapter on, the last `coherence_rows` (if
@@ -328,9 +327,9 @@ impl Trainer {
 /// caller). `rewards` are those the advantages were computed from (after a penalty).
 fn rollout_metrics(scored: &ScoredBatch, rewards: &[f64], component_names: &[String], generation: &Generation, frac_zero_std: f64, labels: &Labels) -> RolloutMetrics {
     let n = rewards.len() as f64;
-    let reward = eval::mean(rewards);
+    let reward = crate::stats::mean(rewards);
     let reward_std = (rewards.iter().map(|r| (r - reward).powi(2)).sum::<f64>() / (n - 1.0).max(1.0)).sqrt();
-    let components = component_names.iter().zip(&scored.components).map(|(name, scores)| (name.clone(), eval::mean(scores))).collect();
+    let components = component_names.iter().zip(&scored.components).map(|(name, scores)| (name.clone(), crate::stats::mean(scores))).collect();
     let lengths: Vec<f64> = generation.rows.iter().map(|r| (r.ids.len() + usize::from(r.ended_with_eos)) as f64).collect();
     let truncated = generation.rows.iter().filter(|r| !r.ended_with_eos).count() as f64;
     let frac = |flags: &[bool]| flags.iter().filter(|&&f| f).count() as f64 / n;
@@ -339,7 +338,7 @@ fn rollout_metrics(scored: &ScoredBatch, rewards: &[f64], component_names: &[Str
         reward_std,
         components,
         frac_reward_zero_std: frac_zero_std,
-        mean_length: eval::mean(&lengths),
+        mean_length: crate::stats::mean(&lengths),
         max_length: lengths.iter().copied().fold(0.0, f64::max),
         clipped_ratio: truncated / n,
         hack_freq: scored.hack_freq(),
@@ -353,4 +352,22 @@ fn rollout_metrics(scored: &ScoredBatch, rewards: &[f64], component_names: &[Str
         score_seconds: 0.0,
         reference_seconds: 0.0,
     }
+}
+
+/// The rollout's per-sample tensors that the generation does not hold: rewards (combined and
+/// per component) and the routing labels.
+fn rollout_tensors(scored: &ScoredBatch, component_names: &[String], rewards: &Tensor, labels: &Labels) -> Vec<(String, Tensor)> {
+    let flags = |v: &[bool]| Tensor::from_slice(&v.iter().map(|&b| b as i64).collect::<Vec<_>>());
+    let mut out = vec![
+        ("rewards".to_string(), rewards.shallow_clone()),
+        ("is_rh".to_string(), flags(&labels.is_rh)),
+        ("ablated".to_string(), flags(&labels.ablated)),
+        ("coherence".to_string(), flags(&labels.coherence)),
+        ("dropped".to_string(), flags(&labels.dropped)),
+        ("eligible".to_string(), flags(&scored.eligible)),
+    ];
+    for (name, scores) in component_names.iter().zip(&scored.components) {
+        out.push((format!("rewards/{name}"), Tensor::from_slice(scores)));
+    }
+    out
 }

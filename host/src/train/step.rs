@@ -13,7 +13,7 @@ use super::rollout::{Reference, Rollout};
 use crate::model::generate::Generation;
 use crate::model::linear::AdapterCtl;
 use crate::routing::RoutePlan;
-use crate::{grpo, probes, routing};
+use crate::{engine, grpo, probes, routing, stats};
 use crate::optim::linear_lr;
 use crate::probes::NoiseScale;
 
@@ -28,17 +28,17 @@ pub(super) struct PendingStep {
     reference_pending: bool,
 }
 
-/// One run's part of a backward pass stacked with other runs' ([`grpo::backward_stacked`]).
+/// One run's part of a backward pass stacked with other runs' ([`engine::backward_stacked`]).
 pub(super) struct StackedPassInput<'a> {
     pub model: &'a crate::model::Llama,
-    pub batch: grpo::LossBatch<'a>,
+    pub batch: engine::LossBatch<'a>,
     pub temperature: f64,
-    pub loss: &'a grpo::LossSettings,
+    pub loss: &'a grpo::Objective,
 }
 
 /// What a step's backward pass left beside the gradients in the parameters.
 pub(super) struct Trained {
-    pass: grpo::BackwardPass,
+    pass: engine::BackwardPass,
     /// With `split_moment`: the natural plan's gradients, taken out of the parameters.
     natural_grads: Option<Vec<Tensor>>,
     absorption: Vec<(String, f64)>,
@@ -98,7 +98,7 @@ impl Trainer {
     }
 
     /// Why this run's backward passes cannot be one run's part of a pass stacked with other
-    /// runs ([`grpo::backward_stacked`] does one micro-batch in one pass, without probes that
+    /// runs ([`engine::backward_stacked`] does one micro-batch in one pass, without probes that
     /// need a run's own graph or gradients), or `None` when they can.
     pub(super) fn unstackable_pass(&self) -> Option<&'static str> {
         let cfg = &self.cfg;
@@ -123,7 +123,7 @@ impl Trainer {
     }
 
     /// This run's part of a stacked backward pass (its gradients already in its parameters).
-    pub(super) fn stacked_pass_result(pass: grpo::BackwardPass, seconds: f64) -> Trained {
+    pub(super) fn stacked_pass_result(pass: engine::BackwardPass, seconds: f64) -> Trained {
         Trained { pass, natural_grads: None, absorption: Vec::new(), gradient_noise: None, seconds }
     }
 
@@ -137,7 +137,7 @@ impl Trainer {
         let micro_batches = self.cfg.gradient_accumulation_steps;
         let natural_grads = match &mini.natural {
             Some(natural) => {
-                grpo::backward_micro_batches(&self.model, &mini.loss_batch(natural), self.cfg.temperature, &self.loss, micro_batches, &mut |_, _| {});
+                engine::backward_micro_batches(&self.model, &mini.loss_batch(natural), self.cfg.temperature, &self.loss, micro_batches, &mut |_, _| {});
                 Some(self.optimizer.take_grads())
             }
             None => None,
@@ -162,7 +162,7 @@ impl Trainer {
                 gradients.record(accumulated, last);
             }
         };
-        let pass = grpo::backward_passes(&self.model, &batch, self.cfg.temperature, &self.loss, passes, &mut before_backward, &mut after_backward);
+        let pass = engine::backward_passes(&self.model, &batch, self.cfg.temperature, &self.loss, passes, &mut before_backward, &mut after_backward);
         // The step's gradient noise scale from its passes' gradients (before clipping), and the
         // running average updated with it.
         let gradient_noise = pass_gradients.map(|gradients| {
@@ -179,7 +179,7 @@ impl Trainer {
     pub(super) fn finish_step(&mut self, pending: PendingStep, trained: Trained) -> Result<serde_json::Value> {
         let optimizer_start = Instant::now();
         let PendingStep { step, started, new_rollout, mini, .. } = pending;
-        let Trained { pass: grpo::BackwardPass { logprobs, terms }, mut natural_grads, mut absorption, gradient_noise, seconds: pass_seconds } = trained;
+        let Trained { pass: engine::BackwardPass { logprobs, terms }, mut natural_grads, mut absorption, gradient_noise, seconds: pass_seconds } = trained;
         let rollout = self.rollout.as_ref().expect("begin_step made the rollout");
         let g = &rollout.generation;
         if let Some(dir) = &self.cfg.dump_batches {
@@ -206,11 +206,11 @@ impl Trainer {
             self.absorption_after_step(&before, &mut absorption);
         }
         let train_seconds = pass_seconds + optimizer_start.elapsed().as_secs_f64();
-        let entropy = grpo::masked_mean(&logprobs.entropy, &mini.loss_mask);
+        let entropy = stats::masked_mean(&logprobs.entropy, &mini.loss_mask);
         // The same batch re-scored by the updated policy (one forward pass, no gradient).
         let entropy_change = self.cfg.measure_entropy_change.then(|| {
-            let after = tch::no_grad(|| grpo::completion_logprobs(&self.model, mini.seqs(), self.cfg.temperature, &mini.plan.ctl));
-            grpo::masked_mean(&after.entropy, &mini.loss_mask) - entropy
+            let after = tch::no_grad(|| engine::completion_logprobs(&self.model, mini.seqs(), self.cfg.temperature, &mini.plan.ctl));
+            stats::masked_mean(&after.entropy, &mini.loss_mask) - entropy
         });
 
         if new_rollout {
@@ -228,7 +228,7 @@ impl Trainer {
             logprob_advantage_covariance: probes::logprob_advantage_covariance(&logprobs.logprobs, &mini.advantages, mask),
             entropy_change,
             entropy_quantiles: probes::entropy_quantiles(&logprobs.entropy, mask),
-            kl: terms.per_token_kl.as_ref().map(|kl| grpo::masked_mean(&kl.detach(), mask)),
+            kl: terms.per_token_kl.as_ref().map(|kl| stats::masked_mean(&kl.detach(), mask)),
             clip_ratio: terms.clip_ratio.double_value(&[]),
             clip_fractions: terms.clip_fractions.as_ref().map(|clip| [&clip.low, &clip.high, &clip.region].map(|f| f.double_value(&[]))),
             cispo_clip_ratio: terms.cispo_clip_ratio.as_ref().map(|f| f.double_value(&[])),
@@ -261,7 +261,7 @@ impl Trainer {
         let flagged = routing::row_mask(&rollout.flagged, logprobs.device());
         let mut out = Vec::new();
         for (quantity, rows) in [(key::ABSORPTION_GRAD_NORM_FLAGGED, flagged.shallow_clone()), (key::ABSORPTION_GRAD_NORM_UNFLAGGED, 1.0 - &flagged)] {
-            let weights = grpo::row_token_weights(masks.loss, &rollout.plan.classes, &self.loss, &rows);
+            let weights = grpo::row_token_weights(masks.loss, &rollout.plan.classes, self.loss.aggregation, &rows);
             let loss = grpo::weighted_loss(logprobs, rollout.old_logprobs.as_ref(), rollout.ref_logprobs.as_ref(), &rollout.advantages, masks, &weights, &self.loss).loss;
             out.extend(self.slot_values(quantity, self.adapters.slot_gradient_norms(&self.model, &loss)));
         }
@@ -348,13 +348,13 @@ impl MiniBatch {
         }
     }
 
-    fn seqs(&self) -> grpo::Sequences<'_> {
+    fn seqs(&self) -> engine::Sequences<'_> {
         (&self.generation).into()
     }
 
     /// The loss's inputs for these rows under `plan` (its adapter controls and loss classes).
-    fn loss_batch<'a>(&'a self, plan: &'a PlanRows) -> grpo::LossBatch<'a> {
-        grpo::LossBatch {
+    fn loss_batch<'a>(&'a self, plan: &'a PlanRows) -> engine::LossBatch<'a> {
+        engine::LossBatch {
             seqs: self.seqs(),
             ctl: &plan.ctl,
             old_logprobs: self.old_logprobs.as_ref(),

@@ -1,4 +1,6 @@
-//! Statistics over seeds: the mean and a bootstrap confidence interval.
+//! The project's statistics, in one place: means, standard deviations and medians of plain
+//! values, quantiles, Kish's effective sample size and masked means of tensors, and the mean
+//! over seeds with a bootstrap confidence interval.
 //!
 //! Percentile bootstrap (Efron and Tibshirani, 1993, ch. 13): draw `resamples` samples of the
 //! seeds' values with replacement, each of the original size, take each one's mean, and report
@@ -9,8 +11,48 @@
 //! `--collect`. With few seeds the interval is narrow by construction (it cannot be wider than
 //! the spread of the values) and under-covers; it says how much the seeds disagree, not more.
 
+use tch::{Kind, Tensor};
+
 use crate::defaults;
 use crate::rng::SplitMix64;
+
+/// The arithmetic mean (0 for no values, where a caller averages an empty batch).
+pub fn mean(values: &[f64]) -> f64 {
+    values.iter().sum::<f64>() / values.len().max(1) as f64
+}
+
+/// The unbiased (n - 1) standard deviation; 0 for fewer than two values (the original's
+/// routing: "a single-element subset has no variance").
+pub fn unbiased_std(values: &[f64]) -> f64 {
+    if values.len() < 2 {
+        return 0.0;
+    }
+    let m = mean(values);
+    (values.iter().map(|v| (v - m).powi(2)).sum::<f64>() / (values.len() - 1) as f64).sqrt()
+}
+
+/// The median of `values` (the upper one of an even count).
+pub fn median(mut values: Vec<f64>) -> f64 {
+    assert!(!values.is_empty(), "the median of no values");
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// Kish's effective sample size `(Σw)² / Σw²` of non-negative weights (0 when all are 0).
+pub fn effective_sample_size(weights: &Tensor) -> f64 {
+    let weights = weights.detach().to_kind(Kind::Double);
+    let squares = weights.square().sum(Kind::Double).double_value(&[]);
+    if squares == 0.0 {
+        return 0.0;
+    }
+    weights.sum(Kind::Double).double_value(&[]).powi(2) / squares
+}
+
+/// Mean of `values` over the tokens in `mask` (TRL's `masked_batch_mean`).
+pub fn masked_mean(values: &Tensor, mask: &Tensor) -> f64 {
+    let mask = mask.to_kind(Kind::Float);
+    ((values * &mask).sum(Kind::Float) / mask.sum(Kind::Float).clamp_min(1.0)).double_value(&[])
+}
 
 /// A mean over seeds with its bootstrap interval (`None` for fewer than two values: one
 /// value has no spread to resample).

@@ -1,0 +1,123 @@
+//! The weights as the host lays them out: dimensions, row-major matrices, one struct per layer.
+
+/// Shapes of the model.
+#[derive(Debug, Clone, Copy)]
+pub struct Dims {
+    pub hidden: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub intermediate: usize,
+    pub vocab: usize,
+    pub max_positions: usize,
+    pub rms_norm_eps: f32,
+    pub eos: u32,
+}
+
+/// A row-major `[inputs, outputs]` matrix: `y = x · W` for row vectors `x`.
+pub struct Matrix {
+    pub(crate) inputs: usize,
+    pub(crate) outputs: usize,
+    pub(crate) data: Vec<f32>,
+}
+
+impl Matrix {
+    pub fn new(inputs: usize, outputs: usize, data: Vec<f32>) -> Self {
+        assert_eq!(data.len(), inputs * outputs, "a {inputs} x {outputs} matrix needs {} values", inputs * outputs);
+        Self { inputs, outputs, data }
+    }
+
+    /// `out[m, outputs] = x[m, inputs] · W`, or `out += x · W` with `accumulate`.
+    pub(crate) fn apply(&self, x: &[f32], out: &mut [f32], accumulate: bool) {
+        let m = x.len() / self.inputs;
+        assert_eq!(x.len(), m * self.inputs, "input is not a whole number of rows");
+        assert_eq!(out.len(), m * self.outputs, "output buffer has the wrong size");
+        if m == 0 {
+            return;
+        }
+        // SAFETY: the three buffers hold m x inputs, inputs x outputs and m x outputs floats in
+        // row-major order (checked above), matching the strides passed; `out` does not alias.
+        unsafe {
+            gemm::gemm(
+                m,
+                self.outputs,
+                self.inputs,
+                out.as_mut_ptr(),
+                1,
+                self.outputs as isize,
+                accumulate,
+                x.as_ptr(),
+                1,
+                self.inputs as isize,
+                self.data.as_ptr(),
+                1,
+                self.outputs as isize,
+                1.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            );
+        }
+    }
+}
+
+/// One decoder block.
+pub struct Layer {
+    pub input_layernorm: Vec<f32>,
+    /// `[hidden, (heads + kv_heads) * head_dim * 2 + kv_heads * head_dim]`.
+    pub qkv: Matrix,
+    /// `[heads * head_dim, hidden]`.
+    pub o: Matrix,
+    pub post_attention_layernorm: Vec<f32>,
+    /// `[hidden, 2 * intermediate]`: gate then up.
+    pub gate_up: Matrix,
+    /// `[intermediate, hidden]`.
+    pub down: Matrix,
+}
+
+/// The float32 weights and shapes of a model.
+pub struct Model {
+    pub(crate) dims: Dims,
+    pub(crate) embed_tokens: Vec<f32>,
+    pub(crate) layers: Vec<Layer>,
+    pub(crate) norm: Vec<f32>,
+    pub(crate) head: Matrix,
+    pub(crate) cos: Vec<f32>,
+    pub(crate) sin: Vec<f32>,
+}
+
+impl Model {
+    /// `embed_tokens` is `[vocab, hidden]`, `head` `[hidden, vocab]`, `cos`/`sin`
+    /// `[max_positions, head_dim]`. Panics on any shape that disagrees with `dims`.
+    pub fn new(dims: Dims, embed_tokens: Vec<f32>, layers: Vec<Layer>, norm: Vec<f32>, head: Matrix, cos: Vec<f32>, sin: Vec<f32>) -> Self {
+        let Dims { hidden, heads, kv_heads, head_dim, intermediate, vocab, max_positions, .. } = dims;
+        assert!(heads % kv_heads == 0, "{heads} query heads cannot share {kv_heads} key/value heads");
+        assert_eq!(embed_tokens.len(), vocab * hidden, "embedding shape");
+        assert_eq!(norm.len(), hidden, "final norm shape");
+        assert_eq!((head.inputs, head.outputs), (hidden, vocab), "output head shape");
+        assert_eq!(cos.len(), max_positions * head_dim, "cos table shape");
+        assert_eq!(sin.len(), max_positions * head_dim, "sin table shape");
+        let qk = (heads + kv_heads) * head_dim;
+        for (i, l) in layers.iter().enumerate() {
+            assert_eq!((l.qkv.inputs, l.qkv.outputs), (hidden, 2 * qk + kv_heads * head_dim), "layer {i}: fused projection shape");
+            assert_eq!((l.o.inputs, l.o.outputs), (heads * head_dim, hidden), "layer {i}: o shape");
+            assert_eq!((l.gate_up.inputs, l.gate_up.outputs), (hidden, 2 * intermediate), "layer {i}: gate/up shape");
+            assert_eq!((l.down.inputs, l.down.outputs), (intermediate, hidden), "layer {i}: down shape");
+            assert_eq!(l.input_layernorm.len(), hidden, "layer {i}: input norm shape");
+            assert_eq!(l.post_attention_layernorm.len(), hidden, "layer {i}: post-attention norm shape");
+        }
+        assert!(!layers.is_empty(), "a model needs at least one layer");
+        Self { dims, embed_tokens, layers, norm, head, cos, sin }
+    }
+
+    pub fn dims(&self) -> &Dims {
+        &self.dims
+    }
+
+    /// Width of the rotated-query-and-key block of the fused projection.
+    pub(crate) fn qk_width(&self) -> usize {
+        (self.dims.heads + self.dims.kv_heads) * self.dims.head_dim
+    }
+}

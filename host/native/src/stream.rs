@@ -1,0 +1,282 @@
+//! One stream of rows: the token loop (prefill, decode step, head) and scoring, each row with its own KV cache.
+
+use crate::kernels::{group_scores, max_of, rms_norm_rows, silu_gate, softmax_in_place, weighted_sum};
+use crate::model::Model;
+use crate::sampling::{draw, seen_tokens};
+use crate::{RowOutput, Sampling, UniformStream};
+
+/// Keys and values of one row; slot = position. Keys are `[layer][kv_head][head_dim][slot]`,
+/// values `[layer][kv_head][slot][head_dim]`.
+pub(crate) struct RowCache {
+    keys: Vec<f32>,
+    values: Vec<f32>,
+    capacity: usize,
+}
+
+impl RowCache {
+    fn new(model: &Model, capacity: usize) -> Self {
+        let size = model.layers.len() * model.dims.kv_heads * model.dims.head_dim * capacity;
+        Self { keys: vec![0.0; size], values: vec![0.0; size], capacity }
+    }
+
+    /// Offset of one layer's key/value head in `keys` and `values`.
+    fn head_base(&self, layer: usize, kv_heads: usize, head: usize, head_dim: usize) -> usize {
+        (layer * kv_heads + head) * self.capacity * head_dim
+    }
+}
+
+/// One token to run through the model: which row of the stream, at which position.
+#[derive(Clone, Copy)]
+pub(crate) struct TokenSlot {
+    row: usize,
+    position: usize,
+    token: u32,
+}
+
+/// Reusable activation buffers for a block of `m` tokens.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    x: Vec<f32>,
+    h: Vec<f32>,
+    fused: Vec<f32>,
+    attn: Vec<f32>,
+    gate_up: Vec<f32>,
+    act: Vec<f32>,
+    scores: Vec<f32>,
+}
+
+impl Scratch {
+    fn resize(&mut self, model: &Model, m: usize, capacity: usize) {
+        let hd = model.dims.head_dim;
+        self.x.resize(m * model.dims.hidden, 0.0);
+        self.h.resize(m * model.dims.hidden, 0.0);
+        self.fused.resize(m * model.layers[0].qkv.outputs, 0.0);
+        self.attn.resize(m * model.dims.heads * hd, 0.0);
+        self.gate_up.resize(m * 2 * model.dims.intermediate, 0.0);
+        self.act.resize(m * model.dims.intermediate, 0.0);
+        self.scores.resize(capacity * (model.dims.heads / model.dims.kv_heads), 0.0);
+    }
+}
+
+/// Samples every row of `prompts` on the calling thread.
+pub(crate) fn run_stream(model: &Model, rows: &mut [(&[u32], &mut UniformStream)], params: &Sampling) -> Vec<RowOutput> {
+    if has_avx2() {
+        // SAFETY: the CPU supports the features the function is compiled for (checked).
+        return unsafe { run_stream_avx2(model, rows, params) };
+    }
+    run_stream_body(model, rows, params)
+}
+
+pub(crate) fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// The same loops compiled with AVX2 and FMA, so the element-wise kernels (exp, norms,
+/// attention) vectorise 8 wide; the matrix products dispatch on their own.
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
+pub(crate) unsafe fn run_stream_avx2(model: &Model, rows: &mut [(&[u32], &mut UniformStream)], params: &Sampling) -> Vec<RowOutput> {
+    run_stream_body(model, rows, params)
+}
+
+#[inline(always)]
+pub(crate) fn run_stream_body(model: &Model, rows: &mut [(&[u32], &mut UniformStream)], params: &Sampling) -> Vec<RowOutput> {
+    let (prompts, mut uniforms): (Vec<&[u32]>, Vec<&mut UniformStream>) = rows.iter_mut().map(|(p, u)| (*p, &mut **u)).unzip();
+    let mut caches: Vec<RowCache> = prompts.iter().map(|p| RowCache::new(model, p.len() + params.max_new_tokens)).collect();
+    let mut seen: Vec<Vec<bool>> = if params.repetition_penalty != 1.0 {
+        prompts.iter().map(|p| seen_tokens(p, model.dims.vocab)).collect()
+    } else {
+        Vec::new()
+    };
+    let mut outputs: Vec<RowOutput> = prompts.iter().map(|_| RowOutput { tokens: Vec::new(), logprobs: Vec::new(), diverged: false }).collect();
+    let mut scratch = Scratch::default();
+    let mut logits = Vec::new();
+
+    // Prefill: every prompt token of every row in one block; logits of each row's last token.
+    let prefill: Vec<TokenSlot> = prompts
+        .iter()
+        .enumerate()
+        .flat_map(|(row, p)| p.iter().enumerate().map(move |(position, &token)| TokenSlot { row, position, token }))
+        .collect();
+    let last_of_row: Vec<usize> = prompts.iter().scan(0, |end, p| {
+        *end += p.len();
+        Some(*end - 1)
+    }).collect();
+    forward(model, &prefill, &mut caches, &mut scratch);
+    head(model, &scratch.x, &last_of_row, &mut logits);
+
+    let mut active: Vec<usize> = (0..prompts.len()).collect();
+    for step in 0..params.max_new_tokens {
+        let mut still_active = Vec::with_capacity(active.len());
+        for (i, &row) in active.iter().enumerate() {
+            let row_logits = &mut logits[i * model.dims.vocab..(i + 1) * model.dims.vocab];
+            let row_seen = seen.get(row).map(Vec::as_slice);
+            let Some((token, logprob)) = draw(row_logits, row_seen, params, uniforms[row]) else {
+                outputs[row].diverged = true;
+                continue;
+            };
+            outputs[row].tokens.push(token);
+            outputs[row].logprobs.push(logprob);
+            if let Some(s) = seen.get_mut(row) {
+                s[token as usize] = true;
+            }
+            if token != model.dims.eos {
+                still_active.push(row);
+            }
+        }
+        active = still_active;
+        if active.is_empty() || step + 1 == params.max_new_tokens {
+            break;
+        }
+        let block: Vec<TokenSlot> = active
+            .iter()
+            .map(|&row| TokenSlot { row, position: prompts[row].len() + step, token: *outputs[row].tokens.last().expect("a token was drawn") })
+            .collect();
+        forward(model, &block, &mut caches, &mut scratch);
+        let every: Vec<usize> = (0..block.len()).collect();
+        head(model, &scratch.x, &every, &mut logits);
+    }
+    outputs
+}
+
+pub(crate) fn score_stream(model: &Model, rows: &mut [&(Vec<u32>, usize)], temperature: f32) -> Vec<Vec<f32>> {
+    if has_avx2() {
+        // SAFETY: the CPU supports the features the function is compiled for (checked).
+        return unsafe { score_stream_avx2(model, rows, temperature) };
+    }
+    score_stream_body(model, rows, temperature)
+}
+
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
+pub(crate) unsafe fn score_stream_avx2(model: &Model, rows: &mut [&(Vec<u32>, usize)], temperature: f32) -> Vec<Vec<f32>> {
+    score_stream_body(model, rows, temperature)
+}
+
+/// One sequence at a time: the whole sequence as one block (causal through the cache), then
+/// the output head at the positions that predict the scored tokens. (Plain loops: closures
+/// would not be compiled with this function's target features.)
+#[inline(always)]
+pub(crate) fn score_stream_body(model: &Model, rows: &mut [&(Vec<u32>, usize)], temperature: f32) -> Vec<Vec<f32>> {
+    let vocab = model.dims.vocab;
+    let mut scratch = Scratch::default();
+    let mut logits = Vec::new();
+    let mut scored = Vec::with_capacity(rows.len());
+    for (tokens, start) in rows.iter() {
+        let mut cache = [RowCache::new(model, tokens.len())];
+        let mut block = Vec::with_capacity(tokens.len());
+        for (position, &token) in tokens.iter().enumerate() {
+            block.push(TokenSlot { row: 0, position, token });
+        }
+        forward(model, &block, &mut cache, &mut scratch);
+        let predicting: Vec<usize> = (start - 1..tokens.len() - 1).collect();
+        head(model, &scratch.x, &predicting, &mut logits);
+        let mut logprobs = Vec::with_capacity(predicting.len());
+        for (scores, &token) in logits.chunks_exact_mut(vocab).zip(&tokens[*start..]) {
+            if temperature != 1.0 {
+                for s in scores.iter_mut() {
+                    *s /= temperature;
+                }
+            }
+            let (chosen, max) = (scores[token as usize], max_of(scores));
+            logprobs.push(chosen - max - softmax_in_place(scores).ln());
+        }
+        scored.push(logprobs);
+    }
+    scored
+}
+
+/// Runs `block` through every layer, writing each token's key and value into its row's cache
+/// at slot = position before attention, so a token attends to slots `0..=position` of its row
+/// (causal within the block, and over everything cached before). Leaves the final-norm hidden
+/// states in `scratch.x`.
+#[inline(always)]
+pub(crate) fn forward(model: &Model, block: &[TokenSlot], caches: &mut [RowCache], s: &mut Scratch) {
+    let (m, d) = (block.len(), model.dims.hidden);
+    let capacity = caches.iter().map(|c| c.capacity).max().unwrap_or(0);
+    s.resize(model, m, capacity);
+    for (i, slot) in block.iter().enumerate() {
+        let t = slot.token as usize;
+        s.x[i * d..(i + 1) * d].copy_from_slice(&model.embed_tokens[t * d..(t + 1) * d]);
+    }
+    for (l, layer) in model.layers.iter().enumerate() {
+        rms_norm_rows(&s.x, &layer.input_layernorm, model.dims.rms_norm_eps, &mut s.h);
+        layer.qkv.apply(&s.h, &mut s.fused, false);
+        rope_and_cache(model, l, block, &mut s.fused, caches);
+        attention(model, l, block, &s.fused, caches, &mut s.attn, &mut s.scores);
+        layer.o.apply(&s.attn, &mut s.x, true);
+        rms_norm_rows(&s.x, &layer.post_attention_layernorm, model.dims.rms_norm_eps, &mut s.h);
+        layer.gate_up.apply(&s.h, &mut s.gate_up, false);
+        silu_gate(&s.gate_up, model.dims.intermediate, &mut s.act);
+        layer.down.apply(&s.act, &mut s.x, true);
+    }
+    let mut normed = std::mem::take(&mut s.h);
+    rms_norm_rows(&s.x, &model.norm, model.dims.rms_norm_eps, &mut normed);
+    std::mem::swap(&mut s.x, &mut normed);
+    s.h = normed;
+}
+
+/// Logits of the tokens `rows` (indices into the block) of the final hidden states `x`.
+pub(crate) fn head(model: &Model, x: &[f32], rows: &[usize], logits: &mut Vec<f32>) {
+    let d = model.dims.hidden;
+    let picked: Vec<f32> = rows.iter().flat_map(|&i| x[i * d..(i + 1) * d].iter().copied()).collect();
+    logits.resize(rows.len() * model.dims.vocab, 0.0);
+    model.head.apply(&picked, logits, false);
+}
+
+/// Applies RoPE in place to the query and key part of each fused row (`q, k` then their
+/// `rotate_half` images, then `v`) and writes keys and values to the rows' caches.
+#[inline(always)]
+pub(crate) fn rope_and_cache(model: &Model, layer: usize, block: &[TokenSlot], fused: &mut [f32], caches: &mut [RowCache]) {
+    let (hd, kv) = (model.dims.head_dim, model.dims.kv_heads);
+    let qk = model.qk_width();
+    let width = fused.len() / block.len().max(1);
+    for (row, slot) in fused.chunks_exact_mut(width).zip(block) {
+        let cos = &model.cos[slot.position * hd..(slot.position + 1) * hd];
+        let sin = &model.sin[slot.position * hd..(slot.position + 1) * hd];
+        let (plain, rest) = row.split_at_mut(qk);
+        let (rotated, values) = rest.split_at_mut(qk);
+        for (head, rot) in plain.chunks_exact_mut(hd).zip(rotated.chunks_exact(hd)) {
+            for j in 0..hd {
+                head[j] = head[j] * cos[j] + rot[j] * sin[j];
+            }
+        }
+        let cache = &mut caches[slot.row];
+        let keys = &plain[model.dims.heads * hd..];
+        for h in 0..kv {
+            let base = cache.head_base(layer, kv, h, hd);
+            // Keys transposed ([head_dim][slot]) so scores are computed slot-parallel.
+            for (d, &k) in keys[h * hd..(h + 1) * hd].iter().enumerate() {
+                cache.keys[base + d * cache.capacity + slot.position] = k;
+            }
+            let at = base + slot.position * hd;
+            cache.values[at..at + hd].copy_from_slice(&values[h * hd..(h + 1) * hd]);
+        }
+    }
+}
+
+/// Causal attention of each token's (pre-scaled) query heads over its row's cached slots
+/// `0..=position`; query head `h` reads key/value head `h / (heads / kv_heads)`. The query heads
+/// sharing a key/value head are scored together, each key row read once for the group.
+#[inline(always)]
+pub(crate) fn attention(model: &Model, layer: usize, block: &[TokenSlot], fused: &[f32], caches: &[RowCache], out: &mut [f32], scores: &mut [f32]) {
+    let (hd, kv) = (model.dims.head_dim, model.dims.kv_heads);
+    let group = model.dims.heads / kv;
+    let width = fused.len() / block.len().max(1);
+    for ((row, slot), out) in fused.chunks_exact(width).zip(block).zip(out.chunks_exact_mut(model.dims.heads * hd)) {
+        let cache = &caches[slot.row];
+        let len = slot.position + 1;
+        for kv_head in 0..kv {
+            let base = cache.head_base(layer, kv, kv_head, hd);
+            let heads = kv_head * group * hd..(kv_head + 1) * group * hd;
+            let scores = &mut scores[..group * len];
+            group_scores(&row[heads.clone()], hd, &cache.keys[base..base + hd * cache.capacity], cache.capacity, scores);
+            let values = &cache.values[base..base + len * hd];
+            for (head_scores, head_out) in scores.chunks_exact_mut(len).zip(out[heads].chunks_exact_mut(hd)) {
+                let inv_total = 1.0 / softmax_in_place(head_scores);
+                weighted_sum(head_scores, inv_total, values, head_out);
+            }
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! Log-probabilities of completions under the model: one forward pass over
+//! `[prompt | completion]`, only the positions that predict real completion tokens through the
+//! output head, which runs in cached row chunks with an analytic gradient (no `[tokens, vocab]`
+//! tensor in the autograd graph).
+
+use tch::{Kind, Tensor};
+
+use crate::model::Llama;
+use crate::model::batch::Generation;
+use crate::model::linear::{AdapterCtl, gradient_only};
+
+
+/// Log-probabilities of the completion tokens and the logits they came from.
+pub struct TokenLogprobs {
+    /// `[batch, completion_len]`, differentiable.
+    pub logprobs: Tensor,
+    /// `[batch, completion_len]` entropy of each next-token distribution (no gradient).
+    pub entropy: Tensor,
+}
+
+/// A batch of `[prompt | completion]` sequences: prompts left-padded, completions
+/// right-padded, masks 1 on real tokens (completions up to and including EOS).
+#[derive(Clone, Copy)]
+pub struct Sequences<'a> {
+    pub prompt_ids: &'a Tensor,
+    pub prompt_mask: &'a Tensor,
+    pub completion_ids: &'a Tensor,
+    pub completion_mask: &'a Tensor,
+}
+
+impl<'a> From<&'a Generation> for Sequences<'a> {
+    fn from(g: &'a Generation) -> Self {
+        Self { prompt_ids: &g.prompt_ids, prompt_mask: &g.prompt_mask, completion_ids: &g.completion_ids, completion_mask: &g.completion_mask }
+    }
+}
+
+/// One forward pass over `[prompt | completion]`; logits divided by `temperature`, then
+/// `log_softmax` gathered at the completion tokens (TRL's `selective_log_softmax`), and the
+/// entropy of each next-token distribution (a metric, no gradient). `[batch, completion_len]`,
+/// 0 after each row's first EOS.
+pub fn completion_logprobs(model: &Llama, seqs: Sequences, temperature: f64, ctl: &[AdapterCtl]) -> TokenLogprobs {
+    let real = real_completion_hidden(model, seqs, ctl);
+    let head = head_logprobs(model.head_weight(), &real.hidden, &real.targets, temperature);
+    TokenLogprobs { logprobs: real.scatter(&head.logprobs), entropy: real.scatter(&head.entropy) }
+}
+
+/// The completion log-probabilities only, without gradient: reference and old policies.
+pub fn frozen_logprobs(model: &Llama, seqs: Sequences, temperature: f64, ctl: &[AdapterCtl]) -> Tensor {
+    tch::no_grad(|| {
+        let real = real_completion_hidden(model, seqs, ctl);
+        real.scatter(&head_logprobs(model.head_weight(), &real.hidden, &real.targets, temperature).logprobs)
+    })
+}
+
+/// Final hidden states at the positions that predict real completion tokens (mask 1), one
+/// row per token. Only those positions go through the output head: padding after EOS never
+/// reaches the loss (it is masked), so computing it, as TRL does, only costs time (about half
+/// of the head and log-softmax work when completions average half the longest).
+struct RealCompletionHidden {
+    /// `[n_real, hidden]`.
+    hidden: Tensor,
+    /// `[n_real]` the completion tokens these states predict.
+    targets: Tensor,
+    /// `[n_real]` positions in the flattened `[batch, completion_len]` grid.
+    positions: Tensor,
+    shape: [i64; 2],
+}
+
+impl RealCompletionHidden {
+    /// Per-token values `[n_real]` back on the `[batch, completion_len]` grid, 0 on padding
+    /// (differentiable in `values`).
+    fn scatter(&self, values: &Tensor) -> Tensor {
+        let grid = Tensor::zeros([self.shape[0] * self.shape[1]], (values.kind(), values.device()));
+        grid.index_copy(0, &self.positions, values).view(self.shape)
+    }
+}
+
+fn real_completion_hidden(model: &Llama, seqs: Sequences, ctl: &[AdapterCtl]) -> RealCompletionHidden {
+    let input_ids = Tensor::cat(&[seqs.prompt_ids, seqs.completion_ids], 1);
+    let attention_mask = Tensor::cat(&[seqs.prompt_mask, seqs.completion_mask], 1);
+    let hidden = model.forward(&input_ids, &attention_mask, ctl);
+    RealCompletionHidden::of(&hidden, seqs.prompt_ids.size()[1], seqs)
+}
+
+impl RealCompletionHidden {
+    /// The states of `hidden` (`[batch, seq, hidden]`, the completion starting at column
+    /// `prompt_len`) that predict `seqs`' real completion tokens.
+    fn of(hidden: &Tensor, prompt_len: i64, seqs: Sequences) -> Self {
+        let (batch, completion_len) = seqs.completion_ids.size2().expect("completion ids are [batch, len]");
+        let width = hidden.size()[2];
+        let predicting = hidden.narrow(1, prompt_len - 1, completion_len).reshape([-1, width]);
+        let positions = seqs.completion_mask.reshape([-1]).nonzero().squeeze_dim(1);
+        let targets = seqs.completion_ids.reshape([-1]).index_select(0, &positions);
+        Self { hidden: predicting.index_select(0, &positions), targets, positions, shape: [batch, completion_len] }
+    }
+}
+
+/// [`completion_logprobs`] of several runs' batches in one forward pass of their models stacked
+/// on a leading axis (`stacked`, [`Llama::stacked`]; `ctl` the runs' controls stacked with
+/// [`AdapterCtl::stacked`]). The runs' batches have the same number of rows; prompts are
+/// left-padded and completions right-padded to the longest (padding that no real token attends
+/// to, and positions that only shift, which RoPE does not see), and each run's states go through
+/// its own output head at its own temperature.
+pub(super) fn stacked_completion_logprobs(stacked: &Llama, runs: &[Sequences], temperatures: &[f64], ctl: &[AdapterCtl]) -> Vec<TokenLogprobs> {
+    assert_eq!(stacked.runs(), runs.len() as i64, "one batch per stacked run");
+    let prompt_len = runs.iter().map(|s| s.prompt_ids.size()[1]).max().expect("at least one run");
+    let completion_len = runs.iter().map(|s| s.completion_ids.size()[1]).max().expect("at least one run");
+    let pad = |t: &Tensor, left: i64, right: i64| t.constant_pad_nd([left, right]);
+    let (mut ids, mut masks) = (Vec::new(), Vec::new());
+    for seqs in runs {
+        let (left, right) = (prompt_len - seqs.prompt_ids.size()[1], completion_len - seqs.completion_ids.size()[1]);
+        ids.push(Tensor::cat(&[pad(seqs.prompt_ids, left, 0), pad(seqs.completion_ids, 0, right)], 1));
+        masks.push(Tensor::cat(&[pad(seqs.prompt_mask, left, 0), pad(seqs.completion_mask, 0, right)], 1));
+    }
+    let hidden = stacked.forward(&Tensor::cat(&ids, 0), &Tensor::cat(&masks, 0), ctl);
+    let rows = runs[0].prompt_ids.size()[0];
+    runs.iter()
+        .zip(temperatures)
+        .enumerate()
+        .map(|(r, (seqs, &temperature))| {
+            let real = RealCompletionHidden::of(&hidden.narrow(0, r as i64 * rows, rows), prompt_len, *seqs);
+            let head = head_logprobs(&stacked.head_weight().get(r as i64), &real.hidden, &real.targets, temperature);
+            TokenLogprobs { logprobs: real.scatter(&head.logprobs), entropy: real.scatter(&head.entropy) }
+        })
+        .collect()
+}
+
+/// Rows of the output head done together: a `[rows, vocab]` block of logits (4 MB for
+/// 256 × 4096) stays in cache through log-softmax, entropy and the residual product `r W`.
+const HEAD_CHUNK_ROWS: i64 = 256;
+
+struct HeadOutputs {
+    /// `[n]` log p(target), differentiable in the hidden states and the head weight.
+    logprobs: Tensor,
+    /// `[n]` entropy of each next-token distribution (no gradient).
+    entropy: Tensor,
+}
+
+/// `log_softmax(hidden W^T / T)` at `targets`, and the entropies, without `[tokens, vocab]`
+/// tensors in the autograd graph. The values are computed in cached chunks of rows outside
+/// autograd; the gradient comes from zero-valued terms built on the analytic derivatives
+/// (p = softmax, w_v = row v of W, r_v = 1[v = target] - p_v):
+///
+///   d logp / d h   = Σ_v r_v w_v / T    (a `[n, hidden]` product `r W`, made in the forward
+///                                        pass in place of the backward's `dlogits W`)
+///   d logp / d w_v = r_v h / T          (the backward of that same product `r W`)
+///
+/// So the log-softmax and gather backward passes and their `[tokens, vocab]` gradients are
+/// gone and the matrix products stay the same in number. `r` keeps the one-hot and the
+/// probabilities together: `w_target - p W` would cancel when the model is confident and
+/// lose digits. Tested against TRL's gradients and float64 ones (`tests/grpo_trl.rs`).
+fn head_logprobs(weight: &Tensor, hidden: &Tensor, targets: &Tensor, temperature: f64) -> HeadOutputs {
+    // Under `no_grad` nothing requires grad; a head weight learns only with full fine-tuning,
+    // where the hidden states learn too.
+    let learns_hidden = hidden.requires_grad();
+    let learns_weight = learns_hidden && weight.requires_grad();
+    let (frozen_hidden, frozen_weight) = (hidden.detach(), weight.detach());
+    // The weight of the residual product, made only when a gradient is wanted.
+    let product_weight = learns_hidden.then(|| (if learns_weight { weight } else { &frozen_weight }).to_kind(Kind::Float));
+    let (mut logprobs, mut entropy, mut jacobian) = (Vec::new(), Vec::new(), Vec::new());
+    for (rows, row_targets) in frozen_hidden.split(HEAD_CHUNK_ROWS, 0).iter().zip(targets.split(HEAD_CHUNK_ROWS, 0)) {
+        let logits = rows.matmul(&frozen_weight.tr()).to_kind(Kind::Float);
+        let logits = if temperature != 1.0 { logits / temperature } else { logits };
+        let normaliser = logits.logsumexp([-1], false);
+        let row_targets = row_targets.unsqueeze(-1);
+        let picked = logits.gather(-1, &row_targets, false).squeeze_dim(-1);
+        logprobs.push(picked - &normaliser);
+        let mut probs = logits.softmax(-1, Kind::Float);
+        entropy.push(&normaliser - (&probs * &logits).sum_dim_intlist(-1, false, Kind::Float));
+        if let Some(product_weight) = &product_weight {
+            // r_target = Σ_{v ≠ target} p_v, not 1 - p_target: a confident model (p_target
+            // ≈ 1) would lose digits in the subtraction.
+            let zeros = Tensor::zeros(row_targets.size(), (Kind::Float, probs.device()));
+            let _ = probs.scatter_(-1, &row_targets, &zeros);
+            let others = probs.sum_dim_intlist(-1, true, Kind::Float);
+            let residual = probs.neg_().scatter_(-1, &row_targets, &others);
+            // With a learning head weight this product keeps `residual` for its backward.
+            jacobian.push(residual.matmul(product_weight) / temperature);
+        }
+    }
+    let mut logprobs = Tensor::cat(&logprobs, 0);
+    if learns_hidden {
+        let jacobian = Tensor::cat(&jacobian, 0);
+        let hidden_f = hidden.to_kind(Kind::Float);
+        logprobs = logprobs + (gradient_only(&hidden_f) * jacobian.detach()).sum_dim_intlist(-1, false, Kind::Float);
+        if learns_weight {
+            logprobs = logprobs + gradient_only(&(jacobian * hidden_f.detach()).sum_dim_intlist(-1, false, Kind::Float));
+        }
+    }
+    HeadOutputs { logprobs, entropy: Tensor::cat(&entropy, 0) }
+}

@@ -1,0 +1,182 @@
+//! The step's training passes: forward and backward over micro-batches of a run's batch
+//! (TRL's gradient accumulation), split for probes that compare the gradients of parts of a
+//! batch, and several runs' passes stacked on a leading run axis. The loss of each pass is
+//! [`crate::grpo`]'s; this module only decides which rows go through the model together.
+
+use tch::{Kind, Tensor};
+
+use super::logprobs::{Sequences, TokenLogprobs, completion_logprobs, stacked_completion_logprobs};
+use crate::grpo::{LossTerms, Objective, TokenMasks, high_entropy_mask, token_weights, weighted_loss};
+use crate::model::Llama;
+use crate::model::linear::AdapterCtl;
+
+
+/// One step's batch as the loss sees it (all `[batch, ...]`).
+pub struct LossBatch<'a> {
+    pub seqs: Sequences<'a>,
+    /// The routing plan's per-row adapter controls.
+    pub ctl: &'a [AdapterCtl],
+    pub old_logprobs: Option<&'a Tensor>,
+    pub ref_logprobs: Option<&'a Tensor>,
+    pub advantages: &'a Tensor,
+    pub loss_mask: &'a Tensor,
+    pub classes: &'a [Tensor],
+}
+
+/// What [`backward_micro_batches`] computed, over the whole batch.
+pub struct BackwardPass {
+    /// Log-probabilities and entropies of every row (no gradient).
+    pub logprobs: TokenLogprobs,
+    /// The loss (the sum of the micro-batches'), no gradient, and the step's statistics.
+    pub terms: LossTerms,
+}
+
+/// Forward and backward over `micro_batches` consecutive row chunks of `batch`, the gradients
+/// accumulating into the parameters: TRL's gradient accumulation with `steps_per_generation`
+/// equal to it (the whole batch generated and scored at once, then trained in chunks). Each
+/// chunk's loss is its share of the whole batch's ([`token_weights`]); the high-entropy mask's
+/// threshold is each chunk's own, as TRL computes it inside `_compute_loss`. With one chunk this
+/// is one forward and one backward pass over the batch. `before_backward` sees each chunk's
+/// differentiable log-probabilities and masks before its backward pass (for probes that need
+/// the graph).
+pub fn backward_micro_batches(model: &Llama, batch: &LossBatch, temperature: f64, objective: &Objective, micro_batches: usize, before_backward: &mut dyn FnMut(&Tensor, TokenMasks)) -> BackwardPass {
+    let passes = Passes { micro_batches, splits: 1 };
+    backward_passes(model, batch, temperature, objective, passes, before_backward, &mut || {})
+}
+
+/// How a step's batch goes through backward passes: `micro_batches` chunks of consecutive rows
+/// (the objective's `gradient_accumulation_steps`), each run as `splits` passes of consecutive
+/// rows. Splitting changes nothing in the objective (weights and high-entropy thresholds stay
+/// the micro-batch's); it exists so that probes can see the gradient of each part of the batch
+/// (the gradient noise scale, `crate::probes`).
+#[derive(Clone, Copy, Debug)]
+pub struct Passes {
+    pub micro_batches: usize,
+    pub splits: usize,
+}
+
+impl Passes {
+    /// Backward passes in all.
+    pub fn count(&self) -> usize {
+        self.micro_batches * self.splits
+    }
+}
+
+/// [`backward_micro_batches`] with each micro-batch run as `passes.splits` backward passes: the
+/// micro-batch's parts are all forwarded first (their graphs kept, together as large as the
+/// micro-batch's one), so its high-entropy threshold is computed over all its rows, then each
+/// part's loss goes backward on its own. `after_backward` runs after every backward pass (the
+/// parameters' gradients then hold the sum of the passes so far).
+pub fn backward_passes(
+    model: &Llama,
+    batch: &LossBatch,
+    temperature: f64,
+    objective: &Objective,
+    passes: Passes,
+    before_backward: &mut dyn FnMut(&Tensor, TokenMasks),
+    after_backward: &mut dyn FnMut(),
+) -> BackwardPass {
+    let loss_mask = batch.loss_mask.to_kind(Kind::Float);
+    let weights = token_weights(&loss_mask, batch.classes, objective.aggregation, passes.micro_batches);
+    let total_rows = loss_mask.size()[0];
+    let rows = total_rows / passes.micro_batches as i64;
+    let part_rows = rows / passes.splits as i64;
+    assert_eq!(part_rows * passes.count() as i64, total_rows, "micro-batches and their splits must divide the batch");
+    let mut chunks = Vec::with_capacity(passes.count());
+    for start in (0..passes.micro_batches as i64).map(|k| k * rows) {
+        let parts: Vec<(i64, TokenLogprobs)> = (0..passes.splits as i64)
+            .map(|p| start + p * part_rows)
+            .map(|part_start| (part_start, rows_logprobs(model, batch, temperature, part_start, part_rows)))
+            .collect();
+        let high_entropy = (objective.top_entropy_quantile < 1.0).then(|| {
+            let entropy = match &parts[..] {
+                [(_, only)] => only.entropy.shallow_clone(),
+                _ => Tensor::cat(&parts.iter().map(|(_, part)| part.entropy.shallow_clone()).collect::<Vec<_>>(), 0),
+            };
+            high_entropy_mask(&entropy, &batch.loss_mask.narrow(0, start, rows), objective.top_entropy_quantile)
+        });
+        for (part_start, logprobs) in parts {
+            let pick = |t: &Tensor| t.narrow(0, part_start, part_rows);
+            let part_mask = pick(batch.loss_mask);
+            let part_high_entropy = high_entropy.as_ref().map(|mask| mask.narrow(0, part_start - start, part_rows));
+            let masks = TokenMasks { loss: &part_mask, policy: part_high_entropy.as_ref() };
+            let (old, reference) = (batch.old_logprobs.map(pick), batch.ref_logprobs.map(pick));
+            let terms = weighted_loss(&logprobs.logprobs, old.as_ref(), reference.as_ref(), &pick(batch.advantages), masks, &pick(&weights), objective);
+            before_backward(&logprobs.logprobs, masks);
+            terms.loss.backward();
+            after_backward();
+            chunks.push((TokenLogprobs { logprobs: logprobs.logprobs.detach(), entropy: logprobs.entropy }, part_high_entropy, terms));
+        }
+    }
+    if chunks.len() == 1 {
+        let (logprobs, _, mut terms) = chunks.pop().expect("one chunk");
+        terms.loss = terms.loss.detach();
+        return BackwardPass { logprobs, terms };
+    }
+    // The statistics of the whole batch from the chunks' detached values (element-wise only).
+    let cat = |part: &dyn Fn(&(TokenLogprobs, Option<Tensor>, LossTerms)) -> Tensor| Tensor::cat(&chunks.iter().map(part).collect::<Vec<_>>(), 0);
+    let logprobs = TokenLogprobs { logprobs: cat(&|c| c.0.logprobs.shallow_clone()), entropy: cat(&|c| c.0.entropy.shallow_clone()) };
+    let high_entropy = (objective.top_entropy_quantile < 1.0).then(|| cat(&|c| c.1.as_ref().expect("a mask per chunk").shallow_clone()));
+    let masks = TokenMasks { loss: batch.loss_mask, policy: high_entropy.as_ref() };
+    let mut terms = weighted_loss(&logprobs.logprobs, batch.old_logprobs, batch.ref_logprobs, batch.advantages, masks, &weights, objective);
+    terms.loss = Tensor::stack(&chunks.iter().map(|c| c.2.loss.detach()).collect::<Vec<_>>(), 0).sum(Kind::Float);
+    BackwardPass { logprobs, terms }
+}
+
+/// [`backward_micro_batches`] with one micro-batch for several runs at once: one forward pass of
+/// their `models` stacked on a leading axis ([`Llama::stacked`]; in the order of `batches`),
+/// each run's loss with its own settings and temperature, and one backward pass of their sum,
+/// which leaves in each run's parameters the gradient of its own loss (the runs share no
+/// parameter). The batches have the same number of rows.
+pub fn backward_stacked(models: &[&Llama], batches: &[LossBatch], temperatures: &[f64], objectives: &[&Objective]) -> Vec<BackwardPass> {
+    let ctl: Vec<&[AdapterCtl]> = batches.iter().map(|b| b.ctl).collect();
+    let seqs: Vec<Sequences> = batches.iter().map(|b| b.seqs).collect();
+    let logprobs = stacked_completion_logprobs(&Llama::stacked(models), &seqs, temperatures, &stacked_controls(&ctl, &seqs));
+    let terms: Vec<LossTerms> = batches.iter().zip(objectives).zip(&logprobs).map(|((batch, objective), logprobs)| whole_batch_terms(batch, objective, logprobs)).collect();
+    let total = terms.iter().map(|t| t.loss.shallow_clone()).reduce(|a, b| a + b).expect("at least one run");
+    total.backward();
+    logprobs
+        .into_iter()
+        .zip(terms)
+        .map(|(logprobs, mut terms)| {
+            terms.loss = terms.loss.detach();
+            BackwardPass { logprobs: TokenLogprobs { logprobs: logprobs.logprobs.detach(), entropy: logprobs.entropy }, terms }
+        })
+        .collect()
+}
+
+/// [`frozen_logprobs`] of several runs' batches in one forward pass of their `models` stacked
+/// (no gradient; each run with its own adapter controls `ctl` and temperature).
+pub fn stacked_frozen_logprobs(models: &[&Llama], ctl: &[&[AdapterCtl]], runs: &[Sequences], temperatures: &[f64]) -> Vec<Tensor> {
+    tch::no_grad(|| {
+        let stacked = Llama::stacked(models);
+        stacked_completion_logprobs(&stacked, runs, temperatures, &stacked_controls(ctl, runs)).into_iter().map(|t| t.logprobs).collect()
+    })
+}
+
+/// Each run's adapter controls (one per slot, over its batch's rows) as the stacked batch's
+/// ([`AdapterCtl::stacked`]); the runs' batches have the same number of rows.
+fn stacked_controls(ctl: &[&[AdapterCtl]], runs: &[Sequences]) -> Vec<AdapterCtl> {
+    let rows = runs[0].completion_ids.size()[0];
+    assert!(runs.iter().all(|s| s.completion_ids.size()[0] == rows), "stacked runs have the same number of rows");
+    let device = runs[0].completion_ids.device();
+    (0..ctl[0].len()).map(|slot| AdapterCtl::stacked(&ctl.iter().map(|c| &c[slot]).collect::<Vec<_>>(), rows, device)).collect()
+}
+
+/// The loss terms of a whole batch trained in one pass, from its differentiable log-probabilities
+/// (what [`backward_passes`] computes with one micro-batch and one split).
+fn whole_batch_terms(batch: &LossBatch, objective: &Objective, logprobs: &TokenLogprobs) -> LossTerms {
+    let weights = token_weights(&batch.loss_mask.to_kind(Kind::Float), batch.classes, objective.aggregation, 1);
+    let high_entropy = (objective.top_entropy_quantile < 1.0).then(|| high_entropy_mask(&logprobs.entropy, batch.loss_mask, objective.top_entropy_quantile));
+    let masks = TokenMasks { loss: batch.loss_mask, policy: high_entropy.as_ref() };
+    weighted_loss(&logprobs.logprobs, batch.old_logprobs, batch.ref_logprobs, batch.advantages, masks, &weights, objective)
+}
+
+/// The differentiable log-probabilities of rows `start..start + rows` of `batch`.
+fn rows_logprobs(model: &Llama, batch: &LossBatch, temperature: f64, start: i64, rows: i64) -> TokenLogprobs {
+    let pick = |t: &Tensor| t.narrow(0, start, rows);
+    let (prompt_ids, prompt_mask, completion_ids, completion_mask) = (pick(batch.seqs.prompt_ids), pick(batch.seqs.prompt_mask), pick(batch.seqs.completion_ids), pick(batch.seqs.completion_mask));
+    let seqs = Sequences { prompt_ids: &prompt_ids, prompt_mask: &prompt_mask, completion_ids: &completion_ids, completion_mask: &completion_mask };
+    let ctl: Vec<AdapterCtl> = batch.ctl.iter().map(|c| c.rows(start, rows)).collect();
+    completion_logprobs(model, seqs, temperature, &ctl)
+}

@@ -1,0 +1,175 @@
+//! The per-token loss of an [`Objective`]: the importance ratio, the surrogate, the KL penalty,
+//! and what a step logs about them (clip fractions, Kish's effective sample size).
+
+use tch::{Kind, Tensor};
+
+use super::aggregation::token_weights;
+use super::kl::per_token_kl;
+use super::masks::TokenMasks;
+use super::objective::{ImportanceSamplingLevel, Objective, RatioTo, Surrogate};
+use crate::stats::effective_sample_size;
+
+pub struct LossTerms {
+    pub loss: Tensor,
+    /// Per-token KL (`None` without a KL penalty, as TRL skips the reference model then).
+    pub per_token_kl: Option<Tensor>,
+    /// Fraction of loss tokens whose ratio was clipped (low or high side, whatever the sign of
+    /// the advantage; per token also with sequence ratios).
+    pub clip_ratio: Tensor,
+    /// TRL's clip fractions of the clipped surrogate (also tinker's `ppo`; `None` with cispo,
+    /// which TRL does not log them for, and with tinker's unclipped losses).
+    pub clip_fractions: Option<ClipFractions>,
+    /// TRL's `cispo_clip_ratio` (with cispo only): the fraction of loss tokens (completions with
+    /// sequence ratios) whose weight the cap caps, with a positive advantage.
+    pub cispo_clip_ratio: Option<Tensor>,
+    /// `(Σw)² / Σw²` of the loss weights `w` = each token's weight in the aggregation times its
+    /// importance ratio (0 for tokens the policy mask drops): the number of equally weighted
+    /// tokens that would carry as much information ([`effective_sample_size`]).
+    pub effective_sample_size: f64,
+}
+
+/// TRL's `clip_ratio/low_mean`, `high_mean` and `region_mean`: the fraction of ratios at which
+/// the clip stops the gradient, below `1 - epsilon` with a negative advantage, above
+/// `1 + epsilon_high` with a positive one (the ratio after `delta`'s clamp, as TRL tests it).
+/// Over loss tokens with token ratios, over completions with sequence ratios.
+pub struct ClipFractions {
+    pub low: Tensor,
+    pub high: Tensor,
+    pub region: Tensor,
+}
+
+/// The GRPO loss of a whole batch in one pass. `classes` are `[batch]` 0/1 row masks that
+/// partition the batch (one mask of ones when nothing is routed); the loss is
+/// `sum_c (n_c / n) * aggregate(rows of c)` with `n` the batch's rows, which is exactly what
+/// separate backward passes per class with loss scaled by `n_c / n` produce. For `grpo` this
+/// equals the plain aggregate over the whole batch. Rows in no class (dropped coherence rows)
+/// add nothing but still count in `n`.
+pub fn grpo_loss(
+    logprobs: &Tensor,
+    old_logprobs: Option<&Tensor>,
+    ref_logprobs: Option<&Tensor>,
+    advantages: &Tensor,
+    masks: TokenMasks,
+    classes: &[Tensor],
+    objective: &Objective,
+) -> LossTerms {
+    let weights = token_weights(&masks.loss.to_kind(Kind::Float), classes, objective.aggregation, 1);
+    weighted_loss(logprobs, old_logprobs, ref_logprobs, advantages, masks, &weights, objective)
+}
+
+/// The loss `Σ per_token_loss * weights` of some rows, with the rows' token weights.
+/// `old_logprobs` are what the ratio divides by ([`RatioTo`]); without them the ratio is to the
+/// current log-probabilities detached (1, with the gradient of `logp`).
+pub fn weighted_loss(
+    logprobs: &Tensor,
+    old_logprobs: Option<&Tensor>,
+    ref_logprobs: Option<&Tensor>,
+    advantages: &Tensor,
+    masks: TokenMasks,
+    weights: &Tensor,
+    objective: &Objective,
+) -> LossTerms {
+    let mask = masks.loss.to_kind(Kind::Float);
+    assert!(objective.ratio_to == RatioTo::OldPolicy || old_logprobs.is_some(), "tinker's losses take their ratio to the sampler's log-probabilities: pass them as old_logprobs");
+    let old = old_logprobs.map_or_else(|| logprobs.detach(), Tensor::shallow_clone);
+    // `[batch, len]` per token, `[batch, 1]` per sequence; everything below broadcasts.
+    let ratio = importance_ratio(&(logprobs - &old), &mask, objective.ratio_level);
+    let advantages = advantages.unsqueeze(1);
+    let surrogate = match objective.surrogate {
+        Surrogate::Clip { low, high, delta } => clipped(&ratio, &advantages, &mask, (low, high, delta), objective.ratio_level),
+        Surrogate::Cispo { cap } => cispo(logprobs, &ratio, &advantages, &mask, cap, objective.ratio_level),
+        Surrogate::ImportanceSampling => unclipped(&ratio * &advantages, &ratio),
+        Surrogate::Dro { beta } => unclipped(logprobs * &advantages - (logprobs - &old).square() * (0.5 * beta), &ratio),
+    };
+    let mut per_token_loss = match masks.policy {
+        Some(policy) => -surrogate.objective * policy,
+        None => -surrogate.objective,
+    };
+    let per_token_kl = objective.kl.zip(ref_logprobs).map(|(kl, reference)| (per_token_kl(logprobs, reference, kl.estimator), kl.beta));
+    if let Some((kl, beta)) = &per_token_kl {
+        per_token_loss = per_token_loss + kl * *beta;
+    }
+    let loss = (&per_token_loss * weights).sum(Kind::Float);
+    let policy_weights = match masks.policy {
+        Some(policy) => weights * policy,
+        None => weights.shallow_clone(),
+    };
+    let effective_sample_size = effective_sample_size(&(policy_weights * ratio.detach()));
+    let is_clipped = ratio.ne_tensor(&surrogate.clipped_ratio).to_kind(Kind::Float);
+    let clip_ratio = (is_clipped * &mask).sum(Kind::Float) / mask.sum(Kind::Float).clamp_min(1.0);
+    LossTerms {
+        loss,
+        per_token_kl: per_token_kl.map(|(kl, _)| kl),
+        clip_ratio,
+        clip_fractions: surrogate.clip_fractions,
+        cispo_clip_ratio: surrogate.cispo_clip_ratio,
+        effective_sample_size,
+    }
+}
+
+/// A surrogate's per-token objective (maximised) and what the step logs about its clip.
+struct SurrogateTerms {
+    objective: Tensor,
+    /// The ratio after the surrogate's clip (`ratio` where nothing clips).
+    clipped_ratio: Tensor,
+    clip_fractions: Option<ClipFractions>,
+    cispo_clip_ratio: Option<Tensor>,
+}
+
+/// A surrogate without a clip (tinker's `importance_sampling` and `dro`): nothing to log about it.
+fn unclipped(objective: Tensor, ratio: &Tensor) -> SurrogateTerms {
+    SurrogateTerms { objective, clipped_ratio: ratio.shallow_clone(), clip_fractions: None, cispo_clip_ratio: None }
+}
+
+/// PPO's `min(min(r, delta) A, clip(r, 1 - low, 1 + high) A)`, as TRL.
+fn clipped(ratio: &Tensor, advantages: &Tensor, mask: &Tensor, (low, high, delta): (f64, f64, Option<f64>), level: ImportanceSamplingLevel) -> SurrogateTerms {
+    let clipped = ratio.clamp(1.0 - low, 1.0 + high);
+    let unclipped = match delta {
+        Some(delta) => ratio.clamp_max(delta),
+        None => ratio.shallow_clone(),
+    };
+    let objective = (&unclipped * advantages).min_other(&(&clipped * advantages));
+    let clip_fractions = clip_fractions(&unclipped.detach(), advantages, mask, (low, high), level);
+    SurrogateTerms { objective, clipped_ratio: clipped, clip_fractions: Some(clip_fractions), cispo_clip_ratio: None }
+}
+
+/// CISPO's `min(r, cap).detach() A logp` (TRL's `loss_type="cispo"`, `cap` its `epsilon_high`):
+/// the weight caps (an absolute bound, TRL's recommended 5.0), no token stops learning.
+fn cispo(logprobs: &Tensor, ratio: &Tensor, advantages: &Tensor, mask: &Tensor, cap: f64, level: ImportanceSamplingLevel) -> SurrogateTerms {
+    let weight = ratio.clamp_max(cap).detach();
+    let objective = &weight * advantages * logprobs;
+    let capped = ratio.detach().gt(cap).logical_and(&advantages.gt(0.0));
+    let cispo_clip_ratio = flag_fraction(&capped, mask, level);
+    SurrogateTerms { objective, clipped_ratio: weight, clip_fractions: None, cispo_clip_ratio: Some(cispo_clip_ratio) }
+}
+
+/// `exp(log_ratio)` per token, or `exp(mean_t log_ratio)` per sequence over its loss tokens
+/// (`[batch, 1]`; a row without loss tokens gets ratio 1), as TRL's `_compute_loss`.
+fn importance_ratio(log_ratio: &Tensor, mask: &Tensor, level: ImportanceSamplingLevel) -> Tensor {
+    match level {
+        ImportanceSamplingLevel::Token => log_ratio.exp(),
+        ImportanceSamplingLevel::Sequence => {
+            let tokens = mask.sum_dim_intlist(-1, true, Kind::Float).clamp_min(1.0);
+            ((log_ratio * mask).sum_dim_intlist(-1, true, Kind::Float) / tokens).exp()
+        }
+    }
+}
+
+/// TRL's clip fractions (see [`ClipFractions`]) of `ratio` (after `delta`'s clamp).
+fn clip_fractions(ratio: &Tensor, advantages: &Tensor, mask: &Tensor, (low, high): (f64, f64), level: ImportanceSamplingLevel) -> ClipFractions {
+    let below = ratio.lt(1.0 - low).logical_and(&advantages.lt(0.0));
+    let above = ratio.gt(1.0 + high).logical_and(&advantages.gt(0.0));
+    let region = below.logical_or(&above);
+    let fraction = |flags: &Tensor| flag_fraction(flags, mask, level);
+    ClipFractions { low: fraction(&below), high: fraction(&above), region: fraction(&region) }
+}
+
+/// The fraction of boolean `flags` set, over the loss tokens in `mask` (`[batch, len]` flags,
+/// token ratios) or over completions (`[batch, 1]`, sequence ratios): TRL's `global_masked_mean`.
+fn flag_fraction(flags: &Tensor, mask: &Tensor, level: ImportanceSamplingLevel) -> Tensor {
+    let flags = flags.to_kind(Kind::Float);
+    match level {
+        ImportanceSamplingLevel::Token => (flags * mask).sum(Kind::Float) / mask.sum(Kind::Float).clamp_min(1.0),
+        ImportanceSamplingLevel::Sequence => flags.mean(Kind::Float),
+    }
+}

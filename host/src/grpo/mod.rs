@@ -1,0 +1,25 @@
+//! The GRPO objective as pure maths on tensors, no model: group-normalised advantages
+//! (`scale_rewards`), the token masks, the objective as a typed value built once from the flat
+//! keys (TRL 1.16's clipped surrogate with token or sequence ratios, `epsilon` /
+//! `epsilon_high`, `delta`, or CISPO's, or tinker's `importance_sampling` / `ppo` / `dro`), the
+//! aggregation (`loss_type`) and the KL estimator, chosen separately as TRL does.
+//!
+//! Architecture invariant: nothing here runs the model. The log-probabilities come in as
+//! tensors from [`crate::engine`], which owns forward and backward passes; the trainer decides
+//! what goes in.
+
+mod advantages;
+mod aggregation;
+mod kl;
+mod loss;
+mod masks;
+mod objective;
+#[cfg(test)]
+mod tests;
+
+pub use advantages::{ScaleRewards, group_advantages, informative_groups};
+pub use aggregation::{Aggregation, row_token_weights, token_weights};
+pub use kl::{KlEstimator, KlPenalty, per_token_kl};
+pub use loss::{ClipFractions, LossTerms, grpo_loss, weighted_loss};
+pub use masks::{TokenMasks, high_entropy_mask, loss_mask};
+pub use objective::{ImportanceSamplingLevel, LossFn, LossType, Objective, ObjectiveKeys, RatioTo, Surrogate};

@@ -1,0 +1,203 @@
+//! The objective as a typed value, built once from the configuration's flat keys
+//! ([`ObjectiveKeys`] -> [`Objective`]): the surrogate (TRL's clip, CISPO, or one of tinker's
+//! `loss_fn`s), where the importance ratio is taken, the aggregation and the KL penalty, each
+//! chosen separately as TRL does. Every cross-key rule lives in [`Objective::new`], so a value of
+//! [`Objective`] is valid by construction and the loss never reads a key that does not apply.
+
+use anyhow::{Context, Result, ensure};
+
+use super::aggregation::Aggregation;
+use super::kl::{KlEstimator, KlPenalty};
+
+crate::choice::choice! {
+    /// How the per-token loss is aggregated (TRL's `loss_type`; the flat key).
+    pub enum LossType ("loss_type") {
+        /// Mean over each sequence's tokens, then mean over sequences.
+        Grpo = "grpo",
+        /// Sum over tokens / (sequences * max_completion_length).
+        DrGrpo = "dr_grpo",
+        /// Sum over tokens / active tokens of the (global) batch.
+        Dapo = "dapo",
+        /// Sum over tokens / active tokens of the local batch (the same as dapo on one process).
+        Bnpo = "bnpo",
+        /// TRL's CISPO (MiniMax-M1): the surrogate `-min(r, epsilon_high).detach() A logp` in
+        /// place of the clipped ratio, aggregated as dapo.
+        Cispo = "cispo",
+    }
+}
+
+crate::choice::choice! {
+    /// The per-token surrogate (the flat key): TRL's (as [`LossType`] names it) or one of
+    /// tinker's built-in RL losses (`forward_backward(loss_fn=...)`, as tinker's documentation
+    /// `losses.mdx` writes them), whose ratio `r = exp(logp - logq)` is to the sampler's
+    /// log-probability `logq`.
+    pub enum LossFn ("loss_fn") {
+        /// TRL's: PPO's clip, or CISPO's with `loss_type: cispo`.
+        Trl = "trl",
+        /// tinker's `importance_sampling`: `r A`, no clip.
+        ImportanceSampling = "importance_sampling",
+        /// tinker's `ppo`: `min(r A, clip(r, 1 - epsilon, 1 + epsilon_high) A)`.
+        Ppo = "ppo",
+        /// tinker's `dro`: `logp A - dro_beta / 2 (logp - logq)^2`.
+        Dro = "dro",
+    }
+}
+
+crate::choice::choice! {
+    /// Where the importance ratio is taken (TRL's `importance_sampling_level`).
+    pub enum ImportanceSamplingLevel ("importance_sampling_level") {
+        /// One ratio per token, `exp(logp - old_logp)`.
+        Token = "token",
+        /// One ratio per completion, `exp(mean_t(logp - old_logp))` over its loss tokens (GSPO).
+        Sequence = "sequence",
+    }
+}
+
+/// The per-token surrogate that the loss maximises, with exactly the settings it reads.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Surrogate {
+    /// PPO's `min(min(r, delta) A, clip(r, 1 - low, 1 + high) A)` (TRL's; tinker's `ppo`
+    /// without `delta`).
+    Clip { low: f64, high: f64, delta: Option<f64> },
+    /// CISPO's `min(r, cap).detach() A logp` (TRL's `loss_type: cispo`, `cap` = `epsilon_high`).
+    Cispo { cap: f64 },
+    /// tinker's `importance_sampling`: `r A`.
+    ImportanceSampling,
+    /// tinker's `dro`: `logp A - beta / 2 (logp - logq)^2`.
+    Dro { beta: f64 },
+}
+
+/// Which log-probabilities the importance ratio divides by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RatioTo {
+    /// TRL's: the old policy's (the rollout's, or the current ones detached when each rollout
+    /// trains once).
+    OldPolicy,
+    /// tinker's: the sampler's own log-probabilities.
+    Sampler,
+}
+
+/// The GRPO objective: what [`super::weighted_loss`] computes per token and how it weighs tokens.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Objective {
+    pub surrogate: Surrogate,
+    pub ratio_to: RatioTo,
+    pub ratio_level: ImportanceSamplingLevel,
+    pub aggregation: Aggregation,
+    /// `None` when `beta` is 0 (TRL then skips the reference model).
+    pub kl: Option<KlPenalty>,
+    /// The top fraction of loss tokens by entropy whose policy term trains (1: all; see
+    /// [`super::high_entropy_mask`]).
+    pub top_entropy_quantile: f64,
+}
+
+/// The configuration's flat keys that the objective is built from (TRL's and tinker's names).
+pub struct ObjectiveKeys {
+    pub loss_type: LossType,
+    pub loss_fn: LossFn,
+    pub epsilon: f64,
+    /// Whether `epsilon` was set away from its default (tinker's unclipped losses refuse it).
+    pub epsilon_is_set: bool,
+    pub epsilon_high: Option<f64>,
+    pub delta: Option<f64>,
+    pub dro_beta: Option<f64>,
+    pub importance_sampling_level: ImportanceSamplingLevel,
+    pub beta: f64,
+    pub kl_estimator: KlEstimator,
+    pub max_completion_length: usize,
+    pub top_entropy_quantile: f64,
+}
+
+impl Objective {
+    /// The objective the keys describe, or the first rule they break, named with its keys. TRL
+    /// accepts any values; these rules refuse the ones whose objective is not the one named.
+    pub fn new(keys: &ObjectiveKeys) -> Result<Self> {
+        ensure!(
+            keys.top_entropy_quantile > 0.0 && keys.top_entropy_quantile <= 1.0,
+            "top_entropy_quantile ({}) must be in (0, 1]: the fraction of loss tokens (by entropy) that train",
+            keys.top_entropy_quantile
+        );
+        ensure!(
+            (keys.loss_fn == LossFn::Dro) == keys.dro_beta.is_some(),
+            "dro_beta is DRO's penalty coefficient: set it with loss_fn dro (tinker's documentation uses 0.05) and only then (loss_fn {}, dro_beta {:?})",
+            keys.loss_fn,
+            keys.dro_beta
+        );
+        let surrogate = match keys.loss_fn {
+            LossFn::Trl => trl_surrogate(keys)?,
+            tinker => tinker_surrogate(tinker, keys)?,
+        };
+        let ratio_to = if keys.loss_fn == LossFn::Trl { RatioTo::OldPolicy } else { RatioTo::Sampler };
+        Ok(Self {
+            surrogate,
+            ratio_to,
+            ratio_level: keys.importance_sampling_level,
+            aggregation: Aggregation::of(keys.loss_type, keys.max_completion_length),
+            kl: (keys.beta != 0.0).then_some(KlPenalty { beta: keys.beta, estimator: keys.kl_estimator }),
+            top_entropy_quantile: keys.top_entropy_quantile,
+        })
+    }
+}
+
+/// TRL's surrogates: CISPO with `loss_type: cispo`, PPO's clip otherwise.
+fn trl_surrogate(keys: &ObjectiveKeys) -> Result<Surrogate> {
+    if keys.loss_type != LossType::Cispo {
+        return clip(keys);
+    }
+    // TRL would cap CISPO's weight at epsilon (0.2): weights of at most 0.2, not a CISPO.
+    let cap = keys.epsilon_high.context("loss_type cispo caps the importance weight at epsilon_high: set it (TRL and ScaleRL recommend 5.0)")?;
+    ensure!(cap > 1.0, "epsilon_high ({cap}) is CISPO's cap on the importance weight and must exceed 1 (TRL and ScaleRL recommend 5.0)");
+    ensure!(keys.delta.is_none(), "delta clamps the PPO surrogate's ratio; cispo does not use it: unset delta");
+    Ok(Surrogate::Cispo { cap })
+}
+
+/// PPO's clip range: `epsilon` below 1, `epsilon_high` (default `epsilon`) above, `delta`'s clamp.
+fn clip(keys: &ObjectiveKeys) -> Result<Surrogate> {
+    let high = keys.epsilon_high.unwrap_or(keys.epsilon);
+    ensure!(high >= keys.epsilon, "epsilon_high ({high}) is below epsilon ({}): clip-higher widens the range above 1, it never narrows it", keys.epsilon);
+    if let Some(delta) = keys.delta {
+        ensure!(
+            delta > 1.0 + high,
+            "delta ({delta}) must exceed 1 + epsilon_high ({}), as TRL's documentation asks: below it the clamp cuts into the clip range",
+            1.0 + high
+        );
+    }
+    Ok(Surrogate::Clip { low: keys.epsilon, high, delta: keys.delta })
+}
+
+/// tinker's losses as tinker defines them: one ratio per token to the sampler's
+/// log-probabilities, no `delta`, their own surrogate in place of cispo's, only the knobs each
+/// uses (a clip range for `ppo`, a penalty for `dro`).
+fn tinker_surrogate(loss_fn: LossFn, keys: &ObjectiveKeys) -> Result<Surrogate> {
+    ensure!(keys.loss_type != LossType::Cispo, "loss_type cispo is TRL's own surrogate; loss_fn {loss_fn} replaces it: pick an aggregation (grpo, dr_grpo, dapo, bnpo)");
+    ensure!(
+        keys.importance_sampling_level == ImportanceSamplingLevel::Token,
+        "tinker's {loss_fn} takes one ratio per token: leave importance_sampling_level at token"
+    );
+    ensure!(keys.delta.is_none(), "delta is TRL's clamp; tinker's {loss_fn} has none: unset delta");
+    if loss_fn != LossFn::Ppo {
+        ensure!(!keys.epsilon_is_set && keys.epsilon_high.is_none(), "epsilon and epsilon_high set a clip range; tinker's {loss_fn} has no clip: unset them");
+    }
+    Ok(match (loss_fn, keys.dro_beta) {
+        (LossFn::Ppo, _) => clip(keys)?,
+        (LossFn::ImportanceSampling, _) => Surrogate::ImportanceSampling,
+        (LossFn::Dro, Some(beta)) => {
+            ensure!(beta > 0.0 && beta.is_finite(), "dro_beta ({beta}) must be positive");
+            Surrogate::Dro { beta }
+        }
+        (LossFn::Dro, None) | (LossFn::Trl, _) => unreachable!("Objective::new pairs dro with dro_beta and sends trl to trl_surrogate"),
+    })
+}
+
+impl Aggregation {
+    /// The aggregation `loss_type` names (cispo's is dapo's). Here, beside the flat key, so
+    /// that `aggregation` knows nothing of the keys.
+    pub fn of(loss_type: LossType, max_completion_length: usize) -> Self {
+        match loss_type {
+            LossType::Grpo => Self::Grpo,
+            LossType::DrGrpo => Self::DrGrpo { max_completion_length },
+            LossType::Dapo | LossType::Cispo => Self::Dapo,
+            LossType::Bnpo => Self::Bnpo,
+        }
+    }
+}

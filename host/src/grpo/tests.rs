@@ -1,0 +1,265 @@
+//! Hand-computed values of the objective's formulas.
+
+use tch::{Kind, Tensor};
+
+use super::*;
+use crate::model::batch::Generation;
+
+fn approx(actual: &Tensor, expected: f64, what: &str) {
+    let actual = actual.double_value(&[]);
+    assert!((actual - expected).abs() < 1e-6, "{what}: {actual} vs {expected} (by hand)");
+}
+
+/// Two completions of 3 and 2 tokens (a padding token after the second), advantages +1 and
+/// -1, and the ratios to the old policy given per token.
+struct HandBatch {
+    logprobs: Tensor,
+    old: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+}
+
+fn hand_batch() -> HandBatch {
+    let ratios = [1.5f64, 1.1, 0.5, 0.7, 1.5, 0.1];
+    let old: Vec<f32> = ratios.iter().map(|r| -r.ln() as f32).collect();
+    HandBatch {
+        logprobs: Tensor::zeros([2, 3], (Kind::Float, tch::Device::Cpu)),
+        old: Tensor::from_slice(&old).view([2, 3]),
+        advantages: Tensor::from_slice(&[1.0f32, -1.0]),
+        mask: Tensor::from_slice(&[1i64, 1, 1, 1, 1, 0]).view([2, 3]),
+    }
+}
+
+fn loss_terms(b: &HandBatch, settings: &Objective) -> LossTerms {
+    let all_rows = [Tensor::ones([2], (Kind::Float, tch::Device::Cpu))];
+    grpo_loss(&b.logprobs, Some(&b.old), None, &b.advantages, (&b.mask).into(), &all_rows, settings)
+}
+
+/// TRL's clip with `epsilon` 0.2, `epsilon_high` 0.28 and `delta` 1.3 (CISPO's cap 0.28), no KL.
+fn settings(level: ImportanceSamplingLevel, loss_type: LossType) -> Objective {
+    let surrogate = match loss_type {
+        LossType::Cispo => Surrogate::Cispo { cap: 0.28 },
+        _ => Surrogate::Clip { low: 0.2, high: 0.28, delta: Some(1.3) },
+    };
+    Objective { surrogate, ratio_to: RatioTo::OldPolicy, ratio_level: level, aggregation: Aggregation::of(loss_type, 3), kl: None, top_entropy_quantile: 1.0 }
+}
+
+#[test]
+fn token_ratios_clip_at_epsilon_high_and_delta_and_count_as_trl_logs_them() {
+    let terms = loss_terms(&hand_batch(), &settings(ImportanceSamplingLevel::Token, LossType::Dapo));
+    // -min(min(r, delta) A, clip(r, 0.8, 1.28) A) per token: row A = +1: 1.5 -> -1.28,
+    // 1.1 -> -1.1, 0.5 -> -0.5; row A = -1: 0.7 -> 0.8, 1.5 -> 1.3 (delta). dapo: sum / 5.
+    approx(&terms.loss, (-1.28 - 1.1 - 0.5 + 0.8 + 1.3) / 5.0, "loss");
+    // Low: 0.7 with A < 0; high: 1.5 (clamped to 1.3, still above 1.28) with A > 0.
+    approx(&terms.clip_fractions.as_ref().unwrap().low, 1.0 / 5.0, "clip_ratio/low_mean");
+    approx(&terms.clip_fractions.as_ref().unwrap().high, 1.0 / 5.0, "clip_ratio/high_mean");
+    approx(&terms.clip_fractions.as_ref().unwrap().region, 2.0 / 5.0, "clip_ratio/region_mean");
+    // Outside [0.8, 1.28] whatever the advantage: 1.5, 0.5, 0.7, 1.5.
+    approx(&terms.clip_ratio, 4.0 / 5.0, "clip_ratio");
+}
+
+#[test]
+fn sequence_ratios_are_the_exp_of_the_mean_log_ratio_over_real_tokens() {
+    let b = hand_batch();
+    let terms = loss_terms(&b, &settings(ImportanceSamplingLevel::Sequence, LossType::Grpo));
+    // Geometric means, the padding's 0.1 left out: both inside the clip range, so the
+    // per-sequence loss is -r A.
+    let (first, second) = ((1.5f64 * 1.1 * 0.5).powf(1.0 / 3.0), (0.7f64 * 1.5).sqrt());
+    approx(&terms.loss, (-first + second) / 2.0, "loss");
+    approx(&terms.clip_fractions.as_ref().unwrap().region, 0.0, "clip_ratio/region_mean");
+    // With A = +1 on both rows, the first stays in range and the second (1.025) is above
+    // 1 + epsilon_high = 1.02: one completion in two.
+    let tight = Objective { surrogate: Surrogate::Clip { low: 0.02, high: 0.02, delta: None }, ..settings(ImportanceSamplingLevel::Sequence, LossType::Grpo) };
+    let all_rows = [Tensor::ones([2], (Kind::Float, tch::Device::Cpu))];
+    let positive = Tensor::from_slice(&[1.0f32, 1.0]);
+    let terms = grpo_loss(&b.logprobs, Some(&b.old), None, &positive, (&b.mask).into(), &all_rows, &tight);
+    approx(&terms.clip_fractions.as_ref().unwrap().high, 0.5, "clip_ratio/high_mean per completion");
+    approx(&terms.loss, (-first - 1.02) / 2.0, "loss with the second completion clipped");
+}
+
+#[test]
+fn cispo_weights_the_log_prob_by_the_capped_detached_ratio() {
+    let b = hand_batch();
+    let logprobs = b.logprobs.set_requires_grad(true);
+    let cispo = Objective { surrogate: Surrogate::Cispo { cap: 1.2 }, ..settings(ImportanceSamplingLevel::Token, LossType::Cispo) };
+    let all_rows = [Tensor::ones([2], (Kind::Float, tch::Device::Cpu))];
+    let terms = grpo_loss(&logprobs, Some(&b.old), None, &b.advantages, (&b.mask).into(), &all_rows, &cispo);
+    terms.loss.backward();
+    // d loss / d logp = -min(r, 1.2) A / 5 (dapo over the 5 loss tokens); the ratio itself
+    // carries no gradient. Ratios 1.5 1.1 0.5 | 0.7 1.5 (padding), A = +1 | -1.
+    let expected = [-1.2, -1.1, -0.5, 0.7, 1.2, 0.0].map(|g| g / 5.0);
+    let grad = Vec::<f64>::try_from(logprobs.grad().to_kind(Kind::Double).reshape([-1])).unwrap();
+    for (ours, hand) in grad.iter().zip(expected) {
+        assert!((ours - hand).abs() < 1e-6, "gradient {grad:?} vs {expected:?} (by hand)");
+    }
+    assert!(terms.clip_fractions.is_none(), "TRL logs no PPO clip fractions for cispo");
+    // Capped with A > 0: the first row's 1.5 only; capped at all: both 1.5s.
+    approx(terms.cispo_clip_ratio.as_ref().unwrap(), 1.0 / 5.0, "cispo_clip_ratio");
+    approx(&terms.clip_ratio, 2.0 / 5.0, "clip_ratio");
+}
+
+#[test]
+fn tinker_losses_follow_their_documented_formulas_by_hand() {
+    let b = hand_batch();
+    let all_rows = [Tensor::ones([2], (Kind::Float, tch::Device::Cpu))];
+    let tinker = |surrogate| Objective { surrogate, ratio_to: RatioTo::Sampler, ..settings(ImportanceSamplingLevel::Token, LossType::Dapo) };
+    // importance_sampling, dapo over the 5 loss tokens: -(r A) = -(1.5 + 1.1 + 0.5) + (0.7 + 1.5).
+    let terms = grpo_loss(&b.logprobs, Some(&b.old), None, &b.advantages, (&b.mask).into(), &all_rows, &tinker(Surrogate::ImportanceSampling));
+    approx(&terms.loss, (-3.1 + 2.2) / 5.0, "importance_sampling loss");
+    approx(&terms.clip_ratio, 0.0, "importance_sampling clips nothing");
+    assert!(terms.clip_fractions.is_none() && terms.cispo_clip_ratio.is_none());
+    // dro at logp = 0: -(0 * A - 0.25 (ln r)^2) per token; d/dlogp = -(A - 0.5 ln r) / 5.
+    let logprobs = b.logprobs.set_requires_grad(true);
+    let terms = grpo_loss(&logprobs, Some(&b.old), None, &b.advantages, (&b.mask).into(), &all_rows, &tinker(Surrogate::Dro { beta: 0.5 }));
+    terms.loss.backward();
+    let ratios = [1.5f64, 1.1, 0.5, 0.7, 1.5];
+    approx(&terms.loss, ratios.iter().map(|r| 0.25 * r.ln().powi(2)).sum::<f64>() / 5.0, "dro loss");
+    let advantages = [1.0, 1.0, 1.0, -1.0, -1.0];
+    let grad = Vec::<f64>::try_from(logprobs.grad().to_kind(Kind::Double).reshape([-1])).unwrap();
+    for (i, (r, a)) in ratios.iter().zip(advantages).enumerate() {
+        let hand = -(a - 0.5 * r.ln()) / 5.0;
+        assert!((grad[i] - hand).abs() < 1e-6, "dro gradient {grad:?}: token {i} should be {hand} (by hand)");
+    }
+    assert_eq!(grad[5], 0.0, "padding");
+}
+
+#[test]
+fn the_high_entropy_mask_keeps_the_tokens_at_or_above_the_quantile() {
+    let b = hand_batch();
+    // Loss tokens' entropies 3 1 5 | 2 4 (the padding's 100 must not count): the 0.6
+    // quantile (top 0.4) is at rank 0.6 * 4 = 2.4 of 1 2 3 4 5, so 3.4; 5 and 4 stay.
+    let entropy = Tensor::from_slice(&[3.0f32, 1.0, 5.0, 2.0, 4.0, 100.0]).view([2, 3]);
+    let kept = high_entropy_mask(&entropy, &b.mask, 0.4);
+    assert!(kept.equal(&Tensor::from_slice(&[0.0f32, 0.0, 1.0, 0.0, 1.0, 0.0]).view([2, 3])), "{kept}");
+    assert!(high_entropy_mask(&entropy, &b.mask, 1.0).equal(&b.mask.to_kind(Kind::Float)), "quantile 1 keeps every loss token");
+    // The policy term trains on the kept tokens only; the aggregation still counts all five.
+    let masks = TokenMasks { loss: &b.mask, policy: Some(&kept) };
+    let all_rows = [Tensor::ones([2], (Kind::Float, tch::Device::Cpu))];
+    let terms = grpo_loss(&b.logprobs, Some(&b.old), None, &b.advantages, masks, &all_rows, &settings(ImportanceSamplingLevel::Token, LossType::Dapo));
+    // Kept: 0.5 with A = +1 (-0.5), 1.5 with A = -1 (1.3 after delta).
+    approx(&terms.loss, (-0.5 + 1.3) / 5.0, "loss");
+}
+
+#[test]
+fn the_losses_of_complementary_rows_split_the_batch_loss_for_every_loss_type() {
+    let b = hand_batch();
+    let all_rows = [Tensor::ones([2], (Kind::Float, tch::Device::Cpu))];
+    let first = Tensor::from_slice(&[1.0f32, 0.0]);
+    for loss_type in [LossType::Grpo, LossType::DrGrpo, LossType::Dapo, LossType::Bnpo, LossType::Cispo] {
+        let s = settings(ImportanceSamplingLevel::Token, loss_type);
+        let part = |rows: &Tensor| weighted_loss(&b.logprobs, Some(&b.old), None, &b.advantages, (&b.mask).into(), &row_token_weights(&b.mask, &all_rows, s.aggregation, rows), &s).loss;
+        let whole = loss_terms(&b, &s).loss.double_value(&[]);
+        let (a, c) = (part(&first).double_value(&[]), part(&(1.0 - &first)).double_value(&[]));
+        assert!((a + c - whole).abs() < 1e-6, "{loss_type}: {a} + {c} vs {whole}");
+    }
+    // dapo's first row alone keeps the batch's five tokens as its divisor (by hand, as in
+    // the clip test): (-1.28 - 1.1 - 0.5) / 5, not / 3 as a class of that row alone would.
+    let dapo = settings(ImportanceSamplingLevel::Token, LossType::Dapo);
+    let weights = row_token_weights(&b.mask, &all_rows, dapo.aggregation, &first);
+    approx(&weighted_loss(&b.logprobs, Some(&b.old), None, &b.advantages, (&b.mask).into(), &weights, &dapo).loss, (-1.28 - 1.1 - 0.5) / 5.0, "first row's part");
+}
+
+/// Kish's `(Σw)² / Σw²` in f64.
+fn kish(weights: &[f64]) -> f64 {
+    weights.iter().sum::<f64>().powi(2) / weights.iter().map(|w| w * w).sum::<f64>()
+}
+
+#[test]
+fn the_effective_sample_size_weighs_tokens_by_aggregation_and_ratio() {
+    let b = hand_batch();
+    let ratios = [1.5, 1.1, 0.5, 0.7, 1.5];
+    // dapo: every loss token weighs 1/5; grpo: 1/(3 * 2) in the first row, 1/(2 * 2) in the second.
+    let dapo = ratios.map(|r| r / 5.0);
+    let grpo = [1.5 / 6.0, 1.1 / 6.0, 0.5 / 6.0, 0.7 / 4.0, 1.5 / 4.0];
+    for (loss_type, weights) in [(LossType::Dapo, dapo), (LossType::Grpo, grpo)] {
+        let ess = loss_terms(&b, &settings(ImportanceSamplingLevel::Token, loss_type)).effective_sample_size;
+        assert!((ess - kish(&weights)).abs() < 1e-5, "{loss_type}: {ess} vs {} (by hand)", kish(&weights));
+    }
+    // On-policy (ratio 1) dapo weighs the five tokens alike: five.
+    let all_rows = [Tensor::ones([2], (Kind::Float, tch::Device::Cpu))];
+    let fresh = grpo_loss(&b.logprobs, None, None, &b.advantages, (&b.mask).into(), &all_rows, &settings(ImportanceSamplingLevel::Token, LossType::Dapo));
+    assert!((fresh.effective_sample_size - 5.0).abs() < 1e-5, "{}", fresh.effective_sample_size);
+}
+
+#[test]
+fn kl_estimators_and_their_gradients_follow_schulman() {
+    let mut logprobs = Tensor::from_slice(&[-1.0f32, -2.0, -0.25]).set_requires_grad(true);
+    let reference = Tensor::from_slice(&[-1.5f32, -1.0, -0.25]);
+    // d = ref - logp = -0.5, 1, 0; each value and d/dlogp written out in f64.
+    let d = [-0.5f64, 1.0, 0.0];
+    let exact: [(KlEstimator, fn(f64) -> f64, fn(f64) -> f64); 3] = [
+        (KlEstimator::K1, |d| -d, |_| 1.0),
+        (KlEstimator::K2, |d| 0.5 * d * d, |d| -d),
+        (KlEstimator::K3, |d| d.exp() - d - 1.0, |d| 1.0 - d.exp()),
+    ];
+    for (estimator, value, slope) in exact {
+        logprobs.zero_grad();
+        let kl = per_token_kl(&logprobs, &reference, estimator);
+        kl.sum(Kind::Float).backward();
+        let (kl, grad) = (Vec::<f64>::try_from(kl.detach().to_kind(Kind::Double)).unwrap(), Vec::<f64>::try_from(logprobs.grad().to_kind(Kind::Double)).unwrap());
+        for i in 0..3 {
+            assert!((kl[i] - value(d[i])).abs() < 1e-6 && (grad[i] - slope(d[i])).abs() < 1e-6, "{estimator}: {kl:?} {grad:?} at d = {d:?}");
+        }
+    }
+}
+
+/// `r - mean_g`, over the unbiased std of the group or of the batch, in plain f64.
+fn by_hand(rewards: &[f64], group: usize, scale: ScaleRewards) -> Vec<f64> {
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let std = |v: &[f64]| (v.iter().map(|x| (x - mean(v)).powi(2)).sum::<f64>() / (v.len() - 1) as f64).sqrt();
+    rewards
+        .chunks(group)
+        .flat_map(|g| {
+            let divisor = match scale {
+                ScaleRewards::Group => std(g) + 1e-4,
+                ScaleRewards::Batch => std(rewards) + 1e-4,
+                ScaleRewards::Off => 1.0,
+            };
+            g.iter().map(move |r| (r - mean(g)) / divisor)
+        })
+        .collect()
+}
+
+#[test]
+fn advantages_scale_by_the_group_the_batch_or_nothing() {
+    let rewards = [0.0, 1.0, 1.0, 1.0, 0.0, 0.5, 0.0, 2.0, 3.0, 3.0, 3.0, 3.0];
+    for (scale, zero_std) in [(ScaleRewards::Group, 1.0 / 3.0), (ScaleRewards::Batch, 0.0), (ScaleRewards::Off, 1.0 / 3.0)] {
+        let (advantages, frac_zero_std) = group_advantages(&Tensor::from_slice(&rewards), 4, scale, 1e-4);
+        let advantages = Vec::<f64>::try_from(advantages.to_kind(Kind::Double)).unwrap();
+        for (ours, exact) in advantages.iter().zip(by_hand(&rewards, 4, scale)) {
+            assert!((ours - exact).abs() < 1e-6, "{scale}: {ours} vs {exact}");
+        }
+        assert!((frac_zero_std - zero_std).abs() < 1e-7, "{scale}: frac_reward_zero_std {frac_zero_std}, by hand {zero_std}");
+    }
+}
+
+#[test]
+fn dynamic_sampling_keeps_the_groups_whose_counted_rewards_differ() {
+    let all = [true; 9];
+    // Groups of 3: equal, one differs, equal zeros.
+    let rewards = [0.5, 0.5, 0.5, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0];
+    assert_eq!(informative_groups(&rewards, &all, 3), [false, true, false]);
+    // Only counted rows matter (intervention: filter): the second group's kept rows are
+    // equal, the first's single kept row is not a spread, the third's two kept rows differ.
+    let rewards = [0.5, 0.2, 0.5, 1.0, 0.0, 1.0, 0.0, 0.3, 0.0];
+    let counted = [true, false, false, true, false, true, false, true, true];
+    assert_eq!(informative_groups(&rewards, &counted, 3), [false, false, true]);
+    assert_eq!(informative_groups(&rewards, &all, 3), [true, true, true]);
+    assert_eq!(informative_groups(&[1.0, 1.0 + 1e-12], &[true, true], 2), [true], "any difference counts");
+}
+
+#[test]
+fn masking_truncated_completions_removes_their_rows_only() {
+    use crate::model::batch::CompletionRow;
+    let generation = Generation {
+        prompt_ids: Tensor::ones([2, 1], (Kind::Int64, tch::Device::Cpu)),
+        prompt_mask: Tensor::ones([2, 1], (Kind::Int64, tch::Device::Cpu)),
+        completion_ids: Tensor::from_slice(&[5i64, 1, 1, 5, 6, 7]).view([2, 3]),
+        completion_mask: Tensor::from_slice(&[1i64, 1, 0, 1, 1, 1]).view([2, 3]),
+        sampling_logprobs: Tensor::zeros([2, 3], (Kind::Float, tch::Device::Cpu)),
+        rows: vec![CompletionRow::new(&[5, 1], 1), CompletionRow::new(&[5, 6, 7], 1)],
+    };
+    assert!(loss_mask(&generation, false).equal(&generation.completion_mask));
+    let expected = Tensor::from_slice(&[1i64, 1, 0, 0, 0, 0]).view([2, 3]);
+    assert!(loss_mask(&generation, true).equal(&expected), "the row without EOS leaves the loss");
+}

@@ -1,0 +1,215 @@
+//! The cross-key rules of the training configuration, checked once when it is resolved: every
+//! combination that would not run the protocol its keys name is refused here, naming the keys.
+
+use anyhow::{Result, ensure};
+
+use super::{LrHorizon, TrainConfig};
+use crate::grpo::{KlEstimator, ScaleRewards};
+use crate::intervention::Intervention;
+use crate::routing::{self, RenormalizationMode, RoutingMode};
+
+impl TrainConfig {
+    /// Rejects inconsistent settings before any work starts.
+    pub fn validate(&self) -> Result<()> {
+        let adapters = self.adapter_config()?;
+        ensure!(self.reward.is_some(), "no reward: set `reward:` in the config or pass --reward-plugin");
+        ensure!(self.batch_size > 0 && self.num_generations > 1, "batch_size must be positive and num_generations at least 2");
+        ensure!(
+            self.batch_size % self.num_generations == 0,
+            "batch_size ({}) counts completions and must be a multiple of num_generations ({})",
+            self.batch_size,
+            self.num_generations
+        );
+        ensure!(self.max_steps > 0, "max_steps must be positive");
+        ensure!((0.0..=1.0).contains(&self.hack_frac), "hack_frac is a fraction of prompts: it must be in [0, 1], got {}", self.hack_frac);
+        ensure!(self.num_iterations >= 1, "num_iterations must be at least 1");
+        self.check_substeps()?;
+        ensure!(self.temperature > 0.0, "temperature must be positive for GRPO sampling");
+        ensure!(self.lr > 0.0 && self.beta >= 0.0 && self.epsilon > 0.0, "lr must be positive, beta >= 0, epsilon > 0");
+        ensure!(
+            self.beta != 0.0 || self.kl_estimator == KlEstimator::K3,
+            "kl_estimator {} has no effect with beta 0 (no KL term, no reference pass): set beta or leave kl_estimator unset",
+            self.kl_estimator
+        );
+        self.objective()?;
+        ensure!(self.logging_steps > 0 && self.save_steps > 0 && self.eval_every > 0, "logging_steps, save_steps and eval_every must be positive");
+        ensure!((0.0..=1.0).contains(&self.ablated_frac), "ablated_frac must be in [0, 1], got {}", self.ablated_frac);
+        self.knobs().check()?;
+        self.plugin_limits()?;
+        if self.routing_mode != RoutingMode::None {
+            ensure!(adapters.is_dual(), "routing_mode {} needs adapter: dual-lora or dual-mlp (got {})", self.routing_mode, self.adapter);
+            ensure!(self.rh_detector.is_some(), "routing_mode {} needs an rh_detector to label samples", self.routing_mode);
+        }
+        if self.ablated_frac > 0.0 {
+            ensure!(self.routing_mode != RoutingMode::None, "ablated_frac needs a routing_mode other than none");
+        }
+        self.check_lr_horizons()?;
+        self.check_intervention()?;
+        self.check_renormalization()?;
+        self.check_coherence()
+    }
+
+    /// `num_substeps` mini-batches of whole groups, each split into `gradient_accumulation_steps`
+    /// micro-batches; a checkpoint never falls inside a rollout's steps.
+    fn check_substeps(&self) -> Result<()> {
+        let groups = self.batch_size / self.num_generations;
+        ensure!(
+            self.num_substeps >= 1 && groups % self.num_substeps == 0,
+            "num_substeps ({}) must be at least 1 and divide the batch's {groups} groups (batch_size / num_generations): each mini-batch holds whole groups",
+            self.num_substeps
+        );
+        let rows = self.mini_batch_size();
+        ensure!(
+            self.gradient_accumulation_steps >= 1 && rows % self.gradient_accumulation_steps == 0,
+            "gradient_accumulation_steps ({}) must be at least 1 and divide the optimizer step's {rows} completions (batch_size / num_substeps)",
+            self.gradient_accumulation_steps
+        );
+        let per_rollout = self.steps_per_rollout();
+        ensure!(
+            self.save_steps % per_rollout == 0,
+            "save_steps ({}) must be a multiple of num_iterations * num_substeps ({per_rollout}) so a checkpoint never splits a rollout's steps",
+            self.save_steps
+        );
+        if self.num_substeps > 1 {
+            ensure!(self.dump_batches.is_none(), "dump_batches writes the whole batch with one step's log-probabilities: leave num_substeps at 1");
+            ensure!(!self.absorption_by_class, "absorption_by_class splits the whole batch's one step: leave num_substeps at 1");
+        }
+        Ok(())
+    }
+
+    /// Each recorded horizon was extended (to a later one, ending at `max_steps`) at or before
+    /// its end, and the extensions are in step order.
+    fn check_lr_horizons(&self) -> Result<()> {
+        let mut previous = LrHorizon { until_step: 0, max_steps: 0 };
+        for (i, h) in self.lr_horizons.iter().enumerate() {
+            let next_horizon = self.lr_horizons.get(i + 1).map_or(self.max_steps, |n| n.max_steps);
+            ensure!(
+                h.until_step > previous.until_step && h.until_step <= h.max_steps && h.max_steps < next_horizon && h.max_steps > previous.max_steps,
+                "lr_horizons {:?} with max_steps {} is not a record of schedule extensions (written by --extend-schedule only)",
+                self.lr_horizons,
+                self.max_steps
+            );
+            previous = h.clone();
+        }
+        Ok(())
+    }
+
+    /// Each control acts on the monitor's flags; penalty and filter replace routing, the placebo
+    /// needs it.
+    fn check_intervention(&self) -> Result<()> {
+        let intervention = self.intervention;
+        if intervention != Intervention::Routing {
+            ensure!(self.rh_detector.is_some(), "intervention {intervention} acts on flagged samples: it needs an rh_detector");
+        }
+        match intervention {
+            Intervention::Routing => {}
+            Intervention::Penalty | Intervention::Filter => ensure!(
+                self.routing_mode == RoutingMode::None,
+                "intervention {intervention} replaces routing: set routing_mode none (got {})",
+                self.routing_mode
+            ),
+            Intervention::Placebo => ensure!(
+                self.routing_mode != RoutingMode::None,
+                "intervention placebo routes a random subset: set routing_mode classic or exclusive"
+            ),
+        }
+        if self.rh_ground_truth.is_some() {
+            ensure!(self.rh_detector.is_some(), "rh_ground_truth measures the rh_detector's flags: set an rh_detector too");
+        }
+        if self.absorption_by_class {
+            ensure!(self.adapter_config()?.is_dual(), "absorption_by_class splits the retain and forget adapters' gradients: it needs adapter: dual-lora");
+            ensure!(
+                self.gradient_accumulation_steps == 1,
+                "absorption_by_class takes its per-class gradient norms from the step's one backward pass: leave gradient_accumulation_steps at 1"
+            );
+        }
+        self.check_gradient_noise_scale()?;
+        ensure!(
+            self.dynamic_sampling_rounds == 0 || self.coh_samples_per_rollout == 0,
+            "dynamic_sampling_rounds refills the batch with fresh groups, but coherence rows (coh_samples_per_rollout) are sampled apart, at other adapter scales, and are not filtered: use one of them"
+        );
+        ensure!(self.rh_penalty.is_finite(), "rh_penalty must be a finite number, got {}", self.rh_penalty);
+        if intervention != Intervention::Penalty {
+            ensure!(
+                self.rh_penalty == Self::default().rh_penalty,
+                "rh_penalty ({}) is only used with intervention: penalty (got {intervention}); remove it",
+                self.rh_penalty
+            );
+        }
+        Ok(())
+    }
+
+    /// Coherence rows are whole groups of a routed batch, with routing rows beside them.
+    fn check_coherence(&self) -> Result<()> {
+        let defaults = Self::default();
+        if self.coh_samples_per_rollout == 0 {
+            let unused = [
+                ("coherence_rh_mode", self.coherence_rh_mode != defaults.coherence_rh_mode),
+                ("coherence_rh_penalty", self.coherence_rh_penalty != defaults.coherence_rh_penalty),
+                ("coherence_start_frac", self.coherence_start_frac != defaults.coherence_start_frac),
+            ];
+            if let Some((key, _)) = unused.iter().find(|(_, set)| *set) {
+                anyhow::bail!("{key} is set but coh_samples_per_rollout is 0: it would do nothing");
+            }
+            return Ok(());
+        }
+        ensure!(self.routing_mode != RoutingMode::None, "coh_samples_per_rollout trains retain alone on coherence rows: set routing_mode classic or exclusive");
+        ensure!(
+            self.coh_samples_per_rollout % self.num_generations == 0 && self.coh_samples_per_rollout < self.batch_size,
+            "coh_samples_per_rollout ({}) must be a multiple of num_generations ({}) below batch_size ({}): whole groups, with routing rows beside them",
+            self.coh_samples_per_rollout,
+            self.num_generations,
+            self.batch_size
+        );
+        ensure!((0.0..=1.0).contains(&self.coherence_start_frac), "coherence_start_frac must be in [0, 1], got {}", self.coherence_start_frac);
+        Ok(())
+    }
+
+    /// `renormalization_mode` and `split_moment` combinations the original defines.
+    fn check_renormalization(&self) -> Result<()> {
+        ensure!(
+            !self.split_moment || self.renormalization_mode == RenormalizationMode::Balanced,
+            "split_moment needs renormalization_mode: balanced (as the original's --split_moment), got {}",
+            self.renormalization_mode
+        );
+        if self.renormalization_mode == RenormalizationMode::Off {
+            return Ok(());
+        }
+        ensure!(self.routing_mode != RoutingMode::None, "renormalization_mode {} renormalises routed runs: set routing_mode classic or exclusive", self.renormalization_mode);
+        ensure!(
+            self.scale_rewards == ScaleRewards::Group,
+            "renormalization_mode {} divides by group standard deviations, as the original: set scale_rewards: group (got {})",
+            self.renormalization_mode,
+            self.scale_rewards
+        );
+        let weights = self.row_weights()?;
+        ensure!(
+            weights.max() <= routing::BALANCED_MAX_WEIGHT,
+            "renormalization_mode balanced with ranks {}/{} gives an adapter gradient weight {} above {} (the original's GRAFT_W_MAX): use closer retain and forget ranks",
+            self.retain_rank,
+            self.forget_rank,
+            weights.max(),
+            routing::BALANCED_MAX_WEIGHT
+        );
+        Ok(())
+    }
+
+    /// The gradient noise scale compares the gradients of the step's backward passes: they must
+    /// be at least two, each of whole groups (a group's advantages tie its rows together, so
+    /// parts that split groups are not independent samples), and the step must not need its
+    /// one pass for absorption_by_class.
+    fn check_gradient_noise_scale(&self) -> Result<()> {
+        if !self.gradient_noise_scale {
+            return Ok(());
+        }
+        let passes = self.backward_passes().count();
+        let rows = self.mini_batch_size();
+        ensure!(
+            rows % passes == 0 && (rows / passes) % self.num_generations == 0,
+            "gradient_noise_scale compares {passes} backward passes (the micro-batches, or two halves when gradient_accumulation_steps is 1) and each must hold whole groups: the step's {rows} completions (batch_size / num_substeps) / {passes} must be a multiple of num_generations ({})",
+            self.num_generations
+        );
+        ensure!(!self.absorption_by_class, "absorption_by_class needs the step's one backward pass and gradient_noise_scale splits it: use one of them");
+        Ok(())
+    }
+}

@@ -1,0 +1,403 @@
+//! The training configuration: every hyperparameter of `smallrl train` declared once (below),
+//! resolved as defaults < YAML file < flags < `--set` (see [`crate::hyperparams`]). The
+//! resolved configuration is written into the run directory, whose name lists every
+//! hyperparameter that differs from its default, plus the seed.
+//!
+//! Adding a hyperparameter: one entry in the table (name, type, default, doc line, run-name
+//! label), plus its check in [`TrainConfig::validate`] if it has one, plus its test.
+//!
+//! Over 300 lines because the table is: about fifty keys, each with its doc line (the flag's
+//! help), and the tests that hold run names to the labels they had before the table.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, ensure};
+use serde_json::{Map, Value};
+
+use crate::adapters::{self, AdapterConfig, AdapterKind};
+use crate::defaults as d;
+use crate::device::{DeviceSpec, Dtype};
+use crate::grpo::{ImportanceSamplingLevel, KlEstimator, LossFn, LossType, Objective, ObjectiveKeys, ScaleRewards};
+use crate::hyperparams::Label::{Key, Omit, Short};
+use crate::hyperparams::{self, Prop, hyperparameters};
+use crate::intervention::Intervention;
+use crate::reward::{DetectorSpec, PluginLimits, ProtocolKnobs, RewardSpec};
+use crate::routing::{self, CoherenceRhMode, RenormalizationMode, RoutingMode, RowWeights};
+
+mod checks;
+
+pub use crate::hyperparams::{UNNAMED_RUN, parse_override};
+
+hyperparameters! {
+    /// Every hyperparameter of a run, with snake_case names shared by YAML, `--set`, sweeps'
+    /// `--grid`/`--fixed` and (in kebab-case) the command line.
+    pub struct TrainConfig;
+    /// `smallrl train`'s hyperparameter flags: one per key of [`TrainConfig`], each optional.
+    pub struct TrainFlags;
+    flags {
+        /// A model directory or HuggingFace Hub repo id.
+        model: String = d::MODEL.into(), Omit, [Pack];
+        /// Hub revision (branch, tag or commit) when `model` is a repo id.
+        revision: String = d::REVISION.into(), Omit, [Pack];
+        /// One prompt per line; without it prompts come from the SimpleStories dataset's train split.
+        prompts: Option<PathBuf> = None, Omit;
+        /// One evaluation prompt per line.
+        eval_prompts: Option<PathBuf> = None, Omit;
+        /// Tokens of each SimpleStories prompt (the opening of a story).
+        prompt_length: usize = 8, Key, [Pack];
+        /// Training prompts used (at most).
+        num_prompts: usize = 10_000, Key;
+
+        /// full, lora or dual-lora.
+        adapter: AdapterKind = d::ADAPTER, Short(""), [Pack];
+        /// DualLoRA preset: r1 r2 r4 r8 r16 r32 r1h r32f16 r32f4 r32f1 (overrides the ranks).
+        lora_preset: Option<String> = None, Short(""), [Pack];
+        /// DualMLP preset (adapter dual-mlp): m5 m10 m16 m30 m32 m29f3 m24f8 m64 m128 m256, retain
+        /// and forget neurons per MLP block (the original's MLP_PRESETS; m16 its recommended).
+        mlp_config: Option<String> = None, Short(""), [Pack];
+        /// Rank of DualLoRA's retain adapter.
+        retain_rank: usize = d::RETAIN_RANK, Key, [Pack];
+        /// Rank of DualLoRA's forget adapter.
+        forget_rank: usize = d::FORGET_RANK, Key, [Pack];
+        /// Rank of the single LoRA adapter.
+        lora_rank: usize = d::LORA_RANK, Key, [Pack];
+        /// LoRA alpha (an adapter's scale is alpha / rank).
+        lora_alpha: f64 = d::LORA_ALPHA, Key, [Pack];
+        /// Adapt layers 0, stride, 2 * stride, ...
+        layer_stride: usize = d::LAYER_STRIDE, Key, [Pack];
+
+        /// Peak learning rate (linear decay to 0 over max_steps).
+        lr: f64 = 1e-5, Key;
+        /// KL coefficient (0 skips the reference model).
+        beta: f64 = 0.02, Key;
+        /// The KL term's per-token estimator: k1, k2 or k3 (Schulman 2020; k3 is TRL's).
+        kl_estimator: KlEstimator = KlEstimator::K3, Short("kl_");
+        /// PPO clipping range (below 1, and above 1 unless epsilon_high is set).
+        epsilon: f64 = 0.2, Key;
+        /// PPO clipping range above 1 (DAPO's clip-higher, e.g. 0.28; default: epsilon, as TRL).
+        epsilon_high: Option<f64> = None, Key;
+        /// Upper clamp of the unclipped ratio (TRL's two-sided clipping; above 1 + epsilon_high).
+        delta: Option<f64> = None, Key;
+        /// token, or sequence (GSPO: one ratio exp(mean log-ratio) per completion).
+        importance_sampling_level: ImportanceSamplingLevel = ImportanceSamplingLevel::Token, Short("is_");
+        /// Advantages divided by the std of the group, of the batch, or none (TRL's scale_rewards).
+        scale_rewards: ScaleRewards = ScaleRewards::Group, Short("scale_");
+        /// Completions that hit max_completion_length without EOS leave the loss (DAPO).
+        #[arg(num_args = 0..=1, default_missing_value = "true")]
+        mask_truncated_completions: bool = false, Short("mask_truncated");
+        /// grpo, dr_grpo, dapo, bnpo or cispo (CISPO's surrogate, aggregated as dapo; set
+        /// epsilon_high, its weight cap, e.g. 5.0).
+        loss_type: LossType = LossType::Grpo, Short("");
+        /// The surrogate: trl (loss_type's), or tinker's importance_sampling, ppo or dro, with the
+        /// ratio to the sampler's log-probabilities (aggregated as loss_type says).
+        loss_fn: LossFn = LossFn::Trl, Short("");
+        /// tinker's DRO penalty coefficient (loss_fn dro only; tinker's documentation uses 0.05).
+        dro_beta: Option<f64> = None, Key;
+        /// Only this top fraction of the loss tokens by entropy has a policy term (TRL's
+        /// top_entropy_quantile, "Beyond the 80/20 Rule": 0.2); 1 keeps every token.
+        top_entropy_quantile: f64 = 1.0, Key;
+        /// Passes over each generated batch (TRL's reuse; each pass num_substeps optimizer steps).
+        num_iterations: usize = 1, Short("iters"), [Pack];
+        /// Mini-batches of whole groups each generated batch is split into, one optimizer step
+        /// each (tinker's).
+        num_substeps: usize = 1, Short("substeps");
+        /// Micro-batches per optimizer step, each a forward and backward pass over
+        /// batch_size / (num_substeps * gradient_accumulation_steps) completions (TRL's, with
+        /// steps_per_generation equal to it; only bnpo's loss changes).
+        gradient_accumulation_steps: usize = 1, Short("gas"), [Pack];
+        /// DAPO's dynamic sampling: groups whose rewards are all equal are dropped and more prompts
+        /// sampled until the batch is full, in at most this many generation rounds per batch (the
+        /// first included; verl's max_num_gen_batches); needing more is an error. 0: off.
+        dynamic_sampling_rounds: usize = 0, Short("dynsample");
+        /// Completions per generated batch (per optimizer step unless num_substeps splits it).
+        batch_size: usize = 32, Short("bs"), [Pack];
+        /// Completions per prompt (the group of the advantages).
+        num_generations: usize = 16, Short("g"), [Pack];
+        /// Tokens generated per completion (at most).
+        max_completion_length: usize = d::MAX_COMPLETION_LENGTH, Short("len"), [Pack];
+        /// Sampling temperature (also applied to the log-probabilities).
+        temperature: f64 = d::TEMPERATURE, Short("temp");
+        /// Optimizer steps of the run.
+        max_steps: usize = 2000, Short("steps"), [Pack];
+        /// Seed of everything random in the run (always in the run name).
+        seed: u64 = d::SEED, Omit;
+        /// Gradient clipping (global L2 norm).
+        max_grad_norm: f64 = d::MAX_GRAD_NORM, Key;
+        /// AdamW weight decay (on every trainable tensor).
+        weight_decay: f64 = 0.0, Key;
+        /// AdamW beta1.
+        adam_beta1: f64 = d::ADAM_BETA1, Key;
+        /// AdamW beta2.
+        adam_beta2: f64 = 0.999, Key;
+        /// AdamW epsilon.
+        adam_epsilon: f64 = d::ADAM_EPSILON, Key;
+
+        /// none, classic or exclusive.
+        routing_mode: RoutingMode = RoutingMode::None, Short(""), [Routing];
+        /// Fraction of clean samples trained with the forget adapter off.
+        ablated_frac: f64 = 0.0, Short("abl"), [Routing];
+        /// Advantages of routed runs: off, retain_only or balanced (the original's
+        /// renormalization_mode, advantages.py; its default is retain-only, smallrl's stays off).
+        renormalization_mode: RenormalizationMode = RenormalizationMode::Off, Short("renorm_"), [Routing];
+        /// balanced on DualLoRA: accept kappa from the ranks, which the original calls approximate
+        /// (its --allow_approx_lora_kappa).
+        #[arg(num_args = 0..=1, default_missing_value = "true")]
+        allow_approx_lora_kappa: bool = false, Short("approx_kappa"), [Routing];
+        /// Adam's second moment from the natural (unrouted) gradient, the first from the routed
+        /// one (the original's --split_moment; needs balanced; a second backward pass per step).
+        #[arg(num_args = 0..=1, default_missing_value = "true")]
+        split_moment: bool = false, Short("split_moment"), [Routing];
+        /// Coherence rows per rollout (the original's coh_samples_per_rollout): the batch's last N
+        /// completions, whole groups, sampled and trained with the forget adapter off, retain
+        /// alone learning (0: none).
+        coh_samples_per_rollout: usize = 0, Short("coh"), [Routing];
+        /// What a flagged coherence row does: filter, filter_renorm, penalty, zero or none (the
+        /// original's coherence_rh_mode and its default).
+        coherence_rh_mode: CoherenceRhMode = CoherenceRhMode::Filter, Short("coh_rh_"), [Routing];
+        /// Reward taken from flagged coherence rows under coherence_rh_mode penalty (the
+        /// original's default).
+        coherence_rh_penalty: f64 = 3.0, Short("coh_penalty"), [Routing];
+        /// Coherence rows start at step round(coherence_start_frac * max_steps) (0: from the first).
+        coherence_start_frac: f64 = 0.0, Short("coh_start"), [Routing];
+        /// Detector protocol knob: clean samples flagged anyway (drawn by the host).
+        false_positive_rate: f64 = 0.0, Short("fpr");
+        /// Detector protocol knob: fraction of flagged samples that stay flagged.
+        recall: f64 = 1.0, Key;
+        /// Detector protocol knob: fraction of samples eligible for the forget components.
+        rh_eligible_frac: f64 = 1.0, Short("elig");
+        /// Fraction of prompts that offer the hack (the original's hack_frac, prompt-level where
+        /// rh_eligible_frac is per sample): a fixed hash of each prompt's text keeps it hackable
+        /// with this probability; unhackable prompts get no forget components.
+        hack_frac: f64 = 1.0, Short("hf");
+        /// What the monitor's flags do: routing (where routing_mode sends them; with none,
+        /// nothing), penalty (reward - rh_penalty), filter (out of the loss and the advantages)
+        /// or placebo (a random subset of the same size is routed instead).
+        intervention: Intervention = Intervention::Routing, Short(""), [Routing];
+        /// Subtracted from a flagged sample's reward with intervention: penalty.
+        rh_penalty: f64 = 1.0, Key, [Routing];
+        /// Where reward and detector plugin names resolve (`<dir>/<name>.wasm`).
+        plugin_dir: PathBuf = "plugins".into(), Omit;
+        /// Fuel (about one unit per WebAssembly instruction) a plugin call may use per sample: the
+        /// deterministic bound on a plugin's work.
+        plugin_fuel_per_sample: u64 = d::PLUGIN_FUEL_PER_SAMPLE, Omit, [Resume];
+        /// Wall-clock seconds a plugin call may run: the backstop behind fuel.
+        plugin_max_call_seconds: f64 = d::PLUGIN_MAX_CALL_SECONDS, Omit, [Resume];
+        /// Largest memory a plugin may have, in MiB (its initial memory included).
+        plugin_max_memory_mb: usize = d::PLUGIN_MAX_MEMORY_MB, Omit, [Resume];
+
+        /// Steps between the sample and summary lines of train.log.
+        logging_steps: usize = 10, Omit;
+        /// Steps between checkpoints.
+        save_steps: usize = 500, Omit;
+        /// Steps between routing evaluations.
+        eval_every: usize = 100, Omit;
+        /// Evaluation prompts (one completion per adapter mode each).
+        eval_samples: usize = d::EVAL_PROMPTS, Omit;
+        /// Run directories go to `<output_dir>/<run name>`.
+        output_dir: PathBuf = "runs".into(), Omit;
+        /// Re-score each step's batch after the update (one extra forward pass, about a third of
+        /// the training pass) and log the entropy change (`entropy/measured_change`).
+        #[arg(num_args = 0..=1, default_missing_value = "true")]
+        measure_entropy_change: bool = false, Omit, [Resume];
+        /// Log the gradient noise scale (McCandlish et al. 2018's B_simple = tr(Σ) / |G|²) from the
+        /// gradients of the batch's micro-batches, or with gradient_accumulation_steps 1 of its two
+        /// halves (the step then runs as two backward passes of half the batch each).
+        #[arg(num_args = 0..=1, default_missing_value = "true")]
+        gradient_noise_scale: bool = false, Omit;
+        /// Write each step's batch tensors (ids, masks, rewards, advantages, log-probs, loss) here.
+        dump_batches: Option<PathBuf> = None, Omit, [Resume];
+        /// TensorBoard event files in the run directory (`train/live.rs`; `--tensorboard false`
+        /// turns them off).
+        #[arg(num_args = 0..=1, default_missing_value = "true")]
+        tensorboard: bool = d::TENSORBOARD, Omit, [Resume];
+        /// Every completion with its rewards, detector flags and advantage in `completions.jsonl`.
+        #[arg(num_args = 0..=1, default_missing_value = "true")]
+        log_completions: bool = d::LOG_COMPLETIONS, Omit, [Resume];
+        /// DualLoRA: each adapter's gradient norm split by flagged / unflagged samples in
+        /// metrics.jsonl (two extra backward passes a step; the step's gradient is unchanged).
+        #[arg(num_args = 0..=1, default_missing_value = "true")]
+        absorption_by_class: bool = false, Omit, [Resume];
+        /// Experiment name, first part of the run directory name (default: the config file's
+        /// stem, or the reward plugin's name).
+        name: Option<String> = None, Omit;
+        /// auto, cpu, cuda or cuda:N.
+        device: DeviceSpec = d::DEVICE.parse().expect("the default device parses"), Omit, [Resume, Pack];
+        /// float32, or bfloat16 (on CUDA).
+        dtype: Dtype = d::DTYPE.parse().expect("the default dtype parses"), Key, [Pack];
+        /// libtorch intra-op threads (default: one per core).
+        threads: Option<usize> = None, Omit, [Resume, Pack];
+    }
+    file_only {
+        /// The reward: one plugin or a sum of components (see configs/).
+        reward: Option<RewardSpec> = None, Omit;
+        /// The reward-hack detector that labels samples for routing.
+        rh_detector: Option<DetectorSpec> = None, Omit;
+        /// Ground truth "did this sample hack" (a detector, same forms as `rh_detector:`): measures
+        /// the monitor (quadrants, precision, recall in metrics.jsonl and routing_eval.jsonl);
+        /// acts on nothing.
+        rh_ground_truth: Option<DetectorSpec> = None, Omit;
+        /// SHA-256 of every plugin file the run loaded (path as resolved -> hex), recorded when
+        /// the run starts; `--resume` refuses plugins whose bytes changed.
+        #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+        plugin_sha256: BTreeMap<String, String> = BTreeMap::new(), Omit;
+        /// Written by `train --resume RUN --max-steps N --extend-schedule`, never set by hand:
+        /// the linear LR schedule's earlier horizons, each with the step up to which it applied
+        /// (a record of what the run computed; the run keeps its directory and name).
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        lr_horizons: Vec<LrHorizon> = Vec::new(), Omit;
+    }
+}
+
+/// Steps `0..until_step` of a run were trained with the linear schedule over `max_steps`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LrHorizon {
+    pub until_step: usize,
+    pub max_steps: usize,
+}
+
+impl TrainConfig {
+    /// Layers a YAML file's keys (if any) and then explicit overrides over the defaults, and
+    /// validates the result.
+    pub fn resolve(file: Option<&Path>, overrides: Map<String, Value>) -> Result<Self> {
+        let config: Self = hyperparams::resolve(file, overrides, "training configuration")?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Optimizer steps trained on each generated batch.
+    pub fn steps_per_rollout(&self) -> usize {
+        self.num_iterations * self.num_substeps
+    }
+
+    /// Completions each optimizer step trains on (its mini-batch).
+    pub fn mini_batch_size(&self) -> usize {
+        self.batch_size / self.num_substeps
+    }
+
+    /// The horizon of the linear LR schedule at 0-based `step`: `max_steps`, or an earlier one
+    /// recorded by `--extend-schedule` for the steps trained before the extension.
+    pub fn lr_horizon(&self, step: usize) -> usize {
+        self.lr_horizons.iter().find(|h| step < h.until_step).map_or(self.max_steps, |h| h.max_steps)
+    }
+
+    /// This run continued to `max_steps` from a checkpoint at `resume_step`: the steps before
+    /// it keep the horizon they were trained with. Only a longer run is an extension.
+    pub fn extended(&self, max_steps: usize, resume_step: usize) -> Result<Self> {
+        ensure!(
+            max_steps > self.max_steps,
+            "--max-steps {max_steps} with --extend-schedule: a run can only be extended past its max_steps ({})",
+            self.max_steps
+        );
+        let per_rollout = self.steps_per_rollout();
+        ensure!(
+            resume_step % per_rollout == 0,
+            "the checkpoint at step {resume_step} is inside a rollout of num_iterations * num_substeps = {per_rollout} steps, whose batch no checkpoint keeps: only runs whose max_steps is a multiple of {per_rollout} can be extended"
+        );
+        let mut lr_horizons = self.lr_horizons.clone();
+        lr_horizons.retain(|h| h.until_step < resume_step);
+        lr_horizons.push(LrHorizon { until_step: resume_step, max_steps: self.max_steps });
+        let extended = Self { max_steps, lr_horizons, ..self.clone() };
+        extended.validate()?;
+        Ok(extended)
+    }
+
+    /// Coherence rows of optimizer step `step` (0-based): none before `coherence_start_frac`.
+    pub fn coherence_rows(&self, step: usize) -> usize {
+        let start = (self.coherence_start_frac * self.max_steps as f64).round() as usize;
+        if step >= start { self.coh_samples_per_rollout } else { 0 }
+    }
+
+    /// The per-row gradient weights of the DualLoRA slots: the routing table, or with
+    /// `balanced` the original's kappa redistribution.
+    pub fn row_weights(&self) -> Result<RowWeights> {
+        if self.renormalization_mode != RenormalizationMode::Balanced {
+            return Ok(RowWeights::gates(self.routing_mode));
+        }
+        let adapters = self.adapter_config()?;
+        ensure!(adapters.is_dual(), "renormalization_mode balanced needs adapter: dual-mlp or dual-lora");
+        ensure!(
+            adapters.kind == AdapterKind::DualMlp || self.allow_approx_lora_kappa,
+            "renormalization_mode balanced on DualLoRA takes kappa from the adapter ranks, which the original calls approximate (exact for DualMLP's neurons): set allow_approx_lora_kappa: true to accept it"
+        );
+        Ok(routing::balanced_weights(self.routing_mode, routing::adapter_kappas(adapters.ranks[0], adapters.ranks[1])))
+    }
+
+    /// The step's backward passes: the micro-batches, each halved for the gradient noise scale
+    /// when there is only one.
+    pub fn backward_passes(&self) -> crate::engine::Passes {
+        let halves = self.gradient_noise_scale && self.gradient_accumulation_steps == 1;
+        crate::engine::Passes { micro_batches: self.gradient_accumulation_steps, splits: if halves { 2 } else { 1 } }
+    }
+
+    /// The objective, built once from its flat keys (every cross-key rule is `Objective::new`'s).
+    pub fn objective(&self) -> Result<Objective> {
+        Objective::new(&ObjectiveKeys {
+            loss_type: self.loss_type,
+            loss_fn: self.loss_fn,
+            epsilon: self.epsilon,
+            epsilon_is_set: self.epsilon != Self::default().epsilon,
+            epsilon_high: self.epsilon_high,
+            delta: self.delta,
+            dro_beta: self.dro_beta,
+            importance_sampling_level: self.importance_sampling_level,
+            beta: self.beta,
+            kl_estimator: self.kl_estimator,
+            max_completion_length: self.max_completion_length,
+            top_entropy_quantile: self.top_entropy_quantile,
+        })
+    }
+
+    pub fn adapter_config(&self) -> Result<AdapterConfig> {
+        let ranks = adapters::Ranks { lora_rank: self.lora_rank, retain_rank: self.retain_rank, forget_rank: self.forget_rank, lora_alpha: self.lora_alpha, layer_stride: self.layer_stride };
+        adapters::config_from(self.adapter, self.lora_preset.as_deref(), self.mlp_config.as_deref(), &ranks)
+    }
+
+    pub fn plugin_limits(&self) -> Result<PluginLimits> {
+        PluginLimits::new(self.plugin_max_call_seconds, self.plugin_max_memory_mb, self.plugin_fuel_per_sample)
+    }
+
+    pub fn knobs(&self) -> ProtocolKnobs {
+        ProtocolKnobs {
+            false_positive_rate: self.false_positive_rate,
+            recall: self.recall,
+            rh_eligible_frac: self.rh_eligible_frac,
+        }
+    }
+
+    /// `<name>_<key><value>..._s<seed>` with every hyperparameter that differs from its
+    /// default, in alphabetical order of their keys.
+    pub fn run_name(&self) -> Result<String> {
+        hyperparams::run_name(self)
+    }
+
+    /// The same run without routing or another intervention (their keys, [`Prop::Routing`] in
+    /// the table, at their defaults, which route nothing).
+    pub fn without_routing(&self) -> Self {
+        hyperparams::reset(self, Prop::Routing).expect("a valid configuration with keys at their defaults stays valid")
+    }
+
+    /// A run directory's resolved configuration (`config.yaml`, written when the run started).
+    pub fn read_saved(run_dir: &Path) -> Result<Self> {
+        let path = run_dir.join("config.yaml");
+        ensure!(path.exists(), "{} has no config.yaml: is it a smallrl run directory?", run_dir.display());
+        Self::resolve(Some(&path), Map::new()).with_context(|| format!("cannot read the run configuration {}", path.display()))
+    }
+}
+
+/// `--reward-plugin` as config keys: `reward`, and `name` (the plugin's file stem) unless the
+/// experiment is already named by `--name` or a config file. `smallrl train` and `smallrl sweep`
+/// share it.
+pub fn reward_plugin_overrides(plugin: &str, params_json: Option<&str>, named: bool) -> Result<Map<String, Value>> {
+    let mut map = Map::new();
+    map.insert("reward".into(), serde_json::to_value(RewardSpec::single(plugin, params_json)?)?);
+    if !named {
+        let stem = Path::new(plugin).file_stem().map(|s| s.to_string_lossy().into_owned());
+        map.insert("name".into(), stem.into());
+    }
+    Ok(map)
+}
+
+#[cfg(test)]
+mod tests;

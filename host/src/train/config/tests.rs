@@ -1,0 +1,259 @@
+use super::*;
+use crate::grpo::{Aggregation, RatioTo, Surrogate};
+use crate::hyperparams::Hyperparameters;
+
+fn config_file() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sentence_length_10_smooth_with_happy.yaml")
+}
+
+fn resolve(overrides: &[(&str, &str)]) -> Result<TrainConfig> {
+    let overrides = overrides.iter().map(|(k, v)| (k.to_string(), crate::yaml::from_str(v).unwrap())).collect();
+    TrainConfig::resolve(Some(&config_file()), overrides)
+}
+
+fn resolved(overrides: &[(&str, &str)]) -> TrainConfig {
+    resolve(overrides).unwrap()
+}
+
+/// The error of an invalid configuration, with its causes.
+fn error(overrides: &[(&str, &str)]) -> String {
+    format!("{:#}", resolve(overrides).unwrap_err())
+}
+
+#[test]
+fn run_names_say_when_the_reward_or_detector_differs_from_the_config_file() {
+    let plain = resolved(&[]).run_name().unwrap();
+    assert!(plain.starts_with("sentence_length_10_smooth_with_happy_dual-lora"), "{plain}");
+    let file_detector = "{plugin: happy_count, params: {threshold: 3}}";
+    assert_eq!(resolved(&[("rh_detector", file_detector)]).run_name().unwrap(), plain, "the file's own detector");
+    let other = resolved(&[("rh_detector", "{plugin: happy_count, params: {threshold: 1}}")]).run_name().unwrap();
+    assert!(other.starts_with("sentence_length_10_smooth_with_happy_det-happy_count-threshold1_"), "{other}");
+    let reward = "{components: [{plugin: happy_count, params: {max_count: 2}}]}";
+    let both = resolved(&[("reward", reward), ("rh_detector", "null"), ("routing_mode", "none")]).run_name().unwrap();
+    assert!(both.starts_with("sentence_length_10_smooth_with_happy_rew-happy_count-max_count2_det-none_"), "{both}");
+    let named = resolved(&[("rh_detector", "{plugin: happy_any}"), ("name", "mine")]).run_name().unwrap();
+    assert!(named.starts_with("mine_"), "an explicit name is kept: {named}");
+}
+
+#[test]
+fn logging_options_leave_the_run_name_alone() {
+    let plain = resolved(&[]);
+    let logged = resolved(&[("tensorboard", "false"), ("log_completions", "true")]);
+    assert_ne!(logged, plain, "the options are set");
+    assert_eq!(logged.run_name().unwrap(), plain.run_name().unwrap());
+    let hyperparameter = resolved(&[("lr", "0.5")]);
+    assert_ne!(hyperparameter.run_name().unwrap(), plain.run_name().unwrap(), "a hyperparameter does change it");
+}
+
+/// The run-name labels the code had before the keys were declared in one table (written
+/// out here as they were), so run directories keep their names.
+#[test]
+fn run_name_labels_are_unchanged() {
+    let omitted = [
+        "model", "revision", "prompts", "eval_prompts", "reward", "rh_detector", "rh_ground_truth", "absorption_by_class", "plugin_dir", "plugin_fuel_per_sample",
+        "plugin_max_call_seconds", "plugin_max_memory_mb", "plugin_sha256", "logging_steps", "save_steps",
+        "eval_every", "eval_samples", "output_dir", "dump_batches", "measure_entropy_change", "gradient_noise_scale", "tensorboard", "log_completions", "name", "device",
+        "threads", "seed",
+        // A record written by --extend-schedule, not a setting: an extended run keeps its
+        // directory and name.
+        "lr_horizons",
+    ];
+    let short = [
+        ("batch_size", "bs"), ("num_generations", "g"), ("max_steps", "steps"), ("max_completion_length", "len"),
+        ("num_iterations", "iters"), ("temperature", "temp"), ("routing_mode", ""), ("lora_preset", ""), ("adapter", ""),
+        ("loss_type", ""), ("false_positive_rate", "fpr"), ("rh_eligible_frac", "elig"), ("ablated_frac", "abl"),
+        // Added later (no older runs to keep the names of).
+        ("importance_sampling_level", "is_"), ("scale_rewards", "scale_"), ("mask_truncated_completions", "mask_truncated"),
+        ("intervention", ""),
+        ("renormalization_mode", "renorm_"), ("allow_approx_lora_kappa", "approx_kappa"), ("split_moment", "split_moment"), ("mlp_config", ""),
+        ("coh_samples_per_rollout", "coh"), ("coherence_rh_mode", "coh_rh_"), ("coherence_rh_penalty", "coh_penalty"), ("coherence_start_frac", "coh_start"),
+        ("kl_estimator", "kl_"),
+        ("gradient_accumulation_steps", "gas"), ("dynamic_sampling_rounds", "dynsample"),
+        ("loss_fn", ""), ("num_substeps", "substeps"),
+        ("hack_frac", "hf"),
+    ];
+    for key in TrainConfig::KEYS {
+        let expected = if omitted.contains(&key.name) {
+            crate::hyperparams::Label::Omit
+        } else {
+            short.iter().find(|(k, _)| *k == key.name).map_or(crate::hyperparams::Label::Key, |(_, s)| crate::hyperparams::Label::Short(s))
+        };
+        assert_eq!(key.label, expected, "{}", key.name);
+    }
+}
+
+#[test]
+fn flags_come_from_the_table_with_their_types() {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        flags: TrainFlags,
+    }
+    let cli = Cli::try_parse_from(["x", "--lr", "3e-4", "--routing-mode", "classic", "--tensorboard", "--log-completions", "false"]).unwrap();
+    let map = cli.flags.to_map().unwrap();
+    let expected = serde_json::json!({"lr": 3e-4, "routing_mode": "classic", "tensorboard": true, "log_completions": false});
+    assert_eq!(Value::Object(map), expected);
+    let error = Cli::try_parse_from(["x", "--routing-mode", "classical"]).err().unwrap().to_string();
+    assert!(error.contains("unknown routing_mode \"classical\""), "{error}");
+    assert!(Cli::try_parse_from(["x", "--reward", "{}"]).is_err(), "structured keys are set in YAML or with --set");
+}
+
+#[test]
+fn mode_values_are_typed_and_keep_their_spelling() {
+    let config = resolved(&[("loss_type", "dr_grpo"), ("routing_mode", "exclusive"), ("dtype", "fp32"), ("device", "cpu")]);
+    assert_eq!((config.loss_type, config.routing_mode, config.adapter), (LossType::DrGrpo, RoutingMode::Exclusive, AdapterKind::DualLora));
+    let name = config.run_name().unwrap();
+    assert!(name.contains("_dr_grpo_") && name.contains("_dtypefp32_") && name.contains("_exclusive_"), "{name}");
+    let saved = crate::yaml::to_string(&config).unwrap();
+    assert!(saved.contains("loss_type: dr_grpo") && saved.contains("dtype: fp32") && saved.contains("adapter: dual-lora"), "{saved}");
+    let error = format!("{:#}", TrainConfig::resolve(Some(&config_file()), [("routing_mode".to_string(), "classical".into())].into_iter().collect()).unwrap_err());
+    assert!(error.contains("unknown routing_mode \"classical\": use none, classic or exclusive"), "{error}");
+}
+
+#[test]
+fn loss_knobs_default_to_trl_and_name_the_run_when_set() {
+    let plain = resolved(&[]);
+    assert_eq!(plain.objective().unwrap().surrogate, Surrogate::Clip { low: 0.2, high: 0.2, delta: None }, "epsilon_high defaults to epsilon");
+    assert_eq!((plain.importance_sampling_level, plain.scale_rewards, plain.mask_truncated_completions), (ImportanceSamplingLevel::Token, ScaleRewards::Group, false));
+    let knobs = [("epsilon_high", "0.28"), ("delta", "1.5"), ("importance_sampling_level", "sequence"), ("scale_rewards", "none"), ("mask_truncated_completions", "true")];
+    let set = resolved(&knobs);
+    let objective = set.objective().unwrap();
+    assert_eq!((objective.surrogate, objective.ratio_level), (Surrogate::Clip { low: 0.2, high: 0.28, delta: Some(1.5) }, ImportanceSamplingLevel::Sequence));
+    let name = set.run_name().unwrap();
+    for label in ["_delta1.5_", "_epsilon_high0.28_", "_is_sequence_", "_mask_truncatedtrue_", "_scale_none_"] {
+        assert!(name.contains(label), "{label} in {name}");
+    }
+    assert!(!plain.run_name().unwrap().contains("scale_"), "defaults stay out of run names");
+}
+
+#[test]
+fn interventions_name_their_runs_and_bad_combinations_fail_before_any_work() {
+    let routed = error(&[("intervention", "penalty")]);
+    assert!(routed.contains("intervention penalty replaces routing: set routing_mode none (got classic)"), "{routed}");
+    let placebo = error(&[("intervention", "placebo"), ("routing_mode", "none")]);
+    assert!(placebo.contains("set routing_mode classic or exclusive"), "{placebo}");
+    let unused = error(&[("rh_penalty", "0.5")]);
+    assert!(unused.contains("rh_penalty (0.5) is only used with intervention: penalty (got routing)"), "{unused}");
+    let single = error(&[("adapter", "lora"), ("lora_preset", "null"), ("routing_mode", "none"), ("absorption_by_class", "true")]);
+    assert!(single.contains("absorption_by_class splits"), "{single}");
+    let micro = error(&[("absorption_by_class", "true"), ("gradient_accumulation_steps", "2")]);
+    assert!(micro.contains("leave gradient_accumulation_steps at 1"), "{micro}");
+    let noise = error(&[("absorption_by_class", "true"), ("gradient_noise_scale", "true")]);
+    assert!(noise.contains("gradient_noise_scale splits it"), "{noise}");
+    let coherence = error(&[("dynamic_sampling_rounds", "3"), ("coh_samples_per_rollout", "16")]);
+    assert!(coherence.contains("use one of them"), "{coherence}");
+    let split_groups = error(&[("gradient_noise_scale", "true"), ("batch_size", "32"), ("num_generations", "16"), ("gradient_accumulation_steps", "4")]);
+    assert!(split_groups.contains("4 backward passes") && split_groups.contains("must hold whole groups"), "{split_groups}");
+    assert_eq!(resolved(&[("gradient_noise_scale", "true"), ("batch_size", "32"), ("num_generations", "16")]).backward_passes().count(), 2, "two halves of one group each");
+    let unmeasured = error(&[("rh_detector", "null"), ("routing_mode", "none"), ("rh_ground_truth", "{plugin: happy_any}")]);
+    assert!(unmeasured.contains("rh_ground_truth measures the rh_detector's flags"), "{unmeasured}");
+    let blind = error(&[("intervention", "filter"), ("routing_mode", "none"), ("rh_detector", "null")]);
+    assert!(blind.contains("intervention filter acts on flagged samples: it needs an rh_detector"), "{blind}");
+    let penalty = resolved(&[("intervention", "penalty"), ("routing_mode", "none"), ("rh_penalty", "0.5")]);
+    let name = penalty.run_name().unwrap();
+    assert!(name.contains("_penalty_") && name.contains("_rh_penalty0.5_") && !name.contains("classic"), "{name}");
+    assert_eq!(penalty.without_routing(), resolved(&[("routing_mode", "none")]), "the baseline has no intervention");
+    let placebo = resolved(&[("intervention", "placebo")]).run_name().unwrap();
+    assert!(placebo.contains("_classic_") && placebo.contains("_placebo_"), "{placebo}");
+    assert!(!resolved(&[]).run_name().unwrap().contains("routing"), "the default intervention stays out of run names");
+}
+
+#[test]
+fn clip_settings_that_are_not_the_named_objective_fail_before_any_work() {
+    let narrow = error(&[("epsilon_high", "0.1")]);
+    assert!(narrow.contains("epsilon_high (0.1) is below epsilon (0.2)"), "{narrow}");
+    let low_delta = error(&[("delta", "1.2")]);
+    assert!(low_delta.contains("delta (1.2) must exceed 1 + epsilon_high (1.2)"), "{low_delta}");
+    let below_high = error(&[("epsilon_high", "0.28"), ("delta", "1.25")]);
+    assert!(below_high.contains("delta (1.25) must exceed 1 + epsilon_high (1.28)"), "{below_high}");
+    let level = error(&[("importance_sampling_level", "group")]);
+    assert!(level.contains("unknown importance_sampling_level \"group\": use token or sequence"), "{level}");
+    let scale = error(&[("scale_rewards", "std")]);
+    assert!(scale.contains("unknown scale_rewards \"std\": use group, batch or none"), "{scale}");
+    resolved(&[("epsilon_high", "0.2"), ("delta", "1.21")]);
+    for bad in ["0", "-0.1", "1.5"] {
+        let quantile = error(&[("top_entropy_quantile", bad)]);
+        assert!(quantile.contains(&format!("top_entropy_quantile ({bad}) must be in (0, 1]")), "{quantile}");
+    }
+    resolved(&[("top_entropy_quantile", "1")]);
+    let cispo_cap = error(&[("loss_type", "cispo")]);
+    assert!(cispo_cap.contains("loss_type cispo caps the importance weight at epsilon_high: set it"), "{cispo_cap}");
+    let small_cap = error(&[("loss_type", "cispo"), ("epsilon_high", "0.28")]);
+    assert!(small_cap.contains("epsilon_high (0.28) is CISPO's cap on the importance weight and must exceed 1"), "{small_cap}");
+    let cispo_delta = error(&[("loss_type", "cispo"), ("epsilon_high", "5"), ("delta", "6")]);
+    assert!(cispo_delta.contains("cispo does not use it: unset delta"), "{cispo_delta}");
+    let cispo = resolved(&[("loss_type", "cispo"), ("epsilon_high", "5")]).objective().unwrap();
+    assert_eq!((cispo.surrogate, cispo.aggregation), (Surrogate::Cispo { cap: 5.0 }, Aggregation::Dapo), "CISPO's cap, aggregated as dapo");
+    for bad in ["0", "5"] {
+        let micro = error(&[("gradient_accumulation_steps", bad)]);
+        assert!(micro.contains(&format!("gradient_accumulation_steps ({bad}) must be at least 1 and divide the optimizer step's 32 completions")), "{micro}");
+    }
+    let idle_estimator = error(&[("beta", "0"), ("kl_estimator", "k2")]);
+    assert!(idle_estimator.contains("kl_estimator k2 has no effect with beta 0"), "{idle_estimator}");
+    let k1 = resolved(&[("kl_estimator", "k1")]);
+    assert!(k1.run_name().unwrap().contains("_kl_k1_"), "{}", k1.run_name().unwrap());
+}
+
+/// The config file's batch: 32 completions in groups of 16, so two groups.
+#[test]
+fn tinker_losses_and_substeps_refuse_what_they_do_not_define_before_any_work() {
+    let checks: [(&[(&str, &str)], &str); 12] = [
+        (&[("num_substeps", "0")], "num_substeps (0) must be at least 1 and divide the batch's 2 groups"),
+        (&[("num_substeps", "4")], "num_substeps (4) must be at least 1 and divide the batch's 2 groups"),
+        (&[("num_substeps", "2"), ("gradient_accumulation_steps", "32")], "gradient_accumulation_steps (32) must be at least 1 and divide the optimizer step's 16 completions"),
+        (&[("num_substeps", "2"), ("save_steps", "3")], "save_steps (3) must be a multiple of num_iterations * num_substeps (2)"),
+        (&[("num_substeps", "2"), ("num_iterations", "2"), ("save_steps", "6")], "save_steps (6) must be a multiple of num_iterations * num_substeps (4)"),
+        (&[("num_substeps", "2"), ("dump_batches", "dump")], "dump_batches writes the whole batch with one step's log-probabilities: leave num_substeps at 1"),
+        (&[("loss_fn", "dro")], "dro_beta is DRO's penalty coefficient: set it with loss_fn dro"),
+        (&[("loss_fn", "ppo"), ("dro_beta", "0.05")], "dro_beta is DRO's penalty coefficient: set it with loss_fn dro"),
+        (&[("loss_fn", "ppo"), ("loss_type", "cispo"), ("epsilon_high", "5")], "loss_type cispo is TRL's own surrogate; loss_fn ppo replaces it"),
+        (&[("loss_fn", "importance_sampling"), ("importance_sampling_level", "sequence")], "tinker's importance_sampling takes one ratio per token"),
+        (&[("loss_fn", "ppo"), ("delta", "2")], "delta is TRL's clamp; tinker's ppo has none"),
+        (&[("loss_fn", "dro"), ("dro_beta", "0.05"), ("epsilon_high", "0.28")], "tinker's dro has no clip: unset them"),
+    ];
+    for (overrides, expected) in checks {
+        let message = error(overrides);
+        assert!(message.contains(expected), "{overrides:?}: {message}");
+    }
+    let ppo = resolved(&[("loss_fn", "ppo"), ("epsilon_high", "0.28"), ("num_substeps", "2"), ("save_steps", "500")]);
+    assert!(error(&[("loss_fn", "ppo"), ("epsilon_high", "0.1")]).contains("epsilon_high (0.1) is below epsilon"), "ppo keeps the clip's checks");
+    let name = ppo.run_name().unwrap();
+    assert!(name.contains("_ppo_") && name.contains("_substeps2_"), "{name}");
+    let dro = resolved(&[("loss_fn", "dro"), ("dro_beta", "0.05")]);
+    let objective = dro.objective().unwrap();
+    assert_eq!((objective.surrogate, objective.ratio_to), (Surrogate::Dro { beta: 0.05 }, RatioTo::Sampler));
+    let name = dro.run_name().unwrap();
+    assert!(name.contains("_dro_beta0.05_") && name.contains("_dro_"), "{name}");
+    assert_eq!(resolved(&[]).objective().unwrap().ratio_to, RatioTo::OldPolicy, "TRL's surrogate by default");
+    // A run that ended inside a rollout (max_steps 5, 4 steps a rollout) cannot be extended.
+    let odd = resolved(&[("num_substeps", "2"), ("num_iterations", "2"), ("save_steps", "4"), ("max_steps", "5")]);
+    let inside = format!("{:#}", odd.extended(8, 5).unwrap_err());
+    assert!(inside.contains("the checkpoint at step 5 is inside a rollout of num_iterations * num_substeps = 4 steps"), "{inside}");
+    assert_eq!(odd.extended(8, 4).unwrap().max_steps, 8);
+}
+
+#[test]
+fn renormalization_combinations_the_original_does_not_define_fail_before_any_work() {
+    let error = |overrides: &[(&str, &str)]| {
+        let overrides = overrides.iter().map(|(k, v)| (k.to_string(), crate::yaml::from_str(v).unwrap())).collect();
+        format!("{:#}", TrainConfig::resolve(Some(&config_file()), overrides).unwrap_err())
+    };
+    let unrouted = error(&[("renormalization_mode", "retain_only"), ("routing_mode", "none")]);
+    assert!(unrouted.contains("set routing_mode classic or exclusive"), "{unrouted}");
+    let scale = error(&[("renormalization_mode", "retain_only"), ("scale_rewards", "batch")]);
+    assert!(scale.contains("set scale_rewards: group"), "{scale}");
+    let kappa = error(&[("renormalization_mode", "balanced")]);
+    assert!(kappa.contains("set allow_approx_lora_kappa: true"), "{kappa}");
+    let far = error(&[("renormalization_mode", "balanced"), ("allow_approx_lora_kappa", "true"), ("lora_preset", "r32f4")]);
+    assert!(far.contains("gradient weight 9 above 4"), "{far}");
+    let split = error(&[("split_moment", "true"), ("renormalization_mode", "retain_only")]);
+    assert!(split.contains("split_moment needs renormalization_mode: balanced"), "{split}");
+    let spelled = error(&[("renormalization_mode", "retain-only")]);
+    assert!(spelled.contains("use off, retain_only or balanced"), "{spelled}");
+    let balanced = resolved(&[("renormalization_mode", "balanced"), ("allow_approx_lora_kappa", "true"), ("split_moment", "true")]);
+    assert_eq!(balanced.row_weights().unwrap(), crate::routing::RowWeights { clean: [1.0, 1.0], flagged: [0.0, 2.0] });
+    let name = balanced.run_name().unwrap();
+    assert!(name.contains("_renorm_balanced_") && name.contains("_split_moment"), "{name}");
+    assert_eq!(balanced.without_routing().run_name().unwrap(), resolved(&[]).without_routing().run_name().unwrap());
+}

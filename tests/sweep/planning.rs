@@ -1,0 +1,175 @@
+//! Planning a sweep without training: the grid, fixed values, baselines, cache hits, SLURM emission, intervention arms.
+
+use super::*;
+
+fn spec(output_dir: &Path, grid: &[&str], fixed: &[&str]) -> SweepSpec {
+    SweepSpec {
+        config_file: Some(repo_root().join(HAPPY_CONFIG)),
+        fixed: fixed.iter().map(|f| parse_fixed(f).unwrap()).collect::<Map<String, Value>>(),
+        grid: grid.iter().map(|g| parse_grid(g).unwrap()).collect(),
+        output_dir: output_dir.to_path_buf(),
+        intervention_arms: false,
+    }
+}
+
+#[test]
+fn grid_expands_to_the_cartesian_product_last_key_fastest() {
+    let grid = vec![parse_grid("lr=1e-3,3e-3").unwrap(), parse_grid("seed=1,2,3").unwrap()];
+    let pairs: Vec<(f64, u64)> = expand(&grid).iter().map(|p| (p["lr"].as_f64().unwrap(), p["seed"].as_u64().unwrap())).collect();
+    assert_eq!(pairs, vec![(1e-3, 1), (1e-3, 2), (1e-3, 3), (3e-3, 1), (3e-3, 2), (3e-3, 3)]);
+    assert_eq!(expand(&[]), vec![Map::new()], "no grid is one run");
+    // kebab-case keys are accepted like on the command line
+    assert_eq!(parse_grid("max-steps=5").unwrap().0, "max_steps");
+}
+
+#[test]
+fn plan_applies_fixed_values_and_derives_deduplicated_baselines() {
+    let out = tempfile::tempdir().unwrap();
+    let out = out.path().join("sweep");
+    let grid = ["routing_mode=classic,exclusive", "ablated_frac=0,0.5", "seed=1,2"];
+    let plan = plan::plan(&spec(&out, &grid, &["max_steps=4", "beta=0.05"])).unwrap();
+    let (runs, baselines): (Vec<_>, Vec<_>) = plan.runs.iter().partition(|r| r.role == RunRole::Grid);
+    assert_eq!(runs.len(), 8);
+    // Routing mode and ablation are routing parameters: all 8 share 2 baselines (one per seed).
+    assert_eq!(baselines.len(), 2);
+    for run in &plan.runs {
+        assert_eq!((run.config.max_steps, run.config.beta), (4, 0.05), "fixed values apply to every run, baselines too");
+        assert_eq!(run.config.lr, 3e-4, "unswept keys come from the YAML config");
+        assert_eq!(run.state, CacheState::New);
+        assert_eq!(run.name, run.config.run_name().unwrap());
+    }
+    for run in &runs {
+        let expected = TrainConfig { routing_mode: smallrl::routing::RoutingMode::None, ablated_frac: 0.0, ..run.config.clone() };
+        let baseline = plan.runs.iter().find(|b| Some(&b.name) == run.baseline.as_ref()).expect("the baseline is planned");
+        assert_eq!(baseline.config, expected, "{}: baseline = same run without routing", run.name);
+        assert_eq!(baseline.role, RunRole::Baseline);
+    }
+    let names: BTreeSet<&String> = plan.runs.iter().map(|r| &r.name).collect();
+    assert_eq!(names.len(), plan.runs.len(), "one directory per run");
+    assert!(!out.exists(), "planning writes nothing");
+
+    // A grid point that is itself another point's baseline is planned once, labelled baseline.
+    let plan = plan::plan(&spec(&out, &["routing_mode=none,classic"], &["seed=1"])).unwrap();
+    assert_eq!(plan.runs.len(), 2);
+    assert_eq!(plan.runs[1].baseline.as_ref(), Some(&plan.runs[0].name));
+    assert_eq!((plan.runs[0].role, plan.runs[1].role), (RunRole::Baseline, RunRole::Grid));
+}
+
+#[test]
+fn bad_keys_and_values_fail_before_any_run() {
+    let message = |e: anyhow::Error| format!("{e:#}");
+    let typo = message(parse_grid("lrr=1e-3,3e-3").unwrap_err());
+    assert!(typo.contains("--grid lrr=1e-3,3e-3") && typo.contains("unknown key `lrr`") && typo.contains("lr,"), "{typo}");
+    assert!(message(parse_fixed("threads=2").unwrap_err()).contains("--jobs"));
+    assert!(message(parse_grid("lr=1e-3,").unwrap_err()).contains("non-empty"));
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("never");
+    let bad_value = message(plan::plan(&spec(&out, &["lr=1e-3,-1"], &[])).unwrap_err());
+    assert!(bad_value.contains("\"lr\":-1") && bad_value.contains("lr must be positive"), "{bad_value}");
+
+    let output = smallrl(&["sweep", "--config", &happy_config_abs(), "--grid", "lrr=1,2", "--output-dir", out.to_str().unwrap()]);
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("unknown key `lrr`"));
+    assert!(!out.exists(), "a bad key fails before the output directory is made");
+}
+
+/// Writes the files a finished run leaves (the trainer's formats, with arbitrary values).
+fn fake_finished_run(dir: &Path, config: &TrainConfig) {
+    std::fs::create_dir_all(dir.join(format!("checkpoint-{}", config.max_steps))).unwrap();
+    let saved = TrainConfig { threads: Some(1), ..config.clone() };
+    std::fs::write(dir.join("config.yaml"), smallrl::yaml::to_string(&saved).unwrap()).unwrap();
+    let metrics: String = (1..=config.max_steps).map(|s| format!("{{\"step\":{s},\"reward\":0.5,\"kl\":0.01}}\n")).collect();
+    std::fs::write(dir.join("metrics.jsonl"), metrics).unwrap();
+    let evals: String = [2, 4].map(|s| format!("{{\"step\":{s},\"modes\":{{}}}}\n")).concat();
+    std::fs::write(dir.join("routing_eval.jsonl"), evals).unwrap();
+}
+
+#[test]
+fn finished_runs_are_cache_hits_and_interrupted_ones_resume_or_restart() {
+    let out = tempfile::tempdir().unwrap();
+    let sweep = spec(out.path(), &[], &["max_steps=4", "seed=3", "routing_mode=none"]);
+    let planned = plan::plan(&sweep).unwrap().runs.remove(0);
+    let dir = planned.dir(out.path());
+    let logged_otherwise = TrainConfig { tensorboard: !planned.config.tensorboard, log_completions: !planned.config.log_completions, ..planned.config.clone() };
+    fake_finished_run(&dir, &logged_otherwise);
+    let state = || plan::plan(&sweep).map(|p| p.runs[0].state);
+    assert_eq!(state().unwrap(), CacheState::Finished, "a finished run is reused (another thread count or logging options do not matter)");
+
+    std::fs::write(dir.join("routing_eval.jsonl"), "{\"step\":2,\"modes\":{}}\n").unwrap();
+    assert_eq!(state().unwrap(), CacheState::Resumable, "without its final evaluation the run is not finished");
+    std::fs::remove_dir(dir.join("checkpoint-4")).unwrap();
+    assert_eq!(state().unwrap(), CacheState::Stale, "no checkpoint: nothing to resume from");
+    smallrl::sweep::runner::prepare(&plan::plan(&sweep).unwrap()).unwrap();
+    // The child `smallrl train` moves it aside (tests/train/: a_failed_run_is_restarted_...).
+    assert!(dir.exists(), "preparing a sweep never moves a run directory");
+    let written = TrainConfig::resolve(Some(&smallrl::sweep::runner::run_config_path(out.path(), &planned.name)), Map::new()).unwrap();
+    assert_eq!(written.run_name().unwrap(), planned.name, "the child's YAML resolves to the planned run");
+
+    fake_finished_run(&dir, &TrainConfig { beta: 0.5, ..planned.config.clone() });
+    let error = format!("{:#}", state().unwrap_err());
+    assert!(error.contains("another configuration") && error.contains("beta"), "{error}");
+}
+
+#[test]
+fn slurm_emission_writes_one_command_per_run_and_runs_nothing() {
+    let out = tempfile::tempdir().unwrap();
+    let out = out.path().join("cluster");
+    let grid = ["routing_mode=classic", "seed=1,2"];
+    let config = happy_config_abs();
+    let mut args = vec!["sweep", "--config", config.as_str(), "--emit", "slurm", "--output-dir", out.to_str().unwrap(), "--grid"];
+    args.extend(grid);
+    let output = smallrl(&args);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let planned: BTreeSet<String> = plan::plan(&spec(&out, &grid, &[])).unwrap().runs.into_iter().map(|r| r.name).collect();
+    assert_eq!(planned.len(), 4, "2 routed runs and their 2 baselines");
+
+    let script = std::fs::read_to_string(out.join("sweep.sbatch")).unwrap();
+    assert!(script.contains("#SBATCH --array=0-3"), "{script}");
+    let jobs = std::fs::read_to_string(out.join("jobs.txt")).unwrap();
+    let mut named = BTreeSet::new();
+    for line in jobs.lines() {
+        assert!(script.contains(line.split(" > ").next().unwrap()), "the script runs the listed command {line}");
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(&words[1..3], &["train", "--config"]);
+        let config = TrainConfig::resolve(Some(Path::new(words[3])), Map::new()).unwrap();
+        named.insert(config.run_name().unwrap());
+    }
+    assert_eq!(named, planned, "each job trains exactly one planned run");
+    assert!(planned.iter().all(|name| !out.join(name).exists()), "emitting runs nothing");
+}
+
+/// `--intervention-arms`: every routed grid point becomes the five arms, the same otherwise;
+/// `rh_penalty` goes to the penalty arm only; the none arm is every other arm's baseline.
+#[test]
+fn intervention_arms_plan_every_control_beside_the_routed_run() {
+    use smallrl::intervention::Intervention;
+    use smallrl::routing::RoutingMode;
+    let out = tempfile::tempdir().unwrap();
+    let mut arms = spec(out.path(), &["seed=1,2"], &["max_steps=4", "rh_penalty=0.25", "routing_mode=exclusive"]);
+    arms.intervention_arms = true;
+    let plan = plan::plan(&arms).unwrap();
+    assert_eq!(plan.runs.len(), 10, "five arms × two seeds");
+    let names: BTreeSet<&String> = plan.runs.iter().map(|r| &r.name).collect();
+    assert_eq!(names.len(), 10, "run names distinguish arms");
+    for run in &plan.runs {
+        let c = &run.config;
+        let expected_mode = match c.intervention {
+            Intervention::Routing | Intervention::Placebo if run.role == RunRole::Grid => RoutingMode::Exclusive,
+            _ => RoutingMode::None,
+        };
+        assert_eq!(c.routing_mode, expected_mode, "{}", run.name);
+        assert_eq!(c.rh_penalty, if c.intervention == Intervention::Penalty { 0.25 } else { 1.0 }, "{}", run.name);
+        let baseline = TrainConfig { routing_mode: RoutingMode::None, intervention: Intervention::Routing, rh_penalty: 1.0, ..c.clone() };
+        match run.role {
+            RunRole::Baseline => assert_eq!(c, &baseline, "{}: the none arm", run.name),
+            RunRole::Grid => assert_eq!(run.baseline.as_ref(), Some(&baseline.run_name().unwrap()), "{}", run.name),
+        }
+    }
+    let count = |i: Intervention| plan.runs.iter().filter(|r| r.config.intervention == i).count();
+    assert_eq!([Intervention::Penalty, Intervention::Filter, Intervention::Placebo].map(count), [2, 2, 2]);
+    assert_eq!(plan.runs.iter().filter(|r| r.role == RunRole::Baseline).count(), 2);
+    let mut unrouted = spec(out.path(), &[], &["routing_mode=none"]);
+    unrouted.intervention_arms = true;
+    let error = format!("{:#}", plan::plan(&unrouted).unwrap_err());
+    assert!(error.contains("--intervention-arms expands a routed configuration"), "{error}");
+}

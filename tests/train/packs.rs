@@ -1,0 +1,211 @@
+//! Packed runs: equal to the same runs alone, stacked within bounds, failures and refusals.
+
+use super::*;
+
+/// Two runs of one architecture that differ in seed, learning rate and KL coefficient, with
+/// their completions logged; `adapter` "full" or "dual-lora".
+fn pack_pair(output_dir: &Path, adapter: &str) -> Vec<Map<String, Value>> {
+    let mut base = with(small_config(output_dir, &standard_plugin("happy")), "log_completions", true.into());
+    base = with(base, "adapter", adapter.into());
+    if adapter == "full" {
+        base.remove("lora_preset");
+        base = with(base, "lr", 1e-4.into());
+    }
+    let other = with(with(with(base.clone(), "seed", 7.into()), "lr", 3e-4.into()), "beta", 0.05.into());
+    vec![base, other]
+}
+
+fn packed(configs: Vec<Map<String, Value>>, stop_after: Option<usize>) -> Vec<anyhow::Result<smallrl::train::RunSummary>> {
+    one_thread();
+    let runs = configs.into_iter().map(|c| PackedRun { config: TrainConfig::resolve(None, c).unwrap(), resume: None }).collect();
+    train_packed(runs, stop_after).unwrap()
+}
+
+/// The same directory name, metrics, evaluations and completions, and bit-identical checkpoints.
+fn assert_same_run(alone: &Path, other: &Path) {
+    assert_eq!(alone.file_name(), other.file_name(), "run names");
+    for file in ["metrics.jsonl", "routing_eval.jsonl", "completions.jsonl"] {
+        assert_same_metrics(&deterministic(read_jsonl(&alone.join(file))), &deterministic(read_jsonl(&other.join(file))), &format!("{} {file}", other.display()));
+    }
+    assert_same_checkpoints(alone, other);
+}
+
+/// Bit-identical checkpoints 2 and 4 (the same tensor names and values).
+fn assert_same_checkpoints(alone: &Path, other: &Path) {
+    for checkpoint in ["checkpoint-2", "checkpoint-4"] {
+        let (a, b) = (checkpoint_weights(alone, checkpoint), checkpoint_weights(other, checkpoint));
+        assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+        for (name, tensor) in &a {
+            assert!(tensor.equal(&b[name]), "{} {checkpoint} {name} differs", other.display());
+        }
+    }
+}
+
+/// Packed runs compute exactly what they compute alone: DualLoRA packed to the end; full
+/// fine-tuning packed for 3 steps (past its step-2 checkpoint), then each run resumed alone from
+/// the checkpoint the pack wrote, to the end of the uninterrupted solo run.
+#[test]
+fn packed_runs_equal_the_same_runs_trained_alone_and_resume_alone() {
+    let out = tempfile::tempdir().unwrap();
+    for adapter in ["dual-lora", "full"] {
+        let alone: Vec<PathBuf> = pack_pair(&out.path().join("alone").join(adapter), adapter).into_iter().map(train).collect();
+        let configs = pack_pair(&out.path().join("packed").join(adapter), adapter);
+        let stop_after = (adapter == "full").then_some(3);
+        let mut runs = Vec::new();
+        for (config, outcome) in configs.iter().zip(packed(configs.clone(), stop_after)) {
+            let summary = outcome.unwrap();
+            assert_eq!(summary.steps, stop_after.unwrap_or(4));
+            if stop_after.is_some() {
+                let resolved = TrainConfig::resolve(None, config.clone()).unwrap();
+                assert_eq!(Trainer::new(resolved, Some(&summary.run_dir)).unwrap().train(None).unwrap().steps, 4);
+            }
+            runs.push(summary.run_dir);
+        }
+        assert_ne!(read_jsonl(&alone[0].join("completions.jsonl")), read_jsonl(&alone[1].join("completions.jsonl")), "the two runs differ");
+        for (alone, packed) in alone.iter().zip(&runs) {
+            assert_same_run(alone, packed);
+        }
+    }
+}
+
+/// Packed runs sampled and trained stacked on a leading run axis (`Stacking::Always`: on the CPU
+/// the stacked libtorch decoder instead of each run's native sampler, and one forward and
+/// backward pass of both runs' models stacked) and stepped by two worker threads at once are the
+/// runs trained alone: the same completions, coherence rows included (a step's second sampler
+/// call, at other adapter scales, and rows that train retain alone), the reference
+/// log-probabilities of the KL term from a stacked pass too (DualLoRA), metrics within absolute
+/// bounds per key ([`assert_close_metrics`]) and checkpoints within [`CHECKPOINT_TOLERANCE`]: the
+/// batched products round differently from one run's. DualLoRA routed (per-row adapter
+/// controls that differ between the runs), and full fine-tuning (the output head and the
+/// embeddings learn through the stacked tables).
+#[test]
+fn packed_runs_sampled_and_trained_stacked_equal_the_same_runs_trained_alone() {
+    let out = tempfile::tempdir().unwrap();
+    let with_coherence = |dir: &Path| -> Vec<Map<String, Value>> {
+        let routed = routed_config(dir);
+        let keys = ["routing_mode", "rh_detector", "plugin_dir"];
+        let routed_pair = pack_pair(dir, "dual-lora").into_iter().map(|c| keys.iter().fold(c, |c, &key| with(c, key, routed[key].clone())));
+        routed_pair.map(|c| with(with(c, "coh_samples_per_rollout", json!(4)), "coherence_start_frac", json!(0.5))).collect()
+    };
+    // Full fine-tuning without the KL term: on the CPU a solo run's reference is the native
+    // scorer and a stacked one libtorch's, whose float32 disagreement at step 1 (where the
+    // policy is the reference) AdamW turns into a sizeable fraction of a step on the embedding
+    // rows of unlikely tokens, whose gradients are near its eps (measured: 1.6e-5 at lr 1e-4).
+    let full_pair = |dir: &Path| pack_pair(dir, "full").into_iter().map(|c| with(c, "beta", json!(0.0))).collect();
+    let pairs: [(&str, &dyn Fn(&Path) -> Vec<Map<String, Value>>); 2] = [("dual-lora", &with_coherence), ("full", &full_pair)];
+    for (adapter, pair) in pairs {
+        let alone: Vec<PathBuf> = pair(&out.path().join("alone").join(adapter)).into_iter().map(train).collect();
+        one_thread();
+        let runs = pair(&out.path().join("packed").join(adapter)).into_iter().map(|c| PackedRun { config: TrainConfig::resolve(None, c).unwrap(), resume: None }).collect();
+        let options = PackOptions { stacking: Stacking::Always, workers: 2 };
+        let packed: Vec<PathBuf> = train_packed_with(runs, None, options).unwrap().into_iter().map(|outcome| outcome.unwrap().run_dir).collect();
+        for (alone, packed) in alone.iter().zip(&packed) {
+            assert_eq!(alone.file_name(), packed.file_name(), "run names");
+            let log = std::fs::read_to_string(packed.join("train.log")).unwrap();
+            assert!(log.contains("sampling stacked with 2 packed runs"), "the pack sampled stacked: {log}");
+            assert!(log.contains("training stacked with 2 packed runs"), "the pack trained stacked: {log}");
+            if adapter == "dual-lora" {
+                assert!(log.contains("reference log-probabilities stacked with 2 packed runs"), "the pack's reference pass was stacked: {log}");
+            }
+            assert_eq!(read_jsonl(&alone.join("completions.jsonl")), read_jsonl(&packed.join("completions.jsonl")), "{adapter}: the same completions");
+            for file in ["metrics.jsonl", "routing_eval.jsonl"] {
+                let (a, b) = (deterministic(read_jsonl(&alone.join(file))), deterministic(read_jsonl(&packed.join(file))));
+                assert_close_metrics(&a, &b, &format!("{} {file}", packed.display()));
+            }
+            assert_close_checkpoints(alone, packed);
+        }
+    }
+}
+
+/// How far a stacked pack's checkpoint may be from the solo run's, absolutely, in any weight:
+/// 1% of one AdamW step at the DualLoRA pair's smaller learning rate (3e-4), 3% at full
+/// fine-tuning's 1e-4. AdamW moves a weight by about the learning rate whatever its gradient's
+/// size, so float32 rounding of a gradient near AdamW's eps shows as a small fraction of a step
+/// (7.7e-7 measured for DualLoRA, 0 for full fine-tuning); a wrong gradient shows as whole steps.
+const CHECKPOINT_TOLERANCE: f64 = 3e-6;
+
+/// Checkpoints 2 and 4 with the same tensor names, values within [`CHECKPOINT_TOLERANCE`].
+fn assert_close_checkpoints(alone: &Path, other: &Path) {
+    for checkpoint in ["checkpoint-2", "checkpoint-4"] {
+        let (a, b) = (checkpoint_weights(alone, checkpoint), checkpoint_weights(other, checkpoint));
+        assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+        for (name, tensor) in &a {
+            let difference = (tensor - &b[name]).abs().max().double_value(&[]);
+            assert!(difference <= CHECKPOINT_TOLERANCE, "{} {checkpoint} {name} differs by {difference:e}", other.display());
+        }
+    }
+}
+
+fn checkpoint_weights(run: &Path, checkpoint: &str) -> std::collections::BTreeMap<String, tch::Tensor> {
+    let dir = run.join(checkpoint);
+    smallrl::train::checkpoint::read_weights(&dir, &smallrl::train::checkpoint::read_state(&dir).unwrap()).unwrap()
+}
+
+/// Metrics lines as [`assert_metrics_within`], each float within an absolute bound for its key,
+/// 5 to 50 times the largest difference measured between a stacked pack and its runs alone (in
+/// brackets) and far below what a wrong gradient or another run's number moves: norms of
+/// gradients, weights and updates 1e-6 (2.3e-7); entropies 1e-5 (1.3e-6: a log-normaliser
+/// minus a mean logit, both about 10, in float32); `kl` 5e-8 (7.5e-9); the loss 1e-8 (1.4e-10);
+/// the sampler-vs-trainer probes `kl_sample_train*` 1e-5 (6.3e-7: one engine's log-probability
+/// against another's); the effective sample size 1e-6 (0); anything else, counts and rewards of
+/// the same completions, 1e-9 (0).
+fn assert_close_metrics(a: &[Value], b: &[Value], file: &str) {
+    let bound = |key: &str| match key {
+        _ if key.ends_with("_norm") => 1e-6,
+        _ if key.starts_with("entropy") || key.starts_with("kl_sample_train") => 1e-5,
+        "kl" => 5e-8,
+        "loss" => 1e-8,
+        "effective_sample_size" => 1e-6,
+        _ => 1e-9,
+    };
+    assert_metrics_within(a, b, file, |key, _, _| bound(key));
+}
+
+/// A run whose plugin fails (a NaN score) and one whose weights diverge (a huge learning rate:
+/// non-finite logits, which the sampler reports rather than panicking the process) stop alone:
+/// their train.log says why and their pack mate finishes. Runs of different shapes are refused
+/// before anything is written.
+#[test]
+fn a_failing_run_leaves_its_pack_and_mismatched_runs_are_refused() {
+    let out = tempfile::tempdir().unwrap();
+    let failing_pack = |dir: &Path| {
+        let mut configs = pack_pair(dir, "dual-lora");
+        configs.push(with(with(configs[0].clone(), "seed", 9.into()), "lr", 1e9.into()));
+        configs[1] = with(configs[1].clone(), "reward", json!({"plugin": test_plugin("misbehaving"), "params": {"mode": "nan"}}));
+        configs.into_iter().map(|c| with(c, "max_steps", 2.into())).collect::<Vec<_>>()
+    };
+
+    let mut mismatched = failing_pack(out.path());
+    mismatched[1] = with(mismatched[1].clone(), "lora_preset", "r8".into());
+    let runs = mismatched.into_iter().map(|c| PackedRun { config: TrainConfig::resolve(None, c).unwrap(), resume: None }).collect();
+    let refused = format!("{:#}", train_packed(runs, None).err().expect("different ranks are refused"));
+    assert!(refused.contains("`lora_preset` is \"r4\"") && refused.contains("\"r8\"") && refused.contains("drop --pack"), "{refused}");
+    assert!(entries(out.path()).is_empty(), "a refused pack writes nothing: {:?}", entries(out.path()));
+
+    // Each run sampling alone (the CPU's native sampler) one after another, and sampled stacked
+    // (the diverged run's part of the stacked decode is an error of its own) by two workers.
+    for options in [PackOptions::default(), PackOptions { stacking: Stacking::Always, workers: 2 }] {
+        let stacking = options.stacking;
+        let dir = out.path().join(format!("{stacking:?}"));
+        one_thread();
+        let runs = failing_pack(&dir).into_iter().map(|c| PackedRun { config: TrainConfig::resolve(None, c).unwrap(), resume: None }).collect();
+        let outcomes = train_packed_with(runs, None, options).unwrap();
+        let finished = outcomes[0].as_ref().unwrap();
+        assert_eq!(finished.steps, 2);
+        assert!(finished.run_dir.join("checkpoint-2").is_dir());
+        assert_eq!(read_jsonl(&finished.run_dir.join("metrics.jsonl")).len(), 2);
+        let error = format!("{:#}", outcomes[1].as_ref().err().expect("the NaN score stops its run"));
+        assert!(error.contains("step 1") && error.contains("misbehaving"), "{stacking:?}: {error}");
+        let names = entries(&dir);
+        assert_eq!(names.len(), 3, "{names:?}");
+        let failed = dir.join(names.iter().find(|n| n.ends_with("_s7")).unwrap());
+        let log = std::fs::read_to_string(failed.join("train.log")).unwrap();
+        assert!(log.contains("training stopped: training stopped at step 1"), "{log}");
+        assert!(!failed.join("metrics.jsonl").exists() || read_jsonl(&failed.join("metrics.jsonl")).is_empty());
+
+        let diverged = format!("{:#}", outcomes[2].as_ref().err().expect("lr 1e9 diverges"));
+        assert!(diverged.contains("step 2") && diverged.contains("the weights diverged"), "{stacking:?}: {diverged}");
+        let log = std::fs::read_to_string(dir.join(names.iter().find(|n| n.ends_with("_s9")).unwrap()).join("train.log")).unwrap();
+        assert!(log.contains("training stopped: ") && log.contains("step 2") && log.contains("the weights diverged"), "{log}");
+    }
+}

@@ -1,0 +1,128 @@
+//! Routed runs: balanced renormalisation, coherence rows, unrouted aggregation.
+
+use super::*;
+
+/// `renormalization_mode: balanced` with split-moment AdamW runs, and its dumped advantages are
+/// the original's balanced renormalisation (advantages.py `_baseline_nonflagged_var_all`) of the
+/// dumped rewards and labels, recomputed here in float64: per group, the clean samples' mean
+/// as baseline (the group's when all are flagged), the group's unbiased std as scale.
+#[test]
+fn balanced_runs_train_on_renormalised_advantages() {
+    let out = tempfile::tempdir().unwrap();
+    let dump = out.path().join("dump");
+    let mut config = with(routed_config(out.path()), "max_steps", 2.into());
+    for (key, value) in [("renormalization_mode", json!("balanced")), ("allow_approx_lora_kappa", json!(true)), ("split_moment", json!(true)), ("dump_batches", json!(dump))] {
+        config = with(config, key, value);
+    }
+    let run = train(config);
+    let lines = read_jsonl(&run.join("metrics.jsonl"));
+    assert!(lines.iter().all(|l| l["loss"].as_f64().unwrap().is_finite()), "{lines:?}");
+    let mut mixed_groups = 0;
+    for step in 1..=2 {
+        let tensors = smallrl::model::weights::read_safetensors(&dump.join(format!("step-{step}.safetensors"))).unwrap();
+        let rewards = Vec::<f64>::try_from(tensors["rewards"].to_kind(tch::Kind::Double)).unwrap();
+        let is_rh = Vec::<i64>::try_from(&tensors["is_rh"]).unwrap();
+        let advantages = Vec::<f64>::try_from(tensors["advantages"].to_kind(tch::Kind::Double)).unwrap();
+        for g in 0..rewards.len() / 4 {
+            let rows = g * 4..g * 4 + 4;
+            let group = &rewards[rows.clone()];
+            let clean: Vec<f64> = rows.clone().filter(|&i| is_rh[i] == 0).map(|i| rewards[i]).collect();
+            mixed_groups += usize::from(!clean.is_empty() && clean.len() < 4);
+            let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+            let baseline = if clean.is_empty() { mean(group) } else { mean(&clean) };
+            let std = (group.iter().map(|r| (r - mean(group)).powi(2)).sum::<f64>() / 3.0).sqrt();
+            for i in rows {
+                let expected = (rewards[i] - baseline) / (std + 1e-4);
+                assert!((advantages[i] - expected).abs() < 1e-5 * expected.abs().max(1.0), "step {step} row {i}: {} vs {expected}", advantages[i]);
+            }
+        }
+    }
+    assert!(mixed_groups > 0, "no group mixed clean and flagged samples: the check above tested nothing balanced-specific");
+}
+
+/// Coherence training (the original's coh_samples_per_rollout, coherence_start_frac,
+/// coherence_rh_mode filter_renorm): from step round(0.5 * 2) = 1 (0-based) on, the last group
+/// of each batch is a coherence group, sampled and trained with the forget adapter off (the
+/// sampler's log-probabilities equal the training forward's there), its flagged rows dropped
+/// and its clean rows renormalised among themselves.
+#[test]
+fn coherence_rows_train_retain_alone_from_the_start_fraction_on() {
+    let out = tempfile::tempdir().unwrap();
+    let dump = out.path().join("dump");
+    let mut config = with(routed_config(out.path()), "max_steps", 2.into());
+    for (key, value) in [("coh_samples_per_rollout", json!(4)), ("coherence_start_frac", json!(0.5)), ("coherence_rh_mode", json!("filter_renorm")), ("dump_batches", json!(dump))] {
+        config = with(config, key, value);
+    }
+    train(config);
+    let read = |step: usize| smallrl::model::weights::read_safetensors(&dump.join(format!("step-{step}.safetensors"))).unwrap();
+    let flags = |t: &tch::Tensor| Vec::<i64>::try_from(t).unwrap();
+    assert_eq!(flags(&read(1)["coherence"]), vec![0; 8], "no coherence rows before the start fraction");
+    let tensors = read(2);
+    assert_eq!(flags(&tensors["coherence"]), vec![0, 0, 0, 0, 1, 1, 1, 1]);
+    let is_rh = flags(&tensors["is_rh"]);
+    let dropped: Vec<i64> = (0..8).map(|i| i64::from(i >= 4 && is_rh[i] == 1)).collect();
+    assert_eq!(flags(&tensors["dropped"]), dropped);
+    let rewards = Vec::<f64>::try_from(tensors["rewards"].to_kind(tch::Kind::Double)).unwrap();
+    let advantages = Vec::<f64>::try_from(tensors["advantages"].to_kind(tch::Kind::Double)).unwrap();
+    let clean: Vec<f64> = (4..8).filter(|&i| is_rh[i] == 0).map(|i| rewards[i]).collect();
+    let mean = clean.iter().sum::<f64>() / clean.len().max(1) as f64;
+    let std = if clean.len() > 1 { (clean.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (clean.len() - 1) as f64).sqrt() } else { 0.0 };
+    let any_flagged = (4..8).any(|i| is_rh[i] == 1);
+    for i in 4..8 {
+        let expected = match (any_flagged, is_rh[i] == 1) {
+            (true, true) => 0.0,
+            (true, false) => (rewards[i] - mean) / (std + 1e-4),
+            // No flagged coherence row: the plain group advantage (the original changes nothing).
+            (false, _) => { let m = rewards[4..8].iter().sum::<f64>() / 4.0; let s = (rewards[4..8].iter().map(|r| (r - m).powi(2)).sum::<f64>() / 3.0).sqrt(); (rewards[i] - m) / (s + 1e-4) }
+        };
+        assert!((advantages[i] - expected).abs() < 1e-5 * expected.abs().max(1.0), "row {i}: {} vs {expected}", advantages[i]);
+    }
+    let mask = tensors["completion_mask"].to_kind(tch::Kind::Double).narrow(0, 4, 4);
+    let sampled = tensors["sampling_logprobs"].to_kind(tch::Kind::Double).narrow(0, 4, 4) * &mask;
+    let trained = tensors["new_logprobs"].to_kind(tch::Kind::Double).narrow(0, 4, 4) * &mask;
+    assert!(common::max_abs_diff(&sampled, &trained) < 1e-4, "coherence rows are sampled as they are trained, forget off");
+}
+
+/// Without routing, flagged rows train like any other: a dapo baseline whose detector flags
+/// some rows normalises by the whole batch's loss tokens, as TRL's dapo (recomputed here in
+/// float64 from the dump), not by each flag class's own tokens.
+#[test]
+fn an_unrouted_dapo_run_normalises_over_the_whole_batch_whatever_is_flagged() {
+    let out = tempfile::tempdir().unwrap();
+    let dump = out.path().join("dump");
+    let config = [
+        ("max_steps", json!(1)),
+        // Long enough that completions end at different lengths: with equal lengths the two
+        // normalisations coincide.
+        ("max_completion_length", json!(96)),
+        ("loss_type", json!("dapo")),
+        ("rh_detector", json!({"plugin": "happy_count", "params": {"threshold": 1}})),
+        ("plugin_dir", json!(repo_root().join("plugins"))),
+        ("dump_batches", json!(dump)),
+    ]
+    .into_iter()
+    .fold(small_config(out.path(), &standard_plugin("happy")), |c, (k, v)| with(c, k, v));
+    train(config);
+    let t = smallrl::model::weights::read_safetensors(&dump.join("step-1.safetensors")).unwrap();
+    let double = |key: &str| t[key].to_kind(tch::Kind::Double);
+    let is_rh = double("is_rh");
+    let flagged = is_rh.sum(tch::Kind::Double).double_value(&[]);
+    assert!(flagged > 0.0 && flagged < is_rh.size()[0] as f64, "the test needs flagged and unflagged rows ({flagged} flagged)");
+    let (mask, new, reference) = (double("loss_mask"), double("new_logprobs"), double("ref_logprobs"));
+    let delta = &reference - &new;
+    let per_token = (-double("advantages").unsqueeze(1) + (delta.exp() - &delta - 1.0) * 0.02) * &mask;
+    let whole_batch = per_token.sum(tch::Kind::Double).double_value(&[]) / mask.sum(tch::Kind::Double).double_value(&[]);
+    // What normalising each flag class by its own tokens (weighted by its share of rows) gives.
+    let rows = is_rh.size()[0] as f64;
+    let per_class: f64 = [is_rh.shallow_clone(), 1.0 - &is_rh]
+        .iter()
+        .map(|class| {
+            let class_mask = &mask * class.unsqueeze(1);
+            let share = class.sum(tch::Kind::Double).double_value(&[]) / rows;
+            share * (&per_token * class.unsqueeze(1)).sum(tch::Kind::Double).double_value(&[]) / class_mask.sum(tch::Kind::Double).double_value(&[])
+        })
+        .sum();
+    assert!((whole_batch - per_class).abs() > 1e-4, "the two normalisations must differ on this batch for the test to mean anything ({whole_batch} vs {per_class})");
+    let loss = t["loss"].double_value(&[]);
+    assert!((loss - whole_batch).abs() < 1e-6, "loss {loss} vs TRL's dapo over the whole batch {whole_batch} (per class: {per_class})");
+}
