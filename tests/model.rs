@@ -498,3 +498,34 @@ fn native_scorer_matches_the_training_forward_pass() {
         assert_eq!(native.masked_select(&mask.eq(0)).abs().sum(Kind::Float).double_value(&[]), 0.0, "padding must be 0");
     }
 }
+
+/// The architecture is described once (`Llama::build`: each base tensor's name and shape beside
+/// its field) and walked back by `base_tensors`: the same names in the same order with the same
+/// shapes, exactly the tensors transformers saved for each fixture; the frozen copy built
+/// through it holds equal values in storage of its own.
+#[test]
+fn the_model_is_described_once_and_its_walk_names_what_transformers_saved() {
+    for name in ["tiny-random", "tiny-stories"] {
+        let (loaded, _) = load(name);
+        let model = &loaded.model;
+        let mut built = Vec::new();
+        let mut record = |name: &str, shape: &[usize]| {
+            built.push((name.to_string(), shape.to_vec()));
+            Ok(Tensor::zeros(shape.iter().map(|&d| d as i64).collect::<Vec<_>>(), (Kind::Float, Device::Cpu)))
+        };
+        smallrl::model::Llama::build(model.config.clone(), &mut record, Device::Cpu, Kind::Float).unwrap();
+        let walked: Vec<(String, Vec<usize>)> = model.base_tensors().iter().map(|(n, t)| (n.clone(), t.size().iter().map(|&d| d as usize).collect())).collect();
+        assert_eq!(built, walked, "{name}: build and base_tensors disagree");
+        let saved: std::collections::BTreeSet<String> = model::weights::read_safetensors(&fixture(name).join("model.safetensors"))
+            .unwrap()
+            .into_keys()
+            .filter(|n| !n.ends_with("rotary_emb.inv_freq") && !(model.config.tie_word_embeddings && n == "lm_head.weight"))
+            .collect();
+        assert_eq!(walked.iter().map(|(n, _)| n.clone()).collect::<std::collections::BTreeSet<_>>(), saved, "{name}: the walk names what transformers saved");
+        let frozen = model.frozen_copy();
+        for ((n, ours), (_, copy)) in model.base_tensors().into_iter().zip(frozen.base_tensors()) {
+            assert!(ours.equal(copy), "{name}: {n} copied exactly");
+            assert_ne!(ours.data_ptr(), copy.data_ptr(), "{name}: {n} in storage of its own");
+        }
+    }
+}

@@ -250,7 +250,7 @@ impl AdapterConfig {
     }
 
     /// The trainable tensors with their checkpoint names. For adapters:
-    /// `model.layers.{i}.self_attn.q_proj.lora_A.{slot}.weight`, for DualMLP
+    /// `model.layers.{i}.self_attn.{projection}.lora_A.{slot}.weight`, for DualMLP
     /// `model.layers.{i}.mlp.adapter_gate.{slot}.weight` (`_up`, `_down`); for full fine-tuning
     /// the HF names of the base weights.
     pub fn trainable(&self, model: &Llama) -> Vec<(String, Tensor)> {

@@ -3,6 +3,8 @@
 
 use tch::{Kind, Tensor};
 
+use crate::stats::effective_sample_size;
+
 /// The aggregation of the per-token loss (TRL's `loss_type`; cispo is aggregated as dapo).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Aggregation {
@@ -33,6 +35,26 @@ pub fn token_weights(mask: &Tensor, classes: &[Tensor], aggregation: Aggregation
         weights = weights + class_weights(&class_mask, &n_class, aggregation, micro_batches) * (n_class / batch);
     }
     weights
+}
+
+/// Kish's effective sample size `(Σw)² / Σw²` of an aggregation's loss weights over the batch:
+/// over its tokens, and over its sequences (a sequence weighing the sum of its tokens' weights).
+/// The entropy-dynamics study's ESS of Dr-GRPO's weighted loss, for any aggregation. Ratios and
+/// advantages aside: it says how evenly the aggregation alone spreads the loss.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WeightEss {
+    pub tokens: f64,
+    pub sequences: f64,
+}
+
+impl WeightEss {
+    /// The ESS of `aggregation`'s weights of the tokens in `mask` (`[rows, tokens]`, one class).
+    pub fn of(mask: &Tensor, aggregation: Aggregation, micro_batches: usize) -> Self {
+        let rows = mask.size()[0];
+        let everyone = Tensor::ones([rows], (Kind::Bool, mask.device()));
+        let weights = token_weights(&mask.to_kind(Kind::Float), &[everyone], aggregation, micro_batches);
+        Self { tokens: effective_sample_size(&weights), sequences: effective_sample_size(&weights.sum_dim_intlist(1, false, Kind::Float)) }
+    }
 }
 
 /// The batch's token weights ([`token_weights`], one pass) kept on `rows` only (`[batch]` 0/1):

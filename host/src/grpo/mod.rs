@@ -18,7 +18,7 @@ mod objective;
 mod tests;
 
 pub use advantages::{ScaleRewards, group_advantages, informative_groups};
-pub use aggregation::{Aggregation, row_token_weights, token_weights};
+pub use aggregation::{Aggregation, WeightEss, row_token_weights, token_weights};
 pub use kl::{KlEstimator, KlPenalty, per_token_kl};
 pub use loss::{ClipFractions, LossTerms, grpo_loss, weighted_loss};
 pub use masks::{TokenMasks, high_entropy_mask, loss_mask};

@@ -263,3 +263,24 @@ fn masking_truncated_completions_removes_their_rows_only() {
     let expected = Tensor::from_slice(&[1i64, 1, 0, 0, 0, 0]).view([2, 3]);
     assert!(loss_mask(&generation, true).equal(&expected), "the row without EOS leaves the loss");
 }
+
+/// Kish's ESS of each aggregation's weights, by hand for rows of 1, 2 and 3 loss tokens (of 4):
+/// grpo weighs a token 1/(L_i n), so over tokens (Σw)²/Σw² = 1/(1/9 + 2/36 + 3/81) = 54/11 and
+/// over sequences 3 (each row 1/3); dr_grpo, dapo and bnpo in one micro-batch weigh tokens
+/// equally (ESS 6 over tokens, (1+2+3)²/(1+4+9) = 18/7 over sequences); bnpo in three
+/// micro-batches of one row normalises each row by its own tokens, as grpo does.
+#[test]
+fn the_ess_of_each_aggregation_matches_hand_computed_values() {
+    let mask = Tensor::from_slice(&[1.0f32, 0., 0., 0., 1., 1., 0., 0., 1., 1., 1., 0.]).view([3, 4]);
+    let cases = [
+        (Aggregation::Grpo, 1, 54.0 / 11.0, 3.0),
+        (Aggregation::DrGrpo { max_completion_length: 4 }, 1, 6.0, 18.0 / 7.0),
+        (Aggregation::Dapo, 1, 6.0, 18.0 / 7.0),
+        (Aggregation::Bnpo, 1, 6.0, 18.0 / 7.0),
+        (Aggregation::Bnpo, 3, 54.0 / 11.0, 3.0),
+    ];
+    for (aggregation, micro_batches, tokens, sequences) in cases {
+        let ess = WeightEss::of(&mask, aggregation, micro_batches);
+        assert!((ess.tokens - tokens).abs() < 1e-5 && (ess.sequences - sequences).abs() < 1e-5, "{aggregation:?} x{micro_batches}: {ess:?}, expected {tokens} and {sequences}");
+    }
+}

@@ -45,17 +45,17 @@ impl FoldedWeights {
             .layers
             .iter()
             .map(|block| {
-                let attn = &block.self_attn;
+                let [q, k, v, o] = block.self_attn.projections();
                 // The attention scale 1/sqrt(head_dim) is folded into the query rows.
-                let q = merged(&attn.q_proj) * (cfg.head_dim as f64).powf(-0.5);
-                let (k, v) = (merged(&attn.k_proj), merged(&attn.v_proj));
+                let q = merged(q) * (cfg.head_dim as f64).powf(-0.5);
+                let (k, v) = (merged(k), merged(v));
                 let rq = rotate_half_rows(&q, cfg.num_attention_heads, cfg.head_dim);
                 let rk = rotate_half_rows(&k, cfg.num_key_value_heads, cfg.head_dim);
                 let [gate, up, down] = block.mlp.folded(scales, width as i64);
                 FoldedLayer {
                     input_layernorm: block.input_layernorm.detach(),
                     qkv_t: transposed(&Tensor::cat(&[q, k, rq, rk, v], 0)),
-                    o_t: transposed(&merged(&attn.o_proj)),
+                    o_t: transposed(&merged(o)),
                     post_attention_layernorm: block.post_attention_layernorm.detach(),
                     gate_up_t: transposed(&Tensor::cat(&[gate, up], 0)),
                     down_t: transposed(&down),

@@ -2,6 +2,7 @@
 //! per row. Incremental decoding lives in [`super::decode`], which folds the adapters into
 //! fused weights; both paths must agree (tested against transformers' logits).
 
+use anyhow::Result;
 use tch::{Device, Kind, Tensor};
 
 use super::config::LlamaConfig;
@@ -55,6 +56,11 @@ pub fn projection_name(layer: usize, p: usize) -> String {
 }
 
 impl Attention {
+    /// `[q, k, v, o]`, the projections in HF order (the decoder fuses the first three).
+    pub fn projections(&self) -> [&Linear; 4] {
+        [&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj]
+    }
+
     fn forward(&self, x: &Tensor, cfg: &LlamaConfig, rope: (&Tensor, &Tensor), mask: &Tensor, ctl: &[AdapterCtl]) -> Tensor {
         let (b, t, _) = x.size3().expect("attention input must be [batch, seq, hidden]");
         let heads = |y: Tensor, n: usize| y.view([b, t, n as i64, cfg.head_dim as i64]).transpose(1, 2);
@@ -161,36 +167,48 @@ impl Llama {
         rms_norm(&x, &self.norm, eps)
     }
 
-    /// A copy of the base weights outside autograd: the frozen reference policy of full
-    /// fine-tuning (adapters are not copied; the RoPE tables are shared, they never change).
-    pub fn frozen_copy(&self) -> Self {
-        let copy = |t: &Tensor| t.detach().copy();
-        let linear = |l: &Linear| Linear::new(copy(&l.weight));
-        let layers = self
-            .layers
-            .iter()
-            .map(|b| Block {
-                input_layernorm: copy(&b.input_layernorm),
-                self_attn: Attention {
-                    q_proj: linear(&b.self_attn.q_proj),
-                    k_proj: linear(&b.self_attn.k_proj),
-                    v_proj: linear(&b.self_attn.v_proj),
-                    o_proj: linear(&b.self_attn.o_proj),
-                },
-                post_attention_layernorm: copy(&b.post_attention_layernorm),
-                mlp: Mlp { gate_proj: linear(&b.mlp.gate_proj), up_proj: linear(&b.mlp.up_proj), down_proj: linear(&b.mlp.down_proj), adapters: Vec::new() },
-            })
-            .collect();
-        Self {
-            config: self.config.clone(),
-            embed_tokens: copy(&self.embed_tokens),
-            layers,
-            norm: copy(&self.norm),
-            lm_head: self.lm_head.as_ref().map(copy),
-            rope: Rope { cos: self.rope.cos.shallow_clone(), sin: self.rope.sin.shallow_clone() },
-            device: self.device,
-            kind: self.kind,
+    /// The architecture's one description: every base tensor's HF name and the shape
+    /// `config.json` implies, written beside the field it fills. Everything that makes a model
+    /// makes it here, from a `source` of tensors by name and shape: loading (`weights.rs`, which
+    /// checks what the files hold), the frozen reference ([`Self::frozen_copy`]), stacking
+    /// (`stacked.rs`) and pre-training's initialisation; [`Self::base_tensors`] walks the same
+    /// fields back in the same order (a test holds the two to each other).
+    pub fn build(config: LlamaConfig, source: &mut dyn FnMut(&str, &[usize]) -> Result<Tensor>, device: Device, kind: Kind) -> Result<Self> {
+        let (h, i, vocab) = (config.hidden_size, config.intermediate_size, config.vocab_size);
+        let (q, kv) = (config.q_size(), config.kv_size());
+        let embed_tokens = source("model.embed_tokens.weight", &[vocab, h])?;
+        // Every layer's norms, then every layer's projections: the order of
+        // [`Self::base_tensors`], which optimizer states, checkpoints and seeded
+        // initialisations have always followed.
+        let layer = |l: usize, name: &str| format!("model.layers.{l}.{name}.weight");
+        let mut norms = Vec::with_capacity(config.num_hidden_layers);
+        for l in 0..config.num_hidden_layers {
+            norms.push((source(&layer(l, "input_layernorm"), &[h])?, source(&layer(l, "post_attention_layernorm"), &[h])?));
         }
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        for (l, (input_layernorm, post_attention_layernorm)) in norms.into_iter().enumerate() {
+            let mut linear = |name: &str, out: usize, inp: usize| source(&layer(l, name), &[out, inp]).map(Linear::new);
+            let self_attn = Attention {
+                q_proj: linear("self_attn.q_proj", q, h)?,
+                k_proj: linear("self_attn.k_proj", kv, h)?,
+                v_proj: linear("self_attn.v_proj", kv, h)?,
+                o_proj: linear("self_attn.o_proj", h, q)?,
+            };
+            let mlp = Mlp { gate_proj: linear("mlp.gate_proj", i, h)?, up_proj: linear("mlp.up_proj", i, h)?, down_proj: linear("mlp.down_proj", h, i)?, adapters: Vec::new() };
+            layers.push(Block { input_layernorm, self_attn, post_attention_layernorm, mlp });
+        }
+        let norm = source("model.norm.weight", &[h])?;
+        let lm_head = if config.tie_word_embeddings { None } else { Some(source("lm_head.weight", &[vocab, h])?) };
+        let rope = Rope::new(config.head_dim, config.rope_theta, config.max_position_embeddings, device);
+        Ok(Self { config, embed_tokens, layers, norm, lm_head, rope, device, kind })
+    }
+
+    /// A copy of the base weights outside autograd: the frozen reference policy of full
+    /// fine-tuning (adapters are not copied).
+    pub fn frozen_copy(&self) -> Self {
+        let base: std::collections::HashMap<String, &Tensor> = self.base_tensors().into_iter().collect();
+        Self::build(self.config.clone(), &mut |name, _| Ok(base[name].detach().copy()), self.device, self.kind)
+            .expect("a model's own tensors rebuild it")
     }
 
     /// `[.., vocab]` logits of hidden states.
@@ -219,7 +237,8 @@ impl Llama {
         let mut out = Vec::new();
         for (i, block) in self.layers.iter().enumerate() {
             let (a, m) = (&block.self_attn, &block.mlp);
-            let linears = [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj, &m.gate_proj, &m.up_proj, &m.down_proj];
+            let [q, k, v, o] = a.projections();
+            let linears = [q, k, v, o, &m.gate_proj, &m.up_proj, &m.down_proj];
             out.extend(linears.into_iter().enumerate().map(|(p, l)| (projection_name(i, p), l)));
         }
         out
@@ -238,8 +257,8 @@ impl Llama {
         out
     }
 
-    /// The base weights under their HF tensor names (no adapters). Tied models list the
-    /// embedding once, as transformers saves them.
+    /// The base weights under their HF tensor names (no adapters), in [`Self::build`]'s order.
+    /// Tied models list the embedding once, as transformers saves them.
     pub fn base_tensors(&self) -> Vec<(String, &Tensor)> {
         let mut out = vec![("model.embed_tokens.weight".to_string(), &self.embed_tokens)];
         for (i, block) in self.layers.iter().enumerate() {

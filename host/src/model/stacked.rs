@@ -14,12 +14,13 @@
 //! Architecture invariant: stacking changes rounding only (the batched products), never what a
 //! run computes: `tests/train/` holds a stacked pack to the same runs trained alone.
 
+use std::collections::HashMap;
+
 use tch::{Kind, Tensor};
 
 use super::linear::{AdapterCtl, Linear, Lora, RowLearn, RowScale};
-use super::llama::{Attention, Block, Llama, Mlp};
+use super::llama::{Block, Llama};
 use super::mlp_adapter::MlpAdapter;
-use super::rope::Rope;
 
 /// `[R, ...]` of each run's tensor (differentiable in each run's own).
 fn stack(tensors: impl Iterator<Item = Tensor>) -> Tensor {
@@ -35,52 +36,25 @@ impl Llama {
             assert_eq!(other.config, first.config, "stacked models share their configuration");
             assert_eq!((other.device, other.kind), (first.device, first.kind), "stacked models share their device and dtype");
         }
-        let layers = (0..first.layers.len()).map(|i| stacked_block(&models.iter().map(|m| &m.layers[i]).collect::<Vec<_>>())).collect();
-        Llama {
-            config: first.config.clone(),
-            embed_tokens: stack(models.iter().map(|m| m.embed_tokens.shallow_clone())),
-            layers,
-            norm: stack(models.iter().map(|m| m.norm.shallow_clone())),
-            lm_head: first.lm_head.as_ref().map(|_| stack(models.iter().map(|m| m.lm_head.as_ref().expect("stacked models all have a head or all tie it").shallow_clone()))),
-            rope: Rope { cos: first.rope.cos.shallow_clone(), sin: first.rope.sin.shallow_clone() },
-            device: first.device,
-            kind: first.kind,
+        let bases: Vec<HashMap<String, &Tensor>> = models.iter().map(|m| m.base_tensors().into_iter().collect()).collect();
+        let mut stacked = Llama::build(first.config.clone(), &mut |name, _| Ok(stack(bases.iter().map(|base| base[name].shallow_clone()))), first.device, first.kind)
+            .expect("models of one configuration stack");
+        let runs: Vec<Vec<(String, &Linear)>> = models.iter().map(|m| m.projections()).collect();
+        for (p, (_, linear)) in stacked.projections_mut().into_iter().enumerate() {
+            let slots = runs[0][p].1.adapters.len();
+            linear.adapters = (0..slots).map(|slot| stacked_slot(&runs.iter().map(|r| r[p].1).collect::<Vec<_>>(), |l| l.adapters[slot].as_ref(), stacked_lora)).collect();
         }
+        for (i, block) in stacked.layers.iter_mut().enumerate() {
+            let blocks: Vec<&Block> = models.iter().map(|m| &m.layers[i]).collect();
+            let slots = blocks[0].mlp.adapters.len();
+            block.mlp.adapters = (0..slots).map(|slot| stacked_slot(&blocks, |b| b.mlp.adapters[slot].as_ref(), stacked_mlp_adapter)).collect();
+        }
+        stacked
     }
 
     /// How many runs this model stacks (1 for a model that is not stacked).
     pub fn runs(&self) -> i64 {
         if self.embed_tokens.dim() == 3 { self.embed_tokens.size()[0] } else { 1 }
-    }
-}
-
-fn stacked_block(blocks: &[&Block]) -> Block {
-    let linear = |pick: fn(&Block) -> &Linear| stacked_linear(&blocks.iter().map(|b| pick(b)).collect::<Vec<_>>());
-    let norm = |pick: fn(&Block) -> &Tensor| stack(blocks.iter().map(|b| pick(b).shallow_clone()));
-    let slots = blocks[0].mlp.adapters.len();
-    Block {
-        input_layernorm: norm(|b| &b.input_layernorm),
-        self_attn: Attention {
-            q_proj: linear(|b| &b.self_attn.q_proj),
-            k_proj: linear(|b| &b.self_attn.k_proj),
-            v_proj: linear(|b| &b.self_attn.v_proj),
-            o_proj: linear(|b| &b.self_attn.o_proj),
-        },
-        post_attention_layernorm: norm(|b| &b.post_attention_layernorm),
-        mlp: Mlp {
-            gate_proj: linear(|b| &b.mlp.gate_proj),
-            up_proj: linear(|b| &b.mlp.up_proj),
-            down_proj: linear(|b| &b.mlp.down_proj),
-            adapters: (0..slots).map(|slot| stacked_slot(blocks, |b| b.mlp.adapters[slot].as_ref(), stacked_mlp_adapter)).collect(),
-        },
-    }
-}
-
-fn stacked_linear(linears: &[&Linear]) -> Linear {
-    let slots = linears[0].adapters.len();
-    Linear {
-        weight: stack(linears.iter().map(|l| l.weight.shallow_clone())),
-        adapters: (0..slots).map(|slot| stacked_slot(linears, |l| l.adapters[slot].as_ref(), stacked_lora)).collect(),
     }
 }
 

@@ -10,9 +10,7 @@ use anyhow::{Context, Result, bail, ensure};
 use tch::{Device, Kind, Tensor};
 
 use super::config::LlamaConfig;
-use super::linear::Linear;
-use super::llama::{Attention, Block, Llama, Mlp};
-use super::rope::Rope;
+use super::llama::Llama;
 
 /// A tensor read from disk, remembered with the file it came from (for error messages).
 struct Stored {
@@ -76,56 +74,18 @@ pub fn load_llama(config: LlamaConfig, files: &[PathBuf], device: Device, kind: 
     assemble(config, read_all(files)?, device, kind)
 }
 
-/// Builds a LLaMA from named tensors made in memory (e.g. a fresh initialisation); `origin`
-/// stands for the file in error messages. The same checks as loading from disk apply.
-pub fn llama_from_tensors(config: LlamaConfig, tensors: Vec<(String, Tensor)>, origin: &Path, device: Device, kind: Kind) -> Result<Llama> {
-    let stored = tensors.into_iter().map(|(name, tensor)| (name, Stored { tensor, file: origin.to_owned() })).collect();
-    assemble(config, stored, device, kind)
-}
-
 fn assemble(config: LlamaConfig, mut stored: HashMap<String, Stored>, device: Device, kind: Kind) -> Result<Llama> {
-    let mut take = |name: &str, shape: &[usize]| take_tensor(&mut stored, name, shape, device, kind);
-    let (h, i) = (config.hidden_size, config.intermediate_size);
-    let embed_tokens = take("model.embed_tokens.weight", &[config.vocab_size, h])?;
-    let mut layers = Vec::with_capacity(config.num_hidden_layers);
-    for l in 0..config.num_hidden_layers {
-        let p = format!("model.layers.{l}");
-        let mut linear = |name: &str, out: usize, inp: usize| -> Result<Linear> {
-            Ok(Linear::new(take(&format!("{p}.{name}.weight"), &[out, inp])?))
-        };
-        let self_attn = Attention {
-            q_proj: linear("self_attn.q_proj", config.q_size(), h)?,
-            k_proj: linear("self_attn.k_proj", config.kv_size(), h)?,
-            v_proj: linear("self_attn.v_proj", config.kv_size(), h)?,
-            o_proj: linear("self_attn.o_proj", h, config.q_size())?,
-        };
-        let mlp = Mlp {
-            gate_proj: linear("mlp.gate_proj", i, h)?,
-            up_proj: linear("mlp.up_proj", i, h)?,
-            down_proj: linear("mlp.down_proj", h, i)?,
-            adapters: Vec::new(),
-        };
-        layers.push(Block {
-            input_layernorm: take(&format!("{p}.input_layernorm.weight"), &[h])?,
-            self_attn,
-            post_attention_layernorm: take(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
-            mlp,
-        });
+    let tied = config.tie_word_embeddings;
+    let model = Llama::build(config, &mut |name, shape| take_tensor(&mut stored, name, shape, device, kind), device, kind)?;
+    if tied {
+        check_tied_head(&mut stored, &model.embed_tokens)?;
     }
-    let norm = take("model.norm.weight", &[h])?;
-    let lm_head = if config.tie_word_embeddings {
-        check_tied_head(&mut stored, &embed_tokens)?;
-        None
-    } else {
-        Some(take("lm_head.weight", &[config.vocab_size, h])?)
-    };
     // Old checkpoints carry RoPE's inverse frequencies as a buffer; they are recomputed.
     stored.retain(|name, _| !name.ends_with("self_attn.rotary_emb.inv_freq"));
     if let Some((name, s)) = stored.iter().next() {
         bail!("{}: tensor {name} is not part of a LlamaForCausalLM with this config.json", s.file.display());
     }
-    let rope = Rope::new(config.head_dim, config.rope_theta, config.max_position_embeddings, device);
-    Ok(Llama { config, embed_tokens, layers, norm, lm_head, rope, device, kind })
+    Ok(model)
 }
 
 fn read_all(files: &[PathBuf]) -> Result<HashMap<String, Stored>> {

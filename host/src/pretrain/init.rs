@@ -7,48 +7,19 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use tch::{Device, Kind, Tensor};
 
-use crate::model::llama::{PROJECTIONS, projection_name};
 use crate::model::{Llama, LlamaConfig};
 use crate::rng::SplitMix64;
 
 /// A freshly initialised model drawn from `seed` (our own generator, never libtorch's global
-/// one), in float32 on `device`.
+/// one), in float32 on `device`: every matrix N(0, std²), every norm weight 1, drawn in the
+/// order [`Llama::build`] names them.
 pub fn random_model(config: LlamaConfig, std: f64, seed: u64, device: Device) -> Result<Llama> {
     let mut rng = SplitMix64::new(seed);
-    let tensors: Vec<(String, Tensor)> = parameter_shapes(&config)
-        .into_iter()
-        .map(|(name, shape)| {
-            let tensor = if shape.len() == 1 { Tensor::ones([shape[0] as i64], (Kind::Float, Device::Cpu)) } else { normal(&mut rng, &shape, std) };
-            (name, tensor)
-        })
-        .collect();
-    crate::model::weights::llama_from_tensors(config, tensors, Path::new("<random initialisation>"), device, Kind::Float)
-}
-
-/// Every base tensor of a `LlamaForCausalLM` with this configuration, in HF order and names.
-fn parameter_shapes(config: &LlamaConfig) -> Vec<(String, Vec<usize>)> {
-    let (h, i) = (config.hidden_size, config.intermediate_size);
-    let projection_shape = |p: &str| match p {
-        "q_proj" => vec![config.q_size(), h],
-        "k_proj" | "v_proj" => vec![config.kv_size(), h],
-        "o_proj" => vec![h, config.q_size()],
-        "gate_proj" | "up_proj" => vec![i, h],
-        "down_proj" => vec![h, i],
-        other => unreachable!("unknown projection {other}"),
+    let mut draw = |_: &str, shape: &[usize]| {
+        let tensor = if shape.len() == 1 { Tensor::ones([shape[0] as i64], (Kind::Float, Device::Cpu)) } else { normal(&mut rng, shape, std) };
+        Ok(tensor.to_device(device))
     };
-    let mut shapes = vec![("model.embed_tokens.weight".to_string(), vec![config.vocab_size, h])];
-    for layer in 0..config.num_hidden_layers {
-        shapes.push((format!("model.layers.{layer}.input_layernorm.weight"), vec![h]));
-        shapes.push((format!("model.layers.{layer}.post_attention_layernorm.weight"), vec![h]));
-        for (p, name) in PROJECTIONS.iter().enumerate() {
-            shapes.push((format!("{}.weight", projection_name(layer, p)), projection_shape(name)));
-        }
-    }
-    shapes.push(("model.norm.weight".to_string(), vec![h]));
-    if !config.tie_word_embeddings {
-        shapes.push(("lm_head.weight".to_string(), vec![config.vocab_size, h]));
-    }
-    shapes
+    Llama::build(config, &mut draw, device, Kind::Float)
 }
 
 /// N(0, std²) values by the Box-Muller transform.

@@ -10,7 +10,11 @@ use std::path::Path;
 use anyhow::{Context, Result, ensure};
 use serde_json::{Map, Value};
 
+use crate::grpo::{LossType, WeightEss};
 use crate::probes::NoiseScale;
+
+/// The aggregations whose loss-weight ESS every step logs (`ess/...`; cispo aggregates as dapo).
+pub const AGGREGATIONS: [LossType; 4] = [LossType::Grpo, LossType::DrGrpo, LossType::Dapo, LossType::Bnpo];
 
 /// The keys of a `metrics.jsonl` line.
 pub mod key {
@@ -91,6 +95,15 @@ pub mod key {
     pub const ABSORPTION_GRAD_NORM_FLAGGED: &str = "grad_norm_flagged";
     pub const ABSORPTION_GRAD_NORM_UNFLAGGED: &str = "grad_norm_unflagged";
 
+    /// `ess/<over>/<loss_type>`: Kish's effective sample size of `loss_type`'s aggregation
+    /// weights of the step's loss tokens, `over` tokens or sequences (`grpo::WeightEss`).
+    pub fn ess(over: &str, loss_type: crate::grpo::LossType) -> String {
+        format!("ess/{over}/{loss_type}")
+    }
+    /// The `over` of [`ess`]: tokens and sequences.
+    pub const ESS_TOKENS: &str = "tokens";
+    pub const ESS_SEQUENCES: &str = "sequences";
+
     /// `absorption/<adapter>/<quantity>`.
     pub fn absorption(adapter: &str, quantity: &str) -> String {
         format!("absorption/{adapter}/{quantity}")
@@ -159,6 +172,9 @@ pub struct StepMetrics {
     /// TRL's `cispo_clip_ratio` (with cispo only).
     pub cispo_clip_ratio: Option<f64>,
     pub effective_sample_size: f64,
+    /// Each aggregation's [`crate::grpo::WeightEss`] of the step's loss tokens, whichever the
+    /// run trains with ([`AGGREGATIONS`]).
+    pub aggregation_ess: Vec<(LossType, WeightEss)>,
     /// `kl_sample_train_v1` and `_v2`.
     pub kl_sample_train: (f64, f64),
     /// With `gradient_noise_scale`: the step's estimates and their running averages.
@@ -246,6 +262,10 @@ pub fn line(rollout: &RolloutMetrics, step: &StepMetrics) -> Value {
         put(key::CISPO_CLIP_RATIO, capped.into());
     }
     put(key::EFFECTIVE_SAMPLE_SIZE, step.effective_sample_size.into());
+    for (loss_type, ess) in &step.aggregation_ess {
+        put(&key::ess(key::ESS_TOKENS, *loss_type), ess.tokens.into());
+        put(&key::ess(key::ESS_SEQUENCES, *loss_type), ess.sequences.into());
+    }
     put(key::KL_SAMPLE_TRAIN_V1, step.kl_sample_train.0.into());
     put(key::KL_SAMPLE_TRAIN_V2, step.kl_sample_train.1.into());
     if let Some(noise) = &step.gradient_noise {

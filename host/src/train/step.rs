@@ -233,6 +233,13 @@ impl Trainer {
             clip_fractions: terms.clip_fractions.as_ref().map(|clip| [&clip.low, &clip.high, &clip.region].map(|f| f.double_value(&[]))),
             cispo_clip_ratio: terms.cispo_clip_ratio.as_ref().map(|f| f.double_value(&[])),
             effective_sample_size: terms.effective_sample_size,
+            aggregation_ess: metrics::AGGREGATIONS
+                .iter()
+                .map(|&loss_type| {
+                    let aggregation = grpo::Aggregation::of(loss_type, self.cfg.max_completion_length);
+                    (loss_type, grpo::WeightEss::of(mask, aggregation, self.cfg.gradient_accumulation_steps))
+                })
+                .collect(),
             kl_sample_train: probes::sampler_learner_kl(&mini.generation.sampling_logprobs, &logprobs.logprobs, &mini.generation.completion_mask),
             gradient_noise,
             num_tokens: self.num_tokens,
