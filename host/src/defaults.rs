@@ -46,6 +46,11 @@ pub const LAYER_STRIDE: usize = 1;
 
 /// `smallrl plugin snapshot` writes `<this dir beside the plugin>/<plugin file stem>.snap`.
 pub const PLUGIN_SNAPSHOT_DIR: &str = "snapshots";
+/// `smallrl wandb-sync`'s wandb project when `--project` is not given.
+pub const WANDB_PROJECT: &str = "smallrl";
+/// The environment variable that names the Python (with scripts/requirements.txt installed)
+/// that runs Python-side tools such as `smallrl wandb-sync`; unset, the checkout's `.venv`.
+pub const PYTHON_ENV: &str = "SMALLRL_PYTHON";
 /// TensorBoard event files in the run directory: on, because researchers watch curves while
 /// runs go and the files are small (1.4 KB a step measured, with evaluations);
 /// `--tensorboard false` turns them off.

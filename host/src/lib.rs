@@ -26,4 +26,5 @@ pub mod routing;
 pub mod sweep;
 pub mod tensorboard;
 pub mod train;
+pub mod wandb;
 pub mod yaml;
