@@ -85,8 +85,12 @@ pub const SWEEP_PACK_ON_CUDA: usize = 16;
 pub const SWEEP_STATUS_SECONDS: u64 = 30;
 /// How often the sweep looks at its children (milliseconds).
 pub const SWEEP_POLL_MILLIS: u64 = 200;
-/// CPUs (and libtorch threads) per run in an emitted SLURM array job.
+/// CPUs (and libtorch threads) per run, per pack worker, in an emitted SLURM array job
+/// (`slurm_cpus_per_task` sets the task's).
 pub const SLURM_CPUS_PER_RUN: usize = 1;
+/// GPUs per task of an emitted SLURM array job whose runs ask for CUDA (`slurm_gpus_per_task`):
+/// a task trains one run or one pack, on one GPU.
+pub const SLURM_GPUS_PER_TASK_ON_CUDA: usize = 1;
 /// Delay between frames of the animated GIF across evaluation steps (milliseconds).
 pub const GIF_FRAME_MILLIS: u32 = 800;
 /// Delay between frames when the HTML viewer plays (milliseconds).
