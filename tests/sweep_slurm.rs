@@ -189,6 +189,8 @@ fn inconsistent_slurm_options_are_refused_with_the_reason() {
     assert!(message.contains("the runs ask for CUDA (device cuda), so slurm_gpus_per_task cannot be 0"), "{message}");
     let message = failed(emit(&out, "device=cuda", &["--slurm-gpus-per-task", "2"]));
     assert!(message.contains("slurm_gpus_per_task is 2") && message.contains("--pack N"), "{message}");
+    let message = failed(emit(&out, "device=cuda:1", &[]));
+    assert!(message.contains("a run asks for cuda:1, but SLURM shows an array task only its own GPU, as cuda:0"), "{message}");
     let message = failed(emit(&out, "device=cuda", &["--slurm-time", "4h"]));
     assert!(message.contains(r#"slurm_time "4h" is not a SLURM time limit"#), "{message}");
     let message = failed(emit(&out, "device=cuda", &["--pack", "2", "--pack-workers", "2", "--slurm-cpus-per-task", "1"]));

@@ -147,6 +147,12 @@ fn resources(runs: &[&PlannedRun], options: &SlurmOptions, grouping: Grouping) -
             "slurm_gpus_per_task is {gpus_per_task}, but the runs are on the CPU (device cpu): give --fixed device=cuda (or auto), or no GPUs"
         );
     }
+    if let Some(index) = runs.iter().find_map(|run| match run.config.device {
+        DeviceSpec::Cuda(Some(index)) if index >= gpus_per_task.max(1) => Some(index),
+        _ => None,
+    }) {
+        bail!("a run asks for cuda:{index}, but SLURM shows an array task only its own GPU, as cuda:0: use device=cuda");
+    }
     ensure!(
         gpus_per_task <= 1,
         "slurm_gpus_per_task is {gpus_per_task}: an array task trains one run or one pack on one GPU, so more would sit idle; put more runs on each GPU with --pack N"
