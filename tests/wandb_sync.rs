@@ -53,7 +53,8 @@ fn sync(run_dir: &Path, home: &Path, args: &[&str], env: &[(&str, &str)]) -> Out
         std::fs::create_dir_all(home.join(dir)).unwrap();
         command.env(name, home.join(dir));
     }
-    command.env_remove("WANDB_MODE").env_remove("WANDB_API_KEY").env_remove("RUST_BACKTRACE");
+    // No error reports to wandb's servers from a test.
+    command.env_remove("WANDB_MODE").env_remove("WANDB_API_KEY").env_remove("RUST_BACKTRACE").env("WANDB_ERROR_REPORTING", "false");
     command.envs(env.iter().copied()).output().unwrap()
 }
 
@@ -265,7 +266,8 @@ fn train_with_wandb_syncs_the_finished_run_and_survives_a_failed_sync() {
             std::fs::create_dir_all(home.path().join(dir)).unwrap();
             command.env(name, home.path().join(dir));
         }
-        command.env_remove("WANDB_MODE").env_remove("RUST_BACKTRACE").envs(extra.iter().copied()).output().unwrap()
+        command.env_remove("WANDB_MODE").env_remove("RUST_BACKTRACE").env("WANDB_ERROR_REPORTING", "false");
+        command.envs(extra.iter().copied()).output().unwrap()
     };
     let output = train(&out.path().join("a"), &[]);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
