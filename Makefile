@@ -8,6 +8,12 @@ setup:
 	rustup target add wasm32-unknown-unknown >/dev/null
 	@# tests/sweep/ screenshots the sweep's HTML viewer with headless Chromium (Debian package).
 	@[ -x /usr/bin/chromium ] || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+	@# tests/slurm_cluster.rs submits an emitted sweep to a single-node SLURM it starts itself
+	@# (Debian's packages; the test runs as root and skips, saying so, otherwise).
+	@if [ "$$(id -u)" = 0 ]; then \
+		[ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && [ -x /usr/bin/sbatch ] && [ -x /usr/sbin/munged ] || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge; }; \
+	else echo "setup: not root, SLURM not installed (tests/slurm_cluster.rs will skip)"; fi
 
 build: setup
 	$(CARGO) build

@@ -126,3 +126,33 @@ fn check_without_a_stored_snapshot_says_how_to_write_one() {
     assert!(!output.status.success());
     assert!(stderr(&output).contains("without --check to write it"), "{}", stderr(&output));
 }
+
+/// A new user in a fresh checkout: `smallrl plugin snapshot plugins/happy.wasm --texts
+/// texts.txt` from the repository root, where `plugins/snapshots/` (the default directory)
+/// does not exist yet. It is created, and `--check` then finds the file at the same default.
+#[test]
+fn the_default_snapshot_directory_is_created_in_a_fresh_checkout() {
+    let checkout = tempfile::tempdir().unwrap();
+    std::fs::create_dir(checkout.path().join("plugins")).unwrap();
+    std::fs::copy(standard_plugin("happy"), checkout.path().join("plugins/happy.wasm")).unwrap();
+    std::fs::write(checkout.path().join("texts.txt"), TEXTS.join("\n") + "\n").unwrap();
+    let default_dir = checkout.path().join("plugins/snapshots");
+    assert!(!default_dir.exists());
+
+    let run = |extra: &[&str]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_smallrl"));
+        command.current_dir(checkout.path()).args(["plugin", "snapshot", "plugins/happy.wasm", "--texts", "texts.txt"]).args(extra);
+        command.env_remove("RUST_BACKTRACE").output().unwrap()
+    };
+    let stdout = succeeded(run(&[]));
+    assert!(stdout.contains("wrote plugins/snapshots/happy.snap (4 texts)"), "{stdout}");
+    let written = default_dir.join("happy.snap");
+    let parsed = insta::Snapshot::from_file(&written).expect("insta parses the file");
+    // plugins/happy.wasm is the happy_count reward with its default parameters.
+    assert_eq!(parsed.as_text().unwrap().to_string(), expected_body(&scores("happy_count", "")));
+    let entries: Vec<_> = std::fs::read_dir(&default_dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(entries, [std::ffi::OsString::from("happy.snap")], "no temporary file is left behind");
+
+    let stdout = succeeded(run(&["--check"]));
+    assert!(stdout.contains("plugins/snapshots/happy.snap matches (4 texts)"), "{stdout}");
+}

@@ -46,6 +46,11 @@ pub const LAYER_STRIDE: usize = 1;
 
 /// `smallrl plugin snapshot` writes `<this dir beside the plugin>/<plugin file stem>.snap`.
 pub const PLUGIN_SNAPSHOT_DIR: &str = "snapshots";
+/// `smallrl wandb-sync`'s wandb project when `--project` is not given.
+pub const WANDB_PROJECT: &str = "smallrl";
+/// The environment variable that names the Python (with scripts/requirements.txt installed)
+/// that runs Python-side tools such as `smallrl wandb-sync`; unset, the checkout's `.venv`.
+pub const PYTHON_ENV: &str = "SMALLRL_PYTHON";
 /// TensorBoard event files in the run directory: on, because researchers watch curves while
 /// runs go and the files are small (1.4 KB a step measured, with evaluations);
 /// `--tensorboard false` turns them off.
@@ -80,8 +85,12 @@ pub const SWEEP_PACK_ON_CUDA: usize = 16;
 pub const SWEEP_STATUS_SECONDS: u64 = 30;
 /// How often the sweep looks at its children (milliseconds).
 pub const SWEEP_POLL_MILLIS: u64 = 200;
-/// CPUs (and libtorch threads) per run in an emitted SLURM array job.
+/// CPUs (and libtorch threads) per run, per pack worker, in an emitted SLURM array job
+/// (`slurm_cpus_per_task` sets the task's).
 pub const SLURM_CPUS_PER_RUN: usize = 1;
+/// GPUs per task of an emitted SLURM array job whose runs ask for CUDA (`slurm_gpus_per_task`):
+/// a task trains one run or one pack, on one GPU.
+pub const SLURM_GPUS_PER_TASK_ON_CUDA: usize = 1;
 /// Delay between frames of the animated GIF across evaluation steps (milliseconds).
 pub const GIF_FRAME_MILLIS: u32 = 800;
 /// Delay between frames when the HTML viewer plays (milliseconds).

@@ -30,4 +30,5 @@ pub mod stats;
 pub mod sweep;
 pub mod tensorboard;
 pub mod train;
+pub mod wandb;
 pub mod yaml;

@@ -17,6 +17,7 @@ mod sample;
 mod sweep;
 mod tokenizer;
 mod train;
+mod wandb;
 
 #[derive(Parser)]
 #[command(name = "smallrl", version, about = "GRPO with gradient routing on tiny LLaMA models")]
@@ -54,6 +55,8 @@ enum Command {
     /// Inspect, scaffold and run reward / hack-detector plugins (WebAssembly components).
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
+    /// Copy run directories into Weights & Biases runs (config, metrics, evaluations, samples).
+    WandbSync(wandb::WandbSyncArgs),
 }
 
 pub fn main() -> Result<()> {
@@ -71,5 +74,6 @@ pub fn main() -> Result<()> {
         Command::Tokenizer(command) => tokenizer::run(command),
         Command::Bench(command) => bench::run(command),
         Command::Plugin(command) => plugin::run(command),
+        Command::WandbSync(args) => wandb::run(args),
     }
 }

@@ -220,6 +220,11 @@ fn snapshot(args: &SnapshotArgs, limits: PluginLimits, check: bool) -> Result<()
     let source = args.texts.display().to_string();
     let fresh = plugin_snapshot::take(args.plugin, args.params.unwrap_or(""), limits, &samples, &source, &snapshot_command(args))?;
     if !check {
+        // The default directory (`snapshots/` beside the plugin) does not exist in a fresh
+        // checkout, nor may a directory given with --out.
+        if let Some(dir) = args.out.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).with_context(|| format!("cannot create the snapshot directory {}", dir.display()))?;
+        }
         crate::fsutil::write_atomic(args.out, fresh.render()?.as_bytes())?;
         println!("wrote {} ({} texts)", args.out.display(), samples.len());
         return Ok(());

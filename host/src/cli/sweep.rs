@@ -48,11 +48,12 @@ pub struct SweepArgs {
     /// sampling them stacked on CUDA (README, "Packed runs"); the runs must share their
     /// architecture and shapes, checked before any run starts. 1: one process per run.
     /// Default: 1 on the CPU; on CUDA 16 when the grid's runs share an architecture, else 1.
-    #[arg(long, value_name = "N", conflicts_with_all = ["collect", "emit"])]
+    /// With --emit slurm: runs per array task (default likewise, by the runs' `device`).
+    #[arg(long, value_name = "N", conflicts_with = "collect")]
     pub pack: Option<usize>,
     /// Threads that step a pack's runs at once (`train --pack-workers`); each run then gets
     /// max(1, cores / (jobs x W)) libtorch threads.
-    #[arg(long, value_name = "W", default_value_t = 1, conflicts_with_all = ["collect", "emit"])]
+    #[arg(long, value_name = "W", default_value_t = 1, conflicts_with = "collect")]
     pub pack_workers: usize,
     /// Where run directories, logs, summary.csv and charts go (also the cache of finished runs).
     #[arg(long, default_value = defaults::SWEEP_OUTPUT_DIR)]
@@ -63,20 +64,52 @@ pub struct SweepArgs {
     /// Build the summary table and charts from the run directories already in DIR.
     #[arg(long, value_name = "DIR")]
     pub collect: Option<PathBuf>,
+    /// With --emit slurm: a YAML file of slurm_partition, slurm_time, slurm_account,
+    /// slurm_gpus_per_task, slurm_cpus_per_task, slurm_sbatch (a list of extra #SBATCH lines);
+    /// the --slurm-* flags override it.
+    #[arg(long, value_name = "YAML", requires = "emit")]
+    pub slurm_config: Option<PathBuf>,
+    /// With --emit slurm: #SBATCH --partition.
+    #[arg(long, value_name = "NAME", requires = "emit")]
+    pub slurm_partition: Option<String>,
+    /// With --emit slurm: #SBATCH --time (e.g. 4:00:00 or 1-00:00:00).
+    #[arg(long, value_name = "LIMIT", requires = "emit")]
+    pub slurm_time: Option<String>,
+    /// With --emit slurm: #SBATCH --account.
+    #[arg(long, value_name = "NAME", requires = "emit")]
+    pub slurm_account: Option<String>,
+    /// With --emit slurm: GPUs per array task (#SBATCH --gres=gpu:N) [default: 1 when the runs
+    /// ask for CUDA, else 0].
+    #[arg(long, value_name = "N", requires = "emit")]
+    pub slurm_gpus_per_task: Option<usize>,
+    /// With --emit slurm: CPUs per array task [default: 1 per pack worker]; each run gets
+    /// CPUs / pack workers libtorch threads.
+    #[arg(long, value_name = "N", requires = "emit")]
+    pub slurm_cpus_per_task: Option<usize>,
+    /// With --emit slurm: an extra #SBATCH line, e.g. --slurm-sbatch=--mem=16G (repeatable).
+    #[arg(long, value_name = "LINE", requires = "emit", allow_hyphen_values = true)]
+    pub slurm_sbatch: Vec<String>,
 }
 
 /// Runs per child process: `--pack` as given (its runs checked before any starts), or without it
 /// on CUDA [`defaults::SWEEP_PACK_ON_CUDA`] when every run is on CUDA and all share an
 /// architecture; says which, and why not when it could not pack.
-fn pack_size(asked: Option<usize>, plan: &plan::Plan) -> Result<usize> {
-    let configs: Vec<_> = plan.runs.iter().map(|run| &run.config).collect();
+fn pack_size(asked: Option<usize>, plan: &plan::Plan, emitting: bool) -> Result<usize> {
+    // An emitted job runs elsewhere: its runs are on CUDA when they ask for it, whatever this
+    // machine has; and only the runs still to train are grouped.
+    let runs: Vec<_> = plan.runs.iter().filter(|run| !emitting || run.state != CacheState::Finished).collect();
+    let configs: Vec<_> = runs.iter().map(|run| &run.config).collect();
     if let Some(pack) = asked {
         if pack > 1 {
             crate::train::packed::check_packable(&configs)?;
         }
         return Ok(pack);
     }
-    let on_cuda = !configs.is_empty() && configs.iter().all(|config| config.device.resolve().is_ok_and(|d| d.is_cuda()));
+    let on_cuda = !configs.is_empty()
+        && match emitting {
+            true => runs.iter().all(|run| sweeps::slurm::requests_cuda(run)),
+            false => configs.iter().all(|config| config.device.resolve().is_ok_and(|d| d.is_cuda())),
+        };
     if !on_cuda || configs.len() < 2 {
         return Ok(1);
     }
@@ -101,9 +134,13 @@ pub fn run(args: SweepArgs) -> Result<()> {
     anyhow::ensure!(args.jobs >= 1, "--jobs must be at least 1");
     anyhow::ensure!(args.pack != Some(0), "--pack must be at least 1 (1: one process per run)");
     anyhow::ensure!(args.pack_workers >= 1, "--pack-workers must be at least 1");
+    let slurm = slurm_options(&args)?;
+    anyhow::ensure!(
+        args.emit.is_some() || slurm == sweeps::slurm::SlurmOptions::default(),
+        "--slurm-config and the --slurm-* flags describe the array job of --emit slurm: add --emit slurm (with --dry-run nothing is emitted)"
+    );
     let plan = plan::plan(&spec(&args)?)?;
-    // A scheduler's jobs are one run each (`--pack` conflicts with `--emit`).
-    let pack = if args.emit.is_some() { 1 } else { pack_size(args.pack, &plan)? };
+    let pack = pack_size(args.pack, &plan, args.emit.is_some())?;
     // Workers step a pack's runs; without packs they would only divide each run's threads.
     anyhow::ensure!(pack > 1 || args.pack_workers == 1, "--pack-workers steps packed runs: give --pack N with N > 1 as well");
     print_plan(&plan);
@@ -112,8 +149,15 @@ pub fn run(args: SweepArgs) -> Result<()> {
     }
     if let Some(Emit::Slurm) = args.emit {
         let exe = std::env::current_exe()?;
-        match sweeps::slurm::emit(&plan, &exe)? {
-            Some(script) => println!("wrote {} (submit with `sbatch {}`); afterwards: smallrl sweep --collect {}", script.display(), script.display(), plan.output_dir.display()),
+        let grouping = sweeps::slurm::Grouping { pack, pack_workers: args.pack_workers };
+        match sweeps::slurm::emit(&plan, &exe, &slurm, grouping)? {
+            Some(job) => {
+                let (script, output_dir) = (job.script.display(), plan.output_dir.display());
+                println!(
+                    "wrote {script}: {} array tasks of {} run(s), {} GPU(s) and {} CPU(s) each (submit with `sbatch {script}`); afterwards: smallrl sweep --collect {output_dir}",
+                    job.tasks, job.runs_per_task, job.gpus_per_task, job.cpus_per_task
+                )
+            }
             None => println!("every run is finished; nothing to submit"),
         }
         return Ok(());
@@ -129,6 +173,19 @@ pub fn run(args: SweepArgs) -> Result<()> {
         bail!("{} of {} runs failed: {failed:?}; their logs are in {}", failed.len(), plan.runs.len(), plan.output_dir.join("logs").display());
     }
     Ok(())
+}
+
+/// `--slurm-config`, with the `--slurm-*` flags over it.
+fn slurm_options(args: &SweepArgs) -> Result<sweeps::slurm::SlurmOptions> {
+    let file = args.slurm_config.as_deref().map(sweeps::slurm::SlurmOptions::read).transpose()?.unwrap_or_default();
+    Ok(file.overridden_by(sweeps::slurm::SlurmOptions {
+        slurm_partition: args.slurm_partition.clone(),
+        slurm_time: args.slurm_time.clone(),
+        slurm_account: args.slurm_account.clone(),
+        slurm_gpus_per_task: args.slurm_gpus_per_task,
+        slurm_cpus_per_task: args.slurm_cpus_per_task,
+        slurm_sbatch: args.slurm_sbatch.clone(),
+    }))
 }
 
 fn spec(args: &SweepArgs) -> Result<SweepSpec> {

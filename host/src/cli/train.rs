@@ -65,6 +65,19 @@ pub struct TrainArgs {
     /// Stop after this many steps in this invocation (the run can be resumed).
     #[arg(long, hide = true)]
     pub stop_after: Option<usize>,
+    /// After the run: copy it into this wandb project (`smallrl wandb-sync`; README, "Weights &
+    /// Biases"). A failed sync is reported and leaves the run as it is; redo it with wandb-sync.
+    #[arg(long, value_name = "PROJECT")]
+    pub wandb: Option<String>,
+    /// With --wandb: the wandb entity (user or team).
+    #[arg(long, value_name = "ENTITY", requires = "wandb")]
+    pub wandb_entity: Option<String>,
+    /// With --wandb: the wandb group.
+    #[arg(long, value_name = "GROUP", requires = "wandb")]
+    pub wandb_group: Option<String>,
+    /// With --wandb: wandb's mode [default: $WANDB_MODE, else online].
+    #[arg(long, value_name = "MODE", requires = "wandb", value_parser = ["online", "offline", "disabled"])]
+    pub wandb_mode: Option<String>,
     #[command(flatten)]
     pub flags: TrainFlags,
 }
@@ -101,7 +114,23 @@ pub fn run(args: TrainArgs) -> Result<()> {
     let mut trainer = Trainer::start(config, resume, args.accept_changed_plugins)?;
     let summary = trainer.train(args.stop_after)?;
     println!("run directory: {} ({} steps)", summary.run_dir.display(), summary.steps);
+    sync_to_wandb(&args, &summary.run_dir);
     Ok(())
+}
+
+/// `--wandb PROJECT`: the finished run into wandb. A failure is reported once and does not fail
+/// the command: the run is complete, and `smallrl wandb-sync` redoes the sync.
+fn sync_to_wandb(args: &TrainArgs, run_dir: &Path) {
+    let Some(project) = &args.wandb else { return };
+    let options = crate::wandb::SyncOptions {
+        project: Some(project.clone()),
+        entity: args.wandb_entity.clone(),
+        group: args.wandb_group.clone(),
+        mode: args.wandb_mode.clone(),
+    };
+    if let Err(error) = crate::wandb::sync(run_dir, &options) {
+        eprintln!("warning: the run finished, but its wandb sync failed: {error:#}\n  redo it with: smallrl wandb-sync {} --project {project}", run_dir.display());
+    }
 }
 
 /// `--pack-config` / `--pack-resume`: the runs of one pack, each reported; an error if any
@@ -127,7 +156,10 @@ fn run_packed(args: &TrainArgs, overrides: Map<String, Value>) -> Result<()> {
     let mut failed = 0;
     for outcome in outcomes {
         match outcome {
-            Ok(summary) => println!("run directory: {} ({} steps)", summary.run_dir.display(), summary.steps),
+            Ok(summary) => {
+                println!("run directory: {} ({} steps)", summary.run_dir.display(), summary.steps);
+                sync_to_wandb(args, &summary.run_dir);
+            }
             Err(error) => {
                 failed += 1;
                 println!("a packed run failed: {error:#}");
