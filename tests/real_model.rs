@@ -104,6 +104,16 @@ const ZEPHYR_STYLE: &str = r#"{% for message in messages %}
     {% endif %}
 {% endfor %}"#;
 
+/// transformers' `tojson` (Python's `json.dumps`, non-ASCII kept, HTML characters not escaped)
+/// and `tools` being none, as tool-calling templates use them.
+const TOJSON_STYLE: &str = r#"{%- if tools is none %}{{ 'no tools\n' }}{% endif %}
+{%- for message in messages %}
+    {{- message | tojson }}{{ '\n' }}
+    {{- message | tojson(indent=2) }}{{ '\n' }}
+{%- endfor %}
+{{- {'b': [1, 2.5, none, true, []], 'a': 'é<&>"\'', 'c': {}} | tojson(sort_keys=true) }}
+{{- messages | tojson(indent=4) }}"#;
+
 fn model_dir() -> PathBuf {
     let dir = repo_root().join(".fixtures/smollm2-135m-instruct");
     assert!(
@@ -121,7 +131,7 @@ fn reference() -> &'static Value {
         let dir = tempfile::tempdir().unwrap();
         let request = dir.path().join("request.json");
         let out = dir.path().join("out.json");
-        let templates: Vec<Value> = [LLAMA3_STYLE, QWEN_STYLE, ZEPHYR_STYLE]
+        let templates: Vec<Value> = [LLAMA3_STYLE, QWEN_STYLE, ZEPHYR_STYLE, TOJSON_STYLE]
             .iter()
             .flat_map(|template| conversations().as_array().unwrap().clone().into_iter().map(move |m| json!({"template": template, "messages": m})))
             .collect();
@@ -303,7 +313,7 @@ fn chat_templates_render_as_transformers_renders_them() {
     let config: serde_json::Map<String, Value> = serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer_config.json")).unwrap()).unwrap();
     let special: serde_json::Map<String, Value> = config.into_iter().filter(|(k, v)| k.ends_with("_token") && v.is_string()).collect();
     let mut expected = reference["templates"].as_array().unwrap().iter();
-    for source in [LLAMA3_STYLE, QWEN_STYLE, ZEPHYR_STYLE] {
+    for source in [LLAMA3_STYLE, QWEN_STYLE, ZEPHYR_STYLE, TOJSON_STYLE] {
         let template = ChatTemplate::from_source(source, special.clone());
         for conversation in conversations.as_array().unwrap() {
             let text = template.render(&messages(conversation), true).unwrap();

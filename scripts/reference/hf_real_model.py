@@ -27,6 +27,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 
+def as_chat(messages):
+    """Messages as people write them, role first (the request's JSON may have sorted the keys;
+    `tojson` in a template shows the order)."""
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
 def main():
     model_dir, request_path, out_path = sys.argv[1:4]
     torch.set_num_threads(1)
@@ -47,12 +53,12 @@ def main():
             logp = model(input_ids=ids).logits[0].log_softmax(-1)
             picked = logp[:-1].gather(1, ids[0, 1:].unsqueeze(1)).squeeze(1)
             out["score"].append({"ids": ids[0].tolist(), "logprobs": picked.tolist()})
-    for messages in request.get("chat", []):
+    for messages in map(as_chat, request.get("chat", [])):
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
         out["chat"].append({"text": text, "ids": list(ids)})
     out["templates"] = [
-        tokenizer.apply_chat_template(t["messages"], chat_template=t["template"], add_generation_prompt=True, tokenize=False)
+        tokenizer.apply_chat_template(as_chat(t["messages"]), chat_template=t["template"], add_generation_prompt=True, tokenize=False)
         for t in request.get("templates", [])
     ]
     with open(out_path, "w") as f:

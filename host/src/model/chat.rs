@@ -2,13 +2,16 @@
 //! beside the weights, else `tokenizer_config.json`'s `chat_template`) rendered with minijinja
 //! in the HF dialect: blocks trimmed and left-stripped as transformers' `trim_blocks` and
 //! `lstrip_blocks`, `raise_exception`, `tojson`, loop controls, Python string methods
-//! (`.strip()`, `.startswith()`, ... through minijinja-contrib's pycompat), and the tokenizer's
+//! (`.strip()`, `.startswith()`, ... through minijinja-contrib's pycompat), `tojson` as
+//! Python's `json.dumps(ensure_ascii=False)` writes it (transformers' filter; minijinja's own
+//! escapes HTML characters and spaces items differently), and the tokenizer's
 //! special tokens (`bos_token`, `eos_token`, ...) in the context. The rendered text is then
 //! tokenized without adding special tokens, as `apply_chat_template(..., tokenize=True)` does.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, anyhow, bail};
+use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, context};
 use serde::Serialize;
 use serde_json::Value;
@@ -82,12 +85,16 @@ impl ChatTemplate {
         env.add_function("raise_exception", |message: String| -> Result<String, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, message))
         });
+        env.add_filter("tojson", tojson);
         env.add_template("chat", &self.source)
             .map_err(|e| anyhow!("chat template {} does not parse: {e:#}", self.origin.display()))?;
         let template = env.get_template("chat").expect("added above");
         let ctx = context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
+            // transformers passes these as None when not given (`tools is none` holds).
+            tools => (),
+            documents => (),
             ..minijinja::Value::from_serialize(&self.special_tokens)
         };
         template.render(ctx).map_err(|e| anyhow!("chat template {} fails on these messages: {e:#}", self.origin.display()))
@@ -124,4 +131,66 @@ fn special_tokens(config: &serde_json::Map<String, Value>) -> serde_json::Map<St
             Some((name.to_string(), Value::String(token)))
         })
         .collect()
+}
+
+/// transformers' `tojson` filter: `json.dumps(value, ensure_ascii=False, indent=indent,
+/// sort_keys=sort_keys)`: items separated by `", "` (`","` and newlines with an indent), keys in
+/// the order the value has them.
+fn tojson(value: &minijinja::Value, kwargs: Kwargs) -> Result<String, Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    kwargs.assert_all_used()?;
+    let mut out = String::new();
+    write_json(value, indent, sort_keys.unwrap_or(false), 0, &mut out)?;
+    Ok(out)
+}
+
+fn write_json(value: &minijinja::Value, indent: Option<usize>, sort_keys: bool, level: usize, out: &mut String) -> Result<(), Error> {
+    let json_err = |e: serde_json::Error| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}"));
+    // Opens a container's items (newline and deeper indent) or separates them.
+    let separate = |out: &mut String, first: bool, level: usize| match indent {
+        Some(n) => {
+            out.push_str(if first { "\n" } else { ",\n" });
+            out.push_str(&" ".repeat(n * level));
+        }
+        None if !first => out.push_str(", "),
+        None => {}
+    };
+    match value.kind() {
+        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
+        ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
+        ValueKind::Number | ValueKind::String => out.push_str(&serde_json::to_string(value).map_err(json_err)?),
+        ValueKind::Seq | ValueKind::Iterable => {
+            let items: Vec<minijinja::Value> = value.try_iter()?.collect();
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                separate(out, i == 0, level + 1);
+                write_json(item, indent, sort_keys, level + 1, out)?;
+            }
+            if !items.is_empty() && indent.is_some() {
+                separate(out, true, level);
+            }
+            out.push(']');
+        }
+        ValueKind::Map => {
+            let mut keys: Vec<minijinja::Value> = value.try_iter()?.collect();
+            if sort_keys {
+                keys.sort();
+            }
+            out.push('{');
+            for (i, key) in keys.iter().enumerate() {
+                separate(out, i == 0, level + 1);
+                let name = key.as_str().map(str::to_string).unwrap_or_else(|| key.to_string());
+                out.push_str(&serde_json::to_string(&name).map_err(json_err)?);
+                out.push_str(": ");
+                write_json(&value.get_item(key)?, indent, sort_keys, level + 1, out)?;
+            }
+            if !keys.is_empty() && indent.is_some() {
+                separate(out, true, level);
+            }
+            out.push('}');
+        }
+        other => return Err(Error::new(ErrorKind::InvalidOperation, format!("tojson: cannot write a {other} as JSON"))),
+    }
+    Ok(())
 }
