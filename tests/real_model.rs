@@ -340,3 +340,40 @@ fn sample_cli_with_chat_decodes_greedily_as_generate() {
     assert_eq!(printed["ended_with_eos"], json!(true));
     assert_eq!(printed["completion"], json!("The capital of France is Paris."));
 }
+
+#[test]
+fn export_round_trip_keeps_the_weights_the_stop_token_and_the_chat_template() {
+    let _serial = serial();
+    let loaded = load(&model_dir());
+    let work = tempfile::tempdir().unwrap();
+    let out = work.path().join("exported");
+    smallrl::model::export::save_hf_dir(&loaded.model, &[], &loaded.files.tokenizer, &out).unwrap();
+    for name in ["chat_template.jinja", "tokenizer_config.json"] {
+        assert!(out.join(name).is_file(), "export left out {name}");
+    }
+    let exported = load(&out);
+    assert_eq!(exported.model.config, loaded.model.config);
+    assert_eq!(exported.model.config.eos_token_id, IM_END);
+    let question = "What is the capital of France?";
+    let original_prompt = ChatTemplate::for_model(&loaded.files).unwrap().user_prompt(None, question).unwrap();
+    assert_eq!(ChatTemplate::for_model(&exported.files).unwrap().user_prompt(None, question).unwrap(), original_prompt);
+    // The same weights: identical logits in smallrl, and transformers reads the directory.
+    let ids = loaded.tokenizer.encode(&original_prompt).unwrap();
+    let input = Tensor::from_slice(&ids.iter().map(|&i| i64::from(i)).collect::<Vec<_>>()).unsqueeze(0);
+    let logits = |m: &smallrl::model::Llama| tch::no_grad(|| m.logits(&m.forward(&input, &input.ones_like(), &[])).squeeze_dim(0));
+    let ours = logits(&loaded.model);
+    assert_eq!(max_abs_diff(&logits(&exported.model), &ours), 0.0);
+    let ids_path = work.path().join("ids.json");
+    std::fs::write(&ids_path, serde_json::to_string(&ids).unwrap()).unwrap();
+    let reference = work.path().join("logits.safetensors");
+    let status = std::process::Command::new(python())
+        .arg(repo_root().join("scripts/reference/hf_logits.py"))
+        .args([out.as_os_str(), ids_path.as_os_str(), reference.as_os_str()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "hf_logits.py failed");
+    let theirs = model::weights::read_safetensors(&reference).unwrap().remove("logits").unwrap();
+    let diff = max_abs_diff(&ours, &theirs);
+    println!("exported directory in transformers: max |logits - smallrl| = {diff:.2e}");
+    assert!(diff <= TOLERANCE, "transformers' logits of the exported directory differ by {diff}");
+}
