@@ -282,6 +282,17 @@ fn logprobs_cli_reads_the_published_directory() {
     let want: Vec<f64> = expected["logprobs"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
     let diff = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
     assert!(got.len() == want.len() && diff <= TOLERANCE, "CLI log-probs differ from transformers by {diff}");
+    // --chat scores the prompt as one user message, after --system or the template's default.
+    let chat = &reference()["chat"];
+    for (extra, prompt, expected) in [
+        (vec![], "What is the capital of France?", &chat[0]),
+        (vec!["--system", "You answer in one word."], "  Capital of Italy?  ", &chat[1]),
+    ] {
+        let mut args = vec!["logprobs", "--model", dir.to_str().unwrap(), "--threads", "1", "--chat", "--prompt", prompt, "--json"];
+        args.extend(extra);
+        let printed: Value = serde_json::from_str(&smallrl_ok(&args)).unwrap();
+        assert_eq!(ids(&printed["ids"]), ids(&expected["ids"]), "{args:?}");
+    }
 }
 
 fn messages(conversation: &Value) -> Vec<Message> {
