@@ -1,9 +1,10 @@
 //! The real SmolLM2-135M-Instruct (built by `scripts/real-model.sh` into
 //! `.fixtures/smollm2-135m-instruct/`, with config.json and generation_config.json as the Hub
 //! publishes them) against transformers (`scripts/reference/hf_real_model.py`): the published
-//! config loads, byte-level BPE ids and log-probabilities match (float64 reference, 1e-4),
-//! greedy decoding matches `generate` token for token on both CPU engines, and the stop token is
-//! read from generation_config.json.
+//! config loads, byte-level BPE ids, decoded text and log-probabilities match (float64
+//! reference, 1e-4), greedy decoding matches `generate` token for token on both CPU engines,
+//! the stop token is read from generation_config.json, chat templates render as
+//! `apply_chat_template`, and an exported directory keeps weights, stop token and template.
 
 mod common;
 
@@ -180,6 +181,7 @@ fn the_published_config_loads_and_log_probs_match_transformers() {
     for (text, expected) in score_texts().iter().zip(reference["score"].as_array().unwrap()) {
         let ids = loaded.tokenizer.encode(text).unwrap();
         assert_eq!(ids, self::ids(&expected["ids"]), "token ids of {text:?}");
+        assert_eq!(loaded.tokenizer.decode(&ids).unwrap(), expected["decoded"].as_str().unwrap(), "decoding {text:?}");
         let input = Tensor::from_slice(&ids.iter().map(|&i| i64::from(i)).collect::<Vec<_>>()).unsqueeze(0);
         let logprobs = tch::no_grad(|| {
             let logp = loaded.model.logits(&loaded.model.forward(&input, &input.ones_like(), &[])).log_softmax(-1, Kind::Double);
@@ -217,6 +219,7 @@ fn greedy_decoding_matches_generate_token_for_token() {
                 got.push(IM_END);
             }
             assert_eq!(got, ids(&reference["completion_ids"]), "{engine:?}, prompt {i}: {:?}", loaded.tokenizer.decode(&row.ids));
+            assert_eq!(loaded.tokenizer.decode(&row.ids).unwrap(), reference["completion_text"].as_str().unwrap(), "{engine:?}, prompt {i}");
         }
     }
 }

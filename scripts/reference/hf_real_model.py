@@ -5,12 +5,14 @@ Usage: hf_real_model.py MODEL_DIR REQUEST.json OUT.json
 REQUEST: {"score": [text, ...], "greedy": [text, ...], "max_new_tokens": N,
           "chat": [[{"role", "content"}, ...], ...],
           "templates": [{"template", "messages"}, ...]}
-OUT: {"score": [{"ids", "logprobs"}], "greedy": [{"prompt_ids", "completion_ids"}],
+OUT: {"score": [{"ids", "logprobs", "decoded"}], "greedy": [{"prompt_ids", "completion_ids", "completion_text"}],
       "chat": [{"ids", "text"}], "templates": [text], "eos_token_id"}
 - score: ids of the text without special tokens, and logprobs[i] = log p(ids[i+1] | ids[..=i])
-  from a float64 copy of the model (the float64 reference the tests compare against).
+  from a float64 copy of the model (the float64 reference the tests compare against), and
+  `decode(ids, skip_special_tokens=True)`.
 - greedy: `generate(do_sample=False)` in float32 on the prompt's ids, stopping where the model's
-  generation_config says (its eos_token_id); completion_ids include the stop token if reached.
+  generation_config says (its eos_token_id); completion_ids include the stop token if reached;
+  completion_text is their `decode(..., skip_special_tokens=True)`.
 - chat: `apply_chat_template(messages, add_generation_prompt=True)` rendered text and its ids.
 - templates: the text of `apply_chat_template(messages, chat_template=template,
   add_generation_prompt=True, tokenize=False)` (other families' templates, this tokenizer's
@@ -46,13 +48,16 @@ def main():
             ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
             generated = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                        max_new_tokens=request["max_new_tokens"])
-            out["greedy"].append({"prompt_ids": ids[0].tolist(), "completion_ids": generated[0, ids.shape[1]:].tolist()})
+            completion = generated[0, ids.shape[1]:].tolist()
+            out["greedy"].append({"prompt_ids": ids[0].tolist(), "completion_ids": completion,
+                                  "completion_text": tokenizer.decode(completion, skip_special_tokens=True)})
         model = model.to(torch.float64)
         for text in request.get("score", []):
             ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
             logp = model(input_ids=ids).logits[0].log_softmax(-1)
             picked = logp[:-1].gather(1, ids[0, 1:].unsqueeze(1)).squeeze(1)
-            out["score"].append({"ids": ids[0].tolist(), "logprobs": picked.tolist()})
+            out["score"].append({"ids": ids[0].tolist(), "logprobs": picked.tolist(),
+                                 "decoded": tokenizer.decode(ids[0].tolist(), skip_special_tokens=True)})
     for messages in map(as_chat, request.get("chat", [])):
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
