@@ -1,12 +1,13 @@
 //! Chat templates as transformers renders them: the model's Jinja template (`chat_template.jinja`
 //! beside the weights, else `tokenizer_config.json`'s `chat_template`) rendered with minijinja
 //! in the HF dialect: blocks trimmed and left-stripped as transformers' `trim_blocks` and
-//! `lstrip_blocks`, `raise_exception`, `tojson`, loop controls, Python string methods
-//! (`.strip()`, `.startswith()`, ... through minijinja-contrib's pycompat), `tojson` as
-//! Python's `json.dumps(ensure_ascii=False)` writes it (transformers' filter; minijinja's own
-//! escapes HTML characters and spaces items differently), and the tokenizer's
-//! special tokens (`bos_token`, `eos_token`, ...) in the context. The rendered text is then
-//! tokenized without adding special tokens, as `apply_chat_template(..., tokenize=True)` does.
+//! `lstrip_blocks`, `raise_exception`, loop controls, Python string methods (`.strip()`,
+//! `.startswith()`, ... through minijinja-contrib's pycompat), `tojson` as Python's
+//! `json.dumps(ensure_ascii=False)` writes it (transformers' filter; minijinja's own escapes HTML
+//! characters and spaces items differently), `tools` and `documents` as none, and the
+//! tokenizer's special tokens (`bos_token`, `eos_token`, ...) in the context. Not provided:
+//! `strftime_now` (templates that use it test `is defined` and fall back). The rendered text is
+//! then tokenized without adding special tokens, as `apply_chat_template(..., tokenize=True)` does.
 
 use std::path::{Path, PathBuf};
 
