@@ -56,9 +56,16 @@ fn conversations() -> Value {
 }
 
 /// Templates of other families, in the HF dialect (whitespace control, `.strip()`, loop
-/// variables, `{% continue %}`, `raise_exception`, the tokenizer's `bos_token`), rendered with
+/// variables, `{% continue %}`, `raise_exception`, `strftime_now` (the year, so only a run across
+/// New Year's midnight could see two), the tokenizer's `bos_token`), rendered with
 /// this tokenizer's special tokens.
 const LLAMA3_STYLE: &str = r#"{{- bos_token }}
+{%- if strftime_now is defined %}
+    {%- set year = strftime_now("%Y") %}
+{%- else %}
+    {%- set year = "no strftime_now" %}
+{%- endif %}
+{{- 'Year: ' + year + '\n' }}
 {%- for message in messages %}
     {%- if message['role'] not in ['system', 'user', 'assistant'] %}
         {{- raise_exception('Unknown role: ' + message['role']) }}

@@ -4,10 +4,11 @@
 //! `lstrip_blocks`, `raise_exception`, loop controls, Python string methods (`.strip()`,
 //! `.startswith()`, ... through minijinja-contrib's pycompat), `tojson` as Python's
 //! `json.dumps(ensure_ascii=False)` writes it (transformers' filter; minijinja's own escapes HTML
-//! characters and spaces items differently), `tools` and `documents` as none, and the
-//! tokenizer's special tokens (`bos_token`, `eos_token`, ...) in the context. Not provided:
-//! `strftime_now` (templates that use it test `is defined` and fall back). The rendered text is
-//! then tokenized without adding special tokens, as `apply_chat_template(..., tokenize=True)` does.
+//! characters and spaces items differently), `strftime_now` (the local time through C's
+//! `strftime`, as Python's `datetime.now().strftime`; Llama 3's templates date their system
+//! prompt with it), `tools` and `documents` as none, and the tokenizer's special tokens
+//! (`bos_token`, `eos_token`, ...) in the context. The rendered text is then tokenized without
+//! adding special tokens, as `apply_chat_template(..., tokenize=True)` does.
 
 use std::path::{Path, PathBuf};
 
@@ -87,6 +88,7 @@ impl ChatTemplate {
             Err(Error::new(ErrorKind::InvalidOperation, message))
         });
         env.add_filter("tojson", tojson);
+        env.add_function("strftime_now", strftime_now);
         env.add_template("chat", &self.source)
             .map_err(|e| anyhow!("chat template {} does not parse: {e:#}", self.origin.display()))?;
         let template = env.get_template("chat").expect("added above");
@@ -194,4 +196,27 @@ fn write_json(value: &minijinja::Value, indent: Option<usize>, sort_keys: bool, 
         other => return Err(Error::new(ErrorKind::InvalidOperation, format!("tojson: cannot write a {other} as JSON"))),
     }
     Ok(())
+}
+
+/// transformers' `strftime_now(format)`: the local time now, formatted by C's `strftime` (which
+/// Python's `strftime` calls too).
+fn strftime_now(format: String) -> Result<String, Error> {
+    let invalid = |what: &str| Error::new(ErrorKind::InvalidOperation, format!("strftime_now({format:?}): {what}"));
+    let c_format = std::ffi::CString::new(format.as_str()).map_err(|_| invalid("the format contains a NUL byte"))?;
+    let mut buf = vec![0u8; 256 + 8 * format.len()];
+    // SAFETY: `tm` is written by localtime_r before strftime reads it; strftime writes at most
+    // `buf.len()` bytes into `buf` and returns how many (0 when they do not fit).
+    let written = unsafe {
+        let now = libc::time(std::ptr::null_mut());
+        let mut tm: libc::tm = std::mem::zeroed();
+        if libc::localtime_r(&now, &mut tm).is_null() {
+            return Err(invalid("the local time is not available"));
+        }
+        libc::strftime(buf.as_mut_ptr().cast(), buf.len(), c_format.as_ptr(), &tm)
+    };
+    if written == 0 && !format.is_empty() {
+        return Err(invalid("the formatted time does not fit (or is empty)"));
+    }
+    buf.truncate(written);
+    String::from_utf8(buf).map_err(|_| invalid("the formatted time is not UTF-8"))
 }
