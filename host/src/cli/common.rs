@@ -45,3 +45,26 @@ pub fn read_prompts(inline: &[String], file: Option<&std::path::Path>) -> Result
     }
     Ok(prompts)
 }
+
+/// `--chat` and `--system`: a prompt as one user message through the model's chat template.
+#[derive(Args, Debug, Clone)]
+pub struct ChatArgs {
+    /// Render each prompt as one user message with the model's chat template
+    /// (chat_template.jinja or tokenizer_config.json), ending with the generation prompt.
+    #[arg(long)]
+    pub chat: bool,
+    /// A system message before the user's (with --chat; without it, the template's default).
+    #[arg(long, requires = "chat")]
+    pub system: Option<String>,
+}
+
+impl ChatArgs {
+    /// The text to tokenize for `prompt`: itself, or its chat rendering.
+    pub fn prompt_texts(&self, files: &model::ModelFiles, prompts: &[String]) -> Result<Vec<String>> {
+        if !self.chat {
+            return Ok(prompts.to_vec());
+        }
+        let template = model::chat::ChatTemplate::for_model(files)?;
+        prompts.iter().map(|p| template.user_prompt(self.system.as_deref(), p)).collect()
+    }
+}

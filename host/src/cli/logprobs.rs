@@ -4,7 +4,7 @@ use anyhow::{Result, ensure};
 use clap::Args;
 use tch::{Kind, Tensor};
 
-use super::common::ModelArgs;
+use super::common::{ChatArgs, ModelArgs};
 
 #[derive(Args, Debug)]
 pub struct LogprobsArgs {
@@ -13,6 +13,10 @@ pub struct LogprobsArgs {
     /// The text to score (encoded without special tokens).
     #[arg(long)]
     pub prompt: String,
+    /// With --chat the text scored is the prompt rendered as one user message (and the
+    /// generation prompt) by the model's chat template.
+    #[command(flatten)]
+    pub chat: ChatArgs,
     /// Print JSON: {ids, tokens, logprobs} with logprobs[i] = log p(ids[i+1] | ids[..=i]).
     #[arg(long)]
     pub json: bool,
@@ -20,7 +24,8 @@ pub struct LogprobsArgs {
 
 pub fn run(args: LogprobsArgs) -> Result<()> {
     let loaded = args.model.load()?;
-    let ids = loaded.tokenizer.encode(&args.prompt)?;
+    let text = args.chat.prompt_texts(&loaded.files, std::slice::from_ref(&args.prompt))?.remove(0);
+    let ids = loaded.tokenizer.encode(&text)?;
     ensure!(!ids.is_empty(), "the prompt encodes to no tokens");
     let tokens = loaded.tokenizer.token_strings(&ids)?;
     let input = Tensor::from_slice(&ids.iter().map(|&i| i as i64).collect::<Vec<_>>())

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::Args;
 
-use super::common::{ModelArgs, read_prompts};
+use super::common::{ChatArgs, ModelArgs, read_prompts};
 use crate::defaults;
 use crate::model::decode::DecodeModel;
 use crate::model::generate::{SamplingParams, generate};
@@ -20,6 +20,8 @@ pub struct SampleArgs {
     /// A file with one prompt per line.
     #[arg(long)]
     pub prompts: Option<PathBuf>,
+    #[command(flatten)]
+    pub chat: ChatArgs,
     /// Completions per prompt.
     #[arg(short = 'n', long, default_value_t = 1)]
     pub num_samples: usize,
@@ -44,8 +46,9 @@ pub struct SampleArgs {
 pub fn run(args: SampleArgs) -> Result<()> {
     let loaded = args.model.load()?;
     let texts = read_prompts(&args.prompt, args.prompts.as_deref())?;
+    let rendered = args.chat.prompt_texts(&loaded.files, &texts)?;
     let mut prompts = Vec::new();
-    for text in &texts {
+    for text in &rendered {
         let ids = loaded.tokenizer.encode(text)?;
         prompts.extend(std::iter::repeat_n(ids, args.num_samples));
     }

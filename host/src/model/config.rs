@@ -1,8 +1,10 @@
 //! `config.json` of an HF `LlamaForCausalLM`: every shape the model uses is read from here.
 //!
-//! Keys that would change the maths but are not implemented (rope scaling, biases, other
-//! activations, other architectures) are rejected, and so is any key this module does not know:
-//! a new transformers option must be looked at before it is trusted.
+//! The rule for every key is in one table, [`KEYS`]: keys read into [`LlamaConfig`] (and checked
+//! for range: positive sizes and eps/theta, heads that divide, an even head_dim), keys that do not
+//! change the forward pass (accepted with any value), and keys accepted only with the value smallrl
+//! implements (refused otherwise, naming key, value and reason). Any other key is refused: a new
+//! transformers option must be looked at before it is trusted.
 
 use std::path::Path;
 
@@ -27,15 +29,73 @@ pub struct LlamaConfig {
     pub eos_token_id: u32,
 }
 
-/// Keys that are read below, or that do not affect the forward pass.
-const KNOWN_KEYS: &[&str] = &[
-    "architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size",
-    "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-    "rms_norm_eps", "rope_theta", "rope_parameters", "rope_scaling", "tie_word_embeddings",
-    "max_position_embeddings", "eos_token_id", "bos_token_id", "pad_token_id", "hidden_act",
-    "attention_bias", "mlp_bias", "attention_dropout", "initializer_range", "pretraining_tp",
-    "use_cache", "torch_dtype", "dtype", "transformers_version", "_name_or_path",
+/// How one `config.json` key is treated. Every key smallrl accepts is in [`KEYS`]; a key not
+/// there is refused, since a new transformers option must be looked at before it is trusted.
+#[derive(Debug, Clone, Copy)]
+pub enum KeyRule {
+    /// A shape or constant of the forward pass, read (and range-checked) by [`LlamaConfig::from_json`].
+    Read,
+    /// Does not enter the forward pass, whatever its value (token ids of the tokenizer, dtype
+    /// hints, writers' bookkeeping, inference-runtime options); the reason is said here.
+    Inert(&'static str),
+    /// Accepted only with one of these values (JSON), which are what smallrl computes; any other
+    /// value would change the maths and is refused with the reason given.
+    Only(&'static [&'static str], &'static str),
+}
+
+use KeyRule::{Inert, Only, Read};
+
+/// The one list of `config.json` keys smallrl knows, and the rule for each (see [`KeyRule`]).
+/// Configs as transformers writes them and as the HuggingFace Hub publishes them (for example
+/// SmolLM2-135M-Instruct's, with `is_llama_config`, `rope_interleaved` and `transformers.js_config`)
+/// load; a value that would change the forward pass is refused by key, value and reason.
+pub const KEYS: &[(&str, KeyRule)] = &[
+    ("vocab_size", Read),
+    ("hidden_size", Read),
+    ("intermediate_size", Read),
+    ("num_hidden_layers", Read),
+    ("num_attention_heads", Read),
+    ("num_key_value_heads", Read),
+    ("head_dim", Read),
+    ("rms_norm_eps", Read),
+    ("rope_theta", Read),
+    ("rope_parameters", Read),
+    ("tie_word_embeddings", Read),
+    ("max_position_embeddings", Read),
+    ("eos_token_id", Read),
+    ("model_type", Only(&[r#""llama""#], "smallrl implements the LLaMA architecture only")),
+    ("architectures", Only(&[r#"["LlamaForCausalLM"]"#], "smallrl implements LlamaForCausalLM only")),
+    ("hidden_act", Only(&[r#""silu""#], "the MLP's activation is SiLU (SwiGLU) in smallrl")),
+    ("attention_bias", Only(&["false"], "smallrl's q/k/v/o projections have no bias")),
+    ("mlp_bias", Only(&["false"], "smallrl's gate/up/down projections have no bias")),
+    ("rope_scaling", Only(&["null"], "smallrl implements plain RoPE only (no scaled or extended positions)")),
+    ("rope_interleaved", Only(&["false"], "smallrl rotates the two halves of each head (HF's layout), not interleaved pairs")),
+    ("sliding_window", Only(&["null"], "smallrl attends to every earlier position (no sliding window)")),
+    ("use_sliding_window", Only(&["false"], "smallrl attends to every earlier position (no sliding window)")),
+    ("attention_dropout", Only(&["0", "0.0"], "smallrl has no dropout in attention")),
+    ("pretraining_tp", Only(&["1"], "smallrl runs each projection as one matrix product (no tensor-parallel slicing)")),
+    ("bos_token_id", Inert("a tokenizer id; smallrl adds no BOS of its own")),
+    ("pad_token_id", Inert("a tokenizer id; padded positions are masked")),
+    ("unk_token_id", Inert("a tokenizer id")),
+    ("sep_token_id", Inert("a tokenizer id")),
+    ("dtype", Inert("a storage hint; smallrl computes in the dtype it is asked for")),
+    ("torch_dtype", Inert("a storage hint (transformers < 5); smallrl computes in the dtype it is asked for")),
+    ("transformers_version", Inert("which transformers wrote the file")),
+    ("_name_or_path", Inert("where the writer loaded the model from")),
+    ("_from_model_config", Inert("a transformers bookkeeping flag")),
+    ("use_cache", Inert("an inference option; the KV cache does not change the maths")),
+    ("initializer_range", Inert("the initialisation of fresh weights; the weights are loaded")),
+    ("is_llama_config", Inert("a marker of Hugging Face's training code (nanotron)")),
+    ("transformers.js_config", Inert("options of transformers.js (dtypes of its KV cache)")),
+    ("output_attentions", Inert("what transformers returns, not how it computes")),
+    ("output_hidden_states", Inert("what transformers returns, not how it computes")),
+    ("return_dict", Inert("what transformers returns, not how it computes")),
 ];
+
+/// The rule of `key`, if smallrl knows it.
+pub fn key_rule(key: &str) -> Option<KeyRule> {
+    KEYS.iter().find(|(name, _)| *name == key).map(|(_, rule)| *rule)
+}
 
 /// The name of the SimpleStories-1.25M architecture for `--arch`.
 pub const SIMPLESTORIES_1_25M: &str = "simplestories-1.25m";
@@ -71,7 +131,7 @@ impl LlamaConfig {
             Some(Value::Null) | None => {
                 ensure!(
                     hidden_size % num_attention_heads == 0,
-                    "hidden_size {hidden_size} is not divisible by num_attention_heads \
+                    "key \"hidden_size\" = {hidden_size} is not divisible by num_attention_heads = \
                      {num_attention_heads} and no head_dim is given"
                 );
                 hidden_size / num_attention_heads
@@ -84,8 +144,8 @@ impl LlamaConfig {
         };
         ensure!(
             num_attention_heads % num_key_value_heads == 0,
-            "num_attention_heads {num_attention_heads} is not a multiple of num_key_value_heads \
-             {num_key_value_heads}"
+            "key \"num_key_value_heads\" = {num_key_value_heads} does not divide num_attention_heads = \
+             {num_attention_heads} (each key/value head serves a whole group of query heads)"
         );
         let config = Self {
             vocab_size: usize_key(raw, "vocab_size")?,
@@ -95,7 +155,7 @@ impl LlamaConfig {
             num_attention_heads,
             num_key_value_heads,
             head_dim,
-            rms_norm_eps: f64_key(raw, "rms_norm_eps")?,
+            rms_norm_eps: positive_f64_key(raw, "rms_norm_eps", "RMSNorm divides by sqrt(mean square + eps)")?,
             rope_theta: rope_theta(raw)?,
             // transformers' default for LLaMA is tied = false.
             tie_word_embeddings: match raw.get("tie_word_embeddings") {
@@ -105,7 +165,17 @@ impl LlamaConfig {
             max_position_embeddings: usize_key(raw, "max_position_embeddings")?,
             eos_token_id: eos_token_id(raw)?,
         };
-        ensure!(config.eos_token_id < config.vocab_size as u32, "eos_token_id is outside the vocabulary");
+        ensure!(
+            config.eos_token_id < config.vocab_size as u32,
+            "key \"eos_token_id\" = {} is out of range: the vocabulary has {} tokens (vocab_size)",
+            config.eos_token_id,
+            config.vocab_size
+        );
+        ensure!(
+            config.head_dim % 2 == 0,
+            "key \"head_dim\" = {} is out of range: RoPE rotates pairs of features, so it must be even",
+            config.head_dim
+        );
         Ok(config)
     }
 
@@ -146,30 +216,23 @@ impl LlamaConfig {
     }
 }
 
+/// Checks every key against [`KEYS`]: unknown keys and values of `Only` keys that change the
+/// maths are refused, naming the key, the value and why.
 fn check_supported(raw: &Map<String, Value>) -> Result<()> {
-    if let Some(unknown) = raw.keys().find(|k| !KNOWN_KEYS.contains(&k.as_str())) {
-        bail!("key {unknown:?} is not understood by smallrl; it may change the model's maths");
-    }
-    if let Some(model_type) = raw.get("model_type") {
-        ensure!(model_type == "llama", "model_type is {model_type}, only \"llama\" is supported");
-    }
-    if let Some(archs) = raw.get("architectures") {
-        ensure!(
-            archs == &serde_json::json!(["LlamaForCausalLM"]),
-            "architectures is {archs}, only [\"LlamaForCausalLM\"] is supported"
-        );
-    }
-    for flag in ["attention_bias", "mlp_bias"] {
-        ensure!(!raw.get(flag).and_then(Value::as_bool).unwrap_or(false), "{flag} = true is not supported");
-    }
-    if let Some(act) = raw.get("hidden_act") {
-        ensure!(act == "silu", "hidden_act is {act}, only \"silu\" is supported");
-    }
-    if let Some(scaling) = raw.get("rope_scaling") {
-        ensure!(scaling.is_null(), "rope_scaling {scaling} is not supported (only plain RoPE)");
-    }
-    if let Some(dropout) = raw.get("attention_dropout") {
-        ensure!(dropout.as_f64() == Some(0.0), "attention_dropout {dropout} is not supported");
+    for (key, value) in raw {
+        match key_rule(key) {
+            None => bail!(
+                "key {key:?} (= {value}) is not understood by smallrl: it may change the model's maths. \
+                 If it does not, add it to KEYS in host/src/model/config.rs as Inert"
+            ),
+            Some(Only(allowed, why)) => {
+                let accepted = allowed.iter().any(|a| serde_json::from_str::<Value>(a).expect("KEYS values are JSON") == *value)
+                    // 0 and 0.0 are the same number.
+                    || allowed.iter().any(|a| a.parse::<f64>().is_ok_and(|x| value.as_f64() == Some(x)));
+                ensure!(accepted, "key {key:?} = {value} is refused: {why} (accepted: {})", allowed.join(" or "));
+            }
+            Some(Read | Inert(_)) => {}
+        }
     }
     Ok(())
 }
@@ -185,19 +248,56 @@ fn rope_theta(raw: &Map<String, Value>) -> Result<f64> {
         None | Some(Value::Null) => None,
         Some(params) => {
             let params = params.as_object().context("rope_parameters must be an object")?;
-            if let Some(unknown) = params.keys().find(|k| !["rope_theta", "rope_type"].contains(&k.as_str())) {
-                bail!("rope_parameters.{unknown} is not supported (only plain RoPE)");
+            if let Some((unknown, v)) = params.iter().find(|(k, _)| !["rope_theta", "rope_type"].contains(&k.as_str())) {
+                bail!("key \"rope_parameters.{unknown}\" = {v} is refused: smallrl implements plain RoPE only (rope_theta and rope_type \"default\")");
             }
             if let Some(kind) = params.get("rope_type") {
-                ensure!(kind == "default", "rope_type {kind} is not supported (only \"default\")");
+                ensure!(
+                    kind == "default",
+                    "key \"rope_parameters.rope_type\" = {kind} is refused: smallrl implements plain RoPE only (accepted: \"default\")"
+                );
             }
             Some(params.get("rope_theta").and_then(Value::as_f64).context("rope_parameters.rope_theta is missing")?)
         }
     };
     match (top_level, nested) {
         (Some(a), Some(b)) if a != b => bail!("rope_theta {a} and rope_parameters.rope_theta {b} disagree"),
-        (Some(theta), _) | (None, Some(theta)) => Ok(theta),
+        (Some(theta), _) | (None, Some(theta)) => {
+            ensure!(theta.is_finite() && theta > 0.0, "key \"rope_theta\" = {theta} is out of range: RoPE's base must be a positive number");
+            Ok(theta)
+        }
         (None, None) => bail!("no rope_theta (neither top-level nor in rope_parameters)"),
+    }
+}
+
+/// The token that ends a completion, from `generation_config.json` (what transformers'
+/// `generate` stops on): its `eos_token_id`, one id or a list, else `config_eos` (config.json's).
+/// A list is accepted when all its ids are one id; several different stop ids are refused
+/// (smallrl's decoders stop on one id) rather than silently keeping one of them.
+pub fn stop_token_id(path: &Path, config_eos: u32) -> Result<u32> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let raw: Map<String, Value> =
+        serde_json::from_str(&text).with_context(|| format!("{} is not a JSON object", path.display()))?;
+    let Some(value) = raw.get("eos_token_id").filter(|v| !v.is_null()) else {
+        return Ok(config_eos);
+    };
+    let ids: Vec<&Value> = match value {
+        Value::Array(ids) => ids.iter().collect(),
+        one => vec![one],
+    };
+    let ids: Vec<u32> = ids
+        .iter()
+        .map(|v| v.as_u64().and_then(|id| u32::try_from(id).ok()))
+        .collect::<Option<_>>()
+        .with_context(|| format!("{}: key \"eos_token_id\" = {value} is not a token id or a list of them", path.display()))?;
+    match ids[..] {
+        [] => bail!("{}: key \"eos_token_id\" = [] names no stop token", path.display()),
+        [first, ..] if ids.iter().all(|&id| id == first) => Ok(first),
+        _ => bail!(
+            "{}: key \"eos_token_id\" = {value} is refused: smallrl stops decoding on one token id, \
+             and keeping only one of these would change when completions end",
+            path.display()
+        ),
     }
 }
 
@@ -205,21 +305,23 @@ fn eos_token_id(raw: &Map<String, Value>) -> Result<u32> {
     let value = raw.get("eos_token_id").context("eos_token_id is missing")?;
     let id = match value {
         Value::Array(ids) if ids.len() == 1 => ids[0].as_u64(),
-        Value::Array(_) => bail!("eos_token_id {value}: several end-of-sequence ids are not supported"),
+        Value::Array(_) => bail!("key \"eos_token_id\" = {value} is refused: smallrl stops decoding on one token id"),
         other => other.as_u64(),
     };
-    let id = id.with_context(|| format!("eos_token_id {value} is not a token id"))?;
+    let id = id.with_context(|| format!("key \"eos_token_id\" = {value} is not a token id"))?;
     Ok(u32::try_from(id)?)
 }
 
 fn usize_key(raw: &Map<String, Value>, key: &str) -> Result<usize> {
     let value = raw.get(key).with_context(|| format!("{key} is missing"))?;
-    let n = value.as_u64().with_context(|| format!("{key} = {value} is not a positive integer"))?;
-    ensure!(n > 0, "{key} must be positive");
-    Ok(n as usize)
+    let n = value.as_u64().filter(|&n| n > 0);
+    let n = n.with_context(|| format!("key {key:?} = {value} is out of range: a size must be a positive integer"))?;
+    Ok(usize::try_from(n)?)
 }
 
-fn f64_key(raw: &Map<String, Value>, key: &str) -> Result<f64> {
+fn positive_f64_key(raw: &Map<String, Value>, key: &str, why: &str) -> Result<f64> {
     let value = raw.get(key).with_context(|| format!("{key} is missing"))?;
-    value.as_f64().with_context(|| format!("{key} = {value} is not a number"))
+    let x = value.as_f64().with_context(|| format!("key {key:?} = {value} is not a number"))?;
+    ensure!(x.is_finite() && x > 0.0, "key {key:?} = {value} is out of range: it must be a positive number ({why})");
+    Ok(x)
 }

@@ -10,12 +10,25 @@ use tch::Tensor;
 use super::{Llama, LlamaConfig};
 use super::weights::write_safetensors;
 
-/// Writes `config.json` and a copy of `tokenizer.json` into `dir`: with a `model.safetensors`
-/// beside them, an HF model directory.
+/// Files that travel with `tokenizer.json` when they are beside it: the chat template (its own
+/// file, or inside tokenizer_config.json) and the special tokens its context names.
+pub const TOKENIZER_COMPANIONS: [&str; 2] = ["tokenizer_config.json", "chat_template.jinja"];
+
+/// Writes `config.json` and a copy of `tokenizer.json` (and of its [`TOKENIZER_COMPANIONS`]
+/// where they exist) into `dir`: with a `model.safetensors` beside them, an HF model directory.
+/// `config.json`'s `eos_token_id` is the stop token the model was loaded with (from
+/// generation_config.json where it had one), which transformers also stops on without a
+/// generation_config.json.
 pub fn write_hf_metadata(dir: &Path, config: &LlamaConfig, tokenizer: &Path) -> Result<()> {
     std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config.to_hf_json())?)
         .with_context(|| format!("cannot write {}", dir.join("config.json").display()))?;
     std::fs::copy(tokenizer, dir.join("tokenizer.json")).with_context(|| format!("cannot copy {}", tokenizer.display()))?;
+    for name in TOKENIZER_COMPANIONS {
+        let source = tokenizer.with_file_name(name);
+        if source.is_file() {
+            std::fs::copy(&source, dir.join(name)).with_context(|| format!("cannot copy {}", source.display()))?;
+        }
+    }
     Ok(())
 }
 

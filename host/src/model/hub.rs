@@ -15,6 +15,12 @@ pub struct ModelFiles {
     pub config: PathBuf,
     pub weights: Vec<PathBuf>,
     pub tokenizer: PathBuf,
+    /// `generation_config.json` where the model has one: its `eos_token_id` are the stop tokens.
+    pub generation_config: Option<PathBuf>,
+    /// `chat_template.jinja` where the model has one (else `tokenizer_config.json`'s `chat_template`).
+    pub chat_template: Option<PathBuf>,
+    /// `tokenizer_config.json` where the model has one.
+    pub tokenizer_config: Option<PathBuf>,
 }
 
 /// Resolves `spec`: an existing directory is used as is; otherwise `owner/name` is a Hub repo.
@@ -29,6 +35,7 @@ pub fn resolve(spec: &str, revision: &str) -> Result<ModelFiles> {
 }
 
 pub fn from_dir(dir: &Path) -> Result<ModelFiles> {
+    let optional = |name: &str| Some(dir.join(name)).filter(|p| p.is_file());
     let file = |name: &str| -> Result<PathBuf> {
         let path = dir.join(name);
         ensure!(path.is_file(), "model directory {} has no {name}", dir.display());
@@ -39,6 +46,9 @@ pub fn from_dir(dir: &Path) -> Result<ModelFiles> {
         config: file("config.json")?,
         weights: super::weights::weight_files(dir)?,
         tokenizer: file("tokenizer.json")?,
+        generation_config: optional("generation_config.json"),
+        chat_template: optional("chat_template.jinja"),
+        tokenizer_config: optional("tokenizer_config.json"),
     })
 }
 
@@ -88,5 +98,9 @@ fn from_hub(repo_id: &str, revision: &str) -> Result<ModelFiles> {
     if weights.is_empty() {
         bail!("{repo_id}@{revision} lists no weight files");
     }
-    Ok(ModelFiles { source: repo_id.to_string(), config, weights, tokenizer })
+    // Optional files: a repository without them is complete (a missing one is not an error).
+    let generation_config = fetch("generation_config.json").ok();
+    let chat_template = fetch("chat_template.jinja").ok();
+    let tokenizer_config = fetch("tokenizer_config.json").ok();
+    Ok(ModelFiles { source: repo_id.to_string(), config, weights, tokenizer, generation_config, chat_template, tokenizer_config })
 }

@@ -5,6 +5,7 @@
 //! slots beside an MLP block (DualMLP), and per-row [`linear::AdapterCtl`]s chosen by the caller.
 
 pub mod batch;
+pub mod chat;
 pub mod config;
 pub mod cuda_graph;
 pub mod decode;
@@ -40,7 +41,10 @@ pub struct LoadedModel {
 /// Resolves `spec` (directory or Hub repo id) and loads config, weights and tokenizer.
 pub fn load(spec: &str, revision: &str, device: Device, kind: Kind) -> Result<LoadedModel> {
     let files = hub::resolve(spec, revision)?;
-    let config = LlamaConfig::from_file(&files.config)?;
+    let mut config = LlamaConfig::from_file(&files.config)?;
+    if let Some(path) = &files.generation_config {
+        config.eos_token_id = config::stop_token_id(path, config.eos_token_id)?;
+    }
     let model = weights::load_llama(config, &files.weights, device, kind)
         .with_context(|| format!("cannot load the weights of model {}", files.source))?;
     let tokenizer = Tokenizer::from_file(&files.tokenizer)?;

@@ -1,0 +1,222 @@
+//! Chat templates as transformers renders them: the model's Jinja template (`chat_template.jinja`
+//! beside the weights, else `tokenizer_config.json`'s `chat_template`) rendered with minijinja
+//! in the HF dialect: blocks trimmed and left-stripped as transformers' `trim_blocks` and
+//! `lstrip_blocks`, `raise_exception`, loop controls, Python string methods (`.strip()`,
+//! `.startswith()`, ... through minijinja-contrib's pycompat), `tojson` as Python's
+//! `json.dumps(ensure_ascii=False)` writes it (transformers' filter; minijinja's own escapes HTML
+//! characters and spaces items differently), `strftime_now` (the local time through C's
+//! `strftime`, as Python's `datetime.now().strftime`; Llama 3's templates date their system
+//! prompt with it), `tools` and `documents` as none, and the tokenizer's special tokens
+//! (`bos_token`, `eos_token`, ...) in the context. The rendered text is then tokenized without
+//! adding special tokens, as `apply_chat_template(..., tokenize=True)` does.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, anyhow, bail};
+use minijinja::value::{Kwargs, ValueKind};
+use minijinja::{Environment, Error, ErrorKind, context};
+use serde::Serialize;
+use serde_json::Value;
+
+use super::hub::ModelFiles;
+
+/// One chat message.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+}
+
+impl Message {
+    pub fn new(role: &str, content: &str) -> Self {
+        Self { role: role.to_string(), content: content.to_string() }
+    }
+}
+
+/// A model's chat template and the special tokens its context offers.
+#[derive(Debug, Clone)]
+pub struct ChatTemplate {
+    source: String,
+    /// Where the template was read from, for messages.
+    origin: PathBuf,
+    /// `bos_token`, `eos_token`, `unk_token`, `pad_token` of tokenizer_config.json (strings).
+    special_tokens: serde_json::Map<String, Value>,
+}
+
+impl ChatTemplate {
+    /// The template of a model: `chat_template.jinja`, else `tokenizer_config.json`'s
+    /// `chat_template` (a string, or a list of `{name, template}` of which `default` is used).
+    pub fn for_model(files: &ModelFiles) -> Result<Self> {
+        let special_tokens = match &files.tokenizer_config {
+            Some(path) => special_tokens(&read_json(path)?),
+            None => serde_json::Map::new(),
+        };
+        if let Some(path) = &files.chat_template {
+            let source = std::fs::read_to_string(path).with_context(|| format!("cannot read chat template {}", path.display()))?;
+            return Ok(Self { source, origin: path.clone(), special_tokens });
+        }
+        let path = files.tokenizer_config.as_ref().with_context(|| {
+            format!("model {} has no chat template (neither chat_template.jinja nor tokenizer_config.json); use raw prompts", files.source)
+        })?;
+        let source = match read_json(path)?.get("chat_template") {
+            Some(Value::String(source)) => source.clone(),
+            Some(Value::Array(named)) => named
+                .iter()
+                .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+                .and_then(|t| t.get("template")?.as_str())
+                .with_context(|| format!("{}: chat_template is a list without a \"default\" template", path.display()))?
+                .to_string(),
+            Some(other) => bail!("{}: chat_template = {other} is neither a template nor a list of named templates", path.display()),
+            None => bail!("model {} has no chat template ({} has no chat_template, and there is no chat_template.jinja); use raw prompts", files.source, path.display()),
+        };
+        Ok(Self { source, origin: path.clone(), special_tokens })
+    }
+
+    /// A template given as text (tests, and templates from elsewhere).
+    pub fn from_source(source: &str, special_tokens: serde_json::Map<String, Value>) -> Self {
+        Self { source: source.to_string(), origin: PathBuf::from("<inline template>"), special_tokens }
+    }
+
+    /// The prompt text for `messages`; with `add_generation_prompt`, ending where the assistant's
+    /// reply begins.
+    pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |message: String| -> Result<String, Error> {
+            Err(Error::new(ErrorKind::InvalidOperation, message))
+        });
+        env.add_filter("tojson", tojson);
+        env.add_function("strftime_now", strftime_now);
+        env.add_template("chat", &self.source)
+            .map_err(|e| anyhow!("chat template {} does not parse: {e:#}", self.origin.display()))?;
+        let template = env.get_template("chat").expect("added above");
+        let ctx = context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            // transformers passes these as None when not given (`tools is none` holds).
+            tools => (),
+            documents => (),
+            ..minijinja::Value::from_serialize(&self.special_tokens)
+        };
+        template.render(ctx).map_err(|e| anyhow!("chat template {} fails on these messages: {e:#}", self.origin.display()))
+    }
+
+    /// One user message (after `system`, if given) with the generation prompt: what `--chat`
+    /// does with a prompt.
+    pub fn user_prompt(&self, system: Option<&str>, user: &str) -> Result<String> {
+        let mut messages = Vec::new();
+        if let Some(system) = system {
+            messages.push(Message::new("system", system));
+        }
+        messages.push(Message::new("user", user));
+        self.render(&messages, true)
+    }
+}
+
+fn read_json(path: &Path) -> Result<serde_json::Map<String, Value>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{} is not a JSON object", path.display()))
+}
+
+/// The special tokens transformers puts in a template's context, as strings (an added-token
+/// object `{"content": ...}` gives its content).
+fn special_tokens(config: &serde_json::Map<String, Value>) -> serde_json::Map<String, Value> {
+    ["bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token"]
+        .into_iter()
+        .filter_map(|name| {
+            let token = match config.get(name)? {
+                Value::String(s) => s.clone(),
+                Value::Object(o) => o.get("content")?.as_str()?.to_string(),
+                _ => return None,
+            };
+            Some((name.to_string(), Value::String(token)))
+        })
+        .collect()
+}
+
+/// transformers' `tojson` filter: `json.dumps(value, ensure_ascii=False, indent=indent,
+/// sort_keys=sort_keys)`: items separated by `", "` (`","` and newlines with an indent), keys in
+/// the order the value has them.
+fn tojson(value: &minijinja::Value, kwargs: Kwargs) -> Result<String, Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    kwargs.assert_all_used()?;
+    let mut out = String::new();
+    write_json(value, indent, sort_keys.unwrap_or(false), 0, &mut out)?;
+    Ok(out)
+}
+
+fn write_json(value: &minijinja::Value, indent: Option<usize>, sort_keys: bool, level: usize, out: &mut String) -> Result<(), Error> {
+    let json_err = |e: serde_json::Error| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}"));
+    // Opens a container's items (newline and deeper indent) or separates them.
+    let separate = |out: &mut String, first: bool, level: usize| match indent {
+        Some(n) => {
+            out.push_str(if first { "\n" } else { ",\n" });
+            out.push_str(&" ".repeat(n * level));
+        }
+        None if !first => out.push_str(", "),
+        None => {}
+    };
+    match value.kind() {
+        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
+        ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
+        ValueKind::Number | ValueKind::String => out.push_str(&serde_json::to_string(value).map_err(json_err)?),
+        ValueKind::Seq | ValueKind::Iterable => {
+            let items: Vec<minijinja::Value> = value.try_iter()?.collect();
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                separate(out, i == 0, level + 1);
+                write_json(item, indent, sort_keys, level + 1, out)?;
+            }
+            if !items.is_empty() && indent.is_some() {
+                separate(out, true, level);
+            }
+            out.push(']');
+        }
+        ValueKind::Map => {
+            let mut keys: Vec<minijinja::Value> = value.try_iter()?.collect();
+            if sort_keys {
+                keys.sort();
+            }
+            out.push('{');
+            for (i, key) in keys.iter().enumerate() {
+                separate(out, i == 0, level + 1);
+                let name = key.as_str().map(str::to_string).unwrap_or_else(|| key.to_string());
+                out.push_str(&serde_json::to_string(&name).map_err(json_err)?);
+                out.push_str(": ");
+                write_json(&value.get_item(key)?, indent, sort_keys, level + 1, out)?;
+            }
+            if !keys.is_empty() && indent.is_some() {
+                separate(out, true, level);
+            }
+            out.push('}');
+        }
+        other => return Err(Error::new(ErrorKind::InvalidOperation, format!("tojson: cannot write a {other} as JSON"))),
+    }
+    Ok(())
+}
+
+/// transformers' `strftime_now(format)`: the local time now, formatted by C's `strftime` (which
+/// Python's `strftime` calls too).
+fn strftime_now(format: String) -> Result<String, Error> {
+    let invalid = |what: &str| Error::new(ErrorKind::InvalidOperation, format!("strftime_now({format:?}): {what}"));
+    let c_format = std::ffi::CString::new(format.as_str()).map_err(|_| invalid("the format contains a NUL byte"))?;
+    let mut buf = vec![0u8; 256 + 8 * format.len()];
+    // SAFETY: `tm` is written by localtime_r before strftime reads it; strftime writes at most
+    // `buf.len()` bytes into `buf` and returns how many (0 when they do not fit).
+    let written = unsafe {
+        let now = libc::time(std::ptr::null_mut());
+        let mut tm: libc::tm = std::mem::zeroed();
+        if libc::localtime_r(&now, &mut tm).is_null() {
+            return Err(invalid("the local time is not available"));
+        }
+        libc::strftime(buf.as_mut_ptr().cast(), buf.len(), c_format.as_ptr(), &tm)
+    };
+    if written == 0 && !format.is_empty() {
+        return Err(invalid("the formatted time does not fit (or is empty)"));
+    }
+    buf.truncate(written);
+    String::from_utf8(buf).map_err(|_| invalid("the formatted time is not UTF-8"))
+}

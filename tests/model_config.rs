@@ -1,0 +1,163 @@
+//! `config.json` as transformers writes it and as the Hub publishes it: every key of
+//! `smallrl::model::config::KEYS` is checked on both sides (accepted values load to the same
+//! configuration; refused values and out-of-range values fail naming the key and the value), and
+//! the stop token of `generation_config.json`.
+
+mod common;
+
+use common::fixture;
+use serde_json::{Map, Value, json};
+use smallrl::model::LlamaConfig;
+use smallrl::model::config::{KEYS, KeyRule, stop_token_id};
+
+/// tiny-random's config.json as transformers 5 wrote it.
+fn base() -> Map<String, Value> {
+    let text = std::fs::read_to_string(fixture("tiny-random/config.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn with(key: &str, value: Value) -> Map<String, Value> {
+    let mut raw = base();
+    raw.insert(key.to_string(), value);
+    raw
+}
+
+fn error(raw: &Map<String, Value>) -> String {
+    match LlamaConfig::from_json(raw) {
+        Ok(config) => panic!("{} loaded as {config:?}", Value::Object(raw.clone())),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+#[test]
+fn every_accepted_key_and_value_loads_to_the_same_model() {
+    let reference = LlamaConfig::from_json(&base()).unwrap();
+    // Values of every JSON type: an inert key must not care which.
+    let anything = [json!(null), json!(0), json!(12345), json!(-1), json!(true), json!("bfloat16"), json!([1, 2]), json!({"kv_cache_dtype": {"q4f16": "float16"}})];
+    let mut checked = 0;
+    for (key, rule) in KEYS {
+        let values: Vec<Value> = match rule {
+            KeyRule::Read => continue,
+            KeyRule::Inert(_) => anything.to_vec(),
+            KeyRule::Only(allowed, _) => allowed.iter().map(|a| serde_json::from_str(a).unwrap()).collect(),
+        };
+        for value in values {
+            let loaded = LlamaConfig::from_json(&with(key, value.clone())).unwrap_or_else(|e| panic!("{key} = {value}: {e:#}"));
+            assert_eq!(loaded, reference, "{key} = {value} changed the configuration");
+            checked += 1;
+        }
+    }
+    assert!(checked > 40, "only {checked} key/value pairs checked");
+    // The keys people meet in published configs (SmolLM2-135M-Instruct's on the Hub, and what
+    // transformers writes) are all in the list.
+    for key in ["unk_token_id", "bos_token_id", "pad_token_id", "torch_dtype", "dtype", "is_llama_config", "rope_interleaved",
+        "rope_scaling", "transformers.js_config", "transformers_version", "use_cache", "tie_word_embeddings", "pretraining_tp"] {
+        assert!(KEYS.iter().any(|(k, _)| *k == key), "{key} is not in KEYS");
+    }
+}
+
+#[test]
+fn rope_theta_is_read_either_way_and_both_ways_must_agree() {
+    let nested = LlamaConfig::from_json(&base()).unwrap();
+    let mut top = base();
+    top.remove("rope_parameters");
+    top.insert("rope_theta".into(), json!(10000));
+    assert_eq!(LlamaConfig::from_json(&top).unwrap(), nested);
+    let mut both = base();
+    both.insert("rope_theta".into(), json!(10000.0));
+    assert_eq!(LlamaConfig::from_json(&both).unwrap(), nested, "rope_parameters equal to the plain rope_theta");
+    both.insert("rope_theta".into(), json!(500000.0));
+    assert!(error(&both).contains("disagree"));
+}
+
+#[test]
+fn every_value_that_changes_the_maths_is_refused_by_name() {
+    let refused: &[(&str, Value)] = &[
+        ("model_type", json!("qwen2")),
+        ("model_type", json!("qwen3")),
+        ("architectures", json!(["Qwen2ForCausalLM"])),
+        ("hidden_act", json!("gelu")),
+        ("attention_bias", json!(true)),
+        ("mlp_bias", json!(true)),
+        ("rope_scaling", json!({"rope_type": "linear", "factor": 2.0})),
+        ("rope_scaling", json!({"type": "dynamic", "factor": 4.0})),
+        ("rope_scaling", json!({"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})),
+        ("rope_interleaved", json!(true)),
+        ("sliding_window", json!(4096)),
+        ("use_sliding_window", json!(true)),
+        ("attention_dropout", json!(0.1)),
+        ("pretraining_tp", json!(2)),
+    ];
+    for (key, value) in refused {
+        let message = error(&with(key, value.clone()));
+        assert!(
+            message.contains(&format!("{key:?}")) && message.contains(&value.to_string()) && message.contains("refused"),
+            "{key} = {value}: {message}"
+        );
+    }
+    // Every key accepted with fixed values only has a refused value above.
+    for (key, rule) in KEYS {
+        if matches!(rule, KeyRule::Only(..)) {
+            assert!(refused.iter().any(|(k, _)| k == key), "no refused value of {key} is tested");
+        }
+    }
+    for params in [json!({"rope_theta": 10000.0, "rope_type": "yarn", "factor": 4.0}), json!({"rope_theta": 10000.0, "rope_type": "linear"})] {
+        let message = error(&with("rope_parameters", params.clone()));
+        assert!(message.contains("rope_parameters.") && message.contains("refused"), "{params}: {message}");
+    }
+    let unknown = error(&with("logit_soft_cap", json!(30.0)));
+    assert!(unknown.contains("\"logit_soft_cap\"") && unknown.contains("30.0") && unknown.contains("KEYS"), "{unknown}");
+}
+
+#[test]
+fn values_out_of_range_are_refused_by_name() {
+    let cases: Vec<(&str, Map<String, Value>)> = vec![
+        ("rms_norm_eps", with("rms_norm_eps", json!(-1))),
+        ("rms_norm_eps", with("rms_norm_eps", json!(0))),
+        ("rope_theta", with("rope_parameters", json!({"rope_theta": -5.0, "rope_type": "default"}))),
+        ("rope_theta", with("rope_parameters", json!({"rope_theta": 0.0, "rope_type": "default"}))),
+        ("rope_theta", {
+            let mut raw = base();
+            raw.remove("rope_parameters");
+            raw.insert("rope_theta".into(), json!(-5));
+            raw
+        }),
+        ("hidden_size", with("hidden_size", json!(0))),
+        ("vocab_size", with("vocab_size", json!(-3))),
+        ("intermediate_size", with("intermediate_size", json!(0))),
+        ("num_hidden_layers", with("num_hidden_layers", json!(1.5))),
+        ("num_attention_heads", with("num_attention_heads", json!(0))),
+        ("num_key_value_heads", with("num_key_value_heads", json!(3))),
+        ("head_dim", with("head_dim", json!(31))),
+        ("max_position_embeddings", with("max_position_embeddings", json!(0))),
+        ("eos_token_id", with("eos_token_id", json!(4096))),
+        ("hidden_size", {
+            let mut raw = with("hidden_size", json!(130));
+            raw.remove("head_dim");
+            raw
+        }),
+    ];
+    for (key, raw) in cases {
+        let message = error(&raw);
+        assert!(message.contains(&format!("\"{key}\"")), "{key}: {message}");
+    }
+}
+
+#[test]
+fn the_stop_token_comes_from_generation_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("generation_config.json");
+    let stop = |document: Value| {
+        std::fs::write(&path, document.to_string()).unwrap();
+        stop_token_id(&path, 0)
+    };
+    assert_eq!(stop(json!({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2})).unwrap(), 2);
+    assert_eq!(stop(json!({"eos_token_id": [7]})).unwrap(), 7);
+    assert_eq!(stop(json!({"eos_token_id": [7, 7]})).unwrap(), 7);
+    assert_eq!(stop(json!({"do_sample": true})).unwrap(), 0, "absent: config.json's id");
+    assert_eq!(stop(json!({"eos_token_id": null})).unwrap(), 0, "null: config.json's id");
+    for bad in [json!({"eos_token_id": [2, 7]}), json!({"eos_token_id": "2"}), json!({"eos_token_id": []}), json!({"eos_token_id": -1})] {
+        let message = format!("{:#}", stop(bad.clone()).unwrap_err());
+        assert!(message.contains("generation_config.json") && message.contains("eos_token_id"), "{bad}: {message}");
+    }
+}
