@@ -10,9 +10,9 @@
 //! Invariant: everything random (initialisation, held-out split, data order, adapter init)
 //! derives from `seed` through `rng::derive`; libtorch's global generator is never used.
 //!
-//! Over 300 lines because it is one command end to end: its options (`PretrainConfig`, one
-//! clap + serde struct, so each option is declared once with its default), the loop, held-out
-//! loss and export; documents and initialisation are in `data.rs` and `init.rs`.
+//! Over 300 lines because it is one command end to end: its options (`PretrainConfig`, declared
+//! once on the hyperparameter table of [`crate::hyperparams`], as `smallrl train`'s), the loop,
+//! held-out loss and export; documents and initialisation are in `data.rs` and `init.rs`.
 
 pub mod data;
 pub mod init;
@@ -21,12 +21,12 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail, ensure};
-use clap::Args;
-use serde::Serialize;
 use tch::{Device, Reduction, Tensor};
 
 use crate::adapters::{self, AdapterConfig, AdapterKind, set_base_trainable};
 use crate::defaults as d;
+use crate::hyperparams::Label::{Key, Omit, Short};
+use crate::hyperparams::hyperparameters;
 use crate::model::{Llama, LlamaConfig, Tokenizer};
 use crate::optim::{AdamW, AdamWConfig, warmup_cosine_lr};
 use crate::rng::derive;
@@ -34,96 +34,88 @@ use crate::train::checkpoint;
 use crate::runlog::{Jsonl, RunLog};
 use data::{PackedBatch, Row, RowStream, Source};
 
-/// Every option of a pre-training run (flags in kebab-case; written to `config.yaml`).
-#[derive(Args, Debug, Clone, Serialize)]
-pub struct PretrainConfig {
-    /// `random`, or a model directory / Hub repo id / smallrl checkpoint to continue from.
-    #[arg(long, default_value = d::PRETRAIN_INIT)]
-    pub init: String,
-    /// Architecture for `--init random` (its vocab_size follows the tokenizer).
-    #[arg(long, default_value = d::PRETRAIN_ARCH, conflicts_with = "config")]
-    pub arch: String,
-    /// A config.json for `--init random` instead of --arch (its vocab_size must hold the tokenizer).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
-    /// `train:N` (a WordPiece tokenizer of at most N tokens trained on the training documents)
-    /// or a tokenizer.json. Default: train:4096 from random, the model's own with --init PATH.
-    #[arg(long)]
-    pub tokenizer: Option<String>,
-    /// Training documents: a text file (one per line) or a .jsonl file (see --text-field).
-    #[arg(long, conflicts_with = "corpus")]
-    pub data: Option<PathBuf>,
-    /// The JSON field holding the document in a .jsonl --data file.
-    #[arg(long, default_value = d::PRETRAIN_TEXT_FIELD)]
-    pub text_field: String,
-    /// `synthetic` (the built-in story corpus, offline) or `simplestories` (HF Hub dataset).
-    #[arg(long)]
-    pub corpus: Option<String>,
-    /// Stories of the synthetic corpus (held-out ones included).
-    #[arg(long, default_value_t = d::CORPUS_STORIES)]
-    pub corpus_stories: usize,
-    #[arg(long, default_value_t = d::CORPUS_SEED)]
-    pub corpus_seed: u64,
-    #[arg(long, default_value_t = d::PRETRAIN_HELDOUT_DOCS)]
-    pub heldout_docs: usize,
-    /// Tokens per packed row (longer documents are cut, and counted in the log).
-    #[arg(long, default_value_t = d::PRETRAIN_BLOCK_SIZE)]
-    pub block_size: usize,
-    /// Packed rows per step.
-    #[arg(long, default_value_t = d::PRETRAIN_BATCH_SIZE)]
-    pub batch_size: usize,
-    #[arg(long, default_value_t = d::PRETRAIN_MAX_STEPS)]
-    pub max_steps: usize,
-    #[arg(long, default_value_t = d::PRETRAIN_LEARNING_RATE)]
-    pub lr: f64,
-    #[arg(long, default_value_t = d::PRETRAIN_WARMUP_STEPS)]
-    pub warmup_steps: usize,
-    /// The cosine decay ends at lr * min_lr_ratio.
-    #[arg(long, default_value_t = d::PRETRAIN_MIN_LR_RATIO)]
-    pub min_lr_ratio: f64,
-    /// AdamW weight decay, on matrices only (not on norm weights).
-    #[arg(long, default_value_t = d::PRETRAIN_WEIGHT_DECAY)]
-    pub weight_decay: f64,
-    #[arg(long, default_value_t = d::ADAM_BETA1)]
-    pub adam_beta1: f64,
-    #[arg(long, default_value_t = d::PRETRAIN_ADAM_BETA2)]
-    pub adam_beta2: f64,
-    #[arg(long, default_value_t = d::ADAM_EPSILON)]
-    pub adam_epsilon: f64,
-    #[arg(long, default_value_t = d::MAX_GRAD_NORM)]
-    pub max_grad_norm: f64,
-    /// full, lora or dual-lora (adapters need --init PATH: a random base is not worth keeping frozen).
-    #[arg(long, default_value_t = d::ADAPTER)]
-    pub adapter: AdapterKind,
-    #[arg(long)]
-    pub lora_preset: Option<String>,
-    #[arg(long, default_value_t = d::LORA_RANK)]
-    pub lora_rank: usize,
-    #[arg(long, default_value_t = d::LORA_ALPHA)]
-    pub lora_alpha: f64,
-    #[arg(long, default_value_t = d::RETAIN_RANK)]
-    pub retain_rank: usize,
-    #[arg(long, default_value_t = d::FORGET_RANK)]
-    pub forget_rank: usize,
-    #[arg(long, default_value_t = d::LAYER_STRIDE)]
-    pub layer_stride: usize,
-    #[arg(long, default_value_t = d::SEED)]
-    pub seed: u64,
-    #[arg(long, default_value_t = d::PRETRAIN_EVAL_STEPS)]
-    pub eval_steps: usize,
-    #[arg(long, default_value_t = d::PRETRAIN_SAVE_STEPS)]
-    pub save_steps: usize,
-    #[arg(long, default_value_t = d::PRETRAIN_LOGGING_STEPS)]
-    pub logging_steps: usize,
-    /// A new or empty directory for the run.
-    #[arg(long, default_value = d::PRETRAIN_OUTPUT_DIR)]
-    pub output_dir: PathBuf,
-    /// auto, cpu, cuda or cuda:N.
-    #[arg(long, default_value = d::DEVICE)]
-    pub device: String,
-    /// libtorch intra-op threads (default: one per core).
-    #[arg(long)]
-    pub threads: Option<usize>,
+hyperparameters! {
+    /// Every option of a pre-training run (flags in kebab-case; written to `config.yaml`), on the
+    /// same hyperparameter table as `smallrl train`'s.
+    pub struct PretrainConfig;
+    /// `smallrl pretrain`'s flags: one per key of [`PretrainConfig`], each optional.
+    pub struct PretrainFlags;
+    flags {
+        /// `random`, or a model directory / Hub repo id / smallrl checkpoint to continue from.
+        init: String = d::PRETRAIN_INIT.into(), Omit;
+        /// Architecture for `--init random` (its vocab_size follows the tokenizer).
+        #[arg(conflicts_with = "config")]
+        arch: String = d::PRETRAIN_ARCH.into(), Key;
+        /// A config.json for `--init random` instead of --arch (its vocab_size must hold the tokenizer).
+        config: Option<PathBuf> = None, Omit;
+        /// `train:N` (a WordPiece tokenizer of at most N tokens trained on the training documents)
+        /// or a tokenizer.json. Default: train:4096 from random, the model's own with --init PATH.
+        tokenizer: Option<String> = None, Omit;
+        /// Training documents: a text file (one per line) or a .jsonl file (see --text-field).
+        #[arg(conflicts_with = "corpus")]
+        data: Option<PathBuf> = None, Omit;
+        /// The JSON field holding the document in a .jsonl --data file.
+        text_field: String = d::PRETRAIN_TEXT_FIELD.into(), Omit;
+        /// `synthetic` (the built-in story corpus, offline) or `simplestories` (HF Hub dataset).
+        corpus: Option<String> = None, Key;
+        /// Stories of the synthetic corpus (held-out ones included).
+        corpus_stories: usize = d::CORPUS_STORIES, Key;
+        /// Seed of the synthetic corpus.
+        corpus_seed: u64 = d::CORPUS_SEED, Key;
+        /// Documents held out for the held-out loss.
+        heldout_docs: usize = d::PRETRAIN_HELDOUT_DOCS, Key;
+        /// Tokens per packed row (longer documents are cut, and counted in the log).
+        block_size: usize = d::PRETRAIN_BLOCK_SIZE, Key;
+        /// Packed rows per step.
+        batch_size: usize = d::PRETRAIN_BATCH_SIZE, Key;
+        /// Optimizer steps.
+        max_steps: usize = d::PRETRAIN_MAX_STEPS, Key;
+        /// Peak learning rate (after the warm-up).
+        lr: f64 = d::PRETRAIN_LEARNING_RATE, Key;
+        /// Steps of linear warm-up.
+        warmup_steps: usize = d::PRETRAIN_WARMUP_STEPS, Key;
+        /// The cosine decay ends at lr * min_lr_ratio.
+        min_lr_ratio: f64 = d::PRETRAIN_MIN_LR_RATIO, Key;
+        /// AdamW weight decay, on matrices only (not on norm weights).
+        weight_decay: f64 = d::PRETRAIN_WEIGHT_DECAY, Key;
+        /// AdamW's beta1.
+        adam_beta1: f64 = d::ADAM_BETA1, Key;
+        /// AdamW's beta2.
+        adam_beta2: f64 = d::PRETRAIN_ADAM_BETA2, Key;
+        /// AdamW's epsilon.
+        adam_epsilon: f64 = d::ADAM_EPSILON, Key;
+        /// Gradient clipping by global norm.
+        max_grad_norm: f64 = d::MAX_GRAD_NORM, Key;
+        /// full, lora or dual-lora (adapters need --init PATH: a random base is not worth keeping frozen).
+        adapter: AdapterKind = d::ADAPTER, Short("");
+        /// DualLoRA preset (overrides the ranks).
+        lora_preset: Option<String> = None, Short("");
+        /// Rank of LoRA (adapter lora).
+        lora_rank: usize = d::LORA_RANK, Key;
+        /// LoRA's alpha.
+        lora_alpha: f64 = d::LORA_ALPHA, Key;
+        /// Rank of DualLoRA's retain adapter.
+        retain_rank: usize = d::RETAIN_RANK, Key;
+        /// Rank of DualLoRA's forget adapter.
+        forget_rank: usize = d::FORGET_RANK, Key;
+        /// Adapters on every layer_stride-th layer.
+        layer_stride: usize = d::LAYER_STRIDE, Key;
+        /// Random seed (initialisation, held-out split, data order, adapter init).
+        seed: u64 = d::SEED, Omit;
+        /// Steps between held-out losses.
+        eval_steps: usize = d::PRETRAIN_EVAL_STEPS, Omit;
+        /// Steps between checkpoints.
+        save_steps: usize = d::PRETRAIN_SAVE_STEPS, Omit;
+        /// Steps between metrics lines.
+        logging_steps: usize = d::PRETRAIN_LOGGING_STEPS, Omit;
+        /// A new or empty directory for the run.
+        output_dir: PathBuf = d::PRETRAIN_OUTPUT_DIR.into(), Omit;
+        /// auto, cpu, cuda or cuda:N.
+        device: String = d::DEVICE.into(), Omit;
+        /// libtorch intra-op threads (default: one per core).
+        threads: Option<usize> = None, Omit;
+    }
+    file_only {}
 }
 
 impl PretrainConfig {
