@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{fixture, repo_root, smallrl};
+use common::{repo_root, smallrl};
 
 const DAEMONS: [&str; 3] = ["/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd"];
 
@@ -167,25 +167,10 @@ fn is_zombie(pid: u32) -> bool {
 
 /// A 2-seed CPU sweep of tiny DualLoRA runs with their baselines (4 runs), in packs of 2.
 fn sweep_args(out: &Path) -> Vec<String> {
-    let model = fixture("tiny-stories");
     let config = repo_root().join("configs/sentence_length_10_smooth_with_happy.yaml");
     let mut args: Vec<String> = ["sweep", "--config", &config.to_string_lossy(), "--output-dir", &out.to_string_lossy(), "--pack", "2"].map(String::from).to_vec();
     args.extend(["--grid", "seed=1,2", "--fixed"].map(String::from));
-    args.extend([
-        format!("model={}", model.display()),
-        format!("prompts={}", model.join("prompts.txt").display()),
-        format!("plugin_dir={}", repo_root().join("plugins").display()),
-        "rh_detector={plugin: happy_count, params: {threshold: 1}}".into(),
-        "batch_size=8".into(),
-        "num_generations=4".into(),
-        "max_completion_length=24".into(),
-        "max_steps=4".into(),
-        "save_steps=4".into(),
-        "eval_every=2".into(),
-        "eval_samples=4".into(),
-        "lora_preset=r4".into(),
-        "device=cpu".into(),
-    ]);
+    args.extend(common::tiny_sweep_fixed());
     args
 }
 

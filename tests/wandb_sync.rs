@@ -17,30 +17,14 @@ use smallrl::train::{TrainConfig, Trainer};
 /// A routed DualLoRA run of 4 steps with evaluations at steps 2 and 4 and completions logged.
 fn train_run(output_dir: &Path) -> PathBuf {
     one_thread();
-    let Value::Object(config) = json!({
-        "model": fixture("tiny-stories"),
-        "prompts": fixture("tiny-stories/prompts.txt"),
-        "reward": {"plugin": standard_plugin("happy"), "params": {}},
+    let mut config = common::tiny_stories_run(output_dir, &standard_plugin("happy"), "wandb");
+    let Value::Object(extra) = json!({
         "rh_detector": {"plugin": "happy_count", "params": {"threshold": 1}},
         "plugin_dir": repo_root().join("plugins"),
         "routing_mode": "classic",
-        "batch_size": 8,
-        "num_generations": 4,
-        "max_completion_length": 24,
-        "max_steps": 4,
-        "save_steps": 2,
-        "eval_every": 2,
-        "eval_samples": 4,
-        "logging_steps": 1,
-        "adapter": "dual-lora",
-        "lora_preset": "r4",
-        "lr": 1e-3,
-        "output_dir": output_dir,
-        "threads": 1,
-        "device": "cpu",
-        "name": "wandb",
         "log_completions": true,
     }) else { unreachable!() };
+    config.extend(extra);
     let config = TrainConfig::resolve(None, config).unwrap();
     Trainer::new(config, None).unwrap().train(None).unwrap().run_dir
 }

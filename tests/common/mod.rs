@@ -109,3 +109,52 @@ pub fn smallrl_ok(args: &[&str]) -> String {
     assert!(output.status.success(), "smallrl {args:?} failed:\n{}", String::from_utf8_lossy(&output.stderr));
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
+
+/// The tests' small, fast training run on the pre-trained `tiny-stories` fixture: 8 completions
+/// per step in groups of 4, 24 tokens, 4 steps (checkpoints and evaluations every 2), DualLoRA
+/// r4, one thread on the CPU, rewarded by `reward_plugin`.
+pub fn tiny_stories_run(output_dir: &Path, reward_plugin: &Path, name: &str) -> serde_json::Map<String, serde_json::Value> {
+    let value = serde_json::json!({
+        "model": fixture("tiny-stories"),
+        "prompts": fixture("tiny-stories/prompts.txt"),
+        "reward": {"plugin": reward_plugin, "params": {}},
+        "batch_size": 8,
+        "num_generations": 4,
+        "max_completion_length": 24,
+        "max_steps": 4,
+        "save_steps": 2,
+        "eval_every": 2,
+        "eval_samples": 4,
+        "logging_steps": 1,
+        "adapter": "dual-lora",
+        "lora_preset": "r4",
+        "lr": 1e-3,
+        "output_dir": output_dir,
+        "threads": 1,
+        "device": "cpu",
+        "name": name,
+    });
+    let serde_json::Value::Object(map) = value else { unreachable!() };
+    map
+}
+
+/// A sweep's `--fixed` keys for tiny routed DualLoRA runs on `tiny-stories` (the detector flags
+/// any "happy", so routing has samples to route): 8 completions, 24 tokens, 4 steps.
+pub fn tiny_sweep_fixed() -> Vec<String> {
+    let model = fixture("tiny-stories");
+    vec![
+        format!("model={}", model.display()),
+        format!("prompts={}", model.join("prompts.txt").display()),
+        format!("plugin_dir={}", plugin_dir().display()),
+        "rh_detector={plugin: happy_count, params: {threshold: 1}}".into(),
+        "batch_size=8".into(),
+        "num_generations=4".into(),
+        "max_completion_length=24".into(),
+        "max_steps=4".into(),
+        "save_steps=4".into(),
+        "eval_every=2".into(),
+        "eval_samples=4".into(),
+        "lora_preset=r4".into(),
+        "device=cpu".into(),
+    ]
+}

@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::{fixture, repo_root, smallrl};
+use common::{repo_root, smallrl};
 use serde_json::{Map, Value};
 use smallrl::sweep::charts;
 use smallrl::sweep::draw::SERIES;
@@ -31,23 +31,8 @@ fn happy_config_abs() -> String {
 /// A 2×2 sweep (two routing modes × two seeds) of tiny DualLoRA runs; the detector flags any
 /// "happy" so routing has samples to route. Baselines: one per seed, shared by both modes.
 fn tiny_sweep_args(out: &Path) -> Vec<String> {
-    let model = fixture("tiny-stories");
-    let fixed = [
-        format!("model={}", model.display()),
-        format!("prompts={}", model.join("prompts.txt").display()),
-        format!("plugin_dir={}", repo_root().join("plugins").display()),
-        "rh_detector={plugin: happy_count, params: {threshold: 1}}".into(),
-        "batch_size=8".into(),
-        "num_generations=4".into(),
-        "max_completion_length=24".into(),
-        "max_steps=4".into(),
-        "save_steps=4".into(),
-        "eval_every=2".into(),
-        "eval_samples=4".into(),
-        "lora_preset=r4".into(),
-        "lr=3e-2".into(),
-        "device=cpu".into(),
-    ];
+    let mut fixed = common::tiny_sweep_fixed();
+    fixed.push("lr=3e-2".into());
     let mut args: Vec<String> = ["sweep", "--config", &happy_config_abs(), "--jobs", "2", "--output-dir", out.to_str().unwrap()].map(String::from).to_vec();
     args.extend(["--grid", "routing_mode=classic,exclusive", "seed=1,2", "--fixed"].map(String::from));
     args.extend(fixed);

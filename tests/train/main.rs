@@ -12,36 +12,15 @@ mod packs;
 
 use std::path::{Path, PathBuf};
 
-use common::{fixture, one_thread, repo_root, standard_plugin, test_plugin};
+use common::{one_thread, repo_root, standard_plugin, test_plugin};
 use serde_json::{Map, Value, json};
 use smallrl::train::metrics::key;
 use smallrl::train::packed::{PackOptions, PackedRun, Stacking, train_packed, train_packed_with};
 use smallrl::train::{TrainConfig, Trainer};
 
-/// A small, fast configuration: 8 completions per step in groups of 4, short completions.
+/// A small, fast configuration ([`common::tiny_stories_run`]).
 fn small_config(output_dir: &Path, reward_plugin: &Path) -> Map<String, Value> {
-    let value = json!({
-        "model": fixture("tiny-stories"),
-        "prompts": fixture("tiny-stories/prompts.txt"),
-        "reward": {"plugin": reward_plugin, "params": {}},
-        "batch_size": 8,
-        "num_generations": 4,
-        "max_completion_length": 24,
-        "max_steps": 4,
-        "save_steps": 2,
-        "eval_every": 2,
-        "eval_samples": 4,
-        "logging_steps": 1,
-        "adapter": "dual-lora",
-        "lora_preset": "r4",
-        "lr": 1e-3,
-        "output_dir": output_dir,
-        "threads": 1,
-        "device": "cpu",
-        "name": "test",
-    });
-    let Value::Object(map) = value else { unreachable!() };
-    map
+    common::tiny_stories_run(output_dir, reward_plugin, "test")
 }
 
 fn with(mut map: Map<String, Value>, key: &str, value: Value) -> Map<String, Value> {
