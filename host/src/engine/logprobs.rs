@@ -9,7 +9,6 @@ use crate::model::Llama;
 use crate::model::batch::Generation;
 use crate::model::linear::{AdapterCtl, gradient_only};
 
-
 /// Log-probabilities of the completion tokens and the logits they came from.
 pub struct TokenLogprobs {
     /// `[batch, completion_len]`, differentiable.

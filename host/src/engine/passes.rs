@@ -10,7 +10,6 @@ use crate::grpo::{LossTerms, Objective, TokenMasks, high_entropy_mask, token_wei
 use crate::model::Llama;
 use crate::model::linear::AdapterCtl;
 
-
 /// One step's batch as the loss sees it (all `[batch, ...]`).
 pub struct LossBatch<'a> {
     pub seqs: Sequences<'a>,
@@ -145,7 +144,7 @@ pub fn backward_stacked(models: &[&Llama], batches: &[LossBatch], temperatures: 
         .collect()
 }
 
-/// [`frozen_logprobs`] of several runs' batches in one forward pass of their `models` stacked
+/// [`super::frozen_logprobs`] of several runs' batches in one forward pass of their `models` stacked
 /// (no gradient; each run with its own adapter controls `ctl` and temperature).
 pub fn stacked_frozen_logprobs(models: &[&Llama], ctl: &[&[AdapterCtl]], runs: &[Sequences], temperatures: &[f64]) -> Vec<Tensor> {
     tch::no_grad(|| {

@@ -5,7 +5,6 @@ use tch::{Kind, Tensor};
 
 use crate::model::batch::Generation;
 
-
 /// The completion mask, without the rows that ended without EOS when `mask_truncated` (TRL's
 /// `mask_truncated_completions`: their advantages still count in their group's statistics).
 pub fn loss_mask(generation: &Generation, mask_truncated: bool) -> Tensor {
