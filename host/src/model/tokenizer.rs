@@ -69,6 +69,38 @@ impl Tokenizer {
             .collect()
     }
 
+    /// Each token's piece of the completion text, as plugins receive them
+    /// (`completion-tokens-joined` and its byte offsets), so a token's range maps onto the text.
+    /// A WordPiece vocabulary keeps its vocabulary strings (`##` pieces, what plugins have always
+    /// received; the SimpleStories tokenizer lowercases and re-spaces, so no mapping onto the
+    /// decoded text exists there). Any other vocabulary (byte-level BPE, whose vocabulary strings
+    /// spell a space `Ġ` and bytes as characters) gets the text each token adds to the decoding
+    /// (tokenizers' `DecodeStream`): the pieces concatenated are exactly [`Self::decode`]'s text;
+    /// a token that ends inside a multi-byte character, or a skipped special token, has an empty
+    /// piece and the token completing the character carries it.
+    pub fn completion_pieces(&self, ids: &[u32]) -> Result<Vec<String>> {
+        if matches!(self.inner.get_model(), tokenizers::ModelWrapper::WordPiece(_)) {
+            return self.token_strings(ids);
+        }
+        let mut stream = self.inner.decode_stream(true);
+        let mut pieces = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let piece = stream.step(id).map_err(|e| anyhow!("tokenizer {} cannot decode token {id} of {ids:?} incrementally: {e}", self.path.display()))?;
+            pieces.push(piece.unwrap_or_default());
+        }
+        let text = self.decode(ids)?;
+        let joined = pieces.concat();
+        // A completion cut inside a character decodes to U+FFFD there: the last token carries it.
+        let rest = text.strip_prefix(joined.as_str()).with_context(|| {
+            format!("tokenizer {}: the tokens' pieces {joined:?} are not the start of the decoded completion {text:?}", self.path.display())
+        })?;
+        match pieces.last_mut() {
+            Some(last) => last.push_str(rest),
+            None => ensure!(rest.is_empty(), "no tokens decode to {rest:?}"),
+        }
+        Ok(pieces)
+    }
+
     /// Checks that `eos_id` (read from the model's config.json) names a special token of this
     /// tokenizer, so a mismatched tokenizer/model pair fails at load instead of never stopping.
     pub fn check_eos(&self, eos_id: u32) -> Result<()> {

@@ -307,12 +307,13 @@ impl Prompt {
 }
 
 /// The sample of a completion given by its ids without the final EOS (what generation
-/// returns): text decoded with special tokens skipped, vocabulary strings of the tokens.
+/// returns): text decoded with special tokens skipped, each token's piece of it
+/// ([`crate::model::tokenizer::Tokenizer::completion_pieces`]).
 pub fn sample_from_ids(prompt: &Prompt, completion_ids: Vec<u32>, ended_with_eos: bool, tokenizer: &crate::model::tokenizer::Tokenizer) -> Result<Sample> {
     Ok(Sample {
         prompt: prompt.text.clone(),
         completion: tokenizer.decode(&completion_ids)?,
-        completion_tokens: tokenizer.token_strings(&completion_ids)?,
+        completion_tokens: tokenizer.completion_pieces(&completion_ids)?,
         completion_ids,
         ended_with_eos,
         metadata: prompt.metadata.clone(),
