@@ -529,3 +529,25 @@ fn the_model_is_described_once_and_its_walk_names_what_transformers_saved() {
         }
     }
 }
+
+/// At 135M the native sampler runs one stream of all rows whose matrix products the threads
+/// split (each weight read once per step); at 1.25M one stream per thread. Either way a row's
+/// tokens and log-probabilities are its own: the same bits with 1 thread and with 2, on the real
+/// SmolLM2-135M-Instruct (the shared path) and on tiny-stories (the per-thread one).
+#[test]
+fn the_native_sampler_draws_the_same_bits_with_one_thread_or_two() {
+    one_thread();
+    let real = common::repo_root().join(".fixtures/smollm2-135m-instruct");
+    assert!(real.join(".smallrl-built").exists(), "{} is missing: run `make setup`", real.display());
+    for dir in [real, fixture("tiny-stories")] {
+        let loaded = model::load(dir.to_str().unwrap(), "main", Device::Cpu, Kind::Float).unwrap();
+        let decoder = DecodeModel::new(&loaded.model, &[]);
+        let native = decoder.native().expect("the native sampler on the CPU in float32");
+        let prompts: Vec<Vec<u32>> = ["Once upon a time", "The cat", "Why is the sky blue?", "1 2 3"].iter().map(|p| loaded.tokenizer.encode(p).unwrap()).collect();
+        let params = sampling(12, 1.0, 50, 1.0, 1.0);
+        let one = model::native::generate(native, &prompts, &params, 7, 1).unwrap();
+        let two = model::native::generate(native, &prompts, &params, 7, 2).unwrap();
+        assert!(one.completion_ids.equal(&two.completion_ids), "{}: tokens differ between 1 and 2 threads", dir.display());
+        assert!(one.sampling_logprobs.equal(&two.sampling_logprobs), "{}: log-probabilities differ between 1 and 2 threads", dir.display());
+    }
+}

@@ -69,7 +69,12 @@ pub fn sample(model: &Model, prompts: &[Vec<u32>], params: &Sampling, uniforms: 
         assert!(p.iter().all(|&t| (t as usize) < model.dims.vocab), "a prompt token is outside the vocabulary");
     }
     let mut jobs: Vec<(&[u32], &mut UniformStream)> = prompts.iter().map(Vec::as_slice).zip(uniforms.iter_mut()).collect();
-    in_streams(&mut jobs, threads, |rows| run_stream(model, rows, params))
+    if threads > 1 && model.weight_bytes() > SHARED_WEIGHT_BYTES {
+        // A model this large is memory-bound when decoding: one stream of all rows, whose
+        // matrix products the threads split, reads each weight once per step for all rows.
+        return run_stream(model, &mut jobs, params, gemm::Parallelism::Rayon(threads));
+    }
+    in_streams(&mut jobs, threads, |rows| run_stream(model, rows, params, gemm::Parallelism::None))
 }
 
 /// Log-probabilities of the tokens `start..` of each `(tokens, start)` sequence (`start >= 1`),
@@ -85,6 +90,12 @@ pub fn score(model: &Model, sequences: &[(Vec<u32>, usize)], temperature: f32, t
     let mut jobs: Vec<&(Vec<u32>, usize)> = sequences.iter().collect();
     in_streams(&mut jobs, threads, |rows| score_stream(model, rows, temperature))
 }
+
+/// Above this many bytes of weights, [`sample`] runs one stream of all rows with the threads
+/// splitting each matrix product, instead of one stream of rows per thread: each stream reads
+/// every weight at every step, which is free while the weights stay in the caches (the 1.25M
+/// model's 5 MB) and the bottleneck once they do not (135M: 540 MB per stream per token).
+const SHARED_WEIGHT_BYTES: usize = 64 << 20;
 
 /// Runs `work` on `threads` contiguous chunks of `jobs` in parallel and concatenates the
 /// results in job order (the calling thread does the work when there is one chunk).

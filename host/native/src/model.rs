@@ -27,8 +27,9 @@ impl Matrix {
         Self { inputs, outputs, data }
     }
 
-    /// `out[m, outputs] = x[m, inputs] · W`, or `out += x · W` with `accumulate`.
-    pub(crate) fn apply(&self, x: &[f32], out: &mut [f32], accumulate: bool) {
+    /// `out[m, outputs] = x[m, inputs] · W`, or `out += x · W` with `accumulate`; `parallelism`
+    /// splits the product's output among threads (each weight read once for all rows).
+    pub(crate) fn apply(&self, x: &[f32], out: &mut [f32], accumulate: bool, parallelism: gemm::Parallelism) {
         let m = x.len() / self.inputs;
         assert_eq!(x.len(), m * self.inputs, "input is not a whole number of rows");
         assert_eq!(out.len(), m * self.outputs, "output buffer has the wrong size");
@@ -57,7 +58,7 @@ impl Matrix {
                 false,
                 false,
                 false,
-                gemm::Parallelism::None,
+                parallelism,
             );
         }
     }
@@ -114,6 +115,12 @@ impl Model {
 
     pub fn dims(&self) -> &Dims {
         &self.dims
+    }
+
+    /// Bytes of weights one decode step reads (every matrix once, the head included).
+    pub(crate) fn weight_bytes(&self) -> usize {
+        let matrices = self.layers.iter().map(|l| l.qkv.data.len() + l.o.data.len() + l.gate_up.data.len() + l.down.data.len()).sum::<usize>();
+        (matrices + self.head.data.len()) * std::mem::size_of::<f32>()
     }
 
     /// Width of the rotated-query-and-key block of the fused projection.

@@ -1,5 +1,7 @@
 //! One stream of rows: the token loop (prefill, decode step, head) and scoring, each row with its own KV cache.
 
+use gemm::Parallelism;
+
 use crate::kernels::{group_scores, max_of, rms_norm_rows, silu_gate, softmax_in_place, weighted_sum};
 use crate::model::Model;
 use crate::sampling::{draw, seen_tokens};
@@ -59,12 +61,12 @@ impl Scratch {
 }
 
 /// Samples every row of `prompts` on the calling thread.
-pub(crate) fn run_stream(model: &Model, rows: &mut [(&[u32], &mut UniformStream)], params: &Sampling) -> Vec<RowOutput> {
+pub(crate) fn run_stream(model: &Model, rows: &mut [(&[u32], &mut UniformStream)], params: &Sampling, par: Parallelism) -> Vec<RowOutput> {
     if has_avx2() {
         // SAFETY: the CPU supports the features the function is compiled for (checked).
-        return unsafe { run_stream_avx2(model, rows, params) };
+        return unsafe { run_stream_avx2(model, rows, params, par) };
     }
-    run_stream_body(model, rows, params)
+    run_stream_body(model, rows, params, par)
 }
 
 pub(crate) fn has_avx2() -> bool {
@@ -77,12 +79,12 @@ pub(crate) fn has_avx2() -> bool {
 /// The same loops compiled with AVX2 and FMA, so the element-wise kernels (exp, norms,
 /// attention) vectorise 8 wide; the matrix products dispatch on their own.
 #[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
-pub(crate) unsafe fn run_stream_avx2(model: &Model, rows: &mut [(&[u32], &mut UniformStream)], params: &Sampling) -> Vec<RowOutput> {
-    run_stream_body(model, rows, params)
+pub(crate) unsafe fn run_stream_avx2(model: &Model, rows: &mut [(&[u32], &mut UniformStream)], params: &Sampling, par: Parallelism) -> Vec<RowOutput> {
+    run_stream_body(model, rows, params, par)
 }
 
 #[inline(always)]
-pub(crate) fn run_stream_body(model: &Model, rows: &mut [(&[u32], &mut UniformStream)], params: &Sampling) -> Vec<RowOutput> {
+pub(crate) fn run_stream_body(model: &Model, rows: &mut [(&[u32], &mut UniformStream)], params: &Sampling, par: Parallelism) -> Vec<RowOutput> {
     let (prompts, mut uniforms): (Vec<&[u32]>, Vec<&mut UniformStream>) = rows.iter_mut().map(|(p, u)| (*p, &mut **u)).unzip();
     let mut caches: Vec<RowCache> = prompts.iter().map(|p| RowCache::new(model, p.len() + params.max_new_tokens)).collect();
     let mut seen: Vec<Vec<bool>> = if params.repetition_penalty != 1.0 {
@@ -104,8 +106,8 @@ pub(crate) fn run_stream_body(model: &Model, rows: &mut [(&[u32], &mut UniformSt
         *end += p.len();
         Some(*end - 1)
     }).collect();
-    forward(model, &prefill, &mut caches, &mut scratch);
-    head(model, &scratch.x, &last_of_row, &mut logits);
+    forward(model, &prefill, &mut caches, &mut scratch, par);
+    head(model, &scratch.x, &last_of_row, &mut logits, par);
 
     let mut active: Vec<usize> = (0..prompts.len()).collect();
     for step in 0..params.max_new_tokens {
@@ -134,9 +136,9 @@ pub(crate) fn run_stream_body(model: &Model, rows: &mut [(&[u32], &mut UniformSt
             .iter()
             .map(|&row| TokenSlot { row, position: prompts[row].len() + step, token: *outputs[row].tokens.last().expect("a token was drawn") })
             .collect();
-        forward(model, &block, &mut caches, &mut scratch);
+        forward(model, &block, &mut caches, &mut scratch, par);
         let every: Vec<usize> = (0..block.len()).collect();
-        head(model, &scratch.x, &every, &mut logits);
+        head(model, &scratch.x, &every, &mut logits, par);
     }
     outputs
 }
@@ -169,9 +171,9 @@ pub(crate) fn score_stream_body(model: &Model, rows: &mut [&(Vec<u32>, usize)], 
         for (position, &token) in tokens.iter().enumerate() {
             block.push(TokenSlot { row: 0, position, token });
         }
-        forward(model, &block, &mut cache, &mut scratch);
+        forward(model, &block, &mut cache, &mut scratch, Parallelism::None);
         let predicting: Vec<usize> = (start - 1..tokens.len() - 1).collect();
-        head(model, &scratch.x, &predicting, &mut logits);
+        head(model, &scratch.x, &predicting, &mut logits, Parallelism::None);
         let mut logprobs = Vec::with_capacity(predicting.len());
         for (scores, &token) in logits.chunks_exact_mut(vocab).zip(&tokens[*start..]) {
             if temperature != 1.0 {
@@ -192,7 +194,7 @@ pub(crate) fn score_stream_body(model: &Model, rows: &mut [&(Vec<u32>, usize)], 
 /// (causal within the block, and over everything cached before). Leaves the final-norm hidden
 /// states in `scratch.x`.
 #[inline(always)]
-pub(crate) fn forward(model: &Model, block: &[TokenSlot], caches: &mut [RowCache], s: &mut Scratch) {
+pub(crate) fn forward(model: &Model, block: &[TokenSlot], caches: &mut [RowCache], s: &mut Scratch, par: Parallelism) {
     let (m, d) = (block.len(), model.dims.hidden);
     let capacity = caches.iter().map(|c| c.capacity).max().unwrap_or(0);
     s.resize(model, m, capacity);
@@ -202,14 +204,14 @@ pub(crate) fn forward(model: &Model, block: &[TokenSlot], caches: &mut [RowCache
     }
     for (l, layer) in model.layers.iter().enumerate() {
         rms_norm_rows(&s.x, &layer.input_layernorm, model.dims.rms_norm_eps, &mut s.h);
-        layer.qkv.apply(&s.h, &mut s.fused, false);
+        layer.qkv.apply(&s.h, &mut s.fused, false, par);
         rope_and_cache(model, l, block, &mut s.fused, caches);
         attention(model, l, block, &s.fused, caches, &mut s.attn, &mut s.scores);
-        layer.o.apply(&s.attn, &mut s.x, true);
+        layer.o.apply(&s.attn, &mut s.x, true, par);
         rms_norm_rows(&s.x, &layer.post_attention_layernorm, model.dims.rms_norm_eps, &mut s.h);
-        layer.gate_up.apply(&s.h, &mut s.gate_up, false);
+        layer.gate_up.apply(&s.h, &mut s.gate_up, false, par);
         silu_gate(&s.gate_up, model.dims.intermediate, &mut s.act);
-        layer.down.apply(&s.act, &mut s.x, true);
+        layer.down.apply(&s.act, &mut s.x, true, par);
     }
     let mut normed = std::mem::take(&mut s.h);
     rms_norm_rows(&s.x, &model.norm, model.dims.rms_norm_eps, &mut normed);
@@ -218,11 +220,11 @@ pub(crate) fn forward(model: &Model, block: &[TokenSlot], caches: &mut [RowCache
 }
 
 /// Logits of the tokens `rows` (indices into the block) of the final hidden states `x`.
-pub(crate) fn head(model: &Model, x: &[f32], rows: &[usize], logits: &mut Vec<f32>) {
+pub(crate) fn head(model: &Model, x: &[f32], rows: &[usize], logits: &mut Vec<f32>, par: Parallelism) {
     let d = model.dims.hidden;
     let picked: Vec<f32> = rows.iter().flat_map(|&i| x[i * d..(i + 1) * d].iter().copied()).collect();
     logits.resize(rows.len() * model.dims.vocab, 0.0);
-    model.head.apply(&picked, logits, false);
+    model.head.apply(&picked, logits, false, par);
 }
 
 /// Applies RoPE in place to the query and key part of each fused row (`q, k` then their
