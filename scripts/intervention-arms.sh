@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's controls result: the demo's task (configs/sentence_length_10_smooth_with_happy.yaml,
+# The controls result (docs/src/history.md): the demo's task (configs/sentence_length_10_smooth_with_happy.yaml,
 # the demo's pre-trained model and prompts, 240 steps, lr 2e-3, ablated_frac 0.5) with every
 # intervention arm (none, routing, penalty, filter, placebo) x SEEDS, a ground-truth monitor
 # (any "happy" at all, while the routing detector flags 3 or more), and the sweep's arm summary

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's recipe comparison: the demo's task (as scripts/intervention-arms.sh: 240 steps,
+# The recipe comparison (docs/src/history.md): the demo's task (as scripts/intervention-arms.sh: 240 steps,
 # lr 2e-3, ground-truth monitor any "happy") with classic routing, 3 seeds, under two recipes:
 # today's ablated_frac 0.5, and the original's later one, retain-only advantage renormalisation
 # with coherence training (16 of the 32 completions per step: coherence rows must be whole

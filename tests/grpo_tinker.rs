@@ -170,7 +170,7 @@ fn tinker_losses_and_gradients_match_their_float64_formulas() {
         let clipped = terms.clip_ratio.double_value(&[]);
         println!("{case}: loss {loss:.9} (float64 {exact_loss:.9}, relative error {loss_error:.1e}); per-token derivative max error {slope_error:.1e} (of {slope_scale:.1e}); worst gradient {:.1e} ({}); clip_ratio {clipped:.3}", worst.0, worst.1);
         // float32 arithmetic on O(1) values over ~300 tokens: measured errors are listed in the
-        // README; a wrong formula or a wrong denominator is off by O(1).
+        // objectives chapter (docs/src/objectives.md); a wrong formula or a wrong denominator is off by O(1).
         assert!(loss_error <= 1e-5, "{case}: loss {loss} vs float64 {exact_loss}");
         assert!(slope_error <= 1e-5 * slope_scale, "{case}: per-token derivative off by {slope_error:.2e} (largest {slope_scale:.2e})");
         assert!(worst.0 <= 1e-5, "{case}: gradient of {} is {:.2e} from the float64 derivative's (relative L2)", worst.1, worst.0);

@@ -109,7 +109,7 @@ pub const PLOT_OUTPUT_DIR: &str = "plots";
 // Pre-training (`smallrl pretrain`, `smallrl corpus`, `smallrl tokenizer train`). The recipe
 // follows the one the `tiny-stories` fixture was trained with (AdamW betas (0.9, 0.95), weight
 // decay 0.1 on matrices, warm-up then cosine to 0.1x, clip 1.0); lr, steps and batch were
-// measured on the synthetic corpus for a few-minute run on 2 cores (README, Performance).
+// measured on the synthetic corpus for a few-minute run on 2 cores (docs/src/performance.md).
 pub const PRETRAIN_INIT: &str = "random";
 pub const PRETRAIN_ARCH: &str = "simplestories-1.25m";
 /// `train:N` trains a WordPiece tokenizer of at most N tokens on the training documents.

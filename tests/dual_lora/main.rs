@@ -200,7 +200,7 @@ fn per_class_grads(model: &Llama, config: &AdapterConfig, b: &Routed, mode: Rout
 /// [`per_class_grads`] summed over the classes `wanted` names only (clean, ablated, flagged).
 #[allow(clippy::too_many_arguments)]
 fn per_class_grads_of(model: &Llama, config: &AdapterConfig, b: &Routed, mode: RoutingMode, is_rh: &[bool], ablated: &[bool], loss_type: LossType, wanted: impl Fn(&str) -> bool) -> BTreeMap<String, Tensor> {
-    // The routing table of the README, by hand: (retain, forget) on clean and flagged rows.
+    // The routing modes' gradient weights, by hand: (retain, forget) on clean and flagged rows.
     let (clean, flagged) = match mode {
         RoutingMode::None => ([1.0, 1.0], [1.0, 1.0]),
         RoutingMode::Classic => ([1.0, 1.0], [0.0, 1.0]),

@@ -4,11 +4,14 @@ use super::*;
 
 #[test]
 fn resumed_run_repeats_the_uninterrupted_run_exactly() {
+    // With the gradient noise scale, whose running average the resumed run reads back from
+    // metrics.jsonl and must continue bit for bit.
     let out = tempfile::tempdir().unwrap();
-    let whole = train(routed_config(&out.path().join("a")));
+    let config = |dir: &str| with(routed_config(&out.path().join(dir)), "gradient_noise_scale", true.into());
+    let whole = train(config("a"));
 
     // Interrupted after step 3, past its newest checkpoint (step 2): step 3 is done again.
-    let resolved = TrainConfig::resolve(None, with(routed_config(&out.path().join("b")), "log_completions", true.into())).unwrap();
+    let resolved = TrainConfig::resolve(None, with(config("b"), "log_completions", true.into())).unwrap();
     let mut first = Trainer::new(resolved.clone(), None).unwrap();
     let stopped = first.train(Some(3)).unwrap();
     assert_eq!(stopped.steps, 3);
@@ -37,6 +40,32 @@ fn resumed_run_repeats_the_uninterrupted_run_exactly() {
     let log = std::fs::read_to_string(resumed.run_dir.join("train.log")).unwrap();
     assert!(log.contains("[Sample @ step 1] ") && log.contains(" ||| "), "train.log lacks sample lines");
     assert!(log.contains("[Routing Eval @ step 4]") && log.contains("retain_only") && log.contains("forget_only"));
+}
+
+#[test]
+fn resumption_keeps_the_logged_lines_byte_for_byte_and_reads_floats_exactly() {
+    // A float serde_json's parser reads one ulp off (Rust's parser, correctly rounded, is the
+    // reference); the value is step 1's kl of a routed run, where the rewrite was found.
+    let text = "-3.1044085080367267e-9";
+    let exact: f64 = text.parse().unwrap();
+    let serde: f64 = serde_json::from_str(text).unwrap();
+    assert_ne!(exact.to_bits(), serde.to_bits(), "serde_json now parses {text} exactly; the test needs another value");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("metrics.jsonl");
+    let lines = [
+        format!(r#"{{"step":1,"kl":{text},"noise/grad_squared_avg":1.5}}"#),
+        r#"{"step":2,"kl":0.25}"#.to_string(),
+        r#"{"step":3,"kl":0.5}"#.to_string(),
+    ];
+    std::fs::write(&path, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let log = smallrl::runlog::Jsonl::new(path.clone());
+    let last = log.truncate_after(1).unwrap().unwrap();
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), format!("{}\n", lines[0]));
+    assert_eq!(last.exact_f64("kl").unwrap().map(f64::to_bits), Some(exact.to_bits()));
+    assert_eq!(last.exact_f64("noise/grad_squared_avg").unwrap(), Some(1.5));
+    assert_eq!(last.exact_f64("absent").unwrap(), None);
+    assert_eq!(log.truncate_after(0).unwrap().map(|l| l.text), None);
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "");
 }
 
 #[test]

@@ -59,14 +59,6 @@ enum Command {
     WandbSync(wandb::WandbSyncArgs),
 }
 
-/// The command-line reference (every subcommand, argument and flag with its help), as Markdown
-/// generated from the clap definitions: `docs/src/cli.md` holds it and `tests/docs_reference.rs` checks it
-/// is current.
-pub fn reference_markdown() -> String {
-    let options = clap_markdown::MarkdownOptions::new().show_footer(false).show_table_of_contents(true);
-    clap_markdown::help_markdown_custom::<Cli>(&options)
-}
-
 pub fn main() -> Result<()> {
     crate::device::keep_freed_memory();
     match Cli::parse().command {

@@ -35,7 +35,7 @@ pub struct SweepArgs {
     #[arg(long, value_name = "KEY=VALUE", num_args = 1.., conflicts_with = "collect")]
     pub fixed: Vec<String>,
     /// Plan every intervention arm of each (routed) grid point: none, routing, penalty, filter,
-    /// placebo (README, "Controls").
+    /// placebo (docs/src/training.md, "Controls").
     #[arg(long, conflicts_with = "collect")]
     pub intervention_arms: bool,
     /// Print the planned runs (cached ones marked) and stop.
@@ -45,7 +45,7 @@ pub struct SweepArgs {
     #[arg(long, default_value_t = defaults::SWEEP_JOBS)]
     pub jobs: usize,
     /// Runs per process: each `smallrl train` child trains N runs of the grid in lockstep,
-    /// sampling them stacked on CUDA (README, "Packed runs"); the runs must share their
+    /// sampling them stacked on CUDA (docs/src/sweeps.md, "Packed runs"); the runs must share their
     /// architecture and shapes, checked before any run starts. 1: one process per run.
     /// Default: 1 on the CPU; on CUDA 16 when the grid's runs share an architecture, else 1.
     /// With --emit slurm: runs per array task (default likewise, by the runs' `device`).

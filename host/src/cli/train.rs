@@ -50,7 +50,7 @@ pub struct TrainArgs {
     pub extend_schedule: bool,
     /// Packed runs: a new run's YAML config (repeatable, with --pack-resume). The runs train in
     /// this process in lockstep, each exactly as `smallrl train --config YAML` would; they must
-    /// share their architecture and shapes (README, "Packed runs"). `smallrl sweep --pack N`
+    /// share their architecture and shapes (docs/src/sweeps.md, "Packed runs"). `smallrl sweep --pack N`
     /// starts these.
     #[arg(long, value_name = "YAML", conflicts_with_all = ["config", "resume"])]
     pub pack_config: Vec<PathBuf>,
@@ -65,7 +65,7 @@ pub struct TrainArgs {
     /// Stop after this many steps in this invocation (the run can be resumed).
     #[arg(long, hide = true)]
     pub stop_after: Option<usize>,
-    /// After the run: copy it into this wandb project (`smallrl wandb-sync`; README, "Weights &
+    /// After the run: copy it into this wandb project (`smallrl wandb-sync`; docs/src/outputs.md, "Weights &
     /// Biases"). A failed sync is reported and leaves the run as it is; redo it with wandb-sync.
     #[arg(long, value_name = "PROJECT")]
     pub wandb: Option<String>,

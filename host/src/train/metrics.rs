@@ -202,9 +202,13 @@ impl GradientNoise {
         }
     }
 
-    /// The running average a metrics line recorded (to continue it on resume).
-    pub fn average_in(line: &Value) -> Option<NoiseScale> {
-        Some(NoiseScale { grad_squared: line[key::NOISE_GRAD_SQUARED_AVG].as_f64()?, trace: line[key::NOISE_TRACE_AVG].as_f64()? })
+    /// The running average a metrics line recorded (to continue it on resume), read exactly
+    /// from the line's text so that the resumed run continues the same float64 average.
+    pub fn average_in(line: &crate::runlog::Line) -> anyhow::Result<Option<NoiseScale>> {
+        let (Some(grad_squared), Some(trace)) = (line.exact_f64(key::NOISE_GRAD_SQUARED_AVG)?, line.exact_f64(key::NOISE_TRACE_AVG)?) else {
+            return Ok(None);
+        };
+        Ok(Some(NoiseScale { grad_squared, trace }))
     }
 }
 
