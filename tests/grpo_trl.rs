@@ -148,6 +148,7 @@ fn loss_and_gradients_match_trl() {
             ctl: &[],
             old_logprobs: old.as_ref(),
             ref_logprobs: Some(&ref_logprobs),
+            sampling_logprobs: None,
             advantages: &advantages,
             loss_mask: &loss_mask,
             classes: &all_rows,
