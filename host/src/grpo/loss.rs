@@ -25,8 +25,9 @@ pub struct LossTerms {
     /// sequence ratios) whose weight the cap caps, with a positive advantage.
     pub cispo_clip_ratio: Option<Tensor>,
     /// `(Σw)² / Σw²` of the loss weights `w` = each token's weight in the aggregation times its
-    /// importance ratio and the correction's weight (0 for tokens the policy mask drops): the number of equally weighted
-    /// tokens that would carry as much information ([`effective_sample_size`]).
+    /// importance ratio and the correction's weight (0 for tokens the policy mask drops): the
+    /// number of equally weighted tokens that would carry as much information
+    /// ([`effective_sample_size`]).
     pub effective_sample_size: f64,
     /// TRL's `sampling/...` metrics of the importance-sampling correction (with it only).
     pub importance_sampling: Option<IsStats>,
