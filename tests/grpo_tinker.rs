@@ -136,6 +136,7 @@ fn tinker_losses_and_gradients_match_their_float64_formulas() {
             ctl: &[],
             old_logprobs: Some(&b.sampler),
             ref_logprobs: None,
+            sampling_logprobs: None,
             advantages: &b.advantages,
             loss_mask: &b.g.completion_mask,
             classes: &all_rows,

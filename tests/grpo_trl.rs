@@ -6,9 +6,10 @@
 //! and `compute_loss` on them. Compared: advantages, per-token log-probs, the loss, the
 //! gradient of every parameter (full fine-tuning) and the clip fractions TRL logs, for each
 //! aggregation and each policy-loss knob (`epsilon_high`, `delta`, sequence ratios,
-//! `scale_rewards`, `mask_truncated_completions`, `cispo`, `top_entropy_quantile`, and bnpo and
-//! dapo under `gradient_accumulation_steps`), through the trainer's own forward-and-backward
-//! function.
+//! `scale_rewards`, `mask_truncated_completions`, `cispo`, `top_entropy_quantile`, bnpo and
+//! dapo under `gradient_accumulation_steps`, and the four modes of TRL's importance-sampling
+//! correction against given sampler log-probabilities, with its `sampling/*` metrics), through the
+//! trainer's own forward-and-backward function.
 
 mod common;
 
@@ -115,7 +116,19 @@ fn loss_and_gradients_match_trl() {
         // the micro-batches' token means, its dapo divides by the whole batch's tokens.
         Case { loss_type: "bnpo", num_iterations: 1, knobs: serde_json::json!({"gradient_accumulation_steps": 2}) },
         Case { loss_type: "dapo", num_iterations: 1, knobs: serde_json::json!({"gradient_accumulation_steps": 2}) },
+        // TRL's importance-sampling correction against the sampler's log-probabilities (`sampler`
+        // below): bounds that the token ratios (e^(+-0.1)) and the sequence ratios leave on both sides.
+        Case { loss_type: "grpo", num_iterations: 1, knobs: correction("token_truncate", 0.95, 1.05) },
+        Case { loss_type: "dapo", num_iterations: 1, knobs: correction("token_mask", 0.95, 1.05) },
+        Case { loss_type: "grpo", num_iterations: 1, knobs: correction("sequence_truncate", 0.5, 2.0) },
+        Case { loss_type: "dapo", num_iterations: 1, knobs: correction("sequence_mask", 0.0, 2.0) },
     ];
+    // The sampler's log-probabilities: the policy's, 0.1 (Gaussian) off per token, 0 on padding.
+    let sampler = tch::no_grad(|| {
+        let current = engine::frozen_logprobs(&policy_model, (&g).into(), 1.0, &[]);
+        tch::manual_seed(13);
+        (&current + current.randn_like() * 0.1) * g.completion_mask.to_kind(Kind::Float)
+    });
     let mut prepared = Vec::new();
     for case in cases {
         let label = case.label();
@@ -148,6 +161,7 @@ fn loss_and_gradients_match_trl() {
             ctl: &[],
             old_logprobs: old.as_ref(),
             ref_logprobs: Some(&ref_logprobs),
+            sampling_logprobs: Some(&sampler),
             advantages: &advantages,
             loss_mask: &loss_mask,
             classes: &all_rows,
@@ -171,6 +185,7 @@ fn loss_and_gradients_match_trl() {
         if let Some(old) = &old {
             batch.push(("old_per_token_logps".to_string(), old * g.completion_mask.to_kind(Kind::Float)));
         }
+        batch.push(("sampling_per_token_logps".to_string(), sampler.shallow_clone()));
         write_safetensors(&dir.join("batch.safetensors"), &batch).unwrap();
         let mut args = keys;
         args["model_dir"] = work.path().join("policy").to_str().unwrap().into();
@@ -209,6 +224,9 @@ fn loss_and_gradients_match_trl() {
             // TRL logs each micro-batch's fractions (averaged when it logs); ours are the batch's.
             compare_clip_fractions(&label, &terms, &dir.join("trl.metrics.json"));
         }
+        if let Some(correction) = settings.correction {
+            compare_correction(&label, correction, &terms, &dir.join("trl.metrics.json"));
+        }
         compare_with_float64(&label, &ours, &terms.loss, &trl, &exact);
     }
     let micro = |loss_type: &str| losses[&format!("{loss_type} (num_iterations 1, {{\"gradient_accumulation_steps\":2}})")];
@@ -245,6 +263,35 @@ fn compare_clip_fractions(label: &str, terms: &grpo::LossTerms, trl_metrics: &Pa
         let (ours, theirs) = (fraction.double_value(&[]), metrics["metrics"][key].as_f64().unwrap_or_else(|| panic!("TRL logged no {key}")));
         assert!((ours - theirs).abs() <= 1e-6, "{label}: {key} {ours} vs TRL {theirs}");
     }
+}
+
+/// The knobs of TRL's importance-sampling correction (smallrl's names; `trl_grpo.py` passes
+/// them to TRL as `vllm_importance_sampling_*`, a lower bound 0 as TRL's None).
+fn correction(mode: &str, clip_min: f64, clip_max: f64) -> serde_json::Value {
+    serde_json::json!({"importance_sampling_correction": true, "importance_sampling_mode": mode, "importance_sampling_clip_min": clip_min, "importance_sampling_clip_max": clip_max})
+}
+
+/// TRL's `sampling/*` metrics of the correction against ours. TRL's old log-probabilities come
+/// from a no-grad pass of its own, ours are the training pass's detached: float32 rounding apart.
+/// The ratios must bind: some at a bound or zeroed, some inside.
+fn compare_correction(label: &str, correction: grpo::IsCorrection, terms: &grpo::LossTerms, trl_metrics: &Path) {
+    let metrics: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(trl_metrics).unwrap()).unwrap();
+    let stats = terms.importance_sampling.expect("the correction's metrics");
+    let pairs = [
+        ("sampling/importance_sampling_ratio/min", stats.ratio_min),
+        ("sampling/importance_sampling_ratio/mean", stats.ratio_mean),
+        ("sampling/importance_sampling_ratio/max", stats.ratio_max),
+        ("sampling/sampling_logp_difference/mean", stats.logp_difference_mean),
+        ("sampling/sampling_logp_difference/max", stats.logp_difference_max),
+    ];
+    for (key, ours) in pairs {
+        let theirs = metrics["metrics"][key].as_f64().unwrap_or_else(|| panic!("{label}: TRL logged no {key}"));
+        assert!((ours - theirs).abs() <= 1e-5 * theirs.abs().max(1.0), "{label}: {key} {ours} vs TRL {theirs}");
+    }
+    let truncates = matches!(correction.mode, grpo::ImportanceSamplingMode::TokenTruncate | grpo::ImportanceSamplingMode::SequenceTruncate);
+    let (low, high) = if truncates { (correction.clip_min, correction.clip_max) } else { (0.0, 0.0) };
+    let binds = (stats.ratio_max - high).abs() < 1e-6 || (stats.ratio_min - low).abs() < 1e-6;
+    assert!(binds && stats.ratio_mean > low && stats.ratio_mean < correction.clip_max, "{label}: the bounds must bind on some ratios and not all: {stats:?}");
 }
 
 /// What each side of the comparison computed: loss, log-probs, advantages, gradients.

@@ -114,13 +114,17 @@ A.json: {"model_dir", "ref_model_dir", "beta", "epsilon", "loss_type" in grpo|dr
          "gradient_accumulation_steps" (1; the batch trained as that many consecutive row chunks,
          TRL's steps_per_generation equal to it; the loss saved is the chunks' sum),
          "scale_rewards" ("group"), "mask_truncated_completions" (false), "use_bias_correction_kl"
-         (false), "tokenizer" (a tokenizer.json; default model_dir/tokenizer.json, else the fixtures'
+         (false), "importance_sampling_correction" (false; with "importance_sampling_mode",
+         "importance_sampling_clip_min", "importance_sampling_clip_max": smallrl's names of TRL's
+         vllm_importance_sampling_*, a lower bound 0 passed as TRL's None; TRL applies it only with
+         use_vllm, which is set on the trainer after construction, no vLLM started), "tokenizer" (a tokenizer.json; default model_dir/tokenizer.json, else the fixtures'
          simplestories-4096.json; only used to decode completions for logging).
          Relative paths are resolved against the current directory.
 B.safetensors: prompt_ids int64 [B,P] left-padded with 1, prompt_mask int64 [B,P],
          completion_ids int64 [B,C] right-padded with 1, completion_mask int64 [B,C] (a prefix of
          ones), rewards float32 [B] (groups of num_generations adjacent rows), advantages float32
-         [B], optional old_per_token_logps float32 [B,C].
+         [B], optional old_per_token_logps float32 [B,C], sampling_per_token_logps float32 [B,C] (the
+         sampler's, returned by rollout_func as vLLM's "logprobs"; required with the correction).
 O.safetensors (all float32): loss [] ; advantages_trl [B]; advantages_given [B];
          per_token_logps, ref_per_token_logps, per_token_kl (k3, before the optional coef_1
          factor), entropy, old_per_token_logps (what the loss used) [B,C], 0 where the mask is 0;
@@ -213,7 +217,7 @@ def read_batch(path: Path, a: dict) -> dict[str, torch.Tensor]:
     B, P = b["prompt_ids"].shape
     C = b["completion_ids"].shape[1]
     shapes = {"prompt_mask": (B, P), "completion_ids": (B, C), "completion_mask": (B, C),
-              "rewards": (B,), "advantages": (B,), "old_per_token_logps": (B, C)}
+              "rewards": (B,), "advantages": (B,), "old_per_token_logps": (B, C), "sampling_per_token_logps": (B, C)}
     for k, s in shapes.items():
         if k in b and tuple(b[k].shape) != s:
             raise InputError(f"{path}: {k} has shape {tuple(b[k].shape)}, expected {s}")
@@ -233,7 +237,20 @@ def read_batch(path: Path, a: dict) -> dict[str, torch.Tensor]:
         raise InputError(f"completion width {C} > max_completion_length {a['max_completion_length']}")
     if "old_per_token_logps" in b and b["old_per_token_logps"].dtype != torch.float32:
         raise InputError(f"{path}: old_per_token_logps must be float32")
+    if a.get("importance_sampling_correction", False) and "sampling_per_token_logps" not in b:
+        raise InputError(f"{path}: importance_sampling_correction needs the sampler's log-probabilities (sampling_per_token_logps)")
     return b
+
+
+def correction_settings(a: dict) -> dict:
+    """TRL's vllm_importance_sampling_* arguments from smallrl's names (a lower bound 0 is TRL's None)."""
+    clip_min = float(a.get("importance_sampling_clip_min", 0.0))
+    return {"vllm_importance_sampling_correction": bool(a.get("importance_sampling_correction", False)),
+            "vllm_importance_sampling_mode": a.get("importance_sampling_mode", "sequence_mask"),
+            "vllm_importance_sampling_clip_min": clip_min if clip_min > 0 else None,
+            "vllm_importance_sampling_clip_max": float(a.get("importance_sampling_clip_max", 3.0))}
+
+
 
 
 def load_tokenizer(a: dict) -> PreTrainedTokenizerFast:
@@ -266,11 +283,15 @@ def run_trl(a: dict, b: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor
     completion_lists = [b["completion_ids"][i, : n_c[i]].tolist() for i in range(B)]
     rewards = b["rewards"].tolist()
     gas = int(a.get("gradient_accumulation_steps", 1))  # steps_per_generation defaults to it
+    correction = correction_settings(a)
+    sampling = None
+    if correction["vllm_importance_sampling_correction"]:  # the sampler's log-probs, as vLLM returns them
+        sampling = [b["sampling_per_token_logps"][i, : n_c[i]].tolist() for i in range(B)]
 
     def rollout_func(prompts, trainer):  # TRL's generation hook: hand back the given batch
         if len(prompts) != B:
             raise RuntimeError(f"rollout_func got {len(prompts)} prompts, expected {B}")
-        return {"prompt_ids": prompt_lists, "completion_ids": completion_lists, "logprobs": None}
+        return {"prompt_ids": prompt_lists, "completion_ids": completion_lists, "logprobs": sampling}
 
     def given_reward(prompts, completions, completion_ids, **kw):
         if [list(c) for c in completion_ids] != completion_lists:
@@ -291,7 +312,7 @@ def run_trl(a: dict, b: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor
             top_entropy_quantile=float(a.get("top_entropy_quantile", 1.0)),
             use_bias_correction_kl=bool(a.get("use_bias_correction_kl", False)),
             save_strategy="no", logging_steps=1, seed=0, dataloader_num_workers=0,
-            log_completions=False, disable_tqdm=True,
+            log_completions=False, disable_tqdm=True, **correction,
         )
         policy = load_model(a["model_dir"])
         # TRL creates the reference model itself from this field (grpo_trainer.py:1003)
@@ -307,6 +328,12 @@ def run_trl(a: dict, b: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor
         if not torch.equal(trainer.ref_model.state_dict()[k], ref_check[k]):
             raise RuntimeError("TRL's reference model does not hold ref_model_dir's weights")
         trainer.current_gradient_accumulation_steps = gas  # set by Trainer's train loop otherwise
+        if correction["vllm_importance_sampling_correction"]:
+            # TRL applies its correction only with use_vllm (grpo_trainer.py:2660, 2860, 3146): set it
+            # after construction (no vLLM is started); the rollout_func path then only syncs vLLM's
+            # weights when the step changed (2202), which _last_loaded_step rules out.
+            trainer.use_vllm = True
+            trainer._last_loaded_step = trainer.state.global_step
         trainer.model.train()
         trainer.model.zero_grad(set_to_none=True)
 
@@ -492,6 +519,17 @@ def independent_loss(a: dict, b: dict[str, torch.Tensor], exact: bool = False) -
             keep[rows] = ((ent.detach()[rows] >= threshold) & m[rows].bool()).to(dtype)
         pg = pg * keep
     kl = torch.exp(ref_lp - lp) - (ref_lp - lp) - 1
+    settings = correction_settings(a)
+    if settings["vllm_importance_sampling_correction"]:  # rho = old / sampler, truncated or masked
+        diff = (old - b["sampling_per_token_logps"].to(dtype)) * m
+        per_sequence = settings["vllm_importance_sampling_mode"].startswith("sequence")
+        rho = torch.exp(diff.sum(1, keepdim=True) if per_sequence else diff)
+        low, high = settings["vllm_importance_sampling_clip_min"] or 0.0, settings["vllm_importance_sampling_clip_max"]
+        if settings["vllm_importance_sampling_mode"].endswith("truncate"):
+            rho = rho.clamp(low, high)
+        else:
+            rho = torch.where((rho < low) | (rho > high), torch.zeros_like(rho), rho)
+        pg = pg * rho.detach()
     if a.get("use_bias_correction_kl", False):
         kl = kl * ratio
     l = (pg + a["beta"] * kl) * m

@@ -247,3 +247,47 @@ fn beta_zero_skips_the_reference_pass() {
     let expected = -advantages.mean(tch::Kind::Double).double_value(&[]);
     assert!((line[key::LOSS].as_f64().unwrap() - expected).abs() < 1e-6, "loss {} vs -mean(A) {expected}", line[key::LOSS]);
 }
+
+/// TRL's importance-sampling correction in a run: off (the default), a run logs none of its
+/// metrics; on, every step logs TRL's `sampling/*` metrics, and since the sampler (the native
+/// CPU engine) and the learner (libtorch's training pass) score the same weights, the ratio
+/// is 1 up to their rounding, so the run trains as the uncorrected one up to that rounding. The
+/// correction's old policy is the rollout's: with num_iterations 2 the second pass keeps the
+/// rollout's ratios. Measured: |logp - logp_sampler| at most 1.4e-5, ratios within 1.4e-5 of 1, the
+/// loss within 1.5e-7 of the uncorrected run's (absolute; the losses are 0 to 0.025).
+#[test]
+fn the_importance_sampling_correction_logs_trls_metrics_and_corrects_rounding_only_on_policy() {
+    let out = tempfile::tempdir().unwrap();
+    let run = |name: &str, extra: &[(&str, Value)]| {
+        let base = [("num_iterations", json!(2)), ("max_steps", json!(4)), ("loss_type", json!("dapo"))];
+        let config = base.iter().chain(extra).fold(small_config(&out.path().join(name), &standard_plugin("happy")), |c, (k, v)| with(c, k, v.clone()));
+        deterministic(read_jsonl(&train(config).join("metrics.jsonl")))
+    };
+    let sampling_keys = [key::IS_RATIO_MIN, key::IS_RATIO_MEAN, key::IS_RATIO_MAX, key::SAMPLING_LOGP_DIFFERENCE_MEAN, key::SAMPLING_LOGP_DIFFERENCE_MAX];
+    let off = run("off", &[]);
+    for line in &off {
+        assert!(sampling_keys.iter().all(|k| line.get(*k).is_none()), "no correction, no sampling/* metrics: {line}");
+    }
+    let on = run("on", &[("importance_sampling_correction", json!(true)), ("importance_sampling_mode", json!("token_truncate"))]);
+    let probe = |line: &Value, key: &str| line[key].as_f64().unwrap_or_else(|| panic!("{key} is logged: {line}"));
+    let (mut worst_difference, mut worst_ratio, mut worst_loss) = (0.0f64, 0.0f64, 0.0f64);
+    for (with, without) in on.iter().zip(&off) {
+        let [min, mean, max, difference_mean, difference_max] = sampling_keys.map(|k| probe(with, k));
+        assert!(min <= mean && mean <= max && difference_mean <= difference_max, "{with}");
+        worst_difference = worst_difference.max(difference_max);
+        worst_ratio = worst_ratio.max((1.0 - min).abs()).max((max - 1.0).abs());
+        let (loss, reference) = (probe(with, key::LOSS), probe(without, key::LOSS));
+        worst_loss = worst_loss.max((loss - reference).abs());
+    }
+    println!("importance-sampling correction on policy: |logp - logp_sampler| <= {worst_difference:.1e}, ratios within {worst_ratio:.1e} of 1, loss within {worst_loss:.1e} of the uncorrected run's");
+    assert!(worst_difference > 0.0 && worst_difference < 1e-4, "sampler and learner agree to rounding on the same weights: {worst_difference:.1e}");
+    assert!(worst_ratio < 2e-4, "ratios are exp(rounding): {worst_ratio:.1e} from 1");
+    // dapo's token weights sum to 1 and |A| <= (G - 1) / sqrt(G) = 1.5 (G = 4): weights within
+    // `worst_ratio` of 1 move the loss by at most 1.5 worst_ratio (plus float32 rounding).
+    let bound = 1.5 * worst_ratio + 1e-7;
+    assert!(worst_loss <= bound, "the correction of rounding moves the loss by rounding only: {worst_loss:.1e} (bound {bound:.1e})");
+    // The second pass over a rollout reuses its ratios (TRL computes them once per rollout).
+    for pair in on.chunks(2) {
+        assert_eq!(pair[0][key::IS_RATIO_MEAN], pair[1][key::IS_RATIO_MEAN], "one rollout, one set of ratios");
+    }
+}

@@ -6,7 +6,7 @@
 use tch::{Kind, Tensor};
 
 use super::logprobs::{Sequences, TokenLogprobs, completion_logprobs, stacked_completion_logprobs};
-use crate::grpo::{LossTerms, Objective, TokenMasks, high_entropy_mask, token_weights, weighted_loss};
+use crate::grpo::{LossLogprobs, LossTerms, Objective, TokenMasks, high_entropy_mask, sampled_loss, token_weights};
 use crate::model::Llama;
 use crate::model::linear::AdapterCtl;
 
@@ -17,9 +17,18 @@ pub struct LossBatch<'a> {
     pub ctl: &'a [AdapterCtl],
     pub old_logprobs: Option<&'a Tensor>,
     pub ref_logprobs: Option<&'a Tensor>,
+    /// The sampler's log-probabilities (read with the importance-sampling correction only).
+    pub sampling_logprobs: Option<&'a Tensor>,
     pub advantages: &'a Tensor,
     pub loss_mask: &'a Tensor,
     pub classes: &'a [Tensor],
+}
+
+impl<'a> LossBatch<'a> {
+    /// The loss's log-probabilities: the policy's `current` ones and the batch's others.
+    pub fn logprobs(&self, current: &'a Tensor) -> LossLogprobs<'a> {
+        LossLogprobs { current, old: self.old_logprobs, reference: self.ref_logprobs, sampler: self.sampling_logprobs }
+    }
 }
 
 /// What [`backward_micro_batches`] computed, over the whole batch.
@@ -99,8 +108,9 @@ pub fn backward_passes(
             let part_mask = pick(batch.loss_mask);
             let part_high_entropy = high_entropy.as_ref().map(|mask| mask.narrow(0, part_start - start, part_rows));
             let masks = TokenMasks { loss: &part_mask, policy: part_high_entropy.as_ref() };
-            let (old, reference) = (batch.old_logprobs.map(pick), batch.ref_logprobs.map(pick));
-            let terms = weighted_loss(&logprobs.logprobs, old.as_ref(), reference.as_ref(), &pick(batch.advantages), masks, &pick(&weights), objective);
+            let (old, reference, sampler) = (batch.old_logprobs.map(pick), batch.ref_logprobs.map(pick), batch.sampling_logprobs.map(pick));
+            let part_logprobs = LossLogprobs { current: &logprobs.logprobs, old: old.as_ref(), reference: reference.as_ref(), sampler: sampler.as_ref() };
+            let terms = sampled_loss(part_logprobs, &pick(batch.advantages), masks, &pick(&weights), objective);
             before_backward(&logprobs.logprobs, masks);
             terms.loss.backward();
             after_backward();
@@ -117,7 +127,7 @@ pub fn backward_passes(
     let logprobs = TokenLogprobs { logprobs: cat(&|c| c.0.logprobs.shallow_clone()), entropy: cat(&|c| c.0.entropy.shallow_clone()) };
     let high_entropy = (objective.top_entropy_quantile < 1.0).then(|| cat(&|c| c.1.as_ref().expect("a mask per chunk").shallow_clone()));
     let masks = TokenMasks { loss: batch.loss_mask, policy: high_entropy.as_ref() };
-    let mut terms = weighted_loss(&logprobs.logprobs, batch.old_logprobs, batch.ref_logprobs, batch.advantages, masks, &weights, objective);
+    let mut terms = sampled_loss(batch.logprobs(&logprobs.logprobs), batch.advantages, masks, &weights, objective);
     terms.loss = Tensor::stack(&chunks.iter().map(|c| c.2.loss.detach()).collect::<Vec<_>>(), 0).sum(Kind::Float);
     BackwardPass { logprobs, terms }
 }
@@ -168,7 +178,7 @@ fn whole_batch_terms(batch: &LossBatch, objective: &Objective, logprobs: &TokenL
     let weights = token_weights(&batch.loss_mask.to_kind(Kind::Float), batch.classes, objective.aggregation, 1);
     let high_entropy = (objective.top_entropy_quantile < 1.0).then(|| high_entropy_mask(&logprobs.entropy, batch.loss_mask, objective.top_entropy_quantile));
     let masks = TokenMasks { loss: batch.loss_mask, policy: high_entropy.as_ref() };
-    weighted_loss(&logprobs.logprobs, batch.old_logprobs, batch.ref_logprobs, batch.advantages, masks, &weights, objective)
+    sampled_loss(batch.logprobs(&logprobs.logprobs), batch.advantages, masks, &weights, objective)
 }
 
 /// The differentiable log-probabilities of rows `start..start + rows` of `batch`.

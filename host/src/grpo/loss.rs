@@ -1,9 +1,11 @@
-//! The per-token loss of an [`Objective`]: the importance ratio, the surrogate, the KL penalty,
-//! and what a step logs about them (clip fractions, Kish's effective sample size).
+//! The per-token loss of an [`Objective`]: the importance ratio, the surrogate, the
+//! sampler/learner correction, the KL penalty, and what a step logs about them (clip fractions,
+//! Kish's effective sample size, the correction's ratios).
 
 use tch::{Kind, Tensor};
 
 use super::aggregation::token_weights;
+use super::is_correction::IsStats;
 use super::kl::per_token_kl;
 use super::masks::TokenMasks;
 use super::objective::{ImportanceSamplingLevel, Objective, RatioTo, Surrogate};
@@ -23,9 +25,23 @@ pub struct LossTerms {
     /// sequence ratios) whose weight the cap caps, with a positive advantage.
     pub cispo_clip_ratio: Option<Tensor>,
     /// `(Σw)² / Σw²` of the loss weights `w` = each token's weight in the aggregation times its
-    /// importance ratio (0 for tokens the policy mask drops): the number of equally weighted
-    /// tokens that would carry as much information ([`effective_sample_size`]).
+    /// importance ratio and the correction's weight (0 for tokens the policy mask drops): the
+    /// number of equally weighted tokens that would carry as much information
+    /// ([`effective_sample_size`]).
     pub effective_sample_size: f64,
+    /// TRL's `sampling/...` metrics of the importance-sampling correction (with it only).
+    pub importance_sampling: Option<IsStats>,
+}
+
+/// The log-probabilities a loss reads (`[batch, len]` each): the policy's (differentiable), what
+/// the ratio divides by ([`RatioTo`]; `None`: the current ones detached), the reference policy's
+/// (with a KL penalty) and the sampler's (with the importance-sampling correction).
+#[derive(Clone, Copy)]
+pub struct LossLogprobs<'a> {
+    pub current: &'a Tensor,
+    pub old: Option<&'a Tensor>,
+    pub reference: Option<&'a Tensor>,
+    pub sampler: Option<&'a Tensor>,
 }
 
 /// TRL's `clip_ratio/low_mean`, `high_mean` and `region_mean`: the fraction of ratios at which
@@ -59,7 +75,9 @@ pub fn grpo_loss(
 
 /// The loss `Σ per_token_loss * weights` of some rows, with the rows' token weights.
 /// `old_logprobs` are what the ratio divides by ([`RatioTo`]); without them the ratio is to the
-/// current log-probabilities detached (1, with the gradient of `logp`).
+/// current log-probabilities detached (1, with the gradient of `logp`). No sampler's
+/// log-probabilities: for objectives without the importance-sampling correction
+/// ([`sampled_loss`] takes them).
 pub fn weighted_loss(
     logprobs: &Tensor,
     old_logprobs: Option<&Tensor>,
@@ -69,6 +87,17 @@ pub fn weighted_loss(
     weights: &Tensor,
     objective: &Objective,
 ) -> LossTerms {
+    let logprobs = LossLogprobs { current: logprobs, old: old_logprobs, reference: ref_logprobs, sampler: None };
+    sampled_loss(logprobs, advantages, masks, weights, objective)
+}
+
+/// [`weighted_loss`] with the sampler's log-probabilities too, which the objective's
+/// importance-sampling correction (TRL's) weighs each token's policy term by: the loss is
+/// `Σ (-surrogate * policy_mask * rho + beta * kl) * weights`, `rho` the correction's ratio of the
+/// old policy's probabilities (`logprobs.old`, or the current ones detached) to the sampler's,
+/// as TRL's `_compute_loss` multiplies it in (after the entropy mask, before the KL term).
+pub fn sampled_loss(logprobs: LossLogprobs, advantages: &Tensor, masks: TokenMasks, weights: &Tensor, objective: &Objective) -> LossTerms {
+    let LossLogprobs { current: logprobs, old: old_logprobs, reference: ref_logprobs, sampler } = logprobs;
     let mask = masks.loss.to_kind(Kind::Float);
     assert!(objective.ratio_to == RatioTo::OldPolicy || old_logprobs.is_some(), "tinker's losses take their ratio to the sampler's log-probabilities: pass them as old_logprobs");
     let old = old_logprobs.map_or_else(|| logprobs.detach(), Tensor::shallow_clone);
@@ -81,19 +110,31 @@ pub fn weighted_loss(
         Surrogate::ImportanceSampling => unclipped(&ratio * &advantages, &ratio),
         Surrogate::Dro { beta } => unclipped(logprobs * &advantages - (logprobs - &old).square() * (0.5 * beta), &ratio),
     };
+    let correction = objective.correction.map(|correction| {
+        let sampler = sampler.expect("importance_sampling_correction needs the sampler's log-probabilities: pass them to sampled_loss");
+        let rho = correction.ratio(&old, sampler, &mask);
+        let stats = correction.stats(&rho, &old, sampler, &mask);
+        (rho, stats)
+    });
     let mut per_token_loss = match masks.policy {
         Some(policy) => -surrogate.objective * policy,
         None => -surrogate.objective,
     };
+    if let Some((rho, _)) = &correction {
+        per_token_loss = per_token_loss * rho;
+    }
     let per_token_kl = objective.kl.zip(ref_logprobs).map(|(kl, reference)| (per_token_kl(logprobs, reference, kl.estimator), kl.beta));
     if let Some((kl, beta)) = &per_token_kl {
         per_token_loss = per_token_loss + kl * *beta;
     }
     let loss = (&per_token_loss * weights).sum(Kind::Float);
-    let policy_weights = match masks.policy {
+    let mut policy_weights = match masks.policy {
         Some(policy) => weights * policy,
         None => weights.shallow_clone(),
     };
+    if let Some((rho, _)) = &correction {
+        policy_weights = policy_weights * rho;
+    }
     let effective_sample_size = effective_sample_size(&(policy_weights * ratio.detach()));
     let is_clipped = ratio.ne_tensor(&surrogate.clipped_ratio).to_kind(Kind::Float);
     let clip_ratio = (is_clipped * &mask).sum(Kind::Float) / mask.sum(Kind::Float).clamp_min(1.0);
@@ -104,6 +145,7 @@ pub fn weighted_loss(
         clip_fractions: surrogate.clip_fractions,
         cispo_clip_ratio: surrogate.cispo_clip_ratio,
         effective_sample_size,
+        importance_sampling: correction.map(|(_, stats)| stats),
     }
 }
 

@@ -2,7 +2,8 @@
 //! (`scale_rewards`), the token masks, the objective as a typed value built once from the flat
 //! keys (TRL 1.16's clipped surrogate with token or sequence ratios, `epsilon` /
 //! `epsilon_high`, `delta`, or CISPO's, or tinker's `importance_sampling` / `ppo` / `dro`), the
-//! aggregation (`loss_type`) and the KL estimator, chosen separately as TRL does.
+//! aggregation (`loss_type`) and the KL estimator, chosen separately as TRL does; TRL's
+//! sampler/learner importance-sampling correction (`is_correction`).
 //!
 //! Architecture invariant: nothing here runs the model. The log-probabilities come in as
 //! tensors from [`crate::engine`], which owns forward and backward passes; the trainer decides
@@ -10,6 +11,7 @@
 
 mod advantages;
 mod aggregation;
+mod is_correction;
 mod kl;
 mod loss;
 mod masks;
@@ -19,7 +21,8 @@ mod tests;
 
 pub use advantages::{ScaleRewards, group_advantages, informative_groups};
 pub use aggregation::{Aggregation, WeightEss, row_token_weights, token_weights};
+pub use is_correction::{ImportanceSamplingMode, IsCorrection, IsStats};
 pub use kl::{KlEstimator, KlPenalty, per_token_kl};
-pub use loss::{ClipFractions, LossTerms, grpo_loss, weighted_loss};
+pub use loss::{ClipFractions, LossLogprobs, LossTerms, grpo_loss, sampled_loss, weighted_loss};
 pub use masks::{TokenMasks, high_entropy_mask, loss_mask};
 pub use objective::{ImportanceSamplingLevel, LossFn, LossType, Objective, ObjectiveKeys, RatioTo, Surrogate};

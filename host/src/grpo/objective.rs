@@ -7,6 +7,7 @@
 use anyhow::{Context, Result, ensure};
 
 use super::aggregation::Aggregation;
+use super::is_correction::{ImportanceSamplingMode, IsCorrection};
 use super::kl::{KlEstimator, KlPenalty};
 
 crate::choice::choice! {
@@ -89,6 +90,8 @@ pub struct Objective {
     /// The top fraction of loss tokens by entropy whose policy term trains (1: all; see
     /// [`super::high_entropy_mask`]).
     pub top_entropy_quantile: f64,
+    /// TRL's sampler/learner importance-sampling correction (`None`: off, every weight 1).
+    pub correction: Option<IsCorrection>,
 }
 
 /// The configuration's flat keys that the objective is built from (TRL's and tinker's names).
@@ -106,6 +109,14 @@ pub struct ObjectiveKeys {
     pub kl_estimator: KlEstimator,
     pub max_completion_length: usize,
     pub top_entropy_quantile: f64,
+    /// TRL's `vllm_importance_sampling_correction` and its mode and bounds (without the
+    /// `vllm_` prefix: smallrl's samplers are its own engines).
+    pub importance_sampling_correction: bool,
+    pub importance_sampling_mode: ImportanceSamplingMode,
+    pub importance_sampling_clip_min: f64,
+    pub importance_sampling_clip_max: f64,
+    /// Whether the mode or a bound was set away from its default (refused without the correction).
+    pub importance_sampling_correction_keys_set: bool,
 }
 
 impl Objective {
@@ -128,6 +139,7 @@ impl Objective {
             tinker => tinker_surrogate(tinker, keys)?,
         };
         let ratio_to = if keys.loss_fn == LossFn::Trl { RatioTo::OldPolicy } else { RatioTo::Sampler };
+        let correction = correction(keys)?;
         Ok(Self {
             surrogate,
             ratio_to,
@@ -135,8 +147,28 @@ impl Objective {
             aggregation: Aggregation::of(keys.loss_type, keys.max_completion_length),
             kl: (keys.beta != 0.0).then_some(KlPenalty { beta: keys.beta, estimator: keys.kl_estimator }),
             top_entropy_quantile: keys.top_entropy_quantile,
+            correction,
         })
     }
+}
+
+/// The importance-sampling correction the keys ask for: TRL's loss only (tinker's losses already
+/// take their ratio to the sampler's log-probabilities, a second correction would count the
+/// mismatch twice), and its mode and bounds only with it.
+fn correction(keys: &ObjectiveKeys) -> Result<Option<IsCorrection>> {
+    if !keys.importance_sampling_correction {
+        ensure!(
+            !keys.importance_sampling_correction_keys_set,
+            "importance_sampling_mode, importance_sampling_clip_min and importance_sampling_clip_max shape the importance-sampling correction: set importance_sampling_correction: true, or unset them"
+        );
+        return Ok(None);
+    }
+    ensure!(
+        keys.loss_fn == LossFn::Trl,
+        "importance_sampling_correction weights TRL's loss by the learner's over the sampler's probabilities; loss_fn {} already takes its ratio to the sampler's log-probabilities: unset one of them",
+        keys.loss_fn
+    );
+    IsCorrection::new(keys.importance_sampling_mode, keys.importance_sampling_clip_min, keys.importance_sampling_clip_max).map(Some)
 }
 
 /// TRL's surrogates: CISPO with `loss_type: cispo`, PPO's clip otherwise.

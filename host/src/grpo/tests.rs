@@ -41,7 +41,7 @@ fn settings(level: ImportanceSamplingLevel, loss_type: LossType) -> Objective {
         LossType::Cispo => Surrogate::Cispo { cap: 0.28 },
         _ => Surrogate::Clip { low: 0.2, high: 0.28, delta: Some(1.3) },
     };
-    Objective { surrogate, ratio_to: RatioTo::OldPolicy, ratio_level: level, aggregation: Aggregation::of(loss_type, 3), kl: None, top_entropy_quantile: 1.0 }
+    Objective { surrogate, ratio_to: RatioTo::OldPolicy, ratio_level: level, aggregation: Aggregation::of(loss_type, 3), kl: None, top_entropy_quantile: 1.0, correction: None }
 }
 
 #[test]
@@ -283,4 +283,101 @@ fn the_ess_of_each_aggregation_matches_hand_computed_values() {
         let ess = WeightEss::of(&mask, aggregation, micro_batches);
         assert!((ess.tokens - tokens).abs() < 1e-5 && (ess.sequences - sequences).abs() < 1e-5, "{aggregation:?} x{micro_batches}: {ess:?}, expected {tokens} and {sequences}");
     }
+}
+
+/// The correction's batch: two completions of 3 and 2 loss tokens (then a padding token whose
+/// log-difference, 50, must never count), the sampler's log-probabilities 0 and the learner's
+/// `ln rho` per token: rho = 2, 0.1, 4 (product 0.8) and 1.25, 8 (product 10).
+fn correction_batch() -> (Tensor, Tensor, Tensor) {
+    let rho = [2.0f64, 0.1, 4.0, 1.25, 8.0];
+    let mut learner: Vec<f32> = rho.iter().map(|r| r.ln() as f32).collect();
+    learner.push(50.0);
+    let learner = Tensor::from_slice(&learner).view([2, 3]);
+    let mask = Tensor::from_slice(&[1i64, 1, 1, 1, 1, 0]).view([2, 3]);
+    (learner, Tensor::zeros([2, 3], (Kind::Float, tch::Device::Cpu)), mask)
+}
+
+fn assert_values(actual: &Tensor, expected: &[f64], what: &str) {
+    let actual: Vec<f64> = Vec::try_from(actual.to_kind(Kind::Double).flatten(0, -1)).unwrap();
+    assert_eq!(actual.len(), expected.len(), "{what}: {actual:?}");
+    for (a, e) in actual.iter().zip(expected) {
+        assert!((a - e).abs() <= 1e-6 * e.abs().max(1.0), "{what}: {actual:?} vs {expected:?} (by hand)");
+    }
+}
+
+/// Each mode with bounds [0.2, 3], by hand: per token, truncation clamps 0.1 to 0.2 and 4 and 8
+/// to 3, masking zeroes them; per completion the ratio is the product of the token ratios (TRL
+/// sums the log-differences), 0.8 kept, 10 clamped to 3 or zeroed. TRL's metrics: the ratio's
+/// min / mean / max over loss tokens (completions per sequence), |log-difference| over loss tokens.
+#[test]
+fn each_correction_mode_weights_and_logs_as_computed_by_hand() {
+    let (learner, sampler, mask) = correction_batch();
+    let token = |values: [f64; 5]| values.to_vec();
+    let cases = [
+        (ImportanceSamplingMode::TokenTruncate, token([2.0, 0.2, 3.0, 1.25, 3.0])),
+        (ImportanceSamplingMode::TokenMask, token([2.0, 0.0, 0.0, 1.25, 0.0])),
+        (ImportanceSamplingMode::SequenceTruncate, vec![0.8, 3.0]),
+        (ImportanceSamplingMode::SequenceMask, vec![0.8, 0.0]),
+    ];
+    let mask_bool = mask.to_kind(Kind::Bool);
+    for (mode, expected) in cases {
+        let correction = IsCorrection::new(mode, 0.2, 3.0).unwrap();
+        let rho = correction.ratio(&learner, &sampler, &mask);
+        let on_loss_tokens = match mode.per_sequence() {
+            true => rho.shallow_clone(),
+            false => rho.masked_select(&mask_bool),
+        };
+        assert_values(&on_loss_tokens, &expected, &format!("{mode} ratio"));
+        let stats = correction.stats(&rho, &learner, &sampler, &mask);
+        let (min, max) = expected.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
+        let mean = expected.iter().sum::<f64>() / expected.len() as f64;
+        let logs = [2.0f64, 0.1, 4.0, 1.25, 8.0].map(|r| r.ln().abs());
+        let logs_mean = logs.iter().sum::<f64>() / 5.0;
+        let got = [stats.ratio_min, stats.ratio_mean, stats.ratio_max, stats.logp_difference_mean, stats.logp_difference_max];
+        let want = [min, mean, max, logs_mean, 10f64.ln()];
+        assert!(got.iter().zip(want).all(|(g, w)| (g - w).abs() <= 1e-6), "{mode} metrics {got:?} vs {want:?} (by hand)");
+    }
+}
+
+/// The correction multiplies each token's policy term (not the KL term, as TRL adds it after),
+/// carries no gradient of its own, and enters the ESS: on policy (ratio 1, advantages +1 and
+/// -1, dapo over 5 tokens) with token_truncate's weights rho the loss is
+/// `Σ -A rho / 5 + beta Σ kl / 5`, its gradient in each log-probability `-A rho / 5 + beta dkl / 5`.
+#[test]
+fn the_correction_weighs_the_policy_term_of_the_loss_and_its_gradient() {
+    let (learner, sampler, mask) = correction_batch();
+    let logprobs = Tensor::zeros([2, 3], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+    let reference = Tensor::full([2, 3], -0.5, (Kind::Float, tch::Device::Cpu));
+    let advantages = Tensor::from_slice(&[1.0f32, -1.0]);
+    let correction = IsCorrection::new(ImportanceSamplingMode::TokenTruncate, 0.2, 3.0).unwrap();
+    let objective = Objective {
+        kl: Some(KlPenalty { beta: 0.1, estimator: KlEstimator::K1 }),
+        correction: Some(correction),
+        ..settings(ImportanceSamplingLevel::Token, LossType::Dapo)
+    };
+    let weights = token_weights(&mask.to_kind(Kind::Float), &[Tensor::ones([2], (Kind::Float, tch::Device::Cpu))], objective.aggregation, 1);
+    // On policy with an exact sampler: the old log-probabilities are the current ones detached
+    // (old None), equal to the sampler's, so every rho is 1.
+    let on_policy = LossLogprobs { current: &logprobs, old: None, reference: Some(&reference), sampler: Some(&sampler) };
+    let rho = [2.0, 0.2, 3.0, 1.25, 3.0];
+    let terms = sampled_loss(on_policy, &advantages, (&mask).into(), &weights, &objective);
+    let kl = 0.5 * 5.0; // k1 = logp - ref = 0.5 per token
+    approx(&terms.loss, (-(1.0 + 1.0 + 1.0) + (1.0 + 1.0) + 0.1 * kl) / 5.0, "loss on policy, exact sampler");
+    // The current log-probabilities at the learner's values: the surrogate's ratio still 1 (old
+    // None), the correction's rho = exp(learner - sampler), truncated into [0.2, 3].
+    let current = learner.detach().set_requires_grad(true);
+    let terms = sampled_loss(LossLogprobs { current: &current, old: None, reference: Some(&reference), sampler: Some(&sampler) }, &advantages, (&mask).into(), &weights, &objective);
+    let k1: Vec<f64> = [2.0f64, 0.1, 4.0, 1.25, 8.0].iter().map(|r| r.ln() + 0.5).collect();
+    let policy = -(rho[0] + rho[1] + rho[2]) + (rho[3] + rho[4]);
+    approx(&terms.loss, (policy + 0.1 * k1.iter().sum::<f64>()) / 5.0, "loss");
+    terms.loss.backward();
+    let signs = [1.0, 1.0, 1.0, -1.0, -1.0];
+    let expected: Vec<f64> = (0..5).map(|i| (-signs[i] * rho[i] + 0.1) / 5.0).collect();
+    assert_values(&current.grad().masked_select(&mask.to_kind(Kind::Bool)), &expected, "gradient");
+    let ess = rho.iter().sum::<f64>().powi(2) / rho.iter().map(|r| r * r).sum::<f64>();
+    assert!((terms.effective_sample_size - ess).abs() < 1e-4, "ESS {} vs {ess} (by hand)", terms.effective_sample_size);
+    let stats = terms.importance_sampling.expect("the correction's metrics");
+    assert!((stats.ratio_max - 3.0).abs() < 1e-6 && (stats.ratio_min - 0.2).abs() < 1e-6, "{stats:?}");
+    let without = sampled_loss(LossLogprobs { current: &current, old: None, reference: Some(&reference), sampler: Some(&sampler) }, &advantages, (&mask).into(), &weights, &Objective { correction: None, ..objective });
+    assert!(without.importance_sampling.is_none(), "no metrics without the correction");
 }

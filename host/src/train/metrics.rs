@@ -61,6 +61,14 @@ pub mod key {
     /// half its mean square.
     pub const KL_SAMPLE_TRAIN_V1: &str = "kl_sample_train_v1";
     pub const KL_SAMPLE_TRAIN_V2: &str = "kl_sample_train_v2";
+    /// TRL's metrics of the importance-sampling correction (`grpo::IsStats`; with
+    /// `importance_sampling_correction` only): the ratio over loss tokens (per completion in the
+    /// sequence modes), and `|logp_old - logp_sampler|` over loss tokens.
+    pub const IS_RATIO_MIN: &str = "sampling/importance_sampling_ratio/min";
+    pub const IS_RATIO_MEAN: &str = "sampling/importance_sampling_ratio/mean";
+    pub const IS_RATIO_MAX: &str = "sampling/importance_sampling_ratio/max";
+    pub const SAMPLING_LOGP_DIFFERENCE_MEAN: &str = "sampling/sampling_logp_difference/mean";
+    pub const SAMPLING_LOGP_DIFFERENCE_MAX: &str = "sampling/sampling_logp_difference/max";
     /// Quantiles of the per-token entropy of the loss tokens (`probes::ENTROPY_QUANTILES`).
     pub const ENTROPY_QUANTILES: [&str; 3] = ["entropy/p10", "entropy/p50", "entropy/p90"];
     /// The gradient noise scale (`probes::NoiseScale`, with `gradient_noise_scale` only): the
@@ -177,6 +185,8 @@ pub struct StepMetrics {
     pub aggregation_ess: Vec<(LossType, WeightEss)>,
     /// `kl_sample_train_v1` and `_v2`.
     pub kl_sample_train: (f64, f64),
+    /// TRL's `sampling/...` metrics (with the importance-sampling correction only).
+    pub importance_sampling: Option<crate::grpo::IsStats>,
     /// With `gradient_noise_scale`: the step's estimates and their running averages.
     pub gradient_noise: Option<GradientNoise>,
     pub num_tokens: usize,
@@ -272,6 +282,13 @@ pub fn line(rollout: &RolloutMetrics, step: &StepMetrics) -> Value {
     }
     put(key::KL_SAMPLE_TRAIN_V1, step.kl_sample_train.0.into());
     put(key::KL_SAMPLE_TRAIN_V2, step.kl_sample_train.1.into());
+    if let Some(is) = &step.importance_sampling {
+        put(key::SAMPLING_LOGP_DIFFERENCE_MEAN, is.logp_difference_mean.into());
+        put(key::SAMPLING_LOGP_DIFFERENCE_MAX, is.logp_difference_max.into());
+        put(key::IS_RATIO_MIN, is.ratio_min.into());
+        put(key::IS_RATIO_MEAN, is.ratio_mean.into());
+        put(key::IS_RATIO_MAX, is.ratio_max.into());
+    }
     if let Some(noise) = &step.gradient_noise {
         noise.put(&mut put);
     }

@@ -241,6 +241,7 @@ impl Trainer {
                 })
                 .collect(),
             kl_sample_train: probes::sampler_learner_kl(&mini.generation.sampling_logprobs, &logprobs.logprobs, &mini.generation.completion_mask),
+            importance_sampling: terms.importance_sampling,
             gradient_noise,
             num_tokens: self.num_tokens,
             train_seconds,
@@ -269,7 +270,8 @@ impl Trainer {
         let mut out = Vec::new();
         for (quantity, rows) in [(key::ABSORPTION_GRAD_NORM_FLAGGED, flagged.shallow_clone()), (key::ABSORPTION_GRAD_NORM_UNFLAGGED, 1.0 - &flagged)] {
             let weights = grpo::row_token_weights(masks.loss, &rollout.plan.classes, self.loss.aggregation, &rows);
-            let loss = grpo::weighted_loss(logprobs, rollout.old_logprobs.as_ref(), rollout.ref_logprobs.as_ref(), &rollout.advantages, masks, &weights, &self.loss).loss;
+            let logprobs = grpo::LossLogprobs { current: logprobs, old: rollout.old_logprobs.as_ref(), reference: rollout.ref_logprobs.as_ref(), sampler: Some(&rollout.generation.sampling_logprobs) };
+            let loss = grpo::sampled_loss(logprobs, &rollout.advantages, masks, &weights, &self.loss).loss;
             out.extend(self.slot_values(quantity, self.adapters.slot_gradient_norms(&self.model, &loss)));
         }
         out
@@ -366,6 +368,7 @@ impl MiniBatch {
             ctl: &plan.ctl,
             old_logprobs: self.old_logprobs.as_ref(),
             ref_logprobs: self.ref_logprobs.as_ref(),
+            sampling_logprobs: Some(&self.generation.sampling_logprobs),
             advantages: &self.advantages,
             loss_mask: &self.loss_mask,
             classes: &plan.classes,

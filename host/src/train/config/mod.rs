@@ -18,7 +18,7 @@ use serde_json::{Map, Value};
 use crate::adapters::{self, AdapterConfig, AdapterKind};
 use crate::defaults as d;
 use crate::device::{DeviceSpec, Dtype};
-use crate::grpo::{ImportanceSamplingLevel, KlEstimator, LossFn, LossType, Objective, ObjectiveKeys, ScaleRewards};
+use crate::grpo::{ImportanceSamplingLevel, ImportanceSamplingMode, KlEstimator, LossFn, LossType, Objective, ObjectiveKeys, ScaleRewards};
 use crate::hyperparams::Label::{Key, Omit, Short};
 use crate::hyperparams::{self, Prop, hyperparameters};
 use crate::intervention::Intervention;
@@ -97,6 +97,17 @@ hyperparameters! {
         /// Only this top fraction of the loss tokens by entropy has a policy term (TRL's
         /// top_entropy_quantile, "Beyond the 80/20 Rule": 0.2); 1 keeps every token.
         top_entropy_quantile: f64 = 1.0, Key;
+        /// TRL's vllm_importance_sampling_correction (the sampler is smallrl's own engine, hence no
+        /// vllm_ prefix): the policy loss weighted by the old policy's over the sampler's probability.
+        #[arg(num_args = 0..=1, default_missing_value = "true")]
+        importance_sampling_correction: bool = false, Short("iscorr");
+        /// The correction's ratio: token_truncate, token_mask, sequence_truncate or sequence_mask
+        /// (TRL's default): per token or per completion, clamped into or zero outside the bounds.
+        importance_sampling_mode: ImportanceSamplingMode = ImportanceSamplingMode::SequenceMask, Short("ismode_");
+        /// The correction's lower bound (TRL's vllm_importance_sampling_clip_min; 0: none).
+        importance_sampling_clip_min: f64 = 0.0, Short("isclipmin");
+        /// The correction's upper bound (TRL's vllm_importance_sampling_clip_max; none: e.g. 1e30).
+        importance_sampling_clip_max: f64 = 3.0, Short("isclipmax");
         /// Passes over each generated batch (TRL's reuse; each pass num_substeps optimizer steps).
         num_iterations: usize = 1, Short("iters"), [Pack];
         /// Mini-batches of whole groups each generated batch is split into, one optimizer step
@@ -346,6 +357,15 @@ impl TrainConfig {
             kl_estimator: self.kl_estimator,
             max_completion_length: self.max_completion_length,
             top_entropy_quantile: self.top_entropy_quantile,
+            importance_sampling_correction: self.importance_sampling_correction,
+            importance_sampling_mode: self.importance_sampling_mode,
+            importance_sampling_clip_min: self.importance_sampling_clip_min,
+            importance_sampling_clip_max: self.importance_sampling_clip_max,
+            importance_sampling_correction_keys_set: {
+                let default = Self::default();
+                (self.importance_sampling_mode, self.importance_sampling_clip_min, self.importance_sampling_clip_max)
+                    != (default.importance_sampling_mode, default.importance_sampling_clip_min, default.importance_sampling_clip_max)
+            },
         })
     }
 

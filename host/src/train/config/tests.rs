@@ -71,6 +71,7 @@ fn run_name_labels_are_unchanged() {
         ("gradient_accumulation_steps", "gas"), ("dynamic_sampling_rounds", "dynsample"),
         ("loss_fn", ""), ("num_substeps", "substeps"),
         ("hack_frac", "hf"),
+        ("importance_sampling_correction", "iscorr"), ("importance_sampling_mode", "ismode_"), ("importance_sampling_clip_min", "isclipmin"), ("importance_sampling_clip_max", "isclipmax"),
     ];
     for key in TrainConfig::KEYS {
         let expected = if omitted.contains(&key.name) {
@@ -256,4 +257,30 @@ fn renormalization_combinations_the_original_does_not_define_fail_before_any_wor
     let name = balanced.run_name().unwrap();
     assert!(name.contains("_renorm_balanced_") && name.contains("_split_moment"), "{name}");
     assert_eq!(balanced.without_routing().run_name().unwrap(), resolved(&[]).without_routing().run_name().unwrap());
+}
+
+/// TRL's importance-sampling correction: its keys only with it, TRL's bounds rules, TRL's loss only.
+#[test]
+fn the_importance_sampling_correction_refuses_what_does_not_apply() {
+    let checks: [(&[(&str, &str)], &str); 6] = [
+        (&[("importance_sampling_mode", "token_mask")], "shape the importance-sampling correction: set importance_sampling_correction: true, or unset them"),
+        (&[("importance_sampling_clip_max", "2")], "shape the importance-sampling correction: set importance_sampling_correction: true"),
+        (&[("importance_sampling_correction", "true"), ("importance_sampling_clip_min", "3")], "importance_sampling_clip_min (3) must be below importance_sampling_clip_max (3)"),
+        (&[("importance_sampling_correction", "true"), ("importance_sampling_clip_min", "-1")], "importance_sampling_clip_min (-1) must be finite and at least 0"),
+        (&[("importance_sampling_correction", "true"), ("importance_sampling_clip_max", "0")], "importance_sampling_clip_min (0) must be below importance_sampling_clip_max (0)"),
+        (&[("importance_sampling_correction", "true"), ("loss_fn", "importance_sampling")], "loss_fn importance_sampling already takes its ratio to the sampler's log-probabilities"),
+    ];
+    for (overrides, expected) in checks {
+        let message = error(overrides);
+        assert!(message.contains(expected), "{overrides:?}: {message}");
+    }
+    assert!(error(&[("importance_sampling_mode", "token")]).contains("unknown importance_sampling_mode \"token\": use token_truncate, token_mask, sequence_truncate or sequence_mask"));
+    assert_eq!(resolved(&[]).objective().unwrap().correction, None, "off by default");
+    let on = resolved(&[("importance_sampling_correction", "true")]);
+    let expected = crate::grpo::IsCorrection { mode: crate::grpo::ImportanceSamplingMode::SequenceMask, clip_min: 0.0, clip_max: 3.0 };
+    assert_eq!(on.objective().unwrap().correction, Some(expected), "TRL's defaults: sequence_mask, clip_max 3");
+    let name = resolved(&[("importance_sampling_correction", "true"), ("importance_sampling_mode", "token_truncate"), ("importance_sampling_clip_min", "0.5")]).run_name().unwrap();
+    assert!(name.contains("_iscorrtrue_") && name.contains("_ismode_token_truncate_") && name.contains("_isclipmin0.5_"), "{name}");
+    let masked = resolved(&[("importance_sampling_correction", "true"), ("importance_sampling_mode", "token_mask"), ("importance_sampling_clip_max", "1e30")]);
+    assert_eq!(masked.objective().unwrap().correction.unwrap().clip_max, 1e30, "a mask no ratio reaches is plain importance sampling");
 }
