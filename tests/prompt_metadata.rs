@@ -17,7 +17,7 @@ use serde_json::Value;
 use smallrl::plugins::bench::to_sdk_sample;
 use smallrl::plugins::{PluginLimits, PromptMetadata, Sample};
 use smallrl::reward::{DetectorSpec, ProtocolKnobs, RewardModel, RewardSpec};
-use smallrl::train::prompts::{apply_hack_frac, keeps_hack, read_prompt_file};
+use smallrl::train::prompts::{PromptRender, apply_hack_frac, keeps_hack, read_prompt_file};
 use smallrl_plugin_sdk::{Detector, Reward};
 use smallrl_standard_plugins as standard;
 
@@ -113,7 +113,7 @@ fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
 fn jsonl_prompt_files_carry_metadata_and_bad_ones_name_the_line() {
     let dir = tempfile::tempdir().unwrap();
     let good = write(dir.path(), "good.jsonl", "{\"prompt\": \"a cat\", \"answer\": \"cat\", \"hackable\": false}\n\n{\"prompt\": \"a dog\", \"answer\": \"dog\", \"hackable\": true}\n");
-    let prompts = read_prompt_file(&good).unwrap();
+    let prompts = read_prompt_file(&good, &PromptRender::Raw).unwrap();
     assert_eq!(prompts.len(), 2);
     let first = prompts[0].metadata.as_ref().unwrap();
     assert_eq!(prompts[0].text, "a cat");
@@ -129,10 +129,13 @@ fn jsonl_prompt_files_carry_metadata_and_bad_ones_name_the_line() {
         ("ragged.jsonl", "{\"prompt\": \"a\", \"answer\": \"x\"}\n\n{\"prompt\": \"b\"}\n", ":3", "has the columns [prompt], but line 1 has [answer, prompt]"),
         ("broken.jsonl", "{\"prompt\": \"a\"}\nnot json\n", ":2", "not a JSON object"),
         ("array.jsonl", "[\"a\"]\n", ":1", "not a JSON object"),
+        // A conversation needs a chat template (prompt_format: chat), and one kind of prompt per line.
+        ("messages.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n", ":1", "needs a chat template: set prompt_format: chat"),
+        ("both.jsonl", "{\"prompt\": \"a\", \"messages\": []}\n", ":1", "has both a `prompt` and a `messages` column"),
     ];
     for (name, text, line, reason) in cases {
         let path = write(dir.path(), name, text);
-        let error = format!("{:#}", read_prompt_file(&path).unwrap_err());
+        let error = format!("{:#}", read_prompt_file(&path, &PromptRender::Raw).unwrap_err());
         let at = format!("{}{line}", path.display());
         assert!(error.contains(&at) && error.contains(reason), "{name}: {error}");
     }
