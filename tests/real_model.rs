@@ -3,7 +3,8 @@
 //! publishes them) against transformers (`scripts/reference/hf_real_model.py`): the published
 //! config loads, byte-level BPE ids, decoded text and log-probabilities match (float64
 //! reference, 1e-4), greedy decoding matches `generate` token for token on both CPU engines,
-//! the stop token is read from generation_config.json, chat templates render as
+//! the stop token is read from generation_config.json (several stop ids stop as `generate`
+//! stops), chat templates render as
 //! `apply_chat_template`, and an exported directory keeps weights, stop token and template.
 
 mod common;
