@@ -4,7 +4,7 @@
 //! with `system_prompt`). Each run finishes, its checkpoint loads, and the prompts its
 //! completions were drawn from (completions.jsonl) are transformers'
 //! `apply_chat_template(..., add_generation_prompt=True)` text, whose tokens are transformers'
-//! ids (`scripts/reference/hf_real_model.py`). Small on purpose: 2 steps of 4 completions of 6
+//! ids (`scripts/reference/hf_real_model.py`); `smallrl eval` reads the chat run. Small on purpose: 2 steps of 4 completions of 6
 //! tokens. Also the refusals: chat on a model without a template, `system_prompt` without chat.
 
 mod common;
@@ -109,6 +109,9 @@ fn chat_runs_with_dual_lora_on_message_files() {
     let config = config(&runs_dir(&runs), json!({"adapter": "dual-lora", "lora_preset": "r1"}), &prompts, json!({}));
     let run = train(&config, &runs);
     check_run(&run, &apply_chat_template(&conversations));
+    // `smallrl eval` renders the run's prompts with the base model's template as the run did.
+    let report: Value = serde_json::from_str(&smallrl_ok(&["eval", run.join("checkpoint-2").to_str().unwrap(), "--n-samples", "2", "--threads", "2", "--json"])).unwrap();
+    assert!(!report["report"]["modes"].as_array().unwrap().is_empty(), "{report}");
 }
 
 #[test]
