@@ -8,7 +8,7 @@ mod common;
 use common::fixture;
 use serde_json::{Map, Value, json};
 use smallrl::model::LlamaConfig;
-use smallrl::model::config::{KEYS, KeyRule, stop_token_id};
+use smallrl::model::config::{KEYS, KeyRule, stop_token_ids};
 
 /// tiny-random's config.json as transformers 5 wrote it.
 fn base() -> Map<String, Value> {
@@ -149,14 +149,16 @@ fn the_stop_token_comes_from_generation_config() {
     let path = dir.path().join("generation_config.json");
     let stop = |document: Value| {
         std::fs::write(&path, document.to_string()).unwrap();
-        stop_token_id(&path, 0)
+        stop_token_ids(&path, 0)
     };
-    assert_eq!(stop(json!({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2})).unwrap(), 2);
-    assert_eq!(stop(json!({"eos_token_id": [7]})).unwrap(), 7);
-    assert_eq!(stop(json!({"eos_token_id": [7, 7]})).unwrap(), 7);
-    assert_eq!(stop(json!({"do_sample": true})).unwrap(), 0, "absent: config.json's id");
-    assert_eq!(stop(json!({"eos_token_id": null})).unwrap(), 0, "null: config.json's id");
-    for bad in [json!({"eos_token_id": [2, 7]}), json!({"eos_token_id": "2"}), json!({"eos_token_id": []}), json!({"eos_token_id": -1})] {
+    assert_eq!(stop(json!({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2})).unwrap(), (2, vec![]));
+    assert_eq!(stop(json!({"eos_token_id": [7]})).unwrap(), (7, vec![]));
+    assert_eq!(stop(json!({"eos_token_id": [7, 7]})).unwrap(), (7, vec![]));
+    // Several ids (Llama-3, Qwen): the first, then the others in order, each once.
+    assert_eq!(stop(json!({"eos_token_id": [2, 7, 2, 9, 7]})).unwrap(), (2, vec![7, 9]));
+    assert_eq!(stop(json!({"do_sample": true})).unwrap(), (0, vec![]), "absent: config.json's id");
+    assert_eq!(stop(json!({"eos_token_id": null})).unwrap(), (0, vec![]), "null: config.json's id");
+    for bad in [json!({"eos_token_id": "2"}), json!({"eos_token_id": []}), json!({"eos_token_id": -1}), json!({"eos_token_id": [2, "7"]})] {
         let message = format!("{:#}", stop(bad.clone()).unwrap_err());
         assert!(message.contains("generation_config.json") && message.contains("eos_token_id"), "{bad}: {message}");
     }

@@ -17,7 +17,7 @@ use serde_json::Value;
 use smallrl::plugins::bench::to_sdk_sample;
 use smallrl::plugins::{PluginLimits, PromptMetadata, Sample};
 use smallrl::reward::{DetectorSpec, ProtocolKnobs, RewardModel, RewardSpec};
-use smallrl::train::prompts::{apply_hack_frac, keeps_hack, read_prompt_file};
+use smallrl::train::prompts::{PromptRender, apply_hack_frac, keeps_hack, read_prompt_file};
 use smallrl_plugin_sdk::{Detector, Reward};
 use smallrl_standard_plugins as standard;
 
@@ -113,7 +113,7 @@ fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
 fn jsonl_prompt_files_carry_metadata_and_bad_ones_name_the_line() {
     let dir = tempfile::tempdir().unwrap();
     let good = write(dir.path(), "good.jsonl", "{\"prompt\": \"a cat\", \"answer\": \"cat\", \"hackable\": false}\n\n{\"prompt\": \"a dog\", \"answer\": \"dog\", \"hackable\": true}\n");
-    let prompts = read_prompt_file(&good).unwrap();
+    let prompts = read_prompt_file(&good, &PromptRender::Raw).unwrap();
     assert_eq!(prompts.len(), 2);
     let first = prompts[0].metadata.as_ref().unwrap();
     assert_eq!(prompts[0].text, "a cat");
@@ -129,10 +129,13 @@ fn jsonl_prompt_files_carry_metadata_and_bad_ones_name_the_line() {
         ("ragged.jsonl", "{\"prompt\": \"a\", \"answer\": \"x\"}\n\n{\"prompt\": \"b\"}\n", ":3", "has the columns [prompt], but line 1 has [answer, prompt]"),
         ("broken.jsonl", "{\"prompt\": \"a\"}\nnot json\n", ":2", "not a JSON object"),
         ("array.jsonl", "[\"a\"]\n", ":1", "not a JSON object"),
+        // A conversation needs a chat template (prompt_format: chat), and one kind of prompt per line.
+        ("messages.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n", ":1", "needs a chat template: set prompt_format: chat"),
+        ("both.jsonl", "{\"prompt\": \"a\", \"messages\": []}\n", ":1", "has both a `prompt` and a `messages` column"),
     ];
     for (name, text, line, reason) in cases {
         let path = write(dir.path(), name, text);
-        let error = format!("{:#}", read_prompt_file(&path).unwrap_err());
+        let error = format!("{:#}", read_prompt_file(&path, &PromptRender::Raw).unwrap_err());
         let at = format!("{}{line}", path.display());
         assert!(error.contains(&at) && error.contains(reason), "{name}: {error}");
     }
@@ -243,5 +246,48 @@ fn asked_word_trains_on_tiny_stories_with_its_prompts_metadata() {
         let step_lines: Vec<&Value> = lines.iter().filter(|l| l["step"].as_u64() == Some(step as u64 + 1)).collect();
         let hackable = step_lines.iter().filter(|l| l["hackable"].as_bool().unwrap()).count() as f64 / step_lines.len() as f64;
         assert_eq!(line["routing/frac_hackable"].as_f64(), Some(hackable));
+    }
+}
+
+/// `prompt_format: chat` on prompt files, with a template whose output is easy to write by hand:
+/// text lines and `prompt` columns become one user message, `messages` lines their conversation,
+/// each after `system_prompt` if set and with the generation prompt; bad conversations name the line.
+#[test]
+fn chat_prompt_files_render_each_line_and_bad_conversations_name_the_line() {
+    use smallrl::model::chat::ChatTemplate;
+    let template = ChatTemplate::from_source(
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}",
+        serde_json::Map::new(),
+    );
+    let plain = PromptRender::Chat { template: template.clone(), system: None };
+    let with_system = PromptRender::Chat { template, system: Some("Be brief.".into()) };
+    let dir = tempfile::tempdir().unwrap();
+    let text = write(dir.path(), "prompts.txt", "  Hi there \n\nBye\n");
+    let texts = |render: &PromptRender, path: &Path| read_prompt_file(path, render).unwrap().into_iter().map(|p| p.text).collect::<Vec<_>>();
+    assert_eq!(texts(&plain, &text), ["<user>Hi there<assistant>", "<user>Bye<assistant>"]);
+    assert_eq!(texts(&with_system, &text), ["<system>Be brief.<user>Hi there<assistant>", "<system>Be brief.<user>Bye<assistant>"]);
+    let conversations = write(
+        dir.path(),
+        "chat.jsonl",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"assistant\", \"content\": \"b\"}, {\"role\": \"user\", \"content\": \"c\"}], \"answer\": \"x\"}\n",
+    );
+    let prompts = read_prompt_file(&conversations, &with_system).unwrap();
+    assert_eq!(prompts[0].text, "<system>Be brief.<user>a<assistant>b<user>c<assistant>");
+    assert_eq!(serde_json::from_str::<Value>(&prompts[0].metadata.as_ref().unwrap().json).unwrap(), serde_json::json!({"answer": "x"}));
+    let own_system = write(dir.path(), "own.jsonl", "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, {\"role\": \"user\", \"content\": \"u\"}]}\n");
+    assert_eq!(texts(&plain, &own_system), ["<system>s<user>u<assistant>"]);
+    let cases = [
+        ("own.jsonl", &with_system, "opens with a system message and system_prompt is set too"),
+        ("empty.jsonl", &plain, "must be a non-empty list"),
+        ("role.jsonl", &plain, "`messages`[0] must be an object with exactly a `role` and a `content` string"),
+        ("extra.jsonl", &plain, "`messages`[1] must be an object with exactly a `role` and a `content` string"),
+    ];
+    write(dir.path(), "empty.jsonl", "{\"messages\": []}\n");
+    write(dir.path(), "role.jsonl", "{\"messages\": [{\"role\": 1, \"content\": \"u\"}]}\n");
+    write(dir.path(), "extra.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}, {\"role\": \"user\", \"content\": \"v\", \"name\": \"n\"}]}\n");
+    for (name, render, reason) in cases {
+        let path = dir.path().join(name);
+        let error = format!("{:#}", read_prompt_file(&path, render).unwrap_err());
+        assert!(error.contains(&format!("{}:1", path.display())) && error.contains(reason), "{name}: {error}");
     }
 }

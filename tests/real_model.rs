@@ -3,7 +3,8 @@
 //! publishes them) against transformers (`scripts/reference/hf_real_model.py`): the published
 //! config loads, byte-level BPE ids, decoded text and log-probabilities match (float64
 //! reference, 1e-4), greedy decoding matches `generate` token for token on both CPU engines,
-//! the stop token is read from generation_config.json, chat templates render as
+//! the stop token is read from generation_config.json (several stop ids stop as `generate`
+//! stops), chat templates render as
 //! `apply_chat_template`, and an exported directory keeps weights, stop token and template.
 
 mod common;
@@ -273,10 +274,54 @@ fn the_stop_token_is_read_from_generation_config() {
     assert_eq!(loaded.model.config.eos_token_id, 0);
     let row = greedy(&loaded);
     assert!(row.ids.contains(&IM_END), "{:?}", row.ids);
-    // Several different stop ids are refused by file and key (smallrl stops on one id).
-    let dir = variant(Some(json!({"eos_token_id": [0, 2]})));
-    let error = format!("{:#}", model::load(dir.path().to_str().unwrap(), "main", Device::Cpu, Kind::Float).err().expect("loads"));
-    assert!(error.contains("generation_config.json") && error.contains("eos_token_id") && error.contains("[0,2]"), "{error}");
+    // A stop id out of the vocabulary is refused by file and key.
+    let dir = variant(Some(json!({"eos_token_id": [2, 49152]})));
+    let error = format!("{:#}", model::load(dir.path().to_str().unwrap(), "main", Device::Cpu, Kind::Float).err().expect("refused"));
+    assert!(error.contains("generation_config.json") && error.contains("eos_token_id") && error.contains("49152"), "{error}");
+}
+
+/// Several stop ids (Llama-3 and Qwen list several): generation_config.json's
+/// `eos_token_id: [<|im_end|>, X]`, X a token greedy decoding reaches before the end of turn, so
+/// the second id is the one that stops. Both CPU engines give transformers' `generate` tokens on
+/// that directory, the stop token included; an exported directory keeps both ids.
+#[test]
+fn several_stop_ids_stop_greedy_decoding_as_generate() {
+    let _serial = serial();
+    let full = ids(&reference()["greedy"][0]["completion_ids"]);
+    let x = full[3];
+    assert!(!full[..3].contains(&x) && x != IM_END, "{full:?}");
+    let dir = variant(Some(json!({"eos_token_id": [IM_END, x]})));
+    std::os::unix::fs::symlink(model_dir().join("tokenizer_config.json"), dir.path().join("tokenizer_config.json")).unwrap();
+    let request = dir.path().join("request.json");
+    let out = dir.path().join("out.json");
+    std::fs::write(&request, json!({"greedy": [greedy_prompts()[0]], "max_new_tokens": MAX_NEW_TOKENS}).to_string()).unwrap();
+    let status = std::process::Command::new(python())
+        .arg(repo_root().join("scripts/reference/hf_real_model.py"))
+        .args([dir.path().as_os_str(), request.as_os_str(), out.as_os_str()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "hf_real_model.py failed");
+    let theirs: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(theirs["eos_token_id"], json!([IM_END, x]));
+    let mut expected = ids(&theirs["greedy"][0]["completion_ids"]);
+    assert_eq!(expected.pop(), Some(x), "transformers stops on the second id: {expected:?}");
+    let loaded = load(dir.path());
+    assert_eq!((loaded.model.config.eos_token_id, loaded.model.config.extra_stop_ids.clone()), (IM_END, vec![x]));
+    let prompts = vec![ids(&theirs["greedy"][0]["prompt_ids"])];
+    let params = SamplingParams { max_new_tokens: MAX_NEW_TOKENS, temperature: 0.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 };
+    let decoder = DecodeModel::new(&loaded.model, &[]);
+    for engine in [Engine::Native { threads: 2 }, Engine::Libtorch] {
+        let generation = generate_with(engine, &decoder, &prompts, &params, 0).unwrap();
+        let row = &generation.rows[0];
+        assert_eq!((&row.ids, row.ended_with_eos), (&expected, true), "{engine:?}");
+        // The completion mask runs through the stop token and no further.
+        let mask = Vec::<i64>::try_from(generation.completion_mask.get(0)).unwrap();
+        assert_eq!(mask.iter().sum::<i64>() as usize, expected.len() + 1, "{engine:?}: {mask:?}");
+    }
+    let exported = tempfile::tempdir().unwrap();
+    let out_dir = exported.path().join("exported");
+    smallrl::model::export::save_hf_dir(&loaded.model, &[], &loaded.files.tokenizer, &out_dir).unwrap();
+    assert_eq!(load(&out_dir).model.config, loaded.model.config);
 }
 
 #[test]

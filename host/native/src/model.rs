@@ -87,6 +87,8 @@ pub struct Model {
     pub(crate) head: Matrix,
     pub(crate) cos: Vec<f32>,
     pub(crate) sin: Vec<f32>,
+    /// Stop tokens besides `dims.eos` (generation_config.json's other `eos_token_id`s).
+    pub(crate) extra_stops: Vec<u32>,
 }
 
 impl Model {
@@ -110,7 +112,18 @@ impl Model {
             assert_eq!(l.post_attention_layernorm.len(), hidden, "layer {i}: post-attention norm shape");
         }
         assert!(!layers.is_empty(), "a model needs at least one layer");
-        Self { dims, embed_tokens, layers, norm, head, cos, sin }
+        Self { dims, embed_tokens, layers, norm, head, cos, sin, extra_stops: Vec::new() }
+    }
+
+    /// A row also stops on each of `ids` (besides `dims.eos`).
+    pub fn with_extra_stops(mut self, ids: Vec<u32>) -> Self {
+        self.extra_stops = ids;
+        self
+    }
+
+    /// Whether `token` ends a row.
+    pub(crate) fn is_stop(&self, token: u32) -> bool {
+        token == self.dims.eos || self.extra_stops.contains(&token)
     }
 
     pub fn dims(&self) -> &Dims {
@@ -121,6 +134,11 @@ impl Model {
     pub(crate) fn weight_bytes(&self) -> usize {
         let matrices = self.layers.iter().map(|l| l.qkv.data.len() + l.o.data.len() + l.gate_up.data.len() + l.down.data.len()).sum::<usize>();
         (matrices + self.head.data.len()) * std::mem::size_of::<f32>()
+    }
+
+    /// Every stop token: `dims.eos`, then the others.
+    pub fn stop_ids(&self) -> Vec<u32> {
+        std::iter::once(self.dims.eos).chain(self.extra_stops.iter().copied()).collect()
     }
 
     /// Width of the rotated-query-and-key block of the fused projection.

@@ -124,7 +124,7 @@ pub(crate) fn run_stream_body(model: &Model, rows: &mut [(&[u32], &mut UniformSt
             if let Some(s) = seen.get_mut(row) {
                 s[token as usize] = true;
             }
-            if token != model.dims.eos {
+            if !model.is_stop(token) {
                 still_active.push(row);
             }
         }

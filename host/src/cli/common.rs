@@ -38,7 +38,7 @@ impl ModelArgs {
 pub fn read_prompts(inline: &[String], file: Option<&std::path::Path>) -> Result<Vec<String>> {
     let mut prompts = inline.to_vec();
     if let Some(path) = file {
-        prompts.extend(crate::train::prompts::read_prompt_file(path)?.into_iter().map(|prompt| prompt.text));
+        prompts.extend(crate::train::prompts::read_prompt_file(path, &crate::train::prompts::PromptRender::Raw)?.into_iter().map(|prompt| prompt.text));
     }
     if prompts.is_empty() {
         bail!("no prompts: pass --prompt TEXT or --prompts FILE");

@@ -119,19 +119,33 @@ pub fn left_pad_to(prompts: &[Vec<u32>], width: usize, pad: i64, device: tch::De
 
 /// 1 on every position up to and including the first EOS of each row, 0 after it.
 pub fn mask_through_first_eos(ids: &Tensor, eos: i64) -> Tensor {
-    let is_eos = ids.eq(eos).to_kind(Kind::Int64);
-    let eos_before = is_eos.cumsum(1, Kind::Int64) - &is_eos;
-    eos_before.eq(0).to_kind(Kind::Int64)
+    mask_through_first_stop(ids, &[eos])
 }
 
-pub(super) fn completion_rows(ids: &Tensor, mask: &Tensor, eos: i64) -> Result<Vec<CompletionRow>> {
-    Ok(masked_rows(ids, mask)?.iter().map(|kept| CompletionRow::new(kept, eos as u32)).collect())
+/// 1 on every position up to and including the first stop token (any of `stops`) of each row,
+/// 0 after it; with one stop id the same ops as [`mask_through_first_eos`] always had.
+pub fn mask_through_first_stop(ids: &Tensor, stops: &[i64]) -> Tensor {
+    let (first, rest) = stops.split_first().expect("at least one stop token");
+    let is_stop = rest.iter().fold(ids.eq(*first), |acc, &stop| acc.logical_or(&ids.eq(stop))).to_kind(Kind::Int64);
+    let stop_before = is_stop.cumsum(1, Kind::Int64) - &is_stop;
+    stop_before.eq(0).to_kind(Kind::Int64)
+}
+
+pub(super) fn completion_rows(ids: &Tensor, mask: &Tensor, stops: &[u32]) -> Result<Vec<CompletionRow>> {
+    Ok(masked_rows(ids, mask)?.iter().map(|kept| CompletionRow::with_stops(kept, stops)).collect())
 }
 
 impl CompletionRow {
     /// A row from its tokens through the first EOS (if any).
+    #[cfg(test)]
     pub(crate) fn new(tokens: &[u32], eos: u32) -> Self {
-        let ended_with_eos = tokens.last() == Some(&eos);
+        Self::with_stops(tokens, &[eos])
+    }
+
+    /// A row from its tokens through the first stop token (any of `stops`), which is dropped
+    /// from `ids` and recorded as `ended_with_eos`.
+    pub(crate) fn with_stops(tokens: &[u32], stops: &[u32]) -> Self {
+        let ended_with_eos = tokens.last().is_some_and(|t| stops.contains(t));
         Self { ids: tokens[..tokens.len() - usize::from(ended_with_eos)].to_vec(), ended_with_eos }
     }
 }

@@ -20,6 +20,18 @@ use serde_json::Value;
 
 use super::hub::ModelFiles;
 
+crate::choice::choice! {
+    /// How a prompt's text becomes the model's input (`prompt_format` of `smallrl train`).
+    pub enum PromptFormat ("prompt_format") {
+        /// The text as it is, tokenized without special tokens.
+        Raw = "raw",
+        /// One user message (after the system prompt, if any) rendered by the model's chat
+        /// template with the generation prompt, as `apply_chat_template(...,
+        /// add_generation_prompt=True)`.
+        Chat = "chat",
+    }
+}
+
 /// One chat message.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Message {

@@ -27,6 +27,10 @@ pub struct LlamaConfig {
     pub tie_word_embeddings: bool,
     pub max_position_embeddings: usize,
     pub eos_token_id: u32,
+    /// Stop tokens besides `eos_token_id`: generation_config.json's other `eos_token_id`s
+    /// (Llama-3 and Qwen list several); empty for most models (and absent from older files).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_stop_ids: Vec<u32>,
 }
 
 /// How one `config.json` key is treated. Every key smallrl accepts is in [`KEYS`]; a key not
@@ -164,6 +168,7 @@ impl LlamaConfig {
             },
             max_position_embeddings: usize_key(raw, "max_position_embeddings")?,
             eos_token_id: eos_token_id(raw)?,
+            extra_stop_ids: Vec::new(),
         };
         ensure!(
             config.eos_token_id < config.vocab_size as u32,
@@ -177,6 +182,11 @@ impl LlamaConfig {
             config.head_dim
         );
         Ok(config)
+    }
+
+    /// Every token that ends a completion: `eos_token_id` first, then the others.
+    pub fn stop_ids(&self) -> Vec<u32> {
+        std::iter::once(self.eos_token_id).chain(self.extra_stop_ids.iter().copied()).collect()
     }
 
     /// Output features of the query projection.
@@ -270,16 +280,16 @@ fn rope_theta(raw: &Map<String, Value>) -> Result<f64> {
     }
 }
 
-/// The token that ends a completion, from `generation_config.json` (what transformers'
+/// The tokens that end a completion, from `generation_config.json` (what transformers'
 /// `generate` stops on): its `eos_token_id`, one id or a list, else `config_eos` (config.json's).
-/// A list is accepted when all its ids are one id; several different stop ids are refused
-/// (smallrl's decoders stop on one id) rather than silently keeping one of them.
-pub fn stop_token_id(path: &Path, config_eos: u32) -> Result<u32> {
+/// Returns the first (the padding token too) and the other different ids, in the file's order;
+/// the decoders stop on any of them.
+pub fn stop_token_ids(path: &Path, config_eos: u32) -> Result<(u32, Vec<u32>)> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let raw: Map<String, Value> =
         serde_json::from_str(&text).with_context(|| format!("{} is not a JSON object", path.display()))?;
     let Some(value) = raw.get("eos_token_id").filter(|v| !v.is_null()) else {
-        return Ok(config_eos);
+        return Ok((config_eos, Vec::new()));
     };
     let ids: Vec<&Value> = match value {
         Value::Array(ids) => ids.iter().collect(),
@@ -290,15 +300,14 @@ pub fn stop_token_id(path: &Path, config_eos: u32) -> Result<u32> {
         .map(|v| v.as_u64().and_then(|id| u32::try_from(id).ok()))
         .collect::<Option<_>>()
         .with_context(|| format!("{}: key \"eos_token_id\" = {value} is not a token id or a list of them", path.display()))?;
-    match ids[..] {
-        [] => bail!("{}: key \"eos_token_id\" = [] names no stop token", path.display()),
-        [first, ..] if ids.iter().all(|&id| id == first) => Ok(first),
-        _ => bail!(
-            "{}: key \"eos_token_id\" = {value} is refused: smallrl stops decoding on one token id, \
-             and keeping only one of these would change when completions end",
-            path.display()
-        ),
+    let (&first, rest) = ids.split_first().with_context(|| format!("{}: key \"eos_token_id\" = [] names no stop token", path.display()))?;
+    let mut others: Vec<u32> = Vec::new();
+    for &id in rest {
+        if id != first && !others.contains(&id) {
+            others.push(id);
+        }
     }
+    Ok((first, others))
 }
 
 fn eos_token_id(raw: &Map<String, Value>) -> Result<u32> {

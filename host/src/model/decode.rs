@@ -275,6 +275,8 @@ pub(super) struct DecodeState {
     pub(super) sampler: Sampler,
     prompt_len: i64,
     eos: i64,
+    /// Stop tokens besides `eos` (none for most models: the loop's ops are then those of one id).
+    extra_stops: Vec<i64>,
 }
 
 impl DecodeState {
@@ -302,6 +304,7 @@ impl DecodeState {
             sampler: Sampler::new(params, prompt_ids, prompt_mask, model.weights.config.vocab_size as i64),
             prompt_len,
             eos,
+            extra_stops: model.weights.config.extra_stop_ids.iter().map(|&id| i64::from(id)).collect(),
         }
     }
 
@@ -346,6 +349,9 @@ impl DecodeState {
             let _ = self.tokens.index_copy_(1, &self.step, &token.unsqueeze(1));
             let _ = self.logprobs.index_copy_(1, &self.step, &logprob.masked_fill(&self.finished, 0.0).unsqueeze(1));
             let _ = self.finished.logical_or_(&token.eq(self.eos));
+            for &stop in &self.extra_stops {
+                let _ = self.finished.logical_or_(&token.eq(stop));
+            }
             let slot = &self.step + self.prompt_len;
             let _ = self.key_mask.index_fill_(1, &slot, 0.0);
             let hidden = model.forward_at_slot(&token.unsqueeze(1), &self.next_position, &mut self.cache, &slot, &step_mask);

@@ -22,6 +22,12 @@ pub const TOKENIZER_COMPANIONS: [&str; 2] = ["tokenizer_config.json", "chat_temp
 pub fn write_hf_metadata(dir: &Path, config: &LlamaConfig, tokenizer: &Path) -> Result<()> {
     std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config.to_hf_json())?)
         .with_context(|| format!("cannot write {}", dir.join("config.json").display()))?;
+    // Several stop tokens: generation_config.json lists them all (config.json keeps the first).
+    if !config.extra_stop_ids.is_empty() {
+        let path = dir.join("generation_config.json");
+        std::fs::write(&path, serde_json::to_string_pretty(&serde_json::json!({"eos_token_id": config.stop_ids()}))?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
     std::fs::copy(tokenizer, dir.join("tokenizer.json")).with_context(|| format!("cannot copy {}", tokenizer.display()))?;
     for name in TOKENIZER_COMPANIONS {
         let source = tokenizer.with_file_name(name);

@@ -13,7 +13,7 @@ use anyhow::{Context, Result, ensure};
 use tch::{Kind, Tensor};
 
 use super::batch::completion_rows;
-pub use super::batch::{CompletionRow, Generation, left_pad, mask_through_first_eos, masked_rows, row_rng};
+pub use super::batch::{CompletionRow, Generation, left_pad, mask_through_first_eos, mask_through_first_stop, masked_rows, row_rng};
 use super::batch::{diverged_row, left_pad_to};
 use super::cuda_graph::{self, CudaGraph};
 use super::decode::{DecodeModel, DecodeState, GraphedDecode};
@@ -186,22 +186,22 @@ fn generate_libtorch(model: &DecodeModel, prompts: &[&[Vec<u32>]], params: &Samp
             let rows = |t: &Tensor| t.narrow(0, (run * rows_per_run) as i64, rows_per_run as i64);
             let width = run_prompts.iter().map(Vec::len).max().unwrap_or(0) as i64;
             let prompt = |t: &Tensor| rows(t).narrow(1, padded_width - width, width).contiguous();
-            finish_generation(prompt(&prompt_ids), prompt(&prompt_mask), &rows(&tokens), &rows(&logprobs), eos)
+            finish_generation(prompt(&prompt_ids), prompt(&prompt_mask), &rows(&tokens), &rows(&logprobs), &model.weights.config.stop_ids())
         })
         .collect())
 }
 
 /// A run's [`Generation`] from its prompts and the `[rows, steps]` tokens and log-probabilities
 /// drawn for them.
-fn finish_generation(prompt_ids: Tensor, prompt_mask: Tensor, tokens: &Tensor, logprobs: &Tensor, eos: i64) -> Result<Generation> {
+fn finish_generation(prompt_ids: Tensor, prompt_mask: Tensor, tokens: &Tensor, logprobs: &Tensor, stops: &[u32]) -> Result<Generation> {
     // Rows stop being checked only every few steps: trim columns that are padding everywhere,
     // so the completion length is that of the longest completion (as TRL pads).
-    let completion_mask = mask_through_first_eos(tokens, eos);
+    let completion_mask = mask_through_first_stop(tokens, &stops.iter().map(|&id| i64::from(id)).collect::<Vec<_>>());
     let longest = completion_mask.sum_dim_intlist(1, false, Kind::Int64).max().int64_value(&[]);
     let completion_ids = tokens.narrow(1, 0, longest).contiguous();
     let completion_mask = completion_mask.narrow(1, 0, longest);
     let sampling_logprobs = logprobs.narrow(1, 0, longest).contiguous();
-    let rows = completion_rows(&completion_ids, &completion_mask, eos)?;
+    let rows = completion_rows(&completion_ids, &completion_mask, stops)?;
     Ok(Generation { prompt_ids, prompt_mask, completion_ids, completion_mask, sampling_logprobs, rows })
 }
 

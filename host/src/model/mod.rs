@@ -43,7 +43,15 @@ pub fn load(spec: &str, revision: &str, device: Device, kind: Kind) -> Result<Lo
     let files = hub::resolve(spec, revision)?;
     let mut config = LlamaConfig::from_file(&files.config)?;
     if let Some(path) = &files.generation_config {
-        config.eos_token_id = config::stop_token_id(path, config.eos_token_id)?;
+        (config.eos_token_id, config.extra_stop_ids) = config::stop_token_ids(path, config.eos_token_id)?;
+        for &id in std::iter::once(&config.eos_token_id).chain(&config.extra_stop_ids) {
+            anyhow::ensure!(
+                (id as usize) < config.vocab_size,
+                "{}: key \"eos_token_id\" names token {id}, out of range: the vocabulary has {} tokens (vocab_size)",
+                path.display(),
+                config.vocab_size
+            );
+        }
     }
     let model = weights::load_llama(config, &files.weights, device, kind)
         .with_context(|| format!("cannot load the weights of model {}", files.source))?;

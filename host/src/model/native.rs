@@ -53,7 +53,10 @@ impl NativeModel {
                 down: matrix(&l.down_t),
             })
             .collect();
-        Self(Model::new(dims, to_vec(&d.embed_tokens), layers, to_vec(&d.norm), matrix(&d.head_t), to_vec(&d.cos), to_vec(&d.sin)))
+        Self(
+            Model::new(dims, to_vec(&d.embed_tokens), layers, to_vec(&d.norm), matrix(&d.head_t), to_vec(&d.cos), to_vec(&d.sin))
+                .with_extra_stops(cfg.extra_stop_ids.clone()),
+        )
     }
 }
 
@@ -70,13 +73,13 @@ pub fn generate(model: &NativeModel, prompts: &[Vec<u32>], params: &SamplingPara
     if let Some(row) = outputs.iter().position(|o| o.diverged) {
         return Err(diverged_row(row));
     }
-    Ok(assemble(prompts, &outputs, model.0.dims().eos))
+    Ok(assemble(prompts, &outputs, model.0.dims().eos, &model.0.stop_ids()))
 }
 
 /// Builds the padded tensors of a [`Generation`] from the rows' outputs, as the libtorch path
 /// lays them out: completions right-padded with EOS to the longest, mask through the first EOS,
 /// log-probabilities 0 on padding.
-fn assemble(prompts: &[Vec<u32>], outputs: &[RowOutput], eos: u32) -> Generation {
+fn assemble(prompts: &[Vec<u32>], outputs: &[RowOutput], eos: u32, stops: &[u32]) -> Generation {
     let (prompt_ids, prompt_mask) = left_pad(prompts, eos as i64, tch::Device::Cpu);
     let batch = outputs.len();
     let longest = outputs.iter().map(|o| o.tokens.len()).max().unwrap_or(0);
@@ -91,7 +94,7 @@ fn assemble(prompts: &[Vec<u32>], outputs: &[RowOutput], eos: u32) -> Generation
         }
     }
     let shape = [batch as i64, longest as i64];
-    let rows = outputs.iter().map(|o| CompletionRow::new(&o.tokens, eos)).collect();
+    let rows = outputs.iter().map(|o| CompletionRow::with_stops(&o.tokens, stops)).collect();
     Generation {
         prompt_ids,
         prompt_mask,

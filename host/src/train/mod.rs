@@ -147,7 +147,7 @@ impl Trainer {
             adapters.trainable(&model),
             AdamWConfig { beta1: cfg.adam_beta1, beta2: cfg.adam_beta2, eps: cfg.adam_epsilon, weight_decay: cfg.weight_decay },
         );
-        let (prompts, eval_prompts) = prompts::load(&cfg, &tokenizer)?;
+        let (prompts, eval_prompts) = prompts::load(&cfg, &tokenizer, &prompts::PromptRender::for_run(&cfg, &model_files)?)?;
         let sampling = sampling_params(&cfg);
         let loss = cfg.objective()?;
         // Everything above can fail on bad input; only now is the run directory written.

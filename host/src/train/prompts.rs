@@ -1,6 +1,10 @@
 //! Where a run's prompts come from: a text file (one prompt per line), a JSONL file (a
-//! `prompt` column and metadata columns) or the SimpleStories dataset; `hack_frac`; and the
-//! endless seeded stream the trainer draws each step's prompts from.
+//! `prompt` column, or a `messages` conversation, and metadata columns) or the SimpleStories
+//! dataset; how they are rendered (`prompt_format`: raw, or through the model's chat template,
+//! [`PromptRender`]); `hack_frac`; and the endless seeded stream the trainer draws each step's
+//! prompts from. A [`Prompt`]'s text is what the model is given (the rendered chat prompt with
+//! `prompt_format: chat`): it is what is tokenized, what plugins receive as the prompt, what
+//! `hack_frac` hashes and what completions.jsonl shows.
 //!
 //! Architecture invariant: the prompt at position `i` of the stream follows from `(seed, i)`
 //! alone (each pass is a fresh shuffle seeded by the pass number), so a resumed run draws the
@@ -16,32 +20,89 @@ use serde_json::{Map, Value};
 
 use super::TrainConfig;
 use crate::defaults;
+use crate::model::ModelFiles;
 use crate::model::Tokenizer;
+use crate::model::chat::{ChatTemplate, Message, PromptFormat};
 use crate::reward::{Prompt, PromptMetadata};
 use crate::rng::{self, SplitMix64};
 
 /// The column of a JSONL prompt file that holds the prompt text.
 const PROMPT_COLUMN: &str = "prompt";
+/// The column of a JSONL prompt file that holds a conversation (with `prompt_format: chat`).
+const MESSAGES_COLUMN: &str = "messages";
 /// Metadata columns the host itself reads; each must be a boolean when present.
 const HACKABLE_COLUMN: &str = "hackable";
 const DETECTABLE_COLUMN: &str = "detectable";
 
+/// How a run's prompts become the model's input: as they are, or each rendered by the model's
+/// chat template (a prompt text as one user message; a `messages` line as its conversation),
+/// after `system_prompt` if set (else the template's default), with the generation prompt.
+#[derive(Debug, Clone)]
+pub enum PromptRender {
+    Raw,
+    Chat { template: ChatTemplate, system: Option<String> },
+}
+
+impl PromptRender {
+    /// The run's rendering (`prompt_format`, `system_prompt`): chat on a model without a chat
+    /// template is refused, naming the files looked at.
+    pub fn for_run(cfg: &TrainConfig, files: &ModelFiles) -> Result<Self> {
+        Ok(match cfg.prompt_format {
+            PromptFormat::Raw => Self::Raw,
+            PromptFormat::Chat => Self::Chat {
+                template: ChatTemplate::for_model(files).context("prompt_format is chat, which renders prompts with the model's chat template")?,
+                system: cfg.system_prompt.clone(),
+            },
+        })
+    }
+
+    /// The model's input for a prompt text.
+    pub fn text(&self, text: &str) -> Result<String> {
+        match self {
+            Self::Raw => Ok(text.to_string()),
+            Self::Chat { template, system } => template.user_prompt(system.as_deref(), text),
+        }
+    }
+
+    /// The model's input for a conversation (a `messages` line): chat only; `system_prompt`
+    /// before it unless it opens with a system message of its own (both is refused).
+    fn conversation(&self, mut messages: Vec<Message>) -> Result<String> {
+        let Self::Chat { template, system } = self else {
+            bail!("a `{MESSAGES_COLUMN}` conversation needs a chat template: set prompt_format: chat (smallrl train), or give a `{PROMPT_COLUMN}` text instead");
+        };
+        if let Some(system) = system {
+            ensure!(
+                messages.first().is_none_or(|m| m.role != "system"),
+                "the conversation opens with a system message and system_prompt is set too: drop one of them"
+            );
+            messages.insert(0, Message::new("system", system));
+        }
+        template.render(&messages, true)
+    }
+}
+
 /// Reads a prompt file: `.jsonl` files as [`read_jsonl_prompts`], others one prompt per line
-/// (blank lines skipped, surrounding whitespace trimmed).
-pub fn read_prompt_file(path: &Path) -> Result<Vec<Prompt>> {
+/// (blank lines skipped, surrounding whitespace trimmed), each rendered by `render`.
+pub fn read_prompt_file(path: &Path, render: &PromptRender) -> Result<Vec<Prompt>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read prompt file {}", path.display()))?;
     let prompts = match path.extension().is_some_and(|extension| extension == "jsonl") {
-        true => read_jsonl_prompts(path, &text)?,
-        false => text.lines().map(str::trim).filter(|l| !l.is_empty()).map(Prompt::plain).collect(),
+        true => read_jsonl_prompts(path, &text, render)?,
+        false => text
+            .lines()
+            .enumerate()
+            .filter(|(_, line)| !line.trim().is_empty())
+            .map(|(index, line)| Ok(Prompt::plain(render.text(line.trim()).with_context(|| format!("{}:{}", path.display(), index + 1))?)))
+            .collect::<Result<_>>()?,
     };
     ensure!(!prompts.is_empty(), "prompt file {} has no prompts", path.display());
     Ok(prompts)
 }
 
-/// One JSON object per line (blank lines skipped): a non-empty string `prompt` column, and
-/// any other columns as the prompt's metadata, the same columns on every line (`hackable` and
+/// One JSON object per line (blank lines skipped): a non-empty string `prompt` column, or
+/// (chat only) a `messages` column, a list of `{"role": ..., "content": ...}` strings; any other
+/// columns are the prompt's metadata, the same columns on every line (`hackable` and
 /// `detectable` booleans when present). Any deviation is an error naming the file and line.
-pub fn read_jsonl_prompts(path: &Path, text: &str) -> Result<Vec<Prompt>> {
+pub fn read_jsonl_prompts(path: &Path, text: &str, render: &PromptRender) -> Result<Vec<Prompt>> {
     let mut prompts = Vec::new();
     let mut first_columns: Option<(usize, Vec<String>)> = None;
     for (index, line) in text.lines().enumerate().filter(|(_, line)| !line.trim().is_empty()) {
@@ -50,7 +111,7 @@ pub fn read_jsonl_prompts(path: &Path, text: &str) -> Result<Vec<Prompt>> {
             format!("{}: not a JSON object (a JSONL prompt file has one object per line, with a `{PROMPT_COLUMN}` string)", at())
         })?;
         let columns: Vec<String> = row.keys().cloned().collect();
-        let prompt = prompt_from_row(row).with_context(at)?;
+        let prompt = prompt_from_row(row, render).with_context(at)?;
         match &first_columns {
             None => first_columns = Some((index + 1, columns)),
             Some((first_line, expected)) => ensure!(
@@ -66,14 +127,33 @@ pub fn read_jsonl_prompts(path: &Path, text: &str) -> Result<Vec<Prompt>> {
     Ok(prompts)
 }
 
-fn prompt_from_row(mut row: Map<String, Value>) -> Result<Prompt> {
-    let text = match row.remove(PROMPT_COLUMN) {
-        Some(Value::String(text)) if !text.trim().is_empty() => text,
-        Some(Value::String(_)) => bail!("the `{PROMPT_COLUMN}` column is empty"),
-        Some(other) => bail!("the `{PROMPT_COLUMN}` column must be a string, got {other}"),
-        None => bail!("no `{PROMPT_COLUMN}` column (the prompt text)"),
+fn prompt_from_row(mut row: Map<String, Value>, render: &PromptRender) -> Result<Prompt> {
+    let text = match (row.remove(PROMPT_COLUMN), row.remove(MESSAGES_COLUMN)) {
+        (Some(_), Some(_)) => bail!("has both a `{PROMPT_COLUMN}` and a `{MESSAGES_COLUMN}` column: give one"),
+        (Some(Value::String(text)), None) if !text.trim().is_empty() => render.text(&text)?,
+        (Some(Value::String(_)), None) => bail!("the `{PROMPT_COLUMN}` column is empty"),
+        (Some(other), None) => bail!("the `{PROMPT_COLUMN}` column must be a string, got {other}"),
+        (None, Some(messages)) => render.conversation(messages_from_column(&messages)?)?,
+        (None, None) => bail!("no `{PROMPT_COLUMN}` column (the prompt text) and no `{MESSAGES_COLUMN}` column (a conversation)"),
     };
     Ok(Prompt { text, metadata: metadata_from_columns(row)? })
+}
+
+/// A `messages` column: a non-empty list of objects with exactly a `role` and a `content` string.
+fn messages_from_column(value: &Value) -> Result<Vec<Message>> {
+    let list = value.as_array().filter(|list| !list.is_empty()).with_context(|| {
+        format!("the `{MESSAGES_COLUMN}` column must be a non-empty list of {{\"role\": ..., \"content\": ...}} objects, got {value}")
+    })?;
+    list.iter()
+        .enumerate()
+        .map(|(i, message)| {
+            let field = |name: &str| message.get(name).and_then(Value::as_str);
+            match (message.as_object().map(Map::len), field("role"), field("content")) {
+                (Some(2), Some(role), Some(content)) => Ok(Message::new(role, content)),
+                _ => bail!("`{MESSAGES_COLUMN}`[{i}] must be an object with exactly a `role` and a `content` string, got {message}"),
+            }
+        })
+        .collect()
 }
 
 /// A prompt's metadata from its columns (the prompt text removed): None without any; the
@@ -158,9 +238,9 @@ impl PromptStream {
 }
 
 /// The training prompts and the first `eval_samples` evaluation prompts of a run.
-pub(super) fn load(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<(Vec<Prompt>, Vec<Prompt>)> {
-    let prompts = training_prompts(cfg, tokenizer)?;
-    let mut eval_prompts = evaluation_prompts(cfg, tokenizer)?;
+pub(super) fn load(cfg: &TrainConfig, tokenizer: &Tokenizer, render: &PromptRender) -> Result<(Vec<Prompt>, Vec<Prompt>)> {
+    let prompts = training_prompts(cfg, tokenizer, render)?;
+    let mut eval_prompts = evaluation_prompts(cfg, tokenizer, render)?;
     ensure!(eval_prompts.len() >= cfg.eval_samples, "eval_samples is {} but only {} evaluation prompts exist", cfg.eval_samples, eval_prompts.len());
     eval_prompts.truncate(cfg.eval_samples);
     Ok((prompts, eval_prompts))
@@ -168,12 +248,12 @@ pub(super) fn load(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<(Vec<Prom
 
 /// The training prompts: the `--prompts` file (deduplicated, at most `num_prompts`), or
 /// without one `num_prompts` prompts from the SimpleStories `train` split, shuffled by the
-/// seed; `hack_frac` applied.
-pub fn training_prompts(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<Vec<Prompt>> {
+/// seed; rendered by `render`; `hack_frac` applied.
+pub fn training_prompts(cfg: &TrainConfig, tokenizer: &Tokenizer, render: &PromptRender) -> Result<Vec<Prompt>> {
     let mut prompts = match &cfg.prompts {
-        None => dataset_prompts("train", cfg, tokenizer, rng::derive(cfg.seed, "dataset-prompts", 0), cfg.num_prompts, cfg.num_prompts)?,
+        None => dataset_prompts("train", cfg, tokenizer, rng::derive(cfg.seed, "dataset-prompts", 0), cfg.num_prompts, cfg.num_prompts, render)?,
         Some(path) => {
-            let mut prompts = read_prompt_file(path)?;
+            let mut prompts = read_prompt_file(path, render)?;
             dedup_keep_order(path, &mut prompts)?;
             if prompts.len() > cfg.num_prompts {
                 SplitMix64::new(rng::derive(cfg.seed, "prompt-subset", 0)).shuffle(&mut prompts);
@@ -189,15 +269,17 @@ pub fn training_prompts(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<Vec<
 /// The evaluation prompts in their fixed order (callers take the first n): the
 /// `--eval-prompts` file; with dataset prompts, the SimpleStories `test` split drawn with the
 /// fixed evaluation seed; with a `--prompts` file only, a fixed-seed shuffle of the training
-/// prompts. All three are the same for every run seed; `hack_frac` applied.
-pub fn evaluation_prompts(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<Vec<Prompt>> {
+/// prompts. All three are the same for every run seed; rendered by `render`; `hack_frac` applied.
+pub fn evaluation_prompts(cfg: &TrainConfig, tokenizer: &Tokenizer, render: &PromptRender) -> Result<Vec<Prompt>> {
     let mut prompts = match (&cfg.eval_prompts, &cfg.prompts) {
-        (Some(path), _) => read_prompt_file(path)?,
+        (Some(path), _) => read_prompt_file(path, render)?,
         // The pool, or as much of it as the split has (at least the prompts evaluated).
-        (None, None) => dataset_prompts("test", cfg, tokenizer, defaults::EVAL_PROMPT_SEED, cfg.eval_samples.max(defaults::EVAL_PROMPT_POOL), cfg.eval_samples)?,
+        (None, None) => {
+            dataset_prompts("test", cfg, tokenizer, defaults::EVAL_PROMPT_SEED, cfg.eval_samples.max(defaults::EVAL_PROMPT_POOL), cfg.eval_samples, render)?
+        }
         (None, Some(_)) => {
             // The training prompts have `hack_frac` applied already.
-            let mut all = training_prompts(cfg, tokenizer)?;
+            let mut all = training_prompts(cfg, tokenizer, render)?;
             SplitMix64::new(defaults::EVAL_PROMPT_SEED).shuffle(&mut all);
             return Ok(all);
         }
@@ -206,11 +288,11 @@ pub fn evaluation_prompts(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<Ve
     Ok(prompts)
 }
 
-fn dataset_prompts(split: &str, cfg: &TrainConfig, tokenizer: &Tokenizer, seed: u64, count: usize, required: usize) -> Result<Vec<Prompt>> {
+fn dataset_prompts(split: &str, cfg: &TrainConfig, tokenizer: &Tokenizer, seed: u64, count: usize, required: usize, render: &PromptRender) -> Result<Vec<Prompt>> {
     let files = crate::dataset::split_files(crate::dataset::SIMPLESTORIES, split)?;
     let openings = crate::dataset::read_story_openings(&files, cfg.prompt_length)?;
     let texts = crate::dataset::prompts_from_stories(&openings, tokenizer, cfg.prompt_length, count, required, seed)?;
-    Ok(texts.into_iter().map(Prompt::plain).collect())
+    texts.iter().map(|text| Ok(Prompt::plain(render.text(text)?))).collect()
 }
 
 /// Drops repeated prompts (the first kept); the same text with different metadata is an error.

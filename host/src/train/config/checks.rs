@@ -6,6 +6,7 @@ use anyhow::{Result, ensure};
 use super::{LrHorizon, TrainConfig};
 use crate::grpo::{KlEstimator, ScaleRewards};
 use crate::intervention::Intervention;
+use crate::model::chat::PromptFormat;
 use crate::routing::{self, RenormalizationMode, RoutingMode};
 
 impl TrainConfig {
@@ -21,6 +22,11 @@ impl TrainConfig {
             self.num_generations
         );
         ensure!(self.max_steps > 0, "max_steps must be positive");
+        ensure!(
+            self.system_prompt.is_none() || self.prompt_format == PromptFormat::Chat,
+            "system_prompt is a chat message: it needs prompt_format: chat (got {})",
+            self.prompt_format
+        );
         ensure!((0.0..=1.0).contains(&self.hack_frac), "hack_frac is a fraction of prompts: it must be in [0, 1], got {}", self.hack_frac);
         ensure!(self.num_iterations >= 1, "num_iterations must be at least 1");
         self.check_substeps()?;

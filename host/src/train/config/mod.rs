@@ -22,6 +22,7 @@ use crate::grpo::{ImportanceSamplingLevel, ImportanceSamplingMode, KlEstimator, 
 use crate::hyperparams::Label::{Key, Omit, Short};
 use crate::hyperparams::{self, Prop, hyperparameters};
 use crate::intervention::Intervention;
+use crate::model::chat::PromptFormat;
 use crate::reward::{DetectorSpec, PluginLimits, ProtocolKnobs, RewardSpec};
 use crate::routing::{self, CoherenceRhMode, RenormalizationMode, RoutingMode, RowWeights};
 
@@ -44,6 +45,12 @@ hyperparameters! {
         prompts: Option<PathBuf> = None, Omit;
         /// One evaluation prompt per line.
         eval_prompts: Option<PathBuf> = None, Omit;
+        /// raw (the text as it is), or chat: each prompt rendered by the model's chat template as
+        /// one user message (a prompt file's `messages` line as its conversation) with the
+        /// generation prompt, as transformers' apply_chat_template(..., add_generation_prompt=True).
+        prompt_format: PromptFormat = PromptFormat::Raw, Short("");
+        /// With prompt_format chat: a system message before each prompt (default: the template's own).
+        system_prompt: Option<String> = None, Omit;
         /// Tokens of each SimpleStories prompt (the opening of a story).
         prompt_length: usize = 8, Key, [Pack];
         /// Training prompts used (at most).

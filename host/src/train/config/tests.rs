@@ -53,7 +53,7 @@ fn run_name_labels_are_unchanged() {
         "model", "revision", "prompts", "eval_prompts", "reward", "rh_detector", "rh_ground_truth", "absorption_by_class", "plugin_dir", "plugin_fuel_per_sample",
         "plugin_max_call_seconds", "plugin_max_memory_mb", "plugin_sha256", "logging_steps", "save_steps",
         "eval_every", "eval_samples", "output_dir", "dump_batches", "measure_entropy_change", "gradient_noise_scale", "tensorboard", "log_completions", "name", "device",
-        "threads", "seed",
+        "threads", "seed", "system_prompt",
         // A record written by --extend-schedule, not a setting: an extended run keeps its
         // directory and name.
         "lr_horizons",
@@ -72,6 +72,7 @@ fn run_name_labels_are_unchanged() {
         ("loss_fn", ""), ("num_substeps", "substeps"),
         ("hack_frac", "hf"),
         ("importance_sampling_correction", "iscorr"), ("importance_sampling_mode", "ismode_"), ("importance_sampling_clip_min", "isclipmin"), ("importance_sampling_clip_max", "isclipmax"),
+        ("prompt_format", ""),
     ];
     for key in TrainConfig::KEYS {
         let expected = if omitted.contains(&key.name) {
