@@ -9,7 +9,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{fixture, python, repo_root, standard_plugin};
+use common::{fixture, python, standard_plugin};
 use serde_json::Value;
 use smallrl::model::tokenizer::Tokenizer;
 use smallrl::reward::{Prompt, sample_from_ids};
@@ -22,9 +22,7 @@ const TEXTS: [&str; 4] = [
 ];
 
 fn tokenizer_dir() -> PathBuf {
-    let dir = repo_root().join(".fixtures/smollm2-135m-instruct");
-    assert!(dir.join("tokenizer.json").exists(), "{} is missing: run `make setup`", dir.display());
-    dir
+    common::real_model_dir()
 }
 
 /// transformers' ids, full decoding and per-token pieces (from prefix decodings) of each text,

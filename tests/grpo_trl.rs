@@ -277,13 +277,7 @@ fn correction(mode: &str, clip_min: f64, clip_max: f64) -> serde_json::Value {
 fn compare_correction(label: &str, correction: grpo::IsCorrection, terms: &grpo::LossTerms, trl_metrics: &Path) {
     let metrics: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(trl_metrics).unwrap()).unwrap();
     let stats = terms.importance_sampling.expect("the correction's metrics");
-    let pairs = [
-        ("sampling/importance_sampling_ratio/min", stats.ratio_min),
-        ("sampling/importance_sampling_ratio/mean", stats.ratio_mean),
-        ("sampling/importance_sampling_ratio/max", stats.ratio_max),
-        ("sampling/sampling_logp_difference/mean", stats.logp_difference_mean),
-        ("sampling/sampling_logp_difference/max", stats.logp_difference_max),
-    ];
+    let pairs = smallrl::train::metrics::importance_sampling_metrics(&stats);
     for (key, ours) in pairs {
         let theirs = metrics["metrics"][key].as_f64().unwrap_or_else(|| panic!("{label}: TRL logged no {key}"));
         assert!((ours - theirs).abs() <= 1e-5 * theirs.abs().max(1.0), "{label}: {key} {ours} vs TRL {theirs}");

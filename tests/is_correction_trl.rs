@@ -62,13 +62,7 @@ fn every_mode_matches_trls_own_code() {
 
         let stats = correction.stats(&ours, &learner, &sampler, &mask);
         let metrics: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(work.path().join(format!("metrics.{i}.json"))).unwrap()).unwrap();
-        let pairs = [
-            ("sampling/importance_sampling_ratio/min", stats.ratio_min),
-            ("sampling/importance_sampling_ratio/mean", stats.ratio_mean),
-            ("sampling/importance_sampling_ratio/max", stats.ratio_max),
-            ("sampling/sampling_logp_difference/mean", stats.logp_difference_mean),
-            ("sampling/sampling_logp_difference/max", stats.logp_difference_max),
-        ];
+        let pairs = smallrl::train::metrics::importance_sampling_metrics(&stats);
         for (key, ours) in pairs {
             let theirs = metrics["metrics"][key].as_f64().unwrap_or_else(|| panic!("{label}: TRL logged no {key}"));
             assert!((ours - theirs).abs() <= 1e-6 * theirs.abs().max(1.0), "{label}: {key} {ours} vs TRL {theirs}");

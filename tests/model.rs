@@ -537,9 +537,7 @@ fn the_model_is_described_once_and_its_walk_names_what_transformers_saved() {
 #[test]
 fn the_native_sampler_draws_the_same_bits_with_one_thread_or_two() {
     one_thread();
-    let real = common::repo_root().join(".fixtures/smollm2-135m-instruct");
-    assert!(real.join(".smallrl-built").exists(), "{} is missing: run `make setup`", real.display());
-    for dir in [real, fixture("tiny-stories")] {
+    for dir in [common::real_model_dir(), fixture("tiny-stories")] {
         let loaded = model::load(dir.to_str().unwrap(), "main", Device::Cpu, Kind::Float).unwrap();
         let decoder = DecodeModel::new(&loaded.model, &[]);
         let native = decoder.native().expect("the native sampler on the CPU in float32");

