@@ -92,7 +92,7 @@ def main():
         tokenizer = AutoTokenizer.from_pretrained(work, gguf_file=GGUF_NAME)
         loaded = AutoModelForCausalLM.from_pretrained(work, gguf_file=GGUF_NAME, dtype=torch.float32)
         config = loaded.config
-        config.quantization_config = None
+        # A model loaded from GGUF carries its quantization config; the float32 copy has none.
         if hasattr(config, "quantization_config"):
             del config.quantization_config
         fresh = LlamaForCausalLM(config).to(torch.float32)

@@ -29,7 +29,7 @@ import re
 import sys
 from pathlib import Path
 
-SAMPLE_LINE = re.compile(r"^\[Sample @ step (\d+)\] (.*) \|\|\| (.*)$")
+SAMPLE_HEAD = re.compile(r"^\[Sample @ step (\d+)\] ")
 EVAL_PREFIX = "routing_eval"
 
 
@@ -77,15 +77,24 @@ def history(run_dir):
 
 
 def samples(run_dir):
-    """train.log's `[Sample @ step N]` lines as [step, prompt, completion] rows."""
+    """train.log's `[Sample @ step N] prompt ||| completion` records as [step, prompt, completion]
+    rows. A prompt or completion may hold newlines (a chat prompt does): a record runs until the
+    `[Step N]` line the trainer writes right after it; it splits at the first ` ||| `."""
     log = run_dir / "train.log"
     if not log.exists():
         return []
-    rows = []
-    for line in log.read_text(encoding="utf-8").splitlines():
-        match = SAMPLE_LINE.match(line)
-        if match:
-            rows.append([int(match.group(1)), match.group(2), match.group(3)])
+    rows, record, step = [], None, None
+    for line in log.read_text(encoding="utf-8").split("\n"):
+        if record is not None and line.startswith(f"[Step {step}] "):
+            prompt, _, completion = "\n".join(record).partition(" ||| ")
+            rows.append([step, prompt, completion])
+            record = None
+        elif record is not None:
+            record.append(line)
+        else:
+            match = SAMPLE_HEAD.match(line)
+            if match:
+                step, record = int(match.group(1)), [line[match.end():]]
     return rows
 
 
@@ -97,6 +106,21 @@ def completions_table(wandb, run_dir):
     for line in lines:
         columns.extend(key for key in line if key not in columns)
     return wandb.Table(columns=columns, data=[[line.get(c) for c in columns] for line in lines])
+
+
+def first_incomplete(rows, config):
+    """The first step whose routing evaluation is due (every `eval_every` steps and at the last)
+    but not written yet: a run syncing while it trains has written that step's metrics line
+    and not yet its evaluation. It and later steps wait for the next sync, since wandb takes no
+    value for a step it has passed."""
+    eval_every, max_steps = config.get("eval_every"), config.get("max_steps")
+    if not isinstance(eval_every, int) or not isinstance(max_steps, int) or eval_every <= 0:
+        return float("inf")  # a run without routing evaluations (none are due)
+    for step in sorted(rows):
+        due = step % eval_every == 0 or step == max_steps
+        if due and not any(key.startswith(EVAL_PREFIX + "/") for key in rows[step]):
+            return step
+    return float("inf")
 
 
 def main():
@@ -134,7 +158,7 @@ def main():
         config=config,
     )
     start = run.step
-    steps = [step for step in sorted(rows) if step >= start]
+    steps = [step for step in sorted(rows) if step >= start and step < first_incomplete(rows, config)]
     if steps:
         last = rows[steps[-1]]
         if sample_rows:

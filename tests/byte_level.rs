@@ -72,7 +72,7 @@ fn byte_level_tokens_are_their_pieces_of_the_decoded_completion() {
     for (text, expected) in TEXTS.iter().zip(reference()) {
         let ids: Vec<u32> = expected["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
         assert_eq!(tokenizer.encode(text).unwrap(), ids, "{text:?}: ids as transformers encodes");
-        let pieces = tokenizer.completion_pieces(&ids).unwrap();
+        let pieces = tokenizer.completion_pieces(&ids, &tokenizer.decode(&ids).unwrap()).unwrap();
         assert_eq!(pieces, strings(&expected["pieces"]), "{text:?}: each token's piece");
         let sample = sample_from_ids(&Prompt::plain("p"), ids.clone(), false, &tokenizer).unwrap();
         assert_eq!(sample.completion, expected["text"].as_str().unwrap(), "{text:?}: the completion as transformers decodes it");
@@ -80,7 +80,7 @@ fn byte_level_tokens_are_their_pieces_of_the_decoded_completion() {
         split_character |= pieces.iter().any(String::is_empty);
         // A completion cut inside a character: the last token carries the replacement character.
         if let Some(cut) = (1..ids.len()).find(|&n| tokenizer.decode(&ids[..n]).unwrap().ends_with('\u{fffd}')) {
-            let cut_pieces = tokenizer.completion_pieces(&ids[..cut]).unwrap();
+            let cut_pieces = tokenizer.completion_pieces(&ids[..cut], &tokenizer.decode(&ids[..cut]).unwrap()).unwrap();
             assert_eq!(cut_pieces.concat(), tokenizer.decode(&ids[..cut]).unwrap(), "{text:?} cut after {cut} tokens");
         }
     }
@@ -119,6 +119,6 @@ fn a_token_level_plugin_counts_byte_level_tokens() {
 fn wordpiece_tokens_keep_their_vocabulary_strings() {
     let tokenizer = Tokenizer::from_file(&fixture("simplestories-4096.json")).unwrap();
     let ids = tokenizer.encode("the unhappiest cat").unwrap();
-    assert_eq!(tokenizer.completion_pieces(&ids).unwrap(), tokenizer.token_strings(&ids).unwrap());
+    assert_eq!(tokenizer.completion_pieces(&ids, &tokenizer.decode(&ids).unwrap()).unwrap(), tokenizer.token_strings(&ids).unwrap());
     assert!(tokenizer.token_strings(&ids).unwrap().iter().any(|t| t.starts_with("##")), "a word split into ## pieces");
 }

@@ -513,7 +513,7 @@ fn the_model_is_described_once_and_its_walk_names_what_transformers_saved() {
             built.push((name.to_string(), shape.to_vec()));
             Ok(Tensor::zeros(shape.iter().map(|&d| d as i64).collect::<Vec<_>>(), (Kind::Float, Device::Cpu)))
         };
-        smallrl::model::Llama::build(model.config.clone(), &mut record, Device::Cpu, Kind::Float).unwrap();
+        smallrl::model::Llama::build(model.config.clone(), &mut record, model.rope.shared(), Device::Cpu, Kind::Float).unwrap();
         let walked: Vec<(String, Vec<usize>)> = model.base_tensors().iter().map(|(n, t)| (n.clone(), t.size().iter().map(|&d| d as usize).collect())).collect();
         assert_eq!(built, walked, "{name}: build and base_tensors disagree");
         let saved: std::collections::BTreeSet<String> = model::weights::read_safetensors(&fixture(name).join("model.safetensors"))

@@ -147,19 +147,33 @@ fn values_out_of_range_are_refused_by_name() {
 fn the_stop_token_comes_from_generation_config() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("generation_config.json");
+    // tiny-random: eos_token_id 1, a vocabulary of 4096.
+    let config = LlamaConfig::from_json(&base()).unwrap();
+    assert_eq!((config.eos_token_id, config.vocab_size), (1, 4096));
     let stop = |document: Value| {
         std::fs::write(&path, document.to_string()).unwrap();
-        stop_token_ids(&path, 0)
+        stop_token_ids(&path, &config)
     };
     assert_eq!(stop(json!({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2})).unwrap(), (2, vec![]));
     assert_eq!(stop(json!({"eos_token_id": [7]})).unwrap(), (7, vec![]));
     assert_eq!(stop(json!({"eos_token_id": [7, 7]})).unwrap(), (7, vec![]));
     // Several ids (Llama-3, Qwen): the first, then the others in order, each once.
     assert_eq!(stop(json!({"eos_token_id": [2, 7, 2, 9, 7]})).unwrap(), (2, vec![7, 9]));
-    assert_eq!(stop(json!({"do_sample": true})).unwrap(), (0, vec![]), "absent: config.json's id");
-    assert_eq!(stop(json!({"eos_token_id": null})).unwrap(), (0, vec![]), "null: config.json's id");
-    for bad in [json!({"eos_token_id": "2"}), json!({"eos_token_id": []}), json!({"eos_token_id": -1}), json!({"eos_token_id": [2, "7"]})] {
+    assert_eq!(stop(json!({"do_sample": true})).unwrap(), (1, vec![]), "absent: config.json's id");
+    assert_eq!(stop(json!({"eos_token_id": null})).unwrap(), (1, vec![]), "null: config.json's id");
+    for bad in [json!({"eos_token_id": "2"}), json!({"eos_token_id": []}), json!({"eos_token_id": -1}), json!({"eos_token_id": [2, "7"]}), json!({"eos_token_id": [2, 4096]})] {
         let message = format!("{:#}", stop(bad.clone()).unwrap_err());
         assert!(message.contains("generation_config.json") && message.contains("eos_token_id"), "{bad}: {message}");
     }
+}
+
+/// config.json's `eos_token_id` follows the same rule as generation_config.json's: one id or a
+/// list (Llama-3's config.json lists several), each in the vocabulary.
+#[test]
+fn config_json_stop_ids_follow_the_same_rule() {
+    let config = LlamaConfig::from_json(&with("eos_token_id", json!([3, 9, 3]))).unwrap();
+    assert_eq!((config.eos_token_id, config.extra_stop_ids.clone()), (3, vec![9]));
+    assert_eq!(config.stop_ids(), vec![3, 9]);
+    let message = error(&with("eos_token_id", json!([3, 4096])));
+    assert!(message.contains("eos_token_id") && message.contains("4096"), "{message}");
 }

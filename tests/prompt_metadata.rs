@@ -258,7 +258,8 @@ fn chat_prompt_files_render_each_line_and_bad_conversations_name_the_line() {
     let template = ChatTemplate::from_source(
         "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}",
         serde_json::Map::new(),
-    );
+    )
+    .unwrap();
     let plain = PromptRender::Chat { template: template.clone(), system: None };
     let with_system = PromptRender::Chat { template, system: Some("Be brief.".into()) };
     let dir = tempfile::tempdir().unwrap();

@@ -9,7 +9,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use common::{max_abs_diff, one_thread, python, repo_root, smallrl_ok};
@@ -123,10 +123,6 @@ const TOJSON_STYLE: &str = r#"{%- if tools is none %}{{ 'no tools\n' }}{% endif 
 {{- {'b': [1, 2.5, none, true, []], 'a': 'é<&>"\'', 'c': {}} | tojson(sort_keys=true) }}
 {{- messages | tojson(indent=4) }}"#;
 
-fn model_dir() -> PathBuf {
-    common::real_model_dir()
-}
-
 /// transformers' outputs for all tests of this binary, computed once.
 fn reference() -> &'static Value {
     static REFERENCE: OnceLock<Value> = OnceLock::new();
@@ -145,7 +141,7 @@ fn reference() -> &'static Value {
         std::fs::write(&request, body.to_string()).unwrap();
         let status = std::process::Command::new(python())
             .arg(repo_root().join("scripts/reference/hf_real_model.py"))
-            .args([model_dir().as_os_str(), request.as_os_str(), out.as_os_str()])
+            .args([common::real_model_dir().as_os_str(), request.as_os_str(), out.as_os_str()])
             .status()
             .unwrap();
         assert!(status.success(), "hf_real_model.py failed");
@@ -172,7 +168,7 @@ fn load(dir: &Path) -> LoadedModel {
 #[test]
 fn the_published_config_loads_and_log_probs_match_transformers() {
     let _serial = serial();
-    let dir = model_dir();
+    let dir = common::real_model_dir();
     let config: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     for key in ["is_llama_config", "rope_interleaved", "rope_scaling", "transformers.js_config", "torch_dtype", "transformers_version"] {
         assert!(config.get(key).is_some(), "the fixture's config.json lacks the published key {key}");
@@ -200,7 +196,7 @@ fn the_published_config_loads_and_log_probs_match_transformers() {
 #[test]
 fn greedy_decoding_matches_generate_token_for_token() {
     let _serial = serial();
-    let loaded = load(&model_dir());
+    let loaded = load(&common::real_model_dir());
     let reference = reference();
     let prompts: Vec<Vec<u32>> = greedy_prompts().iter().map(|p| loaded.tokenizer.encode(p).unwrap()).collect();
     let expected: Vec<&Value> = reference["greedy"].as_array().unwrap().iter().collect();
@@ -229,7 +225,7 @@ fn greedy_decoding_matches_generate_token_for_token() {
 /// A copy of the fixture (weights and tokenizer linked) with `config.json`'s eos_token_id set to
 /// 0 (`<|endoftext|>`) and generation_config.json as given (`None`: absent).
 fn variant(generation_config: Option<Value>) -> tempfile::TempDir {
-    let source = model_dir();
+    let source = common::real_model_dir();
     let dir = tempfile::tempdir().unwrap();
     for name in ["model.safetensors", "tokenizer.json"] {
         std::os::unix::fs::symlink(source.join(name), dir.path().join(name)).unwrap();
@@ -285,7 +281,7 @@ fn several_stop_ids_stop_greedy_decoding_as_generate() {
     let x = full[3];
     assert!(!full[..3].contains(&x) && x != IM_END, "{full:?}");
     let dir = variant(Some(json!({"eos_token_id": [IM_END, x]})));
-    std::os::unix::fs::symlink(model_dir().join("tokenizer_config.json"), dir.path().join("tokenizer_config.json")).unwrap();
+    std::os::unix::fs::symlink(common::real_model_dir().join("tokenizer_config.json"), dir.path().join("tokenizer_config.json")).unwrap();
     let request = dir.path().join("request.json");
     let out = dir.path().join("out.json");
     std::fs::write(&request, json!({"greedy": [greedy_prompts()[0]], "max_new_tokens": MAX_NEW_TOKENS}).to_string()).unwrap();
@@ -321,7 +317,7 @@ fn several_stop_ids_stop_greedy_decoding_as_generate() {
 #[test]
 fn logprobs_cli_reads_the_published_directory() {
     let _serial = serial();
-    let dir = model_dir();
+    let dir = common::real_model_dir();
     let text = &score_texts()[0];
     let out = smallrl_ok(&["logprobs", "--model", dir.to_str().unwrap(), "--threads", "1", "--prompt", text, "--json"]);
     let printed: Value = serde_json::from_str(&out).unwrap();
@@ -356,7 +352,7 @@ fn messages(conversation: &Value) -> Vec<Message> {
 #[test]
 fn chat_templates_render_as_transformers_renders_them() {
     let _serial = serial();
-    let dir = model_dir();
+    let dir = common::real_model_dir();
     let files = model::hub::from_dir(&dir).unwrap();
     let tokenizer = model::Tokenizer::from_file(&files.tokenizer).unwrap();
     let template = ChatTemplate::for_model(&files).unwrap();
@@ -374,21 +370,21 @@ fn chat_templates_render_as_transformers_renders_them() {
     let special: serde_json::Map<String, Value> = config.into_iter().filter(|(k, v)| k.ends_with("_token") && v.is_string()).collect();
     let mut expected = reference["templates"].as_array().unwrap().iter();
     for source in [LLAMA3_STYLE, QWEN_STYLE, ZEPHYR_STYLE, TOJSON_STYLE] {
-        let template = ChatTemplate::from_source(source, special.clone());
+        let template = ChatTemplate::from_source(source, special.clone()).unwrap();
         for conversation in conversations.as_array().unwrap() {
             let text = template.render(&messages(conversation), true).unwrap();
             assert_eq!(text, expected.next().unwrap().as_str().unwrap(), "{source} on {conversation}");
         }
     }
     // raise_exception stops rendering with the template's own message.
-    let error = format!("{:#}", ChatTemplate::from_source(LLAMA3_STYLE, special).render(&[Message::new("tool", "x")], true).unwrap_err());
+    let error = format!("{:#}", ChatTemplate::from_source(LLAMA3_STYLE, special).unwrap().render(&[Message::new("tool", "x")], true).unwrap_err());
     assert!(error.contains("Unknown role: tool"), "{error}");
 }
 
 #[test]
 fn sample_cli_with_chat_decodes_greedily_as_generate() {
     let _serial = serial();
-    let dir = model_dir();
+    let dir = common::real_model_dir();
     let out = smallrl_ok(&[
         "sample", "--model", dir.to_str().unwrap(), "--threads", "2", "--chat", "--prompt", "What is the capital of France?",
         "--temperature", "0", "--max-new-tokens", &MAX_NEW_TOKENS.to_string(), "--json",
@@ -404,7 +400,7 @@ fn sample_cli_with_chat_decodes_greedily_as_generate() {
 #[test]
 fn export_round_trip_keeps_the_weights_the_stop_token_and_the_chat_template() {
     let _serial = serial();
-    let loaded = load(&model_dir());
+    let loaded = load(&common::real_model_dir());
     let work = tempfile::tempdir().unwrap();
     let out = work.path().join("exported");
     smallrl::model::export::save_hf_dir(&loaded.model, &[], &loaded.files.tokenizer, &out).unwrap();

@@ -16,10 +16,6 @@ use common::{fixture, python, repo_root, smallrl, smallrl_ok, standard_plugin};
 use serde_json::{Value, json};
 use smallrl::model::Tokenizer;
 
-fn model_dir() -> PathBuf {
-    common::real_model_dir()
-}
-
 /// transformers' rendered text and ids for each conversation.
 fn apply_chat_template(conversations: &[Value]) -> Vec<(String, Vec<u32>)> {
     let dir = tempfile::tempdir().unwrap();
@@ -27,7 +23,7 @@ fn apply_chat_template(conversations: &[Value]) -> Vec<(String, Vec<u32>)> {
     std::fs::write(&request, json!({"chat": conversations}).to_string()).unwrap();
     let status = std::process::Command::new(python())
         .arg(repo_root().join("scripts/reference/hf_real_model.py"))
-        .args([model_dir().as_os_str(), request.as_os_str(), out.as_os_str()])
+        .args([common::real_model_dir().as_os_str(), request.as_os_str(), out.as_os_str()])
         .status()
         .unwrap();
     assert!(status.success(), "hf_real_model.py failed");
@@ -43,7 +39,7 @@ fn apply_chat_template(conversations: &[Value]) -> Vec<(String, Vec<u32>)> {
 /// A run's config: 2 steps of 2 groups of 2 completions of at most 6 tokens, no KL term.
 fn config(out: &Path, adapter: Value, prompts: &Path, extra: Value) -> PathBuf {
     let mut config = json!({
-        "model": model_dir(),
+        "model": common::real_model_dir(),
         "prompts": prompts,
         "prompt_format": "chat",
         "reward": {"plugin": standard_plugin("happy"), "params": {}},
@@ -83,7 +79,7 @@ fn check_run(run: &Path, expected: &[(String, Vec<u32>)]) {
     let prompts: BTreeSet<String> = completions.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()["prompt"].as_str().unwrap().to_string()).collect();
     let wanted: BTreeSet<String> = expected.iter().map(|(text, _)| text.clone()).collect();
     assert_eq!(prompts, wanted, "the prompts of completions.jsonl are the rendered chat prompts");
-    let tokenizer = Tokenizer::from_file(&model_dir().join("tokenizer.json")).unwrap();
+    let tokenizer = Tokenizer::from_file(&common::real_model_dir().join("tokenizer.json")).unwrap();
     for (text, ids) in expected {
         assert_eq!(&tokenizer.encode(text).unwrap(), ids, "token ids of {text:?}");
     }

@@ -157,16 +157,12 @@ fn an_offline_sync_holds_every_value_of_the_run_and_a_resync_continues_its_run()
         expected_keys.entry(step).or_default().push("routing_eval/seconds".into());
     }
 
-    // The tables, with the last step: train.log's samples and completions.jsonl.
-    let log = std::fs::read_to_string(run_dir.join("train.log")).unwrap();
-    let samples: Vec<Value> = log.lines().filter_map(|line| line.strip_prefix("[Sample @ step ")).map(|rest| {
-        let (step, text) = rest.split_once("] ").unwrap();
-        let (prompt, completion) = text.split_once(" ||| ").unwrap();
-        json!([step.parse::<u64>().unwrap(), prompt, completion])
-    }).collect();
+    // The tables, with the last step: train.log's samples (each step's first completion, with
+    // logging_steps 1, read here from completions.jsonl) and completions.jsonl.
+    let completions = read_jsonl(&run_dir.join("completions.jsonl"));
+    let samples: Vec<Value> = completions.iter().filter(|c| c["index"] == 0).map(|c| json!([c["step"], c["prompt"], c["completion"]])).collect();
     assert_eq!(samples.len(), 4);
     assert_eq!(rows[&4]["samples"], json!({"columns": ["step", "prompt", "completion"], "data": samples}));
-    let completions = read_jsonl(&run_dir.join("completions.jsonl"));
     assert_eq!(completions.len(), 32, "8 completions a step");
     let table = &rows[&4]["completions"];
     let columns: Vec<&str> = table["columns"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
@@ -270,4 +266,26 @@ fn train_with_wandb_syncs_the_finished_run_and_survives_a_failed_sync() {
     let run_dir = std::fs::read_dir(out.path().join("b")).unwrap().next().unwrap().unwrap().path();
     assert_eq!(read_jsonl(&run_dir.join("metrics.jsonl")).len(), 2, "the run is complete");
     assert_eq!(read_back(home.path()).len(), 1, "nothing more was written to wandb");
+}
+
+/// The script's readers on hand-made inputs: a sample record whose prompt and completion span
+/// lines (a chat prompt does) runs to the `[Step N]` line after it and splits at the first
+/// ` ||| `; a step whose routing evaluation is due but not yet written (a run syncing while it
+/// trains) waits, with the steps after it.
+#[test]
+fn the_sync_reads_multi_line_samples_and_holds_back_a_step_whose_evaluation_is_due() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("train.log"), "header\n[Sample @ step 1] <|im_start|>user\nHi<|im_end|> ||| a ||| b\nend\n[Step 1] reward=1\n[Sample @ step 2] p ||| c\n[Step 2] r\n").unwrap();
+    let script = r#"
+import importlib.util, json, pathlib, sys
+spec = importlib.util.spec_from_file_location("sync", sys.argv[1]); sync = importlib.util.module_from_spec(spec); spec.loader.exec_module(sync)
+rows = {1: {"loss": 1}, 2: {"loss": 1, "routing_eval/both/reward": 0.5}, 3: {"loss": 1}, 4: {"loss": 2}}
+done = dict(rows); done[4] = {"loss": 2, "routing_eval/both/reward": 0.7}
+config = {"eval_every": 2, "max_steps": 4}
+print(json.dumps([sync.samples(pathlib.Path(sys.argv[2])), sync.first_incomplete(rows, config), str(sync.first_incomplete(done, config))]))
+"#;
+    let output = Command::new(python()).args(["-c", script]).arg(repo_root().join("scripts/wandb_sync.py")).arg(dir.path()).output().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let read: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(read, json!([[[1, "<|im_start|>user\nHi<|im_end|>", "a ||| b\nend"], [2, "p", "c"]], 4, "inf"]));
 }

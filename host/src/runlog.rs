@@ -6,7 +6,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
 pub struct RunLog {
@@ -90,53 +90,24 @@ impl Jsonl {
 
     /// Keeps only the lines whose `step` is at most `step` (a resumed run rewrites what came
     /// after its checkpoint), atomically and byte for byte as they were written, and returns
-    /// the last line kept. The kept lines are not re-serialised: serde_json's float parser is
-    /// not correctly rounded (one float64 ulp off for some values, e.g. a `kl` of
-    /// -3.1044085080367267e-9 read back as ...263e-9), so a parse-and-rewrite changed logged
-    /// values of a resumed run in the last bit.
-    pub fn truncate_after(&self, step: usize) -> Result<Option<Line>> {
+    /// the last line kept (read exactly: serde_json's `float_roundtrip`).
+    pub fn truncate_after(&self, step: usize) -> Result<Option<serde_json::Value>> {
         let text = match std::fs::read_to_string(&self.path) {
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
             Err(e) => return Err(e).with_context(|| format!("cannot read {}", self.path.display())),
         };
-        let mut kept = Vec::new();
+        let (mut kept, mut last) = (String::new(), None);
         for (i, line) in text.lines().filter(|l| !l.trim().is_empty()).enumerate() {
             let value: serde_json::Value = serde_json::from_str(line).with_context(|| format!("{} line {} is not JSON", self.path.display(), i + 1))?;
             let line_step = value["step"].as_u64().with_context(|| format!("{} has a line without a step", self.path.display()))?;
             if line_step as usize <= step {
-                kept.push(Line { text: line.to_string(), value });
+                kept.push_str(line);
+                kept.push('\n');
+                last = Some(value);
             }
         }
-        let text: String = kept.iter().map(|line| format!("{}\n", line.text)).collect();
-        crate::fsutil::write_atomic(&self.path, text.as_bytes())?;
-        Ok(kept.pop())
-    }
-}
-
-/// One JSONL line: its text as written and its parsed value.
-#[derive(Debug, Clone)]
-pub struct Line {
-    pub text: String,
-    pub value: serde_json::Value,
-}
-
-impl Line {
-    /// The float of top-level `key`, read exactly from the line's text (Rust's correctly rounded
-    /// parser, so a value written by serde_json reads back bit for bit; serde_json's own parser
-    /// can be one ulp off). `None` where the line has no number under `key`.
-    pub fn exact_f64(&self, key: &str) -> Result<Option<f64>> {
-        let Some(parsed) = self.value.get(key).and_then(|v| v.as_f64()) else { return Ok(None) };
-        let needle = format!("{}:", serde_json::Value::from(key));
-        let mut starts = self.text.match_indices(&needle).map(|(i, _)| i + needle.len());
-        let (Some(start), None) = (starts.next(), starts.next()) else {
-            bail!("a JSONL line names {key:?} other than once as a key; cannot read its number exactly: {}", self.text)
-        };
-        let rest = &self.text[start..];
-        let number = &rest[..rest.find([',', '}']).unwrap_or(rest.len())];
-        let exact: f64 = number.trim().parse().with_context(|| format!("{key}: {number:?} is not a number in {}", self.text))?;
-        // The text is the same number serde_json read (at most its rounding apart).
-        ensure!((exact - parsed).abs() <= 4.0 * f64::EPSILON * exact.abs(), "{key}: read {exact} from the text but serde_json read {parsed}: {}", self.text);
-        Ok(Some(exact))
+        crate::fsutil::write_atomic(&self.path, kept.as_bytes())?;
+        Ok(last)
     }
 }

@@ -73,16 +73,15 @@ pub fn mean_ci_with(values: &[f64], resamples: usize, seed: u64, level: f64) -> 
     assert!(!values.is_empty(), "a mean over seeds needs at least one value");
     assert!(values.iter().all(|v| v.is_finite()), "bootstrap of non-finite values: {values:?}");
     assert!(resamples > 0 && level > 0.0 && level < 1.0, "resamples {resamples}, level {level}");
-    let n = values.len();
-    let mean = values.iter().sum::<f64>() / n as f64;
+    let (n, average) = (values.len(), mean(values));
     if n < 2 {
-        return MeanCi { mean, ci: None, n };
+        return MeanCi { mean: average, ci: None, n };
     }
     let mut rng = SplitMix64::new(seed);
     let mut means: Vec<f64> = (0..resamples).map(|_| (0..n).map(|_| values[rng.below(n)]).sum::<f64>() / n as f64).collect();
     means.sort_by(f64::total_cmp);
     let tail = (1.0 - level) / 2.0;
-    MeanCi { mean, ci: Some((quantile_sorted(&means, tail), quantile_sorted(&means, 1.0 - tail))), n }
+    MeanCi { mean: average, ci: Some((quantile_sorted(&means, tail), quantile_sorted(&means, 1.0 - tail))), n }
 }
 
 /// The `q` quantile of sorted values, interpolating linearly between order statistics

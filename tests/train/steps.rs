@@ -254,7 +254,9 @@ fn beta_zero_skips_the_reference_pass() {
 /// is 1 up to their rounding, so the run trains as the uncorrected one up to that rounding. The
 /// correction's old policy is the rollout's: with num_iterations 2 the second pass keeps the
 /// rollout's ratios. Measured: |logp - logp_sampler| at most 1.4e-5, ratios within 1.4e-5 of 1, the
-/// loss within 1.5e-7 of the uncorrected run's (absolute; the losses are 0 to 0.025).
+/// loss within 1.5e-7 of the uncorrected run's (absolute; the losses are 0 to 0.025). This run is
+/// on policy, so it cannot tell a correct weighting from a wrong one (inverted, or applied to the
+/// KL term): `tests/grpo_trl.rs` and `tests/is_correction_trl.rs` check the weighting off policy.
 #[test]
 fn the_importance_sampling_correction_logs_trls_metrics_and_corrects_rounding_only_on_policy() {
     let out = tempfile::tempdir().unwrap();

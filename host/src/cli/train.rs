@@ -133,15 +133,21 @@ fn sync_to_wandb(args: &TrainArgs, run_dir: &Path) {
     }
 }
 
+/// The keys of `overrides` that would change what a run computes (not marked `Resume` in the
+/// hyperparameter table).
+fn changing_keys(overrides: &Map<String, Value>) -> Vec<&String> {
+    overrides.keys().filter(|k| TrainConfig::key(k).is_none_or(|key| !key.has(Prop::Resume))).collect()
+}
+
 /// `--pack-config` / `--pack-resume`: the runs of one pack, each reported; an error if any
 /// failed (the others have finished).
 fn run_packed(args: &TrainArgs, overrides: Map<String, Value>) -> Result<()> {
-    let resume_may_change = TrainConfig::keys_with(Prop::Resume);
-    let changing: Vec<&String> = overrides.keys().filter(|k| !resume_may_change.contains(&k.as_str())).collect();
+    let changing = changing_keys(&overrides);
     anyhow::ensure!(
         changing.is_empty(),
         "packed runs take their configuration from each --pack-config file or --pack-resume directory; \
-         only options that do not change what a run computes ({resume_may_change:?}) apply to all of them, not {changing:?}"
+         only options that do not change what a run computes ({:?}) apply to all of them, not {changing:?}",
+        TrainConfig::keys_with(Prop::Resume)
     );
     let mut runs = Vec::new();
     for path in &args.pack_config {
@@ -174,9 +180,8 @@ fn run_packed(args: &TrainArgs, overrides: Map<String, Value>) -> Result<()> {
 /// not change what it computes overridden, or extended to a larger `--max-steps` with
 /// `--extend-schedule`.
 fn resumed_config(run_dir: &Path, mut overrides: Map<String, Value>, extend_schedule: bool) -> Result<TrainConfig> {
-    let resume_may_change = TrainConfig::keys_with(Prop::Resume);
     let max_steps = overrides.remove("max_steps").map(|v| v.as_u64().map(|n| n as usize).with_context(|| format!("--max-steps {v} is not a step count"))).transpose()?;
-    let changing: Vec<&String> = overrides.keys().filter(|k| !resume_may_change.contains(&k.as_str())).collect();
+    let changing = changing_keys(&overrides);
     anyhow::ensure!(changing.is_empty(), "--resume continues a run exactly as configured; these options would change it: {changing:?}");
     let saved = run_dir.join("config.yaml");
     anyhow::ensure!(

@@ -45,10 +45,12 @@ impl Message {
     }
 }
 
-/// A model's chat template and the special tokens its context offers.
+/// A model's chat template (parsed once) and the special tokens its context offers.
 #[derive(Debug, Clone)]
 pub struct ChatTemplate {
-    source: String,
+    /// The template as `chat`, with HF's dialect: trimmed blocks, Python's string methods,
+    /// `raise_exception`, transformers' `tojson`, `strftime_now`.
+    env: Environment<'static>,
     /// Where the template was read from, for messages.
     origin: PathBuf,
     /// `bos_token`, `eos_token`, `unk_token`, `pad_token` of tokenizer_config.json (strings).
@@ -59,18 +61,16 @@ impl ChatTemplate {
     /// The template of a model: `chat_template.jinja`, else `tokenizer_config.json`'s
     /// `chat_template` (a string, or a list of `{name, template}` of which `default` is used).
     pub fn for_model(files: &ModelFiles) -> Result<Self> {
-        let special_tokens = match &files.tokenizer_config {
-            Some(path) => special_tokens(&read_json(path)?),
-            None => serde_json::Map::new(),
-        };
+        let tokenizer_config = files.tokenizer_config.as_ref().map(|path| read_json(path)).transpose()?;
+        let special_tokens = tokenizer_config.as_ref().map(special_tokens).unwrap_or_default();
         if let Some(path) = &files.chat_template {
             let source = std::fs::read_to_string(path).with_context(|| format!("cannot read chat template {}", path.display()))?;
-            return Ok(Self { source, origin: path.clone(), special_tokens });
+            return Self::parsed(source, path.clone(), special_tokens);
         }
         let path = files.tokenizer_config.as_ref().with_context(|| {
             format!("model {} has no chat template (neither chat_template.jinja nor tokenizer_config.json); use raw prompts", files.source)
         })?;
-        let source = match read_json(path)?.get("chat_template") {
+        let source = match tokenizer_config.as_ref().and_then(|config| config.get("chat_template")) {
             Some(Value::String(source)) => source.clone(),
             Some(Value::Array(named)) => named
                 .iter()
@@ -81,17 +81,16 @@ impl ChatTemplate {
             Some(other) => bail!("{}: chat_template = {other} is neither a template nor a list of named templates", path.display()),
             None => bail!("model {} has no chat template ({} has no chat_template, and there is no chat_template.jinja); use raw prompts", files.source, path.display()),
         };
-        Ok(Self { source, origin: path.clone(), special_tokens })
+        Self::parsed(source, path.clone(), special_tokens)
     }
 
     /// A template given as text (tests, and templates from elsewhere).
-    pub fn from_source(source: &str, special_tokens: serde_json::Map<String, Value>) -> Self {
-        Self { source: source.to_string(), origin: PathBuf::from("<inline template>"), special_tokens }
+    pub fn from_source(source: &str, special_tokens: serde_json::Map<String, Value>) -> Result<Self> {
+        Self::parsed(source.to_string(), PathBuf::from("<inline template>"), special_tokens)
     }
 
-    /// The prompt text for `messages`; with `add_generation_prompt`, ending where the assistant's
-    /// reply begins.
-    pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+    /// `source` parsed into an environment with HF's dialect, or why it does not parse.
+    fn parsed(source: String, origin: PathBuf, special_tokens: serde_json::Map<String, Value>) -> Result<Self> {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
@@ -101,9 +100,14 @@ impl ChatTemplate {
         });
         env.add_filter("tojson", tojson);
         env.add_function("strftime_now", strftime_now);
-        env.add_template("chat", &self.source)
-            .map_err(|e| anyhow!("chat template {} does not parse: {e:#}", self.origin.display()))?;
-        let template = env.get_template("chat").expect("added above");
+        env.add_template_owned("chat", source).map_err(|e| anyhow!("chat template {} does not parse: {e:#}", origin.display()))?;
+        Ok(Self { env, origin, special_tokens })
+    }
+
+    /// The prompt text for `messages`; with `add_generation_prompt`, ending where the assistant's
+    /// reply begins.
+    pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        let template = self.env.get_template("chat").expect("parsed when made");
         let ctx = context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,

@@ -151,8 +151,10 @@ impl LlamaConfig {
             "key \"num_key_value_heads\" = {num_key_value_heads} does not divide num_attention_heads = \
              {num_attention_heads} (each key/value head serves a whole group of query heads)"
         );
+        let vocab_size = usize_key(raw, "vocab_size")?;
+        let (eos_token_id, extra_stop_ids) = parse_stop_ids(raw.get("eos_token_id").context("eos_token_id is missing")?, vocab_size)?;
         let config = Self {
-            vocab_size: usize_key(raw, "vocab_size")?,
+            vocab_size,
             hidden_size,
             intermediate_size: usize_key(raw, "intermediate_size")?,
             num_hidden_layers: usize_key(raw, "num_hidden_layers")?,
@@ -167,15 +169,9 @@ impl LlamaConfig {
                 Some(v) => v.as_bool().context("tie_word_embeddings must be true or false")?,
             },
             max_position_embeddings: usize_key(raw, "max_position_embeddings")?,
-            eos_token_id: eos_token_id(raw)?,
-            extra_stop_ids: Vec::new(),
+            eos_token_id,
+            extra_stop_ids,
         };
-        ensure!(
-            config.eos_token_id < config.vocab_size as u32,
-            "key \"eos_token_id\" = {} is out of range: the vocabulary has {} tokens (vocab_size)",
-            config.eos_token_id,
-            config.vocab_size
-        );
         ensure!(
             config.head_dim % 2 == 0,
             "key \"head_dim\" = {} is out of range: RoPE rotates pairs of features, so it must be even",
@@ -281,16 +277,21 @@ fn rope_theta(raw: &Map<String, Value>) -> Result<f64> {
 }
 
 /// The tokens that end a completion, from `generation_config.json` (what transformers'
-/// `generate` stops on): its `eos_token_id`, one id or a list, else `config_eos` (config.json's).
-/// Returns the first (the padding token too) and the other different ids, in the file's order;
-/// the decoders stop on any of them.
-pub fn stop_token_ids(path: &Path, config_eos: u32) -> Result<(u32, Vec<u32>)> {
+/// `generate` stops on): its `eos_token_id` ([`parse_stop_ids`]), else config.json's stop ids.
+pub fn stop_token_ids(path: &Path, config: &LlamaConfig) -> Result<(u32, Vec<u32>)> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let raw: Map<String, Value> =
         serde_json::from_str(&text).with_context(|| format!("{} is not a JSON object", path.display()))?;
-    let Some(value) = raw.get("eos_token_id").filter(|v| !v.is_null()) else {
-        return Ok((config_eos, Vec::new()));
-    };
+    match raw.get("eos_token_id").filter(|v| !v.is_null()) {
+        Some(value) => parse_stop_ids(value, config.vocab_size).with_context(|| path.display().to_string()),
+        None => Ok((config.eos_token_id, config.extra_stop_ids.clone())),
+    }
+}
+
+/// An `eos_token_id` value (config.json's or generation_config.json's): one token id or a list
+/// of them, each in the vocabulary. Returns the first (the padding token too) and the other
+/// different ids, in order; the decoders stop on any of them.
+fn parse_stop_ids(value: &Value, vocab_size: usize) -> Result<(u32, Vec<u32>)> {
     let ids: Vec<&Value> = match value {
         Value::Array(ids) => ids.iter().collect(),
         one => vec![one],
@@ -299,8 +300,14 @@ pub fn stop_token_ids(path: &Path, config_eos: u32) -> Result<(u32, Vec<u32>)> {
         .iter()
         .map(|v| v.as_u64().and_then(|id| u32::try_from(id).ok()))
         .collect::<Option<_>>()
-        .with_context(|| format!("{}: key \"eos_token_id\" = {value} is not a token id or a list of them", path.display()))?;
-    let (&first, rest) = ids.split_first().with_context(|| format!("{}: key \"eos_token_id\" = [] names no stop token", path.display()))?;
+        .with_context(|| format!("key \"eos_token_id\" = {value} is not a token id or a list of them"))?;
+    let (&first, rest) = ids.split_first().with_context(|| format!("key \"eos_token_id\" = [] names no stop token"))?;
+    for &id in &ids {
+        ensure!(
+            (id as usize) < vocab_size,
+            "key \"eos_token_id\" names token {id}, out of range: the vocabulary has {vocab_size} tokens (vocab_size)"
+        );
+    }
     let mut others: Vec<u32> = Vec::new();
     for &id in rest {
         if id != first && !others.contains(&id) {
@@ -308,17 +315,6 @@ pub fn stop_token_ids(path: &Path, config_eos: u32) -> Result<(u32, Vec<u32>)> {
         }
     }
     Ok((first, others))
-}
-
-fn eos_token_id(raw: &Map<String, Value>) -> Result<u32> {
-    let value = raw.get("eos_token_id").context("eos_token_id is missing")?;
-    let id = match value {
-        Value::Array(ids) if ids.len() == 1 => ids[0].as_u64(),
-        Value::Array(_) => bail!("key \"eos_token_id\" = {value} is refused: smallrl stops decoding on one token id"),
-        other => other.as_u64(),
-    };
-    let id = id.with_context(|| format!("key \"eos_token_id\" = {value} is not a token id"))?;
-    Ok(u32::try_from(id)?)
 }
 
 fn usize_key(raw: &Map<String, Value>, key: &str) -> Result<usize> {

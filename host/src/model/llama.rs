@@ -173,7 +173,8 @@ impl Llama {
     /// checks what the files hold), the frozen reference ([`Self::frozen_copy`]), stacking
     /// (`stacked.rs`) and pre-training's initialisation; [`Self::base_tensors`] walks the same
     /// fields back in the same order (a test holds the two to each other).
-    pub fn build(config: LlamaConfig, source: &mut dyn FnMut(&str, &[usize]) -> Result<Tensor>, device: Device, kind: Kind) -> Result<Self> {
+    /// `rope` is the configuration's tables ([`Rope::for_config`]), or a model's own shared.
+    pub fn build(config: LlamaConfig, source: &mut dyn FnMut(&str, &[usize]) -> Result<Tensor>, rope: Rope, device: Device, kind: Kind) -> Result<Self> {
         let (h, i, vocab) = (config.hidden_size, config.intermediate_size, config.vocab_size);
         let (q, kv) = (config.q_size(), config.kv_size());
         let embed_tokens = source("model.embed_tokens.weight", &[vocab, h])?;
@@ -199,15 +200,14 @@ impl Llama {
         }
         let norm = source("model.norm.weight", &[h])?;
         let lm_head = if config.tie_word_embeddings { None } else { Some(source("lm_head.weight", &[vocab, h])?) };
-        let rope = Rope::new(config.head_dim, config.rope_theta, config.max_position_embeddings, device);
         Ok(Self { config, embed_tokens, layers, norm, lm_head, rope, device, kind })
     }
 
     /// A copy of the base weights outside autograd: the frozen reference policy of full
-    /// fine-tuning (adapters are not copied).
+    /// fine-tuning (adapters are not copied; the RoPE tables are shared, they never change).
     pub fn frozen_copy(&self) -> Self {
         let base: std::collections::HashMap<String, &Tensor> = self.base_tensors().into_iter().collect();
-        Self::build(self.config.clone(), &mut |name, _| Ok(base[name].detach().copy()), self.device, self.kind)
+        Self::build(self.config.clone(), &mut |name, _| Ok(base[name].detach().copy()), self.rope.shared(), self.device, self.kind)
             .expect("a model's own tensors rebuild it")
     }
 

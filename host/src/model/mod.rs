@@ -43,21 +43,13 @@ pub fn load(spec: &str, revision: &str, device: Device, kind: Kind) -> Result<Lo
     let files = hub::resolve(spec, revision)?;
     let mut config = LlamaConfig::from_file(&files.config)?;
     if let Some(path) = &files.generation_config {
-        (config.eos_token_id, config.extra_stop_ids) = config::stop_token_ids(path, config.eos_token_id)?;
-        for &id in std::iter::once(&config.eos_token_id).chain(&config.extra_stop_ids) {
-            anyhow::ensure!(
-                (id as usize) < config.vocab_size,
-                "{}: key \"eos_token_id\" names token {id}, out of range: the vocabulary has {} tokens (vocab_size)",
-                path.display(),
-                config.vocab_size
-            );
-        }
+        (config.eos_token_id, config.extra_stop_ids) = config::stop_token_ids(path, &config)?;
     }
     let model = weights::load_llama(config, &files.weights, device, kind)
         .with_context(|| format!("cannot load the weights of model {}", files.source))?;
     let tokenizer = Tokenizer::from_file(&files.tokenizer)?;
-    tokenizer
-        .check_eos(model.config.eos_token_id)
-        .with_context(|| format!("tokenizer and config.json of model {} disagree", files.source))?;
+    for id in model.config.stop_ids() {
+        tokenizer.check_eos(id).with_context(|| format!("the tokenizer and the stop tokens (config.json, generation_config.json) of model {} disagree", files.source))?;
+    }
     Ok(LoadedModel { model, tokenizer, files })
 }

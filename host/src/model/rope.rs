@@ -11,6 +11,16 @@ pub struct Rope {
 }
 
 impl Rope {
+    /// The tables of a model with `config`.
+    pub fn for_config(config: &super::config::LlamaConfig, device: Device) -> Self {
+        Self::new(config.head_dim, config.rope_theta, config.max_position_embeddings, device)
+    }
+
+    /// The same tables, shared (they never change): for copies and stacks of a model.
+    pub fn shared(&self) -> Self {
+        Self { cos: self.cos.shallow_clone(), sin: self.sin.shallow_clone() }
+    }
+
     pub fn new(head_dim: usize, theta: f64, max_positions: usize, device: Device) -> Self {
         let dim = head_dim as i64;
         let exponent = Tensor::arange_start_step(0, dim, 2, (Kind::Int64, Device::Cpu)).to_kind(Kind::Float) / dim as f64;

@@ -37,7 +37,7 @@ impl Llama {
             assert_eq!((other.device, other.kind), (first.device, first.kind), "stacked models share their device and dtype");
         }
         let bases: Vec<HashMap<String, &Tensor>> = models.iter().map(|m| m.base_tensors().into_iter().collect()).collect();
-        let mut stacked = Llama::build(first.config.clone(), &mut |name, _| Ok(stack(bases.iter().map(|base| base[name].shallow_clone()))), first.device, first.kind)
+        let mut stacked = Llama::build(first.config.clone(), &mut |name, _| Ok(stack(bases.iter().map(|base| base[name].shallow_clone()))), first.rope.shared(), first.device, first.kind)
             .expect("models of one configuration stack");
         let runs: Vec<Vec<(String, &Linear)>> = models.iter().map(|m| m.projections()).collect();
         for (p, (_, linear)) in stacked.projections_mut().into_iter().enumerate() {

@@ -78,7 +78,8 @@ impl Tokenizer {
     /// (tokenizers' `DecodeStream`): the pieces concatenated are exactly [`Self::decode`]'s text;
     /// a token that ends inside a multi-byte character, or a skipped special token, has an empty
     /// piece and the token completing the character carries it.
-    pub fn completion_pieces(&self, ids: &[u32]) -> Result<Vec<String>> {
+    /// `text` is [`Self::decode`]'s of `ids` (the caller has it already).
+    pub fn completion_pieces(&self, ids: &[u32], text: &str) -> Result<Vec<String>> {
         if matches!(self.inner.get_model(), tokenizers::ModelWrapper::WordPiece(_)) {
             return self.token_strings(ids);
         }
@@ -88,7 +89,6 @@ impl Tokenizer {
             let piece = stream.step(id).map_err(|e| anyhow!("tokenizer {} cannot decode token {id} of {ids:?} incrementally: {e}", self.path.display()))?;
             pieces.push(piece.unwrap_or_default());
         }
-        let text = self.decode(ids)?;
         let joined = pieces.concat();
         // A completion cut inside a character decodes to U+FFFD there: the last token carries it.
         let rest = text.strip_prefix(joined.as_str()).with_context(|| {

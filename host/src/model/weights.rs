@@ -11,6 +11,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::config::LlamaConfig;
 use super::llama::Llama;
+use super::rope::Rope;
 
 /// A tensor read from disk, remembered with the file it came from (for error messages).
 struct Stored {
@@ -76,7 +77,8 @@ pub fn load_llama(config: LlamaConfig, files: &[PathBuf], device: Device, kind: 
 
 fn assemble(config: LlamaConfig, mut stored: HashMap<String, Stored>, device: Device, kind: Kind) -> Result<Llama> {
     let tied = config.tie_word_embeddings;
-    let model = Llama::build(config, &mut |name, shape| take_tensor(&mut stored, name, shape, device, kind), device, kind)?;
+    let rope = Rope::for_config(&config, device);
+    let model = Llama::build(config, &mut |name, shape| take_tensor(&mut stored, name, shape, device, kind), rope, device, kind)?;
     if tied {
         check_tied_head(&mut stored, &model.embed_tokens)?;
     }

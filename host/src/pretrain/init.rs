@@ -19,7 +19,8 @@ pub fn random_model(config: LlamaConfig, std: f64, seed: u64, device: Device) ->
         let tensor = if shape.len() == 1 { Tensor::ones([shape[0] as i64], (Kind::Float, Device::Cpu)) } else { normal(&mut rng, shape, std) };
         Ok(tensor.to_device(device))
     };
-    Llama::build(config, &mut draw, device, Kind::Float)
+    let rope = crate::model::rope::Rope::for_config(&config, device);
+    Llama::build(config, &mut draw, rope, device, Kind::Float)
 }
 
 /// N(0, std²) values by the Box-Muller transform.

@@ -310,10 +310,11 @@ impl Prompt {
 /// returns): text decoded with special tokens skipped, each token's piece of it
 /// ([`crate::model::tokenizer::Tokenizer::completion_pieces`]).
 pub fn sample_from_ids(prompt: &Prompt, completion_ids: Vec<u32>, ended_with_eos: bool, tokenizer: &crate::model::tokenizer::Tokenizer) -> Result<Sample> {
+    let completion = tokenizer.decode(&completion_ids)?;
     Ok(Sample {
         prompt: prompt.text.clone(),
-        completion: tokenizer.decode(&completion_ids)?,
-        completion_tokens: tokenizer.completion_pieces(&completion_ids)?,
+        completion_tokens: tokenizer.completion_pieces(&completion_ids, &completion)?,
+        completion,
         completion_ids,
         ended_with_eos,
         metadata: prompt.metadata.clone(),

@@ -25,6 +25,8 @@ pub fn importance_sampling_metrics(is: &crate::grpo::IsStats) -> [(&'static str,
 }
 
 /// The aggregations whose loss-weight ESS every step logs (`ess/...`; cispo aggregates as dapo).
+/// The ESS ignores a common scale: dr_grpo's always equals dapo's, and bnpo's does with one
+/// micro-batch; all four are logged so that every run's line has the same keys.
 pub const AGGREGATIONS: [LossType; 4] = [LossType::Grpo, LossType::DrGrpo, LossType::Dapo, LossType::Bnpo];
 
 /// The keys of a `metrics.jsonl` line.
@@ -223,13 +225,11 @@ impl GradientNoise {
         }
     }
 
-    /// The running average a metrics line recorded (to continue it on resume), read exactly
-    /// from the line's text so that the resumed run continues the same float64 average.
-    pub fn average_in(line: &crate::runlog::Line) -> anyhow::Result<Option<NoiseScale>> {
-        let (Some(grad_squared), Some(trace)) = (line.exact_f64(key::NOISE_GRAD_SQUARED_AVG)?, line.exact_f64(key::NOISE_TRACE_AVG)?) else {
-            return Ok(None);
-        };
-        Ok(Some(NoiseScale { grad_squared, trace }))
+    /// The running average a metrics line recorded (to continue it on resume; the line is read
+    /// with serde_json's `float_roundtrip`, so the resumed run continues the same float64 average).
+    pub fn average_in(line: &Value) -> Option<NoiseScale> {
+        let (grad_squared, trace) = (line[key::NOISE_GRAD_SQUARED_AVG].as_f64()?, line[key::NOISE_TRACE_AVG].as_f64()?);
+        Some(NoiseScale { grad_squared, trace })
     }
 }
 

@@ -248,10 +248,10 @@ impl Trainer {
         self.evals.truncate_after(step)?;
         self.live.resume_after(step)?;
         let last_metrics = last_metrics.with_context(|| format!("{}: metrics.jsonl has no line for step {step}", self.run_dir.display()))?;
-        let num_tokens = last_metrics.value[metrics::key::NUM_TOKENS].as_u64();
+        let num_tokens = last_metrics[metrics::key::NUM_TOKENS].as_u64();
         self.num_tokens = num_tokens.with_context(|| format!("{}: metrics.jsonl lacks {}", self.run_dir.display(), metrics::key::NUM_TOKENS))? as usize;
         if self.cfg.gradient_noise_scale {
-            let average = metrics::GradientNoise::average_in(&last_metrics)?;
+            let average = metrics::GradientNoise::average_in(&last_metrics);
             let average = average.with_context(|| format!("{}: metrics.jsonl's step {step} lacks the gradient noise scale's running average", self.run_dir.display()))?;
             self.noise_scale_average = Some(average);
         }

@@ -27,7 +27,7 @@
 //! train.log says why.
 //!
 //! Architecture invariant: nothing here computes a run's numbers (the stacked passes are
-//! `grpo`'s, the stacked decode `generate`'s); the pack only decides the order of work, which
+//! `engine`'s, the stacked decode `generate`'s); the pack only decides the order of work, which
 //! engine samples and whether a pass is stacked, so a packed run
 //! is the solo run (bit for bit unstacked; to float32 rounding stacked, `tests/train/`).
 
