@@ -127,9 +127,6 @@ const TOJSON_STYLE: &str = r#"{%- if tools is none %}{{ 'no tools\n' }}{% endif 
 fn reference() -> &'static Value {
     static REFERENCE: OnceLock<Value> = OnceLock::new();
     REFERENCE.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let request = dir.path().join("request.json");
-        let out = dir.path().join("out.json");
         let templates: Vec<Value> = [LLAMA3_STYLE, QWEN_STYLE, ZEPHYR_STYLE, TOJSON_STYLE]
             .iter()
             .flat_map(|template| conversations().as_array().unwrap().clone().into_iter().map(move |m| json!({"template": template, "messages": m})))
@@ -138,14 +135,7 @@ fn reference() -> &'static Value {
             "score": score_texts(), "greedy": greedy_prompts(), "max_new_tokens": MAX_NEW_TOKENS,
             "chat": conversations(), "templates": templates,
         });
-        std::fs::write(&request, body.to_string()).unwrap();
-        let status = std::process::Command::new(python())
-            .arg(repo_root().join("scripts/reference/hf_real_model.py"))
-            .args([common::real_model_dir().as_os_str(), request.as_os_str(), out.as_os_str()])
-            .status()
-            .unwrap();
-        assert!(status.success(), "hf_real_model.py failed");
-        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap()
+        common::hf_real_model(&body)
     })
 }
 

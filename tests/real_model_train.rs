@@ -12,22 +12,13 @@ mod common;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use common::{fixture, python, repo_root, smallrl, smallrl_ok, standard_plugin};
+use common::{fixture, smallrl, smallrl_ok, standard_plugin};
 use serde_json::{Value, json};
 use smallrl::model::Tokenizer;
 
 /// transformers' rendered text and ids for each conversation.
 fn apply_chat_template(conversations: &[Value]) -> Vec<(String, Vec<u32>)> {
-    let dir = tempfile::tempdir().unwrap();
-    let (request, out) = (dir.path().join("request.json"), dir.path().join("out.json"));
-    std::fs::write(&request, json!({"chat": conversations}).to_string()).unwrap();
-    let status = std::process::Command::new(python())
-        .arg(repo_root().join("scripts/reference/hf_real_model.py"))
-        .args([common::real_model_dir().as_os_str(), request.as_os_str(), out.as_os_str()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "hf_real_model.py failed");
-    let out: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let out = common::hf_real_model(&json!({"chat": conversations}));
     out["chat"]
         .as_array()
         .unwrap()

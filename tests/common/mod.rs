@@ -170,3 +170,18 @@ pub fn real_model_dir() -> PathBuf {
     );
     dir
 }
+
+/// `scripts/reference/hf_real_model.py` on the real model: transformers' answers to `request`
+/// (scores, greedy decodings, rendered chats: see the script).
+pub fn hf_real_model(request: &serde_json::Value) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let (request_path, out) = (dir.path().join("request.json"), dir.path().join("out.json"));
+    std::fs::write(&request_path, request.to_string()).unwrap();
+    let status = std::process::Command::new(python())
+        .arg(repo_root().join("scripts/reference/hf_real_model.py"))
+        .args([real_model_dir().as_os_str(), request_path.as_os_str(), out.as_os_str()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "hf_real_model.py failed");
+    serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap()
+}

@@ -48,8 +48,10 @@ pub fn load(spec: &str, revision: &str, device: Device, kind: Kind) -> Result<Lo
     let model = weights::load_llama(config, &files.weights, device, kind)
         .with_context(|| format!("cannot load the weights of model {}", files.source))?;
     let tokenizer = Tokenizer::from_file(&files.tokenizer)?;
-    for id in model.config.stop_ids() {
-        tokenizer.check_eos(id).with_context(|| format!("the tokenizer and the stop tokens (config.json, generation_config.json) of model {} disagree", files.source))?;
-    }
+    // The first stop id also pads and is skipped when decoding, so it must be a special token;
+    // the others (generation_config.json's list) may be any token of the vocabulary.
+    tokenizer
+        .check_eos(model.config.eos_token_id)
+        .with_context(|| format!("the tokenizer and the stop token (config.json, generation_config.json) of model {} disagree", files.source))?;
     Ok(LoadedModel { model, tokenizer, files })
 }
