@@ -36,10 +36,15 @@ fn setup() -> (LoadedModel, Vec<Tensor>, Generation) {
     (loaded, params, generation)
 }
 
-/// Each sequence's gradient of its total completion log-probability, `[n, n_params]` float64,
-/// computed apart from the engine: the sequence alone without padding, logits of the whole
-/// vocabulary divided by the temperature and log-softmaxed in float64.
-fn exact_gradients(loaded: &LoadedModel, params: &[Tensor], g: &Generation) -> Tensor {
+/// Each sequence's gradient of its total completion log-probability, `[n, n_params]`, computed
+/// apart from the engine in float64: the fixture's weights loaded as float64 (only the RMS
+/// normalisation rounds through float32, as `llama::rms_norm` computes it), the sequence alone
+/// without padding, logits of the whole vocabulary divided by the temperature, log-softmaxed.
+fn exact_gradients(g: &Generation) -> Tensor {
+    let mut loaded = model::load(fixture("tiny-random").to_str().unwrap(), "main", Device::Cpu, Kind::Double).unwrap();
+    adapters::set_base_trainable(&mut loaded.model, true);
+    let params: Vec<Tensor> = AdapterConfig::full().trainable(&loaded.model).into_iter().map(|(_, t)| t).collect();
+    let params = &params;
     let rows = g.completion_ids.size()[0];
     let mut out = Vec::new();
     for i in 0..rows {
@@ -50,6 +55,7 @@ fn exact_gradients(loaded: &LoadedModel, params: &[Tensor], g: &Generation) -> T
         let logits = loaded.model.logits(&loaded.model.forward(&ids, &ids.ones_like(), &[])).squeeze_dim(0);
         let logprobs = (logits.to_kind(Kind::Double) / TEMPERATURE).log_softmax(-1, Kind::Double);
         let total = logprobs.narrow(0, p - 1, c).gather(1, &completion.unsqueeze(1), false).sum(Kind::Double);
+        assert_eq!(total.kind(), Kind::Double);
         let grads = Tensor::run_backward(&[&total], params, false, false);
         let flat: Vec<Tensor> = grads.iter().zip(params).map(|(g, t)| adapters::gradient_or_zeros(g.shallow_clone(), t).to_kind(Kind::Double).reshape([-1])).collect();
         out.push(Tensor::cat(&flat, 0));
@@ -78,7 +84,7 @@ fn split(params: &[Tensor], flat: &Tensor) -> Vec<Tensor> {
 fn the_sketch_estimates_the_exact_gram_matrix_with_countsketch_variance() {
     let (loaded, params, g) = setup();
     let numels: Vec<i64> = params.iter().map(|t| t.numel() as i64).collect();
-    let exact = exact_gradients(&loaded, &params, &g);
+    let exact = exact_gradients(&g);
     let k = exact.matmul(&exact.tr());
     let k_norm = frobenius(&k);
     // CountSketch: Var(K̂_ij) = (K_ii K_jj + K_ij² - 2 Σ_a g_i[a]² g_j[a]²) / D, summed over i, j.
