@@ -249,7 +249,7 @@ fn a_run_with_the_probe_writes_kernels_and_trains_exactly_as_without() {
         }
         let k = Tensor::from_slice(&rows.concat()).view([8, 8]);
         for (name, value) in FisherSummary::of(&k).fields() {
-            assert_eq!(probed_line[name], value, "step {}: {name}", step + 1);
+            assert_eq!(probed_line[name], Value::from(value), "step {}: {name}", step + 1);
         }
         let trace: f64 = (0..8).map(|i| rows[i][i]).sum();
         assert!((probed_line[key::FISHER_TRACE].as_f64().unwrap() - trace).abs() <= 1e-12 * trace, "step {}: trace", step + 1);

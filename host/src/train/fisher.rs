@@ -24,7 +24,6 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use serde_json::Value;
 use tch::{Device, Kind, Tensor};
 
 use super::Trainer;
@@ -164,11 +163,11 @@ impl FisherSummary {
     }
 
     /// The metrics line's values (NaN is written as null).
-    pub fn fields(&self) -> Vec<(&'static str, Value)> {
-        let mut out = vec![(key::FISHER_TRACE, self.trace.into())];
-        out.extend(key::FISHER_TOP_EIGENVALUES.iter().zip(self.top_eigenvalues).map(|(name, value)| (*name, value.into())));
-        out.push((key::FISHER_MEAN_OFFDIAG_CORRELATION, self.mean_offdiag_correlation.into()));
-        out.push((key::FISHER_EFFECTIVE_RANK, self.effective_rank.into()));
+    pub fn fields(&self) -> Vec<(&'static str, f64)> {
+        let mut out = vec![(key::FISHER_TRACE, self.trace)];
+        out.extend(key::FISHER_TOP_EIGENVALUES.iter().copied().zip(self.top_eigenvalues));
+        out.push((key::FISHER_MEAN_OFFDIAG_CORRELATION, self.mean_offdiag_correlation));
+        out.push((key::FISHER_EFFECTIVE_RANK, self.effective_rank));
         out
     }
 }
@@ -204,11 +203,12 @@ pub fn write_matrix(run_dir: &Path, step: usize, kernel: &Tensor, sketch_dim: us
 impl Trainer {
     /// With `fisher_kernel_every` N > 0 and (1-based) step `step + 1` a multiple of N: the
     /// sketched Fisher kernel of the step's sequences under the current (not yet updated)
-    /// policy, written to `fisher/step_<N>.json`, and its summary with the seconds it took.
-    pub(super) fn fisher_kernel(&self, step: usize, seqs: engine::Sequences, ctl: &[AdapterCtl]) -> Result<Option<(FisherSummary, f64)>> {
+    /// policy, written to `fisher/step_<N>.json`; returns its summary and the seconds it took as
+    /// the metrics line's values (none on the other steps).
+    pub(super) fn fisher_kernel(&self, step: usize, seqs: engine::Sequences, ctl: &[AdapterCtl]) -> Result<Vec<(&'static str, f64)>> {
         let every = self.cfg.fisher_kernel_every;
         if every == 0 || (step + 1) % every != 0 {
-            return Ok(None);
+            return Ok(Vec::new());
         }
         let started = std::time::Instant::now();
         let params: Vec<Tensor> = self.optimizer.params().iter().map(|(_, t)| t.shallow_clone()).collect();
@@ -218,6 +218,8 @@ impl Trainer {
         let sketch = CountSketch::new(seed, &numels, self.cfg.fisher_kernel_sketch, device);
         let kernel = kernel(&sketch_sequences(&self.model, seqs, self.cfg.temperature, ctl, &params, &sketch));
         write_matrix(&self.run_dir, step + 1, &kernel, self.cfg.fisher_kernel_sketch, seed)?;
-        Ok(Some((FisherSummary::of(&kernel), started.elapsed().as_secs_f64())))
+        let mut fields = FisherSummary::of(&kernel).fields();
+        fields.push((key::TIMING_FISHER, started.elapsed().as_secs_f64()));
+        Ok(fields)
     }
 }

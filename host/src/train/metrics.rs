@@ -211,8 +211,9 @@ pub struct StepMetrics {
     pub importance_sampling: Option<crate::grpo::IsStats>,
     /// With `gradient_noise_scale`: the step's estimates and their running averages.
     pub gradient_noise: Option<GradientNoise>,
-    /// With `fisher_kernel_every`, on the steps it measures: the kernel's summary and seconds.
-    pub fisher_kernel: Option<(crate::train::fisher::FisherSummary, f64)>,
+    /// With `fisher_kernel_every`, on the steps it measures: the kernel's summary and seconds
+    /// (`fisher/...`, `timing/fisher_kernel`); empty otherwise.
+    pub fisher_kernel: Vec<(&'static str, f64)>,
     pub num_tokens: usize,
     pub train_seconds: f64,
     pub step_seconds: f64,
@@ -312,11 +313,8 @@ pub fn line(rollout: &RolloutMetrics, step: &StepMetrics) -> Value {
     if let Some(noise) = &step.gradient_noise {
         noise.put(&mut put);
     }
-    if let Some((summary, seconds)) = &step.fisher_kernel {
-        for (name, value) in summary.fields() {
-            put(name, value);
-        }
-        put(key::TIMING_FISHER, (*seconds).into());
+    for (name, value) in &step.fisher_kernel {
+        put(name, (*value).into());
     }
     put(key::NUM_TOKENS, step.num_tokens.into());
     put(key::TIMING_TRAIN, step.train_seconds.into());
