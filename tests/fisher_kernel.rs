@@ -270,3 +270,62 @@ fn a_zero_sketch_size_is_refused_by_name() {
     let error = format!("{:#}", TrainConfig::resolve(None, config).unwrap_err());
     assert!(error.contains("fisher_kernel_sketch") && error.contains("fisher_kernel_every 2"), "{error}");
 }
+
+/// Metric lines without wall-clock fields.
+fn deterministic(lines: Vec<Map<String, Value>>) -> Vec<Map<String, Value>> {
+    lines.into_iter().map(|mut line| {
+        line.retain(|k, _| !k.starts_with("timing/") && k != key::STEP_TIME);
+        line
+    }).collect()
+}
+
+/// Routed DualLoRA with ablated rows (their forget adapter off: per-row adapter scales), the
+/// kernel every 2 steps of 4.
+fn routed_probe(dir: &Path, seed: u64) -> Map<String, Value> {
+    let mut config = common::tiny_stories_run(dir, &common::standard_plugin("happy"), "fisher");
+    for (name, value) in [
+        ("routing_mode", json!("classic")),
+        ("rh_detector", json!({"plugin": "happy_count", "params": {"threshold": 1}})),
+        ("plugin_dir", json!(common::plugin_dir())),
+        ("ablated_frac", json!(0.5)),
+        ("fisher_kernel_every", json!(2)),
+        ("fisher_kernel_sketch", json!(512)),
+        ("seed", json!(seed)),
+    ] {
+        config.insert(name.into(), value);
+    }
+    config
+}
+
+/// The same metrics and the same kernel files, byte for byte, on steps 2 and 4 only.
+fn assert_same_kernels(alone: &Path, other: &Path) {
+    assert_eq!(deterministic(read_jsonl(&alone.join("metrics.jsonl"))), deterministic(read_jsonl(&other.join("metrics.jsonl"))), "{}", other.display());
+    for step in 1..=4 {
+        let (a, b) = (std::fs::read(fisher::matrix_path(alone, step)).ok(), std::fs::read(fisher::matrix_path(other, step)).ok());
+        assert_eq!(a.is_some(), step % 2 == 0, "step {step}: a kernel file only on the steps fisher_kernel_every divides");
+        assert!(a == b, "{}: step {step}'s kernel file differs", other.display());
+    }
+}
+
+#[test]
+fn kernels_repeat_exactly_after_a_resumption_and_in_a_pack() {
+    let out = tempfile::tempdir().unwrap();
+    let whole = train(routed_probe(&out.path().join("whole"), 42));
+    let other = train(routed_probe(&out.path().join("other"), 7));
+    let kernel = |run: &Path, step: usize| -> Value { serde_json::from_slice(&std::fs::read(fisher::matrix_path(run, step)).unwrap()).unwrap() };
+    let line = read_jsonl(&whole.join("metrics.jsonl"));
+    assert!(line[1][key::FRAC_ABLATED].as_f64().unwrap() > 0.0 || line[3][key::FRAC_ABLATED].as_f64().unwrap() > 0.0, "some rows are ablated");
+    assert_eq!(kernel(&whole, 4)["sequences"], json!(8));
+
+    // Stopped after step 3 (past the step-2 checkpoint), resumed to the end.
+    let resolved = TrainConfig::resolve(None, routed_probe(&out.path().join("resumed"), 42)).unwrap();
+    let stopped = Trainer::new(resolved.clone(), None).unwrap().train(Some(3)).unwrap();
+    let resumed = Trainer::new(resolved, Some(&stopped.run_dir)).unwrap().train(None).unwrap();
+    assert_same_kernels(&whole, &resumed.run_dir);
+
+    // Packed with a run of another seed: each run's directory is its solo run's.
+    let runs = [42, 7].map(|seed| smallrl::train::packed::PackedRun { config: TrainConfig::resolve(None, routed_probe(&out.path().join("packed"), seed)).unwrap(), resume: None });
+    let packed: Vec<_> = smallrl::train::packed::train_packed(runs.into(), None).unwrap().into_iter().map(|r| r.unwrap().run_dir).collect();
+    assert_same_kernels(&whole, &packed[0]);
+    assert_same_kernels(&other, &packed[1]);
+}
