@@ -69,7 +69,8 @@ impl CountSketch {
     }
 
     /// The sketch (`[dim]`, float64) of one gradient, one tensor per parameter in the order the
-    /// sketch was built for (an undefined tensor: a zero gradient).
+    /// sketch was built for (an undefined tensor: a zero gradient). On CUDA `index_add` sums with
+    /// atomics, so the last bits may vary between runs; on the CPU it repeats exactly.
     pub fn project(&self, gradient: &[Tensor]) -> Tensor {
         assert_eq!(gradient.len(), self.buckets.len(), "one gradient tensor per sketched parameter");
         let device = self.buckets.first().map_or(Device::Cpu, Tensor::device);
