@@ -18,6 +18,7 @@ pub mod checkpoint;
 pub mod config;
 mod dump;
 mod dynamic;
+pub mod fisher;
 pub mod metrics;
 pub mod live;
 pub mod prompts;

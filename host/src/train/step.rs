@@ -148,6 +148,8 @@ impl Trainer {
     /// The rest of the step after its backward pass: clipping, AdamW with the schedule, the
     /// metrics line, log lines and live views; returns the metrics line.
     fn finish_step(&mut self, pending: PendingStep, trained: Trained) -> Result<serde_json::Value> {
+        // Before the update: the kernel of the policy that computed the step's gradient.
+        let fisher_kernel = self.fisher_kernel(pending.step, pending.mini.seqs(), &pending.mini.plan.ctl)?;
         let optimizer_start = Instant::now();
         let PendingStep { step, started, new_rollout, mini, .. } = pending;
         let Trained { pass: engine::BackwardPass { logprobs, terms }, mut natural_grads, mut absorption, gradient_noise, seconds: pass_seconds } = trained;
@@ -214,6 +216,7 @@ impl Trainer {
             kl_sample_train: probes::sampler_learner_kl(&mini.generation.sampling_logprobs, &logprobs.logprobs, &mini.generation.completion_mask),
             importance_sampling: terms.importance_sampling,
             gradient_noise,
+            fisher_kernel,
             num_tokens: self.num_tokens,
             train_seconds,
             step_seconds: started.elapsed().as_secs_f64(),
