@@ -20,7 +20,8 @@ use tch::{Device, Kind, Tensor};
 use super::cuda_graph::CudaGraph;
 use super::folded::FoldedWeights;
 use smallrl_native::Sampling as SamplingParams;
-use super::linear::run_matmul;
+use super::config::LlamaConfig;
+use super::linear::{per_run, run_matmul};
 use super::llama::{Llama, embed, rms_norm};
 use super::native::NativeModel;
 
@@ -57,7 +58,7 @@ impl DecodeModel {
     /// Folds the adapters in at `scales` (one per adapter slot of the model).
     pub fn new(model: &Llama, scales: &[f64]) -> Self {
         let weights = FoldedWeights::new(model, scales);
-        let native = Self::native_available(model.device, model.kind).then(|| NativeModel::new(&weights));
+        let native = Self::native_available(&model.config, model.device, model.kind).then(|| NativeModel::new(&weights));
         Self { weights, device: model.device, kind: model.kind, native, graphs: Mutex::new(Vec::new()) }
     }
 
@@ -102,9 +103,22 @@ impl DecodeModel {
         self.native.as_ref()
     }
 
-    /// Whether the libtorch-free sampler and scorer (`native.rs`) serve this device and dtype.
-    pub fn native_available(device: Device, kind: Kind) -> bool {
-        device == Device::Cpu && kind == Kind::Float
+    /// Whether the libtorch-free sampler and scorer (`native.rs`) serve this model on this
+    /// device and dtype: the one place that chooses between the two decoders (where it does
+    /// not, the libtorch decoder samples and scores; [`Self::native_refusal`] says why).
+    pub fn native_available(config: &LlamaConfig, device: Device, kind: Kind) -> bool {
+        Self::native_refusal(config, device, kind).is_none()
+    }
+
+    /// Why the native sampler does not serve this model, device and dtype (`None` when it does).
+    pub fn native_refusal(config: &LlamaConfig, device: Device, kind: Kind) -> Option<String> {
+        if device != Device::Cpu || kind != Kind::Float {
+            return Some(format!("the native sampler runs float32 on the CPU only (here {kind:?} on {device:?})"));
+        }
+        let family = config.model_type;
+        (family.qkv_bias() || family.qk_norm()).then(|| {
+            format!("the native sampler implements no q/k/v biases and no per-head q/k norms, which model_type {} has", family.name())
+        })
     }
 
     pub fn new_cache(&self, batch: i64, capacity: i64) -> KvCache {
@@ -149,8 +163,22 @@ impl DecodeModel {
         for (layer, (keys, values)) in self.weights.layers.iter().zip(cache.keys.iter_mut().zip(cache.values.iter_mut())) {
             let h = rms_norm(&x, &layer.input_layernorm, eps);
             let fused = run_matmul(&h, &layer.qkv_t);
+            let fused = match &layer.qkv_bias {
+                Some(bias) => per_run(&fused, bias, 1, |x, b| x + b),
+                None => fused,
+            };
             let qk = fused.narrow(-1, 0, qk_width).view([b, n, heads + kv_heads, hd]);
             let rotated = fused.narrow(-1, qk_width, qk_width).view([b, n, heads + kv_heads, hd]);
+            let (qk, rotated) = match &layer.qk_norm {
+                // RMSNorm of each head (float32, as transformers computes it); a head and its
+                // rotate_half have the same RMS.
+                Some((w, w_rotated)) => {
+                    let inv_rms = (qk.to_kind(Kind::Float).square().mean_dim(-1, true, Kind::Float) + eps).rsqrt();
+                    let normed = |x: &Tensor, w: &Tensor| per_run(&(x.to_kind(Kind::Float) * &inv_rms).to_kind(x.kind()), w, 2, |x, w| x * w);
+                    (normed(&qk, w), normed(&rotated, w_rotated))
+                }
+                None => (qk, rotated),
+            };
             let v = fused.narrow(-1, 2 * qk_width, kv_heads * hd).view([b, n, kv_heads, hd]);
             let qk = qk * &cos + rotated * &sin;
             let (new_keys, new_values) = (qk.narrow(2, heads, kv_heads).transpose(1, 2), v.transpose(1, 2));

@@ -30,6 +30,11 @@ fn matrix(t: &Tensor) -> Matrix {
 impl NativeModel {
     pub(super) fn new(d: &FoldedWeights) -> Self {
         let cfg = &d.config;
+        assert!(
+            d.layers.iter().all(|l| l.qkv_bias.is_none() && l.qk_norm.is_none()),
+            "the native sampler got a {} model (DecodeModel::native_available refuses it)",
+            cfg.model_type.name()
+        );
         let dims = Dims {
             hidden: cfg.hidden_size,
             heads: cfg.num_attention_heads,

@@ -1,0 +1,284 @@
+//! Qwen2 and Qwen3 against transformers, on random models that transformers builds offline
+//! (`scripts/reference/qwen_models.py`: GQA and MHA, tied and untied heads, Qwen2's q/k/v biases,
+//! Qwen3's per-head q/k norms and a head_dim that is not hidden / heads, all non-trivial): the
+//! training forward pass, the fused KV-cached decoder and the stacked (packed) paths within 1e-4
+//! of transformers' logits and log-probabilities; greedy decoding token for token against
+//! `generate`; the native sampler refused by name (the libtorch decoder serves these models);
+//! an exported directory that transformers loads to the same log-probabilities; and a GRPO step
+//! with DualLoRA on Qwen3.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use common::{max_abs_diff, one_thread, smallrl_ok, standard_plugin};
+use serde_json::{Value, json};
+use smallrl::model::decode::{DecodeModel, prefill_mask};
+use smallrl::model::generate::{Engine, SamplingParams, generate_stacked, generate_with};
+use smallrl::model::{self, Llama, LoadedModel};
+use tch::{Device, Kind, Tensor};
+
+const TOLERANCE: f64 = 1e-4;
+const VARIANTS: [&str; 4] = ["qwen2_gqa_tied", "qwen2_mha_untied", "qwen3_gqa_tied", "qwen3_untied"];
+
+/// Runs `qwen_models.py` once per test process into a temporary directory.
+fn variants() -> &'static Path {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let status = std::process::Command::new(common::python())
+            .current_dir(common::repo_root())
+            .args(["scripts/reference/qwen_models.py", dir.path().to_str().unwrap()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "qwen_models.py failed");
+        dir
+    })
+    .path()
+}
+
+fn load(variant: &str) -> (LoadedModel, BTreeMap<String, Tensor>) {
+    one_thread();
+    let dir = variants().join(variant);
+    let loaded = model::load(dir.to_str().unwrap(), "main", Device::Cpu, Kind::Float).unwrap_or_else(|e| panic!("{variant}: {e:#}"));
+    let reference = model::weights::read_safetensors(&dir.join("reference.safetensors")).unwrap();
+    (loaded, reference)
+}
+
+fn logits(model: &Llama, ids: &Tensor, mask: &Tensor) -> Tensor {
+    let _guard = tch::no_grad_guard();
+    model.logits(&model.forward(ids, mask, &[]))
+}
+
+/// `log_softmax(logits[t])[ids[t + 1]]` in float64, `[T - 1]`.
+fn logprobs(logits: &Tensor, ids: &Tensor) -> Tensor {
+    let t = ids.size()[0];
+    logits.narrow(0, 0, t - 1).to_kind(Kind::Double).log_softmax(-1, Kind::Double).gather(1, &ids.narrow(0, 1, t - 1).unsqueeze(1), false).squeeze_dim(1)
+}
+
+fn masked_diff(logits: &Tensor, expected: &Tensor, mask: &Tensor) -> f64 {
+    let keep = mask.to_kind(Kind::Bool).unsqueeze(-1);
+    max_abs_diff(&(logits * &keep), &(expected * &keep))
+}
+
+fn ids(tensor: &Tensor) -> Vec<u32> {
+    Vec::<i64>::try_from(tensor).unwrap().into_iter().map(|t| t as u32).collect()
+}
+
+#[test]
+fn qwen_logits_and_logprobs_match_transformers_on_every_path() {
+    for variant in VARIANTS {
+        let (loaded, reference) = load(variant);
+        let llama = &loaded.model;
+        let family = if variant.starts_with("qwen2") { "qwen2" } else { "qwen3" };
+        assert_eq!(llama.config.model_type.name(), family);
+        // The training / scoring forward pass, one prompt at a time.
+        for i in 0..3 {
+            let ids = &reference[&format!("input_ids_{i}")];
+            let ours = logits(llama, &ids.unsqueeze(0), &ids.unsqueeze(0).ones_like()).squeeze_dim(0);
+            let diff = max_abs_diff(&ours, &reference[&format!("logits_{i}")]);
+            assert!(diff <= TOLERANCE, "{variant} prompt {i}: max |logits - transformers| = {diff}");
+            let diff = max_abs_diff(&logprobs(&ours, ids), &reference[&format!("logprobs_{i}")].to_kind(Kind::Double));
+            assert!(diff <= TOLERANCE, "{variant} prompt {i}: max |log-probs - transformers| = {diff}");
+        }
+        // A left-padded batch, positions 0..T (the scoring convention).
+        let (ids, mask) = (&reference["batch_input_ids"], &reference["batch_attention_mask"]);
+        let diff = masked_diff(&logits(llama, ids, mask), &reference["batch_logits"], mask);
+        assert!(diff <= TOLERANCE, "{variant}: padded batch differs by {diff}");
+        // The fused KV-cached decoder (biases and q/k norms folded into its fused projection),
+        // prefilled at generate's positions.
+        let decoder = DecodeModel::new(llama, &[]);
+        let (batch, len) = ids.size2().unwrap();
+        let mut cache = decoder.new_cache(batch, len);
+        let hidden = tch::no_grad(|| decoder.forward(ids, &reference["batch_gen_position_ids"], &mut cache, 0, &prefill_mask(mask, len)));
+        let diff = masked_diff(&decoder.logits(&hidden), &reference["batch_gen_logits"], mask);
+        assert!(diff <= TOLERANCE, "{variant}: fused decoder differs by {diff}");
+        // The stacked (packed) forward pass: the model twice, run-major rows.
+        let stacked = Llama::stacked(&[llama, llama]);
+        let two = |t: &Tensor| Tensor::cat(&[t, t], 0);
+        let ours = logits(&stacked, &two(ids), &two(mask));
+        let diff = masked_diff(&ours, &two(&reference["batch_logits"]), &two(mask));
+        assert!(diff <= TOLERANCE, "{variant}: stacked forward pass differs by {diff}");
+        // The native sampler does not implement biases or q/k norms: refused by name, so the
+        // libtorch decoder samples and scores.
+        assert!(decoder.native().is_none(), "{variant}: the native sampler was built");
+        let why = DecodeModel::native_refusal(&llama.config, Device::Cpu, Kind::Float).expect("a reason");
+        assert!(why.contains(family), "{variant}: {why}");
+        let refused = generate_with(Engine::Native { threads: 1 }, &decoder, &[vec![2, 3]], &SamplingParams { max_new_tokens: 2, temperature: 0.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 }, 0);
+        let message = format!("{:#}", refused.err().expect("the native engine refused"));
+        assert!(message.contains(family) && message.contains("q/k"), "{variant}: {message}");
+    }
+}
+
+/// `Llama::build` and `base_tensors` name exactly the tensors transformers saved (biases and
+/// q/k norms included), in the same order and shapes.
+#[test]
+fn the_qwen_walk_names_what_transformers_saved() {
+    for variant in VARIANTS {
+        let (loaded, _) = load(variant);
+        let model = &loaded.model;
+        let mut built = Vec::new();
+        let mut record = |name: &str, shape: &[usize]| {
+            built.push((name.to_string(), shape.to_vec()));
+            Ok(Tensor::zeros(shape.iter().map(|&d| d as i64).collect::<Vec<_>>(), (Kind::Float, Device::Cpu)))
+        };
+        Llama::build(model.config.clone(), &mut record, model.rope.shared(), Device::Cpu, Kind::Float).unwrap();
+        let walked: Vec<(String, Vec<usize>)> = model.base_tensors().iter().map(|(n, t)| (n.clone(), t.size().iter().map(|&d| d as usize).collect())).collect();
+        assert_eq!(built, walked, "{variant}: build and base_tensors disagree");
+        let saved: std::collections::BTreeSet<String> = model::weights::read_safetensors(&variants().join(variant).join("model.safetensors"))
+            .unwrap()
+            .into_keys()
+            .filter(|n| !(model.config.tie_word_embeddings && n == "lm_head.weight"))
+            .collect();
+        let names: std::collections::BTreeSet<String> = walked.iter().map(|(n, _)| n.clone()).collect();
+        assert_eq!(names, saved, "{variant}: the walk names what transformers saved");
+        let extra = if variant.starts_with("qwen2") { "model.layers.1.self_attn.v_proj.bias" } else { "model.layers.1.self_attn.k_norm.weight" };
+        assert!(names.contains(extra), "{variant}: {extra}");
+    }
+}
+
+#[test]
+fn qwen_greedy_decoding_matches_transformers_token_for_token() {
+    for variant in VARIANTS {
+        let (loaded, _) = load(variant);
+        let greedy: Value = serde_json::from_str(&std::fs::read_to_string(variants().join(variant).join("greedy.json")).unwrap()).unwrap();
+        let max_new_tokens = greedy["max_new_tokens"].as_u64().unwrap() as usize;
+        let params = SamplingParams { max_new_tokens, temperature: 0.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 };
+        let to_ids = |v: &Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<_>>();
+        let results = greedy["results"].as_array().unwrap();
+        let prompts: Vec<Vec<u32>> = results.iter().map(|r| to_ids(&r["prompt_ids"])).collect();
+        let decoder = DecodeModel::new(&loaded.model, &[]);
+        let eos = loaded.model.config.eos_token_id;
+        let check = |rows: &[smallrl::model::batch::CompletionRow], what: &str| {
+            for (result, row) in results.iter().zip(rows) {
+                let mut ours = row.ids.clone();
+                if row.ended_with_eos {
+                    ours.push(eos);
+                }
+                assert_eq!(ours, to_ids(&result["generated_ids"]), "{variant}, {what}: greedy decode of {:?}", result["prompt_ids"]);
+            }
+        };
+        // All prompts in one left-padded batch.
+        check(&generate_with(Engine::Libtorch, &decoder, &prompts, &params, 0).unwrap().rows, "libtorch");
+        // Two runs stacked (packing): each run decodes what it decodes alone.
+        let stacked = DecodeModel::stacked(&[&decoder, &decoder]);
+        for generation in generate_stacked(Engine::Libtorch, &stacked, &[&prompts, &prompts], &params, &[0, 1]).unwrap() {
+            check(&generation.unwrap().rows, "stacked");
+        }
+    }
+}
+
+/// transformers' log-probabilities of `rows` under the model in `dir` (`qwen_models.py --score`).
+fn transformers_logprobs(dir: &Path, rows: &[Vec<u32>]) -> (Vec<Vec<f64>>, String) {
+    let tmp = tempfile::tempdir().unwrap();
+    let (request, out) = (tmp.path().join("ids.json"), tmp.path().join("out.json"));
+    std::fs::write(&request, json!(rows).to_string()).unwrap();
+    let status = std::process::Command::new(common::python())
+        .current_dir(common::repo_root())
+        .arg("scripts/reference/qwen_models.py")
+        .arg("--score")
+        .args([dir, &request, &out])
+        .status()
+        .unwrap();
+    assert!(status.success(), "qwen_models.py --score failed");
+    let out: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let logprobs = out["logprobs"].as_array().unwrap().iter().map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()).collect();
+    (logprobs, out["model_type"].as_str().unwrap().to_string())
+}
+
+/// A model written by smallrl with a DualLoRA adapter folded in loads in transformers as the same
+/// family and scores as smallrl scores it (and smallrl loads it back).
+#[test]
+fn exported_qwen_models_load_in_transformers() {
+    for variant in ["qwen2_gqa_tied", "qwen3_untied"] {
+        let (mut loaded, reference) = load(variant);
+        let adapters = smallrl::adapters::AdapterConfig::dual_lora(4, 4, 4.0, 1);
+        adapters.attach(&mut loaded.model, 5).unwrap();
+        // Non-zero adapters (B starts at zero), so the export has something to fold.
+        tch::manual_seed(3);
+        tch::no_grad(|| {
+            for (_, linear) in loaded.model.projections_mut() {
+                for lora in linear.adapters.iter_mut().flatten() {
+                    let _ = lora.b.g_add_(&(lora.b.randn_like() * 0.05));
+                }
+            }
+        });
+        let scales = vec![1.0; loaded.model.adapter_slots()];
+        let ctl: Vec<_> = scales.iter().map(|&s| smallrl::model::linear::AdapterCtl::frozen(s)).collect();
+        let rows: Vec<Vec<u32>> = (0..3).map(|i| ids(&reference[&format!("input_ids_{i}")])).collect();
+        let ours: Vec<Tensor> = rows
+            .iter()
+            .map(|row| {
+                let t = Tensor::from_slice(&row.iter().map(|&x| x as i64).collect::<Vec<_>>());
+                let hidden = tch::no_grad(|| loaded.model.forward(&t.unsqueeze(0), &t.unsqueeze(0).ones_like(), &ctl));
+                logprobs(&loaded.model.logits(&hidden).squeeze_dim(0), &t)
+            })
+            .collect();
+        let unchanged = max_abs_diff(&ours[2], &reference["logprobs_2"].to_kind(Kind::Double));
+        assert!(unchanged > 1e-3, "{variant}: the adapters changed nothing ({unchanged})");
+        let out = tempfile::tempdir().unwrap();
+        let dir = out.path().join("export");
+        model::export::save_hf_dir(&loaded.model, &scales, &loaded.files.tokenizer, &dir).unwrap();
+        let (theirs, model_type) = transformers_logprobs(&dir, &rows);
+        assert_eq!(model_type, loaded.model.config.model_type.name());
+        for (i, (ours, theirs)) in ours.iter().zip(&theirs).enumerate() {
+            let diff = max_abs_diff(ours, &Tensor::from_slice(theirs));
+            assert!(diff <= TOLERANCE, "{variant} row {i}: exported model in transformers differs by {diff}");
+        }
+        let reloaded = model::load(dir.to_str().unwrap(), "main", Device::Cpu, Kind::Float).unwrap();
+        assert_eq!(reloaded.model.config.model_type, loaded.model.config.model_type);
+    }
+}
+
+fn run_dir(out: &Path) -> PathBuf {
+    let runs: Vec<PathBuf> = std::fs::read_dir(out).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    runs.into_iter().next().unwrap()
+}
+
+/// One GRPO step of `smallrl train` on `variant` with `adapter` (libtorch sampling and scoring,
+/// the native sampler being refused for Qwen): it finishes with a finite loss, and its
+/// checkpoint loads as the same family.
+fn one_grpo_step(variant: &str, adapter: Value) {
+    let out = tempfile::tempdir().unwrap();
+    let mut config = json!({
+        "model": variants().join(variant),
+        "prompts": common::fixture("tiny-stories/prompts.txt"),
+        "reward": {"plugin": standard_plugin("happy"), "params": {}},
+        "batch_size": 4, "num_generations": 2, "max_completion_length": 6, "max_steps": 1,
+        "save_steps": 1, "eval_every": 1, "eval_samples": 2, "logging_steps": 1,
+        "lr": 1e-3, "output_dir": out.path(), "threads": 1, "device": "cpu",
+    });
+    for (k, v) in adapter.as_object().unwrap() {
+        config.as_object_mut().unwrap().insert(k.clone(), v.clone());
+    }
+    let path = out.path().join("config.yaml");
+    std::fs::write(&path, config.to_string()).unwrap();
+    smallrl_ok(&["train", "--config", path.to_str().unwrap()]);
+    let run = run_dir(out.path());
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    let steps: Vec<Value> = metrics.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(steps.len(), 1, "{variant} {adapter}: {metrics}");
+    let loss = steps[0]["loss"].as_f64().unwrap_or_else(|| panic!("{variant} {adapter}: no loss in {}", steps[0]));
+    assert!(loss.is_finite(), "{variant} {adapter}: loss {loss}");
+    let restored = smallrl::train::checkpoint::restore_model(&run.join("checkpoint-1"), Device::Cpu).unwrap();
+    assert_eq!(restored.model.config.model_type.name(), &variant[..5], "{variant} {adapter}");
+}
+
+#[test]
+fn a_grpo_step_trains_qwen3_with_dual_lora() {
+    one_grpo_step("qwen3_gqa_tied", json!({"adapter": "dual-lora", "lora_preset": "r4"}));
+}
+
+#[test]
+fn a_grpo_step_trains_qwen2_with_dual_mlp() {
+    one_grpo_step("qwen2_gqa_tied", json!({"adapter": "dual-mlp", "mlp_config": "m5"}));
+}
+
+/// Full fine-tuning with a KL term: the frozen reference (built through `Llama::build`) carries
+/// the biases and q/k norms too.
+#[test]
+fn a_grpo_step_fine_tunes_qwen3_fully_with_a_kl_term() {
+    one_grpo_step("qwen3_untied", json!({"adapter": "full", "beta": 0.04}));
+}
