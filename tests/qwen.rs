@@ -3,7 +3,7 @@
 //! Qwen3's per-head q/k norms and a head_dim that is not hidden / heads, all non-trivial): the
 //! training forward pass, the fused KV-cached decoder and the stacked (packed) paths within 1e-4
 //! of transformers' logits and log-probabilities; greedy decoding token for token against
-//! `generate`; the native sampler refused by name (the libtorch decoder serves these models);
+//! `generate` on both CPU engines (libtorch and the native sampler), which sample the same tokens;
 //! an exported directory that transformers loads to the same log-probabilities; and a GRPO step
 //! with DualLoRA on Qwen3.
 
@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use common::{max_abs_diff, one_thread, smallrl_ok, standard_plugin};
 use serde_json::{Value, json};
 use smallrl::model::decode::{DecodeModel, prefill_mask};
-use smallrl::model::generate::{Engine, SamplingParams, generate_stacked, generate_with};
+use smallrl::model::generate::{Engine, Generation, SamplingParams, generate_stacked, generate_with};
 use smallrl::model::{self, Llama, LoadedModel};
 use tch::{Device, Kind, Tensor};
 
@@ -83,31 +83,68 @@ fn qwen_logits_and_logprobs_match_transformers_on_every_path() {
             assert!(diff <= TOLERANCE, "{variant} prompt {i}: max |log-probs - transformers| = {diff}");
         }
         // A left-padded batch, positions 0..T (the scoring convention).
-        let (ids, mask) = (&reference["batch_input_ids"], &reference["batch_attention_mask"]);
-        let diff = masked_diff(&logits(llama, ids, mask), &reference["batch_logits"], mask);
+        let (batch_ids, mask) = (&reference["batch_input_ids"], &reference["batch_attention_mask"]);
+        let diff = masked_diff(&logits(llama, batch_ids, mask), &reference["batch_logits"], mask);
         assert!(diff <= TOLERANCE, "{variant}: padded batch differs by {diff}");
         // The fused KV-cached decoder (biases and q/k norms folded into its fused projection),
         // prefilled at generate's positions.
         let decoder = DecodeModel::new(llama, &[]);
-        let (batch, len) = ids.size2().unwrap();
+        let (batch, len) = batch_ids.size2().unwrap();
         let mut cache = decoder.new_cache(batch, len);
-        let hidden = tch::no_grad(|| decoder.forward(ids, &reference["batch_gen_position_ids"], &mut cache, 0, &prefill_mask(mask, len)));
+        let hidden = tch::no_grad(|| decoder.forward(batch_ids, &reference["batch_gen_position_ids"], &mut cache, 0, &prefill_mask(mask, len)));
         let diff = masked_diff(&decoder.logits(&hidden), &reference["batch_gen_logits"], mask);
         assert!(diff <= TOLERANCE, "{variant}: fused decoder differs by {diff}");
         // The stacked (packed) forward pass: the model twice, run-major rows.
         let stacked = Llama::stacked(&[llama, llama]);
         let two = |t: &Tensor| Tensor::cat(&[t, t], 0);
-        let ours = logits(&stacked, &two(ids), &two(mask));
+        let ours = logits(&stacked, &two(batch_ids), &two(mask));
         let diff = masked_diff(&ours, &two(&reference["batch_logits"]), &two(mask));
         assert!(diff <= TOLERANCE, "{variant}: stacked forward pass differs by {diff}");
-        // The native sampler does not implement biases or q/k norms: refused by name, so the
-        // libtorch decoder samples and scores.
-        assert!(decoder.native().is_none(), "{variant}: the native sampler was built");
-        let why = DecodeModel::native_refusal(&llama.config, Device::Cpu, Kind::Float).expect("a reason");
-        assert!(why.contains(family), "{variant}: {why}");
-        let refused = generate_with(Engine::Native { threads: 1 }, &decoder, &[vec![2, 3]], &SamplingParams { max_new_tokens: 2, temperature: 0.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 }, 0);
-        let message = format!("{:#}", refused.err().expect("the native engine refused"));
-        assert!(message.contains(family) && message.contains("q/k"), "{variant}: {message}");
+        // The native sampler (biases and q/k norms folded as in the libtorch decoder) scores
+        // the sequences as the training forward pass does, and samples what libtorch samples.
+        assert!(decoder.native().is_some(), "{variant}: the native sampler serves Qwen on the CPU");
+        let native_scores = tch::no_grad(|| native_scores(&decoder, &reference));
+        for (i, ours) in native_scores.iter().enumerate() {
+            let diff = max_abs_diff(ours, &reference[&format!("logprobs_{i}")].to_kind(Kind::Double));
+            assert!(diff <= TOLERANCE, "{variant} prompt {i}: native scorer's log-probs differ from transformers' by {diff}");
+        }
+        let prompts: Vec<Vec<u32>> = (0..3).map(|i| ids(&reference[&format!("input_ids_{i}")])).collect();
+        check_engines_agree(variant, &decoder, &prompts);
+    }
+}
+
+/// Log-probabilities of each reference prompt's tokens after its first under the native scorer
+/// (the first token as prompt, the rest as a completion).
+fn native_scores(decoder: &DecodeModel, reference: &BTreeMap<String, Tensor>) -> Vec<Tensor> {
+    (0..3)
+        .map(|i| {
+            let row = &reference[&format!("input_ids_{i}")];
+            let t = row.size()[0];
+            let generation = Generation {
+                prompt_ids: row.narrow(0, 0, 1).unsqueeze(0),
+                prompt_mask: Tensor::ones([1, 1], (Kind::Int64, Device::Cpu)),
+                completion_ids: row.narrow(0, 1, t - 1).unsqueeze(0),
+                completion_mask: Tensor::ones([1, t - 1], (Kind::Int64, Device::Cpu)),
+                sampling_logprobs: Tensor::zeros([1, t - 1], (Kind::Float, Device::Cpu)),
+                rows: vec![smallrl::model::batch::CompletionRow { ids: ids(&row.narrow(0, 1, t - 1)), ended_with_eos: false }],
+            };
+            // (The reference ids are drawn from [2, vocab): no EOS ends a completion early.)
+            smallrl::model::native::frozen_logprobs(decoder.native().unwrap(), &generation, 1.0, 2).unwrap().squeeze_dim(0).to_kind(Kind::Double)
+        })
+        .collect()
+}
+
+/// Samples `prompts` with both engines (the native one with 1 and 3 streams): the same tokens,
+/// and sampling log-probabilities within the tolerance.
+fn check_engines_agree(variant: &str, decoder: &DecodeModel, prompts: &[Vec<u32>]) {
+    let params = SamplingParams { max_new_tokens: 16, temperature: 1.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 };
+    let reference = generate_with(Engine::Libtorch, decoder, prompts, &params, 7).unwrap();
+    for threads in [1, 3] {
+        let native = generate_with(Engine::Native { threads }, decoder, prompts, &params, 7).unwrap();
+        assert_eq!(native.completion_ids, reference.completion_ids, "{variant}, {threads} streams: sampled tokens");
+        assert_eq!(native.completion_mask, reference.completion_mask, "{variant}, {threads} streams: completion mask");
+        let diff = max_abs_diff(&native.sampling_logprobs, &reference.sampling_logprobs);
+        assert!(diff <= TOLERANCE, "{variant}, {threads} streams: sampling log-probs differ by {diff}");
     }
 }
 
@@ -159,8 +196,10 @@ fn qwen_greedy_decoding_matches_transformers_token_for_token() {
                 assert_eq!(ours, to_ids(&result["generated_ids"]), "{variant}, {what}: greedy decode of {:?}", result["prompt_ids"]);
             }
         };
-        // All prompts in one left-padded batch.
-        check(&generate_with(Engine::Libtorch, &decoder, &prompts, &params, 0).unwrap().rows, "libtorch");
+        // All prompts in one left-padded batch (libtorch), or split into streams (native).
+        for engine in [Engine::Libtorch, Engine::Native { threads: 1 }, Engine::Native { threads: 2 }] {
+            check(&generate_with(engine, &decoder, &prompts, &params, 0).unwrap().rows, &format!("{engine:?}"));
+        }
         // Two runs stacked (packing): each run decodes what it decodes alone.
         let stacked = DecodeModel::stacked(&[&decoder, &decoder]);
         for generation in generate_stacked(Engine::Libtorch, &stacked, &[&prompts, &prompts], &params, &[0, 1]).unwrap() {
@@ -237,8 +276,8 @@ fn run_dir(out: &Path) -> PathBuf {
     runs.into_iter().next().unwrap()
 }
 
-/// One GRPO step of `smallrl train` on `variant` with `adapter` (libtorch sampling and scoring,
-/// the native sampler being refused for Qwen): it finishes with a finite loss, and its
+/// One GRPO step of `smallrl train` on `variant` with `adapter` (the native sampler and
+/// reference scorer on the CPU): it finishes with a finite loss, and its
 /// checkpoint loads as the same family.
 fn one_grpo_step(variant: &str, adapter: Value) {
     let out = tempfile::tempdir().unwrap();
