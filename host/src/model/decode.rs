@@ -20,7 +20,6 @@ use tch::{Device, Kind, Tensor};
 use super::cuda_graph::CudaGraph;
 use super::folded::FoldedWeights;
 use smallrl_native::Sampling as SamplingParams;
-use super::config::LlamaConfig;
 use super::linear::{per_run, run_matmul};
 use super::llama::{Llama, embed, rms_norm};
 use super::native::NativeModel;
@@ -58,7 +57,7 @@ impl DecodeModel {
     /// Folds the adapters in at `scales` (one per adapter slot of the model).
     pub fn new(model: &Llama, scales: &[f64]) -> Self {
         let weights = FoldedWeights::new(model, scales);
-        let native = Self::native_available(&model.config, model.device, model.kind).then(|| NativeModel::new(&weights));
+        let native = Self::native_available(model.device, model.kind).then(|| NativeModel::new(&weights));
         Self { weights, device: model.device, kind: model.kind, native, graphs: Mutex::new(Vec::new()) }
     }
 
@@ -103,16 +102,14 @@ impl DecodeModel {
         self.native.as_ref()
     }
 
-    /// Whether the libtorch-free sampler and scorer (`native.rs`) serve this model on this
-    /// device and dtype: the one place that chooses between the two decoders (where it does
-    /// not, the libtorch decoder samples and scores; [`Self::native_refusal`] says why).
-    pub fn native_available(config: &LlamaConfig, device: Device, kind: Kind) -> bool {
-        Self::native_refusal(config, device, kind).is_none()
+    /// Whether the libtorch-free sampler and scorer (`native.rs`) serve this device and dtype
+    /// (every model family smallrl loads: Qwen's biases and q/k norms come folded).
+    pub fn native_available(device: Device, kind: Kind) -> bool {
+        Self::native_refusal(device, kind).is_none()
     }
 
-    /// Why the native sampler does not serve this model, device and dtype (`None` when it
-    /// does). It runs every family smallrl loads (Qwen's biases and q/k norms come folded).
-    pub fn native_refusal(_config: &LlamaConfig, device: Device, kind: Kind) -> Option<String> {
+    /// Why the native sampler does not serve this device and dtype (`None` when it does).
+    pub fn native_refusal(device: Device, kind: Kind) -> Option<String> {
         (device != Device::Cpu || kind != Kind::Float).then(|| format!("the native sampler runs float32 on the CPU only (here {kind:?} on {device:?})"))
     }
 

@@ -68,7 +68,7 @@ pub fn generate_with(engine: Engine, model: &DecodeModel, prompts: &[Vec<u32>], 
     match engine {
         Engine::Native { threads } => {
             let native = model.native.as_ref().with_context(|| {
-                DecodeModel::native_refusal(&model.weights.config, model.device, model.kind).unwrap_or_else(|| "the native sampler was not built".into())
+                DecodeModel::native_refusal(model.device, model.kind).unwrap_or_else(|| "the native sampler was not built".into())
             })?;
             native::generate(native, prompts, params, seed, threads)
         }

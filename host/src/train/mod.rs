@@ -135,7 +135,7 @@ impl Trainer {
                 None
             }
         };
-        let reference_decoder = DecodeModel::native_available(&model.config, device, kind).then(|| match &reference {
+        let reference_decoder = DecodeModel::native_available(device, kind).then(|| match &reference {
             Some(frozen) => DecodeModel::new(frozen, &[]),
             None => DecodeModel::new(&model, &vec![0.0; adapters.slots.len()]),
         });

@@ -401,7 +401,7 @@ impl Member {
     /// engine that `stacking` stacks; a run whose requests cannot be computed fails here.
     fn next_sample_requests(&mut self, stacking: Stacking) -> Vec<SampleRequest> {
         let Member::Training { trainer, end, .. } = self else { return Vec::new() };
-        let native = DecodeModel::native_available(&trainer.model.config, trainer.model.device, trainer.model.kind);
+        let native = DecodeModel::native_available(trainer.model.device, trainer.model.kind);
         if trainer.optimizer.step >= *end || (stacking == Stacking::Auto && native) {
             return Vec::new();
         }
