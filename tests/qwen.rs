@@ -4,8 +4,9 @@
 //! training forward pass, the fused KV-cached decoder and the stacked (packed) paths within 1e-4
 //! of transformers' logits and log-probabilities; greedy decoding token for token against
 //! `generate` on both CPU engines (libtorch and the native sampler), which sample the same tokens;
-//! an exported directory that transformers loads to the same log-probabilities; and a GRPO step
-//! with DualLoRA on Qwen3.
+//! an exported directory that transformers loads to the same log-probabilities; a GRPO step with
+//! DualLoRA, DualMLP and full fine-tuning; packed runs trained stacked equal to the runs alone;
+//! and, where a GPU is lent, the forward pass and greedy decoding (eager and CUDA graphs) on CUDA.
 
 mod common;
 
@@ -39,9 +40,13 @@ fn variants() -> &'static Path {
 }
 
 fn load(variant: &str) -> (LoadedModel, BTreeMap<String, Tensor>) {
+    load_on(variant, Device::Cpu)
+}
+
+fn load_on(variant: &str, device: Device) -> (LoadedModel, BTreeMap<String, Tensor>) {
     one_thread();
     let dir = variants().join(variant);
-    let loaded = model::load(dir.to_str().unwrap(), "main", Device::Cpu, Kind::Float).unwrap_or_else(|e| panic!("{variant}: {e:#}"));
+    let loaded = model::load(dir.to_str().unwrap(), "main", device, Kind::Float).unwrap_or_else(|e| panic!("{variant}: {e:#}"));
     let reference = model::weights::read_safetensors(&dir.join("reference.safetensors")).unwrap();
     (loaded, reference)
 }
@@ -177,8 +182,29 @@ fn the_qwen_walk_names_what_transformers_saved() {
 
 #[test]
 fn qwen_greedy_decoding_matches_transformers_token_for_token() {
+    check_greedy(Device::Cpu, &[Engine::Libtorch, Engine::Native { threads: 1 }, Engine::Native { threads: 2 }]);
+}
+
+/// float32 on CUDA: the forward pass within 1e-4 of transformers' logits, greedy decodes (eager
+/// and replayed from CUDA graphs, alone and stacked) token for token.
+#[test]
+fn qwen_on_cuda_matches_transformers() {
+    let Some(cuda) = common::cuda_or_skip("qwen_on_cuda_matches_transformers") else { return };
     for variant in VARIANTS {
-        let (loaded, _) = load(variant);
+        let (loaded, reference) = load_on(variant, cuda);
+        for i in 0..3 {
+            let ids = reference[&format!("input_ids_{i}")].to_device(cuda);
+            let ours = logits(&loaded.model, &ids.unsqueeze(0), &ids.unsqueeze(0).ones_like()).squeeze_dim(0).to_device(Device::Cpu);
+            let diff = max_abs_diff(&ours, &reference[&format!("logits_{i}")]);
+            assert!(diff <= TOLERANCE, "{variant} prompt {i} on CUDA: max |logits - transformers| = {diff}");
+        }
+    }
+    check_greedy(cuda, &[Engine::Libtorch, Engine::CudaGraphs]);
+}
+
+fn check_greedy(device: Device, engines: &[Engine]) {
+    for variant in VARIANTS {
+        let (loaded, _) = load_on(variant, device);
         let greedy: Value = serde_json::from_str(&std::fs::read_to_string(variants().join(variant).join("greedy.json")).unwrap()).unwrap();
         let max_new_tokens = greedy["max_new_tokens"].as_u64().unwrap() as usize;
         let params = SamplingParams { max_new_tokens, temperature: 0.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 };
@@ -193,17 +219,19 @@ fn qwen_greedy_decoding_matches_transformers_token_for_token() {
                 if row.ended_with_eos {
                     ours.push(eos);
                 }
-                assert_eq!(ours, to_ids(&result["generated_ids"]), "{variant}, {what}: greedy decode of {:?}", result["prompt_ids"]);
+                assert_eq!(ours, to_ids(&result["generated_ids"]), "{variant} on {device:?}, {what}: greedy decode of {:?}", result["prompt_ids"]);
             }
         };
         // All prompts in one left-padded batch (libtorch), or split into streams (native).
-        for engine in [Engine::Libtorch, Engine::Native { threads: 1 }, Engine::Native { threads: 2 }] {
+        for &engine in engines {
             check(&generate_with(engine, &decoder, &prompts, &params, 0).unwrap().rows, &format!("{engine:?}"));
         }
         // Two runs stacked (packing): each run decodes what it decodes alone.
         let stacked = DecodeModel::stacked(&[&decoder, &decoder]);
-        for generation in generate_stacked(Engine::Libtorch, &stacked, &[&prompts, &prompts], &params, &[0, 1]).unwrap() {
-            check(&generation.unwrap().rows, "stacked");
+        for &engine in engines.iter().filter(|e| !matches!(e, Engine::Native { .. })) {
+            for generation in generate_stacked(engine, &stacked, &[&prompts, &prompts], &params, &[0, 1]).unwrap() {
+                check(&generation.unwrap().rows, &format!("stacked, {engine:?}"));
+            }
         }
     }
 }
