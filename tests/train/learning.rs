@@ -60,7 +60,7 @@ fn tinker(overrides: &[(&'static str, Value)]) -> Vec<(&'static str, Value)> {
 
 /// 20 steps on happy_count with LoRA r8 (plus `overrides`): the mean reward of steps 1-5 and
 /// of steps 16-20.
-fn happy_count_learning(overrides: &[(&str, Value)]) -> (f64, f64) {
+pub(super) fn happy_count_learning(overrides: &[(&str, Value)]) -> (f64, f64) {
     let out = tempfile::tempdir().unwrap();
     let config = small_config(out.path(), &standard_plugin("happy"));
     let config = [

@@ -9,6 +9,7 @@ mod steps;
 mod routing;
 mod outputs;
 mod packs;
+mod off_policy;
 
 use std::path::{Path, PathBuf};
 

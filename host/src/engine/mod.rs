@@ -9,10 +9,12 @@
 //! Architecture invariant: the trainer reaches the model's forward pass for scoring and
 //! training, and the sampler, only through this module; `grpo` never sees a model.
 
+mod ahead;
 mod logprobs;
 mod passes;
 mod shared;
 
 pub use logprobs::{Sequences, TokenLogprobs, completion_logprobs, frozen_logprobs};
+pub use ahead::Ahead;
 pub use shared::{Done, Engine, ReferenceJob, Seat, Stacking, TrainJob};
 pub use passes::{BackwardPass, LossBatch, Passes, backward_micro_batches, backward_passes, backward_stacked, stacked_frozen_logprobs};

@@ -22,9 +22,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
-use anyhow::{Result, anyhow};
+use anyhow::{Context, Result, anyhow};
 use tch::Tensor;
 
+use super::ahead::{Ahead, AheadSampler};
 use super::{BackwardPass, LossBatch, Sequences, backward_micro_batches, backward_stacked, frozen_logprobs, stacked_frozen_logprobs};
 use crate::grpo::Objective;
 use crate::model::decode::DecodeModel;
@@ -157,7 +158,7 @@ impl Engine {
         let mut state = engine.lock();
         state.live += 1;
         state.next_run += 1;
-        Seat { engine: engine.clone(), run: state.next_run - 1, working: false, decoders: Vec::new(), reference: None }
+        Seat { engine: engine.clone(), run: state.next_run - 1, working: false, decoders: Vec::new(), reference: None, ahead: None }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -369,6 +370,8 @@ pub struct Seat {
     /// (the reference never changes: a frozen copy, or base weights with adapters off); `None`
     /// inside where the native scorer does not serve the device and dtype.
     reference: Option<Option<DecodeModel>>,
+    /// The run's sampler thread, once it samples ahead (off-policy training).
+    ahead: Option<AheadSampler>,
 }
 
 impl Seat {
@@ -408,6 +411,18 @@ impl Seat {
             Outcome::Sample(value) => Ok(Done { value: value?, seconds: done.seconds + fold_seconds, runs: done.runs }),
             _ => unreachable!("a sample job's outcome"),
         }
+    }
+
+    /// Starts sampling `prompts` ahead, on the run's sampler thread, from the policy `model`
+    /// as its weights are now (a snapshot), at adapter `scales`. Never stacked: the thread
+    /// works while the run trains.
+    pub fn sample_ahead(&mut self, model: &Llama, scales: &[f64], prompts: Vec<Vec<u32>>, params: SamplingParams, seed: u64) -> Result<()> {
+        self.ahead.get_or_insert_with(AheadSampler::new).post(model, scales, prompts, params, seed)
+    }
+
+    /// The oldest generation [`Seat::sample_ahead`] started, waiting for it if need be.
+    pub fn take_ahead(&mut self) -> Result<Ahead> {
+        self.ahead.as_mut().context("internal error: no generation was sampled ahead")?.take()
     }
 
     /// The reference log-probabilities of a run's completions.

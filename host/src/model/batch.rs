@@ -69,6 +69,40 @@ impl Generation {
     }
 }
 
+/// The tensors a [`Generation`] is saved as (under a name prefix), on the CPU.
+const SAVED: [&str; 6] = ["prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "sampling_logprobs", "ended_with_eos"];
+
+impl Generation {
+    /// Its tensors on the CPU, named `{prefix}{name}`, rows' stops as `ended_with_eos`: what
+    /// [`Generation::from_saved`] reads back.
+    pub fn to_saved(&self, prefix: &str) -> Vec<(String, Tensor)> {
+        let ended = Tensor::from_slice(&self.rows.iter().map(|r| r.ended_with_eos as i64).collect::<Vec<_>>());
+        let tensors = [&self.prompt_ids, &self.prompt_mask, &self.completion_ids, &self.completion_mask, &self.sampling_logprobs, &ended];
+        SAVED.iter().zip(tensors).map(|(name, t)| (format!("{prefix}{name}"), t.to_device(tch::Device::Cpu))).collect()
+    }
+
+    /// The generation [`Generation::to_saved`] wrote under `prefix`, on `device`; each row's
+    /// ids are its masked completion without the stop token it ended with.
+    pub fn from_saved(saved: &std::collections::BTreeMap<String, Tensor>, prefix: &str, device: tch::Device) -> Result<Generation> {
+        let get = |name: &str| saved.get(&format!("{prefix}{name}")).map(|t| t.to_device(device)).ok_or_else(|| anyhow::anyhow!("{prefix}{name} is missing"));
+        let (completion_ids, completion_mask) = (get("completion_ids")?, get("completion_mask")?);
+        let ended = Vec::<i64>::try_from(get("ended_with_eos")?.to_device(tch::Device::Cpu))?;
+        let masked = masked_rows(&completion_ids, &completion_mask)?;
+        anyhow::ensure!(masked.len() == ended.len(), "{prefix}: {} rows of completions but {} stop flags", masked.len(), ended.len());
+        let rows = masked
+            .into_iter()
+            .zip(ended)
+            .map(|(mut ids, ended)| {
+                if ended == 1 {
+                    ids.pop();
+                }
+                CompletionRow { ids, ended_with_eos: ended == 1 }
+            })
+            .collect();
+        Ok(Generation { prompt_ids: get("prompt_ids")?, prompt_mask: get("prompt_mask")?, completion_ids, completion_mask, sampling_logprobs: get("sampling_logprobs")?, rows })
+    }
+}
+
 /// `t` `[rows, w]` widened to `width` columns of `value`, on the left or the right.
 fn pad_columns(t: &Tensor, width: i64, value: f64, on_left: bool) -> Tensor {
     let (rows, w) = t.size2().expect("generation tensors are 2-d");

@@ -393,6 +393,7 @@ impl Run<'_> {
             trainable: optimizer.params(),
             optimizer: optimizer.state_tensors(),
             hf_files,
+            extra: &|_| Ok(()),
         };
         let dir = checkpoint::save(&self.cfg.output_dir, snapshot)?;
         self.log.line(&format!("saved {}", dir.display()))

@@ -6,7 +6,8 @@
 //! `model.layers.0.self_attn.q_proj.lora_A.retain.weight`) or, for full fine-tuning,
 //! `model.safetensors` + `config.json` + `tokenizer.json` (an HF model directory);
 //! `optimizer.safetensors` (`exp_avg.<name>`, `exp_avg_sq.<name>`); `trainer_state.json`;
-//! `config.yaml` (the run's resolved configuration).
+//! `config.yaml` (the run's resolved configuration); with `max_steps_off_policy`,
+//! `in_flight.safetensors` + `in_flight.json` (the batches sampled ahead, not yet trained on).
 
 use std::path::{Path, PathBuf};
 
@@ -41,6 +42,9 @@ pub struct Snapshot<'a> {
     /// For full fine-tuning: the model configuration and tokenizer file written alongside, so
     /// the checkpoint is an HF model directory.
     pub hf_files: Option<(&'a crate::model::LlamaConfig, &'a Path)>,
+    /// Writes whatever else the checkpoint holds into its (temporary) directory: the batches
+    /// sampled ahead of off-policy training (`in_flight.*`).
+    pub extra: &'a dyn Fn(&Path) -> Result<()>,
 }
 
 pub fn save(run_dir: &Path, snapshot: Snapshot) -> Result<PathBuf> {
@@ -55,7 +59,7 @@ pub fn save(run_dir: &Path, snapshot: Snapshot) -> Result<PathBuf> {
         }
         std::fs::write(tmp.join("trainer_state.json"), serde_json::to_string_pretty(&snapshot.state)?)?;
         std::fs::write(tmp.join("config.yaml"), &snapshot.config_yaml)?;
-        Ok(())
+        (snapshot.extra)(tmp)
     })
     .with_context(|| format!("cannot write checkpoint {}", dir.display()))?;
     Ok(dir)

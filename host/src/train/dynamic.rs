@@ -15,6 +15,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, ensure};
 
 use super::Trainer;
+use super::ahead::OffPolicy;
 use super::metrics::DynamicSampling;
 use crate::eval;
 use crate::grpo;
@@ -31,6 +32,8 @@ pub(super) struct DrawnBatch {
     pub generate_seconds: f64,
     pub score_seconds: f64,
     pub dynamic_sampling: Option<DynamicSampling>,
+    /// With `max_steps_off_policy`: how stale the batch was.
+    pub off_policy: Option<OffPolicy>,
 }
 
 impl DrawnBatch {
@@ -108,7 +111,16 @@ impl Trainer {
         let prompt_ids = self.tokenized(&prompt_texts)?;
         let coherence_rows = self.cfg.coherence_rows(step);
         let seed = self.round_seed(round);
-        let (generation, generate_seconds) = self.sample(&prompt_ids, coherence_rows, step, seed)?;
+        let (generation, generate_seconds, off_policy) = match self.cfg.max_steps_off_policy {
+            0 => {
+                let (generation, seconds) = self.sample(&prompt_ids, coherence_rows, step, seed)?;
+                (generation, seconds, None)
+            }
+            _ => {
+                let (generation, seconds, off_policy) = self.sample_off_policy(&prompt_ids, coherence_rows, step)?;
+                (generation, seconds, Some(off_policy))
+            }
+        };
 
         let score_start = Instant::now();
         let samples = eval::to_samples(&prompt_texts, &generation.rows, &self.tokenizer)?;
@@ -117,10 +129,10 @@ impl Trainer {
             .score(&samples, rng::derive(seed, "protocol", step as u64))
             .with_context(|| format!("scoring the completions of step {} failed", step + 1))?;
         let score_seconds = score_start.elapsed().as_secs_f64();
-        Ok(DrawnBatch { generation, samples, scored, generate_seconds, score_seconds, dynamic_sampling: None })
+        Ok(DrawnBatch { generation, samples, scored, generate_seconds, score_seconds, dynamic_sampling: None, off_policy })
     }
 
-    fn tokenized(&self, prompts: &[Prompt]) -> Result<Vec<Vec<u32>>> {
+    pub(super) fn tokenized(&self, prompts: &[Prompt]) -> Result<Vec<Vec<u32>>> {
         prompts.iter().map(|p| self.tokenizer.encode(&p.text)).collect()
     }
 

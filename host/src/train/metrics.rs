@@ -106,6 +106,17 @@ pub mod key {
     /// took, groups dropped for equal rewards, and groups with differing rewards generated
     /// beyond what filled the batch (discarded, as verl does).
     pub const DYNAMIC_SAMPLING_ROUNDS: &str = "dynamic_sampling/rounds";
+    /// Off-policy training (`max_steps_off_policy`): the version of the weights that sampled
+    /// the step's batch (optimizer steps done before it), its staleness in steps (mean and max
+    /// over the batch's samples: one version per batch), the batches dropped for staleness
+    /// (none can be: see `train/ahead.rs`), the seconds the step waited for its batch and the
+    /// sampler thread for its job.
+    pub const OFF_POLICY_VERSION: &str = "off_policy/policy_version";
+    pub const OFF_POLICY_STALENESS_MEAN: &str = "off_policy/staleness_mean";
+    pub const OFF_POLICY_STALENESS_MAX: &str = "off_policy/staleness_max";
+    pub const OFF_POLICY_DROPPED: &str = "off_policy/dropped";
+    pub const TIMING_WAIT_FOR_SAMPLES: &str = "timing/wait_for_samples";
+    pub const TIMING_SAMPLER_IDLE: &str = "timing/sampler_idle";
     pub const DYNAMIC_SAMPLING_DROPPED: &str = "dynamic_sampling/groups_dropped";
     pub const DYNAMIC_SAMPLING_SURPLUS: &str = "dynamic_sampling/groups_surplus";
     /// Prompt and completion tokens generated so far (each batch counted once).
@@ -168,6 +179,8 @@ pub struct RolloutMetrics {
     pub monitor: Option<crate::reward::MonitorStats>,
     /// With `dynamic_sampling_rounds`: what filling the batch took.
     pub dynamic_sampling: Option<DynamicSampling>,
+    /// With `max_steps_off_policy`: how stale the batch was.
+    pub off_policy: Option<super::ahead::OffPolicy>,
     pub generate_seconds: f64,
     pub score_seconds: f64,
     pub reference_seconds: f64,
@@ -274,6 +287,14 @@ pub fn line(rollout: &RolloutMetrics, step: &StepMetrics) -> Value {
         put(key::DYNAMIC_SAMPLING_ROUNDS, counts.rounds.into());
         put(key::DYNAMIC_SAMPLING_DROPPED, counts.groups_dropped.into());
         put(key::DYNAMIC_SAMPLING_SURPLUS, counts.groups_surplus.into());
+    }
+    if let Some(off_policy) = rollout.off_policy {
+        put(key::OFF_POLICY_VERSION, off_policy.policy_version.into());
+        put(key::OFF_POLICY_STALENESS_MEAN, (off_policy.staleness as f64).into());
+        put(key::OFF_POLICY_STALENESS_MAX, off_policy.staleness.into());
+        put(key::OFF_POLICY_DROPPED, 0.into());
+        put(key::TIMING_WAIT_FOR_SAMPLES, off_policy.wait_seconds.into());
+        put(key::TIMING_SAMPLER_IDLE, off_policy.sampler_idle_seconds.into());
     }
     put(key::TIMING_GENERATE, rollout.generate_seconds.into());
     put(key::TIMING_SCORE, rollout.score_seconds.into());

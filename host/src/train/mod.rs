@@ -14,6 +14,7 @@
 //! Invariant: everything random derives from (seed, step), so a resumed run repeats exactly
 //! what the uninterrupted run would have done (on CPU with the same thread count).
 
+mod ahead;
 pub mod checkpoint;
 pub mod config;
 mod dump;
@@ -62,6 +63,8 @@ pub struct Trainer {
     seat: Seat,
     /// The engine's stacked calls this run's train.log has mentioned (once each).
     announced: Vec<&'static str>,
+    /// With `max_steps_off_policy`: the batches sampled ahead (`ahead.rs`).
+    ahead: ahead::AheadQueue,
     tokenizer: Tokenizer,
     model_files: model::ModelFiles,
     rewards: RewardModel,
@@ -166,6 +169,7 @@ impl Trainer {
             eval_prompts, loss, sampling, log, live, _lock, num_tokens: 0, rollout: None, noise_scale_average: None,
             seat,
             announced: Vec::new(),
+            ahead: Default::default(),
         };
         let opened = trainer.open_run(resume.is_some(), restarted, hashes);
         trainer.log_failure(opened)?;
@@ -243,6 +247,7 @@ impl Trainer {
         crate::adapters::load_trainable(self.optimizer.params(), &checkpoint::read_weights(&dir, &state)?, &dir.display().to_string())?;
         let step = state.step;
         self.optimizer.load_state(&checkpoint::load_optimizer(&dir)?, step, &dir.display().to_string())?;
+        self.restore_in_flight(&dir)?;
         let last_metrics = self.metrics.truncate_after(step)?;
         self.evals.truncate_after(step)?;
         self.live.resume_after(step)?;
@@ -357,11 +362,17 @@ impl Trainer {
             revision: self.cfg.revision.clone(),
             seed: self.cfg.seed,
         };
+        let in_flight = self.in_flight()?;
         let hf_files = (self.adapters.kind == AdapterKind::Full).then_some((&self.model.config, self.model_files.tokenizer.as_path()));
-        let dir = checkpoint::save(
-            &self.run_dir,
-            checkpoint::Snapshot { state, config_yaml: crate::yaml::to_string(&self.cfg)?, trainable: self.optimizer.params(), optimizer: self.optimizer.state_tensors(), hf_files },
-        )?;
+        let snapshot = checkpoint::Snapshot {
+            state,
+            config_yaml: crate::yaml::to_string(&self.cfg)?,
+            trainable: self.optimizer.params(),
+            optimizer: self.optimizer.state_tensors(),
+            hf_files,
+            extra: &|dir| in_flight.as_ref().map_or(Ok(()), |batches| ahead::write_in_flight(dir, batches)),
+        };
+        let dir = checkpoint::save(&self.run_dir, snapshot)?;
         self.log.line(&format!("saved {}", dir.display()))
     }
 }

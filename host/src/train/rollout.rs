@@ -102,7 +102,8 @@ impl Trainer {
             false => (None, 0.0),
         };
         let old_start = Instant::now();
-        let old_logprobs = match self.loss.ratio_to == grpo::RatioTo::Sampler {
+        // Off-policy batches take the ratio to the sampler too: the policy that drew them.
+        let old_logprobs = match self.loss.ratio_to == grpo::RatioTo::Sampler || self.cfg.max_steps_off_policy > 0 {
             true => Some(generation.sampling_logprobs.shallow_clone()),
             false => (self.cfg.steps_per_rollout() > 1).then(|| engine::frozen_logprobs(&self.model, (&generation).into(), self.cfg.temperature, &plan.ctl)),
         };
@@ -111,6 +112,7 @@ impl Trainer {
         let mut metrics = rollout_metrics(&scored, &trained_rewards, &component_names, &generation, frac_zero_std, &labels);
         (metrics.generate_seconds, metrics.score_seconds, metrics.reference_seconds) = (drawn.generate_seconds, drawn.score_seconds, reference_seconds);
         metrics.dynamic_sampling = drawn.dynamic_sampling;
+        metrics.off_policy = drawn.off_policy;
         let first_sample = (samples[0].prompt.clone(), samples[0].completion.clone());
         let dump = match self.cfg.dump_batches {
             Some(_) => rollout_tensors(&scored, &component_names, &rewards, &labels),
@@ -201,7 +203,7 @@ impl Trainer {
 
     /// The sampler calls of [`Trainer::sample`]: the routed rows at scales 1, then the
     /// coherence rows (if any) with the forget adapter off, each with its own seed.
-    fn sample_requests(&self, prompt_ids: &[Vec<u32>], coherence_rows: usize, step: usize, run_seed: u64) -> Vec<SampleRequest> {
+    pub(super) fn sample_requests(&self, prompt_ids: &[Vec<u32>], coherence_rows: usize, step: usize, run_seed: u64) -> Vec<SampleRequest> {
         let routed_rows = prompt_ids.len() - coherence_rows;
         let seed = |purpose| rng::derive(run_seed, purpose, step as u64);
         let mut scales = vec![1.0; self.adapters.slots.len()];
@@ -273,6 +275,7 @@ fn rollout_metrics(scored: &ScoredBatch, rewards: &[f64], component_names: &[Str
         frac_hackable: frac(&scored.hackable),
         monitor: scored.monitor(),
         dynamic_sampling: None,
+        off_policy: None,
         generate_seconds: 0.0,
         score_seconds: 0.0,
         reference_seconds: 0.0,

@@ -135,6 +135,7 @@ impl TrainConfig {
             );
         }
         self.check_gradient_noise_scale()?;
+        self.check_off_policy()?;
         ensure!(
             self.dynamic_sampling_rounds == 0 || self.coh_samples_per_rollout == 0,
             "dynamic_sampling_rounds refills the batch with fresh groups, but coherence rows (coh_samples_per_rollout) are sampled apart, at other adapter scales, and are not filtered: use one of them"
@@ -201,6 +202,28 @@ impl TrainConfig {
             self.forget_rank,
             weights.max(),
             routing::BALANCED_MAX_WEIGHT
+        );
+        Ok(())
+    }
+
+    /// Off-policy training samples each step's batch ahead, so the batch must be known before
+    /// its step: one optimizer step per batch, no rounds drawn after scoring; the loss's ratio is
+    /// to the sampler, so TRL's correction of the old policy against the sampler has nothing to do.
+    fn check_off_policy(&self) -> Result<()> {
+        if self.max_steps_off_policy == 0 {
+            return Ok(());
+        }
+        let k = self.max_steps_off_policy;
+        ensure!(
+            self.steps_per_rollout() == 1,
+            "max_steps_off_policy {k} samples each step's batch ahead: it needs one optimizer step per batch (num_iterations and num_substeps 1, got {} and {})",
+            self.num_iterations,
+            self.num_substeps
+        );
+        ensure!(self.dynamic_sampling_rounds == 0, "max_steps_off_policy {k} samples each batch ahead, before its rewards are known: dynamic_sampling_rounds must be 0");
+        ensure!(
+            !self.importance_sampling_correction,
+            "max_steps_off_policy {k} already takes the loss's ratio to the sampler's log-probabilities; importance_sampling_correction (old policy over sampler) has nothing left to correct: unset it"
         );
         Ok(())
     }

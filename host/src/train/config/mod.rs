@@ -124,6 +124,11 @@ hyperparameters! {
         /// batch_size / (num_substeps * gradient_accumulation_steps) completions (TRL's, with
         /// steps_per_generation equal to it; only bnpo's loss changes).
         gradient_accumulation_steps: usize = 1, Short("gas"), [Pack];
+        /// Off-policy training as tinker's AsyncConfig: each step's batch is sampled ahead, by a
+        /// sampler thread working while earlier steps train, with the weights this many steps old
+        /// (the first steps with the first weights); the loss takes its ratio to the sampler's
+        /// log-probabilities. 0: on-policy (sampled at the step, with its own weights).
+        max_steps_off_policy: usize = 0, Short("offpolicy");
         /// DAPO's dynamic sampling: groups whose rewards are all equal are dropped and more prompts
         /// sampled until the batch is full, in at most this many generation rounds per batch (the
         /// first included; verl's max_num_gen_batches); needing more is an error. 0: off.

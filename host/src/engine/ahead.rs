@@ -1,0 +1,114 @@
+//! Sampling ahead: the asynchronous sampler of off-policy training (`max_steps_off_policy`).
+//! A run's sampler thread decodes from a snapshot of the policy's weights (a decoder folded
+//! from them when the job is posted) while the run trains, and hands the generations back in
+//! the order they were asked for.
+//!
+//! Architecture invariant: a job's generation depends only on its snapshot, prompts, settings
+//! and seed, never on when the thread runs it, so a run with the sampler ahead is
+//! reproducible (and resumable: the run saves what it has not taken yet). On CUDA the thread
+//! decodes eagerly (no graph capture while the training thread launches kernels).
+
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use anyhow::{Context, Result, anyhow};
+
+use super::Done;
+use crate::model::Llama;
+use crate::model::decode::DecodeModel;
+use crate::model::generate::{Engine as Decoder, Generation, SamplingParams, generate, generate_with};
+
+struct Job {
+    decoder: DecodeModel,
+    scales: Vec<f64>,
+    prompts: Vec<Vec<u32>>,
+    params: SamplingParams,
+    seed: u64,
+}
+
+struct Finished {
+    generation: Result<Generation>,
+    decoder: DecodeModel,
+    scales: Vec<f64>,
+    /// Seconds the thread decoded this job, and sat idle before it.
+    seconds: f64,
+    idle_seconds: f64,
+}
+
+/// A generation sampled ahead, the time the thread spent on it, and the time the thread had
+/// waited for the job (the sampler waiting for weights).
+pub struct Ahead {
+    pub done: Done<Generation>,
+    pub sampler_idle_seconds: f64,
+}
+
+/// A run's sampler thread and its queue of jobs (see the module's documentation).
+pub struct AheadSampler {
+    jobs: Option<Sender<Job>>,
+    finished: Receiver<Finished>,
+    thread: Option<JoinHandle<()>>,
+    /// Decoders of finished jobs, refolded for the next ones (their buffers reused).
+    spare: Vec<(Vec<f64>, DecodeModel)>,
+    posted: usize,
+}
+
+impl AheadSampler {
+    pub fn new() -> Self {
+        let (jobs, inbox) = channel::<Job>();
+        let (outbox, finished) = channel::<Finished>();
+        let thread = std::thread::spawn(move || {
+            let mut idle_since = Instant::now();
+            while let Ok(job) = inbox.recv() {
+                let idle_seconds = idle_since.elapsed().as_secs_f64();
+                let started = Instant::now();
+                let generation = match job.decoder.device.is_cuda() {
+                    true => generate_with(Decoder::Libtorch, &job.decoder, &job.prompts, &job.params, job.seed),
+                    false => generate(&job.decoder, &job.prompts, &job.params, job.seed),
+                };
+                let finished = Finished { generation, decoder: job.decoder, scales: job.scales, seconds: started.elapsed().as_secs_f64(), idle_seconds };
+                idle_since = Instant::now();
+                if outbox.send(finished).is_err() {
+                    return;
+                }
+            }
+        });
+        Self { jobs: Some(jobs), finished, thread: Some(thread), spare: Vec::new(), posted: 0 }
+    }
+
+    /// Posts a job: `prompts` sampled from `model` as its weights are now, at adapter `scales`.
+    pub fn post(&mut self, model: &Llama, scales: &[f64], prompts: Vec<Vec<u32>>, params: SamplingParams, seed: u64) -> Result<()> {
+        let decoder = match self.spare.iter().position(|(at, _)| at == scales) {
+            Some(index) => {
+                let (_, mut decoder) = self.spare.swap_remove(index);
+                decoder.refresh(model, scales);
+                decoder
+            }
+            None => DecodeModel::new(model, scales),
+        };
+        let job = Job { decoder, scales: scales.to_vec(), prompts, params, seed };
+        self.jobs.as_ref().expect("the sampler thread runs until dropped").send(job).map_err(|_| anyhow!("the sampler thread stopped (it panicked)"))?;
+        self.posted += 1;
+        Ok(())
+    }
+
+    /// The oldest job's generation, waiting for it if the thread has not finished it.
+    pub fn take(&mut self) -> Result<Ahead> {
+        anyhow::ensure!(self.posted > 0, "internal error: a generation taken from the sampler thread that was never asked for");
+        let finished = self.finished.recv().context("the sampler thread stopped (it panicked)")?;
+        self.posted -= 1;
+        self.spare.push((finished.scales, finished.decoder));
+        let generation = finished.generation?;
+        Ok(Ahead { done: Done { value: generation, seconds: finished.seconds, runs: 1 }, sampler_idle_seconds: finished.idle_seconds })
+    }
+}
+
+impl Drop for AheadSampler {
+    fn drop(&mut self) {
+        // Closing the queue ends the thread after its current job.
+        drop(self.jobs.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! Off-policy training (`max_steps_off_policy`): batches sampled ahead by the sampler thread
+//! with older weights, the loss's ratio to them, exact resumption, learning.
+
+use super::*;
+use smallrl::engine::{Sequences, frozen_logprobs};
+use tch::{Device, Kind};
+
+/// With one step off policy, step n's batch (1-based) is sampled with the weights after step
+/// n - 2 (the first two with the initial weights): the dumped sampler log-probabilities are,
+/// within float32 sampling's rounding, the completions' log-probabilities under that
+/// checkpoint recomputed in float64 (and far from those of the step's own weights); the
+/// ratio's denominator is them, and the logged loss follows from the dump in float64 (TRL's
+/// clipped surrogate with the ratio to the sampler).
+#[test]
+fn one_step_off_policy_samples_with_the_previous_weights_and_takes_the_ratio_to_them() {
+    let out = tempfile::tempdir().unwrap();
+    let dump = out.path().join("dump");
+    let config = [
+        ("adapter", json!("full")), ("lora_preset", Value::Null), ("lr", json!(3e-3)), ("beta", json!(0.0)), ("max_steps", json!(3)),
+        ("save_steps", json!(1)), ("eval_every", json!(3)), ("max_steps_off_policy", json!(1)), ("dump_batches", json!(dump)),
+    ]
+    .into_iter()
+    .fold(small_config(out.path(), &standard_plugin("happy")), |c, (k, v)| with(c, k, v));
+    let run = train(config);
+    let lines = read_jsonl(&run.join("metrics.jsonl"));
+    let column = |key: &str| lines.iter().map(|l| l[key].as_u64().unwrap_or_else(|| panic!("{key} logged: {l}"))).collect::<Vec<_>>();
+    assert_eq!(column(key::OFF_POLICY_VERSION), [0, 0, 1], "the versions of the weights that sampled steps 1-3");
+    assert_eq!(column(key::OFF_POLICY_STALENESS_MAX), [0, 1, 1]);
+    assert_eq!(column(key::OFF_POLICY_DROPPED), [0, 0, 0]);
+
+    let tensors = smallrl::model::weights::read_safetensors(&dump.join("step-3.safetensors")).unwrap();
+    assert!(tensors["old_logprobs"].equal(&tensors["sampling_logprobs"]), "the ratio's denominator is the sampler's log-probabilities");
+    let double = |key: &str| tensors[key].to_kind(Kind::Double);
+    let mask = double("completion_mask");
+    let under = |checkpoint: &str| {
+        let model = smallrl::model::load(run.join(checkpoint).to_str().unwrap(), "main", Device::Cpu, Kind::Double).unwrap().model;
+        let seqs = Sequences { prompt_ids: &tensors["prompt_ids"], prompt_mask: &tensors["prompt_mask"], completion_ids: &tensors["completion_ids"], completion_mask: &tensors["completion_mask"] };
+        frozen_logprobs(&model, seqs, 1.0, &[]) * &mask
+    };
+    let sampled = double("sampling_logprobs") * &mask;
+    let off_by_one = common::max_abs_diff(&sampled, &under("checkpoint-1"));
+    let own = common::max_abs_diff(&sampled, &under("checkpoint-2"));
+    assert!(off_by_one < 1e-4, "step 3's batch is sampled with the weights after step 1: {off_by_one:e}");
+    assert!(own > 1e-2, "and not with step 3's own weights (the test would not see the difference): {own:e}");
+
+    let ratio = (double("new_logprobs") - double("sampling_logprobs")).exp();
+    let advantages = double("advantages").unsqueeze(1);
+    let epsilon = 0.2;
+    let per_token = -(&ratio * &advantages).minimum(&(ratio.clamp(1.0 - epsilon, 1.0 + epsilon) * &advantages));
+    let per_sequence = (per_token * &mask).sum_dim_intlist(1, false, Kind::Double) / mask.sum_dim_intlist(1, false, Kind::Double);
+    let expected = per_sequence.mean(Kind::Double).double_value(&[]);
+    let logged = lines[2]["loss"].as_f64().unwrap();
+    assert!((logged - expected).abs() < 1e-6, "logged loss {logged} vs recomputed {expected}");
+}
+
+/// A run stopped past its newest checkpoint (whose batches sampled ahead it saved) and resumed
+/// equals the run that was never stopped, with one and with two steps off policy.
+#[test]
+fn a_resumed_off_policy_run_repeats_the_uninterrupted_run_exactly() {
+    for k in [1, 2] {
+        let out = tempfile::tempdir().unwrap();
+        let config = |dir: &str| with(routed_config(&out.path().join(dir)), "max_steps_off_policy", json!(k));
+        let whole = train(config("a"));
+        let resolved = TrainConfig::resolve(None, config("b")).unwrap();
+        let mut first = Trainer::new(resolved.clone(), None).unwrap();
+        let stopped = first.train(Some(3)).unwrap();
+        drop(first);
+        assert!(stopped.run_dir.join("checkpoint-2/in_flight.json").is_file(), "checkpoint 2 keeps the batches sampled ahead");
+        let resumed = Trainer::new(resolved, Some(&stopped.run_dir)).unwrap().train(None).unwrap();
+        for file in ["metrics.jsonl", "routing_eval.jsonl"] {
+            let (a, b) = (deterministic(read_jsonl(&whole.join(file))), deterministic(read_jsonl(&resumed.run_dir.join(file))));
+            assert_same_metrics(&a, &b, &format!("k {k}: {file}"));
+        }
+        let staleness: Vec<u64> = read_jsonl(&whole.join("metrics.jsonl")).iter().map(|l| l[key::OFF_POLICY_STALENESS_MAX].as_u64().unwrap()).collect();
+        assert_eq!(staleness, (0..4).map(|n: u64| n.min(k)).collect::<Vec<_>>(), "k {k}: step n's batch is min(n, k) steps stale");
+        let weights = |dir: &Path| smallrl::model::weights::read_safetensors(&dir.join("checkpoint-4/adapters.safetensors")).unwrap();
+        let (a, b) = (weights(&whole), weights(&resumed.run_dir));
+        for (name, tensor) in &a {
+            assert!(tensor.equal(&b[name]), "k {k}: {name} differs after resumption");
+        }
+        assert!(!whole.join("checkpoint-4/in_flight.json").exists(), "nothing is sampled beyond the last step");
+    }
+}
+
+/// One step off policy still learns (tiny-stories, happy_count, as the on-policy learning tests).
+#[test]
+fn one_step_off_policy_raises_the_reward() {
+    let (first, last) = super::learning::happy_count_learning(&[("max_steps_off_policy", json!(1))]);
+    assert!(first < 0.25, "the starting reward should be the pre-trained model's, got {first:.3}");
+    assert!(last > first + 0.08, "one step off policy did not raise the reward: {first:.3} -> {last:.3}");
+}
+
+/// Keys that cannot go with a batch sampled ahead are refused by name.
+#[test]
+fn off_policy_training_refuses_what_needs_the_batch_at_its_step() {
+    let out = tempfile::tempdir().unwrap();
+    for (key, value, says) in [("num_iterations", json!(2), "one optimizer step per batch"), ("importance_sampling_correction", json!(true), "nothing left to correct")] {
+        let config = with(with(small_config(out.path(), &standard_plugin("happy")), "max_steps_off_policy", json!(1)), key, value);
+        let error = format!("{:#}", TrainConfig::resolve(None, config).err().expect("refused"));
+        assert!(error.contains("max_steps_off_policy") && error.contains(says), "{key}: {error}");
+    }
+}
