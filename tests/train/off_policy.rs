@@ -100,3 +100,32 @@ fn off_policy_training_refuses_what_needs_the_batch_at_its_step() {
         assert!(error.contains("max_steps_off_policy") && error.contains(says), "{key}: {error}");
     }
 }
+
+/// The process killed (SIGKILL) once its first checkpoint exists, wherever it then is, and
+/// resumed with `smallrl train --resume`, ends where the run that was never killed ends.
+#[test]
+fn an_off_policy_run_killed_and_resumed_equals_the_uninterrupted_run() {
+    let out = tempfile::tempdir().unwrap();
+    let config = |dir: &str| [("max_steps_off_policy", json!(1)), ("max_steps", json!(8)), ("eval_every", json!(4))].into_iter().fold(routed_config(&out.path().join(dir)), |c, (k, v)| with(c, k, v));
+    let whole = train(config("a"));
+    let file = out.path().join("b.yaml");
+    std::fs::write(&file, serde_json::to_string(&Value::Object(config("b"))).unwrap()).unwrap();
+    let run = out.path().join("b").join(whole.file_name().unwrap());
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_smallrl")).args(["train", "--config", file.to_str().unwrap()]).stdout(std::process::Stdio::null()).spawn().unwrap();
+    while !run.join("checkpoint-2").is_dir() {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before its first checkpoint");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!run.join("checkpoint-8").exists(), "killed before its end");
+    common::smallrl_ok(&["train", "--resume", run.to_str().unwrap()]);
+    for file in ["metrics.jsonl", "routing_eval.jsonl"] {
+        assert_same_metrics(&deterministic(read_jsonl(&whole.join(file))), &deterministic(read_jsonl(&run.join(file))), file);
+    }
+    let weights = |dir: &Path| smallrl::model::weights::read_safetensors(&dir.join("checkpoint-8/adapters.safetensors")).unwrap();
+    let (a, b) = (weights(&whole), weights(&run));
+    for (name, tensor) in &a {
+        assert!(tensor.equal(&b[name]), "{name} differs after the kill and resumption");
+    }
+}
