@@ -180,16 +180,22 @@ impl Engine {
 
     /// Posts `job` for `run` and waits for its outcome (see the module's documentation).
     fn rendezvous(&self, run: usize, job: Job<'_>) -> Result<Done<Outcome>> {
-        // SAFETY: see `Posted`: this thread does not return before the job is consumed.
-        let job: Job<'static> = unsafe { std::mem::transmute::<Job<'_>, Job<'static>>(job) };
+        let broken = || anyhow!("another run's job panicked in the shared engine; this run stops with it");
         let mut state = self.lock();
+        if self.broken.load(Ordering::SeqCst) {
+            return Err(broken());
+        }
+        // SAFETY: see `Posted`: this thread does not return while the job is posted (it is
+        // either consumed by `run_posted` or taken back below).
+        let job: Job<'static> = unsafe { std::mem::transmute::<Job<'_>, Job<'static>>(job) };
         state.posted.push(Posted { run, job });
         loop {
             if let Some(done) = state.outcomes.remove(&run) {
                 return Ok(done);
             }
             if self.broken.load(Ordering::SeqCst) {
-                return Err(anyhow!("another run's job panicked in the shared engine; this run stops with it"));
+                state.posted.retain(|posted| posted.run != run);
+                return Err(broken());
             }
             if state.posted.len() == state.live {
                 state = self.run_posted(state);
