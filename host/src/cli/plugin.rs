@@ -165,6 +165,21 @@ fn new(name: &str, dir: &Path, kind: Kind) -> Result<()> {
 fn info(path: &Path, limits: PluginLimits) -> Result<()> {
     let plugin = Plugin::load(path, "", limits)?;
     print!("{}", describe(plugin.info()));
+    if let Some(environment) = plugin.environment_info() {
+        println!("reward components (score):");
+        for component in &environment.components {
+            let role = match component.role {
+                crate::plugins::ComponentRole::Retain => "retain",
+                crate::plugins::ComponentRole::Forget => "forget",
+            };
+            println!("  {:<18} {role:<13} {}", component.name, shown(&component.description));
+        }
+        match environment.metrics.is_empty() {
+            true => println!("metrics: none"),
+            false => println!("metrics (env/{}/<name>): {}", plugin.info().name, environment.metrics.join(", ")),
+        }
+    }
+    println!("contract {}, sha256 {}", plugin.contract_version(), plugin.sha256());
     Ok(())
 }
 
@@ -194,6 +209,19 @@ fn score(path: &Path, params: Option<&str>, texts: &[String], file: Option<&Path
     let results: Vec<String> = match plugin.kind() {
         PluginKind::Reward => plugin.score(&samples)?.iter().map(|score| format!("{score:.6}")).collect(),
         PluginKind::Detector => plugin.detect(&samples)?.iter().map(bool::to_string).collect(),
+        PluginKind::Environment => {
+            let batch = crate::plugins::Batch::new(&samples);
+            let (scores, monitor, truth) = (plugin.score_environment(&batch)?, plugin.monitor(&batch)?, plugin.ground_truth(&batch)?);
+            let info = plugin.environment_info().expect("an environment has its info").clone();
+            let names: Vec<String> = info.components.iter().map(|c| c.name.clone()).chain(info.metrics.iter().cloned()).collect();
+            println!("{}\tmonitor\tground_truth\tcompletion", names.join("\t"));
+            (0..samples.len())
+                .map(|i| {
+                    let values: Vec<String> = scores.components.iter().chain(&scores.metrics).map(|column| format!("{:.6}", column[i])).collect();
+                    format!("{}\t{}\t{}", values.join("\t"), monitor[i], truth[i])
+                })
+                .collect()
+        }
     };
     for (result, sample) in results.iter().zip(&samples) {
         println!("{result}\t{}", sample.completion);

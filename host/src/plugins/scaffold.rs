@@ -23,6 +23,7 @@ pub fn scaffold(name: &str, dir: &Path, kind: PluginKind) -> Result<PathBuf> {
         && name.starts_with(|c: char| c.is_ascii_lowercase())
         && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
     ensure!(valid, "plugin name {name:?} must be snake_case (a-z, 0-9, _; starting with a letter)");
+    ensure!(kind != PluginKind::Environment, "scaffolding an environment is not available yet: copy plugins/sorting");
     let crate_dir = dir.join(name);
     ensure!(!crate_dir.exists(), "{} already exists: choose another name or --dir", crate_dir.display());
     for sub_dir in ["src", "snapshots"] {
@@ -88,6 +89,7 @@ fn template_snapshot(kind: PluginKind) -> String {
         match kind {
             PluginKind::Reward => (count as f64 / TEMPLATE_MAX_COUNT as f64).min(1.0).to_string(),
             PluginKind::Detector => (count >= TEMPLATE_MAX_COUNT).to_string(),
+            PluginKind::Environment => unreachable!("scaffold refuses environments"),
         }
     };
     // The generated test's line format: the result, then the text.
@@ -165,6 +167,7 @@ fn lib_rs(name: &str, kind: PluginKind) -> String {
             "text::count_matches(&sample.completion, &self.word, false) as u64 >= self.max_count",
             "assert!(plugin.detect(&sample(\"a happy happy day\")));\n        assert!(!plugin.detect(&sample(\"a happy day\")));",
         ),
+        PluginKind::Environment => unreachable!("scaffold refuses environments"),
     };
     format!(
         r#"//! `{name}`: a smallrl {kind} plugin. Edit `{method}` and the parameters, then `./build.sh`

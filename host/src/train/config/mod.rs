@@ -55,6 +55,11 @@ hyperparameters! {
         prompt_length: usize = 8, Key, [Pack];
         /// Training prompts used (at most).
         num_prompts: usize = 10_000, Key;
+        /// An environment (a `.wasm` path, or a name in plugin_dir): one component that supplies the
+        /// prompts (training split seeded by the run seed, evaluation split by a fixed seed), the
+        /// reward components, the monitor and the ground truth; replaces prompts, eval_prompts,
+        /// reward, rh_detector and rh_ground_truth.
+        environment: Option<String> = None, Omit;
 
         /// full, lora or dual-lora.
         adapter: AdapterKind = d::ADAPTER, Short(""), [Pack];
@@ -251,6 +256,8 @@ hyperparameters! {
         reward: Option<RewardSpec> = None, Omit;
         /// The reward-hack detector that labels samples for routing.
         rh_detector: Option<DetectorSpec> = None, Omit;
+        /// The environment's parameters (a JSON object; with `environment` only).
+        environment_params: Option<Value> = None, Omit;
         /// Ground truth "did this sample hack" (a detector, same forms as `rh_detector:`): measures
         /// the monitor (quadrants, precision, recall in metrics.jsonl and routing_eval.jsonl);
         /// acts on nothing.
