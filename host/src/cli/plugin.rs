@@ -54,6 +54,9 @@ pub enum PluginCommand {
         dir: PathBuf,
         #[arg(long, value_enum, default_value_t = Kind::Reward)]
         kind: Kind,
+        /// The same as `--kind environment`: a whole task (prompts, rewards, monitor, ground truth).
+        #[arg(long, conflicts_with = "kind")]
+        environment: bool,
     },
     /// Print what a plugin is (reward or detector), its description and its parameters.
     Info {
@@ -126,11 +129,12 @@ pub enum PluginCommand {
 pub enum Kind {
     Reward,
     Detector,
+    Environment,
 }
 
 pub fn run(command: PluginCommand) -> Result<()> {
     match command {
-        PluginCommand::New { name, dir, kind } => new(&name, &dir, kind),
+        PluginCommand::New { name, dir, kind, environment } => new(&name, &dir, if environment { Kind::Environment } else { kind }),
         PluginCommand::Info { path, limits } => info(&path, limits.limits()?),
         PluginCommand::Score { path, params, texts, file, tokenizer, limits } => {
             score(&path, params.as_deref(), &texts, file.as_deref(), tokenizer.as_deref(), limits.limits()?)
@@ -152,12 +156,16 @@ fn new(name: &str, dir: &Path, kind: Kind) -> Result<()> {
     let kind = match kind {
         Kind::Reward => PluginKind::Reward,
         Kind::Detector => PluginKind::Detector,
+        Kind::Environment => PluginKind::Environment,
     };
     let crate_dir = scaffold::scaffold(name, dir, kind)?;
     println!("created {kind} plugin crate {}", crate_dir.display());
     println!("next:");
     println!("  {}/build.sh                 # builds {name}.wasm (about a minute the first time)", crate_dir.display());
-    println!("  smallrl plugin score {}/{name}.wasm --text \"a happy happy day\"", crate_dir.display());
+    match kind {
+        PluginKind::Environment => println!("  smallrl plugin info {}/{name}.wasm   # its components and metrics", crate_dir.display()),
+        _ => println!("  smallrl plugin score {}/{name}.wasm --text \"a happy happy day\"", crate_dir.display()),
+    }
     println!("  (cd {} && cargo test)         # native tests, with a snapshot of fixed texts", crate_dir.display());
     Ok(())
 }

@@ -12,6 +12,7 @@ mod environment;
 mod failure;
 mod instance;
 pub mod scaffold;
+mod scaffold_env;
 pub mod snapshot;
 mod store;
 pub mod text;

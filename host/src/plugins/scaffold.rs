@@ -23,7 +23,6 @@ pub fn scaffold(name: &str, dir: &Path, kind: PluginKind) -> Result<PathBuf> {
         && name.starts_with(|c: char| c.is_ascii_lowercase())
         && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
     ensure!(valid, "plugin name {name:?} must be snake_case (a-z, 0-9, _; starting with a letter)");
-    ensure!(kind != PluginKind::Environment, "scaffolding an environment is not available yet: copy plugins/sorting");
     let crate_dir = dir.join(name);
     ensure!(!crate_dir.exists(), "{} already exists: choose another name or --dir", crate_dir.display());
     for sub_dir in ["src", "snapshots"] {
@@ -37,8 +36,14 @@ pub fn scaffold(name: &str, dir: &Path, kind: PluginKind) -> Result<PathBuf> {
         ("Cargo.toml", cargo_toml(name, &sdk, kind)),
         ("rust-toolchain.toml", RUST_TOOLCHAIN.to_string()),
         ("build.sh", build_script(name, &componentize)),
-        ("src/lib.rs", lib_rs(name, kind)),
-        (SNAPSHOT_FILE, template_snapshot(kind)),
+        ("src/lib.rs", match kind {
+            PluginKind::Environment => super::scaffold_env::lib_rs(name, &type_name(name), SNAPSHOT_TEXTS),
+            _ => lib_rs(name, kind),
+        }),
+        (SNAPSHOT_FILE, match kind {
+            PluginKind::Environment => super::scaffold_env::template_snapshot(SNAPSHOT_TEXTS),
+            _ => template_snapshot(kind),
+        }),
     ];
     for (file, contents) in files {
         let path = crate_dir.join(file);
@@ -112,7 +117,7 @@ crate-type = ["cdylib", "rlib"]
 
 [dependencies]
 smallrl-plugin-sdk = {{ path = "{sdk}", features = ["{kind}"] }}
-
+{extra}
 [dev-dependencies]
 # Snapshot tests of your function (`cargo insta review` needs `cargo install cargo-insta`).
 insta = "1.49"
@@ -127,7 +132,8 @@ codegen-units = 1
 panic = "abort"
 strip = true
 "#,
-        sdk = sdk.display()
+        sdk = sdk.display(),
+        extra = if kind == PluginKind::Environment { "serde_json = \"1\"\n" } else { "" },
     )
 }
 
