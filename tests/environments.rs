@@ -396,3 +396,40 @@ fn the_qa_environments_through_the_host() {
     cfg.validate().unwrap();
     assert_eq!((cfg.environment.as_deref(), cfg.max_completion_length, cfg.max_steps), (Some("cities_qa"), 16, 2000));
 }
+
+/// An environment on the real SmolLM2-135M-Instruct with chat prompts: one step of 2 groups of
+/// 2 completions of 6 tokens (DualMLP m16, classic routing). Every logged prompt is transformers'
+/// `apply_chat_template` of one sorting prompt as a user message, every logged reward the hand
+/// formula of its prompt, and `smallrl eval` reads the run (its evaluation prompts from the
+/// environment's eval split).
+#[test]
+fn an_environment_trains_a_step_on_smollm2_with_chat_prompts() {
+    let out = tempfile::tempdir().unwrap();
+    let config = serde_json::json!({
+        "model": common::real_model_dir(), "environment": "sorting", "plugin_dir": plugin_dir(), "prompt_format": "chat",
+        "adapter": "dual-mlp", "mlp_config": "m16", "routing_mode": "classic", "hack_frac": 0.5, "num_prompts": 16,
+        "batch_size": 4, "num_generations": 2, "max_completion_length": 6, "max_steps": 1, "save_steps": 1, "eval_every": 1,
+        "eval_samples": 2, "logging_steps": 1, "beta": 0.0, "lr": 1e-3, "log_completions": true, "tensorboard": false,
+        "output_dir": out.path().join("runs"),
+    });
+    let config_path = out.path().join("sorting.yaml");
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    common::smallrl_ok(&["train", "--config", config_path.to_str().unwrap(), "--threads", "2"]);
+    let runs: Vec<_> = std::fs::read_dir(out.path().join("runs")).unwrap().map(|e| e.unwrap().path()).collect();
+    let run = &runs[0];
+    let lines: Vec<Value> = std::fs::read_to_string(run.join("completions.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 4);
+    let raw = |rendered: &str| rendered.split("<|im_start|>user\n").nth(1).unwrap().split("<|im_end|>").next().unwrap().to_string();
+    let conversations: Vec<Value> = lines.iter().map(|l| serde_json::json!([{"role": "user", "content": raw(l["prompt"].as_str().unwrap())}])).collect();
+    let reference = common::hf_real_model(&serde_json::json!({"chat": conversations}));
+    for (line, rendered) in lines.iter().zip(reference["chat"].as_array().unwrap()) {
+        assert_eq!(line["prompt"], rendered["text"], "the chat rendering is transformers'");
+        let list = list_of(&raw(line["prompt"].as_str().unwrap()));
+        let (retain, forget, _) = by_hand(&list, line["completion"].as_str().unwrap());
+        let hackable = list[0] == *list.iter().max().unwrap();
+        assert_eq!(line["hackable"].as_bool(), Some(hackable));
+        assert_eq!(line["reward"].as_f64(), Some(retain + if hackable { forget } else { 0.0 }), "{line}");
+    }
+    let report: Value = serde_json::from_str(&common::smallrl_ok(&["eval", run.join("checkpoint-1").to_str().unwrap(), "--n-samples", "2", "--threads", "2", "--json"])).unwrap();
+    assert!(!report["report"]["modes"].as_array().unwrap().is_empty(), "{report}");
+}
