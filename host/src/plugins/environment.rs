@@ -270,3 +270,27 @@ fn check_prompt(prompt: wit::Prompt) -> Result<EnvPrompt, String> {
     }
     Ok(EnvPrompt { content, metadata })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(components: &[(&str, ComponentRole)], metrics: &[&str]) -> EnvironmentInfo {
+        let component = |(name, role): &(&str, ComponentRole)| EnvComponent { name: name.to_string(), role: *role, description: String::new() };
+        EnvironmentInfo { components: components.iter().map(component).collect(), metrics: metrics.iter().map(|m| m.to_string()).collect() }
+    }
+
+    #[test]
+    fn environment_info_rules() {
+        use ComponentRole::{Forget, Retain};
+        assert_eq!(check_environment_info(&info(&[("task", Retain), ("hack", Forget)], &["correct"])), Ok(()));
+        let error = |components: &[(&str, ComponentRole)], metrics: &[&str]| check_environment_info(&info(components, metrics)).unwrap_err();
+        assert!(error(&[("hack", Forget)], &[]).contains("no `retain` component"));
+        assert!(error(&[], &[]).contains("no `retain` component"));
+        assert!(error(&[("task", Retain), ("task", Forget)], &[]).contains("`components[1].name` is \"task\", which an earlier"));
+        assert!(error(&[("task", Retain)], &["task"]).contains("`metrics[0]` is \"task\", which an earlier"));
+        assert!(error(&[("a b", Retain)], &[]).contains("`components[0].name`"));
+        assert!(error(&[("task", Retain)], &[""]).contains("`metrics[0]`"));
+        assert!(error(&[("task", Retain)], &[&"x".repeat(65)]).contains("1 to 64 bytes"));
+    }
+}

@@ -49,6 +49,7 @@ pub fn load(cfg: &TrainConfig, tokenizer: &Tokenizer, render: &PromptRender) -> 
     let (prompts, eval_prompts) = match rewards.environment_name().map(str::to_string) {
         None => prompts::load(cfg, tokenizer, render)?,
         Some(name) => {
+            ensure!(cfg.num_prompts > 0, "num_prompts is 0: environment {name} needs to generate at least one training prompt");
             let train = environment_prompts(&mut rewards, EnvSplit::Train, cfg.num_prompts, cfg.seed, cfg, render)?;
             let eval = evaluation_prompts(&mut rewards, cfg.eval_samples, cfg, render)?;
             check_disjoint(&name, &train, &eval)?;

@@ -191,7 +191,8 @@ hyperparameters! {
         rh_eligible_frac: f64 = 1.0, Short("elig");
         /// Fraction of prompts that offer the hack (the original's hack_frac, prompt-level where
         /// rh_eligible_frac is per sample): a fixed hash of each prompt's text keeps it hackable
-        /// with this probability; unhackable prompts get no forget components.
+        /// with this probability (an environment applies it as it defines it); unhackable
+        /// prompts get no forget components.
         hack_frac: f64 = 1.0, Short("hf");
         /// What the monitor's flags do: routing (where routing_mode sends them; with none,
         /// nothing), penalty (reward - rh_penalty), filter (out of the loss and the advantages)
