@@ -39,7 +39,11 @@ fn every_accepted_key_and_value_loads_to_the_same_model() {
         let values: Vec<Value> = match rule {
             KeyRule::Read => continue,
             KeyRule::Inert(_) => anything.to_vec(),
+            // model_type and architectures name the family: the other families are loaded below.
+            KeyRule::Only(..) if ["model_type", "architectures"].contains(key) => vec![base()[*key].clone()],
             KeyRule::Only(allowed, _) => allowed.iter().map(|a| serde_json::from_str(a).unwrap()).collect(),
+            // Sliding-window sizes: null, or anything once sliding windows are off (below).
+            KeyRule::When(..) => vec![json!(null)],
         };
         for value in values {
             let loaded = LlamaConfig::from_json(&with(key, value.clone())).unwrap_or_else(|e| panic!("{key} = {value}: {e:#}"));
@@ -73,9 +77,9 @@ fn rope_theta_is_read_either_way_and_both_ways_must_agree() {
 #[test]
 fn every_value_that_changes_the_maths_is_refused_by_name() {
     let refused: &[(&str, Value)] = &[
-        ("model_type", json!("qwen2")),
-        ("model_type", json!("qwen3")),
-        ("architectures", json!(["Qwen2ForCausalLM"])),
+        ("model_type", json!("mistral")),
+        ("model_type", json!("qwen2_moe")),
+        ("architectures", json!(["MistralForCausalLM"])),
         ("hidden_act", json!("gelu")),
         ("attention_bias", json!(true)),
         ("mlp_bias", json!(true)),
@@ -84,6 +88,8 @@ fn every_value_that_changes_the_maths_is_refused_by_name() {
         ("rope_scaling", json!({"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})),
         ("rope_interleaved", json!(true)),
         ("sliding_window", json!(4096)),
+        ("max_window_layers", json!(2)),
+        ("layer_types", json!(["full_attention", "sliding_attention", "full_attention", "full_attention"])),
         ("use_sliding_window", json!(true)),
         ("attention_dropout", json!(0.1)),
         ("pretraining_tp", json!(2)),
@@ -97,7 +103,7 @@ fn every_value_that_changes_the_maths_is_refused_by_name() {
     }
     // Every key accepted with fixed values only has a refused value above.
     for (key, rule) in KEYS {
-        if matches!(rule, KeyRule::Only(..)) {
+        if matches!(rule, KeyRule::Only(..) | KeyRule::When(..)) {
             assert!(refused.iter().any(|(k, _)| k == key), "no refused value of {key} is tested");
         }
     }
@@ -176,4 +182,71 @@ fn config_json_stop_ids_follow_the_same_rule() {
     assert_eq!(config.stop_ids(), vec![3, 9]);
     let message = error(&with("eos_token_id", json!([3, 4096])));
     assert!(message.contains("eos_token_id") && message.contains("4096"), "{message}");
+}
+
+/// Qwen2's and Qwen3's config.json as the Hub publishes them (Qwen2.5-0.5B-Instruct's keys:
+/// `sliding_window` 32768 with `use_sliding_window: false`, `max_window_layers`; Qwen3-0.6B's:
+/// `attention_bias`, a head_dim of 128 with 16 heads of a 1024-wide model), shrunk to
+/// tiny-random's vocabulary. The family decides the biases and q/k norms; what would turn a
+/// sliding window on, or name another architecture, is refused by key and value.
+#[test]
+fn qwen_configs_as_published_load_and_sliding_windows_are_refused() {
+    let qwen2 = json!({
+        "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 1,
+        "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02, "intermediate_size": 4864,
+        "max_position_embeddings": 32768, "max_window_layers": 21, "model_type": "qwen2", "num_attention_heads": 14,
+        "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+        "sliding_window": 32768, "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.43.1",
+        "use_cache": true, "use_sliding_window": false, "vocab_size": 4096
+    });
+    let qwen3 = json!({
+        "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": 151643,
+        "eos_token_id": 1, "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024, "initializer_range": 0.02,
+        "intermediate_size": 3072, "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+        "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+        "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null, "tie_word_embeddings": true,
+        "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": true, "use_sliding_window": false,
+        "vocab_size": 4096, "layer_types": vec!["full_attention"; 28]
+    });
+    let load = |v: &Value| LlamaConfig::from_json(v.as_object().unwrap());
+    let config = load(&qwen2).unwrap();
+    assert_eq!((config.model_type.name(), config.head_dim, config.num_key_value_heads), ("qwen2", 64, 2));
+    assert!(config.model_type.qkv_bias() && !config.model_type.qk_norm());
+    let config = load(&qwen3).unwrap();
+    assert_eq!((config.model_type.name(), config.head_dim, config.q_size()), ("qwen3", 128, 2048));
+    assert!(!config.model_type.qkv_bias() && config.model_type.qk_norm());
+    // Sliding windows on, in either family; biases on Qwen3's o projection; a family mismatch.
+    let edit = |base: &Value, key: &str, value: Value| {
+        let mut raw = base.as_object().unwrap().clone();
+        raw.insert(key.into(), value);
+        raw
+    };
+    let refused = [
+        (edit(&qwen2, "use_sliding_window", json!(true)), "use_sliding_window", "true"),
+        (edit(&qwen3, "use_sliding_window", json!(true)), "use_sliding_window", "true"),
+        (edit(&qwen3, "attention_bias", json!(true)), "attention_bias", "true"),
+        (edit(&qwen3, "layer_types", json!(vec!["sliding_attention"; 28])), "layer_types", "sliding_attention"),
+        (edit(&qwen2, "architectures", json!(["Qwen3ForCausalLM"])), "architectures", "Qwen3ForCausalLM"),
+        (edit(&qwen3, "architectures", json!(["LlamaForCausalLM"])), "architectures", "LlamaForCausalLM"),
+    ];
+    for (raw, key, value) in refused {
+        let message = error(&raw);
+        assert!(message.contains(&format!("{key:?}")) && message.contains(value) && message.contains("refused"), "{key} = {value}: {message}");
+    }
+    // Without use_sliding_window: false, a window size is not known to be inert.
+    let mut raw = qwen2.as_object().unwrap().clone();
+    raw.remove("use_sliding_window");
+    let message = error(&raw);
+    assert!(message.contains("\"max_window_layers\" = 21") && message.contains("use_sliding_window is false"), "{message}");
+    raw.remove("max_window_layers");
+    let message = error(&raw);
+    assert!(message.contains("\"sliding_window\" = 32768") && message.contains("refused"), "{message}");
+    // The family is written back on export, and a checkpoint's serialised config keeps it.
+    let config = load(&qwen3).unwrap();
+    assert_eq!(config.to_hf_json()["model_type"], "qwen3");
+    assert_eq!(config.to_hf_json()["architectures"], json!(["Qwen3ForCausalLM"]));
+    let back: LlamaConfig = serde_json::from_str(&serde_json::to_string(&config).unwrap()).unwrap();
+    assert_eq!(back, config);
+    let llama = LlamaConfig::from_json(&base()).unwrap();
+    assert!(!serde_json::to_string(&llama).unwrap().contains("model_type"), "LLaMA configs serialise as before");
 }

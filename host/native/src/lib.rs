@@ -10,8 +10,9 @@
 //! The host (`smallrl::model::native`) fills a [`Model`] from its libtorch decoder's folded
 //! weights: adapters merged, the attention scale `1/sqrt(head_dim)` folded into the query
 //! rows, and `rotate_half` folded into extra rows of the fused projection, whose output per
-//! token is `[q, k, rotate_half(q), rotate_half(k), v]`. This crate has no modelling choices
-//! of its own beyond that layout.
+//! token is `[q, k, rotate_half(q), rotate_half(k), v]` (plus the fused q/k/v biases of Qwen2,
+//! and Qwen3's per-head q/k norm weights in the same layout, the attention scale then folded
+//! into q's norm weight). This crate has no modelling choices of its own beyond that layout.
 //!
 //! Invariant: each row's tokens depend only on its prompt and its own uniform stream, never on
 //! which stream or thread computed it.
@@ -25,7 +26,7 @@ mod model;
 mod sampling;
 mod stream;
 
-pub use model::{Dims, Layer, Matrix, Model};
+pub use model::{Dims, Layer, Matrix, Model, QkNorm};
 use stream::{run_stream, score_stream};
 
 /// How tokens are drawn (the host re-exports it as `SamplingParams`). `temperature == 0` is

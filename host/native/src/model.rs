@@ -76,6 +76,19 @@ pub struct Layer {
     pub gate_up: Matrix,
     /// `[intermediate, hidden]`.
     pub down: Matrix,
+    /// Biases of the fused projection, `[fused width]` (Qwen2's q/k/v biases in its layout).
+    pub qkv_bias: Option<Vec<f32>>,
+    /// Per-head RMSNorm of q and k before RoPE (Qwen3).
+    pub qk_norm: Option<QkNorm>,
+}
+
+/// The weights of a per-head RMSNorm of the fused projection's `q, k` block, `[(heads +
+/// kv_heads) * head_dim]` each: `plain` for `q, k` and `rotated` for their `rotate_half`
+/// images. A head and its `rotate_half` have the same RMS, so both are divided by the plain
+/// head's.
+pub struct QkNorm {
+    pub plain: Vec<f32>,
+    pub rotated: Vec<f32>,
 }
 
 /// The float32 weights and shapes of a model.
@@ -110,6 +123,12 @@ impl Model {
             assert_eq!((l.down.inputs, l.down.outputs), (intermediate, hidden), "layer {i}: down shape");
             assert_eq!(l.input_layernorm.len(), hidden, "layer {i}: input norm shape");
             assert_eq!(l.post_attention_layernorm.len(), hidden, "layer {i}: post-attention norm shape");
+            if let Some(bias) = &l.qkv_bias {
+                assert_eq!(bias.len(), l.qkv.outputs, "layer {i}: fused bias shape");
+            }
+            if let Some(norm) = &l.qk_norm {
+                assert_eq!((norm.plain.len(), norm.rotated.len()), (qk, qk), "layer {i}: q/k norm shape");
+            }
         }
         assert!(!layers.is_empty(), "a model needs at least one layer");
         Self { dims, embed_tokens, layers, norm, head, cos, sin, extra_stops: Vec::new() }

@@ -205,6 +205,13 @@ pub(crate) fn forward(model: &Model, block: &[TokenSlot], caches: &mut [RowCache
     for (l, layer) in model.layers.iter().enumerate() {
         rms_norm_rows(&s.x, &layer.input_layernorm, model.dims.rms_norm_eps, &mut s.h);
         layer.qkv.apply(&s.h, &mut s.fused, false, par);
+        if let Some(bias) = &layer.qkv_bias {
+            for row in s.fused.chunks_exact_mut(bias.len()) {
+                for (y, b) in row.iter_mut().zip(bias) {
+                    *y += b;
+                }
+            }
+        }
         rope_and_cache(model, l, block, &mut s.fused, caches);
         attention(model, l, block, &s.fused, caches, &mut s.attn, &mut s.scores);
         layer.o.apply(&s.attn, &mut s.x, true, par);
@@ -227,8 +234,9 @@ pub(crate) fn head(model: &Model, x: &[f32], rows: &[usize], logits: &mut Vec<f3
     model.head.apply(&picked, logits, false, par);
 }
 
-/// Applies RoPE in place to the query and key part of each fused row (`q, k` then their
-/// `rotate_half` images, then `v`) and writes keys and values to the rows' caches.
+/// Applies the per-head q/k norm where the model has one, then RoPE, in place to the query and
+/// key part of each fused row (`q, k` then their `rotate_half` images, then `v`), and writes
+/// keys and values to the rows' caches.
 #[inline(always)]
 pub(crate) fn rope_and_cache(model: &Model, layer: usize, block: &[TokenSlot], fused: &mut [f32], caches: &mut [RowCache]) {
     let (hd, kv) = (model.dims.head_dim, model.dims.kv_heads);
@@ -239,6 +247,16 @@ pub(crate) fn rope_and_cache(model: &Model, layer: usize, block: &[TokenSlot], f
         let sin = &model.sin[slot.position * hd..(slot.position + 1) * hd];
         let (plain, rest) = row.split_at_mut(qk);
         let (rotated, values) = rest.split_at_mut(qk);
+        if let Some(norm) = &model.layers[layer].qk_norm {
+            let heads = plain.chunks_exact_mut(hd).zip(rotated.chunks_exact_mut(hd));
+            for ((head, rot), (w, w_rot)) in heads.zip(norm.plain.chunks_exact(hd).zip(norm.rotated.chunks_exact(hd))) {
+                let inv = 1.0 / (head.iter().map(|v| v * v).sum::<f32>() / hd as f32 + model.dims.rms_norm_eps).sqrt();
+                for j in 0..hd {
+                    head[j] *= inv * w[j];
+                    rot[j] *= inv * w_rot[j];
+                }
+            }
+        }
         for (head, rot) in plain.chunks_exact_mut(hd).zip(rotated.chunks_exact(hd)) {
             for j in 0..hd {
                 head[j] = head[j] * cos[j] + rot[j] * sin[j];

@@ -1,14 +1,18 @@
-//! The engine: every way the trainer runs the policy's model for scoring and training. Given a
-//! model (or several runs' models of one architecture) and sequences, it computes completion
-//! log-probabilities with and without gradient and the step's backward passes, deciding
-//! micro-batches, splits and stacking; the loss itself is [`crate::grpo`]'s.
+//! The engine: every way the trainer runs the policy's model. [`Engine`] (`shared.rs`) is what
+//! the runs of a process share (a solo run is a pack of one): each run's [`Seat`] samples,
+//! scores its reference log-probabilities and trains its plain backward pass, and the engine
+//! alone chooses the implementation (native CPU sampler and scorer, libtorch eager, CUDA
+//! graphs) and whether jobs of several runs run stacked. Below it, plain functions compute
+//! completion log-probabilities with and without gradient and the step's backward passes
+//! (micro-batches, splits, stacked); the loss itself is [`crate::grpo`]'s.
 //!
 //! Architecture invariant: the trainer reaches the model's forward pass for scoring and
-//! training only through this module (sampling is `model::generate`'s, over the folded
-//! decoder weights); `grpo` never sees a model.
+//! training, and the sampler, only through this module; `grpo` never sees a model.
 
 mod logprobs;
 mod passes;
+mod shared;
 
 pub use logprobs::{Sequences, TokenLogprobs, completion_logprobs, frozen_logprobs};
+pub use shared::{Done, Engine, ReferenceJob, Seat, Stacking, TrainJob};
 pub use passes::{BackwardPass, LossBatch, Passes, backward_micro_batches, backward_passes, backward_stacked, stacked_frozen_logprobs};

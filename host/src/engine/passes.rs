@@ -11,6 +11,7 @@ use crate::model::Llama;
 use crate::model::linear::AdapterCtl;
 
 /// One step's batch as the loss sees it (all `[batch, ...]`).
+#[derive(Clone, Copy)]
 pub struct LossBatch<'a> {
     pub seqs: Sequences<'a>,
     /// The routing plan's per-row adapter controls.

@@ -1,4 +1,6 @@
-//! `config.json` of an HF `LlamaForCausalLM`: every shape the model uses is read from here.
+//! `config.json` of an HF `LlamaForCausalLM`, `Qwen2ForCausalLM` or `Qwen3ForCausalLM`: every
+//! shape the model uses is read from here, and the family ([`ModelType`]) says which of the
+//! Qwen additions (q/k/v biases, per-head q/k RMSNorm) the one model description carries.
 //!
 //! The rule for every key is in one table, [`KEYS`]: keys read into [`LlamaConfig`] (and checked
 //! for range: positive sizes and eps/theta, heads that divide, an even head_dim), keys that do not
@@ -31,6 +33,61 @@ pub struct LlamaConfig {
     /// (Llama-3 and Qwen list several); empty for most models (and absent from older files).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub extra_stop_ids: Vec<u32>,
+    /// The architecture's family (`model_type`); LLaMA in configurations written before Qwen.
+    #[serde(default, skip_serializing_if = "ModelType::is_llama")]
+    pub model_type: ModelType,
+}
+
+/// The families smallrl implements: one LLaMA block, with Qwen's additions where `model_type`
+/// says so. Qwen2: biases on the q, k and v projections (not o). Qwen3: no biases
+/// (`attention_bias: false`), an RMSNorm over each head of q and k (weights `q_norm`, `k_norm`
+/// of size head_dim) after the projection and before RoPE, and a head_dim that may differ from
+/// hidden / heads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelType {
+    #[default]
+    Llama,
+    Qwen2,
+    Qwen3,
+}
+
+impl ModelType {
+    /// `model_type` as config.json writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Llama => "llama",
+            Self::Qwen2 => "qwen2",
+            Self::Qwen3 => "qwen3",
+        }
+    }
+
+    /// The `architectures` entry transformers writes for it.
+    pub fn architecture(self) -> &'static str {
+        match self {
+            Self::Llama => "LlamaForCausalLM",
+            Self::Qwen2 => "Qwen2ForCausalLM",
+            Self::Qwen3 => "Qwen3ForCausalLM",
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Self> {
+        [Self::Llama, Self::Qwen2, Self::Qwen3].into_iter().find(|t| t.name() == name)
+    }
+
+    fn is_llama(&self) -> bool {
+        *self == Self::Llama
+    }
+
+    /// Whether the q, k and v projections carry biases (Qwen2).
+    pub fn qkv_bias(self) -> bool {
+        self == Self::Qwen2
+    }
+
+    /// Whether q and k are RMS-normalised per head before RoPE (Qwen3).
+    pub fn qk_norm(self) -> bool {
+        self == Self::Qwen3
+    }
 }
 
 /// How one `config.json` key is treated. Every key smallrl accepts is in [`KEYS`]; a key not
@@ -45,9 +102,26 @@ pub enum KeyRule {
     /// Accepted only with one of these values (JSON), which are what smallrl computes; any other
     /// value would change the maths and is refused with the reason given.
     Only(&'static [&'static str], &'static str),
+    /// Accepted with any value when the configuration satisfies the condition (a function of
+    /// the key's value and the whole config.json; it says what it needs), otherwise refused with
+    /// the reason given: sliding-window sizes, which matter only with sliding windows on.
+    When(fn(&Value, &Map<String, Value>) -> bool, &'static str),
 }
 
-use KeyRule::{Inert, Only, Read};
+use KeyRule::{Inert, Only, Read, When};
+
+/// Sliding windows are off: `use_sliding_window` is false (Qwen2/Qwen3 write it; transformers
+/// then attends to every earlier position whatever `sliding_window` and `max_window_layers`
+/// say), or the value is null.
+fn sliding_windows_off(value: &Value, raw: &Map<String, Value>) -> bool {
+    value.is_null() || raw.get("use_sliding_window") == Some(&Value::Bool(false))
+}
+
+/// Every layer is `full_attention` (what transformers 5 writes for Qwen2/Qwen3 without sliding
+/// windows).
+fn all_full_attention(value: &Value, _: &Map<String, Value>) -> bool {
+    value.is_null() || value.as_array().is_some_and(|layers| layers.iter().all(|l| l == "full_attention"))
+}
 
 /// The one list of `config.json` keys smallrl knows, and the rule for each (see [`KeyRule`]).
 /// Configs as transformers writes them and as the HuggingFace Hub publishes them (for example
@@ -67,14 +141,16 @@ pub const KEYS: &[(&str, KeyRule)] = &[
     ("tie_word_embeddings", Read),
     ("max_position_embeddings", Read),
     ("eos_token_id", Read),
-    ("model_type", Only(&[r#""llama""#], "smallrl implements the LLaMA architecture only")),
-    ("architectures", Only(&[r#"["LlamaForCausalLM"]"#], "smallrl implements LlamaForCausalLM only")),
+    ("model_type", Only(&[r#""llama""#, r#""qwen2""#, r#""qwen3""#], "smallrl implements the LLaMA, Qwen2 and Qwen3 architectures only")),
+    ("architectures", Only(&[r#"["LlamaForCausalLM"]"#, r#"["Qwen2ForCausalLM"]"#, r#"["Qwen3ForCausalLM"]"#], "smallrl implements LlamaForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM only")),
     ("hidden_act", Only(&[r#""silu""#], "the MLP's activation is SiLU (SwiGLU) in smallrl")),
-    ("attention_bias", Only(&["false"], "smallrl's q/k/v/o projections have no bias")),
+    ("attention_bias", Only(&["false"], "smallrl's q/k/v/o projections have no bias (Qwen2's q/k/v biases come with model_type qwen2, which has no such key)")),
     ("mlp_bias", Only(&["false"], "smallrl's gate/up/down projections have no bias")),
     ("rope_scaling", Only(&["null"], "smallrl implements plain RoPE only (no scaled or extended positions)")),
     ("rope_interleaved", Only(&["false"], "smallrl rotates the two halves of each head (HF's layout), not interleaved pairs")),
-    ("sliding_window", Only(&["null"], "smallrl attends to every earlier position (no sliding window)")),
+    ("sliding_window", When(sliding_windows_off, "smallrl attends to every earlier position (no sliding window): accepted when null or when use_sliding_window is false")),
+    ("max_window_layers", When(sliding_windows_off, "smallrl attends to every earlier position (no sliding window): accepted when use_sliding_window is false")),
+    ("layer_types", When(all_full_attention, "smallrl attends to every earlier position in every layer: accepted when every entry is \"full_attention\"")),
     ("use_sliding_window", Only(&["false"], "smallrl attends to every earlier position (no sliding window)")),
     ("attention_dropout", Only(&["0", "0.0"], "smallrl has no dropout in attention")),
     ("pretraining_tp", Only(&["1"], "smallrl runs each projection as one matrix product (no tensor-parallel slicing)")),
@@ -152,6 +228,11 @@ impl LlamaConfig {
              {num_attention_heads} (each key/value head serves a whole group of query heads)"
         );
         let vocab_size = usize_key(raw, "vocab_size")?;
+        // Checked against KEYS above; absent is LLaMA (configs written before `model_type`).
+        let model_type = match raw.get("model_type").and_then(Value::as_str) {
+            None => ModelType::Llama,
+            Some(name) => ModelType::from_name(name).with_context(|| format!("key \"model_type\" = {name:?} is not implemented"))?,
+        };
         let (eos_token_id, extra_stop_ids) = parse_stop_ids(raw.get("eos_token_id").context("eos_token_id is missing")?, vocab_size)?;
         let config = Self {
             vocab_size,
@@ -171,6 +252,7 @@ impl LlamaConfig {
             max_position_embeddings: usize_key(raw, "max_position_embeddings")?,
             eos_token_id,
             extra_stop_ids,
+            model_type,
         };
         ensure!(
             config.head_dim % 2 == 0,
@@ -198,8 +280,8 @@ impl LlamaConfig {
     /// The HF `config.json` for this configuration (export writes it; transformers 5 layout).
     pub fn to_hf_json(&self) -> Value {
         serde_json::json!({
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
+            "architectures": [self.model_type.architecture()],
+            "model_type": self.model_type.name(),
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -223,7 +305,9 @@ impl LlamaConfig {
 }
 
 /// Checks every key against [`KEYS`]: unknown keys and values of `Only` keys that change the
-/// maths are refused, naming the key, the value and why.
+/// maths are refused, naming the key, the value and why; then the `When` keys, whose conditions
+/// read the others (so `use_sliding_window: true` is named before the window sizes it makes
+/// matter), and `architectures` against `model_type`.
 fn check_supported(raw: &Map<String, Value>) -> Result<()> {
     for (key, value) in raw {
         match key_rule(key) {
@@ -237,8 +321,22 @@ fn check_supported(raw: &Map<String, Value>) -> Result<()> {
                     || allowed.iter().any(|a| a.parse::<f64>().is_ok_and(|x| value.as_f64() == Some(x)));
                 ensure!(accepted, "key {key:?} = {value} is refused: {why} (accepted: {})", allowed.join(" or "));
             }
-            Some(Read | Inert(_)) => {}
+            Some(Read | Inert(_) | When(..)) => {}
         }
+    }
+    for (key, value) in raw {
+        if let Some(When(accepted, why)) = key_rule(key) {
+            ensure!(accepted(value, raw), "key {key:?} = {value} is refused: {why}");
+        }
+    }
+    let model_type = raw.get("model_type").and_then(Value::as_str).unwrap_or("llama");
+    if let Some(architectures) = raw.get("architectures").filter(|v| !v.is_null()) {
+        let expected = ModelType::from_name(model_type).map(ModelType::architecture);
+        ensure!(
+            expected.is_some_and(|name| *architectures == serde_json::json!([name])),
+            "key \"architectures\" = {architectures} is refused: it does not match model_type {model_type:?} (expected [{:?}])",
+            expected.unwrap_or("?")
+        );
     }
     Ok(())
 }

@@ -20,7 +20,7 @@ use tch::{Device, Kind, Tensor};
 use super::cuda_graph::CudaGraph;
 use super::folded::FoldedWeights;
 use smallrl_native::Sampling as SamplingParams;
-use super::linear::run_matmul;
+use super::linear::{per_run, run_matmul};
 use super::llama::{Llama, embed, rms_norm};
 use super::native::NativeModel;
 
@@ -102,9 +102,15 @@ impl DecodeModel {
         self.native.as_ref()
     }
 
-    /// Whether the libtorch-free sampler and scorer (`native.rs`) serve this device and dtype.
+    /// Whether the libtorch-free sampler and scorer (`native.rs`) serve this device and dtype
+    /// (every model family smallrl loads: Qwen's biases and q/k norms come folded).
     pub fn native_available(device: Device, kind: Kind) -> bool {
-        device == Device::Cpu && kind == Kind::Float
+        Self::native_refusal(device, kind).is_none()
+    }
+
+    /// Why the native sampler does not serve this device and dtype (`None` when it does).
+    pub fn native_refusal(device: Device, kind: Kind) -> Option<String> {
+        (device != Device::Cpu || kind != Kind::Float).then(|| format!("the native sampler runs float32 on the CPU only (here {kind:?} on {device:?})"))
     }
 
     pub fn new_cache(&self, batch: i64, capacity: i64) -> KvCache {
@@ -149,8 +155,22 @@ impl DecodeModel {
         for (layer, (keys, values)) in self.weights.layers.iter().zip(cache.keys.iter_mut().zip(cache.values.iter_mut())) {
             let h = rms_norm(&x, &layer.input_layernorm, eps);
             let fused = run_matmul(&h, &layer.qkv_t);
+            let fused = match &layer.qkv_bias {
+                Some(bias) => per_run(&fused, bias, 1, |x, b| x + b),
+                None => fused,
+            };
             let qk = fused.narrow(-1, 0, qk_width).view([b, n, heads + kv_heads, hd]);
             let rotated = fused.narrow(-1, qk_width, qk_width).view([b, n, heads + kv_heads, hd]);
+            let (qk, rotated) = match &layer.qk_norm {
+                // RMSNorm of each head (float32, as transformers computes it); a head and its
+                // rotate_half have the same RMS.
+                Some((w, w_rotated)) => {
+                    let inv_rms = (qk.to_kind(Kind::Float).square().mean_dim(-1, true, Kind::Float) + eps).rsqrt();
+                    let normed = |x: &Tensor, w: &Tensor| per_run(&(x.to_kind(Kind::Float) * &inv_rms).to_kind(x.kind()), w, 2, |x, w| x * w);
+                    (normed(&qk, w), normed(&rotated, w_rotated))
+                }
+                None => (qk, rotated),
+            };
             let v = fused.narrow(-1, 2 * qk_width, kv_heads * hd).view([b, n, kv_heads, hd]);
             let qk = qk * &cos + rotated * &sin;
             let (new_keys, new_values) = (qk.narrow(2, heads, kv_heads).transpose(1, 2), v.transpose(1, 2));

@@ -1,4 +1,4 @@
-//! Writing a model as an HF `LlamaForCausalLM` directory (config.json, model.safetensors,
+//! Writing a model as an HF directory (`LlamaForCausalLM`, `Qwen2ForCausalLM` or `Qwen3ForCausalLM`: config.json, model.safetensors,
 //! tokenizer.json) that transformers and every smallrl command can load, with adapters merged
 //! into the base weights at chosen scales.
 

@@ -15,6 +15,13 @@ pub(super) struct FoldedLayer {
     pub(super) input_layernorm: Tensor,
     /// `[hidden, (q + k) * 2 + v]`, transposed for `x.matmul`.
     pub(super) qkv_t: Tensor,
+    /// `[(q + k) * 2 + v]`: the q/k/v biases (Qwen2) in the fused projection's layout.
+    pub(super) qkv_bias: Option<Tensor>,
+    /// Qwen3's per-head norms of q and k, `[heads + kv_heads, head_dim]` each: the weights of
+    /// `q, k` (q's times the attention scale) and the same rearranged for their `rotate_half`
+    /// rows. The RMS of a head is that of its `rotate_half`, so both halves of the fused
+    /// output are normalised by the RMS of the first (see `decode.rs`).
+    pub(super) qk_norm: Option<(Tensor, Tensor)>,
     pub(super) o_t: Tensor,
     pub(super) post_attention_layernorm: Tensor,
     /// `[hidden, 2 * intermediate]`: gate then up.
@@ -45,16 +52,43 @@ impl FoldedWeights {
             .layers
             .iter()
             .map(|block| {
-                let [q, k, v, o] = block.self_attn.projections();
-                // The attention scale 1/sqrt(head_dim) is folded into the query rows.
-                let q = merged(q) * (cfg.head_dim as f64).powf(-0.5);
+                let attn = &block.self_attn;
+                let [q, k, v, o] = attn.projections();
+                // The attention scale 1/sqrt(head_dim) is folded into the query rows, or into
+                // q's norm weight where q is normalised (a norm would undo a scale before it).
+                let scale = (cfg.head_dim as f64).powf(-0.5);
+                let q_scale = if attn.q_norm.is_some() { 1.0 } else { scale };
+                let (heads, kv_heads, hd) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
+                let bias = |l: &Linear| l.bias.as_ref().map(|b| b.detach());
+                let qkv_bias = match (bias(q), bias(k), bias(v)) {
+                    (Some(bq), Some(bk), Some(bv)) => {
+                        let bq = bq * q_scale;
+                        let (rbq, rbk) = (rotate_half_rows(&bq.unsqueeze(1), heads, hd).squeeze_dim(1), rotate_half_rows(&bk.unsqueeze(1), kv_heads, hd).squeeze_dim(1));
+                        Some(Tensor::cat(&[bq, bk, rbq, rbk, bv], 0))
+                    }
+                    (None, None, None) => None,
+                    _ => panic!("q, k and v projections with and without biases"),
+                };
+                let qk_norm = match (&attn.q_norm, &attn.k_norm) {
+                    (Some(qn), Some(kn)) => {
+                        let w = Tensor::cat(&[(qn.detach() * scale).expand([heads as i64, hd as i64], false), kn.detach().expand([kv_heads as i64, hd as i64], false)], 0);
+                        let half = hd as i64 / 2;
+                        let w_rotated = Tensor::cat(&[w.narrow(1, half, half), w.narrow(1, 0, half)], 1);
+                        Some((w.contiguous(), w_rotated.contiguous()))
+                    }
+                    (None, None) => None,
+                    _ => panic!("a q_norm without a k_norm or the reverse"),
+                };
+                let q = merged(q) * q_scale;
                 let (k, v) = (merged(k), merged(v));
-                let rq = rotate_half_rows(&q, cfg.num_attention_heads, cfg.head_dim);
-                let rk = rotate_half_rows(&k, cfg.num_key_value_heads, cfg.head_dim);
+                let rq = rotate_half_rows(&q, heads, hd);
+                let rk = rotate_half_rows(&k, kv_heads, hd);
                 let [gate, up, down] = block.mlp.folded(scales, width as i64);
                 FoldedLayer {
                     input_layernorm: block.input_layernorm.detach(),
                     qkv_t: transposed(&Tensor::cat(&[q, k, rq, rk, v], 0)),
+                    qkv_bias,
+                    qk_norm,
                     o_t: transposed(&merged(o)),
                     post_attention_layernorm: block.post_attention_layernorm.detach(),
                     gate_up_t: transposed(&Tensor::cat(&[gate, up], 0)),
@@ -86,9 +120,17 @@ impl FoldedWeights {
         let layers = (0..first.layers.len())
             .map(|i| {
                 let layer = |pick: fn(&FoldedLayer) -> &Tensor| Tensor::stack(&parts.iter().map(|p| pick(&p.layers[i])).collect::<Vec<_>>(), 0);
+                let optional = |pick: fn(&FoldedLayer) -> Option<&Tensor>| {
+                    let present: Vec<&Tensor> = parts.iter().filter_map(|p| pick(&p.layers[i])).collect();
+                    assert!(present.is_empty() || present.len() == parts.len(), "stacked weights of another architecture");
+                    (!present.is_empty()).then(|| Tensor::stack(&present, 0))
+                };
+                let qk_norm = optional(|l| l.qk_norm.as_ref().map(|n| &n.0)).zip(optional(|l| l.qk_norm.as_ref().map(|n| &n.1)));
                 FoldedLayer {
                     input_layernorm: layer(|l| &l.input_layernorm),
                     qkv_t: layer(|l| &l.qkv_t),
+                    qkv_bias: optional(|l| l.qkv_bias.as_ref()),
+                    qk_norm,
                     o_t: layer(|l| &l.o_t),
                     post_attention_layernorm: layer(|l| &l.post_attention_layernorm),
                     gate_up_t: layer(|l| &l.gate_up_t),
@@ -120,6 +162,10 @@ impl FoldedWeights {
         let mut all = vec![&self.embed_tokens, &self.norm, &self.head_t];
         for l in &self.layers {
             all.extend([&l.input_layernorm, &l.qkv_t, &l.o_t, &l.post_attention_layernorm, &l.gate_up_t, &l.down_t]);
+            all.extend(&l.qkv_bias);
+            if let Some((w, w_rotated)) = &l.qk_norm {
+                all.extend([w, w_rotated]);
+            }
         }
         all
     }

@@ -67,7 +67,9 @@ pub fn generate_with(engine: Engine, model: &DecodeModel, prompts: &[Vec<u32>], 
     check_request(model, prompts, params)?;
     match engine {
         Engine::Native { threads } => {
-            let native = model.native.as_ref().context("the native sampler needs a float32 model on the CPU")?;
+            let native = model.native.as_ref().with_context(|| {
+                DecodeModel::native_refusal(model.device, model.kind).unwrap_or_else(|| "the native sampler was not built".into())
+            })?;
             native::generate(native, prompts, params, seed, threads)
         }
         _ => generate_libtorch(model, &[prompts], params, &[seed], stepping(engine, model))?.pop().expect("one run"),

@@ -155,6 +155,23 @@ pub fn run_matmul(x: &Tensor, weight: &Tensor) -> Tensor {
     x.reshape([runs, -1, features]).bmm(weight).reshape(shape)
 }
 
+/// `op(x, w)` for a per-feature tensor `w` of `dims` dimensions (a bias `[out]`: 1) broadcast
+/// over the last dimensions of `x`; for runs stacked on a leading axis, `w` is `[runs, ...]`
+/// (`dims + 1` dimensions) and run `r`'s applies to the `r`-th of `runs` equal slices of `x`'s
+/// first dimension.
+pub fn per_run(x: &Tensor, w: &Tensor, dims: usize, op: impl Fn(&Tensor, &Tensor) -> Tensor) -> Tensor {
+    if w.dim() == dims {
+        return op(x, w);
+    }
+    assert_eq!(w.dim(), dims + 1, "a per-run tensor has {dims} dimensions, or one more for stacked runs");
+    let shape = x.size();
+    let runs = w.size()[0];
+    rows_per_run(shape[0], runs);
+    let mut view = vec![runs, -1];
+    view.extend_from_slice(&shape[shape.len() - dims..]);
+    op(&x.reshape(view.as_slice()), &w.unsqueeze(1)).view(shape.as_slice())
+}
+
 /// The rows of each run in a stacked batch of `rows` rows (run-major, equal slices).
 pub fn rows_per_run(rows: i64, runs: i64) -> i64 {
     assert!(rows % runs == 0, "a stacked batch of {rows} rows does not split into {runs} runs");
@@ -227,6 +244,8 @@ impl AdapterCtl {
 pub struct Linear {
     /// `[out, in]`, the HF layout.
     pub weight: Tensor,
+    /// `[out]` (`[runs, out]` stacked), added after the product; Qwen2's q/k/v projections.
+    pub bias: Option<Tensor>,
     /// One entry per adapter slot of the model; `None` where this layer has no adapter (e.g.
     /// the `r1h` preset adapts every second layer only).
     pub adapters: Vec<Option<Lora>>,
@@ -234,7 +253,11 @@ pub struct Linear {
 
 impl Linear {
     pub fn new(weight: Tensor) -> Self {
-        Self { weight, adapters: Vec::new() }
+        Self { weight, bias: None, adapters: Vec::new() }
+    }
+
+    pub fn with_bias(weight: Tensor, bias: Option<Tensor>) -> Self {
+        Self { weight, bias, adapters: Vec::new() }
     }
 
     pub fn forward(&self, x: &Tensor, ctl: &[AdapterCtl]) -> Tensor {
@@ -246,6 +269,10 @@ impl Linear {
             self.adapters.len()
         );
         let y = times_transposed(x, &self.weight);
+        let y = match &self.bias {
+            Some(bias) => per_run(&y, bias, 1, |y, b| y + b),
+            None => y,
+        };
         let mut joint = JointBranch::default();
         for (lora, ctl) in self.adapters.iter().zip(ctl) {
             if let Some(lora) = lora.as_ref().filter(|_| !ctl.is_off()) {

@@ -15,6 +15,10 @@ pub struct Attention {
     pub k_proj: Linear,
     pub v_proj: Linear,
     pub o_proj: Linear,
+    /// Qwen3's RMSNorm weights `[head_dim]` over each head of q and of k, applied after the
+    /// projection and before RoPE (`None` for LLaMA and Qwen2).
+    pub q_norm: Option<Tensor>,
+    pub k_norm: Option<Tensor>,
 }
 
 pub struct Mlp {
@@ -66,6 +70,11 @@ impl Attention {
         let heads = |y: Tensor, n: usize| y.view([b, t, n as i64, cfg.head_dim as i64]).transpose(1, 2);
         let q = heads(self.q_proj.forward(x, ctl), cfg.num_attention_heads);
         let k = heads(self.k_proj.forward(x, ctl), cfg.num_key_value_heads);
+        let (q, k) = match (&self.q_norm, &self.k_norm) {
+            (Some(q_norm), Some(k_norm)) => (rms_norm(&q, q_norm, cfg.rms_norm_eps), rms_norm(&k, k_norm, cfg.rms_norm_eps)),
+            (None, None) => (q, k),
+            _ => unreachable!("Llama::build reads both q_norm and k_norm or neither"),
+        };
         let v = heads(self.v_proj.forward(x, ctl), cfg.num_key_value_heads);
         let (cos, sin) = rope;
         let q = rope::apply(&q, cos, sin);
@@ -182,20 +191,40 @@ impl Llama {
         // [`Self::base_tensors`], which optimizer states, checkpoints and seeded
         // initialisations have always followed.
         let layer = |l: usize, name: &str| format!("model.layers.{l}.{name}.weight");
+        // Qwen3's per-head q/k norms are listed with the layer norms (after them).
+        let (qk_norm, qkv_bias) = (config.model_type.qk_norm(), config.model_type.qkv_bias());
         let mut norms = Vec::with_capacity(config.num_hidden_layers);
         for l in 0..config.num_hidden_layers {
-            norms.push((source(&layer(l, "input_layernorm"), &[h])?, source(&layer(l, "post_attention_layernorm"), &[h])?));
+            let (input, post) = (source(&layer(l, "input_layernorm"), &[h])?, source(&layer(l, "post_attention_layernorm"), &[h])?);
+            let head_norms = if qk_norm {
+                (Some(source(&layer(l, "self_attn.q_norm"), &[config.head_dim])?), Some(source(&layer(l, "self_attn.k_norm"), &[config.head_dim])?))
+            } else {
+                (None, None)
+            };
+            norms.push((input, post, head_norms));
         }
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
-        for (l, (input_layernorm, post_attention_layernorm)) in norms.into_iter().enumerate() {
-            let mut linear = |name: &str, out: usize, inp: usize| source(&layer(l, name), &[out, inp]).map(Linear::new);
-            let self_attn = Attention {
-                q_proj: linear("self_attn.q_proj", q, h)?,
-                k_proj: linear("self_attn.k_proj", kv, h)?,
-                v_proj: linear("self_attn.v_proj", kv, h)?,
-                o_proj: linear("self_attn.o_proj", h, q)?,
+        for (l, (input_layernorm, post_attention_layernorm, (q_norm, k_norm))) in norms.into_iter().enumerate() {
+            // A projection's weight, then its bias where the family has one (Qwen2's q/k/v).
+            let mut linear = |name: &str, out: usize, inp: usize, biased: bool| -> Result<Linear> {
+                let weight = source(&layer(l, name), &[out, inp])?;
+                let bias = if biased { Some(source(&format!("model.layers.{l}.{name}.bias"), &[out])?) } else { None };
+                Ok(Linear::with_bias(weight, bias))
             };
-            let mlp = Mlp { gate_proj: linear("mlp.gate_proj", i, h)?, up_proj: linear("mlp.up_proj", i, h)?, down_proj: linear("mlp.down_proj", h, i)?, adapters: Vec::new() };
+            let self_attn = Attention {
+                q_proj: linear("self_attn.q_proj", q, h, qkv_bias)?,
+                k_proj: linear("self_attn.k_proj", kv, h, qkv_bias)?,
+                v_proj: linear("self_attn.v_proj", kv, h, qkv_bias)?,
+                o_proj: linear("self_attn.o_proj", h, q, false)?,
+                q_norm,
+                k_norm,
+            };
+            let mlp = Mlp {
+                gate_proj: linear("mlp.gate_proj", i, h, false)?,
+                up_proj: linear("mlp.up_proj", i, h, false)?,
+                down_proj: linear("mlp.down_proj", h, i, false)?,
+                adapters: Vec::new(),
+            };
             layers.push(Block { input_layernorm, self_attn, post_attention_layernorm, mlp });
         }
         let norm = source("model.norm.weight", &[h])?;
@@ -264,9 +293,17 @@ impl Llama {
         for (i, block) in self.layers.iter().enumerate() {
             out.push((format!("model.layers.{i}.input_layernorm.weight"), &block.input_layernorm));
             out.push((format!("model.layers.{i}.post_attention_layernorm.weight"), &block.post_attention_layernorm));
+            let attn = &block.self_attn;
+            if let (Some(q_norm), Some(k_norm)) = (&attn.q_norm, &attn.k_norm) {
+                out.push((format!("model.layers.{i}.self_attn.q_norm.weight"), q_norm));
+                out.push((format!("model.layers.{i}.self_attn.k_norm.weight"), k_norm));
+            }
         }
         for (name, linear) in self.projections() {
             out.push((format!("{name}.weight"), &linear.weight));
+            if let Some(bias) = &linear.bias {
+                out.push((format!("{name}.bias"), bias));
+            }
         }
         out.push(("model.norm.weight".to_string(), &self.norm));
         if let Some(head) = &self.lm_head {

@@ -1,4 +1,4 @@
-//! The LLaMA model: configuration, weights, forward pass, KV-cached decoding, tokenizer.
+//! The LLaMA model (and its Qwen2/Qwen3 variants): configuration, weights, forward pass, KV-cached decoding, tokenizer.
 //!
 //! Architecture invariant: this module knows nothing about rewards, plugins or GRPO. Adapters
 //! enter only as [`linear::Lora`] slots inside [`linear::Linear`], [`mlp_adapter::MlpAdapter`]

@@ -7,7 +7,7 @@
 //! logits and greedy tokens and to the libtorch path's samples for the same seed.
 
 use anyhow::{Result, ensure};
-use smallrl_native::{Dims, Layer, Matrix, Model, RowOutput, UniformStream};
+use smallrl_native::{Dims, Layer, Matrix, Model, QkNorm, RowOutput, UniformStream};
 use tch::Tensor;
 
 use super::batch::{CompletionRow, Generation, diverged_row, left_pad, masked_rows, row_rng};
@@ -51,6 +51,8 @@ impl NativeModel {
                 post_attention_layernorm: to_vec(&l.post_attention_layernorm),
                 gate_up: matrix(&l.gate_up_t),
                 down: matrix(&l.down_t),
+                qkv_bias: l.qkv_bias.as_ref().map(to_vec),
+                qk_norm: l.qk_norm.as_ref().map(|(plain, rotated)| QkNorm { plain: to_vec(plain), rotated: to_vec(rotated) }),
             })
             .collect();
         Self(

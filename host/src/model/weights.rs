@@ -85,7 +85,7 @@ fn assemble(config: LlamaConfig, mut stored: HashMap<String, Stored>, device: De
     // Old checkpoints carry RoPE's inverse frequencies as a buffer; they are recomputed.
     stored.retain(|name, _| !name.ends_with("self_attn.rotary_emb.inv_freq"));
     if let Some((name, s)) = stored.iter().next() {
-        bail!("{}: tensor {name} is not part of a LlamaForCausalLM with this config.json", s.file.display());
+        bail!("{}: tensor {name} is not part of a {} with this config.json", s.file.display(), model.config.model_type.architecture());
     }
     Ok(model)
 }

@@ -11,12 +11,17 @@ use crate::model::{Llama, LlamaConfig};
 use crate::rng::SplitMix64;
 
 /// A freshly initialised model drawn from `seed` (our own generator, never libtorch's global
-/// one), in float32 on `device`: every matrix N(0, std²), every norm weight 1, drawn in the
+/// one), in float32 on `device`: every matrix N(0, std²), every norm weight 1, every bias
+/// (Qwen2's q/k/v) 0, drawn in the
 /// order [`Llama::build`] names them.
 pub fn random_model(config: LlamaConfig, std: f64, seed: u64, device: Device) -> Result<Llama> {
     let mut rng = SplitMix64::new(seed);
-    let mut draw = |_: &str, shape: &[usize]| {
-        let tensor = if shape.len() == 1 { Tensor::ones([shape[0] as i64], (Kind::Float, Device::Cpu)) } else { normal(&mut rng, shape, std) };
+    let mut draw = |name: &str, shape: &[usize]| {
+        let tensor = match shape.len() {
+            1 if name.ends_with(".bias") => Tensor::zeros([shape[0] as i64], (Kind::Float, Device::Cpu)),
+            1 => Tensor::ones([shape[0] as i64], (Kind::Float, Device::Cpu)),
+            _ => normal(&mut rng, shape, std),
+        };
         Ok(tensor.to_device(device))
     };
     let rope = crate::model::rope::Rope::for_config(&config, device);

@@ -15,7 +15,6 @@ use std::time::Instant;
 use anyhow::{Context, Result, ensure};
 
 use super::Trainer;
-use super::rollout::SampleRequest;
 use super::metrics::DynamicSampling;
 use crate::eval;
 use crate::grpo;
@@ -107,11 +106,9 @@ impl Trainer {
     /// Samples and scores one round of prompts (each repeated `num_generations` times).
     fn draw_round(&mut self, step: usize, round: usize, prompt_texts: Vec<Prompt>) -> Result<DrawnBatch> {
         let prompt_ids = self.tokenized(&prompt_texts)?;
-        let generate_start = Instant::now();
         let coherence_rows = self.cfg.coherence_rows(step);
         let seed = self.round_seed(round);
-        let (generation, served_seconds) = self.sample(&prompt_ids, coherence_rows, step, seed)?;
-        let generate_seconds = generate_start.elapsed().as_secs_f64() + served_seconds;
+        let (generation, generate_seconds) = self.sample(&prompt_ids, coherence_rows, step, seed)?;
 
         let score_start = Instant::now();
         let samples = eval::to_samples(&prompt_texts, &generation.rows, &self.tokenizer)?;
@@ -121,19 +118,6 @@ impl Trainer {
             .with_context(|| format!("scoring the completions of step {} failed", step + 1))?;
         let score_seconds = score_start.elapsed().as_secs_f64();
         Ok(DrawnBatch { generation, samples, scored, generate_seconds, score_seconds, dynamic_sampling: None })
-    }
-
-    /// What the next optimizer step samples first (round 0 of its batch, as [`Trainer::draw_round`]
-    /// asks for it), or nothing when that step trains on an earlier rollout: a pack serves
-    /// these ahead of the step (`packed.rs`).
-    pub(super) fn next_sample_requests(&mut self) -> Result<Vec<SampleRequest>> {
-        let step = self.optimizer.step;
-        if step % self.cfg.steps_per_rollout() != 0 {
-            return Ok(Vec::new());
-        }
-        let prompts = self.step_prompts(step);
-        let prompt_ids = self.tokenized(&prompts)?;
-        Ok(self.sample_requests(&prompt_ids, self.cfg.coherence_rows(step), step, self.round_seed(0)))
     }
 
     fn tokenized(&self, prompts: &[Prompt]) -> Result<Vec<Vec<u32>>> {

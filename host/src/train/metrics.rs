@@ -93,6 +93,15 @@ pub mod key {
     pub const NOISE_GRAD_SQUARED_AVG: &str = "gradient_noise/grad_squared_avg";
     pub const NOISE_TRACE_AVG: &str = "gradient_noise/trace_avg";
     pub const NOISE_SCALE_AVG: &str = "gradient_noise/b_simple_avg";
+    /// The sketched Fisher kernel of the step's sequences (`train::fisher`, every
+    /// `fisher_kernel_every` steps): its trace, three largest eigenvalues, the mean correlation
+    /// `K_ij / sqrt(K_ii K_jj)` over pairs `i < j`, the effective rank as the participation ratio
+    /// `(Σλ)² / Σλ²`, and the seconds the measurement took.
+    pub const FISHER_TRACE: &str = "fisher/trace";
+    pub const FISHER_TOP_EIGENVALUES: [&str; 3] = ["fisher/top_eigenvalue_1", "fisher/top_eigenvalue_2", "fisher/top_eigenvalue_3"];
+    pub const FISHER_MEAN_OFFDIAG_CORRELATION: &str = "fisher/mean_offdiag_correlation";
+    pub const FISHER_EFFECTIVE_RANK: &str = "fisher/effective_rank";
+    pub const TIMING_FISHER: &str = "timing/fisher_kernel";
     /// DAPO's dynamic sampling (`dynamic_sampling_rounds` only): generation rounds the batch
     /// took, groups dropped for equal rewards, and groups with differing rewards generated
     /// beyond what filled the batch (discarded, as verl does).
@@ -204,6 +213,9 @@ pub struct StepMetrics {
     pub importance_sampling: Option<crate::grpo::IsStats>,
     /// With `gradient_noise_scale`: the step's estimates and their running averages.
     pub gradient_noise: Option<GradientNoise>,
+    /// With `fisher_kernel_every`, on the steps it measures: the kernel's summary and seconds
+    /// (`fisher/...`, `timing/fisher_kernel`); empty otherwise.
+    pub fisher_kernel: Vec<(&'static str, f64)>,
     pub num_tokens: usize,
     pub train_seconds: f64,
     pub step_seconds: f64,
@@ -305,6 +317,9 @@ pub fn line(rollout: &RolloutMetrics, step: &StepMetrics) -> Value {
     }
     if let Some(noise) = &step.gradient_noise {
         noise.put(&mut put);
+    }
+    for (name, value) in &step.fisher_kernel {
+        put(name, (*value).into());
     }
     put(key::NUM_TOKENS, step.num_tokens.into());
     put(key::TIMING_TRAIN, step.train_seconds.into());

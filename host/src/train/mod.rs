@@ -18,6 +18,7 @@ pub mod checkpoint;
 pub mod config;
 mod dump;
 mod dynamic;
+pub mod fisher;
 pub mod metrics;
 pub mod live;
 pub mod prompts;
@@ -32,10 +33,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, ensure};
 
 use crate::adapters::{AdapterConfig, AdapterKind, set_base_trainable};
+use crate::engine::{Engine, Seat};
 use crate::eval::{self, EvalSetup};
 use crate::grpo::Objective;
 use crate::model::generate::SamplingParams;
-use crate::model::{self, Llama, Tokenizer, decode::DecodeModel};
+use crate::model::{self, Llama, Tokenizer};
 use crate::optim::{AdamW, AdamWConfig};
 use crate::reward::RewardModel;
 use crate::rng;
@@ -56,15 +58,11 @@ pub struct Trainer {
     /// Full fine-tuning only: the frozen starting model (with adapters the reference is the
     /// model with its adapters switched off).
     reference: Option<Llama>,
-    /// The reference policy's weights for the native scorer (float32 on the CPU only). The
-    /// reference never changes (a frozen copy, or base weights with adapters at scale 0), so
-    /// it is built once.
-    reference_decoder: Option<DecodeModel>,
-    /// The policy's decoders, one per set of adapter scales sampled at, refreshed from the
-    /// weights before each use (`rollout.rs`).
-    decoders: std::sync::Mutex<Vec<(Vec<f64>, DecodeModel)>>,
-    /// Generations a pack sampled for this run's next step, taken by the step (`rollout.rs`).
-    prefetched: std::sync::Mutex<Vec<rollout::Served>>,
+    /// The run's place at the engine that samples, scores and trains it (alone, or shared by
+    /// the runs of a pack).
+    seat: Seat,
+    /// The engine's stacked calls this run's train.log has mentioned (once each).
+    announced: Vec<&'static str>,
     tokenizer: Tokenizer,
     model_files: model::ModelFiles,
     rewards: RewardModel,
@@ -109,7 +107,12 @@ impl Trainer {
     /// (`resume`, or the new run's own name) starts afresh, its earlier files moved aside
     /// ([`rundir`]). `accept_changed_plugins`: a resumed run continues with plugin files whose
     /// bytes changed since it started ([`provenance`]).
-    pub fn start(mut cfg: TrainConfig, resume: Option<&Path>, accept_changed_plugins: bool) -> Result<Self> {
+    pub fn start(cfg: TrainConfig, resume: Option<&Path>, accept_changed_plugins: bool) -> Result<Self> {
+        Self::start_seated(cfg, resume, accept_changed_plugins, Engine::solo())
+    }
+
+    /// [`Trainer::start`] at `seat`, a place at an engine that other runs (a pack) may share.
+    pub fn start_seated(mut cfg: TrainConfig, resume: Option<&Path>, accept_changed_plugins: bool, seat: Seat) -> Result<Self> {
         cfg.validate()?;
         ensure!(resume.is_some() || cfg.lr_horizons.is_empty(), "lr_horizons is a record written by `--resume --extend-schedule`; a new run cannot start with it");
         crate::device::set_threads(cfg.threads)?;
@@ -136,10 +139,6 @@ impl Trainer {
                 None
             }
         };
-        let reference_decoder = DecodeModel::native_available(device, kind).then(|| match &reference {
-            Some(frozen) => DecodeModel::new(frozen, &[]),
-            None => DecodeModel::new(&model, &vec![0.0; adapters.slots.len()]),
-        });
         // The one place a run's prompts, rewards, monitor and ground truth are assembled.
         let task::Task { rewards, prompts, eval_prompts } = task::load(&cfg, &tokenizer, &prompts::PromptRender::for_run(&cfg, &model_files)?)?;
         let hashes = provenance::reconcile(&mut cfg, rewards.plugin_hashes(), resume.is_some(), accept_changed_plugins)?;
@@ -162,10 +161,10 @@ impl Trainer {
             evals: Jsonl::new(run_dir.join("routing_eval.jsonl")),
             extra_prompts: (cfg.dynamic_sampling_rounds > 0).then(|| PromptStream::new(prompts.clone(), rng::derive(cfg.seed, "dynamic-sampling-prompts", 0))),
             prompts: PromptStream::new(prompts, cfg.seed),
-            cfg, run_dir, adapters, model, reference, reference_decoder, tokenizer, model_files, rewards, optimizer,
+            cfg, run_dir, adapters, model, reference, tokenizer, model_files, rewards, optimizer,
             eval_prompts, loss, sampling, log, live, _lock, num_tokens: 0, rollout: None, noise_scale_average: None,
-            decoders: Default::default(),
-            prefetched: Default::default(),
+            seat,
+            announced: Vec::new(),
         };
         let opened = trainer.open_run(resume.is_some(), restarted, hashes);
         trainer.log_failure(opened)?;
@@ -285,6 +284,7 @@ impl Trainer {
 
     fn train_steps(&mut self, stop_after: Option<usize>) -> Result<RunSummary> {
         let end = self.end_step(stop_after);
+        self.seat.start_working();
         self.log.progress(self.optimizer.step as u64, String::new());
         while self.optimizer.step < end {
             self.advance()?;
@@ -298,26 +298,11 @@ impl Trainer {
         stop_after.map_or(self.cfg.max_steps, |n| (self.optimizer.step + n).min(self.cfg.max_steps))
     }
 
-    /// The next optimizer step, then the evaluation and checkpoint due after it: the unit that
-    /// a solo run repeats and a pack ([`packed`]) interleaves across its runs.
+    /// The next optimizer step, then the evaluation and checkpoint that fall on it: the unit a
+    /// run repeats, alone or in a pack (each run on its own thread, `packed.rs`).
     fn advance(&mut self) -> Result<()> {
-        let pending = self.begin_advance(rollout::Reference::Now)?;
-        let trained = self.backward(&pending);
-        self.finish_advance(pending, trained)
-    }
-
-    /// [`Self::advance`] up to the step's backward pass.
-    fn begin_advance(&mut self, reference: rollout::Reference) -> Result<step::PendingStep> {
         let step = self.optimizer.step;
-        self.begin_step(step, reference).with_context(|| self.stopped_at(step))
-    }
-
-    /// [`Self::advance`] after the step's backward pass: the optimizer step, then the
-    /// evaluation and checkpoint that fall on it.
-    fn finish_advance(&mut self, pending: step::PendingStep, trained: step::Trained) -> Result<()> {
-        let step = self.optimizer.step;
-        self.finish_step(pending, trained).with_context(|| self.stopped_at(step))?;
-        self.check_prefetched_used()?;
+        self.step(step).with_context(|| self.stopped_at(step))?;
         let done = step + 1;
         ensure!(self.optimizer.step == done, "the optimizer is at step {} after step {done}", self.optimizer.step);
         let kept = format!("{} keeps what was written", self.run_dir.display());
@@ -328,6 +313,18 @@ impl Trainer {
             self.save(done).with_context(|| format!("saving the checkpoint of step {done} failed; {kept}"))?;
         }
         Ok(())
+    }
+
+    /// Says `line` in train.log the first time this run's jobs of `kind` run as the engine
+    /// reports (stacked with other runs', or alone in a pack that stacks).
+    fn announce(&mut self, kind: &'static str, line: impl FnOnce() -> String) {
+        if self.announced.contains(&kind) {
+            return;
+        }
+        self.announced.push(kind);
+        if let Err(error) = self.log.line(&line()) {
+            eprintln!("warning: {error:#}");
+        }
     }
 
     /// The context of an error at 0-based `step`: where training stopped and what was kept.

@@ -6,7 +6,6 @@
 //! Architecture invariant: everything random here derives from `(seed, purpose, step)`
 //! (`rng::derive`), so a resumed run draws the same rollout as the uninterrupted one.
 
-use std::sync::MutexGuard;
 use std::time::Instant;
 
 use anyhow::Result;
@@ -17,37 +16,19 @@ use super::live::BatchRecord;
 use super::metrics::RolloutMetrics;
 use crate::{engine, grpo};
 use crate::intervention::{self, Intervention};
-use crate::model::decode::DecodeModel;
-use crate::model::generate::{Generation, generate};
-use crate::model::{self, Llama, linear::AdapterCtl};
+use crate::engine::Done;
+use crate::model::generate::Generation;
+use crate::model::linear::AdapterCtl;
 use crate::reward::ScoredBatch;
 use crate::rng::{self, SplitMix64};
 use crate::adapters::FORGET;
 use crate::routing::{self, GroupedRows, Labels, RenormalizationMode, RoutePlan, RoutingMode, RowWeights};
 
-/// One call of the policy's sampler: `prompt_ids` at adapter `scales`, seeded by `seed`. It
-/// determines the generation, so a pack may compute it ahead of the step and serve it.
-#[derive(Debug, Clone, PartialEq)]
+/// One call of the policy's sampler: `prompt_ids` at adapter `scales`, seeded by `seed`.
 pub(super) struct SampleRequest {
     pub scales: Vec<f64>,
     pub prompt_ids: Vec<Vec<u32>>,
     pub seed: u64,
-}
-
-/// A generation sampled for a run ahead of its step, and the run's share of its wall time.
-pub(super) struct Served {
-    pub request: SampleRequest,
-    pub generation: Generation,
-    pub seconds: f64,
-}
-
-/// When a rollout computes its reference log-probabilities.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Reference {
-    /// With the rollout (a solo run, or a packed run whose reference pass does not stack).
-    Now,
-    /// Later, set by a pack's stacked reference pass ([`Trainer::set_reference`]).
-    Deferred,
 }
 
 /// A generated, scored batch, kept for `num_iterations * num_substeps` optimizer steps.
@@ -77,10 +58,8 @@ pub(super) struct Rollout {
 
 impl Trainer {
     /// Generates, scores and prepares the rollout of optimizer step `step` (and the next
-    /// `num_iterations * num_substeps - 1` steps). With `reference` [`Reference::Deferred`] the
-    /// reference log-probabilities (when `beta` needs them) are left for a pack's stacked
-    /// reference pass to set ([`Trainer::set_reference`]).
-    pub(super) fn rollout(&mut self, step: usize, reference: Reference) -> Result<Rollout> {
+    /// `num_iterations * num_substeps - 1` steps).
+    pub(super) fn rollout(&mut self, step: usize) -> Result<Rollout> {
         let drawn = self.draw_batch(step)?;
         let (generation, samples, scored) = (drawn.generation, drawn.samples, drawn.scored);
         let device = self.model.device;
@@ -115,13 +94,19 @@ impl Trainer {
         };
         self.live.batch(record)?;
 
-        let reference_start = Instant::now();
-        let ref_logprobs = (self.needs_reference() && reference == Reference::Now).then(|| self.reference_logprobs(&generation)).transpose()?;
+        let (ref_logprobs, mut reference_seconds) = match self.needs_reference() {
+            true => {
+                let done = self.reference_logprobs(&generation)?;
+                (Some(done.value), done.seconds)
+            }
+            false => (None, 0.0),
+        };
+        let old_start = Instant::now();
         let old_logprobs = match self.loss.ratio_to == grpo::RatioTo::Sampler {
             true => Some(generation.sampling_logprobs.shallow_clone()),
             false => (self.cfg.steps_per_rollout() > 1).then(|| engine::frozen_logprobs(&self.model, (&generation).into(), self.cfg.temperature, &plan.ctl)),
         };
-        let reference_seconds = reference_start.elapsed().as_secs_f64();
+        reference_seconds += old_start.elapsed().as_secs_f64();
 
         let mut metrics = rollout_metrics(&scored, &trained_rewards, &component_names, &generation, frac_zero_std, &labels);
         (metrics.generate_seconds, metrics.score_seconds, metrics.reference_seconds) = (drawn.generate_seconds, drawn.score_seconds, reference_seconds);
@@ -181,60 +166,42 @@ impl Trainer {
         self.loss.kl.is_some()
     }
 
-    /// The reference policy as the libtorch forward pass computes it: the frozen starting model
-    /// (full fine-tuning), or the model with its adapters off.
-    pub(super) fn reference_model(&self) -> (&Llama, Vec<AdapterCtl>) {
-        match &self.reference {
-            Some(reference) => (reference, vec![]),
-            None => (&self.model, self.adapters.slots.iter().map(|_| AdapterCtl::off()).collect()),
+    /// Log-probabilities of the completions under the reference policy: the frozen starting
+    /// model (full fine-tuning), or the model with its adapters off (the engine picks the native
+    /// scorer where it serves, or stacks the pass with other runs').
+    fn reference_logprobs(&mut self, generation: &Generation) -> Result<Done<Tensor>> {
+        let off: Vec<AdapterCtl> = self.adapters.slots.iter().map(|_| AdapterCtl::off()).collect();
+        let (model, ctl) = match &self.reference {
+            Some(reference) => (reference, &[][..]),
+            None => (&self.model, &off[..]),
+        };
+        let done = self.seat.reference(engine::ReferenceJob::new(model, ctl, generation, self.cfg.temperature))?;
+        if done.runs > 1 {
+            self.announce("reference", || format!("reference log-probabilities stacked with {} packed runs (one batched forward pass)", done.runs));
         }
-    }
-
-    /// What a pack's stacked reference pass needs of this run's rollout (begun with
-    /// [`Reference::Deferred`]): the reference model and controls, the batch, the temperature.
-    pub(super) fn reference_pass_input(&self) -> (&Llama, Vec<AdapterCtl>, engine::Sequences<'_>, f64) {
-        let rollout = self.rollout.as_ref().expect("a deferred reference belongs to a rollout");
-        let (model, ctl) = self.reference_model();
-        (model, ctl, (&rollout.generation).into(), self.cfg.temperature)
-    }
-
-    /// Log-probabilities of the completions under the reference policy: the native scorer on
-    /// the CPU in float32 (same function up to float rounding, several times faster), libtorch
-    /// elsewhere.
-    pub(super) fn reference_logprobs(&self, g: &Generation) -> Result<Tensor> {
-        if let Some(native) = self.reference_decoder.as_ref().and_then(DecodeModel::native) {
-            let threads = tch::get_num_threads().max(1) as usize;
-            return model::native::frozen_logprobs(native, g, self.cfg.temperature, threads);
-        }
-        let (model, ctl) = self.reference_model();
-        Ok(engine::frozen_logprobs(model, g.into(), self.cfg.temperature, &ctl))
+        Ok(done)
     }
 
     /// Samples the step's completions with every adapter on, the last `coherence_rows` (if
     /// any) with the forget adapter off (the original samples coherence rows at the deployed
-    /// retain-only scales). Requests a pack served ahead of the step (`packed.rs`) are taken
-    /// from there; returns the generation and the wall time of those served (this run's share).
-    pub(super) fn sample(&self, prompt_ids: &[Vec<u32>], coherence_rows: usize, step: usize, run_seed: u64) -> Result<(Generation, f64)> {
-        let mut served_seconds = 0.0;
+    /// retain-only scales); returns the generation and this run's share of the sampling time.
+    pub(super) fn sample(&mut self, prompt_ids: &[Vec<u32>], coherence_rows: usize, step: usize, run_seed: u64) -> Result<(Generation, f64)> {
+        let mut seconds = 0.0;
         let mut parts = Vec::new();
         for request in self.sample_requests(prompt_ids, coherence_rows, step, run_seed) {
-            parts.push(match self.take_prefetched(&request)? {
-                Some(served) => {
-                    served_seconds += served.seconds;
-                    served.generation
-                }
-                None => self.sample_at(&request.scales, &request.prompt_ids, request.seed)?,
-            });
+            let done = self.sample_at(&request)?;
+            seconds += done.seconds;
+            parts.push(done.value);
         }
         let eos = self.model.config.eos_token_id as i64;
         let mut parts = parts.into_iter();
         let first = parts.next().expect("at least the routed rows are sampled");
-        Ok((parts.fold(first, |joined, part| joined.concat(part, eos)), served_seconds))
+        Ok((parts.fold(first, |joined, part| joined.concat(part, eos)), seconds))
     }
 
     /// The sampler calls of [`Trainer::sample`]: the routed rows at scales 1, then the
     /// coherence rows (if any) with the forget adapter off, each with its own seed.
-    pub(super) fn sample_requests(&self, prompt_ids: &[Vec<u32>], coherence_rows: usize, step: usize, run_seed: u64) -> Vec<SampleRequest> {
+    fn sample_requests(&self, prompt_ids: &[Vec<u32>], coherence_rows: usize, step: usize, run_seed: u64) -> Vec<SampleRequest> {
         let routed_rows = prompt_ids.len() - coherence_rows;
         let seed = |purpose| rng::derive(run_seed, purpose, step as u64);
         let mut scales = vec![1.0; self.adapters.slots.len()];
@@ -246,55 +213,13 @@ impl Trainer {
         requests
     }
 
-    /// Samples from the policy at adapter `scales` with the run's decoder for those scales,
-    /// refolded from the current weights.
-    fn sample_at(&self, scales: &[f64], prompt_ids: &[Vec<u32>], seed: u64) -> Result<Generation> {
-        let (decoders, index) = self.refreshed_decoder(scales)?;
-        generate(&decoders[index].1, prompt_ids, &self.sampling, seed)
-    }
-
-    /// The run's decoders, the one at `scales` (its index) refolded from the current weights.
-    /// The decoders live as long as the run, so the CUDA graphs captured in the first step are
-    /// replayed in every later one.
-    pub(super) fn refreshed_decoder(&self, scales: &[f64]) -> Result<(MutexGuard<'_, Vec<(Vec<f64>, DecodeModel)>>, usize)> {
-        let mut decoders = self.decoders.lock().map_err(|_| anyhow::anyhow!("an earlier sampling call panicked"))?;
-        let index = match decoders.iter().position(|(at, _)| at.as_slice() == scales) {
-            Some(index) => {
-                decoders[index].1.refresh(&self.model, scales);
-                index
-            }
-            None => {
-                decoders.push((scales.to_vec(), DecodeModel::new(&self.model, scales)));
-                decoders.len() - 1
-            }
-        };
-        Ok((decoders, index))
-    }
-
-    /// Hands the run a generation sampled for it ahead of its step (by a pack).
-    pub(super) fn prefetch(&self, served: Served) -> Result<()> {
-        self.prefetched()?.push(served);
-        Ok(())
-    }
-
-    fn prefetched(&self) -> Result<MutexGuard<'_, Vec<Served>>> {
-        self.prefetched.lock().map_err(|_| anyhow::anyhow!("an earlier sampling call panicked"))
-    }
-
-    /// The generation served for exactly `request` (same scales, prompts and seed), if any.
-    fn take_prefetched(&self, request: &SampleRequest) -> Result<Option<Served>> {
-        let mut prefetched = self.prefetched()?;
-        Ok(prefetched.iter().position(|served| &served.request == request).map(|index| prefetched.remove(index)))
-    }
-
-    /// Fails if a generation served ahead was not used by the step it was served for: the pack
-    /// computed a request the step did not make, a bug that must not pass silently.
-    pub(super) fn check_prefetched_used(&self) -> Result<()> {
-        let mut prefetched = self.prefetched()?;
-        let unused = prefetched.len();
-        prefetched.clear();
-        anyhow::ensure!(unused == 0, "internal error: {unused} generations sampled ahead for this run's step were not the ones it asked for (please report this)");
-        Ok(())
+    /// Samples from the policy at the request's adapter scales.
+    fn sample_at(&mut self, request: &SampleRequest) -> Result<Done<Generation>> {
+        let done = self.seat.sample(&self.model, &request.scales, &request.prompt_ids, &self.sampling, request.seed)?;
+        if done.runs > 1 {
+            self.announce("sample", || format!("sampling stacked with {} packed runs (one batched decode; the same tokens as alone)", done.runs));
+        }
+        Ok(done)
     }
 
     /// The group advantages with coherence groups handled per `coherence_rh_mode`, and routing

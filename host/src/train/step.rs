@@ -9,7 +9,7 @@ use tch::{Kind, Tensor};
 
 use super::Trainer;
 use super::metrics::{self, GradientNoise, StepMetrics, key};
-use super::rollout::{Reference, Rollout};
+use super::rollout::Rollout;
 use crate::model::generate::Generation;
 use crate::model::linear::AdapterCtl;
 use crate::routing::RoutePlan;
@@ -24,16 +24,6 @@ pub(super) struct PendingStep {
     started: Instant,
     new_rollout: bool,
     mini: MiniBatch,
-    /// The rollout's reference log-probabilities are still to be set ([`Reference::Deferred`]).
-    reference_pending: bool,
-}
-
-/// One run's part of a backward pass stacked with other runs' ([`engine::backward_stacked`]).
-pub(super) struct StackedPassInput<'a> {
-    pub model: &'a crate::model::Llama,
-    pub batch: engine::LossBatch<'a>,
-    pub temperature: f64,
-    pub loss: &'a grpo::Objective,
 }
 
 /// What a step's backward pass left beside the gradients in the parameters.
@@ -50,21 +40,20 @@ pub(super) struct Trained {
 impl Trainer {
     /// Optimizer step `step` (0-based); returns its metrics line.
     pub(super) fn step(&mut self, step: usize) -> Result<serde_json::Value> {
-        let pending = self.begin_step(step, Reference::Now)?;
-        let trained = self.backward(&pending);
+        let pending = self.begin_step(step)?;
+        let trained = self.backward(&pending)?;
         self.finish_step(pending, trained)
     }
 
     /// The step up to its backward pass: the rollout (sampled, scored and planned when the step
-    /// starts one; its reference log-probabilities now or `Deferred`) and the mini-batch's rows.
-    pub(super) fn begin_step(&mut self, step: usize, reference: Reference) -> Result<PendingStep> {
+    /// starts one) and the mini-batch's rows.
+    fn begin_step(&mut self, step: usize) -> Result<PendingStep> {
         let started = Instant::now();
         let per_rollout = self.cfg.steps_per_rollout();
         let new_rollout = step % per_rollout == 0;
         if new_rollout {
-            self.rollout = Some(self.rollout(step, reference)?);
+            self.rollout = Some(self.rollout(step)?);
         }
-        let reference_pending = new_rollout && reference == Reference::Deferred && self.needs_reference();
         // Only a run resumed from its final checkpoint (saved at max_steps) can start inside a
         // rollout, whose batch no checkpoint keeps.
         let rollout = self.rollout.as_ref().with_context(|| {
@@ -73,34 +62,13 @@ impl Trainer {
         // Each pass over the rollout goes through its mini-batches in order.
         let mini = MiniBatch::of(rollout, step % self.cfg.num_substeps, self.cfg.num_substeps);
         self.optimizer.zero_grad();
-        Ok(PendingStep { step, started, new_rollout, mini, reference_pending })
+        Ok(PendingStep { step, started, new_rollout, mini })
     }
 
-    /// Sets the reference log-probabilities a step begun with [`Reference::Deferred`] left out
-    /// (from a pack's stacked reference pass; `seconds` its share of the pass).
-    pub(super) fn set_reference(&mut self, pending: &mut PendingStep, ref_logprobs: Tensor, seconds: f64) {
-        assert!(pending.reference_pending, "only a deferred reference is set");
-        let rollout = self.rollout.as_mut().expect("a deferred reference belongs to a rollout");
-        rollout.ref_logprobs = Some(ref_logprobs);
-        rollout.metrics.reference_seconds += seconds;
-        pending.mini = MiniBatch::of(rollout, pending.step % self.cfg.num_substeps, self.cfg.num_substeps);
-        pending.reference_pending = false;
-    }
-
-    /// Computes the reference log-probabilities a step begun with [`Reference::Deferred`] left
-    /// out, alone (a run no other run's reference pass stacked with).
-    pub(super) fn own_reference(&mut self, pending: &mut PendingStep) -> Result<()> {
-        let started = Instant::now();
-        let generation = &self.rollout.as_ref().expect("a deferred reference belongs to a rollout").generation;
-        let ref_logprobs = self.reference_logprobs(generation)?;
-        self.set_reference(pending, ref_logprobs, started.elapsed().as_secs_f64());
-        Ok(())
-    }
-
-    /// Why this run's backward passes cannot be one run's part of a pass stacked with other
-    /// runs ([`engine::backward_stacked`] does one micro-batch in one pass, without probes that
-    /// need a run's own graph or gradients), or `None` when they can.
-    pub(super) fn unstackable_pass(&self) -> Option<&'static str> {
+    /// What needs this run's own backward passes rather than one pass over the whole batch
+    /// (which the engine may stack with other runs'): micro-batches, or probes that read a
+    /// pass's graph or gradients. `None` for one plain pass.
+    fn own_passes(&self) -> Option<&'static str> {
         let cfg = &self.cfg;
         if cfg.gradient_accumulation_steps > 1 {
             Some("gradient_accumulation_steps > 1")
@@ -115,22 +83,25 @@ impl Trainer {
         }
     }
 
-    /// This run's part of a stacked backward pass.
-    pub(super) fn stacked_pass_input<'a>(&'a self, pending: &'a PendingStep) -> StackedPassInput<'a> {
-        assert!(self.unstackable_pass().is_none(), "only a run whose pass can stack is stacked");
-        assert!(!pending.reference_pending, "the reference log-probabilities are set before the backward pass");
-        StackedPassInput { model: &self.model, batch: pending.mini.loss_batch(&pending.mini.plan), temperature: self.cfg.temperature, loss: &self.loss }
-    }
-
-    /// This run's part of a stacked backward pass (its gradients already in its parameters).
-    pub(super) fn stacked_pass_result(pass: engine::BackwardPass, seconds: f64) -> Trained {
-        Trained { pass, natural_grads: None, absorption: Vec::new(), gradient_noise: None, seconds }
+    /// The step's backward passes: one plain pass through the engine, or the run's own.
+    fn backward(&mut self, pending: &PendingStep) -> Result<Trained> {
+        if let Some(reason) = self.own_passes() {
+            if self.seat.stacks_passes_in_a_pack(&self.model) {
+                self.announce("train", || format!("training each step alone, not stacked with the other packed runs: {reason} needs the run's own backward passes"));
+            }
+            return Ok(self.own_backward(pending));
+        }
+        let job = engine::TrainJob { model: &self.model, batch: pending.mini.loss_batch(&pending.mini.plan), temperature: self.cfg.temperature, objective: &self.loss };
+        let done = self.seat.train(job)?;
+        if done.runs > 1 {
+            self.announce("train", || format!("training stacked with {} packed runs (one batched forward and backward pass; each run's own loss and optimizer)", done.runs));
+        }
+        Ok(Trained { pass: done.value, natural_grads: None, absorption: Vec::new(), gradient_noise: None, seconds: done.seconds })
     }
 
     /// The step's own backward passes: the routed loss (and with `split_moment` the natural
     /// plan's first), with the probes that need the graph or each pass's gradients.
-    pub(super) fn backward(&mut self, pending: &PendingStep) -> Trained {
-        assert!(!pending.reference_pending, "the reference log-probabilities are set before the backward pass");
+    fn own_backward(&mut self, pending: &PendingStep) -> Trained {
         let pass_start = Instant::now();
         let rollout = self.rollout.as_ref().expect("begin_step made the rollout");
         let mini = &pending.mini;
@@ -176,7 +147,9 @@ impl Trainer {
 
     /// The rest of the step after its backward pass: clipping, AdamW with the schedule, the
     /// metrics line, log lines and live views; returns the metrics line.
-    pub(super) fn finish_step(&mut self, pending: PendingStep, trained: Trained) -> Result<serde_json::Value> {
+    fn finish_step(&mut self, pending: PendingStep, trained: Trained) -> Result<serde_json::Value> {
+        // Before the update: the kernel of the policy that computed the step's gradient.
+        let fisher_kernel = self.fisher_kernel(pending.step, pending.mini.seqs(), &pending.mini.plan.ctl)?;
         let optimizer_start = Instant::now();
         let PendingStep { step, started, new_rollout, mini, .. } = pending;
         let Trained { pass: engine::BackwardPass { logprobs, terms }, mut natural_grads, mut absorption, gradient_noise, seconds: pass_seconds } = trained;
@@ -243,6 +216,7 @@ impl Trainer {
             kl_sample_train: probes::sampler_learner_kl(&mini.generation.sampling_logprobs, &logprobs.logprobs, &mini.generation.completion_mask),
             importance_sampling: terms.importance_sampling,
             gradient_noise,
+            fisher_kernel,
             num_tokens: self.num_tokens,
             train_seconds,
             step_seconds: started.elapsed().as_secs_f64(),
@@ -324,18 +298,6 @@ struct MiniBatch {
     plan: PlanRows,
     /// With `split_moment`: the natural plan's rows.
     natural: Option<PlanRows>,
-}
-
-impl PendingStep {
-    /// The rows the step trains on.
-    pub(super) fn rows(&self) -> i64 {
-        self.mini.loss_mask.size()[0]
-    }
-
-    /// Whether the reference log-probabilities are still to be set ([`Reference::Deferred`]).
-    pub(super) fn reference_pending(&self) -> bool {
-        self.reference_pending
-    }
 }
 
 impl MiniBatch {

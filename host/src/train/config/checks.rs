@@ -40,6 +40,11 @@ impl TrainConfig {
         );
         self.objective()?;
         ensure!(self.logging_steps > 0 && self.save_steps > 0 && self.eval_every > 0, "logging_steps, save_steps and eval_every must be positive");
+        ensure!(
+            self.fisher_kernel_every == 0 || self.fisher_kernel_sketch > 0,
+            "fisher_kernel_sketch is the Fisher kernel's sketch size: it must be positive with fisher_kernel_every {} (got 0)",
+            self.fisher_kernel_every
+        );
         ensure!((0.0..=1.0).contains(&self.ablated_frac), "ablated_frac must be in [0, 1], got {}", self.ablated_frac);
         self.knobs().check()?;
         self.plugin_limits()?;

@@ -224,6 +224,13 @@ hyperparameters! {
         /// the training pass) and log the entropy change (`entropy/measured_change`).
         #[arg(num_args = 0..=1, default_missing_value = "true")]
         measure_entropy_change: bool = false, Omit, [Resume];
+        /// Every N steps (0: never), the sketched Fisher kernel of the step's sequences, K(i, j) =
+        /// <g_i, g_j> of their log-probabilities' gradients, in fisher/step_<N>.json and as fisher/*
+        /// metrics (one forward and backward pass per sequence; the training is unchanged).
+        fisher_kernel_every: usize = 0, Omit, [Resume];
+        /// Buckets of the Fisher kernel's CountSketch of each gradient: the expected relative
+        /// error is at most sqrt((effective rank + 1) / N); the cost does not grow with N.
+        fisher_kernel_sketch: usize = 16_384, Omit, [Resume];
         /// Log the gradient noise scale (McCandlish et al. 2018's B_simple = tr(Σ) / |G|²) from the
         /// gradients of the batch's micro-batches, or with gradient_accumulation_steps 1 of its two
         /// halves (the step then runs as two backward passes of half the batch each).

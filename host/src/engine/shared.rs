@@ -1,0 +1,493 @@
+//! The engine shared by the runs of one process: every run (a solo run is a pack of one) holds
+//! a [`Seat`] and asks it to sample, to score its reference log-probabilities and to do its
+//! backward pass. The engine decides, here and nowhere else, how each job runs: the CPU's
+//! native sampler and scorer or libtorch (whose decoder replays CUDA graphs on CUDA), and
+//! whether jobs of several runs run as one pass over their weights stacked on a leading run
+//! axis ([`Stacking`]).
+//!
+//! Each run of a pack steps on its own thread through the same straight-line step as a solo
+//! run. A job that may stack is a rendezvous: the run waits until every live run is waiting
+//! for a job (or has left), then the last run to arrive runs all of them, compatible jobs
+//! stacked, and hands each run its result. A job that may not stack (the native sampler on
+//! the CPU, a run alone) runs on its own thread at once. Which jobs run together depends only
+//! on which jobs the runs ask for, never on thread timing, so a pack is reproducible.
+//!
+//! Architecture invariant: nothing outside this module knows whether a job ran stacked or with
+//! which implementation; a run sees only its own result (and how many runs shared the call, for
+//! its log), so a packed run is its solo run (bit for bit unstacked; to float32 rounding
+//! stacked, `tests/train/`).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Instant;
+
+use anyhow::{Result, anyhow};
+use tch::Tensor;
+
+use super::{BackwardPass, LossBatch, Sequences, backward_micro_batches, backward_stacked, frozen_logprobs, stacked_frozen_logprobs};
+use crate::grpo::Objective;
+use crate::model::decode::DecodeModel;
+use crate::model::generate::{Engine as Decoder, Generation, SamplingParams, generate, generate_stacked};
+use crate::model::linear::AdapterCtl;
+use crate::model::{Llama, native};
+
+/// Whether jobs of several runs run as one pass over their weights stacked on a run axis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Stacking {
+    /// Where launches dominate: sampling with libtorch (on CUDA, or in bfloat16), where a
+    /// decode step is a few hundred small kernels whatever the batch, so R runs cost about
+    /// what one costs (on the CPU in float32 each run keeps the native sampler, which is faster
+    /// there); reference and backward passes on CUDA, for the same reason.
+    Auto,
+    /// Always: libtorch in place of the native sampler and reference scorer on the CPU (tests
+    /// and benchmarks: the stacked libtorch decoder draws the tokens the native sampler draws;
+    /// the reference log-probabilities differ by float32 rounding).
+    Always,
+    /// Never: each run samples and trains alone.
+    Never,
+}
+
+/// A job's result, its share of the wall time, and how many runs' jobs ran in its call (1 when
+/// it ran alone).
+pub struct Done<T> {
+    pub value: T,
+    pub seconds: f64,
+    pub runs: usize,
+}
+
+/// The reference log-probabilities of a run's completions.
+pub struct ReferenceJob<'a> {
+    /// The reference policy: a frozen copy, or the policy with its adapters off (`ctl`).
+    pub model: &'a Llama,
+    pub ctl: &'a [AdapterCtl],
+    pub generation: &'a Generation,
+    pub temperature: f64,
+    /// The same weights for the native scorer (float32 on the CPU only), from the seat.
+    native: Option<&'a native::NativeModel>,
+}
+
+impl<'a> ReferenceJob<'a> {
+    pub fn new(model: &'a Llama, ctl: &'a [AdapterCtl], generation: &'a Generation, temperature: f64) -> Self {
+        Self { model, ctl, generation, temperature, native: None }
+    }
+}
+
+/// One forward and backward pass of a run's loss over its whole batch (a step with
+/// micro-batches or probes that read a pass's gradients does its passes itself).
+pub struct TrainJob<'a> {
+    pub model: &'a Llama,
+    pub batch: LossBatch<'a>,
+    pub temperature: f64,
+    pub objective: &'a Objective,
+}
+
+/// One call of a run's sampler.
+struct SampleJob<'a> {
+    decoder: &'a DecodeModel,
+    /// The adapter scales `decoder` is folded at: with the run, the key of the stacked decoder.
+    scales: &'a [f64],
+    prompts: &'a [Vec<u32>],
+    params: &'a SamplingParams,
+    seed: u64,
+}
+
+enum Job<'a> {
+    Sample(SampleJob<'a>),
+    Reference(ReferenceJob<'a>),
+    Train(TrainJob<'a>),
+}
+
+enum Outcome {
+    Sample(Result<Generation>),
+    Reference(Result<Tensor>),
+    Train(BackwardPass),
+}
+
+/// A job waiting at the rendezvous. SAFETY of the `'static`: the job borrows from the thread
+/// that posted it, which blocks in [`Engine::rendezvous`] until the job's outcome is posted;
+/// the engine drops the job before it posts the outcome. The borrowed tensors are read by
+/// the one thread that runs the jobs while their owners wait (libtorch tensors are safe to
+/// read from another thread; `tch::Tensor` is only not `Sync` by default).
+struct Posted {
+    run: usize,
+    job: Job<'static>,
+}
+
+unsafe impl Send for Posted {}
+
+#[derive(Default)]
+struct State {
+    /// Seats not yet dropped.
+    live: usize,
+    next_run: usize,
+    posted: Vec<Posted>,
+    outcomes: HashMap<usize, Done<Outcome>>,
+    /// Threads free to work (`workers` minus those working).
+    permits: usize,
+    /// The packs' stacked decoders, by their runs and adapter scales, kept so that CUDA graphs
+    /// captured on them are replayed at every step.
+    stacked_decoders: HashMap<Vec<(usize, Vec<u64>)>, DecodeModel>,
+}
+
+/// The engine shared by the runs of a process (see the module's documentation).
+pub struct Engine {
+    stacking: Stacking,
+    state: Mutex<State>,
+    changed: Condvar,
+    /// Set when running the jobs panicked: the waiting runs fail instead of waiting forever.
+    broken: AtomicBool,
+}
+
+impl Engine {
+    /// An engine for runs of one device that stack per `stacking`; at most `workers` runs work
+    /// at once between jobs (each run's thread waits for a turn).
+    pub fn new(stacking: Stacking, workers: usize) -> Arc<Self> {
+        assert!(workers >= 1, "at least one worker");
+        Arc::new(Self { stacking, state: Mutex::new(State { permits: workers, ..State::default() }), changed: Condvar::new(), broken: AtomicBool::new(false) })
+    }
+
+    /// A solo run's engine: a pack of one.
+    pub fn solo() -> Seat {
+        Self::seat(&Self::new(Stacking::Auto, 1))
+    }
+
+    /// A new run's seat; the engine waits for it at every rendezvous until it is dropped.
+    pub fn seat(engine: &Arc<Self>) -> Seat {
+        let mut state = engine.lock();
+        state.live += 1;
+        state.next_run += 1;
+        Seat { engine: engine.clone(), run: state.next_run - 1, working: false, decoders: Vec::new(), reference: None }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A thread that panicked holding the lock left the state consistent (it only moves
+        // values in and out), so the others go on and report their own errors.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Whether a pass over whole models (reference or backward) is stacked with other runs'.
+    fn stacks_passes(&self, model: &Llama) -> bool {
+        self.stacking == Stacking::Always || (self.stacking == Stacking::Auto && model.device.is_cuda())
+    }
+
+    /// Whether a sampler call is stacked with other runs' (libtorch decoders; the CPU's native
+    /// sampler decodes one run at a time).
+    fn stacks_sampling(&self, decoder: &DecodeModel) -> bool {
+        self.stacking == Stacking::Always || (self.stacking == Stacking::Auto && decoder.native().is_none())
+    }
+
+    /// Posts `job` for `run` and waits for its outcome (see the module's documentation).
+    fn rendezvous(&self, run: usize, job: Job<'_>) -> Result<Done<Outcome>> {
+        // SAFETY: see `Posted`: this thread does not return before the job is consumed.
+        let job: Job<'static> = unsafe { std::mem::transmute::<Job<'_>, Job<'static>>(job) };
+        let mut state = self.lock();
+        state.posted.push(Posted { run, job });
+        loop {
+            if let Some(done) = state.outcomes.remove(&run) {
+                return Ok(done);
+            }
+            if self.broken.load(Ordering::SeqCst) {
+                return Err(anyhow!("another run's job panicked in the shared engine; this run stops with it"));
+            }
+            if state.posted.len() == state.live {
+                state = self.run_posted(state);
+                continue;
+            }
+            state = self.changed.wait(state).unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+    }
+
+    /// Runs every posted job (all live runs are waiting), compatible jobs stacked, posts the
+    /// outcomes and wakes the runs.
+    fn run_posted<'g>(&'g self, mut state: MutexGuard<'g, State>) -> MutexGuard<'g, State> {
+        let posted = std::mem::take(&mut state.posted);
+        let mut decoders = std::mem::take(&mut state.stacked_decoders);
+        let broken = BrokenOnPanic { engine: self };
+        // The jobs run with the lock held: every run is waiting, none can post or leave.
+        let outcomes = self.run_jobs(posted, &mut decoders);
+        std::mem::forget(broken);
+        state.stacked_decoders = decoders;
+        state.outcomes.extend(outcomes);
+        self.changed.notify_all();
+        state
+    }
+
+    fn run_jobs(&self, posted: Vec<Posted>, decoders: &mut HashMap<Vec<(usize, Vec<u64>)>, DecodeModel>) -> Vec<(usize, Done<Outcome>)> {
+        let mut samples = Vec::new();
+        let mut references = Vec::new();
+        let mut trains = Vec::new();
+        for Posted { run, job } in posted {
+            match job {
+                Job::Sample(job) => samples.push((run, job)),
+                Job::Reference(job) => references.push((run, job)),
+                Job::Train(job) => trains.push((run, job)),
+            }
+        }
+        let mut outcomes = Vec::new();
+        let same_call = |a: &SampleJob, b: &SampleJob| a.prompts.len() == b.prompts.len() && a.params == b.params;
+        for group in groups(samples, same_call) {
+            outcomes.extend(sample_group(group, decoders));
+        }
+        for group in groups(references, |a, b| rows(a.generation) == rows(b.generation)) {
+            outcomes.extend(reference_group(group));
+        }
+        for group in groups(trains, |a, b| a.batch.loss_mask.size()[0] == b.batch.loss_mask.size()[0]) {
+            outcomes.extend(train_group(group));
+        }
+        outcomes
+    }
+}
+
+/// Marks the engine broken (and wakes the runs) if running the jobs panics.
+struct BrokenOnPanic<'a> {
+    engine: &'a Engine,
+}
+
+impl Drop for BrokenOnPanic<'_> {
+    fn drop(&mut self) {
+        // Only reached while unwinding (forgotten otherwise), with the lock held: the waiting
+        // runs wake once the unwinding releases it (poisoned) and find the flag.
+        self.engine.broken.store(true, Ordering::SeqCst);
+        self.engine.changed.notify_all();
+    }
+}
+
+fn rows(generation: &Generation) -> i64 {
+    generation.completion_ids.size()[0]
+}
+
+/// `jobs` in groups of mutually compatible ones, in order of first appearance.
+fn groups<J>(jobs: Vec<(usize, J)>, compatible: impl Fn(&J, &J) -> bool) -> Vec<Vec<(usize, J)>> {
+    let mut groups: Vec<Vec<(usize, J)>> = Vec::new();
+    for (run, job) in jobs {
+        match groups.iter_mut().find(|group| compatible(&group[0].1, &job)) {
+            Some(group) => group.push((run, job)),
+            None => groups.push(vec![(run, job)]),
+        }
+    }
+    groups
+}
+
+/// Times `work` and shares its wall time among `runs` runs.
+fn timed<T>(runs: usize, work: impl FnOnce() -> T) -> (T, f64) {
+    let started = Instant::now();
+    let value = work();
+    (value, started.elapsed().as_secs_f64() / runs as f64)
+}
+
+fn sample_group(group: Vec<(usize, SampleJob)>, decoders: &mut HashMap<Vec<(usize, Vec<u64>)>, DecodeModel>) -> Vec<(usize, Done<Outcome>)> {
+    let runs = group.len();
+    if runs == 1 {
+        let (run, job) = &group[0];
+        let (value, seconds) = timed(1, || generate(job.decoder, job.prompts, job.params, job.seed));
+        return vec![(*run, Done { value: Outcome::Sample(value), seconds, runs })];
+    }
+    let key: Vec<(usize, Vec<u64>)> = group.iter().map(|(run, job)| (*run, job.scales.iter().map(|s| s.to_bits()).collect())).collect();
+    // A stack holding a run that left, or other scales, is never used again: keep only ours.
+    decoders.retain(|k, _| k.iter().all(|(run, _)| key.iter().any(|(r, _)| r == run)));
+    let parts: Vec<&DecodeModel> = group.iter().map(|(_, job)| job.decoder).collect();
+    let (generations, seconds) = timed(runs, || {
+        let stacked = match decoders.get_mut(&key) {
+            Some(stacked) => {
+                stacked.refresh_stacked(&parts);
+                stacked
+            }
+            None => decoders.entry(key.clone()).or_insert_with(|| DecodeModel::stacked(&parts)),
+        };
+        let decoder = if stacked.device.is_cuda() { Decoder::CudaGraphs } else { Decoder::Libtorch };
+        let prompts: Vec<&[Vec<u32>]> = group.iter().map(|(_, job)| job.prompts).collect();
+        let seeds: Vec<u64> = group.iter().map(|(_, job)| job.seed).collect();
+        generate_stacked(decoder, stacked, &prompts, group[0].1.params, &seeds)
+    });
+    let per_run: Vec<Result<Generation>> = match generations {
+        Ok(per_run) => per_run,
+        Err(error) => {
+            let message = format!("{error:#}");
+            (0..runs).map(|_| Err(anyhow!("the stacked decode of {runs} packed runs failed: {message}"))).collect()
+        }
+    };
+    group.iter().zip(per_run).map(|((run, _), value)| (*run, Done { value: Outcome::Sample(value), seconds, runs })).collect()
+}
+
+fn reference_group(group: Vec<(usize, ReferenceJob)>) -> Vec<(usize, Done<Outcome>)> {
+    let runs = group.len();
+    if runs == 1 {
+        let (run, job) = &group[0];
+        let (value, seconds) = timed(1, || reference_alone(job));
+        return vec![(*run, Done { value: Outcome::Reference(value), seconds, runs })];
+    }
+    let (logprobs, seconds) = timed(runs, || {
+        let models: Vec<&Llama> = group.iter().map(|(_, job)| job.model).collect();
+        let ctl: Vec<&[AdapterCtl]> = group.iter().map(|(_, job)| job.ctl).collect();
+        let seqs: Vec<Sequences> = group.iter().map(|(_, job)| job.generation.into()).collect();
+        let temperatures: Vec<f64> = group.iter().map(|(_, job)| job.temperature).collect();
+        stacked_frozen_logprobs(&models, &ctl, &seqs, &temperatures)
+    });
+    group.iter().zip(logprobs).map(|((run, _), value)| (*run, Done { value: Outcome::Reference(Ok(value)), seconds, runs })).collect()
+}
+
+/// A run's reference log-probabilities computed alone: the native scorer on the CPU in float32
+/// (the same function up to float rounding, several times faster), libtorch elsewhere.
+fn reference_alone(job: &ReferenceJob) -> Result<Tensor> {
+    match job.native {
+        Some(native) => {
+            let threads = tch::get_num_threads().max(1) as usize;
+            native::frozen_logprobs(native, job.generation, job.temperature, threads)
+        }
+        None => Ok(frozen_logprobs(job.model, job.generation.into(), job.temperature, job.ctl)),
+    }
+}
+
+fn train_group(group: Vec<(usize, TrainJob)>) -> Vec<(usize, Done<Outcome>)> {
+    let runs = group.len();
+    let (passes, seconds) = timed(runs, || match &group[..] {
+        [(_, job)] => vec![backward_micro_batches(job.model, &job.batch, job.temperature, job.objective, 1, &mut |_, _| {})],
+        _ => {
+            let models: Vec<&Llama> = group.iter().map(|(_, job)| job.model).collect();
+            let batches: Vec<LossBatch> = group.iter().map(|(_, job)| job.batch.clone()).collect();
+            let temperatures: Vec<f64> = group.iter().map(|(_, job)| job.temperature).collect();
+            let objectives: Vec<&Objective> = group.iter().map(|(_, job)| job.objective).collect();
+            backward_stacked(&models, &batches, &temperatures, &objectives)
+        }
+    });
+    group.iter().zip(passes).map(|((run, _), pass)| (*run, Done { value: Outcome::Train(pass), seconds, runs })).collect()
+}
+
+/// A run's place at the engine (see the module's documentation). Dropping it leaves the
+/// engine, which then stops waiting for this run.
+pub struct Seat {
+    engine: Arc<Engine>,
+    run: usize,
+    /// Whether this run holds one of the engine's worker permits.
+    working: bool,
+    /// The run's decoders, one per set of adapter scales it samples at, refolded from the
+    /// weights before each use. They live as long as the run, so CUDA graphs captured in the
+    /// first step are replayed in every later one.
+    decoders: Vec<(Vec<f64>, DecodeModel)>,
+    /// The reference policy's weights for the native scorer, built at the first reference job
+    /// (the reference never changes: a frozen copy, or base weights with adapters off); `None`
+    /// inside where the native scorer does not serve the device and dtype.
+    reference: Option<Option<DecodeModel>>,
+}
+
+impl Seat {
+    /// Waits for a turn to work (at most `workers` runs work at once); a run's thread calls it
+    /// before its first step.
+    pub fn start_working(&mut self) {
+        start_working(&self.engine, &mut self.working);
+    }
+
+    /// Whether passes over whole models are stacked with other runs' at this engine, which
+    /// more than one run has joined (a run that does its own passes says so in its log).
+    pub fn stacks_passes_in_a_pack(&self, model: &Llama) -> bool {
+        self.engine.stacks_passes(model) && self.engine.lock().next_run > 1
+    }
+
+    /// Samples `prompts` from the policy `model` at adapter `scales` (with the run's decoder
+    /// for those scales, refolded from the current weights).
+    pub fn sample(&mut self, model: &Llama, scales: &[f64], prompts: &[Vec<u32>], params: &SamplingParams, seed: u64) -> Result<Done<Generation>> {
+        let (index, fold_seconds) = timed(1, || match self.decoders.iter().position(|(at, _)| at == scales) {
+            Some(index) => {
+                self.decoders[index].1.refresh(model, scales);
+                index
+            }
+            None => {
+                self.decoders.push((scales.to_vec(), DecodeModel::new(model, scales)));
+                self.decoders.len() - 1
+            }
+        });
+        let decoder = &self.decoders[index].1;
+        let stacks = self.engine.stacks_sampling(decoder);
+        let job = Job::Sample(SampleJob { decoder, scales, prompts, params, seed });
+        let done = run_job(&self.engine, self.run, &mut self.working, stacks, job, |job| match job {
+            Job::Sample(job) => Outcome::Sample(generate(job.decoder, job.prompts, job.params, job.seed)),
+            _ => unreachable!("a sample job"),
+        })?;
+        match done.value {
+            Outcome::Sample(value) => Ok(Done { value: value?, seconds: done.seconds + fold_seconds, runs: done.runs }),
+            _ => unreachable!("a sample job's outcome"),
+        }
+    }
+
+    /// The reference log-probabilities of a run's completions.
+    pub fn reference<'a>(&'a mut self, mut job: ReferenceJob<'a>) -> Result<Done<Tensor>> {
+        let (model, ctl) = (job.model, job.ctl);
+        let reference = self.reference.get_or_insert_with(|| {
+            assert!(ctl.iter().all(AdapterCtl::is_off), "the reference policy has every adapter off");
+            DecodeModel::native_available(model.device, model.kind).then(|| DecodeModel::new(model, &vec![0.0; ctl.len()]))
+        });
+        job.native = reference.as_ref().and_then(DecodeModel::native);
+        let stacks = self.engine.stacks_passes(job.model);
+        let done = run_job(&self.engine, self.run, &mut self.working, stacks, Job::Reference(job), |job| match job {
+            Job::Reference(job) => Outcome::Reference(reference_alone(&job)),
+            _ => unreachable!("a reference job"),
+        })?;
+        match done.value {
+            Outcome::Reference(value) => Ok(Done { value: value?, seconds: done.seconds, runs: done.runs }),
+            _ => unreachable!("a reference job's outcome"),
+        }
+    }
+
+    /// One forward and backward pass of a run's loss: its gradients land in its parameters.
+    pub fn train(&mut self, job: TrainJob<'_>) -> Result<Done<BackwardPass>> {
+        let stacks = self.engine.stacks_passes(job.model);
+        let done = run_job(&self.engine, self.run, &mut self.working, stacks, Job::Train(job), |job| match job {
+            Job::Train(job) => Outcome::Train(backward_micro_batches(job.model, &job.batch, job.temperature, job.objective, 1, &mut |_, _| {})),
+            _ => unreachable!("a train job"),
+        })?;
+        match done.value {
+            Outcome::Train(value) => Ok(Done { value, seconds: done.seconds, runs: done.runs }),
+            _ => unreachable!("a train job's outcome"),
+        }
+    }
+}
+
+/// Takes one of the engine's worker permits (waiting for one), unless `working` already holds one.
+fn start_working(engine: &Engine, working: &mut bool) {
+    if *working {
+        return;
+    }
+    let mut state = engine.lock();
+    while state.permits == 0 {
+        state = engine.changed.wait(state).unwrap_or_else(|poisoned| poisoned.into_inner());
+    }
+    state.permits -= 1;
+    *working = true;
+}
+
+fn stop_working(engine: &Engine, working: &mut bool) {
+    if *working {
+        engine.lock().permits += 1;
+        engine.changed.notify_all();
+        *working = false;
+    }
+}
+
+/// Runs `job` of `run` now on this thread (`alone`), or when it `stacks` at the rendezvous with
+/// the other runs' jobs, giving up the run's worker permit while it waits.
+fn run_job(engine: &Engine, run: usize, working: &mut bool, stacks: bool, job: Job<'_>, alone: impl FnOnce(Job<'_>) -> Outcome) -> Result<Done<Outcome>> {
+    if !stacks {
+        let (value, seconds) = timed(1, || alone(job));
+        return Ok(Done { value, seconds, runs: 1 });
+    }
+    let was_working = *working;
+    stop_working(engine, working);
+    let done = engine.rendezvous(run, job);
+    if was_working {
+        start_working(engine, working);
+    }
+    done
+}
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        stop_working(&self.engine, &mut self.working);
+        let mut state = self.engine.lock();
+        state.live -= 1;
+        // The runs still waiting may now be all the live ones: the last to leave runs them.
+        if state.live > 0 && state.posted.len() == state.live {
+            drop(self.engine.run_posted(state));
+        }
+    }
+}
