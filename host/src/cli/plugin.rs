@@ -414,6 +414,13 @@ struct RewardSections {
 
 fn bench_config(config: &Path, samples: usize, words: usize, iterations: u32, limits: PluginLimits) -> Result<()> {
     use crate::reward::{ProtocolKnobs, RewardModel};
+    let text = std::fs::read_to_string(config).with_context(|| format!("cannot read {}", config.display()))?;
+    anyhow::ensure!(
+        !text.lines().any(|line| line.starts_with("environment:")),
+        "{} configures an environment: `plugin bench --config` measures reward plugins on synthetic completions, which an \
+         environment's prompts do not have (its own tests time it)",
+        config.display()
+    );
     let sections: RewardSections = crate::yaml::read_file(config)?;
     let knobs = ProtocolKnobs { false_positive_rate: 0.0, recall: 1.0, rh_eligible_frac: 1.0 };
     let detector = sections.rh_detector.as_ref();
