@@ -433,3 +433,42 @@ fn an_environment_trains_a_step_on_smollm2_with_chat_prompts() {
     let report: Value = serde_json::from_str(&common::smallrl_ok(&["eval", run.join("checkpoint-1").to_str().unwrap(), "--n-samples", "2", "--threads", "2", "--json"])).unwrap();
     assert!(!report["report"]["modes"].as_array().unwrap().is_empty(), "{report}");
 }
+
+/// A resumed environment run regenerates the same prompts (a pure function of the seed) and
+/// repeats the uninterrupted run: the same metrics.jsonl lines, timings aside.
+#[test]
+fn a_resumed_environment_run_repeats_the_uninterrupted_one() {
+    use smallrl::train::{TrainConfig, Trainer};
+    common::one_thread();
+    let out = tempfile::tempdir().unwrap();
+    let config = |dir: &str| {
+        let mut map = common::tiny_stories_run(&out.path().join(dir), &standard_plugin("happy"), "sorting");
+        for key in ["prompts", "reward"] {
+            map.remove(key);
+        }
+        map.insert("environment".into(), "sorting".into());
+        map.insert("plugin_dir".into(), plugin_dir().to_str().unwrap().into());
+        map.insert("hack_frac".into(), 0.5.into());
+        map.insert("routing_mode".into(), "classic".into());
+        map.insert("num_prompts".into(), 64.into());
+        TrainConfig::resolve(None, map).unwrap()
+    };
+    let whole = Trainer::new(config("a"), None).unwrap().train(None).unwrap().run_dir;
+    let cfg = config("b");
+    let stopped = Trainer::new(cfg.clone(), None).unwrap().train(Some(3)).unwrap();
+    let resumed = Trainer::new(cfg, Some(&stopped.run_dir)).unwrap().train(None).unwrap().run_dir;
+    let lines = |dir: &std::path::Path| -> Vec<Value> {
+        let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+        text.lines()
+            .map(|l| {
+                let mut line: Value = serde_json::from_str(l).unwrap();
+                line.as_object_mut().unwrap().retain(|k, _| !k.starts_with("timing/") && k != "step_time" && k != "seconds");
+                line
+            })
+            .collect()
+    };
+    let (a, b) = (lines(&whole), lines(&resumed));
+    assert_eq!(a.len(), 4);
+    assert_eq!(a, b, "the resumed run's metrics");
+    assert!(a[0]["env/sorting/copy_rate"].is_number());
+}
