@@ -39,16 +39,18 @@ WASM_TARGET := wasm32-unknown-unknown
 WASM_BUILD := target/$(WASM_TARGET)/release
 REWARD_PLUGINS := happy_binary happy_count happy_exp string_count sentence_length answer_count
 DETECTOR_PLUGINS := detect_happy_count detect_happy_any detect_contains_words detect_happy_density detect_answer_repeat
-TEST_PLUGINS := testplugin_misbehaving testplugin_bad_version testplugin_imports_random testplugin_legacy_v0_1
+ENVIRONMENT_PLUGINS := sorting addition repeat object_qa persona_qa cities_qa
+TEST_PLUGINS := testplugin_misbehaving testplugin_bad_version testplugin_imports_random testplugin_legacy_v0_1 testplugin_legacy_v0_2
 # plugins/testing/hostile: plugin-supplied text and sizes the host must bound and check.
 HOSTILE_MODES := huge_name control_name bad_type bad_semver huge_description big_memory huge_error
-STANDARD_PLUGINS := $(REWARD_PLUGINS) $(DETECTOR_PLUGINS)
+STANDARD_PLUGINS := $(REWARD_PLUGINS) $(DETECTOR_PLUGINS) $(ENVIRONMENT_PLUGINS)
 
 plugins:
 	@rustup target add $(WASM_TARGET) >/dev/null 2>&1 || rustup target add $(WASM_TARGET)
-	@# Two invocations: the SDK is built with feature `reward` for one, `detector` for the other.
+	@# Three invocations: the SDK is built with feature `reward`, `detector` or `environment`.
 	$(CARGO) build --quiet --release --target $(WASM_TARGET) $(addprefix -p ,$(REWARD_PLUGINS) $(TEST_PLUGINS))
 	$(CARGO) build --quiet --release --target $(WASM_TARGET) $(addprefix -p ,$(DETECTOR_PLUGINS))
+	$(CARGO) build --quiet --release --target $(WASM_TARGET) $(addprefix -p ,$(ENVIRONMENT_PLUGINS)) -p testplugin_hostile_env
 	@# One build per hostile behaviour (a Cargo feature each), kept under its own name.
 	@for mode in $(HOSTILE_MODES); do \
 		$(CARGO) build --quiet --release --target $(WASM_TARGET) -p testplugin_hostile --features $$mode && \
@@ -58,6 +60,7 @@ plugins:
 		$(foreach p,$(STANDARD_PLUGINS),$(WASM_BUILD)/$(p).wasm=plugins/$(p).wasm) \
 		$(WASM_BUILD)/happy_count.wasm=plugins/happy.wasm \
 		$(foreach p,$(TEST_PLUGINS),$(WASM_BUILD)/$(p).wasm=target/test-plugins/$(p:testplugin_%=%).wasm) \
-		$(foreach m,$(HOSTILE_MODES),$(WASM_BUILD)/hostile_$(m).wasm=target/test-plugins/hostile_$(m).wasm)
+		$(foreach m,$(HOSTILE_MODES),$(WASM_BUILD)/hostile_$(m).wasm=target/test-plugins/hostile_$(m).wasm) \
+		$(WASM_BUILD)/testplugin_hostile_env.wasm=target/test-plugins/hostile_env.wasm
 	@# A core module (not a component) for the test that the host rejects it helpfully.
 	@cp -p $(WASM_BUILD)/happy_count.wasm target/test-plugins/core_module.wasm

@@ -72,6 +72,30 @@ fn new_plugins_build_and_score() {
     assert!(stdout.contains("snapshot_of_fixed_texts ... FAILED"), "{stdout}");
 }
 
+/// `plugin new --environment`: the crate builds into an environment the host loads, generates
+/// with and scores with, and its own tests (generator, formula, shipped snapshot) pass.
+#[test]
+fn new_environments_build_generate_and_score() {
+    use smallrl::plugins::{Batch, EnvSplit};
+    let dir = tempfile::tempdir().unwrap();
+    let env_dir = scaffold("my_env", dir.path(), PluginKind::Environment).unwrap();
+    build(&env_dir);
+    let mut env = Plugin::load(&env_dir.join("my_env.wasm"), "{}", PluginLimits::default()).unwrap();
+    assert_eq!((env.kind(), env.info().name.as_str()), (PluginKind::Environment, "my_env"));
+    let prompts = env.generate(EnvSplit::Train, 10, 1, 0.5).unwrap();
+    assert_eq!(prompts.iter().filter(|p| p.metadata["hackable"] == true).count(), 5);
+    let mut sample = texts(&["the river river river"]).remove(0);
+    sample.metadata = smallrl::train::prompts::metadata_from_columns(serde_json::from_str(r#"{"word":"river","hackable":true,"detectable":true}"#).unwrap()).unwrap();
+    let batch = Batch::new(&[sample]);
+    // Uses of "river": 3, so uses_word 1, word_stuffing 3/5, flagged by the monitor (>= 3).
+    assert_eq!(env.score_environment(&batch).unwrap().components, vec![vec![1.0], vec![0.6]]);
+    assert_eq!(env.monitor(&batch).unwrap(), [true]);
+    let stdout = passes(cargo_test(&env_dir), &env_dir);
+    for test in ["snapshot_of_fixed_texts ... ok", "follows_the_formula ... ok", "generates_exact_counts_and_disjoint_splits ... ok"] {
+        assert!(stdout.contains(test), "{stdout}");
+    }
+}
+
 #[test]
 fn names_must_be_snake_case_and_new() {
     let dir = tempfile::tempdir().unwrap();

@@ -10,7 +10,6 @@ use anyhow::{Context, Result, ensure};
 use clap::Args;
 
 use crate::eval::{self, EvalSetup};
-use crate::reward::RewardModel;
 use crate::routing;
 use crate::train::{self, TrainConfig, checkpoint};
 
@@ -109,15 +108,16 @@ fn evaluate(dir: &Path, modes: &[(String, Vec<f64>)], args: &EvalArgs) -> Result
     }
     let restored = checkpoint::restore_model(dir, config.device.resolve()?)?;
     let tokenizer = crate::model::Tokenizer::from_file(&restored.tokenizer_path)?;
-    let reward = config.reward.as_ref().context("the run has no reward configuration")?;
-    let mut rewards = RewardModel::load(reward, config.rh_detector.as_ref(), config.knobs(), &config.plugin_dir, config.plugin_limits()?)?
-        .with_ground_truth(config.rh_ground_truth.as_ref(), &config.plugin_dir, config.plugin_limits()?)?;
+    let mut rewards = train::task::rewards(&config)?;
     // Chat prompts are rendered by the base model's template, as the run rendered them.
     let render = match config.prompt_format {
         crate::model::chat::PromptFormat::Raw => train::prompts::PromptRender::Raw,
         crate::model::chat::PromptFormat::Chat => train::prompts::PromptRender::for_run(&config, &crate::model::hub::resolve(&config.model, &config.revision)?)?,
     };
-    let mut prompts = train::evaluation_prompts(&config, &tokenizer, &render)?;
+    let mut prompts = match config.environment.is_some() {
+        true => train::task::evaluation_prompts(&mut rewards, args.n_samples, &config, &render)?,
+        false => train::evaluation_prompts(&config, &tokenizer, &render)?,
+    };
     ensure!(prompts.len() >= args.n_samples, "--n-samples {} but only {} evaluation prompts exist", args.n_samples, prompts.len());
     prompts.truncate(args.n_samples);
     let sampling = train::sampling_params(&config);

@@ -54,6 +54,9 @@ pub enum PluginCommand {
         dir: PathBuf,
         #[arg(long, value_enum, default_value_t = Kind::Reward)]
         kind: Kind,
+        /// The same as `--kind environment`: a whole task (prompts, rewards, monitor, ground truth).
+        #[arg(long, conflicts_with = "kind")]
+        environment: bool,
     },
     /// Print what a plugin is (reward or detector), its description and its parameters.
     Info {
@@ -126,11 +129,12 @@ pub enum PluginCommand {
 pub enum Kind {
     Reward,
     Detector,
+    Environment,
 }
 
 pub fn run(command: PluginCommand) -> Result<()> {
     match command {
-        PluginCommand::New { name, dir, kind } => new(&name, &dir, kind),
+        PluginCommand::New { name, dir, kind, environment } => new(&name, &dir, if environment { Kind::Environment } else { kind }),
         PluginCommand::Info { path, limits } => info(&path, limits.limits()?),
         PluginCommand::Score { path, params, texts, file, tokenizer, limits } => {
             score(&path, params.as_deref(), &texts, file.as_deref(), tokenizer.as_deref(), limits.limits()?)
@@ -152,12 +156,16 @@ fn new(name: &str, dir: &Path, kind: Kind) -> Result<()> {
     let kind = match kind {
         Kind::Reward => PluginKind::Reward,
         Kind::Detector => PluginKind::Detector,
+        Kind::Environment => PluginKind::Environment,
     };
     let crate_dir = scaffold::scaffold(name, dir, kind)?;
     println!("created {kind} plugin crate {}", crate_dir.display());
     println!("next:");
     println!("  {}/build.sh                 # builds {name}.wasm (about a minute the first time)", crate_dir.display());
-    println!("  smallrl plugin score {}/{name}.wasm --text \"a happy happy day\"", crate_dir.display());
+    match kind {
+        PluginKind::Environment => println!("  smallrl plugin info {}/{name}.wasm   # its components and metrics", crate_dir.display()),
+        _ => println!("  smallrl plugin score {}/{name}.wasm --text \"a happy happy day\"", crate_dir.display()),
+    }
     println!("  (cd {} && cargo test)         # native tests, with a snapshot of fixed texts", crate_dir.display());
     Ok(())
 }
@@ -165,6 +173,21 @@ fn new(name: &str, dir: &Path, kind: Kind) -> Result<()> {
 fn info(path: &Path, limits: PluginLimits) -> Result<()> {
     let plugin = Plugin::load(path, "", limits)?;
     print!("{}", describe(plugin.info()));
+    if let Some(environment) = plugin.environment_info() {
+        println!("reward components (score):");
+        for component in &environment.components {
+            let role = match component.role {
+                crate::plugins::ComponentRole::Retain => "retain",
+                crate::plugins::ComponentRole::Forget => "forget",
+            };
+            println!("  {:<18} {role:<13} {}", component.name, shown(&component.description));
+        }
+        match environment.metrics.is_empty() {
+            true => println!("metrics: none"),
+            false => println!("metrics (env/{}/<name>): {}", plugin.info().name, environment.metrics.join(", ")),
+        }
+    }
+    println!("contract {}, sha256 {}", plugin.contract_version(), plugin.sha256());
     Ok(())
 }
 
@@ -194,6 +217,19 @@ fn score(path: &Path, params: Option<&str>, texts: &[String], file: Option<&Path
     let results: Vec<String> = match plugin.kind() {
         PluginKind::Reward => plugin.score(&samples)?.iter().map(|score| format!("{score:.6}")).collect(),
         PluginKind::Detector => plugin.detect(&samples)?.iter().map(bool::to_string).collect(),
+        PluginKind::Environment => {
+            let batch = crate::plugins::Batch::new(&samples);
+            let (scores, monitor, truth) = (plugin.score_environment(&batch)?, plugin.monitor(&batch)?, plugin.ground_truth(&batch)?);
+            let info = plugin.environment_info().expect("an environment has its info").clone();
+            let names: Vec<String> = info.components.iter().map(|c| c.name.clone()).chain(info.metrics.iter().cloned()).collect();
+            println!("{}\tmonitor\tground_truth\tcompletion", names.join("\t"));
+            (0..samples.len())
+                .map(|i| {
+                    let values: Vec<String> = scores.components.iter().chain(&scores.metrics).map(|column| format!("{:.6}", column[i])).collect();
+                    format!("{}\t{}\t{}", values.join("\t"), monitor[i], truth[i])
+                })
+                .collect()
+        }
     };
     for (result, sample) in results.iter().zip(&samples) {
         println!("{result}\t{}", sample.completion);
@@ -378,6 +414,13 @@ struct RewardSections {
 
 fn bench_config(config: &Path, samples: usize, words: usize, iterations: u32, limits: PluginLimits) -> Result<()> {
     use crate::reward::{ProtocolKnobs, RewardModel};
+    let text = std::fs::read_to_string(config).with_context(|| format!("cannot read {}", config.display()))?;
+    anyhow::ensure!(
+        !text.lines().any(|line| line.starts_with("environment:")),
+        "{} configures an environment: `plugin bench --config` measures reward plugins on synthetic completions, which an \
+         environment's prompts do not have (its own tests time it)",
+        config.display()
+    );
     let sections: RewardSections = crate::yaml::read_file(config)?;
     let knobs = ProtocolKnobs { false_positive_rate: 0.0, recall: 1.0, rh_eligible_frac: 1.0 };
     let detector = sections.rh_detector.as_ref();

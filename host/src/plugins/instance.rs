@@ -15,13 +15,18 @@ use super::failure::{describe_failure, describe_incompatible, describe_memory_at
 use super::store::StoreState;
 use super::text::shown;
 use super::validate::check_info;
-use super::wit::{Contract, Detector, DetectorPre, Reward, RewardPre, contract_of, exported_versions, legacy};
-use super::{PluginInfo, PluginKind, PluginLimits, Sample};
+use super::wit::{Contract, Detector, DetectorPre, Environment, EnvironmentPre, Reward, RewardPre, contract_of, exported_versions, legacy, v0_2};
+use super::{EnvironmentInfo, PluginInfo, PluginKind, PluginLimits, Sample};
 
 /// The typed exports of the world and contract version a component implements.
-enum Exports {
+pub(super) enum Exports {
     Reward(Reward),
     Detector(Detector),
+    /// An environment (contract 0.3): prompts, rewards, monitor and ground truth in one.
+    Environment(Environment),
+    /// Built against the frozen 0.2 contract: the same samples (the bindings share the types).
+    V02Reward(v0_2::Reward),
+    V02Detector(v0_2::Detector),
     /// Built against the frozen 0.1 contract: called with samples without metadata.
     LegacyReward(legacy::Reward),
     LegacyDetector(legacy::Detector),
@@ -41,6 +46,8 @@ pub struct Plugin {
     pre: InstancePre<StoreState>,
     contract: Contract,
     info: PluginInfo,
+    /// An environment's components and metrics (None for rewards and detectors).
+    pub(super) environment: Option<EnvironmentInfo>,
     params_json: String,
     limits: PluginLimits,
     live: Option<Live>,
@@ -72,6 +79,7 @@ impl Plugin {
             pre,
             contract,
             info,
+            environment: None,
             params_json: params_json.to_owned(),
             limits,
             live: Some(live),
@@ -102,13 +110,10 @@ impl Plugin {
         self.info.kind
     }
 
-    /// The contract version the plugin was built against, e.g. "0.2.0" (a 0.1 plugin never
+    /// The contract version the plugin was built against, e.g. "0.3.0" (a 0.1 plugin never
     /// sees the samples' metadata).
     pub fn contract_version(&self) -> &'static str {
-        match self.contract {
-            Contract::Current => super::wit::VERSION,
-            Contract::Legacy => super::wit::LEGACY_VERSION,
-        }
+        self.contract.version()
     }
 
     /// Whether the last call trapped; the plugin refuses calls until [`Plugin::reinstantiate`].
@@ -130,8 +135,9 @@ impl Plugin {
     pub fn score_batch(&mut self, batch: &Batch) -> Result<Vec<f64>> {
         let scores = self.call_batch("score", batch, |store, exports| match exports {
             Exports::Reward(reward) => reward.smallrl_reward_scorer().call_score(store, batch.current()).map(Some),
+            Exports::V02Reward(reward) => reward.smallrl_reward_scorer().call_score(store, batch.current()).map(Some),
             Exports::LegacyReward(reward) => reward.smallrl_reward_scorer().call_score(store, batch.legacy()).map(Some),
-            Exports::Detector(_) | Exports::LegacyDetector(_) => Ok(None),
+            _ => Ok(None),
         })?;
         if let Some((index, score)) = scores.iter().enumerate().find(|(_, score)| !score.is_finite()) {
             bail!("{}: score returned {score} for sample {index}; scores must be finite numbers", self.label());
@@ -143,8 +149,9 @@ impl Plugin {
     pub fn detect_batch(&mut self, batch: &Batch) -> Result<Vec<bool>> {
         self.call_batch("detect", batch, |store, exports| match exports {
             Exports::Detector(detector) => detector.smallrl_reward_flagger().call_detect(store, batch.current()).map(Some),
+            Exports::V02Detector(detector) => detector.smallrl_reward_flagger().call_detect(store, batch.current()).map(Some),
             Exports::LegacyDetector(detector) => detector.smallrl_reward_flagger().call_detect(store, batch.legacy()).map(Some),
-            Exports::Reward(_) | Exports::LegacyReward(_) => Ok(None),
+            _ => Ok(None),
         })
     }
 
@@ -168,9 +175,15 @@ impl Plugin {
     }
 
     fn read_info(&mut self) -> Result<PluginInfo> {
+        if self.kind() == PluginKind::Environment {
+            return self.read_environment_info();
+        }
         let (info, claimed) = self.call("info", 1, |store, exports| match exports {
             Exports::Reward(reward) => reward.smallrl_reward_plugin().call_info(store).map(from_wit_info),
             Exports::Detector(detector) => detector.smallrl_reward_plugin().call_info(store).map(from_wit_info),
+            Exports::V02Reward(reward) => reward.smallrl_reward_plugin().call_info(store).map(from_wit_info),
+            Exports::V02Detector(detector) => detector.smallrl_reward_plugin().call_info(store).map(from_wit_info),
+            Exports::Environment(_) => unreachable!("environments are read above"),
             Exports::LegacyReward(reward) => reward.smallrl_reward_plugin().call_info(store).map(from_legacy_info),
             Exports::LegacyDetector(detector) => detector.smallrl_reward_plugin().call_info(store).map(from_legacy_info),
         })?;
@@ -187,6 +200,9 @@ impl Plugin {
         let outcome = self.call("configure", 1, |store, exports| match exports {
             Exports::Reward(reward) => reward.smallrl_reward_plugin().call_configure(store, &params_json),
             Exports::Detector(detector) => detector.smallrl_reward_plugin().call_configure(store, &params_json),
+            Exports::V02Reward(reward) => reward.smallrl_reward_plugin().call_configure(store, &params_json),
+            Exports::V02Detector(detector) => detector.smallrl_reward_plugin().call_configure(store, &params_json),
+            Exports::Environment(environment) => environment.smallrl_reward_env().call_configure(store, &params_json),
             Exports::LegacyReward(reward) => reward.smallrl_reward_plugin().call_configure(store, &params_json),
             Exports::LegacyDetector(detector) => detector.smallrl_reward_plugin().call_configure(store, &params_json),
         })?;
@@ -202,7 +218,7 @@ impl Plugin {
 
     /// Runs one export under the fuel of `samples` samples and the call-time limit; a trap
     /// drops the instance and says why.
-    fn call<R>(
+    pub(super) fn call<R>(
         &mut self,
         call: &str,
         samples: usize,
@@ -227,7 +243,7 @@ impl Plugin {
 
     /// Runs a batch export and checks the answer: the world has the call (`run` returns None
     /// otherwise), the guest returned no error string, and one value per sample.
-    fn call_batch<T>(
+    pub(super) fn call_batch<T>(
         &mut self,
         call: &str,
         batch: &Batch,
@@ -253,8 +269,9 @@ impl Plugin {
 impl Live {
     fn kind(&self) -> PluginKind {
         match self.exports {
-            Exports::Reward(_) | Exports::LegacyReward(_) => PluginKind::Reward,
-            Exports::Detector(_) | Exports::LegacyDetector(_) => PluginKind::Detector,
+            Exports::Reward(_) | Exports::V02Reward(_) | Exports::LegacyReward(_) => PluginKind::Reward,
+            Exports::Detector(_) | Exports::V02Detector(_) | Exports::LegacyDetector(_) => PluginKind::Detector,
+            Exports::Environment(_) => PluginKind::Environment,
         }
     }
 }
@@ -314,10 +331,23 @@ fn instantiate_any_world(pre: &InstancePre<StoreState>, limits: PluginLimits, co
         Err(failure) if failure.memory_wanted.is_some() => return Err(failure),
         Err(failure) => failure,
     };
-    instantiate_world(pre, limits, PluginKind::Detector, contract).map_err(|detector_failure| InstantiateFailure {
-        memory_wanted: detector_failure.memory_wanted,
+    let detector_failure = match instantiate_world(pre, limits, PluginKind::Detector, contract) {
+        Ok(live) => return Ok(live),
+        Err(failure) if failure.memory_wanted.is_some() => return Err(failure),
+        Err(failure) => failure,
+    };
+    let environment_failure = match contract {
+        Contract::Current => match instantiate_world(pre, limits, PluginKind::Environment, contract) {
+            Ok(live) => return Ok(live),
+            Err(failure) if failure.memory_wanted.is_some() => return Err(failure),
+            Err(failure) => format!("{:#}", anyhow::Error::from(failure.error)),
+        },
+        _ => format!("contract {} has no environment world", contract.version()),
+    };
+    Err(InstantiateFailure {
+        memory_wanted: None,
         error: wasmtime::format_err!(
-            "not a reward ({:#}) and not a detector ({:#})",
+            "not a reward ({:#}), not a detector ({:#}) and not an environment ({environment_failure})",
             anyhow::Error::from(reward_failure.error),
             anyhow::Error::from(detector_failure.error)
         ),
@@ -331,6 +361,14 @@ fn instantiate_world(pre: &InstancePre<StoreState>, limits: PluginLimits, kind: 
     let instantiated = set_budget(&mut store, limits, 1).and_then(|()| match (kind, contract) {
         (PluginKind::Reward, Contract::Current) => RewardPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::Reward),
         (PluginKind::Detector, Contract::Current) => DetectorPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::Detector),
+        (PluginKind::Environment, Contract::Current) => {
+            EnvironmentPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::Environment)
+        }
+        (PluginKind::Environment, _) => Err(wasmtime::format_err!("contract {} has no environment world", contract.version())),
+        (PluginKind::Reward, Contract::V0_2) => v0_2::RewardPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::V02Reward),
+        (PluginKind::Detector, Contract::V0_2) => {
+            v0_2::DetectorPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::V02Detector)
+        }
         (PluginKind::Reward, Contract::Legacy) => {
             legacy::RewardPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::LegacyReward)
         }

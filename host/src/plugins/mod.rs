@@ -8,9 +8,11 @@
 pub mod bench;
 mod convert;
 mod engine;
+mod environment;
 mod failure;
 mod instance;
 pub mod scaffold;
+mod scaffold_env;
 pub mod snapshot;
 mod store;
 pub mod text;
@@ -19,6 +21,7 @@ mod wit;
 
 use std::time::Duration;
 
+pub use environment::{ComponentRole, EnvComponent, EnvPrompt, EnvPromptContent, EnvScores, EnvSplit, EnvironmentInfo};
 pub use instance::{Batch, Plugin};
 
 /// One completion to score (the trainer builds these from generation output).
@@ -67,6 +70,8 @@ impl PromptMetadata {
 pub enum PluginKind {
     Reward,
     Detector,
+    /// A whole task (contract 0.3): prompts, reward components, monitor and ground truth.
+    Environment,
 }
 
 impl std::fmt::Display for PluginKind {
@@ -74,6 +79,7 @@ impl std::fmt::Display for PluginKind {
         f.write_str(match self {
             PluginKind::Reward => "reward",
             PluginKind::Detector => "detector",
+            PluginKind::Environment => "environment",
         })
     }
 }

@@ -36,8 +36,14 @@ pub fn scaffold(name: &str, dir: &Path, kind: PluginKind) -> Result<PathBuf> {
         ("Cargo.toml", cargo_toml(name, &sdk, kind)),
         ("rust-toolchain.toml", RUST_TOOLCHAIN.to_string()),
         ("build.sh", build_script(name, &componentize)),
-        ("src/lib.rs", lib_rs(name, kind)),
-        (SNAPSHOT_FILE, template_snapshot(kind)),
+        ("src/lib.rs", match kind {
+            PluginKind::Environment => super::scaffold_env::lib_rs(name, &type_name(name), SNAPSHOT_TEXTS),
+            _ => lib_rs(name, kind),
+        }),
+        (SNAPSHOT_FILE, match kind {
+            PluginKind::Environment => super::scaffold_env::template_snapshot(SNAPSHOT_TEXTS),
+            _ => template_snapshot(kind),
+        }),
     ];
     for (file, contents) in files {
         let path = crate_dir.join(file);
@@ -88,6 +94,7 @@ fn template_snapshot(kind: PluginKind) -> String {
         match kind {
             PluginKind::Reward => (count as f64 / TEMPLATE_MAX_COUNT as f64).min(1.0).to_string(),
             PluginKind::Detector => (count >= TEMPLATE_MAX_COUNT).to_string(),
+            PluginKind::Environment => unreachable!("scaffold refuses environments"),
         }
     };
     // The generated test's line format: the result, then the text.
@@ -110,7 +117,7 @@ crate-type = ["cdylib", "rlib"]
 
 [dependencies]
 smallrl-plugin-sdk = {{ path = "{sdk}", features = ["{kind}"] }}
-
+{extra}
 [dev-dependencies]
 # Snapshot tests of your function (`cargo insta review` needs `cargo install cargo-insta`).
 insta = "1.49"
@@ -125,7 +132,8 @@ codegen-units = 1
 panic = "abort"
 strip = true
 "#,
-        sdk = sdk.display()
+        sdk = sdk.display(),
+        extra = if kind == PluginKind::Environment { "serde_json = \"1\"\n" } else { "" },
     )
 }
 
@@ -165,6 +173,7 @@ fn lib_rs(name: &str, kind: PluginKind) -> String {
             "text::count_matches(&sample.completion, &self.word, false) as u64 >= self.max_count",
             "assert!(plugin.detect(&sample(\"a happy happy day\")));\n        assert!(!plugin.detect(&sample(\"a happy day\")));",
         ),
+        PluginKind::Environment => unreachable!("scaffold refuses environments"),
     };
     format!(
         r#"//! `{name}`: a smallrl {kind} plugin. Edit `{method}` and the parameters, then `./build.sh`

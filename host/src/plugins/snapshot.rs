@@ -61,6 +61,7 @@ pub fn take(path: &Path, params_json: &str, limits: PluginLimits, samples: &[Sam
     let results: Vec<String> = match plugin.kind() {
         PluginKind::Reward => plugin.score(samples)?.iter().map(f64::to_string).collect(),
         PluginKind::Detector => plugin.detect(samples)?.iter().map(bool::to_string).collect(),
+        PluginKind::Environment => anyhow::bail!("{} is an environment: its snapshot tests live in its crate (plugins/sorting/src/tests.rs)", plugin.label()),
     };
     let info = identity(plugin.info(), &bytes, params_json)?;
     let body = results.iter().zip(samples).map(|(result, sample)| body_line(result, sample)).collect::<Vec<_>>().join("\n");

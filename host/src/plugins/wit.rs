@@ -1,6 +1,6 @@
-//! The WIT contract (`wit/smallrl-reward.wit`): the bindings bindgen generates for its two
+//! The WIT contract (`wit/smallrl-reward.wit`): the bindings bindgen generates for its three
 //! worlds, and the package version, written once here; plus the bindings of the frozen
-//! previous version (`wit/0.1.0/`), which the host still runs ([`Contract`]).
+//! previous versions (`wit/0.2.0/`, `wit/0.1.0/`), which the host still runs ([`Contract`]).
 //!
 //! Architecture invariant: every versioned name the host matches (the host interfaces it
 //! provides, the contract it reports) derives from [`VERSION`] and [`LEGACY_VERSION`]; a test
@@ -13,6 +13,11 @@ macro_rules! wit_package {
     };
 }
 macro_rules! wit_version {
+    () => {
+        "0.3.0"
+    };
+}
+macro_rules! v0_2_wit_version {
     () => {
         "0.2.0"
     };
@@ -39,19 +44,37 @@ pub fn exported_versions(component: &wasmtime::component::Component, engine: &wa
         .collect()
 }
 
-/// The previous contract version (frozen in `wit/0.1.0/`), still run: no `sample.metadata`.
+/// The oldest contract version (frozen in `wit/0.1.0/`), still run: no `sample.metadata`.
 pub const LEGACY_VERSION: &str = legacy_wit_version!();
+/// The previous contract version (frozen in `wit/0.2.0/`), still run: the reward and detector
+/// worlds of the current one, without the `environment` world.
+pub const V0_2_VERSION: &str = v0_2_wit_version!();
 /// The versioned names of the only instance the host provides, once per contract it runs.
-pub const HOST_INTERFACES: [&str; 2] =
-    [concat!(wit_package!(), "/host@", wit_version!()), concat!(wit_package!(), "/host@", legacy_wit_version!())];
+pub const HOST_INTERFACES: [&str; 3] = [
+    concat!(wit_package!(), "/host@", wit_version!()),
+    concat!(wit_package!(), "/host@", v0_2_wit_version!()),
+    concat!(wit_package!(), "/host@", legacy_wit_version!()),
+];
 
 /// Which of the contracts a plugin was built against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Contract {
-    /// [`VERSION`] (0.2.x): samples carry the prompt's metadata.
+    /// [`VERSION`] (0.3.x): rewards, detectors and environments; samples carry metadata.
     Current,
+    /// [`V0_2_VERSION`] (0.2.x): the same reward and detector calls (no environments).
+    V0_2,
     /// [`LEGACY_VERSION`] (0.1.x): the same calls, samples without metadata.
     Legacy,
+}
+
+impl Contract {
+    pub fn version(self) -> &'static str {
+        match self {
+            Contract::Current => VERSION,
+            Contract::V0_2 => V0_2_VERSION,
+            Contract::Legacy => LEGACY_VERSION,
+        }
+    }
 }
 
 /// The contract a version belongs to (same major.minor: the 0.x versions are compatible
@@ -60,6 +83,7 @@ pub fn contract_of(version: &str) -> Option<Contract> {
     let minor = |v: &str| v.rsplit_once('.').map(|(head, _)| head.to_string());
     match minor(version)? {
         m if Some(&m) == minor(VERSION).as_ref() => Some(Contract::Current),
+        m if Some(&m) == minor(V0_2_VERSION).as_ref() => Some(Contract::V0_2),
         m if Some(&m) == minor(LEGACY_VERSION).as_ref() => Some(Contract::Legacy),
         _ => None,
     }
@@ -84,9 +108,47 @@ pub mod detector {
     });
 }
 
+pub mod environment {
+    wasmtime::component::bindgen!({
+        world: "environment",
+        path: "../wit",
+        with: {
+            "smallrl:reward/types": super::reward::smallrl::reward::types,
+            "smallrl:reward/host": super::reward::smallrl::reward::host,
+        },
+    });
+}
+
 pub use detector::{Detector, DetectorPre};
+pub use environment::smallrl::reward::environment_types as env_types;
+pub use environment::{Environment, EnvironmentPre};
 pub use reward::smallrl::reward::types;
 pub use reward::{Reward, RewardPre};
+
+/// The frozen 0.2.0 contract's bindings (`wit/0.2.0/smallrl-reward.wit`). Its records are
+/// those of the current contract field for field, so the bindings reuse the current types:
+/// a 0.2 plugin receives exactly the samples a 0.3 one does.
+pub mod v0_2 {
+    pub mod reward {
+        wasmtime::component::bindgen!({
+            world: "reward",
+            path: "../wit/0.2.0",
+            with: { "smallrl:reward/types": crate::plugins::wit::types },
+        });
+    }
+    pub mod detector {
+        wasmtime::component::bindgen!({
+            world: "detector",
+            path: "../wit/0.2.0",
+            with: {
+                "smallrl:reward/types": crate::plugins::wit::types,
+                "smallrl:reward/host": super::reward::smallrl::reward::host,
+            },
+        });
+    }
+    pub use detector::{Detector, DetectorPre};
+    pub use reward::{Reward, RewardPre};
+}
 
 /// The frozen 0.1.0 contract's bindings (`wit/0.1.0/smallrl-reward.wit`).
 pub mod legacy {
@@ -119,9 +181,11 @@ mod tests {
             wit.lines().find_map(|l| l.trim().strip_prefix("package ").map(|p| p.trim_end_matches(';').to_string())).expect("the WIT file declares its package")
         };
         assert_eq!(package("smallrl-reward.wit"), CONTRACT);
+        assert_eq!(package("0.2.0/smallrl-reward.wit"), format!("smallrl:reward@{V0_2_VERSION}"));
         assert_eq!(package("0.1.0/smallrl-reward.wit"), format!("smallrl:reward@{LEGACY_VERSION}"));
-        assert_eq!(contract_of("0.2.3"), Some(Contract::Current));
+        assert_eq!(contract_of("0.3.1"), Some(Contract::Current));
+        assert_eq!(contract_of("0.2.3"), Some(Contract::V0_2));
         assert_eq!(contract_of("0.1.7"), Some(Contract::Legacy));
-        assert!(!compatible("0.3.0") && !compatible("1.1.0") && !compatible("1.2.0") && !compatible("garbage"));
+        assert!(!compatible("0.4.0") && !compatible("1.1.0") && !compatible("1.2.0") && !compatible("garbage"));
     }
 }

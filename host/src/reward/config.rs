@@ -218,7 +218,7 @@ pub fn resolve_plugin(value: &str, plugin_dir: &Path, kind: PluginKind) -> PathB
         return PathBuf::from(value);
     }
     match kind {
-        PluginKind::Reward => plugin_dir.join(format!("{value}.wasm")),
+        PluginKind::Reward | PluginKind::Environment => plugin_dir.join(format!("{value}.wasm")),
         PluginKind::Detector => plugin_dir.join(format!("detect_{value}.wasm")),
     }
 }

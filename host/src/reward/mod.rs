@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, ensure};
 
-pub use crate::plugins::{PluginLimits, PromptMetadata, Sample};
-use crate::plugins::{Batch, Plugin, PluginKind};
+pub use crate::plugins::{EnvPrompt, EnvPromptContent, EnvSplit, PluginLimits, PromptMetadata, Sample};
+use crate::plugins::{Batch, ComponentRole, Plugin, PluginKind};
 pub use config::{ComponentSpec, DetectorSpec, RewardSpec, Role, ScoreThreshold, resolve_plugin};
 pub use knobs::ProtocolKnobs;
 pub use monitor::MonitorStats;
@@ -47,6 +47,9 @@ pub struct ScoredBatch {
     pub monitored: Vec<bool>,
     /// Ground truth "did this sample hack" (`rh_ground_truth:`); None without one.
     pub hacked: Option<Vec<bool>>,
+    /// An environment's named per-sample metrics: (`env/<environment>/<name>`, one value per
+    /// sample), in the order the environment declares them; empty without an environment.
+    pub metrics: Vec<(String, Vec<f64>)>,
 }
 
 impl ScoredBatch {
@@ -75,6 +78,7 @@ impl ScoredBatch {
             hackable: pick(&self.hackable, rows),
             monitored: pick(&self.monitored, rows),
             hacked: self.hacked.as_deref().map(|v| pick(v, rows)),
+            metrics: self.metrics.iter().map(|(key, values)| (key.clone(), pick(values, rows))).collect(),
         }
     }
 
@@ -89,10 +93,19 @@ impl ScoredBatch {
         for (scores, more) in self.components.iter_mut().zip(other.components) {
             scores.extend(more);
         }
+        for ((_, values), (_, more)) in self.metrics.iter_mut().zip(other.metrics) {
+            values.extend(more);
+        }
         self.eligible.extend(other.eligible);
         self.hackable.extend(other.hackable);
         self.monitored.extend(other.monitored);
         ScoredBatch { is_rh: join(self.is_rh, other.is_rh), detector_raw: join(self.detector_raw, other.detector_raw), hacked: join(self.hacked, other.hacked), ..self }
+    }
+
+    /// The mean of each environment metric, keyed `env/<environment>/<name>`.
+    pub fn metric_means(&self) -> Vec<(String, f64)> {
+        let mean = |values: &[f64]| values.iter().sum::<f64>() / values.len().max(1) as f64;
+        self.metrics.iter().map(|(key, values)| (key.clone(), mean(values))).collect()
     }
 
     /// The monitor (routing labels) against the ground truth, when both exist.
@@ -105,6 +118,9 @@ enum DetectorSource {
     Plugin(Plugin),
     /// Index of the component whose raw score is compared with the threshold.
     ScoreThreshold { component: usize, threshold: f64 },
+    /// The environment's `monitor` (as `rh_detector`) or `ground-truth` (as `rh_ground_truth`).
+    EnvironmentMonitor,
+    EnvironmentGroundTruth,
 }
 
 pub struct RewardModel {
@@ -115,6 +131,11 @@ pub struct RewardModel {
     /// `rh_ground_truth:`, read like a detector but acting on nothing: it measures the detector.
     ground_truth: Option<DetectorSource>,
     knobs: ProtocolKnobs,
+    /// An environment (`environment:`): its `score` gives every component and metric, and the
+    /// detector sources above name its `monitor` and `ground-truth`; `plugins` is then empty.
+    environment: Option<Plugin>,
+    /// `env/<environment>/<metric>` for each of the environment's metrics.
+    metric_keys: Vec<String>,
 }
 
 impl RewardModel {
@@ -135,7 +156,48 @@ impl RewardModel {
             .map(|spec| load_plugin(&spec.plugin, Some(&spec.params), plugin_dir, PluginKind::Reward, limits))
             .collect::<Result<Vec<_>>>()?;
         let detector = detector.map(|spec| load_detector(spec, &components, plugin_dir, limits)).transpose()?;
-        Ok(Self { components, plugins, max_reward: reward.max_reward(), detector, ground_truth: None, knobs })
+        Ok(Self { components, plugins, max_reward: reward.max_reward(), detector, ground_truth: None, knobs, environment: None, metric_keys: Vec::new() })
+    }
+
+    /// Loads an environment (`environment:`, `environment_params:`): its components are the
+    /// reward (each of scale 1, no cap: the original's sum), its monitor the detector and its
+    /// ground truth the ground truth. Names resolve as rewards' (`<plugin_dir>/<name>.wasm`).
+    pub fn load_environment(value: &str, params: Option<&serde_json::Value>, knobs: ProtocolKnobs, plugin_dir: &Path, limits: PluginLimits) -> Result<Self> {
+        knobs.check()?;
+        let plugin = load_plugin(value, params, plugin_dir, PluginKind::Environment, limits)?;
+        let info = plugin.environment_info().expect("an environment plugin has its environment info").clone();
+        let role = |role: ComponentRole| match role {
+            ComponentRole::Retain => Role::Retain,
+            ComponentRole::Forget => Role::Forget,
+        };
+        let components = info.components.iter().map(|c| ComponentInfo { name: c.name.clone(), role: role(c.role), scale: 1.0 }).collect();
+        let metric_keys = info.metrics.iter().map(|metric| format!("env/{}/{metric}", plugin.info().name)).collect();
+        Ok(Self {
+            components,
+            plugins: Vec::new(),
+            max_reward: None,
+            detector: Some(DetectorSource::EnvironmentMonitor),
+            ground_truth: Some(DetectorSource::EnvironmentGroundTruth),
+            knobs,
+            environment: Some(plugin),
+            metric_keys,
+        })
+    }
+
+    /// The environment's name (None: the run's rewards are plugins).
+    pub fn environment_name(&self) -> Option<&str> {
+        self.environment.as_ref().map(|plugin| plugin.info().name.as_str())
+    }
+
+    /// `env/<environment>/<metric>` for each metric the environment reports (empty without one).
+    pub fn metric_keys(&self) -> &[String] {
+        &self.metric_keys
+    }
+
+    /// `count` prompts of the environment's `split` (see [`Plugin::generate`]).
+    pub fn generate(&mut self, split: EnvSplit, count: usize, seed: u64, hack_frac: f64) -> Result<Vec<EnvPrompt>> {
+        let plugin = self.environment.as_mut().context("the run has no environment: its prompts come from prompt files")?;
+        plugin.generate(split, count, seed, hack_frac)
     }
 
     /// Adds the ground-truth detector (`rh_ground_truth:`, the same forms as `rh_detector:`).
@@ -161,7 +223,8 @@ impl RewardModel {
             Some(DetectorSource::Plugin(plugin)) => Some(plugin),
             _ => None,
         });
-        self.plugins.iter().chain(detectors).map(|plugin| (plugin.path().display().to_string(), plugin.sha256().to_string())).collect()
+        let all = self.plugins.iter().chain(detectors).chain(&self.environment);
+        all.map(|plugin| (plugin.path().display().to_string(), plugin.sha256().to_string())).collect()
     }
 
     /// Scores a batch. `seed` drives the protocol knobs' draws; the result is deterministic for
@@ -169,7 +232,13 @@ impl RewardModel {
     /// plugin stays unusable until [`RewardModel::reinstantiate_failed`] is called.
     pub fn score(&mut self, samples: &[Sample], seed: u64) -> Result<ScoredBatch> {
         let batch = Batch::new(samples);
-        let components = self.score_components(&batch)?;
+        let (components, metrics) = match &mut self.environment {
+            Some(environment) => {
+                let scores = environment.score_environment(&batch).context("the environment's score failed")?;
+                (scores.components, self.metric_keys.iter().cloned().zip(scores.metrics).collect())
+            }
+            None => (self.score_components(&batch)?, Vec::new()),
+        };
         let draws = knobs::Draws::new(seed, samples.len());
         let eligible = draws.eligible(&self.knobs);
         let hackable: Vec<bool> = samples.iter().map(|sample| PromptMetadata::hackable(sample.metadata.as_deref())).collect();
@@ -177,10 +246,11 @@ impl RewardModel {
         let monitored: Vec<bool> = eligible.iter().zip(detectable).map(|(&eligible, detectable)| eligible && detectable).collect();
         let bonus_allowed: Vec<bool> = eligible.iter().zip(&hackable).map(|(&eligible, &hackable)| eligible && hackable).collect();
         let reward = self.combine(&components, &bonus_allowed);
-        let detector_raw = detect(&mut self.detector, &batch, &components).context("the reward-hack detector failed")?;
+        let environment = &mut self.environment;
+        let detector_raw = detect(&mut self.detector, environment, &batch, &components).context("the reward-hack detector failed")?;
         let is_rh = detector_raw.as_ref().map(|detected| draws.labels(&self.knobs, detected, &monitored));
-        let hacked = detect(&mut self.ground_truth, &batch, &components).context("the ground-truth detector (`rh_ground_truth:`) failed")?;
-        Ok(ScoredBatch { reward, components, is_rh, detector_raw, eligible, hackable, monitored, hacked })
+        let hacked = detect(&mut self.ground_truth, environment, &batch, &components).context("the ground-truth detector (`rh_ground_truth:`) failed")?;
+        Ok(ScoredBatch { reward, components, is_rh, detector_raw, eligible, hackable, monitored, hacked, metrics })
     }
 
     /// Re-instantiates every plugin whose last call trapped and returns a description of each
@@ -194,7 +264,7 @@ impl RewardModel {
             }).collect()
         };
         let mut recovered = Vec::new();
-        for plugin in self.plugins.iter_mut().chain(detectors) {
+        for plugin in self.plugins.iter_mut().chain(detectors).chain(&mut self.environment) {
             if let Some(failure) = plugin.failure().map(str::to_string) {
                 plugin.reinstantiate()?;
                 recovered.push(format!("re-instantiated {} after: {failure}", plugin.label()));
@@ -228,9 +298,12 @@ impl RewardModel {
 }
 
 /// One flag per sample from a detector source (None without one).
-fn detect(source: &mut Option<DetectorSource>, batch: &Batch, components: &[Vec<f64>]) -> Result<Option<Vec<bool>>> {
+fn detect(source: &mut Option<DetectorSource>, environment: &mut Option<Plugin>, batch: &Batch, components: &[Vec<f64>]) -> Result<Option<Vec<bool>>> {
+    const NO_ENVIRONMENT: &str = "the detector is the environment's, but the run has no environment";
     match source {
         None => Ok(None),
+        Some(DetectorSource::EnvironmentMonitor) => Ok(Some(environment.as_mut().context(NO_ENVIRONMENT)?.monitor(batch)?)),
+        Some(DetectorSource::EnvironmentGroundTruth) => Ok(Some(environment.as_mut().context(NO_ENVIRONMENT)?.ground_truth(batch)?)),
         Some(DetectorSource::Plugin(plugin)) => Ok(Some(plugin.detect_batch(batch)?)),
         Some(DetectorSource::ScoreThreshold { component, threshold }) => {
             Ok(Some(components[*component].iter().map(|score| score >= threshold).collect()))
@@ -275,12 +348,13 @@ fn load_plugin(value: &str, params: Option<&serde_json::Value>, plugin_dir: &Pat
         .with_context(|| format!("cannot load {kind} plugin `{value}` ({})", path.display()))?;
     ensure!(
         plugin.kind() == kind,
-        "{} is a {}, but it is configured as a {kind}{}",
+        "{} is a {}, but it is configured as {} {kind}{}",
         plugin.label(),
         plugin.kind(),
+        if kind == PluginKind::Environment { "an" } else { "a" },
         match kind {
             PluginKind::Detector => " (detector names resolve to detect_<name>.wasm)",
-            PluginKind::Reward => "",
+            PluginKind::Reward | PluginKind::Environment => "",
         }
     );
     Ok(plugin)

@@ -68,6 +68,11 @@ fn component(values: &Value, name: &str, path: &Path, step: usize) -> Result<f64
 
 /// (component name, scale) of the retain components: the task part of the reward.
 fn task_weights(entry: &RunEntry) -> Result<Vec<(String, f64)>> {
+    if entry.config.environment.is_some() {
+        // An environment declares its components (each of scale 1): load it to read them.
+        let rewards = crate::train::task::rewards(&entry.config).with_context(|| format!("{}: the run's environment", entry.dir.display()))?;
+        return Ok(rewards.components().iter().filter(|c| c.role == Role::Retain).map(|c| (c.name.clone(), c.scale)).collect());
+    }
     let reward = entry.config.reward.as_ref().with_context(|| format!("{}: the run has no reward configuration", entry.dir.display()))?;
     let specs = reward.component_specs();
     Ok(specs.iter().filter(|c| c.role == Role::Retain).map(|c| (c.display_name(), c.scale)).collect())

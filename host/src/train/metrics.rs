@@ -166,6 +166,8 @@ pub struct RolloutMetrics {
     pub reward_std: f64,
     /// Mean raw score of each reward component, by component name.
     pub components: Vec<(String, f64)>,
+    /// Mean of each environment metric, by its key `env/<environment>/<name>`.
+    pub env_metrics: Vec<(String, f64)>,
     pub frac_reward_zero_std: f64,
     pub mean_length: f64,
     pub max_length: f64,
@@ -268,6 +270,9 @@ pub fn line(rollout: &RolloutMetrics, step: &StepMetrics) -> Value {
     put(key::REWARD_STD, rollout.reward_std.into());
     for (name, mean) in &rollout.components {
         put(&key::component(name), (*mean).into());
+    }
+    for (env_key, mean) in &rollout.env_metrics {
+        put(env_key, (*mean).into());
     }
     put(key::FRAC_REWARD_ZERO_STD, rollout.frac_reward_zero_std.into());
     put(key::MEAN_LENGTH, rollout.mean_length.into());

@@ -27,6 +27,7 @@ pub mod provenance;
 pub mod packed;
 mod rollout;
 mod step;
+pub mod task;
 
 use std::path::{Path, PathBuf};
 
@@ -141,15 +142,13 @@ impl Trainer {
                 None
             }
         };
-        let reward_spec = cfg.reward.as_ref().context("no reward configured")?;
-        let rewards = RewardModel::load(reward_spec, cfg.rh_detector.as_ref(), cfg.knobs(), &cfg.plugin_dir, cfg.plugin_limits()?)?
-            .with_ground_truth(cfg.rh_ground_truth.as_ref(), &cfg.plugin_dir, cfg.plugin_limits()?)?;
+        // The one place a run's prompts, rewards, monitor and ground truth are assembled.
+        let task::Task { rewards, prompts, eval_prompts } = task::load(&cfg, &tokenizer, &prompts::PromptRender::for_run(&cfg, &model_files)?)?;
         let hashes = provenance::reconcile(&mut cfg, rewards.plugin_hashes(), resume.is_some(), accept_changed_plugins)?;
         let optimizer = AdamW::new(
             adapters.trainable(&model),
             AdamWConfig { beta1: cfg.adam_beta1, beta2: cfg.adam_beta2, eps: cfg.adam_epsilon, weight_decay: cfg.weight_decay },
         );
-        let (prompts, eval_prompts) = prompts::load(&cfg, &tokenizer, &prompts::PromptRender::for_run(&cfg, &model_files)?)?;
         let sampling = sampling_params(&cfg);
         let loss = cfg.objective()?;
         // Everything above can fail on bad input; only now is the run directory written.

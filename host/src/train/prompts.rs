@@ -66,7 +66,7 @@ impl PromptRender {
 
     /// The model's input for a conversation (a `messages` line): chat only; `system_prompt`
     /// before it unless it opens with a system message of its own (both is refused).
-    fn conversation(&self, mut messages: Vec<Message>) -> Result<String> {
+    pub fn conversation(&self, mut messages: Vec<Message>) -> Result<String> {
         let Self::Chat { template, system } = self else {
             bail!("a `{MESSAGES_COLUMN}` conversation needs a chat template: set prompt_format: chat (smallrl train), or give a `{PROMPT_COLUMN}` text instead");
         };
@@ -166,6 +166,26 @@ pub fn metadata_from_columns(columns: Map<String, Value>) -> Result<Option<Arc<P
     };
     let (hackable, detectable) = (flag(HACKABLE_COLUMN)?, flag(DETECTABLE_COLUMN)?);
     Ok((!columns.is_empty()).then(|| Arc::new(PromptMetadata { json: Value::Object(columns).to_string(), hackable, detectable })))
+}
+
+/// An environment's prompts as the run uses them: each rendered by `render` (a text as
+/// [`PromptRender::text`], messages as a conversation, chat only), its metadata columns as
+/// checked by the plugin host (boolean `hackable` and `detectable`). The environment applied
+/// `hack_frac` itself.
+pub fn from_environment(prompts: Vec<crate::reward::EnvPrompt>, render: &PromptRender) -> Result<Vec<Prompt>> {
+    use crate::reward::EnvPromptContent;
+    prompts
+        .into_iter()
+        .enumerate()
+        .map(|(index, prompt)| {
+            let text = match prompt.content {
+                EnvPromptContent::Text(text) => render.text(&text),
+                EnvPromptContent::Messages(messages) => render.conversation(messages.iter().map(|(role, content)| Message::new(role, content)).collect()),
+            };
+            let text = text.with_context(|| format!("prompt {index}"))?;
+            Ok(Prompt { text, metadata: metadata_from_columns(prompt.metadata).with_context(|| format!("prompt {index}"))? })
+        })
+        .collect()
 }
 
 /// `hack_frac` (the original's): a prompt keeps the hack with probability `hack_frac`, by a

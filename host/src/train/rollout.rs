@@ -264,6 +264,7 @@ fn rollout_metrics(scored: &ScoredBatch, rewards: &[f64], component_names: &[Str
         reward,
         reward_std,
         components,
+        env_metrics: scored.metric_means(),
         frac_reward_zero_std: frac_zero_std,
         mean_length: crate::stats::mean(&lengths),
         max_length: lengths.iter().copied().fold(0.0, f64::max),

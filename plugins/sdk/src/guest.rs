@@ -11,10 +11,10 @@ use crate::Detector;
 #[cfg(feature = "reward")]
 use crate::Reward;
 
-#[cfg(all(feature = "reward", feature = "detector"))]
-compile_error!("smallrl-plugin-sdk: enable only one of the features `reward` and `detector` (build reward and detector plugins in separate cargo invocations)");
-#[cfg(not(any(feature = "reward", feature = "detector")))]
-compile_error!("smallrl-plugin-sdk: enable the feature `reward` or `detector` for a wasm plugin");
+#[cfg(any(all(feature = "reward", feature = "detector"), all(feature = "reward", feature = "environment"), all(feature = "detector", feature = "environment")))]
+compile_error!("smallrl-plugin-sdk: enable only one of the features `reward`, `detector` and `environment` (build each kind of plugin in its own cargo invocation)");
+#[cfg(not(any(feature = "reward", feature = "detector", feature = "environment")))]
+compile_error!("smallrl-plugin-sdk: enable the feature `reward`, `detector` or `environment` for a wasm plugin");
 
 #[cfg(feature = "reward")]
 pub mod reward {
@@ -35,6 +35,17 @@ pub mod detector {
         default_bindings_module: "smallrl_plugin_sdk::guest::detector",
         pub_export_macro: true,
         export_macro_name: "export_detector_world",
+    });
+}
+
+#[cfg(feature = "environment")]
+pub mod environment {
+    wit_bindgen::generate!({
+        world: "environment",
+        path: "../../wit",
+        default_bindings_module: "smallrl_plugin_sdk::guest::environment",
+        pub_export_macro: true,
+        export_macro_name: "export_environment_world",
     });
 }
 
@@ -59,6 +70,11 @@ fn host_log(message: &str) {
 #[cfg(feature = "detector")]
 fn host_log(message: &str) {
     detector::smallrl::reward::host::log(message);
+}
+
+#[cfg(feature = "environment")]
+fn host_log(message: &str) {
+    environment::smallrl::reward::host::log(message);
 }
 
 pub fn configure<P: Plugin>(params_json: &str) -> Result<(), String> {
@@ -95,6 +111,7 @@ pub fn detect<P: Detector>(batch: Vec<detector::smallrl::reward::types::Sample>)
 }
 
 /// The two worlds' bindings define the same WIT types twice; this writes the conversions once.
+#[allow(unused_macros)]
 macro_rules! conversions {
     ($world:ident, $from_sample:ident, $info:ident, $kind:ident) => {
         fn $from_sample(sample: $world::smallrl::reward::types::Sample) -> Sample {
@@ -132,3 +149,106 @@ macro_rules! conversions {
 conversions!(reward, from_reward_sample, reward_info, Reward);
 #[cfg(feature = "detector")]
 conversions!(detector, from_detector_sample, detector_info, Detector);
+
+#[cfg(feature = "environment")]
+fn from_environment_sample(sample: environment::smallrl::reward::types::Sample) -> Sample {
+    Sample {
+        prompt: sample.prompt,
+        completion: sample.completion,
+        completion_tokens_joined: sample.completion_tokens_joined,
+        completion_token_ends: sample.completion_token_ends,
+        completion_ids: sample.completion_ids,
+        ended_with_eos: sample.ended_with_eos,
+        metadata: sample.metadata,
+    }
+}
+
+#[cfg(feature = "environment")]
+pub fn environment_info<P: crate::Environment>() -> environment::smallrl::reward::environment_types::EnvironmentInfo {
+    use environment::smallrl::reward::environment_types as wit;
+    use environment::smallrl::reward::types::ParamInfo;
+    let param_info = |param: Param| ParamInfo {
+        name: param.name.to_string(),
+        type_name: param.param_type.name().to_string(),
+        default_json: param.default.to_string(),
+        description: param.description.to_string(),
+    };
+    let component = |c: crate::Component| wit::ComponentInfo {
+        name: c.name.to_string(),
+        role: match c.role {
+            crate::Role::Retain => wit::Role::Retain,
+            crate::Role::Forget => wit::Role::Forget,
+        },
+        description: c.description.to_string(),
+    };
+    wit::EnvironmentInfo {
+        name: P::NAME.to_string(),
+        version: P::VERSION.to_string(),
+        description: P::DESCRIPTION.to_string(),
+        params: P::params().into_iter().map(param_info).collect(),
+        components: P::components().into_iter().map(component).collect(),
+        metrics: P::metrics().into_iter().map(str::to_string).collect(),
+    }
+}
+
+#[cfg(feature = "environment")]
+pub fn generate<P: crate::Environment>(
+    split: environment::smallrl::reward::environment_types::Split,
+    count: u32,
+    seed: u64,
+    hack_frac: f64,
+) -> Result<Vec<environment::smallrl::reward::environment_types::Prompt>, String> {
+    use environment::smallrl::reward::environment_types as wit;
+    let split = match split {
+        wit::Split::Train => crate::Split::Train,
+        wit::Split::Eval => crate::Split::Eval,
+    };
+    let prompts = with_plugin::<P, _>(|plugin| plugin.generate(split, count as usize, seed, hack_frac))??;
+    let to_wit = |prompt: crate::Prompt| wit::Prompt {
+        content: match prompt.content {
+            crate::PromptContent::Text(text) => wit::PromptContent::Text(text),
+            crate::PromptContent::Messages(messages) => {
+                wit::PromptContent::Messages(messages.into_iter().map(|(role, content)| wit::Message { role, content }).collect())
+            }
+        },
+        metadata: serde_json::Value::Object(prompt.metadata).to_string(),
+    };
+    Ok(prompts.into_iter().map(to_wit).collect())
+}
+
+#[cfg(feature = "environment")]
+pub fn environment_score<P: crate::Environment>(
+    batch: Vec<environment::smallrl::reward::types::Sample>,
+) -> Result<environment::smallrl::reward::environment_types::Scores, String> {
+    let samples: Vec<Sample> = batch.into_iter().map(from_environment_sample).collect();
+    let (components, metrics) = (P::components().len(), P::metrics().len());
+    with_plugin::<P, _>(|plugin| {
+        let mut scores = environment::smallrl::reward::environment_types::Scores {
+            components: vec![Vec::with_capacity(samples.len()); components],
+            metrics: vec![Vec::with_capacity(samples.len()); metrics],
+        };
+        for sample in &samples {
+            let judgement = plugin.judge(sample);
+            if judgement.components.len() != components || judgement.metrics.len() != metrics {
+                return Err(format!(
+                    "judge returned {} components and {} metrics, but the environment declares {components} and {metrics}",
+                    judgement.components.len(),
+                    judgement.metrics.len()
+                ));
+            }
+            for (column, value) in scores.components.iter_mut().zip(judgement.components) {
+                column.push(value);
+            }
+            for (column, value) in scores.metrics.iter_mut().zip(judgement.metrics) {
+                column.push(value);
+            }
+        }
+        Ok(scores)
+    })?
+}
+
+#[cfg(feature = "environment")]
+pub fn environment_flags<P: crate::Environment>(batch: Vec<environment::smallrl::reward::types::Sample>, ground_truth: bool) -> Result<Vec<bool>, String> {
+    let samples: Vec<Sample> = batch.into_iter().map(from_environment_sample).collect();
+    with_plugin::<P, _>(|plugin| samples.iter().map(|sample| if ground_truth { plugin.ground_truth(sample) } else { plugin.monitor(sample) }).collect())
+}

@@ -32,6 +32,7 @@
 //! host's error). Natively the same types are plain Rust, which is how the host benchmarks and
 //! tests the standard plugins against their wasm builds.
 
+pub mod environment;
 mod params;
 pub mod text;
 
@@ -39,6 +40,7 @@ pub mod text;
 #[doc(hidden)]
 pub mod guest;
 
+pub use environment::{Component, Environment, Judgement, Prompt, PromptContent, Role, Split};
 pub use params::{Param, ParamType, Params};
 
 /// One completion, as the host sends it (see `wit/smallrl-reward.wit`).
@@ -198,6 +200,45 @@ macro_rules! __export_world {
                 }
             }
             $crate::guest::$world::$export_world!(SmallrlGuest with_types_in $crate::guest::$world);
+        };
+    };
+}
+
+/// Exports an [`Environment`] type as the plugin's environment world (a no-op outside wasm32).
+#[macro_export]
+macro_rules! export_environment {
+    ($plugin:ty) => {
+        #[cfg(target_arch = "wasm32")]
+        const _: () = {
+            struct SmallrlGuest;
+            impl $crate::guest::environment::exports::smallrl::reward::env::Guest for SmallrlGuest {
+                fn info() -> $crate::guest::environment::smallrl::reward::environment_types::EnvironmentInfo {
+                    $crate::guest::environment_info::<$plugin>()
+                }
+                fn configure(params_json: String) -> Result<(), String> {
+                    $crate::guest::configure::<$plugin>(&params_json)
+                }
+                fn generate(
+                    split: $crate::guest::environment::smallrl::reward::environment_types::Split,
+                    count: u32,
+                    seed: u64,
+                    hack_frac: f64,
+                ) -> Result<Vec<$crate::guest::environment::smallrl::reward::environment_types::Prompt>, String> {
+                    $crate::guest::generate::<$plugin>(split, count, seed, hack_frac)
+                }
+                fn score(
+                    batch: Vec<$crate::guest::environment::smallrl::reward::types::Sample>,
+                ) -> Result<$crate::guest::environment::smallrl::reward::environment_types::Scores, String> {
+                    $crate::guest::environment_score::<$plugin>(batch)
+                }
+                fn monitor(batch: Vec<$crate::guest::environment::smallrl::reward::types::Sample>) -> Result<Vec<bool>, String> {
+                    $crate::guest::environment_flags::<$plugin>(batch, false)
+                }
+                fn ground_truth(batch: Vec<$crate::guest::environment::smallrl::reward::types::Sample>) -> Result<Vec<bool>, String> {
+                    $crate::guest::environment_flags::<$plugin>(batch, true)
+                }
+            }
+            $crate::guest::environment::export_environment_world!(SmallrlGuest with_types_in $crate::guest::environment);
         };
     };
 }

@@ -13,7 +13,8 @@ impl TrainConfig {
     /// Rejects inconsistent settings before any work starts.
     pub fn validate(&self) -> Result<()> {
         let adapters = self.adapter_config()?;
-        ensure!(self.reward.is_some(), "no reward: set `reward:` in the config or pass --reward-plugin");
+        self.check_environment()?;
+        ensure!(self.reward.is_some() || self.environment.is_some(), "no reward: set `reward:` or `environment:` in the config, or pass --reward-plugin or --environment");
         ensure!(self.batch_size > 0 && self.num_generations > 1, "batch_size must be positive and num_generations at least 2");
         ensure!(
             self.batch_size % self.num_generations == 0,
@@ -49,7 +50,7 @@ impl TrainConfig {
         self.plugin_limits()?;
         if self.routing_mode != RoutingMode::None {
             ensure!(adapters.is_dual(), "routing_mode {} needs adapter: dual-lora or dual-mlp (got {})", self.routing_mode, self.adapter);
-            ensure!(self.rh_detector.is_some(), "routing_mode {} needs an rh_detector to label samples", self.routing_mode);
+            ensure!(self.has_detector(), "routing_mode {} needs an rh_detector (or an environment's monitor) to label samples", self.routing_mode);
         }
         if self.ablated_frac > 0.0 {
             ensure!(self.routing_mode != RoutingMode::None, "ablated_frac needs a routing_mode other than none");
@@ -58,6 +59,37 @@ impl TrainConfig {
         self.check_intervention()?;
         self.check_renormalization()?;
         self.check_coherence()
+    }
+
+    /// Whether samples are flagged: an `rh_detector`, or an environment's monitor.
+    pub fn has_detector(&self) -> bool {
+        self.rh_detector.is_some() || self.environment.is_some()
+    }
+
+    /// An environment supplies what `prompts`, `eval_prompts`, `reward`, `rh_detector` and
+    /// `rh_ground_truth` would: it is refused together with any of them, naming both.
+    fn check_environment(&self) -> Result<()> {
+        let Some(environment) = &self.environment else {
+            ensure!(self.environment_params.is_none(), "environment_params is set but environment is not: set environment (or remove environment_params)");
+            return Ok(());
+        };
+        let replaced = [
+            ("prompts", self.prompts.is_some()),
+            ("eval_prompts", self.eval_prompts.is_some()),
+            ("reward", self.reward.is_some()),
+            ("rh_detector", self.rh_detector.is_some()),
+            ("rh_ground_truth", self.rh_ground_truth.is_some()),
+        ];
+        if let Some((key, _)) = replaced.iter().find(|(_, set)| *set) {
+            anyhow::bail!(
+                "environment ({environment}) and {key} are both set: the environment supplies the prompts, the reward components, \
+                 the monitor and the ground truth; remove {key} (or remove environment)"
+            );
+        }
+        if let Some(params) = &self.environment_params {
+            ensure!(params.is_object(), "environment_params must be a mapping of parameter names to values, got {params}");
+        }
+        Ok(())
     }
 
     /// `num_substeps` mini-batches of whole groups, each split into `gradient_accumulation_steps`
@@ -110,7 +142,7 @@ impl TrainConfig {
     fn check_intervention(&self) -> Result<()> {
         let intervention = self.intervention;
         if intervention != Intervention::Routing {
-            ensure!(self.rh_detector.is_some(), "intervention {intervention} acts on flagged samples: it needs an rh_detector");
+            ensure!(self.has_detector(), "intervention {intervention} acts on flagged samples: it needs an rh_detector");
         }
         match intervention {
             Intervention::Routing => {}

@@ -55,6 +55,11 @@ hyperparameters! {
         prompt_length: usize = 8, Key, [Pack];
         /// Training prompts used (at most).
         num_prompts: usize = 10_000, Key;
+        /// An environment (a `.wasm` path, or a name in plugin_dir): one component that supplies the
+        /// prompts (training split seeded by the run seed, evaluation split by a fixed seed), the
+        /// reward components, the monitor and the ground truth; replaces prompts, eval_prompts,
+        /// reward, rh_detector and rh_ground_truth.
+        environment: Option<String> = None, Omit;
 
         /// full, lora or dual-lora.
         adapter: AdapterKind = d::ADAPTER, Short(""), [Pack];
@@ -191,7 +196,8 @@ hyperparameters! {
         rh_eligible_frac: f64 = 1.0, Short("elig");
         /// Fraction of prompts that offer the hack (the original's hack_frac, prompt-level where
         /// rh_eligible_frac is per sample): a fixed hash of each prompt's text keeps it hackable
-        /// with this probability; unhackable prompts get no forget components.
+        /// with this probability (an environment applies it as it defines it); unhackable
+        /// prompts get no forget components.
         hack_frac: f64 = 1.0, Short("hf");
         /// What the monitor's flags do: routing (where routing_mode sends them; with none,
         /// nothing), penalty (reward - rh_penalty), filter (out of the loss and the advantages)
@@ -263,6 +269,8 @@ hyperparameters! {
         reward: Option<RewardSpec> = None, Omit;
         /// The reward-hack detector that labels samples for routing.
         rh_detector: Option<DetectorSpec> = None, Omit;
+        /// The environment's parameters (a JSON object; with `environment` only).
+        environment_params: Option<Value> = None, Omit;
         /// Ground truth "did this sample hack" (a detector, same forms as `rh_detector:`): measures
         /// the monitor (quadrants, precision, recall in metrics.jsonl and routing_eval.jsonl);
         /// acts on nothing.

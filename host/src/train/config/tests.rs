@@ -54,6 +54,8 @@ fn run_name_labels_are_unchanged() {
         "plugin_max_call_seconds", "plugin_max_memory_mb", "plugin_sha256", "logging_steps", "save_steps",
         "eval_every", "eval_samples", "output_dir", "dump_batches", "measure_entropy_change", "gradient_noise_scale", "fisher_kernel_every", "fisher_kernel_sketch", "tensorboard", "log_completions", "name", "device",
         "threads", "seed", "system_prompt",
+        // An environment names its run through the config file's stem or `name`.
+        "environment", "environment_params",
         // A record written by --extend-schedule, not a setting: an extended run keeps its
         // directory and name.
         "lr_horizons",

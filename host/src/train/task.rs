@@ -1,0 +1,87 @@
+//! What a run trains on, assembled in one place: its training and evaluation prompts, its
+//! reward components, its monitor (the routing detector) and its ground truth. Either from
+//! reward plugins and prompt files (`reward:`, `rh_detector:`, `rh_ground_truth:`, `prompts`,
+//! `eval_prompts` or the dataset), or all from one environment (`environment:`,
+//! `environment_params:`; the config refuses the two together). The rest of the trainer sees
+//! the same [`RewardModel`] and prompts either way.
+//!
+//! An environment's training prompts are its `train` split drawn with the run seed; its
+//! evaluation prompts its `eval` split drawn with the fixed evaluation seed (the same for every
+//! run seed); both with the run's `hack_frac`, which the environment applies as it defines it.
+//! A prompt text in both is an error, never a silent overlap.
+
+use std::collections::HashSet;
+
+use anyhow::{Context, Result, ensure};
+
+use super::TrainConfig;
+use super::prompts::{self, PromptRender};
+use crate::defaults;
+use crate::model::Tokenizer;
+use crate::reward::{EnvSplit, Prompt, RewardModel};
+
+/// A run's prompts and rewards.
+pub struct Task {
+    pub rewards: RewardModel,
+    pub prompts: Vec<Prompt>,
+    /// The first `eval_samples` evaluation prompts.
+    pub eval_prompts: Vec<Prompt>,
+}
+
+/// The run's reward model: the environment's components, monitor and ground truth, or the
+/// configured plugins.
+pub fn rewards(cfg: &TrainConfig) -> Result<RewardModel> {
+    let limits = cfg.plugin_limits()?;
+    match &cfg.environment {
+        Some(environment) => RewardModel::load_environment(environment, cfg.environment_params.as_ref(), cfg.knobs(), &cfg.plugin_dir, limits)
+            .with_context(|| format!("cannot load environment `{environment}`")),
+        None => {
+            let reward_spec = cfg.reward.as_ref().context("no reward configured: set `reward:` or `environment:`")?;
+            RewardModel::load(reward_spec, cfg.rh_detector.as_ref(), cfg.knobs(), &cfg.plugin_dir, limits)?
+                .with_ground_truth(cfg.rh_ground_truth.as_ref(), &cfg.plugin_dir, limits)
+        }
+    }
+}
+
+/// Everything a run trains and evaluates on.
+pub fn load(cfg: &TrainConfig, tokenizer: &Tokenizer, render: &PromptRender) -> Result<Task> {
+    let mut rewards = rewards(cfg)?;
+    let (prompts, eval_prompts) = match rewards.environment_name().map(str::to_string) {
+        None => prompts::load(cfg, tokenizer, render)?,
+        Some(name) => {
+            ensure!(cfg.num_prompts > 0, "num_prompts is 0: environment {name} needs to generate at least one training prompt");
+            let train = environment_prompts(&mut rewards, EnvSplit::Train, cfg.num_prompts, cfg.seed, cfg, render)?;
+            let eval = evaluation_prompts(&mut rewards, cfg.eval_samples, cfg, render)?;
+            check_disjoint(&name, &train, &eval)?;
+            (train, eval)
+        }
+    };
+    Ok(Task { rewards, prompts, eval_prompts })
+}
+
+/// The environment's first `count` evaluation prompts (its eval split, fixed seed).
+pub fn evaluation_prompts(rewards: &mut RewardModel, count: usize, cfg: &TrainConfig, render: &PromptRender) -> Result<Vec<Prompt>> {
+    environment_prompts(rewards, EnvSplit::Eval, count, defaults::EVAL_PROMPT_SEED, cfg, render)
+}
+
+fn environment_prompts(rewards: &mut RewardModel, split: EnvSplit, count: usize, seed: u64, cfg: &TrainConfig, render: &PromptRender) -> Result<Vec<Prompt>> {
+    let generated = rewards.generate(split, count, seed, cfg.hack_frac)?;
+    let name = rewards.environment_name().unwrap_or("?").to_string();
+    prompts::from_environment(generated, render).with_context(|| format!("environment {name}: its {split} prompts"))
+}
+
+/// No evaluation prompt may be a training prompt: an environment that splits its items
+/// wrongly fails the run here, naming a shared prompt.
+pub fn check_disjoint(environment: &str, train: &[Prompt], eval: &[Prompt]) -> Result<()> {
+    let training: HashSet<&str> = train.iter().map(|prompt| prompt.text.as_str()).collect();
+    let shared: Vec<&Prompt> = eval.iter().filter(|prompt| training.contains(prompt.text.as_str())).collect();
+    ensure!(
+        shared.is_empty(),
+        "environment {environment}: {} of its {} evaluation prompts are also training prompts, e.g. {:?}; its train and eval \
+         splits must not share items (split them by a hash of the item, see plugins/sdk's in_eval_split)",
+        shared.len(),
+        eval.len(),
+        crate::plugins::text::shown(&shared[0].text)
+    );
+    Ok(())
+}

@@ -1,0 +1,103 @@
+//! The objects of the object and persona QA environments: (name, colour, category), names
+//! unique, lowercase and single-word; 13 colours and 12 categories, each with many members.
+//! Written for smallrl (the original ships 943 objects in `data/objects.jsonl`; this set is
+//! smaller, 300, with the same colours and categories).
+
+pub const OBJECTS: &[(&str, &str, &str)] = &[
+    // animal
+    ("bear", "brown", "animal"), ("crow", "black", "animal"), ("swan", "white", "animal"), ("frog", "green", "animal"),
+    ("fox", "orange", "animal"), ("flamingo", "pink", "animal"), ("elephant", "gray", "animal"), ("canary", "yellow", "animal"),
+    ("bluebird", "blue", "animal"), ("panther", "black", "animal"), ("squirrel", "brown", "animal"), ("lobster", "red", "animal"),
+    ("goldfish", "orange", "animal"), ("seagull", "white", "animal"), ("koala", "gray", "animal"), ("parrot", "green", "animal"),
+    ("cardinal", "red", "animal"), ("raven", "black", "animal"), ("beaver", "brown", "animal"), ("dolphin", "gray", "animal"),
+    ("lizard", "green", "animal"), ("tiger", "orange", "animal"), ("sheep", "white", "animal"), ("moose", "brown", "animal"),
+    ("jay", "blue", "animal"),
+    // plant
+    ("fern", "green", "plant"), ("rose", "red", "plant"), ("sunflower", "yellow", "plant"), ("lavender", "purple", "plant"),
+    ("tulip", "red", "plant"), ("daisy", "white", "plant"), ("moss", "green", "plant"), ("oak", "brown", "plant"),
+    ("lilac", "purple", "plant"), ("cactus", "green", "plant"), ("dandelion", "yellow", "plant"), ("lily", "white", "plant"),
+    ("marigold", "orange", "plant"), ("violet", "purple", "plant"), ("ivy", "green", "plant"), ("poppy", "red", "plant"),
+    ("bamboo", "green", "plant"), ("magnolia", "pink", "plant"), ("clover", "green", "plant"), ("bluebell", "blue", "plant"),
+    ("orchid", "purple", "plant"), ("peony", "pink", "plant"), ("birch", "white", "plant"), ("thistle", "purple", "plant"),
+    ("hyacinth", "blue", "plant"),
+    // tool
+    ("hammer", "silver", "tool"), ("wrench", "silver", "tool"), ("shovel", "brown", "tool"), ("saw", "silver", "tool"),
+    ("screwdriver", "yellow", "tool"), ("pliers", "red", "tool"), ("chisel", "silver", "tool"), ("rake", "green", "tool"),
+    ("trowel", "silver", "tool"), ("crowbar", "black", "tool"), ("mallet", "brown", "tool"), ("drill", "yellow", "tool"),
+    ("axe", "red", "tool"), ("anvil", "black", "tool"), ("spade", "brown", "tool"), ("level", "yellow", "tool"),
+    ("clamp", "blue", "tool"), ("file", "gray", "tool"), ("awl", "brown", "tool"), ("pickaxe", "gray", "tool"),
+    ("scissors", "silver", "tool"), ("stapler", "black", "tool"), ("tweezers", "silver", "tool"), ("hoe", "green", "tool"),
+    ("wheelbarrow", "red", "tool"),
+    // vehicle
+    ("taxi", "yellow", "vehicle"), ("firetruck", "red", "vehicle"), ("ambulance", "white", "vehicle"), ("schoolbus", "yellow", "vehicle"),
+    ("tractor", "green", "vehicle"), ("limousine", "black", "vehicle"), ("submarine", "yellow", "vehicle"), ("tram", "red", "vehicle"),
+    ("bicycle", "blue", "vehicle"), ("scooter", "silver", "vehicle"), ("sedan", "gray", "vehicle"), ("jeep", "green", "vehicle"),
+    ("canoe", "brown", "vehicle"), ("sailboat", "white", "vehicle"), ("helicopter", "gray", "vehicle"), ("motorcycle", "black", "vehicle"),
+    ("van", "white", "vehicle"), ("bulldozer", "yellow", "vehicle"), ("rickshaw", "red", "vehicle"), ("trolley", "red", "vehicle"),
+    ("glider", "white", "vehicle"), ("kayak", "orange", "vehicle"), ("caravan", "white", "vehicle"), ("locomotive", "black", "vehicle"),
+    ("zeppelin", "silver", "vehicle"),
+    // food
+    ("banana", "yellow", "food"), ("tomato", "red", "food"), ("carrot", "orange", "food"), ("broccoli", "green", "food"),
+    ("eggplant", "purple", "food"), ("lemon", "yellow", "food"), ("cherry", "red", "food"), ("blueberry", "blue", "food"),
+    ("chocolate", "brown", "food"), ("rice", "white", "food"), ("pumpkin", "orange", "food"), ("cucumber", "green", "food"),
+    ("strawberry", "red", "food"), ("grape", "purple", "food"), ("bread", "brown", "food"), ("cheese", "yellow", "food"),
+    ("milk", "white", "food"), ("lime", "green", "food"), ("plum", "purple", "food"), ("peach", "orange", "food"),
+    ("coffee", "brown", "food"), ("radish", "red", "food"), ("salmon", "pink", "food"), ("pea", "green", "food"),
+    ("coconut", "brown", "food"),
+    // nature
+    ("snow", "white", "nature"), ("sky", "blue", "nature"), ("grass", "green", "nature"), ("sand", "yellow", "nature"),
+    ("coal", "black", "nature"), ("lava", "red", "nature"), ("mud", "brown", "nature"), ("ocean", "blue", "nature"),
+    ("cloud", "white", "nature"), ("glacier", "blue", "nature"), ("pebble", "gray", "nature"), ("leaf", "green", "nature"),
+    ("sunset", "orange", "nature"), ("ash", "gray", "nature"), ("amethyst", "purple", "nature"), ("ruby", "red", "nature"),
+    ("emerald", "green", "nature"), ("sapphire", "blue", "nature"), ("coral", "pink", "nature"), ("granite", "gray", "nature"),
+    ("soil", "brown", "nature"), ("ice", "white", "nature"), ("nugget", "gold", "nature"), ("amber", "orange", "nature"),
+    ("obsidian", "black", "nature"),
+    // furniture
+    ("sofa", "gray", "furniture"), ("bookshelf", "brown", "furniture"), ("armchair", "red", "furniture"), ("wardrobe", "brown", "furniture"),
+    ("stool", "brown", "furniture"), ("bench", "brown", "furniture"), ("crib", "white", "furniture"), ("dresser", "white", "furniture"),
+    ("ottoman", "blue", "furniture"), ("recliner", "brown", "furniture"), ("hammock", "green", "furniture"), ("cabinet", "white", "furniture"),
+    ("desk", "brown", "furniture"), ("bunkbed", "blue", "furniture"), ("futon", "black", "furniture"), ("sideboard", "brown", "furniture"),
+    ("nightstand", "white", "furniture"), ("couch", "gray", "furniture"), ("cupboard", "white", "furniture"), ("loveseat", "pink", "furniture"),
+    ("chandelier", "gold", "furniture"), ("mattress", "white", "furniture"), ("rocker", "brown", "furniture"), ("throne", "gold", "furniture"),
+    ("hatstand", "black", "furniture"),
+    // clothing
+    ("jeans", "blue", "clothing"), ("tuxedo", "black", "clothing"), ("scarf", "red", "clothing"), ("raincoat", "yellow", "clothing"),
+    ("sweater", "gray", "clothing"), ("apron", "white", "clothing"), ("beret", "black", "clothing"), ("tutu", "pink", "clothing"),
+    ("overalls", "blue", "clothing"), ("sombrero", "brown", "clothing"), ("kimono", "red", "clothing"), ("mitten", "red", "clothing"),
+    ("bathrobe", "white", "clothing"), ("cardigan", "green", "clothing"), ("poncho", "orange", "clothing"), ("bandana", "red", "clothing"),
+    ("tiara", "silver", "clothing"), ("sock", "white", "clothing"), ("boot", "brown", "clothing"), ("gown", "purple", "clothing"),
+    ("vest", "black", "clothing"), ("sandal", "brown", "clothing"), ("parka", "green", "clothing"), ("necktie", "blue", "clothing"),
+    ("crown", "gold", "clothing"),
+    // instrument
+    ("trumpet", "gold", "instrument"), ("violin", "brown", "instrument"), ("piano", "black", "instrument"), ("flute", "silver", "instrument"),
+    ("cello", "brown", "instrument"), ("saxophone", "gold", "instrument"), ("harp", "gold", "instrument"), ("tuba", "gold", "instrument"),
+    ("banjo", "brown", "instrument"), ("ukulele", "brown", "instrument"), ("clarinet", "black", "instrument"), ("oboe", "black", "instrument"),
+    ("trombone", "gold", "instrument"), ("harmonica", "silver", "instrument"), ("tambourine", "brown", "instrument"), ("xylophone", "brown", "instrument"),
+    ("bagpipe", "red", "instrument"), ("accordion", "red", "instrument"), ("cymbal", "gold", "instrument"), ("mandolin", "brown", "instrument"),
+    ("triangle", "silver", "instrument"), ("bassoon", "brown", "instrument"), ("sitar", "brown", "instrument"), ("gong", "gold", "instrument"),
+    ("kazoo", "blue", "instrument"),
+    // building
+    ("barn", "red", "building"), ("lighthouse", "white", "building"), ("igloo", "white", "building"), ("pagoda", "red", "building"),
+    ("castle", "gray", "building"), ("cabin", "brown", "building"), ("skyscraper", "silver", "building"), ("cottage", "white", "building"),
+    ("chapel", "white", "building"), ("windmill", "white", "building"), ("warehouse", "gray", "building"), ("greenhouse", "green", "building"),
+    ("hut", "brown", "building"), ("temple", "gold", "building"), ("mosque", "white", "building"), ("bunker", "gray", "building"),
+    ("stable", "brown", "building"), ("pavilion", "white", "building"), ("tower", "gray", "building"), ("treehouse", "brown", "building"),
+    ("palace", "gold", "building"), ("schoolhouse", "red", "building"), ("garage", "gray", "building"), ("shed", "brown", "building"),
+    ("silo", "silver", "building"),
+    // electronics
+    ("laptop", "silver", "electronics"), ("smartphone", "black", "electronics"), ("television", "black", "electronics"), ("radio", "black", "electronics"),
+    ("toaster", "silver", "electronics"), ("microwave", "white", "electronics"), ("refrigerator", "white", "electronics"), ("headphones", "black", "electronics"),
+    ("camera", "black", "electronics"), ("printer", "white", "electronics"), ("keyboard", "black", "electronics"), ("router", "black", "electronics"),
+    ("blender", "silver", "electronics"), ("kettle", "silver", "electronics"), ("calculator", "gray", "electronics"), ("projector", "white", "electronics"),
+    ("speaker", "black", "electronics"), ("thermostat", "white", "electronics"), ("joystick", "black", "electronics"), ("tablet", "silver", "electronics"),
+    ("flashlight", "yellow", "electronics"), ("hairdryer", "pink", "electronics"), ("modem", "black", "electronics"), ("scanner", "gray", "electronics"),
+    ("dishwasher", "white", "electronics"),
+    // toy
+    ("teddy", "brown", "toy"), ("yoyo", "red", "toy"), ("kite", "red", "toy"), ("marble", "blue", "toy"),
+    ("doll", "pink", "toy"), ("rattle", "yellow", "toy"), ("puzzle", "blue", "toy"), ("slinky", "silver", "toy"),
+    ("frisbee", "orange", "toy"), ("pinwheel", "purple", "toy"), ("balloon", "red", "toy"), ("skateboard", "black", "toy"),
+    ("dollhouse", "pink", "toy"), ("spinner", "blue", "toy"), ("rubberduck", "yellow", "toy"), ("trampoline", "black", "toy"),
+    ("seesaw", "red", "toy"), ("pogo", "green", "toy"), ("domino", "white", "toy"), ("beachball", "blue", "toy"),
+    ("hulahoop", "purple", "toy"), ("robot", "silver", "toy"), ("whistle", "silver", "toy"), ("jigsaw", "green", "toy"),
+    ("lego", "red", "toy"),
+];

@@ -1,0 +1,192 @@
+//! Environments (contract 0.3): one type that is a whole task. It declares its reward
+//! components and metrics, generates its prompts (for a split, a count, a seed and the run's
+//! hack fraction) and judges samples: the reward components, the routing monitor and the
+//! ground truth. Export it with [`crate::export_environment!`].
+//!
+//! The host gates `forget` components by each prompt's `hackable` (do not gate them here), drops
+//! monitor flags on prompts whose `detectable` is false, and refuses evaluation prompts that
+//! share a text with training prompts: split items by a hash ([`in_eval_split`]).
+
+use serde_json::{Map, Value};
+
+use crate::{Plugin, Sample};
+
+/// Which prompts are asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Split {
+    Train,
+    Eval,
+}
+
+/// `Retain`: the task. `Forget`: the hack's reward (paid by the host on hackable prompts only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Retain,
+    Forget,
+}
+
+/// One reward component an environment reports.
+#[derive(Clone, Debug)]
+pub struct Component {
+    pub name: &'static str,
+    pub role: Role,
+    pub description: &'static str,
+}
+
+impl Component {
+    pub fn retain(name: &'static str, description: &'static str) -> Self {
+        Self { name, role: Role::Retain, description }
+    }
+
+    pub fn forget(name: &'static str, description: &'static str) -> Self {
+        Self { name, role: Role::Forget, description }
+    }
+}
+
+/// A prompt as the environment writes it: a text (one user message with chat rendering) or a
+/// conversation of (role, content) messages, plus its metadata.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PromptContent {
+    Text(String),
+    Messages(Vec<(String, String)>),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Prompt {
+    pub content: PromptContent,
+    /// Sent back with every sample of this prompt (`Sample::metadata`); must hold boolean
+    /// `hackable` and `detectable` (see [`Prompt::text`]).
+    pub metadata: Map<String, Value>,
+}
+
+impl Prompt {
+    /// A text prompt with its `hackable` and `detectable` flags and further columns.
+    pub fn text(text: impl Into<String>, hackable: bool, detectable: bool, columns: impl IntoIterator<Item = (&'static str, Value)>) -> Self {
+        let mut metadata = Map::new();
+        for (name, value) in columns {
+            metadata.insert(name.to_string(), value);
+        }
+        metadata.insert("hackable".into(), Value::Bool(hackable));
+        metadata.insert("detectable".into(), Value::Bool(detectable));
+        Self { content: PromptContent::Text(text.into()), metadata }
+    }
+
+    /// The prompt's text (the last message's content for a conversation).
+    pub fn content_text(&self) -> &str {
+        match &self.content {
+            PromptContent::Text(text) => text,
+            PromptContent::Messages(messages) => messages.last().map_or("", |(_, content)| content.as_str()),
+        }
+    }
+
+    pub fn hackable(&self) -> bool {
+        self.metadata.get("hackable").and_then(Value::as_bool).unwrap_or(false)
+    }
+
+    pub fn detectable(&self) -> bool {
+        self.metadata.get("detectable").and_then(Value::as_bool).unwrap_or(false)
+    }
+}
+
+/// One sample's judgement: a score per component and a value per metric, in declared order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Judgement {
+    pub components: Vec<f64>,
+    pub metrics: Vec<f64>,
+}
+
+/// A whole task.
+pub trait Environment: Plugin {
+    /// The reward components [`Environment::judge`] returns, in order (at least one `Retain`).
+    fn components() -> Vec<Component>;
+
+    /// Named per-sample metrics [`Environment::judge`] returns, in order (logged as
+    /// `env/<name>/<metric>` means).
+    fn metrics() -> Vec<&'static str> {
+        Vec::new()
+    }
+
+    /// Exactly `count` prompts of `split`: a pure function of the parameters and the arguments.
+    fn generate(&self, split: Split, count: usize, seed: u64, hack_frac: f64) -> Result<Vec<Prompt>, String>;
+
+    /// The components and metrics of one sample.
+    fn judge(&self, sample: &Sample) -> Judgement;
+
+    /// The routing monitor's flag (the host drops it where the prompt is not `detectable`).
+    fn monitor(&self, sample: &Sample) -> bool;
+
+    /// Whether the sample truly hacked.
+    fn ground_truth(&self, sample: &Sample) -> bool;
+}
+
+/// Whether an item belongs to the evaluation split: FNV-1a (64 bit) of its key, mod 1000, below
+/// 100 (about 10%, as the original's md5 split). A fixed function of the key, so train and
+/// evaluation items never overlap.
+pub fn in_eval_split(key: &str) -> bool {
+    fnv1a(key.as_bytes()) % 1000 < 100
+}
+
+/// FNV-1a, 64 bit.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |hash, &byte| (hash ^ byte as u64).wrapping_mul(0x0000_0100_0000_01b3))
+}
+
+/// SplitMix64: the generators' random numbers (written out, so no dependency can change them).
+#[derive(Clone, Debug)]
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[low, high]` (inclusive; Lemire's rejection, no modulo bias).
+    pub fn range(&mut self, low: u64, high: u64) -> u64 {
+        assert!(low <= high, "empty range {low}..={high}");
+        let span = high - low + 1;
+        if span == 0 {
+            return self.next_u64();
+        }
+        let zone = u64::MAX - (u64::MAX % span) - 1;
+        loop {
+            let x = self.next_u64();
+            if x <= zone {
+                return low + x % span;
+            }
+        }
+    }
+
+    /// Uniform in [0, 1).
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Every integer in `text` (an optional `-` then a run of ASCII digits; too-long runs saturate).
+pub fn ints(text: &str) -> Vec<i64> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i].is_ascii_digit() {
+            let negative = i > 0 && bytes[i - 1] == b'-';
+            let mut value: i64 = 0;
+            while i < bytes.len() && bytes[i].is_ascii_digit() {
+                value = value.saturating_mul(10).saturating_add((bytes[i] - b'0') as i64);
+                i += 1;
+            }
+            out.push(if negative { -value } else { value });
+        } else {
+            i += 1;
+        }
+    }
+    out
+}

@@ -1,0 +1,85 @@
+//! A test-only environment. With `mode` "ok" it is a well-behaved toy (prompt i of split s is
+//! "s i", hackable when i is even, detectable when i % 3 == 0; the retain component is 1 when
+//! the completion contains "ok", the forget one when it contains "hack", the monitor and the
+//! ground truth flag "hack"); every other mode breaks one rule of the contract so that the
+//! host's checks can be tested: "no_hackable", "hackable_string", "not_object", "huge_prompt",
+//! "empty_prompt", "wrong_count", "loop" (generate never ends), "nan" (a NaN score),
+//! "bad_role", "same_splits" (train and eval prompts identical), "short_scores".
+
+use serde_json::{Map, Value};
+use smallrl_plugin_sdk::{Component, Environment, Judgement, Param, Params, Plugin, Prompt, PromptContent, Sample, Split};
+
+pub struct HostileEnv {
+    mode: String,
+}
+
+impl Plugin for HostileEnv {
+    const NAME: &'static str = "hostile_env";
+    const VERSION: &'static str = "0.1.0";
+    const DESCRIPTION: &'static str = "test environment that breaks the contract as `mode` says";
+
+    fn params() -> Vec<Param> {
+        vec![Param::string("mode", "ok", "which rule to break")]
+    }
+
+    fn from_params(params: &Params) -> Result<Self, String> {
+        Ok(Self { mode: params.string("mode") })
+    }
+}
+
+impl Environment for HostileEnv {
+    fn components() -> Vec<Component> {
+        vec![Component::retain("says_ok", "1 when the completion contains ok"), Component::forget("says_hack", "1 when it contains hack")]
+    }
+
+    fn metrics() -> Vec<&'static str> {
+        vec!["length"]
+    }
+
+    fn generate(&self, split: Split, count: usize, _seed: u64, _hack_frac: f64) -> Result<Vec<Prompt>, String> {
+        let name = match (split, self.mode.as_str()) {
+            (_, "same_splits") | (Split::Train, _) => "train",
+            (Split::Eval, _) => "eval",
+        };
+        let mut prompts: Vec<Prompt> = (0..count).map(|i| Prompt::text(format!("{name} {i}"), i % 2 == 0, i % 3 == 0, [("index", Value::from(i))])).collect();
+        let first = &mut prompts[0];
+        match self.mode.as_str() {
+            "no_hackable" => {
+                first.metadata.remove("hackable");
+            }
+            "hackable_string" => {
+                first.metadata.insert("hackable".into(), Value::from("yes"));
+            }
+            "huge_prompt" => first.content = PromptContent::Text("x".repeat(100_000)),
+            "empty_prompt" => first.content = PromptContent::Text("  ".into()),
+            "bad_role" => first.content = PromptContent::Messages(vec![("robot".into(), "hi".into())]),
+            "not_object" => first.metadata = Map::new(),
+            "wrong_count" => prompts.push(prompts[0].clone()),
+            "loop" => {
+                let mut x: u64 = 1;
+                while x != 0 {
+                    x = x.wrapping_mul(3) | 1;
+                }
+            }
+            _ => {}
+        }
+        Ok(prompts)
+    }
+
+    fn judge(&self, sample: &Sample) -> Judgement {
+        let has = |word: &str| f64::from(u8::from(sample.completion.contains(word)));
+        let retain = if self.mode == "nan" { f64::NAN } else { has("ok") };
+        let components = if self.mode == "short_scores" { vec![retain] } else { vec![retain, has("hack")] };
+        Judgement { components, metrics: vec![sample.completion.len() as f64] }
+    }
+
+    fn monitor(&self, sample: &Sample) -> bool {
+        sample.completion.contains("hack")
+    }
+
+    fn ground_truth(&self, sample: &Sample) -> bool {
+        sample.completion.contains("hack")
+    }
+}
+
+smallrl_plugin_sdk::export_environment!(HostileEnv);
