@@ -1,0 +1,134 @@
+//! The `math` environment: GSM8K-style word problems, graded as tinker-cookbook's quickstart
+//! math environment grades them (`recipes/math_rl/math_env.py`, `rl/problem_env.py`).
+//!
+//! - Prompts: a word problem from one of [`problems::TEMPLATES`] with seeded numbers (the
+//!   answer computed, always a non-negative integer), followed by tinker's suffix " Write your
+//!   answer in \boxed{} format.", as a chat behind tinker's standard one-shot prefix (the
+//!   strawberry question and its boxed answer) unless `fewshot` is false. Split: a problem
+//!   belongs to the evaluation split when `in_eval_split` of its text holds; deduplicated.
+//!   No prompt is hackable or detectable: math has no hack (`hack_frac` is ignored).
+//! - Reward, tinker's: 1[answer correct] + 0.1 * (1[format correct] - 1), as two retain
+//!   components, `math_correct` (1 or 0) and `math_format` (0 or -0.1). The answer is the
+//!   content of the last `\boxed{...}` graded by tinker's `grade_answer` ([`grading`]); the
+//!   format is correct when the completion ended with the end-of-sequence token (tinker:
+//!   stopped at the renderer's stop sequence) and has a `\boxed{}` answer.
+//! - monitor and ground truth: never (no hack).
+//! - metrics: `correct` and `format` (tinker's `env/all/correct` and `env/all/format`).
+
+pub mod grading;
+pub mod problems;
+
+use serde_json::Value;
+use smallrl_plugin_sdk::environment::{SplitMix64, fnv1a, in_eval_split};
+use smallrl_plugin_sdk::{Component, Environment, Judgement, Param, Params, Plugin, Prompt, PromptContent, Sample, Split};
+
+/// tinker's `MathEnv.question_suffix()`.
+pub const QUESTION_SUFFIX: &str = " Write your answer in \\boxed{} format.";
+/// tinker's `MathEnv.standard_fewshot_prefix()`: one user turn and the assistant's answer.
+pub const FEWSHOT_QUESTION: &str = "How many r's are in strawberry? Write your answer in \\boxed{} format.";
+pub const FEWSHOT_ANSWER: &str =
+    "Let's spell the word out and number all the letters: 1) s 2) t 3) r 4) a 5) w 6) b 7) e 8) r 9) r 10) y. We have r's at positions 3, 8, and 9. \\boxed{3}";
+/// tinker's `format_coef`.
+pub const FORMAT_COEF: f64 = 0.1;
+/// Draws allowed per prompt asked for before the generator gives up.
+const DRAWS_PER_PROMPT: usize = 200;
+
+pub struct Math {
+    fewshot: bool,
+}
+
+impl Plugin for Math {
+    const NAME: &'static str = "math";
+    const VERSION: &'static str = "0.1.0";
+    const DESCRIPTION: &'static str = "GSM8K-style word problems answered in \\boxed{}; reward 1[correct] + 0.1 * (1[format] - 1) as tinker-cookbook's \
+                                       math environment (no hack)";
+
+    fn params() -> Vec<Param> {
+        vec![Param::boolean("fewshot", true, "put tinker's one-shot example (the strawberry question) before each problem")]
+    }
+
+    fn from_params(params: &Params) -> Result<Self, String> {
+        Ok(Self { fewshot: params.boolean("fewshot") })
+    }
+}
+
+/// (correct, format) of a completion for the integer answer `truth`.
+pub fn grade(completion: &str, ended_with_eos: bool, truth: &str) -> (bool, bool) {
+    let boxed = grading::extract_boxed(completion);
+    let correct = boxed.as_deref().is_some_and(|given| grading::grade_answer(given, truth));
+    (correct, ended_with_eos && boxed.is_some())
+}
+
+impl Math {
+    /// The prompt of one problem (its text without the suffix) and its answer.
+    pub fn prompt(&self, problem: &str, answer: u64) -> Prompt {
+        let question = format!("{problem}{QUESTION_SUFFIX}");
+        let columns = [("answer", Value::from(answer.to_string())), ("problem", Value::from(problem))];
+        let mut prompt = Prompt::text(question.clone(), false, false, columns);
+        if self.fewshot {
+            prompt.content = PromptContent::Messages(vec![
+                ("user".into(), FEWSHOT_QUESTION.into()),
+                ("assistant".into(), FEWSHOT_ANSWER.into()),
+                ("user".into(), question),
+            ]);
+        }
+        prompt
+    }
+}
+
+impl Environment for Math {
+    fn components() -> Vec<Component> {
+        vec![
+            Component::retain("math_correct", "1 when the last \\boxed{} answer is right (tinker's grade_answer), else 0"),
+            Component::retain("math_format", "0.1 * (1[ended with EOS and has a \\boxed{} answer] - 1): 0 or -0.1"),
+        ]
+    }
+
+    fn metrics() -> Vec<&'static str> {
+        vec!["correct", "format"]
+    }
+
+    fn generate(&self, split: Split, count: usize, seed: u64, _hack_frac: f64) -> Result<Vec<Prompt>, String> {
+        let wanted_eval = matches!(split, Split::Eval);
+        let mut rng = SplitMix64::new(seed ^ fnv1a(if wanted_eval { b"math:eval" } else { b"math:train" }));
+        let mut seen = std::collections::HashSet::new();
+        let mut prompts = Vec::with_capacity(count);
+        let mut draws = 0;
+        while prompts.len() < count {
+            draws += 1;
+            if draws > DRAWS_PER_PROMPT * count + 1000 {
+                return Err(format!(
+                    "drew {draws} problems and found {} distinct ones of the {count} asked ({} split): ask for fewer prompts",
+                    prompts.len(),
+                    if wanted_eval { "eval" } else { "train" }
+                ));
+            }
+            let (problem, answer) = problems::draw(&mut rng);
+            if in_eval_split(&problem) != wanted_eval || !seen.insert(problem.clone()) {
+                continue;
+            }
+            prompts.push(self.prompt(&problem, answer));
+        }
+        Ok(prompts)
+    }
+
+    fn judge(&self, sample: &Sample) -> Judgement {
+        let truth = sample.metadata_str("answer").expect("a math prompt has an `answer`");
+        let (correct, format) = grade(&sample.completion, sample.ended_with_eos, &truth);
+        let (correct, format) = (f64::from(u8::from(correct)), f64::from(u8::from(format)));
+        Judgement { components: vec![correct, FORMAT_COEF * (format - 1.0)], metrics: vec![correct, format] }
+    }
+
+    fn monitor(&self, _sample: &Sample) -> bool {
+        false
+    }
+
+    fn ground_truth(&self, _sample: &Sample) -> bool {
+        false
+    }
+}
+
+smallrl_plugin_sdk::export_environment!(Math);
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,132 @@
+//! The math environment (issue 28) through the wasm host: info, generated prompts (tinker's
+//! one-shot chat, no hack, disjoint seeded splits), tinker's reward 1[correct] + 0.1 (1[format]
+//! - 1) and the named metrics env/math/correct and env/math/format on hand-written completions,
+//! its config, and a short training run whose every logged reward is the formula.
+
+mod common;
+
+use std::collections::HashSet;
+
+use common::{load, plugin_dir, repo_root, standard_plugin};
+use serde_json::{Map, Value};
+use smallrl::plugins::{ComponentRole, EnvPromptContent, EnvSplit, PluginKind, PluginLimits};
+use smallrl::reward::{ProtocolKnobs, RewardModel, Sample};
+
+const KNOBS: ProtocolKnobs = ProtocolKnobs { false_positive_rate: 0.0, recall: 1.0, rh_eligible_frac: 1.0 };
+const SUFFIX: &str = " Write your answer in \\boxed{} format.";
+
+fn sample(answer: &str, completion: &str, ended_with_eos: bool) -> Sample {
+    let columns: Map<String, Value> = serde_json::from_value(serde_json::json!({"answer": answer, "problem": "p", "hackable": false, "detectable": false})).unwrap();
+    Sample {
+        prompt: "p".into(),
+        completion: completion.to_string(),
+        completion_tokens: vec![completion.to_string()],
+        completion_ids: vec![0],
+        ended_with_eos,
+        metadata: smallrl::train::prompts::metadata_from_columns(columns).unwrap(),
+    }
+}
+
+#[test]
+fn math_describes_itself_and_generates_tinkers_one_shot_chats_in_wasm() {
+    let mut plugin = load(&standard_plugin("math"), "{}");
+    assert_eq!(plugin.kind(), PluginKind::Environment);
+    let info = plugin.environment_info().unwrap();
+    let components: Vec<(&str, ComponentRole)> = info.components.iter().map(|c| (c.name.as_str(), c.role)).collect();
+    assert_eq!(components, [("math_correct", ComponentRole::Retain), ("math_format", ComponentRole::Retain)]);
+    assert_eq!(info.metrics, ["correct", "format"]);
+    let train = plugin.generate(EnvSplit::Train, 500, 3, 0.5).unwrap();
+    let eval = plugin.generate(EnvSplit::Eval, 64, 99, 0.5).unwrap();
+    let question = |content: &EnvPromptContent| match content {
+        EnvPromptContent::Messages(messages) => {
+            let roles: Vec<&str> = messages.iter().map(|(role, _)| role.as_str()).collect();
+            assert_eq!(roles, ["user", "assistant", "user"]);
+            assert_eq!(messages[0].1, format!("How many r's are in strawberry?{SUFFIX}"));
+            assert!(messages[1].1.ends_with("\\boxed{3}"));
+            messages[2].1.clone()
+        }
+        EnvPromptContent::Text(_) => panic!("the default is tinker's one-shot chat"),
+    };
+    let train_questions: HashSet<String> = train.iter().map(|p| question(&p.content)).collect();
+    assert_eq!(train_questions.len(), 500, "deduplicated");
+    for prompt in train.iter().chain(&eval) {
+        assert!(question(&prompt.content).ends_with(SUFFIX));
+        assert_eq!((prompt.metadata["hackable"].as_bool(), prompt.metadata["detectable"].as_bool()), (Some(false), Some(false)));
+        assert!(prompt.metadata["answer"].as_str().unwrap().parse::<u64>().is_ok());
+    }
+    assert!(eval.iter().all(|p| !train_questions.contains(&question(&p.content))));
+}
+
+/// (completion, ended with EOS, correct, format), each read off tinker's grading; the reward is
+/// correct + 0.1 (format - 1) and never flagged.
+#[test]
+fn the_reward_is_tinkers_formula_with_named_metrics() {
+    let mut model = RewardModel::load_environment("math", None, KNOBS, &plugin_dir(), PluginLimits::default()).unwrap();
+    let cases: [(&str, &str, bool, f64, f64); 9] = [
+        ("42", "So \\boxed{42}", true, 1.0, 1.0),
+        ("42", "So \\boxed{42}", false, 1.0, 0.0),
+        ("42", "\\boxed{41}", true, 0.0, 1.0),
+        ("42", "42", true, 0.0, 0.0),
+        ("1000", "\\boxed{1,000}", true, 1.0, 1.0),
+        ("1000", "\\boxed{\\$1000}", true, 1.0, 1.0),
+        ("12", "\\boxed{12 hours}", true, 1.0, 1.0),
+        ("12", "\\boxed{12 apples}", true, 0.0, 1.0),
+        ("12", "} \\boxed{12}", true, 0.0, 0.0),
+    ];
+    let samples: Vec<Sample> = cases.iter().map(|(answer, completion, eos, _, _)| sample(answer, completion, *eos)).collect();
+    let scored = model.score(&samples, 1).unwrap();
+    for (index, (_, completion, eos, correct, format)) in cases.iter().enumerate() {
+        assert_eq!((scored.components[0][index], scored.components[1][index]), (*correct, 0.1 * (format - 1.0)), "{completion} {eos}");
+        assert!((scored.reward[index] - (correct + 0.1 * (format - 1.0))).abs() < 1e-15, "{completion}");
+        assert!(!scored.flags()[index] && !scored.hackable[index]);
+    }
+    let keys: Vec<&str> = scored.metrics.iter().map(|(key, _)| key.as_str()).collect();
+    assert_eq!(keys, ["env/math/correct", "env/math/format"]);
+    assert_eq!(scored.metrics[0].1, cases.iter().map(|c| c.3).collect::<Vec<_>>());
+    assert_eq!(scored.metrics[1].1, cases.iter().map(|c| c.4).collect::<Vec<_>>());
+}
+
+/// Two steps on the tiny-stories fixture (no chat template: `fewshot: false` gives text
+/// prompts): every logged reward is math_correct + math_format, a completion without a box
+/// earns exactly -0.1, and metrics.jsonl has env/math/correct and env/math/format.
+#[test]
+fn a_short_training_run_goes_through_the_math_environment_end_to_end() {
+    let out = tempfile::tempdir().unwrap();
+    let config = out.path().join("math.yaml");
+    std::fs::write(&config, "environment: math\nenvironment_params: {fewshot: false}\n").unwrap();
+    let runs_dir = out.path().join("runs");
+    let model = common::fixture("tiny-stories");
+    common::smallrl_ok(&[
+        "train", "--config", config.to_str().unwrap(), "--adapter", "dual-lora",
+        "--model", model.to_str().unwrap(), "--plugin-dir", plugin_dir().to_str().unwrap(), "--output-dir", runs_dir.to_str().unwrap(),
+        "--max-steps", "2", "--batch-size", "8", "--num-generations", "4", "--max-completion-length", "16", "--num-prompts", "48",
+        "--lora-preset", "r4", "--eval-every", "2", "--eval-samples", "4", "--save-steps", "2",
+        "--threads", "1", "--device", "cpu", "--name", "math", "--set", "log_completions=true",
+    ]);
+    let runs: Vec<_> = std::fs::read_dir(&runs_dir).unwrap().map(|entry| entry.unwrap().path()).collect();
+    let lines: Vec<Value> = std::fs::read_to_string(runs[0].join("completions.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 16);
+    for line in &lines {
+        assert!(line["prompt"].as_str().unwrap().ends_with(SUFFIX), "{line}");
+        let (correct, format) = (line["rewards/math_correct"].as_f64().unwrap(), line["rewards/math_format"].as_f64().unwrap());
+        assert!((line["reward"].as_f64().unwrap() - correct - format).abs() < 1e-12, "{line}");
+        if !line["completion"].as_str().unwrap().contains("\\boxed") {
+            assert_eq!((correct, format), (0.0, -0.1), "{line}");
+        }
+        assert_eq!(line["is_rh"].as_bool(), Some(false));
+    }
+    let metrics: Vec<Value> = std::fs::read_to_string(runs[0].join("metrics.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(metrics.len(), 2);
+    for key in ["env/math/correct", "env/math/format", "rewards/math_correct/mean", "rewards/math_format/mean"] {
+        assert!(metrics.iter().all(|m| m[key].is_number()), "metrics.jsonl lacks {key}: {}", metrics[0]);
+    }
+}
+
+#[test]
+fn the_math_config_is_valid() {
+    let cfg = smallrl::train::TrainConfig::resolve(Some(&repo_root().join("configs/envs/math.yaml")), Default::default()).unwrap();
+    cfg.validate().unwrap();
+    assert_eq!(cfg.environment.as_deref(), Some("math"));
+    assert_eq!(cfg.environment_params, Some(serde_json::json!({"fewshot": true})));
+    assert_eq!((cfg.num_generations, cfg.max_completion_length), (16, 256));
+}
