@@ -90,7 +90,7 @@ fn one_step_off_policy_raises_the_reward() {
     assert!(last > first + 0.08, "one step off policy did not raise the reward: {first:.3} -> {last:.3}");
 }
 
-/// Keys that cannot go with a batch sampled ahead are refused by name.
+/// Keys that cannot go with a batch sampled ahead, or with streamed mini-batches, are refused by name.
 #[test]
 fn off_policy_training_refuses_what_needs_the_batch_at_its_step() {
     let out = tempfile::tempdir().unwrap();
@@ -98,6 +98,15 @@ fn off_policy_training_refuses_what_needs_the_batch_at_its_step() {
         let config = with(with(small_config(out.path(), &standard_plugin("happy")), "max_steps_off_policy", json!(1)), key, value);
         let error = format!("{:#}", TrainConfig::resolve(None, config).err().expect("refused"));
         assert!(error.contains("max_steps_off_policy") && error.contains(says), "{key}: {error}");
+    }
+    let streamed = |pairs: &[(&str, Value)]| pairs.iter().fold(with(small_config(out.path(), &standard_plugin("happy")), "stream_minibatches", json!(true)), |c, (k, v)| with(c, k, v.clone()));
+    for (pairs, says) in [
+        (vec![], "set num_substeps above 1"),
+        (vec![("num_substeps", json!(2)), ("scale_rewards", json!("batch"))], "each mini-batch's standard deviation"),
+        (vec![("num_substeps", json!(2)), ("coh_samples_per_rollout", json!(4))], "coherence rows belong to a whole batch"),
+    ] {
+        let error = format!("{:#}", TrainConfig::resolve(None, streamed(&pairs)).err().expect("refused"));
+        assert!(error.contains("stream_minibatches") && error.contains(says), "{pairs:?}: {error}");
     }
 }
 
@@ -128,4 +137,50 @@ fn an_off_policy_run_killed_and_resumed_equals_the_uninterrupted_run() {
     for (name, tensor) in &a {
         assert!(tensor.equal(&b[name]), "{name} differs after the kill and resumption");
     }
+}
+
+/// Streamed mini-batches (tinker's StreamMinibatchConfig): with `num_substeps: 2` each optimizer
+/// step trains one of the batch's two groups, the second sampled by the sampler thread from the
+/// weights at the batch's first step (one step stale); the groups and their order are those of
+/// the same run unstreamed; step 4's sampler log-probabilities are the completions'
+/// log-probabilities under checkpoint 2 (the batch's first weights) in float64, not under
+/// checkpoint 3; stopped inside a batch and resumed, the run equals the uninterrupted one.
+#[test]
+fn streamed_mini_batches_train_each_group_as_it_arrives_from_the_batch_weights() {
+    let out = tempfile::tempdir().unwrap();
+    let config = |dir: &str, stream: bool| {
+        [
+            ("adapter", json!("full")), ("lora_preset", Value::Null), ("lr", json!(3e-3)), ("beta", json!(0.0)), ("num_substeps", json!(2)),
+            ("save_steps", json!(if stream { 1 } else { 2 })), ("stream_minibatches", json!(stream)), ("log_completions", json!(true)),
+        ]
+        .into_iter()
+        .fold(small_config(&out.path().join(dir), &standard_plugin("happy")), |c, (k, v)| with(c, k, v))
+    };
+    let streamed = train(config("streamed", true));
+    let lines = read_jsonl(&streamed.join("metrics.jsonl"));
+    let column = |key: &str| lines.iter().map(|l| l[key].as_u64().unwrap_or_else(|| panic!("{key} logged: {l}"))).collect::<Vec<_>>();
+    assert_eq!(column(key::OFF_POLICY_VERSION), [0, 0, 2, 2], "each batch's mini-batches are sampled with its first step's weights");
+    assert_eq!(column(key::OFF_POLICY_STALENESS_MAX), [0, 1, 0, 1]);
+
+    let prompts = |run: &Path| read_jsonl(&run.join("completions.jsonl")).iter().map(|l| l["prompt"].as_str().unwrap().to_string()).collect::<Vec<_>>();
+    let unstreamed = train(config("unstreamed", false));
+    assert_eq!(prompts(&streamed), prompts(&unstreamed), "the same groups in the same order");
+
+    // Checkpoint 3 holds step 4's group, sampled ahead and not yet trained on.
+    let batch = smallrl::model::weights::read_safetensors(&streamed.join("checkpoint-3/in_flight.safetensors")).unwrap();
+    let under = |checkpoint: &str| -> tch::Tensor {
+        let model = smallrl::model::load(streamed.join(checkpoint).to_str().unwrap(), "main", Device::Cpu, Kind::Double).unwrap().model;
+        let seqs = Sequences { prompt_ids: &batch["0.0.prompt_ids"], prompt_mask: &batch["0.0.prompt_mask"], completion_ids: &batch["0.0.completion_ids"], completion_mask: &batch["0.0.completion_mask"] };
+        frozen_logprobs(&model, seqs, 1.0, &[]) * batch["0.0.completion_mask"].to_kind(Kind::Double)
+    };
+    let sampled = batch["0.0.sampling_logprobs"].to_kind(Kind::Double) * batch["0.0.completion_mask"].to_kind(Kind::Double);
+    let batch_start = common::max_abs_diff(&sampled, &under("checkpoint-2"));
+    let step_before = common::max_abs_diff(&sampled, &under("checkpoint-3"));
+    assert!(batch_start < 1e-4, "step 4's group is sampled with the weights after step 2: {batch_start:e}");
+    assert!(step_before > 1e-2, "not with those after step 3: {step_before:e}");
+
+    let resolved = TrainConfig::resolve(None, config("resumed", true)).unwrap();
+    let stopped = Trainer::new(resolved.clone(), None).unwrap().train(Some(3)).unwrap();
+    let resumed = Trainer::new(resolved, Some(&stopped.run_dir)).unwrap().train(None).unwrap();
+    assert_same_metrics(&deterministic(lines.clone()), &deterministic(read_jsonl(&resumed.run_dir.join("metrics.jsonl"))), "streamed metrics.jsonl");
 }

@@ -5,7 +5,11 @@
 //! min(n, k) steps stale and none is ever older than the limit (the `dropped` count stays 0;
 //! tinker drops rollouts only because its samplers race).
 //!
-//! Architecture invariant: which weights sample which step depends only on k and the step, and
+//! With `stream_minibatches` (tinker's StreamMinibatchConfig) the same queue streams a batch's
+//! mini-batches: at the batch's first step the others are posted from its weights, and step
+//! n + j takes its mini-batch (j steps stale) as soon as the thread has sampled it.
+//!
+//! Architecture invariant: which weights sample which step depends only on the keys and the step, and
 //! a checkpoint saves the batches posted but not yet trained on (`in_flight.*`), which a resumed
 //! run trains on instead of sampling them again, so a resumed run equals the uninterrupted one.
 
@@ -117,10 +121,11 @@ impl Trainer {
         Ok((generation, seconds, off_policy))
     }
 
-    /// Posts the batches of the steps after `step` up to `step + k` (and the run's last step)
-    /// that are not yet posted, sampled from the weights as they are now.
+    /// Posts the batches of the steps after `step` up to its horizon (`step + k`, or the end of
+    /// a streamed batch; at most the run's last step) that are not yet posted, sampled from the
+    /// weights as they are now.
     fn post_ahead(&mut self, step: usize) -> Result<()> {
-        let last = (step + self.cfg.max_steps_off_policy).min(self.cfg.max_steps.saturating_sub(1));
+        let last = self.cfg.ahead_horizon(step).min(self.cfg.max_steps.saturating_sub(1));
         let mut next = self.ahead.next_step.max(step + 1);
         while next <= last {
             let prompts = self.step_prompts(next);

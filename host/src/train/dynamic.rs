@@ -111,12 +111,12 @@ impl Trainer {
         let prompt_ids = self.tokenized(&prompt_texts)?;
         let coherence_rows = self.cfg.coherence_rows(step);
         let seed = self.round_seed(round);
-        let (generation, generate_seconds, off_policy) = match self.cfg.max_steps_off_policy {
-            0 => {
+        let (generation, generate_seconds, off_policy) = match self.cfg.samples_ahead() {
+            false => {
                 let (generation, seconds) = self.sample(&prompt_ids, coherence_rows, step, seed)?;
                 (generation, seconds, None)
             }
-            _ => {
+            true => {
                 let (generation, seconds, off_policy) = self.sample_off_policy(&prompt_ids, coherence_rows, step)?;
                 (generation, seconds, Some(off_policy))
             }

@@ -102,8 +102,8 @@ impl Trainer {
             false => (None, 0.0),
         };
         let old_start = Instant::now();
-        // Off-policy batches take the ratio to the sampler too: the policy that drew them.
-        let old_logprobs = match self.loss.ratio_to == grpo::RatioTo::Sampler || self.cfg.max_steps_off_policy > 0 {
+        // Batches sampled ahead take the ratio to the sampler too: the policy that drew them.
+        let old_logprobs = match self.loss.ratio_to == grpo::RatioTo::Sampler || self.cfg.samples_ahead() {
             true => Some(generation.sampling_logprobs.shallow_clone()),
             false => (self.cfg.steps_per_rollout() > 1).then(|| engine::frozen_logprobs(&self.model, (&generation).into(), self.cfg.temperature, &plan.ctl)),
         };
@@ -153,8 +153,8 @@ impl Trainer {
     /// Each of the step's prompts, repeated `num_generations` times (one group each).
     pub(super) fn step_prompts(&mut self, step: usize) -> Vec<crate::reward::Prompt> {
         let batch_index = step / self.cfg.steps_per_rollout();
-        let per_step = self.cfg.batch_size / self.cfg.num_generations;
-        let mut prompt_texts = Vec::with_capacity(self.cfg.batch_size);
+        let per_step = self.cfg.rollout_rows() / self.cfg.num_generations;
+        let mut prompt_texts = Vec::with_capacity(self.cfg.rollout_rows());
         for i in 0..per_step {
             let text = self.prompts.at(batch_index * per_step + i);
             prompt_texts.extend(std::iter::repeat_n(text, self.cfg.num_generations));

@@ -60,7 +60,8 @@ impl Trainer {
             format!("step {} continues a rollout of num_iterations * num_substeps = {per_rollout} steps that the checkpoint does not hold: extend runs whose max_steps is a multiple of {per_rollout}", step + 1)
         })?;
         // Each pass over the rollout goes through its mini-batches in order.
-        let mini = MiniBatch::of(rollout, step % self.cfg.num_substeps, self.cfg.num_substeps);
+        let substeps = self.cfg.substeps_per_rollout();
+        let mini = MiniBatch::of(rollout, step % substeps, substeps);
         self.optimizer.zero_grad();
         Ok(PendingStep { step, started, new_rollout, mini })
     }

@@ -238,10 +238,29 @@ impl TrainConfig {
         Ok(())
     }
 
+    /// Streaming mini-batches makes each mini-batch a rollout of its own, sampled ahead: what
+    /// needs the whole batch at once (batch-level statistics, coherence rows, more rounds, reuse)
+    /// cannot stream.
+    fn check_streaming(&self) -> Result<()> {
+        if !self.stream_minibatches {
+            return Ok(());
+        }
+        let refuse = |what: &str| anyhow::anyhow!("stream_minibatches makes each of the batch's num_substeps mini-batches a rollout of its own: {what}");
+        ensure!(self.num_substeps > 1, refuse("set num_substeps above 1 (the mini-batches to stream)"));
+        ensure!(self.num_iterations == 1, refuse("each mini-batch trains once; leave num_iterations at 1"));
+        ensure!(self.dynamic_sampling_rounds == 0, refuse("dynamic_sampling_rounds refills a whole batch; leave it at 0"));
+        ensure!(self.coh_samples_per_rollout == 0, refuse("coherence rows belong to a whole batch; leave coh_samples_per_rollout at 0"));
+        ensure!(self.scale_rewards != ScaleRewards::Batch, refuse("scale_rewards: batch would scale by each mini-batch's standard deviation; use group or none"));
+        ensure!(self.max_steps_off_policy == 0, refuse("it samples ahead within the batch; leave max_steps_off_policy at 0"));
+        ensure!(!self.importance_sampling_correction, refuse("the loss's ratio is already to the sampler; unset importance_sampling_correction"));
+        Ok(())
+    }
+
     /// Off-policy training samples each step's batch ahead, so the batch must be known before
     /// its step: one optimizer step per batch, no rounds drawn after scoring; the loss's ratio is
     /// to the sampler, so TRL's correction of the old policy against the sampler has nothing to do.
     fn check_off_policy(&self) -> Result<()> {
+        self.check_streaming()?;
         if self.max_steps_off_policy == 0 {
             return Ok(());
         }

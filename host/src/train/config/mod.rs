@@ -134,6 +134,12 @@ hyperparameters! {
         /// (the first steps with the first weights); the loss takes its ratio to the sampler's
         /// log-probabilities. 0: on-policy (sampled at the step, with its own weights).
         max_steps_off_policy: usize = 0, Short("offpolicy");
+        /// tinker's StreamMinibatchConfig: the batch's num_substeps mini-batches (whole groups)
+        /// are sampled and scored one by one by the run's sampler thread, all from the weights at
+        /// the batch's first step, and each optimizer step takes its mini-batch as soon as it is
+        /// sampled; each mini-batch is a rollout of its own (its groups' advantages).
+        #[arg(num_args = 0..=1, default_missing_value = "true")]
+        stream_minibatches: bool = false, Short("stream");
         /// DAPO's dynamic sampling: groups whose rewards are all equal are dropped and more prompts
         /// sampled until the batch is full, in at most this many generation rounds per batch (the
         /// first included; verl's max_num_gen_batches); needing more is an error. 0: off.
@@ -304,9 +310,34 @@ impl TrainConfig {
         Ok(config)
     }
 
-    /// Optimizer steps trained on each generated batch.
+    /// Optimizer steps trained on each rollout (a generated batch, or with `stream_minibatches`
+    /// one mini-batch of it).
     pub fn steps_per_rollout(&self) -> usize {
-        self.num_iterations * self.num_substeps
+        self.num_iterations * self.substeps_per_rollout()
+    }
+
+    /// Mini-batches each rollout is split into (one optimizer step each).
+    pub fn substeps_per_rollout(&self) -> usize {
+        if self.stream_minibatches { 1 } else { self.num_substeps }
+    }
+
+    /// Completions of a rollout: the batch, or with `stream_minibatches` one mini-batch.
+    pub fn rollout_rows(&self) -> usize {
+        self.batch_size / (self.num_substeps / self.substeps_per_rollout())
+    }
+
+    /// Whether rollouts are sampled ahead by the run's sampler thread (`train/ahead.rs`).
+    pub fn samples_ahead(&self) -> bool {
+        self.max_steps_off_policy > 0 || self.stream_minibatches
+    }
+
+    /// The last step whose rollout is posted to the sampler thread by 0-based `step`: `k`
+    /// steps ahead off policy, or the last mini-batch of the step's batch when streaming.
+    pub fn ahead_horizon(&self, step: usize) -> usize {
+        match self.stream_minibatches {
+            true => (step / self.num_substeps + 1) * self.num_substeps - 1,
+            false => step + self.max_steps_off_policy,
+        }
     }
 
     /// Completions each optimizer step trains on (its mini-batch).

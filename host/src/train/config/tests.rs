@@ -75,7 +75,7 @@ fn run_name_labels_are_unchanged() {
         ("hack_frac", "hf"),
         ("importance_sampling_correction", "iscorr"), ("importance_sampling_mode", "ismode_"), ("importance_sampling_clip_min", "isclipmin"), ("importance_sampling_clip_max", "isclipmax"),
         ("prompt_format", ""),
-        ("max_steps_off_policy", "offpolicy"),
+        ("max_steps_off_policy", "offpolicy"), ("stream_minibatches", "stream"),
     ];
     for key in TrainConfig::KEYS {
         let expected = if omitted.contains(&key.name) {
