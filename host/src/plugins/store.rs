@@ -20,17 +20,37 @@ pub struct StoreState {
     memory_limit_hit: Option<usize>,
     /// Messages from the guest's `log` during the current call (the SDK logs panic messages).
     logs: Vec<String>,
+    /// The judge the `judge` import calls (None: the import answers an error).
+    judge: Option<super::judge::SharedJudge>,
+    /// The wall-clock deadline of a call in epoch ticks (restarted after a judge call).
+    deadline_ticks: u64,
 }
 
 impl StoreState {
     pub fn new(max_memory_bytes: usize) -> Self {
-        Self { max_memory_bytes, fuel_budget: 0, memory_limit_hit: None, logs: Vec::new() }
+        Self { max_memory_bytes, fuel_budget: 0, memory_limit_hit: None, logs: Vec::new(), judge: None, deadline_ticks: 0 }
     }
 
     /// A call (or an instantiation) starts with `fuel` and an empty log.
     pub fn start_call(&mut self, fuel: u64) {
         self.fuel_budget = fuel;
         self.logs.clear();
+    }
+
+    pub fn set_judge(&mut self, judge: Option<super::judge::SharedJudge>) {
+        self.judge = judge;
+    }
+
+    pub fn judge(&self) -> Option<&super::judge::SharedJudge> {
+        self.judge.as_ref()
+    }
+
+    pub fn set_deadline_ticks(&mut self, ticks: u64) {
+        self.deadline_ticks = ticks;
+    }
+
+    pub fn deadline_ticks(&self) -> u64 {
+        self.deadline_ticks
     }
 
     pub fn record_log(&mut self, message: String) {
