@@ -6,22 +6,9 @@
 //! when the run attached one ([`super::Plugin::set_judge`]); without one the import answers an
 //! error, and `train/task.rs` refuses the run before any call.
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// One item to judge: named fields that fill the judge's template placeholders.
-pub type JudgeItem = Vec<(String, String)>;
-
-/// A judge: one score in [0, 1] per item, in order, or why not.
-pub trait Judge: Send {
-    fn judge(&mut self, items: &[JudgeItem]) -> Result<Vec<f64>, String>;
-    /// What errors and logs call it ("judge tiny-stories (parse_integer)").
-    fn describe(&self) -> String;
-}
-
-/// A judge shared by the plugins that may call it.
-pub type SharedJudge = Arc<Mutex<dyn Judge>>;
-
+pub use super::store::{Judge, JudgeItem, SharedJudge};
 pub use super::wit::JUDGE_INTERFACE;
 
 /// The most items one `judge` call may carry (a batch of samples is at most this).
