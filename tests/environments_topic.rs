@@ -40,19 +40,23 @@ fn items() -> Vec<JudgeItem> {
     pairs.iter().map(|(topic, text)| vec![("topic".to_string(), topic.to_string()), ("text".to_string(), text.to_string())]).collect()
 }
 
-/// transformers' answer (scripts/reference/judge.py) for the items.
+/// transformers' answer (scripts/reference/judge.py) for the items, on tiny-stories.
 fn reference(config: &JudgeConfig, items: &[JudgeItem]) -> Value {
+    reference_on(&fixture("tiny-stories"), config, items, false)
+}
+
+fn reference_on(model: &std::path::Path, config: &JudgeConfig, items: &[JudgeItem], chat: bool) -> Value {
     let dir = tempfile::tempdir().unwrap();
     let objects: Vec<Map<String, Value>> = items.iter().map(|item| item.iter().map(|(k, v)| (k.clone(), Value::from(v.as_str()))).collect()).collect();
-    let answers: Vec<String> = (config.min..=config.max).map(|k| format!(" {k}")).collect();
+    let answers: Vec<String> = config.answers.clone().unwrap_or_else(|| (config.min..=config.max).map(|k| format!(" {k}")).collect());
     let mode = if config.mode == JudgeMode::ParseInteger { "parse_integer" } else { "answer_logprobs" };
     let request = serde_json::json!({"template": config.template, "items": objects, "mode": mode, "min": config.min, "max": config.max,
-        "max_new_tokens": config.max_new_tokens, "answers": answers});
+        "max_new_tokens": config.max_new_tokens, "answers": answers, "chat": chat});
     let (request_path, out) = (dir.path().join("request.json"), dir.path().join("out.json"));
     std::fs::write(&request_path, request.to_string()).unwrap();
     let status = std::process::Command::new(python())
         .arg(repo_root().join("scripts/reference/judge.py"))
-        .args([fixture("tiny-stories").as_os_str(), request_path.as_os_str(), out.as_os_str()])
+        .args([model.as_os_str(), request_path.as_os_str(), out.as_os_str()])
         .status()
         .unwrap();
     assert!(status.success(), "judge.py failed");
@@ -87,6 +91,35 @@ fn the_judge_answers_as_transformers_in_both_modes() {
     assert_eq!(Value::from(judge.scores(&items).unwrap()), want["scores"]);
     for (index, item) in items.iter().enumerate() {
         assert_eq!(Value::from(judge.prompt(item).unwrap()), want["prompts"][index], "the raw template, filled");
+    }
+}
+
+/// On the real SmolLM2-135M-Instruct, which answers with digits, through its chat template:
+/// parse_integer's replies and ratings and answer_logprobs' expectations are transformers'.
+#[test]
+fn the_judge_reads_smollm2s_ratings_through_its_chat_template_as_transformers() {
+    common::one_thread();
+    let model = common::real_model_dir();
+    let template = "Rate from 1 to 5 how coherently the sentence discusses the topic. Answer with one integer only.\nTopic: {topic}\nSentence: {text}";
+    let config: JudgeConfig = serde_json::from_value(serde_json::json!({"model": model, "template": template, "mode": "parse_integer"})).unwrap();
+    let items = items();
+    let judge = ModelJudge::load(&config, tch::Device::Cpu).unwrap();
+    let want = reference_on(&model, &config, &items, true);
+    for (index, item) in items.iter().enumerate() {
+        assert_eq!(Value::from(judge.prompt(item).unwrap()), want["prompts"][index], "the chat template's rendering");
+    }
+    let replies = judge.replies(&items).unwrap();
+    assert_eq!(Value::from(replies.clone()), want["replies"]);
+    let scores = judge.scores(&items).unwrap();
+    assert_eq!(Value::from(scores.clone()), want["scores"]);
+    assert!(replies.iter().any(|r| smallrl::judge::first_integer(r).is_some()), "SmolLM2 answers with a digit: {replies:?}");
+    let answers: Vec<String> = (1..=5).map(|k| k.to_string()).collect();
+    let config = JudgeConfig { mode: JudgeMode::AnswerLogprobs, answers: Some(answers), ..config };
+    let judge = ModelJudge::load(&config, tch::Device::Cpu).unwrap();
+    let want = reference_on(&model, &config, &items, true);
+    for (index, got) in judge.scores(&items).unwrap().iter().enumerate() {
+        let want = want["scores"][index].as_f64().unwrap();
+        assert!((got - want).abs() < 1e-4, "item {index}: {got} vs transformers' {want}");
     }
 }
 

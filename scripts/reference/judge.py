@@ -4,7 +4,8 @@ Usage: judge.py MODEL_DIR REQUEST.json OUT.json
 
 REQUEST: {"template": "... {topic} ... {text} ...", "items": [{"topic": ..., "text": ...}, ...],
           "mode": "parse_integer" | "answer_logprobs", "min": 1, "max": 5,
-          "max_new_tokens": 4, "answers": [" 1", ..., " 5"] (answer_logprobs)}
+          "max_new_tokens": 4, "answers": [" 1", ..., " 5"] (answer_logprobs),
+          "chat": false}
 OUT: {"prompts": [filled template], "replies": [greedy reply] (parse_integer),
       "scores": [score in [0, 1]]}
 
@@ -14,7 +15,8 @@ greedy generate (do_sample=False) decoded with special tokens skipped, the first
 reply clamped into [min, max] and mapped to (s - min) / (max - min) (no integer: 0);
 answer_logprobs is the float64 log-softmax of the last position's logits, restricted to the
 answer tokens and renormalised, whose expected value (answer k is min + k) is mapped the same
-way. The model has no chat template here (the judge uses the raw text then).
+way. With "chat", each filled template is one user message rendered by the tokenizer's
+apply_chat_template with the generation prompt (else the raw text).
 """
 
 import json
@@ -33,6 +35,9 @@ def main(model_dir, request_path, out_path):
     lo, hi = request["min"], request["max"]
     scale = lambda s: (min(max(s, lo), hi) - lo) / (hi - lo)
     prompts = [request["template"].format(**item) for item in request["items"]]
+    if request.get("chat"):
+        prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+                   for p in prompts]
     out = {"prompts": prompts, "replies": [], "scores": []}
     for prompt in prompts:
         ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False)])
