@@ -304,3 +304,40 @@ fn a_two_step_run_trains_on_topic_with_a_judge() {
     assert!(saved.contains(&digest) && saved.contains("model.safetensors"), "the judge's weights are recorded: {saved}");
     assert!(saved.contains("judge:") && saved.contains("topic.wasm"), "{saved}");
 }
+
+/// A stand-in judge: `score` for every item, after `sleep`.
+struct FixedJudge {
+    score: f64,
+    sleep: std::time::Duration,
+}
+
+impl smallrl::plugins::judge::Judge for FixedJudge {
+    fn judge(&mut self, items: &[JudgeItem]) -> Result<Vec<f64>, String> {
+        std::thread::sleep(self.sleep);
+        Ok(vec![self.score; items.len()])
+    }
+
+    fn describe(&self) -> String {
+        "fixed judge".into()
+    }
+}
+
+/// The judge's time is not the guest's: a judge slower than the call's wall-clock limit does
+/// not trip it; a judge answering outside [0, 1] is an error naming it.
+#[test]
+fn the_judge_call_is_bounded_and_checked() {
+    let limits = PluginLimits { max_call_time: std::time::Duration::from_millis(300), ..PluginLimits::default() };
+    let topic = |judge: FixedJudge| {
+        let mut model = RewardModel::load_environment("topic", None, KNOBS, &plugin_dir(), limits).unwrap();
+        model.attach_judge(Arc::new(Mutex::new(judge)), Default::default()).unwrap();
+        let prompt = model.generate(EnvSplit::Train, 1, 1, 0.5).unwrap().remove(0);
+        let samples = [sample(&prompt.metadata, "An apple."), sample(&prompt.metadata, "A pear.")];
+        model.score(&samples, 1)
+    };
+    let scored = topic(FixedJudge { score: 0.75, sleep: std::time::Duration::from_millis(900) }).unwrap();
+    assert_eq!(scored.components[0], [0.75, 0.75]);
+    let error = format!("{:#}", topic(FixedJudge { score: 1.5, sleep: Default::default() }).err().expect("out of range"));
+    assert!(error.contains("fixed judge returned 1.5, outside [0, 1]"), "{error}");
+    let error = format!("{:#}", topic(FixedJudge { score: f64::NAN, sleep: Default::default() }).err().expect("not a number"));
+    assert!(error.contains("fixed judge returned NaN"), "{error}");
+}
