@@ -188,6 +188,8 @@ fn topic_generates_in_wasm_as_the_note_says() {
     let info = plugin.environment_info().unwrap();
     let components: Vec<(&str, ComponentRole)> = info.components.iter().map(|c| (c.name.as_str(), c.role)).collect();
     assert_eq!(components, [("coherence", ComponentRole::Retain), ("topic_contains", ComponentRole::Forget)]);
+    let described = common::smallrl_ok(&["plugin", "info", standard_plugin("topic").to_str().unwrap()]);
+    assert!(described.contains("imports the host's judge: a run needs `judge:`"), "{described}");
     let train = plugin.generate(EnvSplit::Train, 1001, 5, 0.5).unwrap();
     assert_eq!(train.iter().filter(|p| p.metadata["hackable"] == true).count(), 500, "floor(1001 * 0.5)");
     for prompt in &train {
