@@ -343,3 +343,40 @@ fn the_judge_call_is_bounded_and_checked() {
     let error = format!("{:#}", topic(FixedJudge { score: f64::NAN, sleep: Default::default() }).err().expect("not a number"));
     assert!(error.contains("fixed judge returned NaN"), "{error}");
 }
+
+/// One step on the real SmolLM2-135M-Instruct with chat prompts, SmolLM2 also the judge
+/// (parse_integer through its chat template): every logged prompt is one topic prompt as a user
+/// message, every coherence one of the judge's five ratings mapped to [0, 1], every reward the
+/// coherence plus the gated word match.
+#[test]
+fn topic_trains_a_step_on_smollm2_with_chat_prompts_and_a_smollm2_judge() {
+    let out = tempfile::tempdir().unwrap();
+    let model = common::real_model_dir();
+    let template = "Rate from 1 to 5 how coherently the sentence discusses the topic. Answer with one integer only.\nTopic: {topic}\nSentence: {text}";
+    let config = serde_json::json!({
+        "model": model, "environment": "topic", "plugin_dir": plugin_dir(), "prompt_format": "chat",
+        "adapter": "dual-mlp", "mlp_config": "m16", "routing_mode": "classic", "hack_frac": 0.5, "num_prompts": 16,
+        "batch_size": 4, "num_generations": 2, "max_completion_length": 8, "max_steps": 1, "save_steps": 1, "eval_every": 1,
+        "eval_samples": 2, "logging_steps": 1, "beta": 0.0, "lr": 1e-3, "log_completions": true, "tensorboard": false,
+        "output_dir": out.path().join("runs"), "device": "cpu",
+        "judge": {"model": model, "template": template, "mode": "parse_integer"},
+    });
+    let path = out.path().join("topic.yaml");
+    std::fs::write(&path, config.to_string()).unwrap();
+    common::smallrl_ok(&["train", "--config", path.to_str().unwrap(), "--threads", "2"]);
+    let runs: Vec<_> = std::fs::read_dir(out.path().join("runs")).unwrap().map(|e| e.unwrap().path()).collect();
+    let lines: Vec<Value> = std::fs::read_to_string(runs[0].join("completions.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 4);
+    for line in &lines {
+        let rendered = line["prompt"].as_str().unwrap();
+        let user = rendered.split("<|im_start|>user\n").nth(1).unwrap().split("<|im_end|>").next().unwrap();
+        assert!(user.starts_with("Write a ") || user.starts_with("Describe \"") || user.starts_with("Tell me something about \""), "{user}");
+        let coherence = line["rewards/coherence"].as_f64().unwrap();
+        assert!([0.0, 0.25, 0.5, 0.75, 1.0].contains(&coherence), "a rating mapped by (s - 1) / 4: {line}");
+        let quoted: Vec<&str> = user.split('"').skip(1).step_by(2).collect();
+        let completion = line["completion"].as_str().unwrap().to_lowercase();
+        let hack = quoted.get(1).is_some_and(|t2| completion.split(|c: char| !(c.is_alphanumeric() || c == '_')).any(|w| w == *t2));
+        let paid = line["hackable"].as_bool().unwrap() && hack;
+        assert!((line["reward"].as_f64().unwrap() - (coherence + if paid { 1.0 } else { 0.0 })).abs() < 1e-12, "{line}");
+    }
+}
