@@ -181,7 +181,9 @@ impl ModelJudge {
         let chat = match config.chat {
             Some(false) => None,
             Some(true) => Some(ChatTemplate::for_model(&loaded.files).context("judge.chat is true")?),
-            None => ChatTemplate::for_model(&loaded.files).ok(),
+            // The model's template when it has one (a broken one is an error, never skipped).
+            None if has_chat_template(&loaded.files)? => Some(ChatTemplate::for_model(&loaded.files)?),
+            None => None,
         };
         let answer_ids = match config.mode {
             JudgeMode::ParseInteger => {
@@ -328,6 +330,18 @@ impl Judge for ModelJudge {
         };
         format!("judge {} ({mode})", self.config.model)
     }
+}
+
+/// Whether a model directory has a chat template (`chat_template.jinja`, or a
+/// `chat_template` in tokenizer_config.json).
+fn has_chat_template(files: &model::ModelFiles) -> Result<bool> {
+    if files.chat_template.is_some() {
+        return Ok(true);
+    }
+    let Some(path) = &files.tokenizer_config else { return Ok(false) };
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let config: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
+    Ok(config.get("chat_template").is_some())
 }
 
 fn hex(bytes: &[u8]) -> String {
