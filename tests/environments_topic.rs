@@ -380,3 +380,23 @@ fn topic_trains_a_step_on_smollm2_with_chat_prompts_and_a_smollm2_judge() {
         assert!((line["reward"].as_f64().unwrap() - (coherence + if paid { 1.0 } else { 0.0 })).abs() < 1e-12, "{line}");
     }
 }
+
+/// The judge's weights are pinned like the plugins: a run whose recorded hash of them differs is
+/// refused before any work, naming the weights file.
+#[test]
+fn a_changed_judge_is_refused_like_a_changed_plugin() {
+    let out = tempfile::tempdir().unwrap();
+    let weights = fixture("tiny-stories").join("model.safetensors");
+    let config = serde_json::json!({
+        "model": fixture("tiny-stories"), "environment": "topic", "plugin_dir": plugin_dir(), "max_steps": 1, "device": "cpu",
+        "output_dir": out.path().join("runs"), "judge": judge_config(JudgeMode::AnswerLogprobs),
+        "plugin_sha256": {weights.display().to_string(): "0000"},
+    });
+    let path = out.path().join("topic.yaml");
+    std::fs::write(&path, config.to_string()).unwrap();
+    let output = common::smallrl(&["train", "--config", path.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains(&format!("{} (sha256 0000 recorded,", weights.display())), "{stderr}");
+    assert!(!out.path().join("runs").exists(), "nothing is written");
+}
