@@ -135,3 +135,12 @@ pub const INITIALIZER_RANGE: f64 = 0.02;
 // The synthetic corpus.
 pub const CORPUS_STORIES: usize = 20_000;
 pub const CORPUS_SEED: u64 = 1234;
+
+// The judge environments may import (`judge:`, `crate::judge`).
+/// The scale's lowest and highest integers (the original's 1 to 5 coherence rating).
+pub const JUDGE_MIN: i64 = 1;
+pub const JUDGE_MAX: i64 = 5;
+/// parse_integer: the most tokens decoded for the rating.
+pub const JUDGE_MAX_NEW_TOKENS: usize = 4;
+/// Items per forward batch (the original sends 8 items per judge call).
+pub const JUDGE_BATCH_SIZE: usize = 8;

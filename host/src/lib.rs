@@ -16,6 +16,7 @@ pub mod fsutil;
 pub mod grpo;
 pub mod hyperparams;
 pub mod intervention;
+pub mod judge;
 pub mod model;
 pub mod optim;
 pub mod pretrain;

@@ -186,6 +186,9 @@ fn info(path: &Path, limits: PluginLimits) -> Result<()> {
             true => println!("metrics: none"),
             false => println!("metrics (env/{}/<name>): {}", plugin.info().name, environment.metrics.join(", ")),
         }
+        if plugin.imports_judge() {
+            println!("imports the host's judge: a run needs `judge:` (docs/src/environments.md, \"The judge\")");
+        }
     }
     println!("contract {}, sha256 {}", plugin.contract_version(), plugin.sha256());
     Ok(())

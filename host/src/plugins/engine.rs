@@ -1,5 +1,5 @@
 //! The one wasmtime engine of the process: compilation cache on disk, epoch ticker thread, and
-//! the linker that offers plugins nothing but `log`.
+//! the linker that offers plugins nothing but `log` (and environments the run's judge).
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -100,6 +100,17 @@ fn host_linker(engine: &Engine) -> Result<Linker<StoreState>> {
         })
         .map_err(anyhow::Error::from)?;
     }
+    // The judge (contract 0.3, environments): answers an error unless the run attached one.
+    let mut judge = linker.instance(super::judge::JUDGE_INTERFACE).map_err(anyhow::Error::from)?;
+    judge
+        .func_wrap("judge", |mut store, (items,): (Vec<super::judge::JudgeItem>,)| {
+            let (scores, _took) = super::judge::call(store.data().judge(), &items);
+            // The judge's time is not the guest's: the call's wall-clock limit restarts.
+            let ticks = store.data().deadline_ticks();
+            store.set_epoch_deadline(ticks);
+            Ok((scores,))
+        })
+        .map_err(anyhow::Error::from)?;
     Ok(linker)
 }
 

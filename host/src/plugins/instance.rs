@@ -53,6 +53,10 @@ pub struct Plugin {
     live: Option<Live>,
     /// Why the last instance was dropped, until `reinstantiate` is called.
     failure: Option<String>,
+    /// Whether the component imports the judge interface (contract 0.3 environments).
+    imports_judge: bool,
+    /// The judge its `judge` import calls (attached by the run; None: the import errs).
+    judge: Option<super::judge::SharedJudge>,
 }
 
 impl Plugin {
@@ -84,6 +88,8 @@ impl Plugin {
             limits,
             live: Some(live),
             failure: None,
+            imports_judge: super::judge::imports_judge(&component, &runtime.engine),
+            judge: None,
         };
         plugin.info = plugin.read_info()?;
         plugin.configure()?;
@@ -114,6 +120,16 @@ impl Plugin {
     /// sees the samples' metadata).
     pub fn contract_version(&self) -> &'static str {
         self.contract.version()
+    }
+
+    /// Whether the component imports the host's judge (`smallrl:reward/judge`).
+    pub fn imports_judge(&self) -> bool {
+        self.imports_judge
+    }
+
+    /// Attaches the judge its `judge` import calls from now on.
+    pub fn set_judge(&mut self, judge: super::judge::SharedJudge) {
+        self.judge = Some(judge);
     }
 
     /// Whether the last call trapped; the plugin refuses calls until [`Plugin::reinstantiate`].
@@ -230,6 +246,7 @@ impl Plugin {
             bail!("{label}: cannot {call}: an earlier call failed ({failure}); the plugin must be re-instantiated explicitly");
         };
         set_budget(&mut live.store, self.limits, samples).map_err(anyhow::Error::from).with_context(|| format!("{label}: cannot set its fuel"))?;
+        live.store.data_mut().set_judge(self.judge.clone());
         match run(&mut live.store, &live.exports) {
             Ok(value) => Ok(value),
             Err(error) => {
@@ -387,6 +404,7 @@ fn set_budget(store: &mut Store<StoreState>, limits: PluginLimits, samples: usiz
     let fuel = limits.fuel_for(samples);
     store.set_fuel(fuel)?;
     store.data_mut().start_call(fuel);
+    store.data_mut().set_deadline_ticks(deadline_ticks(limits));
     store.set_epoch_deadline(deadline_ticks(limits));
     Ok(())
 }

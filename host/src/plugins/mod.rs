@@ -11,6 +11,7 @@ mod engine;
 mod environment;
 mod failure;
 mod instance;
+pub mod judge;
 pub mod scaffold;
 mod scaffold_env;
 pub mod snapshot;

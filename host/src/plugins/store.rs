@@ -4,7 +4,22 @@
 //! Architecture invariant: the store's state is plain data; the engine (`engine.rs`) writes the
 //! guest's log into it and failures (`failure.rs`) read it, neither knowing plugin lifecycles.
 
+use std::sync::{Arc, Mutex};
+
 use wasmtime::ResourceLimiter;
+
+/// One item to judge: named fields that fill the judge's template placeholders.
+pub type JudgeItem = Vec<(String, String)>;
+
+/// A judge (the `judge` import, `judge.rs`): one score in [0, 1] per item, in order, or why not.
+pub trait Judge: Send {
+    fn judge(&mut self, items: &[JudgeItem]) -> Result<Vec<f64>, String>;
+    /// What errors call it ("judge models/judge (parse_integer)").
+    fn describe(&self) -> String;
+}
+
+/// A judge shared by the plugins that may call it.
+pub type SharedJudge = Arc<Mutex<dyn Judge>>;
 
 /// A component instance has a few internal core instances, memories and tables; more than this
 /// is not a text reward.
@@ -20,17 +35,37 @@ pub struct StoreState {
     memory_limit_hit: Option<usize>,
     /// Messages from the guest's `log` during the current call (the SDK logs panic messages).
     logs: Vec<String>,
+    /// The judge the `judge` import calls (None: the import answers an error).
+    judge: Option<SharedJudge>,
+    /// The wall-clock deadline of a call in epoch ticks (restarted after a judge call).
+    deadline_ticks: u64,
 }
 
 impl StoreState {
     pub fn new(max_memory_bytes: usize) -> Self {
-        Self { max_memory_bytes, fuel_budget: 0, memory_limit_hit: None, logs: Vec::new() }
+        Self { max_memory_bytes, fuel_budget: 0, memory_limit_hit: None, logs: Vec::new(), judge: None, deadline_ticks: 0 }
     }
 
     /// A call (or an instantiation) starts with `fuel` and an empty log.
     pub fn start_call(&mut self, fuel: u64) {
         self.fuel_budget = fuel;
         self.logs.clear();
+    }
+
+    pub fn set_judge(&mut self, judge: Option<SharedJudge>) {
+        self.judge = judge;
+    }
+
+    pub fn judge(&self) -> Option<&SharedJudge> {
+        self.judge.as_ref()
+    }
+
+    pub fn set_deadline_ticks(&mut self, ticks: u64) {
+        self.deadline_ticks = ticks;
+    }
+
+    pub fn deadline_ticks(&self) -> u64 {
+        self.deadline_ticks
     }
 
     pub fn record_log(&mut self, message: String) {

@@ -56,6 +56,9 @@ pub const HOST_INTERFACES: [&str; 3] = [
     concat!(wit_package!(), "/host@", legacy_wit_version!()),
 ];
 
+/// The versioned name of the judge interface environments may import (contract 0.3 only).
+pub const JUDGE_INTERFACE: &str = concat!(wit_package!(), "/judge@", wit_version!());
+
 /// Which of the contracts a plugin was built against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Contract {

@@ -136,6 +136,8 @@ pub struct RewardModel {
     environment: Option<Plugin>,
     /// `env/<environment>/<metric>` for each of the environment's metrics.
     metric_keys: Vec<String>,
+    /// SHA-256 of the judge model's weights files (path -> hex), when the run has a judge.
+    judge_hashes: std::collections::BTreeMap<String, String>,
 }
 
 impl RewardModel {
@@ -156,7 +158,7 @@ impl RewardModel {
             .map(|spec| load_plugin(&spec.plugin, Some(&spec.params), plugin_dir, PluginKind::Reward, limits))
             .collect::<Result<Vec<_>>>()?;
         let detector = detector.map(|spec| load_detector(spec, &components, plugin_dir, limits)).transpose()?;
-        Ok(Self { components, plugins, max_reward: reward.max_reward(), detector, ground_truth: None, knobs, environment: None, metric_keys: Vec::new() })
+        Ok(Self { components, plugins, max_reward: reward.max_reward(), detector, ground_truth: None, knobs, environment: None, metric_keys: Vec::new(), judge_hashes: Default::default() })
     }
 
     /// Loads an environment (`environment:`, `environment_params:`): its components are the
@@ -181,6 +183,7 @@ impl RewardModel {
             knobs,
             environment: Some(plugin),
             metric_keys,
+            judge_hashes: Default::default(),
         })
     }
 
@@ -198,6 +201,28 @@ impl RewardModel {
     pub fn generate(&mut self, split: EnvSplit, count: usize, seed: u64, hack_frac: f64) -> Result<Vec<EnvPrompt>> {
         let plugin = self.environment.as_mut().context("the run has no environment: its prompts come from prompt files")?;
         plugin.generate(split, count, seed, hack_frac)
+    }
+
+    /// Whether the run's environment imports the host's judge (`smallrl:reward/judge`).
+    pub fn wants_judge(&self) -> bool {
+        self.environment.as_ref().is_some_and(Plugin::imports_judge)
+    }
+
+    /// Gives the environment the run's judge (`judge:`), whose weights' hashes `plugin_hashes`
+    /// then records. Refused for a run whose rewards are not an environment importing it.
+    pub fn attach_judge(&mut self, judge: crate::plugins::judge::SharedJudge, weights_sha256: std::collections::BTreeMap<String, String>) -> Result<()> {
+        let Some(environment) = self.environment.as_mut() else {
+            anyhow::bail!("`judge:` is set, but the run's rewards are plugins, not an environment: only an environment can call the judge; remove `judge:`");
+        };
+        ensure!(
+            environment.imports_judge(),
+            "`judge:` is set, but environment {} ({}) does not import the judge (smallrl:reward/judge): it would never be called; remove `judge:`",
+            environment.info().name,
+            environment.path().display()
+        );
+        environment.set_judge(judge);
+        self.judge_hashes = weights_sha256;
+        Ok(())
     }
 
     /// Adds the ground-truth detector (`rh_ground_truth:`, the same forms as `rh_detector:`).
@@ -224,7 +249,9 @@ impl RewardModel {
             _ => None,
         });
         let all = self.plugins.iter().chain(detectors).chain(&self.environment);
-        all.map(|plugin| (plugin.path().display().to_string(), plugin.sha256().to_string())).collect()
+        let mut hashes: std::collections::BTreeMap<String, String> = all.map(|plugin| (plugin.path().display().to_string(), plugin.sha256().to_string())).collect();
+        hashes.extend(self.judge_hashes.clone());
+        hashes
     }
 
     /// Scores a batch. `seed` drives the protocol knobs' draws; the result is deterministic for

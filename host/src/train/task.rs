@@ -32,13 +32,41 @@ pub struct Task {
 /// configured plugins.
 pub fn rewards(cfg: &TrainConfig) -> Result<RewardModel> {
     let limits = cfg.plugin_limits()?;
-    match &cfg.environment {
+    let mut rewards = match &cfg.environment {
         Some(environment) => RewardModel::load_environment(environment, cfg.environment_params.as_ref(), cfg.knobs(), &cfg.plugin_dir, limits)
-            .with_context(|| format!("cannot load environment `{environment}`")),
+            .with_context(|| format!("cannot load environment `{environment}`"))?,
         None => {
             let reward_spec = cfg.reward.as_ref().context("no reward configured: set `reward:` or `environment:`")?;
             RewardModel::load(reward_spec, cfg.rh_detector.as_ref(), cfg.knobs(), &cfg.plugin_dir, limits)?
-                .with_ground_truth(cfg.rh_ground_truth.as_ref(), &cfg.plugin_dir, limits)
+                .with_ground_truth(cfg.rh_ground_truth.as_ref(), &cfg.plugin_dir, limits)?
+        }
+    };
+    attach_judge(&mut rewards, cfg)?;
+    Ok(rewards)
+}
+
+/// The run's judge (`judge:`), loaded on the run's device and given to the environment that
+/// imports it: refused when the environment imports the judge and the run configures none, and
+/// when a judge is configured for rewards that never call it.
+fn attach_judge(rewards: &mut RewardModel, cfg: &TrainConfig) -> Result<()> {
+    match &cfg.judge {
+        None => {
+            ensure!(
+                !rewards.wants_judge(),
+                "environment {} imports the host's judge (its retain reward asks a language model), but the run configures none: \
+                 set `judge:` (model: a local model directory, template: the judge prompt; see docs/src/environments.md)",
+                rewards.environment_name().unwrap_or("?")
+            );
+            Ok(())
+        }
+        Some(judge) => {
+            ensure!(rewards.wants_judge(), "{}", match rewards.environment_name() {
+                Some(name) => format!("`judge:` is set, but environment {name} does not import the judge: it would never be called; remove `judge:`"),
+                None => "`judge:` is set, but the run's rewards are plugins, not an environment: only an environment can call the judge; remove `judge:`".to_string(),
+            });
+            let loaded = crate::judge::ModelJudge::load(judge, cfg.device.resolve()?).context("cannot load `judge:`")?;
+            let hashes = loaded.weights_sha256().clone();
+            rewards.attach_judge(std::sync::Arc::new(std::sync::Mutex::new(loaded)), hashes)
         }
     }
 }

@@ -112,6 +112,13 @@ pub trait Environment: Plugin {
     /// The components and metrics of one sample.
     fn judge(&self, sample: &Sample) -> Judgement;
 
+    /// The components and metrics of a whole batch, in order: by default [`Environment::judge`]
+    /// of each sample. An environment that asks the host's judge ([`host_judge`]) overrides
+    /// this, to send the batch's items in one call.
+    fn judge_batch(&self, samples: &[Sample]) -> Result<Vec<Judgement>, String> {
+        Ok(samples.iter().map(|sample| self.judge(sample)).collect())
+    }
+
     /// The routing monitor's flag (the host drops it where the prompt is not `detectable`).
     fn monitor(&self, sample: &Sample) -> bool;
 
@@ -189,4 +196,38 @@ pub fn ints(text: &str) -> Vec<i64> {
         }
     }
     out
+}
+
+/// One item for the host's judge: named fields that fill its template's placeholders.
+pub type JudgeItem = Vec<(String, String)>;
+
+/// The host's judge (contract 0.3's `judge` import): one score in [0, 1] per item, or why not
+/// (the run configures no judge, an item does not fill the template). In a wasm environment
+/// the call goes to the host; natively (tests) to the judge set by [`set_native_judge`].
+pub fn host_judge(items: &[JudgeItem]) -> Result<Vec<f64>, String> {
+    #[cfg(all(target_arch = "wasm32", feature = "environment"))]
+    {
+        crate::guest::environment::smallrl::reward::judge::judge(items)
+    }
+    #[cfg(not(all(target_arch = "wasm32", feature = "environment")))]
+    {
+        NATIVE_JUDGE.with(|judge| match judge.borrow().as_ref() {
+            Some(judge) => judge(items),
+            None => Err("no judge: natively, set one with set_native_judge (a wasm environment calls the host's)".into()),
+        })
+    }
+}
+
+/// A native stand-in for the host's judge (per thread), for an environment's native tests.
+pub type NativeJudge = Box<dyn Fn(&[JudgeItem]) -> Result<Vec<f64>, String>>;
+
+#[cfg(not(all(target_arch = "wasm32", feature = "environment")))]
+thread_local! {
+    static NATIVE_JUDGE: std::cell::RefCell<Option<NativeJudge>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Sets (or with None clears) this thread's native judge; [`host_judge`] calls it natively.
+#[cfg(not(all(target_arch = "wasm32", feature = "environment")))]
+pub fn set_native_judge(judge: Option<NativeJudge>) {
+    NATIVE_JUDGE.with(|slot| *slot.borrow_mut() = judge);
 }

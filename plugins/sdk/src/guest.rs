@@ -227,8 +227,11 @@ pub fn environment_score<P: crate::Environment>(
             components: vec![Vec::with_capacity(samples.len()); components],
             metrics: vec![Vec::with_capacity(samples.len()); metrics],
         };
-        for sample in &samples {
-            let judgement = plugin.judge(sample);
+        let judgements = plugin.judge_batch(&samples)?;
+        if judgements.len() != samples.len() {
+            return Err(format!("judge_batch returned {} judgements for {} samples", judgements.len(), samples.len()));
+        }
+        for judgement in judgements {
             if judgement.components.len() != components || judgement.metrics.len() != metrics {
                 return Err(format!(
                     "judge returned {} components and {} metrics, but the environment declares {components} and {metrics}",

@@ -29,7 +29,7 @@
 //!
 //! Built for `wasm32-unknown-unknown` and componentized, the plugin imports nothing but the
 //! host's `log` function (used by the panic hook installed here, so a panic message reaches the
-//! host's error). Natively the same types are plain Rust, which is how the host benchmarks and
+//! host's error), and an environment that calls [`environment::host_judge`] the host's judge. Natively the same types are plain Rust, which is how the host benchmarks and
 //! tests the standard plugins against their wasm builds.
 
 pub mod environment;

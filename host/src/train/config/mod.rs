@@ -277,6 +277,11 @@ hyperparameters! {
         rh_detector: Option<DetectorSpec> = None, Omit;
         /// The environment's parameters (a JSON object; with `environment` only).
         environment_params: Option<Value> = None, Omit;
+        /// The judge an environment may import (`model` a local directory, `template` with `{name}`
+        /// placeholders, `mode` parse_integer or answer_logprobs, `min`, `max`, `answers`,
+        /// `max_new_tokens`, `chat`, `batch_size`; see docs/src/environments.md); refused unless
+        /// the environment imports it, and required when it does.
+        judge: Option<crate::judge::JudgeConfig> = None, Omit;
         /// Ground truth "did this sample hack" (a detector, same forms as `rh_detector:`): measures
         /// the monitor (quadrants, precision, recall in metrics.jsonl and routing_eval.jsonl);
         /// acts on nothing.

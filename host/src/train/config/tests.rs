@@ -56,6 +56,8 @@ fn run_name_labels_are_unchanged() {
         "threads", "seed", "system_prompt",
         // An environment names its run through the config file's stem or `name`.
         "environment", "environment_params",
+        // The judge an environment imports: named with its environment.
+        "judge",
         // A record written by --extend-schedule, not a setting: an extended run keeps its
         // directory and name.
         "lr_horizons",
