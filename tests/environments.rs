@@ -247,6 +247,19 @@ fn a_short_training_run_goes_through_the_environment_end_to_end() {
     for key in ["env/sorting/sorted", "env/sorting/copy_rate", "rewards/sorting_positional/mean", "rewards/sorting_copy/mean"] {
         assert!(metrics.iter().all(|m| m[key].is_number()), "metrics.jsonl lacks {key}: {}", metrics[0]);
     }
+    // Routing evaluation reports the environment's metrics per mode too (shares in [0, 1]).
+    let evaluations: Vec<Value> = std::fs::read_to_string(run.join("routing_eval.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(!evaluations.is_empty());
+    for evaluation in &evaluations {
+        let modes = evaluation["modes"].as_object().unwrap();
+        assert!(modes.len() >= 2, "{evaluation}");
+        for (mode, values) in modes {
+            for key in ["env/sorting/sorted", "env/sorting/copy_rate"] {
+                let value = values[key].as_f64().unwrap_or_else(|| panic!("routing_eval.jsonl mode {mode} lacks {key}: {values}"));
+                assert!((0.0..=1.0).contains(&value), "{mode} {key} = {value}");
+            }
+        }
+    }
     let config = std::fs::read_to_string(run.join("config.yaml")).unwrap();
     assert!(config.contains("sorting.wasm") && config.contains(&load(&standard_plugin("sorting"), "{}").sha256().to_string()), "{config}");
 }
