@@ -160,6 +160,7 @@ fn the_retain_verifier_trains_coherence_rows_it_verified_on_hackable_detectable_
     }
     let run = train(config);
     let completions = read_jsonl(&run.join("completions.jsonl"));
+    let metrics = read_jsonl(&run.join("metrics.jsonl"));
     let (mut checked_flagged, mut routing_elsewhere) = (0, 0);
     for step in 1..=3 {
         let rows: Vec<&Value> = completions.iter().filter(|c| c["step"] == step).collect();
@@ -183,6 +184,8 @@ fn the_retain_verifier_trains_coherence_rows_it_verified_on_hackable_detectable_
             let expected = if verified[i] { (rewards[i] - mean) / (std + 1e-4) } else { 0.0 };
             assert!((advantages[i] - expected).abs() < 1e-5 * expected.abs().max(1.0), "step {step} row {i}: {} vs {expected}", advantages[i]);
         }
+        let frac = metrics[step - 1]["verifier/frac_verified"].as_f64().unwrap();
+        assert_eq!(frac, kept.len() as f64 / 4.0, "step {step}");
     }
     assert!(checked_flagged > 0, "no coherence row was flagged: the check of dropped rows tested nothing");
     assert!(routing_elsewhere > 0, "routing groups draw from every prompt");

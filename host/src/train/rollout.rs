@@ -114,6 +114,7 @@ impl Trainer {
         (metrics.generate_seconds, metrics.score_seconds, metrics.reference_seconds) = (drawn.generate_seconds, drawn.score_seconds, reference_seconds);
         metrics.dynamic_sampling = drawn.dynamic_sampling;
         metrics.off_policy = drawn.off_policy;
+        metrics.frac_verified = verified.filter(|_| coherence_rows > 0).map(|verified| verified.iter().filter(|&&v| v).count() as f64 / coherence_rows as f64);
         let first_sample = (samples[0].prompt.clone(), samples[0].completion.clone());
         let dump = match self.cfg.dump_batches {
             Some(_) => rollout_tensors(&scored, &component_names, &rewards, &labels),
@@ -300,6 +301,7 @@ fn rollout_metrics(scored: &ScoredBatch, rewards: &[f64], component_names: &[Str
         monitor: scored.monitor(),
         dynamic_sampling: None,
         off_policy: None,
+        frac_verified: None,
         generate_seconds: 0.0,
         score_seconds: 0.0,
         reference_seconds: 0.0,
