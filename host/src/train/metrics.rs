@@ -118,10 +118,10 @@ pub mod key {
     pub const TIMING_WAIT_FOR_SAMPLES: &str = "timing/wait_for_samples";
     pub const TIMING_SAMPLER_IDLE: &str = "timing/sampler_idle";
     pub const DYNAMIC_SAMPLING_DROPPED: &str = "dynamic_sampling/groups_dropped";
+    pub const DYNAMIC_SAMPLING_SURPLUS: &str = "dynamic_sampling/groups_surplus";
     /// The retain verifier (`rh_detector_verifies_retain_samples`, steps with coherence rows):
     /// the share of coherence rows it verified (the rest are dropped from the loss).
     pub const VERIFIER_FRAC_VERIFIED: &str = "verifier/frac_verified";
-    pub const DYNAMIC_SAMPLING_SURPLUS: &str = "dynamic_sampling/groups_surplus";
     /// Prompt and completion tokens generated so far (each batch counted once).
     pub const NUM_TOKENS: &str = "num_tokens";
     pub const TIMING_GENERATE: &str = "timing/generate";
