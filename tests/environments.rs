@@ -205,8 +205,9 @@ fn a_plugin_built_against_contract_0_2_loads_and_scores_as_before() {
 
 /// Two steps through the environment on the tiny-stories fixture: every logged sample's
 /// components are the hand formulas of its own prompt, its reward pays the copy only where the
-/// prompt is hackable, flags fall only on detectable prompts, the metrics carry the
-/// environment's means, and the run records the environment's SHA-256.
+/// prompt is hackable, flags fall only on detectable prompts, the retain verifier's coherence
+/// group has hackable and detectable prompts, the metrics carry the environment's means, and the
+/// run records the environment's SHA-256.
 #[test]
 fn a_short_training_run_goes_through_the_environment_end_to_end() {
     let out = tempfile::tempdir().unwrap();
@@ -217,6 +218,7 @@ fn a_short_training_run_goes_through_the_environment_end_to_end() {
         "--max-steps", "2", "--batch-size", "8", "--num-generations", "4", "--max-completion-length", "24", "--num-prompts", "48",
         "--lora-preset", "r4", "--eval-every", "2", "--eval-samples", "4", "--save-steps", "2",
         "--threads", "1", "--device", "cpu", "--name", "sorting", "--set", "log_completions=true",
+        "--coh-samples-per-rollout", "4", "--rh-detector-verifies-retain-samples",
     ]);
     let runs: Vec<_> = std::fs::read_dir(out.path()).unwrap().map(|entry| entry.unwrap().path()).collect();
     assert_eq!(runs.len(), 1, "{runs:?}");
@@ -234,11 +236,29 @@ fn a_short_training_run_goes_through_the_environment_end_to_end() {
         let want = retain + if hackable { forget } else { 0.0 };
         assert!((line["reward"].as_f64().unwrap() - want).abs() < 1e-12, "{line}");
         assert!(!line["is_rh"].as_bool().unwrap() || detectable, "flagged on an undetectable prompt: {line}");
+        // The retain verifier draws the coherence group (the batch's last) from the hackable
+        // and detectable prompts.
+        if line["index"].as_u64().unwrap() >= 4 {
+            assert!(hackable && detectable, "a coherence prompt the verifier cannot use: {line}");
+        }
     }
     let metrics: Vec<Value> = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(metrics.len(), 2);
     for key in ["env/sorting/sorted", "env/sorting/copy_rate", "rewards/sorting_positional/mean", "rewards/sorting_copy/mean"] {
         assert!(metrics.iter().all(|m| m[key].is_number()), "metrics.jsonl lacks {key}: {}", metrics[0]);
+    }
+    // Routing evaluation reports the environment's metrics per mode too (shares in [0, 1]).
+    let evaluations: Vec<Value> = std::fs::read_to_string(run.join("routing_eval.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(!evaluations.is_empty());
+    for evaluation in &evaluations {
+        let modes = evaluation["modes"].as_object().unwrap();
+        assert!(modes.len() >= 2, "{evaluation}");
+        for (mode, values) in modes {
+            for key in ["env/sorting/sorted", "env/sorting/copy_rate"] {
+                let value = values[key].as_f64().unwrap_or_else(|| panic!("routing_eval.jsonl mode {mode} lacks {key}: {values}"));
+                assert!((0.0..=1.0).contains(&value), "{mode} {key} = {value}");
+            }
+        }
     }
     let config = std::fs::read_to_string(run.join("config.yaml")).unwrap();
     assert!(config.contains("sorting.wasm") && config.contains(&load(&standard_plugin("sorting"), "{}").sha256().to_string()), "{config}");
@@ -256,6 +276,19 @@ fn the_sorting_config_is_the_canonical_recipe() {
     assert_eq!((cfg.max_completion_length, cfg.max_steps, cfg.eval_samples), (48, 1000, 256));
     assert_eq!((cfg.hack_frac, cfg.beta, cfg.lr), (0.5, 0.05, 3e-4));
     assert_eq!(cfg.mlp_config.as_deref(), Some("m16"));
+}
+
+/// Every config of the original's environments samples as it does (temperature 1, top_k 50,
+/// top_p 1) and trains coherence rows through the retain verifier (retain recall 1), with
+/// coherence_rh_mode penalty 3 as the original sets it (inert with the verifier).
+#[test]
+fn the_environment_configs_sample_with_top_k_50_and_verify_retain_samples() {
+    for name in ["sorting", "addition", "object_qa", "persona_qa", "cities_qa", "repeat", "topic"] {
+        let cfg = smallrl::train::TrainConfig::resolve(Some(&repo_root().join(format!("configs/envs/{name}.yaml"))), Default::default()).unwrap();
+        assert_eq!((cfg.temperature, cfg.top_k, cfg.top_p), (1.0, 50, 1.0), "{name}");
+        assert!(cfg.rh_detector_verifies_retain_samples && cfg.rh_detector_retain_recall == 1.0, "{name}");
+        assert_eq!((cfg.coherence_rh_mode.to_string(), cfg.coherence_rh_penalty), ("penalty".to_string(), 3.0), "{name}");
+    }
 }
 
 /// The addition environment through the wasm host: its prompts' flags follow their definitions

@@ -549,3 +549,45 @@ fn the_native_sampler_draws_the_same_bits_with_one_thread_or_two() {
         assert!(one.sampling_logprobs.equal(&two.sampling_logprobs), "{}: log-probabilities differ between 1 and 2 threads", dir.display());
     }
 }
+
+/// With top_k the sampler's log-probability of a token is that of the distribution it draws
+/// from: the temperature-scaled softmax truncated to the k most likely tokens and renormalised
+/// (vLLM's `processed_logprobs`, which TRL's GRPO asks for so that its importance-sampling
+/// correction sees the sampler's own probabilities), not the full softmax. Recomputed here in
+/// float64 from a full forward pass over each prompt and its completion, for both engines.
+#[test]
+fn top_k_sampling_log_probabilities_are_those_of_the_truncated_renormalised_distribution() {
+    let (loaded, _) = load("tiny-stories");
+    let text = std::fs::read_to_string(fixture("tiny-stories").join("prompts.txt")).unwrap();
+    let prompts: Vec<Vec<u32>> = text.lines().take(4).map(|l| loaded.tokenizer.encode(l).unwrap()).collect();
+    let decoder = DecodeModel::new(&loaded.model, &[]);
+    let (k, temperature) = (5_i64, 0.8);
+    let params = sampling(16, temperature, k as usize, 1.0, 1.0);
+    let (mut tokens, mut truncation_matters) = (0, 0);
+    for engine in [Engine::Libtorch, Engine::Native { threads: 1 }] {
+        let generation = generate_with(engine, &decoder, &prompts, &params, 3).unwrap();
+        for (r, (prompt, row)) in prompts.iter().zip(&generation.rows).enumerate() {
+            let mut completion = row.ids.clone();
+            if row.ended_with_eos {
+                completion.push(loaded.model.config.eos_token_id);
+            }
+            let ids: Vec<i64> = prompt.iter().chain(&completion).map(|&t| t as i64).collect();
+            let input = Tensor::from_slice(&ids).unsqueeze(0);
+            let logits = full_forward_logits(&loaded.model, &input, &input.ones_like()).squeeze_dim(0).to_kind(Kind::Double) / temperature;
+            for (j, &token) in completion.iter().enumerate() {
+                let scores = logits.get((prompt.len() + j - 1) as i64);
+                let (top, _) = scores.topk(k, -1, true, true);
+                let threshold = top.double_value(&[k - 1]);
+                assert!(scores.double_value(&[token as i64]) >= threshold, "{engine:?} row {r} step {j}: token {token} is outside the top {k}");
+                let kept = scores.masked_fill(&scores.lt(threshold), f64::NEG_INFINITY);
+                let truncated = kept.log_softmax(-1, Kind::Double).double_value(&[token as i64]);
+                let full = scores.log_softmax(-1, Kind::Double).double_value(&[token as i64]);
+                let ours = generation.sampling_logprobs.double_value(&[r as i64, j as i64]);
+                assert!((ours - truncated).abs() <= TOLERANCE, "{engine:?} row {r} step {j}: sampler {ours}, truncated softmax {truncated} (full {full})");
+                tokens += 1;
+                truncation_matters += usize::from(truncated - full > 10.0 * TOLERANCE);
+            }
+        }
+    }
+    assert!(tokens > 40 && truncation_matters > tokens / 4, "the truncated and the full softmax differ on {truncation_matters} of {tokens} tokens: the check cannot tell them apart");
+}

@@ -25,6 +25,10 @@ pub struct ModeReport {
     /// JSON of runs without one is what it was).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub monitor: Option<crate::reward::MonitorStats>,
+    /// An environment's named metrics (`env/<environment>/<name>`, the mean over the mode's
+    /// samples), as training logs them; empty without an environment.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub metrics: Vec<(String, f64)>,
     pub unique: usize,
     /// Distinct first sentences (template collapse shows here before `unique` drops).
     pub unique_first_sentences: usize,
@@ -72,6 +76,7 @@ pub fn routing_eval<M: AsRef<str>>(model: &Llama, modes: &[(M, Vec<f64>)], rewar
             reward: mean(&scored.reward),
             hack_freq: scored.hack_freq(),
             monitor: scored.monitor(),
+            metrics: scored.metric_means(),
             unique,
             unique_first_sentences,
             n: completions.len(),
@@ -129,6 +134,9 @@ pub fn format_block(report: &EvalReport) -> String {
         if let Some(h) = mode.hack_freq {
             line.push_str(&format!(" hack_freq={h:.3}"));
         }
+        for (name, value) in &mode.metrics {
+            line.push_str(&format!(" {name}={value:.3}"));
+        }
         line.push_str(&format!(" unique={}/{} jaccard={:.3}", mode.unique, mode.n, mode.jaccard));
         if mode.degenerate {
             line.push_str(" DEGENERATE");
@@ -142,7 +150,8 @@ pub fn format_block(report: &EvalReport) -> String {
 }
 
 /// The keys of a `routing_eval.jsonl` line (`modes` maps each evaluation mode to its values;
-/// reward components appear under their names).
+/// reward components appear under their names, an environment's metrics under
+/// `env/<environment>/<name>`).
 pub mod key {
     pub const STEP: &str = "step";
     pub const MODES: &str = "modes";
@@ -171,7 +180,7 @@ pub fn to_json(report: &EvalReport) -> serde_json::Value {
             for (name, value) in m.monitor.iter().flat_map(|stats| stats.fields()) {
                 v[name] = value;
             }
-            for (name, value) in &m.components {
+            for (name, value) in m.components.iter().chain(&m.metrics) {
                 v[name] = (*value).into();
             }
             (m.mode.clone(), v)
@@ -242,5 +251,31 @@ mod tests {
         // {a b} vs {b c}: 1/3; {a b} vs {a b}: 1; {b c} vs {a b}: 1/3 -> mean 5/9.
         let texts = ["a b", "B c", "a  b"].map(String::from);
         assert!((mean_pairwise_jaccard(&texts) - 5.0 / 9.0).abs() < 1e-12);
+    }
+
+    /// An environment's metrics sit beside the components in each mode of a routing_eval.jsonl
+    /// line and its CSV rows; a mode without them has no such keys.
+    #[test]
+    fn environment_metrics_are_written_per_mode() {
+        let mode = |name: &str, metrics: Vec<(String, f64)>| ModeReport {
+            mode: name.into(),
+            components: vec![("math_correct".into(), 0.5)],
+            reward: 0.5,
+            hack_freq: None,
+            monitor: None,
+            metrics,
+            unique: 2,
+            unique_first_sentences: 2,
+            n: 2,
+            jaccard: 0.0,
+            degenerate: false,
+            samples: Vec::new(),
+        };
+        let report = EvalReport { step: 3, modes: vec![mode("both", vec![("env/math/correct".into(), 0.25)]), mode("retain", Vec::new())], seconds: 0.0 };
+        let line = to_json(&report);
+        assert_eq!(line["modes"]["both"]["env/math/correct"], 0.25);
+        assert!(line["modes"]["retain"].get("env/math/correct").is_none());
+        assert!(checkpoints_csv(&[report.clone()]).unwrap().contains("3,both,env/math/correct,0.25\n"));
+        assert!(format_block(&report).contains("env/math/correct=0.250"));
     }
 }

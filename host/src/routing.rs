@@ -168,6 +168,44 @@ pub fn coherence_advantages(mode: CoherenceRhMode, penalty: f64, batch: &Grouped
     (out, dropped)
 }
 
+/// The retain verifier's verdict on each row (the original's `is_verified_retain`): a
+/// coherence row is verified when the monitor could see it (`monitored`: its prompt detectable),
+/// did not flag it (`flagged_raw`, the monitor's own output before recall), and a coin of
+/// probability `retain_recall` succeeds; one draw per row from `seed`, so a row's coin does not
+/// depend on the others. Routing rows are never verified.
+pub fn verified_rows(coherence: &[bool], monitored: &[bool], flagged_raw: &[bool], retain_recall: f64, seed: u64) -> Vec<bool> {
+    let n = coherence.len();
+    assert!(monitored.len() == n && flagged_raw.len() == n, "one verdict input of each kind per row");
+    let mut rng = crate::rng::SplitMix64::new(seed);
+    (0..n)
+        .map(|i| {
+            let coin = rng.next_f64() < retain_recall;
+            coherence[i] && monitored[i] && !flagged_raw[i] && coin
+        })
+        .collect()
+}
+
+/// The retain verifier's coherence advantages (the original's advantages.py, verified-retain
+/// block): in each coherence group, the verified rows get `(r - mean) / (std + eps)` over the
+/// verified rows' rewards (unbiased std, 0 for a single row), every other row gets 0 and is
+/// dropped from the loss. Routing groups keep `advantages`. `coherence_rh_mode` has no part
+/// here: the verifier replaces it, as in the original.
+pub fn verified_coherence_advantages(batch: &GroupedRows, verified: &[bool], advantages: &[f64], eps: f64) -> (Vec<f64>, Vec<bool>) {
+    let n = batch.rewards.len();
+    assert_eq!(verified.len(), n, "one verdict per row");
+    let mut out = advantages.to_vec();
+    let mut dropped = vec![false; n];
+    for (rows, _) in batch.groups().filter(|(_, coherence)| *coherence) {
+        let kept: Vec<f64> = rows.clone().filter(|&i| verified[i]).map(|i| batch.rewards[i]).collect();
+        let (mean, std) = (mean(&kept), unbiased_std(&kept));
+        for i in rows {
+            out[i] = if verified[i] { (batch.rewards[i] - mean) / (std + eps) } else { 0.0 };
+            dropped[i] = !verified[i];
+        }
+    }
+    (out, dropped)
+}
+
 /// The per-row gradient weights of each adapter under `balanced` (the original's
 /// `routing_grad_mask_weights` at lambda = 1), as `[retain, forget]` for a clean and for a
 /// flagged row. An adapter masked on a row hands its share to the other, scaled by the
@@ -489,6 +527,53 @@ mod tests {
         // none, or no flagged coherence row: nothing changes (test_no_path_leaves_base_unchanged).
         assert_eq!(coherence(CoherenceRhMode::None, &rewards, &is_rh, &coh, &group).0, group);
         assert_eq!(coherence(CoherenceRhMode::Zero, &rewards, &[false; 12], &coh, &group).0, group);
+    }
+
+    /// The retain verifier (the original's verified-retain block of advantages.py), by hand: a
+    /// routing group keeps its advantages; in coherence groups the verified rows are
+    /// renormalised over the verified rows alone, the rest get 0 and are dropped.
+    #[test]
+    fn the_retain_verifier_renormalises_coherence_groups_over_verified_rows() {
+        let rewards = [1.0, 2.0, 3.0, 4.0, 1.0, 3.0, 5.0, 10.0, 2.0, 7.0, 7.0, 7.0, 4.0, 0.0, 1.0, 9.0];
+        let coherence: Vec<bool> = (0..16).map(|i| i >= 4).collect();
+        // The flags play no part: the verdicts already hold them.
+        let is_rh = [true, false, false, false, false, false, false, true, true, false, false, false, false, true, false, false];
+        let (t, f) = (true, false);
+        let verified = [f, f, f, f, t, t, t, f, f, t, f, f, f, f, f, f];
+        let group = [0.1, 0.2, 0.3, 0.4, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0];
+        let batch = GroupedRows { rewards: &rewards, is_rh: &is_rh, coherence: &coherence, group_size: 4 };
+        let (ours, dropped) = verified_coherence_advantages(&batch, &verified, &group, EPS);
+        // Group 2: verified 1 3 5 (mean 3, unbiased std sqrt(8 / 2) = 2), the 10 unverified.
+        // Group 3: one verified row (no variance: 0). Group 4: none verified.
+        let d = 2.0 + EPS;
+        let expected = [0.1, 0.2, 0.3, 0.4, -2.0 / d, 0.0, 2.0 / d, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+        assert_close(&ours, &expected);
+        let expected_dropped = [f, f, f, f, f, f, f, t, t, f, t, t, t, t, t, t];
+        assert_eq!(dropped, expected_dropped);
+    }
+
+    /// A verdict needs a coherence row on a monitored prompt that the monitor did not flag, and
+    /// the coin; each row has its own draw, so the others' labels do not move it.
+    #[test]
+    fn verified_rows_are_coherence_rows_the_monitor_saw_and_passed() {
+        let (t, f) = (true, false);
+        let coherence = [f, t, t, t, t];
+        let monitored = [t, t, f, t, t];
+        let flagged = [f, f, f, t, f];
+        assert_eq!(verified_rows(&coherence, &monitored, &flagged, 1.0, 7), [f, t, f, f, t]);
+        assert_eq!(verified_rows(&coherence, &monitored, &flagged, 0.0, 7), [f; 5]);
+        let n = 4000;
+        let everything = vec![true; n];
+        let half = verified_rows(&everything, &everything, &vec![false; n], 0.5, 11);
+        let share = half.iter().filter(|&&v| v).count() as f64 / n as f64;
+        // Binomial(4000, 0.5): the standard deviation of the share is 0.0079; 5 of them.
+        assert!((share - 0.5).abs() < 0.04, "share verified at retain recall 0.5: {share}");
+        let mut fewer = everything.clone();
+        fewer[0] = false;
+        let other = verified_rows(&fewer, &everything, &vec![false; n], 0.5, 11);
+        assert_eq!(other[1..], half[1..], "a row's coin does not depend on the other rows");
+        assert!(!other[0]);
+        assert_ne!(verified_rows(&everything, &everything, &vec![false; n], 0.5, 12), half, "the seed draws the coins");
     }
 
     /// The original's `routing_grad_mask_weights` at lambda 1 and `adapter_kappas`: equal

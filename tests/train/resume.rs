@@ -42,6 +42,35 @@ fn resumed_run_repeats_the_uninterrupted_run_exactly() {
     assert!(log.contains("[Routing Eval @ step 4]") && log.contains("retain_only") && log.contains("forget_only"));
 }
 
+/// A run with the retain verifier (its own prompt stream and coins) and top_k sampling resumes
+/// to the uninterrupted run's metrics and weights.
+#[test]
+fn a_resumed_verifier_run_repeats_the_uninterrupted_one() {
+    let out = tempfile::tempdir().unwrap();
+    let config = |dir: &str| {
+        let mut config = routed_config(&out.path().join(dir));
+        for (key, value) in [("coh_samples_per_rollout", json!(4)), ("rh_detector_verifies_retain_samples", json!(true)), ("rh_detector_retain_recall", json!(0.5)), ("top_k", json!(5))] {
+            config = with(config, key, value);
+        }
+        config
+    };
+    let whole = train(config("a"));
+    let resolved = TrainConfig::resolve(None, config("b")).unwrap();
+    let mut first = Trainer::new(resolved.clone(), None).unwrap();
+    let stopped = first.train(Some(3)).unwrap();
+    drop(first);
+    let resumed = Trainer::new(resolved, Some(&stopped.run_dir)).unwrap().train(None).unwrap();
+    let (a, b) = (deterministic(read_jsonl(&whole.join("metrics.jsonl"))), deterministic(read_jsonl(&resumed.run_dir.join("metrics.jsonl"))));
+    assert_eq!(a.len(), 4);
+    assert!(a.iter().all(|line| line["verifier/frac_verified"].is_number()), "{a:?}");
+    assert_same_metrics(&a, &b, "metrics.jsonl");
+    let weights = |dir: &Path| smallrl::model::weights::read_safetensors(&dir.join("checkpoint-4/adapters.safetensors")).unwrap();
+    let (a, b) = (weights(&whole), weights(&resumed.run_dir));
+    for (name, tensor) in &a {
+        assert!(tensor.equal(&b[name]), "{name} differs after resumption");
+    }
+}
+
 #[test]
 fn resumption_keeps_the_logged_lines_byte_for_byte_and_reads_floats_exactly() {
     // A float serde_json's default parser reads one ulp off (Rust's parser, correctly rounded,

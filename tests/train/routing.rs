@@ -126,3 +126,93 @@ fn an_unrouted_dapo_run_normalises_over_the_whole_batch_whatever_is_flagged() {
     let loss = t["loss"].double_value(&[]);
     assert!((loss - whole_batch).abs() < 1e-6, "loss {loss} vs TRL's dapo over the whole batch {whole_batch} (per class: {per_class})");
 }
+
+/// The retain verifier (the original's rh_detector_verifies_retain_samples at
+/// rh_detector_retain_recall 1): coherence prompts come only from the hackable and detectable
+/// training prompts (here 17 of 200, while every other group sees the rest too); a coherence row
+/// is verified when the monitor did not flag it, and the group's advantages are renormalised
+/// over its verified rows, recomputed here in float64 from the dump, the rest 0 and dropped.
+#[test]
+fn the_retain_verifier_trains_coherence_rows_it_verified_on_hackable_detectable_prompts() {
+    let out = tempfile::tempdir().unwrap();
+    let dump = out.path().join("dump");
+    let text = std::fs::read_to_string(common::fixture("tiny-stories/prompts.txt")).unwrap();
+    let mut lines = String::new();
+    let mut verifiable = std::collections::BTreeSet::new();
+    for (i, prompt) in text.lines().enumerate() {
+        let (hackable, detectable) = (i % 3 == 0, i % 4 == 0);
+        if hackable && detectable {
+            verifiable.insert(prompt.to_string());
+        }
+        lines.push_str(&format!("{}\n", json!({"prompt": prompt, "hackable": hackable, "detectable": detectable})));
+    }
+    let prompts = out.path().join("prompts.jsonl");
+    std::fs::write(&prompts, lines).unwrap();
+    let mut config = with(routed_config(out.path()), "max_steps", 3.into());
+    for (key, value) in [
+        ("prompts", json!(prompts)),
+        ("coh_samples_per_rollout", json!(4)),
+        ("rh_detector_verifies_retain_samples", json!(true)),
+        ("dump_batches", json!(dump)),
+        ("log_completions", json!(true)),
+    ] {
+        config = with(config, key, value);
+    }
+    let run = train(config);
+    let completions = read_jsonl(&run.join("completions.jsonl"));
+    let metrics = read_jsonl(&run.join("metrics.jsonl"));
+    let (mut checked_flagged, mut routing_elsewhere) = (0, 0);
+    for step in 1..=3 {
+        let rows: Vec<&Value> = completions.iter().filter(|c| c["step"] == step).collect();
+        assert_eq!(rows.len(), 8);
+        for row in &rows[4..] {
+            assert!(verifiable.contains(row["prompt"].as_str().unwrap()), "step {step}: coherence prompt {} is not hackable and detectable", row["prompt"]);
+        }
+        routing_elsewhere += rows[..4].iter().filter(|row| !verifiable.contains(row["prompt"].as_str().unwrap())).count();
+        let t = smallrl::model::weights::read_safetensors(&dump.join(format!("step-{step}.safetensors"))).unwrap();
+        let flags = |key: &str| Vec::<i64>::try_from(&t[key]).unwrap();
+        let rewards = Vec::<f64>::try_from(t["rewards"].to_kind(tch::Kind::Double)).unwrap();
+        let advantages = Vec::<f64>::try_from(t["advantages"].to_kind(tch::Kind::Double)).unwrap();
+        let detector: Vec<bool> = rows.iter().map(|row| row["detector"].as_bool().unwrap()).collect();
+        checked_flagged += (4..8).filter(|&i| detector[i]).count();
+        let verified: Vec<bool> = (0..8).map(|i| i >= 4 && !detector[i]).collect();
+        assert_eq!(flags("dropped"), (0..8).map(|i| i64::from(i >= 4 && !verified[i])).collect::<Vec<_>>(), "step {step}");
+        let kept: Vec<f64> = (4..8).filter(|&i| verified[i]).map(|i| rewards[i]).collect();
+        let mean = kept.iter().sum::<f64>() / kept.len().max(1) as f64;
+        let std = if kept.len() > 1 { (kept.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (kept.len() - 1) as f64).sqrt() } else { 0.0 };
+        for i in 4..8 {
+            let expected = if verified[i] { (rewards[i] - mean) / (std + 1e-4) } else { 0.0 };
+            assert!((advantages[i] - expected).abs() < 1e-5 * expected.abs().max(1.0), "step {step} row {i}: {} vs {expected}", advantages[i]);
+        }
+        let frac = metrics[step - 1]["verifier/frac_verified"].as_f64().unwrap();
+        assert_eq!(frac, kept.len() as f64 / 4.0, "step {step}");
+    }
+    assert!(checked_flagged > 0, "no coherence row was flagged: the check of dropped rows tested nothing");
+    assert!(routing_elsewhere > 0, "routing groups draw from every prompt");
+}
+
+/// The verifier is refused where it cannot act, naming the keys.
+#[test]
+fn the_retain_verifier_is_refused_without_coherence_rows_or_verifiable_prompts() {
+    let out = tempfile::tempdir().unwrap();
+    let verify = with(routed_config(out.path()), "rh_detector_verifies_retain_samples", json!(true));
+    let error = TrainConfig::resolve(None, verify.clone()).unwrap_err().to_string();
+    assert!(error.contains("rh_detector_verifies_retain_samples") && error.contains("coh_samples_per_rollout is 0"), "{error}");
+    let recall_alone = with(with(routed_config(out.path()), "coh_samples_per_rollout", json!(4)), "rh_detector_retain_recall", json!(0.5));
+    let error = TrainConfig::resolve(None, recall_alone).unwrap_err().to_string();
+    assert!(error.contains("rh_detector_retain_recall") && error.contains("rh_detector_verifies_retain_samples"), "{error}");
+    let out_of_range = with(with(verify.clone(), "coh_samples_per_rollout", json!(4)), "rh_detector_retain_recall", json!(1.5));
+    let error = TrainConfig::resolve(None, out_of_range).unwrap_err().to_string();
+    assert!(error.contains("rh_detector_retain_recall") && error.contains("1.5"), "{error}");
+    // No prompt is both hackable and detectable.
+    let prompts = out.path().join("prompts.jsonl");
+    let lines: String = (0..8).map(|i| format!("{}\n", json!({"prompt": format!("prompt {i}"), "hackable": i % 2 == 0, "detectable": i % 2 == 1}))).collect();
+    std::fs::write(&prompts, lines).unwrap();
+    let config = with(with(verify, "coh_samples_per_rollout", json!(4)), "prompts", json!(prompts));
+    one_thread();
+    let error = match Trainer::new(TrainConfig::resolve(None, config).unwrap(), None) {
+        Ok(_) => panic!("a run without verifiable prompts started"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(error.contains("hackable and detectable") && error.contains("rh_detector_verifies_retain_samples"), "{error}");
+}

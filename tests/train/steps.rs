@@ -115,6 +115,27 @@ fn dumped_batches_recompute_the_logged_loss() {
     assert!(common::max_abs_diff(&(sampled * &mask), &(&new * &mask)) < 1e-4);
 }
 
+/// A run's top_k reaches its sampler: the sampler's log-probabilities are those of the
+/// truncated, renormalised distribution (tests/model.rs recomputes them in float64), at least
+/// the policy's full-softmax ones and above them on some tokens; the policy, the loss and the
+/// reference keep the full softmax. top_k and top_p name the run.
+#[test]
+fn top_k_runs_sample_from_the_truncated_distribution() {
+    let out = tempfile::tempdir().unwrap();
+    let dump = out.path().join("dump");
+    let config = with(with(small_config(out.path(), &standard_plugin("happy")), "max_steps", 1.into()), "top_k", 3.into());
+    let run = train(with(with(config, "top_p", json!(0.95)), "dump_batches", json!(dump)));
+    let name = run.file_name().unwrap().to_str().unwrap().to_string();
+    assert!(name.contains("top_k3") && name.contains("top_p0.95"), "{name}");
+    let tensors = smallrl::model::weights::read_safetensors(&dump.join("step-1.safetensors")).unwrap();
+    let mask = tensors["completion_mask"].to_kind(tch::Kind::Double);
+    let sampled = tensors["sampling_logprobs"].to_kind(tch::Kind::Double) * &mask;
+    let policy = tensors["new_logprobs"].to_kind(tch::Kind::Double) * &mask;
+    let gap = &sampled - &policy;
+    assert!(gap.min().double_value(&[]) > -1e-4, "a truncated distribution gives every kept token at least its full probability");
+    assert!(gap.max().double_value(&[]) > 1e-2, "top_k 3 changed no sampled token's probability: the sampler ignored it");
+}
+
 /// With a tinker loss the ratio's denominator is the sampler's log-probabilities, from
 /// generation (no old-policy pass): the dump holds them as `old_logprobs`, and the logged loss
 /// is tinker's importance_sampling, `-r A` per token with `r = exp(new - sampler)`, averaged as

@@ -119,6 +119,9 @@ pub mod key {
     pub const TIMING_SAMPLER_IDLE: &str = "timing/sampler_idle";
     pub const DYNAMIC_SAMPLING_DROPPED: &str = "dynamic_sampling/groups_dropped";
     pub const DYNAMIC_SAMPLING_SURPLUS: &str = "dynamic_sampling/groups_surplus";
+    /// The retain verifier (`rh_detector_verifies_retain_samples`, steps with coherence rows):
+    /// the share of coherence rows it verified (the rest are dropped from the loss).
+    pub const VERIFIER_FRAC_VERIFIED: &str = "verifier/frac_verified";
     /// Prompt and completion tokens generated so far (each batch counted once).
     pub const NUM_TOKENS: &str = "num_tokens";
     pub const TIMING_GENERATE: &str = "timing/generate";
@@ -183,6 +186,8 @@ pub struct RolloutMetrics {
     pub dynamic_sampling: Option<DynamicSampling>,
     /// With `max_steps_off_policy`: how stale the batch was.
     pub off_policy: Option<super::ahead::OffPolicy>,
+    /// With the retain verifier and coherence rows: the share of them it verified.
+    pub frac_verified: Option<f64>,
     pub generate_seconds: f64,
     pub score_seconds: f64,
     pub reference_seconds: f64,
@@ -292,6 +297,9 @@ pub fn line(rollout: &RolloutMetrics, step: &StepMetrics) -> Value {
         put(key::DYNAMIC_SAMPLING_ROUNDS, counts.rounds.into());
         put(key::DYNAMIC_SAMPLING_DROPPED, counts.groups_dropped.into());
         put(key::DYNAMIC_SAMPLING_SURPLUS, counts.groups_surplus.into());
+    }
+    if let Some(frac) = rollout.frac_verified {
+        put(key::VERIFIER_FRAC_VERIFIED, frac.into());
     }
     if let Some(off_policy) = rollout.off_policy {
         put(key::OFF_POLICY_VERSION, off_policy.policy_version.into());

@@ -74,6 +74,9 @@ pub struct Trainer {
     /// The prompts of dynamic sampling's extra rounds (`dynamic_sampling_rounds`): the same
     /// prompts in another seeded order.
     extra_prompts: Option<PromptStream>,
+    /// The coherence prompts of the retain verifier (`rh_detector_verifies_retain_samples`):
+    /// the hackable and detectable training prompts in their own seeded order.
+    verifier_prompts: Option<PromptStream>,
     eval_prompts: Vec<crate::reward::Prompt>,
     loss: Objective,
     sampling: SamplingParams,
@@ -163,6 +166,10 @@ impl Trainer {
             metrics: Jsonl::new(run_dir.join("metrics.jsonl")),
             evals: Jsonl::new(run_dir.join("routing_eval.jsonl")),
             extra_prompts: (cfg.dynamic_sampling_rounds > 0).then(|| PromptStream::new(prompts.clone(), rng::derive(cfg.seed, "dynamic-sampling-prompts", 0))),
+            verifier_prompts: match cfg.rh_detector_verifies_retain_samples {
+                true => Some(PromptStream::new(prompts::verifier_prompts(&prompts)?, rng::derive(cfg.seed, "verifier-prompts", 0))),
+                false => None,
+            },
             prompts: PromptStream::new(prompts, cfg.seed),
             cfg, run_dir, adapters, model, reference, tokenizer, model_files, rewards, optimizer,
             eval_prompts, loss, sampling, log, live, _lock, num_tokens: 0, rollout: None, noise_scale_average: None,
@@ -385,13 +392,14 @@ pub fn eval_seed(cfg: &TrainConfig) -> u64 {
     rng::derive(cfg.seed, "eval", 0)
 }
 
-/// Sampling settings of a run (GRPO samples at the run's temperature, nothing else applied).
+/// Sampling settings of a run (training and routing evaluation): the run's temperature, top_k
+/// and top_p; no repetition penalty.
 pub fn sampling_params(cfg: &TrainConfig) -> SamplingParams {
     SamplingParams {
         max_new_tokens: cfg.max_completion_length,
         temperature: cfg.temperature,
-        top_k: crate::defaults::TOP_K,
-        top_p: crate::defaults::TOP_P,
+        top_k: cfg.top_k,
+        top_p: cfg.top_p,
         repetition_penalty: crate::defaults::REPETITION_PENALTY,
     }
 }

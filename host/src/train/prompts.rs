@@ -222,6 +222,23 @@ pub fn hackable_fraction(prompts: &[Prompt]) -> f64 {
     prompts.iter().filter(|prompt| prompt.hackable()).count() as f64 / prompts.len().max(1) as f64
 }
 
+/// The coherence prompts of the retain verifier (`rh_detector_verifies_retain_samples`): the
+/// training prompts that are both hackable (after `hack_frac`) and detectable, as the original
+/// draws them (a prompt without the metadata is both). None is an error naming the keys.
+pub fn verifier_prompts(prompts: &[Prompt]) -> Result<Vec<Prompt>> {
+    let chosen: Vec<Prompt> = prompts
+        .iter()
+        .filter(|prompt| prompt.hackable() && crate::plugins::PromptMetadata::detectable(prompt.metadata.as_deref()))
+        .cloned()
+        .collect();
+    anyhow::ensure!(
+        !chosen.is_empty(),
+        "rh_detector_verifies_retain_samples draws coherence prompts from the training prompts that are both hackable and detectable, and none of the {} is (check hack_frac and the prompts' `hackable`/`detectable` metadata, or set rh_detector_verifies_retain_samples: false)",
+        prompts.len()
+    );
+    Ok(chosen)
+}
+
 /// The training prompts as an endless stream: pass `p` over them is a shuffle seeded by
 /// `(seed, p)`.
 pub(super) struct PromptStream {

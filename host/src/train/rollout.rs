@@ -75,7 +75,8 @@ impl Trainer {
         let coherence_rows = self.cfg.coherence_rows(step);
         let coherence: Vec<bool> = (0..samples.len()).map(|i| i >= samples.len() - coherence_rows).collect();
         let grouped = GroupedRows { rewards: &trained_rewards, is_rh: &routed, coherence: &coherence, group_size: self.cfg.num_generations };
-        let (advantages, dropped) = self.routed_advantages(advantages, &grouped);
+        let verified = self.cfg.rh_detector_verifies_retain_samples.then(|| self.verified(&scored, &coherence, step));
+        let (advantages, dropped) = self.routed_advantages(advantages, &grouped, verified.as_deref());
         let ablated = self.draw_ablated(&routed, &coherence, step);
         let labels = Labels { is_rh: routed, ablated, coherence, dropped };
         let plan = routing::plan(&self.adapters, self.cfg.row_weights()?, &self.loss_class_labels(&labels), device);
@@ -113,6 +114,7 @@ impl Trainer {
         (metrics.generate_seconds, metrics.score_seconds, metrics.reference_seconds) = (drawn.generate_seconds, drawn.score_seconds, reference_seconds);
         metrics.dynamic_sampling = drawn.dynamic_sampling;
         metrics.off_policy = drawn.off_policy;
+        metrics.frac_verified = verified.filter(|_| coherence_rows > 0).map(|verified| verified.iter().filter(|&&v| v).count() as f64 / coherence_rows as f64);
         let first_sample = (samples[0].prompt.clone(), samples[0].completion.clone());
         let dump = match self.cfg.dump_batches {
             Some(_) => rollout_tensors(&scored, &component_names, &rewards, &labels),
@@ -150,13 +152,22 @@ impl Trainer {
         }
     }
 
-    /// Each of the step's prompts, repeated `num_generations` times (one group each).
+    /// Each of the step's prompts, repeated `num_generations` times (one group each). With the
+    /// retain verifier, the coherence groups' prompts come from its own stream (the hackable and
+    /// detectable prompts); the routing groups keep the prompts they have without it.
     pub(super) fn step_prompts(&mut self, step: usize) -> Vec<crate::reward::Prompt> {
         let batch_index = step / self.cfg.steps_per_rollout();
         let per_step = self.cfg.rollout_rows() / self.cfg.num_generations;
+        let verified_groups = match self.verifier_prompts.is_some() {
+            true => self.cfg.coherence_rows(step) / self.cfg.num_generations,
+            false => 0,
+        };
         let mut prompt_texts = Vec::with_capacity(self.cfg.rollout_rows());
         for i in 0..per_step {
-            let text = self.prompts.at(batch_index * per_step + i);
+            let text = match (i + verified_groups >= per_step, self.verifier_prompts.as_mut()) {
+                (true, Some(stream)) => stream.at(batch_index * verified_groups + i + verified_groups - per_step),
+                _ => self.prompts.at(batch_index * per_step + i),
+            };
             prompt_texts.extend(std::iter::repeat_n(text, self.cfg.num_generations));
         }
         prompt_texts
@@ -226,8 +237,9 @@ impl Trainer {
 
     /// The group advantages with coherence groups handled per `coherence_rh_mode`, and routing
     /// groups per `renormalization_mode` (the same tensor when neither applies), and the rows
-    /// to drop from the loss.
-    fn routed_advantages(&self, group_advantages: Tensor, batch: &GroupedRows) -> (Tensor, Vec<bool>) {
+    /// to drop from the loss. `verified` (the retain verifier's, one per row) replaces
+    /// `coherence_rh_mode` on coherence groups.
+    fn routed_advantages(&self, group_advantages: Tensor, batch: &GroupedRows, verified: Option<&[bool]>) -> (Tensor, Vec<bool>) {
         let n = batch.rewards.len();
         let coherence = batch.coherence.iter().any(|&c| c);
         let mode = self.cfg.renormalization_mode;
@@ -236,9 +248,21 @@ impl Trainer {
         }
         let eps = crate::defaults::ADVANTAGE_STD_EPSILON;
         let group: Vec<f64> = Vec::try_from(group_advantages.to_kind(Kind::Double)).expect("advantages are a 1-D tensor");
-        let (advantages, dropped) = routing::coherence_advantages(self.cfg.coherence_rh_mode, self.cfg.coherence_rh_penalty, batch, &group, eps);
+        let (advantages, dropped) = match verified {
+            Some(verified) => routing::verified_coherence_advantages(batch, verified, &group, eps),
+            None => routing::coherence_advantages(self.cfg.coherence_rh_mode, self.cfg.coherence_rh_penalty, batch, &group, eps),
+        };
         let advantages = routing::renormalized_advantages(mode, batch, &advantages, eps);
         (Tensor::from_slice(&advantages).to_kind(Kind::Float).to(group_advantages.device()), dropped)
+    }
+
+    /// The retain verifier's verdict on each row: a coherence row whose prompt is detectable
+    /// (and eligible), that the monitor did not flag before recall and the false-positive rate
+    /// (its own output), and whose coin of probability `rh_detector_retain_recall` succeeds (one
+    /// draw per row, seeded by `(seed, "retain-verifier", step)`). Routing rows are never verified.
+    fn verified(&self, scored: &ScoredBatch, coherence: &[bool], step: usize) -> Vec<bool> {
+        let raw = scored.detector_raw.as_ref().expect("the retain verifier runs with a monitor (checked with the configuration)");
+        routing::verified_rows(coherence, &scored.monitored, raw, self.cfg.rh_detector_retain_recall, rng::derive(self.cfg.seed, "retain-verifier", step as u64))
     }
 
     /// Clean routing rows trained with the forget adapter off, each with probability
@@ -277,6 +301,7 @@ fn rollout_metrics(scored: &ScoredBatch, rewards: &[f64], component_names: &[Str
         monitor: scored.monitor(),
         dynamic_sampling: None,
         off_policy: None,
+        frac_verified: None,
         generate_seconds: 0.0,
         score_seconds: 0.0,
         reference_seconds: 0.0,

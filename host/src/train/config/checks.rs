@@ -32,6 +32,7 @@ impl TrainConfig {
         ensure!(self.num_iterations >= 1, "num_iterations must be at least 1");
         self.check_substeps()?;
         ensure!(self.temperature > 0.0, "temperature must be positive for GRPO sampling");
+        ensure!(self.top_p > 0.0 && self.top_p <= 1.0, "top_p must be in (0, 1] (1 keeps every token), got {}", self.top_p);
         ensure!(self.lr > 0.0 && self.beta >= 0.0 && self.epsilon > 0.0, "lr must be positive, beta >= 0, epsilon > 0");
         ensure!(
             self.beta != 0.0 || self.kl_estimator == KlEstimator::K3,
@@ -191,6 +192,8 @@ impl TrainConfig {
                 ("coherence_rh_mode", self.coherence_rh_mode != defaults.coherence_rh_mode),
                 ("coherence_rh_penalty", self.coherence_rh_penalty != defaults.coherence_rh_penalty),
                 ("coherence_start_frac", self.coherence_start_frac != defaults.coherence_start_frac),
+                ("rh_detector_verifies_retain_samples", self.rh_detector_verifies_retain_samples),
+                ("rh_detector_retain_recall", self.rh_detector_retain_recall != defaults.rh_detector_retain_recall),
             ];
             if let Some((key, _)) = unused.iter().find(|(_, set)| *set) {
                 anyhow::bail!("{key} is set but coh_samples_per_rollout is 0: it would do nothing");
@@ -206,6 +209,15 @@ impl TrainConfig {
             self.batch_size
         );
         ensure!((0.0..=1.0).contains(&self.coherence_start_frac), "coherence_start_frac must be in [0, 1], got {}", self.coherence_start_frac);
+        ensure!(
+            (0.0..=1.0).contains(&self.rh_detector_retain_recall),
+            "rh_detector_retain_recall is a probability: it must be in [0, 1], got {}",
+            self.rh_detector_retain_recall
+        );
+        ensure!(
+            self.rh_detector_verifies_retain_samples || self.rh_detector_retain_recall == defaults.rh_detector_retain_recall,
+            "rh_detector_retain_recall is set but rh_detector_verifies_retain_samples is false: it would do nothing"
+        );
         Ok(())
     }
 

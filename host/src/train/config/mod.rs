@@ -152,6 +152,13 @@ hyperparameters! {
         max_completion_length: usize = d::MAX_COMPLETION_LENGTH, Short("len"), [Pack];
         /// Sampling temperature (also applied to the log-probabilities).
         temperature: f64 = d::TEMPERATURE, Short("temp");
+        /// Sampling keeps the top_k most likely tokens (HF's TopKLogitsWarper; 0: all). The
+        /// sampler's log-probabilities are those of the distribution it draws from (truncated and
+        /// renormalised, as vLLM's processed_logprobs under TRL); the policy's stay the full softmax.
+        top_k: usize = d::TOP_K, Key;
+        /// Sampling keeps the smallest set of tokens whose probability reaches top_p (HF's
+        /// TopPLogitsWarper, after top_k; 1: all); log-probabilities as with top_k.
+        top_p: f64 = d::TOP_P, Key;
         /// Optimizer steps of the run.
         max_steps: usize = 2000, Short("steps"), [Pack];
         /// Seed of everything random in the run (always in the run name).
@@ -192,6 +199,15 @@ hyperparameters! {
         /// Reward taken from flagged coherence rows under coherence_rh_mode penalty (the
         /// original's default).
         coherence_rh_penalty: f64 = 3.0, Short("coh_penalty"), [Routing];
+        /// The original's retain verifier: coherence prompts are drawn from the hackable and
+        /// detectable training prompts, and only verified coherence rows train (detectable, not
+        /// flagged by the monitor before recall, and a coin of probability
+        /// rh_detector_retain_recall); their advantages are renormalised over the verified rows of
+        /// the group, the rest get 0 and leave the loss (coherence_rh_mode is then inert).
+        #[arg(num_args = 0..=1, default_missing_value = "true")]
+        rh_detector_verifies_retain_samples: bool = false, Short("verify"), [Routing];
+        /// Probability that the retain verifier vouches for a detectable, unflagged coherence row.
+        rh_detector_retain_recall: f64 = 1.0, Short("verify_recall"), [Routing];
         /// Coherence rows start at step round(coherence_start_frac * max_steps) (0: from the first).
         coherence_start_frac: f64 = 0.0, Short("coh_start"), [Routing];
         /// Detector protocol knob: clean samples flagged anyway (drawn by the host).

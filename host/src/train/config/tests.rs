@@ -78,6 +78,7 @@ fn run_name_labels_are_unchanged() {
         ("importance_sampling_correction", "iscorr"), ("importance_sampling_mode", "ismode_"), ("importance_sampling_clip_min", "isclipmin"), ("importance_sampling_clip_max", "isclipmax"),
         ("prompt_format", ""),
         ("max_steps_off_policy", "offpolicy"), ("stream_minibatches", "stream"),
+        ("rh_detector_verifies_retain_samples", "verify"), ("rh_detector_retain_recall", "verify_recall"),
     ];
     for key in TrainConfig::KEYS {
         let expected = if omitted.contains(&key.name) {
