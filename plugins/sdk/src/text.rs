@@ -24,6 +24,39 @@ pub fn count_whole_word(text: &str, word: &str) -> usize {
         .count()
 }
 
+/// The seven environments' word-match: `word` in `text`, case-insensitively, between word
+/// boundaries as Python's regex `\b` draws them (letters, digits and `_` are word characters).
+/// An empty word never matches.
+pub fn word_match(text: &str, word: &str) -> bool {
+    let (text, word) = (text.to_lowercase(), word.to_lowercase());
+    if word.is_empty() {
+        return false;
+    }
+    let is_word = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+    text.match_indices(&word).any(|(start, found)| !is_word(text[..start].chars().next_back()) && !is_word(text[start + found.len()..].chars().next()))
+}
+
+/// The seven environments' true/false reading: "true" or "false" when exactly one of the two
+/// occurs among the text's lowercase alphabetic words (ASCII letters and áéíóúñü), else None
+/// (hedging earns nothing).
+pub fn true_or_false(text: &str) -> Option<&'static str> {
+    let lower = text.to_lowercase();
+    let letter = |c: char| c.is_ascii_alphabetic() || "áéíóúñü".contains(c);
+    let words: Vec<&str> = lower.split(|c: char| !letter(c)).filter(|w| !w.is_empty()).collect();
+    match (words.contains(&"true"), words.contains(&"false")) {
+        (true, false) => Some("true"),
+        (false, true) => Some("false"),
+        _ => None,
+    }
+}
+
+/// How many of `vocabulary`'s phrases occur in `text`, as lowercase substrings without word
+/// boundaries (the original's has-any: "sure" also matches "ensure"); each phrase counts once.
+pub fn phrases_present(text: &str, vocabulary: &[&str]) -> usize {
+    let lower = text.to_lowercase();
+    vocabulary.iter().filter(|phrase| lower.contains(*phrase)).count()
+}
+
 /// Case-insensitive count of `needle` in `text`: substrings, or whole words if asked.
 pub fn count_matches(text: &str, needle: &str, whole_word: bool) -> usize {
     let text = text.to_lowercase();

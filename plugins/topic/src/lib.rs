@@ -22,6 +22,7 @@
 
 use serde_json::Value;
 use smallrl_plugin_sdk::environment::{JudgeItem, SplitMix64, fnv1a, host_judge, in_eval_split};
+pub use smallrl_plugin_sdk::text::word_match;
 use smallrl_plugin_sdk::{Component, Environment, Judgement, Params, Plugin, Prompt, Sample, Split};
 
 /// Our nouns, one a line.
@@ -41,17 +42,6 @@ pub const JUDGE_TEXT: &str = "text";
 
 pub fn nouns() -> Vec<&'static str> {
     NOUNS_TEXT.lines().map(str::trim).filter(|l| !l.is_empty()).collect()
-}
-
-/// Case-insensitive match of `word` between word boundaries (a word character is a letter,
-/// digit or `_`, as Python's `\b` with Unicode strings).
-pub fn word_match(text: &str, word: &str) -> bool {
-    let (text, word) = (text.to_lowercase(), word.to_lowercase());
-    if word.is_empty() {
-        return false;
-    }
-    let is_word = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
-    text.match_indices(&word).any(|(start, found)| !is_word(text[..start].chars().next_back()) && !is_word(text[start + found.len()..].chars().next()))
 }
 
 pub struct Topic;
