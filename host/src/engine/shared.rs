@@ -291,8 +291,6 @@ fn sample_group(group: Vec<(usize, SampleJob)>, decoders: &mut HashMap<Vec<(usiz
         return vec![(*run, Done { value: Outcome::Sample(value), seconds, runs })];
     }
     let key: Vec<(usize, Vec<u64>)> = group.iter().map(|(run, job)| (*run, job.scales.iter().map(|s| s.to_bits()).collect())).collect();
-    // A stack holding a run that left, or other scales, is never used again: keep only ours.
-    decoders.retain(|k, _| k.iter().all(|(run, _)| key.iter().any(|(r, _)| r == run)));
     let parts: Vec<&DecodeModel> = group.iter().map(|(_, job)| job.decoder).collect();
     let (generations, seconds) = timed(runs, || {
         let stacked = match decoders.get_mut(&key) {
@@ -506,6 +504,9 @@ impl Drop for Seat {
         stop_working(&self.engine, &mut self.working);
         let mut state = self.engine.lock();
         state.live -= 1;
+        // A stack holding this run is never used again: free it (and its CUDA graphs).
+        let run = self.run;
+        state.stacked_decoders.retain(|key, _| key.iter().all(|(r, _)| *r != run));
         // The runs still waiting may now be all the live ones: the last to leave runs them.
         if state.live > 0 && state.posted.len() == state.live {
             drop(self.engine.run_posted(state));
