@@ -85,9 +85,10 @@ pub struct SampleBench {
 
 pub fn run(command: BenchCommand) -> Result<()> {
     match command {
-        BenchCommand::Sample(args) => bench_sample(args),
-        BenchCommand::Train(args) => bench_train(args),
+        BenchCommand::Sample(args) => bench_sample(args)?,
+        BenchCommand::Train(args) => bench_train(args)?,
     }
+    print_peak_memory()
 }
 
 /// The configuration of a benchmark run: defaults, `adapter` (DualLoRA at r32), no evaluation
@@ -216,14 +217,26 @@ fn timed(work: impl FnOnce() -> Result<()>) -> Result<(f64, f64)> {
 }
 
 fn process_cpu_seconds() -> Result<f64> {
+    let usage = process_usage()?;
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    Ok(seconds(usage.ru_utime) + seconds(usage.ru_stime))
+}
+
+/// This process's resource usage so far (`getrusage`).
+fn process_usage() -> Result<libc::rusage> {
     let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
     // SAFETY: getrusage writes the struct it is given; RUSAGE_SELF is a valid target.
     let status = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) };
     anyhow::ensure!(status == 0, "getrusage failed: {}", std::io::Error::last_os_error());
     // SAFETY: initialised by the successful call above.
-    let usage = unsafe { usage.assume_init() };
-    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-    Ok(seconds(usage.ru_utime) + seconds(usage.ru_stime))
+    Ok(unsafe { usage.assume_init() })
+}
+
+/// Prints the process's peak resident memory (Linux reports `ru_maxrss` in KiB), the last
+/// line of every benchmark.
+fn print_peak_memory() -> Result<()> {
+    println!("peak memory (resident, this process): {:.0} MiB", process_usage()?.ru_maxrss as f64 / 1024.0);
+    Ok(())
 }
 
 fn bench_sample(args: SampleBench) -> Result<()> {
