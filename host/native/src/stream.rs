@@ -206,11 +206,7 @@ pub(crate) fn forward(model: &Model, block: &[TokenSlot], caches: &mut [RowCache
         rms_norm_rows(&s.x, &layer.input_layernorm, model.dims.rms_norm_eps, &mut s.h);
         layer.qkv.apply(&s.h, &mut s.fused, false, par);
         if let Some(bias) = &layer.qkv_bias {
-            for row in s.fused.chunks_exact_mut(bias.len()) {
-                for (y, b) in row.iter_mut().zip(bias) {
-                    *y += b;
-                }
-            }
+            add_row_bias(&mut s.fused, bias);
         }
         rope_and_cache(model, l, block, &mut s.fused, caches);
         attention(model, l, block, &s.fused, caches, &mut s.attn, &mut s.scores);
@@ -234,6 +230,31 @@ pub(crate) fn head(model: &Model, x: &[f32], rows: &[usize], logits: &mut Vec<f3
     model.head.apply(&picked, logits, false, par);
 }
 
+/// Adds `bias` to every row of `rows` (Qwen2's fused q/k/v biases). Kept out of line so the
+/// LLaMA decode loop stays as it was.
+#[inline(never)]
+fn add_row_bias(rows: &mut [f32], bias: &[f32]) {
+    for row in rows.chunks_exact_mut(bias.len()) {
+        for (y, b) in row.iter_mut().zip(bias) {
+            *y += b;
+        }
+    }
+}
+
+/// Qwen3's per-head RMSNorm of one fused row's `q, k` heads (`plain`) and their `rotate_half`
+/// images (`rotated`, normed by the plain head's RMS). Out of line, as [`add_row_bias`].
+#[inline(never)]
+fn qk_norm(norm: &crate::model::QkNorm, hd: usize, eps: f32, plain: &mut [f32], rotated: &mut [f32]) {
+    let heads = plain.chunks_exact_mut(hd).zip(rotated.chunks_exact_mut(hd));
+    for ((head, rot), (w, w_rot)) in heads.zip(norm.plain.chunks_exact(hd).zip(norm.rotated.chunks_exact(hd))) {
+        let inv = 1.0 / (head.iter().map(|v| v * v).sum::<f32>() / hd as f32 + eps).sqrt();
+        for j in 0..hd {
+            head[j] *= inv * w[j];
+            rot[j] *= inv * w_rot[j];
+        }
+    }
+}
+
 /// Applies the per-head q/k norm where the model has one, then RoPE, in place to the query and
 /// key part of each fused row (`q, k` then their `rotate_half` images, then `v`), and writes
 /// keys and values to the rows' caches.
@@ -248,14 +269,7 @@ pub(crate) fn rope_and_cache(model: &Model, layer: usize, block: &[TokenSlot], f
         let (plain, rest) = row.split_at_mut(qk);
         let (rotated, values) = rest.split_at_mut(qk);
         if let Some(norm) = &model.layers[layer].qk_norm {
-            let heads = plain.chunks_exact_mut(hd).zip(rotated.chunks_exact_mut(hd));
-            for ((head, rot), (w, w_rot)) in heads.zip(norm.plain.chunks_exact(hd).zip(norm.rotated.chunks_exact(hd))) {
-                let inv = 1.0 / (head.iter().map(|v| v * v).sum::<f32>() / hd as f32 + model.dims.rms_norm_eps).sqrt();
-                for j in 0..hd {
-                    head[j] *= inv * w[j];
-                    rot[j] *= inv * w_rot[j];
-                }
-            }
+            qk_norm(norm, hd, model.dims.rms_norm_eps, plain, rotated);
         }
         for (head, rot) in plain.chunks_exact_mut(hd).zip(rotated.chunks_exact(hd)) {
             for j in 0..hd {
