@@ -224,6 +224,7 @@ impl Engine {
         let mut samples = Vec::new();
         let mut references = Vec::new();
         let mut trains = Vec::new();
+        let mut outcomes = Vec::new();
         for Posted { run, job } in posted {
             match job {
                 Job::Sample(job) => samples.push((run, job)),
@@ -231,16 +232,15 @@ impl Engine {
                 Job::Train(job) => trains.push((run, job)),
             }
         }
-        let mut outcomes = Vec::new();
         let same_call = |a: &SampleJob, b: &SampleJob| a.prompts.len() == b.prompts.len() && a.params == b.params;
         for group in groups(samples, same_call) {
-            outcomes.extend(sample_group(group, decoders));
+            outcomes.extend(alone_or(group, Job::Sample, |group| sample_group(group, decoders)));
         }
         for group in groups(references, |a, b| rows(a.generation) == rows(b.generation)) {
-            outcomes.extend(reference_group(group));
+            outcomes.extend(alone_or(group, Job::Reference, reference_group));
         }
         for group in groups(trains, |a, b| a.batch.loss_mask.size()[0] == b.batch.loss_mask.size()[0]) {
-            outcomes.extend(train_group(group));
+            outcomes.extend(alone_or(group, Job::Train, train_group));
         }
         outcomes
     }
@@ -264,6 +264,17 @@ fn rows(generation: &Generation) -> i64 {
     generation.completion_ids.size()[0]
 }
 
+/// A group of one job run alone ([`run_alone`]), or a larger group by `stacked`.
+fn alone_or<'a, J>(mut group: Vec<(usize, J)>, job: fn(J) -> Job<'a>, stacked: impl FnOnce(Vec<(usize, J)>) -> Vec<(usize, Done<Outcome>)>) -> Vec<(usize, Done<Outcome>)> {
+    match group.len() {
+        1 => {
+            let (run, only) = group.pop().expect("one job");
+            vec![(run, run_alone(&job(only)))]
+        }
+        _ => stacked(group),
+    }
+}
+
 /// `jobs` in groups of mutually compatible ones, in order of first appearance.
 fn groups<J>(jobs: Vec<(usize, J)>, compatible: impl Fn(&J, &J) -> bool) -> Vec<Vec<(usize, J)>> {
     let mut groups: Vec<Vec<(usize, J)>> = Vec::new();
@@ -285,11 +296,6 @@ fn timed<T>(runs: usize, work: impl FnOnce() -> T) -> (T, f64) {
 
 fn sample_group(group: Vec<(usize, SampleJob)>, decoders: &mut HashMap<Vec<(usize, Vec<u64>)>, DecodeModel>) -> Vec<(usize, Done<Outcome>)> {
     let runs = group.len();
-    if runs == 1 {
-        let (run, job) = &group[0];
-        let (value, seconds) = timed(1, || generate(job.decoder, job.prompts, job.params, job.seed));
-        return vec![(*run, Done { value: Outcome::Sample(value), seconds, runs })];
-    }
     let key: Vec<(usize, Vec<u64>)> = group.iter().map(|(run, job)| (*run, job.scales.iter().map(|s| s.to_bits()).collect())).collect();
     let parts: Vec<&DecodeModel> = group.iter().map(|(_, job)| job.decoder).collect();
     let (generations, seconds) = timed(runs, || {
@@ -317,11 +323,6 @@ fn sample_group(group: Vec<(usize, SampleJob)>, decoders: &mut HashMap<Vec<(usiz
 
 fn reference_group(group: Vec<(usize, ReferenceJob)>) -> Vec<(usize, Done<Outcome>)> {
     let runs = group.len();
-    if runs == 1 {
-        let (run, job) = &group[0];
-        let (value, seconds) = timed(1, || reference_alone(job));
-        return vec![(*run, Done { value: Outcome::Reference(value), seconds, runs })];
-    }
     let (logprobs, seconds) = timed(runs, || {
         let models: Vec<&Llama> = group.iter().map(|(_, job)| job.model).collect();
         let ctl: Vec<&[AdapterCtl]> = group.iter().map(|(_, job)| job.ctl).collect();
@@ -346,15 +347,12 @@ fn reference_alone(job: &ReferenceJob) -> Result<Tensor> {
 
 fn train_group(group: Vec<(usize, TrainJob)>) -> Vec<(usize, Done<Outcome>)> {
     let runs = group.len();
-    let (passes, seconds) = timed(runs, || match &group[..] {
-        [(_, job)] => vec![backward_micro_batches(job.model, &job.batch, job.temperature, job.objective, 1, &mut |_, _| {})],
-        _ => {
-            let models: Vec<&Llama> = group.iter().map(|(_, job)| job.model).collect();
-            let batches: Vec<LossBatch> = group.iter().map(|(_, job)| job.batch.clone()).collect();
-            let temperatures: Vec<f64> = group.iter().map(|(_, job)| job.temperature).collect();
-            let objectives: Vec<&Objective> = group.iter().map(|(_, job)| job.objective).collect();
-            backward_stacked(&models, &batches, &temperatures, &objectives)
-        }
+    let (passes, seconds) = timed(runs, || {
+        let models: Vec<&Llama> = group.iter().map(|(_, job)| job.model).collect();
+        let batches: Vec<LossBatch> = group.iter().map(|(_, job)| job.batch).collect();
+        let temperatures: Vec<f64> = group.iter().map(|(_, job)| job.temperature).collect();
+        let objectives: Vec<&Objective> = group.iter().map(|(_, job)| job.objective).collect();
+        backward_stacked(&models, &batches, &temperatures, &objectives)
     });
     group.iter().zip(passes).map(|((run, _), pass)| (*run, Done { value: Outcome::Train(pass), seconds, runs })).collect()
 }
@@ -407,10 +405,7 @@ impl Seat {
         let decoder = &self.decoders[index].1;
         let stacks = self.engine.stacks_sampling(decoder);
         let job = Job::Sample(SampleJob { decoder, scales, prompts, params, seed });
-        let done = run_job(&self.engine, self.run, &mut self.working, stacks, job, |job| match job {
-            Job::Sample(job) => Outcome::Sample(generate(job.decoder, job.prompts, job.params, job.seed)),
-            _ => unreachable!("a sample job"),
-        })?;
+        let done = run_job(&self.engine, self.run, &mut self.working, stacks, job)?;
         match done.value {
             Outcome::Sample(value) => Ok(Done { value: value?, seconds: done.seconds + fold_seconds, runs: done.runs }),
             _ => unreachable!("a sample job's outcome"),
@@ -438,10 +433,7 @@ impl Seat {
         });
         job.native = reference.as_ref().and_then(DecodeModel::native);
         let stacks = self.engine.stacks_passes(job.model);
-        let done = run_job(&self.engine, self.run, &mut self.working, stacks, Job::Reference(job), |job| match job {
-            Job::Reference(job) => Outcome::Reference(reference_alone(&job)),
-            _ => unreachable!("a reference job"),
-        })?;
+        let done = run_job(&self.engine, self.run, &mut self.working, stacks, Job::Reference(job))?;
         match done.value {
             Outcome::Reference(value) => Ok(Done { value: value?, seconds: done.seconds, runs: done.runs }),
             _ => unreachable!("a reference job's outcome"),
@@ -451,10 +443,7 @@ impl Seat {
     /// One forward and backward pass of a run's loss: its gradients land in its parameters.
     pub fn train(&mut self, job: TrainJob<'_>) -> Result<Done<BackwardPass>> {
         let stacks = self.engine.stacks_passes(job.model);
-        let done = run_job(&self.engine, self.run, &mut self.working, stacks, Job::Train(job), |job| match job {
-            Job::Train(job) => Outcome::Train(backward_micro_batches(job.model, &job.batch, job.temperature, job.objective, 1, &mut |_, _| {})),
-            _ => unreachable!("a train job"),
-        })?;
+        let done = run_job(&self.engine, self.run, &mut self.working, stacks, Job::Train(job))?;
         match done.value {
             Outcome::Train(value) => Ok(Done { value, seconds: done.seconds, runs: done.runs }),
             _ => unreachable!("a train job's outcome"),
@@ -483,12 +472,22 @@ fn stop_working(engine: &Engine, working: &mut bool) {
     }
 }
 
-/// Runs `job` of `run` now on this thread (`alone`), or when it `stacks` at the rendezvous with
-/// the other runs' jobs, giving up the run's worker permit while it waits.
-fn run_job(engine: &Engine, run: usize, working: &mut bool, stacks: bool, job: Job<'_>, alone: impl FnOnce(Job<'_>) -> Outcome) -> Result<Done<Outcome>> {
+/// A job run by itself: the one place each kind of job has its solo implementation (a run
+/// that does not stack, and a group of one at the rendezvous).
+fn run_alone(job: &Job) -> Done<Outcome> {
+    let (value, seconds) = timed(1, || match job {
+        Job::Sample(job) => Outcome::Sample(generate(job.decoder, job.prompts, job.params, job.seed)),
+        Job::Reference(job) => Outcome::Reference(reference_alone(job)),
+        Job::Train(job) => Outcome::Train(backward_micro_batches(job.model, &job.batch, job.temperature, job.objective, 1, &mut |_, _| {})),
+    });
+    Done { value, seconds, runs: 1 }
+}
+
+/// Runs `job` of `run` now on this thread, or when it `stacks` at the rendezvous with the other
+/// runs' jobs, giving up the run's worker permit while it waits.
+fn run_job(engine: &Engine, run: usize, working: &mut bool, stacks: bool, job: Job<'_>) -> Result<Done<Outcome>> {
     if !stacks {
-        let (value, seconds) = timed(1, || alone(job));
-        return Ok(Done { value, seconds, runs: 1 });
+        return Ok(run_alone(&job));
     }
     let was_working = *working;
     stop_working(engine, working);
