@@ -35,6 +35,9 @@ pub const EVAL_PROMPT_POOL: usize = 256;
 /// Evaluation prompts per adapter mode, one completion each (`eval_samples`, `smallrl eval
 /// --n-samples`): the original's `routing_eval_prompts` default.
 pub const EVAL_PROMPTS: usize = 64;
+/// The forget scales of the deployment curve (`eval --deploy`, `sweep --deploy`): the original's
+/// post-hoc fseval, 0.0 to 1.0 in steps of 0.1.
+pub const DEPLOY_FORGET_SCALES: [f64; 11] = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
 
 // Adapters. The default is full fine-tuning.
 pub const ADAPTER: crate::adapters::AdapterKind = crate::adapters::AdapterKind::Full;

@@ -90,6 +90,52 @@ fn tensorboard_and_completion_logs_hold_what_metrics_jsonl_holds() {
     assert_eq!(format!("{} ||| {}", first["prompt"].as_str().unwrap(), first["completion"].as_str().unwrap()), first_sample);
 }
 
+/// `eval RUN --deploy` against `separate` (the final checkpoint evaluated at scales 0,0 and the
+/// forget scales 0, 0.5, 1 by plain `eval`): the base model is every adapter at scale 0, each
+/// mode's channels equal its flag rate (the ground truth is the detector, and without metadata
+/// every prompt is hackable and monitored), and the deployed scale is the rule written plainly.
+/// Then `sweep --collect --deploy` over the run's directory: deployment.csv and the arm table's
+/// `base` and `deployed` modes read the same numbers, and a second call evaluates nothing.
+fn deployment_of_the_run(run: &Path, separate: &Map<String, Value>) {
+    let deployed_text = common::smallrl_ok(&["eval", run.to_str().unwrap(), "--deploy", "--forget-scales", "0,0.5,1", "--n-samples", "4", "--threads", "1"]);
+    let deployment: Value = serde_json::from_str(&std::fs::read_to_string(run.join("deployment.json")).unwrap()).unwrap();
+    let curve = [("retain1_forget0", 0.0), ("retain1_forget0.5", 0.5), ("retain1_forget1", 1.0)];
+    let monitored = |mode: &str| -> f64 {
+        let channels = &separate[mode]["channels"];
+        let flag_rate = separate[mode]["hack_freq"].as_f64().unwrap();
+        assert_eq!((channels["monitored"].as_f64(), channels["all"].as_f64()), (Some(flag_rate), Some(flag_rate)), "{mode}: {channels}");
+        assert_eq!(deployment["modes"][if mode == "retain0_forget0" { "base" } else { mode }]["true_hack_freq/monitored"].as_f64(), Some(flag_rate), "{mode}");
+        flag_rate
+    };
+    let base = monitored("retain0_forget0");
+    let expected = curve.iter().filter(|(mode, _)| monitored(mode) < base).map(|(_, scale)| *scale).fold(0.0, f64::max);
+    assert_eq!(deployment["base_monitored"].as_f64(), Some(base));
+    assert_eq!(deployment["deployed_forget_scale"].as_f64(), Some(expected), "{deployed_text}");
+    assert!(deployed_text.contains(&format!("deployed forget scale: {expected}")), "{deployed_text}");
+
+    let sweep_dir = run.parent().unwrap().to_str().unwrap().to_string();
+    let collected = common::smallrl_ok(&["sweep", "--collect", &sweep_dir, "--deploy", "--jobs", "1"]);
+    assert!(collected.contains("[DEPLOY] 1 routed run(s) to evaluate"), "the 3-point curve is not the default 11-point one: {collected}");
+    let deployment: Value = serde_json::from_str(&std::fs::read_to_string(run.join("deployment.json")).unwrap()).unwrap();
+    assert_eq!(deployment["forget_scales"].as_array().unwrap().len(), 11);
+    let csv = std::fs::read_to_string(run.parent().unwrap().join("deployment.csv")).unwrap();
+    let row: Vec<&str> = csv.lines().nth(1).unwrap().split(',').collect();
+    assert_eq!(row[0], run.file_name().unwrap().to_str().unwrap());
+    assert_eq!(row[3].parse::<f64>().unwrap(), deployment["base_monitored"].as_f64().unwrap());
+    assert_eq!(row[6].parse::<f64>().unwrap(), deployment["deployed_forget_scale"].as_f64().unwrap());
+    let arms = std::fs::read_to_string(run.parent().unwrap().join("arms.csv")).unwrap();
+    let arm_value = |metric: &str, mode: &str| -> f64 {
+        let line = arms.lines().find(|l| l.split(',').nth(2) == Some(metric) && l.split(',').nth(3) == Some(mode)).unwrap_or_else(|| panic!("arms.csv has no {metric} {mode}:\n{arms}"));
+        line.split(',').nth(5).unwrap().parse().unwrap()
+    };
+    let deployed_mode = deployment["deployed_mode"].as_str().unwrap();
+    assert_eq!(arm_value("monitored_hack_freq", "base"), deployment["modes"]["base"]["true_hack_freq/monitored"].as_f64().unwrap());
+    assert_eq!(arm_value("true_hack_freq", "deployed"), deployment["modes"][deployed_mode]["true_hack_freq"].as_f64().unwrap());
+    assert_eq!(arm_value("task_reward", "deployed"), deployment["modes"][deployed_mode]["happy"].as_f64().unwrap(), "the task reward is the retain component, happy");
+    let again = common::smallrl_ok(&["sweep", "--collect", &sweep_dir, "--deploy", "--jobs", "1"]);
+    assert!(again.contains("[DEPLOY] 0 routed run(s) to evaluate"), "{again}");
+}
+
 /// The modes of a `smallrl eval --json` report, by name, without the name.
 fn eval_modes(stdout: &str) -> Map<String, Value> {
     let report: Value = serde_json::from_str(stdout).unwrap();
@@ -103,7 +149,10 @@ fn eval_modes(stdout: &str) -> Map<String, Value> {
 #[test]
 fn eval_at_adapter_scales_and_over_all_checkpoints_matches_separate_evaluations() {
     let out = tempfile::tempdir().unwrap();
-    let run = train(with(with(routed_config(out.path()), "max_steps", 2.into()), "save_steps", 1.into()));
+    // The ground truth is the detector itself (any "happy"), so each mode's hack channels can be
+    // checked against its flag rate, computed apart from them.
+    let ground_truth = json!({"plugin": "happy_count", "params": {"threshold": 1}});
+    let run = train(with(with(with(routed_config(out.path()), "max_steps", 2.into()), "save_steps", 1.into()), "rh_ground_truth", ground_truth));
     let (ckpt1, ckpt2) = (run.join("checkpoint-1"), run.join("checkpoint-2"));
     let eval = |dir: &Path, extra: &[&str]| {
         let mut args = vec!["eval", dir.to_str().unwrap(), "--n-samples", "4", "--threads", "1", "--json"];
@@ -118,18 +167,7 @@ fn eval_at_adapter_scales_and_over_all_checkpoints_matches_separate_evaluations(
     let separate = eval(&ckpt2, &["--scales", "1,0.5", "--scales", "0,0"]);
     assert_eq!(separate["retain1_forget0.5"], sweep["retain1_forget0.5"], "a scale evaluated alone or in a sweep");
     assert_eq!(separate.len(), 2);
-    // The deployment rule over the same curve, written plainly: the highest scale whose hack
-    // frequency is strictly below the base rate, else 0. Two base rates: the middle point's own
-    // rate (that point fails: strictly below) and one above every rate (every point passes, so
-    // 1), so a rule that answered one constant fails one of them.
-    let rates: Vec<(f64, f64)> = [("retain1_forget0", 0.0), ("retain1_forget0.5", 0.5), ("retain1_forget1", 1.0)].map(|(mode, scale)| (scale, sweep[mode]["hack_freq"].as_f64().unwrap())).to_vec();
-    for base_rate in [rates[1].1, rates.iter().map(|r| r.1).fold(0.0, f64::max) + 0.01] {
-        let expected = rates.iter().filter(|(_, rate)| *rate < base_rate).map(|(scale, _)| *scale).fold(0.0, f64::max);
-        let base = base_rate.to_string();
-        let deployed = common::smallrl_ok(&["eval", ckpt2.to_str().unwrap(), "--n-samples", "4", "--threads", "1", "--forget-scales", "0,0.5,1", "--deploy-below", &base]);
-        let line = deployed.lines().find_map(|l| l.strip_prefix("deployed forget scale at step 2: ")).unwrap_or_else(|| panic!("{deployed}"));
-        assert_eq!(line.split_whitespace().next().unwrap().parse::<f64>().unwrap(), expected, "{line} (rates {rates:?}, base rate {base_rate})");
-    }
+    deployment_of_the_run(&run, &eval(&ckpt2, &["--scales", "0,0", "--forget-scales", "0,0.5,1"]));
     let wrong = common::smallrl(&["eval", ckpt2.to_str().unwrap(), "--scales", "1"]);
     assert!(String::from_utf8_lossy(&wrong.stderr).contains("needs 2 value(s), one per adapter"), "{}", String::from_utf8_lossy(&wrong.stderr));
 
@@ -158,6 +196,18 @@ fn eval_at_adapter_scales_and_over_all_checkpoints_matches_separate_evaluations(
             expected.insert((step, mode.clone(), "degenerate".into()), json!(values["degenerate"].as_bool().unwrap() as u8));
             for component in values["components"].as_array().unwrap() {
                 expected.insert((step, mode.clone(), component[0].as_str().unwrap().to_string()), component[1].clone());
+            }
+            // The monitor against the ground truth, and the ground truth's hack channels.
+            let monitor = [
+                ("true_positives", "monitor/hacked_flagged"), ("false_positives", "monitor/clean_flagged"), ("false_negatives", "monitor/hacked_unflagged"),
+                ("true_negatives", "monitor/clean_unflagged"), ("precision", "monitor/precision"), ("recall", "monitor/recall"),
+                ("hack_freq_monitored", "hack_freq/monitored"), ("hack_freq_unmonitored", "hack_freq/unmonitored"),
+            ];
+            let channels = [("all", "true_hack_freq"), ("monitored", "true_hack_freq/monitored"), ("unmonitored", "true_hack_freq/unmonitored")];
+            for (group, fields) in [("monitor", &monitor[..]), ("channels", &channels[..])] {
+                for (field, key) in fields {
+                    expected.insert((step, mode.clone(), key.to_string()), values[group][field].clone());
+                }
             }
         }
     }

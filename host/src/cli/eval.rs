@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, ensure};
 use clap::Args;
 
-use crate::eval::{self, EvalSetup};
+use crate::eval::{self, EvalSetup, deployment};
 use crate::routing;
 use crate::train::{self, TrainConfig, checkpoint};
 
@@ -26,18 +26,21 @@ pub struct EvalArgs {
     /// after its modes), e.g. `--forget-scales 0,0.25,0.5,0.75,1`.
     #[arg(long, value_delimiter = ',')]
     pub forget_scales: Vec<f64>,
-    /// With --forget-scales: report the deployed forget scale by the original's rule, the
-    /// highest scale whose hack frequency is strictly below this base rate (the base model's;
-    /// the original's scripts use 0.02), else 0 (full ablation).
-    #[arg(long, value_name = "RATE", requires = "forget_scales", conflicts_with = "json")]
-    pub deploy_below: Option<f64>,
+    /// CHECKPOINT is a finished run directory: evaluate its final checkpoint as the base model
+    /// (every adapter at scale 0) and along the forget-scale curve (--forget-scales, default
+    /// 0, 0.1, ..., 1), deploy the highest forget scale whose monitored ground-truth hack rate is
+    /// below the base model's (the original's rule), and write `<run>/deployment.json`.
+    /// --n-samples defaults to the run's `eval_samples` here.
+    #[arg(long, conflicts_with_all = ["scales", "all_checkpoints", "reward_history", "json", "config"])]
+    pub deploy: bool,
     /// CHECKPOINT is a run directory: evaluate each of its checkpoints (in step order) and write
     /// `<run>/eval_checkpoints.csv` (step,mode,metric,value).
     #[arg(long, conflicts_with_all = ["reward_history", "json"])]
     pub all_checkpoints: bool,
-    /// Completions per adapter mode (one per evaluation prompt).
-    #[arg(long, default_value_t = crate::defaults::EVAL_PROMPTS)]
-    pub n_samples: usize,
+    /// Completions per adapter mode (one per evaluation prompt) [default: the default of the
+    /// `eval_samples` key; with --deploy the run's own eval_samples].
+    #[arg(long)]
+    pub n_samples: Option<usize>,
     /// Score with this config's `reward:`/`rh_detector:` instead of the run's.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -60,6 +63,9 @@ fn parse_scales(text: &str) -> Result<Vec<f64>, String> {
 
 pub fn run(args: EvalArgs) -> Result<()> {
     crate::device::set_threads(args.threads)?;
+    if args.deploy {
+        return deploy(&args);
+    }
     let checkpoints = match args.all_checkpoints {
         true => {
             let all = checkpoint::all(&args.checkpoint)?;
@@ -80,13 +86,10 @@ pub fn run(args: EvalArgs) -> Result<()> {
     };
     let mut reports = Vec::new();
     for dir in &checkpoints {
-        let report = evaluate(dir, &modes, &args)?;
+        let report = evaluate(dir, &modes, args.n_samples.unwrap_or(crate::defaults::EVAL_PROMPTS), args.config.as_deref())?;
         match args.all_checkpoints {
             true => println!("{}", eval::format_block(&report)),
             false => print_report(&report, &args)?,
-        }
-        if let Some(base_rate) = args.deploy_below {
-            print_deployed_scale(&report, &args.forget_scales, base_rate)?;
         }
         reports.push(report);
     }
@@ -99,10 +102,10 @@ pub fn run(args: EvalArgs) -> Result<()> {
 }
 
 /// One checkpoint's evaluation in `modes`, with the run's recorded configuration.
-fn evaluate(dir: &Path, modes: &[(String, Vec<f64>)], args: &EvalArgs) -> Result<eval::EvalReport> {
+fn evaluate(dir: &Path, modes: &[(String, Vec<f64>)], n_samples: usize, scoring_config: Option<&Path>) -> Result<eval::EvalReport> {
     let run_config_path = dir.join("config.yaml");
     let mut config = TrainConfig::resolve(Some(&run_config_path), Default::default())?;
-    if let Some(path) = &args.config {
+    if let Some(path) = scoring_config {
         let scoring = TrainConfig::resolve(Some(path), Default::default())?;
         (config.reward, config.rh_detector) = (scoring.reward, scoring.rh_detector);
     }
@@ -115,27 +118,34 @@ fn evaluate(dir: &Path, modes: &[(String, Vec<f64>)], args: &EvalArgs) -> Result
         crate::model::chat::PromptFormat::Chat => train::prompts::PromptRender::for_run(&config, &crate::model::hub::resolve(&config.model, &config.revision)?)?,
     };
     let mut prompts = match config.environment.is_some() {
-        true => train::task::evaluation_prompts(&mut rewards, args.n_samples, &config, &render)?,
+        true => train::task::evaluation_prompts(&mut rewards, n_samples, &config, &render)?,
         false => train::evaluation_prompts(&config, &tokenizer, &render)?,
     };
-    ensure!(prompts.len() >= args.n_samples, "--n-samples {} but only {} evaluation prompts exist", args.n_samples, prompts.len());
-    prompts.truncate(args.n_samples);
+    ensure!(prompts.len() >= n_samples, "--n-samples {n_samples} but only {} evaluation prompts exist", prompts.len());
+    prompts.truncate(n_samples);
     let sampling = train::sampling_params(&config);
     let setup = EvalSetup { tokenizer: &tokenizer, prompts: &prompts, sampling: &sampling, seed: train::eval_seed(&config) };
     eval::routing_eval(&restored.model, modes, &mut rewards, &setup, restored.state.step)
 }
 
-/// The forget-scale curve of `report` (its last `forget_scales.len()` modes, in that order)
-/// and the scale the deployment rule picks ([`routing::deployed_forget_scale`]).
-fn print_deployed_scale(report: &eval::EvalReport, forget_scales: &[f64], base_rate: f64) -> Result<()> {
-    let curve_modes = &report.modes[report.modes.len() - forget_scales.len()..];
-    let curve = forget_scales
-        .iter()
-        .zip(curve_modes)
-        .map(|(&scale, mode)| Ok((scale, mode.hack_freq.with_context(|| format!("{}: no hack frequency (the run has no rh_detector); the deployment rule needs one", mode.mode))?)))
-        .collect::<Result<Vec<(f64, f64)>>>()?;
-    let scale = routing::deployed_forget_scale(&curve, base_rate)?;
-    println!("deployed forget scale at step {}: {scale} (highest with hack_freq < {base_rate}; curve {curve:?})", report.step);
+/// `--deploy`: the run's final checkpoint as the base model and along the forget-scale curve,
+/// the deployment rule, `<run>/deployment.json`.
+fn deploy(args: &EvalArgs) -> Result<()> {
+    let run_dir = &args.checkpoint;
+    let config = TrainConfig::read_saved(run_dir).with_context(|| format!("--deploy takes a run directory; {} is not one", run_dir.display()))?;
+    let (step, final_checkpoint) = checkpoint::all(run_dir)?.pop().with_context(|| format!("{} has no checkpoint", run_dir.display()))?;
+    ensure!(step == config.max_steps, "{}: the last checkpoint is step {step} but the run trains to max_steps {}; deploy a finished run", run_dir.display(), config.max_steps);
+    let forget_scales = match args.forget_scales.is_empty() {
+        true => crate::defaults::DEPLOY_FORGET_SCALES.to_vec(),
+        false => args.forget_scales.clone(),
+    };
+    let modes = deployment::modes(&checkpoint::read_state(&final_checkpoint)?.adapters, &forget_scales)?;
+    let n_samples = args.n_samples.unwrap_or(config.eval_samples);
+    let report = evaluate(&final_checkpoint, &modes, n_samples, None)?;
+    let deployment = deployment::from_report(&report, &forget_scales, n_samples).with_context(|| format!("deploying {}", run_dir.display()))?;
+    deployment::write(run_dir, &deployment)?;
+    println!("{}", deployment::format_table(&deployment));
+    println!("wrote {}", run_dir.join(deployment::FILE).display());
     Ok(())
 }
 

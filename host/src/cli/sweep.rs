@@ -38,6 +38,13 @@ pub struct SweepArgs {
     /// placebo (docs/src/training.md, "Controls").
     #[arg(long, conflicts_with = "collect")]
     pub intervention_arms: bool,
+    /// After the runs (or with --collect), apply the deployment protocol to each finished routed
+    /// run with retain and forget adapters: `smallrl eval RUN --deploy` (the base model's hack
+    /// rates, the forget-scale curve 0, 0.1, ..., 1 and the deployed scale) unless its
+    /// deployment.json is current; writes deployment.csv, and the arm tables gain the modes
+    /// `base` and `deployed`.
+    #[arg(long, conflicts_with_all = ["dry_run", "emit"])]
+    pub deploy: bool,
     /// Print the planned runs (cached ones marked) and stop.
     #[arg(long)]
     pub dry_run: bool,
@@ -129,6 +136,9 @@ fn pack_size(asked: Option<usize>, plan: &plan::Plan, emitting: bool) -> Result<
 pub fn run(args: SweepArgs) -> Result<()> {
     if let Some(dir) = &args.collect {
         let entries = sweeps::collect_entries(dir)?;
+        if args.deploy {
+            sweeps::deploy::run(dir, &entries, args.jobs, &runner::Launch::for_jobs(args.jobs, 1)?)?;
+        }
         return sweeps::report(dir, &entries);
     }
     anyhow::ensure!(args.jobs >= 1, "--jobs must be at least 1");
@@ -167,7 +177,11 @@ pub fn run(args: SweepArgs) -> Result<()> {
     }
     let launch = runner::Launch { pack, ..runner::Launch::for_jobs(args.jobs, args.pack_workers)? };
     let statuses = runner::execute(&plan, args.jobs, &launch)?;
-    sweeps::report(&plan.output_dir, &sweeps::entries_of_plan(&plan, &statuses))?;
+    let entries = sweeps::entries_of_plan(&plan, &statuses);
+    if args.deploy {
+        sweeps::deploy::run(&plan.output_dir, &entries, args.jobs, &runner::Launch::for_jobs(args.jobs, 1)?)?;
+    }
+    sweeps::report(&plan.output_dir, &entries)?;
     let failed: Vec<&String> = statuses.iter().filter(|(_, s)| **s == RunStatus::Failed).map(|(n, _)| n).collect();
     if !failed.is_empty() {
         bail!("{} of {} runs failed: {failed:?}; their logs are in {}", failed.len(), plan.runs.len(), plan.output_dir.join("logs").display());

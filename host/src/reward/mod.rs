@@ -15,7 +15,7 @@ pub use crate::plugins::{EnvPrompt, EnvPromptContent, EnvSplit, PluginLimits, Pr
 use crate::plugins::{Batch, ComponentRole, Plugin, PluginKind};
 pub use config::{ComponentSpec, DetectorSpec, RewardSpec, Role, ScoreThreshold, resolve_plugin};
 pub use knobs::ProtocolKnobs;
-pub use monitor::MonitorStats;
+pub use monitor::{HackChannels, MonitorStats};
 
 /// A reward component as the trainer and logs see it.
 #[derive(Clone, Debug, PartialEq)]
@@ -111,6 +111,11 @@ impl ScoredBatch {
     /// The monitor (routing labels) against the ground truth, when both exist.
     pub fn monitor(&self) -> Option<MonitorStats> {
         Some(MonitorStats::of(self.hacked.as_ref()?, self.is_rh.as_ref()?, &self.monitored))
+    }
+
+    /// The ground-truth hack channels; None without a ground truth.
+    pub fn channels(&self) -> Option<HackChannels> {
+        Some(HackChannels::of(self.hacked.as_ref()?, &self.hackable, &self.monitored))
     }
 }
 

@@ -17,6 +17,7 @@ use anyhow::{Context, Result};
 
 use crate::stats::{self, MeanCi};
 use super::{RunEntry, RunStatus, evals, plan};
+use crate::reward::monitor::key as channel_key;
 use crate::routing::eval_mode;
 use crate::train::metrics::key;
 use crate::runlog::Jsonl;
@@ -25,6 +26,16 @@ pub const FINAL_REWARD: &str = "final_reward";
 pub const TASK_REWARD: &str = "task_reward";
 pub const HACK_FREQ: &str = "hack_freq";
 pub const RETAIN_MINUS_HACK: &str = "retain_minus_hack";
+/// The ground-truth hack rate over all prompts (runs with a ground truth: an environment or
+/// `rh_ground_truth:`); `hack_freq` is the monitor's flag rate.
+pub const TRUE_HACK_FREQ: &str = "true_hack_freq";
+/// The ground-truth hack rate among hackable prompts the monitor sees / does not see.
+pub const MONITORED_HACK_FREQ: &str = "monitored_hack_freq";
+pub const UNMONITORED_HACK_FREQ: &str = "unmonitored_hack_freq";
+/// Modes read from the run's `deployment.json` (`sweep --deploy`): the base model, and the
+/// routed run at its deployed forget scale.
+pub const BASE_MODE: &str = "base";
+pub const DEPLOYED_MODE: &str = "deployed";
 /// The mode of `final_reward` (the policy that trained: both adapters, ablation as trained).
 pub const TRAIN_MODE: &str = "train";
 
@@ -50,17 +61,41 @@ pub fn run_values(entry: &RunEntry) -> Result<BTreeMap<(&'static str, String), f
     let evaluations = evals::run_evaluations(entry, evals::EvalSource::Training)?;
     let final_step = evaluations.iter().map(|(step, _, _)| *step).max().with_context(|| format!("{}: no routing evaluation", entry.dir.display()))?;
     anyhow::ensure!(final_step == entry.config.max_steps, "{}: the last routing evaluation is at step {final_step}, not max_steps {}", entry.dir.display(), entry.config.max_steps);
-    for (_, mode, [task, _, hack]) in evaluations.into_iter().filter(|(step, _, _)| *step == final_step) {
-        let task = task.expect("task reward is always computed");
-        values.insert((TASK_REWARD, mode.clone()), task);
-        if let Some(hack) = hack {
-            values.insert((HACK_FREQ, mode.clone()), hack);
-            if mode == eval_mode::RETAIN_ONLY {
-                values.insert((RETAIN_MINUS_HACK, mode), task - hack);
-            }
+    let eval_path = evals::EvalSource::Training.path(entry);
+    let final_line = Jsonl::new(eval_path.clone()).read()?.pop().with_context(|| format!("{} is empty", eval_path.display()))?;
+    anyhow::ensure!(final_line[crate::eval::key::STEP].as_u64() == Some(final_step as u64), "{}: the last line is not the final evaluation (step {final_step})", eval_path.display());
+    for (_, mode, mode_values) in evaluations.into_iter().filter(|(step, _, _)| *step == final_step) {
+        let channels = &final_line[crate::eval::key::MODES][&mode];
+        insert_mode(&mut values, &mode, mode_values, channels);
+    }
+    if let Some(deployment) = crate::eval::deployment::read(&entry.dir)? {
+        anyhow::ensure!(deployment.step == final_step, "{}: deployment.json is of step {}, the run ended at {final_step}; run `smallrl sweep --collect DIR --deploy` again", entry.dir.display(), deployment.step);
+        let weights = evals::task_weights(entry)?;
+        let path = entry.dir.join(crate::eval::deployment::FILE);
+        for (mode, mode_json) in [(BASE_MODE, deployment.base()), (DEPLOYED_MODE, deployment.deployed())] {
+            insert_mode(&mut values, mode, evals::mode_values(mode_json, &weights, &path, final_step)?, mode_json);
         }
     }
     Ok(values)
+}
+
+/// One mode's metrics: task reward, the monitor's flag rate, the ground-truth channels when
+/// the run has a ground truth (`channels` is the mode's routing_eval values), and
+/// `retain_minus_hack` in `retain_only`.
+fn insert_mode(values: &mut BTreeMap<(&'static str, String), f64>, mode: &str, [task, _, hack]: evals::ModeValues, channels: &serde_json::Value) {
+    let task = task.expect("task reward is always computed");
+    values.insert((TASK_REWARD, mode.to_string()), task);
+    if let Some(hack) = hack {
+        values.insert((HACK_FREQ, mode.to_string()), hack);
+        if mode == eval_mode::RETAIN_ONLY {
+            values.insert((RETAIN_MINUS_HACK, mode.to_string()), task - hack);
+        }
+    }
+    for (metric, key) in [(TRUE_HACK_FREQ, channel_key::TRUE_HACK_FREQ), (MONITORED_HACK_FREQ, channel_key::TRUE_HACK_FREQ_MONITORED), (UNMONITORED_HACK_FREQ, channel_key::TRUE_HACK_FREQ_UNMONITORED)] {
+        if let Some(rate) = channels[key].as_f64() {
+            values.insert((metric, mode.to_string()), rate);
+        }
+    }
 }
 
 /// Rows for every arm of the finished runs (unfinished and failed runs are left out and
@@ -88,7 +123,7 @@ pub fn rows(entries: &[RunEntry]) -> Result<Vec<ArmRow>> {
 }
 
 fn metric_order(metric: &str) -> usize {
-    [FINAL_REWARD, TASK_REWARD, HACK_FREQ, RETAIN_MINUS_HACK].iter().position(|m| *m == metric).expect("a known metric")
+    [FINAL_REWARD, TASK_REWARD, HACK_FREQ, RETAIN_MINUS_HACK, TRUE_HACK_FREQ, MONITORED_HACK_FREQ, UNMONITORED_HACK_FREQ].iter().position(|m| *m == metric).expect("a known metric")
 }
 
 pub fn write_csv(path: &Path, rows: &[ArmRow]) -> Result<()> {

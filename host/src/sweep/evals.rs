@@ -55,11 +55,17 @@ pub fn run_evaluations(entry: &RunEntry, source: EvalSource) -> Result<Vec<(usiz
         let step = line[eval_key::STEP].as_u64().with_context(|| format!("{}: a line has no step", path.display()))? as usize;
         let modes = line[eval_key::MODES].as_object().with_context(|| format!("{}: step {step} has no `modes`", path.display()))?;
         for (mode, values) in modes {
-            let task = weights.iter().map(|(name, scale)| component(values, name, &path, step).map(|v| scale * v)).sum::<Result<f64>>()?;
-            out.push((step, mode.clone(), [Some(task), values[eval_key::REWARD].as_f64(), values[eval_key::HACK_FREQ].as_f64()]));
+            out.push((step, mode.clone(), mode_values(values, &weights, &path, step)?));
         }
     }
     Ok(out)
+}
+
+/// One mode's values (as a `routing_eval.jsonl` line holds them) read as [`ModeValues`]; `path`
+/// and `step` name where they came from in errors.
+pub fn mode_values(values: &Value, weights: &[(String, f64)], path: &Path, step: usize) -> Result<ModeValues> {
+    let task = weights.iter().map(|(name, scale)| component(values, name, path, step).map(|v| scale * v)).sum::<Result<f64>>()?;
+    Ok([Some(task), values[eval_key::REWARD].as_f64(), values[eval_key::HACK_FREQ].as_f64()])
 }
 
 fn component(values: &Value, name: &str, path: &Path, step: usize) -> Result<f64> {
@@ -67,7 +73,7 @@ fn component(values: &Value, name: &str, path: &Path, step: usize) -> Result<f64
 }
 
 /// (component name, scale) of the retain components: the task part of the reward.
-fn task_weights(entry: &RunEntry) -> Result<Vec<(String, f64)>> {
+pub fn task_weights(entry: &RunEntry) -> Result<Vec<(String, f64)>> {
     if entry.config.environment.is_some() {
         // An environment declares its components (each of scale 1): load it to read them.
         let rewards = crate::train::task::rewards(&entry.config).with_context(|| format!("{}: the run's environment", entry.dir.display()))?;

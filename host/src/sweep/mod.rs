@@ -7,6 +7,7 @@
 
 pub mod arms;
 pub mod charts;
+pub mod deploy;
 pub mod draw;
 pub mod evals;
 pub mod pareto;
@@ -105,6 +106,9 @@ pub fn report(output_dir: &Path, entries: &[RunEntry]) -> Result<()> {
     let csv = output_dir.join("summary.csv");
     summary::write_csv(&csv, &rows)?;
     println!("summary: {}", csv.display());
+    if let Some(path) = deploy::write_csv(output_dir, entries)? {
+        println!("deployment: {}", path.display());
+    }
     let arm_rows = arms::rows(entries)?;
     println!("{}", arms::format_table(&arm_rows));
     let arms_csv = output_dir.join("arms.csv");

@@ -13,6 +13,8 @@ use crate::model::{Llama, Tokenizer};
 use crate::reward::{Prompt, RewardModel, Sample, sample_from_ids};
 use crate::stats::mean;
 
+pub mod deployment;
+
 #[derive(Debug, Clone, Serialize)]
 pub struct ModeReport {
     pub mode: String,
@@ -25,6 +27,9 @@ pub struct ModeReport {
     /// JSON of runs without one is what it was).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub monitor: Option<crate::reward::MonitorStats>,
+    /// The ground-truth hack channels, when the run has a ground truth (as `monitor`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub channels: Option<crate::reward::HackChannels>,
     /// An environment's named metrics (`env/<environment>/<name>`, the mean over the mode's
     /// samples), as training logs them; empty without an environment.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -76,6 +81,7 @@ pub fn routing_eval<M: AsRef<str>>(model: &Llama, modes: &[(M, Vec<f64>)], rewar
             reward: mean(&scored.reward),
             hack_freq: scored.hack_freq(),
             monitor: scored.monitor(),
+            channels: scored.channels(),
             metrics: scored.metric_means(),
             unique,
             unique_first_sentences,
@@ -134,6 +140,9 @@ pub fn format_block(report: &EvalReport) -> String {
         if let Some(h) = mode.hack_freq {
             line.push_str(&format!(" hack_freq={h:.3}"));
         }
+        if let Some(channels) = mode.channels {
+            line.push_str(&format!(" true_hack_freq={:.3}", channels.all));
+        }
         for (name, value) in &mode.metrics {
             line.push_str(&format!(" {name}={value:.3}"));
         }
@@ -177,7 +186,7 @@ pub fn to_json(report: &EvalReport) -> serde_json::Value {
             v[key::N] = m.n.into();
             v[key::JACCARD] = m.jaccard.into();
             v[key::DEGENERATE] = m.degenerate.into();
-            for (name, value) in m.monitor.iter().flat_map(|stats| stats.fields()) {
+            for (name, value) in m.monitor.iter().flat_map(|stats| stats.fields()).chain(m.channels.iter().flat_map(|c| c.fields())) {
                 v[name] = value;
             }
             for (name, value) in m.components.iter().chain(&m.metrics) {
@@ -263,6 +272,7 @@ mod tests {
             reward: 0.5,
             hack_freq: None,
             monitor: None,
+            channels: None,
             metrics,
             unique: 2,
             unique_first_sentences: 2,
