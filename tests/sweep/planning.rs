@@ -173,3 +173,21 @@ fn intervention_arms_plan_every_control_beside_the_routed_run() {
     let error = format!("{:#}", plan::plan(&unrouted).unwrap_err());
     assert!(error.contains("--intervention-arms expands a routed configuration"), "{error}");
 }
+
+/// The reward-penalty arm keeps the routed run's coherence rows (the original's
+/// matrix_rp_7envs: the same verified coherence extras); the non-routed baseline has none.
+#[test]
+fn the_penalty_arm_keeps_the_coherence_rows_of_the_routed_run() {
+    use smallrl::intervention::Intervention;
+    let out = tempfile::tempdir().unwrap();
+    let fixed = ["max_steps=4", "routing_mode=classic", "coh_samples_per_rollout=16", "rh_detector_verifies_retain_samples=true", "rh_detector_retain_recall=0.5"];
+    let mut arms = spec(out.path(), &[], &fixed);
+    arms.intervention_arms = true;
+    let plan = plan::plan(&arms).unwrap();
+    let arm = |intervention: Intervention, routed: bool| plan.runs.iter().find(|r| r.config.intervention == intervention && (r.config.routing_mode.as_str() != "none") == routed).unwrap();
+    for config in [&arm(Intervention::Routing, true).config, &arm(Intervention::Penalty, false).config] {
+        assert_eq!((config.coh_samples_per_rollout, config.rh_detector_verifies_retain_samples, config.rh_detector_retain_recall), (16, true, 0.5), "{config:?}");
+    }
+    let baseline = &arm(Intervention::Routing, false).config;
+    assert_eq!((baseline.coh_samples_per_rollout, baseline.rh_detector_verifies_retain_samples), (0, false));
+}

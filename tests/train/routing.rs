@@ -83,6 +83,33 @@ fn coherence_rows_train_retain_alone_from_the_start_fraction_on() {
     assert!(common::max_abs_diff(&sampled, &trained) < 1e-4, "coherence rows are sampled as they are trained, forget off");
 }
 
+/// The reward-penalty comparator with coherence rows (the original's matrix_rp_7envs): no
+/// routing, flagged routing rows pay `rh_penalty`, and the last group is a coherence group sampled
+/// and trained with the forget adapter off.
+#[test]
+fn a_penalty_run_without_routing_trains_coherence_rows_with_the_forget_adapter_off() {
+    let out = tempfile::tempdir().unwrap();
+    let dump = out.path().join("dump");
+    let mut config = with(routed_config(out.path()), "max_steps", 1.into());
+    for (key, value) in [("routing_mode", json!("none")), ("intervention", json!("penalty")), ("rh_penalty", json!(0.5)), ("coh_samples_per_rollout", json!(4)), ("dump_batches", json!(dump))] {
+        config = with(config, key, value);
+    }
+    train(config);
+    let tensors = smallrl::model::weights::read_safetensors(&dump.join("step-1.safetensors")).unwrap();
+    let values = |key: &str| Vec::<f64>::try_from(tensors[key].to_kind(tch::Kind::Double)).unwrap();
+    assert_eq!(values("coherence"), [0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]);
+    let (rewards, happy, is_rh) = (values("rewards"), values("rewards/happy"), values("is_rh"));
+    for i in 0..4 {
+        // Rewards are float32 in the dump.
+        assert!((rewards[i] - (happy[i] - 0.5 * is_rh[i])).abs() < 1e-6, "routing row {i}: reward {} vs happy {} minus the penalty when flagged ({})", rewards[i], happy[i], is_rh[i]);
+    }
+    let mask = tensors["completion_mask"].to_kind(tch::Kind::Double).narrow(0, 4, 4);
+    let sampled = tensors["sampling_logprobs"].to_kind(tch::Kind::Double).narrow(0, 4, 4) * &mask;
+    let trained = tensors["new_logprobs"].to_kind(tch::Kind::Double).narrow(0, 4, 4) * &mask;
+    assert!(common::max_abs_diff(&sampled, &trained) < 1e-4, "coherence rows are sampled as they are trained, forget off");
+    assert!(is_rh[..4].iter().any(|&f| f == 1.0), "the test needs a flagged routing row (the penalty)");
+}
+
 /// Without routing, flagged rows train like any other: a dapo baseline whose detector flags
 /// some rows normalises by the whole batch's loss tokens, as TRL's dapo (recomputed here in
 /// float64 from the dump), not by each flag class's own tokens.

@@ -183,8 +183,9 @@ fn arms_of_point(spec: &SweepSpec, point: &Map<String, Value>) -> Result<Vec<Tra
 }
 
 /// One routed configuration as every intervention arm, the same otherwise: none (the
-/// non-routed baseline), routing (as given), penalty (`rh_penalty` = `penalty`), filter, and
-/// placebo (the given routing mode and ablation on a random subset).
+/// non-routed baseline), routing (as given), penalty (`rh_penalty` = `penalty`, with the routed
+/// run's coherence rows), filter, and placebo (the given routing mode and ablation on a random
+/// subset).
 pub fn intervention_arms(routed: &TrainConfig, penalty: f64) -> Result<Vec<TrainConfig>> {
     ensure!(
         routed.routing_mode != RoutingMode::None && routed.intervention == Intervention::Routing,
@@ -194,12 +195,27 @@ pub fn intervention_arms(routed: &TrainConfig, penalty: f64) -> Result<Vec<Train
     );
     let none = routed.without_routing();
     let arm = |base: &TrainConfig, intervention: Intervention| TrainConfig { intervention, ..base.clone() };
-    let penalised = TrainConfig { rh_penalty: penalty, ..arm(&none, Intervention::Penalty) };
+    // The reward-penalty comparator keeps the routed run's coherence rows (the original's
+    // matrix_rp_7envs: "the same 32 verified coherence extras"); they train retain alone.
+    let penalised = TrainConfig { rh_penalty: penalty, ..with_coherence_of(routed, arm(&none, Intervention::Penalty)) };
     let arms = vec![none.clone(), routed.clone(), penalised, arm(&none, Intervention::Filter), arm(routed, Intervention::Placebo)];
     for config in &arms {
         config.validate().with_context(|| format!("the {} arm of an --intervention-arms sweep is invalid", config.intervention))?;
     }
     Ok(arms)
+}
+
+/// `config` with `routed`'s coherence keys.
+fn with_coherence_of(routed: &TrainConfig, config: TrainConfig) -> TrainConfig {
+    TrainConfig {
+        coh_samples_per_rollout: routed.coh_samples_per_rollout,
+        coherence_rh_mode: routed.coherence_rh_mode,
+        coherence_rh_penalty: routed.coherence_rh_penalty,
+        coherence_start_frac: routed.coherence_start_frac,
+        rh_detector_verifies_retain_samples: routed.rh_detector_verifies_retain_samples,
+        rh_detector_retain_recall: routed.rh_detector_retain_recall,
+        ..config
+    }
 }
 
 /// Adds a run unless an identical one is planned; two different configurations with the same

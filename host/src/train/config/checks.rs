@@ -200,7 +200,13 @@ impl TrainConfig {
             }
             return Ok(());
         }
-        ensure!(self.routing_mode != RoutingMode::None, "coh_samples_per_rollout trains retain alone on coherence rows: set routing_mode classic or exclusive");
+        // Coherence rows train the retain adapter alone with the forget adapter off, whatever
+        // the routing (the original's reward-penalty comparator has them without routing).
+        ensure!(
+            self.adapter_config()?.is_dual(),
+            "coh_samples_per_rollout trains the retain adapter alone on coherence rows, with the forget adapter off: it needs adapter: dual-lora or dual-mlp (got {})",
+            self.adapter
+        );
         ensure!(
             self.coh_samples_per_rollout % self.num_generations == 0 && self.coh_samples_per_rollout < self.batch_size,
             "coh_samples_per_rollout ({}) must be a multiple of num_generations ({}) below batch_size ({}): whole groups, with routing rows beside them",
