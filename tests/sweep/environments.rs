@@ -103,7 +103,15 @@ fn environment_table_and_chart_read_each_cell_from_its_seeds() {
             find(&cell.environment, cell.arm.name(), metric, mode);
         }
     }
-    assert_eq!(rows.len(), 2 * (9 + 2), "per environment: routing's 9 (metric, mode) pairs and the baseline's 2");
+    let mut per_cell: BTreeSet<(String, &str, &str, String)> = BTreeSet::new();
+    for entry in &entries {
+        let cell = environments::Cell::of(&entry.config);
+        for (metric, mode) in smallrl::sweep::arms::run_values(entry).unwrap().into_keys() {
+            per_cell.insert((cell.environment.clone(), cell.arm.name(), metric, mode));
+        }
+    }
+    assert_eq!(rows.len(), per_cell.len(), "one row per cell and (metric, mode), nothing else");
+    assert!(per_cell.len() >= 2 * (9 + 2), "per environment at least routing's 9 (metric, mode) pairs and the baseline's 2");
 
     // The chart: two panels side by side (addition, sorting), one point per arm in each, where
     // the values say.
@@ -169,4 +177,57 @@ fn a_cell_mixing_settings_is_named_not_pooled() {
     let mixed = [entry(config(1e-3, 1)), entry(config(3e-3, 2))];
     let why = environments::pooling_problem(&environments::cells(&mixed)).unwrap().expect("two settings in one cell");
     assert!(why.contains("[\"lr\"]") && why.contains("environment -"), "{why}");
+}
+
+/// The chart's reading: a routed arm in `deployed` when its cell has it (else `retain_only`),
+/// other arms in `both`; x the ground truth `true_hack_freq` when every drawn cell has it.
+#[test]
+fn the_environment_chart_reads_routed_arms_deployed_and_the_ground_truth_when_logged() {
+    use smallrl::stats::MeanCi;
+    use smallrl::sweep::arms::{HACK_FREQ, TASK_REWARD};
+    let cell = |environment: &str, arm: Arm, routing_mode: &str, recall: f64| environments::Cell { environment: environment.into(), arm, routing_mode: routing_mode.into(), hack_frac: 0.5, recall };
+    let stat = |mean: f64| MeanCi { mean, ci: None, n: 1 };
+    let row = |cell: &environments::Cell, metric: &'static str, mode: &str, mean: f64| environments::EnvRow { cell: cell.clone(), metric, mode: mode.into(), stat: stat(mean) };
+    let routed = cell("sorting", Arm::Routing, "classic", 0.1);
+    let plain = cell("sorting", Arm::None, "none", 0.1);
+    let penalised = cell("sorting", Arm::Penalty, "none", 0.25);
+    let mut rows = Vec::new();
+    for (c, offset) in [(&routed, 0.0), (&plain, 0.01), (&penalised, 0.02)] {
+        for (mode, base) in [("both", 0.1), ("retain_only", 0.2), ("forget_only", 0.3)] {
+            rows.push(row(c, TASK_REWARD, mode, base + offset));
+            rows.push(row(c, HACK_FREQ, mode, base + 0.5 + offset));
+            rows.push(row(c, chart::TRUE_HACK_FREQ, mode, base + 0.6 + offset));
+        }
+    }
+    let read = |rows: &[environments::EnvRow]| {
+        let drawn = chart::chart(rows).expect("points to draw");
+        assert_eq!(drawn.panels.len(), 1);
+        let points: Vec<(usize, (u8, u8, u8), f64, f64)> = drawn.panels[0].1.iter().map(|p| (p.number, (p.color.0, p.color.1, p.color.2), p.hack.mean, p.task.mean)).collect();
+        (drawn.x_metric, drawn.cells.clone(), points)
+    };
+    let colour = |arm: Arm| {
+        let c = chart::colour_of(arm);
+        (c.0, c.1, c.2)
+    };
+    let (x_metric, cells, points) = read(&rows);
+    assert_eq!(x_metric, chart::TRUE_HACK_FREQ);
+    assert_eq!(cells, vec![(0.5, 0.1), (0.5, 0.25)], "points numbered by (hack_frac, recall)");
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+    let expected = [(1, colour(Arm::None), 0.71, 0.11), (1, colour(Arm::Routing), 0.8, 0.2), (2, colour(Arm::Penalty), 0.72, 0.12)];
+    assert_eq!(points.len(), 3, "{points:?}");
+    for wanted in expected {
+        assert!(points.iter().any(|found| found.0 == wanted.0 && found.1 == wanted.1 && close(found.2, wanted.2) && close(found.3, wanted.3)), "{wanted:?} not in {points:?}");
+    }
+    // The routed run's deployed mode, when logged, is what it is read in.
+    rows.push(row(&routed, TASK_REWARD, chart::DEPLOYED, 0.4));
+    rows.push(row(&routed, HACK_FREQ, chart::DEPLOYED, 0.05));
+    rows.push(row(&routed, chart::TRUE_HACK_FREQ, chart::DEPLOYED, 0.07));
+    let (_, _, points) = read(&rows);
+    assert_eq!(points.len(), 3, "{points:?}");
+    assert!(points.iter().any(|p| p.1 == colour(Arm::Routing) && close(p.2, 0.07) && close(p.3, 0.4)), "{points:?}");
+    // One drawn cell without the ground truth: the monitor's rate for all.
+    rows.retain(|r| !(r.cell == penalised && r.metric == chart::TRUE_HACK_FREQ));
+    let (x_metric, _, points) = read(&rows);
+    assert_eq!(x_metric, HACK_FREQ);
+    assert!(points.iter().any(|p| p.1 == colour(Arm::Routing) && close(p.2, 0.05)) && points.iter().any(|p| p.1 == colour(Arm::None) && close(p.2, 0.61)), "{points:?}");
 }

@@ -20,6 +20,9 @@ use crate::stats::{self, MeanCi};
 
 pub const CSV_HEADER: &str = "environment,intervention,routing_mode,hack_frac,recall,metric,mode,seeds,mean,ci_low,ci_high";
 
+/// A cell's place in the table: environment, arm, routing mode, hack_frac's and recall's bits.
+type CellKey = (String, Arm, String, u64, u64);
+
 /// What the table's cells are keyed by (the order of its rows).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Cell {
@@ -36,7 +39,7 @@ impl Cell {
     }
 
     /// Sorts by environment, arm, routing mode, then hack_frac and recall as numbers.
-    fn order_key(&self) -> (String, Arm, String, u64, u64) {
+    fn order_key(&self) -> CellKey {
         // Both are validated fractions in [0, 1]; non-negative floats' bits order as the numbers do.
         (self.environment.clone(), self.arm, self.routing_mode.clone(), self.hack_frac.abs().to_bits(), self.recall.abs().to_bits())
     }
@@ -63,7 +66,7 @@ pub fn environment_of(config: &crate::train::TrainConfig) -> String {
 
 /// The finished runs (OK or cached) grouped by cell, cells in table order.
 pub fn cells(entries: &[RunEntry]) -> Vec<(Cell, Vec<&RunEntry>)> {
-    let mut cells: BTreeMap<(String, Arm, String, u64, u64), (Cell, Vec<&RunEntry>)> = BTreeMap::new();
+    let mut cells: BTreeMap<CellKey, (Cell, Vec<&RunEntry>)> = BTreeMap::new();
     for entry in entries.iter().filter(|e| matches!(e.status, RunStatus::Ok | RunStatus::Cached)) {
         let cell = Cell::of(&entry.config);
         cells.entry(cell.order_key()).or_insert_with(|| (cell, Vec::new())).1.push(entry);

@@ -57,6 +57,9 @@ pub struct Chart {
     pub arms: Vec<Arm>,
 }
 
+/// A cell's statistics: (metric, mode) -> mean and interval.
+type CellValues<'a> = BTreeMap<(&'a str, &'a str), MeanCi>;
+
 /// The mode a cell is read in (module doc).
 fn mode_of(cell: &Cell, modes: &[&str]) -> &'static str {
     match cell.routing_mode != crate::routing::RoutingMode::None.to_string() {
@@ -66,17 +69,22 @@ fn mode_of(cell: &Cell, modes: &[&str]) -> &'static str {
     }
 }
 
-/// The chart of `rows` (None when no cell has both values in its mode).
+/// The chart of `rows` (None when no cell has both values in its mode): panels, cells and
+/// points in the order the rows first name them.
 pub fn chart(rows: &[EnvRow]) -> Option<Chart> {
     // Each cell's values: (metric, mode) -> stat, cells in the table's order.
-    let mut cells: Vec<(&Cell, BTreeMap<(&str, &str), MeanCi>)> = Vec::new();
+    let mut cells: Vec<(&Cell, CellValues)> = Vec::new();
     for row in rows {
-        if cells.last().is_none_or(|(c, _)| *c != &row.cell) {
-            cells.push((&row.cell, BTreeMap::new()));
-        }
-        cells.last_mut().expect("pushed").1.insert((row.metric, row.mode.as_str()), row.stat);
+        let i = match cells.iter().position(|(c, _)| *c == &row.cell) {
+            Some(i) => i,
+            None => {
+                cells.push((&row.cell, BTreeMap::new()));
+                cells.len() - 1
+            }
+        };
+        cells[i].1.insert((row.metric, row.mode.as_str()), row.stat);
     }
-    let read: Vec<(&Cell, &str, &BTreeMap<(&str, &str), MeanCi>)> = cells
+    let read: Vec<(&Cell, &str, &CellValues)> = cells
         .iter()
         .map(|(cell, values)| {
             let modes: Vec<&str> = values.keys().map(|(_, mode)| *mode).collect();
@@ -100,11 +108,14 @@ pub fn chart(rows: &[EnvRow]) -> Option<Chart> {
                 numbers.len()
             }
         };
-        if panels.last().is_none_or(|(env, _)| *env != cell.environment) {
-            panels.push((cell.environment.clone(), Vec::new()));
-        }
-        let point = Point { number, color: colour_of(cell.arm), hack: *hack, task };
-        panels.last_mut().expect("pushed").1.push(point);
+        let panel = match panels.iter().position(|(env, _)| *env == cell.environment) {
+            Some(i) => i,
+            None => {
+                panels.push((cell.environment.clone(), Vec::new()));
+                panels.len() - 1
+            }
+        };
+        panels[panel].1.push(Point { number, color: colour_of(cell.arm), hack: *hack, task });
         if !arms.contains(&cell.arm) {
             arms.push(cell.arm);
         }
