@@ -44,11 +44,11 @@ fn failed(output: Output) -> String {
 /// The planned runs' names (3 routed runs and their 3 baselines).
 fn planned(out: &Path, fixed: &str) -> BTreeSet<String> {
     let spec = SweepSpec {
-        config_file: Some(repo_root().join(HAPPY_CONFIG)),
+        config_files: vec![repo_root().join(HAPPY_CONFIG)],
         fixed: [parse_fixed(fixed).unwrap(), parse_fixed("max_steps=4").unwrap()].into_iter().collect::<Map<String, Value>>(),
         grid: vec![parse_grid(GRID).unwrap()],
         output_dir: out.to_path_buf(),
-        intervention_arms: false,
+        intervention_arms: Vec::new(),
     };
     plan::plan(&spec).unwrap().runs.into_iter().map(|run| run.name).collect()
 }

@@ -9,6 +9,7 @@ mod common;
 mod planning;
 mod end_to_end;
 mod statistics;
+mod environments;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -4,11 +4,11 @@ use super::*;
 
 fn spec(output_dir: &Path, grid: &[&str], fixed: &[&str]) -> SweepSpec {
     SweepSpec {
-        config_file: Some(repo_root().join(HAPPY_CONFIG)),
+        config_files: vec![repo_root().join(HAPPY_CONFIG)],
         fixed: fixed.iter().map(|f| parse_fixed(f).unwrap()).collect::<Map<String, Value>>(),
         grid: grid.iter().map(|g| parse_grid(g).unwrap()).collect(),
         output_dir: output_dir.to_path_buf(),
-        intervention_arms: false,
+        intervention_arms: Vec::new(),
     }
 }
 
@@ -74,7 +74,7 @@ fn bad_keys_and_values_fail_before_any_run() {
 }
 
 /// Writes the files a finished run leaves (the trainer's formats, with arbitrary values).
-fn fake_finished_run(dir: &Path, config: &TrainConfig) {
+pub(super) fn fake_finished_run(dir: &Path, config: &TrainConfig) {
     std::fs::create_dir_all(dir.join(format!("checkpoint-{}", config.max_steps))).unwrap();
     let saved = TrainConfig { threads: Some(1), ..config.clone() };
     std::fs::write(dir.join("config.yaml"), smallrl::yaml::to_string(&saved).unwrap()).unwrap();
@@ -146,7 +146,7 @@ fn intervention_arms_plan_every_control_beside_the_routed_run() {
     use smallrl::routing::RoutingMode;
     let out = tempfile::tempdir().unwrap();
     let mut arms = spec(out.path(), &["seed=1,2"], &["max_steps=4", "rh_penalty=0.25", "routing_mode=exclusive"]);
-    arms.intervention_arms = true;
+    arms.intervention_arms = plan::Arm::ALL.to_vec();
     let plan = plan::plan(&arms).unwrap();
     assert_eq!(plan.runs.len(), 10, "five arms × two seeds");
     let names: BTreeSet<&String> = plan.runs.iter().map(|r| &r.name).collect();
@@ -169,7 +169,7 @@ fn intervention_arms_plan_every_control_beside_the_routed_run() {
     assert_eq!([Intervention::Penalty, Intervention::Filter, Intervention::Placebo].map(count), [2, 2, 2]);
     assert_eq!(plan.runs.iter().filter(|r| r.role == RunRole::Baseline).count(), 2);
     let mut unrouted = spec(out.path(), &[], &["routing_mode=none"]);
-    unrouted.intervention_arms = true;
+    unrouted.intervention_arms = plan::Arm::ALL.to_vec();
     let error = format!("{:#}", plan::plan(&unrouted).unwrap_err());
     assert!(error.contains("--intervention-arms expands a routed configuration"), "{error}");
 }
@@ -182,7 +182,7 @@ fn the_penalty_arm_keeps_the_coherence_rows_of_the_routed_run() {
     let out = tempfile::tempdir().unwrap();
     let fixed = ["max_steps=4", "routing_mode=classic", "coh_samples_per_rollout=16", "rh_detector_verifies_retain_samples=true", "rh_detector_retain_recall=0.5"];
     let mut arms = spec(out.path(), &[], &fixed);
-    arms.intervention_arms = true;
+    arms.intervention_arms = plan::Arm::ALL.to_vec();
     let plan = plan::plan(&arms).unwrap();
     let arm = |intervention: Intervention, routed: bool| plan.runs.iter().find(|r| r.config.intervention == intervention && (r.config.routing_mode.as_str() != "none") == routed).unwrap();
     for config in [&arm(Intervention::Routing, true).config, &arm(Intervention::Penalty, false).config] {
@@ -190,4 +190,118 @@ fn the_penalty_arm_keeps_the_coherence_rows_of_the_routed_run() {
     }
     let baseline = &arm(Intervention::Routing, false).config;
     assert_eq!((baseline.coh_samples_per_rollout, baseline.rh_detector_verifies_retain_samples), (0, false));
+}
+
+fn env_config(name: &str) -> PathBuf {
+    repo_root().join(format!("configs/envs/{name}.yaml"))
+}
+
+/// Several `--config` files are the outermost factor: each file × grid × chosen arms, with the
+/// non-routed baseline of every routed or penalised run, each read back from the YAML a child
+/// would train from.
+#[test]
+fn config_files_times_grid_times_chosen_arms() {
+    use smallrl::intervention::Intervention;
+    use smallrl::sweep::plan::Arm;
+    let out = tempfile::tempdir().unwrap();
+    let files = [env_config("sorting"), env_config("addition")];
+    let plugin_dir = format!("plugin_dir={}", common::plugin_dir().display());
+    let mut sweep = spec(out.path(), &["hack_frac=0.5,0.9", "seed=1,2"], &["max_steps=4", &plugin_dir]);
+    sweep.config_files = files.to_vec();
+    sweep.intervention_arms = Arm::parse_list(Some("routing,penalty")).unwrap();
+    let plan = plan::plan(&sweep).unwrap();
+    smallrl::sweep::runner::prepare(&plan).unwrap();
+    let mut found = BTreeSet::new();
+    for run in &plan.runs {
+        let read_back = TrainConfig::resolve(Some(&smallrl::sweep::runner::run_config_path(out.path(), &run.name)), Map::new()).unwrap();
+        assert_eq!(read_back.run_name().unwrap(), run.name);
+        let c = &read_back;
+        let key = (c.environment.clone().unwrap(), c.hack_frac.to_string(), c.seed, Arm::of(c).name());
+        assert!(found.insert(key.clone()), "{key:?} planned twice");
+        // The routed run is the file with the grid point; the others derive from it.
+        let file = files.iter().find(|f| f.file_stem().unwrap() == c.environment.as_deref().unwrap()).unwrap();
+        let overrides: Map<String, Value> = [("max_steps", Value::from(4)), ("hack_frac", c.hack_frac.into()), ("seed", c.seed.into()), ("output_dir", serde_json::to_value(out.path()).unwrap())]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .chain([parse_fixed(&plugin_dir).unwrap()])
+            .collect();
+        let routed = TrainConfig { threads: c.threads, ..TrainConfig::resolve(Some(file), overrides).unwrap() };
+        let expected = match Arm::of(c) {
+            Arm::Routing => routed.clone(),
+            Arm::None => routed.without_routing(),
+            // The penalty arm keeps the routed run's coherence rows (the configs have them).
+            Arm::Penalty => TrainConfig {
+                intervention: Intervention::Penalty,
+                coh_samples_per_rollout: routed.coh_samples_per_rollout,
+                coherence_rh_mode: routed.coherence_rh_mode,
+                coherence_rh_penalty: routed.coherence_rh_penalty,
+                coherence_start_frac: routed.coherence_start_frac,
+                rh_detector_verifies_retain_samples: routed.rh_detector_verifies_retain_samples,
+                rh_detector_retain_recall: routed.rh_detector_retain_recall,
+                ..routed.without_routing()
+            },
+            other => panic!("{}: arm {} was not chosen", run.name, other.name()),
+        };
+        assert_eq!(c, &expected, "{}", run.name);
+        assert_eq!(run.role == RunRole::Baseline, Arm::of(c) == Arm::None, "{}", run.name);
+    }
+    let mut expected = BTreeSet::new();
+    for env in ["sorting", "addition"] {
+        for hack_frac in ["0.5", "0.9"] {
+            for seed in [1, 2] {
+                for arm in ["none", "routing", "penalty"] {
+                    expected.insert((env.to_string(), hack_frac.to_string(), seed, arm));
+                }
+            }
+        }
+    }
+    assert_eq!(found, expected, "2 files × 2 hack_frac × 2 seeds × (routing, penalty and their baseline)");
+    let names: BTreeSet<&String> = plan.runs.iter().map(|r| &r.name).collect();
+    assert_eq!(names.len(), 24, "every run has its own directory");
+
+    // Two files that name their runs alike but differ in a key run names leave out collide.
+    let dir = tempfile::tempdir().unwrap();
+    let original = std::fs::read_to_string(&files[0]).unwrap();
+    for (sub, eval_every) in [("a", 10), ("b", 20)] {
+        std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+        std::fs::write(dir.path().join(sub).join("sorting.yaml"), original.replace("eval_every: 10", &format!("eval_every: {eval_every}"))).unwrap();
+    }
+    sweep.config_files = vec![dir.path().join("a/sorting.yaml"), dir.path().join("b/sorting.yaml")];
+    let error = format!("{:#}", plan::plan(&sweep).unwrap_err());
+    assert!(error.contains("two planned runs share the directory name") && error.contains("eval_every"), "{error}");
+}
+
+#[test]
+fn intervention_arm_lists_name_the_valid_arms() {
+    use smallrl::sweep::plan::Arm;
+    assert_eq!(Arm::parse_list(None).unwrap(), Arm::ALL.to_vec(), "the bare flag is every arm");
+    assert_eq!(Arm::parse_list(Some("penalty,routing")).unwrap(), vec![Arm::Routing, Arm::Penalty]);
+    let error = format!("{:#}", Arm::parse_list(Some("routing,penalti")).unwrap_err());
+    assert!(error.contains("\"penalti\"") && error.contains("none, routing, penalty, filter, placebo"), "{error}");
+    assert!(format!("{:#}", Arm::parse_list(Some("routing,routing")).unwrap_err()).contains("twice"));
+
+    // On the command line: the bare flag, a list, a typo; and --config taking several files.
+    let out = tempfile::tempdir().unwrap();
+    let out = out.path().join("dry");
+    let config = happy_config_abs();
+    let dry = |arms: &[&str]| {
+        let mut args = vec!["sweep", "--config", config.as_str(), "--dry-run", "--output-dir", out.to_str().unwrap(), "--fixed", "routing_mode=classic", "--grid", "seed=1"];
+        args.extend(arms);
+        smallrl(&args)
+    };
+    let planned = |output: &std::process::Output| {
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stdout).lines().next().unwrap().to_string()
+    };
+    assert!(planned(&dry(&["--intervention-arms"])).starts_with("5 runs planned"));
+    assert!(planned(&dry(&["--intervention-arms", "routing,penalty"])).starts_with("3 runs planned"));
+    let typo = dry(&["--intervention-arms", "routing,penalti"]);
+    assert!(!typo.status.success() && String::from_utf8_lossy(&typo.stderr).contains("the arms are none, routing, penalty, filter, placebo"));
+    let sorting = env_config("sorting").to_string_lossy().into_owned();
+    let addition = env_config("addition").to_string_lossy().into_owned();
+    let plugin_dir = format!("plugin_dir={}", common::plugin_dir().display());
+    let output = smallrl(&["sweep", "--config", &sorting, &addition, "--dry-run", "--output-dir", out.to_str().unwrap(), "--fixed", &plugin_dir, "--grid", "seed=1,2", "--intervention-arms", "routing"]);
+    let stdout = planned(&output);
+    assert!(stdout.starts_with("8 runs planned"), "{stdout}");
+    assert!(!out.exists(), "a dry run writes nothing");
 }

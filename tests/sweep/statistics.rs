@@ -33,7 +33,7 @@ fn bootstrap_interval_matches_a_plain_reference_and_behaves() {
 }
 
 /// Pixels of `colour` that are the bottom-right corner of a `side`×`side` square of it.
-fn square_corners(width: u32, pixels: &[[u8; 3]], colour: (u8, u8, u8), side: usize) -> Vec<(usize, usize)> {
+pub(super) fn square_corners(width: u32, pixels: &[[u8; 3]], colour: (u8, u8, u8), side: usize) -> Vec<(usize, usize)> {
     let width = width as usize;
     let mut run_right = vec![0usize; width];
     let mut rows_down = vec![0usize; width];

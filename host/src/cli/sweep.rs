@@ -19,9 +19,10 @@ pub enum Emit {
 
 #[derive(Args, Debug)]
 pub struct SweepArgs {
-    /// The base YAML experiment config (see configs/).
-    #[arg(long, conflicts_with = "collect")]
-    pub config: Option<PathBuf>,
+    /// Base YAML experiment configs (see configs/), e.g. `--config configs/envs/{sorting,addition}.yaml`:
+    /// each file is the outermost factor of the grid (repeatable).
+    #[arg(long, value_name = "FILE", num_args = 1.., conflicts_with = "collect")]
+    pub config: Vec<PathBuf>,
     /// One reward plugin (.wasm path or a name in the plugin dir) instead of `reward:` in YAML.
     #[arg(long, conflicts_with = "collect")]
     pub reward_plugin: Option<String>,
@@ -34,10 +35,12 @@ pub struct SweepArgs {
     /// A config key every run shares, e.g. `max_steps=200` (repeatable).
     #[arg(long, value_name = "KEY=VALUE", num_args = 1.., conflicts_with = "collect")]
     pub fixed: Vec<String>,
-    /// Plan every intervention arm of each (routed) grid point: none, routing, penalty, filter,
-    /// placebo (docs/src/training.md, "Controls").
-    #[arg(long, conflicts_with = "collect")]
-    pub intervention_arms: bool,
+    /// Plan intervention arms of each (routed) grid point: alone, all of none, routing, penalty,
+    /// filter, placebo (docs/src/training.md, "Controls"); or a comma list of them, e.g.
+    /// `routing,penalty` (the non-routed baseline, none, is planned for every routed or
+    /// penalised run anyway).
+    #[arg(long, value_name = "ARMS", num_args = 0..=1, conflicts_with = "collect")]
+    pub intervention_arms: Option<Option<String>>,
     /// After the runs (or with --collect), apply the deployment protocol to each finished routed
     /// run with retain and forget adapters: `smallrl eval RUN --deploy` (the base model's hack
     /// rates, the forget-scale curve 0, 0.1, ..., 1 and the deployed scale) unless its
@@ -205,14 +208,18 @@ fn slurm_options(args: &SweepArgs) -> Result<sweeps::slurm::SlurmOptions> {
 fn spec(args: &SweepArgs) -> Result<SweepSpec> {
     let mut fixed = Map::new();
     if let Some(plugin) = &args.reward_plugin {
-        fixed.extend(crate::train::config::reward_plugin_overrides(plugin, args.reward_params.as_deref(), args.config.is_some())?);
+        fixed.extend(crate::train::config::reward_plugin_overrides(plugin, args.reward_params.as_deref(), !args.config.is_empty())?);
     }
     for text in &args.fixed {
         let (key, value) = plan::parse_fixed(text)?;
         fixed.insert(key, value);
     }
     let grid = args.grid.iter().map(|g| plan::parse_grid(g)).collect::<Result<Vec<_>>>()?;
-    Ok(SweepSpec { config_file: args.config.clone(), fixed, grid, output_dir: args.output_dir.clone(), intervention_arms: args.intervention_arms })
+    let intervention_arms = match &args.intervention_arms {
+        Some(list) => plan::Arm::parse_list(list.as_deref())?,
+        None => Vec::new(),
+    };
+    Ok(SweepSpec { config_files: args.config.clone(), fixed, grid, output_dir: args.output_dir.clone(), intervention_arms })
 }
 
 fn print_plan(plan: &Plan) {

@@ -101,8 +101,10 @@ pub fn group_data(group: &str, members: &[&RunEntry], baselines: &[&RunEntry]) -
 }
 
 /// Charts for every group of grid runs, the Pareto chart of the arms (`pareto.png`, when any
-/// arm has a hack frequency), and `<charts_dir>/index.html` showing it and linking the viewers.
-pub fn write_all(charts_dir: &Path, entries: &[RunEntry], arm_rows: &[super::arms::ArmRow]) -> Result<PathBuf> {
+/// arm has a hack frequency), the environments' Pareto chart (`pareto_environments.png`, when
+/// the sweep has an environment run and `env_rows` a point), and `<charts_dir>/index.html`
+/// showing them and linking the viewers.
+pub fn write_all(charts_dir: &Path, entries: &[RunEntry], arm_rows: &[super::arms::ArmRow], env_rows: Option<&[super::environments::EnvRow]>) -> Result<PathBuf> {
     std::fs::create_dir_all(charts_dir).with_context(|| format!("cannot create {}", charts_dir.display()))?;
     let grid: Vec<&RunEntry> = entries.iter().filter(|e| e.role == RunRole::Grid).collect();
     let mut written = Vec::new();
@@ -124,8 +126,15 @@ pub fn write_all(charts_dir: &Path, entries: &[RunEntry], arm_rows: &[super::arm
     if pareto {
         super::pareto::write(&charts_dir.join(super::pareto::FILE), arm_rows)?;
     }
+    let environment_chart = match env_rows {
+        Some(rows) if entries.iter().any(|e| e.config.environment.is_some()) => super::pareto_environments::chart(rows),
+        _ => None,
+    };
+    if let Some(chart) = &environment_chart {
+        super::pareto_environments::write(&charts_dir.join(super::pareto_environments::FILE), chart)?;
+    }
     let index = charts_dir.join("index.html");
-    crate::fsutil::write_atomic(&index, super::viewer::index_page(&written, pareto).as_bytes())?;
+    crate::fsutil::write_atomic(&index, super::viewer::index_page(&written, pareto, environment_chart.is_some()).as_bytes())?;
     Ok(index)
 }
 

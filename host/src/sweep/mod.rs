@@ -9,8 +9,10 @@ pub mod arms;
 pub mod charts;
 pub mod deploy;
 pub mod draw;
+pub mod environments;
 pub mod evals;
 pub mod pareto;
+pub mod pareto_environments;
 pub mod plan;
 pub mod plot;
 pub mod runner;
@@ -99,7 +101,8 @@ pub fn collect_entries(dir: &Path) -> Result<Vec<RunEntry>> {
     Ok(entries)
 }
 
-/// Summary table (printed, and `summary.csv`) and charts for finished runs.
+/// Summary table (printed, and `summary.csv`), the arms' and environments' tables
+/// (`arms.csv`, `environments.csv`) and charts for finished runs.
 pub fn report(output_dir: &Path, entries: &[RunEntry]) -> Result<()> {
     let rows = summary::rows(entries)?;
     println!("{}", summary::format_table(&rows));
@@ -114,7 +117,22 @@ pub fn report(output_dir: &Path, entries: &[RunEntry]) -> Result<()> {
     let arms_csv = output_dir.join("arms.csv");
     arms::write_csv(&arms_csv, &arm_rows)?;
     println!("arms: {}", arms_csv.display());
-    let index = charts::write_all(&output_dir.join("charts"), entries, &arm_rows)?;
+    let cells = environments::cells(entries);
+    let env_rows = match environments::pooling_problem(&cells)? {
+        Some(why) => {
+            println!("environments: environments.csv is not written: {why}");
+            None
+        }
+        None => {
+            let rows = environments::rows(&cells)?;
+            println!("{}", environments::format_table(&rows));
+            let csv = output_dir.join("environments.csv");
+            environments::write_csv(&csv, &rows)?;
+            println!("environments: {}", csv.display());
+            Some(rows)
+        }
+    };
+    let index = charts::write_all(&output_dir.join("charts"), entries, &arm_rows, env_rows.as_deref())?;
     println!("charts: {}", index.display());
     Ok(())
 }

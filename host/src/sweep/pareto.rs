@@ -26,10 +26,11 @@ pub const ARM_LINE_PX: u32 = 20;
 /// solid square of its colour larger than the legend's 12 px swatches).
 pub const MARKER_PX: i32 = 16;
 
-/// A point: arm number (1-based), colour, x = hack frequency, y = task reward.
+/// A point: its number (1-based, the arm's here, the cell's in the environments' chart),
+/// colour, x = hack frequency, y = task reward.
 #[derive(Debug, Clone, Copy)]
 pub struct Point {
-    pub arm: usize,
+    pub number: usize,
     pub color: RGBColor,
     pub hack: MeanCi,
     pub task: MeanCi,
@@ -64,7 +65,7 @@ pub fn points(rows: &[ArmRow]) -> (Vec<String>, Vec<Point>) {
             ("run", m) if m == eval_mode::RETAIN_ONLY => SERIES[2].1,
             _ => continue,
         };
-        points.push(Point { arm: arm + 1, color, hack, task });
+        points.push(Point { number: arm + 1, color, hack, task });
     }
     // Baselines last, on top: the reference every routed arm is read against.
     points.sort_by_key(|p| p.color == SERIES[0].1);
@@ -89,18 +90,32 @@ pub fn write(path: &Path, rows: &[ArmRow]) -> Result<()> {
 }
 
 fn draw_plot(area: &draw::Area, points: &[Point]) -> Result<()> {
-    let (legend, plot) = area.split_vertically(36);
+    let (legend, plot) = area.split_vertically(LEGEND_HEIGHT);
     let items: Vec<(String, RGBColor)> = [("baseline (both)", SERIES[0].1), ("both", SERIES[1].1), ("retain_only", SERIES[2].1)].map(|(n, c)| (n.to_string(), c)).to_vec();
     draw::draw_legend(&legend, &items, 200)?;
+    draw_panel(&plot, "task reward vs hack frequency (mean over seeds, 95% bootstrap CI)", "hack frequency", y_max(points), points)
+}
+
+/// Height of the legend strip above a Pareto chart's plot.
+pub const LEGEND_HEIGHT: u32 = 36;
+
+/// The top of the task-reward axis: 1, or above the highest interval.
+pub fn y_max(points: &[Point]) -> f64 {
     let top = points.iter().map(|p| p.task.ci.map_or(p.task.mean, |c| c.1)).fold(1.0, f64::max);
-    let y_max = (top * 1.05 * 10.0).ceil() / 10.0;
-    let mut chart = ChartBuilder::on(&plot)
-        .caption("task reward vs hack frequency (mean over seeds, 95% bootstrap CI)", (FONT, 18))
+    (top * 1.05 * 10.0).ceil() / 10.0
+}
+
+/// One plot of task reward (0 to `y_max`) against a hack frequency (0 to 1): each point a
+/// square marker at its means, with its number beside it and its intervals as error bars in
+/// both directions (none for one seed).
+pub fn draw_panel(area: &draw::Area, caption: &str, x_desc: &str, y_max: f64, points: &[Point]) -> Result<()> {
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, (FONT, 18))
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(60)
         .build_cartesian_2d(-0.02f64..1.02, 0f64..y_max)?;
-    chart.configure_mesh().x_desc("hack frequency").y_desc("task reward").label_style((FONT, 15)).draw()?;
+    chart.configure_mesh().x_desc(x_desc).y_desc("task reward").label_style((FONT, 15)).draw()?;
     for p in points {
         let style = p.color.stroke_width(2);
         if let Some((low, high)) = p.task.ci {
@@ -109,10 +124,12 @@ fn draw_plot(area: &draw::Area, points: &[Point]) -> Result<()> {
         if let Some((low, high)) = p.hack.ci {
             chart.draw_series(std::iter::once(ErrorBar::new_horizontal(p.task.mean, low, p.hack.mean, high, style, 10)))?;
         }
+        // The chart maps to the whole image's pixels; the area draws from its own corner.
         let (x, y) = chart.backend_coord(&(p.hack.mean, p.task.mean));
+        let (x, y) = (x - area.get_base_pixel().0, y - area.get_base_pixel().1);
         let half = MARKER_PX / 2;
         area.draw(&Rectangle::new([(x - half, y - half), (x + half, y + half)], p.color.filled()))?;
-        area.draw(&Text::new(p.arm.to_string(), (x + half + 3, y - half - 14), (FONT, 14)))?;
+        area.draw(&Text::new(p.number.to_string(), (x + half + 3, y - half - 14), (FONT, 14)))?;
     }
     Ok(())
 }

@@ -17,18 +17,77 @@ use crate::runlog::Jsonl;
 /// Keys the sweep itself sets for every run: `--output-dir` and `--jobs` choose them.
 const SWEEP_OWNED_KEYS: &[&str] = &["output_dir", "threads"];
 
-/// What to sweep: a base configuration (YAML file and fixed keys) and the grid over it.
+/// What to sweep: base configurations (YAML files and fixed keys) and the grid over each.
 #[derive(Debug, Clone)]
 pub struct SweepSpec {
-    pub config_file: Option<PathBuf>,
+    /// `--config` files, the outermost factor of the grid (each with every grid point and
+    /// arm); empty: no file, every key from the defaults, `fixed` and the grid.
+    pub config_files: Vec<PathBuf>,
     /// Keys every run shares (`--fixed`, `--reward-plugin`, ...), as config keys.
     pub fixed: Map<String, Value>,
     /// `--grid` keys in the order given, each with its values.
     pub grid: Vec<(String, Vec<Value>)>,
     pub output_dir: PathBuf,
-    /// Each grid point (a routed configuration) becomes every intervention arm
-    /// ([`intervention_arms`]).
-    pub intervention_arms: bool,
+    /// Each grid point (a routed configuration) becomes these intervention arms
+    /// ([`intervention_arms`]); empty: the grid point as it is.
+    pub intervention_arms: Vec<Arm>,
+}
+
+/// An intervention arm of `--intervention-arms` (docs/src/training.md, "Controls"): how a
+/// routed grid point's monitor flags are used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Arm {
+    /// No routing and no control: the non-routed baseline.
+    None,
+    /// The grid point as given (`routing_mode` classic or exclusive).
+    Routing,
+    /// No routing; flagged samples' reward minus `rh_penalty`.
+    Penalty,
+    /// No routing; flagged samples leave the loss.
+    Filter,
+    /// The grid point's routing of a random subset as large as the flagged one.
+    Placebo,
+}
+
+impl Arm {
+    /// Every arm, in the order a sweep plans them (bare `--intervention-arms`).
+    pub const ALL: [Arm; 5] = [Arm::None, Arm::Routing, Arm::Penalty, Arm::Filter, Arm::Placebo];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Routing => "routing",
+            Self::Penalty => "penalty",
+            Self::Filter => "filter",
+            Self::Placebo => "placebo",
+        }
+    }
+
+    /// `--intervention-arms`'s value: a comma list of arm names (in [`Arm::ALL`]'s order,
+    /// each once); none given: every arm.
+    pub fn parse_list(text: Option<&str>) -> Result<Vec<Arm>> {
+        let Some(text) = text else { return Ok(Self::ALL.to_vec()) };
+        let valid = || Self::ALL.map(Self::name).join(", ");
+        let mut arms = Vec::new();
+        for word in text.split(',').map(str::trim) {
+            let arm = Self::ALL.into_iter().find(|a| a.name() == word).with_context(|| format!("--intervention-arms {text:?}: unknown arm {word:?}; the arms are {} (comma-separated; the flag alone plans all)", valid()))?;
+            ensure!(!arms.contains(&arm), "--intervention-arms {text:?}: {word} is listed twice");
+            arms.push(arm);
+        }
+        arms.sort();
+        Ok(arms)
+    }
+
+    /// The arm a run's configuration belongs to (its saved `config.yaml` read back).
+    pub fn of(config: &TrainConfig) -> Arm {
+        match config.intervention {
+            Intervention::Routing if config.routing_mode == RoutingMode::None => Self::None,
+            Intervention::Routing => Self::Routing,
+            Intervention::Penalty => Self::Penalty,
+            Intervention::Filter => Self::Filter,
+            Intervention::Placebo => Self::Placebo,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,18 +187,24 @@ pub fn expand(grid: &[(String, Vec<Value>)]) -> Vec<Map<String, Value>> {
     points
 }
 
-/// Resolves every grid point (defaults < YAML < fixed < grid point), adds the baselines and
-/// reads the cache state of each run directory.
+/// Resolves every grid point of every config file (defaults < YAML < fixed < grid point),
+/// adds the baselines and reads the cache state of each run directory.
 pub fn plan(spec: &SweepSpec) -> Result<Plan> {
     let mut runs: Vec<PlannedRun> = Vec::new();
-    for point in expand(&spec.grid) {
-        let configs = match spec.intervention_arms {
-            true => arms_of_point(spec, &point)?,
-            false => vec![resolve_point(spec, &point)?],
-        };
-        for config in configs {
-            let baseline = baseline_of(&config)?.map(|b| b.run_name()).transpose()?;
-            add_run(&mut runs, config, RunRole::Grid, baseline)?;
+    let files: Vec<Option<&Path>> = match spec.config_files.is_empty() {
+        true => vec![None],
+        false => spec.config_files.iter().map(|f| Some(f.as_path())).collect(),
+    };
+    for file in files {
+        for point in expand(&spec.grid) {
+            let configs = match spec.intervention_arms.is_empty() {
+                false => arms_of_point(spec, file, &point)?,
+                true => vec![resolve_point(spec, file, &point)?],
+            };
+            for config in configs {
+                let baseline = baseline_of(&config)?.map(|b| b.run_name()).transpose()?;
+                add_run(&mut runs, config, RunRole::Grid, baseline)?;
+            }
         }
     }
     let baselines: Vec<TrainConfig> = runs.iter().map(|r| baseline_of(&r.config)).collect::<Result<Vec<_>>>()?.into_iter().flatten().collect();
@@ -156,12 +221,13 @@ pub fn plan(spec: &SweepSpec) -> Result<Plan> {
     Ok(Plan { output_dir: spec.output_dir.clone(), runs })
 }
 
-fn resolve_point(spec: &SweepSpec, point: &Map<String, Value>) -> Result<TrainConfig> {
+fn resolve_point(spec: &SweepSpec, file: Option<&Path>, point: &Map<String, Value>) -> Result<TrainConfig> {
     let mut overrides = spec.fixed.clone();
     overrides.extend(point.clone());
     overrides.insert("output_dir".into(), serde_json::to_value(&spec.output_dir)?);
     let described = Value::Object(point.clone());
-    let mut config = TrainConfig::resolve(spec.config_file.as_deref(), overrides).with_context(|| format!("sweep point {described}"))?;
+    let of_file = file.map_or(String::new(), |f| format!(" of --config {}", f.display()));
+    let mut config = TrainConfig::resolve(file, overrides).with_context(|| format!("sweep point {described}{of_file}"))?;
     // Pinned so the per-run YAML the child reads resolves to the same name (a YAML file without
     // `name` would otherwise be named after its file stem).
     config.name.get_or_insert_with(|| UNNAMED_RUN.into());
@@ -170,23 +236,24 @@ fn resolve_point(spec: &SweepSpec, point: &Map<String, Value>) -> Result<TrainCo
 
 /// The arms of one grid point: `rh_penalty` (only valid with the penalty arm) is set aside
 /// while the routed point resolves, then given to the penalty arm.
-fn arms_of_point(spec: &SweepSpec, point: &Map<String, Value>) -> Result<Vec<TrainConfig>> {
+fn arms_of_point(spec: &SweepSpec, file: Option<&Path>, point: &Map<String, Value>) -> Result<Vec<TrainConfig>> {
     let mut without_penalty = spec.clone();
     let mut point = point.clone();
     let penalty = point.remove("rh_penalty").or_else(|| without_penalty.fixed.remove("rh_penalty"));
-    let routed = resolve_point(&without_penalty, &point)?;
+    let routed = resolve_point(&without_penalty, file, &point)?;
     let penalty = match penalty {
         Some(value) => serde_json::from_value(value).context("--intervention-arms: rh_penalty must be a number")?,
         None => routed.rh_penalty,
     };
-    intervention_arms(&routed, penalty)
+    intervention_arms(&routed, penalty, &spec.intervention_arms)
 }
 
-/// One routed configuration as every intervention arm, the same otherwise: none (the
-/// non-routed baseline), routing (as given), penalty (`rh_penalty` = `penalty`, with the routed
-/// run's coherence rows), filter, and placebo (the given routing mode and ablation on a random
-/// subset).
-pub fn intervention_arms(routed: &TrainConfig, penalty: f64) -> Result<Vec<TrainConfig>> {
+/// One routed configuration as the chosen intervention arms, the same otherwise: none (the
+/// non-routed baseline), routing (as given), penalty (`rh_penalty` = `penalty`, with the routed run's
+/// coherence rows), filter, and
+/// placebo (the given routing mode and ablation on a random subset). The none arm is also
+/// every other arm's baseline, so [`plan`] adds it whether chosen or not.
+pub fn intervention_arms(routed: &TrainConfig, penalty: f64, chosen: &[Arm]) -> Result<Vec<TrainConfig>> {
     ensure!(
         routed.routing_mode != RoutingMode::None && routed.intervention == Intervention::Routing,
         "--intervention-arms expands a routed configuration (routing_mode classic or exclusive, intervention routing); got routing_mode {}, intervention {}",
@@ -198,7 +265,8 @@ pub fn intervention_arms(routed: &TrainConfig, penalty: f64) -> Result<Vec<Train
     // The reward-penalty comparator keeps the routed run's coherence rows (the original's
     // matrix_rp_7envs: "the same 32 verified coherence extras"); they train retain alone.
     let penalised = TrainConfig { rh_penalty: penalty, ..with_coherence_of(routed, arm(&none, Intervention::Penalty)) };
-    let arms = vec![none.clone(), routed.clone(), penalised, arm(&none, Intervention::Filter), arm(routed, Intervention::Placebo)];
+    let all = [none.clone(), routed.clone(), penalised, arm(&none, Intervention::Filter), arm(routed, Intervention::Placebo)];
+    let arms: Vec<TrainConfig> = Arm::ALL.into_iter().zip(all).filter(|(a, _)| chosen.contains(a)).map(|(_, config)| config).collect();
     for config in &arms {
         config.validate().with_context(|| format!("the {} arm of an --intervention-arms sweep is invalid", config.intervention))?;
     }
@@ -330,4 +398,13 @@ pub fn groups<T>(runs: &[T], name: impl Fn(&T) -> &str) -> BTreeMap<String, Vec<
         groups.entry(group_of(name(run)).to_string()).or_default().push(run);
     }
     groups
+}
+
+/// The keys in which two runs' configurations differ other than the seed and the keys that
+/// only say where or how a run executed or logged (as for the cache), so runs that are the
+/// seeds of one setting give an empty list.
+pub fn differing_besides_seed(a: &TrainConfig, b: &TrainConfig) -> Result<Vec<String>> {
+    let mut keys = differing_keys(&comparable(a), &comparable(b))?;
+    keys.retain(|k| k != "seed");
+    Ok(keys)
 }

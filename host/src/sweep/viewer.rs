@@ -50,15 +50,22 @@ show(0);
     )
 }
 
-/// `charts/index.html`: the Pareto chart of the arms (when drawn), then a link to each group's
-/// viewer.
-pub fn index_page(groups: &[String], pareto: bool) -> String {
+/// `charts/index.html`: the Pareto chart of the arms and the environments' (when drawn), then
+/// a link to each group's viewer.
+pub fn index_page(groups: &[String], pareto: bool, environments: bool) -> String {
     let items: String = groups.iter().map(|g| format!("<li><a href=\"{0}/index.html\">{1}</a></li>\n", escape(g), escape(g))).collect();
     let pareto = match pareto {
         true => format!("<h2>Arms: task reward vs hack frequency</h2>\n<img src=\"{}\" alt=\"Pareto chart of the arms\">\n", super::pareto::FILE),
         false => String::new(),
     };
-    format!("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>sweep charts</title></head><body>\n{pareto}<h2>Experiment groups</h2>\n<ul>\n{items}</ul>\n</body></html>\n")
+    let environments = match environments {
+        true => format!(
+            "<h2>Environments: retain vs hack</h2>\n<p><a href=\"{0}\">{0}</a></p>\n<img src=\"{0}\" alt=\"Pareto chart per environment\">\n",
+            super::pareto_environments::FILE
+        ),
+        false => String::new(),
+    };
+    format!("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>sweep charts</title></head><body>\n{pareto}{environments}<h2>Experiment groups</h2>\n<ul>\n{items}</ul>\n</body></html>\n")
 }
 
 fn escape(text: &str) -> String {
