@@ -175,15 +175,22 @@ fn intervention_arms_plan_every_control_beside_the_routed_run() {
 }
 
 /// The reward-penalty arm keeps the routed run's coherence rows (the original's
-/// matrix_rp_7envs: the same verified coherence extras); the non-routed baseline has none.
+/// matrix_rp_7envs: the same verified coherence extras); the non-routed baseline has none, and a recall grid shares one baseline.
 #[test]
 fn the_penalty_arm_keeps_the_coherence_rows_of_the_routed_run() {
     use smallrl::intervention::Intervention;
     let out = tempfile::tempdir().unwrap();
     let fixed = ["max_steps=4", "routing_mode=classic", "coh_samples_per_rollout=16", "rh_detector_verifies_retain_samples=true", "rh_detector_retain_recall=0.5"];
-    let mut arms = spec(out.path(), &[], &fixed);
+    let mut arms = spec(out.path(), &["recall=0.5,0.25"], &fixed);
     arms.intervention_arms = plan::Arm::ALL.to_vec();
     let plan = plan::plan(&arms).unwrap();
+    // Recall acts on flags, which the baseline ignores: both recalls share one baseline (at
+    // the default recall), while the penalty arm keeps each recall.
+    let baselines: Vec<_> = plan.runs.iter().filter(|r| r.role == RunRole::Baseline).collect();
+    assert_eq!(baselines.len(), 1, "{:?}", baselines.iter().map(|r| &r.name).collect::<Vec<_>>());
+    assert_eq!(baselines[0].config.recall, 1.0);
+    let penalty_recalls: BTreeSet<String> = plan.runs.iter().filter(|r| r.config.intervention == Intervention::Penalty).map(|r| r.config.recall.to_string()).collect();
+    assert_eq!(penalty_recalls, BTreeSet::from(["0.5".to_string(), "0.25".to_string()]));
     let arm = |intervention: Intervention, routed: bool| plan.runs.iter().find(|r| r.config.intervention == intervention && (r.config.routing_mode.as_str() != "none") == routed).unwrap();
     for config in [&arm(Intervention::Routing, true).config, &arm(Intervention::Penalty, false).config] {
         assert_eq!((config.coh_samples_per_rollout, config.rh_detector_verifies_retain_samples, config.rh_detector_retain_recall), (16, true, 0.5), "{config:?}");
@@ -228,7 +235,7 @@ fn config_files_times_grid_times_chosen_arms() {
         let routed = TrainConfig { threads: c.threads, ..TrainConfig::resolve(Some(file), overrides).unwrap() };
         let expected = match Arm::of(c) {
             Arm::Routing => routed.clone(),
-            Arm::None => routed.without_routing(),
+            Arm::None => TrainConfig { recall: 1.0, ..routed.without_routing() },
             // The penalty arm keeps the routed run's coherence rows (the configs have them).
             Arm::Penalty => TrainConfig {
                 intervention: Intervention::Penalty,

@@ -46,7 +46,7 @@ pub struct SweepArgs {
     /// rates, the forget-scale curve 0, 0.1, ..., 1 and the deployed scale) unless its
     /// deployment.json is current; writes deployment.csv, and the arm tables gain the modes
     /// `base` and `deployed`.
-    #[arg(long, conflicts_with_all = ["dry_run", "emit"])]
+    #[arg(long, conflicts_with = "emit")]
     pub deploy: bool,
     /// Print the planned runs (cached ones marked) and stop.
     #[arg(long)]

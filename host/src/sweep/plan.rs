@@ -262,15 +262,24 @@ pub fn intervention_arms(routed: &TrainConfig, penalty: f64, chosen: &[Arm]) -> 
     );
     let none = routed.without_routing();
     let arm = |base: &TrainConfig, intervention: Intervention| TrainConfig { intervention, ..base.clone() };
+    let baseline = unrouted(routed);
     // The reward-penalty comparator keeps the routed run's coherence rows (the original's
     // matrix_rp_7envs: "the same 32 verified coherence extras"); they train retain alone.
     let penalised = TrainConfig { rh_penalty: penalty, ..with_coherence_of(routed, arm(&none, Intervention::Penalty)) };
-    let all = [none.clone(), routed.clone(), penalised, arm(&none, Intervention::Filter), arm(routed, Intervention::Placebo)];
+    let all = [baseline, routed.clone(), penalised, arm(&none, Intervention::Filter), arm(routed, Intervention::Placebo)];
     let arms: Vec<TrainConfig> = Arm::ALL.into_iter().zip(all).filter(|(a, _)| chosen.contains(a)).map(|(_, config)| config).collect();
     for config in &arms {
         config.validate().with_context(|| format!("the {} arm of an --intervention-arms sweep is invalid", config.intervention))?;
     }
     Ok(arms)
+}
+
+/// The non-routed baseline of `config`: no routing, no intervention, and the detector's
+/// `recall` and `false_positive_rate` at their defaults, since nothing acts on its flags (so
+/// the routed runs of a recall grid share one baseline instead of training copies of it).
+fn unrouted(config: &TrainConfig) -> TrainConfig {
+    let defaults = TrainConfig::default();
+    TrainConfig { recall: defaults.recall, false_positive_rate: defaults.false_positive_rate, ..config.without_routing() }
 }
 
 /// `config` with `routed`'s coherence keys.
@@ -309,7 +318,7 @@ pub fn baseline_of(config: &TrainConfig) -> Result<Option<TrainConfig>> {
     if config.routing_mode == RoutingMode::None && config.intervention == Intervention::Routing {
         return Ok(None);
     }
-    let baseline = config.without_routing();
+    let baseline = unrouted(config);
     baseline.validate().context("the non-routed baseline of a routed run is invalid")?;
     Ok(Some(baseline))
 }
