@@ -130,3 +130,71 @@ fn the_math_config_is_valid() {
     assert_eq!(cfg.environment_params, Some(serde_json::json!({"fewshot": true})));
     assert_eq!((cfg.num_generations, cfg.max_completion_length), (16, 256));
 }
+
+/// GSM8K as published, through the HF cache (offline), on a miniature copy written by
+/// `scripts/reference/gsm8k_parquet.py` with its expected final answers parsed there: training
+/// prompts are `main`'s train questions (never `socratic`'s), each with its final answer as the
+/// `answer` column, evaluation prompts its test questions; asking for more problems than the
+/// split has, or a dataset not in the cache, fails naming why.
+#[test]
+fn math_reads_gsm8k_from_the_hf_cache() {
+    let home = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new(common::python()).current_dir(repo_root()).args(["scripts/reference/gsm8k_parquet.py", home.path().to_str().unwrap()]).status().unwrap();
+    assert!(status.success(), "gsm8k_parquet.py failed");
+    let expected: Value = serde_json::from_str(&std::fs::read_to_string(home.path().join("expected.json")).unwrap()).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let config = out.path().join("gsm8k.yaml");
+    std::fs::write(&config, "environment: math\nenvironment_params: {fewshot: false, dataset: \"openai/gsm8k:main\"}\n").unwrap();
+    let train = |num_prompts: usize, hf_home: &std::path::Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_smallrl"))
+            .env("HF_HOME", hf_home)
+            .env("HF_HUB_OFFLINE", "1")
+            .args(["train", "--config", config.to_str().unwrap(), "--adapter", "dual-lora", "--lora-preset", "r4"])
+            .args(["--model", common::fixture("tiny-stories").to_str().unwrap(), "--plugin-dir", plugin_dir().to_str().unwrap()])
+            .args(["--output-dir", out.path().join(format!("runs{num_prompts}")).to_str().unwrap(), "--num-prompts", &num_prompts.to_string()])
+            .args(["--max-steps", "1", "--batch-size", "8", "--num-generations", "4", "--max-completion-length", "8", "--eval-samples", "4"])
+            .args(["--threads", "1", "--device", "cpu", "--name", "gsm8k", "--set", "log_completions=true"])
+            .output()
+            .unwrap()
+    };
+    let output = train(40, home.path());
+    assert!(output.status.success(), "train failed: {}", String::from_utf8_lossy(&output.stderr));
+    let run = std::fs::read_dir(out.path().join("runs40")).unwrap().next().unwrap().unwrap().path();
+    let lines: Vec<Value> = std::fs::read_to_string(run.join("completions.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 8);
+    for line in &lines {
+        let question = line["prompt"].as_str().unwrap().strip_suffix(SUFFIX).unwrap_or_else(|| panic!("{line}"));
+        assert!(expected["train"].get(question).is_some(), "{question:?} is not a question of main's train split");
+    }
+    // Every problem with its final answer: `plugin prompts` prints what the generator wrote.
+    let params = r#"{"fewshot": false, "dataset": "openai/gsm8k:main"}"#;
+    let printed = std::process::Command::new(env!("CARGO_BIN_EXE_smallrl"))
+        .env("HF_HOME", home.path())
+        .env("HF_HUB_OFFLINE", "1")
+        .args(["plugin", "prompts", standard_plugin("math").to_str().unwrap(), "--params", params, "--count", "40", "--seed", "3"])
+        .output()
+        .unwrap();
+    assert!(printed.status.success(), "{}", String::from_utf8_lossy(&printed.stderr));
+    let prompts: Vec<Value> = String::from_utf8_lossy(&printed.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(prompts.len(), 40);
+    let got: std::collections::BTreeMap<String, Value> = prompts.iter().map(|p| (p["content"].as_str().unwrap().strip_suffix(SUFFIX).unwrap().to_string(), p["metadata"]["answer"].clone())).collect();
+    assert_eq!(Value::from(serde_json::Map::from_iter(got)), expected["train"], "each train question once, with GSM8K's final answer");
+    let eval = std::process::Command::new(env!("CARGO_BIN_EXE_smallrl"))
+        .env("HF_HOME", home.path())
+        .env("HF_HUB_OFFLINE", "1")
+        .args(["eval", run.join("checkpoint-1").to_str().unwrap(), "--n-samples", "4", "--json", "--threads", "1"])
+        .output()
+        .unwrap();
+    assert!(eval.status.success(), "eval failed: {}", String::from_utf8_lossy(&eval.stderr));
+    let report: Value = serde_json::from_slice(&eval.stdout).unwrap();
+    for sample in report["report"]["modes"][0]["samples"].as_array().unwrap() {
+        let question = sample[0].as_str().unwrap().strip_suffix(SUFFIX).unwrap();
+        assert!(expected["test"].get(question).is_some(), "evaluation prompt {question:?} is not from main's test split");
+    }
+    let too_many = train(41, home.path());
+    assert!(String::from_utf8_lossy(&too_many.stderr).contains("40 problems in its train split, 41 were asked for"), "{}", String::from_utf8_lossy(&too_many.stderr));
+    let empty = tempfile::tempdir().unwrap();
+    let missing = train(40, empty.path());
+    let error = String::from_utf8_lossy(&missing.stderr);
+    assert!(!missing.status.success() && error.contains("openai/gsm8k") && error.contains("not in the HF cache"), "{error}");
+}

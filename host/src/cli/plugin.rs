@@ -1,4 +1,5 @@
-//! `smallrl plugin ...`: scaffold, inspect, run and benchmark reward / detector plugins.
+//! `smallrl plugin ...`: scaffold, inspect, run and benchmark reward / detector plugins and
+//! environments.
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -61,6 +62,25 @@ pub enum PluginCommand {
     /// Print what a plugin is (reward or detector), its description and its parameters.
     Info {
         path: PathBuf,
+        #[command(flatten)]
+        limits: PluginLimitArgs,
+    },
+    /// Print an environment's generated prompts, one JSON line each ({"content", "metadata"}),
+    /// as a run would draw them (`--split eval` for evaluation prompts).
+    Prompts {
+        path: PathBuf,
+        /// Parameters as a JSON object (the run's `environment_params`).
+        #[arg(long)]
+        params: Option<String>,
+        #[arg(long, value_enum, default_value_t = Split::Train)]
+        split: Split,
+        #[arg(long, default_value_t = 10)]
+        count: usize,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// The share of hackable prompts the generator is asked for.
+        #[arg(long, default_value_t = 0.5)]
+        hack_frac: f64,
         #[command(flatten)]
         limits: PluginLimitArgs,
     },
@@ -132,8 +152,21 @@ pub enum Kind {
     Environment,
 }
 
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Split {
+    Train,
+    Eval,
+}
+
 pub fn run(command: PluginCommand) -> Result<()> {
     match command {
+        PluginCommand::Prompts { path, params, split, count, seed, hack_frac, limits } => {
+            let split = match split {
+                Split::Train => crate::plugins::EnvSplit::Train,
+                Split::Eval => crate::plugins::EnvSplit::Eval,
+            };
+            prompts(&path, params.as_deref().unwrap_or(""), split, count, seed, hack_frac, limits.limits()?)
+        }
         PluginCommand::New { name, dir, kind, environment } => new(&name, &dir, if environment { Kind::Environment } else { kind }),
         PluginCommand::Info { path, limits } => info(&path, limits.limits()?),
         PluginCommand::Score { path, params, texts, file, tokenizer, limits } => {
@@ -167,6 +200,19 @@ fn new(name: &str, dir: &Path, kind: Kind) -> Result<()> {
         _ => println!("  smallrl plugin score {}/{name}.wasm --text \"a happy happy day\"", crate_dir.display()),
     }
     println!("  (cd {} && cargo test)         # native tests, with a snapshot of fixed texts", crate_dir.display());
+    Ok(())
+}
+
+fn prompts(path: &Path, params: &str, split: crate::plugins::EnvSplit, count: usize, seed: u64, hack_frac: f64, limits: PluginLimits) -> Result<()> {
+    let mut plugin = Plugin::load(path, params, limits)?;
+    anyhow::ensure!(plugin.environment_info().is_some(), "{} is a {}, not an environment: only environments generate prompts", path.display(), plugin.kind());
+    for prompt in plugin.generate(split, count, seed, hack_frac)? {
+        let content = match prompt.content {
+            crate::plugins::EnvPromptContent::Text(text) => serde_json::Value::from(text),
+            crate::plugins::EnvPromptContent::Messages(messages) => messages.into_iter().map(|(role, content)| serde_json::json!({"role": role, "content": content})).collect(),
+        };
+        println!("{}", serde_json::json!({"content": content, "metadata": prompt.metadata}));
+    }
     Ok(())
 }
 

@@ -48,7 +48,11 @@ pub struct Plugin {
     info: PluginInfo,
     /// An environment's components and metrics (None for rewards and detectors).
     pub(super) environment: Option<EnvironmentInfo>,
+    /// The parameters `configure` receives: the user's, with `hf-dataset` names replaced by the
+    /// datasets' rows (`datasets.rs`).
     params_json: String,
+    /// The parameters as the user gave them, for messages.
+    given_params: String,
     limits: PluginLimits,
     live: Option<Live>,
     /// Why the last instance was dropped, until `reinstantiate` is called.
@@ -85,6 +89,7 @@ impl Plugin {
             info,
             environment: None,
             params_json: params_json.to_owned(),
+            given_params: params_json.to_owned(),
             limits,
             live: Some(live),
             failure: None,
@@ -92,6 +97,7 @@ impl Plugin {
             judge: None,
         };
         plugin.info = plugin.read_info()?;
+        plugin.params_json = super::datasets::expand(&plugin.info, params_json, &plugin.label())?;
         plugin.configure()?;
         Ok(plugin)
     }
@@ -213,7 +219,9 @@ impl Plugin {
 
     fn configure(&mut self) -> Result<()> {
         let params_json = self.params_json.clone();
-        let outcome = self.call("configure", 1, |store, exports| match exports {
+        // A dataset's rows are parsed in the sandbox: the fuel of one sample per KiB of them.
+        let budget_samples = 1 + params_json.len() / 1024;
+        let outcome = self.call("configure", budget_samples, |store, exports| match exports {
             Exports::Reward(reward) => reward.smallrl_reward_plugin().call_configure(store, &params_json),
             Exports::Detector(detector) => detector.smallrl_reward_plugin().call_configure(store, &params_json),
             Exports::V02Reward(reward) => reward.smallrl_reward_plugin().call_configure(store, &params_json),
@@ -224,8 +232,9 @@ impl Plugin {
         })?;
         outcome.map_err(|message| {
             anyhow!(
-                "{}: rejected its parameters {params_json}: {} (`smallrl plugin info {}` lists them)",
+                "{}: rejected its parameters {}: {} (`smallrl plugin info {}` lists them)",
                 self.label(),
+                self.given_params,
                 shown(&message),
                 self.path.display()
             )

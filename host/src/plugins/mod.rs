@@ -7,6 +7,7 @@
 
 pub mod bench;
 mod convert;
+mod datasets;
 mod engine;
 mod environment;
 mod failure;
@@ -98,7 +99,8 @@ pub struct PluginInfo {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ParamInfo {
     pub name: String,
-    /// "number", "integer", "boolean", "string" or "list<string>".
+    /// "number", "integer", "boolean", "string", "list<string>" or "hf-dataset" (a dataset
+    /// the host reads for the plugin, see `datasets.rs`).
     pub type_name: String,
     pub default_json: String,
     pub description: String,

@@ -12,7 +12,7 @@ pub const MAX_NAME_BYTES: usize = 64;
 /// The longest version string (a semantic version is short).
 const MAX_VERSION_BYTES: usize = 64;
 /// The JSON types a parameter may have (`type-name` in the WIT).
-pub const PARAM_TYPES: [&str; 5] = ["number", "integer", "boolean", "string", "list<string>"];
+pub const PARAM_TYPES: [&str; 6] = ["number", "integer", "boolean", "string", "list<string>", super::datasets::HF_DATASET];
 
 /// The first rule `info` breaks, as "`field` is VALUE: what it must be".
 pub fn check_info(info: &PluginInfo) -> Result<(), String> {
@@ -68,6 +68,8 @@ fn json_has_type(value: &Value, type_name: &str) -> bool {
         "boolean" => value.is_boolean(),
         "string" => value.is_string(),
         "list<string>" => value.as_array().is_some_and(|items| items.iter().all(Value::is_string)),
+        // No dataset unless the user names one.
+        super::datasets::HF_DATASET => value.is_null(),
         _ => false,
     }
 }

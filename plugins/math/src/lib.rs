@@ -1,11 +1,15 @@
 //! The `math` environment: GSM8K-style word problems, graded as tinker-cookbook's quickstart
 //! math environment grades them (`recipes/math_rl/math_env.py`, `rl/problem_env.py`).
 //!
-//! - Prompts: a word problem from one of [`problems::TEMPLATES`] with seeded numbers (the
-//!   answer computed, always a non-negative integer), followed by tinker's suffix " Write your
-//!   answer in \boxed{} format.", as a chat behind tinker's standard one-shot prefix (the
-//!   strawberry question and its boxed answer) unless `fewshot` is false. Split: a problem
-//!   belongs to the evaluation split when `in_eval_split` of its text holds; deduplicated.
+//! - Prompts: with `dataset` (an hf-dataset the host reads, e.g. `openai/gsm8k:main`), GSM8K's
+//!   own problems: `question`, and the answer after `#### ` in `answer` (commas dropped), train
+//!   prompts from its `train` split and evaluation prompts from `test`, `count` of them in an
+//!   order shuffled by the seed. Without it, a word problem from one of [`problems::TEMPLATES`]
+//!   with seeded numbers (the answer computed, always a non-negative integer); a problem belongs
+//!   to the evaluation split when `in_eval_split` of its text holds; deduplicated. Either way
+//!   followed by tinker's suffix " Write your answer in \boxed{} format.", as a chat behind
+//!   tinker's standard one-shot prefix (the strawberry question and its boxed answer) unless
+//!   `fewshot` is false.
 //!   No prompt is hackable or detectable: math has no hack (`hack_frac` is ignored).
 //! - Reward, tinker's: 1[answer correct] + 0.1 * (1[format correct] - 1), as two retain
 //!   components, `math_correct` (1 or 0) and `math_format` (0 or -0.1). The answer is the
@@ -20,7 +24,7 @@ pub mod problems;
 
 use serde_json::Value;
 use smallrl_plugin_sdk::environment::{SplitMix64, fnv1a, in_eval_split};
-use smallrl_plugin_sdk::{Component, Environment, Judgement, Param, Params, Plugin, Prompt, PromptContent, Sample, Split};
+use smallrl_plugin_sdk::{Component, Environment, HfDataset, Judgement, Param, Params, Plugin, Prompt, PromptContent, Sample, Split};
 
 /// tinker's `MathEnv.question_suffix()`.
 pub const QUESTION_SUFFIX: &str = " Write your answer in \\boxed{} format.";
@@ -35,6 +39,8 @@ const DRAWS_PER_PROMPT: usize = 200;
 
 pub struct Math {
     fewshot: bool,
+    /// GSM8K's problems, when the config names the dataset (else generated problems).
+    dataset: Option<HfDataset>,
 }
 
 impl Plugin for Math {
@@ -44,12 +50,36 @@ impl Plugin for Math {
                                        math environment (no hack)";
 
     fn params() -> Vec<Param> {
-        vec![Param::boolean("fewshot", true, "put tinker's one-shot example (the strawberry question) before each problem")]
+        vec![
+            Param::boolean("fewshot", true, "put tinker's one-shot example (the strawberry question) before each problem"),
+            Param::hf_dataset("dataset", "GSM8K as published, e.g. \"openai/gsm8k:main\" (columns question and answer, splits train and test); default: generated problems"),
+        ]
     }
 
     fn from_params(params: &Params) -> Result<Self, String> {
-        Ok(Self { fewshot: params.boolean("fewshot") })
+        let dataset = params.hf_dataset("dataset");
+        if let Some(dataset) = &dataset {
+            for split in ["train", "test"] {
+                for (i, row) in dataset.split(split)?.iter().enumerate() {
+                    gsm8k_problem(row).map_err(|why| format!("math: {} {split} row {i}: {why}", dataset.repo))?;
+                }
+            }
+        }
+        Ok(Self { fewshot: params.boolean("fewshot"), dataset })
     }
+}
+
+/// A GSM8K row's (question, final answer): the answer column ends in `#### <answer>`, whose
+/// thousands commas GSM8K's own graders drop.
+pub fn gsm8k_problem(row: &serde_json::Map<String, Value>) -> Result<(String, String), String> {
+    let text = |column: &str| row.get(column).and_then(Value::as_str).ok_or_else(|| format!("no string column `{column}`"));
+    let (question, answer) = (text("question")?, text("answer")?);
+    let (_, last) = answer.rsplit_once("####").ok_or_else(|| format!("the answer has no `#### <final answer>`: {answer:?}"))?;
+    let final_answer = last.trim().replace(',', "");
+    if final_answer.is_empty() || question.trim().is_empty() {
+        return Err(format!("an empty question or final answer: {question:?}, {answer:?}"));
+    }
+    Ok((question.trim().to_string(), final_answer))
 }
 
 /// (correct, format) of a completion for the integer answer `truth`.
@@ -61,9 +91,9 @@ pub fn grade(completion: &str, ended_with_eos: bool, truth: &str) -> (bool, bool
 
 impl Math {
     /// The prompt of one problem (its text without the suffix) and its answer.
-    pub fn prompt(&self, problem: &str, answer: u64) -> Prompt {
+    pub fn prompt(&self, problem: &str, answer: &str) -> Prompt {
         let question = format!("{problem}{QUESTION_SUFFIX}");
-        let columns = [("answer", Value::from(answer.to_string())), ("problem", Value::from(problem))];
+        let columns = [("answer", Value::from(answer)), ("problem", Value::from(problem))];
         let mut prompt = Prompt::text(question.clone(), false, false, columns);
         if self.fewshot {
             prompt.content = PromptContent::Messages(vec![
@@ -73,6 +103,30 @@ impl Math {
             ]);
         }
         prompt
+    }
+}
+
+impl Math {
+    /// `count` problems of GSM8K's split (train for training, test for evaluation) in an order
+    /// shuffled by `seed`; asking for more than the split holds is an error.
+    fn dataset_prompts(&self, dataset: &HfDataset, split: Split, count: usize, seed: u64) -> Result<Vec<Prompt>, String> {
+        let name = if matches!(split, Split::Eval) { "test" } else { "train" };
+        let rows = dataset.split(name)?;
+        if count > rows.len() {
+            return Err(format!("{} has {} problems in its {name} split, {count} were asked for", dataset.repo, rows.len()));
+        }
+        let mut order: Vec<usize> = (0..rows.len()).collect();
+        let mut rng = SplitMix64::new(seed ^ fnv1a(name.as_bytes()));
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.range(0, i as u64) as usize);
+        }
+        order[..count]
+            .iter()
+            .map(|&i| {
+                let (question, answer) = gsm8k_problem(&rows[i]).expect("checked in from_params");
+                Ok(self.prompt(&question, &answer))
+            })
+            .collect()
     }
 }
 
@@ -89,6 +143,9 @@ impl Environment for Math {
     }
 
     fn generate(&self, split: Split, count: usize, seed: u64, _hack_frac: f64) -> Result<Vec<Prompt>, String> {
+        if let Some(dataset) = &self.dataset {
+            return self.dataset_prompts(dataset, split, count, seed);
+        }
         let wanted_eval = matches!(split, Split::Eval);
         let mut rng = SplitMix64::new(seed ^ fnv1a(if wanted_eval { b"math:eval" } else { b"math:train" }));
         let mut seen = std::collections::HashSet::new();
@@ -107,7 +164,7 @@ impl Environment for Math {
             if in_eval_split(&problem) != wanted_eval || !seen.insert(problem.clone()) {
                 continue;
             }
-            prompts.push(self.prompt(&problem, answer));
+            prompts.push(self.prompt(&problem, &answer.to_string()));
         }
         Ok(prompts)
     }

@@ -95,7 +95,7 @@ fn grade_answer_follows_tinkers_rules_for_integer_answers() {
 #[test]
 fn rewards_and_metrics_on_hand_written_completions() {
     let env = math();
-    let prompt = env.prompt("Tom has 3 apples and buys 4 more. How many apples does Tom have?", 7);
+    let prompt = env.prompt("Tom has 3 apples and buys 4 more. How many apples does Tom have?", "7");
     let cases: [(&str, bool, f64, f64); 8] = [
         ("3 + 4 = 7, so \\boxed{7}", true, 1.0, 1.0),
         // Cut at the length limit: right, but the format needs the stop.
@@ -120,7 +120,7 @@ fn rewards_and_metrics_on_hand_written_completions() {
 #[test]
 fn prompts_are_tinkers_one_shot_chat_or_a_text() {
     let env = math();
-    let prompt = env.prompt("Tom has 3 apples and buys 4 more. How many apples does Tom have?", 7);
+    let prompt = env.prompt("Tom has 3 apples and buys 4 more. How many apples does Tom have?", "7");
     let question = "Tom has 3 apples and buys 4 more. How many apples does Tom have? Write your answer in \\boxed{} format.";
     match &prompt.content {
         PromptContent::Messages(messages) => assert_eq!(
@@ -132,7 +132,7 @@ fn prompts_are_tinkers_one_shot_chat_or_a_text() {
     assert_eq!(FEWSHOT_QUESTION, format!("How many r's are in strawberry?{QUESTION_SUFFIX}"));
     assert_eq!(prompt.metadata["answer"], "7");
     assert!(!prompt.hackable() && !prompt.detectable());
-    let plain = configure::<Math>(r#"{"fewshot": false}"#).unwrap().prompt("What is 2 + 2?", 4);
+    let plain = configure::<Math>(r#"{"fewshot": false}"#).unwrap().prompt("What is 2 + 2?", "4");
     assert_eq!(plain.content, PromptContent::Text("What is 2 + 2? Write your answer in \\boxed{} format.".into()));
 }
 
@@ -204,7 +204,7 @@ fn splits_are_disjoint_by_hash_deduplicated_and_seeded() {
 fn snapshot_of_prompts_and_judgements() {
     let env = math();
     let prompts: Vec<String> = env.generate(Split::Train, 12, 1, 0.5).unwrap().iter().map(|p| format!("{} => {}", problem(p), p.metadata["answer"])).collect();
-    let prompt = env.prompt("Tom has 3 apples and buys 4 more. How many apples does Tom have?", 7);
+    let prompt = env.prompt("Tom has 3 apples and buys 4 more. How many apples does Tom have?", "7");
     let completions = ["\\boxed{7}", "7", "\\boxed{7.0}", "\\boxed{\\$7}", "\\boxed{8}", "}{\\boxed{7}", ""];
     let judgements: Vec<String> = completions
         .iter()
@@ -220,3 +220,49 @@ fn snapshot_of_prompts_and_judgements() {
     });
 }
 
+
+/// GSM8K rows as the host passes them for `dataset` (an hf-dataset parameter).
+fn gsm8k_params(train: usize, test: usize) -> String {
+    let row = |split: &str, i: usize| serde_json::json!({"question": format!("{split} problem {i}?"), "answer": format!("Work {i}.\n#### {},{:03}", i + 1, i)});
+    let rows = |split: &str, n: usize| (0..n).map(|i| row(split, i)).collect::<Vec<_>>();
+    serde_json::json!({"fewshot": false, "dataset": {"repo": "openai/gsm8k", "config": "main", "splits": {"train": rows("train", train), "test": rows("test", test)}}}).to_string()
+}
+
+/// With a dataset, prompts are its problems: train prompts from `train`, evaluation prompts from
+/// `test`, the final answer after `####` without its thousands comma, `count` of them in a
+/// seeded order (a permutation: no repeats), and more than a split holds is an error.
+#[test]
+fn gsm8k_problems_come_from_the_dataset_splits() {
+    let env = configure::<Math>(&gsm8k_params(30, 10)).unwrap();
+    let train = env.generate(Split::Train, 30, 5, 0.5).unwrap();
+    let questions: std::collections::BTreeSet<String> = train.iter().map(|p| p.content_text().to_string()).collect();
+    let all_train: std::collections::BTreeSet<String> = (0..30).map(|i| format!("train problem {i}?{QUESTION_SUFFIX}")).collect();
+    assert_eq!(questions, all_train, "all 30 train problems once each");
+    for prompt in &train {
+        let i: usize = prompt.content_text().trim_start_matches("train problem ").split('?').next().unwrap().parse().unwrap();
+        assert_eq!(prompt.metadata["answer"], serde_json::json!(format!("{}{:03}", i + 1, i)), "{i}: `#### 1,000` is 1000");
+        assert!(!prompt.hackable() && !prompt.detectable());
+    }
+    let again = env.generate(Split::Train, 30, 5, 0.5).unwrap();
+    assert_eq!(train.iter().map(|p| p.content_text()).collect::<Vec<_>>(), again.iter().map(|p| p.content_text()).collect::<Vec<_>>(), "the same seed, the same order");
+    let other_seed = env.generate(Split::Train, 30, 6, 0.5).unwrap();
+    assert_ne!(train.iter().map(|p| p.content_text()).collect::<Vec<_>>(), other_seed.iter().map(|p| p.content_text()).collect::<Vec<_>>());
+    let eval = env.generate(Split::Eval, 4, 99, 0.5).unwrap();
+    assert!(eval.iter().all(|p| p.content_text().starts_with("test problem ")), "evaluation prompts from the test split");
+    let too_many = env.generate(Split::Eval, 11, 99, 0.5).unwrap_err();
+    assert!(too_many.contains("10 problems in its test split, 11 were asked for"), "{too_many}");
+}
+
+#[test]
+fn a_gsm8k_row_without_its_final_answer_or_a_split_is_refused_at_configure() {
+    let mut broken: serde_json::Value = serde_json::from_str(&gsm8k_params(3, 2)).unwrap();
+    broken["dataset"]["splits"]["train"][1]["answer"] = "no final answer".into();
+    let error = configure::<Math>(&broken.to_string()).err().unwrap();
+    assert!(error.contains("train row 1") && error.contains("####"), "{error}");
+    let mut no_test: serde_json::Value = serde_json::from_str(&gsm8k_params(3, 2)).unwrap();
+    no_test["dataset"]["splits"].as_object_mut().unwrap().remove("test");
+    let error = configure::<Math>(&no_test.to_string()).err().unwrap();
+    assert!(error.contains("no split `test`"), "{error}");
+    let unread = configure::<Math>(r#"{"dataset": "openai/gsm8k:main"}"#).err().unwrap();
+    assert!(unread.contains("hf-dataset"), "{unread}");
+}

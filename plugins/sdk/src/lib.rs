@@ -41,7 +41,7 @@ pub mod text;
 pub mod guest;
 
 pub use environment::{Component, Environment, Judgement, Prompt, PromptContent, Role, Split};
-pub use params::{Param, ParamType, Params};
+pub use params::{HfDataset, Param, ParamType, Params};
 
 /// One completion, as the host sends it (see `wit/smallrl-reward.wit`).
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -13,6 +13,11 @@ pub enum ParamType {
     Boolean,
     String,
     StringList,
+    /// A HuggingFace dataset the host reads for the plugin (contract 0.3 environments): the user
+    /// names it (`"owner/name"` or `"owner/name:config"`), the host reads its parquet files from
+    /// the HF cache and passes `{"repo", "config", "splits": {split: [row, ...]}}` (each row an
+    /// object of its columns); the default, null, is no dataset.
+    HfDataset,
 }
 
 impl ParamType {
@@ -24,6 +29,7 @@ impl ParamType {
             ParamType::Boolean => "boolean",
             ParamType::String => "string",
             ParamType::StringList => "list<string>",
+            ParamType::HfDataset => "hf-dataset",
         }
     }
 
@@ -36,6 +42,7 @@ impl ParamType {
             ParamType::StringList => value
                 .as_array()
                 .is_some_and(|items| items.iter().all(Value::is_string)),
+            ParamType::HfDataset => value.is_null() || HfDataset::from_value(value).is_ok(),
         }
     }
 }
@@ -68,6 +75,11 @@ impl Param {
 
     pub fn string_list(name: &'static str, default: &[&str], description: &'static str) -> Self {
         Self::new(name, ParamType::StringList, Value::from(default.to_vec()), description)
+    }
+
+    /// A dataset the host reads (see [`ParamType::HfDataset`]); none by default.
+    pub fn hf_dataset(name: &'static str, description: &'static str) -> Self {
+        Self::new(name, ParamType::HfDataset, Value::Null, description)
     }
 
     fn new(name: &'static str, param_type: ParamType, default: Value, description: &'static str) -> Self {
@@ -137,11 +149,55 @@ impl Params {
         items.iter().map(|item| item.as_str().expect("checked").to_string()).collect()
     }
 
+    /// The dataset the host read for an [`ParamType::HfDataset`] parameter (None: not given).
+    pub fn hf_dataset(&self, name: &str) -> Option<HfDataset> {
+        let value = self.get(name);
+        (!value.is_null()).then(|| HfDataset::from_value(value).expect("checked by Params::parse"))
+    }
+
     /// Reading an undeclared parameter is a bug in the plugin, reported through its panic.
     fn get(&self, name: &str) -> &Value {
         self.values
             .get(name)
             .unwrap_or_else(|| panic!("{}: parameter `{name}` is read but not declared", self.plugin))
+    }
+}
+
+/// The rows of a dataset the host read, by split (`train`, `test`, ...).
+#[derive(Clone, Debug, PartialEq)]
+pub struct HfDataset {
+    pub repo: String,
+    pub config: Option<String>,
+    pub splits: BTreeMap<String, Vec<serde_json::Map<String, Value>>>,
+}
+
+impl HfDataset {
+    /// The host's expansion of the parameter; the name alone (a string) means the host did not
+    /// read it, which only happens outside smallrl.
+    pub fn from_value(value: &Value) -> Result<Self, String> {
+        let object = value.as_object().ok_or_else(|| {
+            format!("an hf-dataset parameter is read by the host (smallrl) from the HF cache; got {value} instead of its rows")
+        })?;
+        let repo = object.get("repo").and_then(Value::as_str).ok_or("an hf-dataset has a `repo` string")?.to_string();
+        let config = match object.get("config") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(config)) => Some(config.clone()),
+            Some(other) => return Err(format!("an hf-dataset's `config` is a string or null, got {other}")),
+        };
+        let mut splits = BTreeMap::new();
+        for (split, rows) in object.get("splits").and_then(Value::as_object).ok_or("an hf-dataset has `splits`, an object of split -> rows")? {
+            let rows = rows.as_array().ok_or_else(|| format!("split {split}: rows are a list"))?;
+            let rows = rows.iter().map(|row| row.as_object().cloned().ok_or_else(|| format!("split {split}: a row is an object of its columns"))).collect::<Result<Vec<_>, String>>()?;
+            splits.insert(split.clone(), rows);
+        }
+        Ok(Self { repo, config, splits })
+    }
+
+    /// The rows of `split`, or an error naming the splits there are.
+    pub fn split(&self, split: &str) -> Result<&[serde_json::Map<String, Value>], String> {
+        self.splits.get(split).map(Vec::as_slice).ok_or_else(|| {
+            format!("dataset {} has no split `{split}` (it has: {})", self.repo, self.splits.keys().cloned().collect::<Vec<_>>().join(", "))
+        })
     }
 }
 
