@@ -236,17 +236,15 @@ fn config_files_times_grid_times_chosen_arms() {
         let expected = match Arm::of(c) {
             Arm::Routing => routed.clone(),
             Arm::None => TrainConfig { recall: 1.0, ..routed.without_routing() },
-            // The penalty arm keeps the routed run's coherence rows (the configs have them).
-            Arm::Penalty => TrainConfig {
-                intervention: Intervention::Penalty,
-                coh_samples_per_rollout: routed.coh_samples_per_rollout,
-                coherence_rh_mode: routed.coherence_rh_mode,
-                coherence_rh_penalty: routed.coherence_rh_penalty,
-                coherence_start_frac: routed.coherence_start_frac,
-                rh_detector_verifies_retain_samples: routed.rh_detector_verifies_retain_samples,
-                rh_detector_retain_recall: routed.rh_detector_retain_recall,
-                ..routed.without_routing()
-            },
+            // The penalty arm differs from the routed run in routing and the intervention alone:
+            // it keeps the coherence rows (and their verifier) the configs have.
+            Arm::Penalty => {
+                let (Value::Object(penalised), Value::Object(routed_keys)) = (serde_json::to_value(c).unwrap(), serde_json::to_value(&routed).unwrap()) else { unreachable!() };
+                let differing: BTreeSet<&str> = penalised.iter().filter(|(k, v)| routed_keys.get(*k) != Some(v)).map(|(k, _)| k.as_str()).collect();
+                assert_eq!(differing, BTreeSet::from(["intervention", "renormalization_mode", "routing_mode", "split_moment"]), "{}", run.name);
+                assert!(c.coh_samples_per_rollout > 0 && c.rh_detector_verifies_retain_samples, "{}", run.name);
+                c.clone()
+            }
             other => panic!("{}: arm {} was not chosen", run.name, other.name()),
         };
         assert_eq!(c, &expected, "{}", run.name);

@@ -6,11 +6,13 @@
 //! read each run's `base` and `deployed` modes from the same files (`arms::run_values`).
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::ffi::OsString;
+use std::process::Child;
 
 use anyhow::{Context, Result, bail};
 
-use super::{RunEntry, RunStatus, runner::Launch};
+use super::runner::{self, Launch};
+use super::{RunEntry, RunStatus};
 use crate::eval::deployment::{self, Deployment};
 use crate::reward::monitor::key as channel_key;
 use crate::routing::RoutingMode;
@@ -56,18 +58,8 @@ pub fn run(output_dir: &Path, entries: &[RunEntry], jobs: usize, launch: &Launch
 
 fn spawn<'a>(entry: &'a RunEntry, logs: &Path, launch: &Launch) -> Result<(Child, &'a RunEntry, std::path::PathBuf)> {
     let log_path = logs.join(format!("{}.deploy.log", entry.name));
-    let log = std::fs::File::create(&log_path).with_context(|| format!("cannot create {}", log_path.display()))?;
-    let stderr = log.try_clone()?;
-    let child = Command::new(&launch.exe)
-        .arg("eval")
-        .arg(&entry.dir)
-        .args(["--deploy", "--threads", &launch.threads_per_run.to_string()])
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(stderr)
-        .spawn()
-        .with_context(|| format!("cannot start {}", launch.exe.display()))?;
-    Ok((child, entry, log_path))
+    let args: Vec<OsString> = vec!["eval".into(), entry.dir.clone().into(), "--deploy".into(), "--threads".into(), launch.threads_per_run.to_string().into()];
+    Ok((runner::spawn_logged(&launch.exe, &args, &log_path)?, entry, log_path))
 }
 
 /// `deployment.csv`: one row per run with a deployment, in the entries' order.

@@ -173,16 +173,14 @@ fn spawn(plan: &Plan, runs: &[&PlannedRun], launch: &Launch) -> Result<(Child, P
         [run] if !packed => (log_path(&plan.output_dir, &run.name), train_args(plan, run, launch.threads_per_run)),
         _ => (pack_log_path(&plan.output_dir, &runs[0].name), packed_train_args(plan, runs, launch.threads_per_run, launch.pack_workers)),
     };
-    let log = std::fs::File::create(&log_path).with_context(|| format!("cannot create {}", log_path.display()))?;
+    Ok((spawn_logged(&launch.exe, &args, &log_path)?, log_path, packed))
+}
+
+/// Starts `exe args` with stdout and stderr into a new `log_path`.
+pub fn spawn_logged(exe: &Path, args: &[OsString], log_path: &Path) -> Result<Child> {
+    let log = std::fs::File::create(log_path).with_context(|| format!("cannot create {}", log_path.display()))?;
     let stderr = log.try_clone().with_context(|| format!("cannot share {}", log_path.display()))?;
-    let child = Command::new(&launch.exe)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(stderr)
-        .spawn()
-        .with_context(|| format!("cannot start {}", launch.exe.display()))?;
-    Ok((child, log_path, packed))
+    Command::new(exe).args(args).stdin(Stdio::null()).stdout(log).stderr(stderr).spawn().with_context(|| format!("cannot start {}", exe.display()))
 }
 
 /// Collects the children that exited, printing `[DONE i/N] name OK|FAIL 12.3s` for each of
