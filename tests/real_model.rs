@@ -21,6 +21,11 @@ use smallrl::model::{self, LoadedModel};
 use tch::{Device, Kind, Tensor};
 
 const TOLERANCE: f64 = 1e-4;
+/// bfloat16 keeps 8 significant bits (relative rounding 2^-9 = 0.2%): at logits of magnitude
+/// ~20 a log-prob moves by a few hundredths per layer's rounding; these bounds hold transformers'
+/// own bfloat16 forward too (printed by the test).
+const BF16_TOLERANCE: f64 = 0.5;
+const BF16_MEAN_TOLERANCE: f64 = 0.1;
 const MAX_NEW_TOKENS: usize = 12;
 /// `<|im_end|>`, SmolLM2's end of turn.
 const IM_END: u32 = 2;
@@ -132,7 +137,7 @@ fn reference() -> &'static Value {
             .flat_map(|template| conversations().as_array().unwrap().clone().into_iter().map(move |m| json!({"template": template, "messages": m})))
             .collect();
         let body = json!({
-            "score": score_texts(), "greedy": greedy_prompts(), "max_new_tokens": MAX_NEW_TOKENS,
+            "score": score_texts(), "score_bf16": score_texts(), "greedy": greedy_prompts(), "max_new_tokens": MAX_NEW_TOKENS,
             "chat": conversations(), "templates": templates,
         });
         common::hf_real_model(&body)
@@ -181,6 +186,38 @@ fn the_published_config_loads_and_log_probs_match_transformers() {
         println!("{text:?}: {} tokens, max |log p - transformers (float64)| = {diff:.2e}", ids.len());
         assert!(diff <= TOLERANCE, "{text:?}: log-probs differ from transformers by {diff}");
     }
+}
+
+/// bfloat16 (`dtype: bfloat16`, the dtype for 135M-class models on CUDA) on CUDA when one is
+/// present, else on the CPU through the same code: log-probs within bfloat16's precision of the
+/// float64 reference, as transformers' own bfloat16 forward is (its errors printed beside
+/// ours), and measurably not float32 (a dtype silently ignored would be within 1e-4).
+#[test]
+fn bfloat16_log_probs_are_within_bfloat16_precision_of_the_float64_reference() {
+    let _serial = serial();
+    let device = if tch::Cuda::is_available() { Device::Cuda(0) } else { Device::Cpu };
+    one_thread();
+    let loaded = model::load(common::real_model_dir().to_str().unwrap(), "main", device, Kind::BFloat16).unwrap();
+    let reference = reference();
+    let mut worst: f64 = 0.0;
+    for ((text, float64), theirs) in score_texts().iter().zip(reference["score"].as_array().unwrap()).zip(reference["score_bf16"].as_array().unwrap()) {
+        let ids = loaded.tokenizer.encode(text).unwrap();
+        let input = Tensor::from_slice(&ids.iter().map(|&i| i64::from(i)).collect::<Vec<_>>()).unsqueeze(0).to(device);
+        let ours = tch::no_grad(|| {
+            let logp = loaded.model.logits(&loaded.model.forward(&input, &input.ones_like(), &[])).to_kind(Kind::Float).log_softmax(-1, Kind::Double);
+            let n = ids.len() as i64 - 1;
+            logp.squeeze_dim(0).narrow(0, 0, n).gather(1, &input.squeeze_dim(0).narrow(0, 1, n).unsqueeze(1), false).squeeze_dim(1).to(Device::Cpu)
+        });
+        let exact = Tensor::from_slice(&float64["logprobs"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect::<Vec<_>>());
+        let transformers = Tensor::from_slice(&theirs["logprobs"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect::<Vec<_>>());
+        let (ours_error, their_error) = (max_abs_diff(&ours, &exact), max_abs_diff(&transformers, &exact));
+        let mean = |t: &Tensor| (t - &exact).abs().mean(Kind::Double).double_value(&[]);
+        let mean_error = mean(&ours);
+        println!("{text:?} on {device:?}: |log p - float64| max / mean: ours {ours_error:.3e} / {mean_error:.3e}, transformers' bfloat16 {their_error:.3e} / {:.3e}", mean(&transformers));
+        assert!(ours_error <= BF16_TOLERANCE && mean_error <= BF16_MEAN_TOLERANCE, "{text:?}: bfloat16 log-probs off the float64 reference by {ours_error} (mean {mean_error})");
+        worst = worst.max(ours_error);
+    }
+    assert!(worst > 1e-3, "bfloat16 log-probs within {worst} of float64: the dtype was not applied");
 }
 
 #[test]

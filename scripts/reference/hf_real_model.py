@@ -2,14 +2,16 @@
 
 Usage: hf_real_model.py MODEL_DIR REQUEST.json OUT.json
 
-REQUEST: {"score": [text, ...], "greedy": [text, ...], "max_new_tokens": N,
+REQUEST: {"score": [text, ...], "score_bf16": [text, ...], "greedy": [text, ...], "max_new_tokens": N,
           "chat": [[{"role", "content"}, ...], ...],
           "templates": [{"template", "messages"}, ...]}
-OUT: {"score": [{"ids", "logprobs", "decoded"}], "greedy": [{"prompt_ids", "completion_ids", "completion_text"}],
+OUT: {"score": [{"ids", "logprobs", "decoded"}], "score_bf16": [{"ids", "logprobs"}], "greedy": [{"prompt_ids", "completion_ids", "completion_text"}],
       "chat": [{"ids", "text"}], "templates": [text], "eos_token_id"}
 - score: ids of the text without special tokens, and logprobs[i] = log p(ids[i+1] | ids[..=i])
   from a float64 copy of the model (the float64 reference the tests compare against), and
   `decode(ids, skip_special_tokens=True)`.
+- score_bf16: the same log-probs from transformers' own bfloat16 forward (the model loaded with
+  dtype=torch.bfloat16 on the CPU; the logits' log_softmax in float32), for comparison.
 - greedy: `generate(do_sample=False)` in float32 on the prompt's ids, stopping where the model's
   generation_config says (its eos_token_id); completion_ids include the stop token if reached;
   completion_text is their `decode(..., skip_special_tokens=True)`.
@@ -42,8 +44,16 @@ def main():
         request = json.load(f)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
-    out = {"eos_token_id": model.generation_config.eos_token_id, "greedy": [], "score": [], "chat": []}
+    out = {"eos_token_id": model.generation_config.eos_token_id, "greedy": [], "score": [], "score_bf16": [], "chat": []}
     with torch.no_grad():
+        if request.get("score_bf16"):
+            bf16 = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, attn_implementation="eager").eval()
+            for text in request["score_bf16"]:
+                ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+                logp = bf16(input_ids=ids).logits[0].float().log_softmax(-1)
+                picked = logp[:-1].gather(1, ids[0, 1:].unsqueeze(1)).squeeze(1)
+                out["score_bf16"].append({"ids": ids[0].tolist(), "logprobs": picked.tolist()})
+            del bf16
         for text in request.get("greedy", []):
             ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
             generated = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
