@@ -2,7 +2,8 @@
 //! configuration and the reward configuration the run recorded (never guessed); at the
 //! standard adapter modes or at chosen adapter scales (`--scales`, `--forget-scales`: one model
 //! load, one sampling pass per scale); `--all-checkpoints` evaluates every checkpoint of a run
-//! into one CSV.
+//! into one CSV; `--deploy` applies the deployment protocol to a finished run
+//! (`eval::deployment`).
 
 use std::path::{Path, PathBuf};
 
