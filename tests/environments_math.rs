@@ -134,8 +134,9 @@ fn the_math_config_is_valid() {
 /// GSM8K as published, through the HF cache (offline), on a miniature copy written by
 /// `scripts/reference/gsm8k_parquet.py` with its expected final answers parsed there: training
 /// prompts are `main`'s train questions (never `socratic`'s), each with its final answer as the
-/// `answer` column, evaluation prompts its test questions; asking for more problems than the
-/// split has, or a dataset not in the cache, fails naming why.
+/// `answer` column, evaluation prompts its test questions; the rows' SHA-256 is recorded with the
+/// plugin hashes, so a run pinned to them refuses the cache once it holds other rows; asking for
+/// more problems than the split has, or a dataset not in the cache, fails naming why.
 #[test]
 fn math_reads_gsm8k_from_the_hf_cache() {
     let home = tempfile::tempdir().unwrap();
@@ -145,21 +146,21 @@ fn math_reads_gsm8k_from_the_hf_cache() {
     let out = tempfile::tempdir().unwrap();
     let config = out.path().join("gsm8k.yaml");
     std::fs::write(&config, "environment: math\nenvironment_params: {fewshot: false, dataset: \"openai/gsm8k:main\"}\n").unwrap();
-    let train = |num_prompts: usize, hf_home: &std::path::Path| {
+    let train = |num_prompts: usize, hf_home: &std::path::Path, runs: &str| {
         std::process::Command::new(env!("CARGO_BIN_EXE_smallrl"))
             .env("HF_HOME", hf_home)
             .env("HF_HUB_OFFLINE", "1")
             .args(["train", "--config", config.to_str().unwrap(), "--adapter", "dual-lora", "--lora-preset", "r4"])
             .args(["--model", common::fixture("tiny-stories").to_str().unwrap(), "--plugin-dir", plugin_dir().to_str().unwrap()])
-            .args(["--output-dir", out.path().join(format!("runs{num_prompts}")).to_str().unwrap(), "--num-prompts", &num_prompts.to_string()])
+            .args(["--output-dir", out.path().join(runs).to_str().unwrap(), "--num-prompts", &num_prompts.to_string()])
             .args(["--max-steps", "1", "--batch-size", "8", "--num-generations", "4", "--max-completion-length", "8", "--eval-samples", "4"])
             .args(["--threads", "1", "--device", "cpu", "--name", "gsm8k", "--set", "log_completions=true"])
             .output()
             .unwrap()
     };
-    let output = train(40, home.path());
+    let output = train(40, home.path(), "first");
     assert!(output.status.success(), "train failed: {}", String::from_utf8_lossy(&output.stderr));
-    let run = std::fs::read_dir(out.path().join("runs40")).unwrap().next().unwrap().unwrap().path();
+    let run = std::fs::read_dir(out.path().join("first")).unwrap().next().unwrap().unwrap().path();
     let lines: Vec<Value> = std::fs::read_to_string(run.join("completions.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(lines.len(), 8);
     for line in &lines {
@@ -191,10 +192,25 @@ fn math_reads_gsm8k_from_the_hf_cache() {
         let question = sample[0].as_str().unwrap().strip_suffix(SUFFIX).unwrap();
         assert!(expected["test"].get(question).is_some(), "evaluation prompt {question:?} is not from main's test split");
     }
-    let too_many = train(41, home.path());
+    // The dataset's hash is recorded with the plugins': a run pinned to it refuses the dataset
+    // once the cache holds other rows.
+    let saved = smallrl::train::TrainConfig::read_saved(&run).unwrap();
+    let dataset_key = "hf-dataset openai/gsm8k:main";
+    assert!(saved.plugin_sha256.get(dataset_key).is_some_and(|h| h.len() == 64), "{:?}", saved.plugin_sha256);
+    let pinned = format!("environment: math\nenvironment_params: {{fewshot: false, dataset: \"openai/gsm8k:main\"}}\nplugin_sha256: {}\n", serde_json::to_string(&saved.plugin_sha256).unwrap());
+    std::fs::write(&config, pinned).unwrap();
+    let pinned_run = train(40, home.path(), "pinned");
+    assert!(pinned_run.status.success(), "the pinned hashes are the cache's: {}", String::from_utf8_lossy(&pinned_run.stderr));
+    let status = std::process::Command::new(common::python()).current_dir(repo_root()).args(["scripts/reference/gsm8k_parquet.py", home.path().to_str().unwrap(), "8"]).status().unwrap();
+    assert!(status.success());
+    let changed = train(40, home.path(), "changed");
+    let error = String::from_utf8_lossy(&changed.stderr);
+    assert!(!changed.status.success() && error.contains(dataset_key) && error.contains("changed"), "{error}");
+    std::fs::write(&config, "environment: math\nenvironment_params: {fewshot: false, dataset: \"openai/gsm8k:main\"}\n").unwrap();
+    let too_many = train(41, home.path(), "too_many");
     assert!(String::from_utf8_lossy(&too_many.stderr).contains("40 problems in its train split, 41 were asked for"), "{}", String::from_utf8_lossy(&too_many.stderr));
     let empty = tempfile::tempdir().unwrap();
-    let missing = train(40, empty.path());
+    let missing = train(40, empty.path(), "missing");
     let error = String::from_utf8_lossy(&missing.stderr);
     assert!(!missing.status.success() && error.contains("openai/gsm8k") && error.contains("not in the HF cache"), "{error}");
 }

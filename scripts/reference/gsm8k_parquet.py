@@ -1,7 +1,7 @@
 """Writes a miniature GSM8K (`openai/gsm8k`) as the HF cache would hold it, and what a reader of
 GSM8K should get from it (parsed here, independently of smallrl).
 
-Usage: gsm8k_parquet.py HF_HOME_DIR
+Usage: gsm8k_parquet.py HF_HOME_DIR [SEED]   (another seed: other numbers, the same questions' shape)
 
 Layout, as the Hub's: HF_HOME_DIR/hub/datasets--openai--gsm8k/refs/main (a commit id) and
 snapshots/<commit>/{main,socratic}/{train,test}-00000-of-00001.parquet with string columns
@@ -29,7 +29,7 @@ def problem(rng, split, i, config):
 
 def main():
     home = sys.argv[1]
-    rng = random.Random(7)
+    rng = random.Random(int(sys.argv[2]) if len(sys.argv) > 2 else 7)
     repo = os.path.join(home, "hub", "datasets--openai--gsm8k")
     commit = "89abcdef0123456789abcdef0123456789abcdef"
     os.makedirs(os.path.join(repo, "refs"), exist_ok=True)

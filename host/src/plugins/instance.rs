@@ -53,6 +53,8 @@ pub struct Plugin {
     params_json: String,
     /// The parameters as the user gave them, for messages.
     given_params: String,
+    /// SHA-256 of each dataset read for an `hf-dataset` parameter (`datasets.rs`).
+    dataset_sha256: std::collections::BTreeMap<String, String>,
     limits: PluginLimits,
     live: Option<Live>,
     /// Why the last instance was dropped, until `reinstantiate` is called.
@@ -90,6 +92,7 @@ impl Plugin {
             environment: None,
             params_json: params_json.to_owned(),
             given_params: params_json.to_owned(),
+            dataset_sha256: Default::default(),
             limits,
             live: Some(live),
             failure: None,
@@ -97,7 +100,8 @@ impl Plugin {
             judge: None,
         };
         plugin.info = plugin.read_info()?;
-        plugin.params_json = super::datasets::expand(&plugin.info, params_json, &plugin.label())?;
+        let expanded = super::datasets::expand(&plugin.info, params_json, &plugin.label())?;
+        (plugin.params_json, plugin.dataset_sha256) = (expanded.params_json, expanded.dataset_sha256);
         plugin.configure()?;
         Ok(plugin)
     }
@@ -116,6 +120,12 @@ impl Plugin {
     /// SHA-256 of the component file as it was loaded, in hex.
     pub fn sha256(&self) -> &str {
         &self.sha256
+    }
+
+    /// SHA-256 of each dataset the host read for its `hf-dataset` parameters, keyed
+    /// `hf-dataset <owner/name[:config]>` (empty without one).
+    pub fn dataset_sha256(&self) -> &std::collections::BTreeMap<String, String> {
+        &self.dataset_sha256
     }
 
     pub fn kind(&self) -> PluginKind {

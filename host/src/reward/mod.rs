@@ -246,15 +246,17 @@ impl RewardModel {
         self.detector.is_some()
     }
 
-    /// SHA-256 (hex) of every plugin file loaded, keyed by its path as resolved: what a run
-    /// records so that a resumed run can refuse plugins that changed.
+    /// SHA-256 (hex) of every plugin file loaded, keyed by its path as resolved, and of every
+    /// dataset read for them and the judge's weights: what a run records so that a resumed run
+    /// can refuse plugins (or their data) that changed.
     pub fn plugin_hashes(&self) -> std::collections::BTreeMap<String, String> {
         let detectors = [&self.detector, &self.ground_truth].into_iter().filter_map(|source| match source {
             Some(DetectorSource::Plugin(plugin)) => Some(plugin),
             _ => None,
         });
-        let all = self.plugins.iter().chain(detectors).chain(&self.environment);
-        let mut hashes: std::collections::BTreeMap<String, String> = all.map(|plugin| (plugin.path().display().to_string(), plugin.sha256().to_string())).collect();
+        let all: Vec<&Plugin> = self.plugins.iter().chain(detectors).chain(&self.environment).collect();
+        let mut hashes: std::collections::BTreeMap<String, String> = all.iter().map(|plugin| (plugin.path().display().to_string(), plugin.sha256().to_string())).collect();
+        hashes.extend(all.iter().flat_map(|plugin| plugin.dataset_sha256().clone()));
         hashes.extend(self.judge_hashes.clone());
         hashes
     }

@@ -1,5 +1,6 @@
 //! What a run records about its plugin files, so that a resumed run scores with the plugins it
-//! started with: the SHA-256 of each file, in the run's `config.yaml` (`plugin_sha256`).
+//! started with: the SHA-256 of each file (and of the datasets read for `hf-dataset`
+//! parameters, and the judge's weights), in the run's `config.yaml` (`plugin_sha256`).
 //!
 //! Invariant: a run never continues with a plugin whose bytes differ from the recorded ones
 //! unless the user said so (`--accept-changed-plugins`), and then train.log says which changed.
