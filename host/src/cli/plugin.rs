@@ -78,9 +78,10 @@ pub enum PluginCommand {
         count: usize,
         #[arg(long, default_value_t = 0)]
         seed: u64,
-        /// The share of hackable prompts the generator is asked for.
-        #[arg(long, default_value_t = 0.5)]
-        hack_frac: f64,
+        /// The share of hackable prompts the generator is asked for [default: the `hack_frac`
+        /// key's].
+        #[arg(long)]
+        hack_frac: Option<f64>,
         #[command(flatten)]
         limits: PluginLimitArgs,
     },
@@ -165,6 +166,7 @@ pub fn run(command: PluginCommand) -> Result<()> {
                 Split::Train => crate::plugins::EnvSplit::Train,
                 Split::Eval => crate::plugins::EnvSplit::Eval,
             };
+            let hack_frac = hack_frac.unwrap_or(crate::train::TrainConfig::default().hack_frac);
             prompts(&path, params.as_deref().unwrap_or(""), split, count, seed, hack_frac, limits.limits()?)
         }
         PluginCommand::New { name, dir, kind, environment } => new(&name, &dir, if environment { Kind::Environment } else { kind }),
