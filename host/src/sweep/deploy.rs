@@ -5,8 +5,8 @@
 //! evaluated again. `deployment.csv` lists every deployed run; the arm and environment tables
 //! read each run's `base` and `deployed` modes from the same files (`arms::run_values`).
 
-use std::path::Path;
 use std::ffi::OsString;
+use std::path::Path;
 use std::process::Child;
 
 use anyhow::{Context, Result, bail};
@@ -45,12 +45,17 @@ pub fn run(output_dir: &Path, entries: &[RunEntry], jobs: usize, launch: &Launch
     std::fs::create_dir_all(&logs).with_context(|| format!("cannot create {}", logs.display()))?;
     for batch in pending.chunks(jobs.max(1)) {
         let children = batch.iter().map(|entry| spawn(entry, &logs, launch)).collect::<Result<Vec<(Child, &RunEntry, std::path::PathBuf)>>>()?;
+        // Every child of the batch is waited for before a failure stops the sweep.
+        let mut failed = Vec::new();
         for (mut child, entry, log) in children {
             let status = child.wait().with_context(|| format!("waiting for the deployment evaluation of {}", entry.name))?;
-            if !status.success() {
-                bail!("the deployment evaluation of {} failed ({status}); see {}", entry.name, log.display());
+            match status.success() {
+                true => println!("[DEPLOY] {} done", entry.name),
+                false => failed.push(format!("{} ({status}; see {})", entry.name, log.display())),
             }
-            println!("[DEPLOY] {} done", entry.name);
+        }
+        if !failed.is_empty() {
+            bail!("the deployment evaluation failed for {}", failed.join(", "));
         }
     }
     Ok(())
