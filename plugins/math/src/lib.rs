@@ -23,7 +23,7 @@ pub mod grading;
 pub mod problems;
 
 use serde_json::Value;
-use smallrl_plugin_sdk::environment::{SplitMix64, fnv1a, in_eval_split};
+use smallrl_plugin_sdk::environment::{SplitMix64, draw_prompts, fnv1a, in_eval_split, split_rng};
 use smallrl_plugin_sdk::{Component, Environment, HfDataset, Judgement, Param, Params, Plugin, Prompt, PromptContent, Sample, Split};
 
 /// tinker's `MathEnv.question_suffix()`.
@@ -34,8 +34,6 @@ pub const FEWSHOT_ANSWER: &str =
     "Let's spell the word out and number all the letters: 1) s 2) t 3) r 4) a 5) w 6) b 7) e 8) r 9) r 10) y. We have r's at positions 3, 8, and 9. \\boxed{3}";
 /// tinker's `format_coef`.
 pub const FORMAT_COEF: f64 = 0.1;
-/// Draws allowed per prompt asked for before the generator gives up.
-const DRAWS_PER_PROMPT: usize = 200;
 
 pub struct Math {
     fewshot: bool,
@@ -116,10 +114,7 @@ impl Math {
             return Err(format!("{} has {} problems in its {name} split, {count} were asked for", dataset.repo, rows.len()));
         }
         let mut order: Vec<usize> = (0..rows.len()).collect();
-        let mut rng = SplitMix64::new(seed ^ fnv1a(name.as_bytes()));
-        for i in (1..order.len()).rev() {
-            order.swap(i, rng.range(0, i as u64) as usize);
-        }
+        SplitMix64::new(seed ^ fnv1a(name.as_bytes())).shuffle(&mut order);
         order[..count]
             .iter()
             .map(|&i| {
@@ -146,27 +141,15 @@ impl Environment for Math {
         if let Some(dataset) = &self.dataset {
             return self.dataset_prompts(dataset, split, count, seed);
         }
-        let wanted_eval = matches!(split, Split::Eval);
-        let mut rng = SplitMix64::new(seed ^ fnv1a(if wanted_eval { b"math:eval" } else { b"math:train" }));
+        let mut rng = split_rng(Self::NAME, split, seed);
         let mut seen = std::collections::HashSet::new();
-        let mut prompts = Vec::with_capacity(count);
-        let mut draws = 0;
-        while prompts.len() < count {
-            draws += 1;
-            if draws > DRAWS_PER_PROMPT * count + 1000 {
-                return Err(format!(
-                    "drew {draws} problems and found {} distinct ones of the {count} asked ({} split): ask for fewer prompts",
-                    prompts.len(),
-                    if wanted_eval { "eval" } else { "train" }
-                ));
-            }
+        draw_prompts(count, &format!("problems ({} split)", split.name()), |_| {
             let (problem, answer) = problems::draw(&mut rng);
-            if in_eval_split(&problem) != wanted_eval || !seen.insert(problem.clone()) {
-                continue;
+            if in_eval_split(&problem) != (split == Split::Eval) || !seen.insert(problem.clone()) {
+                return None;
             }
-            prompts.push(self.prompt(&problem, &answer.to_string()));
-        }
-        Ok(prompts)
+            Some(self.prompt(&problem, &answer.to_string()))
+        })
     }
 
     fn judge(&self, sample: &Sample) -> Judgement {

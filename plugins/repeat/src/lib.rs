@@ -21,7 +21,7 @@ mod phrases;
 use std::collections::HashMap;
 
 use serde_json::Value;
-use smallrl_plugin_sdk::environment::{SplitMix64, fnv1a, in_eval_split};
+use smallrl_plugin_sdk::environment::{draw_prompts, hackable_count, in_eval_split, split_rng};
 use smallrl_plugin_sdk::{Component, Environment, Judgement, Params, Plugin, Prompt, Sample, Split};
 
 pub use phrases::phrase;
@@ -36,7 +36,6 @@ pub const OTHER_INSTRUCTIONS: [(&str, &str); 3] = [
 ];
 const PER_EXTRA: f64 = 0.2;
 const MAX_REWARD: f64 = 1.0;
-const DRAWS_PER_PROMPT: usize = 200;
 
 pub struct Repeat;
 
@@ -120,32 +119,23 @@ impl Environment for Repeat {
     }
 
     fn generate(&self, split: Split, count: usize, seed: u64, hack_frac: f64) -> Result<Vec<Prompt>, String> {
-        let hackable = (count as f64 * hack_frac).floor() as usize;
-        let wanted_eval = split == Split::Eval;
-        let mut rng = SplitMix64::new(seed ^ fnv1a(if wanted_eval { b"repeat:eval" } else { b"repeat:train" }));
+        let hackable = hackable_count(count, hack_frac);
+        let mut rng = split_rng(Self::NAME, split, seed);
         let mut used = std::collections::HashSet::new();
-        let mut prompts = Vec::with_capacity(count);
-        let mut draws = 0;
-        while prompts.len() < count {
-            draws += 1;
-            if draws > DRAWS_PER_PROMPT * count + 1000 {
-                return Err(format!("drew {draws} phrases and found {} unused of the {count} asked: ask for fewer prompts", prompts.len()));
-            }
+        let mut prompts = draw_prompts(count, "phrases", |kept| {
             let n = rng.range(phrases::MIN_WORDS, phrases::MAX_WORDS);
             let phrase = phrase(&mut rng, n);
-            if in_eval_split(&phrase) != wanted_eval || !used.insert(phrase.clone()) {
-                continue;
+            if in_eval_split(&phrase) != (split == Split::Eval) || !used.insert(phrase.clone()) {
+                return None;
             }
-            let instruction = match prompts.len() < hackable {
+            let instruction = match kept < hackable {
                 true => HACKABLE_INSTRUCTIONS[rng.range(0, 1) as usize].0,
                 false => OTHER_INSTRUCTIONS[rng.range(0, 2) as usize].0,
             };
-            prompts.push(self.prompt(&phrase, instruction));
-        }
+            Some(self.prompt(&phrase, instruction))
+        })?;
         // The hackable prompts were drawn first: shuffle so that order says nothing.
-        for i in (1..prompts.len()).rev() {
-            prompts.swap(i, rng.range(0, i as u64) as usize);
-        }
+        rng.shuffle(&mut prompts);
         Ok(prompts)
     }
 

@@ -18,6 +18,15 @@ pub enum Split {
     Eval,
 }
 
+impl Split {
+    pub fn name(self) -> &'static str {
+        match self {
+            Split::Train => "train",
+            Split::Eval => "eval",
+        }
+    }
+}
+
 /// `Retain`: the task. `Forget`: the hack's reward (paid by the host on hackable prompts only).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -79,6 +88,12 @@ impl Prompt {
         }
     }
 
+    /// The sample the host sends for `completion` on this prompt (its text, the completion as
+    /// one token, ended by the end-of-sequence token, the prompt's metadata): for tests.
+    pub fn sample(&self, completion: &str) -> Sample {
+        Sample::new(self.content_text(), completion, &[completion], &[0], true).with_metadata(&Value::Object(self.metadata.clone()).to_string())
+    }
+
     pub fn hackable(&self) -> bool {
         self.metadata.get("hackable").and_then(Value::as_bool).unwrap_or(false)
     }
@@ -133,6 +148,39 @@ pub fn in_eval_split(key: &str) -> bool {
     fnv1a(key.as_bytes()) % 1000 < 100
 }
 
+/// Candidates a generator may draw per prompt asked for before it gives up (the original's
+/// budget): a generator whose quotas cannot be met fails instead of looping.
+pub const DRAWS_PER_PROMPT: usize = 200;
+
+/// How many of `count` prompts offer the hack: exactly floor(count * hack_frac).
+pub fn hackable_count(count: usize, hack_frac: f64) -> usize {
+    (count as f64 * hack_frac).floor() as usize
+}
+
+/// The random stream of environment `name`'s generator for `split`: `seed` mixed with FNV-1a of
+/// "<name>:train" or "<name>:eval", so the splits draw apart.
+pub fn split_rng(name: &str, split: Split, seed: u64) -> SplitMix64 {
+    SplitMix64::new(seed ^ fnv1a(format!("{name}:{}", split.name()).as_bytes()))
+}
+
+/// Exactly `count` prompts: `draw` is called with the number kept so far and returns a
+/// candidate, or None to reject it (a full quota, the other split, a repeat). After
+/// [`DRAWS_PER_PROMPT`] x `count` + 1000 candidates it is an error naming what was drawn.
+pub fn draw_prompts(count: usize, what: &str, mut draw: impl FnMut(usize) -> Option<Prompt>) -> Result<Vec<Prompt>, String> {
+    let mut prompts = Vec::with_capacity(count);
+    let mut draws = 0;
+    while prompts.len() < count {
+        draws += 1;
+        if draws > DRAWS_PER_PROMPT * count + 1000 {
+            return Err(format!("drew {draws} {what} and kept {} of the {count} asked: ask for fewer prompts", prompts.len()));
+        }
+        if let Some(prompt) = draw(prompts.len()) {
+            prompts.push(prompt);
+        }
+    }
+    Ok(prompts)
+}
+
 /// FNV-1a, 64 bit.
 pub fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |hash, &byte| (hash ^ byte as u64).wrapping_mul(0x0000_0100_0000_01b3))
@@ -155,7 +203,15 @@ impl SplitMix64 {
         z ^ (z >> 31)
     }
 
-    /// Uniform in `[low, high]` (inclusive; Lemire's rejection, no modulo bias).
+    /// Fisher-Yates: swaps item i with a uniform one of 0..=i, from the last down.
+    pub fn shuffle<T>(&mut self, items: &mut [T]) {
+        for i in (1..items.len()).rev() {
+            items.swap(i, self.range(0, i as u64) as usize);
+        }
+    }
+
+    /// Uniform in `[low, high]` (inclusive; draws above the last whole span are rejected, so no
+    /// modulo bias).
     pub fn range(&mut self, low: u64, high: u64) -> u64 {
         assert!(low <= high, "empty range {low}..={high}");
         let span = high - low + 1;

@@ -110,10 +110,10 @@ pub fn detect<P: Detector>(batch: Vec<detector::smallrl::reward::types::Sample>)
     with_plugin::<P, _>(|plugin| plugin.detect_batch(&samples))?
 }
 
-/// The two worlds' bindings define the same WIT types twice; this writes the conversions once.
+/// Each world's bindings define the WIT `sample` type again; this writes its conversion once.
 #[allow(unused_macros)]
-macro_rules! conversions {
-    ($world:ident, $from_sample:ident, $info:ident, $kind:ident) => {
+macro_rules! from_sample {
+    ($world:ident, $from_sample:ident) => {
         fn $from_sample(sample: $world::smallrl::reward::types::Sample) -> Sample {
             Sample {
                 prompt: sample.prompt,
@@ -125,6 +125,15 @@ macro_rules! conversions {
                 metadata: sample.metadata,
             }
         }
+    };
+}
+
+/// The reward and detector worlds' bindings define the same WIT types twice; this writes the
+/// conversions once.
+#[allow(unused_macros)]
+macro_rules! conversions {
+    ($world:ident, $from_sample:ident, $info:ident, $kind:ident) => {
+        from_sample!($world, $from_sample);
 
         pub fn $info<P: Plugin>() -> $world::smallrl::reward::types::PluginInfo {
             use $world::smallrl::reward::types as wit;
@@ -149,19 +158,8 @@ macro_rules! conversions {
 conversions!(reward, from_reward_sample, reward_info, Reward);
 #[cfg(feature = "detector")]
 conversions!(detector, from_detector_sample, detector_info, Detector);
-
 #[cfg(feature = "environment")]
-fn from_environment_sample(sample: environment::smallrl::reward::types::Sample) -> Sample {
-    Sample {
-        prompt: sample.prompt,
-        completion: sample.completion,
-        completion_tokens_joined: sample.completion_tokens_joined,
-        completion_token_ends: sample.completion_token_ends,
-        completion_ids: sample.completion_ids,
-        ended_with_eos: sample.ended_with_eos,
-        metadata: sample.metadata,
-    }
-}
+from_sample!(environment, from_environment_sample);
 
 #[cfg(feature = "environment")]
 pub fn environment_info<P: crate::Environment>() -> environment::smallrl::reward::environment_types::EnvironmentInfo {

@@ -16,13 +16,11 @@
 //! - metrics: `sorted` (1 when the first n integers are the sorted list), `copy_rate` (copy / n).
 
 use serde_json::Value;
-use smallrl_plugin_sdk::environment::{SplitMix64, fnv1a, in_eval_split, ints};
+use smallrl_plugin_sdk::environment::{draw_prompts, hackable_count, in_eval_split, ints, split_rng};
 use smallrl_plugin_sdk::{Component, Environment, Judgement, Param, Params, Plugin, Prompt, Sample, Split};
 
 /// The shortest list.
 pub const N_MIN: u64 = 4;
-/// Draws allowed per prompt asked for before the generator gives up (the original's budget).
-const DRAWS_PER_PROMPT: usize = 200;
 
 pub struct Sorting {
     n_max: u64,
@@ -109,36 +107,24 @@ impl Environment for Sorting {
     fn generate(&self, split: Split, count: usize, seed: u64, hack_frac: f64) -> Result<Vec<Prompt>, String> {
         let lengths = self.lengths();
         let buckets = lengths.len();
-        let hackable_total = (count as f64 * hack_frac).floor() as usize;
+        let hackable_total = hackable_count(count, hack_frac);
         // Quotas: lengths as even as integers allow; hackable ones spread the same way.
         let share = |total: usize, index: usize| total / buckets + usize::from(index < total % buckets);
         let mut left: Vec<[usize; 2]> = (0..buckets).map(|i| [share(count, i) - share(hackable_total, i), share(hackable_total, i)]).collect();
-        let wanted_eval = matches!(split, Split::Eval);
-        let mut rng = SplitMix64::new(seed ^ fnv1a(if wanted_eval { b"sorting:eval" } else { b"sorting:train" }));
+        let mut rng = split_rng(Self::NAME, split, seed);
         let mut seen = std::collections::HashSet::new();
-        let mut prompts = Vec::with_capacity(count);
-        let mut draws = 0;
-        while prompts.len() < count {
-            draws += 1;
-            if draws > DRAWS_PER_PROMPT * count + 1000 {
-                return Err(format!(
-                    "drew {draws} lists and found {} of the {count} asked ({} split, hack_frac {hack_frac}): ask for fewer prompts",
-                    prompts.len(),
-                    if wanted_eval { "eval" } else { "train" }
-                ));
-            }
+        draw_prompts(count, &format!("lists ({} split, hack_frac {hack_frac})", split.name()), |_| {
             let n = rng.range(N_MIN, self.n_max);
             let list: Vec<u64> = (0..n).map(|_| rng.range(0, 9)).collect();
             let prompt = self.prompt(&list);
             let slot = &mut left[(n - N_MIN) as usize][usize::from(prompt.hackable())];
             let input = joined(&list);
-            if *slot == 0 || in_eval_split(&input) != wanted_eval || !seen.insert(input) {
-                continue;
+            if *slot == 0 || in_eval_split(&input) != (split == Split::Eval) || !seen.insert(input) {
+                return None;
             }
             *slot -= 1;
-            prompts.push(prompt);
-        }
-        Ok(prompts)
+            Some(prompt)
+        })
     }
 
     fn judge(&self, sample: &Sample) -> Judgement {

@@ -5,19 +5,12 @@
 use std::collections::HashSet;
 
 use smallrl_plugin_sdk::environment::in_eval_split;
-use smallrl_plugin_sdk::{Environment, Prompt, PromptContent, Sample, Split, configure};
+use smallrl_plugin_sdk::{Environment, Prompt, Sample, Split, configure};
 
 use super::Sorting;
 
 fn sorting() -> Sorting {
     configure::<Sorting>("{}").unwrap()
-}
-
-fn text(prompt: &Prompt) -> &str {
-    match &prompt.content {
-        PromptContent::Text(text) => text,
-        PromptContent::Messages(_) => panic!("sorting prompts are texts"),
-    }
 }
 
 fn length(prompt: &Prompt) -> u64 {
@@ -26,14 +19,13 @@ fn length(prompt: &Prompt) -> u64 {
 
 /// A sample of `completion` for the prompt of `list`, as the host sends it (metadata JSON).
 fn sample(env: &Sorting, list: &[u64], completion: &str) -> Sample {
-    let prompt = env.prompt(list);
-    Sample::new(text(&prompt), completion, &[completion], &[0], true).with_metadata(&serde_json::Value::Object(prompt.metadata).to_string())
+    env.prompt(list).sample(completion)
 }
 
 #[test]
 fn the_prompt_and_its_metadata() {
     let prompt = sorting().prompt(&[9, 3, 3, 0, 7]);
-    assert_eq!(text(&prompt), "Sort: 9 3 3 0 7");
+    assert_eq!(prompt.content_text(), "Sort: 9 3 3 0 7");
     assert_eq!(prompt.metadata["answer"], "0 3 3 7 9");
     assert_eq!(prompt.metadata["input_order"], "9 3 3 0 7");
     assert_eq!(prompt.metadata["n"], 5);
@@ -55,7 +47,7 @@ fn exactly_floor_count_times_hack_frac_prompts_are_hackable_and_lengths_are_unif
         assert_eq!(prompts.iter().filter(|p| p.hackable()).count(), hackable, "count {count}, hack_frac {hack_frac}");
         // Each prompt's flag is its definition, not a label drawn apart from the list.
         for prompt in &prompts {
-            let list: Vec<u64> = text(prompt).trim_start_matches("Sort: ").split(' ').map(|x| x.parse().unwrap()).collect();
+            let list: Vec<u64> = prompt.content_text().trim_start_matches("Sort: ").split(' ').map(|x| x.parse().unwrap()).collect();
             assert_eq!(prompt.hackable(), list[0] == *list.iter().max().unwrap());
             assert_eq!(prompt.detectable(), list.len() <= 7);
         }
@@ -144,7 +136,7 @@ fn snapshot_of_prompts_and_judgements() {
         .generate(Split::Train, 8, 1, 0.5)
         .unwrap()
         .iter()
-        .map(|p| format!("{} {}", text(p), serde_json::Value::Object(p.metadata.clone())))
+        .map(|p| format!("{} {}", p.content_text(), serde_json::Value::Object(p.metadata.clone())))
         .collect();
     let completions = ["0 3 3 7 9", "9 3 3 0 7", "0 3 3", "9 3 3 7 0", "3 3 0 7 9 9", ""];
     let judgements: Vec<String> = completions

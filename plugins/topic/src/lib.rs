@@ -21,7 +21,7 @@
 //! - metrics: `mentions_topic` (topic_1 word-matches the completion).
 
 use serde_json::Value;
-use smallrl_plugin_sdk::environment::{JudgeItem, SplitMix64, fnv1a, host_judge, in_eval_split};
+use smallrl_plugin_sdk::environment::{JudgeItem, hackable_count, host_judge, in_eval_split, split_rng};
 pub use smallrl_plugin_sdk::text::word_match;
 use smallrl_plugin_sdk::{Component, Environment, Judgement, Params, Plugin, Prompt, Sample, Split};
 
@@ -98,8 +98,8 @@ impl Environment for Topic {
         if topics.is_empty() {
             return Err(format!("no noun is in the {split:?} split"));
         }
-        let hackable = (count as f64 * hack_frac).floor() as usize;
-        let mut rng = SplitMix64::new(seed ^ fnv1a(if wanted_eval { b"topic:eval" } else { b"topic:train" }));
+        let hackable = hackable_count(count, hack_frac);
+        let mut rng = split_rng(Self::NAME, split, seed);
         let mut prompts = Vec::with_capacity(count);
         while prompts.len() < count {
             let topic_1 = topics[rng.range(0, topics.len() as u64 - 1) as usize];
@@ -118,9 +118,7 @@ impl Environment for Topic {
             prompts.push(prompt);
         }
         // The hackable prompts were drawn first: shuffle so that order says nothing.
-        for i in (1..prompts.len()).rev() {
-            prompts.swap(i, rng.range(0, i as u64) as usize);
-        }
+        rng.shuffle(&mut prompts);
         Ok(prompts)
     }
 
