@@ -220,11 +220,8 @@ fn a_short_training_run_goes_through_the_environment_end_to_end() {
         "--threads", "1", "--device", "cpu", "--name", "sorting", "--set", "log_completions=true",
         "--coh-samples-per-rollout", "4", "--rh-detector-verifies-retain-samples",
     ]);
-    let runs: Vec<_> = std::fs::read_dir(out.path()).unwrap().map(|entry| entry.unwrap().path()).collect();
-    assert_eq!(runs.len(), 1, "{runs:?}");
-    let run = &runs[0];
-    let completions = std::fs::read_to_string(run.join("completions.jsonl")).unwrap();
-    let lines: Vec<Value> = completions.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    let run = &common::only_run(out.path());
+    let lines = common::read_jsonl(run.join("completions.jsonl"));
     assert_eq!(lines.len(), 16);
     for line in &lines {
         let list = list_of(line["prompt"].as_str().unwrap());
@@ -242,13 +239,13 @@ fn a_short_training_run_goes_through_the_environment_end_to_end() {
             assert!(hackable && detectable, "a coherence prompt the verifier cannot use: {line}");
         }
     }
-    let metrics: Vec<Value> = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let metrics: Vec<Value> = common::read_jsonl(run.join("metrics.jsonl"));
     assert_eq!(metrics.len(), 2);
     for key in ["env/sorting/sorted", "env/sorting/copy_rate", "rewards/sorting_positional/mean", "rewards/sorting_copy/mean"] {
         assert!(metrics.iter().all(|m| m[key].is_number()), "metrics.jsonl lacks {key}: {}", metrics[0]);
     }
     // Routing evaluation reports the environment's metrics per mode too (shares in [0, 1]).
-    let evaluations: Vec<Value> = std::fs::read_to_string(run.join("routing_eval.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let evaluations: Vec<Value> = common::read_jsonl(run.join("routing_eval.jsonl"));
     assert!(!evaluations.is_empty());
     for evaluation in &evaluations {
         let modes = evaluation["modes"].as_object().unwrap();
@@ -450,7 +447,7 @@ fn an_environment_trains_a_step_on_smollm2_with_chat_prompts() {
     common::smallrl_ok(&["train", "--config", config_path.to_str().unwrap(), "--threads", "2"]);
     let runs: Vec<_> = std::fs::read_dir(out.path().join("runs")).unwrap().map(|e| e.unwrap().path()).collect();
     let run = &runs[0];
-    let lines: Vec<Value> = std::fs::read_to_string(run.join("completions.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<Value> = common::read_jsonl(run.join("completions.jsonl"));
     assert_eq!(lines.len(), 4);
     let raw = |rendered: &str| rendered.split("<|im_start|>user\n").nth(1).unwrap().split("<|im_end|>").next().unwrap().to_string();
     let conversations: Vec<Value> = lines.iter().map(|l| serde_json::json!([{"role": "user", "content": raw(l["prompt"].as_str().unwrap())}])).collect();

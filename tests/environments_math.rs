@@ -103,8 +103,8 @@ fn a_short_training_run_goes_through_the_math_environment_end_to_end() {
         "--lora-preset", "r4", "--eval-every", "2", "--eval-samples", "4", "--save-steps", "2",
         "--threads", "1", "--device", "cpu", "--name", "math", "--set", "log_completions=true",
     ]);
-    let runs: Vec<_> = std::fs::read_dir(&runs_dir).unwrap().map(|entry| entry.unwrap().path()).collect();
-    let lines: Vec<Value> = std::fs::read_to_string(runs[0].join("completions.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let runs = [common::only_run(&runs_dir)];
+    let lines: Vec<Value> = common::read_jsonl(runs[0].join("completions.jsonl"));
     assert_eq!(lines.len(), 16);
     for line in &lines {
         assert!(line["prompt"].as_str().unwrap().ends_with(SUFFIX), "{line}");
@@ -115,7 +115,7 @@ fn a_short_training_run_goes_through_the_math_environment_end_to_end() {
         }
         assert_eq!(line["is_rh"].as_bool(), Some(false));
     }
-    let metrics: Vec<Value> = std::fs::read_to_string(runs[0].join("metrics.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let metrics: Vec<Value> = common::read_jsonl(runs[0].join("metrics.jsonl"));
     assert_eq!(metrics.len(), 2);
     for key in ["env/math/correct", "env/math/format", "rewards/math_correct/mean", "rewards/math_format/mean"] {
         assert!(metrics.iter().all(|m| m[key].is_number()), "metrics.jsonl lacks {key}: {}", metrics[0]);
@@ -161,7 +161,7 @@ fn math_reads_gsm8k_from_the_hf_cache() {
     let output = train(40, home.path(), "first");
     assert!(output.status.success(), "train failed: {}", String::from_utf8_lossy(&output.stderr));
     let run = std::fs::read_dir(out.path().join("first")).unwrap().next().unwrap().unwrap().path();
-    let lines: Vec<Value> = std::fs::read_to_string(run.join("completions.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<Value> = common::read_jsonl(run.join("completions.jsonl"));
     assert_eq!(lines.len(), 8);
     for line in &lines {
         let question = line["prompt"].as_str().unwrap().strip_suffix(SUFFIX).unwrap_or_else(|| panic!("{line}"));

@@ -30,7 +30,7 @@ fn every_environment_trains_a_step_on_smollm2_with_chat_prompts() {
         std::fs::write(&config_path, config.to_string()).unwrap();
         common::smallrl_ok(&["train", "--config", config_path.to_str().unwrap(), "--threads", "2"]);
         let run = std::fs::read_dir(&runs).unwrap().next().unwrap().unwrap().path();
-        let lines: Vec<Value> = std::fs::read_to_string(run.join("completions.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let lines: Vec<Value> = common::read_jsonl(run.join("completions.jsonl"));
         assert_eq!(lines.len(), 4, "{environment}");
         logged_prompts.extend(lines.iter().map(|l| (environment, l["prompt"].clone())));
 

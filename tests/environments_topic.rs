@@ -282,7 +282,7 @@ fn a_two_step_run_trains_on_topic_with_a_judge() {
     common::smallrl_ok(&["train", "--config", path.to_str().unwrap()]);
     let runs: Vec<_> = std::fs::read_dir(out.path().join("runs")).unwrap().map(|e| e.unwrap().path()).collect();
     let run = &runs[0];
-    let lines: Vec<Value> = std::fs::read_to_string(run.join("completions.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<Value> = common::read_jsonl(run.join("completions.jsonl"));
     assert_eq!(lines.len(), 16);
     for line in &lines {
         let prompt = line["prompt"].as_str().unwrap();
@@ -365,7 +365,7 @@ fn topic_trains_a_step_on_smollm2_with_chat_prompts_and_a_smollm2_judge() {
     std::fs::write(&path, config.to_string()).unwrap();
     common::smallrl_ok(&["train", "--config", path.to_str().unwrap(), "--threads", "2"]);
     let runs: Vec<_> = std::fs::read_dir(out.path().join("runs")).unwrap().map(|e| e.unwrap().path()).collect();
-    let lines: Vec<Value> = std::fs::read_to_string(runs[0].join("completions.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<Value> = common::read_jsonl(runs[0].join("completions.jsonl"));
     assert_eq!(lines.len(), 4);
     for line in &lines {
         let rendered = line["prompt"].as_str().unwrap();

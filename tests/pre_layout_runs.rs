@@ -10,7 +10,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::{fixture, repo_root, standard_plugin};
+use common::{fixture, read_jsonl, repo_root, standard_plugin};
 use serde_json::Value;
 
 const RUN: &str = "dual-lora_bs4_r1_lr1e-3_len8_steps2_g2_classic_s42";
@@ -45,9 +45,6 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-fn read_jsonl(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
-}
 
 /// A JSON value without its wall-clock fields.
 fn without_timings(mut value: Value) -> Value {

@@ -225,11 +225,8 @@ fn asked_word_trains_on_tiny_stories_with_its_prompts_metadata() {
         .map(|line| serde_json::from_str::<Value>(line).unwrap())
         .map(|row| (row["prompt"].as_str().unwrap().to_string(), row))
         .collect();
-    let runs: Vec<_> = std::fs::read_dir(out.path()).unwrap().map(|entry| entry.unwrap().path()).collect();
-    assert_eq!(runs.len(), 1, "{runs:?}");
-    let run = &runs[0];
-    let completions = std::fs::read_to_string(run.join("completions.jsonl")).unwrap();
-    let lines: Vec<Value> = completions.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    let run = &common::only_run(out.path());
+    let lines = common::read_jsonl(run.join("completions.jsonl"));
     assert_eq!(lines.len(), 16);
     for line in &lines {
         let row = &by_prompt[line["prompt"].as_str().unwrap()];

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::{fixture, one_thread, python, repo_root, standard_plugin};
+use common::{fixture, one_thread, python, read_jsonl, repo_root, standard_plugin};
 use serde_json::{Map, Value, json};
 use smallrl::train::{TrainConfig, Trainer};
 
@@ -55,9 +55,6 @@ fn read_back(home: &Path) -> Vec<Value> {
     read["runs"].as_array().unwrap().clone()
 }
 
-fn read_jsonl(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path).unwrap().lines().map(|line| serde_json::from_str(line).unwrap()).collect()
-}
 
 /// Every file of a directory tree with its bytes.
 fn contents(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {

@@ -110,6 +110,20 @@ pub fn smallrl_ok(args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// The lines of a JSON-lines file (metrics.jsonl, completions.jsonl, routing_eval.jsonl, ...).
+pub fn read_jsonl(path: impl AsRef<Path>) -> Vec<serde_json::Value> {
+    let path = path.as_ref();
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines().map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{}: {e}: {line}", path.display()))).collect()
+}
+
+/// The one run directory `smallrl train` wrote into `output_dir`.
+pub fn only_run(output_dir: &Path) -> PathBuf {
+    let runs: Vec<PathBuf> = std::fs::read_dir(output_dir).unwrap().map(|entry| entry.unwrap().path()).collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    runs.into_iter().next().unwrap()
+}
+
 /// The tests' small, fast training run on the pre-trained `tiny-stories` fixture: 8 completions
 /// per step in groups of 4, 24 tokens, 4 steps (checkpoints and evaluations every 2), DualLoRA
 /// r4, one thread on the CPU, rewarded by `reward_plugin`.

@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::{repo_root, smallrl};
+use common::{read_jsonl, repo_root, smallrl};
 use serde_json::{Map, Value};
 use smallrl::sweep::charts;
 use smallrl::sweep::draw::SERIES;
@@ -48,9 +48,6 @@ fn run_sweep(args: &[String]) -> String {
     stdout
 }
 
-fn read_jsonl(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
-}
 
 /// (run, role, final_reward, kl, step, status) rows of summary.csv.
 fn read_summary(out: &Path) -> Vec<Vec<String>> {

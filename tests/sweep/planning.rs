@@ -208,7 +208,6 @@ fn env_config(name: &str) -> PathBuf {
 /// would train from.
 #[test]
 fn config_files_times_grid_times_chosen_arms() {
-    use smallrl::intervention::Intervention;
     use smallrl::sweep::plan::Arm;
     let out = tempfile::tempdir().unwrap();
     let files = [env_config("sorting"), env_config("addition")];
