@@ -52,37 +52,51 @@ pub struct ArmRow {
 }
 
 /// One finished run's values: (metric, mode) → value.
-pub fn run_values(entry: &RunEntry) -> Result<BTreeMap<(&'static str, String), f64>> {
+pub type RunValues = BTreeMap<(&'static str, String), f64>;
+
+/// [`run_values`] of every finished (OK or cached) run, by run name: read once for all the
+/// tables.
+pub fn finished_run_values(entries: &[RunEntry]) -> Result<BTreeMap<String, RunValues>> {
+    entries
+        .iter()
+        .filter(|e| matches!(e.status, RunStatus::Ok | RunStatus::Cached))
+        .map(|e| Ok((e.name.clone(), run_values(e).with_context(|| format!("reading the results of {}", e.name))?)))
+        .collect()
+}
+
+/// One finished run's values.
+pub fn run_values(entry: &RunEntry) -> Result<RunValues> {
     let mut values = BTreeMap::new();
     let metrics_path = entry.dir.join("metrics.jsonl");
     let last = Jsonl::new(metrics_path.clone()).read()?.pop().with_context(|| format!("{} is empty", metrics_path.display()))?;
     let reward = last[key::REWARD].as_f64().with_context(|| format!("{}: the last line has no finite `{}`", metrics_path.display(), key::REWARD))?;
     values.insert((FINAL_REWARD, TRAIN_MODE.to_string()), reward);
-    let evaluations = evals::run_evaluations(entry, evals::EvalSource::Training)?;
-    let final_step = evaluations.iter().map(|(step, _, _)| *step).max().with_context(|| format!("{}: no routing evaluation", entry.dir.display()))?;
-    anyhow::ensure!(final_step == entry.config.max_steps, "{}: the last routing evaluation is at step {final_step}, not max_steps {}", entry.dir.display(), entry.config.max_steps);
+    // The task reward weighs the retain components: learnt once (an environment's load).
+    let weights = evals::task_weights(entry)?;
     let eval_path = evals::EvalSource::Training.path(entry);
-    let final_line = Jsonl::new(eval_path.clone()).read()?.pop().with_context(|| format!("{} is empty", eval_path.display()))?;
-    anyhow::ensure!(final_line[crate::eval::key::STEP].as_u64() == Some(final_step as u64), "{}: the last line is not the final evaluation (step {final_step})", eval_path.display());
-    for (_, mode, mode_values) in evaluations.into_iter().filter(|(step, _, _)| *step == final_step) {
-        let channels = &final_line[crate::eval::key::MODES][&mode];
-        insert_mode(&mut values, &mode, mode_values, channels);
+    let final_line = Jsonl::new(eval_path.clone()).read()?.pop().with_context(|| format!("{}: no routing evaluation", eval_path.display()))?;
+    let final_step = final_line[crate::eval::key::STEP].as_u64().with_context(|| format!("{}: the last line has no step", eval_path.display()))? as usize;
+    anyhow::ensure!(final_step == entry.config.max_steps, "{}: the last routing evaluation is at step {final_step}, not max_steps {}", entry.dir.display(), entry.config.max_steps);
+    let modes = final_line[crate::eval::key::MODES].as_object().with_context(|| format!("{}: step {final_step} has no `modes`", eval_path.display()))?;
+    for (mode, mode_json) in modes {
+        insert_mode(&mut values, mode, mode_json, &weights, &eval_path, final_step)?;
     }
     if let Some(deployment) = crate::eval::deployment::read(&entry.dir)? {
         anyhow::ensure!(deployment.step == final_step, "{}: deployment.json is of step {}, the run ended at {final_step}; run `smallrl sweep --collect DIR --deploy` again", entry.dir.display(), deployment.step);
-        let weights = evals::task_weights(entry)?;
         let path = entry.dir.join(crate::eval::deployment::FILE);
         for (mode, mode_json) in [(BASE_MODE, deployment.base()), (DEPLOYED_MODE, deployment.deployed())] {
-            insert_mode(&mut values, mode, evals::mode_values(mode_json, &weights, &path, final_step)?, mode_json);
+            insert_mode(&mut values, mode, mode_json, &weights, &path, final_step)?;
         }
     }
     Ok(values)
 }
 
-/// One mode's metrics: task reward, the monitor's flag rate, the ground-truth channels when
-/// the run has a ground truth (`channels` is the mode's routing_eval values), and
-/// `retain_minus_hack` in `retain_only`.
-fn insert_mode(values: &mut BTreeMap<(&'static str, String), f64>, mode: &str, [task, _, hack]: evals::ModeValues, channels: &serde_json::Value) {
+/// One mode's metrics from its values (`mode_json`, as a `routing_eval.jsonl` line holds them;
+/// `path` and `step` say where, for errors): task reward, the monitor's flag rate, the
+/// ground-truth channels when the run has a ground truth, and `retain_minus_hack` in
+/// `retain_only`.
+fn insert_mode(values: &mut BTreeMap<(&'static str, String), f64>, mode: &str, mode_json: &serde_json::Value, weights: &[(String, f64)], path: &Path, step: usize) -> Result<()> {
+    let [task, _, hack] = evals::mode_values(mode_json, weights, path, step)?;
     let task = task.expect("task reward is always computed");
     values.insert((TASK_REWARD, mode.to_string()), task);
     if let Some(hack) = hack {
@@ -92,15 +106,17 @@ fn insert_mode(values: &mut BTreeMap<(&'static str, String), f64>, mode: &str, [
         }
     }
     for (metric, key) in [(TRUE_HACK_FREQ, channel_key::TRUE_HACK_FREQ), (MONITORED_HACK_FREQ, channel_key::TRUE_HACK_FREQ_MONITORED), (UNMONITORED_HACK_FREQ, channel_key::TRUE_HACK_FREQ_UNMONITORED)] {
-        if let Some(rate) = channels[key].as_f64() {
+        if let Some(rate) = mode_json[key].as_f64() {
             values.insert((metric, mode.to_string()), rate);
         }
     }
+    Ok(())
 }
 
-/// Rows for every arm of the finished runs (unfinished and failed runs are left out and
-/// named on stdout), arms in name order, metrics and modes in a fixed order.
-pub fn rows(entries: &[RunEntry]) -> Result<Vec<ArmRow>> {
+/// Rows for every arm of the finished runs (`values`, [`finished_run_values`]; unfinished and
+/// failed runs are left out and named on stdout), arms in name order, metrics and modes in a
+/// fixed order.
+pub fn rows(entries: &[RunEntry], values: &BTreeMap<String, RunValues>) -> Result<Vec<ArmRow>> {
     let finished: Vec<&RunEntry> = entries.iter().filter(|e| matches!(e.status, RunStatus::Ok | RunStatus::Cached)).collect();
     for left_out in entries.iter().filter(|e| !matches!(e.status, RunStatus::Ok | RunStatus::Cached)) {
         println!("arms: {} ({}) is left out of the arm summary", left_out.name, left_out.status.as_str());
@@ -110,9 +126,8 @@ pub fn rows(entries: &[RunEntry]) -> Result<Vec<ArmRow>> {
         let role = if members.iter().all(|m| m.role == plan::RunRole::Baseline) { "baseline" } else { "run" };
         let mut samples: BTreeMap<(usize, &'static str, String), Vec<f64>> = BTreeMap::new();
         for member in &members {
-            let values = run_values(member).with_context(|| format!("arm summary of {}", member.name))?;
-            for ((metric, mode), value) in values {
-                samples.entry((metric_order(metric), metric, mode)).or_default().push(value);
+            for ((metric, mode), value) in &values[&member.name] {
+                samples.entry((metric_order(metric), *metric, mode.clone())).or_default().push(*value);
             }
         }
         for ((_, metric, mode), values) in samples {

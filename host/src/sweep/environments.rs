@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use super::plan::{self, Arm};
 use super::{RunEntry, RunStatus, arms};
@@ -97,21 +97,22 @@ pub fn pooling_problem(cells: &[(Cell, Vec<&RunEntry>)]) -> Result<Option<String
     Ok(None)
 }
 
-/// Rows of every cell, metrics and modes in `run_values`' order (by name).
-pub fn rows(cells: &[(Cell, Vec<&RunEntry>)]) -> Result<Vec<EnvRow>> {
+/// Rows of every cell from its runs' `values` ([`arms::finished_run_values`]), metrics and
+/// modes in `run_values`' order (by name).
+pub fn rows(cells: &[(Cell, Vec<&RunEntry>)], values: &BTreeMap<String, arms::RunValues>) -> Vec<EnvRow> {
     let mut rows = Vec::new();
     for (cell, members) in cells {
         let mut samples: BTreeMap<(&'static str, String), Vec<f64>> = BTreeMap::new();
         for member in members {
-            for (key, value) in arms::run_values(member).with_context(|| format!("environment table, run {}", member.name))? {
-                samples.entry(key).or_default().push(value);
+            for (key, value) in &values[&member.name] {
+                samples.entry(key.clone()).or_default().push(*value);
             }
         }
         for ((metric, mode), values) in samples {
             rows.push(EnvRow { cell: cell.clone(), metric, mode, stat: stats::mean_ci(&values) });
         }
     }
-    Ok(rows)
+    rows
 }
 
 pub fn write_csv(path: &Path, rows: &[EnvRow]) -> Result<()> {

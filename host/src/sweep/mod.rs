@@ -112,7 +112,8 @@ pub fn report(output_dir: &Path, entries: &[RunEntry]) -> Result<()> {
     if let Some(path) = deploy::write_csv(output_dir, entries)? {
         println!("deployment: {}", path.display());
     }
-    let arm_rows = arms::rows(entries)?;
+    let run_values = arms::finished_run_values(entries)?;
+    let arm_rows = arms::rows(entries, &run_values)?;
     println!("{}", arms::format_table(&arm_rows));
     let arms_csv = output_dir.join("arms.csv");
     arms::write_csv(&arms_csv, &arm_rows)?;
@@ -124,7 +125,7 @@ pub fn report(output_dir: &Path, entries: &[RunEntry]) -> Result<()> {
             None
         }
         None => {
-            let rows = environments::rows(&cells)?;
+            let rows = environments::rows(&cells, &run_values);
             println!("{}", environments::format_table(&rows));
             let csv = output_dir.join("environments.csv");
             environments::write_csv(&csv, &rows)?;
