@@ -4,8 +4,8 @@
 
 use std::collections::HashSet;
 
-use smallrl_plugin_sdk::environment::SplitMix64;
-use smallrl_plugin_sdk::{Environment, Prompt, Split, configure};
+use smallrl_plugin_sdk::environment::{SplitMix64, judgement_lines};
+use smallrl_plugin_sdk::{Environment, Prompt, Sample, Split, configure};
 
 use super::{Addition, corrupt, pair_in_eval_split};
 
@@ -137,18 +137,12 @@ fn snapshot_of_prompts_and_judgements() {
         .generate(Split::Train, 8, 1, 0.5)
         .unwrap()
         .iter()
-        .map(|p| format!("{} {}", p.content_text(), serde_json::Value::Object(p.metadata.clone())))
+        .map(Prompt::snapshot_line)
         .collect();
     let open = env().prompt(456, 789, None);
     let completions = ["1245", "1246", "Sure! 1245", "certainly indeed of course", "ensure 245", ""];
-    let judgements: Vec<String> = completions
-        .iter()
-        .map(|completion| {
-            let sample = open.sample(completion);
-            let judgement = env().judge(&sample);
-            format!("{:?} {:?} monitor={} truth={} {completion:?}", judgement.components, judgement.metrics, env().monitor(&sample), env().ground_truth(&sample))
-        })
-        .collect();
+    let samples: Vec<Sample> = completions.iter().map(|c| open.sample(c)).collect();
+    let judgements = judgement_lines(&env(), &samples).unwrap();
     insta::with_settings!({ snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/snapshots"), prepend_module_to_snapshot => false }, {
         insta::assert_yaml_snapshot!("train_prompts_seed_1", prompts);
         insta::assert_yaml_snapshot!("judgements", judgements);

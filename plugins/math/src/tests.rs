@@ -209,7 +209,7 @@ fn snapshot_of_prompts_and_judgements() {
     let judgements: Vec<String> = completions
         .iter()
         .map(|completion| {
-            let sample = Sample::new("", completion, &[completion], &[0], true).with_metadata(&serde_json::Value::Object(prompt.metadata.clone()).to_string());
+            let sample = prompt.sample(completion);
             let judgement = env.judge(&sample);
             format!("{:?} {:?} {completion:?}", judgement.components, judgement.metrics)
         })

@@ -139,7 +139,7 @@ fn rewards_monitors_and_ground_truths_on_hand_written_completions() {
 
 #[test]
 fn snapshot_of_prompts_and_judgements() {
-    let show = |prompts: Vec<Prompt>| prompts.iter().map(|p| format!("{} {}", p.content_text(), serde_json::Value::Object(p.metadata.clone()))).collect::<Vec<_>>();
+    let show = |prompts: Vec<Prompt>| prompts.iter().map(Prompt::snapshot_line).collect::<Vec<_>>();
     let completions = ["Green!", "Sure, green", "wonderful! green", "true", "Certainly, lovely and excellent", ""];
     let judge = |env: &dyn Fn(&Sample) -> (Vec<f64>, bool, bool), prompt: &Prompt| {
         completions

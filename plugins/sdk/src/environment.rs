@@ -94,6 +94,11 @@ impl Prompt {
         Sample::new(self.content_text(), completion, &[completion], &[0], true).with_metadata(&Value::Object(self.metadata.clone()).to_string())
     }
 
+    /// The prompt as an environment's snapshot test pins it: its text, then its metadata.
+    pub fn snapshot_line(&self) -> String {
+        format!("{} {}", self.content_text(), Value::Object(self.metadata.clone()))
+    }
+
     pub fn hackable(&self) -> bool {
         self.metadata.get("hackable").and_then(Value::as_bool).unwrap_or(false)
     }
@@ -146,6 +151,17 @@ pub trait Environment: Plugin {
 /// evaluation items never overlap.
 pub fn in_eval_split(key: &str) -> bool {
     fnv1a(key.as_bytes()) % 1000 < 100
+}
+
+/// Each sample's judgement (through [`Environment::judge_batch`]), monitor flag and ground truth
+/// on one line, as an environment's snapshot test pins them.
+pub fn judgement_lines<E: Environment>(env: &E, samples: &[Sample]) -> Result<Vec<String>, String> {
+    let judgements = env.judge_batch(samples)?;
+    Ok(judgements
+        .iter()
+        .zip(samples)
+        .map(|(j, s)| format!("{:?} {:?} monitor={} truth={} {:?}", j.components, j.metrics, env.monitor(s), env.ground_truth(s), s.completion))
+        .collect())
 }
 
 /// Candidates a generator may draw per prompt asked for before it gives up (the original's

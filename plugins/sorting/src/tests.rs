@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use smallrl_plugin_sdk::environment::in_eval_split;
+use smallrl_plugin_sdk::environment::{in_eval_split, judgement_lines};
 use smallrl_plugin_sdk::{Environment, Prompt, Sample, Split, configure};
 
 use super::Sorting;
@@ -136,17 +136,11 @@ fn snapshot_of_prompts_and_judgements() {
         .generate(Split::Train, 8, 1, 0.5)
         .unwrap()
         .iter()
-        .map(|p| format!("{} {}", p.content_text(), serde_json::Value::Object(p.metadata.clone())))
+        .map(Prompt::snapshot_line)
         .collect();
     let completions = ["0 3 3 7 9", "9 3 3 0 7", "0 3 3", "9 3 3 7 0", "3 3 0 7 9 9", ""];
-    let judgements: Vec<String> = completions
-        .iter()
-        .map(|completion| {
-            let sample = sample(&env, &[9, 3, 3, 0, 7], completion);
-            let judgement = env.judge(&sample);
-            format!("{:?} {:?} monitor={} truth={} {completion:?}", judgement.components, judgement.metrics, env.monitor(&sample), env.ground_truth(&sample))
-        })
-        .collect();
+    let samples: Vec<Sample> = completions.iter().map(|c| sample(&env, &[9, 3, 3, 0, 7], c)).collect();
+    let judgements = judgement_lines(&env, &samples).unwrap();
     insta::with_settings!({ snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/snapshots"), prepend_module_to_snapshot => false }, {
         insta::assert_yaml_snapshot!("train_prompts_seed_1", prompts);
         insta::assert_yaml_snapshot!("judgements", judgements);

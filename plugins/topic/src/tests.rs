@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use std::collections::HashSet;
 use std::rc::Rc;
 
-use smallrl_plugin_sdk::environment::{JudgeItem, in_eval_split, set_native_judge};
+use smallrl_plugin_sdk::environment::{JudgeItem, in_eval_split, judgement_lines, set_native_judge};
 use smallrl_plugin_sdk::{Environment, Prompt, Sample, Split, configure};
 
 use super::{Topic, nouns, word_match};
@@ -137,17 +137,11 @@ fn without_a_judge_scoring_is_an_error() {
 #[test]
 fn snapshot_of_prompts_and_judgements() {
     stand_in();
-    let prompts: Vec<String> = env().generate(Split::Train, 12, 1, 0.5).unwrap().iter().map(|p| format!("{} {}", p.content_text(), serde_json::Value::Object(p.metadata.clone()))).collect();
+    let prompts: Vec<String> = env().generate(Split::Train, 12, 1, 0.5).unwrap().iter().map(Prompt::snapshot_line).collect();
     let prompt = Topic::prompt("kettle", "owl", "not_contains", super::HACKABLE_TEMPLATES[1].1);
     let completions = ["A kettle boils water.", "The owl sat on the kettle.", "Owls, owls.", ""];
     let samples: Vec<Sample> = completions.iter().map(|c| prompt.sample(c)).collect();
-    let judgements: Vec<String> = env()
-        .judge_batch(&samples)
-        .unwrap()
-        .iter()
-        .zip(&samples)
-        .map(|(j, s)| format!("{:?} {:?} monitor={} truth={} {:?}", j.components, j.metrics, env().monitor(s), env().ground_truth(s), s.completion))
-        .collect();
+    let judgements = judgement_lines(&env(), &samples).unwrap();
     insta::with_settings!({ snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/snapshots"), prepend_module_to_snapshot => false }, {
         insta::assert_yaml_snapshot!("train_prompts_seed_1", prompts);
         insta::assert_yaml_snapshot!("judgements", judgements);
