@@ -72,6 +72,14 @@ pub const PLUGIN_MAX_MEMORY_MB: usize = 64;
 /// --plugin-fuel-per-sample`); this is over 300 times that, and an endless loop over a batch of
 /// 32 runs out of it in about 0.3 s of CPU time here.
 pub const PLUGIN_FUEL_PER_SAMPLE: u64 = 10_000_000;
+/// A component that imports WASI (a language runtime: CPython by componentize-py) gets this many
+/// times `plugin_fuel_per_sample`, since an interpreter runs many instructions per line of the
+/// plugin. Measured here (`smallrl plugin bench --port`, `plugin prompts`): the Python port of
+/// happy_count uses 375,000 per sample on 512 completions of 100 words (the Rust build 22,000:
+/// 17x), and the Python `sorting` port's `generate` up to 20 million per prompt when asked for
+/// 5 to 10 prompts (rejection sampling into per-length quotas), under 5 million from 64 on.
+/// Still a fixed function of the key: the deterministic bound stays the bound.
+pub const PLUGIN_INTERPRETED_FUEL_FACTOR: u64 = 16;
 /// The wall-clock backstop for what fuel does not count.
 pub const PLUGIN_MAX_CALL_SECONDS: f64 = 10.0;
 

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::model::tokenizer::Tokenizer;
 use crate::defaults as d;
 use crate::plugins::text::shown;
-use crate::plugins::{Plugin, PluginInfo, PluginKind, PluginLimits, Sample, bench, scaffold, snapshot as plugin_snapshot};
+use crate::plugins::{Plugin, PluginInfo, PluginKind, PluginLimits, Sample, bench, python, scaffold, scaffold_python, snapshot as plugin_snapshot};
 
 /// The sandbox's per-call limits as flags (`smallrl train` and
 /// `smallrl plugin info|score|snapshot|bench`); the same names are keys of a run config.
@@ -58,6 +58,22 @@ pub enum PluginCommand {
         /// The same as `--kind environment`: a whole task (prompts, rewards, monitor, ground truth).
         #[arg(long, conflicts_with = "kind")]
         environment: bool,
+        /// A Python module and its tests (`smallrl plugin build NAME/NAME.py` builds it)
+        /// instead of a Rust crate.
+        #[arg(long)]
+        python: bool,
+    },
+    /// Build a Python module (the SDK in plugins/python, or a TRL reward function) into a
+    /// component with componentize-py; cached, so rebuilding an unchanged module is a copy.
+    Build {
+        /// The module, e.g. my_reward.py.
+        path: PathBuf,
+        /// The component to write [default: the module's path with .wasm].
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// The world to build against [default: the SDK declaration the module uses, else reward].
+        #[arg(long, value_enum)]
+        kind: Option<Kind>,
     },
     /// Print what a plugin is (reward or detector), its description and its parameters.
     Info {
@@ -141,6 +157,10 @@ pub enum PluginCommand {
         /// `rh_detector:` (plugin names resolve in plugins/).
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Also time a port of happy_count built in another language (e.g. the component of
+        /// plugins/python/happy_count.py): its compile, its cached load and its scoring.
+        #[arg(long)]
+        port: Option<PathBuf>,
         #[command(flatten)]
         limits: PluginLimitArgs,
     },
@@ -169,7 +189,14 @@ pub fn run(command: PluginCommand) -> Result<()> {
             let hack_frac = hack_frac.unwrap_or(crate::train::TrainConfig::default().hack_frac);
             prompts(&path, params.as_deref().unwrap_or(""), split, count, seed, hack_frac, limits.limits()?)
         }
-        PluginCommand::New { name, dir, kind, environment } => new(&name, &dir, if environment { Kind::Environment } else { kind }),
+        PluginCommand::New { name, dir, kind, environment, python } => {
+            let kind = if environment { Kind::Environment } else { kind };
+            match python {
+                true => new_python(&name, &dir, kind.into()),
+                false => new(&name, &dir, kind),
+            }
+        }
+        PluginCommand::Build { path, output, kind } => build(&path, output.as_deref(), kind.map(PluginKind::from)),
         PluginCommand::Info { path, limits } => info(&path, limits.limits()?),
         PluginCommand::Score { path, params, texts, file, tokenizer, limits } => {
             score(&path, params.as_deref(), &texts, file.as_deref(), tokenizer.as_deref(), limits.limits()?)
@@ -179,20 +206,29 @@ pub fn run(command: PluginCommand) -> Result<()> {
             let args = SnapshotArgs { plugin: &path, texts: &texts, params: params.as_deref(), tokenizer: tokenizer.as_deref(), out: &out };
             snapshot(&args, limits.limits()?, check)
         }
-        PluginCommand::Bench { path, samples, words, iterations, config, limits } => {
+        PluginCommand::Bench { path, samples, words, iterations, config, port, limits } => {
             let limits = limits.limits()?;
             run_bench(&path, samples, words, iterations, limits)?;
+            if let Some(port) = port {
+                bench_port(&port, samples, words, iterations, limits)?;
+            }
             config.map_or(Ok(()), |config| bench_config(&config, samples, words, iterations, limits))
         }
     }
 }
 
+impl From<Kind> for PluginKind {
+    fn from(kind: Kind) -> Self {
+        match kind {
+            Kind::Reward => PluginKind::Reward,
+            Kind::Detector => PluginKind::Detector,
+            Kind::Environment => PluginKind::Environment,
+        }
+    }
+}
+
 fn new(name: &str, dir: &Path, kind: Kind) -> Result<()> {
-    let kind = match kind {
-        Kind::Reward => PluginKind::Reward,
-        Kind::Detector => PluginKind::Detector,
-        Kind::Environment => PluginKind::Environment,
-    };
+    let kind = PluginKind::from(kind);
     let crate_dir = scaffold::scaffold(name, dir, kind)?;
     println!("created {kind} plugin crate {}", crate_dir.display());
     println!("next:");
@@ -202,6 +238,27 @@ fn new(name: &str, dir: &Path, kind: Kind) -> Result<()> {
         _ => println!("  smallrl plugin score {}/{name}.wasm --text \"a happy happy day\"", crate_dir.display()),
     }
     println!("  (cd {} && cargo test)         # native tests, with a snapshot of fixed texts", crate_dir.display());
+    Ok(())
+}
+
+fn new_python(name: &str, dir: &Path, kind: PluginKind) -> Result<()> {
+    let module_dir = scaffold_python::scaffold(name, dir, kind)?;
+    let module = module_dir.join(format!("{name}.py"));
+    println!("created {kind} plugin module {}", module.display());
+    println!("next:");
+    println!("  .venv/bin/python {}/test_{name}.py   # its tests, in plain Python", module_dir.display());
+    println!("  smallrl plugin build {}          # writes {name}.wasm (about 15 s the first time)", module.display());
+    match kind {
+        PluginKind::Environment => println!("  smallrl plugin prompts {}/{name}.wasm   # its prompts", module_dir.display()),
+        _ => println!("  smallrl plugin score {}/{name}.wasm --text \"a happy happy day\"", module_dir.display()),
+    }
+    Ok(())
+}
+
+fn build(path: &Path, output: Option<&Path>, kind: Option<PluginKind>) -> Result<()> {
+    let built = python::build(path, output, kind)?;
+    let how = if built.cached { "from the build cache" } else { "built" };
+    println!("{} ({}, {how} in {:.1} s)", built.output.display(), built.kind, built.took.as_secs_f64());
     Ok(())
 }
 
@@ -453,6 +510,17 @@ fn run_bench(path: &Path, samples: usize, words: usize, iterations: u32, limits:
         report.native_per_second()
     );
     println!("  wasm / native time: {:.2}x", report.wasm_per_batch.as_secs_f64() / report.native_per_batch.as_secs_f64());
+    println!("  wasm fuel: {:.0} per sample", report.wasm_fuel_per_sample);
+    Ok(())
+}
+
+fn bench_port(path: &Path, samples: usize, words: usize, iterations: u32, limits: PluginLimits) -> Result<()> {
+    let report = bench::bench_port(path, samples, words, iterations, limits)?;
+    println!("port {} on the same batch:", path.display());
+    println!("  first load (compile, no cache): {:.2} s", report.compile.as_secs_f64());
+    println!("  cached load (+ instantiate, info, configure): {:.1} ms", report.cached_load.as_secs_f64() * 1e3);
+    println!("  score: {:>9.3} ms/batch {:>12.0} completions/s", report.per_batch.as_secs_f64() * 1e3, samples as f64 / report.per_batch.as_secs_f64());
+    println!("  fuel: {:.0} per sample", report.fuel_per_sample);
     Ok(())
 }
 

@@ -16,6 +16,18 @@ pub struct BenchReport {
     pub native_per_batch: Duration,
     /// Cold (or cached) load of the component, including compilation and instantiation.
     pub load: Duration,
+    /// Fuel of one batch's `score`, per sample.
+    pub wasm_fuel_per_sample: f64,
+}
+
+/// Another build of happy_count (its Python port): what its loads and scoring cost.
+pub struct PortReport {
+    /// Compiling the component with no cache (its first load on a new machine).
+    pub compile: Duration,
+    /// Loading it again: compiled code from the cache, instantiation, `info` and `configure`.
+    pub cached_load: Duration,
+    pub per_batch: Duration,
+    pub fuel_per_sample: f64,
 }
 
 impl BenchReport {
@@ -41,12 +53,31 @@ pub fn bench_happy_count(path: &Path, samples: usize, words: usize, iterations: 
     let native_scores = native.score_batch(&native_batch).map_err(anyhow::Error::msg)?;
     anyhow::ensure!(wasm_scores == native_scores, "wasm and native happy_count disagree on the benchmark batch");
 
+    let wasm_fuel_per_sample = plugin.last_call_fuel() as f64 / samples.max(1) as f64;
     let wasm_per_batch = time_per_iteration(iterations, || plugin.score(&batch).map(drop))?;
     let native_per_batch = time_per_iteration(iterations, || {
         std::hint::black_box(native.score_batch(std::hint::black_box(&native_batch)).map_err(anyhow::Error::msg)?);
         Ok(())
     })?;
-    Ok(BenchReport { samples, wasm_per_batch, native_per_batch, load })
+    Ok(BenchReport { samples, wasm_per_batch, native_per_batch, load, wasm_fuel_per_sample })
+}
+
+/// Times a port of happy_count (`path`, e.g. plugins/python/happy_count.py built) on the same
+/// batch, after checking it scores exactly as the native function.
+pub fn bench_port(path: &Path, samples: usize, words: usize, iterations: u32, limits: PluginLimits) -> Result<PortReport> {
+    let bytes = std::fs::read(path).map_err(|error| anyhow::anyhow!("cannot read {}: {error}", path.display()))?;
+    let compile = super::time_uncached_compile(&bytes)?;
+    Plugin::load(path, "{}", limits)?; // fills the cache if it was empty
+    let started = Instant::now();
+    let mut plugin = Plugin::load(path, "{}", limits)?;
+    let cached_load = started.elapsed();
+    let batch = synthetic_batch(samples, words);
+    let native: HappyCount = smallrl_plugin_sdk::configure("{}").map_err(anyhow::Error::msg)?;
+    let native_scores = native.score_batch(&batch.iter().map(to_sdk_sample).collect::<Vec<_>>()).map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(plugin.score(&batch)? == native_scores, "{} and the native happy_count disagree on the benchmark batch", path.display());
+    let fuel_per_sample = plugin.last_call_fuel() as f64 / samples.max(1) as f64;
+    let per_batch = time_per_iteration(iterations, || plugin.score(&batch).map(drop))?;
+    Ok(PortReport { compile, cached_load, per_batch, fuel_per_sample })
 }
 
 /// The fastest of `iterations` runs: the cost of the work itself, not of whatever else the

@@ -10,11 +10,39 @@ use super::{ParamInfo, PluginInfo, PluginKind, Sample};
 pub struct Batch {
     current: Vec<wit::Sample>,
     legacy: OnceCell<Vec<legacy::types::Sample>>,
+    /// SHA-256 of every field of every sample: seeds a WASI plugin's random stream.
+    digest: OnceCell<[u8; 32]>,
 }
 
 impl Batch {
     pub fn new(samples: &[Sample]) -> Self {
-        Self { current: to_wit_samples(samples), legacy: OnceCell::new() }
+        Self { current: to_wit_samples(samples), legacy: OnceCell::new(), digest: OnceCell::new() }
+    }
+
+    /// SHA-256 of the batch (each field length-prefixed), computed on first use: the same
+    /// samples give the same digest in any run.
+    pub(super) fn digest(&self) -> [u8; 32] {
+        *self.digest.get_or_init(|| {
+            use sha2::Digest;
+            let mut hasher = sha2::Sha256::new();
+            let mut field = |bytes: &[u8]| {
+                hasher.update((bytes.len() as u64).to_le_bytes());
+                hasher.update(bytes);
+            };
+            for sample in &self.current {
+                field(sample.prompt.as_bytes());
+                field(sample.completion.as_bytes());
+                field(sample.completion_tokens_joined.as_bytes());
+                let ends: Vec<u8> = sample.completion_token_ends.iter().flat_map(|end| end.to_le_bytes()).collect();
+                field(&ends);
+                let ids: Vec<u8> = sample.completion_ids.iter().flat_map(|id| id.to_le_bytes()).collect();
+                field(&ids);
+                field(&[u8::from(sample.ended_with_eos)]);
+                field(&[u8::from(sample.metadata.is_some())]);
+                field(sample.metadata.as_deref().unwrap_or_default().as_bytes());
+            }
+            hasher.finalize().into()
+        })
     }
 
     pub fn len(&self) -> usize {

@@ -95,7 +95,8 @@ impl Plugin {
             EnvSplit::Train => wit::Split::Train,
             EnvSplit::Eval => wit::Split::Eval,
         };
-        let outcome = self.call("generate", count, |store, exports| match exports {
+        let arguments = || format!("{split} {count} {seed} {}", hack_frac.to_bits()).into_bytes();
+        let outcome = self.call("generate", count, arguments, |store, exports| match exports {
             Exports::Environment(environment) => environment.smallrl_reward_env().call_generate(store, wit_split, count32, seed, hack_frac).map(Some),
             _ => Ok(None),
         })?;
@@ -116,7 +117,7 @@ impl Plugin {
     /// Every reward component and metric of a batch: one finite value per sample each.
     pub fn score_environment(&mut self, batch: &Batch) -> Result<EnvScores> {
         let info = self.environment.clone().ok_or_else(|| anyhow!("{}: is a {}, not an environment", self.label(), self.kind()))?;
-        let outcome = self.call("score", batch.len(), |store, exports| match exports {
+        let outcome = self.call("score", batch.len(), || batch.digest().to_vec(), |store, exports| match exports {
             Exports::Environment(environment) => environment.smallrl_reward_env().call_score(store, batch.current()).map(Some),
             _ => Ok(None),
         })?;
@@ -170,7 +171,7 @@ impl Plugin {
 
     /// `info()` of an environment, checked: the plugin rules, then its components and metrics.
     pub(super) fn read_environment_info(&mut self) -> Result<PluginInfo> {
-        let info = self.call("info", 1, |store, exports| match exports {
+        let info = self.call("info", 1, Vec::new, |store, exports| match exports {
             Exports::Environment(environment) => environment.smallrl_reward_env().call_info(store),
             _ => unreachable!("only environments are read here"),
         })?;

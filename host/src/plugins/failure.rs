@@ -14,6 +14,16 @@ use super::text::shown;
 /// Why a call trapped, from the trap code and what the store saw (a logged panic message, a
 /// refused memory growth).
 pub fn describe_failure(error: wasmtime::Error, state: &StoreState, limits: PluginLimits) -> String {
+    if let Some(exit) = error.downcast_ref::<wasmtime_wasi::I32Exit>() {
+        return format!(
+            "it called exit with status {} (sys.exit, os._exit or abort): a plugin returns its results, or an error \
+             (in Python: raise an exception), and never ends the process",
+            exit.0
+        );
+    }
+    if let Some(flood) = error.downcast_ref::<super::wasi::OutputFlood>() {
+        return flood.to_string();
+    }
     let trap = error.downcast_ref::<Trap>().copied();
     if let Some(desired) = state.memory_limit_hit() {
         return format!(
@@ -25,17 +35,21 @@ pub fn describe_failure(error: wasmtime::Error, state: &StoreState, limits: Plug
     }
     match (trap, state.last_log()) {
         (Some(Trap::OutOfFuel), _) => format!(
-            "it ran out of fuel: {} instructions for this call ({} per sample); an endless loop? \
+            "it ran out of fuel: {} instructions for this call ({} per sample{}); an endless loop? \
              If the work is real, raise `plugin_fuel_per_sample` in the run config or pass --plugin-fuel-per-sample",
             state.fuel_budget(),
-            limits.fuel_per_sample
+            limits.fuel_per_sample,
+            match state.has_wasi() {
+                true => format!(", {} x plugin_fuel_per_sample for a component that imports WASI", crate::defaults::PLUGIN_INTERPRETED_FUEL_FACTOR),
+                false => String::new(),
+            }
         ),
         (Some(Trap::Interrupt), _) => format!(
             "it ran longer than the call-time limit of {:?} (an endless loop? if the work is real, raise \
              `plugin_max_call_seconds` in the run config or pass --plugin-max-call-seconds)",
             limits.max_call_time
         ),
-        (Some(Trap::UnreachableCodeReached), Some(message)) => format!("it panicked: {}", shown(message)),
+        (Some(Trap::UnreachableCodeReached), Some(message)) => format!("it panicked: {}", shown(&message)),
         (Some(Trap::UnreachableCodeReached), None) => {
             "it trapped on `unreachable` (a panic or abort; no message was logged)".to_string()
         }
@@ -52,15 +66,17 @@ pub fn describe_incompatible(path: &Path, component: &Component, engine: &Engine
     let forbidden: Vec<String> = component_type
         .imports(engine)
         .map(|(name, _)| name.to_string())
-        .filter(|name| !name.starts_with(CONTRACT_PREFIX))
+        .filter(|name| !name.starts_with(CONTRACT_PREFIX) && !super::wasi::PROVIDED.iter().any(|prefix| name.starts_with(prefix)))
         .collect();
     if !forbidden.is_empty() {
         return anyhow!(
             "plugin {} imports {}, which smallrl does not provide: plugins get no capabilities \
-             (no WASI, filesystem, network, clock, environment or randomness) so that rewards are pure and \
-             reproducible; only `{CONTRACT_PREFIX}host` (log) is available",
+             (no filesystem, network, real clock, environment or real randomness) so that rewards are pure and \
+             reproducible; only `{CONTRACT_PREFIX}host` (log), the judge and a capability-free, deterministic \
+             WASI 0.2 ({}) are available",
             path.display(),
-            shown(&forbidden.join(", "))
+            shown(&forbidden.join(", ")),
+            super::wasi::PROVIDED.join(", ")
         );
     }
     let other_versions: Vec<String> = exported_versions(component, engine).into_iter().filter(|version| !compatible(version)).collect();

@@ -10,11 +10,12 @@ use wasmtime::Store;
 
 pub use super::convert::Batch;
 use super::convert::{from_legacy_info, from_wit_info};
-use super::engine::{EPOCH_TICK, Runtime, runtime};
+use super::runtime::{EPOCH_TICK, Runtime, runtime};
 use super::failure::{describe_failure, describe_incompatible, describe_memory_at_start};
 use super::store::StoreState;
 use super::text::shown;
 use super::validate::check_info;
+use super::wasi::{CallSeed, Sandbox};
 use super::wit::{Contract, Detector, DetectorPre, Environment, EnvironmentPre, Reward, RewardPre, contract_of, exported_versions, legacy, v0_2};
 use super::{EnvironmentInfo, PluginInfo, PluginKind, PluginLimits, Sample};
 
@@ -59,8 +60,13 @@ pub struct Plugin {
     live: Option<Live>,
     /// Why the last instance was dropped, until `reinstantiate` is called.
     failure: Option<String>,
+    /// The fuel the last call that returned used (what `plugin bench` reports).
+    last_call_fuel: u64,
     /// Whether the component imports the judge interface (contract 0.3 environments).
     imports_judge: bool,
+    /// Whether the component imports WASI (a language runtime): its stores get the
+    /// deterministic sandbox of `wasi.rs`, everything else none.
+    imports_wasi: bool,
     /// The judge its `judge` import calls (attached by the run; None: the import errs).
     judge: Option<super::judge::SharedJudge>,
 }
@@ -72,13 +78,16 @@ impl Plugin {
     pub fn load(path: &Path, params_json: &str, limits: PluginLimits) -> Result<Self> {
         let runtime = runtime()?;
         let (component, sha256) = compile(runtime, path)?;
+        let imports_wasi = super::wasi::imports_wasi(&component, &runtime.engine);
+        let limits = if imports_wasi { limits.for_language_runtime() } else { limits };
         let pre = runtime
-            .linker
+            .linker_for(&component)
             .instantiate_pre(&component)
             .map_err(|error| describe_incompatible(path, &component, &runtime.engine, error))?;
         let contract = contract_of_component(&component, &runtime.engine)
             .ok_or_else(|| describe_incompatible(path, &component, &runtime.engine, wasmtime::format_err!("it exports no smallrl:reward interface")))?;
-        let live = instantiate_any_world(&pre, limits, contract).map_err(|failure| match failure.memory_wanted {
+        let store_kind = StoreKind { limits, wasi_sha256: imports_wasi.then(|| sha256.clone()) };
+        let live = instantiate_any_world(&pre, &store_kind, contract).map_err(|failure| match failure.memory_wanted {
             Some(bytes) => describe_memory_at_start(path, bytes, limits),
             None => describe_incompatible(path, &component, &runtime.engine, failure.error),
         })?;
@@ -96,7 +105,9 @@ impl Plugin {
             limits,
             live: Some(live),
             failure: None,
+            last_call_fuel: 0,
             imports_judge: super::judge::imports_judge(&component, &runtime.engine),
+            imports_wasi,
             judge: None,
         };
         plugin.info = plugin.read_info()?;
@@ -143,9 +154,19 @@ impl Plugin {
         self.imports_judge
     }
 
+    /// Whether the component imports WASI and so runs in the deterministic WASI sandbox.
+    pub fn imports_wasi(&self) -> bool {
+        self.imports_wasi
+    }
+
     /// Attaches the judge its `judge` import calls from now on.
     pub fn set_judge(&mut self, judge: super::judge::SharedJudge) {
         self.judge = Some(judge);
+    }
+
+    /// The fuel (about one unit per WebAssembly instruction) the last successful call used.
+    pub fn last_call_fuel(&self) -> u64 {
+        self.last_call_fuel
     }
 
     /// Whether the last call trapped; the plugin refuses calls until [`Plugin::reinstantiate`].
@@ -190,7 +211,7 @@ impl Plugin {
     /// Replaces a trapped instance with a fresh one (configured with the same parameters).
     /// Never called implicitly: the caller decides, and should log, that it recovers.
     pub fn reinstantiate(&mut self) -> Result<()> {
-        let live = instantiate_world(&self.pre, self.limits, self.kind(), self.contract)
+        let live = instantiate_world(&self.pre, &self.store_kind(), self.kind(), self.contract)
             .map_err(|failure| anyhow::Error::from(failure.error))
             .with_context(|| format!("{}: cannot re-instantiate", self.label()))?;
         self.live = Some(live);
@@ -210,7 +231,7 @@ impl Plugin {
         if self.kind() == PluginKind::Environment {
             return self.read_environment_info();
         }
-        let (info, claimed) = self.call("info", 1, |store, exports| match exports {
+        let (info, claimed) = self.call("info", 1, Vec::new, |store, exports| match exports {
             Exports::Reward(reward) => reward.smallrl_reward_plugin().call_info(store).map(from_wit_info),
             Exports::Detector(detector) => detector.smallrl_reward_plugin().call_info(store).map(from_wit_info),
             Exports::V02Reward(reward) => reward.smallrl_reward_plugin().call_info(store).map(from_wit_info),
@@ -231,7 +252,7 @@ impl Plugin {
         let params_json = self.params_json.clone();
         // A dataset's rows are parsed in the sandbox: the fuel of one sample per KiB of them.
         let budget_samples = 1 + params_json.len() / 1024;
-        let outcome = self.call("configure", budget_samples, |store, exports| match exports {
+        let outcome = self.call("configure", budget_samples, || params_json.as_bytes().to_vec(), |store, exports| match exports {
             Exports::Reward(reward) => reward.smallrl_reward_plugin().call_configure(store, &params_json),
             Exports::Detector(detector) => detector.smallrl_reward_plugin().call_configure(store, &params_json),
             Exports::V02Reward(reward) => reward.smallrl_reward_plugin().call_configure(store, &params_json),
@@ -251,12 +272,19 @@ impl Plugin {
         })
     }
 
+    /// How this plugin's stores are made: its limits, and the WASI sandbox if it imports WASI.
+    fn store_kind(&self) -> StoreKind {
+        StoreKind { limits: self.limits, wasi_sha256: self.imports_wasi.then(|| self.sha256.clone()) }
+    }
+
     /// Runs one export under the fuel of `samples` samples and the call-time limit; a trap
-    /// drops the instance and says why.
+    /// drops the instance and says why. `arguments` are the call's inputs as bytes: with WASI
+    /// they seed the call's random stream (read only then).
     pub(super) fn call<R>(
         &mut self,
         call: &str,
         samples: usize,
+        arguments: impl FnOnce() -> Vec<u8>,
         run: impl FnOnce(&mut Store<StoreState>, &Exports) -> wasmtime::Result<R>,
     ) -> Result<R> {
         let label = self.label();
@@ -264,10 +292,17 @@ impl Plugin {
             let failure = self.failure.as_deref().unwrap_or("unknown failure");
             bail!("{label}: cannot {call}: an earlier call failed ({failure}); the plugin must be re-instantiated explicitly");
         };
-        set_budget(&mut live.store, self.limits, samples).map_err(anyhow::Error::from).with_context(|| format!("{label}: cannot set its fuel"))?;
+        let seed = match self.imports_wasi {
+            true => CallSeed::new(&self.sha256, call, &arguments()),
+            false => CallSeed::default(),
+        };
+        set_budget(&mut live.store, self.limits, samples, seed).map_err(anyhow::Error::from).with_context(|| format!("{label}: cannot set its fuel"))?;
         live.store.data_mut().set_judge(self.judge.clone());
         match run(&mut live.store, &live.exports) {
-            Ok(value) => Ok(value),
+            Ok(value) => {
+                self.last_call_fuel = live.store.data().fuel_budget().saturating_sub(live.store.get_fuel().unwrap_or(0));
+                Ok(value)
+            }
             Err(error) => {
                 let cause = describe_failure(error, live.store.data(), self.limits);
                 self.live = None;
@@ -285,7 +320,7 @@ impl Plugin {
         batch: &Batch,
         run: impl FnOnce(&mut Store<StoreState>, &Exports) -> wasmtime::Result<Option<Result<Vec<T>, String>>>,
     ) -> Result<Vec<T>> {
-        let outcome = self.call(call, batch.len(), run)?;
+        let outcome = self.call(call, batch.len(), || batch.digest().to_vec(), run)?;
         let values = match outcome {
             None => bail!("{}: is a {}, it has no `{call}`", self.label(), self.kind()),
             Some(Err(message)) => bail!("{}: {call} returned an error: {}", self.label(), shown(&message)),
@@ -359,21 +394,28 @@ fn contract_of_component(component: &Component, engine: &wasmtime::Engine) -> Op
     exported_versions(component, engine).iter().find_map(|version| contract_of(version))
 }
 
+/// What a plugin's stores are made with.
+struct StoreKind {
+    limits: PluginLimits,
+    /// The component file's SHA-256 when it imports WASI (it seeds the sandbox); None: no WASI.
+    wasi_sha256: Option<String>,
+}
+
 /// The trial instantiation that tells the worlds apart: an export-name check alone would accept
 /// a wrong signature, which only instantiation (typed lookup of each export) catches.
-fn instantiate_any_world(pre: &InstancePre<StoreState>, limits: PluginLimits, contract: Contract) -> Result<Live, InstantiateFailure> {
-    let reward_failure = match instantiate_world(pre, limits, PluginKind::Reward, contract) {
+fn instantiate_any_world(pre: &InstancePre<StoreState>, store_kind: &StoreKind, contract: Contract) -> Result<Live, InstantiateFailure> {
+    let reward_failure = match instantiate_world(pre, store_kind, PluginKind::Reward, contract) {
         Ok(live) => return Ok(live),
         Err(failure) if failure.memory_wanted.is_some() => return Err(failure),
         Err(failure) => failure,
     };
-    let detector_failure = match instantiate_world(pre, limits, PluginKind::Detector, contract) {
+    let detector_failure = match instantiate_world(pre, store_kind, PluginKind::Detector, contract) {
         Ok(live) => return Ok(live),
         Err(failure) if failure.memory_wanted.is_some() => return Err(failure),
         Err(failure) => failure,
     };
     let environment_failure = match contract {
-        Contract::Current => match instantiate_world(pre, limits, PluginKind::Environment, contract) {
+        Contract::Current => match instantiate_world(pre, store_kind, PluginKind::Environment, contract) {
             Ok(live) => return Ok(live),
             Err(failure) if failure.memory_wanted.is_some() => return Err(failure),
             Err(failure) => format!("{:#}", anyhow::Error::from(failure.error)),
@@ -390,11 +432,13 @@ fn instantiate_any_world(pre: &InstancePre<StoreState>, limits: PluginLimits, co
     })
 }
 
-fn instantiate_world(pre: &InstancePre<StoreState>, limits: PluginLimits, kind: PluginKind, contract: Contract) -> Result<Live, InstantiateFailure> {
-    let state = StoreState::new(limits.max_memory_bytes);
+fn instantiate_world(pre: &InstancePre<StoreState>, store_kind: &StoreKind, kind: PluginKind, contract: Contract) -> Result<Live, InstantiateFailure> {
+    let sandbox = store_kind.wasi_sha256.as_deref().map(Sandbox::new);
+    let state = StoreState::new(store_kind.limits.max_memory_bytes, sandbox);
     let mut store = Store::new(pre.engine(), state);
     store.limiter(|state| state);
-    let instantiated = set_budget(&mut store, limits, 1).and_then(|()| match (kind, contract) {
+    let seed = CallSeed::new(store_kind.wasi_sha256.as_deref().unwrap_or_default(), "instantiate", &[]);
+    let instantiated = set_budget(&mut store, store_kind.limits, 1, seed).and_then(|()| match (kind, contract) {
         (PluginKind::Reward, Contract::Current) => RewardPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::Reward),
         (PluginKind::Detector, Contract::Current) => DetectorPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::Detector),
         (PluginKind::Environment, Contract::Current) => {
@@ -418,11 +462,12 @@ fn instantiate_world(pre: &InstancePre<StoreState>, limits: PluginLimits, kind: 
     }
 }
 
-/// Gives the store the fuel of a call over `samples` samples and a fresh wall-clock deadline.
-fn set_budget(store: &mut Store<StoreState>, limits: PluginLimits, samples: usize) -> wasmtime::Result<()> {
+/// Gives the store the fuel of a call over `samples` samples, a fresh wall-clock deadline and
+/// (with WASI) the clock and random stream of `seed`.
+fn set_budget(store: &mut Store<StoreState>, limits: PluginLimits, samples: usize, seed: CallSeed) -> wasmtime::Result<()> {
     let fuel = limits.fuel_for(samples);
     store.set_fuel(fuel)?;
-    store.data_mut().start_call(fuel);
+    store.data_mut().start_call(fuel, seed);
     store.data_mut().set_deadline_ticks(deadline_ticks(limits));
     store.set_epoch_deadline(deadline_ticks(limits));
     Ok(())

@@ -8,17 +8,20 @@
 pub mod bench;
 mod convert;
 mod datasets;
-mod engine;
 mod environment;
 mod failure;
 mod instance;
 pub mod judge;
+pub mod python;
+mod runtime;
 pub mod scaffold;
+pub mod scaffold_python;
 mod scaffold_env;
 pub mod snapshot;
 mod store;
 pub mod text;
 mod validate;
+mod wasi;
 mod wit;
 
 use std::time::Duration;
@@ -145,6 +148,12 @@ impl PluginLimits {
         Ok(Self { max_memory_bytes: max_memory_mb << 20, max_call_time: Duration::from_secs_f64(max_call_seconds), fuel_per_sample })
     }
 
+    /// The limits of a component that imports WASI (a language runtime): the fuel per sample
+    /// times [`crate::defaults::PLUGIN_INTERPRETED_FUEL_FACTOR`], the rest unchanged.
+    pub fn for_language_runtime(self) -> Self {
+        Self { fuel_per_sample: self.fuel_per_sample.saturating_mul(crate::defaults::PLUGIN_INTERPRETED_FUEL_FACTOR), ..self }
+    }
+
     /// The fuel of one call over `samples` samples (saturating at the most a store can hold).
     pub fn fuel_for(&self, samples: usize) -> u64 {
         self.fuel_per_sample.saturating_mul(samples.max(1) as u64).min(i64::MAX as u64)
@@ -158,7 +167,12 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     sha2::Sha256::digest(bytes).iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
+/// The time to compile a component file's bytes without the cache (`plugin bench`).
+pub fn time_uncached_compile(bytes: &[u8]) -> anyhow::Result<Duration> {
+    runtime::time_uncached_compile(bytes)
+}
+
 /// Where wasmtime keeps compiled plugins (absolute, shared by every checkout and run).
 pub fn cache_directory() -> Option<std::path::PathBuf> {
-    engine::cache_directory()
+    runtime::cache_directory()
 }

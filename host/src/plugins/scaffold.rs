@@ -19,10 +19,7 @@ fn componentize_manifest() -> PathBuf {
 
 /// Writes the crate to `<dir>/<name>/` and returns that directory.
 pub fn scaffold(name: &str, dir: &Path, kind: PluginKind) -> Result<PathBuf> {
-    let valid = !name.is_empty()
-        && name.starts_with(|c: char| c.is_ascii_lowercase())
-        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-    ensure!(valid, "plugin name {name:?} must be snake_case (a-z, 0-9, _; starting with a letter)");
+    check_name(name)?;
     let crate_dir = dir.join(name);
     ensure!(!crate_dir.exists(), "{} already exists: choose another name or --dir", crate_dir.display());
     for sub_dir in ["src", "snapshots"] {
@@ -53,6 +50,15 @@ pub fn scaffold(name: &str, dir: &Path, kind: PluginKind) -> Result<PathBuf> {
     Ok(crate_dir)
 }
 
+/// A plugin name is snake_case: a crate name, a Python module name and a metric name alike.
+pub(super) fn check_name(name: &str) -> Result<()> {
+    let valid = !name.is_empty()
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    ensure!(valid, "plugin name {name:?} must be snake_case (a-z, 0-9, _; starting with a letter)");
+    Ok(())
+}
+
 /// The Rust type name for a snake_case plugin name (`my_reward` -> `MyReward`).
 fn type_name(name: &str) -> String {
     let capitalize = |part: &str| {
@@ -63,7 +69,7 @@ fn type_name(name: &str) -> String {
 }
 
 /// `to` relative to `from` when they share a root (so the crate can move with the checkout).
-fn relative_path(from: &Path, to: &Path) -> PathBuf {
+pub(super) fn relative_path(from: &Path, to: &Path) -> PathBuf {
     let from: Vec<Component> = from.components().collect();
     let to: Vec<Component> = to.components().collect();
     let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();

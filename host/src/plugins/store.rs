@@ -1,12 +1,15 @@
 //! What a plugin's store holds besides its memory (limits, fuel budget, the guest's log) and the
 //! resource limiter that enforces the memory and table limits.
 //!
-//! Architecture invariant: the store's state is plain data; the engine (`engine.rs`) writes the
+//! Architecture invariant: the store's state is plain data; the runtime (`runtime.rs`) writes the
 //! guest's log into it and failures (`failure.rs`) read it, neither knowing plugin lifecycles.
+//! Only a component that imports WASI has a [`Sandbox`] (`wasi.rs`).
 
 use std::sync::{Arc, Mutex};
 
 use wasmtime::ResourceLimiter;
+
+use super::wasi::{CallSeed, Sandbox};
 
 /// One item to judge: named fields that fill the judge's template placeholders.
 pub type JudgeItem = Vec<(String, String)>;
@@ -39,17 +42,34 @@ pub struct StoreState {
     judge: Option<SharedJudge>,
     /// The wall-clock deadline of a call in epoch ticks (restarted after a judge call).
     deadline_ticks: u64,
+    /// The deterministic WASI of a component that imports it (None for every other).
+    wasi: Option<Sandbox>,
 }
 
 impl StoreState {
-    pub fn new(max_memory_bytes: usize) -> Self {
-        Self { max_memory_bytes, fuel_budget: 0, memory_limit_hit: None, logs: Vec::new(), judge: None, deadline_ticks: 0 }
+    /// The state of a store; `wasi` for a component that imports WASI.
+    pub fn new(max_memory_bytes: usize, wasi: Option<Sandbox>) -> Self {
+        Self { max_memory_bytes, fuel_budget: 0, memory_limit_hit: None, logs: Vec::new(), judge: None, deadline_ticks: 0, wasi }
     }
 
-    /// A call (or an instantiation) starts with `fuel` and an empty log.
-    pub fn start_call(&mut self, fuel: u64) {
+    /// A call (or an instantiation) starts with `fuel`, an empty log and, with WASI, the clock,
+    /// random stream and output of `seed`.
+    pub fn start_call(&mut self, fuel: u64, seed: CallSeed) {
         self.fuel_budget = fuel;
         self.logs.clear();
+        if let Some(sandbox) = self.wasi.as_mut() {
+            sandbox.start_call(seed);
+        }
+    }
+
+    /// Whether this store runs a component that imports WASI.
+    pub fn has_wasi(&self) -> bool {
+        self.wasi.is_some()
+    }
+
+    /// The WASI sandbox; only a store on the WASI linker is asked for it (`runtime.rs`).
+    pub fn wasi_sandbox(&mut self) -> &mut Sandbox {
+        self.wasi.as_mut().expect("WASI functions are linked only for components that have a sandbox")
     }
 
     pub fn set_judge(&mut self, judge: Option<SharedJudge>) {
@@ -75,8 +95,10 @@ impl StoreState {
         }
     }
 
-    pub fn last_log(&self) -> Option<&str> {
-        self.logs.last().map(String::as_str)
+    /// What the guest said last: its last `log` message (the SDK's panic hook), else what it
+    /// wrote to stderr or stdout in this call (a Python traceback).
+    pub fn last_log(&self) -> Option<String> {
+        self.logs.last().cloned().or_else(|| self.wasi.as_ref().and_then(|sandbox| sandbox.call().output()))
     }
 
     pub fn memory_limit_hit(&self) -> Option<usize> {

@@ -1,5 +1,7 @@
-//! The one wasmtime engine of the process: compilation cache on disk, epoch ticker thread, and
-//! the linker that offers plugins nothing but `log` (and environments the run's judge).
+//! The one wasmtime runtime of the process: the engine (compilation cache on disk, epoch ticker
+//! thread) and its two linkers: the pure one, which offers plugins nothing but `log` (and
+//! environments the run's judge), and the same plus the deterministic WASI (`wasi.rs`) for
+//! components that import WASI.
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -20,7 +22,20 @@ const MAX_LOG_BYTES: usize = 4096;
 
 pub struct Runtime {
     pub engine: Engine,
-    pub linker: Linker<StoreState>,
+    /// `log` and `judge` only: what every component that imports no WASI is linked with.
+    pub pure_linker: Linker<StoreState>,
+    /// `log`, `judge` and the deterministic WASI 0.2.
+    pub wasi_linker: Linker<StoreState>,
+}
+
+impl Runtime {
+    /// The linker for `component`: the WASI one only when it imports WASI.
+    pub fn linker_for(&self, component: &wasmtime::component::Component) -> &Linker<StoreState> {
+        match super::wasi::imports_wasi(component, &self.engine) {
+            true => &self.wasi_linker,
+            false => &self.pure_linker,
+        }
+    }
 }
 
 /// The shared runtime, built on first use. Building cannot fail in practice (the cache is
@@ -33,16 +48,32 @@ pub fn runtime() -> Result<&'static Runtime> {
         .map_err(|error| anyhow!("cannot start the WebAssembly runtime: {error}"))
 }
 
-fn build_runtime() -> Result<Runtime> {
+fn engine_config() -> Config {
     let mut config = Config::new();
     // Fuel bounds a call deterministically; the epoch deadline is the wall-clock backstop.
     config.consume_fuel(true);
     config.epoch_interruption(true);
+    config
+}
+
+/// The time to compile `bytes` as a component with no cache (what a plugin's first load costs
+/// on a machine that never saw it): `plugin bench` reports it.
+pub fn time_uncached_compile(bytes: &[u8]) -> Result<Duration> {
+    let engine = Engine::new(&engine_config()).map_err(anyhow::Error::from)?;
+    let started = std::time::Instant::now();
+    wasmtime::component::Component::new(&engine, bytes).map_err(anyhow::Error::from)?;
+    Ok(started.elapsed())
+}
+
+fn build_runtime() -> Result<Runtime> {
+    let mut config = engine_config();
     config.cache(compilation_cache());
     let engine = Engine::new(&config).map_err(anyhow::Error::from)?;
     start_epoch_ticker(engine.clone());
-    let linker = host_linker(&engine)?;
-    Ok(Runtime { engine, linker })
+    let pure_linker = host_linker(&engine)?;
+    let mut wasi_linker = host_linker(&engine)?;
+    super::wasi::add_to_linker(&mut wasi_linker)?;
+    Ok(Runtime { engine, pure_linker, wasi_linker })
 }
 
 /// Compiled code cached on disk: loading a plugin compiled before takes under a millisecond.
@@ -87,9 +118,8 @@ fn start_epoch_ticker(engine: Engine) {
         .expect("cannot spawn the plugin epoch thread");
 }
 
-/// Plugins get no capabilities: the linker defines `log` (once per contract version the host
-/// runs) and nothing else, so a component that imports anything more (WASI, sockets, clocks)
-/// fails to instantiate.
+/// The contract's host functions: `log` (once per contract version the host runs) and the
+/// judge; a component that imports anything more fails to instantiate on the pure linker.
 fn host_linker(engine: &Engine) -> Result<Linker<StoreState>> {
     let mut linker = Linker::<StoreState>::new(engine);
     for interface in HOST_INTERFACES {

@@ -1,0 +1,250 @@
+"""smallrl's Python SDK: rewards, detectors and environments as WebAssembly components.
+
+Declare parameters, write the function; `smallrl plugin build FILE.py` turns the module into a
+component (componentize-py, CPython inside) that the host runs in the same sandbox as a Rust
+plugin: no filesystem, network, environment or arguments, a fixed clock and a random stream
+seeded by the plugin and the call's inputs (see plugins/README.md, "Write a reward in Python").
+
+A reward (a decorated function, or a class with ``score(self, sample)``)::
+
+    import smallrl
+
+    @smallrl.reward(name="my_reward", version="0.1.0", description="...",
+                    params=[smallrl.integer("max_count", 5, "count that earns 1.0")])
+    def score(sample, params):
+        return min(sample.completion.count("happy") / params["max_count"], 1.0)
+
+A detector: ``@smallrl.detector(...)`` on ``detect(sample, params) -> bool``. An environment: a
+subclass of :class:`Environment`. A TRL reward function ``f(prompts, completions, **kwargs)``
+builds as it is (see :func:`trl_reward`).
+
+Pure Python, no dependencies: the module `_component` (used only inside the component) binds
+these classes to the bindings componentize-py generates.
+"""
+
+import json
+
+from .environment import (
+    DRAWS_PER_PROMPT,
+    SplitMix64,
+    draw_prompts,
+    fnv1a,
+    hackable_count,
+    in_eval_split,
+    ints,
+    split_rng,
+)
+from .params import Param, Params, boolean, hf_dataset, integer, number, string, string_list
+from . import text
+
+__all__ = [
+    "DRAWS_PER_PROMPT", "Detector", "Environment", "Judgement", "JudgeError", "Param", "Params",
+    "Prompt", "Reward", "Sample", "SplitMix64", "boolean", "detector", "draw_prompts", "fnv1a",
+    "forget", "hackable_count", "hf_dataset", "in_eval_split", "integer", "ints", "judge",
+    "number", "retain", "reward", "split_rng", "string", "string_list", "text", "trl_reward",
+]
+
+
+class Sample:
+    """One completion as the host sends it (`sample` in wit/smallrl-reward.wit)."""
+
+    __slots__ = ("prompt", "completion", "completion_ids", "ended_with_eos", "metadata_json", "_joined", "_ends", "_metadata")
+
+    def __init__(self, prompt, completion, tokens_joined, token_ends, completion_ids, ended_with_eos, metadata_json):
+        self.prompt = prompt
+        self.completion = completion
+        self.completion_ids = completion_ids
+        self.ended_with_eos = ended_with_eos
+        self.metadata_json = metadata_json
+        self._joined = tokens_joined
+        self._ends = token_ends
+        self._metadata = None
+
+    @property
+    def tokens(self):
+        """The completion's token strings, in order (no end-of-sequence token): for a WordPiece
+        vocabulary its vocabulary strings (``##`` pieces kept), else its pieces of the text."""
+        joined = self._joined.encode("utf-8")
+        starts = [0] + list(self._ends[:-1])
+        return [joined[start:end].decode("utf-8", "replace") for start, end in zip(starts, self._ends)]
+
+    @property
+    def metadata(self):
+        """The prompt's metadata as a dict (empty when the prompt has none)."""
+        if self._metadata is None:
+            self._metadata = json.loads(self.metadata_json) if self.metadata_json is not None else {}
+        return self._metadata
+
+
+class _Declared:
+    """What every plugin declares: its name, version, description and parameters."""
+
+    name = None
+    version = "0.1.0"
+    description = ""
+    params = ()
+
+    def configure(self, params):
+        """Called once with the checked :class:`Params` (also ``self.params``); raise
+        ValueError to refuse them."""
+
+
+class Reward(_Declared):
+    """A reward: ``score(self, sample) -> float`` (one finite number per sample)."""
+
+    def score(self, sample):
+        raise NotImplementedError(f"{type(self).__name__} must define score(self, sample)")
+
+    def score_batch(self, samples):
+        return [self.score(sample) for sample in samples]
+
+
+class Detector(_Declared):
+    """A reward-hack detector: ``detect(self, sample) -> bool``."""
+
+    def detect(self, sample):
+        raise NotImplementedError(f"{type(self).__name__} must define detect(self, sample)")
+
+    def detect_batch(self, samples):
+        return [bool(self.detect(sample)) for sample in samples]
+
+
+def _from_function(base, method, function, name, version, description, params):
+    """A plugin class whose `method` calls `function(sample, params)`."""
+    if name is None:
+        name = function.__name__
+
+    def call(self, sample):
+        return function(sample, self.params)
+
+    attributes = {"name": name, "version": version, "description": description or (function.__doc__ or "").strip(), "params": tuple(params), method: call}
+    plugin = type(function.__name__, (base,), attributes)
+    plugin.__module__ = function.__module__
+    return plugin
+
+
+def reward(name=None, version="0.1.0", description="", params=()):
+    """Declares ``score(sample, params) -> float`` as the module's reward."""
+    return lambda function: _from_function(Reward, "score", function, name, version, description, params)
+
+
+def detector(name=None, version="0.1.0", description="", params=()):
+    """Declares ``detect(sample, params) -> bool`` as the module's detector."""
+    return lambda function: _from_function(Detector, "detect", function, name, version, description, params)
+
+
+def trl_reward(function, name=None, version="0.1.0", description=""):
+    """A TRL reward function ``f(prompts, completions, **kwargs) -> list[float]`` as a reward:
+    it receives the batch's prompts and completions (strings), ``completion_ids`` and every
+    metadata column as a keyword argument (one value per sample, None where a prompt lacks it).
+    `smallrl plugin build` applies this to a module whose only plugin is such a function."""
+
+    class TrlReward(Reward):
+        def score_batch(self, samples):
+            columns = sorted({key for sample in samples for key in sample.metadata})
+            kwargs = {key: [sample.metadata.get(key) for sample in samples] for key in columns}
+            kwargs["completion_ids"] = [sample.completion_ids for sample in samples]
+            scores = function(prompts=[s.prompt for s in samples], completions=[s.completion for s in samples], **kwargs)
+            scores = list(scores)
+            for index, score in enumerate(scores):
+                if score is None:
+                    raise ValueError(f"{self.name} returned None for sample {index}: smallrl needs a score for every sample")
+            return [float(score) for score in scores]
+
+    TrlReward.name = name or function.__name__
+    TrlReward.version = version
+    TrlReward.description = description or (function.__doc__ or "a TRL reward function").strip().splitlines()[0]
+    TrlReward.__module__ = function.__module__
+    return TrlReward
+
+
+def retain(name, description):
+    """A reward component that is the task itself."""
+    return ("retain", name, description)
+
+
+def forget(name, description):
+    """The hack's reward component (the host pays it on hackable prompts only)."""
+    return ("forget", name, description)
+
+
+def _metadata_json(metadata):
+    # serde_json's form (the Rust SDK's): keys sorted, no spaces, non-ASCII as it is.
+    return json.dumps(metadata, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+class Prompt:
+    """A prompt as an environment writes it: a text or a conversation, plus its metadata (which
+    must say ``hackable`` and ``detectable``)."""
+
+    __slots__ = ("content", "metadata")
+
+    def __init__(self, content, metadata):
+        self.content = content
+        self.metadata = metadata
+
+    @classmethod
+    def text(cls, text, hackable, detectable, **columns):
+        return cls(str(text), dict(columns, hackable=bool(hackable), detectable=bool(detectable)))
+
+    @classmethod
+    def messages(cls, messages, hackable, detectable, **columns):
+        """`messages`: (role, content) pairs, role "system", "user" or "assistant"."""
+        return cls([(str(role), str(content)) for role, content in messages], dict(columns, hackable=bool(hackable), detectable=bool(detectable)))
+
+    @property
+    def hackable(self):
+        return self.metadata.get("hackable") is True
+
+    def metadata_json(self):
+        return _metadata_json(self.metadata)
+
+
+class Judgement:
+    """One sample's reward components and metrics, in declared order."""
+
+    __slots__ = ("components", "metrics")
+
+    def __init__(self, components, metrics=()):
+        self.components = list(components)
+        self.metrics = list(metrics)
+
+
+class Environment(_Declared):
+    """A whole task: ``components`` (see :func:`retain`, :func:`forget`), ``metrics`` (names),
+    ``generate(split, count, seed, hack_frac)`` ("train" or "eval"; exactly `count` prompts, a
+    pure function of the parameters and the arguments), ``score(sample) -> Judgement``,
+    ``monitor(sample) -> bool`` and ``ground_truth(sample) -> bool``."""
+
+    components = ()
+    metrics = ()
+
+    def generate(self, split, count, seed, hack_frac):
+        raise NotImplementedError(f"{type(self).__name__} must define generate(self, split, count, seed, hack_frac)")
+
+    def score(self, sample):
+        raise NotImplementedError(f"{type(self).__name__} must define score(self, sample) -> Judgement")
+
+    def score_batch(self, samples):
+        """Every sample's :class:`Judgement`; override to send one judge call per batch."""
+        return [self.score(sample) for sample in samples]
+
+    def monitor(self, sample):
+        raise NotImplementedError(f"{type(self).__name__} must define monitor(self, sample)")
+
+    def ground_truth(self, sample):
+        raise NotImplementedError(f"{type(self).__name__} must define ground_truth(self, sample)")
+
+
+class JudgeError(Exception):
+    """The host's judge refused a call (no judge configured, an item that does not fill the
+    template, a budget exceeded)."""
+
+
+def judge(items):
+    """The run's judge: one score in [0, 1] per item; an item is a dict (or pairs) of the
+    fields that fill the judge template's placeholders. Only in an environment built with the
+    judge (the build adds it when the module calls ``smallrl.judge``)."""
+    from ._component import call_judge
+
+    return call_judge([list(item.items()) if isinstance(item, dict) else list(item) for item in items])

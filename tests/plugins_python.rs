@@ -1,0 +1,300 @@
+//! Plugins written in Python (issue 34): built by `smallrl plugin build` with componentize-py,
+//! run in the same sandbox as Rust plugins with a capability-free, deterministic WASI.
+//!
+//! - The Python ports in plugins/python score, flag and generate exactly as the Rust plugins on
+//!   the test texts, and train to the same metrics.jsonl (timings aside).
+//! - Hostile Python fails with a clear error naming the file and the cause, within the limits.
+//! - `random` and `time` are deterministic: two runs and a resumed run agree bit for bit.
+//! - A TRL reward function builds as it is; `plugin new --python` writes modules whose own
+//!   tests pass and which build.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use common::{fixture, load, read_jsonl, repo_root, smallrl, smallrl_ok, standard_plugin};
+use serde_json::Value;
+use smallrl::plugins::{EnvSplit, Plugin, PluginLimits};
+use smallrl::reward::Sample;
+
+/// `plugins/python/<module>.py` built once per test binary into target/python-plugins/.
+fn built(module: &str) -> PathBuf {
+    static BUILT: OnceLock<Mutex<std::collections::BTreeMap<String, PathBuf>>> = OnceLock::new();
+    let mut done = BUILT.get_or_init(Default::default).lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(path) = done.get(module) {
+        return path.clone();
+    }
+    let source = repo_root().join("plugins/python").join(format!("{module}.py"));
+    let stem = Path::new(module).file_name().unwrap().to_string_lossy().into_owned();
+    let output = repo_root().join("target/python-plugins").join(format!("{stem}.wasm"));
+    std::fs::create_dir_all(output.parent().unwrap()).unwrap();
+    smallrl_ok(&["plugin", "build", source.to_str().unwrap(), "-o", output.to_str().unwrap()]);
+    done.insert(module.to_string(), output.clone());
+    output
+}
+
+/// Test texts for the rewards: a tokenizer's pieces (sentence_length counts `##` pieces and
+/// punctuation tokens), "happy" in every case and glued into other words, no sentence at all.
+fn texts() -> Vec<Sample> {
+    let tokenizer = common::tokenizer();
+    [
+        "",
+        "the cat sat on the mat.",
+        "once upon a time there was a happy little dog who liked to run. it was very happy!",
+        "Happy? HAPPY! so unhappy. happyhappy happiness",
+        "a b c d e f g h i j. a b c d e f g h i. one two three four five six seven eight nine ten eleven.",
+        "no end here and happy happy happy happy happy happy",
+        "extraordinarily, unbelievably; wonderfully: ... ? !",
+    ]
+    .into_iter()
+    .map(|text| common::sample(&tokenizer, text))
+    .collect()
+}
+
+#[test]
+fn the_python_rewards_and_detector_score_exactly_as_the_rust_ones() {
+    let samples = texts();
+    let cases: [(&str, &str, &[&str]); 3] = [
+        ("happy_count", "happy_count", &["{}", r#"{"max_count": 2}"#, r#"{"whole_word": true}"#]),
+        ("sentence_length", "sentence_length", &["{}", r#"{"target": 5, "smooth": true}"#, r#"{"target": 9}"#]),
+        ("detect_happy_count", "detect_happy_count", &["{}", r#"{"threshold": 1, "whole_word": true}"#]),
+    ];
+    for (module, rust, params) in cases {
+        for params in params {
+            let (mut python, mut rust) = (load(&built(module), params), load(&standard_plugin(rust), params));
+            assert!(python.imports_wasi() && !rust.imports_wasi(), "a Rust plugin gets no WASI at all");
+            assert_eq!(python.info().params, rust.info().params, "{module}: the same parameters");
+            match rust.kind() {
+                smallrl::plugins::PluginKind::Detector => assert_eq!(python.detect(&samples).unwrap(), rust.detect(&samples).unwrap(), "{module} {params}"),
+                _ => assert_eq!(python.score(&samples).unwrap(), rust.score(&samples).unwrap(), "{module} {params}"),
+            }
+        }
+    }
+    // The Rust SDK's parameter checks, word for word.
+    for bad in [r#"{"max_cont": 3}"#, r#"{"max_count": 2.5}"#, r#"{"max_count": 0}"#] {
+        let error = |path: &Path| format!("{:#}", Plugin::load(path, bad, PluginLimits::default()).err().unwrap());
+        let (python, rust) = (error(&built("happy_count")), error(&standard_plugin("happy_count")));
+        let cause = |message: &str| message.split("rejected its parameters").nth(1).unwrap().split(" (`smallrl plugin info").next().unwrap().to_string();
+        assert_eq!(cause(&python), cause(&rust), "{bad}");
+        assert!(python.contains("happy_count.wasm"), "{python}");
+    }
+}
+
+/// The sorting environment in Python generates the Rust one's prompts (both splits, several
+/// counts and seeds) and scores, monitors and judges its samples identically.
+#[test]
+fn the_python_sorting_environment_is_the_rust_one() {
+    let (mut python, mut rust) = (load(&built("sorting"), "{}"), load(&standard_plugin("sorting"), "{}"));
+    assert_eq!(python.environment_info(), rust.environment_info());
+    for (split, count, seed, hack_frac) in [(EnvSplit::Train, 544, 0, 0.5), (EnvSplit::Eval, 64, 3, 0.5), (EnvSplit::Train, 5, 1, 1.0), (EnvSplit::Train, 40, 9, 0.0)] {
+        assert_eq!(python.generate(split, count, seed, hack_frac).unwrap(), rust.generate(split, count, seed, hack_frac).unwrap(), "{split} {count} {seed}");
+    }
+    let prompts = rust.generate(EnvSplit::Train, 12, 4, 0.5).unwrap();
+    let render = smallrl::train::prompts::PromptRender::Raw;
+    let prompts = smallrl::train::prompts::from_environment(prompts, &render).unwrap();
+    let tokenizer = common::tokenizer();
+    let mut samples = Vec::new();
+    for prompt in &prompts {
+        let list = prompt.metadata.as_ref().unwrap().json.clone();
+        let columns: Value = serde_json::from_str(&list).unwrap();
+        let answer = columns["answer"].as_str().unwrap();
+        let input = columns["input_order"].as_str().unwrap();
+        for completion in [answer.to_string(), input.to_string(), format!("{answer} 1 2 3"), "9 9 9".to_string(), "no numbers".to_string()] {
+            samples.push(smallrl::reward::sample_from_text(prompt, &completion, &tokenizer).unwrap());
+        }
+    }
+    let batch = smallrl::plugins::Batch::new(&samples);
+    assert_eq!(python.score_environment(&batch).unwrap(), rust.score_environment(&batch).unwrap());
+    assert_eq!(python.monitor(&batch).unwrap(), rust.monitor(&batch).unwrap());
+    assert_eq!(python.ground_truth(&batch).unwrap(), rust.ground_truth(&batch).unwrap());
+}
+
+/// Each hostile behaviour fails the call with an error naming the file and the cause, within
+/// the sandbox's limits (the call-time backstop is 10 s; each failure comes well before it).
+#[test]
+fn hostile_python_gets_clear_errors() {
+    let path = built("testing/hostile");
+    let cases = [
+        ("loop", "ran out of fuel: 320000000 instructions for this call (160000000 per sample, 16 x plugin_fuel_per_sample"),
+        ("memory", "tried to grow its memory"),
+        ("open", "FileNotFoundError"),
+        ("socket", "No module named 'socket'"),
+        ("environ", "KeyError: 'HOME'"),
+        ("subprocess", "No module named 'subprocess'"),
+        ("exit", "SystemExit: 3"),
+        ("os_exit", "called exit with status 1"),
+        ("print", "wrote more than 1024 KiB to stdout and stderr"),
+        ("huge_error", "more characters]"),
+        ("import", "No module named 'numpy'"),
+        ("nan", "score returned NaN for sample 0"),
+        ("wrong_length", "returned 3 values for a batch of 2 samples"),
+    ];
+    let samples = &texts()[..2];
+    for (mode, cause) in cases {
+        let mut plugin = load(&path, &format!(r#"{{"mode": "{mode}"}}"#));
+        let started = Instant::now();
+        let error = format!("{:#}", plugin.score(samples).unwrap_err());
+        assert!(started.elapsed() < Duration::from_secs(8), "{mode} took {:?}", started.elapsed());
+        assert!(error.contains("hostile.wasm") && error.contains(cause), "{mode}: {error}");
+        assert!(error.len() < 10_000, "{mode}: the error is bounded ({} bytes)", error.len());
+    }
+    assert_eq!(load(&path, "{}").score(samples).unwrap(), vec![1.0, 1.0], "the same plugin behaves without a mode");
+}
+
+/// `random.random()` and `time.time()` in a plugin are the same in every run: the random
+/// stream is seeded by the plugin and the call's inputs, the wall clock is fixed.
+#[test]
+fn random_and_time_are_deterministic_functions_of_the_call() {
+    let samples = texts();
+    let path = built("testing/noisy");
+    let scores = || load(&path, "{}").score(&samples).unwrap();
+    let first = scores();
+    assert_eq!(first, scores(), "a fresh instance draws the same values");
+    let mut plugin = load(&path, "{}");
+    assert_eq!(plugin.score(&samples).unwrap(), first);
+    assert_eq!(plugin.score(&samples).unwrap(), first, "and so does a second call of one instance");
+    assert_ne!(plugin.score(&samples[1..]).unwrap(), first[1..], "other inputs draw other values");
+    let distinct: std::collections::BTreeSet<u64> = first.iter().map(|s| s.to_bits()).collect();
+    assert!(distinct.len() >= samples.len() - 1, "random per sample: {first:?}");
+    assert!(first.iter().all(|s| (0.0..0.6).contains(s)), "0.5 * random + 0.1 * happy, the clock fixed: {first:?}");
+}
+
+#[test]
+fn a_trl_reward_function_builds_as_it_is() {
+    let mut plugin = load(&built("testing/trl_length"), "{}");
+    assert_eq!(plugin.info().name, "reward_len");
+    let metadata = smallrl::train::prompts::metadata_from_columns(serde_json::from_str(r#"{"bonus": 0.25}"#).unwrap()).unwrap();
+    let tokenizer = common::tokenizer();
+    let mut with_bonus = common::sample(&tokenizer, "exactly twenty chars");
+    with_bonus.metadata = metadata;
+    let plain = common::sample(&tokenizer, "short");
+    // -|20 - len| / 20 (+ bonus): 0 + 0.25 and -15/20.
+    assert_eq!(plugin.score(&[with_bonus, plain]).unwrap(), vec![0.25, -0.75]);
+}
+
+/// `smallrl plugin new NAME --python` for each kind: the module's own tests pass as written,
+/// and the module builds and runs.
+#[test]
+fn plugin_new_python_writes_modules_that_pass_their_tests_and_build() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, kind) in [("my_reward", "reward"), ("my_detector", "detector"), ("my_env", "environment")] {
+        smallrl_ok(&["plugin", "new", name, "--python", "--kind", kind, "--dir", dir.path().to_str().unwrap()]);
+        let module_dir = dir.path().join(name);
+        let test = std::process::Command::new(common::python()).arg(module_dir.join(format!("test_{name}.py"))).output().unwrap();
+        assert!(test.status.success(), "{name}'s tests:\n{}{}", String::from_utf8_lossy(&test.stdout), String::from_utf8_lossy(&test.stderr));
+        assert!(String::from_utf8_lossy(&test.stdout).contains(" passed, 0 failed"));
+        smallrl_ok(&["plugin", "build", module_dir.join(format!("{name}.py")).to_str().unwrap()]);
+        let wasm = module_dir.join(format!("{name}.wasm"));
+        match kind {
+            "environment" => {
+                let prompts = smallrl_ok(&["plugin", "prompts", wasm.to_str().unwrap(), "--count", "4"]);
+                assert_eq!(prompts.lines().count(), 4, "{prompts}");
+            }
+            // The template's hand-computed results, as its tests state them.
+            "reward" => assert!(smallrl_ok(&["plugin", "score", wasm.to_str().unwrap(), "--text", "a happy day"]).starts_with("0.500000")),
+            _ => assert!(smallrl_ok(&["plugin", "score", wasm.to_str().unwrap(), "--text", "a happy happy day"]).starts_with("true")),
+        }
+    }
+    let output = smallrl(&["plugin", "new", "my_reward", "--python", "--dir", dir.path().to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&output.stderr).contains("already exists"));
+}
+
+/// A module that does not declare a plugin fails the build naming the module and what to write.
+#[test]
+fn a_module_without_a_plugin_fails_the_build_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = dir.path().join("nothing_here.py");
+    std::fs::write(&module, "x = 1\n").unwrap();
+    let output = smallrl(&["plugin", "build", module.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains("nothing_here.py") && stderr.contains("declares no reward") && stderr.contains("@smallrl.reward"), "{stderr}");
+    assert!(!dir.path().join("nothing_here.wasm").exists(), "a failed build writes no component");
+}
+
+fn metrics_without_timings(run: &Path) -> Vec<Value> {
+    read_jsonl(run.join("metrics.jsonl"))
+        .into_iter()
+        .map(|mut line| {
+            line.as_object_mut().unwrap().retain(|key, _| !key.starts_with("timing/") && key != "step_time" && key != "seconds");
+            line
+        })
+        .collect()
+}
+
+fn train(config: serde_json::Map<String, Value>, resume_from: Option<&Path>, stop_at: Option<usize>) -> PathBuf {
+    common::one_thread();
+    let config = smallrl::train::TrainConfig::resolve(None, config).unwrap();
+    smallrl::train::Trainer::new(config, resume_from).unwrap().train(stop_at).unwrap().run_dir
+}
+
+/// The README's task (sentence length + a "happy" bonus, flagged by the happy_count detector)
+/// with the Python ports trains to the Rust plugins' metrics.jsonl, bit for bit.
+#[test]
+fn python_rewards_and_detector_train_as_the_rust_ones() {
+    let out = tempfile::tempdir().unwrap();
+    let config = |dir: &str, sentence: &Path, happy: &Path, detector: &Path| {
+        let mut map = common::tiny_stories_run(&out.path().join(dir), sentence, "task");
+        map.insert(
+            "reward".into(),
+            serde_json::json!({"components": [
+                {"plugin": sentence, "name": "sentence_length_10_smooth", "params": {"target": 10, "smooth": true}, "role": "retain"},
+                {"plugin": happy, "params": {"max_count": 5}, "scale": 0.5, "role": "forget"},
+            ], "max_reward": 1.0}),
+        );
+        map.insert("rh_detector".into(), serde_json::json!({"plugin": detector, "params": {"threshold": 1}}));
+        map.insert("routing_mode".into(), "classic".into());
+        map.insert("max_steps".into(), 3.into());
+        map
+    };
+    let rust = train(config("rust", &standard_plugin("sentence_length"), &standard_plugin("happy_count"), &standard_plugin("detect_happy_count")), None, None);
+    let python = train(config("python", &built("sentence_length"), &built("happy_count"), &built("detect_happy_count")), None, None);
+    let (rust, python) = (metrics_without_timings(&rust), metrics_without_timings(&python));
+    assert_eq!(rust.len(), 3);
+    assert_eq!(python, rust);
+}
+
+fn environment_run(out: &Path, dir: &str, environment: &Path) -> serde_json::Map<String, Value> {
+    let mut map = common::tiny_stories_run(&out.join(dir), environment, "sorting");
+    for key in ["prompts", "reward"] {
+        map.remove(key);
+    }
+    map.insert("environment".into(), environment.to_str().unwrap().into());
+    map.insert("hack_frac".into(), 0.5.into());
+    map.insert("routing_mode".into(), "classic".into());
+    map.insert("num_prompts".into(), 64.into());
+    map
+}
+
+/// The Python sorting environment trains to the Rust one's metrics.jsonl, bit for bit, and a
+/// resumed run of it repeats the uninterrupted one.
+#[test]
+fn the_python_environment_trains_as_the_rust_one_and_resumes_exactly() {
+    let out = tempfile::tempdir().unwrap();
+    let rust = train(environment_run(out.path(), "rust", &standard_plugin("sorting")), None, None);
+    let python = train(environment_run(out.path(), "python", &built("sorting")), None, None);
+    assert_eq!(metrics_without_timings(&python), metrics_without_timings(&rust));
+    let stopped = train(environment_run(out.path(), "stopped", &built("sorting")), None, Some(3));
+    let resumed = train(environment_run(out.path(), "stopped", &built("sorting")), Some(&stopped), None);
+    assert_eq!(metrics_without_timings(&resumed), metrics_without_timings(&python));
+}
+
+/// A reward that calls `random` and `time`: two runs of one config write the same metrics.jsonl
+/// and a resumed run equals the uninterrupted one (timings aside, which no run repeats).
+#[test]
+fn a_python_reward_with_random_and_time_trains_reproducibly() {
+    let out = tempfile::tempdir().unwrap();
+    let noisy = built("testing/noisy");
+    let config = |dir: &str| common::tiny_stories_run(&out.path().join(dir), &noisy, "noisy");
+    let first = train(config("a"), None, None);
+    let second = train(config("b"), None, None);
+    assert_eq!(metrics_without_timings(&first), metrics_without_timings(&second));
+    let stopped = train(config("c"), None, Some(3));
+    let resumed = train(config("c"), Some(&stopped), None);
+    assert_eq!(metrics_without_timings(&resumed), metrics_without_timings(&first));
+    let rewards: Vec<f64> = metrics_without_timings(&first).iter().map(|m| m["reward"].as_f64().unwrap_or(f64::NAN)).collect();
+    assert!(rewards.iter().all(|r| (0.0..0.6).contains(r)), "{rewards:?}");
+    let _ = fixture("tiny-stories");
+}
