@@ -102,10 +102,27 @@ fn a_plugin_of_another_contract_version_is_rejected() {
     assert_contains(&error, &["bad_version.wasm", "smallrl:reward@0.4.0", "speaks smallrl:reward@0.3.0"]);
 }
 
+/// A plugin that imports `wasi:random` (once refused: plugins had no WASI at all) now runs in
+/// the deterministic WASI: its "random" coin is the same in every instance and every run, a
+/// function of the plugin and the call's inputs.
 #[test]
-fn a_plugin_importing_wasi_is_rejected() {
-    let error = load_error(&test_plugin("imports_random"), "");
-    assert_contains(&error, &["imports_random.wasm", "wasi:random/random@0.2.0", "no capabilities"]);
+fn a_plugin_importing_wasi_random_draws_a_deterministic_stream() {
+    let scores = || {
+        let mut plugin = load(&test_plugin("imports_random"), "");
+        assert!(plugin.imports_wasi());
+        plugin.score(&batch()).unwrap()
+    };
+    let first = scores();
+    assert_eq!(first.len(), 3);
+    assert!(first.iter().all(|&score| score == first[0]) && (score_is_a_coin(first[0])), "one coin per call: {first:?}");
+    for _ in 0..3 {
+        assert_eq!(scores(), first, "the same coin in every instance");
+    }
+    assert!(!load(&standard_plugin("happy_count"), "{}").imports_wasi(), "a Rust plugin of the SDK gets no WASI at all");
+}
+
+fn score_is_a_coin(score: f64) -> bool {
+    score == 0.0 || score == 1.0
 }
 
 #[test]

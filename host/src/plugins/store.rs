@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use wasmtime::ResourceLimiter;
 
-use super::wasi::{CallSeed, Sandbox};
+use super::wasi::{CallSeed, HasSandbox, Sandbox};
 
 /// One item to judge: named fields that fill the judge's template placeholders.
 pub type JudgeItem = Vec<(String, String)>;
@@ -67,10 +67,6 @@ impl StoreState {
         self.wasi.is_some()
     }
 
-    /// The WASI sandbox; only a store on the WASI linker is asked for it (`runtime.rs`).
-    pub fn wasi_sandbox(&mut self) -> &mut Sandbox {
-        self.wasi.as_mut().expect("WASI functions are linked only for components that have a sandbox")
-    }
 
     pub fn set_judge(&mut self, judge: Option<SharedJudge>) {
         self.judge = judge;
@@ -107,6 +103,20 @@ impl StoreState {
 
     pub fn fuel_budget(&self) -> u64 {
         self.fuel_budget
+    }
+}
+
+/// Only a store on the WASI linker is asked for its sandbox (`runtime.rs`), and only a
+/// component that imports WASI is put there, with a sandbox.
+impl HasSandbox for StoreState {
+    fn sandbox(&mut self) -> &mut Sandbox {
+        self.wasi.as_mut().expect("WASI functions are linked only for components that have a sandbox")
+    }
+}
+
+impl wasmtime_wasi::WasiView for StoreState {
+    fn ctx(&mut self) -> wasmtime_wasi::WasiCtxView<'_> {
+        self.sandbox().view()
     }
 }
 

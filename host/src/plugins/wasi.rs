@@ -28,7 +28,6 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{DynPollable, OutputStream, Pollable, StreamResult};
 use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxView, WasiView};
 
-use super::store::StoreState;
 
 /// What `time.time()` reads in a plugin: 2024-01-01T00:00:00Z, whatever the date.
 pub const WALL_CLOCK_SECONDS: u64 = 1_704_067_200;
@@ -55,9 +54,14 @@ pub fn imports_wasi(component: &wasmtime::component::Component, engine: &wasmtim
     component.component_type().imports(engine).any(|(name, _)| name.starts_with("wasi:"))
 }
 
+/// A store's data that holds a [`Sandbox`] (the plugin store's state, `store.rs`).
+pub trait HasSandbox: WasiView + 'static {
+    fn sandbox(&mut self) -> &mut Sandbox;
+}
+
 /// Adds the deterministic WASI to a linker: wasmtime-wasi's synchronous p2 functions, with the
 /// monotonic clock's subscriptions replaced so that sleeping takes no real time.
-pub fn add_to_linker(linker: &mut Linker<StoreState>) -> anyhow::Result<()> {
+pub fn add_to_linker<T: HasSandbox>(linker: &mut Linker<T>) -> anyhow::Result<()> {
     wasmtime_wasi::p2::add_to_linker_sync(linker).map_err(anyhow::Error::from)?;
     linker.allow_shadowing(true);
     let mut clock = linker.instance(MONOTONIC_CLOCK).map_err(anyhow::Error::from)?;
@@ -66,7 +70,7 @@ pub fn add_to_linker(linker: &mut Linker<StoreState>) -> anyhow::Result<()> {
         .map_err(anyhow::Error::from)?;
     clock
         .func_wrap("subscribe-instant", |mut store, (when,): (u64,)| {
-            let now = store.data_mut().wasi_sandbox().call().monotonic_ns;
+            let now = store.data_mut().sandbox().call().monotonic_ns;
             Ok((sleep(store.data_mut(), when.saturating_sub(now))?,))
         })
         .map_err(anyhow::Error::from)?;
@@ -75,9 +79,9 @@ pub fn add_to_linker(linker: &mut Linker<StoreState>) -> anyhow::Result<()> {
 }
 
 /// A sleep: the clock moves on by `duration` and the pollable is ready at once.
-fn sleep(state: &mut StoreState, duration: u64) -> wasmtime::Result<Resource<DynPollable>> {
+fn sleep<T: HasSandbox>(state: &mut T, duration: u64) -> wasmtime::Result<Resource<DynPollable>> {
     {
-        let mut call = state.wasi_sandbox().call();
+        let mut call = state.sandbox().call();
         call.monotonic_ns = call.monotonic_ns.saturating_add(duration);
     }
     let table = state.ctx().table;
@@ -178,12 +182,6 @@ impl Sandbox {
 /// that is still consistent, so a poisoned lock is taken over.
 fn lock(call: &Mutex<CallEnv>) -> MutexGuard<'_, CallEnv> {
     call.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-impl WasiView for StoreState {
-    fn ctx(&mut self) -> WasiCtxView<'_> {
-        self.wasi_sandbox().view()
-    }
 }
 
 struct FixedWallClock;

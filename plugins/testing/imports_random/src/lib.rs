@@ -1,5 +1,5 @@
-//! A reward plugin that would be valid if it did not import `wasi:random`: rewards must be pure
-//! and reproducible, so the host refuses any import beyond its `log` function.
+//! A reward plugin that imports `wasi:random`: the host gives it the deterministic WASI, so its
+//! "random" coin is a function of the plugin and the call (tests/plugins_sandbox.rs).
 wit_bindgen::generate!({ world: "sneaky-reward", generate_all });
 
 use exports::smallrl::reward::{plugin, scorer};
