@@ -418,12 +418,13 @@ fn instantiate_world(pre: &InstancePre<StoreState>, limits: PluginLimits, kind: 
     }
 }
 
-/// Gives the store the fuel of a call over `samples` samples and a fresh wall-clock deadline.
+/// Gives the store the fuel and judge budget of a call over `samples` samples and a fresh
+/// wall-clock deadline (which the judge's time counts against).
 fn set_budget(store: &mut Store<StoreState>, limits: PluginLimits, samples: usize) -> wasmtime::Result<()> {
     let fuel = limits.fuel_for(samples);
     store.set_fuel(fuel)?;
     store.data_mut().start_call(fuel);
-    store.data_mut().set_deadline_ticks(deadline_ticks(limits));
+    *store.data_mut().judge_budget_mut() = super::judge::JudgeBudget::for_call(&limits, samples);
     store.set_epoch_deadline(deadline_ticks(limits));
     Ok(())
 }

@@ -4,22 +4,9 @@
 //! Architecture invariant: the store's state is plain data; the engine (`engine.rs`) writes the
 //! guest's log into it and failures (`failure.rs`) read it, neither knowing plugin lifecycles.
 
-use std::sync::{Arc, Mutex};
-
 use wasmtime::ResourceLimiter;
 
-/// One item to judge: named fields that fill the judge's template placeholders.
-pub type JudgeItem = Vec<(String, String)>;
-
-/// A judge (the `judge` import, `judge.rs`): one score in [0, 1] per item, in order, or why not.
-pub trait Judge: Send {
-    fn judge(&mut self, items: &[JudgeItem]) -> Result<Vec<f64>, String>;
-    /// What errors call it ("judge models/judge (parse_integer)").
-    fn describe(&self) -> String;
-}
-
-/// A judge shared by the plugins that may call it.
-pub type SharedJudge = Arc<Mutex<dyn Judge>>;
+use super::judge::{JudgeBudget, SharedJudge};
 
 /// A component instance has a few internal core instances, memories and tables; more than this
 /// is not a text reward.
@@ -37,13 +24,13 @@ pub struct StoreState {
     logs: Vec<String>,
     /// The judge the `judge` import calls (None: the import answers an error).
     judge: Option<SharedJudge>,
-    /// The wall-clock deadline of a call in epoch ticks (restarted after a judge call).
-    deadline_ticks: u64,
+    /// What the judge may still do in the current call (reset by every call).
+    judge_budget: JudgeBudget,
 }
 
 impl StoreState {
     pub fn new(max_memory_bytes: usize) -> Self {
-        Self { max_memory_bytes, fuel_budget: 0, memory_limit_hit: None, logs: Vec::new(), judge: None, deadline_ticks: 0 }
+        Self { max_memory_bytes, fuel_budget: 0, memory_limit_hit: None, logs: Vec::new(), judge: None, judge_budget: Default::default() }
     }
 
     /// A call (or an instantiation) starts with `fuel` and an empty log.
@@ -60,12 +47,12 @@ impl StoreState {
         self.judge.as_ref()
     }
 
-    pub fn set_deadline_ticks(&mut self, ticks: u64) {
-        self.deadline_ticks = ticks;
+    pub fn judge_budget(&self) -> &JudgeBudget {
+        &self.judge_budget
     }
 
-    pub fn deadline_ticks(&self) -> u64 {
-        self.deadline_ticks
+    pub fn judge_budget_mut(&mut self) -> &mut JudgeBudget {
+        &mut self.judge_budget
     }
 
     pub fn record_log(&mut self, message: String) {

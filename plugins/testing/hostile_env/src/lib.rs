@@ -5,6 +5,13 @@
 //! host's checks can be tested: "no_hackable", "hackable_string", "not_object", "huge_prompt",
 //! "empty_prompt", "wrong_count", "loop" (generate never ends), "nan" (a NaN score),
 //! "bad_role", "same_splits" (train and eval prompts identical), "short_scores".
+//!
+//! Built with the feature `judge` (target/test-plugins/hostile_env_judge.wasm) it imports the
+//! host's judge, and these modes call it (one item `[("text", completion)]` per sample unless
+//! said otherwise): "judge_ok" (the retain component is the judge's score), "judge_loop"
+//! (one-item calls in an endless loop from `score`, ignoring errors), "judge_max_items" (one
+//! call of 65,536 items), "judge_bytes:N" (one item of N bytes), "judge_generate",
+//! "judge_monitor", "judge_ground_truth" (the loop from that export).
 
 use serde_json::{Map, Value};
 use smallrl_plugin_sdk::{Component, Environment, Judgement, Param, Params, Plugin, Prompt, PromptContent, Sample, Split};
@@ -63,7 +70,18 @@ impl Environment for HostileEnv {
             }
             _ => {}
         }
+        self.judge_in("judge_generate");
         Ok(prompts)
+    }
+
+    fn judge_batch(&self, samples: &[Sample]) -> Result<Vec<Judgement>, String> {
+        let mut judgements: Vec<Judgement> = samples.iter().map(|sample| self.judge(sample)).collect();
+        if let Some(scores) = self.judge_scores(samples)? {
+            for (judgement, score) in judgements.iter_mut().zip(scores) {
+                judgement.components[0] = score;
+            }
+        }
+        Ok(judgements)
     }
 
     fn judge(&self, sample: &Sample) -> Judgement {
@@ -74,11 +92,54 @@ impl Environment for HostileEnv {
     }
 
     fn monitor(&self, sample: &Sample) -> bool {
+        self.judge_in("judge_monitor");
         sample.completion.contains("hack")
     }
 
     fn ground_truth(&self, sample: &Sample) -> bool {
+        self.judge_in("judge_ground_truth");
         sample.completion.contains("hack")
+    }
+}
+
+#[cfg(feature = "judge")]
+impl HostileEnv {
+    /// One-item judge calls in an endless loop when the mode is `mode` (errors ignored).
+    fn judge_in(&self, mode: &str) {
+        if self.mode == mode {
+            judge_loop();
+        }
+    }
+
+    /// The judge's scores for `samples` as the mode asks (None: the mode does not judge).
+    fn judge_scores(&self, samples: &[Sample]) -> Result<Option<Vec<f64>>, String> {
+        use smallrl_plugin_sdk::environment::host_judge;
+        let item = |text: String| vec![("text".to_string(), text)];
+        match self.mode.as_str() {
+            "judge_ok" => host_judge(&samples.iter().map(|s| item(s.completion.clone())).collect::<Vec<_>>()).map(Some),
+            "judge_loop" => judge_loop(),
+            "judge_max_items" => host_judge(&vec![item("x".into()); 65_536]).map(|_| None),
+            mode => match mode.strip_prefix("judge_bytes:") {
+                Some(bytes) => host_judge(&[item("x".repeat(bytes.parse().map_err(|_| "judge_bytes:N needs a number")?))]).map(|_| None),
+                None => Ok(None),
+            },
+        }
+    }
+}
+
+#[cfg(feature = "judge")]
+fn judge_loop() -> ! {
+    loop {
+        let _ = smallrl_plugin_sdk::environment::host_judge(&[vec![("text".to_string(), "again".to_string())]]);
+    }
+}
+
+#[cfg(not(feature = "judge"))]
+impl HostileEnv {
+    fn judge_in(&self, _mode: &str) {}
+
+    fn judge_scores(&self, _samples: &[Sample]) -> Result<Option<Vec<f64>>, String> {
+        Ok(None)
     }
 }
 
