@@ -502,3 +502,37 @@ fn a_resumed_environment_run_repeats_the_uninterrupted_one() {
     assert_eq!(a, b, "the resumed run's metrics");
     assert!(a[0]["env/sorting/copy_rate"].is_number());
 }
+
+/// Purity where it matters: an environment whose `generate` depends on how often it was called
+/// (hostile_env "impure": "eval 0" in an instance's first call, "eval 0 call 2" in its second)
+/// is refused where a run, `eval` (`evaluation_prompts`) or `--resume` takes its prompts, naming
+/// the environment's file, the split and the first differing prompt; the pure mode passes.
+#[test]
+fn an_impure_environment_is_refused_where_its_prompts_are_taken() {
+    let path = test_plugin("hostile_env");
+    let cfg = smallrl::train::TrainConfig::default();
+    let render = smallrl::train::prompts::PromptRender::Raw;
+    let load = |mode: &str| RewardModel::load_environment(path.to_str().unwrap(), Some(&serde_json::json!({"mode": mode})), KNOBS, &plugin_dir(), PluginLimits::default()).unwrap();
+    let mut impure = load("impure");
+    impure.generate(EnvSplit::Train, 2, 1, 0.5).unwrap();
+    let error = format!("{:#}", smallrl::train::task::evaluation_prompts(&mut impure, 3, &cfg, &render).unwrap_err());
+    let want = format!(
+        "environment hostile_env ({}) is not pure: its eval prompts (seed 99) differ when a fresh instance generates them, from prompt 0: \
+         Text(\"eval 0 call 2\") from the run's instance, Text(\"eval 0\") from a fresh one",
+        path.display()
+    );
+    assert!(error.contains(&want), "{error}");
+    let mut pure = load("ok");
+    pure.generate(EnvSplit::Train, 2, 1, 0.5).unwrap();
+    let prompts = smallrl::train::task::evaluation_prompts(&mut pure, 3, &cfg, &render).unwrap();
+    assert_eq!(prompts.iter().map(|p| p.text.as_str()).collect::<Vec<_>>(), ["eval 0", "eval 1", "eval 2"]);
+    // A run takes its training prompts, then its evaluation prompts: refused before any step.
+    let out = tempfile::tempdir().unwrap();
+    let output = common::smallrl(&[
+        "train", "--environment", path.to_str().unwrap(), "--set", r#"environment_params={"mode": "impure"}"#, "--model",
+        common::fixture("tiny-stories").to_str().unwrap(), "--output-dir", out.path().to_str().unwrap(), "--max-steps", "1", "--device", "cpu",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains("is not pure: its eval prompts (seed 99) differ") && stderr.contains("Text(\"eval 0 call 2\")"), "{stderr}");
+}

@@ -12,7 +12,7 @@
 
 use std::collections::HashSet;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result, bail, ensure};
 
 use super::TrainConfig;
 use super::prompts::{self, PromptRender};
@@ -101,7 +101,24 @@ fn environment_prompts(rewards: &mut RewardModel, split: EnvSplit, count: usize,
     let generated = rewards.generate(split, count, seed, cfg.hack_frac)?;
     let name = rewards.environment_name().unwrap_or("?").to_string();
     let file = environment_file(rewards);
+    // Purity: a fresh instance must generate the same prompts, else `eval`, `eval --deploy`,
+    // `--resume` and a sweep's collection (each a process of its own) would use other ones.
+    let again = rewards.generate_fresh(split, count, seed, cfg.hack_frac)?;
+    if let Some(index) = (0..count).find(|&index| generated[index] != again[index]) {
+        bail!(
+            "environment {name} ({file}) is not pure: its {split} prompts (seed {seed}) differ when a fresh instance generates them, \
+             from prompt {index}: {} from the run's instance, {} from a fresh one; `generate` must depend on its parameters and arguments \
+             only (no state kept between calls), else `smallrl eval`, `--resume` and sweeps would use other prompts than this run",
+            shown_prompt(&generated[index]),
+            shown_prompt(&again[index])
+        );
+    }
     prompts::from_environment(generated, render).with_context(|| format!("environment {name} ({file}): its {split} prompts"))
+}
+
+/// An environment's prompt as a message shows it (bounded, control characters replaced).
+fn shown_prompt(prompt: &crate::reward::EnvPrompt) -> String {
+    crate::plugins::text::shown(&format!("{:?}", prompt.content))
 }
 
 /// The environment's file as messages show it.

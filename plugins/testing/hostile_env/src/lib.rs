@@ -4,7 +4,8 @@
 //! ground truth flag "hack"); every other mode breaks one rule of the contract so that the
 //! host's checks can be tested: "no_hackable", "hackable_string", "not_object", "huge_prompt",
 //! "empty_prompt", "wrong_count", "loop" (generate never ends), "nan" (a NaN score),
-//! "bad_role", "same_splits" (train and eval prompts identical), "short_scores".
+//! "bad_role", "same_splits" (train and eval prompts identical), "short_scores", "impure" (prompt
+//! i of the n-th `generate` call of an instance is "s i" in its first call, "s i call n" after).
 //!
 //! Built with the feature `judge` (target/test-plugins/hostile_env_judge.wasm) it imports the
 //! host's judge, and these modes call it (one item `[("text", completion)]` per sample unless
@@ -48,7 +49,11 @@ impl Environment for HostileEnv {
             (_, "same_splits") | (Split::Train, _) => "train",
             (Split::Eval, _) => "eval",
         };
-        let mut prompts: Vec<Prompt> = (0..count).map(|i| Prompt::text(format!("{name} {i}"), i % 2 == 0, i % 3 == 0, [("index", Value::from(i))])).collect();
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let suffix = if self.mode == "impure" && call > 1 { format!(" call {call}") } else { String::new() };
+        let mut prompts: Vec<Prompt> =
+            (0..count).map(|i| Prompt::text(format!("{name} {i}{suffix}"), i % 2 == 0, i % 3 == 0, [("index", Value::from(i))])).collect();
         let first = &mut prompts[0];
         match self.mode.as_str() {
             "no_hackable" => {
