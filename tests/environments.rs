@@ -514,11 +514,10 @@ fn an_impure_environment_is_refused_where_its_prompts_are_taken() {
     let render = smallrl::train::prompts::PromptRender::Raw;
     let load = |mode: &str| RewardModel::load_environment(path.to_str().unwrap(), Some(&serde_json::json!({"mode": mode})), KNOBS, &plugin_dir(), PluginLimits::default()).unwrap();
     let mut impure = load("impure");
-    impure.generate(EnvSplit::Train, 2, 1, 0.5).unwrap();
     let error = format!("{:#}", smallrl::train::task::evaluation_prompts(&mut impure, 3, &cfg, &render).unwrap_err());
     let want = format!(
-        "environment hostile_env ({}) is not pure: its eval prompts (seed 99) differ when a fresh instance generates them, from prompt 0: \
-         Text(\"eval 0 call 2\") from the run's instance, Text(\"eval 0\") from a fresh one",
+        "environment hostile_env ({}) is not pure: its eval prompts (seed 99) differ when generated again, from prompt 0: \
+         Text(\"eval 0\") the first time, Text(\"eval 0 call 2\") the second",
         path.display()
     );
     assert!(error.contains(&want), "{error}");
@@ -534,5 +533,5 @@ fn an_impure_environment_is_refused_where_its_prompts_are_taken() {
     ]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success());
-    assert!(stderr.contains("is not pure: its eval prompts (seed 99) differ") && stderr.contains("Text(\"eval 0 call 2\")"), "{stderr}");
+    assert!(stderr.contains("is not pure: its train prompts (seed 42) differ") && stderr.contains("Text(\"train 0 call 2\")"), "{stderr}");
 }

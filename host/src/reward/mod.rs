@@ -213,14 +213,6 @@ impl RewardModel {
         plugin.generate(split, count, seed, hack_frac)
     }
 
-    /// [`RewardModel::generate`] on a fresh instance of the environment (re-instantiated and
-    /// configured, nothing of earlier calls kept): what `smallrl eval` or `--resume` gets.
-    pub fn generate_fresh(&mut self, split: EnvSplit, count: usize, seed: u64, hack_frac: f64) -> Result<Vec<EnvPrompt>> {
-        let plugin = self.environment.as_mut().context("the run has no environment: its prompts come from prompt files")?;
-        plugin.reinstantiate()?;
-        plugin.generate(split, count, seed, hack_frac)
-    }
-
     /// Whether the run's environment imports the host's judge (`smallrl:reward/judge`).
     pub fn wants_judge(&self) -> bool {
         self.environment.as_ref().is_some_and(Plugin::imports_judge)

@@ -101,14 +101,16 @@ fn environment_prompts(rewards: &mut RewardModel, split: EnvSplit, count: usize,
     let generated = rewards.generate(split, count, seed, cfg.hack_frac)?;
     let name = rewards.environment_name().unwrap_or("?").to_string();
     let file = environment_file(rewards);
-    // Purity: a fresh instance must generate the same prompts, else `eval`, `eval --deploy`,
-    // `--resume` and a sweep's collection (each a process of its own) would use other ones.
-    let again = rewards.generate_fresh(split, count, seed, cfg.hack_frac)?;
+    // Purity: the same call again must give the same prompts, else `eval`, `eval --deploy`,
+    // `--resume` and a sweep's collection (each a process of its own, calling in another order)
+    // would use other ones than the run. Without capabilities, what a call keeps is the only
+    // way to differ.
+    let again = rewards.generate(split, count, seed, cfg.hack_frac)?;
     if let Some(index) = (0..count).find(|&index| generated[index] != again[index]) {
         bail!(
-            "environment {name} ({file}) is not pure: its {split} prompts (seed {seed}) differ when a fresh instance generates them, \
-             from prompt {index}: {} from the run's instance, {} from a fresh one; `generate` must depend on its parameters and arguments \
-             only (no state kept between calls), else `smallrl eval`, `--resume` and sweeps would use other prompts than this run",
+            "environment {name} ({file}) is not pure: its {split} prompts (seed {seed}) differ when generated again, \
+             from prompt {index}: {} the first time, {} the second; `generate` must depend on its parameters and arguments \
+             only (no state kept between calls), else `smallrl eval`, `--resume` and sweeps would use other prompts than the run",
             shown_prompt(&generated[index]),
             shown_prompt(&again[index])
         );
