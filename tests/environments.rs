@@ -535,3 +535,30 @@ fn an_impure_environment_is_refused_where_its_prompts_are_taken() {
     assert!(!output.status.success());
     assert!(stderr.contains("is not pure: its train prompts (seed 42) differ") && stderr.contains("Text(\"train 0 call 2\")"), "{stderr}");
 }
+
+/// Chat messages in a raw-format run are refused naming the environment's file and what to set.
+#[test]
+fn chat_messages_in_a_raw_run_name_the_environments_file() {
+    let path = test_plugin("hostile_env");
+    let mut model = RewardModel::load_environment(path.to_str().unwrap(), Some(&serde_json::json!({"mode": "messages"})), KNOBS, &plugin_dir(), PluginLimits::default()).unwrap();
+    let render = smallrl::train::prompts::PromptRender::Raw;
+    let error = format!("{:#}", smallrl::train::task::evaluation_prompts(&mut model, 2, &smallrl::train::TrainConfig::default(), &render).unwrap_err());
+    let want = format!("environment hostile_env ({}): its eval prompts: prompt 0: a `messages` conversation needs a chat template: set prompt_format: chat", path.display());
+    assert!(error.contains(&want), "{error}");
+}
+
+/// A prompt in both splits stops the run naming the environment's file and the prompt.
+#[test]
+fn shared_splits_stop_a_run_naming_the_environments_file() {
+    let path = test_plugin("hostile_env");
+    let out = tempfile::tempdir().unwrap();
+    let output = common::smallrl(&[
+        "train", "--environment", path.to_str().unwrap(), "--set", r#"environment_params={"mode": "same_splits"}"#, "--model",
+        common::fixture("tiny-stories").to_str().unwrap(), "--output-dir", out.path().to_str().unwrap(), "--max-steps", "1", "--device", "cpu",
+        "--num-prompts", "8", "--eval-samples", "4",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    let want = format!("environment hostile_env ({}): 4 of its 4 evaluation prompts are also training prompts, e.g. \"train 0\"", path.display());
+    assert!(stderr.contains(&want), "{stderr}");
+}

@@ -440,3 +440,17 @@ fn topic_at_its_canonical_settings_stays_within_the_default_judge_budget() {
     let want = format!("{} tokens so far, over the budget of {} ({} per sample for 1 samples)", needs[0], needs[0] - 1, needs[0] - 1);
     assert!(error.contains(&want) && error.contains("plugin_judge_tokens_per_sample"), "{error}");
 }
+
+/// The judge's refusals name the environment's file and say what to do.
+#[test]
+fn the_judges_refusals_name_the_environments_file() {
+    let judge = serde_json::to_value(judge_config(JudgeMode::AnswerLogprobs)).unwrap();
+    let error = |extra: Value| format!("{:#}", smallrl::train::task::rewards(&train_config(extra)).err().expect("refused"));
+    let missing = error(serde_json::json!({"environment": "topic"}));
+    let topic = plugin_dir().join("topic.wasm");
+    assert!(missing.contains(&format!("environment topic imports the host's judge ({}: its rewards ask a language model)", topic.display())), "{missing}");
+    let unused = error(serde_json::json!({"environment": "sorting", "judge": judge}));
+    let sorting = plugin_dir().join("sorting.wasm");
+    let want = format!("environment sorting does not import the judge ({} has no `smallrl:reward/judge` import): it would never be called; remove `judge:`", sorting.display());
+    assert!(unused.contains(&want), "{unused}");
+}

@@ -4,7 +4,8 @@
 //! ground truth flag "hack"); every other mode breaks one rule of the contract so that the
 //! host's checks can be tested: "no_hackable", "hackable_string", "not_object", "huge_prompt",
 //! "empty_prompt", "wrong_count", "loop" (generate never ends), "nan" (a NaN score),
-//! "bad_role", "same_splits" (train and eval prompts identical), "short_scores", "impure" (prompt
+//! "bad_role", "messages" (valid chat messages, for a raw-format run), "same_splits" (train and
+//! eval prompts identical), "short_scores", "impure" (prompt
 //! i of the n-th `generate` call of an instance is "s i" in its first call, "s i call n" after).
 //!
 //! Built with the feature `judge` (target/test-plugins/hostile_env_judge.wasm) it imports the
@@ -65,6 +66,7 @@ impl Environment for HostileEnv {
             "huge_prompt" => first.content = PromptContent::Text("x".repeat(100_000)),
             "empty_prompt" => first.content = PromptContent::Text("  ".into()),
             "bad_role" => first.content = PromptContent::Messages(vec![("robot".into(), "hi".into())]),
+            "messages" => first.content = PromptContent::Messages(vec![("user".into(), "hi".into())]),
             "not_object" => first.metadata = Map::new(),
             "wrong_count" => prompts.push(prompts[0].clone()),
             "loop" => {
