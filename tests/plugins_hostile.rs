@@ -326,3 +326,60 @@ fn judge_in_child(mode: &str) {
     let peak = status.lines().find_map(|line| line.strip_prefix("VmHWM:")).unwrap().trim().trim_end_matches(" kB").to_string();
     println!("outcome={outcome}\npeak_kb={peak}");
 }
+
+/// hostile_env_judge in `mode` over `samples` samples with a real judge (`config`), under a
+/// judge token budget of `tokens_per_sample`: the call's error, or "ok".
+fn with_model_judge(config: serde_json::Value, mode: &str, samples: usize, tokens_per_sample: u64) -> String {
+    let judge = smallrl::judge::ModelJudge::load(&serde_json::from_value(config).unwrap(), tch::Device::Cpu).unwrap();
+    let limits = roomy_limits().with_judge_budget(smallrl::defaults::PLUGIN_JUDGE_ITEMS_PER_SAMPLE, tokens_per_sample).unwrap();
+    let mut plugin = Plugin::load(&test_plugin("hostile_env_judge"), &format!(r#"{{"mode": "{mode}"}}"#), limits).unwrap();
+    plugin.set_judge(Arc::new(Mutex::new(judge)));
+    match plugin.score_environment(&Batch::new(&env_samples(samples))) {
+        Ok(_) => "ok".into(),
+        Err(error) => format!("{error:#}"),
+    }
+}
+
+/// The real judge in both modes: a sample's tokens are its prompt's plus, in parse_integer,
+/// the 4 it may generate (answer_logprobs generates none), so a budget one token short of that
+/// is refused before the model runs; a loop of calls stops at the items budget (2 samples: the
+/// 9th call).
+#[test]
+fn the_model_judge_is_bounded_in_both_modes() {
+    common::one_thread();
+    let started = Instant::now();
+    let model = common::fixture("tiny-stories");
+    let tokenizer = smallrl::model::Tokenizer::from_file(&model.join("tokenizer.json")).unwrap();
+    let prompt_tokens = tokenizer.encode("Rate the text: ok").unwrap().len() as u64;
+    for (mode, generated) in [("parse_integer", 4), ("answer_logprobs", 0)] {
+        let config = serde_json::json!({"model": model, "template": "Rate the text: {text}", "mode": mode});
+        let needs = prompt_tokens + generated;
+        assert_eq!(with_model_judge(config.clone(), "judge_ok", 1, needs), "ok", "{mode}");
+        let error = with_model_judge(config.clone(), "judge_ok", 1, needs - 1);
+        assert!(error.contains(&over_budget(1, "tokens", needs, needs - 1, 1)), "{mode}: {error}");
+        let error = with_model_judge(config, "judge_loop", 2, 1024);
+        assert!(error.contains(&over_budget(9, "items", 9, 4, 2)), "{mode}: {error}");
+    }
+    assert!(started.elapsed() < Duration::from_secs(60), "took {:?}", started.elapsed());
+}
+
+/// A chat judge (SmolLM2, its chat template): the tokens counted are those of the rendered
+/// chat prompt (plus 4 generated), and an item over its bound (8192 tokens x 32 bytes) is
+/// refused before anything is tokenized.
+#[test]
+fn a_chat_judge_counts_its_rendered_prompt_and_bounds_its_items() {
+    common::one_thread();
+    let started = Instant::now();
+    let model = common::real_model_dir();
+    let config = serde_json::json!({"model": model, "template": "Rate the text: {text}", "mode": "parse_integer"});
+    let judge = smallrl::judge::ModelJudge::load(&serde_json::from_value(config.clone()).unwrap(), tch::Device::Cpu).unwrap();
+    let rendered = judge.prompt(&vec![("text".to_string(), "ok".to_string())]).unwrap();
+    assert!(rendered.contains("<|im_start|>user\nRate the text: ok"), "{rendered}");
+    let tokenizer = smallrl::model::Tokenizer::from_file(&model.join("tokenizer.json")).unwrap();
+    let needs = tokenizer.encode(&rendered).unwrap().len() as u64 + 4;
+    let error = with_model_judge(config.clone(), "judge_ok", 1, needs - 1);
+    assert!(error.contains(&over_budget(1, "tokens", needs, needs - 1, 1)), "{error}");
+    let error = with_model_judge(config, "judge_bytes:300000", 1, 1024);
+    assert!(error.contains("judge item 0 has 300004 bytes, over the 262144 bytes any item of judge"), "{error}");
+    assert!(started.elapsed() < Duration::from_secs(120), "took {:?}", started.elapsed());
+}
