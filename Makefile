@@ -50,6 +50,9 @@ plugins:
 	@# Three invocations: the SDK is built with feature `reward`, `detector` or `environment`.
 	$(CARGO) build --quiet --release --target $(WASM_TARGET) $(addprefix -p ,$(REWARD_PLUGINS) $(TEST_PLUGINS))
 	$(CARGO) build --quiet --release --target $(WASM_TARGET) $(addprefix -p ,$(DETECTOR_PLUGINS))
+	@# The hostile environment that calls the judge first (a feature), kept under its own name.
+	$(CARGO) build --quiet --release --target $(WASM_TARGET) -p testplugin_hostile_env --features judge
+	@cp -p $(WASM_BUILD)/testplugin_hostile_env.wasm $(WASM_BUILD)/hostile_env_judge.wasm
 	$(CARGO) build --quiet --release --target $(WASM_TARGET) $(addprefix -p ,$(ENVIRONMENT_PLUGINS)) -p testplugin_hostile_env
 	@# One build per hostile behaviour (a Cargo feature each), kept under its own name.
 	@for mode in $(HOSTILE_MODES); do \
@@ -61,6 +64,7 @@ plugins:
 		$(WASM_BUILD)/happy_count.wasm=plugins/happy.wasm \
 		$(foreach p,$(TEST_PLUGINS),$(WASM_BUILD)/$(p).wasm=target/test-plugins/$(p:testplugin_%=%).wasm) \
 		$(foreach m,$(HOSTILE_MODES),$(WASM_BUILD)/hostile_$(m).wasm=target/test-plugins/hostile_$(m).wasm) \
-		$(WASM_BUILD)/testplugin_hostile_env.wasm=target/test-plugins/hostile_env.wasm
+		$(WASM_BUILD)/testplugin_hostile_env.wasm=target/test-plugins/hostile_env.wasm \
+		$(WASM_BUILD)/hostile_env_judge.wasm=target/test-plugins/hostile_env_judge.wasm
 	@# A core module (not a component) for the test that the host rejects it helpfully.
 	@cp -p $(WASM_BUILD)/happy_count.wasm target/test-plugins/core_module.wasm

@@ -214,3 +214,47 @@ fn math_reads_gsm8k_from_the_hf_cache() {
     let error = String::from_utf8_lossy(&missing.stderr);
     assert!(!missing.status.success() && error.contains("openai/gsm8k") && error.contains("not in the HF cache"), "{error}");
 }
+
+/// Hostile `hf-dataset` rows reach the sandbox only through `configure`, which refuses them by
+/// name: a row whose `question` is a number, a split without the `answer` column, and a 70 MB
+/// answer (over the plugin's 64 MiB memory: the memory limit's message, naming its setting).
+/// Each in a process of its own, bounded in time.
+#[test]
+fn hostile_hf_dataset_rows_are_refused_by_name() {
+    let write = |home: &std::path::Path, script: &str| {
+        let code = format!(
+            "import os, pyarrow as pa, pyarrow.parquet as pq\n\
+             repo = os.path.join({home:?}, 'hub', 'datasets--evil--gsm')\n\
+             os.makedirs(os.path.join(repo, 'refs'), exist_ok=True)\n\
+             open(os.path.join(repo, 'refs', 'main'), 'w').write('0123456789abcdef0123456789abcdef01234567')\n\
+             folder = os.path.join(repo, 'snapshots', '0123456789abcdef0123456789abcdef01234567', 'main')\n\
+             os.makedirs(folder, exist_ok=True)\n\
+             ok = ['{{}} plants. #### 4'.format(i) for i in range(8)]\n\
+             {script}\n\
+             for split in ['train', 'test']:\n    pq.write_table(table, os.path.join(folder, split + '-00000-of-00001.parquet'))\n",
+            home = home.display().to_string()
+        );
+        let status = std::process::Command::new(common::python()).args(["-c", &code]).status().unwrap();
+        assert!(status.success());
+    };
+    let prompts = |script: &str| {
+        let home = tempfile::tempdir().unwrap();
+        write(home.path(), script);
+        let started = std::time::Instant::now();
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_smallrl"))
+            .env("HF_HOME", home.path())
+            .env("HF_HUB_OFFLINE", "1")
+            .args(["plugin", "prompts", plugin_dir().join("math.wasm").to_str().unwrap(), "--params", r#"{"fewshot": false, "dataset": "evil/gsm:main"}"#, "--count", "2"])
+            .output()
+            .unwrap();
+        assert!(!output.status.success());
+        assert!(started.elapsed() < std::time::Duration::from_secs(60), "took {:?}", started.elapsed());
+        String::from_utf8_lossy(&output.stderr).to_string()
+    };
+    let number = prompts("table = pa.table({'question': list(range(8)), 'answer': ok})");
+    assert!(number.contains("math: evil/gsm") && number.contains("row 0: no string column `question`"), "{number}");
+    let missing = prompts("table = pa.table({'question': ['q {}'.format(i) for i in range(8)]})");
+    assert!(missing.contains("row 0: no string column `answer`"), "{missing}");
+    let huge = prompts("table = pa.table({'question': ['q'] * 8, 'answer': ['x' * (70 << 20) + ' #### 4'] + ok[1:]})");
+    assert!(huge.contains("math.wasm") && huge.contains("over the limit of 64.0 MiB") && huge.contains("plugin_max_memory_mb"), "{huge}");
+}

@@ -324,8 +324,8 @@ impl smallrl::plugins::judge::Judge for FixedJudge {
     }
 }
 
-/// The judge's time is not the guest's: a judge slower than the call's wall-clock limit does
-/// not trip it; a judge answering outside [0, 1] is an error naming it.
+/// The judge's time is the call's: a judge slower than the call's wall-clock limit ends the
+/// call, saying so; a judge answering outside [0, 1] is an error naming it.
 #[test]
 fn the_judge_call_is_bounded_and_checked() {
     let limits = PluginLimits { max_call_time: std::time::Duration::from_millis(300), ..PluginLimits::default() };
@@ -336,8 +336,10 @@ fn the_judge_call_is_bounded_and_checked() {
         let samples = [sample(&prompt.metadata, "An apple."), sample(&prompt.metadata, "A pear.")];
         model.score(&samples, 1)
     };
-    let scored = topic(FixedJudge { score: 0.75, sleep: std::time::Duration::from_millis(900) }).unwrap();
+    let scored = topic(FixedJudge { score: 0.75, sleep: Default::default() }).unwrap();
     assert_eq!(scored.components[0], [0.75, 0.75]);
+    let error = format!("{:#}", topic(FixedJudge { score: 0.75, sleep: std::time::Duration::from_millis(900) }).err().expect("too slow"));
+    assert!(error.contains("call-time limit of 300ms, which counts the judge's time: its 1 judge calls took"), "{error}");
     let error = format!("{:#}", topic(FixedJudge { score: 1.5, sleep: Default::default() }).err().expect("out of range"));
     assert!(error.contains("fixed judge returned 1.5, outside [0, 1]"), "{error}");
     let error = format!("{:#}", topic(FixedJudge { score: f64::NAN, sleep: Default::default() }).err().expect("not a number"));
@@ -399,4 +401,56 @@ fn a_changed_judge_is_refused_like_a_changed_plugin() {
     assert!(!output.status.success());
     assert!(stderr.contains(&format!("{} (sha256 0000 recorded,", weights.display())), "{stderr}");
     assert!(!out.path().join("runs").exists(), "nothing is written");
+}
+
+/// The topic environment at its canonical settings (configs/envs/topic.yaml's judge: template,
+/// parse_integer, 4 new tokens; 64-token completions) stays within the default judge budget,
+/// with SmolLM2 (chat template) as the judge: one item a sample, its tokens the rendered prompt
+/// plus the 4 it may generate. One token less than a sample needs is refused at the first call.
+#[test]
+fn topic_at_its_canonical_settings_stays_within_the_default_judge_budget() {
+    common::one_thread();
+    let cfg = smallrl::train::TrainConfig::resolve(Some(&repo_root().join("configs/envs/topic.yaml")), Default::default()).unwrap();
+    let mut judge_config = cfg.judge.clone().expect("the recipe has a judge");
+    let model_dir = common::real_model_dir();
+    judge_config.model = model_dir.display().to_string();
+    let judge = ModelJudge::load(&judge_config, tch::Device::Cpu).unwrap();
+    let tokenizer = smallrl::model::Tokenizer::from_file(&model_dir.join("tokenizer.json")).unwrap();
+    let completion = "The owl sat on the old branch and looked at the moon while the wind moved through the tall trees, \
+        and then it flew over the quiet river to find a small mouse near the stones by the farm where children played every day";
+    assert!(tokenizer.encode(completion).unwrap().len() >= 40);
+    // A run with a judge: the call's wall-clock limit covers the judge's (slow, debug-built) time.
+    let limits = PluginLimits::new(smallrl::defaults::PLUGIN_MAX_CALL_SECONDS_WITH_JUDGE, 64, smallrl::defaults::PLUGIN_FUEL_PER_SAMPLE).unwrap();
+    let mut model = RewardModel::load_environment("topic", None, KNOBS, &plugin_dir(), limits).unwrap();
+    let prompts = model.generate(EnvSplit::Train, 2, 1, 0.5).unwrap();
+    let samples: Vec<Sample> = prompts.iter().map(|p| sample(&p.metadata, completion)).collect();
+    let needs: Vec<u64> = prompts
+        .iter()
+        .map(|p| {
+            let item = vec![("topic".to_string(), p.metadata["topic_1"].as_str().unwrap().to_string()), ("text".to_string(), completion.to_string())];
+            tokenizer.encode(&judge.prompt(&item).unwrap()).unwrap().len() as u64 + 4
+        })
+        .collect();
+    assert!(needs.iter().all(|&n| n <= smallrl::defaults::PLUGIN_JUDGE_TOKENS_PER_SAMPLE), "{needs:?}");
+    model.attach_judge(Arc::new(Mutex::new(judge)), Default::default()).unwrap();
+    model.score(&samples, 1).unwrap();
+    let mut one = RewardModel::load_environment("topic", None, KNOBS, &plugin_dir(), limits.with_judge_budget(4, needs[0] - 1).unwrap()).unwrap();
+    one.attach_judge(Arc::new(Mutex::new(ModelJudge::load(&judge_config, tch::Device::Cpu).unwrap())), Default::default()).unwrap();
+    let error = format!("{:#}", one.score(&samples[..1], 1).err().expect("one token short"));
+    let want = format!("{} tokens so far, over the budget of {} ({} per sample for 1 samples)", needs[0], needs[0] - 1, needs[0] - 1);
+    assert!(error.contains(&want) && error.contains("plugin_judge_tokens_per_sample"), "{error}");
+}
+
+/// The judge's refusals name the environment's file and say what to do.
+#[test]
+fn the_judges_refusals_name_the_environments_file() {
+    let judge = serde_json::to_value(judge_config(JudgeMode::AnswerLogprobs)).unwrap();
+    let error = |extra: Value| format!("{:#}", smallrl::train::task::rewards(&train_config(extra)).err().expect("refused"));
+    let missing = error(serde_json::json!({"environment": "topic"}));
+    let topic = plugin_dir().join("topic.wasm");
+    assert!(missing.contains(&format!("environment topic imports the host's judge ({}: its rewards ask a language model)", topic.display())), "{missing}");
+    let unused = error(serde_json::json!({"environment": "sorting", "judge": judge}));
+    let sorting = plugin_dir().join("sorting.wasm");
+    let want = format!("environment sorting does not import the judge ({} has no `smallrl:reward/judge` import): it would never be called; remove `judge:`", sorting.display());
+    assert!(unused.contains(&want), "{unused}");
 }

@@ -64,8 +64,9 @@ pub const TENSORBOARD: bool = true;
 pub const LOG_COMPLETIONS: bool = false;
 
 // Plugin sandbox limits per call (`plugin_max_memory_mb`, `plugin_fuel_per_sample`,
-// `plugin_max_call_seconds`): generous for text rewards (512 completions take about 1 ms and
-// under 2 MiB), small enough that a runaway plugin fails fast.
+// `plugin_max_call_seconds`, `plugin_judge_items_per_sample`, `plugin_judge_tokens_per_sample`):
+// generous for text rewards (512 completions take about 1 ms and under 2 MiB) and for the
+// topic environment's judge, small enough that a runaway plugin fails fast.
 pub const PLUGIN_MAX_MEMORY_MB: usize = 64;
 /// Fuel is counted in WebAssembly instructions (deterministic). The standard rewards and
 /// detectors need at most 30,000 for a sample of 140 words (measured with `smallrl plugin score
@@ -80,8 +81,25 @@ pub const PLUGIN_FUEL_PER_SAMPLE: u64 = 10_000_000;
 /// 5 to 10 prompts (rejection sampling into per-length quotas), under 5 million from 64 on.
 /// Still a fixed function of the key: the deterministic bound stays the bound.
 pub const PLUGIN_INTERPRETED_FUEL_FACTOR: u64 = 16;
-/// The wall-clock backstop for what fuel does not count.
+/// The wall-clock backstop for what fuel and the judge budget do not count; it covers the whole
+/// call, the judge's time included.
 pub const PLUGIN_MAX_CALL_SECONDS: f64 = 10.0;
+/// `plugin_max_call_seconds` left at its default in a run with a judge: the judge's time counts
+/// in the call, and a real judge model is slow (SmolLM2-135M as the judge took 18.9 s for 4
+/// items, 4 new tokens each, on a busy 2-core machine); its work is bounded by the counted
+/// budget below, this only catches a judge that hangs.
+pub const PLUGIN_MAX_CALL_SECONDS_WITH_JUDGE: f64 = 600.0;
+/// Judge items (`judge` import) a plugin call may send per sample, counted over all its judge
+/// calls: the topic environment's coherence judge sends 1 item per sample; 4 leaves room for an
+/// environment that asks a few questions per sample, and a loop of one-item calls over a batch
+/// of 8 stops at its 33rd call (0.2 s with the tiny-stories judge).
+pub const PLUGIN_JUDGE_ITEMS_PER_SAMPLE: u64 = 4;
+/// Judge tokens (each item's prompt, template and chat rendering included, plus the most tokens
+/// it may generate) a plugin call may use per sample: the topic environment at its canonical
+/// settings (configs/envs/topic.yaml: 64-token completions, SmolLM2's chat template) needs at
+/// most 174 + 4 per sample (measured with SmolLM2's tokenizer on 200 random 64-token
+/// completions); 1024 holds 4 such items and a longer template.
+pub const PLUGIN_JUDGE_TOKENS_PER_SAMPLE: u64 = 1024;
 
 // Sweeps and charts.
 /// Where `smallrl sweep` puts its runs, logs, summary and charts.
@@ -155,3 +173,8 @@ pub const JUDGE_MAX: i64 = 5;
 pub const JUDGE_MAX_NEW_TOKENS: usize = 4;
 /// Items per forward batch (the original sends 8 items per judge call).
 pub const JUDGE_BATCH_SIZE: usize = 8;
+/// A judge item's fields may have at most this many bytes per token of the judge model's context
+/// (`max_position_embeddings`), checked before the template is filled or anything tokenized:
+/// English text is about 4 bytes a token, so an item over the bound cannot fit the context,
+/// and a hostile 40 MiB item is refused before it costs the host more than its copy.
+pub const JUDGE_ITEM_BYTES_PER_TOKEN: usize = 32;

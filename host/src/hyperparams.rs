@@ -119,7 +119,7 @@ macro_rules! hyperparameters {
         $(#[$ometa:meta])*
         pub struct $overrides:ident;
         flags {
-            $( $(#[doc = $doc:literal])+ $(#[arg($($arg:tt)*)])* $key:ident : $ty:ty = $default:expr, $label:expr $(, [$($prop:ident),*])?; )*
+            $( $(#[doc = $doc:literal])+ $(#[arg($($arg:tt)*)])* $(#[serde($($kserde:tt)*)])* $key:ident : $ty:ty = $default:expr, $label:expr $(, [$($prop:ident),*])?; )*
         }
         file_only {
             $( $(#[doc = $fdoc:literal])+ $(#[serde($($fserde:tt)*)])* $fkey:ident : $fty:ty = $fdefault:expr, $flabel:expr $(, [$($fprop:ident),*])?; )*
@@ -129,7 +129,7 @@ macro_rules! hyperparameters {
         #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
         #[serde(deny_unknown_fields, default)]
         pub struct $config {
-            $( $(#[doc = $doc])+ pub $key: $ty, )*
+            $( $(#[doc = $doc])+ $(#[serde($($kserde)*)])* pub $key: $ty, )*
             $( $(#[doc = $fdoc])+ $(#[serde($($fserde)*)])* pub $fkey: $fty, )*
         }
 

@@ -228,28 +228,47 @@ impl ModelJudge {
 
     /// Scores of items (the trait's call, with anyhow errors).
     pub fn scores(&self, items: &[JudgeItem]) -> Result<Vec<f64>> {
+        self.scores_counted(items, &mut |_| Ok(()))
+    }
+
+    /// [`ModelJudge::scores`] that tells `charge` the tokens of the items' prompts plus the most
+    /// it may generate (parse_integer: `max_new_tokens` an item) before the model runs.
+    fn scores_counted(&self, items: &[JudgeItem], charge: &mut dyn FnMut(u64) -> Result<(), String>) -> Result<Vec<f64>> {
+        let prompts = self.encoded(items)?;
+        let generated = match self.config.mode {
+            JudgeMode::ParseInteger => self.config.max_new_tokens,
+            JudgeMode::AnswerLogprobs => 0,
+        };
+        let tokens: usize = prompts.iter().map(|ids| ids.len() + generated).sum();
+        charge(tokens as u64).map_err(anyhow::Error::msg)?;
         match self.config.mode {
-            JudgeMode::ParseInteger => Ok(self.replies(items)?.iter().map(|reply| first_integer(reply).map_or(0.0, |s| self.scale(s as f64))).collect()),
-            JudgeMode::AnswerLogprobs => self.batched(items, |ids| self.answer_logprobs(&ids)),
+            JudgeMode::ParseInteger => Ok(self.batched(prompts, |ids| self.greedy(ids))?.iter().map(|reply| first_integer(reply).map_or(0.0, |s| self.scale(s as f64))).collect()),
+            JudgeMode::AnswerLogprobs => self.batched(prompts, |ids| self.answer_logprobs(&ids)),
         }
     }
 
     /// parse_integer's greedy replies (decoded, special tokens skipped), one per item.
     pub fn replies(&self, items: &[JudgeItem]) -> Result<Vec<String>> {
-        self.batched(items, |ids| self.greedy(ids))
+        self.batched(self.encoded(items)?, |ids| self.greedy(ids))
     }
 
-    /// `run` over the items' encoded prompts, `batch_size` at a time, without gradients.
-    fn batched<T>(&self, items: &[JudgeItem], run: impl Fn(Vec<Vec<u32>>) -> Result<Vec<T>>) -> Result<Vec<T>> {
+    /// The items' prompts, filled and encoded.
+    fn encoded(&self, items: &[JudgeItem]) -> Result<Vec<Vec<u32>>> {
         let mut prompts = Vec::with_capacity(items.len());
         for (index, item) in items.iter().enumerate() {
-            prompts.push(self.prompt(item).map_err(|e| anyhow::anyhow!("judge item {index}: {e}"))?);
+            let prompt = self.prompt(item).map_err(|e| anyhow::anyhow!("judge item {index}: {e}"))?;
+            let ids = self.tokenizer.encode(&prompt)?;
+            ensure!(!ids.is_empty(), "a judge prompt encodes to no tokens");
+            prompts.push(ids);
         }
-        let mut out = Vec::with_capacity(items.len());
+        Ok(prompts)
+    }
+
+    /// `run` over encoded prompts, `batch_size` at a time, without gradients.
+    fn batched<T>(&self, prompts: Vec<Vec<u32>>, run: impl Fn(Vec<Vec<u32>>) -> Result<Vec<T>>) -> Result<Vec<T>> {
+        let mut out = Vec::with_capacity(prompts.len());
         for chunk in prompts.chunks(self.config.batch_size) {
-            let ids = chunk.iter().map(|p| self.tokenizer.encode(p)).collect::<Result<Vec<_>>>()?;
-            ensure!(ids.iter().all(|i| !i.is_empty()), "a judge prompt encodes to no tokens");
-            out.extend(tch::no_grad(|| run(ids))?);
+            out.extend(tch::no_grad(|| run(chunk.to_vec()))?);
         }
         Ok(out)
     }
@@ -321,6 +340,16 @@ impl ModelJudge {
 impl Judge for ModelJudge {
     fn judge(&mut self, items: &[JudgeItem]) -> Result<Vec<f64>, String> {
         self.scores(items).map_err(|e| format!("{}: {e:#}", self.describe()))
+    }
+
+    fn judge_counted(&mut self, items: &[JudgeItem], charge: &mut dyn FnMut(u64) -> Result<(), String>) -> Result<Vec<f64>, String> {
+        self.scores_counted(items, charge).map_err(|e| format!("{}: {e:#}", self.describe()))
+    }
+
+    /// The judge's context times [`defaults::JUDGE_ITEM_BYTES_PER_TOKEN`]: an item with more
+    /// bytes cannot fit it, and is refused before the template is filled or anything tokenized.
+    fn max_item_bytes(&self) -> Option<usize> {
+        Some(self.model.config.max_position_embeddings.saturating_mul(defaults::JUDGE_ITEM_BYTES_PER_TOKEN))
     }
 
     fn describe(&self) -> String {

@@ -18,6 +18,13 @@ use super::{PluginInfo, PluginKind};
 /// is tokenized and sent back with every sample: an unbounded one would exhaust memory).
 pub const MAX_PROMPT_BYTES: usize = 64 * 1024;
 
+/// The most reward components an environment may declare (the standard ones declare 2): each
+/// is a column of every step's logs and a term of every sample's reward.
+pub const MAX_COMPONENTS: usize = 16;
+/// The most metrics an environment may declare (the standard ones declare at most 2): each is
+/// a mean in every step's metrics.jsonl line (10,000 made a 270 KB line a step).
+pub const MAX_METRICS: usize = 64;
+
 /// Whether a reward component is the task or the hack.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ComponentRole {
@@ -212,6 +219,11 @@ impl Plugin {
 /// The rules of `environment-info` beyond the plugin's: at least one component, at least one
 /// of them `retain`; component and metric names valid and unique among both.
 pub fn check_environment_info(info: &EnvironmentInfo) -> Result<(), String> {
+    for (field, count, most) in [("components", info.components.len(), MAX_COMPONENTS), ("metrics", info.metrics.len(), MAX_METRICS)] {
+        if count > most {
+            return Err(format!("`{field}` has {count} entries, over the most an environment may declare ({most}): declare fewer"));
+        }
+    }
     if !info.components.iter().any(|c| c.role == ComponentRole::Retain) {
         return Err("`components` has no `retain` component: an environment needs at least one (the task)".into());
     }
@@ -293,5 +305,11 @@ mod tests {
         assert!(error(&[("a b", Retain)], &[]).contains("`components[0].name`"));
         assert!(error(&[("task", Retain)], &[""]).contains("`metrics[0]`"));
         assert!(error(&[("task", Retain)], &[&"x".repeat(65)]).contains("1 to 64 bytes"));
+        let names: Vec<String> = (0..65).map(|i| format!("m{i}")).collect();
+        let metrics: Vec<&str> = names.iter().map(String::as_str).collect();
+        assert_eq!(check_environment_info(&info(&[("task", Retain)], &metrics[..64])), Ok(()));
+        assert_eq!(error(&[("task", Retain)], &metrics), "`metrics` has 65 entries, over the most an environment may declare (64): declare fewer");
+        let components: Vec<(&str, ComponentRole)> = metrics[..17].iter().map(|m| (*m, Retain)).collect();
+        assert!(error(&components, &[]).starts_with("`components` has 17 entries, over the most an environment may declare (16)"));
     }
 }

@@ -24,7 +24,8 @@ pub fn describe_failure(error: wasmtime::Error, state: &StoreState, limits: Plug
     if let Some(flood) = error.downcast_ref::<super::wasi::OutputFlood>() {
         return flood.to_string();
     }
-    let trap = error.downcast_ref::<Trap>().copied();
+    // The call-time limit that passed during a judge call ends the call like an interrupt.
+    let trap = if state.judge_budget().late() { Some(Trap::Interrupt) } else { error.downcast_ref::<Trap>().copied() };
     if let Some(desired) = state.memory_limit_hit() {
         return format!(
             "it tried to grow its memory to {:.1} MiB, over the limit of {:.1} MiB \
@@ -32,6 +33,9 @@ pub fn describe_failure(error: wasmtime::Error, state: &StoreState, limits: Plug
             mebibytes(desired),
             mebibytes(limits.max_memory_bytes)
         );
+    }
+    if let Some(why) = state.judge_budget().overrun() {
+        return why.to_string();
     }
     match (trap, state.last_log()) {
         (Some(Trap::OutOfFuel), _) => format!(
@@ -45,9 +49,13 @@ pub fn describe_failure(error: wasmtime::Error, state: &StoreState, limits: Plug
             }
         ),
         (Some(Trap::Interrupt), _) => format!(
-            "it ran longer than the call-time limit of {:?} (an endless loop? if the work is real, raise \
+            "it ran longer than the call-time limit of {:?}{} (an endless loop? if the work is real, raise \
              `plugin_max_call_seconds` in the run config or pass --plugin-max-call-seconds)",
-            limits.max_call_time
+            limits.max_call_time,
+            match state.judge_budget().judge_time() {
+                (0, _) => String::new(),
+                (calls, time) => format!(", which counts the judge's time: its {calls} judge calls took {time:.1?}"),
+            }
         ),
         (Some(Trap::UnreachableCodeReached), Some(message)) => format!("it panicked: {}", shown(&message)),
         (Some(Trap::UnreachableCodeReached), None) => {
@@ -88,8 +96,16 @@ pub fn describe_incompatible(path: &Path, component: &Component, engine: &Engine
             shown(version)
         );
     }
+    // The contract it says it was built against (its exports' version), not necessarily this
+    // host's newest: a 0.2 plugin built with 0.1's sample record fails 0.2's world.
+    let contract = match exported_versions(component, engine).first() {
+        Some(version) => format!("{}@{}", CONTRACT_PREFIX.trim_end_matches('/'), shown(version)),
+        None => CONTRACT.to_string(),
+    };
     anyhow!(
-        "plugin {} does not implement the {CONTRACT} reward, detector or environment world: {}",
+        "plugin {} exports {contract} interfaces but does not implement that contract's reward, detector or environment world \
+         (a type or function differs from the contract's WIT): {}; rebuild the plugin with the SDK of this smallrl (plugins/sdk), \
+         or against that version's WIT (wit/, wit/0.2.0/, wit/0.1.0/) unchanged",
         path.display(),
         shown(&format!("{:#}", anyhow::Error::from(error)))
     )

@@ -462,13 +462,14 @@ fn instantiate_world(pre: &InstancePre<StoreState>, store_kind: &StoreKind, kind
     }
 }
 
-/// Gives the store the fuel of a call over `samples` samples, a fresh wall-clock deadline and
-/// (with WASI) the clock and random stream of `seed`.
+/// Gives the store the fuel and judge budget of a call over `samples` samples, a fresh
+/// wall-clock deadline (which the judge's time counts against) and (with WASI) the clock and
+/// random stream of `seed`.
 fn set_budget(store: &mut Store<StoreState>, limits: PluginLimits, samples: usize, seed: CallSeed) -> wasmtime::Result<()> {
     let fuel = limits.fuel_for(samples);
     store.set_fuel(fuel)?;
     store.data_mut().start_call(fuel, seed);
-    store.data_mut().set_deadline_ticks(deadline_ticks(limits));
+    *store.data_mut().judge_budget_mut() = super::judge::JudgeBudget::for_call(&limits, samples);
     store.set_epoch_deadline(deadline_ticks(limits));
     Ok(())
 }

@@ -113,8 +113,10 @@ pub struct ParamInfo {
 /// how to raise it.
 ///
 /// Fuel is the primary bound: wasmtime counts executed instructions, so a reward that fits on
-/// one machine fits on every machine, and a run is reproducible. The wall-clock limit is the
-/// backstop for what fuel does not count (host calls, a pathological compile).
+/// one machine fits on every machine, and a run is reproducible; the judge budget counts what a
+/// call asks of the host's judge the same way. The wall-clock limit is the backstop for what
+/// they do not count (host calls, a pathological compile); it covers the whole call, the
+/// judge's time included.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PluginLimits {
     /// Largest linear memory a plugin may grow to, in bytes (each of its memories), its
@@ -125,6 +127,11 @@ pub struct PluginLimits {
     /// Fuel (about one unit per WebAssembly instruction) per sample of a batch; a call gets
     /// `fuel_per_sample * max(1, samples)`. `info` and `configure` count as one sample.
     pub fuel_per_sample: u64,
+    /// Judge items a call may send per sample (over all its `judge` calls; counted, so a
+    /// call over it fails at the same place on every machine).
+    pub judge_items_per_sample: u64,
+    /// Judge tokens (prompts plus the most generated) a call may use per sample.
+    pub judge_tokens_per_sample: u64,
 }
 
 impl Default for PluginLimits {
@@ -145,7 +152,21 @@ impl PluginLimits {
         // A 32-bit WebAssembly memory holds at most 4 GiB.
         anyhow::ensure!((1..=4096).contains(&max_memory_mb), "plugin_max_memory_mb must be in [1, 4096], got {max_memory_mb}");
         anyhow::ensure!(fuel_per_sample > 0, "plugin_fuel_per_sample must be positive");
-        Ok(Self { max_memory_bytes: max_memory_mb << 20, max_call_time: Duration::from_secs_f64(max_call_seconds), fuel_per_sample })
+        Ok(Self {
+            max_memory_bytes: max_memory_mb << 20,
+            max_call_time: Duration::from_secs_f64(max_call_seconds),
+            fuel_per_sample,
+            judge_items_per_sample: crate::defaults::PLUGIN_JUDGE_ITEMS_PER_SAMPLE,
+            judge_tokens_per_sample: crate::defaults::PLUGIN_JUDGE_TOKENS_PER_SAMPLE,
+        })
+    }
+
+    /// These limits with the judge budget the config keys `plugin_judge_items_per_sample` and
+    /// `plugin_judge_tokens_per_sample` give.
+    pub fn with_judge_budget(self, items_per_sample: u64, tokens_per_sample: u64) -> anyhow::Result<Self> {
+        anyhow::ensure!(items_per_sample > 0, "plugin_judge_items_per_sample must be positive");
+        anyhow::ensure!(tokens_per_sample > 0, "plugin_judge_tokens_per_sample must be positive");
+        Ok(Self { judge_items_per_sample: items_per_sample, judge_tokens_per_sample: tokens_per_sample, ..self })
     }
 
     /// The limits of a component that imports WASI (a language runtime): the fuel per sample

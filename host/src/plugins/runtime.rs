@@ -134,10 +134,10 @@ fn host_linker(engine: &Engine) -> Result<Linker<StoreState>> {
     let mut judge = linker.instance(super::judge::JUDGE_INTERFACE).map_err(anyhow::Error::from)?;
     judge
         .func_wrap("judge", |mut store, (items,): (Vec<super::judge::JudgeItem>,)| {
-            let (scores, _took) = super::judge::call(store.data().judge(), &items);
-            // The judge's time is not the guest's: the call's wall-clock limit restarts.
-            let ticks = store.data().deadline_ticks();
-            store.set_epoch_deadline(ticks);
+            // Counted against the call's judge budget (over it: the call traps); the judge's
+            // time counts in the call's wall-clock limit.
+            let judge = store.data().judge().cloned();
+            let scores = super::judge::call(judge.as_ref(), store.data_mut().judge_budget_mut(), &items)?;
             Ok((scores,))
         })
         .map_err(anyhow::Error::from)?;

@@ -5,24 +5,10 @@
 //! guest's log into it and failures (`failure.rs`) read it, neither knowing plugin lifecycles.
 //! Only a component that imports WASI has a [`Sandbox`] (`wasi.rs`).
 
-use std::sync::{Arc, Mutex};
-
 use wasmtime::ResourceLimiter;
 
+use super::judge::{JudgeBudget, SharedJudge};
 use super::wasi::{CallSeed, HasSandbox, Sandbox};
-
-/// One item to judge: named fields that fill the judge's template placeholders.
-pub type JudgeItem = Vec<(String, String)>;
-
-/// A judge (the `judge` import, `judge.rs`): one score in [0, 1] per item, in order, or why not.
-pub trait Judge: Send {
-    fn judge(&mut self, items: &[JudgeItem]) -> Result<Vec<f64>, String>;
-    /// What errors call it ("judge models/judge (parse_integer)").
-    fn describe(&self) -> String;
-}
-
-/// A judge shared by the plugins that may call it.
-pub type SharedJudge = Arc<Mutex<dyn Judge>>;
 
 /// A component instance has a few internal core instances, memories and tables; more than this
 /// is not a text reward.
@@ -40,8 +26,8 @@ pub struct StoreState {
     logs: Vec<String>,
     /// The judge the `judge` import calls (None: the import answers an error).
     judge: Option<SharedJudge>,
-    /// The wall-clock deadline of a call in epoch ticks (restarted after a judge call).
-    deadline_ticks: u64,
+    /// What the judge may still do in the current call (reset by every call).
+    judge_budget: JudgeBudget,
     /// The deterministic WASI of a component that imports it (None for every other).
     wasi: Option<Sandbox>,
 }
@@ -49,7 +35,7 @@ pub struct StoreState {
 impl StoreState {
     /// The state of a store; `wasi` for a component that imports WASI.
     pub fn new(max_memory_bytes: usize, wasi: Option<Sandbox>) -> Self {
-        Self { max_memory_bytes, fuel_budget: 0, memory_limit_hit: None, logs: Vec::new(), judge: None, deadline_ticks: 0, wasi }
+        Self { max_memory_bytes, fuel_budget: 0, memory_limit_hit: None, logs: Vec::new(), judge: None, judge_budget: Default::default(), wasi }
     }
 
     /// A call (or an instantiation) starts with `fuel`, an empty log and, with WASI, the clock,
@@ -67,7 +53,6 @@ impl StoreState {
         self.wasi.is_some()
     }
 
-
     pub fn set_judge(&mut self, judge: Option<SharedJudge>) {
         self.judge = judge;
     }
@@ -76,12 +61,12 @@ impl StoreState {
         self.judge.as_ref()
     }
 
-    pub fn set_deadline_ticks(&mut self, ticks: u64) {
-        self.deadline_ticks = ticks;
+    pub fn judge_budget(&self) -> &JudgeBudget {
+        &self.judge_budget
     }
 
-    pub fn deadline_ticks(&self) -> u64 {
-        self.deadline_ticks
+    pub fn judge_budget_mut(&mut self) -> &mut JudgeBudget {
+        &mut self.judge_budget
     }
 
     pub fn record_log(&mut self, message: String) {

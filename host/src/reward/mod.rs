@@ -197,6 +197,11 @@ impl RewardModel {
         self.environment.as_ref().map(|plugin| plugin.info().name.as_str())
     }
 
+    /// The environment's file (None without one), for messages that must say which file.
+    pub fn environment_file(&self) -> Option<&std::path::Path> {
+        self.environment.as_ref().map(|plugin| plugin.path())
+    }
+
     /// `env/<environment>/<metric>` for each metric the environment reports (empty without one).
     pub fn metric_keys(&self) -> &[String] {
         &self.metric_keys

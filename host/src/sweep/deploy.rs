@@ -32,7 +32,8 @@ fn is_current(entry: &RunEntry) -> Result<bool> {
 }
 
 /// Evaluates every run the protocol applies to that lacks a current deployment, `jobs` children
-/// at a time; a failed evaluation fails the sweep, naming its log.
+/// at a time; a failed evaluation leaves the others to finish, then fails the sweep naming each
+/// failed run, its log and the cause the log ends with.
 pub fn run(output_dir: &Path, entries: &[RunEntry], jobs: usize, launch: &Launch) -> Result<()> {
     let mut pending = Vec::new();
     for entry in entries.iter().filter(|e| applies(e)) {
@@ -43,22 +44,33 @@ pub fn run(output_dir: &Path, entries: &[RunEntry], jobs: usize, launch: &Launch
     println!("[DEPLOY] {} routed run(s) to evaluate for deployment", pending.len());
     let logs = output_dir.join("logs");
     std::fs::create_dir_all(&logs).with_context(|| format!("cannot create {}", logs.display()))?;
+    // Every run is evaluated before a failure stops the sweep: one hostile run spoils no other.
+    let mut failed = Vec::new();
     for batch in pending.chunks(jobs.max(1)) {
         let children = batch.iter().map(|entry| spawn(entry, &logs, launch)).collect::<Result<Vec<(Child, &RunEntry, std::path::PathBuf)>>>()?;
-        // Every child of the batch is waited for before a failure stops the sweep.
-        let mut failed = Vec::new();
         for (mut child, entry, log) in children {
             let status = child.wait().with_context(|| format!("waiting for the deployment evaluation of {}", entry.name))?;
             match status.success() {
                 true => println!("[DEPLOY] {} done", entry.name),
-                false => failed.push(format!("{} ({status}; see {})", entry.name, log.display())),
+                false => {
+                    println!("[DEPLOY] {} FAILED (see {})", entry.name, log.display());
+                    failed.push(format!("{} ({status}; see {}): {}", entry.name, log.display(), logged_cause(&log)));
+                }
             }
         }
-        if !failed.is_empty() {
-            bail!("the deployment evaluation failed for {}", failed.join(", "));
-        }
+    }
+    if !failed.is_empty() {
+        bail!("the deployment evaluation failed for {}", failed.join("; "));
     }
     Ok(())
+}
+
+/// The last line of a failed child's error in its log (before the backtrace): its cause.
+fn logged_cause(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let error = text.split("Stack backtrace:").next().unwrap_or_default();
+    // The child's own error: plugin text in it is already bounded and cleaned.
+    error.lines().map(str::trim).filter(|line| !line.is_empty()).last().unwrap_or("no cause logged").to_string()
 }
 
 fn spawn<'a>(entry: &'a RunEntry, logs: &Path, launch: &Launch) -> Result<(Child, &'a RunEntry, std::path::PathBuf)> {

@@ -376,6 +376,8 @@ fn comparable(config: &TrainConfig) -> TrainConfig {
         plugin_fuel_per_sample: defaults.plugin_fuel_per_sample,
         plugin_max_call_seconds: defaults.plugin_max_call_seconds,
         plugin_max_memory_mb: defaults.plugin_max_memory_mb,
+        plugin_judge_items_per_sample: defaults.plugin_judge_items_per_sample,
+        plugin_judge_tokens_per_sample: defaults.plugin_judge_tokens_per_sample,
         plugin_sha256: defaults.plugin_sha256,
         name: config.name.clone().or_else(|| Some(UNNAMED_RUN.into())),
         ..config.clone()

@@ -12,7 +12,7 @@
 
 use std::collections::HashSet;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result, bail, ensure};
 
 use super::TrainConfig;
 use super::prompts::{self, PromptRender};
@@ -53,15 +53,20 @@ fn attach_judge(rewards: &mut RewardModel, cfg: &TrainConfig) -> Result<()> {
         None => {
             ensure!(
                 !rewards.wants_judge(),
-                "environment {} imports the host's judge (its retain reward asks a language model), but the run configures none: \
+                "environment {} imports the host's judge ({}: its rewards ask a language model), but the run configures none: \
                  set `judge:` (model: a local model directory, template: the judge prompt; see docs/src/environments.md)",
-                rewards.environment_name().unwrap_or("?")
+                rewards.environment_name().unwrap_or("?"),
+                environment_file(rewards)
             );
             Ok(())
         }
         Some(judge) => {
             ensure!(rewards.wants_judge(), "{}", match rewards.environment_name() {
-                Some(name) => format!("`judge:` is set, but environment {name} does not import the judge: it would never be called; remove `judge:`"),
+                Some(name) => format!(
+                    "`judge:` is set, but environment {name} does not import the judge ({} has no `smallrl:reward/judge` import): \
+                     it would never be called; remove `judge:`, or use an environment that calls the judge",
+                    environment_file(rewards)
+                ),
                 None => "`judge:` is set, but the run's rewards are plugins, not an environment: only an environment can call the judge; remove `judge:`".to_string(),
             });
             let loaded = crate::judge::ModelJudge::load(judge, cfg.device.resolve()?).context("cannot load `judge:`")?;
@@ -80,7 +85,7 @@ pub fn load(cfg: &TrainConfig, tokenizer: &Tokenizer, render: &PromptRender) -> 
             ensure!(cfg.num_prompts > 0, "num_prompts is 0: environment {name} needs to generate at least one training prompt");
             let train = environment_prompts(&mut rewards, EnvSplit::Train, cfg.num_prompts, cfg.seed, cfg, render)?;
             let eval = evaluation_prompts(&mut rewards, cfg.eval_samples, cfg, render)?;
-            check_disjoint(&name, &train, &eval)?;
+            check_disjoint(&format!("{name} ({})", environment_file(&rewards)), &train, &eval)?;
             (train, eval)
         }
     };
@@ -95,7 +100,32 @@ pub fn evaluation_prompts(rewards: &mut RewardModel, count: usize, cfg: &TrainCo
 fn environment_prompts(rewards: &mut RewardModel, split: EnvSplit, count: usize, seed: u64, cfg: &TrainConfig, render: &PromptRender) -> Result<Vec<Prompt>> {
     let generated = rewards.generate(split, count, seed, cfg.hack_frac)?;
     let name = rewards.environment_name().unwrap_or("?").to_string();
-    prompts::from_environment(generated, render).with_context(|| format!("environment {name}: its {split} prompts"))
+    let file = environment_file(rewards);
+    // Purity: the same call again must give the same prompts, else `eval`, `eval --deploy`,
+    // `--resume` and a sweep's collection (each a process of its own, calling in another order)
+    // would use other ones than the run. Without capabilities, what a call keeps is the only
+    // way to differ.
+    let again = rewards.generate(split, count, seed, cfg.hack_frac)?;
+    if let Some(index) = (0..count).find(|&index| generated[index] != again[index]) {
+        bail!(
+            "environment {name} ({file}) is not pure: its {split} prompts (seed {seed}) differ when generated again, \
+             from prompt {index}: {} the first time, {} the second; `generate` must depend on its parameters and arguments \
+             only (no state kept between calls), else `smallrl eval`, `--resume` and sweeps would use other prompts than the run",
+            shown_prompt(&generated[index]),
+            shown_prompt(&again[index])
+        );
+    }
+    prompts::from_environment(generated, render).with_context(|| format!("environment {name} ({file}): its {split} prompts"))
+}
+
+/// An environment's prompt as a message shows it (bounded, control characters replaced).
+fn shown_prompt(prompt: &crate::reward::EnvPrompt) -> String {
+    crate::plugins::text::shown(&format!("{:?}", prompt.content))
+}
+
+/// The environment's file as messages show it.
+fn environment_file(rewards: &RewardModel) -> String {
+    rewards.environment_file().map_or_else(|| "?".into(), |path| path.display().to_string())
 }
 
 /// No evaluation prompt may be a training prompt: an environment that splits its items

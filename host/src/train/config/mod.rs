@@ -232,10 +232,19 @@ hyperparameters! {
         /// Fuel (about one unit per WebAssembly instruction) a plugin call may use per sample: the
         /// deterministic bound on a plugin's work.
         plugin_fuel_per_sample: u64 = d::PLUGIN_FUEL_PER_SAMPLE, Omit, [Resume];
-        /// Wall-clock seconds a plugin call may run: the backstop behind fuel.
+        /// Wall-clock seconds a plugin call may run, the judge's time included: the backstop
+        /// behind fuel and the judge budget (left at 10 in a run with a judge: 600).
         plugin_max_call_seconds: f64 = d::PLUGIN_MAX_CALL_SECONDS, Omit, [Resume];
         /// Largest memory a plugin may have, in MiB (its initial memory included).
         plugin_max_memory_mb: usize = d::PLUGIN_MAX_MEMORY_MB, Omit, [Resume];
+        /// Items an environment's call may send the judge per sample, over all its judge
+        /// calls: the deterministic bound on its judge calls.
+        #[serde(skip_serializing_if = "is_default_judge_items")]
+        plugin_judge_items_per_sample: u64 = d::PLUGIN_JUDGE_ITEMS_PER_SAMPLE, Omit, [Resume];
+        /// Judge tokens (prompts plus the most generated) an environment's call may use per
+        /// sample: the deterministic bound on the judge's work.
+        #[serde(skip_serializing_if = "is_default_judge_tokens")]
+        plugin_judge_tokens_per_sample: u64 = d::PLUGIN_JUDGE_TOKENS_PER_SAMPLE, Omit, [Resume];
 
         /// Steps between the sample and summary lines of train.log.
         logging_steps: usize = 10, Omit;
@@ -312,6 +321,16 @@ hyperparameters! {
         #[serde(skip_serializing_if = "Vec::is_empty")]
         lr_horizons: Vec<LrHorizon> = Vec::new(), Omit;
     }
+}
+
+// The judge budget's keys are written to a run's config.yaml only when set, so the runs of
+// environments without a judge keep the config.yaml they had before the keys existed.
+fn is_default_judge_items(value: &u64) -> bool {
+    *value == d::PLUGIN_JUDGE_ITEMS_PER_SAMPLE
+}
+
+fn is_default_judge_tokens(value: &u64) -> bool {
+    *value == d::PLUGIN_JUDGE_TOKENS_PER_SAMPLE
 }
 
 /// Steps `0..until_step` of a run were trained with the linear schedule over `max_steps`.
@@ -453,8 +472,15 @@ impl TrainConfig {
         adapters::config_from(self.adapter, self.lora_preset.as_deref(), self.mlp_config.as_deref(), &ranks)
     }
 
+    /// The plugin limits of the keys; with a judge, a call's wall-clock limit also covers the
+    /// judge's time, so `plugin_max_call_seconds` left at its default is the judge's default.
     pub fn plugin_limits(&self) -> Result<PluginLimits> {
-        PluginLimits::new(self.plugin_max_call_seconds, self.plugin_max_memory_mb, self.plugin_fuel_per_sample)
+        let call_seconds = match self.judge.is_some() && self.plugin_max_call_seconds == d::PLUGIN_MAX_CALL_SECONDS {
+            true => d::PLUGIN_MAX_CALL_SECONDS_WITH_JUDGE,
+            false => self.plugin_max_call_seconds,
+        };
+        PluginLimits::new(call_seconds, self.plugin_max_memory_mb, self.plugin_fuel_per_sample)?
+            .with_judge_budget(self.plugin_judge_items_per_sample, self.plugin_judge_tokens_per_sample)
     }
 
     pub fn knobs(&self) -> ProtocolKnobs {

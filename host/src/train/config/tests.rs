@@ -51,7 +51,7 @@ fn logging_options_leave_the_run_name_alone() {
 fn run_name_labels_are_unchanged() {
     let omitted = [
         "model", "revision", "prompts", "eval_prompts", "reward", "rh_detector", "rh_ground_truth", "absorption_by_class", "plugin_dir", "plugin_fuel_per_sample",
-        "plugin_max_call_seconds", "plugin_max_memory_mb", "plugin_sha256", "logging_steps", "save_steps",
+        "plugin_max_call_seconds", "plugin_max_memory_mb", "plugin_judge_items_per_sample", "plugin_judge_tokens_per_sample", "plugin_sha256", "logging_steps", "save_steps",
         "eval_every", "eval_samples", "output_dir", "dump_batches", "measure_entropy_change", "gradient_noise_scale", "fisher_kernel_every", "fisher_kernel_sketch", "tensorboard", "log_completions", "name", "device",
         "threads", "seed", "system_prompt",
         // An environment names its run through the config file's stem or `name`.
@@ -290,4 +290,24 @@ fn the_importance_sampling_correction_refuses_what_does_not_apply() {
     assert!(name.contains("_iscorrtrue_") && name.contains("_ismode_token_truncate_") && name.contains("_isclipmin0.5_"), "{name}");
     let masked = resolved(&[("importance_sampling_correction", "true"), ("importance_sampling_mode", "token_mask"), ("importance_sampling_clip_max", "1e30")]);
     assert_eq!(masked.objective().unwrap().correction.unwrap().clip_max, 1e30, "a mask no ratio reaches is plain importance sampling");
+}
+
+/// The judge budget's keys reach a run's config.yaml only when set (runs without them keep
+/// their files), and a run with a judge gets the judge's call-time default unless it sets one.
+#[test]
+fn judge_budget_keys_are_written_only_when_set_and_a_judge_widens_the_call_time() {
+    let plain = TrainConfig::default();
+    let written = serde_json::to_value(&plain).unwrap();
+    assert!(written.get("plugin_judge_items_per_sample").is_none() && written.get("plugin_judge_tokens_per_sample").is_none());
+    assert!(written.get("plugin_max_call_seconds").is_some());
+    let set = TrainConfig { plugin_judge_items_per_sample: 8, plugin_judge_tokens_per_sample: 99, ..TrainConfig::default() };
+    let written = serde_json::to_value(&set).unwrap();
+    assert_eq!((written["plugin_judge_items_per_sample"].as_u64(), written["plugin_judge_tokens_per_sample"].as_u64()), (Some(8), Some(99)));
+    let limits = set.plugin_limits().unwrap();
+    assert_eq!((limits.judge_items_per_sample, limits.judge_tokens_per_sample, limits.max_call_time.as_secs_f64()), (8, 99, 10.0));
+    let judge: crate::judge::JudgeConfig = serde_json::from_value(serde_json::json!({"model": "m", "template": "{text}"})).unwrap();
+    let judged = TrainConfig { judge: Some(judge), ..TrainConfig::default() };
+    assert_eq!(judged.plugin_limits().unwrap().max_call_time.as_secs_f64(), 600.0);
+    let chosen = TrainConfig { plugin_max_call_seconds: 20.0, ..judged };
+    assert_eq!(chosen.plugin_limits().unwrap().max_call_time.as_secs_f64(), 20.0);
 }

@@ -4,7 +4,16 @@
 //! ground truth flag "hack"); every other mode breaks one rule of the contract so that the
 //! host's checks can be tested: "no_hackable", "hackable_string", "not_object", "huge_prompt",
 //! "empty_prompt", "wrong_count", "loop" (generate never ends), "nan" (a NaN score),
-//! "bad_role", "same_splits" (train and eval prompts identical), "short_scores".
+//! "bad_role", "messages" (valid chat messages, for a raw-format run), "same_splits" (train and
+//! eval prompts identical), "short_scores", "impure" (prompt
+//! i of the n-th `generate` call of an instance is "s i" in its first call, "s i call n" after).
+//!
+//! Built with the feature `judge` (target/test-plugins/hostile_env_judge.wasm) it imports the
+//! host's judge, and these modes call it (one item `[("text", completion)]` per sample unless
+//! said otherwise): "judge_ok" (the retain component is the judge's score), "judge_loop"
+//! (one-item calls in an endless loop from `score`, ignoring errors), "judge_max_items" (one
+//! call of 65,536 items), "judge_bytes:N" (one item of N bytes), "judge_generate",
+//! "judge_monitor", "judge_ground_truth" (the loop from that export).
 
 use serde_json::{Map, Value};
 use smallrl_plugin_sdk::{Component, Environment, Judgement, Param, Params, Plugin, Prompt, PromptContent, Sample, Split};
@@ -41,7 +50,11 @@ impl Environment for HostileEnv {
             (_, "same_splits") | (Split::Train, _) => "train",
             (Split::Eval, _) => "eval",
         };
-        let mut prompts: Vec<Prompt> = (0..count).map(|i| Prompt::text(format!("{name} {i}"), i % 2 == 0, i % 3 == 0, [("index", Value::from(i))])).collect();
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let suffix = if self.mode == "impure" && call > 1 { format!(" call {call}") } else { String::new() };
+        let mut prompts: Vec<Prompt> =
+            (0..count).map(|i| Prompt::text(format!("{name} {i}{suffix}"), i % 2 == 0, i % 3 == 0, [("index", Value::from(i))])).collect();
         let first = &mut prompts[0];
         match self.mode.as_str() {
             "no_hackable" => {
@@ -53,6 +66,7 @@ impl Environment for HostileEnv {
             "huge_prompt" => first.content = PromptContent::Text("x".repeat(100_000)),
             "empty_prompt" => first.content = PromptContent::Text("  ".into()),
             "bad_role" => first.content = PromptContent::Messages(vec![("robot".into(), "hi".into())]),
+            "messages" => first.content = PromptContent::Messages(vec![("user".into(), "hi".into())]),
             "not_object" => first.metadata = Map::new(),
             "wrong_count" => prompts.push(prompts[0].clone()),
             "loop" => {
@@ -63,7 +77,18 @@ impl Environment for HostileEnv {
             }
             _ => {}
         }
+        self.judge_in("judge_generate");
         Ok(prompts)
+    }
+
+    fn judge_batch(&self, samples: &[Sample]) -> Result<Vec<Judgement>, String> {
+        let mut judgements: Vec<Judgement> = samples.iter().map(|sample| self.judge(sample)).collect();
+        if let Some(scores) = self.judge_scores(samples)? {
+            for (judgement, score) in judgements.iter_mut().zip(scores) {
+                judgement.components[0] = score;
+            }
+        }
+        Ok(judgements)
     }
 
     fn judge(&self, sample: &Sample) -> Judgement {
@@ -74,11 +99,54 @@ impl Environment for HostileEnv {
     }
 
     fn monitor(&self, sample: &Sample) -> bool {
+        self.judge_in("judge_monitor");
         sample.completion.contains("hack")
     }
 
     fn ground_truth(&self, sample: &Sample) -> bool {
+        self.judge_in("judge_ground_truth");
         sample.completion.contains("hack")
+    }
+}
+
+#[cfg(feature = "judge")]
+impl HostileEnv {
+    /// One-item judge calls in an endless loop when the mode is `mode` (errors ignored).
+    fn judge_in(&self, mode: &str) {
+        if self.mode == mode {
+            judge_loop();
+        }
+    }
+
+    /// The judge's scores for `samples` as the mode asks (None: the mode does not judge).
+    fn judge_scores(&self, samples: &[Sample]) -> Result<Option<Vec<f64>>, String> {
+        use smallrl_plugin_sdk::environment::host_judge;
+        let item = |text: String| vec![("text".to_string(), text)];
+        match self.mode.as_str() {
+            "judge_ok" => host_judge(&samples.iter().map(|s| item(s.completion.clone())).collect::<Vec<_>>()).map(Some),
+            "judge_loop" => judge_loop(),
+            "judge_max_items" => host_judge(&vec![item("x".into()); 65_536]).map(|_| None),
+            mode => match mode.strip_prefix("judge_bytes:") {
+                Some(bytes) => host_judge(&[item("x".repeat(bytes.parse().map_err(|_| "judge_bytes:N needs a number")?))]).map(|_| None),
+                None => Ok(None),
+            },
+        }
+    }
+}
+
+#[cfg(feature = "judge")]
+fn judge_loop() -> ! {
+    loop {
+        let _ = smallrl_plugin_sdk::environment::host_judge(&[vec![("text".to_string(), "again".to_string())]]);
+    }
+}
+
+#[cfg(not(feature = "judge"))]
+impl HostileEnv {
+    fn judge_in(&self, _mode: &str) {}
+
+    fn judge_scores(&self, _samples: &[Sample]) -> Result<Option<Vec<f64>>, String> {
+        Ok(None)
     }
 }
 
