@@ -143,6 +143,26 @@ fn hostile_python_gets_clear_errors() {
     assert_eq!(load(&path, "{}").score(samples).unwrap(), vec![1.0, 1.0], "the same plugin behaves without a mode");
 }
 
+/// A Python reward that fails mid-run (at its third call: step 3) stops the run with the cause
+/// in train.log and loses nothing already written: the checkpoint of step 2 and two whole
+/// metrics lines.
+#[test]
+fn a_python_failure_mid_run_keeps_what_was_written() {
+    let out = tempfile::tempdir().unwrap();
+    let mut config = common::tiny_stories_run(out.path(), &built("testing/hostile"), "hostile");
+    config.insert("reward".into(), serde_json::json!({"plugin": built("testing/hostile"), "params": {"mode": "third_call"}}));
+    config.insert("eval_every".into(), 4.into());
+    common::one_thread();
+    let config = smallrl::train::TrainConfig::resolve(None, config).unwrap();
+    let error = format!("{:#}", smallrl::train::Trainer::new(config, None).unwrap().train(None).err().expect("the third call fails"));
+    assert!(error.contains("hostile.wasm") && error.contains("failing at the third call"), "{error}");
+    let run = common::only_run(out.path());
+    assert!(run.join("checkpoint-2").is_dir(), "the checkpoint of step 2 is kept");
+    assert_eq!(read_jsonl(run.join("metrics.jsonl")).len(), 2, "two whole lines");
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    assert!(log.contains("training stopped") && log.contains("failing at the third call"), "{log}");
+}
+
 /// `random.random()` and `time.time()` in a plugin are the same in every run: the random
 /// stream is seeded by the plugin and the call's inputs, the wall clock is fixed.
 #[test]

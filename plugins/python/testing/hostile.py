@@ -6,7 +6,7 @@ import smallrl
 
 MODES = [
     "none", "loop", "memory", "open", "socket", "environ", "subprocess", "exit", "os_exit", "print",
-    "huge_error", "import", "nan", "wrong_length",
+    "huge_error", "import", "nan", "wrong_length", "third_call",
 ]
 
 
@@ -20,8 +20,13 @@ class Hostile(smallrl.Reward):
         if params["mode"] not in MODES:
             raise ValueError(f"unknown mode {params['mode']!r}")
 
+    calls = 0
+
     def score_batch(self, samples):
         mode = self.params["mode"]
+        self.calls += 1
+        if mode == "third_call" and self.calls == 3:
+            raise RuntimeError("failing at the third call, as asked")
         if mode == "loop":
             while True:
                 pass
