@@ -12,7 +12,7 @@ use wasmtime::component::Linker;
 use wasmtime::{Cache, CacheConfig, Config, Engine};
 
 use super::store::StoreState;
-use super::wit::HOST_INTERFACES;
+use super::wit;
 
 /// Period of the epoch ticker: the granularity of the call-time limit.
 pub const EPOCH_TICK: Duration = Duration::from_millis(5);
@@ -118,30 +118,44 @@ fn start_epoch_ticker(engine: Engine) {
         .expect("cannot spawn the plugin epoch thread");
 }
 
-/// The contract's host functions: `log` (once per contract version the host runs) and the
-/// judge; a component that imports anything more fails to instantiate on the pure linker.
+/// The contract's host functions, through the bindings bindgen generates for each contract
+/// version the host runs: `log` (0.3, 0.2 and 0.1) and the judge (0.3 environments). A component
+/// that imports anything more fails to instantiate on the pure linker.
 fn host_linker(engine: &Engine) -> Result<Linker<StoreState>> {
+    type Store = wasmtime::component::HasSelf<StoreState>;
     let mut linker = Linker::<StoreState>::new(engine);
-    for interface in HOST_INTERFACES {
-        let mut host = linker.instance(interface).map_err(anyhow::Error::from)?;
-        host.func_wrap("log", |mut store, (message,): (String,)| {
-            store.data_mut().record_log(truncate(message, MAX_LOG_BYTES));
-            Ok(())
-        })
-        .map_err(anyhow::Error::from)?;
-    }
-    // The judge (contract 0.3, environments): answers an error unless the run attached one.
-    let mut judge = linker.instance(super::judge::JUDGE_INTERFACE).map_err(anyhow::Error::from)?;
-    judge
-        .func_wrap("judge", |mut store, (items,): (Vec<super::judge::JudgeItem>,)| {
-            // Counted against the call's judge budget (over it: the call traps); the judge's
-            // time counts in the call's wall-clock limit.
-            let judge = store.data().judge().cloned();
-            let scores = super::judge::call(judge.as_ref(), store.data_mut().judge_budget_mut(), &items)?;
-            Ok((scores,))
-        })
-        .map_err(anyhow::Error::from)?;
+    wit::reward::smallrl::reward::host::add_to_linker::<StoreState, Store>(&mut linker, |state| state).map_err(anyhow::Error::from)?;
+    wit::v0_2::reward::smallrl::reward::host::add_to_linker::<StoreState, Store>(&mut linker, |state| state).map_err(anyhow::Error::from)?;
+    wit::legacy::reward::smallrl::reward::host::add_to_linker::<StoreState, Store>(&mut linker, |state| state).map_err(anyhow::Error::from)?;
+    wit::environment::smallrl::reward::judge::add_to_linker::<StoreState, Store>(&mut linker, |state| state).map_err(anyhow::Error::from)?;
     Ok(linker)
+}
+
+impl wit::reward::smallrl::reward::host::Host for StoreState {
+    fn log(&mut self, message: String) {
+        self.record_log(truncate(message, MAX_LOG_BYTES));
+    }
+}
+
+impl wit::v0_2::reward::smallrl::reward::host::Host for StoreState {
+    fn log(&mut self, message: String) {
+        self.record_log(truncate(message, MAX_LOG_BYTES));
+    }
+}
+
+impl wit::legacy::reward::smallrl::reward::host::Host for StoreState {
+    fn log(&mut self, message: String) {
+        self.record_log(truncate(message, MAX_LOG_BYTES));
+    }
+}
+
+/// The judge: an error for the guest unless the run attached one; counted against the call's
+/// judge budget (over it, the call traps); its time counts in the call's wall-clock limit.
+impl wit::environment::smallrl::reward::judge::Host for StoreState {
+    fn judge(&mut self, items: Vec<super::judge::JudgeItem>) -> wasmtime::Result<Result<Vec<f64>, String>> {
+        let judge = StoreState::judge(self).cloned();
+        super::judge::call(judge.as_ref(), self.judge_budget_mut(), &items)
+    }
 }
 
 fn truncate(mut text: String, max_bytes: usize) -> String {

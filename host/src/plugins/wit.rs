@@ -49,13 +49,6 @@ pub const LEGACY_VERSION: &str = legacy_wit_version!();
 /// The previous contract version (frozen in `wit/0.2.0/`), still run: the reward and detector
 /// worlds of the current one, without the `environment` world.
 pub const V0_2_VERSION: &str = v0_2_wit_version!();
-/// The versioned names of the only instance the host provides, once per contract it runs.
-pub const HOST_INTERFACES: [&str; 3] = [
-    concat!(wit_package!(), "/host@", wit_version!()),
-    concat!(wit_package!(), "/host@", v0_2_wit_version!()),
-    concat!(wit_package!(), "/host@", legacy_wit_version!()),
-];
-
 /// The versioned name of the judge interface environments may import (contract 0.3 only).
 pub const JUDGE_INTERFACE: &str = concat!(wit_package!(), "/judge@", wit_version!());
 
@@ -115,6 +108,8 @@ pub mod environment {
     wasmtime::component::bindgen!({
         world: "environment",
         path: "../wit",
+        // An environment over its judge budget ends the call (a trap), not just the judge call.
+        imports: { "smallrl:reward/judge.judge": trappable },
         with: {
             "smallrl:reward/types": super::reward::smallrl::reward::types,
             "smallrl:reward/host": super::reward::smallrl::reward::host,
