@@ -16,5 +16,5 @@ mod shared;
 
 pub use logprobs::{Sequences, TokenLogprobs, completion_logprobs, frozen_logprobs};
 pub use ahead::Ahead;
-pub use shared::{Done, Engine, ReferenceJob, Seat, Stacking, TrainJob};
+pub use shared::{Done, Engine, ScoreJob, Seat, Stacking, TrainJob};
 pub use passes::{BackwardPass, LossBatch, Passes, backward_micro_batches, backward_passes, backward_stacked, stacked_frozen_logprobs};

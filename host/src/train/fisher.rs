@@ -212,12 +212,12 @@ impl Trainer {
             return Ok(Vec::new());
         }
         let started = std::time::Instant::now();
-        let params: Vec<Tensor> = self.optimizer.params().iter().map(|(_, t)| t.shallow_clone()).collect();
+        let params: Vec<Tensor> = self.policy.optimizer.params().iter().map(|(_, t)| t.shallow_clone()).collect();
         let numels: Vec<i64> = params.iter().map(|t| t.numel() as i64).collect();
         let seed = rng::derive(self.cfg.seed, PURPOSE, step as u64);
         let device = params.first().map_or(Device::Cpu, Tensor::device);
         let sketch = CountSketch::new(seed, &numels, self.cfg.fisher_kernel_sketch, device);
-        let kernel = kernel(&sketch_sequences(&self.model, seqs, self.cfg.temperature, ctl, &params, &sketch));
+        let kernel = kernel(&sketch_sequences(&self.policy.model, seqs, self.policy.temperature(), ctl, &params, &sketch));
         write_matrix(&self.run_dir, step + 1, &kernel, self.cfg.fisher_kernel_sketch, seed)?;
         let mut fields = FisherSummary::of(&kernel).fields();
         fields.push((key::TIMING_FISHER, started.elapsed().as_secs_f64()));

@@ -62,7 +62,7 @@ impl Trainer {
         // Each pass over the rollout goes through its mini-batches in order.
         let substeps = self.cfg.substeps_per_rollout();
         let mini = MiniBatch::of(rollout, step % substeps, substeps);
-        self.optimizer.zero_grad();
+        self.policy.optimizer.zero_grad();
         Ok(PendingStep { step, started, new_rollout, mini })
     }
 
@@ -77,7 +77,7 @@ impl Trainer {
             Some("gradient_noise_scale")
         } else if cfg.split_moment {
             Some("split_moment")
-        } else if self.adapters.is_dual() && cfg.absorption_by_class {
+        } else if self.policy.adapters.is_dual() && cfg.absorption_by_class {
             Some("absorption_by_class")
         } else {
             None
@@ -87,15 +87,15 @@ impl Trainer {
     /// The step's backward passes: one plain pass through the engine, or the run's own.
     fn backward(&mut self, pending: &PendingStep) -> Result<Trained> {
         if let Some(reason) = self.own_passes() {
-            if self.seat.stacks_passes_in_a_pack(&self.model) {
-                self.announce("train", || format!("training each step alone, not stacked with the other packed runs: {reason} needs the run's own backward passes"));
+            if self.policy.seat.stacks_passes_in_a_pack(&self.policy.model) {
+                self.policy.announce(&mut self.log, "train", || format!("training each step alone, not stacked with the other packed runs: {reason} needs the run's own backward passes"));
             }
             return Ok(self.own_backward(pending));
         }
-        let job = engine::TrainJob { model: &self.model, batch: pending.mini.loss_batch(&pending.mini.plan), temperature: self.cfg.temperature, objective: &self.loss };
-        let done = self.seat.train(job)?;
+        let job = engine::TrainJob { model: &self.policy.model, batch: pending.mini.loss_batch(&pending.mini.plan), temperature: self.policy.temperature(), objective: &self.policy.objective };
+        let done = self.policy.seat.train(job)?;
         if done.runs > 1 {
-            self.announce("train", || format!("training stacked with {} packed runs (one batched forward and backward pass; each run's own loss and optimizer)", done.runs));
+            self.policy.announce(&mut self.log, "train", || format!("training stacked with {} packed runs (one batched forward and backward pass; each run's own loss and optimizer)", done.runs));
         }
         Ok(Trained { pass: done.value, natural_grads: None, absorption: Vec::new(), gradient_noise: None, seconds: done.seconds })
     }
@@ -109,15 +109,15 @@ impl Trainer {
         let micro_batches = self.cfg.gradient_accumulation_steps;
         let natural_grads = match &mini.natural {
             Some(natural) => {
-                engine::backward_micro_batches(&self.model, &mini.loss_batch(natural), self.cfg.temperature, &self.loss, micro_batches, &mut |_, _| {});
-                Some(self.optimizer.take_grads())
+                engine::backward_micro_batches(&self.policy.model, &mini.loss_batch(natural), self.policy.temperature(), &self.policy.objective, micro_batches, &mut |_, _| {});
+                Some(self.policy.optimizer.take_grads())
             }
             None => None,
         };
         // absorption_by_class's per-class gradient norms need the one pass's live graph over the
         // whole batch (the configuration refuses it with micro-batches and substeps).
         let mut absorption = Vec::new();
-        let by_class = self.adapters.is_dual() && self.cfg.absorption_by_class;
+        let by_class = self.policy.adapters.is_dual() && self.cfg.absorption_by_class;
         let mut before_backward = |logprobs: &Tensor, masks: grpo::TokenMasks| {
             if by_class {
                 absorption = self.gradient_norms_by_class(rollout, logprobs, masks);
@@ -126,7 +126,7 @@ impl Trainer {
         let batch = mini.loss_batch(&mini.plan);
         let passes = self.cfg.backward_passes();
         let mut pass_gradients = self.cfg.gradient_noise_scale.then(probes::PassGradients::default);
-        let trained: Vec<Tensor> = self.optimizer.params().iter().map(|(_, t)| t.shallow_clone()).collect();
+        let trained: Vec<Tensor> = self.policy.optimizer.params().iter().map(|(_, t)| t.shallow_clone()).collect();
         let mut after_backward = || {
             if let Some(gradients) = pass_gradients.as_mut() {
                 let accumulated = trained.iter().map(|t| crate::adapters::gradient_or_zeros(t.grad(), t)).collect();
@@ -134,7 +134,7 @@ impl Trainer {
                 gradients.record(accumulated, last);
             }
         };
-        let pass = engine::backward_passes(&self.model, &batch, self.cfg.temperature, &self.loss, passes, &mut before_backward, &mut after_backward);
+        let pass = engine::backward_passes(&self.policy.model, &batch, self.policy.temperature(), &self.policy.objective, passes, &mut before_backward, &mut after_backward);
         // The step's gradient noise scale from its passes' gradients (before clipping), and the
         // running average updated with it.
         let gradient_noise = pass_gradients.map(|gradients| {
@@ -161,18 +161,18 @@ impl Trainer {
         }
         let loss = terms.loss.double_value(&[]);
         ensure!(loss.is_finite(), "the loss is {loss} at step {}", step + 1);
-        let dual = self.adapters.is_dual();
+        let dual = self.policy.adapters.is_dual();
         let before = dual.then(|| self.absorption_before_step(&mut absorption));
         let learning_rate = linear_lr(self.cfg.lr, step, self.cfg.lr_horizon(step));
         let grad_norm = match natural_grads.as_mut() {
             Some(natural) => {
-                let grad_norm = self.optimizer.clip_grad_norm_also(self.cfg.max_grad_norm, natural);
-                self.optimizer.step_split_moment(learning_rate, natural);
+                let grad_norm = self.policy.optimizer.clip_grad_norm_also(self.cfg.max_grad_norm, natural);
+                self.policy.optimizer.step_split_moment(learning_rate, natural);
                 grad_norm
             }
             None => {
-                let grad_norm = self.optimizer.clip_grad_norm(self.cfg.max_grad_norm);
-                self.optimizer.step(learning_rate);
+                let grad_norm = self.policy.optimizer.clip_grad_norm(self.cfg.max_grad_norm);
+                self.policy.optimizer.step(learning_rate);
                 grad_norm
             }
         };
@@ -183,7 +183,7 @@ impl Trainer {
         let entropy = stats::masked_mean(&logprobs.entropy, &mini.loss_mask);
         // The same batch re-scored by the updated policy (one forward pass, no gradient).
         let entropy_change = self.cfg.measure_entropy_change.then(|| {
-            let after = tch::no_grad(|| engine::completion_logprobs(&self.model, mini.seqs(), self.cfg.temperature, &mini.plan.ctl));
+            let after = tch::no_grad(|| engine::completion_logprobs(&self.policy.model, mini.seqs(), self.policy.temperature(), &mini.plan.ctl));
             stats::masked_mean(&after.entropy, &mini.loss_mask) - entropy
         });
 
@@ -244,10 +244,10 @@ impl Trainer {
         let flagged = routing::row_mask(&rollout.flagged, logprobs.device());
         let mut out = Vec::new();
         for (quantity, rows) in [(key::ABSORPTION_GRAD_NORM_FLAGGED, flagged.shallow_clone()), (key::ABSORPTION_GRAD_NORM_UNFLAGGED, 1.0 - &flagged)] {
-            let weights = grpo::row_token_weights(masks.loss, &rollout.plan.classes, self.loss.aggregation, &rows);
+            let weights = grpo::row_token_weights(masks.loss, &rollout.plan.classes, self.policy.objective.aggregation, &rows);
             let logprobs = grpo::LossLogprobs { current: logprobs, old: rollout.old_logprobs.as_ref(), reference: rollout.ref_logprobs.as_ref(), sampler: Some(&rollout.generation.sampling_logprobs) };
-            let loss = grpo::sampled_loss(logprobs, &rollout.advantages, masks, &weights, &self.loss).loss;
-            out.extend(self.slot_values(quantity, self.adapters.slot_gradient_norms(&self.model, &loss)));
+            let loss = grpo::sampled_loss(logprobs, &rollout.advantages, masks, &weights, &self.policy.objective).loss;
+            out.extend(self.slot_values(quantity, self.policy.adapters.slot_gradient_norms(&self.policy.model, &loss)));
         }
         out
     }
@@ -255,23 +255,23 @@ impl Trainer {
     /// Records each adapter's gradient norm (before clipping) and returns a copy of the adapter
     /// weights, for the update's norm.
     fn absorption_before_step(&self, absorption: &mut Vec<(String, f64)>) -> Vec<(String, Tensor)> {
-        let params = self.adapters.trainable(&self.model);
+        let params = self.policy.adapters.trainable(&self.policy.model);
         let grads: Vec<(String, Tensor)> = params.iter().map(|(name, t)| (name.clone(), crate::adapters::gradient_or_zeros(t.grad(), t))).collect();
-        absorption.extend(self.slot_values(key::ABSORPTION_GRAD_NORM, self.adapters.slot_norms(&grads)));
+        absorption.extend(self.slot_values(key::ABSORPTION_GRAD_NORM, self.policy.adapters.slot_norms(&grads)));
         params.into_iter().map(|(name, t)| (name, t.detach().copy())).collect()
     }
 
     /// Each adapter's weight norm after the step and the norm of the step's change.
     fn absorption_after_step(&self, before: &[(String, Tensor)], absorption: &mut Vec<(String, f64)>) {
-        let after = self.adapters.trainable(&self.model);
+        let after = self.policy.adapters.trainable(&self.policy.model);
         let updates: Vec<(String, Tensor)> = after.iter().zip(before).map(|((name, now), (_, then))| (name.clone(), now.detach() - then)).collect();
-        absorption.extend(self.slot_values(key::ABSORPTION_PARAM_NORM, self.adapters.slot_norms(&after)));
-        absorption.extend(self.slot_values(key::ABSORPTION_UPDATE_NORM, self.adapters.slot_norms(&updates)));
+        absorption.extend(self.slot_values(key::ABSORPTION_PARAM_NORM, self.policy.adapters.slot_norms(&after)));
+        absorption.extend(self.slot_values(key::ABSORPTION_UPDATE_NORM, self.policy.adapters.slot_norms(&updates)));
     }
 
     /// `absorption/<slot>/<quantity>` for each adapter slot's value.
     fn slot_values(&self, quantity: &str, values: Vec<f64>) -> Vec<(String, f64)> {
-        self.adapters.slots.iter().zip(values).map(|(slot, value)| (key::absorption(slot, quantity), value)).collect()
+        self.policy.adapters.slots.iter().zip(values).map(|(slot, value)| (key::absorption(slot, quantity), value)).collect()
     }
 }
 
