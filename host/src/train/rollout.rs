@@ -1,25 +1,14 @@
-//! The rollout: the batch that one or more optimizer steps train on. Prompts → sample (the
-//! fused decoder, every adapter on) → score (reward plugins, detector, protocol knobs, ground
-//! truth) → the intervention (penalty, filter, placebo: `crate::intervention`) → group
-//! advantages → routing plan → reference and old log-probabilities.
-//!
-//! Architecture invariant: everything random here derives from `(seed, purpose, step)`
-//! (`rng::derive`), so a resumed run draws the same rollout as the uninterrupted one.
+//! The rollout: the batch that one or more optimizer steps train on (drawn, prepared by the
+//! recipe, scored under the reference and old policies: `Trainer::rollout` in `step.rs`), and
+//! the statistics and tensors it logs.
 
-use std::time::Instant;
-
-use anyhow::Result;
 use tch::{Kind, Tensor};
 
-use super::Trainer;
-use super::draw::Drawing;
-use super::live::BatchRecord;
 use super::metrics::RolloutMetrics;
-use crate::grpo;
+use super::recipe::Prepared;
 use crate::model::generate::Generation;
 use crate::reward::ScoredBatch;
 use crate::routing::{Labels, RoutePlan};
-use super::recipe::Prepared;
 
 /// A generated, scored batch, kept for `num_iterations * num_substeps` optimizer steps.
 pub(super) struct Rollout {
@@ -46,62 +35,9 @@ pub(super) struct Rollout {
     pub flagged: Vec<bool>,
 }
 
-impl Trainer {
-    /// Generates, scores and prepares the rollout of optimizer step `step` (and the next
-    /// `num_iterations * num_substeps - 1` steps).
-    pub(super) fn rollout(&mut self, step: usize) -> Result<Rollout> {
-        let mut with = Drawing { policy: &mut self.policy, rewards: &mut self.rewards, recipe: &self.recipe, tokenizer: &self.tokenizer, log: &mut self.log };
-        let drawn = self.draw.batch(step, &mut with)?;
-        let (generation, samples, scored) = (drawn.generation, drawn.samples, drawn.scored);
-        let prepared = self.recipe.prepare(&scored, step, self.cfg.seed);
-        let component_names: Vec<String> = self.rewards.components().iter().map(|c| c.name.clone()).collect();
-        let record = BatchRecord {
-            step: step + 1,
-            samples: &samples,
-            scored: &scored,
-            trained_rewards: &prepared.rewards,
-            component_names: component_names.iter().map(String::as_str).collect(),
-            advantages: &prepared.advantages,
-            routed: &prepared.labels.is_rh,
-            ablated: &prepared.labels.ablated,
-        };
-        self.live.batch(record)?;
-
-        let (ref_logprobs, mut reference_seconds) = match self.policy.needs_reference() {
-            true => {
-                let done = self.policy.reference_logprobs(&generation, &mut self.log)?;
-                (Some(done.value), done.seconds)
-            }
-            false => (None, 0.0),
-        };
-        let old_start = Instant::now();
-        // Batches sampled ahead take the ratio to the sampler too: the policy that drew them.
-        let old_logprobs = match self.policy.objective.ratio_to == grpo::RatioTo::Sampler || self.cfg.samples_ahead() {
-            true => Some(generation.sampling_logprobs.shallow_clone()),
-            false if self.cfg.steps_per_rollout() > 1 => Some(self.policy.old_logprobs(&generation, &prepared.plan.ctl)?),
-            false => None,
-        };
-        reference_seconds += old_start.elapsed().as_secs_f64();
-
-        let mut metrics = rollout_metrics(&scored, &prepared.rewards, &component_names, &generation, prepared.frac_zero_std, &prepared.labels);
-        (metrics.generate_seconds, metrics.score_seconds, metrics.reference_seconds) = (drawn.generate_seconds, drawn.score_seconds, reference_seconds);
-        metrics.dynamic_sampling = drawn.dynamic_sampling;
-        metrics.off_policy = drawn.off_policy;
-        metrics.frac_verified = prepared.frac_verified;
-        let first_sample = (samples[0].prompt.clone(), samples[0].completion.clone());
-        let dump = match self.cfg.dump_batches {
-            Some(_) => rollout_tensors(&scored, &component_names, &prepared),
-            None => Vec::new(),
-        };
-        let loss_mask = self.recipe.loss_mask(&generation, &prepared);
-        let Prepared { advantages, plan, natural_plan, flagged, .. } = prepared;
-        Ok(Rollout { generation, loss_mask, advantages, plan, natural_plan, ref_logprobs, old_logprobs, metrics, first_sample, dump, flagged })
-    }
-}
-
 /// Reward, length and routing statistics of a scored batch (timings are filled in by the
 /// caller). `rewards` are those the advantages were computed from (after a penalty).
-fn rollout_metrics(scored: &ScoredBatch, rewards: &[f64], component_names: &[String], generation: &Generation, frac_zero_std: f64, labels: &Labels) -> RolloutMetrics {
+pub(super) fn rollout_metrics(scored: &ScoredBatch, rewards: &[f64], component_names: &[String], generation: &Generation, frac_zero_std: f64, labels: &Labels) -> RolloutMetrics {
     let n = rewards.len() as f64;
     let reward = crate::stats::mean(rewards);
     let reward_std = (rewards.iter().map(|r| (r - reward).powi(2)).sum::<f64>() / (n - 1.0).max(1.0)).sqrt();
@@ -135,7 +71,7 @@ fn rollout_metrics(scored: &ScoredBatch, rewards: &[f64], component_names: &[Str
 
 /// The rollout's per-sample tensors that the generation does not hold: rewards (combined and
 /// per component) and the routing labels.
-fn rollout_tensors(scored: &ScoredBatch, component_names: &[String], prepared: &Prepared) -> Vec<(String, Tensor)> {
+pub(super) fn rollout_tensors(scored: &ScoredBatch, component_names: &[String], prepared: &Prepared) -> Vec<(String, Tensor)> {
     let (rewards, labels) = (Tensor::from_slice(&prepared.rewards).to_kind(Kind::Float), &prepared.labels);
     let flags = |v: &[bool]| Tensor::from_slice(&v.iter().map(|&b| b as i64).collect::<Vec<_>>());
     let mut out = vec![

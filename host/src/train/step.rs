@@ -1,6 +1,8 @@
-//! One optimizer step on a rollout's mini-batch (the whole batch unless `num_substeps` splits
-//! it): routed log-probabilities, the GRPO loss, backward, clipping, AdamW with the linear
-//! schedule, then the step's metrics line, log lines and live views.
+//! One optimizer step, as a pipeline of values: the rollout when the step starts one (the
+//! draw's scored batch → the recipe's prepared batch → reference and old log-probabilities),
+//! the step's mini-batch of it, the backward pass (through the engine, or the run's own passes
+//! for micro-batches and probes), clipping, AdamW with the linear schedule, then the step's
+//! metrics line, log lines and live views.
 
 use std::time::Instant;
 
@@ -9,7 +11,10 @@ use tch::{Kind, Tensor};
 
 use super::Trainer;
 use super::metrics::{self, GradientNoise, StepMetrics, key};
-use super::rollout::Rollout;
+use super::draw::Drawing;
+use super::live::BatchRecord;
+use super::recipe::Prepared;
+use super::rollout::{Rollout, rollout_metrics, rollout_tensors};
 use crate::model::generate::Generation;
 use crate::model::linear::AdapterCtl;
 use crate::routing::RoutePlan;
@@ -64,6 +69,57 @@ impl Trainer {
         let mini = MiniBatch::of(rollout, step % substeps, substeps);
         self.policy.optimizer.zero_grad();
         Ok(PendingStep { step, started, new_rollout, mini })
+    }
+
+    /// Generates, scores and prepares the rollout of optimizer step `step` (and the next
+    /// `num_iterations * num_substeps - 1` steps).
+    pub(super) fn rollout(&mut self, step: usize) -> Result<Rollout> {
+        let mut with = Drawing { policy: &mut self.policy, rewards: &mut self.rewards, recipe: &self.recipe, tokenizer: &self.tokenizer, log: &mut self.log };
+        let drawn = self.draw.batch(step, &mut with)?;
+        let (generation, samples, scored) = (drawn.generation, drawn.samples, drawn.scored);
+        let prepared = self.recipe.prepare(&scored, step, self.cfg.seed);
+        let component_names: Vec<String> = self.rewards.components().iter().map(|c| c.name.clone()).collect();
+        let record = BatchRecord {
+            step: step + 1,
+            samples: &samples,
+            scored: &scored,
+            trained_rewards: &prepared.rewards,
+            component_names: component_names.iter().map(String::as_str).collect(),
+            advantages: &prepared.advantages,
+            routed: &prepared.labels.is_rh,
+            ablated: &prepared.labels.ablated,
+        };
+        self.live.batch(record)?;
+
+        let (ref_logprobs, mut reference_seconds) = match self.policy.needs_reference() {
+            true => {
+                let done = self.policy.reference_logprobs(&generation, &mut self.log)?;
+                (Some(done.value), done.seconds)
+            }
+            false => (None, 0.0),
+        };
+        let old_start = Instant::now();
+        // Batches sampled ahead take the ratio to the sampler too: the policy that drew them.
+        let old_logprobs = match self.policy.objective.ratio_to == grpo::RatioTo::Sampler || self.cfg.samples_ahead() {
+            true => Some(generation.sampling_logprobs.shallow_clone()),
+            false if self.cfg.steps_per_rollout() > 1 => Some(self.policy.old_logprobs(&generation, &prepared.plan.ctl)?),
+            false => None,
+        };
+        reference_seconds += old_start.elapsed().as_secs_f64();
+
+        let mut metrics = rollout_metrics(&scored, &prepared.rewards, &component_names, &generation, prepared.frac_zero_std, &prepared.labels);
+        (metrics.generate_seconds, metrics.score_seconds, metrics.reference_seconds) = (drawn.generate_seconds, drawn.score_seconds, reference_seconds);
+        metrics.dynamic_sampling = drawn.dynamic_sampling;
+        metrics.off_policy = drawn.off_policy;
+        metrics.frac_verified = prepared.frac_verified;
+        let first_sample = (samples[0].prompt.clone(), samples[0].completion.clone());
+        let dump = match self.cfg.dump_batches {
+            Some(_) => rollout_tensors(&scored, &component_names, &prepared),
+            None => Vec::new(),
+        };
+        let loss_mask = self.recipe.loss_mask(&generation, &prepared);
+        let Prepared { advantages, plan, natural_plan, flagged, .. } = prepared;
+        Ok(Rollout { generation, loss_mask, advantages, plan, natural_plan, ref_logprobs, old_logprobs, metrics, first_sample, dump, flagged })
     }
 
     /// What needs this run's own backward passes rather than one pass over the whole batch
@@ -150,7 +206,7 @@ impl Trainer {
     /// metrics line, log lines and live views; returns the metrics line.
     fn finish_step(&mut self, pending: PendingStep, trained: Trained) -> Result<serde_json::Value> {
         // Before the update: the kernel of the policy that computed the step's gradient.
-        let fisher_kernel = self.fisher_kernel(pending.step, pending.mini.seqs(), &pending.mini.plan.ctl)?;
+        let fisher_kernel = self.cfg.fisher_schedule().measure(&self.policy, &self.run_dir, pending.step, pending.mini.seqs(), &pending.mini.plan.ctl)?;
         let optimizer_start = Instant::now();
         let PendingStep { step, started, new_rollout, mini, .. } = pending;
         let Trained { pass: engine::BackwardPass { logprobs, terms }, mut natural_grads, mut absorption, gradient_noise, seconds: pass_seconds } = trained;

@@ -7,6 +7,7 @@ use tch::Device;
 
 use super::TrainConfig;
 use crate::train::draw::{AheadHorizon, DrawKeys};
+use crate::train::fisher::FisherSchedule;
 use crate::train::recipe::{CoherenceSchedule, Recipe};
 
 impl TrainConfig {
@@ -61,5 +62,10 @@ impl TrainConfig {
             true => AheadHorizon::Streamed { substeps: self.num_substeps },
             false => AheadHorizon::OffPolicy { steps: self.max_steps_off_policy },
         }
+    }
+
+    /// When the sketched Fisher kernel is measured, and how wide.
+    pub fn fisher_schedule(&self) -> FisherSchedule {
+        FisherSchedule { every: self.fisher_kernel_every, sketch: self.fisher_kernel_sketch, seed: self.seed }
     }
 }
