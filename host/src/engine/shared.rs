@@ -1,6 +1,6 @@
 //! The engine shared by the runs of one process: every run (a solo run is a pack of one) holds
-//! a [`Seat`] and asks it to sample, to score its reference log-probabilities and to do its
-//! backward pass. The engine decides, here and nowhere else, how each job runs: the CPU's
+//! a [`Seat`] and asks it to sample, to score its reference and old log-probabilities and to do
+//! its backward pass. The engine decides, here and nowhere else, how each job runs: the CPU's
 //! native sampler and scorer or libtorch (whose decoder replays CUDA graphs on CUDA), and
 //! whether jobs of several runs run as one pass over their weights stacked on a leading run
 //! axis ([`Stacking`]).
