@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use common::{cuda_or_skip, fixture, max_abs_diff, one_thread};
 use smallrl::model::cuda_graph::{self, CudaGraph};
 use smallrl::model::decode::{DecodeModel, additive_mask, prefill_mask};
-use smallrl::model::generate::{Engine, Generation, SamplingParams, generate_stacked, generate_with};
+use smallrl::model::generate::{Decoder, Generation, SamplingParams, generate_stacked, generate_with};
 use smallrl::model::{self, LoadedModel};
 use tch::{Device, Kind, Tensor};
 
@@ -165,17 +165,17 @@ fn other_llama_configs_match_transformers() {
 
 #[test]
 fn greedy_decoding_matches_transformers_token_for_token() {
-    check_greedy_decoding(Device::Cpu, &[Engine::Libtorch, Engine::Native { threads: 1 }, Engine::Native { threads: 2 }]);
+    check_greedy_decoding(Device::Cpu, &[Decoder::Libtorch, Decoder::Native { threads: 1 }, Decoder::Native { threads: 2 }]);
 }
 
 #[test]
 fn greedy_decoding_on_cuda_matches_transformers_token_for_token() {
     if let Some(cuda) = cuda_or_skip("greedy_decoding_on_cuda_matches_transformers_token_for_token") {
-        check_greedy_decoding(cuda, &[Engine::Libtorch, Engine::CudaGraphs]);
+        check_greedy_decoding(cuda, &[Decoder::Libtorch, Decoder::CudaGraphs]);
     }
 }
 
-fn check_greedy_decoding(device: Device, engines: &[Engine]) {
+fn check_greedy_decoding(device: Device, engines: &[Decoder]) {
     let (loaded, _) = load_on("tiny-stories", device);
     let text = std::fs::read_to_string(variants().join("greedy.json")).unwrap();
     let greedy: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -209,10 +209,10 @@ fn check_greedy_decoding(device: Device, engines: &[Engine]) {
 /// Samples `prompts` with both engines (the native one with 1 and 3 streams) and requires the
 /// same tokens, masks and, within the logits tolerance, the same sampling log-probabilities.
 fn check_engines_agree(what: &str, decoder: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingParams) {
-    let reference = generate_with(Engine::Libtorch, decoder, prompts, params, 7).unwrap();
+    let reference = generate_with(Decoder::Libtorch, decoder, prompts, params, 7).unwrap();
     let finished = reference.rows.iter().filter(|r| r.ended_with_eos).count();
     for threads in [1, 3] {
-        let native = generate_with(Engine::Native { threads }, decoder, prompts, params, 7).unwrap();
+        let native = generate_with(Decoder::Native { threads }, decoder, prompts, params, 7).unwrap();
         let context = format!("{what}, {threads} stream(s), {params:?}");
         assert_eq!(native.prompt_ids, reference.prompt_ids, "{context}: prompt ids");
         assert_eq!(native.prompt_mask, reference.prompt_mask, "{context}: prompt mask");
@@ -286,8 +286,8 @@ fn cuda_graphs_without_a_cuda_device_decode_eagerly_with_the_same_tokens() {
     assert!(cuda_graph::availability(Device::Cpu).is_err());
     let prompts = story_prompts(&loaded, 6);
     let params = sampling(20, 1.0, 0, 1.0, 1.3);
-    let eager = generate_with(Engine::Libtorch, &decoder, &prompts, &params, 5).unwrap();
-    let asked_for_graphs = generate_with(Engine::CudaGraphs, &decoder, &prompts, &params, 5).unwrap();
+    let eager = generate_with(Decoder::Libtorch, &decoder, &prompts, &params, 5).unwrap();
+    let asked_for_graphs = generate_with(Decoder::CudaGraphs, &decoder, &prompts, &params, 5).unwrap();
     assert_same_generation("graphs asked for on the CPU", &asked_for_graphs, &eager, 0.0);
 }
 
@@ -297,7 +297,7 @@ fn a_refreshed_decoder_samples_as_a_new_one_from_the_changed_weights() {
     let prompts = story_prompts(&loaded, 6);
     let params = sampling(24, 1.0, 0, 1.0, 1.0);
     let mut decoder = DecodeModel::new(&loaded.model, &[]);
-    let before = generate_with(Engine::Libtorch, &decoder, &prompts, &params, 9).unwrap();
+    let before = generate_with(Decoder::Libtorch, &decoder, &prompts, &params, 9).unwrap();
     // A change of the weights in place, as AdamW makes it.
     tch::no_grad(|| {
         for block in &mut loaded.model.layers {
@@ -306,12 +306,12 @@ fn a_refreshed_decoder_samples_as_a_new_one_from_the_changed_weights() {
     });
     decoder.refresh(&loaded.model, &[]);
     let rebuilt = DecodeModel::new(&loaded.model, &[]);
-    for engine in [Engine::Libtorch, Engine::Native { threads: 1 }] {
+    for engine in [Decoder::Libtorch, Decoder::Native { threads: 1 }] {
         let refreshed = generate_with(engine, &decoder, &prompts, &params, 9).unwrap();
         let expected = generate_with(engine, &rebuilt, &prompts, &params, 9).unwrap();
         assert_same_generation(&format!("{engine:?}, refreshed"), &refreshed, &expected, 0.0);
     }
-    let after = generate_with(Engine::Libtorch, &decoder, &prompts, &params, 9).unwrap();
+    let after = generate_with(Decoder::Libtorch, &decoder, &prompts, &params, 9).unwrap();
     assert_ne!(after.completion_ids, before.completion_ids, "the weight change changed no token: the check is void");
 }
 
@@ -322,17 +322,17 @@ fn a_refreshed_decoder_samples_as_a_new_one_from_the_changed_weights() {
 /// 1e-4; after a weight change, a refreshed stack follows.
 #[test]
 fn stacked_runs_sample_what_each_run_samples_alone() {
-    check_stacked_runs(Device::Cpu, &[Engine::Libtorch]);
+    check_stacked_runs(Device::Cpu, &[Decoder::Libtorch]);
 }
 
 #[test]
 fn stacked_runs_sample_what_each_run_samples_alone_on_cuda() {
     if let Some(cuda) = cuda_or_skip("stacked_runs_sample_what_each_run_samples_alone_on_cuda") {
-        check_stacked_runs(cuda, &[Engine::Libtorch, Engine::CudaGraphs]);
+        check_stacked_runs(cuda, &[Decoder::Libtorch, Decoder::CudaGraphs]);
     }
 }
 
-fn check_stacked_runs(device: Device, engines: &[Engine]) {
+fn check_stacked_runs(device: Device, engines: &[Decoder]) {
     // Every tensor of run r > 0 (embeddings, norms, projections, head) perturbed by its own
     // noise, so a run reading another run's tensor anywhere samples differently.
     let perturb = |loaded: &mut LoadedModel, seed: i64| {
@@ -369,8 +369,8 @@ fn check_stacked_runs(device: Device, engines: &[Engine]) {
                 assert_eq!(together.len(), 3);
                 let context = |run: usize| format!("{label}, {engine:?}, {params:?}, run {run}");
                 for (run, part) in parts.iter().enumerate() {
-                    let mut alone_engines = vec![Engine::Libtorch];
-                    alone_engines.extend(part.native().map(|_| Engine::Native { threads: 2 }));
+                    let mut alone_engines = vec![Decoder::Libtorch];
+                    alone_engines.extend(part.native().map(|_| Decoder::Native { threads: 2 }));
                     for alone_engine in alone_engines {
                         let alone = generate_with(alone_engine, part, &prompts[run], &params, seeds[run]).unwrap();
                         assert_eq!(together[run].prompt_ids, alone.prompt_ids, "{}: prompt ids", context(run));
@@ -383,7 +383,7 @@ fn check_stacked_runs(device: Device, engines: &[Engine]) {
         }
     };
     check(&stacked, &parts, "stacked");
-    let run_1 = |part: &DecodeModel| generate_with(Engine::Libtorch, part, &prompts[1], &sampling(40, 1.0, 0, 1.0, 1.0), seeds[1]).unwrap().completion_ids;
+    let run_1 = |part: &DecodeModel| generate_with(Decoder::Libtorch, part, &prompts[1], &sampling(40, 1.0, 0, 1.0, 1.0), seeds[1]).unwrap().completion_ids;
     let before = run_1(&parts[1]);
     perturb(&mut runs[1], 7);
     parts[1].refresh(&runs[1].model, &[]);
@@ -410,11 +410,11 @@ fn a_diverged_run_fails_alone_on_every_engine_and_in_a_stack() {
             let error = format!("{:#}", outcome.err().unwrap_or_else(|| panic!("{engine}, {params:?}: a NaN weight must fail the sampling")));
             assert!(error.contains("sampling row 0: the logits are not a distribution") && error.contains("the weights diverged"), "{engine}: {error}");
         };
-        diverged(generate_with(Engine::Libtorch, &parts[1], &prompts, &params, 5), "libtorch");
-        diverged(generate_with(Engine::Native { threads: 2 }, &parts[1], &prompts, &params, 5), "native");
-        let mut together = generate_stacked(Engine::Libtorch, &stacked, &[&prompts, &prompts], &params, &[5, 5]).unwrap().into_iter();
+        diverged(generate_with(Decoder::Libtorch, &parts[1], &prompts, &params, 5), "libtorch");
+        diverged(generate_with(Decoder::Native { threads: 2 }, &parts[1], &prompts, &params, 5), "native");
+        let mut together = generate_stacked(Decoder::Libtorch, &stacked, &[&prompts, &prompts], &params, &[5, 5]).unwrap().into_iter();
         let first = together.next().unwrap().unwrap();
-        assert_same_generation(&format!("the healthy run, {params:?}"), &first, &generate_with(Engine::Libtorch, &parts[0], &prompts, &params, 5).unwrap(), TOLERANCE);
+        assert_same_generation(&format!("the healthy run, {params:?}"), &first, &generate_with(Decoder::Libtorch, &parts[0], &prompts, &params, 5).unwrap(), TOLERANCE);
         diverged(together.next().unwrap(), "stacked");
     }
 }
@@ -429,8 +429,8 @@ fn cuda_graph_and_eager_decoding_draw_the_same_tokens() {
     // new inputs; 21 tokens need a graph for the shorter last chunk too.
     for params in [sampling(40, 1.0, 0, 1.0, 1.0), sampling(21, 0.7, 20, 0.9, 1.3), sampling(16, 0.0, 0, 1.0, 1.0)] {
         for seed in [3, 4, 3] {
-            let eager = generate_with(Engine::Libtorch, &decoder, &prompts, &params, seed).unwrap();
-            let graphs = generate_with(Engine::CudaGraphs, &decoder, &prompts, &params, seed).unwrap();
+            let eager = generate_with(Decoder::Libtorch, &decoder, &prompts, &params, seed).unwrap();
+            let graphs = generate_with(Decoder::CudaGraphs, &decoder, &prompts, &params, seed).unwrap();
             // The same kernels on the same inputs: identical up to float rounding.
             assert_same_generation(&format!("{params:?}, seed {seed}"), &graphs, &eager, TOLERANCE);
         }
@@ -487,7 +487,7 @@ fn native_scorer_matches_the_training_forward_pass() {
     prompts[1].truncate(2);
     prompts[4].truncate(6);
     let decoder = DecodeModel::new(&loaded.model, &[]);
-    let generation = generate_with(Engine::Libtorch, &decoder, &prompts, &sampling(60, 1.0, 0, 1.0, 1.0), 3).unwrap();
+    let generation = generate_with(Decoder::Libtorch, &decoder, &prompts, &sampling(60, 1.0, 0, 1.0, 1.0), 3).unwrap();
     assert!(generation.rows.iter().any(|r| r.ended_with_eos) && generation.rows.iter().any(|r| !r.ended_with_eos));
     for (temperature, threads) in [(1.0, 1), (0.7, 2)] {
         let native = smallrl::model::native::frozen_logprobs(decoder.native().unwrap(), &generation, temperature, threads).unwrap();
@@ -564,7 +564,7 @@ fn top_k_sampling_log_probabilities_are_those_of_the_truncated_renormalised_dist
     let (k, temperature) = (5_i64, 0.8);
     let params = sampling(16, temperature, k as usize, 1.0, 1.0);
     let (mut tokens, mut truncation_matters) = (0, 0);
-    for engine in [Engine::Libtorch, Engine::Native { threads: 1 }] {
+    for engine in [Decoder::Libtorch, Decoder::Native { threads: 1 }] {
         let generation = generate_with(engine, &decoder, &prompts, &params, 3).unwrap();
         for (r, (prompt, row)) in prompts.iter().zip(&generation.rows).enumerate() {
             let mut completion = row.ids.clone();

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use common::{max_abs_diff, one_thread, smallrl_ok, standard_plugin};
 use serde_json::{Value, json};
 use smallrl::model::decode::{DecodeModel, prefill_mask};
-use smallrl::model::generate::{Engine, Generation, SamplingParams, generate_stacked, generate_with};
+use smallrl::model::generate::{Decoder, Generation, SamplingParams, generate_stacked, generate_with};
 use smallrl::model::{self, Llama, LoadedModel};
 use tch::{Device, Kind, Tensor};
 
@@ -143,9 +143,9 @@ fn native_scores(decoder: &DecodeModel, reference: &BTreeMap<String, Tensor>) ->
 /// and sampling log-probabilities within the tolerance.
 fn check_engines_agree(variant: &str, decoder: &DecodeModel, prompts: &[Vec<u32>]) {
     let params = SamplingParams { max_new_tokens: 16, temperature: 1.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 };
-    let reference = generate_with(Engine::Libtorch, decoder, prompts, &params, 7).unwrap();
+    let reference = generate_with(Decoder::Libtorch, decoder, prompts, &params, 7).unwrap();
     for threads in [1, 3] {
-        let native = generate_with(Engine::Native { threads }, decoder, prompts, &params, 7).unwrap();
+        let native = generate_with(Decoder::Native { threads }, decoder, prompts, &params, 7).unwrap();
         assert_eq!(native.completion_ids, reference.completion_ids, "{variant}, {threads} streams: sampled tokens");
         assert_eq!(native.completion_mask, reference.completion_mask, "{variant}, {threads} streams: completion mask");
         let diff = max_abs_diff(&native.sampling_logprobs, &reference.sampling_logprobs);
@@ -182,7 +182,7 @@ fn the_qwen_walk_names_what_transformers_saved() {
 
 #[test]
 fn qwen_greedy_decoding_matches_transformers_token_for_token() {
-    check_greedy(Device::Cpu, &[Engine::Libtorch, Engine::Native { threads: 1 }, Engine::Native { threads: 2 }]);
+    check_greedy(Device::Cpu, &[Decoder::Libtorch, Decoder::Native { threads: 1 }, Decoder::Native { threads: 2 }]);
 }
 
 /// float32 on CUDA: the forward pass within 1e-4 of transformers' logits, greedy decodes (eager
@@ -199,10 +199,10 @@ fn qwen_on_cuda_matches_transformers() {
             assert!(diff <= TOLERANCE, "{variant} prompt {i} on CUDA: max |logits - transformers| = {diff}");
         }
     }
-    check_greedy(cuda, &[Engine::Libtorch, Engine::CudaGraphs]);
+    check_greedy(cuda, &[Decoder::Libtorch, Decoder::CudaGraphs]);
 }
 
-fn check_greedy(device: Device, engines: &[Engine]) {
+fn check_greedy(device: Device, engines: &[Decoder]) {
     for variant in VARIANTS {
         let (loaded, _) = load_on(variant, device);
         let greedy: Value = serde_json::from_str(&std::fs::read_to_string(variants().join(variant).join("greedy.json")).unwrap()).unwrap();
@@ -228,7 +228,7 @@ fn check_greedy(device: Device, engines: &[Engine]) {
         }
         // Two runs stacked (packing): each run decodes what it decodes alone.
         let stacked = DecodeModel::stacked(&[&decoder, &decoder]);
-        for &engine in engines.iter().filter(|e| !matches!(e, Engine::Native { .. })) {
+        for &engine in engines.iter().filter(|e| !matches!(e, Decoder::Native { .. })) {
             for generation in generate_stacked(engine, &stacked, &[&prompts, &prompts], &params, &[0, 1]).unwrap() {
                 check(&generation.unwrap().rows, &format!("stacked, {engine:?}"));
             }

@@ -16,7 +16,7 @@ use common::{max_abs_diff, one_thread, python, repo_root, smallrl_ok};
 use serde_json::{Value, json};
 use smallrl::model::chat::{ChatTemplate, Message};
 use smallrl::model::decode::DecodeModel;
-use smallrl::model::generate::{Engine, SamplingParams, generate_with};
+use smallrl::model::generate::{Decoder, SamplingParams, generate_with};
 use smallrl::model::{self, LoadedModel};
 use tch::{Device, Kind, Tensor};
 
@@ -236,7 +236,7 @@ fn greedy_decoding_matches_generate_token_for_token() {
     assert_eq!(stops, [true, false], "the reference completions: {expected:?}");
     let params = SamplingParams { max_new_tokens: MAX_NEW_TOKENS, temperature: 0.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 };
     let decoder = DecodeModel::new(&loaded.model, &[]);
-    for engine in [Engine::Native { threads: 2 }, Engine::Libtorch] {
+    for engine in [Decoder::Native { threads: 2 }, Decoder::Libtorch] {
         let generation = generate_with(engine, &decoder, &prompts, &params, 0).unwrap();
         for (i, (row, reference)) in generation.rows.iter().zip(&expected).enumerate() {
             let mut got = row.ids.clone();
@@ -274,7 +274,7 @@ fn the_stop_token_is_read_from_generation_config() {
     let greedy = |loaded: &LoadedModel| {
         let prompts = vec![loaded.tokenizer.encode(&prompt).unwrap()];
         let decoder = DecodeModel::new(&loaded.model, &[]);
-        generate_with(Engine::Native { threads: 2 }, &decoder, &prompts, &params, 0).unwrap().rows.remove(0)
+        generate_with(Decoder::Native { threads: 2 }, &decoder, &prompts, &params, 0).unwrap().rows.remove(0)
     };
     for generation_config in [json!({"eos_token_id": 2, "bos_token_id": 1}), json!({"eos_token_id": [2]})] {
         let dir = variant(Some(generation_config.clone()));
@@ -327,7 +327,7 @@ fn several_stop_ids_stop_greedy_decoding_as_generate() {
     let prompts = vec![ids(&theirs["greedy"][0]["prompt_ids"])];
     let params = SamplingParams { max_new_tokens: MAX_NEW_TOKENS, temperature: 0.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 };
     let decoder = DecodeModel::new(&loaded.model, &[]);
-    for engine in [Engine::Native { threads: 2 }, Engine::Libtorch] {
+    for engine in [Decoder::Native { threads: 2 }, Decoder::Libtorch] {
         let generation = generate_with(engine, &decoder, &prompts, &params, 0).unwrap();
         let row = &generation.rows[0];
         assert_eq!((&row.ids, row.ended_with_eos), (&expected, true), "{engine:?}");

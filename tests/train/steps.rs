@@ -314,3 +314,18 @@ fn the_importance_sampling_correction_logs_trls_metrics_and_corrects_rounding_on
         assert_eq!(pair[0][key::IS_RATIO_MEAN], pair[1][key::IS_RATIO_MEAN], "one rollout, one set of ratios");
     }
 }
+
+/// Evaluations sample through the run's seat at the engine: one decoder per adapter mode
+/// (both, retain_only, forget_only; training samples with the first), folded once and kept
+/// across evaluations rather than built anew for each.
+#[test]
+fn evaluations_reuse_the_runs_decoders() {
+    let out = tempfile::tempdir().unwrap();
+    let config = with(routed_config(out.path()), "eval_every", json!(1));
+    one_thread();
+    let mut trainer = Trainer::new(TrainConfig::resolve(None, config).unwrap(), None).unwrap();
+    trainer.train(Some(1)).unwrap();
+    assert_eq!(trainer.decoders(), 3, "training's decoder and one per evaluation mode");
+    trainer.train(Some(2)).unwrap();
+    assert_eq!(trainer.decoders(), 3, "two more evaluations built no decoder");
+}

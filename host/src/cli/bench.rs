@@ -11,7 +11,7 @@ use super::common::ModelArgs;
 use crate::device::DeviceSpec;
 use crate::stats::median;
 use crate::model::decode::DecodeModel;
-use crate::model::generate::{Engine, SamplingParams, generate_stacked, generate_with};
+use crate::model::generate::{Decoder, SamplingParams, generate_stacked, generate_with};
 use crate::train::metrics::key;
 use crate::train::packed::{PackOptions, PackedRun, Stacking, train_packed_with};
 use crate::train::{TrainConfig, Trainer};
@@ -257,16 +257,16 @@ fn bench_sample(args: SampleBench) -> Result<()> {
         return bench_sample_packed(&decoder, runs, &prompts, &params, args.repeats);
     }
     if on_cuda {
-        bench_engine("eager libtorch ops", Engine::Libtorch, &decoder, &prompts, &params, args.repeats)?;
+        bench_engine("eager libtorch ops", Decoder::Libtorch, &decoder, &prompts, &params, args.repeats)?;
         match crate::model::cuda_graph::availability(decoder.device) {
-            Ok(()) => bench_engine("CUDA graphs", Engine::CudaGraphs, &decoder, &prompts, &params, args.repeats)?,
+            Ok(()) => bench_engine("CUDA graphs", Decoder::CudaGraphs, &decoder, &prompts, &params, args.repeats)?,
             Err(reason) => println!("CUDA graphs: not measured ({reason})"),
         }
         return Ok(());
     }
     for &threads in &args.thread_counts {
         crate::device::set_threads(Some(threads))?;
-        let engine = if decoder.native().is_some() { Engine::Native { threads } } else { Engine::Libtorch };
+        let engine = if decoder.native().is_some() { Decoder::Native { threads } } else { Decoder::Libtorch };
         bench_engine(&format!("threads {threads}"), engine, &decoder, &prompts, &params, args.repeats)?;
     }
     Ok(())
@@ -274,7 +274,7 @@ fn bench_sample(args: SampleBench) -> Result<()> {
 
 /// Times `repeats` batches (after one warm-up, which also captures CUDA graphs) and prints
 /// the median time per batch and tokens per second.
-fn bench_engine(label: &str, engine: Engine, decoder: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingParams, repeats: usize) -> Result<()> {
+fn bench_engine(label: &str, engine: Decoder, decoder: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingParams, repeats: usize) -> Result<()> {
     let (median, tokens) = median_batch(decoder, repeats, |seed| Ok(generate_with(engine, decoder, prompts, params, seed)?.completion_ids.numel()))?;
     println!("{label}: median {:.1} ms per batch, {:.0} tokens/s ({tokens} token slots per batch)", median * 1e3, tokens as f64 / median);
     Ok(())
@@ -286,18 +286,18 @@ fn bench_engine(label: &str, engine: Engine, decoder: &DecodeModel, prompts: &[V
 fn bench_sample_packed(decoder: &DecodeModel, runs: usize, prompts: &[Vec<u32>], params: &SamplingParams, repeats: usize) -> Result<()> {
     anyhow::ensure!(runs >= 1, "--pack must be at least 1");
     let engine = match crate::model::cuda_graph::availability(decoder.device) {
-        Ok(()) => Engine::CudaGraphs,
-        Err(_) => Engine::Libtorch,
+        Ok(()) => Decoder::CudaGraphs,
+        Err(_) => Decoder::Libtorch,
     };
     let stacked = DecodeModel::stacked(&vec![decoder; runs]);
     let run_prompts = vec![prompts; runs];
     let seeds = |seed: u64| (0..runs as u64).map(|run| seed * runs as u64 + run).collect::<Vec<_>>();
-    let one_by_one = |engine: Engine| {
+    let one_by_one = |engine: Decoder| {
         move |seed: u64| -> Result<usize> { seeds(seed).into_iter().map(|seed| Ok(generate_with(engine, decoder, prompts, params, seed)?.completion_ids.numel())).sum() }
     };
     let mut lines = vec![(format!("{runs} runs one after another, {engine:?}"), median_batch(decoder, repeats, one_by_one(engine))?)];
     if let Some(threads) = decoder.native().map(|_| tch::get_num_threads().max(1) as usize) {
-        lines.push((format!("{runs} runs one after another, native sampler ({threads} threads)"), median_batch(decoder, repeats, one_by_one(Engine::Native { threads }))?));
+        lines.push((format!("{runs} runs one after another, native sampler ({threads} threads)"), median_batch(decoder, repeats, one_by_one(Decoder::Native { threads }))?));
     }
     let together = |seed: u64| -> Result<usize> { generate_stacked(engine, &stacked, &run_prompts, params, &seeds(seed))?.into_iter().map(|g| Ok(g?.completion_ids.numel())).sum() };
     lines.push((format!("{runs} runs stacked, {engine:?}"), median_batch(&stacked, repeats, together)?));

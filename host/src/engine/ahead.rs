@@ -17,7 +17,7 @@ use anyhow::{Context, Result, anyhow};
 use super::Done;
 use crate::model::Llama;
 use crate::model::decode::DecodeModel;
-use crate::model::generate::{Engine as Decoder, Generation, SamplingParams, generate, generate_with};
+use crate::model::generate::{Decoder, Generation, SamplingParams, generate, generate_with};
 
 struct Job {
     decoder: DecodeModel,

@@ -1,6 +1,7 @@
 //! The engine: every way the trainer runs the policy's model. [`Engine`] (`shared.rs`) is what
-//! the runs of a process share (a solo run is a pack of one): each run's [`Seat`] samples,
-//! scores its reference log-probabilities and trains its plain backward pass, and the engine
+//! the runs of a process share (a solo run is a pack of one): each run's [`Seat`] samples (for
+//! training and for its evaluations, with decoders kept for the run's life), scores its
+//! reference and old log-probabilities and trains its plain backward pass, and the engine
 //! alone chooses the implementation (native CPU sampler and scorer, libtorch eager, CUDA
 //! graphs) and whether jobs of several runs run stacked. Below it, plain functions compute
 //! completion log-probabilities with and without gradient and the step's backward passes
@@ -16,5 +17,5 @@ mod shared;
 
 pub use logprobs::{Sequences, TokenLogprobs, completion_logprobs, frozen_logprobs};
 pub use ahead::Ahead;
-pub use shared::{Done, Engine, ReferenceJob, Seat, Stacking, TrainJob};
+pub use shared::{Done, Engine, ScoreJob, Seat, Stacking, TrainJob};
 pub use passes::{BackwardPass, LossBatch, Passes, backward_micro_batches, backward_passes, backward_stacked, stacked_frozen_logprobs};

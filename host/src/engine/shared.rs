@@ -1,6 +1,6 @@
 //! The engine shared by the runs of one process: every run (a solo run is a pack of one) holds
-//! a [`Seat`] and asks it to sample, to score its reference log-probabilities and to do its
-//! backward pass. The engine decides, here and nowhere else, how each job runs: the CPU's
+//! a [`Seat`] and asks it to sample, to score its reference and old log-probabilities and to do
+//! its backward pass. The engine decides, here and nowhere else, how each job runs: the CPU's
 //! native sampler and scorer or libtorch (whose decoder replays CUDA graphs on CUDA), and
 //! whether jobs of several runs run as one pass over their weights stacked on a leading run
 //! axis ([`Stacking`]).
@@ -29,7 +29,7 @@ use super::ahead::{Ahead, AheadSampler};
 use super::{BackwardPass, LossBatch, Sequences, backward_micro_batches, backward_stacked, frozen_logprobs, stacked_frozen_logprobs};
 use crate::grpo::Objective;
 use crate::model::decode::DecodeModel;
-use crate::model::generate::{Engine as Decoder, Generation, SamplingParams, generate, generate_stacked};
+use crate::model::generate::{Decoder, Generation, SamplingParams, generate, generate_stacked};
 use crate::model::linear::AdapterCtl;
 use crate::model::{Llama, native};
 
@@ -57,9 +57,11 @@ pub struct Done<T> {
     pub runs: usize,
 }
 
-/// The reference log-probabilities of a run's completions.
-pub struct ReferenceJob<'a> {
-    /// The reference policy: a frozen copy, or the policy with its adapters off (`ctl`).
+/// Log-probabilities of a run's completions under a policy that does not train in the pass
+/// (no gradient): the reference, or the old policy of the ratio.
+pub struct ScoreJob<'a> {
+    /// The reference policy (a frozen copy, or the policy with its adapters off: `ctl`), or the
+    /// policy itself with the batch's routed `ctl`.
     pub model: &'a Llama,
     pub ctl: &'a [AdapterCtl],
     pub generation: &'a Generation,
@@ -68,7 +70,7 @@ pub struct ReferenceJob<'a> {
     native: Option<&'a native::NativeModel>,
 }
 
-impl<'a> ReferenceJob<'a> {
+impl<'a> ScoreJob<'a> {
     pub fn new(model: &'a Llama, ctl: &'a [AdapterCtl], generation: &'a Generation, temperature: f64) -> Self {
         Self { model, ctl, generation, temperature, native: None }
     }
@@ -95,13 +97,13 @@ struct SampleJob<'a> {
 
 enum Job<'a> {
     Sample(SampleJob<'a>),
-    Reference(ReferenceJob<'a>),
+    Score(ScoreJob<'a>),
     Train(TrainJob<'a>),
 }
 
 enum Outcome {
     Sample(Result<Generation>),
-    Reference(Result<Tensor>),
+    Score(Result<Tensor>),
     Train(BackwardPass),
 }
 
@@ -222,13 +224,13 @@ impl Engine {
 
     fn run_jobs(&self, posted: Vec<Posted>, decoders: &mut HashMap<Vec<(usize, Vec<u64>)>, DecodeModel>) -> Vec<(usize, Done<Outcome>)> {
         let mut samples = Vec::new();
-        let mut references = Vec::new();
+        let mut scores = Vec::new();
         let mut trains = Vec::new();
         let mut outcomes = Vec::new();
         for Posted { run, job } in posted {
             match job {
                 Job::Sample(job) => samples.push((run, job)),
-                Job::Reference(job) => references.push((run, job)),
+                Job::Score(job) => scores.push((run, job)),
                 Job::Train(job) => trains.push((run, job)),
             }
         }
@@ -236,8 +238,8 @@ impl Engine {
         for group in groups(samples, same_call) {
             outcomes.extend(alone_or(group, Job::Sample, |group| sample_group(group, decoders)));
         }
-        for group in groups(references, |a, b| rows(a.generation) == rows(b.generation)) {
-            outcomes.extend(alone_or(group, Job::Reference, reference_group));
+        for group in groups(scores, |a, b| rows(a.generation) == rows(b.generation)) {
+            outcomes.extend(alone_or(group, Job::Score, score_group));
         }
         for group in groups(trains, |a, b| a.batch.loss_mask.size()[0] == b.batch.loss_mask.size()[0]) {
             outcomes.extend(alone_or(group, Job::Train, train_group));
@@ -321,7 +323,7 @@ fn sample_group(group: Vec<(usize, SampleJob)>, decoders: &mut HashMap<Vec<(usiz
     group.iter().zip(per_run).map(|((run, _), value)| (*run, Done { value: Outcome::Sample(value), seconds, runs })).collect()
 }
 
-fn reference_group(group: Vec<(usize, ReferenceJob)>) -> Vec<(usize, Done<Outcome>)> {
+fn score_group(group: Vec<(usize, ScoreJob)>) -> Vec<(usize, Done<Outcome>)> {
     let runs = group.len();
     let (logprobs, seconds) = timed(runs, || {
         let models: Vec<&Llama> = group.iter().map(|(_, job)| job.model).collect();
@@ -330,12 +332,13 @@ fn reference_group(group: Vec<(usize, ReferenceJob)>) -> Vec<(usize, Done<Outcom
         let temperatures: Vec<f64> = group.iter().map(|(_, job)| job.temperature).collect();
         stacked_frozen_logprobs(&models, &ctl, &seqs, &temperatures)
     });
-    group.iter().zip(logprobs).map(|((run, _), value)| (*run, Done { value: Outcome::Reference(Ok(value)), seconds, runs })).collect()
+    group.iter().zip(logprobs).map(|((run, _), value)| (*run, Done { value: Outcome::Score(Ok(value)), seconds, runs })).collect()
 }
 
-/// A run's reference log-probabilities computed alone: the native scorer on the CPU in float32
-/// (the same function up to float rounding, several times faster), libtorch elsewhere.
-fn reference_alone(job: &ReferenceJob) -> Result<Tensor> {
+/// A scoring job computed alone: the native scorer where the seat gave the job one (the
+/// reference on the CPU in float32: the same function up to float rounding, several times
+/// faster), libtorch elsewhere.
+fn score_alone(job: &ScoreJob) -> Result<Tensor> {
     match job.native {
         Some(native) => {
             let threads = tch::get_num_threads().max(1) as usize;
@@ -389,6 +392,11 @@ impl Seat {
         self.engine.stacks_passes(model) && self.engine.lock().next_run > 1
     }
 
+    /// The decoders the run holds: one per set of adapter scales it has sampled at, for its life.
+    pub fn decoders(&self) -> usize {
+        self.decoders.len()
+    }
+
     /// Samples `prompts` from the policy `model` at adapter `scales` (with the run's decoder
     /// for those scales, refolded from the current weights).
     pub fn sample(&mut self, model: &Llama, scales: &[f64], prompts: &[Vec<u32>], params: &SamplingParams, seed: u64) -> Result<Done<Generation>> {
@@ -424,20 +432,24 @@ impl Seat {
         self.ahead.as_mut().context("internal error: no generation was sampled ahead")?.take()
     }
 
-    /// The reference log-probabilities of a run's completions.
-    pub fn reference<'a>(&'a mut self, mut job: ReferenceJob<'a>) -> Result<Done<Tensor>> {
+    /// The reference log-probabilities of a run's completions (the native scorer where it
+    /// serves).
+    pub fn reference<'a>(&'a mut self, mut job: ScoreJob<'a>) -> Result<Done<Tensor>> {
         let (model, ctl) = (job.model, job.ctl);
         let reference = self.reference.get_or_insert_with(|| {
             assert!(ctl.iter().all(AdapterCtl::is_off), "the reference policy has every adapter off");
             DecodeModel::native_available(model.device, model.kind).then(|| DecodeModel::new(model, &vec![0.0; ctl.len()]))
         });
         job.native = reference.as_ref().and_then(DecodeModel::native);
-        let stacks = self.engine.stacks_passes(job.model);
-        let done = run_job(&self.engine, self.run, &mut self.working, stacks, Job::Reference(job))?;
-        match done.value {
-            Outcome::Reference(value) => Ok(Done { value: value?, seconds: done.seconds, runs: done.runs }),
-            _ => unreachable!("a reference job's outcome"),
-        }
+        score(&self.engine, self.run, &mut self.working, job)
+    }
+
+    /// The old policy's log-probabilities of a run's completions (the policy before the
+    /// rollout's updates, with the batch's routed adapter controls): libtorch, whose per-row
+    /// controls the native scorer does not have; stacked with other runs' scoring passes where
+    /// passes stack.
+    pub fn old_logprobs(&mut self, job: ScoreJob<'_>) -> Result<Done<Tensor>> {
+        score(&self.engine, self.run, &mut self.working, job)
     }
 
     /// One forward and backward pass of a run's loss: its gradients land in its parameters.
@@ -448,6 +460,16 @@ impl Seat {
             Outcome::Train(value) => Ok(Done { value, seconds: done.seconds, runs: done.runs }),
             _ => unreachable!("a train job's outcome"),
         }
+    }
+}
+
+/// Runs a scoring job of `run` (see [`run_job`]).
+fn score(engine: &Engine, run: usize, working: &mut bool, job: ScoreJob<'_>) -> Result<Done<Tensor>> {
+    let stacks = engine.stacks_passes(job.model);
+    let done = run_job(engine, run, working, stacks, Job::Score(job))?;
+    match done.value {
+        Outcome::Score(value) => Ok(Done { value: value?, seconds: done.seconds, runs: done.runs }),
+        _ => unreachable!("a scoring job's outcome"),
     }
 }
 
@@ -477,7 +499,7 @@ fn stop_working(engine: &Engine, working: &mut bool) {
 fn run_alone(job: &Job) -> Done<Outcome> {
     let (value, seconds) = timed(1, || match job {
         Job::Sample(job) => Outcome::Sample(generate(job.decoder, job.prompts, job.params, job.seed)),
-        Job::Reference(job) => Outcome::Reference(reference_alone(job)),
+        Job::Score(job) => Outcome::Score(score_alone(job)),
         Job::Train(job) => Outcome::Train(backward_micro_batches(job.model, &job.batch, job.temperature, job.objective, 1, &mut |_, _| {})),
     });
     Done { value, seconds, runs: 1 }

@@ -8,9 +8,9 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::model::decode::DecodeModel;
-use crate::model::generate::{SamplingParams, generate};
+use crate::model::generate::{Generation, SamplingParams, generate};
 use crate::model::{Llama, Tokenizer};
-use crate::reward::{Prompt, RewardModel, Sample, sample_from_ids};
+use crate::reward::{Prompt, RewardModel, samples_from_rows};
 use crate::stats::mean;
 
 pub mod deployment;
@@ -59,16 +59,26 @@ pub struct EvalSetup<'a> {
     pub seed: u64,
 }
 
-/// Evaluates `model` in each `(mode name, adapter scales)`; every mode samples with the same
-/// seed, so a mode's result does not depend on the other modes asked for.
-pub fn routing_eval<M: AsRef<str>>(model: &Llama, modes: &[(M, Vec<f64>)], rewards: &mut RewardModel, setup: &EvalSetup, step: usize) -> Result<EvalReport> {
+/// Samples prompts (token ids) from the evaluated policy at adapter scales, with the sampling
+/// settings and seed given: a run's seat at the engine in training (its decoders kept across
+/// evaluations), [`fresh_decoders`] for a checkpoint evaluated once.
+pub type SampleAt<'a> = dyn FnMut(&[f64], &[Vec<u32>], &SamplingParams, u64) -> Result<Generation> + 'a;
+
+/// Samples from `model` with a decoder folded for each call (`smallrl eval`, which loads each
+/// checkpoint once).
+pub fn fresh_decoders(model: &Llama) -> impl FnMut(&[f64], &[Vec<u32>], &SamplingParams, u64) -> Result<Generation> + '_ {
+    move |scales, prompts, params, seed| generate(&DecodeModel::new(model, scales), prompts, params, seed)
+}
+
+/// Evaluates the policy `sample` draws from in each `(mode name, adapter scales)`; every mode
+/// samples with the same seed, so a mode's result does not depend on the other modes asked for.
+pub fn routing_eval<M: AsRef<str>>(sample: &mut SampleAt, modes: &[(M, Vec<f64>)], rewards: &mut RewardModel, setup: &EvalSetup, step: usize) -> Result<EvalReport> {
     let start = Instant::now();
     let prompt_ids = setup.prompts.iter().map(|p| setup.tokenizer.encode(&p.text)).collect::<Result<Vec<_>>>()?;
     let mut reports = Vec::new();
     for (mode, scales) in modes {
-        let decoder = DecodeModel::new(model, scales);
-        let generation = generate(&decoder, &prompt_ids, setup.sampling, setup.seed)?;
-        let samples = to_samples(setup.prompts, &generation.rows, setup.tokenizer)?;
+        let generation = sample(scales, &prompt_ids, setup.sampling, setup.seed)?;
+        let samples = samples_from_rows(setup.prompts, &generation.rows, setup.tokenizer)?;
         let scored = rewards.score(&samples, setup.seed)?;
         let completions: Vec<String> = samples.iter().map(|s| s.completion.clone()).collect();
         let components = rewards.components().iter().zip(&scored.components).map(|(c, scores)| (c.name.clone(), mean(scores))).collect();
@@ -92,11 +102,6 @@ pub fn routing_eval<M: AsRef<str>>(model: &Llama, modes: &[(M, Vec<f64>)], rewar
         });
     }
     Ok(EvalReport { step, modes: reports, seconds: start.elapsed().as_secs_f64() })
-}
-
-/// Reward samples from generated rows (prompt texts in the same order as the rows).
-pub fn to_samples(prompts: &[Prompt], rows: &[crate::model::generate::CompletionRow], tokenizer: &Tokenizer) -> Result<Vec<Sample>> {
-    prompts.iter().zip(rows).map(|(prompt, row)| sample_from_ids(prompt, row.ids.clone(), row.ended_with_eos, tokenizer)).collect()
 }
 
 /// The text up to and including the first `.`, `?` or `!`.

@@ -31,7 +31,7 @@ pub struct DecodeModel {
     pub kind: Kind,
     /// The same weights for the libtorch-free CPU sampler (float32 on the CPU only).
     pub(super) native: Option<NativeModel>,
-    /// Decode buffers and CUDA graphs captured on these weights (`Engine::CudaGraphs`); they
+    /// Decode buffers and CUDA graphs captured on these weights (`Decoder::CudaGraphs`); they
     /// are freed with the model, so a graph never outlives the weights it reads.
     pub(super) graphs: Mutex<Vec<GraphedDecode>>,
 }

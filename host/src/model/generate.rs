@@ -1,9 +1,9 @@
-//! Batched sampling with a KV cache, by one of three engines (see [`Engine`]): on the CPU in
+//! Batched sampling with a KV cache, by one of three decoders (see [`Decoder`]): on the CPU in
 //! float32 the libtorch-free sampler of `native.rs`; elsewhere libtorch ops here, on a CUDA
 //! device replayed from CUDA graphs. The libtorch path prefills the left-padded prompts, then
 //! runs one step per token for all rows. Rows that produced EOS keep running (the batch shape
 //! stays fixed) but emit padding; the host checks for "all finished" only every few steps, so
-//! the loop does not wait on the device after each token. Both engines apply HF's logits
+//! the loop does not wait on the device after each token. Both decoders apply HF's logits
 //! processors in HF's order and draw each row's tokens from that row's own random stream
 //! ([`row_rng`]).
 
@@ -26,7 +26,7 @@ pub use smallrl_native::Sampling as SamplingParams;
 /// it waits for the device, and the length of a captured CUDA graph.
 const FINISHED_CHECK_INTERVAL: usize = 8;
 
-/// Decoding from CUDA graphs, the libtorch engine left-pads prompts to a multiple of this width
+/// Decoding from CUDA graphs, the libtorch decoder left-pads prompts to a multiple of this width
 /// (each run's generation is cut back to its own longest prompt afterwards), so a batch's
 /// shape, and with it a captured graph, is reused across steps whose longest prompts differ by
 /// a few tokens. Eager decoding pads to the longest prompt only.
@@ -36,10 +36,10 @@ const PROMPT_WIDTH_MULTIPLE: usize = 16;
 const GRAPHED_SHAPES: usize = 4;
 
 /// Which implementation samples. All compute the same function from the same folded weights
-/// and draw the same tokens for the same seed; [`generate`] picks [`Engine::Native`] whenever
-/// the model is float32 on the CPU, [`Engine::CudaGraphs`] on a CUDA device.
+/// and draw the same tokens for the same seed; [`generate`] picks [`Decoder::Native`] whenever
+/// the model is float32 on the CPU, [`Decoder::CudaGraphs`] on a CUDA device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Engine {
+pub enum Decoder {
     /// Plain Rust loops and `gemm` (`native.rs`): rows split into `threads` independent streams.
     Native { threads: usize },
     /// libtorch ops issued one by one (any device and dtype).
@@ -47,32 +47,32 @@ pub enum Engine {
     /// The same libtorch ops recorded once per shape as CUDA graphs of
     /// [`FINISHED_CHECK_INTERVAL`] steps and replayed (one launch per chunk instead of a few
     /// hundred per token). Without a CUDA device, or in a binary built without the shim, it
-    /// decodes as [`Engine::Libtorch`] and says so once.
+    /// decodes as [`Decoder::Libtorch`] and says so once.
     CudaGraphs,
 }
 
 /// Samples completions for `prompts` (token ids without special tokens); on the CPU in float32
 /// with one stream of rows per libtorch thread.
 pub fn generate(model: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingParams, seed: u64) -> Result<Generation> {
-    let engine = match model.native {
-        Some(_) => Engine::Native { threads: tch::get_num_threads().max(1) as usize },
-        None if model.device.is_cuda() => Engine::CudaGraphs,
-        None => Engine::Libtorch,
+    let decoder = match model.native {
+        Some(_) => Decoder::Native { threads: tch::get_num_threads().max(1) as usize },
+        None if model.device.is_cuda() => Decoder::CudaGraphs,
+        None => Decoder::Libtorch,
     };
-    generate_with(engine, model, prompts, params, seed)
+    generate_with(decoder, model, prompts, params, seed)
 }
 
-pub fn generate_with(engine: Engine, model: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingParams, seed: u64) -> Result<Generation> {
+pub fn generate_with(decoder: Decoder, model: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingParams, seed: u64) -> Result<Generation> {
     ensure!(model.runs() == 1, "a stacked decoder samples with generate_stacked");
     check_request(model, prompts, params)?;
-    match engine {
-        Engine::Native { threads } => {
+    match decoder {
+        Decoder::Native { threads } => {
             let native = model.native.as_ref().with_context(|| {
                 DecodeModel::native_refusal(model.device, model.kind).unwrap_or_else(|| "the native sampler was not built".into())
             })?;
             native::generate(native, prompts, params, seed, threads)
         }
-        _ => generate_libtorch(model, &[prompts], params, &[seed], stepping(engine, model))?.pop().expect("one run"),
+        _ => generate_libtorch(model, &[prompts], params, &[seed], stepping(decoder, model))?.pop().expect("one run"),
     }
 }
 
@@ -80,20 +80,20 @@ pub fn generate_with(engine: Engine, model: &DecodeModel, prompts: &[Vec<u32>], 
 /// `prompts[r]` (the same number of prompts for every run) from its own weights with its own
 /// `seeds[r]`. Each run's [`Generation`] is the one [`generate_with`] returns for that run's
 /// decoder alone (the same tokens; padded to its own longest prompt and completion), computed
-/// by one batched decode of all rows. `engine` is [`Engine::Libtorch`] or [`Engine::CudaGraphs`].
+/// by one batched decode of all rows. `decoder` is [`Decoder::Libtorch`] or [`Decoder::CudaGraphs`].
 /// A run whose weights diverged is an `Err` of its own (the message decoding it alone gives);
 /// the other runs are unaffected.
-pub fn generate_stacked(engine: Engine, model: &DecodeModel, prompts: &[&[Vec<u32>]], params: &SamplingParams, seeds: &[u64]) -> Result<Vec<Result<Generation>>> {
-    ensure!(!matches!(engine, Engine::Native { .. }), "the native sampler decodes one run at a time; stacked runs decode with libtorch");
+pub fn generate_stacked(decoder: Decoder, model: &DecodeModel, prompts: &[&[Vec<u32>]], params: &SamplingParams, seeds: &[u64]) -> Result<Vec<Result<Generation>>> {
+    ensure!(!matches!(decoder, Decoder::Native { .. }), "the native sampler decodes one run at a time; stacked runs decode with libtorch");
     ensure!(prompts.len() == model.runs() && seeds.len() == model.runs(), "{} runs stacked, prompts for {} and seeds for {}", model.runs(), prompts.len(), seeds.len());
     ensure!(prompts.iter().all(|p| p.len() == prompts[0].len()), "stacked runs sample the same number of prompts each");
     for run_prompts in prompts {
         check_request(model, run_prompts, params)?;
     }
-    generate_libtorch(model, prompts, params, seeds, stepping(engine, model))
+    generate_libtorch(model, prompts, params, seeds, stepping(decoder, model))
 }
 
-/// Refuses what no engine can sample.
+/// Refuses what no decoder can sample.
 fn check_request(model: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingParams) -> Result<()> {
     ensure!(!prompts.is_empty(), "no prompts to sample from");
     ensure!(prompts.iter().all(|p| !p.is_empty()), "empty prompt: every prompt needs at least one token");
@@ -113,10 +113,10 @@ fn check_request(model: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingPar
     Ok(())
 }
 
-/// How a libtorch `engine` issues its ops on `model`'s device.
-fn stepping(engine: Engine, model: &DecodeModel) -> Stepping {
-    match engine {
-        Engine::CudaGraphs => match cuda_graph::availability(model.device) {
+/// How a libtorch `decoder` issues its ops on `model`'s device.
+fn stepping(decoder: Decoder, model: &DecodeModel) -> Stepping {
+    match decoder {
+        Decoder::CudaGraphs => match cuda_graph::availability(model.device) {
             Ok(()) => Stepping::Graphs,
             Err(reason) => {
                 eager_instead_of_graphs(&reason);
@@ -127,7 +127,7 @@ fn stepping(engine: Engine, model: &DecodeModel) -> Stepping {
     }
 }
 
-/// How the libtorch engine issues a step's ops.
+/// How the libtorch decoder issues a step's ops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stepping {
     /// Op by op from the host.
@@ -136,13 +136,13 @@ enum Stepping {
     Graphs,
 }
 
-/// Says once per process why [`Engine::CudaGraphs`] decodes eagerly.
+/// Says once per process why [`Decoder::CudaGraphs`] decodes eagerly.
 fn eager_instead_of_graphs(reason: &str) {
     static SAID: std::sync::Once = std::sync::Once::new();
     SAID.call_once(|| eprintln!("decoding without CUDA graphs (eager libtorch ops, the same tokens): {reason}"));
 }
 
-/// The libtorch engine: every run's rows (one run unless `model` is stacked) left-padded to
+/// The libtorch decoder: every run's rows (one run unless `model` is stacked) left-padded to
 /// the longest prompt of all and decoded together; each run's part is then cut back to its own
 /// longest prompt and completion, so it is what decoding that run alone gives. A run with a
 /// diverged row is an error of its own.
@@ -267,7 +267,7 @@ fn decode_with_graphs(model: &DecodeModel, fresh: DecodeState) -> Result<(Tensor
 /// (step-major, so each step's draws are one contiguous row), for `rows_per_run` rows of each
 /// run seeded by `seeds` (one run unless stacked): entry `[t, r * rows_per_run + i]` is the
 /// t-th number of row i's own stream of run r ([`row_rng`]), the same numbers in
-/// the same order as the native sampler draws them, so all engines draw the same tokens. They
+/// the same order as the native sampler draws them, so all decoders draw the same tokens. They
 /// are made up front and copied to the device once, so the token loop has no host-to-device
 /// copy (on a GPU, one per token was a synchronising copy from pageable memory).
 fn row_uniforms(seeds: &[u64], rows_per_run: usize, steps: usize, device: tch::Device) -> Tensor {

@@ -434,6 +434,11 @@ pub fn sample_from_ids(prompt: &Prompt, completion_ids: Vec<u32>, ended_with_eos
     })
 }
 
+/// The samples of generated rows (prompts in the same order as the rows).
+pub fn samples_from_rows(prompts: &[Prompt], rows: &[crate::model::generate::CompletionRow], tokenizer: &crate::model::tokenizer::Tokenizer) -> Result<Vec<Sample>> {
+    prompts.iter().zip(rows).map(|(prompt, row)| sample_from_ids(prompt, row.ids.clone(), row.ended_with_eos, tokenizer)).collect()
+}
+
 /// Builds a sample from text the way the trainer does from generated ids: the completion is
 /// tokenized (no special tokens), its text is the decoded ids (special tokens skipped, so
 /// lowercased and re-spaced by the SimpleStories tokenizer) and it counts as ended by EOS.

@@ -26,8 +26,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use tch::{Device, Kind, Tensor};
 
-use super::Trainer;
 use super::metrics::key;
+use super::policy::Policy;
 use crate::engine;
 use crate::model::linear::{AdapterCtl, RowLearn, RowScale};
 use crate::rng::{self, SplitMix64};
@@ -201,24 +201,32 @@ pub fn write_matrix(run_dir: &Path, step: usize, kernel: &Tensor, sketch_dim: us
     crate::fsutil::write_atomic(&path, serde_json::to_string(&value)?.as_bytes())
 }
 
-impl Trainer {
-    /// With `fisher_kernel_every` N > 0 and (1-based) step `step + 1` a multiple of N: the
-    /// sketched Fisher kernel of the step's sequences under the current (not yet updated)
-    /// policy, written to `fisher/step_<N>.json`; returns its summary and the seconds it took as
-    /// the metrics line's values (none on the other steps).
-    pub(super) fn fisher_kernel(&self, step: usize, seqs: engine::Sequences, ctl: &[AdapterCtl]) -> Result<Vec<(&'static str, f64)>> {
-        let every = self.cfg.fisher_kernel_every;
-        if every == 0 || (step + 1) % every != 0 {
+/// When and how wide the kernel is measured (`fisher_kernel_every`, `fisher_kernel_sketch`),
+/// with the run's seed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FisherSchedule {
+    pub every: usize,
+    pub sketch: usize,
+    pub seed: u64,
+}
+
+impl FisherSchedule {
+    /// With `every` N > 0 and (1-based) step `step + 1` a multiple of N: the sketched Fisher
+    /// kernel of the step's sequences under the `policy` as it is (before the step's update),
+    /// written to `<run_dir>/fisher/step_<N>.json`; returns its summary and the seconds it took
+    /// as the metrics line's values (none on the other steps).
+    pub(super) fn measure(&self, policy: &Policy, run_dir: &Path, step: usize, seqs: engine::Sequences, ctl: &[AdapterCtl]) -> Result<Vec<(&'static str, f64)>> {
+        if self.every == 0 || (step + 1) % self.every != 0 {
             return Ok(Vec::new());
         }
         let started = std::time::Instant::now();
-        let params: Vec<Tensor> = self.optimizer.params().iter().map(|(_, t)| t.shallow_clone()).collect();
+        let params: Vec<Tensor> = policy.optimizer.params().iter().map(|(_, t)| t.shallow_clone()).collect();
         let numels: Vec<i64> = params.iter().map(|t| t.numel() as i64).collect();
-        let seed = rng::derive(self.cfg.seed, PURPOSE, step as u64);
+        let seed = rng::derive(self.seed, PURPOSE, step as u64);
         let device = params.first().map_or(Device::Cpu, Tensor::device);
-        let sketch = CountSketch::new(seed, &numels, self.cfg.fisher_kernel_sketch, device);
-        let kernel = kernel(&sketch_sequences(&self.model, seqs, self.cfg.temperature, ctl, &params, &sketch));
-        write_matrix(&self.run_dir, step + 1, &kernel, self.cfg.fisher_kernel_sketch, seed)?;
+        let sketch = CountSketch::new(seed, &numels, self.sketch, device);
+        let kernel = kernel(&sketch_sequences(&policy.model, seqs, policy.temperature(), ctl, &params, &sketch));
+        write_matrix(run_dir, step + 1, &kernel, self.sketch, seed)?;
         let mut fields = FisherSummary::of(&kernel).fields();
         fields.push((key::TIMING_FISHER, started.elapsed().as_secs_f64()));
         Ok(fields)

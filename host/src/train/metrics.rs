@@ -109,7 +109,7 @@ pub mod key {
     /// Off-policy training (`max_steps_off_policy`): the version of the weights that sampled
     /// the step's batch (optimizer steps done before it), its staleness in steps (mean and max
     /// over the batch's samples: one version per batch), the batches dropped for staleness
-    /// (none can be: see `train/ahead.rs`), the seconds the step waited for its batch and the
+    /// (none can be: see `train/draw/ahead.rs`), the seconds the step waited for its batch and the
     /// sampler thread for its job.
     pub const OFF_POLICY_VERSION: &str = "off_policy/policy_version";
     pub const OFF_POLICY_STALENESS_MEAN: &str = "off_policy/staleness_mean";
@@ -185,12 +185,25 @@ pub struct RolloutMetrics {
     /// With `dynamic_sampling_rounds`: what filling the batch took.
     pub dynamic_sampling: Option<DynamicSampling>,
     /// With `max_steps_off_policy`: how stale the batch was.
-    pub off_policy: Option<super::ahead::OffPolicy>,
+    pub off_policy: Option<OffPolicy>,
     /// With the retain verifier and coherence rows: the share of them it verified.
     pub frac_verified: Option<f64>,
     pub generate_seconds: f64,
     pub score_seconds: f64,
     pub reference_seconds: f64,
+}
+
+/// How stale a step's batch was and what waiting the overlap left.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OffPolicy {
+    /// The version of the weights that sampled the batch (optimizer steps done before).
+    pub policy_version: usize,
+    /// Steps between those weights and the step's own.
+    pub staleness: usize,
+    /// Seconds the step waited for its batch.
+    pub wait_seconds: f64,
+    /// Seconds the sampler thread sat idle waiting for the batch's job (for weights).
+    pub sampler_idle_seconds: f64,
 }
 
 /// What DAPO's dynamic sampling did for one batch (see [`key::DYNAMIC_SAMPLING_ROUNDS`]).

@@ -1,30 +1,32 @@
-//! The GRPO trainer. One optimizer step:
+//! The GRPO trainer. One optimizer step is a pipeline of values (`step.rs`):
 //!
-//! prompts → sample (fused KV-cached decoder, both adapters on) → score (reward plugins and
-//! detector, protocol knobs) → group advantages → routing plan (per-row adapter controls) →
-//! reference / old log-probs → routed loss, backward → clip, AdamW, LR schedule →
-//! metrics, samples, evaluation, checkpoint.
+//! draw (`draw.rs`: prompts → the policy's samples → scores) → prepare (`recipe.rs`: rewards
+//! → intervention → advantages → routing plan → loss mask) → reference / old log-probs
+//! (`policy.rs`, through the engine) → the mini-batch's backward pass → clip, AdamW, LR
+//! schedule → metrics, samples; then evaluation and checkpoint when due (this file).
 //!
-//! By concern: `config.rs` (the hyperparameters), `prompts.rs` (prompt sourcing),
-//! `rollout.rs` (generate, score, advantages, routing plan), `step.rs` (the optimizer step),
-//! `metrics.rs` (the `metrics.jsonl` record and its keys), `dump.rs` (`dump_batches`),
-//! `checkpoint.rs` and `provenance.rs` (plugin hashes); run directories and their logs are
-//! [`crate::rundir`] and [`crate::runlog`], shared with `pretrain` and `sweep`; this file sets a run up, resumes it and runs the loop.
+//! The parts: `config/` (the hyperparameters, resolved once into the parts' keys),
+//! `policy.rs` (`Policy`), `draw.rs` (`Draw`), `recipe.rs` (`Recipe`), `metrics.rs`
+//! (the `metrics.jsonl` record and its keys), `dump.rs` (`dump_batches`), `checkpoint.rs` and
+//! `provenance.rs` (plugin hashes); run directories and their logs are [`crate::rundir`] and
+//! [`crate::runlog`], shared with `pretrain` and `sweep`; this file sets a run up, resumes it
+//! and runs the loop.
 //!
 //! Invariant: everything random derives from (seed, step), so a resumed run repeats exactly
 //! what the uninterrupted run would have done (on CPU with the same thread count).
 
-mod ahead;
 pub mod checkpoint;
 pub mod config;
+mod draw;
 mod dump;
-mod dynamic;
 pub mod fisher;
 pub mod metrics;
 pub mod live;
 pub mod prompts;
 pub mod provenance;
 pub mod packed;
+mod policy;
+pub mod recipe;
 mod rollout;
 mod step;
 pub mod task;
@@ -33,19 +35,19 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, ensure};
 
-use crate::adapters::{AdapterConfig, AdapterKind, set_base_trainable};
+use crate::adapters::AdapterKind;
 use crate::engine::{Engine, Seat};
 use crate::eval::{self, EvalSetup};
-use crate::grpo::Objective;
 use crate::model::generate::SamplingParams;
-use crate::model::{self, Llama, Tokenizer};
-use crate::optim::{AdamW, AdamWConfig};
+use crate::model::{self, Tokenizer};
 use crate::reward::RewardModel;
 use crate::rng;
 use crate::routing;
 pub use config::TrainConfig;
 pub use prompts::{evaluation_prompts, training_prompts};
-use prompts::PromptStream;
+use draw::Draw;
+use policy::Policy;
+use recipe::Recipe;
 use rollout::Rollout;
 use live::LiveLogs;
 use crate::rundir;
@@ -54,32 +56,18 @@ use crate::runlog::{Jsonl, RunLog};
 pub struct Trainer {
     cfg: TrainConfig,
     run_dir: PathBuf,
-    adapters: AdapterConfig,
-    model: Llama,
-    /// Full fine-tuning only: the frozen starting model (with adapters the reference is the
-    /// model with its adapters switched off).
-    reference: Option<Llama>,
-    /// The run's place at the engine that samples, scores and trains it (alone, or shared by
-    /// the runs of a pack).
-    seat: Seat,
-    /// The engine's stacked calls this run's train.log has mentioned (once each).
-    announced: Vec<&'static str>,
-    /// With `max_steps_off_policy`: the batches sampled ahead (`ahead.rs`).
-    ahead: ahead::AheadQueue,
+    /// The model, its reference, adapters and optimizer, the objective and the seat at the
+    /// engine through which every pass over them goes.
+    policy: Policy,
     tokenizer: Tokenizer,
     model_files: model::ModelFiles,
     rewards: RewardModel,
-    optimizer: AdamW,
-    prompts: PromptStream,
-    /// The prompts of dynamic sampling's extra rounds (`dynamic_sampling_rounds`): the same
-    /// prompts in another seeded order.
-    extra_prompts: Option<PromptStream>,
-    /// The coherence prompts of the retain verifier (`rh_detector_verifies_retain_samples`):
-    /// the hackable and detectable training prompts in their own seeded order.
-    verifier_prompts: Option<PromptStream>,
+    /// The prompt streams and the batches sampled ahead: from them and the policy, a step's
+    /// scored batch.
+    draw: Draw,
     eval_prompts: Vec<crate::reward::Prompt>,
-    loss: Objective,
-    sampling: SamplingParams,
+    /// What the run makes of a scored batch (advantages, intervention, routing plan).
+    recipe: Recipe,
     log: RunLog,
     /// Held for the run's life: no second process writes this run directory.
     _lock: std::fs::File,
@@ -131,29 +119,16 @@ impl Trainer {
             Some(dir) if rundir::has_checkpoint(dir)? => Some(dir),
             _ => None,
         };
-        let adapters = cfg.adapter_config()?;
-        let loaded = model::load(&cfg.model, &cfg.revision, device, kind)?;
-        let (mut model, tokenizer, model_files) = (loaded.model, loaded.tokenizer, loaded.files);
-        let reference = match adapters.kind {
-            AdapterKind::Full => {
-                let frozen = model.frozen_copy();
-                set_base_trainable(&mut model, true);
-                Some(frozen)
-            }
-            _ => {
-                adapters.attach(&mut model, rng::derive(cfg.seed, "adapter-init", 0))?;
-                None
-            }
-        };
+        let (policy, tokenizer, model_files) = policy::load(&cfg, device, kind, seat)?;
         // The one place a run's prompts, rewards, monitor and ground truth are assembled.
         let task::Task { rewards, prompts, eval_prompts } = task::load(&cfg, &tokenizer, &prompts::PromptRender::for_run(&cfg, &model_files)?)?;
         let hashes = provenance::reconcile(&mut cfg, rewards.plugin_hashes(), resume.is_some(), accept_changed_plugins)?;
-        let optimizer = AdamW::new(
-            adapters.trainable(&model),
-            AdamWConfig { beta1: cfg.adam_beta1, beta2: cfg.adam_beta2, eps: cfg.adam_epsilon, weight_decay: cfg.weight_decay },
-        );
-        let sampling = sampling_params(&cfg);
-        let loss = cfg.objective()?;
+        let recipe = cfg.recipe(device)?;
+        let verifier_prompts = match cfg.rh_detector_verifies_retain_samples {
+            true => Some(prompts::verifier_prompts(&prompts)?),
+            false => None,
+        };
+        let draw = Draw::new(cfg.draw_keys(), prompts, verifier_prompts);
         // Everything above can fail on bad input; only now is the run directory written.
         let restarted = match resume {
             Some(_) => None,
@@ -165,17 +140,9 @@ impl Trainer {
         let mut trainer = Self {
             metrics: Jsonl::new(run_dir.join("metrics.jsonl")),
             evals: Jsonl::new(run_dir.join("routing_eval.jsonl")),
-            extra_prompts: (cfg.dynamic_sampling_rounds > 0).then(|| PromptStream::new(prompts.clone(), rng::derive(cfg.seed, "dynamic-sampling-prompts", 0))),
-            verifier_prompts: match cfg.rh_detector_verifies_retain_samples {
-                true => Some(PromptStream::new(prompts::verifier_prompts(&prompts)?, rng::derive(cfg.seed, "verifier-prompts", 0))),
-                false => None,
-            },
-            prompts: PromptStream::new(prompts, cfg.seed),
-            cfg, run_dir, adapters, model, reference, tokenizer, model_files, rewards, optimizer,
-            eval_prompts, loss, sampling, log, live, _lock, num_tokens: 0, rollout: None, noise_scale_average: None,
-            seat,
-            announced: Vec::new(),
-            ahead: Default::default(),
+            draw,
+            cfg, run_dir, policy, tokenizer, model_files, rewards,
+            eval_prompts, recipe, log, live, _lock, num_tokens: 0, rollout: None, noise_scale_average: None,
         };
         let opened = trainer.open_run(resume.is_some(), restarted, hashes);
         trainer.log_failure(opened)?;
@@ -224,9 +191,9 @@ impl Trainer {
             "smallrl train: run {} | model {} | adapter {:?} ranks {:?} | {} prompts, {} eval prompts | reward components {:?} | detector: {}{}",
             self.run_dir.display(),
             self.model_files.source,
-            self.adapters.kind,
-            self.adapters.ranks,
-            self.prompts.len(),
+            self.policy.adapters.kind,
+            self.policy.adapters.ranks,
+            self.draw.prompts.len(),
             self.eval_prompts.len(),
             self.rewards.components().iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
             if self.rewards.has_detector() { "yes" } else { "no" },
@@ -238,7 +205,7 @@ impl Trainer {
     /// " | hackable prompts: 0.500 of training, 0.250 of evaluation" when some prompts do not
     /// offer the hack (`hackable` metadata, `hack_frac`); empty when all do.
     fn hackable_note(&self) -> String {
-        let (training, evaluation) = (prompts::hackable_fraction(self.prompts.prompts()), prompts::hackable_fraction(&self.eval_prompts));
+        let (training, evaluation) = (prompts::hackable_fraction(self.draw.prompts.prompts()), prompts::hackable_fraction(&self.eval_prompts));
         match training == 1.0 && evaluation == 1.0 {
             true => String::new(),
             false => format!(" | hackable prompts: {training:.3} of training, {evaluation:.3} of evaluation"),
@@ -248,12 +215,12 @@ impl Trainer {
     fn resume(&mut self) -> Result<()> {
         let dir = checkpoint::latest(&self.run_dir)?;
         let state = checkpoint::read_state(&dir)?;
-        checkpoint::check_adapters(&state, &self.adapters, &dir)?;
+        checkpoint::check_adapters(&state, &self.policy.adapters, &dir)?;
         ensure!(state.seed == self.cfg.seed, "{}: seed {} differs from the run's {}", dir.display(), state.seed, self.cfg.seed);
-        crate::adapters::load_trainable(self.optimizer.params(), &checkpoint::read_weights(&dir, &state)?, &dir.display().to_string())?;
+        crate::adapters::load_trainable(self.policy.optimizer.params(), &checkpoint::read_weights(&dir, &state)?, &dir.display().to_string())?;
         let step = state.step;
-        self.optimizer.load_state(&checkpoint::load_optimizer(&dir)?, step, &dir.display().to_string())?;
-        self.restore_in_flight(&dir)?;
+        self.policy.optimizer.load_state(&checkpoint::load_optimizer(&dir)?, step, &dir.display().to_string())?;
+        self.draw.restore_in_flight(&dir, &self.tokenizer, self.policy.model.device)?;
         let last_metrics = self.metrics.truncate_after(step)?;
         self.evals.truncate_after(step)?;
         self.live.resume_after(step)?;
@@ -296,9 +263,9 @@ impl Trainer {
 
     fn train_steps(&mut self, stop_after: Option<usize>) -> Result<RunSummary> {
         let end = self.end_step(stop_after);
-        self.seat.start_working();
-        self.log.progress(self.optimizer.step as u64, String::new());
-        while self.optimizer.step < end {
+        self.policy.seat.start_working();
+        self.log.progress(self.policy.optimizer.step as u64, String::new());
+        while self.policy.optimizer.step < end {
             self.advance()?;
         }
         self.log.finish();
@@ -307,16 +274,16 @@ impl Trainer {
 
     /// The step this invocation stops after: `max_steps`, or `stop_after` steps from here.
     fn end_step(&self, stop_after: Option<usize>) -> usize {
-        stop_after.map_or(self.cfg.max_steps, |n| (self.optimizer.step + n).min(self.cfg.max_steps))
+        stop_after.map_or(self.cfg.max_steps, |n| (self.policy.optimizer.step + n).min(self.cfg.max_steps))
     }
 
     /// The next optimizer step, then the evaluation and checkpoint that fall on it: the unit a
     /// run repeats, alone or in a pack (each run on its own thread, `packed.rs`).
     fn advance(&mut self) -> Result<()> {
-        let step = self.optimizer.step;
+        let step = self.policy.optimizer.step;
         self.step(step).with_context(|| self.stopped_at(step))?;
         let done = step + 1;
-        ensure!(self.optimizer.step == done, "the optimizer is at step {} after step {done}", self.optimizer.step);
+        ensure!(self.policy.optimizer.step == done, "the optimizer is at step {} after step {done}", self.policy.optimizer.step);
         let kept = format!("{} keeps what was written", self.run_dir.display());
         if done % self.cfg.eval_every == 0 || done == self.cfg.max_steps {
             self.evaluate(done).with_context(|| format!("the routing evaluation after step {done} failed; {kept}"))?;
@@ -327,18 +294,6 @@ impl Trainer {
         Ok(())
     }
 
-    /// Says `line` in train.log the first time this run's jobs of `kind` run as the engine
-    /// reports (stacked with other runs', or alone in a pack that stacks).
-    fn announce(&mut self, kind: &'static str, line: impl FnOnce() -> String) {
-        if self.announced.contains(&kind) {
-            return;
-        }
-        self.announced.push(kind);
-        if let Err(error) = self.log.line(&line()) {
-            eprintln!("warning: {error:#}");
-        }
-    }
-
     /// The context of an error at 0-based `step`: where training stopped and what was kept.
     fn stopped_at(&self, step: usize) -> String {
         format!("training stopped at step {}; {} keeps what was written", step + 1, self.run_dir.display())
@@ -346,14 +301,24 @@ impl Trainer {
 
     /// One optimizer step (no evaluation or checkpoint), for benchmarks; returns its metrics.
     pub fn train_one(&mut self) -> Result<serde_json::Value> {
-        let step = self.optimizer.step;
+        let step = self.policy.optimizer.step;
         self.step(step)
     }
 
+    /// The decoders the run holds at its seat (one per set of adapter scales sampled at:
+    /// training's and the evaluations', kept across steps and evaluations).
+    pub fn decoders(&self) -> usize {
+        self.policy.seat.decoders()
+    }
+
     fn evaluate(&mut self, step: usize) -> Result<()> {
-        let modes = routing::eval_modes(&self.adapters);
-        let setup = EvalSetup { tokenizer: &self.tokenizer, prompts: &self.eval_prompts, sampling: &self.sampling, seed: eval_seed(&self.cfg) };
-        let report = eval::routing_eval(&self.model, &modes, &mut self.rewards, &setup, step)?;
+        let modes = routing::eval_modes(&self.policy.adapters);
+        let setup = EvalSetup { tokenizer: &self.tokenizer, prompts: &self.eval_prompts, sampling: &self.policy.sampling, seed: eval_seed(&self.cfg) };
+        // Through the run's seat: its decoders (one per adapter scales) are kept across
+        // evaluations and shared with training's, and stack in a pack like training samples.
+        let (seat, model) = (&mut self.policy.seat, &self.policy.model);
+        let mut sample = |scales: &[f64], prompts: &[Vec<u32>], params: &SamplingParams, seed| seat.sample(model, scales, prompts, params, seed).map(|done| done.value);
+        let report = eval::routing_eval(&mut sample, &modes, &mut self.rewards, &setup, step)?;
         self.log.line(&eval::format_block(&report))?;
         let evaluation = eval::to_json(&report);
         self.live.routing_eval(&evaluation)?;
@@ -363,20 +328,20 @@ impl Trainer {
     fn save(&mut self, step: usize) -> Result<()> {
         let state = checkpoint::TrainerState {
             step,
-            adapters: self.adapters.clone(),
+            adapters: self.policy.adapters.clone(),
             base_model: self.model_files.source.clone(),
             revision: self.cfg.revision.clone(),
             seed: self.cfg.seed,
         };
-        let in_flight = self.in_flight()?;
-        let hf_files = (self.adapters.kind == AdapterKind::Full).then_some((&self.model.config, self.model_files.tokenizer.as_path()));
+        let in_flight = self.draw.in_flight(&mut self.policy)?;
+        let hf_files = (self.policy.adapters.kind == AdapterKind::Full).then_some((&self.policy.model.config, self.model_files.tokenizer.as_path()));
         let snapshot = checkpoint::Snapshot {
             state,
             config_yaml: crate::yaml::to_string(&self.cfg)?,
-            trainable: self.optimizer.params(),
-            optimizer: self.optimizer.state_tensors(),
+            trainable: self.policy.optimizer.params(),
+            optimizer: self.policy.optimizer.state_tensors(),
             hf_files,
-            extra: &|dir| in_flight.as_ref().map_or(Ok(()), |batches| ahead::write_in_flight(dir, batches)),
+            extra: &|dir| in_flight.as_ref().map_or(Ok(()), |batches| draw::write_in_flight(dir, batches)),
         };
         let dir = checkpoint::save(&self.run_dir, snapshot)?;
         self.log.line(&format!("saved {}", dir.display()))

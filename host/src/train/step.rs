@@ -1,6 +1,8 @@
-//! One optimizer step on a rollout's mini-batch (the whole batch unless `num_substeps` splits
-//! it): routed log-probabilities, the GRPO loss, backward, clipping, AdamW with the linear
-//! schedule, then the step's metrics line, log lines and live views.
+//! One optimizer step, as a pipeline of values: the rollout when the step starts one (the
+//! draw's scored batch → the recipe's prepared batch → reference and old log-probabilities),
+//! the step's mini-batch of it, the backward pass (through the engine, or the run's own passes
+//! for micro-batches and probes), clipping, AdamW with the linear schedule, then the step's
+//! metrics line, log lines and live views.
 
 use std::time::Instant;
 
@@ -9,7 +11,10 @@ use tch::{Kind, Tensor};
 
 use super::Trainer;
 use super::metrics::{self, GradientNoise, StepMetrics, key};
-use super::rollout::Rollout;
+use super::draw::Drawing;
+use super::live::BatchRecord;
+use super::recipe::Prepared;
+use super::rollout::{Rollout, rollout_metrics, rollout_tensors};
 use crate::model::generate::Generation;
 use crate::model::linear::AdapterCtl;
 use crate::routing::RoutePlan;
@@ -62,8 +67,59 @@ impl Trainer {
         // Each pass over the rollout goes through its mini-batches in order.
         let substeps = self.cfg.substeps_per_rollout();
         let mini = MiniBatch::of(rollout, step % substeps, substeps);
-        self.optimizer.zero_grad();
+        self.policy.optimizer.zero_grad();
         Ok(PendingStep { step, started, new_rollout, mini })
+    }
+
+    /// Generates, scores and prepares the rollout of optimizer step `step` (and the next
+    /// `num_iterations * num_substeps - 1` steps).
+    pub(super) fn rollout(&mut self, step: usize) -> Result<Rollout> {
+        let mut with = Drawing { policy: &mut self.policy, rewards: &mut self.rewards, recipe: &self.recipe, tokenizer: &self.tokenizer, log: &mut self.log };
+        let drawn = self.draw.batch(step, &mut with)?;
+        let (generation, samples, scored) = (drawn.generation, drawn.samples, drawn.scored);
+        let prepared = self.recipe.prepare(&scored, step, self.cfg.seed);
+        let component_names: Vec<String> = self.rewards.components().iter().map(|c| c.name.clone()).collect();
+        let record = BatchRecord {
+            step: step + 1,
+            samples: &samples,
+            scored: &scored,
+            trained_rewards: &prepared.rewards,
+            component_names: component_names.iter().map(String::as_str).collect(),
+            advantages: &prepared.advantages,
+            routed: &prepared.labels.is_rh,
+            ablated: &prepared.labels.ablated,
+        };
+        self.live.batch(record)?;
+
+        let (ref_logprobs, mut reference_seconds) = match self.policy.needs_reference() {
+            true => {
+                let done = self.policy.reference_logprobs(&generation, &mut self.log)?;
+                (Some(done.value), done.seconds)
+            }
+            false => (None, 0.0),
+        };
+        let old_start = Instant::now();
+        // Batches sampled ahead take the ratio to the sampler too: the policy that drew them.
+        let old_logprobs = match self.policy.objective.ratio_to == grpo::RatioTo::Sampler || self.cfg.samples_ahead() {
+            true => Some(generation.sampling_logprobs.shallow_clone()),
+            false if self.cfg.steps_per_rollout() > 1 => Some(self.policy.old_logprobs(&generation, &prepared.plan.ctl)?),
+            false => None,
+        };
+        reference_seconds += old_start.elapsed().as_secs_f64();
+
+        let mut metrics = rollout_metrics(&scored, &prepared.rewards, &component_names, &generation, prepared.frac_zero_std, &prepared.labels);
+        (metrics.generate_seconds, metrics.score_seconds, metrics.reference_seconds) = (drawn.generate_seconds, drawn.score_seconds, reference_seconds);
+        metrics.dynamic_sampling = drawn.dynamic_sampling;
+        metrics.off_policy = drawn.off_policy;
+        metrics.frac_verified = prepared.frac_verified;
+        let first_sample = (samples[0].prompt.clone(), samples[0].completion.clone());
+        let dump = match self.cfg.dump_batches {
+            Some(_) => rollout_tensors(&scored, &component_names, &prepared),
+            None => Vec::new(),
+        };
+        let loss_mask = self.recipe.loss_mask(&generation, &prepared);
+        let Prepared { advantages, plan, natural_plan, flagged, .. } = prepared;
+        Ok(Rollout { generation, loss_mask, advantages, plan, natural_plan, ref_logprobs, old_logprobs, metrics, first_sample, dump, flagged })
     }
 
     /// What needs this run's own backward passes rather than one pass over the whole batch
@@ -77,7 +133,7 @@ impl Trainer {
             Some("gradient_noise_scale")
         } else if cfg.split_moment {
             Some("split_moment")
-        } else if self.adapters.is_dual() && cfg.absorption_by_class {
+        } else if self.policy.adapters.is_dual() && cfg.absorption_by_class {
             Some("absorption_by_class")
         } else {
             None
@@ -87,15 +143,15 @@ impl Trainer {
     /// The step's backward passes: one plain pass through the engine, or the run's own.
     fn backward(&mut self, pending: &PendingStep) -> Result<Trained> {
         if let Some(reason) = self.own_passes() {
-            if self.seat.stacks_passes_in_a_pack(&self.model) {
-                self.announce("train", || format!("training each step alone, not stacked with the other packed runs: {reason} needs the run's own backward passes"));
+            if self.policy.seat.stacks_passes_in_a_pack(&self.policy.model) {
+                self.policy.announce(&mut self.log, "train", || format!("training each step alone, not stacked with the other packed runs: {reason} needs the run's own backward passes"));
             }
             return Ok(self.own_backward(pending));
         }
-        let job = engine::TrainJob { model: &self.model, batch: pending.mini.loss_batch(&pending.mini.plan), temperature: self.cfg.temperature, objective: &self.loss };
-        let done = self.seat.train(job)?;
+        let job = engine::TrainJob { model: &self.policy.model, batch: pending.mini.loss_batch(&pending.mini.plan), temperature: self.policy.temperature(), objective: &self.policy.objective };
+        let done = self.policy.seat.train(job)?;
         if done.runs > 1 {
-            self.announce("train", || format!("training stacked with {} packed runs (one batched forward and backward pass; each run's own loss and optimizer)", done.runs));
+            self.policy.announce(&mut self.log, "train", || format!("training stacked with {} packed runs (one batched forward and backward pass; each run's own loss and optimizer)", done.runs));
         }
         Ok(Trained { pass: done.value, natural_grads: None, absorption: Vec::new(), gradient_noise: None, seconds: done.seconds })
     }
@@ -109,15 +165,15 @@ impl Trainer {
         let micro_batches = self.cfg.gradient_accumulation_steps;
         let natural_grads = match &mini.natural {
             Some(natural) => {
-                engine::backward_micro_batches(&self.model, &mini.loss_batch(natural), self.cfg.temperature, &self.loss, micro_batches, &mut |_, _| {});
-                Some(self.optimizer.take_grads())
+                engine::backward_micro_batches(&self.policy.model, &mini.loss_batch(natural), self.policy.temperature(), &self.policy.objective, micro_batches, &mut |_, _| {});
+                Some(self.policy.optimizer.take_grads())
             }
             None => None,
         };
         // absorption_by_class's per-class gradient norms need the one pass's live graph over the
         // whole batch (the configuration refuses it with micro-batches and substeps).
         let mut absorption = Vec::new();
-        let by_class = self.adapters.is_dual() && self.cfg.absorption_by_class;
+        let by_class = self.policy.adapters.is_dual() && self.cfg.absorption_by_class;
         let mut before_backward = |logprobs: &Tensor, masks: grpo::TokenMasks| {
             if by_class {
                 absorption = self.gradient_norms_by_class(rollout, logprobs, masks);
@@ -126,7 +182,7 @@ impl Trainer {
         let batch = mini.loss_batch(&mini.plan);
         let passes = self.cfg.backward_passes();
         let mut pass_gradients = self.cfg.gradient_noise_scale.then(probes::PassGradients::default);
-        let trained: Vec<Tensor> = self.optimizer.params().iter().map(|(_, t)| t.shallow_clone()).collect();
+        let trained: Vec<Tensor> = self.policy.optimizer.params().iter().map(|(_, t)| t.shallow_clone()).collect();
         let mut after_backward = || {
             if let Some(gradients) = pass_gradients.as_mut() {
                 let accumulated = trained.iter().map(|t| crate::adapters::gradient_or_zeros(t.grad(), t)).collect();
@@ -134,7 +190,7 @@ impl Trainer {
                 gradients.record(accumulated, last);
             }
         };
-        let pass = engine::backward_passes(&self.model, &batch, self.cfg.temperature, &self.loss, passes, &mut before_backward, &mut after_backward);
+        let pass = engine::backward_passes(&self.policy.model, &batch, self.policy.temperature(), &self.policy.objective, passes, &mut before_backward, &mut after_backward);
         // The step's gradient noise scale from its passes' gradients (before clipping), and the
         // running average updated with it.
         let gradient_noise = pass_gradients.map(|gradients| {
@@ -150,7 +206,7 @@ impl Trainer {
     /// metrics line, log lines and live views; returns the metrics line.
     fn finish_step(&mut self, pending: PendingStep, trained: Trained) -> Result<serde_json::Value> {
         // Before the update: the kernel of the policy that computed the step's gradient.
-        let fisher_kernel = self.fisher_kernel(pending.step, pending.mini.seqs(), &pending.mini.plan.ctl)?;
+        let fisher_kernel = self.cfg.fisher_schedule().measure(&self.policy, &self.run_dir, pending.step, pending.mini.seqs(), &pending.mini.plan.ctl)?;
         let optimizer_start = Instant::now();
         let PendingStep { step, started, new_rollout, mini, .. } = pending;
         let Trained { pass: engine::BackwardPass { logprobs, terms }, mut natural_grads, mut absorption, gradient_noise, seconds: pass_seconds } = trained;
@@ -161,18 +217,18 @@ impl Trainer {
         }
         let loss = terms.loss.double_value(&[]);
         ensure!(loss.is_finite(), "the loss is {loss} at step {}", step + 1);
-        let dual = self.adapters.is_dual();
+        let dual = self.policy.adapters.is_dual();
         let before = dual.then(|| self.absorption_before_step(&mut absorption));
         let learning_rate = linear_lr(self.cfg.lr, step, self.cfg.lr_horizon(step));
         let grad_norm = match natural_grads.as_mut() {
             Some(natural) => {
-                let grad_norm = self.optimizer.clip_grad_norm_also(self.cfg.max_grad_norm, natural);
-                self.optimizer.step_split_moment(learning_rate, natural);
+                let grad_norm = self.policy.optimizer.clip_grad_norm_also(self.cfg.max_grad_norm, natural);
+                self.policy.optimizer.step_split_moment(learning_rate, natural);
                 grad_norm
             }
             None => {
-                let grad_norm = self.optimizer.clip_grad_norm(self.cfg.max_grad_norm);
-                self.optimizer.step(learning_rate);
+                let grad_norm = self.policy.optimizer.clip_grad_norm(self.cfg.max_grad_norm);
+                self.policy.optimizer.step(learning_rate);
                 grad_norm
             }
         };
@@ -183,7 +239,7 @@ impl Trainer {
         let entropy = stats::masked_mean(&logprobs.entropy, &mini.loss_mask);
         // The same batch re-scored by the updated policy (one forward pass, no gradient).
         let entropy_change = self.cfg.measure_entropy_change.then(|| {
-            let after = tch::no_grad(|| engine::completion_logprobs(&self.model, mini.seqs(), self.cfg.temperature, &mini.plan.ctl));
+            let after = tch::no_grad(|| engine::completion_logprobs(&self.policy.model, mini.seqs(), self.policy.temperature(), &mini.plan.ctl));
             stats::masked_mean(&after.entropy, &mini.loss_mask) - entropy
         });
 
@@ -244,10 +300,10 @@ impl Trainer {
         let flagged = routing::row_mask(&rollout.flagged, logprobs.device());
         let mut out = Vec::new();
         for (quantity, rows) in [(key::ABSORPTION_GRAD_NORM_FLAGGED, flagged.shallow_clone()), (key::ABSORPTION_GRAD_NORM_UNFLAGGED, 1.0 - &flagged)] {
-            let weights = grpo::row_token_weights(masks.loss, &rollout.plan.classes, self.loss.aggregation, &rows);
+            let weights = grpo::row_token_weights(masks.loss, &rollout.plan.classes, self.policy.objective.aggregation, &rows);
             let logprobs = grpo::LossLogprobs { current: logprobs, old: rollout.old_logprobs.as_ref(), reference: rollout.ref_logprobs.as_ref(), sampler: Some(&rollout.generation.sampling_logprobs) };
-            let loss = grpo::sampled_loss(logprobs, &rollout.advantages, masks, &weights, &self.loss).loss;
-            out.extend(self.slot_values(quantity, self.adapters.slot_gradient_norms(&self.model, &loss)));
+            let loss = grpo::sampled_loss(logprobs, &rollout.advantages, masks, &weights, &self.policy.objective).loss;
+            out.extend(self.slot_values(quantity, self.policy.adapters.slot_gradient_norms(&self.policy.model, &loss)));
         }
         out
     }
@@ -255,23 +311,23 @@ impl Trainer {
     /// Records each adapter's gradient norm (before clipping) and returns a copy of the adapter
     /// weights, for the update's norm.
     fn absorption_before_step(&self, absorption: &mut Vec<(String, f64)>) -> Vec<(String, Tensor)> {
-        let params = self.adapters.trainable(&self.model);
+        let params = self.policy.adapters.trainable(&self.policy.model);
         let grads: Vec<(String, Tensor)> = params.iter().map(|(name, t)| (name.clone(), crate::adapters::gradient_or_zeros(t.grad(), t))).collect();
-        absorption.extend(self.slot_values(key::ABSORPTION_GRAD_NORM, self.adapters.slot_norms(&grads)));
+        absorption.extend(self.slot_values(key::ABSORPTION_GRAD_NORM, self.policy.adapters.slot_norms(&grads)));
         params.into_iter().map(|(name, t)| (name, t.detach().copy())).collect()
     }
 
     /// Each adapter's weight norm after the step and the norm of the step's change.
     fn absorption_after_step(&self, before: &[(String, Tensor)], absorption: &mut Vec<(String, f64)>) {
-        let after = self.adapters.trainable(&self.model);
+        let after = self.policy.adapters.trainable(&self.policy.model);
         let updates: Vec<(String, Tensor)> = after.iter().zip(before).map(|((name, now), (_, then))| (name.clone(), now.detach() - then)).collect();
-        absorption.extend(self.slot_values(key::ABSORPTION_PARAM_NORM, self.adapters.slot_norms(&after)));
-        absorption.extend(self.slot_values(key::ABSORPTION_UPDATE_NORM, self.adapters.slot_norms(&updates)));
+        absorption.extend(self.slot_values(key::ABSORPTION_PARAM_NORM, self.policy.adapters.slot_norms(&after)));
+        absorption.extend(self.slot_values(key::ABSORPTION_UPDATE_NORM, self.policy.adapters.slot_norms(&updates)));
     }
 
     /// `absorption/<slot>/<quantity>` for each adapter slot's value.
     fn slot_values(&self, quantity: &str, values: Vec<f64>) -> Vec<(String, f64)> {
-        self.adapters.slots.iter().zip(values).map(|(slot, value)| (key::absorption(slot, quantity), value)).collect()
+        self.policy.adapters.slots.iter().zip(values).map(|(slot, value)| (key::absorption(slot, quantity), value)).collect()
     }
 }
 

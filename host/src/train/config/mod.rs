@@ -27,6 +27,7 @@ use crate::reward::{DetectorSpec, PluginLimits, ProtocolKnobs, RewardSpec};
 use crate::routing::{self, CoherenceRhMode, RenormalizationMode, RoutingMode, RowWeights};
 
 mod checks;
+mod parts;
 
 pub use crate::hyperparams::{UNNAMED_RUN, parse_override};
 
@@ -366,18 +367,9 @@ impl TrainConfig {
         self.batch_size / (self.num_substeps / self.substeps_per_rollout())
     }
 
-    /// Whether rollouts are sampled ahead by the run's sampler thread (`train/ahead.rs`).
+    /// Whether rollouts are sampled ahead by the run's sampler thread (`train/draw/ahead.rs`).
     pub fn samples_ahead(&self) -> bool {
         self.max_steps_off_policy > 0 || self.stream_minibatches
-    }
-
-    /// The last step whose rollout is posted to the sampler thread by 0-based `step`: `k`
-    /// steps ahead off policy, or the last mini-batch of the step's batch when streaming.
-    pub fn ahead_horizon(&self, step: usize) -> usize {
-        match self.stream_minibatches {
-            true => (step / self.num_substeps + 1) * self.num_substeps - 1,
-            false => step + self.max_steps_off_policy,
-        }
     }
 
     /// Completions each optimizer step trains on (its mini-batch).
@@ -414,8 +406,7 @@ impl TrainConfig {
 
     /// Coherence rows of optimizer step `step` (0-based): none before `coherence_start_frac`.
     pub fn coherence_rows(&self, step: usize) -> usize {
-        let start = (self.coherence_start_frac * self.max_steps as f64).round() as usize;
-        if step >= start { self.coh_samples_per_rollout } else { 0 }
+        self.coherence_schedule().rows_at(step)
     }
 
     /// The per-row gradient weights of the DualLoRA slots: the routing table, or with

@@ -21,8 +21,11 @@ use anyhow::{Context, Result, bail, ensure};
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
-use super::Trainer;
+use super::{Draw, Drawing, tokenized};
+use crate::model::Tokenizer;
 use crate::model::generate::Generation;
+use crate::train::metrics::OffPolicy;
+use crate::train::policy::Policy;
 
 /// A step's batch posted to the sampler thread (or restored from a checkpoint).
 struct Queued {
@@ -48,19 +51,6 @@ pub(super) struct AheadQueue {
     next_step: usize,
 }
 
-/// How stale a step's batch was and what waiting the overlap left.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct OffPolicy {
-    /// The version of the weights that sampled the batch (optimizer steps done before).
-    pub policy_version: usize,
-    /// Steps between those weights and the step's own.
-    pub staleness: usize,
-    /// Seconds the step waited for its batch.
-    pub wait_seconds: f64,
-    /// Seconds the sampler thread sat idle waiting for the batch's job (for weights).
-    pub sampler_idle_seconds: f64,
-}
-
 /// `in_flight.json` of a checkpoint: the saved batches' steps and versions, in order.
 #[derive(Serialize, Deserialize)]
 struct SavedBatch {
@@ -72,30 +62,31 @@ struct SavedBatch {
 const IN_FLIGHT_TENSORS: &str = "in_flight.safetensors";
 const IN_FLIGHT_INDEX: &str = "in_flight.json";
 
-impl Trainer {
+impl Draw {
     /// Step `step`'s batch sampled ahead (or now, for the first step of a run or of an
     /// extension), then the batches of the steps up to `step + k` posted from the current
     /// weights. `prompt_ids` are the step's own, which the batch must have been sampled for.
-    pub(super) fn sample_off_policy(&mut self, prompt_ids: &[Vec<u32>], coherence_rows: usize, step: usize) -> Result<(Generation, f64, OffPolicy)> {
+    pub(super) fn sample_off_policy(&mut self, prompt_ids: &[Vec<u32>], step: usize, with: &mut Drawing) -> Result<(Generation, f64, OffPolicy)> {
         let taken = match self.ahead.queued.front() {
-            Some(queued) if queued.step == step => Some(self.take_queued(prompt_ids)?),
+            Some(queued) if queued.step == step => Some(self.take_queued(prompt_ids, with.policy)?),
             Some(queued) => bail!("internal error: step {} found the batch of step {} first among those sampled ahead", step + 1, queued.step + 1),
             None => None,
         };
         let sampled = match taken {
             Some(sampled) => sampled,
             None => {
-                let version = self.optimizer.step;
-                let (generation, seconds) = self.sample(prompt_ids, coherence_rows, step, self.cfg.seed)?;
+                let version = with.policy.optimizer.step;
+                let requests = with.policy.sample_requests(prompt_ids, self.keys.coherence.rows_at(step), step, self.keys.seed);
+                let (generation, seconds) = with.policy.sample(requests, with.log)?;
                 (generation, seconds, OffPolicy { policy_version: version, staleness: step - version, wait_seconds: 0.0, sampler_idle_seconds: 0.0 })
             }
         };
-        self.post_ahead(step)?;
+        self.post_ahead(step, with.policy, with.tokenizer)?;
         Ok(sampled)
     }
 
     /// Takes the oldest batch of the queue (waiting for the thread where it is still posted).
-    fn take_queued(&mut self, prompt_ids: &[Vec<u32>]) -> Result<(Generation, f64, OffPolicy)> {
+    fn take_queued(&mut self, prompt_ids: &[Vec<u32>], policy: &mut Policy) -> Result<(Generation, f64, OffPolicy)> {
         let queued = self.ahead.queued.pop_front().expect("the caller saw it");
         ensure!(queued.prompt_ids == prompt_ids, "internal error: the batch sampled ahead for step {} has other prompts than the step", queued.step + 1);
         let waiting = Instant::now();
@@ -105,7 +96,7 @@ impl Trainer {
             Parts::Posted(calls) => {
                 let mut parts = Vec::with_capacity(calls);
                 for _ in 0..calls {
-                    let ahead = self.seat.take_ahead().with_context(|| format!("sampling the batch of step {} ahead failed", queued.step + 1))?;
+                    let ahead = policy.seat.take_ahead().with_context(|| format!("sampling the batch of step {} ahead failed", queued.step + 1))?;
                     (seconds, idle) = (seconds + ahead.done.seconds, idle + ahead.sampler_idle_seconds);
                     parts.push(ahead.done.value);
                 }
@@ -113,10 +104,8 @@ impl Trainer {
             }
         };
         let wait_seconds = waiting.elapsed().as_secs_f64();
-        let eos = self.model.config.eos_token_id as i64;
-        let mut parts = parts.into_iter();
-        let first = parts.next().context("internal error: a batch sampled ahead without rows")?;
-        let generation = parts.fold(first, |joined, part| joined.concat(part, eos));
+        ensure!(!parts.is_empty(), "internal error: a batch sampled ahead without rows");
+        let generation = policy.joined(parts);
         let off_policy = OffPolicy { policy_version: queued.version, staleness: queued.step - queued.version, wait_seconds, sampler_idle_seconds: idle };
         Ok((generation, seconds, off_policy))
     }
@@ -124,18 +113,18 @@ impl Trainer {
     /// Posts the batches of the steps after `step` up to its horizon (`step + k`, or the end of
     /// a streamed batch; at most the run's last step) that are not yet posted, sampled from the
     /// weights as they are now.
-    fn post_ahead(&mut self, step: usize) -> Result<()> {
-        let last = self.cfg.ahead_horizon(step).min(self.cfg.max_steps.saturating_sub(1));
+    fn post_ahead(&mut self, step: usize, policy: &mut Policy, tokenizer: &Tokenizer) -> Result<()> {
+        let last = self.keys.ahead.last_posted_by(step).min(self.keys.max_steps.saturating_sub(1));
         let mut next = self.ahead.next_step.max(step + 1);
         while next <= last {
             let prompts = self.step_prompts(next);
-            let prompt_ids = self.tokenized(&prompts)?;
-            let requests = self.sample_requests(&prompt_ids, self.cfg.coherence_rows(next), next, self.cfg.seed);
+            let prompt_ids = tokenized(tokenizer, &prompts)?;
+            let requests = policy.sample_requests(&prompt_ids, self.keys.coherence.rows_at(next), next, self.keys.seed);
             let calls = requests.len();
             for request in requests {
-                self.seat.sample_ahead(&self.model, &request.scales, request.prompt_ids, self.sampling, request.seed)?;
+                policy.seat.sample_ahead(&policy.model, &request.scales, request.prompt_ids, policy.sampling, request.seed)?;
             }
-            self.ahead.queued.push_back(Queued { step: next, version: self.optimizer.step, prompt_ids, parts: Parts::Posted(calls) });
+            self.ahead.queued.push_back(Queued { step: next, version: policy.optimizer.step, prompt_ids, parts: Parts::Posted(calls) });
             next += 1;
         }
         self.ahead.next_step = next;
@@ -144,13 +133,13 @@ impl Trainer {
 
     /// The batches posted but not yet trained on, for a checkpoint (waiting for the thread to
     /// finish them): tensors and the index, or `None` when there are none.
-    pub(super) fn in_flight(&mut self) -> Result<Option<(Vec<(String, Tensor)>, String)>> {
+    pub(in crate::train) fn in_flight(&mut self, policy: &mut Policy) -> Result<Option<(Vec<(String, Tensor)>, String)>> {
         if self.ahead.queued.is_empty() {
             return Ok(None);
         }
         for i in 0..self.ahead.queued.len() {
             if let Parts::Posted(calls) = self.ahead.queued[i].parts {
-                let parts = (0..calls).map(|_| self.seat.take_ahead().map(|ahead| ahead.done.value)).collect::<Result<Vec<_>>>()?;
+                let parts = (0..calls).map(|_| policy.seat.take_ahead().map(|ahead| ahead.done.value)).collect::<Result<Vec<_>>>()?;
                 self.ahead.queued[i].parts = Parts::Ready(parts);
             }
         }
@@ -167,7 +156,7 @@ impl Trainer {
     }
 
     /// Restores the batches a checkpoint saved as in flight (none when it has no `in_flight.*`).
-    pub(super) fn restore_in_flight(&mut self, dir: &Path) -> Result<()> {
+    pub(in crate::train) fn restore_in_flight(&mut self, dir: &Path, tokenizer: &Tokenizer, device: tch::Device) -> Result<()> {
         let index_path = dir.join(IN_FLIGHT_INDEX);
         if !index_path.exists() {
             return Ok(());
@@ -177,11 +166,11 @@ impl Trainer {
         let tensors: BTreeMap<String, Tensor> = crate::model::weights::read_safetensors(&dir.join(IN_FLIGHT_TENSORS))?;
         for (i, saved) in index.into_iter().enumerate() {
             let parts = (0..saved.parts)
-                .map(|j| Generation::from_saved(&tensors, &format!("{i}.{j}."), self.model.device))
+                .map(|j| Generation::from_saved(&tensors, &format!("{i}.{j}."), device))
                 .collect::<Result<Vec<_>>>()
                 .with_context(|| format!("{}: the batch of step {} sampled ahead", dir.display(), saved.step + 1))?;
             let prompts = self.step_prompts(saved.step);
-            let prompt_ids = self.tokenized(&prompts)?;
+            let prompt_ids = tokenized(tokenizer, &prompts)?;
             self.ahead.queued.push_back(Queued { step: saved.step, version: saved.policy_version, prompt_ids, parts: Parts::Ready(parts) });
             self.ahead.next_step = saved.step + 1;
         }
@@ -189,8 +178,8 @@ impl Trainer {
     }
 }
 
-/// Writes a checkpoint's in-flight batches ([`Trainer::in_flight`]) into its directory.
-pub(super) fn write_in_flight(dir: &Path, in_flight: &(Vec<(String, Tensor)>, String)) -> Result<()> {
+/// Writes a checkpoint's in-flight batches ([`Draw::in_flight`]) into its directory.
+pub(in crate::train) fn write_in_flight(dir: &Path, in_flight: &(Vec<(String, Tensor)>, String)) -> Result<()> {
     crate::model::weights::write_safetensors(&dir.join(IN_FLIGHT_TENSORS), &in_flight.0)?;
     std::fs::write(dir.join(IN_FLIGHT_INDEX), &in_flight.1)?;
     Ok(())

@@ -1,0 +1,258 @@
+//! The step's batch drawn, from the run's prompt streams and the policy to a scored batch:
+//! prompts → samples (the policy's seat at the engine; sampled ahead with
+//! `max_steps_off_policy` or `stream_minibatches`, `ahead.rs`) → scores.
+//!
+//! With DAPO's dynamic sampling (`dynamic_sampling_rounds`), groups whose rewards are all equal
+//! are dropped and more prompts sampled in further rounds until the batch is full, as verl's
+//! DAPO recipe does: kept groups in the order they were generated, the batch cut to
+//! `batch_size` (the surplus discarded), and an error when the rounds run out (verl raises
+//! "Generated too many"; its 0 means no limit, here 0 means off).
+//!
+//! Architecture invariant: round 0 is the batch a run without dynamic sampling draws (same
+//! prompts, same seeds), so a run whose groups all differ is that run; round `r > 0` draws its
+//! prompts from a second seeded stream at positions fixed by `(batch, r)` and its seeds from
+//! `(seed, "dynamic-sampling-round", r)`, so a resumed run draws the same batch.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result, ensure};
+
+use super::metrics::{DynamicSampling, OffPolicy};
+use super::policy::Policy;
+use super::prompts::PromptStream;
+use super::recipe::{CoherenceSchedule, Recipe};
+use crate::grpo;
+use crate::model::Tokenizer;
+use crate::model::generate::Generation;
+use crate::reward::{Prompt, RewardModel, Sample, ScoredBatch, samples_from_rows};
+use crate::rng;
+use crate::runlog::RunLog;
+
+mod ahead;
+
+pub(super) use ahead::write_in_flight;
+
+/// The keys that say which prompts a step draws, how many and when, resolved once
+/// (`TrainConfig::draw_keys`).
+#[derive(Debug, Clone)]
+pub struct DrawKeys {
+    pub seed: u64,
+    pub group_size: usize,
+    pub batch_size: usize,
+    /// Completions of a rollout: the batch, or with `stream_minibatches` one mini-batch.
+    pub rollout_rows: usize,
+    pub steps_per_rollout: usize,
+    /// `dynamic_sampling_rounds` (0: off).
+    pub dynamic_rounds: usize,
+    pub coherence: CoherenceSchedule,
+    /// Whether batches are sampled ahead by the run's sampler thread, and how far.
+    pub samples_ahead: bool,
+    pub ahead: AheadHorizon,
+    pub max_steps: usize,
+}
+
+/// How far ahead the run's sampler thread is given batches.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum AheadHorizon {
+    /// `max_steps_off_policy` k: the batches of the next k steps.
+    OffPolicy { steps: usize },
+    /// `stream_minibatches`: the mini-batches of the step's batch (`num_substeps` of them).
+    Streamed { substeps: usize },
+}
+
+impl AheadHorizon {
+    /// The last step whose batch is posted by 0-based `step`.
+    pub fn last_posted_by(self, step: usize) -> usize {
+        match self {
+            Self::Streamed { substeps } => (step / substeps + 1) * substeps - 1,
+            Self::OffPolicy { steps } => step + steps,
+        }
+    }
+}
+
+/// The run's prompt streams and its batches sampled ahead.
+pub(super) struct Draw {
+    keys: DrawKeys,
+    pub prompts: PromptStream,
+    /// The prompts of dynamic sampling's extra rounds: the same prompts in another seeded order.
+    extra_prompts: Option<PromptStream>,
+    /// The coherence prompts of the retain verifier (`rh_detector_verifies_retain_samples`):
+    /// the hackable and detectable training prompts in their own seeded order.
+    verifier_prompts: Option<PromptStream>,
+    /// With `samples_ahead`: the batches sampled ahead (`ahead.rs`).
+    ahead: ahead::AheadQueue,
+}
+
+/// What drawing a batch samples with and scores with (borrowed from the trainer).
+pub(super) struct Drawing<'a> {
+    pub policy: &'a mut Policy,
+    pub rewards: &'a mut RewardModel,
+    pub recipe: &'a Recipe,
+    pub tokenizer: &'a Tokenizer,
+    pub log: &'a mut RunLog,
+}
+
+/// A sampled and scored batch (or one round of it).
+pub(super) struct DrawnBatch {
+    pub generation: Generation,
+    pub samples: Vec<Sample>,
+    pub scored: ScoredBatch,
+    pub generate_seconds: f64,
+    pub score_seconds: f64,
+    pub dynamic_sampling: Option<DynamicSampling>,
+    /// With `max_steps_off_policy`: how stale the batch was.
+    pub off_policy: Option<OffPolicy>,
+}
+
+impl DrawnBatch {
+    fn select(&self, rows: &[usize]) -> DrawnBatch {
+        DrawnBatch {
+            generation: self.generation.select_rows(rows),
+            samples: rows.iter().map(|&r| self.samples[r].clone()).collect(),
+            scored: self.scored.select(rows),
+            ..*self
+        }
+    }
+
+    fn concat(mut self, other: DrawnBatch, pad: i64) -> DrawnBatch {
+        self.samples.extend(other.samples);
+        DrawnBatch {
+            generation: self.generation.concat(other.generation, pad),
+            scored: self.scored.concat(other.scored),
+            generate_seconds: self.generate_seconds + other.generate_seconds,
+            score_seconds: self.score_seconds + other.score_seconds,
+            ..self
+        }
+    }
+}
+
+impl Draw {
+    /// The draw of a run with `keys`, from its training `prompts` (the verifier's stream of
+    /// coherence prompts with `verifier_prompts`).
+    pub fn new(keys: DrawKeys, prompts: Vec<Prompt>, verifier_prompts: Option<Vec<Prompt>>) -> Self {
+        let extra_prompts = (keys.dynamic_rounds > 0).then(|| PromptStream::new(prompts.clone(), rng::derive(keys.seed, "dynamic-sampling-prompts", 0)));
+        let verifier_prompts = verifier_prompts.map(|prompts| PromptStream::new(prompts, rng::derive(keys.seed, "verifier-prompts", 0)));
+        let prompts = PromptStream::new(prompts, keys.seed);
+        Self { keys, prompts, extra_prompts, verifier_prompts, ahead: Default::default() }
+    }
+
+    /// The step's batch; with dynamic sampling, only groups whose rewards differ (see the
+    /// module's documentation), and the counts of what it took.
+    pub fn batch(&mut self, step: usize, with: &mut Drawing) -> Result<DrawnBatch> {
+        let prompts = self.step_prompts(step);
+        let first = self.round(step, 0, prompts, with)?;
+        let max_rounds = self.keys.dynamic_rounds;
+        if max_rounds == 0 {
+            return Ok(first);
+        }
+        let (group, needed) = (self.keys.group_size, self.keys.batch_size / self.keys.group_size);
+        let pad = with.policy.model.config.eos_token_id as i64;
+        let mut counts = DynamicSampling::default();
+        let (mut kept, mut kept_groups, mut round) = (None::<DrawnBatch>, 0, first);
+        loop {
+            counts.rounds += 1;
+            let informative = grpo::informative_groups(&with.recipe.rewards(&round.scored), &with.recipe.counted_rows(&round.scored), group);
+            counts.groups_dropped += informative.iter().filter(|&&i| !i).count();
+            let wanted: Vec<usize> = (0..informative.len()).filter(|&g| informative[g]).collect();
+            let taken = wanted.len().min(needed - kept_groups);
+            counts.groups_surplus += wanted.len() - taken;
+            let rows: Vec<usize> = wanted[..taken].iter().flat_map(|&g| g * group..(g + 1) * group).collect();
+            // A round kept whole stays as it was (round 0 of a batch without equal groups is
+            // exactly the batch without dynamic sampling).
+            let chosen = if rows.len() == round.samples.len() { round } else { round.select(&rows) };
+            kept_groups += taken;
+            kept = Some(match kept {
+                None => chosen,
+                Some(so_far) => so_far.concat(chosen, pad),
+            });
+            if kept_groups == needed {
+                break;
+            }
+            ensure!(
+                counts.rounds < max_rounds,
+                "dynamic sampling at step {}: after {} generation rounds (dynamic_sampling_rounds) only {kept_groups} of the batch's {needed} groups have rewards that differ ({} groups dropped for equal rewards): raise dynamic_sampling_rounds, or check whether the task is too easy or too hard for the model (verl's DAPO stops the same way)",
+                step + 1,
+                counts.rounds,
+                counts.groups_dropped
+            );
+            let prompts = self.extra_prompts(step, counts.rounds);
+            round = self.round(step, counts.rounds, prompts, with)?;
+        }
+        let mut batch = kept.expect("at least one round");
+        batch.dynamic_sampling = Some(counts);
+        Ok(batch)
+    }
+
+    /// Samples and scores one round of prompts (each repeated `num_generations` times).
+    fn round(&mut self, step: usize, round: usize, prompt_texts: Vec<Prompt>, with: &mut Drawing) -> Result<DrawnBatch> {
+        let prompt_ids = tokenized(with.tokenizer, &prompt_texts)?;
+        let coherence_rows = self.keys.coherence.rows_at(step);
+        let seed = self.round_seed(round);
+        let (generation, generate_seconds, off_policy) = match self.keys.samples_ahead {
+            false => {
+                let requests = with.policy.sample_requests(&prompt_ids, coherence_rows, step, seed);
+                let (generation, seconds) = with.policy.sample(requests, with.log)?;
+                (generation, seconds, None)
+            }
+            true => {
+                let (generation, seconds, off_policy) = self.sample_off_policy(&prompt_ids, step, with)?;
+                (generation, seconds, Some(off_policy))
+            }
+        };
+
+        let score_start = Instant::now();
+        let samples = samples_from_rows(&prompt_texts, &generation.rows, with.tokenizer)?;
+        let scored = with
+            .rewards
+            .score(&samples, rng::derive(seed, "protocol", step as u64))
+            .with_context(|| format!("scoring the completions of step {} failed", step + 1))?;
+        let score_seconds = score_start.elapsed().as_secs_f64();
+        Ok(DrawnBatch { generation, samples, scored, generate_seconds, score_seconds, dynamic_sampling: None, off_policy })
+    }
+
+    /// Each of the step's prompts, repeated `num_generations` times (one group each). With the
+    /// retain verifier, the coherence groups' prompts come from its own stream (the hackable and
+    /// detectable prompts); the routing groups keep the prompts they have without it.
+    pub fn step_prompts(&mut self, step: usize) -> Vec<Prompt> {
+        let keys = &self.keys;
+        let batch_index = step / keys.steps_per_rollout;
+        let per_step = keys.rollout_rows / keys.group_size;
+        let verified_groups = match self.verifier_prompts.is_some() {
+            true => keys.coherence.rows_at(step) / keys.group_size,
+            false => 0,
+        };
+        let mut prompt_texts = Vec::with_capacity(keys.rollout_rows);
+        for i in 0..per_step {
+            let text = match (i + verified_groups >= per_step, self.verifier_prompts.as_mut()) {
+                (true, Some(stream)) => stream.at(batch_index * verified_groups + i + verified_groups - per_step),
+                _ => self.prompts.at(batch_index * per_step + i),
+            };
+            prompt_texts.extend(std::iter::repeat_n(text, keys.group_size));
+        }
+        prompt_texts
+    }
+
+    /// The seed everything random of a generation round derives from: the run's for round 0.
+    fn round_seed(&self, round: usize) -> u64 {
+        match round {
+            0 => self.keys.seed,
+            _ => rng::derive(self.keys.seed, "dynamic-sampling-round", round as u64),
+        }
+    }
+
+    /// The prompts of extra round `round` (1-based) of step `step`'s batch, each repeated
+    /// `num_generations` times: positions of the second stream reserved for that batch and round.
+    fn extra_prompts(&mut self, step: usize, round: usize) -> Vec<Prompt> {
+        let keys = &self.keys;
+        let batch_index = step / keys.steps_per_rollout;
+        let per_round = keys.batch_size / keys.group_size;
+        let first = (batch_index * (keys.dynamic_rounds - 1) + round - 1) * per_round;
+        let stream = self.extra_prompts.as_mut().expect("dynamic sampling has its prompt stream");
+        (first..first + per_round).flat_map(|i| std::iter::repeat_n(stream.at(i), keys.group_size)).collect()
+    }
+}
+
+/// The token ids of `prompts`' texts.
+fn tokenized(tokenizer: &Tokenizer, prompts: &[Prompt]) -> Result<Vec<Vec<u32>>> {
+    prompts.iter().map(|p| tokenizer.encode(&p.text)).collect()
+}

@@ -1,0 +1,196 @@
+//! The recipe: what a run makes of a scored batch before any pass over it. Rewards → the
+//! intervention (penalty, filter, placebo: [`crate::intervention`]) → group advantages →
+//! coherence and routing groups → labels → routing plan → which rows train.
+//!
+//! [`Recipe::prepare`] is a pure function of the scored batch, the step and the seed: no
+//! model, engine or file, so it is tested on hand-made batches (below) and is the only place
+//! a run applies its intervention (dynamic sampling asks it for [`Recipe::rewards`] and
+//! [`Recipe::counted_rows`]).
+//!
+//! Architecture invariant: everything random here derives from `(seed, purpose, step)`
+//! (`rng::derive`), so a resumed run prepares the batch the uninterrupted one did.
+
+use tch::{Device, Kind, Tensor};
+
+use crate::adapters::AdapterConfig;
+use crate::defaults::ADVANTAGE_STD_EPSILON;
+use crate::grpo::{self, ScaleRewards};
+use crate::intervention::{self, Intervention};
+use crate::model::generate::Generation;
+use crate::reward::ScoredBatch;
+use crate::rng::{self, SplitMix64};
+use crate::routing::{self, CoherenceRhMode, GroupedRows, Labels, RenormalizationMode, RoutePlan, RoutingMode, RowWeights};
+
+/// From which step a batch ends with coherence rows, and how many (`coherence_start_frac`,
+/// `coh_samples_per_rollout`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CoherenceSchedule {
+    pub start_step: usize,
+    pub rows: usize,
+}
+
+impl CoherenceSchedule {
+    /// Coherence rows of optimizer step `step` (0-based): none before the start.
+    pub fn rows_at(&self, step: usize) -> usize {
+        if step >= self.start_step { self.rows } else { 0 }
+    }
+}
+
+/// The advantage, intervention, routing, coherence, verifier, ablation and masking keys,
+/// resolved once (`TrainConfig::recipe`).
+#[derive(Debug, Clone)]
+pub struct Recipe {
+    pub intervention: Intervention,
+    pub rh_penalty: f64,
+    pub group_size: usize,
+    pub scale_rewards: ScaleRewards,
+    pub routing_mode: RoutingMode,
+    pub row_weights: RowWeights,
+    pub renormalization: RenormalizationMode,
+    pub coherence: CoherenceSchedule,
+    pub coherence_rh_mode: CoherenceRhMode,
+    pub coherence_rh_penalty: f64,
+    /// With `rh_detector_verifies_retain_samples`: the retain verifier's recall.
+    pub retain_verifier_recall: Option<f64>,
+    pub ablated_frac: f64,
+    /// `split_moment`: also plan the batch with every adapter learning from every row.
+    pub split_moment: bool,
+    pub mask_truncated_completions: bool,
+    pub adapters: AdapterConfig,
+    /// Where the plan's and the advantages' tensors live (the model's device).
+    pub device: Device,
+}
+
+/// A scored batch prepared for the loss.
+pub struct Prepared {
+    /// The rewards the advantages were computed from (after a penalty).
+    pub rewards: Vec<f64>,
+    pub advantages: Tensor,
+    pub labels: Labels,
+    /// The monitor's flags (routing labels before an intervention), which the absorption
+    /// diagnostics split gradients by.
+    pub flagged: Vec<bool>,
+    pub plan: RoutePlan,
+    /// With `split_moment`: every adapter learning from every row, for Adam's second moment.
+    pub natural_plan: Option<RoutePlan>,
+    /// Rows whose tokens train: not dropped (coherence), not filtered (the intervention).
+    pub trained_rows: Vec<bool>,
+    /// TRL's `frac_reward_zero_std` over what trains.
+    pub frac_zero_std: f64,
+    /// With the retain verifier and coherence rows: the share of them it verified.
+    pub frac_verified: Option<f64>,
+}
+
+impl Recipe {
+    /// Prepares the batch of optimizer step `step` (0-based) of a run seeded `seed`.
+    pub fn prepare(&self, scored: &ScoredBatch, step: usize, seed: u64) -> Prepared {
+        let flagged = scored.flags();
+        let rewards = self.rewards(scored);
+        let counted = self.counted_rows(scored);
+        let (group_advantages, frac_zero_std) = self.group_advantages(&rewards, &counted);
+        let routed = match self.intervention {
+            Intervention::Placebo => intervention::placebo_labels(&flagged, seed, step),
+            _ => flagged.clone(),
+        };
+        let rows = rewards.len();
+        let coherence_rows = self.coherence.rows_at(step);
+        let coherence: Vec<bool> = (0..rows).map(|i| i >= rows - coherence_rows).collect();
+        let grouped = GroupedRows { rewards: &rewards, is_rh: &routed, coherence: &coherence, group_size: self.group_size };
+        let verified = self.retain_verifier_recall.map(|recall| verified(scored, &coherence, recall, seed, step));
+        let (advantages, dropped) = self.routed_advantages(group_advantages, &grouped, verified.as_deref());
+        let ablated = self.draw_ablated(&routed, &coherence, seed, step);
+        let labels = Labels { is_rh: routed, ablated, coherence, dropped };
+        let plan = routing::plan(&self.adapters, self.row_weights, &self.loss_class_labels(&labels), self.device);
+        let natural_plan = self.split_moment.then(|| routing::plan(&self.adapters, RowWeights::gates(RoutingMode::None), &labels, self.device));
+        let trained_rows = counted.iter().zip(&labels.dropped).map(|(&counted, &dropped)| counted && !dropped).collect();
+        let frac_verified = verified.filter(|_| coherence_rows > 0).map(|verified| verified.iter().filter(|&&v| v).count() as f64 / coherence_rows as f64);
+        Prepared { rewards, advantages, labels, flagged, plan, natural_plan, trained_rows, frac_zero_std, frac_verified }
+    }
+
+    /// The rewards the advantages are computed from: after `intervention: penalty`'s penalty.
+    pub fn rewards(&self, scored: &ScoredBatch) -> Vec<f64> {
+        match self.intervention {
+            Intervention::Penalty => intervention::penalised(&scored.reward, &scored.flags(), self.rh_penalty),
+            _ => scored.reward.clone(),
+        }
+    }
+
+    /// The rows whose rewards enter the advantages: all, or with `intervention: filter` the
+    /// unflagged ones.
+    pub fn counted_rows(&self, scored: &ScoredBatch) -> Vec<bool> {
+        match self.intervention {
+            Intervention::Filter => scored.flags().iter().map(|f| !f).collect(),
+            _ => vec![true; scored.reward.len()],
+        }
+    }
+
+    /// `[batch, completion_len]` 1 on the completion tokens that train: the completion mask of
+    /// the prepared rows that train, without truncated completions when they are masked.
+    pub fn loss_mask(&self, generation: &Generation, prepared: &Prepared) -> Tensor {
+        grpo::loss_mask(generation, self.mask_truncated_completions) * routing::row_mask(&prepared.trained_rows, self.device).unsqueeze(1)
+    }
+
+    /// Group advantages of `rewards`; with `intervention: filter`, over the `counted` rows only
+    /// (see [`crate::intervention`]).
+    fn group_advantages(&self, rewards: &[f64], counted: &[bool]) -> (Tensor, f64) {
+        let rewards = Tensor::from_slice(rewards).to_kind(Kind::Float).to(self.device);
+        let (group, scale, eps) = (self.group_size, self.scale_rewards, ADVANTAGE_STD_EPSILON);
+        match self.intervention {
+            Intervention::Filter => intervention::kept_group_advantages(&rewards, &routing::row_mask(counted, self.device), group, scale, eps),
+            _ => grpo::group_advantages(&rewards, group, scale, eps),
+        }
+    }
+
+    /// The group advantages with coherence groups handled per `coherence_rh_mode`, and routing
+    /// groups per `renormalization_mode` (the same tensor when neither applies), and the rows
+    /// to drop from the loss. `verified` (the retain verifier's, one per row) replaces
+    /// `coherence_rh_mode` on coherence groups.
+    fn routed_advantages(&self, group_advantages: Tensor, batch: &GroupedRows, verified: Option<&[bool]>) -> (Tensor, Vec<bool>) {
+        let rows = batch.rewards.len();
+        let coherence = batch.coherence.iter().any(|&c| c);
+        if self.renormalization == RenormalizationMode::Off && !coherence {
+            return (group_advantages, vec![false; rows]);
+        }
+        let eps = ADVANTAGE_STD_EPSILON;
+        let group: Vec<f64> = Vec::try_from(group_advantages.to_kind(Kind::Double)).expect("advantages are a 1-D tensor");
+        let (advantages, dropped) = match verified {
+            Some(verified) => routing::verified_coherence_advantages(batch, verified, &group, eps),
+            None => routing::coherence_advantages(self.coherence_rh_mode, self.coherence_rh_penalty, batch, &group, eps),
+        };
+        let advantages = routing::renormalized_advantages(self.renormalization, batch, &advantages, eps);
+        (Tensor::from_slice(&advantages).to_kind(Kind::Float).to(group_advantages.device()), dropped)
+    }
+
+    /// The labels the loss classes are planned from. Flagged rows are a class of their own only
+    /// when something treats them apart (routing, `intervention: filter`); otherwise they train
+    /// like any other row, in one class with them, so dapo, bnpo and cispo normalise over the
+    /// whole batch as TRL's loss does (and the original's single backward pass without
+    /// routing). The adapter controls are the same either way.
+    fn loss_class_labels(&self, labels: &Labels) -> Labels {
+        let treated_apart = self.routing_mode != RoutingMode::None || self.intervention == Intervention::Filter;
+        match treated_apart {
+            true => labels.clone(),
+            false => Labels { is_rh: vec![false; labels.is_rh.len()], ..labels.clone() },
+        }
+    }
+
+    /// Clean routing rows trained with the forget adapter off, each with probability
+    /// `ablated_frac` (one draw per row, coherence rows included, so the draws of routing rows
+    /// do not depend on the coherence rows).
+    fn draw_ablated(&self, is_rh: &[bool], coherence: &[bool], seed: u64, step: usize) -> Vec<bool> {
+        let mut rng = SplitMix64::new(rng::derive(seed, "ablate", step as u64));
+        is_rh.iter().zip(coherence).map(|(&rh, &coh)| { let draw = rng.next_f64(); !rh && !coh && draw < self.ablated_frac }).collect()
+    }
+}
+
+/// The retain verifier's verdict on each row: a coherence row whose prompt is detectable
+/// (and eligible), that the monitor did not flag before recall and the false-positive rate
+/// (its own output), and whose coin of probability `recall` succeeds (one draw per row, seeded
+/// by `(seed, "retain-verifier", step)`). Routing rows are never verified.
+fn verified(scored: &ScoredBatch, coherence: &[bool], recall: f64, seed: u64, step: usize) -> Vec<bool> {
+    let raw = scored.detector_raw.as_ref().expect("the retain verifier runs with a monitor (checked with the configuration)");
+    routing::verified_rows(coherence, &scored.monitored, raw, recall, rng::derive(seed, "retain-verifier", step as u64))
+}
+
+#[cfg(test)]
+mod tests;

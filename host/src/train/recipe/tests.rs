@@ -1,0 +1,128 @@
+//! The recipe on hand-made scored batches: no model, engine or file.
+
+use super::*;
+
+/// A routed DualLoRA recipe with groups of two rows and every key at its default.
+fn routed() -> Recipe {
+    Recipe {
+        intervention: Intervention::Routing,
+        rh_penalty: 2.0,
+        group_size: 2,
+        scale_rewards: ScaleRewards::Off,
+        routing_mode: RoutingMode::Classic,
+        row_weights: RowWeights::gates(RoutingMode::Classic),
+        renormalization: RenormalizationMode::Off,
+        coherence: CoherenceSchedule { start_step: 0, rows: 0 },
+        coherence_rh_mode: CoherenceRhMode::None,
+        coherence_rh_penalty: 3.0,
+        retain_verifier_recall: None,
+        ablated_frac: 0.0,
+        split_moment: false,
+        mask_truncated_completions: false,
+        adapters: AdapterConfig::dual_lora(4, 4, 8.0, 1),
+        device: Device::Cpu,
+    }
+}
+
+fn scored(reward: &[f64], flags: &[bool]) -> ScoredBatch {
+    let rows = reward.len();
+    ScoredBatch {
+        reward: reward.to_vec(),
+        components: vec![reward.to_vec()],
+        is_rh: Some(flags.to_vec()),
+        detector_raw: Some(flags.to_vec()),
+        eligible: vec![true; rows],
+        hackable: vec![true; rows],
+        monitored: vec![true; rows],
+        hacked: None,
+        metrics: Vec::new(),
+    }
+}
+
+fn values(t: &Tensor) -> Vec<f64> {
+    Vec::try_from(t.to_kind(Kind::Double)).unwrap()
+}
+
+const REWARDS: [f64; 4] = [1.0, 0.0, 3.0, 1.0];
+const FLAGS: [bool; 4] = [true, false, false, false];
+
+#[test]
+fn routing_routes_the_flagged_rows_with_their_rewards_unchanged() {
+    let prepared = routed().prepare(&scored(&REWARDS, &FLAGS), 0, 7);
+    assert_eq!(prepared.rewards, REWARDS);
+    assert_eq!(values(&prepared.advantages), [0.5, -0.5, 1.0, -1.0]);
+    assert_eq!(prepared.labels.is_rh, FLAGS);
+    assert_eq!(prepared.flagged, FLAGS);
+    assert_eq!(prepared.trained_rows, [true; 4]);
+    assert_eq!(prepared.plan.classes.len(), 2, "clean and flagged rows are classes of their own");
+}
+
+#[test]
+fn a_penalty_lowers_the_flagged_rewards_and_routes_nothing() {
+    let recipe = Recipe { intervention: Intervention::Penalty, routing_mode: RoutingMode::None, row_weights: RowWeights::gates(RoutingMode::None), ..routed() };
+    let batch = scored(&REWARDS, &FLAGS);
+    let prepared = recipe.prepare(&batch, 0, 7);
+    assert_eq!(prepared.rewards, [-1.0, 0.0, 3.0, 1.0]);
+    assert_eq!(recipe.rewards(&batch), prepared.rewards, "dynamic sampling reads the same rewards");
+    assert_eq!(values(&prepared.advantages), [-0.5, 0.5, 1.0, -1.0]);
+    assert_eq!(prepared.plan.classes.len(), 1, "flagged rows train in one class with the others");
+}
+
+#[test]
+fn a_filter_takes_the_flagged_rows_out_of_the_advantages_and_the_loss() {
+    let recipe = Recipe { intervention: Intervention::Filter, ..routed() };
+    let batch = scored(&REWARDS, &FLAGS);
+    let prepared = recipe.prepare(&batch, 0, 7);
+    assert_eq!(recipe.counted_rows(&batch), [false, true, true, true]);
+    assert_eq!(prepared.trained_rows, [false, true, true, true]);
+    // The clean row left alone in its group has no comparison: advantage 0.
+    assert_eq!(values(&prepared.advantages), [0.0, 0.0, 1.0, -1.0]);
+    let mask = recipe.loss_mask(&generation(&[true, true, false, true]), &prepared);
+    assert_eq!(values(&mask.sum_dim_intlist(1, false, Kind::Double)), [0.0, 3.0, 3.0, 3.0]);
+    let masked = Recipe { mask_truncated_completions: true, ..recipe };
+    let mask = masked.loss_mask(&generation(&[true, true, false, true]), &prepared);
+    assert_eq!(values(&mask.sum_dim_intlist(1, false, Kind::Double)), [0.0, 3.0, 0.0, 3.0], "the truncated row is out too");
+}
+
+#[test]
+fn a_placebo_routes_as_many_random_rows_as_were_flagged() {
+    let recipe = Recipe { intervention: Intervention::Placebo, ..routed() };
+    let flags = [true, true, false, false, false, false, false, false];
+    let batch = scored(&[1.0, 0.0, 3.0, 1.0, 0.0, 0.0, 2.0, 1.0], &flags);
+    for step in 0..4 {
+        let prepared = recipe.prepare(&batch, step, 7);
+        assert_eq!(prepared.labels.is_rh.iter().filter(|&&r| r).count(), 2);
+        assert_eq!(prepared.labels.is_rh, recipe.prepare(&batch, step, 7).labels.is_rh, "a function of (seed, step)");
+        assert_eq!(prepared.flagged, flags);
+        assert_eq!(prepared.rewards, batch.reward);
+    }
+}
+
+#[test]
+fn coherence_rows_end_the_batch_from_their_first_step() {
+    let recipe = Recipe { coherence: CoherenceSchedule { start_step: 2, rows: 2 }, ..routed() };
+    let batch = scored(&REWARDS, &[false; 4]);
+    assert_eq!(recipe.prepare(&batch, 1, 7).labels.coherence, [false; 4]);
+    assert_eq!(recipe.prepare(&batch, 2, 7).labels.coherence, [false, false, true, true]);
+}
+
+#[test]
+fn ablation_draws_only_clean_routing_rows() {
+    let recipe = Recipe { ablated_frac: 1.0, ..routed() };
+    let prepared = recipe.prepare(&scored(&REWARDS, &FLAGS), 0, 7);
+    assert_eq!(prepared.labels.ablated, [false, true, true, true]);
+}
+
+/// Four rows of three completion tokens each, `ended[r]` whether row `r` ended with EOS.
+fn generation(ended: &[bool]) -> Generation {
+    let rows = ended.len() as i64;
+    let ones = |width: i64| Tensor::ones([rows, width], (Kind::Int64, Device::Cpu));
+    Generation {
+        prompt_ids: ones(2),
+        prompt_mask: ones(2),
+        completion_ids: ones(3),
+        completion_mask: ones(3),
+        sampling_logprobs: Tensor::zeros([rows, 3], (Kind::Float, Device::Cpu)),
+        rows: ended.iter().map(|&ended_with_eos| crate::model::generate::CompletionRow { ids: vec![1, 1], ended_with_eos }).collect(),
+    }
+}
