@@ -324,3 +324,38 @@ fn a_packed_sweep_trains_in_packs_and_refuses_different_shapes() {
     let again = run_sweep(&args);
     assert_eq!(again.matches("[CACHED] ").count(), 6, "{again}");
 }
+
+/// A hostile environment in a sweep (issue 36): its run fails naming its environment's file and
+/// the cause in its log and the summary, and the other environment's run finishes unaffected.
+#[test]
+fn a_hostile_environment_fails_alone_in_a_sweep() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("sweep");
+    let good = tmp.path().join("good.yaml");
+    let hostile = tmp.path().join("hostile.yaml");
+    std::fs::write(&good, "environment: sorting\nadapter: dual-lora\nhack_frac: 0.5\nnum_prompts: 64\n").unwrap();
+    let hostile_env = common::test_plugin("hostile_env");
+    std::fs::write(&hostile, format!("environment: {}\nenvironment_params: {{mode: nan}}\nadapter: dual-lora\nhack_frac: 0.5\nnum_prompts: 64\n", hostile_env.display())).unwrap();
+    let mut args: Vec<String> = ["sweep", "--config", good.to_str().unwrap(), hostile.to_str().unwrap(), "--jobs", "2", "--output-dir", out.to_str().unwrap()]
+        .map(String::from)
+        .to_vec();
+    args.extend(["--grid", "seed=1", "--fixed"].map(String::from));
+    let fixed = common::tiny_sweep_fixed().into_iter().filter(|f| !f.starts_with("prompts=") && !f.starts_with("rh_detector="));
+    args.extend(fixed.chain(["max_steps=2", "save_steps=2", "routing_mode=none"].map(String::from)));
+    let output = smallrl(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(!output.status.success(), "a sweep with a failed run exits with an error");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("1 of 2 runs failed"), "{}", String::from_utf8_lossy(&output.stderr));
+    let rows = read_summary(&out);
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for row in rows {
+        let hostile_run = row[0].starts_with("hostile_");
+        assert_eq!(row[5], if hostile_run { "FAIL" } else { "OK" }, "{row:?}\n{stdout}");
+        if hostile_run {
+            let log = std::fs::read_to_string(out.join("logs").join(format!("{}.log", row[0]))).unwrap();
+            assert!(log.contains("hostile_env.wasm") && log.contains("NaN"), "the run's log names the file and the cause: {log}");
+        } else {
+            assert_eq!(read_jsonl(out.join(&row[0]).join("metrics.jsonl")).len(), 2, "the other run trained to its end");
+        }
+    }
+}
