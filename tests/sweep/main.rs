@@ -10,6 +10,7 @@ mod planning;
 mod end_to_end;
 mod statistics;
 mod environments;
+mod reading;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
