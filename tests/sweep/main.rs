@@ -11,6 +11,7 @@ mod end_to_end;
 mod statistics;
 mod environments;
 mod reading;
+mod compare;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -53,6 +53,11 @@ pub struct SweepArgs {
     /// the final-evaluation tables (which stay as they are).
     #[arg(long)]
     pub last_tenth: bool,
+    /// With --collect: our cells beside the original paper's, read from the folder PATH (holding
+    /// its aggregated_cache.json, e.g. shared/reference/graft-7env) or that file; writes
+    /// compare.csv and charts/compare.png (docs/src/sweeps.md, "Comparing with the paper").
+    #[arg(long, value_name = "PATH", requires = "collect")]
+    pub compare: Option<PathBuf>,
     /// Print the planned runs (cached ones marked) and stop.
     #[arg(long)]
     pub dry_run: bool,
@@ -147,7 +152,11 @@ pub fn run(args: SweepArgs) -> Result<()> {
         if args.deploy {
             sweeps::deploy::run(dir, &entries, args.jobs, &runner::Launch::for_jobs(args.jobs, 1)?)?;
         }
-        return report(dir, &entries, &args);
+        report(dir, &entries, &args)?;
+        if let Some(reference) = &args.compare {
+            sweeps::compare::run(dir, &entries, reference)?;
+        }
+        return Ok(());
     }
     anyhow::ensure!(args.jobs >= 1, "--jobs must be at least 1");
     anyhow::ensure!(args.pack != Some(0), "--pack must be at least 1 (1: one process per run)");

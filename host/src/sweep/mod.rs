@@ -7,6 +7,8 @@
 
 pub mod arms;
 pub mod charts;
+pub mod compare;
+pub mod compare_chart;
 pub mod deploy;
 pub mod draw;
 pub mod environments;
