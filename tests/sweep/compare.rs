@@ -39,15 +39,7 @@ fn evaluations(component: &str, task: f64, hack: f64) -> String {
 
 /// A finished sorting sweep: routing, penalty and their baseline, three seeds each.
 fn fake_sweep(out: &Path) -> Vec<smallrl::sweep::RunEntry> {
-    let plugin_dir = format!("plugin_dir={}", common::plugin_dir().display());
-    let sweep = SweepSpec {
-        config_files: vec![repo_root().join("configs/envs/sorting.yaml")],
-        fixed: [parse_fixed("max_steps=100").unwrap(), parse_fixed(&plugin_dir).unwrap()].into_iter().collect(),
-        grid: vec![parse_grid("seed=1,2,3").unwrap()],
-        output_dir: out.to_path_buf(),
-        intervention_arms: vec![Arm::Routing, Arm::Penalty],
-    };
-    let plan = plan::plan(&sweep).unwrap();
+    let plan = plan::plan(&super::reading::sorting_sweep(out, 100, "1,2,3", &[Arm::Routing, Arm::Penalty])).unwrap();
     assert_eq!(plan.runs.len(), 9);
     for run in &plan.runs {
         let dir = run.dir(out);

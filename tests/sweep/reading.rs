@@ -16,6 +16,19 @@ fn line(step: usize) -> String {
     serde_json::json!({"step": step, "modes": {"both": mode, "retain_only": mode}}).to_string() + "\n"
 }
 
+/// A sweep of the sorting environment (plugins from the repository): `max_steps`, the seeds
+/// (`1,2,...`) and the intervention arms.
+pub(super) fn sorting_sweep(out: &Path, max_steps: usize, seeds: &str, arms: &[Arm]) -> SweepSpec {
+    let plugin_dir = format!("plugin_dir={}", common::plugin_dir().display());
+    SweepSpec {
+        config_files: vec![repo_root().join("configs/envs/sorting.yaml")],
+        fixed: [parse_fixed(&format!("max_steps={max_steps}")).unwrap(), parse_fixed(&plugin_dir).unwrap()].into_iter().collect(),
+        grid: vec![parse_grid(&format!("seed={seeds}")).unwrap()],
+        output_dir: out.to_path_buf(),
+        intervention_arms: arms.to_vec(),
+    }
+}
+
 /// The rows of a table file: (first column(s) key, metric, mode) -> mean.
 fn means(path: &Path, key_columns: usize) -> BTreeMap<(String, String, String), f64> {
     let text = std::fs::read_to_string(path).unwrap();
@@ -29,15 +42,7 @@ fn the_last_tenth_reading_averages_the_last_tenth_of_each_runs_evaluations() {
     assert_eq!([1, 25].map(|n| Reading::Final.window(n)), [1, 1]);
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("suite");
-    let plugin_dir = format!("plugin_dir={}", common::plugin_dir().display());
-    let sweep = SweepSpec {
-        config_files: vec![repo_root().join("configs/envs/sorting.yaml")],
-        fixed: [parse_fixed("max_steps=50").unwrap(), parse_fixed(&plugin_dir).unwrap()].into_iter().collect(),
-        grid: vec![parse_grid("seed=1,2").unwrap()],
-        output_dir: out.clone(),
-        intervention_arms: vec![Arm::Routing],
-    };
-    let plan = plan::plan(&sweep).unwrap();
+    let plan = plan::plan(&sorting_sweep(&out, 50, "1,2", &[Arm::Routing])).unwrap();
     assert_eq!(plan.runs.len(), 4, "routing and its baseline, two seeds");
     for run in &plan.runs {
         let dir = run.dir(&out);
