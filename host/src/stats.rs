@@ -31,6 +31,13 @@ pub fn unbiased_std(values: &[f64]) -> f64 {
     (values.iter().map(|v| (v - m).powi(2)).sum::<f64>() / (values.len() - 1) as f64).sqrt()
 }
 
+/// The population (n) standard deviation, numpy's default (the paper's spread over seeds); 0
+/// for no values.
+pub fn population_std(values: &[f64]) -> f64 {
+    let m = mean(values);
+    (values.iter().map(|v| (v - m).powi(2)).sum::<f64>() / values.len().max(1) as f64).sqrt()
+}
+
 /// The median of `values` (the upper one of an even count).
 pub fn median(mut values: Vec<f64>) -> f64 {
     assert!(!values.is_empty(), "the median of no values");

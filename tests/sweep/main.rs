@@ -10,6 +10,8 @@ mod planning;
 mod end_to_end;
 mod statistics;
 mod environments;
+mod reading;
+mod compare;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

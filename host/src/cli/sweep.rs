@@ -48,6 +48,16 @@ pub struct SweepArgs {
     /// `base` and `deployed`.
     #[arg(long, conflicts_with = "emit")]
     pub deploy: bool,
+    /// Also read each finished run as the paper does, the mean of its last max(1, n // 10)
+    /// routing evaluations: writes arms_last_tenth.csv and environments_last_tenth.csv beside
+    /// the final-evaluation tables (which stay as they are).
+    #[arg(long)]
+    pub last_tenth: bool,
+    /// With --collect: our cells beside the original paper's, read from the folder PATH (holding
+    /// its aggregated_cache.json, e.g. shared/reference/graft-7env) or that file; writes
+    /// compare.csv and charts/compare.png (docs/src/sweeps.md, "Comparing with the paper").
+    #[arg(long, value_name = "PATH", requires = "collect")]
+    pub compare: Option<PathBuf>,
     /// Print the planned runs (cached ones marked) and stop.
     #[arg(long)]
     pub dry_run: bool,
@@ -142,7 +152,11 @@ pub fn run(args: SweepArgs) -> Result<()> {
         if args.deploy {
             sweeps::deploy::run(dir, &entries, args.jobs, &runner::Launch::for_jobs(args.jobs, 1)?)?;
         }
-        return sweeps::report(dir, &entries);
+        report(dir, &entries, &args)?;
+        if let Some(reference) = &args.compare {
+            sweeps::compare::run(dir, &entries, reference)?;
+        }
+        return Ok(());
     }
     anyhow::ensure!(args.jobs >= 1, "--jobs must be at least 1");
     anyhow::ensure!(args.pack != Some(0), "--pack must be at least 1 (1: one process per run)");
@@ -184,10 +198,19 @@ pub fn run(args: SweepArgs) -> Result<()> {
     if args.deploy {
         sweeps::deploy::run(&plan.output_dir, &entries, args.jobs, &runner::Launch::for_jobs(args.jobs, 1)?)?;
     }
-    sweeps::report(&plan.output_dir, &entries)?;
+    report(&plan.output_dir, &entries, &args)?;
     let failed: Vec<&String> = statuses.iter().filter(|(_, s)| **s == RunStatus::Failed).map(|(n, _)| n).collect();
     if !failed.is_empty() {
         bail!("{} of {} runs failed: {failed:?}; their logs are in {}", failed.len(), plan.runs.len(), plan.output_dir.join("logs").display());
+    }
+    Ok(())
+}
+
+/// The sweep's report, and with `--last-tenth` the paper's reading beside it.
+fn report(dir: &std::path::Path, entries: &[sweeps::RunEntry], args: &SweepArgs) -> Result<()> {
+    sweeps::report(dir, entries)?;
+    if args.last_tenth {
+        sweeps::report_last_tenth(dir, entries)?;
     }
     Ok(())
 }

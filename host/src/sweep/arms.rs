@@ -57,15 +57,54 @@ pub type RunValues = BTreeMap<(&'static str, String), f64>;
 /// [`run_values`] of every finished (OK or cached) run, by run name: read once for all the
 /// tables.
 pub fn finished_run_values(entries: &[RunEntry]) -> Result<BTreeMap<String, RunValues>> {
+    finished_run_values_read(entries, Reading::Final)
+}
+
+/// How a run's routing evaluations become its values: the final evaluation (the default), or
+/// the paper's reading, the mean of the last max(1, n // 10) of its n evaluations
+/// (`--last-tenth`; each metric averaged over the evaluations of the window that have it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reading {
+    #[default]
+    Final,
+    LastTenth,
+}
+
+impl Reading {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Final => "final",
+            Self::LastTenth => "last_tenth",
+        }
+    }
+
+    /// How many of `n` evaluations (the last ones) the reading averages.
+    pub fn window(self, n: usize) -> usize {
+        match self {
+            Self::Final => 1.min(n),
+            Self::LastTenth => (n / 10).max(1).min(n),
+        }
+    }
+}
+
+/// One finished run's values from its final evaluation.
+pub fn run_values(entry: &RunEntry) -> Result<RunValues> {
+    run_values_read(entry, Reading::Final)
+}
+
+/// [`run_values`] of every finished (OK or cached) run in `reading`, by run name.
+pub fn finished_run_values_read(entries: &[RunEntry], reading: Reading) -> Result<BTreeMap<String, RunValues>> {
     entries
         .iter()
         .filter(|e| matches!(e.status, RunStatus::Ok | RunStatus::Cached))
-        .map(|e| Ok((e.name.clone(), run_values(e).with_context(|| format!("reading the results of {}", e.name))?)))
+        .map(|e| Ok((e.name.clone(), run_values_read(e, reading).with_context(|| format!("reading the results of {}", e.name))?)))
         .collect()
 }
 
-/// One finished run's values.
-pub fn run_values(entry: &RunEntry) -> Result<RunValues> {
+/// One finished run's values in `reading`: the routing evaluations' metrics averaged over the
+/// reading's window (the last one must be at `max_steps`); `final_reward` and the deployment's
+/// modes are of the last step whatever the reading.
+pub fn run_values_read(entry: &RunEntry, reading: Reading) -> Result<RunValues> {
     let mut values = BTreeMap::new();
     let metrics_path = entry.dir.join("metrics.jsonl");
     let last = Jsonl::new(metrics_path.clone()).read()?.pop().with_context(|| format!("{} is empty", metrics_path.display()))?;
@@ -74,13 +113,26 @@ pub fn run_values(entry: &RunEntry) -> Result<RunValues> {
     // The task reward weighs the retain components: learnt once (an environment's load).
     let weights = evals::task_weights(entry)?;
     let eval_path = evals::EvalSource::Training.path(entry);
-    let final_line = Jsonl::new(eval_path.clone()).read()?.pop().with_context(|| format!("{}: no routing evaluation", eval_path.display()))?;
-    let final_step = final_line[crate::eval::key::STEP].as_u64().with_context(|| format!("{}: the last line has no step", eval_path.display()))? as usize;
+    let mut lines = Jsonl::new(eval_path.clone()).read()?;
+    anyhow::ensure!(!lines.is_empty(), "{}: no routing evaluation", eval_path.display());
+    let window = lines.split_off(lines.len() - reading.window(lines.len()));
+    let step_of = |line: &serde_json::Value| line[crate::eval::key::STEP].as_u64().map(|s| s as usize);
+    let final_step = step_of(&window[window.len() - 1]).with_context(|| format!("{}: the last line has no step", eval_path.display()))?;
     anyhow::ensure!(final_step == entry.config.max_steps, "{}: the last routing evaluation is at step {final_step}, not max_steps {}", entry.dir.display(), entry.config.max_steps);
-    let modes = final_line[crate::eval::key::MODES].as_object().with_context(|| format!("{}: step {final_step} has no `modes`", eval_path.display()))?;
-    for (mode, mode_json) in modes {
-        insert_mode(&mut values, mode, mode_json, &weights, &eval_path, final_step)?;
+    let mut samples: BTreeMap<(&'static str, String), Vec<f64>> = BTreeMap::new();
+    for line in &window {
+        let step = step_of(line).with_context(|| format!("{}: a line has no step", eval_path.display()))?;
+        let modes = line[crate::eval::key::MODES].as_object().with_context(|| format!("{}: step {step} has no `modes`", eval_path.display()))?;
+        let mut one = BTreeMap::new();
+        for (mode, mode_json) in modes {
+            insert_mode(&mut one, mode, mode_json, &weights, &eval_path, step)?;
+        }
+        for (k, v) in one {
+            samples.entry(k).or_default().push(v);
+        }
     }
+    // One evaluation's value is kept as it is (the final reading, exactly as it was written).
+    values.extend(samples.into_iter().map(|(k, v)| (k, if v.len() == 1 { v[0] } else { v.iter().sum::<f64>() / v.len() as f64 })));
     if let Some(deployment) = crate::eval::deployment::read(&entry.dir)? {
         anyhow::ensure!(deployment.step == final_step, "{}: deployment.json is of step {}, the run ended at {final_step}; run `smallrl sweep --collect DIR --deploy` again", entry.dir.display(), deployment.step);
         let path = entry.dir.join(crate::eval::deployment::FILE);

@@ -7,6 +7,8 @@
 
 pub mod arms;
 pub mod charts;
+pub mod compare;
+pub mod compare_chart;
 pub mod deploy;
 pub mod draw;
 pub mod environments;
@@ -112,28 +114,51 @@ pub fn report(output_dir: &Path, entries: &[RunEntry]) -> Result<()> {
     if let Some(path) = deploy::write_csv(output_dir, entries)? {
         println!("deployment: {}", path.display());
     }
-    let run_values = arms::finished_run_values(entries)?;
+    let (arm_rows, env_rows) = tables(output_dir, entries, arms::Reading::Final)?;
+    let index = charts::write_all(&output_dir.join("charts"), entries, &arm_rows, env_rows.as_deref())?;
+    println!("charts: {}", index.display());
+    Ok(())
+}
+
+/// The arms' and environments' tables in the paper's reading ([`arms::Reading::LastTenth`]),
+/// beside the final-evaluation ones: `arms_last_tenth.csv`, `environments_last_tenth.csv`.
+pub fn report_last_tenth(output_dir: &Path, entries: &[RunEntry]) -> Result<()> {
+    println!("the paper's reading: each run's last max(1, n // 10) routing evaluations averaged");
+    tables(output_dir, entries, arms::Reading::LastTenth).map(|_| ())
+}
+
+/// The file a table of `reading` is written to: `<stem>.csv`, or `<stem>_<reading>.csv` for a
+/// reading other than the final evaluation's.
+pub fn table_file(output_dir: &Path, stem: &str, reading: arms::Reading) -> PathBuf {
+    match reading {
+        arms::Reading::Final => output_dir.join(format!("{stem}.csv")),
+        other => output_dir.join(format!("{stem}_{}.csv", other.name())),
+    }
+}
+
+/// Prints and writes the arms' and environments' tables of `reading`; the environments' is
+/// None when its cells pool more than seeds.
+fn tables(output_dir: &Path, entries: &[RunEntry], reading: arms::Reading) -> Result<(Vec<arms::ArmRow>, Option<Vec<environments::EnvRow>>)> {
+    let run_values = arms::finished_run_values_read(entries, reading)?;
     let arm_rows = arms::rows(entries, &run_values)?;
     println!("{}", arms::format_table(&arm_rows));
-    let arms_csv = output_dir.join("arms.csv");
+    let arms_csv = table_file(output_dir, "arms", reading);
     arms::write_csv(&arms_csv, &arm_rows)?;
     println!("arms: {}", arms_csv.display());
     let cells = environments::cells(entries);
     let env_rows = match environments::pooling_problem(&cells)? {
         Some(why) => {
-            println!("environments: environments.csv is not written: {why}");
+            println!("environments: {} is not written: {why}", table_file(Path::new(""), "environments", reading).display());
             None
         }
         None => {
             let rows = environments::rows(&cells, &run_values);
             println!("{}", environments::format_table(&rows));
-            let csv = output_dir.join("environments.csv");
+            let csv = table_file(output_dir, "environments", reading);
             environments::write_csv(&csv, &rows)?;
             println!("environments: {}", csv.display());
             Some(rows)
         }
     };
-    let index = charts::write_all(&output_dir.join("charts"), entries, &arm_rows, env_rows.as_deref())?;
-    println!("charts: {}", index.display());
-    Ok(())
+    Ok((arm_rows, env_rows))
 }
