@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use common::{fixture, load, read_jsonl, repo_root, smallrl, smallrl_ok, standard_plugin};
+use common::{load, read_jsonl, repo_root, smallrl, smallrl_ok, standard_plugin};
 use serde_json::Value;
 use smallrl::plugins::{EnvSplit, Plugin, PluginLimits};
 use smallrl::reward::Sample;
@@ -316,5 +316,4 @@ fn a_python_reward_with_random_and_time_trains_reproducibly() {
     assert_eq!(metrics_without_timings(&resumed), metrics_without_timings(&first));
     let rewards: Vec<f64> = metrics_without_timings(&first).iter().map(|m| m["reward"].as_f64().unwrap_or(f64::NAN)).collect();
     assert!(rewards.iter().all(|r| (0.0..0.6).contains(r)), "{rewards:?}");
-    let _ = fixture("tiny-stories");
 }

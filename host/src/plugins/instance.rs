@@ -81,7 +81,7 @@ impl Plugin {
         let imports_wasi = super::wasi::imports_wasi(&component, &runtime.engine);
         let limits = if imports_wasi { limits.for_language_runtime() } else { limits };
         let pre = runtime
-            .linker_for(&component)
+            .linker_for(imports_wasi)
             .instantiate_pre(&component)
             .map_err(|error| describe_incompatible(path, &component, &runtime.engine, error))?;
         let contract = contract_of_component(&component, &runtime.engine)

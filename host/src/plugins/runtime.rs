@@ -29,9 +29,9 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    /// The linker for `component`: the WASI one only when it imports WASI.
-    pub fn linker_for(&self, component: &wasmtime::component::Component) -> &Linker<StoreState> {
-        match super::wasi::imports_wasi(component, &self.engine) {
+    /// The linker for a component: the WASI one only when it imports WASI.
+    pub fn linker_for(&self, imports_wasi: bool) -> &Linker<StoreState> {
+        match imports_wasi {
             true => &self.wasi_linker,
             false => &self.pure_linker,
         }

@@ -9,8 +9,6 @@ import smallrl
 
 @smallrl.reward(name="noisy", version="0.1.0", description="0.5 * random.random() plus a clock reading that is fixed in the sandbox")
 def score(sample, params):
-    started = time.monotonic()
-    noise = random.random()
-    elapsed = time.monotonic() - started
-    wall = time.time()
-    return 0.5 * noise + (wall - 1704067200.0) + min(elapsed, 1.0) * 0.0 + 0.1 * ("happy" in sample.completion)
+    # In the sandbox time.time() is fixed at 1704067200.0, so the clock term is 0; on a real
+    # clock it would be years of seconds and the tests' bound on the scores would fail.
+    return 0.5 * random.random() + (time.time() - 1704067200.0) + 0.1 * ("happy" in sample.completion)
