@@ -88,7 +88,6 @@ pub(super) struct Drawing<'a> {
     pub policy: &'a mut Policy,
     pub rewards: &'a mut RewardModel,
     pub recipe: &'a Recipe,
-    pub tokenizer: &'a Tokenizer,
     pub log: &'a mut RunLog,
 }
 
@@ -185,7 +184,7 @@ impl Draw {
 
     /// Samples and scores one round of prompts (each repeated `num_generations` times).
     fn round(&mut self, step: usize, round: usize, prompt_texts: Vec<Prompt>, with: &mut Drawing) -> Result<DrawnBatch> {
-        let prompt_ids = tokenized(with.tokenizer, &prompt_texts)?;
+        let prompt_ids = tokenized(&with.policy.tokenizer, &prompt_texts)?;
         let coherence_rows = self.keys.coherence.rows_at(step);
         let seed = self.round_seed(round);
         let (generation, generate_seconds, off_policy) = match self.keys.samples_ahead {
@@ -201,7 +200,7 @@ impl Draw {
         };
 
         let score_start = Instant::now();
-        let samples = samples_from_rows(&prompt_texts, &generation.rows, with.tokenizer)?;
+        let samples = samples_from_rows(&prompt_texts, &generation.rows, &with.policy.tokenizer)?;
         let scored = with
             .rewards
             .score(&samples, rng::derive(seed, "protocol", step as u64))

@@ -19,6 +19,7 @@ pub mod checkpoint;
 pub mod config;
 mod draw;
 mod dump;
+mod files;
 pub mod fisher;
 pub mod metrics;
 pub mod live;
@@ -39,47 +40,40 @@ use crate::adapters::AdapterKind;
 use crate::engine::{Engine, Seat};
 use crate::eval::{self, EvalSetup};
 use crate::model::generate::SamplingParams;
-use crate::model::{self, Tokenizer};
 use crate::reward::RewardModel;
 use crate::rng;
 use crate::routing;
 pub use config::TrainConfig;
 pub use prompts::{evaluation_prompts, training_prompts};
+use config::StepKeys;
 use draw::Draw;
+use files::RunFiles;
 use policy::Policy;
 use recipe::Recipe;
-use rollout::Rollout;
-use live::LiveLogs;
+use step::StepState;
 use crate::rundir;
-use crate::runlog::{Jsonl, RunLog};
 
 pub struct Trainer {
+    /// The flat configuration, kept to write config.yaml and checkpoints; the parts below
+    /// read their keys from it once.
     cfg: TrainConfig,
-    run_dir: PathBuf,
-    /// The model, its reference, adapters and optimizer, the objective and the seat at the
-    /// engine through which every pass over them goes.
+    /// What a step reads, and when the run evaluates, saves and logs.
+    keys: StepKeys,
+    /// The run directory's lock, logs and records.
+    files: RunFiles,
+    /// The model with its tokenizer, reference, adapters and optimizer, the objective and the
+    /// seat at the engine through which every pass over them goes.
     policy: Policy,
-    tokenizer: Tokenizer,
-    model_files: model::ModelFiles,
+    /// The rewards, monitor and ground truth (plugins), and the evaluation's prompts.
     rewards: RewardModel,
+    eval_prompts: Vec<crate::reward::Prompt>,
     /// The prompt streams and the batches sampled ahead: from them and the policy, a step's
     /// scored batch.
     draw: Draw,
-    eval_prompts: Vec<crate::reward::Prompt>,
     /// What the run makes of a scored batch (advantages, intervention, routing plan).
     recipe: Recipe,
-    log: RunLog,
-    /// Held for the run's life: no second process writes this run directory.
-    _lock: std::fs::File,
-    /// TensorBoard and the completions log, when asked for.
-    live: LiveLogs,
-    metrics: Jsonl,
-    evals: Jsonl,
-    num_tokens: usize,
-    rollout: Option<Rollout>,
-    /// The running average of the gradient noise scale (`gradient_noise_scale`), restored from
-    /// the last metrics line on resume.
-    noise_scale_average: Option<crate::probes::NoiseScale>,
+    /// What a step leaves for the next (the rollout, the token count, running averages).
+    state: StepState,
 }
 
 /// Where and what a finished (or stopped) run left.
@@ -119,9 +113,9 @@ impl Trainer {
             Some(dir) if rundir::has_checkpoint(dir)? => Some(dir),
             _ => None,
         };
-        let (policy, tokenizer, model_files) = policy::load(&cfg, device, kind, seat)?;
+        let policy = policy::load(&cfg, device, kind, seat)?;
         // The one place a run's prompts, rewards, monitor and ground truth are assembled.
-        let task::Task { rewards, prompts, eval_prompts } = task::load(&cfg, &tokenizer, &prompts::PromptRender::for_run(&cfg, &model_files)?)?;
+        let task::Task { rewards, prompts, eval_prompts } = task::load(&cfg, &policy.tokenizer, &prompts::PromptRender::for_run(&cfg, &policy.files)?)?;
         let hashes = provenance::reconcile(&mut cfg, rewards.plugin_hashes(), resume.is_some(), accept_changed_plugins)?;
         let recipe = cfg.recipe(device)?;
         let verifier_prompts = match cfg.rh_detector_verifies_retain_samples {
@@ -134,18 +128,11 @@ impl Trainer {
             Some(_) => None,
             None => rundir::claim_new(&run_dir)?,
         };
-        let _lock = rundir::lock(&run_dir)?;
-        let log = RunLog::open(&run_dir, cfg.max_steps as u64)?;
-        let live = LiveLogs::open(&run_dir, cfg.tensorboard, cfg.log_completions)?;
-        let mut trainer = Self {
-            metrics: Jsonl::new(run_dir.join("metrics.jsonl")),
-            evals: Jsonl::new(run_dir.join("routing_eval.jsonl")),
-            draw,
-            cfg, run_dir, policy, tokenizer, model_files, rewards,
-            eval_prompts, recipe, log, live, _lock, num_tokens: 0, rollout: None, noise_scale_average: None,
-        };
+        let files = RunFiles::open(run_dir, &cfg)?;
+        let keys = cfg.step_keys();
+        let mut trainer = Self { cfg, keys, files, policy, rewards, eval_prompts, draw, recipe, state: StepState::default() };
         let opened = trainer.open_run(resume.is_some(), restarted, hashes);
-        trainer.log_failure(opened)?;
+        trainer.files.log_failure(opened)?;
         Ok(trainer)
     }
 
@@ -157,40 +144,28 @@ impl Trainer {
             false => self.write_run_header()?,
         }
         if let Some(line) = restarted {
-            self.log.line(&line)?;
+            self.files.log.line(&line)?;
         }
         match hashes {
             provenance::Hashes::Same => Ok(()),
             provenance::Hashes::RecordedNow => {
-                provenance::save_hashes(&self.run_dir, &self.cfg.plugin_sha256)?;
-                self.log.line("recorded the plugin files' SHA-256 in config.yaml (the run was started by a smallrl that did not)")
+                provenance::save_hashes(&self.files.dir, &self.cfg.plugin_sha256)?;
+                self.files.log.line("recorded the plugin files' SHA-256 in config.yaml (the run was started by a smallrl that did not)")
             }
             provenance::Hashes::Accepted(line) => {
-                provenance::save_hashes(&self.run_dir, &self.cfg.plugin_sha256)?;
-                self.log.line(&line)
+                provenance::save_hashes(&self.files.dir, &self.cfg.plugin_sha256)?;
+                self.files.log.line(&line)
             }
         }
-    }
-
-    /// Records in train.log why the run stopped (the full error, bounded), then returns it.
-    fn log_failure<T>(&mut self, outcome: Result<T>) -> Result<T> {
-        if let Err(error) = &outcome {
-            let text = crate::plugins::text::bounded(&format!("{error:#}"), MAX_LOGGED_ERROR_BYTES);
-            // The error is what the user needs; a log that cannot be written must not hide it.
-            if let Err(log_error) = self.log.line(&format!("training stopped: {text}")) {
-                eprintln!("warning: {log_error:#}");
-            }
-        }
-        outcome
     }
 
     fn write_run_header(&mut self) -> Result<()> {
-        let config_path = self.run_dir.join("config.yaml");
+        let config_path = self.files.dir.join("config.yaml");
         crate::fsutil::write_atomic(&config_path, crate::yaml::to_string(&self.cfg)?.as_bytes())?;
         let header = format!(
             "smallrl train: run {} | model {} | adapter {:?} ranks {:?} | {} prompts, {} eval prompts | reward components {:?} | detector: {}{}",
-            self.run_dir.display(),
-            self.model_files.source,
+            self.files.dir.display(),
+            self.policy.files.source,
             self.policy.adapters.kind,
             self.policy.adapters.ranks,
             self.draw.prompts.len(),
@@ -199,7 +174,7 @@ impl Trainer {
             if self.rewards.has_detector() { "yes" } else { "no" },
             self.hackable_note(),
         );
-        self.log.line(&header)
+        self.files.log.line(&header)
     }
 
     /// " | hackable prompts: 0.500 of training, 0.250 of evaluation" when some prompts do not
@@ -213,39 +188,39 @@ impl Trainer {
     }
 
     fn resume(&mut self) -> Result<()> {
-        let dir = checkpoint::latest(&self.run_dir)?;
+        let dir = checkpoint::latest(&self.files.dir)?;
         let state = checkpoint::read_state(&dir)?;
         checkpoint::check_adapters(&state, &self.policy.adapters, &dir)?;
         ensure!(state.seed == self.cfg.seed, "{}: seed {} differs from the run's {}", dir.display(), state.seed, self.cfg.seed);
         crate::adapters::load_trainable(self.policy.optimizer.params(), &checkpoint::read_weights(&dir, &state)?, &dir.display().to_string())?;
         let step = state.step;
         self.policy.optimizer.load_state(&checkpoint::load_optimizer(&dir)?, step, &dir.display().to_string())?;
-        self.draw.restore_in_flight(&dir, &self.tokenizer, self.policy.model.device)?;
-        let last_metrics = self.metrics.truncate_after(step)?;
-        self.evals.truncate_after(step)?;
-        self.live.resume_after(step)?;
-        let last_metrics = last_metrics.with_context(|| format!("{}: metrics.jsonl has no line for step {step}", self.run_dir.display()))?;
+        self.draw.restore_in_flight(&dir, &self.policy.tokenizer, self.policy.model.device)?;
+        let last_metrics = self.files.metrics.truncate_after(step)?;
+        self.files.evals.truncate_after(step)?;
+        self.files.live.resume_after(step)?;
+        let last_metrics = last_metrics.with_context(|| format!("{}: metrics.jsonl has no line for step {step}", self.files.dir.display()))?;
         let num_tokens = last_metrics[metrics::key::NUM_TOKENS].as_u64();
-        self.num_tokens = num_tokens.with_context(|| format!("{}: metrics.jsonl lacks {}", self.run_dir.display(), metrics::key::NUM_TOKENS))? as usize;
-        if self.cfg.gradient_noise_scale {
+        self.state.num_tokens = num_tokens.with_context(|| format!("{}: metrics.jsonl lacks {}", self.files.dir.display(), metrics::key::NUM_TOKENS))? as usize;
+        if self.keys.gradient_noise_scale {
             let average = metrics::GradientNoise::average_in(&last_metrics);
-            let average = average.with_context(|| format!("{}: metrics.jsonl's step {step} lacks the gradient noise scale's running average", self.run_dir.display()))?;
-            self.noise_scale_average = Some(average);
+            let average = average.with_context(|| format!("{}: metrics.jsonl's step {step} lacks the gradient noise scale's running average", self.files.dir.display()))?;
+            self.state.noise_scale_average = Some(average);
         }
-        self.log.line(&format!("resumed from {} at step {step}", dir.display()))?;
+        self.files.log.line(&format!("resumed from {} at step {step}", dir.display()))?;
         self.record_extension()
     }
 
     /// A run resumed with `--extend-schedule` records its new max_steps and the earlier LR
     /// horizons in config.yaml (the rest of the saved configuration stays as it was).
     fn record_extension(&mut self) -> Result<()> {
-        let saved = TrainConfig::read_saved(&self.run_dir)?;
+        let saved = TrainConfig::read_saved(&self.files.dir)?;
         if (saved.max_steps, &saved.lr_horizons) == (self.cfg.max_steps, &self.cfg.lr_horizons) {
             return Ok(());
         }
         let extended = TrainConfig { max_steps: self.cfg.max_steps, lr_horizons: self.cfg.lr_horizons.clone(), ..saved };
-        crate::fsutil::write_atomic(&self.run_dir.join("config.yaml"), crate::yaml::to_string(&extended)?.as_bytes())?;
-        self.log.line(&format!(
+        crate::fsutil::write_atomic(&self.files.dir.join("config.yaml"), crate::yaml::to_string(&extended)?.as_bytes())?;
+        self.files.log.line(&format!(
             "extended from max_steps {} to {} (--extend-schedule): LR horizons by step {:?}, then {}",
             extended.lr_horizons.last().map_or(0, |h| h.max_steps),
             self.cfg.max_steps,
@@ -258,23 +233,23 @@ impl Trainer {
     /// an error is recorded in train.log before it is returned.
     pub fn train(&mut self, stop_after: Option<usize>) -> Result<RunSummary> {
         let outcome = self.train_steps(stop_after);
-        self.log_failure(outcome)
+        self.files.log_failure(outcome)
     }
 
     fn train_steps(&mut self, stop_after: Option<usize>) -> Result<RunSummary> {
         let end = self.end_step(stop_after);
         self.policy.seat.start_working();
-        self.log.progress(self.policy.optimizer.step as u64, String::new());
+        self.files.log.progress(self.policy.optimizer.step as u64, String::new());
         while self.policy.optimizer.step < end {
             self.advance()?;
         }
-        self.log.finish();
-        Ok(RunSummary { run_dir: self.run_dir.clone(), steps: end })
+        self.files.log.finish();
+        Ok(RunSummary { run_dir: self.files.dir.clone(), steps: end })
     }
 
     /// The step this invocation stops after: `max_steps`, or `stop_after` steps from here.
     fn end_step(&self, stop_after: Option<usize>) -> usize {
-        stop_after.map_or(self.cfg.max_steps, |n| (self.policy.optimizer.step + n).min(self.cfg.max_steps))
+        stop_after.map_or(self.keys.max_steps, |n| (self.policy.optimizer.step + n).min(self.keys.max_steps))
     }
 
     /// The next optimizer step, then the evaluation and checkpoint that fall on it: the unit a
@@ -284,11 +259,11 @@ impl Trainer {
         self.step(step).with_context(|| self.stopped_at(step))?;
         let done = step + 1;
         ensure!(self.policy.optimizer.step == done, "the optimizer is at step {} after step {done}", self.policy.optimizer.step);
-        let kept = format!("{} keeps what was written", self.run_dir.display());
-        if done % self.cfg.eval_every == 0 || done == self.cfg.max_steps {
+        let kept = format!("{} keeps what was written", self.files.dir.display());
+        if done % self.keys.eval_every == 0 || done == self.keys.max_steps {
             self.evaluate(done).with_context(|| format!("the routing evaluation after step {done} failed; {kept}"))?;
         }
-        if done % self.cfg.save_steps == 0 || done == self.cfg.max_steps {
+        if done % self.keys.save_steps == 0 || done == self.keys.max_steps {
             self.save(done).with_context(|| format!("saving the checkpoint of step {done} failed; {kept}"))?;
         }
         Ok(())
@@ -296,7 +271,7 @@ impl Trainer {
 
     /// The context of an error at 0-based `step`: where training stopped and what was kept.
     fn stopped_at(&self, step: usize) -> String {
-        format!("training stopped at step {}; {} keeps what was written", step + 1, self.run_dir.display())
+        format!("training stopped at step {}; {} keeps what was written", step + 1, self.files.dir.display())
     }
 
     /// One optimizer step (no evaluation or checkpoint), for benchmarks; returns its metrics.
@@ -313,28 +288,28 @@ impl Trainer {
 
     fn evaluate(&mut self, step: usize) -> Result<()> {
         let modes = routing::eval_modes(&self.policy.adapters);
-        let setup = EvalSetup { tokenizer: &self.tokenizer, prompts: &self.eval_prompts, sampling: &self.policy.sampling, seed: eval_seed(&self.cfg) };
+        let setup = EvalSetup { tokenizer: &self.policy.tokenizer, prompts: &self.eval_prompts, sampling: &self.policy.sampling, seed: eval_seed(&self.cfg) };
         // Through the run's seat: its decoders (one per adapter scales) are kept across
         // evaluations and shared with training's, and stack in a pack like training samples.
         let (seat, model) = (&mut self.policy.seat, &self.policy.model);
         let mut sample = |scales: &[f64], prompts: &[Vec<u32>], params: &SamplingParams, seed| seat.sample(model, scales, prompts, params, seed).map(|done| done.value);
         let report = eval::routing_eval(&mut sample, &modes, &mut self.rewards, &setup, step)?;
-        self.log.line(&eval::format_block(&report))?;
+        self.files.log.line(&eval::format_block(&report))?;
         let evaluation = eval::to_json(&report);
-        self.live.routing_eval(&evaluation)?;
-        self.evals.append(&evaluation)
+        self.files.live.routing_eval(&evaluation)?;
+        self.files.evals.append(&evaluation)
     }
 
     fn save(&mut self, step: usize) -> Result<()> {
         let state = checkpoint::TrainerState {
             step,
             adapters: self.policy.adapters.clone(),
-            base_model: self.model_files.source.clone(),
+            base_model: self.policy.files.source.clone(),
             revision: self.cfg.revision.clone(),
             seed: self.cfg.seed,
         };
         let in_flight = self.draw.in_flight(&mut self.policy)?;
-        let hf_files = (self.policy.adapters.kind == AdapterKind::Full).then_some((&self.policy.model.config, self.model_files.tokenizer.as_path()));
+        let hf_files = (self.policy.adapters.kind == AdapterKind::Full).then_some((&self.policy.model.config, self.policy.files.tokenizer.as_path()));
         let snapshot = checkpoint::Snapshot {
             state,
             config_yaml: crate::yaml::to_string(&self.cfg)?,
@@ -343,13 +318,10 @@ impl Trainer {
             hf_files,
             extra: &|dir| in_flight.as_ref().map_or(Ok(()), |batches| draw::write_in_flight(dir, batches)),
         };
-        let dir = checkpoint::save(&self.run_dir, snapshot)?;
-        self.log.line(&format!("saved {}", dir.display()))
+        let dir = checkpoint::save(&self.files.dir, snapshot)?;
+        self.files.log.line(&format!("saved {}", dir.display()))
     }
 }
-
-/// The most of an error that train.log keeps (plugin-supplied parts are already bounded).
-const MAX_LOGGED_ERROR_BYTES: usize = 64 << 10;
 
 /// The sampling seed of every routing evaluation of a run (`smallrl eval` uses it too, so a
 /// checkpoint's evaluation reproduces the training-time one).

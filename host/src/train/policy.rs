@@ -1,4 +1,5 @@
-//! The policy a run trains, as one part: the model, its reference, adapters and optimizer, the
+//! The policy a run trains, as one part: the model with its tokenizer and files, its reference,
+//! adapters and optimizer, the
 //! objective, the sampling settings, and the run's seat at the engine, through which every
 //! sampler call and scoring pass goes (the engine picks the implementation and stacks a pack's
 //! jobs; the policy says once in train.log when they ran stacked).
@@ -26,6 +27,10 @@ pub(super) struct SampleRequest {
 
 pub(super) struct Policy {
     pub model: Llama,
+    pub tokenizer: Tokenizer,
+    /// Where the model was read from (the checkpoint names its source; full fine-tuning copies
+    /// its tokenizer file).
+    pub files: ModelFiles,
     /// Full fine-tuning only: the frozen starting model (with adapters the reference is the
     /// model with its adapters switched off).
     pub reference: Option<Llama>,
@@ -42,9 +47,8 @@ pub(super) struct Policy {
 }
 
 /// Loads the run's model onto `device` in `kind`, with its adapters attached (seeded) or, for
-/// full fine-tuning, a frozen copy as the reference; the policy sits at `seat`. Also returns
-/// the model's tokenizer and files.
-pub(super) fn load(cfg: &TrainConfig, device: Device, kind: Kind, seat: Seat) -> Result<(Policy, Tokenizer, ModelFiles)> {
+/// full fine-tuning, a frozen copy as the reference; the policy sits at `seat`.
+pub(super) fn load(cfg: &TrainConfig, device: Device, kind: Kind, seat: Seat) -> Result<Policy> {
     let adapters = cfg.adapter_config()?;
     let loaded = model::load(&cfg.model, &cfg.revision, device, kind)?;
     let mut model = loaded.model;
@@ -63,8 +67,8 @@ pub(super) fn load(cfg: &TrainConfig, device: Device, kind: Kind, seat: Seat) ->
         adapters.trainable(&model),
         AdamWConfig { beta1: cfg.adam_beta1, beta2: cfg.adam_beta2, eps: cfg.adam_epsilon, weight_decay: cfg.weight_decay },
     );
-    let policy = Policy { model, reference, adapters, optimizer, seat, objective: cfg.objective()?, sampling: super::sampling_params(cfg), announced: Vec::new() };
-    Ok((policy, loaded.tokenizer, loaded.files))
+    let (tokenizer, files) = (loaded.tokenizer, loaded.files);
+    Ok(Policy { model, tokenizer, files, reference, adapters, optimizer, seat, objective: cfg.objective()?, sampling: super::sampling_params(cfg), announced: Vec::new() })
 }
 
 impl Policy {

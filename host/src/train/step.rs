@@ -19,8 +19,19 @@ use crate::model::generate::Generation;
 use crate::model::linear::AdapterCtl;
 use crate::routing::RoutePlan;
 use crate::{engine, grpo, probes, routing, stats};
-use crate::optim::linear_lr;
 use crate::probes::NoiseScale;
+
+/// What a step leaves for the next.
+#[derive(Default)]
+pub(super) struct StepState {
+    /// The batch the steps of a rollout train on (made by its first step).
+    pub rollout: Option<Rollout>,
+    /// Prompt and completion tokens sampled so far (TRL's `num_tokens`).
+    pub num_tokens: usize,
+    /// The running average of the gradient noise scale (`gradient_noise_scale`), restored from
+    /// the last metrics line on resume.
+    pub noise_scale_average: Option<NoiseScale>,
+}
 
 /// A step prepared up to its backward pass: its rollout is the trainer's, its rows here, the
 /// gradients zeroed.
@@ -54,18 +65,18 @@ impl Trainer {
     /// starts one) and the mini-batch's rows.
     fn begin_step(&mut self, step: usize) -> Result<PendingStep> {
         let started = Instant::now();
-        let per_rollout = self.cfg.steps_per_rollout();
+        let per_rollout = self.keys.steps_per_rollout;
         let new_rollout = step % per_rollout == 0;
         if new_rollout {
-            self.rollout = Some(self.rollout(step)?);
+            self.state.rollout = Some(self.rollout(step)?);
         }
         // Only a run resumed from its final checkpoint (saved at max_steps) can start inside a
         // rollout, whose batch no checkpoint keeps.
-        let rollout = self.rollout.as_ref().with_context(|| {
+        let rollout = self.state.rollout.as_ref().with_context(|| {
             format!("step {} continues a rollout of num_iterations * num_substeps = {per_rollout} steps that the checkpoint does not hold: extend runs whose max_steps is a multiple of {per_rollout}", step + 1)
         })?;
         // Each pass over the rollout goes through its mini-batches in order.
-        let substeps = self.cfg.substeps_per_rollout();
+        let substeps = self.keys.substeps_per_rollout;
         let mini = MiniBatch::of(rollout, step % substeps, substeps);
         self.policy.optimizer.zero_grad();
         Ok(PendingStep { step, started, new_rollout, mini })
@@ -74,10 +85,10 @@ impl Trainer {
     /// Generates, scores and prepares the rollout of optimizer step `step` (and the next
     /// `num_iterations * num_substeps - 1` steps).
     pub(super) fn rollout(&mut self, step: usize) -> Result<Rollout> {
-        let mut with = Drawing { policy: &mut self.policy, rewards: &mut self.rewards, recipe: &self.recipe, tokenizer: &self.tokenizer, log: &mut self.log };
+        let mut with = Drawing { policy: &mut self.policy, rewards: &mut self.rewards, recipe: &self.recipe, log: &mut self.files.log };
         let drawn = self.draw.batch(step, &mut with)?;
         let (generation, samples, scored) = (drawn.generation, drawn.samples, drawn.scored);
-        let prepared = self.recipe.prepare(&scored, step, self.cfg.seed);
+        let prepared = self.recipe.prepare(&scored, step, self.keys.seed);
         let component_names: Vec<String> = self.rewards.components().iter().map(|c| c.name.clone()).collect();
         let record = BatchRecord {
             step: step + 1,
@@ -89,20 +100,20 @@ impl Trainer {
             routed: &prepared.labels.is_rh,
             ablated: &prepared.labels.ablated,
         };
-        self.live.batch(record)?;
+        self.files.live.batch(record)?;
 
         let (ref_logprobs, mut reference_seconds) = match self.policy.needs_reference() {
             true => {
-                let done = self.policy.reference_logprobs(&generation, &mut self.log)?;
+                let done = self.policy.reference_logprobs(&generation, &mut self.files.log)?;
                 (Some(done.value), done.seconds)
             }
             false => (None, 0.0),
         };
         let old_start = Instant::now();
         // Batches sampled ahead take the ratio to the sampler too: the policy that drew them.
-        let old_logprobs = match self.policy.objective.ratio_to == grpo::RatioTo::Sampler || self.cfg.samples_ahead() {
+        let old_logprobs = match self.policy.objective.ratio_to == grpo::RatioTo::Sampler || self.keys.samples_ahead {
             true => Some(generation.sampling_logprobs.shallow_clone()),
-            false if self.cfg.steps_per_rollout() > 1 => Some(self.policy.old_logprobs(&generation, &prepared.plan.ctl)?),
+            false if self.keys.steps_per_rollout > 1 => Some(self.policy.old_logprobs(&generation, &prepared.plan.ctl)?),
             false => None,
         };
         reference_seconds += old_start.elapsed().as_secs_f64();
@@ -113,7 +124,7 @@ impl Trainer {
         metrics.off_policy = drawn.off_policy;
         metrics.frac_verified = prepared.frac_verified;
         let first_sample = (samples[0].prompt.clone(), samples[0].completion.clone());
-        let dump = match self.cfg.dump_batches {
+        let dump = match self.keys.dump_batches {
             Some(_) => rollout_tensors(&scored, &component_names, &prepared),
             None => Vec::new(),
         };
@@ -126,14 +137,14 @@ impl Trainer {
     /// (which the engine may stack with other runs'): micro-batches, or probes that read a
     /// pass's graph or gradients. `None` for one plain pass.
     fn own_passes(&self) -> Option<&'static str> {
-        let cfg = &self.cfg;
-        if cfg.gradient_accumulation_steps > 1 {
+        let keys = &self.keys;
+        if keys.passes.micro_batches > 1 {
             Some("gradient_accumulation_steps > 1")
-        } else if cfg.gradient_noise_scale {
+        } else if keys.gradient_noise_scale {
             Some("gradient_noise_scale")
-        } else if cfg.split_moment {
+        } else if keys.split_moment {
             Some("split_moment")
-        } else if self.policy.adapters.is_dual() && cfg.absorption_by_class {
+        } else if self.policy.adapters.is_dual() && keys.absorption_by_class {
             Some("absorption_by_class")
         } else {
             None
@@ -144,14 +155,14 @@ impl Trainer {
     fn backward(&mut self, pending: &PendingStep) -> Result<Trained> {
         if let Some(reason) = self.own_passes() {
             if self.policy.seat.stacks_passes_in_a_pack(&self.policy.model) {
-                self.policy.announce(&mut self.log, "train", || format!("training each step alone, not stacked with the other packed runs: {reason} needs the run's own backward passes"));
+                self.policy.announce(&mut self.files.log, "train", || format!("training each step alone, not stacked with the other packed runs: {reason} needs the run's own backward passes"));
             }
             return Ok(self.own_backward(pending));
         }
         let job = engine::TrainJob { model: &self.policy.model, batch: pending.mini.loss_batch(&pending.mini.plan), temperature: self.policy.temperature(), objective: &self.policy.objective };
         let done = self.policy.seat.train(job)?;
         if done.runs > 1 {
-            self.policy.announce(&mut self.log, "train", || format!("training stacked with {} packed runs (one batched forward and backward pass; each run's own loss and optimizer)", done.runs));
+            self.policy.announce(&mut self.files.log, "train", || format!("training stacked with {} packed runs (one batched forward and backward pass; each run's own loss and optimizer)", done.runs));
         }
         Ok(Trained { pass: done.value, natural_grads: None, absorption: Vec::new(), gradient_noise: None, seconds: done.seconds })
     }
@@ -160,9 +171,9 @@ impl Trainer {
     /// plan's first), with the probes that need the graph or each pass's gradients.
     fn own_backward(&mut self, pending: &PendingStep) -> Trained {
         let pass_start = Instant::now();
-        let rollout = self.rollout.as_ref().expect("begin_step made the rollout");
+        let rollout = self.state.rollout.as_ref().expect("begin_step made the rollout");
         let mini = &pending.mini;
-        let micro_batches = self.cfg.gradient_accumulation_steps;
+        let micro_batches = self.keys.passes.micro_batches;
         let natural_grads = match &mini.natural {
             Some(natural) => {
                 engine::backward_micro_batches(&self.policy.model, &mini.loss_batch(natural), self.policy.temperature(), &self.policy.objective, micro_batches, &mut |_, _| {});
@@ -173,15 +184,15 @@ impl Trainer {
         // absorption_by_class's per-class gradient norms need the one pass's live graph over the
         // whole batch (the configuration refuses it with micro-batches and substeps).
         let mut absorption = Vec::new();
-        let by_class = self.policy.adapters.is_dual() && self.cfg.absorption_by_class;
+        let by_class = self.policy.adapters.is_dual() && self.keys.absorption_by_class;
         let mut before_backward = |logprobs: &Tensor, masks: grpo::TokenMasks| {
             if by_class {
                 absorption = self.gradient_norms_by_class(rollout, logprobs, masks);
             }
         };
         let batch = mini.loss_batch(&mini.plan);
-        let passes = self.cfg.backward_passes();
-        let mut pass_gradients = self.cfg.gradient_noise_scale.then(probes::PassGradients::default);
+        let passes = self.keys.passes;
+        let mut pass_gradients = self.keys.gradient_noise_scale.then(probes::PassGradients::default);
         let trained: Vec<Tensor> = self.policy.optimizer.params().iter().map(|(_, t)| t.shallow_clone()).collect();
         let mut after_backward = || {
             if let Some(gradients) = pass_gradients.as_mut() {
@@ -194,9 +205,9 @@ impl Trainer {
         // The step's gradient noise scale from its passes' gradients (before clipping), and the
         // running average updated with it.
         let gradient_noise = pass_gradients.map(|gradients| {
-            let step = NoiseScale::from_passes(&gradients, self.cfg.mini_batch_size());
-            let average = NoiseScale::averaged(self.noise_scale_average, step);
-            self.noise_scale_average = Some(average);
+            let step = NoiseScale::from_passes(&gradients, self.keys.mini_batch_size);
+            let average = NoiseScale::averaged(self.state.noise_scale_average, step);
+            self.state.noise_scale_average = Some(average);
             GradientNoise { step, average }
         });
         Trained { pass, natural_grads, absorption, gradient_noise, seconds: pass_start.elapsed().as_secs_f64() }
@@ -206,28 +217,28 @@ impl Trainer {
     /// metrics line, log lines and live views; returns the metrics line.
     fn finish_step(&mut self, pending: PendingStep, trained: Trained) -> Result<serde_json::Value> {
         // Before the update: the kernel of the policy that computed the step's gradient.
-        let fisher_kernel = self.cfg.fisher_schedule().measure(&self.policy, &self.run_dir, pending.step, pending.mini.seqs(), &pending.mini.plan.ctl)?;
+        let fisher_kernel = self.keys.fisher.measure(&self.policy, &self.files.dir, pending.step, pending.mini.seqs(), &pending.mini.plan.ctl)?;
         let optimizer_start = Instant::now();
         let PendingStep { step, started, new_rollout, mini, .. } = pending;
         let Trained { pass: engine::BackwardPass { logprobs, terms }, mut natural_grads, mut absorption, gradient_noise, seconds: pass_seconds } = trained;
-        let rollout = self.rollout.as_ref().expect("begin_step made the rollout");
+        let rollout = self.state.rollout.as_ref().expect("begin_step made the rollout");
         let g = &rollout.generation;
-        if let Some(dir) = &self.cfg.dump_batches {
+        if let Some(dir) = &self.keys.dump_batches {
             super::dump::write_step(dir, step + 1, rollout, &logprobs.logprobs, &terms.loss)?;
         }
         let loss = terms.loss.double_value(&[]);
         ensure!(loss.is_finite(), "the loss is {loss} at step {}", step + 1);
         let dual = self.policy.adapters.is_dual();
         let before = dual.then(|| self.absorption_before_step(&mut absorption));
-        let learning_rate = linear_lr(self.cfg.lr, step, self.cfg.lr_horizon(step));
+        let learning_rate = self.keys.lr.at(step);
         let grad_norm = match natural_grads.as_mut() {
             Some(natural) => {
-                let grad_norm = self.policy.optimizer.clip_grad_norm_also(self.cfg.max_grad_norm, natural);
+                let grad_norm = self.policy.optimizer.clip_grad_norm_also(self.keys.max_grad_norm, natural);
                 self.policy.optimizer.step_split_moment(learning_rate, natural);
                 grad_norm
             }
             None => {
-                let grad_norm = self.policy.optimizer.clip_grad_norm(self.cfg.max_grad_norm);
+                let grad_norm = self.policy.optimizer.clip_grad_norm(self.keys.max_grad_norm);
                 self.policy.optimizer.step(learning_rate);
                 grad_norm
             }
@@ -238,13 +249,13 @@ impl Trainer {
         let train_seconds = pass_seconds + optimizer_start.elapsed().as_secs_f64();
         let entropy = stats::masked_mean(&logprobs.entropy, &mini.loss_mask);
         // The same batch re-scored by the updated policy (one forward pass, no gradient).
-        let entropy_change = self.cfg.measure_entropy_change.then(|| {
+        let entropy_change = self.keys.measure_entropy_change.then(|| {
             let after = tch::no_grad(|| engine::completion_logprobs(&self.policy.model, mini.seqs(), self.policy.temperature(), &mini.plan.ctl));
             stats::masked_mean(&after.entropy, &mini.loss_mask) - entropy
         });
 
         if new_rollout {
-            self.num_tokens += (g.prompt_mask.sum(Kind::Int64).int64_value(&[]) + g.completion_mask.sum(Kind::Int64).int64_value(&[])) as usize;
+            self.state.num_tokens += (g.prompt_mask.sum(Kind::Int64).int64_value(&[]) + g.completion_mask.sum(Kind::Int64).int64_value(&[])) as usize;
         }
         // The loss's statistics over the loss tokens (as TRL), the sampler's over every sampled one.
         let mask = &mini.loss_mask;
@@ -266,29 +277,29 @@ impl Trainer {
             aggregation_ess: metrics::AGGREGATIONS
                 .iter()
                 .map(|&loss_type| {
-                    let aggregation = grpo::Aggregation::of(loss_type, self.cfg.max_completion_length);
-                    (loss_type, grpo::WeightEss::of(mask, aggregation, self.cfg.gradient_accumulation_steps))
+                    let aggregation = grpo::Aggregation::of(loss_type, self.keys.max_completion_length);
+                    (loss_type, grpo::WeightEss::of(mask, aggregation, self.keys.passes.micro_batches))
                 })
                 .collect(),
             kl_sample_train: probes::sampler_learner_kl(&mini.generation.sampling_logprobs, &logprobs.logprobs, &mini.generation.completion_mask),
             importance_sampling: terms.importance_sampling,
             gradient_noise,
             fisher_kernel,
-            num_tokens: self.num_tokens,
+            num_tokens: self.state.num_tokens,
             train_seconds,
             step_seconds: started.elapsed().as_secs_f64(),
             absorption,
         };
         let line = metrics::line(&rollout.metrics, &measured);
-        self.metrics.append(&line)?;
-        self.log.progress(done as u64, format!("reward {:.3}", line[key::REWARD].as_f64().unwrap_or(f64::NAN)));
+        self.files.metrics.append(&line)?;
+        self.files.log.progress(done as u64, format!("reward {:.3}", line[key::REWARD].as_f64().unwrap_or(f64::NAN)));
         let (prompt, completion) = &rollout.first_sample;
-        let shown = done % self.cfg.logging_steps == 0 || done == 1;
+        let shown = done % self.keys.logging_steps == 0 || done == 1;
         if shown {
-            self.log.line(&format!("[Sample @ step {done}] {prompt} ||| {completion}"))?;
-            self.log.line(&format!("[Step {done}] {}", metrics::summary_line(&line)))?;
+            self.files.log.line(&format!("[Sample @ step {done}] {prompt} ||| {completion}"))?;
+            self.files.log.line(&format!("[Step {done}] {}", metrics::summary_line(&line)))?;
         }
-        self.live.step(&line, shown.then_some((prompt.as_str(), completion.as_str())))?;
+        self.files.live.step(&line, shown.then_some((prompt.as_str(), completion.as_str())))?;
         Ok(line)
     }
 

@@ -28,6 +28,7 @@ use crate::routing::{self, CoherenceRhMode, RenormalizationMode, RoutingMode, Ro
 
 mod checks;
 mod parts;
+pub use parts::{LrSchedule, StepKeys};
 
 pub use crate::hyperparams::{UNNAMED_RUN, parse_override};
 
@@ -375,12 +376,6 @@ impl TrainConfig {
     /// Completions each optimizer step trains on (its mini-batch).
     pub fn mini_batch_size(&self) -> usize {
         self.batch_size / self.num_substeps
-    }
-
-    /// The horizon of the linear LR schedule at 0-based `step`: `max_steps`, or an earlier one
-    /// recorded by `--extend-schedule` for the steps trained before the extension.
-    pub fn lr_horizon(&self, step: usize) -> usize {
-        self.lr_horizons.iter().find(|h| step < h.until_step).map_or(self.max_steps, |h| h.max_steps)
     }
 
     /// This run continued to `max_steps` from a checkpoint at `resume_step`: the steps before

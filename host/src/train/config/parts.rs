@@ -2,15 +2,88 @@
 //! [`TrainConfig::objective`] is): each part reads its keys here, once, and the trainer keeps
 //! the flat `TrainConfig` only to write `config.yaml` and checkpoints.
 
+use std::path::PathBuf;
+
 use anyhow::Result;
 use tch::Device;
 
-use super::TrainConfig;
+use super::{LrHorizon, TrainConfig};
+use crate::engine::Passes;
 use crate::train::draw::{AheadHorizon, DrawKeys};
 use crate::train::fisher::FisherSchedule;
 use crate::train::recipe::{CoherenceSchedule, Recipe};
 
+/// The keys an optimizer step reads (`step.rs`), and when a run evaluates, saves and logs.
+pub struct StepKeys {
+    pub seed: u64,
+    pub max_steps: usize,
+    /// Optimizer steps per rollout: `num_iterations * num_substeps`.
+    pub steps_per_rollout: usize,
+    /// Mini-batches per pass over a rollout (`num_substeps`, or 1 when streamed).
+    pub substeps_per_rollout: usize,
+    /// Completions per optimizer step: `batch_size / num_substeps`.
+    pub mini_batch_size: usize,
+    /// The rollout is sampled ahead by another policy version (`max_steps_off_policy`,
+    /// `stream_minibatches`): its ratio is taken to the sampler.
+    pub samples_ahead: bool,
+    /// The step's backward passes (`gradient_accumulation_steps`, halves for the noise scale).
+    pub passes: Passes,
+    pub gradient_noise_scale: bool,
+    pub split_moment: bool,
+    pub absorption_by_class: bool,
+    pub measure_entropy_change: bool,
+    pub max_grad_norm: f64,
+    pub lr: LrSchedule,
+    pub max_completion_length: usize,
+    pub fisher: FisherSchedule,
+    pub dump_batches: Option<PathBuf>,
+    pub logging_steps: usize,
+    pub eval_every: usize,
+    pub save_steps: usize,
+}
+
+/// The linear learning-rate schedule: `lr` decayed to zero over `max_steps`, or over an earlier
+/// horizon recorded by `--extend-schedule` for the steps trained before the extension.
+pub struct LrSchedule {
+    peak: f64,
+    max_steps: usize,
+    horizons: Vec<LrHorizon>,
+}
+
+impl LrSchedule {
+    /// The learning rate of 0-based `step`.
+    pub fn at(&self, step: usize) -> f64 {
+        let horizon = self.horizons.iter().find(|h| step < h.until_step).map_or(self.max_steps, |h| h.max_steps);
+        crate::optim::linear_lr(self.peak, step, horizon)
+    }
+}
+
 impl TrainConfig {
+    /// The step's keys, read once.
+    pub fn step_keys(&self) -> StepKeys {
+        StepKeys {
+            seed: self.seed,
+            max_steps: self.max_steps,
+            steps_per_rollout: self.steps_per_rollout(),
+            substeps_per_rollout: self.substeps_per_rollout(),
+            mini_batch_size: self.mini_batch_size(),
+            samples_ahead: self.samples_ahead(),
+            passes: self.backward_passes(),
+            gradient_noise_scale: self.gradient_noise_scale,
+            split_moment: self.split_moment,
+            absorption_by_class: self.absorption_by_class,
+            measure_entropy_change: self.measure_entropy_change,
+            max_grad_norm: self.max_grad_norm,
+            lr: LrSchedule { peak: self.lr, max_steps: self.max_steps, horizons: self.lr_horizons.clone() },
+            max_completion_length: self.max_completion_length,
+            fisher: self.fisher_schedule(),
+            dump_batches: self.dump_batches.clone(),
+            logging_steps: self.logging_steps,
+            eval_every: self.eval_every,
+            save_steps: self.save_steps,
+        }
+    }
+
     /// The recipe (advantages, intervention, routing plan, loss mask) of a run whose tensors
     /// live on `device`.
     pub fn recipe(&self, device: Device) -> Result<Recipe> {

@@ -81,7 +81,7 @@ impl Draw {
                 (generation, seconds, OffPolicy { policy_version: version, staleness: step - version, wait_seconds: 0.0, sampler_idle_seconds: 0.0 })
             }
         };
-        self.post_ahead(step, with.policy, with.tokenizer)?;
+        self.post_ahead(step, with.policy)?;
         Ok(sampled)
     }
 
@@ -113,12 +113,12 @@ impl Draw {
     /// Posts the batches of the steps after `step` up to its horizon (`step + k`, or the end of
     /// a streamed batch; at most the run's last step) that are not yet posted, sampled from the
     /// weights as they are now.
-    fn post_ahead(&mut self, step: usize, policy: &mut Policy, tokenizer: &Tokenizer) -> Result<()> {
+    fn post_ahead(&mut self, step: usize, policy: &mut Policy) -> Result<()> {
         let last = self.keys.ahead.last_posted_by(step).min(self.keys.max_steps.saturating_sub(1));
         let mut next = self.ahead.next_step.max(step + 1);
         while next <= last {
             let prompts = self.step_prompts(next);
-            let prompt_ids = tokenized(tokenizer, &prompts)?;
+            let prompt_ids = tokenized(&policy.tokenizer, &prompts)?;
             let requests = policy.sample_requests(&prompt_ids, self.keys.coherence.rows_at(next), next, self.keys.seed);
             let calls = requests.len();
             for request in requests {
