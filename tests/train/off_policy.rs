@@ -184,3 +184,38 @@ fn streamed_mini_batches_train_each_group_as_it_arrives_from_the_batch_weights()
     let resumed = Trainer::new(resolved, Some(&stopped.run_dir)).unwrap().train(None).unwrap();
     assert_same_metrics(&deterministic(lines.clone()), &deterministic(read_jsonl(&resumed.run_dir.join("metrics.jsonl"))), "streamed metrics.jsonl");
 }
+
+/// Two resumption bugs peers shipped: an asynchronous resume that skipped or repeated prompts
+/// (NeMo-RL#3599) and a restore that re-seeded the sampling streams (ms-swift#9935). A run two
+/// steps off policy, stopped after step 3 with batches in flight and resumed from checkpoint 2,
+/// draws every step's prompts and completions exactly as the uninterrupted run does, and no
+/// prompt twice within the epoch (200 prompts, 2 a step).
+#[test]
+fn an_off_policy_resume_neither_skips_nor_repeats_prompts_nor_reseeds_sampling() {
+    let out = tempfile::tempdir().unwrap();
+    let config = |dir: &str| {
+        let config = with(small_config(&out.path().join(dir), &standard_plugin("happy")), "max_steps_off_policy", json!(2));
+        with(config, "log_completions", json!(true))
+    };
+    let whole = train(config("whole"));
+    let resolved = TrainConfig::resolve(None, config("resumed")).unwrap();
+    let stopped = Trainer::new(resolved.clone(), None).unwrap().train(Some(3)).unwrap();
+    assert!(stopped.run_dir.join("checkpoint-2/in_flight.json").is_file(), "checkpoint 2 keeps the batches sampled ahead");
+    let resumed = Trainer::new(resolved, Some(&stopped.run_dir)).unwrap().train(None).unwrap().run_dir;
+    // (step, prompt, completion) of every completion logged, in order.
+    let drawn = |run: &Path| -> Vec<(u64, String, String)> {
+        let line = |l: &Value| (l["step"].as_u64().unwrap(), l["prompt"].as_str().unwrap().to_owned(), l["completion"].as_str().unwrap().to_owned());
+        read_jsonl(&run.join("completions.jsonl")).iter().map(line).collect()
+    };
+    let (expected, got) = (drawn(&whole), drawn(&resumed));
+    assert_eq!(expected.iter().map(|d| d.0).collect::<Vec<_>>(), (1..=4).flat_map(|step| [step; 8]).collect::<Vec<_>>(), "8 completions a step, each step once");
+    for (want, have) in expected.iter().zip(&got) {
+        assert_eq!(want.1, have.1, "step {}: the resumed run drew another prompt", want.0);
+        assert_eq!(want.2, have.2, "step {}: the resumed run sampled another completion from the same prompt", want.0);
+    }
+    assert_eq!(expected.len(), got.len());
+    let mut prompts: Vec<&str> = expected.chunks(4).map(|group| group[0].1.as_str()).collect();
+    prompts.sort();
+    prompts.dedup();
+    assert_eq!(prompts.len(), 8, "the 4 steps' 8 groups have 8 different prompts within the epoch");
+}
