@@ -158,7 +158,9 @@ fn assert_close_metrics(a: &[Value], b: &[Value], file: &str) {
         "effective_sample_size" => 1e-6,
         _ => 1e-9,
     };
-    assert_metrics_within(a, b, file, |key, _, _| bound(key));
+    // The fingerprint sums every weight: stacked training's float32 rounding in the weights
+    // moves it by about 1e-10 of itself.
+    assert_metrics_within(a, b, file, |key, p, _| if key == key::SAMPLER_WEIGHTS_FINGERPRINT { 1e-8 * p.abs() } else { bound(key) });
 }
 
 /// A run whose plugin fails (a NaN score) and one whose weights diverge (a huge learning rate:

@@ -17,6 +17,7 @@ use anyhow::{Context, Result, anyhow};
 use super::Done;
 use crate::model::Llama;
 use crate::model::decode::DecodeModel;
+use crate::model::folded::FoldedWeights;
 use crate::model::generate::{Decoder, Generation, SamplingParams, generate, generate_with};
 
 struct Job {
@@ -76,20 +77,27 @@ impl AheadSampler {
         Self { jobs: Some(jobs), finished, thread: Some(thread), spare: Vec::new(), posted: 0 }
     }
 
-    /// Posts a job: `prompts` sampled from `model` as its weights are now, at adapter `scales`.
-    pub fn post(&mut self, model: &Llama, scales: &[f64], prompts: Vec<Vec<u32>>, params: SamplingParams, seed: u64) -> Result<()> {
+    /// Posts a job: `prompts` sampled from `model` as its weights are now, at adapter `scales`
+    /// (`broken_refresh`: the test hook of [`super::Seat`], a spare decoder is not refreshed).
+    /// Returns the fingerprint of the snapshot, checked against the weights folded now.
+    pub fn post(&mut self, model: &Llama, scales: &[f64], prompts: Vec<Vec<u32>>, params: SamplingParams, seed: u64, broken_refresh: bool) -> Result<f64> {
+        let fresh = FoldedWeights::new(model, scales);
+        let expected = fresh.fingerprints();
         let decoder = match self.spare.iter().position(|(at, _)| at == scales) {
             Some(index) => {
                 let (_, mut decoder) = self.spare.swap_remove(index);
-                decoder.refresh(model, scales);
+                if !broken_refresh {
+                    decoder.refresh_from(&fresh);
+                }
                 decoder
             }
-            None => DecodeModel::new(model, scales),
+            None => DecodeModel::from_folded(fresh, model.device, model.kind),
         };
+        super::delivery::check(&decoder.fingerprints(), &expected, "the run's sampler thread")?;
         let job = Job { decoder, scales: scales.to_vec(), prompts, params, seed };
         self.jobs.as_ref().expect("the sampler thread runs until dropped").send(job).map_err(|_| anyhow!("the sampler thread stopped (it panicked)"))?;
         self.posted += 1;
-        Ok(())
+        Ok(expected[0])
     }
 
     /// The oldest job's generation, waiting for it if the thread has not finished it.

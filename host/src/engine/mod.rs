@@ -11,6 +11,7 @@
 //! training, and the sampler, only through this module; `grpo` never sees a model.
 
 mod ahead;
+mod delivery;
 mod logprobs;
 mod passes;
 mod shared;

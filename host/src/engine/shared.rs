@@ -29,6 +29,7 @@ use super::ahead::{Ahead, AheadSampler};
 use super::{BackwardPass, LossBatch, Sequences, backward_micro_batches, backward_stacked, frozen_logprobs, stacked_frozen_logprobs};
 use crate::grpo::Objective;
 use crate::model::decode::DecodeModel;
+use crate::model::folded::FoldedWeights;
 use crate::model::generate::{Decoder, Generation, SamplingParams, generate, generate_stacked};
 use crate::model::linear::AdapterCtl;
 use crate::model::{Llama, native};
@@ -160,7 +161,7 @@ impl Engine {
         let mut state = engine.lock();
         state.live += 1;
         state.next_run += 1;
-        Seat { engine: engine.clone(), run: state.next_run - 1, working: false, decoders: Vec::new(), reference: None, ahead: None }
+        Seat { engine: engine.clone(), run: state.next_run - 1, working: false, decoders: Vec::new(), reference: None, ahead: None, broken_refresh: false, fingerprints: Vec::new() }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -308,6 +309,8 @@ fn sample_group(group: Vec<(usize, SampleJob)>, decoders: &mut HashMap<Vec<(usiz
             }
             None => decoders.entry(key.clone()).or_insert_with(|| DecodeModel::stacked(&parts)),
         };
+        let expected: Vec<f64> = parts.iter().flat_map(|part| part.fingerprints()).collect();
+        super::delivery::check(&stacked.fingerprints(), &expected, "the pack's stacked sampler")?;
         let decoder = if stacked.device.is_cuda() { Decoder::CudaGraphs } else { Decoder::Libtorch };
         let prompts: Vec<&[Vec<u32>]> = group.iter().map(|(_, job)| job.prompts).collect();
         let seeds: Vec<u64> = group.iter().map(|(_, job)| job.seed).collect();
@@ -377,6 +380,11 @@ pub struct Seat {
     reference: Option<Option<DecodeModel>>,
     /// The run's sampler thread, once it samples ahead (off-policy training).
     ahead: Option<AheadSampler>,
+    /// A test hook: decoders are no longer refreshed, as if the update never reached them.
+    broken_refresh: bool,
+    /// The fingerprints of the weights of the generations handed out since
+    /// [`Seat::take_fingerprints`] last took them.
+    fingerprints: Vec<f64>,
 }
 
 impl Seat {
@@ -392,6 +400,13 @@ impl Seat {
         self.engine.stacks_passes(model) && self.engine.lock().next_run > 1
     }
 
+    /// A test hook: from now on the run's decoders and sampler-thread snapshots are not
+    /// refreshed from the policy's weights, which the weight-delivery check must catch.
+    #[doc(hidden)]
+    pub fn break_weight_refresh_for_tests(&mut self) {
+        self.broken_refresh = true;
+    }
+
     /// The decoders the run holds: one per set of adapter scales it has sampled at, for its life.
     pub fn decoders(&self) -> usize {
         self.decoders.len()
@@ -400,17 +415,26 @@ impl Seat {
     /// Samples `prompts` from the policy `model` at adapter `scales` (with the run's decoder
     /// for those scales, refolded from the current weights).
     pub fn sample(&mut self, model: &Llama, scales: &[f64], prompts: &[Vec<u32>], params: &SamplingParams, seed: u64) -> Result<Done<Generation>> {
-        let (index, fold_seconds) = timed(1, || match self.decoders.iter().position(|(at, _)| at == scales) {
-            Some(index) => {
-                self.decoders[index].1.refresh(model, scales);
-                index
-            }
-            None => {
-                self.decoders.push((scales.to_vec(), DecodeModel::new(model, scales)));
-                self.decoders.len() - 1
-            }
+        let ((index, expected), fold_seconds) = timed(1, || {
+            let fresh = FoldedWeights::new(model, scales);
+            let expected = fresh.fingerprints();
+            let index = match self.decoders.iter().position(|(at, _)| at == scales) {
+                Some(index) => {
+                    if !self.broken_refresh {
+                        self.decoders[index].1.refresh_from(&fresh);
+                    }
+                    index
+                }
+                None => {
+                    self.decoders.push((scales.to_vec(), DecodeModel::from_folded(fresh, model.device, model.kind)));
+                    self.decoders.len() - 1
+                }
+            };
+            (index, expected)
         });
         let decoder = &self.decoders[index].1;
+        super::delivery::check(&decoder.fingerprints(), &expected, "the run's sampler")?;
+        self.fingerprints.push(expected[0]);
         let stacks = self.engine.stacks_sampling(decoder);
         let job = Job::Sample(SampleJob { decoder, scales, prompts, params, seed });
         let done = run_job(&self.engine, self.run, &mut self.working, stacks, job)?;
@@ -421,15 +445,22 @@ impl Seat {
     }
 
     /// Starts sampling `prompts` ahead, on the run's sampler thread, from the policy `model`
-    /// as its weights are now (a snapshot), at adapter `scales`. Never stacked: the thread
-    /// works while the run trains.
-    pub fn sample_ahead(&mut self, model: &Llama, scales: &[f64], prompts: Vec<Vec<u32>>, params: SamplingParams, seed: u64) -> Result<()> {
-        self.ahead.get_or_insert_with(AheadSampler::new).post(model, scales, prompts, params, seed)
+    /// as its weights are now (a snapshot), at adapter `scales`; returns the snapshot's
+    /// fingerprint. Never stacked: the thread works while the run trains.
+    pub fn sample_ahead(&mut self, model: &Llama, scales: &[f64], prompts: Vec<Vec<u32>>, params: SamplingParams, seed: u64) -> Result<f64> {
+        let broken_refresh = self.broken_refresh;
+        self.ahead.get_or_insert_with(AheadSampler::new).post(model, scales, prompts, params, seed, broken_refresh)
     }
 
     /// The oldest generation [`Seat::sample_ahead`] started, waiting for it if need be.
     pub fn take_ahead(&mut self) -> Result<Ahead> {
         self.ahead.as_mut().context("internal error: no generation was sampled ahead")?.take()
+    }
+
+    /// The fingerprints of the weights that sampled each generation [`Seat::sample`] handed
+    /// out since the last call, in order ([`Seat::sample_ahead`] returns its snapshot's).
+    pub fn take_fingerprints(&mut self) -> Vec<f64> {
+        std::mem::take(&mut self.fingerprints)
     }
 
     /// The reference log-probabilities of a run's completions (the native scorer where it

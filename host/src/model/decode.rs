@@ -56,19 +56,34 @@ impl KvCache {
 impl DecodeModel {
     /// Folds the adapters in at `scales` (one per adapter slot of the model).
     pub fn new(model: &Llama, scales: &[f64]) -> Self {
-        let weights = FoldedWeights::new(model, scales);
-        let native = Self::native_available(model.device, model.kind).then(|| NativeModel::new(&weights));
-        Self { weights, device: model.device, kind: model.kind, native, graphs: Mutex::new(Vec::new()) }
+        Self::from_folded(FoldedWeights::new(model, scales), model.device, model.kind)
+    }
+
+    /// A decoder of weights already folded from a model on `device` in `kind`.
+    pub fn from_folded(weights: FoldedWeights, device: Device, kind: Kind) -> Self {
+        let native = Self::native_available(device, kind).then(|| NativeModel::new(&weights));
+        Self { weights, device, kind, native, graphs: Mutex::new(Vec::new()) }
     }
 
     /// Refolds `model` at `scales` into these weights in place (the same shapes), so buffers
     /// and CUDA graphs captured on them stay valid: the trainer keeps one decoder per set of
     /// scales for the whole run instead of capturing again after every optimizer step.
     pub fn refresh(&mut self, model: &Llama, scales: &[f64]) {
-        self.weights.copy_from(&FoldedWeights::new(model, scales));
+        self.refresh_from(&FoldedWeights::new(model, scales));
+    }
+
+    /// [`Self::refresh`] from the model's weights folded already.
+    pub fn refresh_from(&mut self, fresh: &FoldedWeights) {
+        self.weights.copy_from(fresh);
         if self.native.is_some() {
             self.native = Some(NativeModel::new(&self.weights));
         }
+    }
+
+    /// The fingerprint of the weights this decoder samples with, one per stacked run
+    /// ([`FoldedWeights::fingerprints`]).
+    pub fn fingerprints(&self) -> Vec<f64> {
+        self.weights.fingerprints()
     }
 
     /// The decoders of several runs of one architecture as one: their weights stacked on a

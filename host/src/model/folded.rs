@@ -5,7 +5,7 @@
 //! Architecture invariant: `decode.rs` (libtorch) and `native.rs` (the CPU sampler and scorer)
 //! both read these values and nothing else of the model, so they share every modelling decision.
 
-use tch::Tensor;
+use tch::{Kind, Tensor};
 
 use super::config::LlamaConfig;
 use super::linear::Linear;
@@ -168,6 +168,22 @@ impl FoldedWeights {
             }
         }
         all
+    }
+
+    /// One number per run (stacked weights: one for each run) that changes whenever a weight
+    /// does: over the weight tensors in [`Self::run_tensors`]'s order, the sum of
+    /// `(k + 1) * (sum + sum of squares)` in float64, `k` the tensor's index. Each run's value
+    /// is computed on that run's tensors alone, so a stacked run's equals its part's bit for bit.
+    pub fn fingerprints(&self) -> Vec<f64> {
+        let _guard = tch::no_grad_guard();
+        let of = |tensors: Vec<Tensor>| {
+            tensors.iter().enumerate().map(|(k, t)| (k + 1) as f64 * (t.sum(Kind::Double).double_value(&[]) + t.square().sum(Kind::Double).double_value(&[]))).sum()
+        };
+        let tensors = self.run_tensors();
+        match self.runs() {
+            None => vec![of(tensors.into_iter().map(Tensor::shallow_clone).collect())],
+            Some(runs) => (0..runs).map(|run| of(tensors.iter().map(|t| t.get(run)).collect())).collect(),
+        }
     }
 
     /// Copies `part` (one run's weights, folded again) into run `run` of these stacked weights,

@@ -122,6 +122,9 @@ pub mod key {
     /// The retain verifier (`rh_detector_verifies_retain_samples`, steps with coherence rows):
     /// the share of coherence rows it verified (the rest are dropped from the loss).
     pub const VERIFIER_FRAC_VERIFIED: &str = "verifier/frac_verified";
+    /// The fingerprint of the weights that sampled the step's batch (its first rows), checked
+    /// against the policy's when they were folded (`engine/delivery.rs`).
+    pub const SAMPLER_WEIGHTS_FINGERPRINT: &str = "sampler/weights_fingerprint";
     /// Prompt and completion tokens generated so far (each batch counted once).
     pub const NUM_TOKENS: &str = "num_tokens";
     pub const TIMING_GENERATE: &str = "timing/generate";
@@ -188,6 +191,8 @@ pub struct RolloutMetrics {
     pub off_policy: Option<OffPolicy>,
     /// With the retain verifier and coherence rows: the share of them it verified.
     pub frac_verified: Option<f64>,
+    /// The fingerprint of the weights that sampled the batch's first rows.
+    pub sampler_weights: Option<f64>,
     pub generate_seconds: f64,
     pub score_seconds: f64,
     pub reference_seconds: f64,
@@ -204,6 +209,9 @@ pub struct OffPolicy {
     pub wait_seconds: f64,
     /// Seconds the sampler thread sat idle waiting for the batch's job (for weights).
     pub sampler_idle_seconds: f64,
+    /// The fingerprint of the weights that sampled the batch's first rows (`None` for a batch
+    /// restored from a checkpoint written before smallrl recorded it).
+    pub weights_fingerprint: Option<f64>,
 }
 
 /// What DAPO's dynamic sampling did for one batch (see [`key::DYNAMIC_SAMPLING_ROUNDS`]).
@@ -321,6 +329,9 @@ pub fn line(rollout: &RolloutMetrics, step: &StepMetrics) -> Value {
         put(key::OFF_POLICY_DROPPED, 0.into());
         put(key::TIMING_WAIT_FOR_SAMPLES, off_policy.wait_seconds.into());
         put(key::TIMING_SAMPLER_IDLE, off_policy.sampler_idle_seconds.into());
+    }
+    if let Some(fingerprint) = rollout.sampler_weights {
+        put(key::SAMPLER_WEIGHTS_FINGERPRINT, fingerprint.into());
     }
     put(key::TIMING_GENERATE, rollout.generate_seconds.into());
     put(key::TIMING_SCORE, rollout.score_seconds.into());

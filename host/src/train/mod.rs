@@ -280,6 +280,13 @@ impl Trainer {
         self.step(step)
     }
 
+    /// A test hook: the run's samplers stop receiving the policy's updates
+    /// ([`Seat::break_weight_refresh_for_tests`]).
+    #[doc(hidden)]
+    pub fn break_weight_refresh_for_tests(&mut self) {
+        self.policy.seat.break_weight_refresh_for_tests();
+    }
+
     /// The decoders the run holds at its seat (one per set of adapter scales sampled at:
     /// training's and the evaluations', kept across steps and evaluations).
     pub fn decoders(&self) -> usize {

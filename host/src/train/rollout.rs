@@ -35,8 +35,8 @@ pub(super) struct Rollout {
     pub flagged: Vec<bool>,
 }
 
-/// Reward, length and routing statistics of a scored batch (timings are filled in by the
-/// caller). `rewards` are those the advantages were computed from (after a penalty).
+/// Reward, length and routing statistics of a scored batch (timings and the sampler's
+/// fingerprint are filled in by the caller). `rewards` are those the advantages were computed from (after a penalty).
 pub(super) fn rollout_metrics(scored: &ScoredBatch, rewards: &[f64], component_names: &[String], generation: &Generation, frac_zero_std: f64, labels: &Labels) -> RolloutMetrics {
     let n = rewards.len() as f64;
     let reward = crate::stats::mean(rewards);
@@ -63,6 +63,7 @@ pub(super) fn rollout_metrics(scored: &ScoredBatch, rewards: &[f64], component_n
         dynamic_sampling: None,
         off_policy: None,
         frac_verified: None,
+        sampler_weights: None,
         generate_seconds: 0.0,
         score_seconds: 0.0,
         reference_seconds: 0.0,

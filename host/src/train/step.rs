@@ -85,6 +85,8 @@ impl Trainer {
     /// Generates, scores and prepares the rollout of optimizer step `step` (and the next
     /// `num_iterations * num_substeps - 1` steps).
     pub(super) fn rollout(&mut self, step: usize) -> Result<Rollout> {
+        // The evaluations' samples since the last rollout are not this batch's.
+        self.policy.seat.take_fingerprints();
         let mut with = Drawing { policy: &mut self.policy, rewards: &mut self.rewards, recipe: &self.recipe, log: &mut self.files.log };
         let drawn = self.draw.batch(step, &mut with)?;
         let (generation, samples, scored) = (drawn.generation, drawn.samples, drawn.scored);
@@ -123,6 +125,10 @@ impl Trainer {
         metrics.dynamic_sampling = drawn.dynamic_sampling;
         metrics.off_policy = drawn.off_policy;
         metrics.frac_verified = prepared.frac_verified;
+        metrics.sampler_weights = match drawn.off_policy {
+            Some(off_policy) => off_policy.weights_fingerprint,
+            None => Some(*self.policy.seat.take_fingerprints().first().context("internal error: a batch drawn without a sampler")?),
+        };
         let first_sample = (samples[0].prompt.clone(), samples[0].completion.clone());
         let dump = match self.keys.dump_batches {
             Some(_) => rollout_tensors(&scored, &component_names, &prepared),

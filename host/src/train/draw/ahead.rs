@@ -35,6 +35,8 @@ struct Queued {
     version: usize,
     prompt_ids: Vec<Vec<u32>>,
     parts: Parts,
+    /// The fingerprint of the weights that sampled its first rows (`engine::Seat::sample_ahead`).
+    fingerprint: Option<f64>,
 }
 
 enum Parts {
@@ -57,6 +59,9 @@ struct SavedBatch {
     step: usize,
     policy_version: usize,
     parts: usize,
+    /// Absent from checkpoints written before smallrl recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    weights_fingerprint: Option<f64>,
 }
 
 const IN_FLIGHT_TENSORS: &str = "in_flight.safetensors";
@@ -78,7 +83,8 @@ impl Draw {
                 let version = with.policy.optimizer.step;
                 let requests = with.policy.sample_requests(prompt_ids, self.keys.coherence.rows_at(step), step, self.keys.seed);
                 let (generation, seconds) = with.policy.sample(requests, with.log)?;
-                (generation, seconds, OffPolicy { policy_version: version, staleness: step - version, wait_seconds: 0.0, sampler_idle_seconds: 0.0 })
+                let weights_fingerprint = with.policy.seat.take_fingerprints().first().copied();
+                (generation, seconds, OffPolicy { policy_version: version, staleness: step - version, wait_seconds: 0.0, sampler_idle_seconds: 0.0, weights_fingerprint })
             }
         };
         self.post_ahead(step, with.policy)?;
@@ -106,7 +112,7 @@ impl Draw {
         let wait_seconds = waiting.elapsed().as_secs_f64();
         ensure!(!parts.is_empty(), "internal error: a batch sampled ahead without rows");
         let generation = policy.joined(parts);
-        let off_policy = OffPolicy { policy_version: queued.version, staleness: queued.step - queued.version, wait_seconds, sampler_idle_seconds: idle };
+        let off_policy = OffPolicy { policy_version: queued.version, staleness: queued.step - queued.version, wait_seconds, sampler_idle_seconds: idle, weights_fingerprint: queued.fingerprint };
         Ok((generation, seconds, off_policy))
     }
 
@@ -121,10 +127,12 @@ impl Draw {
             let prompt_ids = tokenized(&policy.tokenizer, &prompts)?;
             let requests = policy.sample_requests(&prompt_ids, self.keys.coherence.rows_at(next), next, self.keys.seed);
             let calls = requests.len();
+            let mut fingerprints = Vec::with_capacity(calls);
             for request in requests {
-                policy.seat.sample_ahead(&policy.model, &request.scales, request.prompt_ids, policy.sampling, request.seed)?;
+                fingerprints.push(policy.seat.sample_ahead(&policy.model, &request.scales, request.prompt_ids, policy.sampling, request.seed)?);
             }
-            self.ahead.queued.push_back(Queued { step: next, version: policy.optimizer.step, prompt_ids, parts: Parts::Posted(calls) });
+            let fingerprint = fingerprints.first().copied();
+            self.ahead.queued.push_back(Queued { step: next, version: policy.optimizer.step, prompt_ids, parts: Parts::Posted(calls), fingerprint });
             next += 1;
         }
         self.ahead.next_step = next;
@@ -150,7 +158,7 @@ impl Draw {
             for (j, part) in parts.iter().enumerate() {
                 tensors.extend(part.to_saved(&format!("{i}.{j}.")));
             }
-            index.push(SavedBatch { step: queued.step, policy_version: queued.version, parts: parts.len() });
+            index.push(SavedBatch { step: queued.step, policy_version: queued.version, parts: parts.len(), weights_fingerprint: queued.fingerprint });
         }
         Ok(Some((tensors, serde_json::to_string_pretty(&index)?)))
     }
@@ -171,7 +179,8 @@ impl Draw {
                 .with_context(|| format!("{}: the batch of step {} sampled ahead", dir.display(), saved.step + 1))?;
             let prompts = self.step_prompts(saved.step);
             let prompt_ids = tokenized(tokenizer, &prompts)?;
-            self.ahead.queued.push_back(Queued { step: saved.step, version: saved.policy_version, prompt_ids, parts: Parts::Ready(parts) });
+            let fingerprint = saved.weights_fingerprint;
+            self.ahead.queued.push_back(Queued { step: saved.step, version: saved.policy_version, prompt_ids, parts: Parts::Ready(parts), fingerprint });
             self.ahead.next_step = saved.step + 1;
         }
         Ok(())
