@@ -8,8 +8,9 @@
 //! aggregation and each policy-loss knob (`epsilon_high`, `delta`, sequence ratios,
 //! `scale_rewards`, `mask_truncated_completions`, `cispo`, `top_entropy_quantile`, bnpo and
 //! dapo under `gradient_accumulation_steps`, and the four modes of TRL's importance-sampling
-//! correction against given sampler log-probabilities, with its `sampling/*` metrics), through the
-//! trainer's own forward-and-backward function.
+//! correction against given sampler log-probabilities, with its `sampling/*` metrics; TRL 1.16's
+//! `sapo`, `luspo` and `vespo` with their keys and `vespo/phi_seq_mean`, the off-policy sequence
+//! mask and the bias-corrected KL), through the trainer's own forward-and-backward function.
 
 mod common;
 
@@ -76,6 +77,10 @@ fn perturbed_policy(dir: &Path) -> LoadedModel {
     model::load(dir.to_str().unwrap(), "main", Device::Cpu, Kind::Float).unwrap()
 }
 
+/// The off-policy mask's threshold on the mean gap `logp_sampler - logp` (the sampler is the policy
+/// with 0.1 Gaussian noise per token, so the rows' mean gaps spread around 0 by a few hundredths).
+const OFF_POLICY_THRESHOLD: f64 = 0.0;
+
 /// Hand-made rewards: the first group all equal (zero std, advantages 0), the second spread.
 const REWARDS: [f32; 2 * GROUP] = [0.5, 0.5, 0.5, 0.5, 0.0, 0.25, 1.0, 0.75];
 
@@ -122,6 +127,18 @@ fn loss_and_gradients_match_trl() {
         Case { loss_type: "dapo", num_iterations: 1, knobs: correction("token_mask", 0.95, 1.05) },
         Case { loss_type: "grpo", num_iterations: 1, knobs: correction("sequence_truncate", 0.5, 2.0) },
         Case { loss_type: "dapo", num_iterations: 1, knobs: correction("sequence_mask", 0.0, 2.0) },
+        // TRL 1.16's soft losses with their defaults and with keys of their own, and luspo on
+        // the sequence ratios it requires.
+        Case { loss_type: "sapo", num_iterations: 2, knobs: none() },
+        Case { loss_type: "sapo", num_iterations: 2, knobs: serde_json::json!({"sapo_temperature_pos": 0.5, "sapo_temperature_neg": 3.0}) },
+        Case { loss_type: "luspo", num_iterations: 2, knobs: serde_json::json!({"importance_sampling_level": "sequence"}) },
+        Case { loss_type: "vespo", num_iterations: 2, knobs: none() },
+        // VESPO with the per-token correction folded into its weight, and keys of its own.
+        Case { loss_type: "vespo", num_iterations: 1, knobs: with(correction("token_truncate", 0.95, 1.05), serde_json::json!({"vespo_k_pos": 1.5, "vespo_lambda_pos": 2.5, "vespo_k_neg": 2.5, "vespo_lambda_neg": 1.5})) },
+        // The off-policy mask against the sampler's log-probabilities, and the bias-corrected KL.
+        Case { loss_type: "dapo", num_iterations: 1, knobs: serde_json::json!({"off_policy_mask_threshold": OFF_POLICY_THRESHOLD}) },
+        Case { loss_type: "grpo", num_iterations: 2, knobs: serde_json::json!({"use_bias_correction_kl": true}) },
+        Case { loss_type: "dapo", num_iterations: 2, knobs: serde_json::json!({"use_bias_correction_kl": true, "importance_sampling_level": "sequence"}) },
     ];
     // The sampler's log-probabilities: the policy's, 0.1 (Gaussian) off per token, 0 on padding.
     let sampler = tch::no_grad(|| {
@@ -211,11 +228,20 @@ fn loss_and_gradients_match_trl() {
             assert!(clamped.sum(Kind::Int64).int64_value(&[]) > 0, "{label}: delta must clamp some ratios of negative advantage");
         }
         let clipped = match (&terms.clip_fractions, &terms.cispo_clip_ratio) {
-            (Some(fractions), None) => fractions.region.double_value(&[]),
-            (None, Some(capped)) => capped.double_value(&[]),
-            _ => panic!("{label}: a loss logs either TRL's clip fractions or cispo_clip_ratio"),
+            (Some(fractions), None) => Some(fractions.region.double_value(&[])),
+            (None, Some(capped)) => Some(capped.double_value(&[])),
+            (None, None) => None,
+            _ => panic!("{label}: a loss logs TRL's clip fractions, cispo_clip_ratio, or neither (sapo, vespo)"),
         };
-        assert!(config.num_iterations == 1 || clipped > 0.05, "{label}: the clip must bind with shifted old log-probs (fraction clipped {clipped})");
+        let clip_binds = clipped.is_none_or(|clipped| clipped > 0.05);
+        assert!(config.num_iterations == 1 || clip_binds, "{label}: the clip must bind with shifted old log-probs (fraction clipped {clipped:?})");
+        if let Some(phi) = &terms.vespo_phi_seq_mean {
+            let phi = phi.double_value(&[]);
+            assert!((phi - 1.0).abs() > 0.02, "{label}: VESPO's weights must move away from 1 (mean {phi})");
+        }
+        if let Some(threshold) = settings.off_policy_mask_threshold {
+            assert_off_policy_mask_drops_some(&label, &logprobs, &sampler, &advantages, &loss_mask, threshold);
+        }
         let trl = read_safetensors(&dir.join("trl.safetensors")).unwrap();
         let exact = read_safetensors(&dir.join("exact.safetensors")).unwrap();
         let computed = Computed { loss: &terms.loss, logprobs: &logprobs, advantages: &advantages, grads: &ours };
@@ -254,15 +280,45 @@ fn assert_entropy_mask_is_stable(entropy: &Tensor, loss_mask: &Tensor, top_quant
 /// `cispo_clip_ratio`.
 fn compare_clip_fractions(label: &str, terms: &grpo::LossTerms, trl_metrics: &Path) {
     let metrics: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(trl_metrics).unwrap()).unwrap();
-    let ours = match (&terms.clip_fractions, &terms.cispo_clip_ratio) {
-        (Some(fractions), _) => vec![("clip_ratio/low_mean", &fractions.low), ("clip_ratio/high_mean", &fractions.high), ("clip_ratio/region_mean", &fractions.region)],
-        (None, Some(capped)) => vec![("cispo_clip_ratio", capped)],
-        (None, None) => panic!("{label}: no clip fractions"),
+    let ours = match (&terms.clip_fractions, &terms.cispo_clip_ratio, &terms.vespo_phi_seq_mean) {
+        (Some(fractions), _, _) => vec![("clip_ratio/low_mean", &fractions.low), ("clip_ratio/high_mean", &fractions.high), ("clip_ratio/region_mean", &fractions.region)],
+        (None, Some(capped), _) => vec![("cispo_clip_ratio", capped)],
+        (None, None, Some(phi)) => vec![("vespo/phi_seq_mean", phi)],
+        (None, None, None) => vec![],
     };
-    for (key, fraction) in ours {
-        let (ours, theirs) = (fraction.double_value(&[]), metrics["metrics"][key].as_f64().unwrap_or_else(|| panic!("TRL logged no {key}")));
-        assert!((ours - theirs).abs() <= 1e-6, "{label}: {key} {ours} vs TRL {theirs}");
+    for (key, value) in ours {
+        let (ours, theirs) = (value.double_value(&[]), metrics["metrics"][key].as_f64().unwrap_or_else(|| panic!("TRL logged no {key}")));
+        // Fractions are counts over the same tokens (float32 division apart); VESPO's weight is a
+        // float32 function of a 48-token log-ratio sum, relative 1e-5.
+        assert!((ours - theirs).abs() <= 1e-6 + 1e-5 * theirs.abs(), "{label}: {key} {ours} vs TRL {theirs}");
     }
+    for key in ["clip_ratio/region_mean", "cispo_clip_ratio", "vespo/phi_seq_mean"] {
+        let logged = metrics["metrics"].get(key).is_some();
+        let ours = match key {
+            "clip_ratio/region_mean" => terms.clip_fractions.is_some(),
+            "cispo_clip_ratio" => terms.cispo_clip_ratio.is_some(),
+            _ => terms.vespo_phi_seq_mean.is_some(),
+        };
+        assert_eq!(ours, logged, "{label}: we log {key}: {ours}, TRL: {logged}");
+    }
+}
+
+/// The off-policy mask must drop some completions with a negative advantage and keep the rest
+/// (the gap of each row, `mean_t(logp_sampler - logp)`, computed here from its definition).
+fn assert_off_policy_mask_drops_some(label: &str, logprobs: &Tensor, sampler: &Tensor, advantages: &Tensor, mask: &Tensor, threshold: f64) {
+    let mask = mask.to_kind(Kind::Double);
+    let gaps = ((sampler.to_kind(Kind::Double) - logprobs.to_kind(Kind::Double)) * &mask).sum_dim_intlist(1, false, Kind::Double) / mask.sum_dim_intlist(1, false, Kind::Double);
+    let gaps = Vec::<f64>::try_from(gaps).unwrap();
+    let advantages = Vec::<f64>::try_from(advantages.to_kind(Kind::Double)).unwrap();
+    let dropped = gaps.iter().zip(&advantages).filter(|(gap, a)| **a < 0.0 && **gap > threshold).count();
+    println!("{label}: mean gaps {gaps:.4?}, {dropped} rows dropped");
+    assert!(dropped > 0 && dropped < gaps.len(), "{label}: the off-policy mask drops {dropped} of {} rows", gaps.len());
+}
+
+/// `a`'s keys and `b`'s in one JSON object.
+fn with(mut a: serde_json::Value, b: serde_json::Value) -> serde_json::Value {
+    a.as_object_mut().unwrap().extend(b.as_object().unwrap().clone());
+    a
 }
 
 /// The knobs of TRL's importance-sampling correction (smallrl's names; `trl_grpo.py` passes

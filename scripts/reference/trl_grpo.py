@@ -107,14 +107,16 @@ padding uses the tokenizer's pad id (pad = eos = 1 here) and prompts are padded 
 
 Input / output formats
 ----------------------
-A.json: {"model_dir", "ref_model_dir", "beta", "epsilon", "loss_type" in grpo|dr_grpo|dapo|bnpo|cispo,
+A.json: {"model_dir", "ref_model_dir", "beta", "epsilon", "loss_type" in grpo|dr_grpo|dapo|bnpo|cispo|sapo|luspo|vespo,
          "temperature", "max_completion_length", "num_generations", "num_iterations"}; optional:
          "epsilon_high" (default = epsilon; cispo's weight cap), "delta" (none),
          "importance_sampling_level" ("token"), "top_entropy_quantile" (1.0),
          "gradient_accumulation_steps" (1; the batch trained as that many consecutive row chunks,
          TRL's steps_per_generation equal to it; the loss saved is the chunks' sum),
          "scale_rewards" ("group"), "mask_truncated_completions" (false), "use_bias_correction_kl"
-         (false), "importance_sampling_correction" (false; with "importance_sampling_mode",
+         (false), TRL's "sapo_temperature_pos" / "_neg", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg",
+         "vespo_lambda_neg" (TRL's defaults) and "off_policy_mask_threshold" (none; with it the
+         sampler's log-probabilities are returned by rollout_func, as with the correction), "importance_sampling_correction" (false; with "importance_sampling_mode",
          "importance_sampling_clip_min", "importance_sampling_clip_max": smallrl's names of TRL's
          vllm_importance_sampling_*, a lower bound 0 passed as TRL's None; TRL applies it only with
          use_vllm, which is set on the trainer after construction, no vLLM started), "tokenizer" (a tokenizer.json; default model_dir/tokenizer.json, else the fixtures'
@@ -175,7 +177,10 @@ warnings.filterwarnings("ignore")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = REPO_ROOT.parent / "shared" / "fixtures"
 PAD_ID = 1
-LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo")
+LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
+# GRPOConfig arguments passed through under TRL's own names when A.json has them (TRL's defaults otherwise).
+TRL_KEYS = ("sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg",
+            "vespo_lambda_neg", "off_policy_mask_threshold")
 REQUIRED_ARGS = ("model_dir", "ref_model_dir", "beta", "epsilon", "loss_type", "temperature",
                  "max_completion_length", "num_generations", "num_iterations")
 
@@ -285,7 +290,9 @@ def run_trl(a: dict, b: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor
     gas = int(a.get("gradient_accumulation_steps", 1))  # steps_per_generation defaults to it
     correction = correction_settings(a)
     sampling = None
-    if correction["vllm_importance_sampling_correction"]:  # the sampler's log-probs, as vLLM returns them
+    # The sampler's log-probs, as vLLM returns them: read by the correction and by the off-policy mask
+    # (which falls back to the old log-probs without them, as TRL does without vLLM).
+    if correction["vllm_importance_sampling_correction"] or a.get("off_policy_mask_threshold") is not None:
         sampling = [b["sampling_per_token_logps"][i, : n_c[i]].tolist() for i in range(B)]
 
     def rollout_func(prompts, trainer):  # TRL's generation hook: hand back the given batch
@@ -312,7 +319,7 @@ def run_trl(a: dict, b: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor
             top_entropy_quantile=float(a.get("top_entropy_quantile", 1.0)),
             use_bias_correction_kl=bool(a.get("use_bias_correction_kl", False)),
             save_strategy="no", logging_steps=1, seed=0, dataloader_num_workers=0,
-            log_completions=False, disable_tqdm=True, **correction,
+            log_completions=False, disable_tqdm=True, **correction, **{k: a[k] for k in TRL_KEYS if k in a},
         )
         policy = load_model(a["model_dir"])
         # TRL creates the reference model itself from this field (grpo_trainer.py:1003)
@@ -505,10 +512,21 @@ def independent_loss(a: dict, b: dict[str, torch.Tensor], exact: bool = False) -
         ratio = torch.exp(lp - old)
     eps_lo, eps_hi = a["epsilon"], a.get("epsilon_high") or a["epsilon"]
     unclipped = ratio if a.get("delta") is None else torch.clamp(ratio, max=a["delta"])
-    if a["loss_type"] == "cispo":  # MiniMax-M1: the capped ratio, detached, weighs the log-prob
+    lt = a["loss_type"]
+    rho = importance_weights(a, b, old, m)
+    if lt == "cispo":  # MiniMax-M1: the capped ratio, detached, weighs the log-prob
         pg = -torch.clamp(ratio, max=eps_hi).detach() * adv * lp
+    elif lt == "sapo":  # SAPO: a sigmoid gate of slope 1 at r = 1 in place of the clip
+        tau = torch.where(adv > 0, a.get("sapo_temperature_pos", 1.0), a.get("sapo_temperature_neg", 1.05))
+        pg = -torch.sigmoid(tau * (ratio - 1)) * 4 / tau * adv
+    elif lt == "vespo":  # VESPO: phi(w) = w^k e^(lambda (1 - w)) of the sequence weight, detached
+        pg = -vespo_phi(a, adv, lp.detach() - old, m, rho) * adv * lp
     else:
         pg = -torch.minimum(unclipped * adv, torch.clamp(ratio, 1 - eps_lo, 1 + eps_hi) * adv)
+    if a.get("off_policy_mask_threshold") is not None:  # DeepSeek-V3.2: drop far off-policy negatives
+        behaviour = b["sampling_per_token_logps"].to(dtype)
+        gap = ((behaviour - lp.detach()) * m).sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp(min=1)
+        pg = pg * ((adv >= 0) | (gap <= a["off_policy_mask_threshold"])).to(dtype)
     gas = int(a.get("gradient_accumulation_steps", 1))
     chunks = [slice(k * B // gas, (k + 1) * B // gas) for k in range(gas)]  # consecutive rows
     quantile = a.get("top_entropy_quantile", 1.0)
@@ -519,28 +537,20 @@ def independent_loss(a: dict, b: dict[str, torch.Tensor], exact: bool = False) -
             keep[rows] = ((ent.detach()[rows] >= threshold) & m[rows].bool()).to(dtype)
         pg = pg * keep
     kl = torch.exp(ref_lp - lp) - (ref_lp - lp) - 1
-    settings = correction_settings(a)
-    if settings["vllm_importance_sampling_correction"]:  # rho = old / sampler, truncated or masked
-        diff = (old - b["sampling_per_token_logps"].to(dtype)) * m
-        per_sequence = settings["vllm_importance_sampling_mode"].startswith("sequence")
-        rho = torch.exp(diff.sum(1, keepdim=True) if per_sequence else diff)
-        low, high = settings["vllm_importance_sampling_clip_min"] or 0.0, settings["vllm_importance_sampling_clip_max"]
-        if settings["vllm_importance_sampling_mode"].endswith("truncate"):
-            rho = rho.clamp(low, high)
-        else:
-            rho = torch.where((rho < low) | (rho > high), torch.zeros_like(rho), rho)
+    if rho is not None and lt != "vespo":  # VESPO folds the correction into its weight
         pg = pg * rho.detach()
     if a.get("use_bias_correction_kl", False):
         kl = kl * ratio
     l = (pg + a["beta"] * kl) * m
-    lt = a["loss_type"]
-    if lt == "grpo":
+    if lt in ("grpo", "sapo"):
         loss = (l.sum(1) / m.sum(1).clamp(min=1)).mean()
     elif lt == "dr_grpo":
         loss = l.sum() / (l.size(0) * a["max_completion_length"])
     elif lt == "bnpo":  # each micro-batch over its own tokens, averaged over the micro-batches
         loss = sum(l[rows].sum() / m[rows].sum().clamp(min=1) for rows in chunks) / gas
-    else:  # dapo and cispo (1 process): all active tokens of the generation batch
+    elif lt == "luspo":  # each sequence's token sum, mean over sequences
+        loss = l.sum(1).mean()
+    else:  # dapo, cispo and vespo (1 process): all active tokens of the generation batch
         loss = l.sum() / m.sum().clamp(min=1)
     loss.backward()
     clipped = ((unclipped < 1 - eps_lo) & (adv < 0)) | ((unclipped > 1 + eps_hi) & (adv > 0))
@@ -554,6 +564,32 @@ def independent_loss(a: dict, b: dict[str, torch.Tensor], exact: bool = False) -
         "entropy": ((ent.detach() * m).sum() / m.sum()).item(),
         "clip_ratio/region_mean": ((clipped * clip_mask).sum() / clip_mask.sum()).item(),
     }
+
+
+def importance_weights(a: dict, b: dict, old: torch.Tensor, m: torch.Tensor) -> torch.Tensor | None:
+    """The correction's weight exp(old - sampler), per token or per sequence, truncated or masked."""
+    settings = correction_settings(a)
+    if not settings["vllm_importance_sampling_correction"]:
+        return None
+    diff = (old - b["sampling_per_token_logps"].to(old.dtype)) * m
+    per_sequence = settings["vllm_importance_sampling_mode"].startswith("sequence")
+    rho = torch.exp(diff.sum(1, keepdim=True) if per_sequence else diff)
+    low, high = settings["vllm_importance_sampling_clip_min"] or 0.0, settings["vllm_importance_sampling_clip_max"]
+    if settings["vllm_importance_sampling_mode"].endswith("truncate"):
+        return rho.clamp(low, high)
+    return torch.where((rho < low) | (rho > high), torch.zeros_like(rho), rho)
+
+
+def vespo_phi(a: dict, adv: torch.Tensor, log_ratio: torch.Tensor, m: torch.Tensor, rho: torch.Tensor | None) -> torch.Tensor:
+    """VESPO's Gamma weight w^k exp(lambda (1 - w)) of the sequence weight w = prod_t r_t (times the
+    per-token correction's weights), (k, lambda) by the advantage's sign, with TRL's clamps of log w."""
+    log_w = (log_ratio.clamp(-20, 20) * m).sum(1, keepdim=True)
+    if rho is not None:
+        log_w = log_w + (torch.log(rho).clamp(math.log(1e-8), 20) * m).sum(1, keepdim=True)
+    log_w = log_w.clamp(math.log(1e-8), 20)
+    k = torch.where(adv >= 0, a.get("vespo_k_pos", 2.0), a.get("vespo_k_neg", 3.0))
+    lam = torch.where(adv >= 0, a.get("vespo_lambda_pos", 3.0), a.get("vespo_lambda_neg", 2.0))
+    return (torch.exp(log_w) ** k * torch.exp(lam * (1 - torch.exp(log_w)))).detach()
 
 
 @torch.no_grad()
@@ -655,7 +691,8 @@ def self_test() -> int:
                 "adv": (got["advantages_trl"] - ind["advantages"]).abs().max().item(),
                 "kl": abs(mtr["kl"] - ind["kl"]) / ind["kl"],
                 "ent": abs(mtr["entropy"] - ind["entropy"]) / ind["entropy"],
-                "clip": abs(mtr["clip_ratio/region_mean"] - ind["clip_ratio/region_mean"]),
+                # cispo, sapo and vespo log no clip_ratio/* (TRL): nothing to compare there
+                "clip": abs(mtr["clip_ratio/region_mean"] - ind["clip_ratio/region_mean"]) if "clip_ratio/region_mean" in mtr else 0.0,
             }
             tol = {"loss": 1e-6, "grad": 1e-4, "logp": 2e-5, "adv": 1e-6, "kl": 1e-4, "ent": 1e-5, "clip": 0.0}
             missing = set(ind["grads"]) ^ {k for k in got if k.startswith("grad.")}
@@ -667,7 +704,7 @@ def self_test() -> int:
             failures += not ok
             print(f"{lt:<8} {it:>5} {str(bias):>6} {got['loss'].item():>14.9f} | {errs['loss']:>8.1e} {errs['grad']:>8.1e} "
                   f"{errs['logp']:>7.0e} {errs['adv']:>7.0e} {errs['kl']:>7.0e} | {rel64:>8.1e} {grad64:>8.1e} "
-                  f"{logp64:>5.0e} | {mtr['clip_ratio/region_mean']:>5.3f} {mtr['kl']:>7.1e} {secs:>4.1f}"
+                  f"{logp64:>5.0e} | {mtr.get('clip_ratio/region_mean', float('nan')):>5.3f} {mtr['kl']:>7.1e} {secs:>4.1f}"
                   f"{'' if ok else '  FAIL ' + str(sorted(missing))}")
         print("rel diff = |loss_TRL - loss_indep| / |loss_indep|; grad rel = max over parameters of max|dgrad| / "
               "max|grad|; logp, adv = max abs diff of per-token log-probs / advantages; kl rel = relative diff of "

@@ -153,7 +153,7 @@ fn a_filtered_sample_contributes_no_gradient() {
     let loss_mask = filtered_loss_mask(&completion_mask, &kept);
     let plan = routing::plan(&AdapterConfig::full(), RowWeights::gates(RoutingMode::None), &routing::Labels::routed(flagged.to_vec(), vec![false; 6]), device);
     for loss_type in [LossType::Grpo, LossType::Dapo, LossType::DrGrpo] {
-        let settings = Objective { kl: Some(grpo::KlPenalty { beta: 0.1, estimator: grpo::KlEstimator::K3 }), aggregation: Aggregation::of(loss_type, 5), ..settings(loss_type) };
+        let settings = Objective { kl: Some(grpo::KlPenalty { beta: 0.1, estimator: grpo::KlEstimator::K3, bias_correction: false }), aggregation: Aggregation::of(loss_type, 5), ..settings(loss_type) };
         let loss = grpo_loss(&logprobs, None, Some(&reference), &advantages, (&loss_mask).into(), &plan.classes, &settings).loss;
         let grad = Tensor::run_backward(&[&loss], &[&logprobs], false, false).remove(0);
         for (row, &is_flagged) in flagged.iter().enumerate() {

@@ -159,6 +159,35 @@ fn tinker_losses_take_their_ratio_to_the_sampler() {
     assert!((logged - expected).abs() < 1e-6, "logged loss {logged} vs recomputed {expected}");
 }
 
+/// `loss_type: vespo` in a run: the second pass over a rollout (`num_iterations` 2) trains with
+/// the rollout's old log-probabilities, and the logged `vespo/phi_seq_mean` is the mean over
+/// completions of `w^k e^(lambda (1 - w))`, `w = exp(Σ_t (new - old))` over each completion's
+/// tokens, TRL's (k, lambda) = (2, 3) for `A >= 0` and (3, 2) below, recomputed here in float64
+/// from the dump; the first pass is on policy (`phi` 1).
+#[test]
+fn a_vespo_run_logs_the_gamma_weight_of_its_sequences() {
+    let out = tempfile::tempdir().unwrap();
+    let dump = out.path().join("dump");
+    let config = [("max_steps", json!(2)), ("num_iterations", json!(2)), ("loss_type", json!("vespo")), ("lr", json!(3e-3)), ("dump_batches", json!(dump))]
+        .into_iter()
+        .fold(small_config(out.path(), &standard_plugin("happy")), |c, (k, v)| with(c, k, v));
+    let lines = read_jsonl(&train(config).join("metrics.jsonl"));
+    let logged: Vec<f64> = lines.iter().map(|l| l[key::VESPO_PHI_SEQ_MEAN].as_f64().unwrap()).collect();
+    assert!((logged[0] - 1.0).abs() < 1e-5, "on policy phi is 1: {logged:?}");
+    let tensors = smallrl::model::weights::read_safetensors(&dump.join("step-2.safetensors")).unwrap();
+    let double = |key: &str| Vec::<Vec<f64>>::try_from(tensors[key].to_kind(tch::Kind::Double)).unwrap();
+    let (new, old, mask) = (double("new_logprobs"), double("old_logprobs"), double("completion_mask"));
+    let advantages = Vec::<f64>::try_from(tensors["advantages"].to_kind(tch::Kind::Double)).unwrap();
+    let phi = |row: usize| {
+        let w: f64 = (0..mask[row].len()).map(|t| (new[row][t] - old[row][t]) * mask[row][t]).sum::<f64>().exp();
+        let (k, lambda) = if advantages[row] >= 0.0 { (2, 3.0) } else { (3, 2.0) };
+        w.powi(k) * (lambda * (1.0 - w)).exp()
+    };
+    let expected = (0..advantages.len()).map(phi).sum::<f64>() / advantages.len() as f64;
+    println!("vespo/phi_seq_mean: step 1 {}, step 2 {} (float64 from the dump {expected})", logged[0], logged[1]);
+    assert!((logged[1] - expected).abs() < 1e-5 && (expected - 1.0).abs() > 1e-4, "step 2: logged {} vs recomputed {expected}", logged[1]);
+}
+
 /// `measure_entropy_change` re-scores the batch after the update: with `num_iterations = 2` the
 /// next step trains on the same batch with the updated weights, so its logged `entropy` minus
 /// this step's is the change measured (the same forward pass, so equal up to rounding).

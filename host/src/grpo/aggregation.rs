@@ -16,6 +16,9 @@ pub enum Aggregation {
     Dapo,
     /// Sum over tokens / active tokens of each micro-batch, averaged over micro-batches.
     Bnpo,
+    /// Sum over each sequence's tokens, then mean over sequences (TRL's luspo: a sequence weighs
+    /// as many times as it has tokens).
+    Luspo,
 }
 
 /// Each token's weight in the loss, so that `loss = Σ per_token_loss * weights`: TRL's
@@ -72,6 +75,7 @@ fn class_weights(mask: &Tensor, rows: &Tensor, aggregation: Aggregation, micro_b
     match aggregation {
         Aggregation::Grpo => mask / (mask.sum_dim_intlist(-1, true, Kind::Float).clamp_min(1.0) * rows.clamp_min(1.0)),
         Aggregation::DrGrpo { max_completion_length } => mask / (rows.clamp_min(1.0) * max_completion_length as f64),
+        Aggregation::Luspo => mask / rows.clamp_min(1.0),
         Aggregation::Dapo => over_tokens(mask),
         Aggregation::Bnpo if micro_batches == 1 => over_tokens(mask),
         Aggregation::Bnpo => {

@@ -21,6 +21,10 @@ crate::choice::choice! {
 pub struct KlPenalty {
     pub beta: f64,
     pub estimator: KlEstimator,
+    /// TRL's `use_bias_correction_kl` (DeepSeek-V3.2): the estimator multiplied by the
+    /// (differentiable) importance ratio, so that off policy its gradient is the reverse KL's.
+    /// TRL's default is on; smallrl's is off, the loss of every run before the key existed.
+    pub bias_correction: bool,
 }
 
 /// `estimator`'s value of KL(policy || reference) at each sampled token.

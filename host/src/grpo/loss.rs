@@ -8,7 +8,7 @@ use super::aggregation::token_weights;
 use super::is_correction::IsStats;
 use super::kl::per_token_kl;
 use super::masks::TokenMasks;
-use super::objective::{ImportanceSamplingLevel, Objective, RatioTo, Surrogate};
+use super::objective::{ImportanceSamplingLevel, Objective, RatioTo, Surrogate, VespoGamma};
 use crate::stats::effective_sample_size;
 
 pub struct LossTerms {
@@ -31,6 +31,8 @@ pub struct LossTerms {
     pub effective_sample_size: f64,
     /// TRL's `sampling/...` metrics of the importance-sampling correction (with it only).
     pub importance_sampling: Option<IsStats>,
+    /// TRL's `vespo/phi_seq_mean` (with vespo only): the mean over completions of VESPO's weight.
+    pub vespo_phi_seq_mean: Option<Tensor>,
 }
 
 /// The log-probabilities a loss reads (`[batch, len]` each): the policy's (differentiable), what
@@ -102,39 +104,47 @@ pub fn sampled_loss(logprobs: LossLogprobs, advantages: &Tensor, masks: TokenMas
     assert!(objective.ratio_to == RatioTo::OldPolicy || old_logprobs.is_some(), "tinker's losses take their ratio to the sampler's log-probabilities: pass them as old_logprobs");
     let old = old_logprobs.map_or_else(|| logprobs.detach(), Tensor::shallow_clone);
     // `[batch, len]` per token, `[batch, 1]` per sequence; everything below broadcasts.
-    let ratio = importance_ratio(&(logprobs - &old), &mask, objective.ratio_level);
+    let log_ratio = logprobs - &old;
+    let ratio = importance_ratio(&log_ratio, &mask, objective.ratio_level);
     let advantages = advantages.unsqueeze(1);
-    let surrogate = match objective.surrogate {
-        Surrogate::Clip { low, high, delta } => clipped(&ratio, &advantages, &mask, (low, high, delta), objective.ratio_level),
-        Surrogate::Cispo { cap } => cispo(logprobs, &ratio, &advantages, &mask, cap, objective.ratio_level),
-        Surrogate::ImportanceSampling => unclipped(&ratio * &advantages, &ratio),
-        Surrogate::Dro { beta } => unclipped(logprobs * &advantages - (logprobs - &old).square() * (0.5 * beta), &ratio),
-    };
     let correction = objective.correction.map(|correction| {
         let sampler = sampler.expect("importance_sampling_correction needs the sampler's log-probabilities: pass them to sampled_loss");
         let rho = correction.ratio(&old, sampler, &mask);
         let stats = correction.stats(&rho, &old, sampler, &mask);
         (rho, stats)
     });
-    let mut per_token_loss = match masks.policy {
-        Some(policy) => -surrogate.objective * policy,
-        None => -surrogate.objective,
+    let surrogate = match objective.surrogate {
+        Surrogate::Clip { low, high, delta } => clipped(&ratio, &advantages, &mask, (low, high, delta), objective.ratio_level),
+        Surrogate::Cispo { cap } => cispo(logprobs, &ratio, &advantages, &mask, cap, objective.ratio_level),
+        Surrogate::ImportanceSampling => unclipped(&ratio * &advantages, &ratio),
+        Surrogate::Dro { beta } => unclipped(logprobs * &advantages - (logprobs - &old).square() * (0.5 * beta), &ratio),
+        Surrogate::Sapo { positive, negative } => unclipped(sapo_gate(&ratio, &advantages, positive, negative) * &advantages, &ratio),
+        Surrogate::Vespo(gamma) => {
+            let phi = vespo_weights(&advantages, &log_ratio, &mask, correction.as_ref().map(|(rho, _)| rho), gamma);
+            SurrogateTerms { vespo_phi_seq_mean: Some(phi.mean(Kind::Float)), ..unclipped(&phi * &advantages * logprobs, &ratio) }
+        }
     };
-    if let Some((rho, _)) = &correction {
-        per_token_loss = per_token_loss * rho;
-    }
-    let per_token_kl = objective.kl.zip(ref_logprobs).map(|(kl, reference)| (per_token_kl(logprobs, reference, kl.estimator), kl.beta));
+    // Which tokens' policy terms count and how much: the entropy mask, the off-policy mask and
+    // the correction's weights (which VESPO folds into its own weight instead, as TRL).
+    let off_policy = objective.off_policy_mask_threshold.map(|threshold| off_policy_mask(&advantages, logprobs, sampler.unwrap_or(&old), &mask, threshold));
+    let rho = correction.as_ref().filter(|_| !matches!(objective.surrogate, Surrogate::Vespo(_))).map(|(rho, _)| rho);
+    let policy = [masks.policy, off_policy.as_ref(), rho].into_iter().flatten().map(Tensor::shallow_clone).reduce(|a, b| a * b);
+    let mut per_token_loss = match &policy {
+        Some(policy) => -&surrogate.objective * policy,
+        None => -&surrogate.objective,
+    };
+    let per_token_kl = objective.kl.zip(ref_logprobs).map(|(kl, reference)| {
+        let estimate = per_token_kl(logprobs, reference, kl.estimator);
+        (if kl.bias_correction { estimate * &ratio } else { estimate }, kl.beta)
+    });
     if let Some((kl, beta)) = &per_token_kl {
         per_token_loss = per_token_loss + kl * *beta;
     }
     let loss = (&per_token_loss * weights).sum(Kind::Float);
-    let mut policy_weights = match masks.policy {
+    let policy_weights = match &policy {
         Some(policy) => weights * policy,
         None => weights.shallow_clone(),
     };
-    if let Some((rho, _)) = &correction {
-        policy_weights = policy_weights * rho;
-    }
     let effective_sample_size = effective_sample_size(&(policy_weights * ratio.detach()));
     let is_clipped = ratio.ne_tensor(&surrogate.clipped_ratio).to_kind(Kind::Float);
     let clip_ratio = (is_clipped * &mask).sum(Kind::Float) / mask.sum(Kind::Float).clamp_min(1.0);
@@ -144,6 +154,7 @@ pub fn sampled_loss(logprobs: LossLogprobs, advantages: &Tensor, masks: TokenMas
         clip_ratio,
         clip_fractions: surrogate.clip_fractions,
         cispo_clip_ratio: surrogate.cispo_clip_ratio,
+        vespo_phi_seq_mean: surrogate.vespo_phi_seq_mean,
         effective_sample_size,
         importance_sampling: correction.map(|(_, stats)| stats),
     }
@@ -156,11 +167,13 @@ struct SurrogateTerms {
     clipped_ratio: Tensor,
     clip_fractions: Option<ClipFractions>,
     cispo_clip_ratio: Option<Tensor>,
+    vespo_phi_seq_mean: Option<Tensor>,
 }
 
-/// A surrogate without a clip (tinker's `importance_sampling` and `dro`): nothing to log about it.
+/// A surrogate without a clip (tinker's `importance_sampling` and `dro`, TRL's `sapo`): nothing
+/// to log about it.
 fn unclipped(objective: Tensor, ratio: &Tensor) -> SurrogateTerms {
-    SurrogateTerms { objective, clipped_ratio: ratio.shallow_clone(), clip_fractions: None, cispo_clip_ratio: None }
+    SurrogateTerms { objective, clipped_ratio: ratio.shallow_clone(), clip_fractions: None, cispo_clip_ratio: None, vespo_phi_seq_mean: None }
 }
 
 /// PPO's `min(min(r, delta) A, clip(r, 1 - low, 1 + high) A)`, as TRL.
@@ -172,7 +185,7 @@ fn clipped(ratio: &Tensor, advantages: &Tensor, mask: &Tensor, (low, high, delta
     };
     let objective = (&unclipped * advantages).min_other(&(&clipped * advantages));
     let clip_fractions = clip_fractions(&unclipped.detach(), advantages, mask, (low, high), level);
-    SurrogateTerms { objective, clipped_ratio: clipped, clip_fractions: Some(clip_fractions), cispo_clip_ratio: None }
+    SurrogateTerms { objective, clipped_ratio: clipped, clip_fractions: Some(clip_fractions), cispo_clip_ratio: None, vespo_phi_seq_mean: None }
 }
 
 /// CISPO's `min(r, cap).detach() A logp` (TRL's `loss_type="cispo"`, `cap` its `epsilon_high`):
@@ -182,7 +195,46 @@ fn cispo(logprobs: &Tensor, ratio: &Tensor, advantages: &Tensor, mask: &Tensor, 
     let objective = &weight * advantages * logprobs;
     let capped = ratio.detach().gt(cap).logical_and(&advantages.gt(0.0));
     let cispo_clip_ratio = flag_fraction(&capped, mask, level);
-    SurrogateTerms { objective, clipped_ratio: weight, clip_fractions: None, cispo_clip_ratio: Some(cispo_clip_ratio) }
+    SurrogateTerms { objective, clipped_ratio: weight, clip_fractions: None, cispo_clip_ratio: Some(cispo_clip_ratio), vespo_phi_seq_mean: None }
+}
+
+/// SAPO's soft gate in place of the clipped ratio: `sigmoid(tau (r - 1)) 4 / tau`, `tau` =
+/// `positive` where `A > 0`, `negative` elsewhere (TRL's `loss_type="sapo"`). Its slope at
+/// `r = 1` is 1, so on policy its gradient is the plain policy gradient's.
+fn sapo_gate(ratio: &Tensor, advantages: &Tensor, positive: f64, negative: f64) -> Tensor {
+    let tau = advantages.gt(0.0).to_kind(Kind::Float) * (positive - negative) + negative;
+    (&tau * (ratio - 1.0)).sigmoid() * 4.0 / tau
+}
+
+/// VESPO's weight `phi(w)` of each completion (`[batch, 1]`, no gradient), as TRL's
+/// `get_gamma_weights`: `log w = Σ_t clamp(log_ratio, ±20)` over the loss tokens, plus
+/// `Σ_t clamp(log rho, ln 1e-8, 20)` of the per-token correction when it is on, clamped into
+/// `[ln 1e-8, 20]`; `phi = exp(lambda + k log w - lambda w)` (0 where not finite), `(k, lambda)` by
+/// the sign of the advantage (`A >= 0`: the positive pair; `lambda` at least 1e-4). The
+/// correction's logs are summed over loss tokens only: TRL sums its padded row, whose ratio is 1
+/// there (log 0) unless the bounds exclude 1.
+pub fn vespo_weights(advantages: &Tensor, log_ratio: &Tensor, mask: &Tensor, rho: Option<&Tensor>, gamma: VespoGamma) -> Tensor {
+    let _no_grad = tch::no_grad_guard();
+    let lower = 1e-8f64.ln();
+    let mut log_w = (log_ratio.detach().clamp(-20.0, 20.0) * mask).sum_dim_intlist(-1, true, Kind::Float);
+    if let Some(rho) = rho {
+        log_w = log_w + (rho.log().clamp(lower, 20.0) * mask).sum_dim_intlist(-1, true, Kind::Float);
+    }
+    let log_w = log_w.clamp(lower, 20.0);
+    let nonnegative = advantages.ge(0.0).to_kind(Kind::Float);
+    let pick = |pos: f64, neg: f64| &nonnegative * (pos - neg) + neg;
+    let (k, lambda) = (pick(gamma.k_pos, gamma.k_neg), pick(gamma.lambda_pos, gamma.lambda_neg).clamp_min(1e-4));
+    let log_phi = &lambda + k * &log_w - &lambda * log_w.exp();
+    log_phi.exp().nan_to_num(0.0, 0.0, 0.0)
+}
+
+/// DeepSeek-V3.2's off-policy sequence mask (TRL's `get_off_policy_mask`), `[batch, 1]`: 1 where
+/// the advantage is at least 0 or the mean over loss tokens of `behaviour - logp` (the
+/// sampler's log-probabilities, else the old policy's) is at most `threshold`, 0 elsewhere.
+fn off_policy_mask(advantages: &Tensor, logprobs: &Tensor, behaviour: &Tensor, mask: &Tensor, threshold: f64) -> Tensor {
+    let gap = ((behaviour - logprobs.detach()).nan_to_num(0.0, None, None) * mask).sum_dim_intlist(-1, true, Kind::Float);
+    let mean_gap = gap / mask.sum_dim_intlist(-1, true, Kind::Float).clamp_min(1.0);
+    advantages.ge(0.0).logical_or(&mean_gap.le(threshold)).to_kind(Kind::Float)
 }
 
 /// `exp(log_ratio)` per token, or `exp(mean_t log_ratio)` per sequence over its loss tokens

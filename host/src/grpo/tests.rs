@@ -41,7 +41,7 @@ fn settings(level: ImportanceSamplingLevel, loss_type: LossType) -> Objective {
         LossType::Cispo => Surrogate::Cispo { cap: 0.28 },
         _ => Surrogate::Clip { low: 0.2, high: 0.28, delta: Some(1.3) },
     };
-    Objective { surrogate, ratio_to: RatioTo::OldPolicy, ratio_level: level, aggregation: Aggregation::of(loss_type, 3), kl: None, top_entropy_quantile: 1.0, correction: None }
+    Objective { surrogate, ratio_to: RatioTo::OldPolicy, ratio_level: level, aggregation: Aggregation::of(loss_type, 3), kl: None, top_entropy_quantile: 1.0, correction: None, off_policy_mask_threshold: None }
 }
 
 #[test]
@@ -351,7 +351,7 @@ fn the_correction_weighs_the_policy_term_of_the_loss_and_its_gradient() {
     let advantages = Tensor::from_slice(&[1.0f32, -1.0]);
     let correction = IsCorrection::new(ImportanceSamplingMode::TokenTruncate, 0.2, 3.0).unwrap();
     let objective = Objective {
-        kl: Some(KlPenalty { beta: 0.1, estimator: KlEstimator::K1 }),
+        kl: Some(KlPenalty { beta: 0.1, estimator: KlEstimator::K1, bias_correction: false }),
         correction: Some(correction),
         ..settings(ImportanceSamplingLevel::Token, LossType::Dapo)
     };
@@ -380,4 +380,130 @@ fn the_correction_weighs_the_policy_term_of_the_loss_and_its_gradient() {
     assert!((stats.ratio_max - 3.0).abs() < 1e-6 && (stats.ratio_min - 0.2).abs() < 1e-6, "{stats:?}");
     let without = sampled_loss(LossLogprobs { current: &current, old: None, reference: Some(&reference), sampler: Some(&sampler) }, &advantages, (&mask).into(), &weights, &Objective { correction: None, ..objective });
     assert!(without.importance_sampling.is_none(), "no metrics without the correction");
+}
+
+/// The hand batch's per-token ratios and advantages as float64 rows (loss tokens only).
+const HAND_RATIOS: [&[f64]; 2] = [&[1.5, 1.1, 0.5], &[0.7, 1.5]];
+const HAND_ADVANTAGES: [f64; 2] = [1.0, -1.0];
+
+/// The hand batch with differentiable log-probabilities (zeros) and `objective`'s loss over it.
+fn hand_loss(objective: &Objective, sampler: Option<&Tensor>) -> (Tensor, LossTerms) {
+    let b = hand_batch();
+    let logprobs = b.logprobs.set_requires_grad(true);
+    let weights = token_weights(&b.mask.to_kind(Kind::Float), &[Tensor::ones([2], (Kind::Float, tch::Device::Cpu))], objective.aggregation, 1);
+    let logprobs_in = LossLogprobs { current: &logprobs, old: Some(&b.old), reference: None, sampler };
+    let terms = sampled_loss(logprobs_in, &b.advantages, (&b.mask).into(), &weights, objective);
+    terms.loss.backward();
+    (logprobs.grad().masked_select(&b.mask.to_kind(Kind::Bool)), terms)
+}
+
+fn with_surrogate(surrogate: Surrogate, level: ImportanceSamplingLevel, loss_type: LossType) -> Objective {
+    Objective { surrogate, ..settings(level, loss_type) }
+}
+
+/// SAPO's gate `sigmoid(tau (r - 1)) 4 / tau` (float64, by its definition) in place of the clip,
+/// aggregated as grpo; its gradient in each log-probability `-A 4 sigma (1 - sigma) r / n_row / 2`.
+#[test]
+fn sapo_gates_each_ratio_softly_with_the_temperature_of_its_advantage_sign() {
+    let (positive, negative) = (0.5, 3.0);
+    let objective = with_surrogate(Surrogate::Sapo { positive, negative }, ImportanceSamplingLevel::Token, LossType::Sapo);
+    assert_eq!(objective.aggregation, Aggregation::Grpo);
+    let (grad, terms) = hand_loss(&objective, None);
+    let sigma = |tau: f64, r: f64| 1.0 / (1.0 + (-tau * (r - 1.0)).exp());
+    let (mut loss, mut expected_grad) = (0.0, vec![]);
+    for (ratios, a) in HAND_RATIOS.iter().zip(HAND_ADVANTAGES) {
+        let tau = if a > 0.0 { positive } else { negative };
+        let n = ratios.len() as f64;
+        loss += ratios.iter().map(|&r| -sigma(tau, r) * 4.0 / tau * a).sum::<f64>() / n / 2.0;
+        expected_grad.extend(ratios.iter().map(|&r| -a * 4.0 * sigma(tau, r) * (1.0 - sigma(tau, r)) * r / n / 2.0));
+    }
+    approx(&terms.loss, loss, "sapo loss");
+    assert_values(&grad, &expected_grad, "sapo gradient");
+    assert!(terms.clip_fractions.is_none() && terms.vespo_phi_seq_mean.is_none(), "sapo logs no clip fractions");
+}
+
+/// LUSPO: the clipped sequence ratio (both rows' geometric means inside [0.8, 1.28]), each row's
+/// token losses summed, the mean over rows: `(-3 r_1 + 2 r_2) / 2`.
+#[test]
+fn luspo_sums_each_sequence_and_averages_the_sequences() {
+    let objective = settings(ImportanceSamplingLevel::Sequence, LossType::Luspo);
+    assert_eq!(objective.aggregation, Aggregation::Luspo);
+    let (_, terms) = hand_loss(&objective, None);
+    let (first, second) = ((1.5f64 * 1.1 * 0.5).powf(1.0 / 3.0), (0.7f64 * 1.5).sqrt());
+    approx(&terms.loss, (-3.0 * first + 2.0 * second) / 2.0, "luspo loss");
+}
+
+/// VESPO's weight `phi(w) = w^k e^(lambda (1 - w))` of each row's `w = prod_t r_t` (float64),
+/// `(k, lambda)` = (2, 3) for `A >= 0` and (3, 2) below, detached: the loss `Σ -phi A logp / 5`
+/// (dapo) is 0 at `logp = 0` and its gradient `-phi A / 5`; with the per-token correction
+/// (`token_truncate` into [0.2, 3]) `w` also multiplies the truncated `exp(logp_old - logp_sampler)`.
+#[test]
+fn vespo_weighs_each_sequence_by_the_gamma_function_of_its_importance_weight() {
+    let gamma = VespoGamma { k_pos: 2.0, lambda_pos: 3.0, k_neg: 3.0, lambda_neg: 2.0 };
+    let objective = with_surrogate(Surrogate::Vespo(gamma), ImportanceSamplingLevel::Token, LossType::Vespo);
+    assert_eq!(objective.aggregation, Aggregation::Dapo);
+    let phi = |w: f64, a: f64| if a >= 0.0 { w.powi(2) * (3.0 * (1.0 - w)).exp() } else { w.powi(3) * (2.0 * (1.0 - w)).exp() };
+    let expect = |extra: [f64; 2]| -> (Vec<f64>, f64) {
+        let phis: Vec<f64> = (0..2).map(|i| phi(HAND_RATIOS[i].iter().product::<f64>() * extra[i], HAND_ADVANTAGES[i])).collect();
+        let grad = (0..2).flat_map(|i| std::iter::repeat_n(-phis[i] * HAND_ADVANTAGES[i] / 5.0, HAND_RATIOS[i].len())).collect();
+        (grad, (phis[0] + phis[1]) / 2.0)
+    };
+    let (grad, terms) = hand_loss(&objective, None);
+    let (expected_grad, phi_mean) = expect([1.0, 1.0]);
+    approx(&terms.loss, 0.0, "vespo loss at logp 0");
+    assert_values(&grad, &expected_grad, "vespo gradient");
+    approx(terms.vespo_phi_seq_mean.as_ref().unwrap(), phi_mean, "vespo/phi_seq_mean");
+    // The sampler 0.4 above the old policy on the first row's tokens, 0.1 below on the second's:
+    // rho = e^-0.4 (inside [0.2, 3]) thrice, e^0.1 twice, folded into w; never multiplied in.
+    let b = hand_batch();
+    let shift = Tensor::from_slice(&[0.4f32, 0.4, 0.4, -0.1, -0.1, 0.0]).view([2, 3]);
+    let sampler = &b.old + shift;
+    let corrected = Objective { correction: Some(IsCorrection::new(ImportanceSamplingMode::TokenTruncate, 0.2, 3.0).unwrap()), ..objective };
+    let (grad, terms) = hand_loss(&corrected, Some(&sampler));
+    let (expected_grad, phi_mean) = expect([(-1.2f64).exp(), 0.2f64.exp()]);
+    assert_values(&grad, &expected_grad, "vespo gradient with the correction");
+    approx(terms.vespo_phi_seq_mean.as_ref().unwrap(), phi_mean, "vespo/phi_seq_mean with the correction");
+}
+
+/// The off-policy mask drops the second row (A = -1) when its mean gap `logp_sampler - logp`
+/// (0.2 here) exceeds the threshold, never the first (A = +1, gap 0.5): the loss is then the
+/// first row's alone (dapo over all 5 tokens), `(-1.28 - 1.1 - 0.5) / 5` with TRL's clip.
+#[test]
+fn the_off_policy_mask_drops_only_far_off_policy_negative_sequences() {
+    let sampler = Tensor::from_slice(&[0.5f32, 0.5, 0.5, 0.3, 0.1, 9.0]).view([2, 3]);
+    let masked = |threshold| Objective { off_policy_mask_threshold: Some(threshold), ..settings(ImportanceSamplingLevel::Token, LossType::Dapo) };
+    let (_, dropped) = hand_loss(&masked(0.1), Some(&sampler));
+    approx(&dropped.loss, (-1.28 - 1.1 - 0.5) / 5.0, "loss with the second row masked");
+    let (_, kept) = hand_loss(&masked(0.25), Some(&sampler));
+    approx(&kept.loss, (-1.28 - 1.1 - 0.5 + 0.8 + 1.3) / 5.0, "loss with both rows (gap 0.2 <= 0.25)");
+}
+
+/// The bias-corrected KL: k3 times the (differentiable) token ratio, so its gradient in `logp`
+/// is `r (dk3 + k3)`: reference 0.3 below `logp` = 0 gives `d = -0.3`, `k3 = e^d - d - 1`,
+/// `dk3/dlogp = 1 - e^d`; beta 0.1, policy term as in the clip test, dapo over 5 tokens.
+#[test]
+fn the_bias_corrected_kl_is_weighted_by_the_ratio_in_value_and_gradient() {
+    let b = hand_batch();
+    let reference = Tensor::full([2, 3], -0.3, (Kind::Float, tch::Device::Cpu));
+    let kl = |bias_correction| Objective { kl: Some(KlPenalty { beta: 0.1, estimator: KlEstimator::K3, bias_correction }), ..settings(ImportanceSamplingLevel::Token, LossType::Dapo) };
+    let weights = token_weights(&b.mask.to_kind(Kind::Float), &[Tensor::ones([2], (Kind::Float, tch::Device::Cpu))], Aggregation::Dapo, 1);
+    let loss_of = |objective: &Objective| {
+        let logprobs = b.logprobs.copy().set_requires_grad(true);
+        let terms = sampled_loss(LossLogprobs { current: &logprobs, old: Some(&b.old), reference: Some(&reference), sampler: None }, &b.advantages, (&b.mask).into(), &weights, objective);
+        terms.loss.backward();
+        (terms.loss.double_value(&[]), logprobs.grad().masked_select(&b.mask.to_kind(Kind::Bool)))
+    };
+    let d = -0.3f64;
+    let k3 = d.exp() - d - 1.0;
+    let ratios: Vec<f64> = HAND_RATIOS.concat();
+    let (plain, _) = loss_of(&kl(false));
+    let (corrected, grad) = loss_of(&kl(true));
+    let policy = (-1.28 - 1.1 - 0.5 + 0.8 + 1.3) / 5.0;
+    assert!((plain - (policy + 0.1 * 5.0 * k3 / 5.0)).abs() < 1e-6, "plain KL: {plain}");
+    assert!((corrected - (policy + 0.1 * k3 * ratios.iter().sum::<f64>() / 5.0)).abs() < 1e-6, "corrected KL: {corrected}");
+    // The policy term's gradient: r where the clip passes it (1.1, 0.5 with A = +1; 0.7 -> clipped
+    // at 0.8 with A = -1 is flat; 1.5 with A = +1 clipped; 1.5 with A = -1 clamped by delta, flat).
+    let policy_grad = [0.0, -1.1, -0.5, 0.0, 0.0];
+    let expected: Vec<f64> = ratios.iter().zip(policy_grad).map(|(r, p)| (p + 0.1 * r * ((1.0 - d.exp()) + k3)) / 5.0).collect();
+    assert_values(&grad, &expected, "gradient of the corrected KL");
 }

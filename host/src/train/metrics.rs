@@ -62,6 +62,9 @@ pub mod key {
     /// TRL's `cispo_clip_ratio` (only with loss_type cispo, whose lines have null
     /// `clip_ratio/*_mean`): the fraction of weights capped at epsilon_high, positive advantage.
     pub const CISPO_CLIP_RATIO: &str = "cispo_clip_ratio";
+    /// TRL's `vespo/phi_seq_mean` (only with loss_type vespo): the mean over completions of
+    /// VESPO's Gamma weight `phi(w)` (1 on policy).
+    pub const VESPO_PHI_SEQ_MEAN: &str = "vespo/phi_seq_mean";
     /// Covariance of the log-prob and the advantage over the loss tokens
     /// (`probes::logprob_advantage_covariance`): Cui et al.'s predictor of the entropy change.
     pub const LOGPROB_ADVANTAGE_COVARIANCE: &str = "entropy/cov_logp_advantage";
@@ -242,6 +245,8 @@ pub struct StepMetrics {
     pub clip_fractions: Option<[f64; 3]>,
     /// TRL's `cispo_clip_ratio` (with cispo only).
     pub cispo_clip_ratio: Option<f64>,
+    /// TRL's `vespo/phi_seq_mean` (with vespo only).
+    pub vespo_phi_seq_mean: Option<f64>,
     pub effective_sample_size: f64,
     /// Each aggregation's [`crate::grpo::WeightEss`] of the step's loss tokens, whichever the
     /// run trains with ([`AGGREGATIONS`]).
@@ -355,6 +360,9 @@ pub fn line(rollout: &RolloutMetrics, step: &StepMetrics) -> Value {
     }
     if let Some(capped) = step.cispo_clip_ratio {
         put(key::CISPO_CLIP_RATIO, capped.into());
+    }
+    if let Some(phi) = step.vespo_phi_seq_mean {
+        put(key::VESPO_PHI_SEQ_MEAN, phi.into());
     }
     put(key::EFFECTIVE_SAMPLE_SIZE, step.effective_sample_size.into());
     for (loss_type, ess) in &step.aggregation_ess {

@@ -279,6 +279,7 @@ impl Trainer {
             clip_ratio: terms.clip_ratio.double_value(&[]),
             clip_fractions: terms.clip_fractions.as_ref().map(|clip| [&clip.low, &clip.high, &clip.region].map(|f| f.double_value(&[]))),
             cispo_clip_ratio: terms.cispo_clip_ratio.as_ref().map(|f| f.double_value(&[])),
+            vespo_phi_seq_mean: terms.vespo_phi_seq_mean.as_ref().map(|f| f.double_value(&[])),
             effective_sample_size: terms.effective_sample_size,
             aggregation_ess: metrics::AGGREGATIONS
                 .iter()

@@ -18,7 +18,7 @@ use serde_json::{Map, Value};
 use crate::adapters::{self, AdapterConfig, AdapterKind};
 use crate::defaults as d;
 use crate::device::{DeviceSpec, Dtype};
-use crate::grpo::{ImportanceSamplingLevel, ImportanceSamplingMode, KlEstimator, LossFn, LossType, Objective, ObjectiveKeys, ScaleRewards};
+use crate::grpo::{ImportanceSamplingLevel, ImportanceSamplingMode, KlEstimator, LossFn, LossType, Objective, ObjectiveKeys, ScaleRewards, VespoGamma};
 use crate::hyperparams::Label::{Key, Omit, Short};
 use crate::hyperparams::{self, Prop, hyperparameters};
 use crate::intervention::Intervention;
@@ -101,7 +101,8 @@ hyperparameters! {
         #[arg(num_args = 0..=1, default_missing_value = "true")]
         mask_truncated_completions: bool = false, Short("mask_truncated");
         /// grpo, dr_grpo, dapo, bnpo or cispo (CISPO's surrogate, aggregated as dapo; set
-        /// epsilon_high, its weight cap, e.g. 5.0).
+        /// epsilon_high, its weight cap, e.g. 5.0), or sapo, luspo (with importance_sampling_level
+        /// sequence) or vespo.
         loss_type: LossType = LossType::Grpo, Short("");
         /// The surrogate: trl (loss_type's), or tinker's importance_sampling, ppo or dro, with the
         /// ratio to the sampler's log-probabilities (aggregated as loss_type says).
@@ -122,6 +123,25 @@ hyperparameters! {
         importance_sampling_clip_min: f64 = 0.0, Short("isclipmin");
         /// The correction's upper bound (TRL's vllm_importance_sampling_clip_max; none: e.g. 1e30).
         importance_sampling_clip_max: f64 = 3.0, Short("isclipmax");
+        /// SAPO's gate temperature where the advantage is positive (loss_type sapo; TRL's default).
+        sapo_temperature_pos: f64 = 1.0, Short("sapo_tpos");
+        /// SAPO's gate temperature where the advantage is not positive (loss_type sapo; TRL's default).
+        sapo_temperature_neg: f64 = 1.05, Short("sapo_tneg");
+        /// VESPO's power k where the advantage is at least 0 (loss_type vespo; TRL's default).
+        vespo_k_pos: f64 = 2.0, Short("vespo_kpos");
+        /// VESPO's decay lambda where the advantage is at least 0 (loss_type vespo; TRL's default).
+        vespo_lambda_pos: f64 = 3.0, Short("vespo_lpos");
+        /// VESPO's power k where the advantage is negative (loss_type vespo; TRL's default).
+        vespo_k_neg: f64 = 3.0, Short("vespo_kneg");
+        /// VESPO's decay lambda where the advantage is negative (loss_type vespo; TRL's default).
+        vespo_lambda_neg: f64 = 2.0, Short("vespo_lneg");
+        /// DeepSeek-V3.2's off-policy sequence mask (TRL's): completions with a negative advantage
+        /// whose mean log-probability gap to the sampler exceeds this leave the policy term (e.g. 0.5).
+        off_policy_mask_threshold: Option<f64> = None, Short("opsm");
+        /// The KL term times the importance ratio (TRL's use_bias_correction_kl, whose default is
+        /// true; false here keeps the loss of the runs from before the key).
+        #[arg(num_args = 0..=1, default_missing_value = "true")]
+        use_bias_correction_kl: bool = false, Short("klcorr");
         /// Passes over each generated batch (TRL's reuse; each pass num_substeps optimizer steps).
         num_iterations: usize = 1, Short("iters"), [Pack];
         /// Mini-batches of whole groups each generated batch is split into, one optimizer step
@@ -450,7 +470,18 @@ impl TrainConfig {
                 (self.importance_sampling_mode, self.importance_sampling_clip_min, self.importance_sampling_clip_max)
                     != (default.importance_sampling_mode, default.importance_sampling_clip_min, default.importance_sampling_clip_max)
             },
+            sapo_temperatures: (self.sapo_temperature_pos, self.sapo_temperature_neg),
+            vespo: self.vespo_gamma(),
+            sapo_keys_set: (self.sapo_temperature_pos, self.sapo_temperature_neg) != (Self::default().sapo_temperature_pos, Self::default().sapo_temperature_neg),
+            vespo_keys_set: self.vespo_gamma() != Self::default().vespo_gamma(),
+            off_policy_mask_threshold: self.off_policy_mask_threshold,
+            use_bias_correction_kl: self.use_bias_correction_kl,
         })
+    }
+
+    /// VESPO's four keys as the objective's Gamma weighting.
+    fn vespo_gamma(&self) -> VespoGamma {
+        VespoGamma { k_pos: self.vespo_k_pos, lambda_pos: self.vespo_lambda_pos, k_neg: self.vespo_k_neg, lambda_neg: self.vespo_lambda_neg }
     }
 
     pub fn adapter_config(&self) -> Result<AdapterConfig> {

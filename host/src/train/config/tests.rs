@@ -79,6 +79,8 @@ fn run_name_labels_are_unchanged() {
         ("prompt_format", ""),
         ("max_steps_off_policy", "offpolicy"), ("stream_minibatches", "stream"),
         ("rh_detector_verifies_retain_samples", "verify"), ("rh_detector_retain_recall", "verify_recall"),
+        ("sapo_temperature_pos", "sapo_tpos"), ("sapo_temperature_neg", "sapo_tneg"), ("vespo_k_pos", "vespo_kpos"), ("vespo_lambda_pos", "vespo_lpos"),
+        ("vespo_k_neg", "vespo_kneg"), ("vespo_lambda_neg", "vespo_lneg"), ("off_policy_mask_threshold", "opsm"), ("use_bias_correction_kl", "klcorr"),
     ];
     for key in TrainConfig::KEYS {
         let expected = if omitted.contains(&key.name) {
@@ -310,4 +312,39 @@ fn judge_budget_keys_are_written_only_when_set_and_a_judge_widens_the_call_time(
     assert_eq!(judged.plugin_limits().unwrap().max_call_time.as_secs_f64(), 600.0);
     let chosen = TrainConfig { plugin_max_call_seconds: 20.0, ..judged };
     assert_eq!(chosen.plugin_limits().unwrap().max_call_time.as_secs_f64(), 20.0);
+}
+
+/// TRL 1.16's sapo, luspo and vespo and its off-policy mask and bias-corrected KL: TRL's
+/// defaults, their keys only with them, the importance-sampling level each is defined at.
+#[test]
+fn trl_116_losses_and_options_take_trl_defaults_and_refuse_what_does_not_apply() {
+    let checks: [(&[(&str, &str)], &str); 10] = [
+        (&[("loss_type", "luspo")], "loss_type luspo is defined on GSPO's sequence ratios: set importance_sampling_level: sequence"),
+        (&[("loss_type", "vespo"), ("importance_sampling_level", "sequence")], "loss_type vespo takes its sequence weight from the per-token log-ratios itself"),
+        (&[("loss_type", "vespo"), ("importance_sampling_correction", "true")], "set importance_sampling_mode to token_truncate or token_mask (it is sequence_mask)"),
+        (&[("sapo_temperature_pos", "0.5")], "sapo_temperature_pos and sapo_temperature_neg are SAPO's gate temperatures: set them with loss_type sapo only (loss_type grpo)"),
+        (&[("loss_type", "dapo"), ("vespo_lambda_neg", "1")], "shape VESPO's weighting: set them with loss_type vespo only (loss_type dapo)"),
+        (&[("loss_type", "sapo"), ("sapo_temperature_neg", "0")], "sapo_temperature_pos (1) and sapo_temperature_neg (0) must be positive"),
+        (&[("loss_type", "vespo"), ("epsilon_high", "0.28")], "epsilon, epsilon_high and delta shape the clip; loss_type vespo has none: unset them"),
+        (&[("loss_type", "sapo"), ("loss_fn", "ppo")], "loss_type sapo is TRL's own surrogate; loss_fn ppo replaces it"),
+        (&[("use_bias_correction_kl", "true"), ("beta", "0")], "use_bias_correction_kl weighs the KL term by the importance ratio; beta is 0"),
+        (&[("loss_type", "vespo"), ("vespo_lambda_pos", "0")], "vespo_lambda_pos (0) and vespo_lambda_neg (2) are decay rates: finite and positive"),
+    ];
+    for (overrides, expected) in checks {
+        let message = error(overrides);
+        assert!(message.contains(expected), "{overrides:?}: {message}");
+    }
+    let sapo = resolved(&[("loss_type", "sapo")]).objective().unwrap();
+    assert_eq!((sapo.surrogate, sapo.aggregation), (Surrogate::Sapo { positive: 1.0, negative: 1.05 }, Aggregation::Grpo), "TRL's temperatures, grpo's aggregation");
+    let vespo = resolved(&[("loss_type", "vespo")]).objective().unwrap();
+    let gamma = crate::grpo::VespoGamma { k_pos: 2.0, lambda_pos: 3.0, k_neg: 3.0, lambda_neg: 2.0 };
+    assert_eq!((vespo.surrogate, vespo.aggregation), (Surrogate::Vespo(gamma), Aggregation::Dapo), "TRL's Gamma parameters, dapo's aggregation");
+    let luspo = resolved(&[("loss_type", "luspo"), ("importance_sampling_level", "sequence")]);
+    assert_eq!(luspo.objective().unwrap().aggregation, Aggregation::Luspo);
+    let plain = resolved(&[]).objective().unwrap();
+    assert_eq!((plain.off_policy_mask_threshold, plain.kl.unwrap().bias_correction), (None, false), "off by default: the runs from before the keys");
+    let both = resolved(&[("off_policy_mask_threshold", "0.5"), ("use_bias_correction_kl", "true")]);
+    let name = both.run_name().unwrap();
+    assert!(name.contains("_opsm0.5_") && name.contains("_klcorrtrue_"), "{name}");
+    assert_eq!((both.objective().unwrap().off_policy_mask_threshold, both.objective().unwrap().kl.unwrap().bias_correction), (Some(0.5), true));
 }
