@@ -22,6 +22,7 @@ mod dump;
 pub mod fisher;
 pub mod metrics;
 pub mod live;
+pub mod memory;
 pub mod prompts;
 pub mod provenance;
 pub mod packed;
@@ -80,6 +81,8 @@ pub struct Trainer {
     /// The running average of the gradient noise scale (`gradient_noise_scale`), restored from
     /// the last metrics line on resume.
     noise_scale_average: Option<crate::probes::NoiseScale>,
+    /// The step's memory estimate and, with gradient_accumulation_steps auto, its plan.
+    memory: memory::MemoryPlan,
 }
 
 /// Where and what a finished (or stopped) run left.
@@ -109,6 +112,7 @@ impl Trainer {
     pub fn start_seated(mut cfg: TrainConfig, resume: Option<&Path>, accept_changed_plugins: bool, seat: Seat) -> Result<Self> {
         cfg.validate()?;
         ensure!(resume.is_some() || cfg.lr_horizons.is_empty(), "lr_horizons is a record written by `--resume --extend-schedule`; a new run cannot start with it");
+        ensure!(resume.is_some() || cfg.planned_micro_batches.is_none(), "planned_micro_batches is the memory planner's record of a run's micro-batches; a new run cannot start with it");
         crate::device::set_threads(cfg.threads)?;
         let (device, kind) = (cfg.device.resolve()?, cfg.dtype.kind());
         let run_dir = match resume {
@@ -122,6 +126,9 @@ impl Trainer {
         let (policy, tokenizer, model_files) = policy::load(&cfg, device, kind, seat)?;
         // The one place a run's prompts, rewards, monitor and ground truth are assembled.
         let task::Task { rewards, prompts, eval_prompts } = task::load(&cfg, &tokenizer, &prompts::PromptRender::for_run(&cfg, &model_files)?)?;
+        // Before any sampling: the step's memory, and with gradient_accumulation_steps auto its
+        // micro-batches (refused here, naming the figures, when one row does not fit).
+        let memory = memory::plan_policy(&mut cfg, &policy, &tokenizer, &[&prompts[..], &eval_prompts[..]], device)?;
         let hashes = provenance::reconcile(&mut cfg, rewards.plugin_hashes(), resume.is_some(), accept_changed_plugins)?;
         let recipe = cfg.recipe(device)?;
         let verifier_prompts = match cfg.rh_detector_verifies_retain_samples {
@@ -142,9 +149,9 @@ impl Trainer {
             evals: Jsonl::new(run_dir.join("routing_eval.jsonl")),
             draw,
             cfg, run_dir, policy, tokenizer, model_files, rewards,
-            eval_prompts, recipe, log, live, _lock, num_tokens: 0, rollout: None, noise_scale_average: None,
+            eval_prompts, recipe, log, live, _lock, num_tokens: 0, rollout: None, noise_scale_average: None, memory,
         };
-        let opened = trainer.open_run(resume.is_some(), restarted, hashes);
+        let opened = trainer.open_run(resume.is_some(), restarted, hashes).and_then(|()| trainer.log.line(&trainer.memory.line));
         trainer.log_failure(opened)?;
         Ok(trainer)
     }
@@ -283,6 +290,7 @@ impl Trainer {
         let step = self.policy.optimizer.step;
         self.step(step).with_context(|| self.stopped_at(step))?;
         let done = step + 1;
+        self.log.line(&memory::step_peak_line(done, self.policy.seat.runs()))?;
         ensure!(self.policy.optimizer.step == done, "the optimizer is at step {} after step {done}", self.policy.optimizer.step);
         let kept = format!("{} keeps what was written", self.run_dir.display());
         if done % self.cfg.eval_every == 0 || done == self.cfg.max_steps {
@@ -303,6 +311,11 @@ impl Trainer {
     pub fn train_one(&mut self) -> Result<serde_json::Value> {
         let step = self.policy.optimizer.step;
         self.step(step)
+    }
+
+    /// The memory estimate of the run's step, made before its first step (`memory.rs`).
+    pub fn memory_plan(&self) -> &memory::MemoryPlan {
+        &self.memory
     }
 
     /// The decoders the run holds at its seat (one per set of adapter scales sampled at:

@@ -127,7 +127,7 @@ impl Trainer {
     /// pass's graph or gradients. `None` for one plain pass.
     fn own_passes(&self) -> Option<&'static str> {
         let cfg = &self.cfg;
-        if cfg.gradient_accumulation_steps > 1 {
+        if cfg.micro_batches() > 1 {
             Some("gradient_accumulation_steps > 1")
         } else if cfg.gradient_noise_scale {
             Some("gradient_noise_scale")
@@ -162,7 +162,7 @@ impl Trainer {
         let pass_start = Instant::now();
         let rollout = self.rollout.as_ref().expect("begin_step made the rollout");
         let mini = &pending.mini;
-        let micro_batches = self.cfg.gradient_accumulation_steps;
+        let micro_batches = self.cfg.micro_batches();
         let natural_grads = match &mini.natural {
             Some(natural) => {
                 engine::backward_micro_batches(&self.policy.model, &mini.loss_batch(natural), self.policy.temperature(), &self.policy.objective, micro_batches, &mut |_, _| {});
@@ -267,7 +267,7 @@ impl Trainer {
                 .iter()
                 .map(|&loss_type| {
                     let aggregation = grpo::Aggregation::of(loss_type, self.cfg.max_completion_length);
-                    (loss_type, grpo::WeightEss::of(mask, aggregation, self.cfg.gradient_accumulation_steps))
+                    (loss_type, grpo::WeightEss::of(mask, aggregation, self.cfg.micro_batches()))
                 })
                 .collect(),
             kl_sample_train: probes::sampler_learner_kl(&mini.generation.sampling_logprobs, &logprobs.logprobs, &mini.generation.completion_mask),
