@@ -141,7 +141,7 @@ fn tinker_losses_and_gradients_match_their_float64_formulas() {
             loss_mask: &b.g.completion_mask,
             classes: &all_rows,
         };
-        let engine::BackwardPass { logprobs, terms } = engine::backward_micro_batches(&policy, &batch, 1.0, &settings, config.gradient_accumulation_steps, &mut |_, _| {});
+        let engine::BackwardPass { logprobs, terms } = engine::backward_micro_batches(&policy, &batch, 1.0, &settings, config.micro_batches(), &mut |_, _| {});
         let ours = grads(&policy);
 
         // float64: the loss and its derivative in each token's log-probability.

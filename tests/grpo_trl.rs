@@ -183,7 +183,7 @@ fn loss_and_gradients_match_trl() {
             loss_mask: &loss_mask,
             classes: &all_rows,
         };
-        let engine::BackwardPass { logprobs, terms } = engine::backward_micro_batches(&policy_model, &batch, 1.0, &settings, config.gradient_accumulation_steps, &mut |_, _| {});
+        let engine::BackwardPass { logprobs, terms } = engine::backward_micro_batches(&policy_model, &batch, 1.0, &settings, config.micro_batches(), &mut |_, _| {});
         if config.top_entropy_quantile < 1.0 {
             assert_entropy_mask_is_stable(&logprobs.entropy, &loss_mask, config.top_entropy_quantile);
         }
@@ -246,7 +246,7 @@ fn loss_and_gradients_match_trl() {
         let exact = read_safetensors(&dir.join("exact.safetensors")).unwrap();
         let computed = Computed { loss: &terms.loss, logprobs: &logprobs, advantages: &advantages, grads: &ours };
         compare(&label, &computed, &loss_mask, &trl, &exact);
-        if config.gradient_accumulation_steps == 1 {
+        if config.micro_batches() == 1 {
             // TRL logs each micro-batch's fractions (averaged when it logs); ours are the batch's.
             compare_clip_fractions(&label, &terms, &dir.join("trl.metrics.json"));
         }

@@ -10,6 +10,7 @@ mod routing;
 mod outputs;
 mod packs;
 mod off_policy;
+mod memory;
 
 use std::path::{Path, PathBuf};
 

@@ -149,7 +149,7 @@ fn checkpoint_weights(run: &Path, checkpoint: &str) -> std::collections::BTreeMa
 /// the sampler-vs-trainer probes `kl_sample_train*` 1e-5 (6.3e-7: one engine's log-probability
 /// against another's); the effective sample size 1e-6 (0); anything else, counts and rewards of
 /// the same completions, 1e-9 (0).
-fn assert_close_metrics(a: &[Value], b: &[Value], file: &str) {
+pub(super) fn assert_close_metrics(a: &[Value], b: &[Value], file: &str) {
     let bound = |key: &str| match key {
         _ if key.ends_with("_norm") => 1e-6,
         _ if key.starts_with("entropy") || key.starts_with("kl_sample_train") => 1e-5,

@@ -126,7 +126,7 @@ pub(super) fn stacked_completion_logprobs(stacked: &Llama, runs: &[Sequences], t
 
 /// Rows of the output head done together: a `[rows, vocab]` block of logits (4 MB for
 /// 256 × 4096) stays in cache through log-softmax, entropy and the residual product `r W`.
-const HEAD_CHUNK_ROWS: i64 = 256;
+pub const HEAD_CHUNK_ROWS: i64 = 256;
 
 struct HeadOutputs {
     /// `[n]` log p(target), differentiable in the hidden states and the head weight.

@@ -407,6 +407,12 @@ impl Seat {
         self.broken_refresh = true;
     }
 
+    /// Runs seated at this engine so far (a pack seats all its runs before any starts): the
+    /// memory planner shares the device among them.
+    pub fn runs(&self) -> usize {
+        self.engine.lock().next_run
+    }
+
     /// The decoders the run holds: one per set of adapter scales it has sampled at, for its life.
     pub fn decoders(&self) -> usize {
         self.decoders.len()

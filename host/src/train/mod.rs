@@ -23,6 +23,7 @@ mod files;
 pub mod fisher;
 pub mod metrics;
 pub mod live;
+pub mod memory;
 pub mod prompts;
 pub mod provenance;
 pub mod packed;
@@ -74,6 +75,8 @@ pub struct Trainer {
     recipe: Recipe,
     /// What a step leaves for the next (the rollout, the token count, running averages).
     state: StepState,
+    /// The step's memory estimate and, with gradient_accumulation_steps auto, its plan.
+    memory: memory::MemoryPlan,
 }
 
 /// Where and what a finished (or stopped) run left.
@@ -103,6 +106,7 @@ impl Trainer {
     pub fn start_seated(mut cfg: TrainConfig, resume: Option<&Path>, accept_changed_plugins: bool, seat: Seat) -> Result<Self> {
         cfg.validate()?;
         ensure!(resume.is_some() || cfg.lr_horizons.is_empty(), "lr_horizons is a record written by `--resume --extend-schedule`; a new run cannot start with it");
+        ensure!(resume.is_some() || cfg.planned_micro_batches.is_none(), "planned_micro_batches is the memory planner's record of a run's micro-batches; a new run cannot start with it");
         crate::device::set_threads(cfg.threads)?;
         let (device, kind) = (cfg.device.resolve()?, cfg.dtype.kind());
         let run_dir = match resume {
@@ -116,6 +120,9 @@ impl Trainer {
         let policy = policy::load(&cfg, device, kind, seat)?;
         // The one place a run's prompts, rewards, monitor and ground truth are assembled.
         let task::Task { rewards, prompts, eval_prompts } = task::load(&cfg, &policy.tokenizer, &prompts::PromptRender::for_run(&cfg, &policy.files)?)?;
+        // Before any sampling: the step's memory, and with gradient_accumulation_steps auto its
+        // micro-batches (refused here, naming the figures, when one row does not fit).
+        let memory = memory::plan_policy(&mut cfg, &policy, &[&prompts[..], &eval_prompts[..]], device)?;
         let hashes = provenance::reconcile(&mut cfg, rewards.plugin_hashes(), resume.is_some(), accept_changed_plugins)?;
         let recipe = cfg.recipe(device)?;
         let verifier_prompts = match cfg.rh_detector_verifies_retain_samples {
@@ -130,8 +137,8 @@ impl Trainer {
         };
         let files = RunFiles::open(run_dir, &cfg)?;
         let keys = cfg.step_keys();
-        let mut trainer = Self { cfg, keys, files, policy, rewards, eval_prompts, draw, recipe, state: StepState::default() };
-        let opened = trainer.open_run(resume.is_some(), restarted, hashes);
+        let mut trainer = Self { cfg, keys, files, policy, rewards, eval_prompts, draw, recipe, state: StepState::default(), memory };
+        let opened = trainer.open_run(resume.is_some(), restarted, hashes).and_then(|()| trainer.files.log.line(&trainer.memory.line));
         trainer.files.log_failure(opened)?;
         Ok(trainer)
     }
@@ -258,6 +265,7 @@ impl Trainer {
         let step = self.policy.optimizer.step;
         self.step(step).with_context(|| self.stopped_at(step))?;
         let done = step + 1;
+        self.files.log.line(&memory::step_peak_line(done, self.policy.seat.runs()))?;
         ensure!(self.policy.optimizer.step == done, "the optimizer is at step {} after step {done}", self.policy.optimizer.step);
         let kept = format!("{} keeps what was written", self.files.dir.display());
         if done % self.keys.eval_every == 0 || done == self.keys.max_steps {
@@ -285,6 +293,11 @@ impl Trainer {
     #[doc(hidden)]
     pub fn break_weight_refresh_for_tests(&mut self) {
         self.policy.seat.break_weight_refresh_for_tests();
+    }
+
+    /// The memory estimate of the run's step, made before its first step (`memory.rs`).
+    pub fn memory_plan(&self) -> &memory::MemoryPlan {
+        &self.memory
     }
 
     /// The decoders the run holds at its seat (one per set of adapter scales sampled at:

@@ -84,8 +84,10 @@ pub fn train_packed_with(runs: Vec<PackedRun>, stop_after: Option<usize>, option
     check_packable(&runs.iter().map(|r| &r.config).collect::<Vec<_>>())?;
     let engine = Engine::new(options.stacking, options.workers);
     // Every run takes its seat before any run steps, so the engine waits for all of them; a
-    // run that cannot start leaves at once.
-    let trainers: Vec<Result<Trainer>> = runs.into_iter().map(|run| Trainer::start_seated(run.config, run.resume.as_deref(), false, Engine::seat(&engine))).collect();
+    // run that cannot start leaves at once. The seats are all taken first, so each run's memory
+    // plan knows how many runs share the device.
+    let seats: Vec<_> = runs.iter().map(|_| Engine::seat(&engine)).collect();
+    let trainers: Vec<Result<Trainer>> = runs.into_iter().zip(seats).map(|(run, seat)| Trainer::start_seated(run.config, run.resume.as_deref(), false, seat)).collect();
     Ok(std::thread::scope(|scope| {
         // Each thread owns its run and drops it (leaving the engine) as soon as the run ends.
         let threads: Vec<_> = trainers.into_iter().map(|trainer| scope.spawn(move || trainer?.train(stop_after))).collect();

@@ -3,8 +3,8 @@
 
 use anyhow::{Result, ensure};
 
-use super::{LrHorizon, TrainConfig};
-use crate::grpo::{KlEstimator, ScaleRewards};
+use super::{Accumulation, LrHorizon, TrainConfig};
+use crate::grpo::{KlEstimator, LossType, ScaleRewards};
 use crate::intervention::Intervention;
 use crate::model::chat::PromptFormat;
 use crate::routing::{self, RenormalizationMode, RoutingMode};
@@ -103,11 +103,16 @@ impl TrainConfig {
             self.num_substeps
         );
         let rows = self.mini_batch_size();
-        ensure!(
-            self.gradient_accumulation_steps >= 1 && rows % self.gradient_accumulation_steps == 0,
-            "gradient_accumulation_steps ({}) must be at least 1 and divide the optimizer step's {rows} completions (batch_size / num_substeps)",
-            self.gradient_accumulation_steps
-        );
+        let micro_batches = match self.gradient_accumulation_steps {
+            Accumulation::Steps(n) => Some(n),
+            Accumulation::Auto => self.planned_micro_batches,
+        };
+        if let Some(n) = micro_batches {
+            ensure!(
+                n >= 1 && rows % n == 0,
+                "gradient_accumulation_steps ({n}) must be at least 1 and divide the optimizer step's {rows} completions (batch_size / num_substeps)"
+            );
+        }
         let per_rollout = self.steps_per_rollout();
         ensure!(
             self.save_steps % per_rollout == 0,
@@ -163,10 +168,11 @@ impl TrainConfig {
         if self.absorption_by_class {
             ensure!(self.adapter_config()?.is_dual(), "absorption_by_class splits the retain and forget adapters' gradients: it needs adapter: dual-lora");
             ensure!(
-                self.gradient_accumulation_steps == 1,
+                self.gradient_accumulation_steps == Accumulation::Steps(1),
                 "absorption_by_class takes its per-class gradient norms from the step's one backward pass: leave gradient_accumulation_steps at 1"
             );
         }
+        self.check_auto_accumulation()?;
         self.check_gradient_noise_scale()?;
         self.check_off_policy()?;
         ensure!(
@@ -294,6 +300,25 @@ impl TrainConfig {
             !self.importance_sampling_correction,
             "max_steps_off_policy {k} already takes the loss's ratio to the sampler's log-probabilities; importance_sampling_correction (old policy over sampler) has nothing left to correct: unset it"
         );
+        Ok(())
+    }
+
+    /// `gradient_accumulation_steps: auto` splits the step only where that leaves the loss as
+    /// it is (the micro-batches are for memory, not for the objective); planned_micro_batches
+    /// is its record.
+    fn check_auto_accumulation(&self) -> Result<()> {
+        if self.gradient_accumulation_steps != Accumulation::Auto {
+            ensure!(
+                self.planned_micro_batches.is_none(),
+                "planned_micro_batches is the memory planner's record for gradient_accumulation_steps auto (it is {}): remove the key",
+                self.gradient_accumulation_steps
+            );
+            return Ok(());
+        }
+        let fixed = "gradient_accumulation_steps auto splits the step into micro-batches only where the loss stays the same";
+        ensure!(self.loss_type != LossType::Bnpo, "{fixed}, and bnpo normalises each micro-batch by its own tokens: set gradient_accumulation_steps to a number");
+        ensure!(self.top_entropy_quantile == 1.0, "{fixed}, and top_entropy_quantile takes its threshold in each micro-batch: set gradient_accumulation_steps to a number");
+        ensure!(!self.gradient_noise_scale, "{fixed}, and gradient_noise_scale compares the micro-batches' gradients: set gradient_accumulation_steps to a number");
         Ok(())
     }
 

@@ -26,9 +26,12 @@ use crate::model::chat::PromptFormat;
 use crate::reward::{DetectorSpec, PluginLimits, ProtocolKnobs, RewardSpec};
 use crate::routing::{self, CoherenceRhMode, RenormalizationMode, RoutingMode, RowWeights};
 
+mod accumulation;
 mod checks;
 mod parts;
 pub use parts::{LrSchedule, StepKeys};
+
+pub use accumulation::{Accumulation, MemorySize};
 
 pub use crate::hyperparams::{UNNAMED_RUN, parse_override};
 
@@ -149,8 +152,15 @@ hyperparameters! {
         num_substeps: usize = 1, Short("substeps");
         /// Micro-batches per optimizer step, each a forward and backward pass over
         /// batch_size / (num_substeps * gradient_accumulation_steps) completions (TRL's, with
-        /// steps_per_generation equal to it; only bnpo's loss changes).
-        gradient_accumulation_steps: usize = 1, Short("gas"), [Pack];
+        /// steps_per_generation equal to it; only bnpo's loss changes), or auto: the fewest that
+        /// fit the memory available (max_memory), planned before the first step (train/memory.rs)
+        /// and recorded in config.yaml as planned_micro_batches.
+        gradient_accumulation_steps: Accumulation = Accumulation::Steps(1), Short("gas"), [Pack];
+        /// The memory the run may use, its weights included, e.g. 20GB or 512MiB (default: what
+        /// is available when it starts, MemAvailable on the CPU or the device's free memory,
+        /// shared among a pack's runs); gradient_accumulation_steps auto plans for it.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        max_memory: Option<MemorySize> = None, Omit, [Resume];
         /// Off-policy training as tinker's AsyncConfig: each step's batch is sampled ahead, by a
         /// sampler thread working while earlier steps train, with the weights this many steps old
         /// (the first steps with the first weights); the loss takes its ratio to the sampler's
@@ -342,6 +352,10 @@ hyperparameters! {
         /// (a record of what the run computed; the run keeps its directory and name).
         #[serde(skip_serializing_if = "Vec::is_empty")]
         lr_horizons: Vec<LrHorizon> = Vec::new(), Omit;
+        /// Written by the memory planner when a run with gradient_accumulation_steps auto starts,
+        /// never set by hand: the micro-batches it chose, which a resumed run keeps.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        planned_micro_batches: Option<usize> = None, Omit;
     }
 }
 
@@ -442,8 +456,17 @@ impl TrainConfig {
     /// The step's backward passes: the micro-batches, each halved for the gradient noise scale
     /// when there is only one.
     pub fn backward_passes(&self) -> crate::engine::Passes {
-        let halves = self.gradient_noise_scale && self.gradient_accumulation_steps == 1;
-        crate::engine::Passes { micro_batches: self.gradient_accumulation_steps, splits: if halves { 2 } else { 1 } }
+        let halves = self.gradient_noise_scale && self.micro_batches() == 1;
+        crate::engine::Passes { micro_batches: self.micro_batches(), splits: if halves { 2 } else { 1 } }
+    }
+
+    /// Micro-batches of each optimizer step: gradient_accumulation_steps, or with auto the
+    /// count the memory planner recorded before the first step (`train/memory.rs`).
+    pub fn micro_batches(&self) -> usize {
+        match self.gradient_accumulation_steps {
+            Accumulation::Steps(n) => n,
+            Accumulation::Auto => self.planned_micro_batches.expect("gradient_accumulation_steps auto is planned before the first step"),
+        }
     }
 
     /// The objective, built once from its flat keys (every cross-key rule is `Objective::new`'s).

@@ -61,6 +61,8 @@ fn run_name_labels_are_unchanged() {
         // A record written by --extend-schedule, not a setting: an extended run keeps its
         // directory and name.
         "lr_horizons",
+        // Where the run executes, and the memory planner's record (train/memory.rs).
+        "max_memory", "planned_micro_batches",
     ];
     let short = [
         ("batch_size", "bs"), ("num_generations", "g"), ("max_steps", "steps"), ("max_completion_length", "len"),
@@ -347,4 +349,37 @@ fn trl_116_losses_and_options_take_trl_defaults_and_refuse_what_does_not_apply()
     let name = both.run_name().unwrap();
     assert!(name.contains("_opsm0.5_") && name.contains("_klcorrtrue_"), "{name}");
     assert_eq!((both.objective().unwrap().off_policy_mask_threshold, both.objective().unwrap().kl.unwrap().bias_correction), (Some(0.5), true));
+}
+
+/// `gradient_accumulation_steps` as a number is written, named and checked as before `auto`
+/// existed; `auto` names its run `gasauto`, is refused where micro-batches would change the
+/// loss, and the planner's record and `max_memory` appear in config.yaml only when set.
+#[test]
+fn accumulation_counts_are_unchanged_and_auto_refuses_what_micro_batches_would_change() {
+    let plain = serde_json::to_value(TrainConfig::default()).unwrap();
+    assert_eq!(plain["gradient_accumulation_steps"], serde_json::json!(1));
+    assert!(plain.get("max_memory").is_none() && plain.get("planned_micro_batches").is_none());
+    let four = resolved(&[("gradient_accumulation_steps", "4")]);
+    assert_eq!((four.micro_batches(), crate::yaml::to_string(&four).unwrap().contains("gradient_accumulation_steps: 4\n")), (4, true));
+    assert!(four.run_name().unwrap().contains("_gas4_"), "{}", four.run_name().unwrap());
+    let auto = resolved(&[("gradient_accumulation_steps", "auto"), ("max_memory", "20GB")]);
+    assert!(auto.run_name().unwrap().contains("_gasauto_"), "{}", auto.run_name().unwrap());
+    assert_eq!(auto.max_memory.as_ref().map(|m| m.bytes), Some(20_000_000_000));
+    assert!(crate::yaml::to_string(&auto).unwrap().contains("max_memory: 20GB\n"));
+    let planned = TrainConfig { planned_micro_batches: Some(4), ..auto };
+    planned.validate().unwrap();
+    assert_eq!(planned.micro_batches(), 4);
+    let dividing = error(&[("gradient_accumulation_steps", "auto"), ("planned_micro_batches", "3")]);
+    assert!(dividing.contains("gradient_accumulation_steps (3) must be at least 1 and divide the optimizer step's 32 completions"), "{dividing}");
+    let stray = error(&[("planned_micro_batches", "2")]);
+    assert!(stray.contains("planned_micro_batches is the memory planner's record for gradient_accumulation_steps auto (it is 1): remove the key"), "{stray}");
+    for (key, value, what) in [("loss_type", "bnpo", "bnpo normalises each micro-batch"), ("top_entropy_quantile", "0.2", "top_entropy_quantile takes its threshold"), ("gradient_noise_scale", "true", "gradient_noise_scale compares")] {
+        let refused = error(&[("gradient_accumulation_steps", "auto"), (key, value)]);
+        assert!(refused.contains("gradient_accumulation_steps auto splits the step into micro-batches only where the loss stays the same") && refused.contains(what), "{refused}");
+        assert!(refused.contains("set gradient_accumulation_steps to a number"), "{refused}");
+    }
+    let absorption = error(&[("gradient_accumulation_steps", "auto"), ("absorption_by_class", "true")]);
+    assert!(absorption.contains("leave gradient_accumulation_steps at 1"), "{absorption}");
+    let unit = error(&[("max_memory", "20")]);
+    assert!(unit.contains("unknown unit"), "{unit}");
 }

@@ -1,0 +1,91 @@
+use super::*;
+
+fn smollm2() -> ModelShape {
+    // SmolLM2-135M-Instruct's config.json.
+    ModelShape { layers: 30, hidden: 576, intermediate: 1536, heads: 9, q_size: 576, kv_size: 192, vocab: 49152, tied: true }
+}
+
+fn shape(rows: u64) -> StepShape {
+    StepShape {
+        rows,
+        rollout_rows: rows,
+        tokens: 100,
+        dtype_bytes: 4,
+        trainable: 1000,
+        adapter_per_token: 0,
+        reference_copy: false,
+        decoders: 1,
+        extra_gradients: false,
+        samples_ahead: false,
+        head_chunk_rows: 256,
+    }
+}
+
+#[test]
+fn the_parameter_count_is_the_published_one() {
+    // HuggingFace's model card and `sum(p.numel() for p in model.parameters())`: 134,515,008.
+    assert_eq!(smollm2().params(), 134_515_008);
+    // An untied head adds vocab * hidden.
+    assert_eq!(ModelShape { tied: false, ..smollm2() }.params(), 134_515_008 + 49152 * 576);
+}
+
+#[test]
+fn the_estimate_counts_weights_copies_and_optimizer_state() {
+    let model = smollm2();
+    let plain = estimate(&model, &shape(8));
+    assert_eq!(plain.weights, 134_515_008 * 4);
+    assert_eq!(plain.copies, 134_515_008 * 4, "one float32 decoder copy");
+    assert_eq!(plain.optimizer, 1000 * 4 * 3, "a gradient and two moments");
+    let full = estimate(&model, &StepShape { reference_copy: true, decoders: 3, extra_gradients: true, dtype_bytes: 2, ..shape(8) });
+    assert_eq!(full.weights, 134_515_008 * 2);
+    assert_eq!(full.copies, 134_515_008 * 2 + 3 * 134_515_008 * 4);
+    assert_eq!(full.optimizer, 1000 * 4 * 4);
+    // Activations grow with rows linearly and with tokens faster than linearly (attention).
+    let longer = estimate(&model, &StepShape { tokens: 200, ..shape(8) });
+    assert!(longer.per_row > 2 * plain.per_row, "{} vs {}", longer.per_row, plain.per_row);
+    assert_eq!(plain.training(16) - plain.training(8), 8 * plain.per_row);
+}
+
+fn made(per_row: u64) -> Estimate {
+    Estimate { weights: 100, copies: 0, optimizer: 0, sampling: 50, scoring: 40, head_chunk: 10, per_row }
+}
+
+#[test]
+fn the_plan_is_the_fewest_micro_batches_that_fit() {
+    let step = StepShape { rows: 12, ..shape(12) };
+    // Usable 0.8 * 125 = 100 beyond the weights: training 10 + 10 r <= 100 needs r <= 9, so 12
+    // rows split in 2 (6 rows); 3 would fit too but is not the fewest.
+    assert_eq!(plan(&made(10), &step, 125, 12), Ok(Plan { micro_batches: 2, rows: 6, peak: 100 + 70 }));
+    // Everything fits: one pass.
+    assert_eq!(plan(&made(1), &step, 125, 12).unwrap().micro_batches, 1);
+    // r <= 4 with rows 12: 12 and 6 rows do not fit, 4 rows (3 micro-batches) do.
+    assert_eq!(plan(&made(20), &step, 125, 12).unwrap(), Plan { micro_batches: 3, rows: 4, peak: 190 });
+    // A prime count of rows can only be split into single rows.
+    let prime = StepShape { rows: 13, ..shape(13) };
+    assert_eq!(plan(&made(20), &prime, 125, 13).unwrap(), Plan { micro_batches: 13, rows: 1, peak: 150 });
+}
+
+#[test]
+fn when_one_row_does_not_fit_the_plan_says_what_one_row_needs() {
+    let step = StepShape { rows: 12, ..shape(12) };
+    // Sampling alone (50) is over the 0.8 * 40 = 32 usable.
+    assert_eq!(plan(&made(1), &step, 40, 12), Err(NoFit { rows: 1, needed: 150, available: 132 }));
+    // With micro-batches bounded to 1 the whole step is the smallest.
+    assert_eq!(plan(&made(10), &step, 125, 1), Err(NoFit { rows: 12, needed: 100 + 130, available: 200 }));
+}
+
+#[test]
+fn sampling_ahead_overlaps_sampling_and_training() {
+    let e = made(10);
+    assert_eq!(e.peak(2, false), 100 + 50);
+    assert_eq!(e.peak(2, true), 100 + 50 + 40);
+}
+
+#[test]
+fn status_fields_are_read_in_bytes() {
+    let status = "Name:\tsmallrl\nVmHWM:\t  123456 kB\nVmRSS:\t  100 kB\n";
+    assert_eq!(kb_field(status, "VmHWM"), Some(123_456 * 1024));
+    assert_eq!(kb_field(status, "VmRSS"), Some(100 * 1024));
+    assert_eq!(kb_field(status, "Vm"), None);
+    assert!(peak_resident().unwrap() > 0 && available_ram().unwrap() > 0);
+}
