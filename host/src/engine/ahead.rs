@@ -17,6 +17,7 @@ use anyhow::{Context, Result, anyhow};
 use super::Done;
 use crate::model::Llama;
 use crate::model::decode::DecodeModel;
+use crate::model::folded::SamplerDtype;
 use crate::model::generate::{Decoder, Generation, SamplingParams, generate, generate_with};
 
 struct Job {
@@ -77,14 +78,14 @@ impl AheadSampler {
     }
 
     /// Posts a job: `prompts` sampled from `model` as its weights are now, at adapter `scales`.
-    pub fn post(&mut self, model: &Llama, scales: &[f64], prompts: Vec<Vec<u32>>, params: SamplingParams, seed: u64) -> Result<()> {
+    pub fn post(&mut self, model: &Llama, scales: &[f64], dtype: SamplerDtype, prompts: Vec<Vec<u32>>, params: SamplingParams, seed: u64) -> Result<()> {
         let decoder = match self.spare.iter().position(|(at, _)| at == scales) {
             Some(index) => {
                 let (_, mut decoder) = self.spare.swap_remove(index);
                 decoder.refresh(model, scales);
                 decoder
             }
-            None => DecodeModel::new(model, scales),
+            None => DecodeModel::sampling_in(model, scales, dtype),
         };
         let job = Job { decoder, scales: scales.to_vec(), prompts, params, seed };
         self.jobs.as_ref().expect("the sampler thread runs until dropped").send(job).map_err(|_| anyhow!("the sampler thread stopped (it panicked)"))?;

@@ -29,6 +29,7 @@ use super::ahead::{Ahead, AheadSampler};
 use super::{BackwardPass, LossBatch, Sequences, backward_micro_batches, backward_stacked, frozen_logprobs, stacked_frozen_logprobs};
 use crate::grpo::Objective;
 use crate::model::decode::DecodeModel;
+use crate::model::folded::SamplerDtype;
 use crate::model::generate::{Decoder, Generation, SamplingParams, generate, generate_stacked};
 use crate::model::linear::AdapterCtl;
 use crate::model::{Llama, native};
@@ -160,7 +161,7 @@ impl Engine {
         let mut state = engine.lock();
         state.live += 1;
         state.next_run += 1;
-        Seat { engine: engine.clone(), run: state.next_run - 1, working: false, decoders: Vec::new(), reference: None, ahead: None }
+        Seat { engine: engine.clone(), run: state.next_run - 1, working: false, sampler_dtype: SamplerDtype::Float32, decoders: Vec::new(), reference: None, ahead: None }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -367,6 +368,9 @@ pub struct Seat {
     run: usize,
     /// Whether this run holds one of the engine's worker permits.
     working: bool,
+    /// The precision the run's decoders sample in (the reference and old policies score in the
+    /// model's own).
+    sampler_dtype: SamplerDtype,
     /// The run's decoders, one per set of adapter scales it samples at, refolded from the
     /// weights before each use. They live as long as the run, so CUDA graphs captured in the
     /// first step are replayed in every later one.
@@ -392,6 +396,12 @@ impl Seat {
         self.engine.stacks_passes(model) && self.engine.lock().next_run > 1
     }
 
+    /// Samples in `dtype` from now on (set before the first sample: decoders are kept).
+    pub fn set_sampler_dtype(&mut self, dtype: SamplerDtype) {
+        assert!(self.decoders.is_empty() && self.ahead.is_none(), "the sampler dtype is set before the run's first sample");
+        self.sampler_dtype = dtype;
+    }
+
     /// The decoders the run holds: one per set of adapter scales it has sampled at, for its life.
     pub fn decoders(&self) -> usize {
         self.decoders.len()
@@ -406,7 +416,7 @@ impl Seat {
                 index
             }
             None => {
-                self.decoders.push((scales.to_vec(), DecodeModel::new(model, scales)));
+                self.decoders.push((scales.to_vec(), DecodeModel::sampling_in(model, scales, self.sampler_dtype)));
                 self.decoders.len() - 1
             }
         });
@@ -424,7 +434,7 @@ impl Seat {
     /// as its weights are now (a snapshot), at adapter `scales`. Never stacked: the thread
     /// works while the run trains.
     pub fn sample_ahead(&mut self, model: &Llama, scales: &[f64], prompts: Vec<Vec<u32>>, params: SamplingParams, seed: u64) -> Result<()> {
-        self.ahead.get_or_insert_with(AheadSampler::new).post(model, scales, prompts, params, seed)
+        self.ahead.get_or_insert_with(AheadSampler::new).post(model, scales, self.sampler_dtype, prompts, params, seed)
     }
 
     /// The oldest generation [`Seat::sample_ahead`] started, waiting for it if need be.

@@ -5,11 +5,21 @@
 //! Architecture invariant: `decode.rs` (libtorch) and `native.rs` (the CPU sampler and scorer)
 //! both read these values and nothing else of the model, so they share every modelling decision.
 
-use tch::Tensor;
+use tch::{Kind, Tensor};
 
 use super::config::LlamaConfig;
 use super::linear::Linear;
 use super::llama::Llama;
+
+crate::choice::choice! {
+    /// The precision a run samples in (`sampler_dtype`): float32, or the folded weights' matrices
+    /// in bfloat16 (half the bytes a memory-bound decode step reads). The policy's training,
+    /// reference and old log-probabilities stay in the model's dtype.
+    pub enum SamplerDtype ("sampler_dtype") {
+        Float32 = "float32",
+        Bfloat16 = "bfloat16",
+    }
+}
 
 pub(super) struct FoldedLayer {
     pub(super) input_layernorm: Tensor,
@@ -157,6 +167,27 @@ impl FoldedWeights {
 }
 
 impl FoldedWeights {
+    /// The same weights cast to `kind` (the rotary tables included), for a libtorch decoder
+    /// that samples in another dtype than the model's.
+    pub(super) fn to_kind(&self, kind: Kind) -> Self {
+        let cast = |t: &Tensor| t.to_kind(kind);
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| FoldedLayer {
+                input_layernorm: cast(&l.input_layernorm),
+                qkv_t: cast(&l.qkv_t),
+                qkv_bias: l.qkv_bias.as_ref().map(cast),
+                qk_norm: l.qk_norm.as_ref().map(|(w, w_rotated)| (cast(w), cast(w_rotated))),
+                o_t: cast(&l.o_t),
+                post_attention_layernorm: cast(&l.post_attention_layernorm),
+                gate_up_t: cast(&l.gate_up_t),
+                down_t: cast(&l.down_t),
+            })
+            .collect();
+        Self { config: self.config.clone(), embed_tokens: cast(&self.embed_tokens), layers, norm: cast(&self.norm), head_t: cast(&self.head_t), cos: cast(&self.cos), sin: cast(&self.sin) }
+    }
+
     /// Every tensor that depends on the weights (all but the rotary tables), in a fixed order.
     fn run_tensors(&self) -> Vec<&Tensor> {
         let mut all = vec![&self.embed_tokens, &self.norm, &self.head_t];
