@@ -4,7 +4,7 @@
 //! config loads, byte-level BPE ids, decoded text and log-probabilities match (float64
 //! reference, 1e-4), greedy decoding matches `generate` token for token on both CPU engines,
 //! the stop token is read from generation_config.json (several stop ids stop as `generate`
-//! stops), chat templates render as
+//! stops), the bfloat16 sampler stays within bfloat16's precision, chat templates render as
 //! `apply_chat_template`, and an exported directory keeps weights, stop token and template.
 
 mod common;
@@ -15,9 +15,11 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use common::{max_abs_diff, one_thread, python, repo_root, smallrl_ok};
 use serde_json::{Value, json};
 use smallrl::model::chat::{ChatTemplate, Message};
+use smallrl::model::batch::CompletionRow;
 use smallrl::model::decode::DecodeModel;
-use smallrl::model::generate::{Decoder, SamplingParams, generate_with};
-use smallrl::model::{self, LoadedModel};
+use smallrl::model::folded::SamplerDtype;
+use smallrl::model::generate::{Decoder, Generation, SamplingParams, generate_with};
+use smallrl::model::{self, LoadedModel, native};
 use tch::{Device, Kind, Tensor};
 
 const TOLERANCE: f64 = 1e-4;
@@ -208,16 +210,69 @@ fn bfloat16_log_probs_are_within_bfloat16_precision_of_the_float64_reference() {
             let n = ids.len() as i64 - 1;
             logp.squeeze_dim(0).narrow(0, 0, n).gather(1, &input.squeeze_dim(0).narrow(0, 1, n).unsqueeze(1), false).squeeze_dim(1).to(Device::Cpu)
         });
-        let exact = Tensor::from_slice(&float64["logprobs"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect::<Vec<_>>());
-        let transformers = Tensor::from_slice(&theirs["logprobs"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect::<Vec<_>>());
-        let (ours_error, their_error) = (max_abs_diff(&ours, &exact), max_abs_diff(&transformers, &exact));
-        let mean = |t: &Tensor| (t - &exact).abs().mean(Kind::Double).double_value(&[]);
-        let mean_error = mean(&ours);
-        println!("{text:?} on {device:?}: |log p - float64| max / mean: ours {ours_error:.3e} / {mean_error:.3e}, transformers' bfloat16 {their_error:.3e} / {:.3e}", mean(&transformers));
-        assert!(ours_error <= BF16_TOLERANCE && mean_error <= BF16_MEAN_TOLERANCE, "{text:?}: bfloat16 log-probs off the float64 reference by {ours_error} (mean {mean_error})");
-        worst = worst.max(ours_error);
+        worst = worst.max(bf16_error(&format!("{text:?} on {device:?}, ours"), &ours, float64, theirs));
     }
     assert!(worst > 1e-3, "bfloat16 log-probs within {worst} of float64: the dtype was not applied");
+}
+
+/// `ours`' largest |log p - float64| (the reference's `float64` entry), bounded by bfloat16's
+/// precision in max and mean; printed beside transformers' own bfloat16 (`theirs`).
+fn bf16_error(what: &str, ours: &Tensor, float64: &Value, theirs: &Value) -> f64 {
+    let values = |v: &Value| Tensor::from_slice(&v["logprobs"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect::<Vec<_>>());
+    let (exact, transformers) = (values(float64), values(theirs));
+    let (ours_error, their_error) = (max_abs_diff(ours, &exact), max_abs_diff(&transformers, &exact));
+    let mean = |t: &Tensor| (t - &exact).abs().mean(Kind::Double).double_value(&[]);
+    let mean_error = mean(ours);
+    println!("{what}: |log p - float64| max / mean {ours_error:.3e} / {mean_error:.3e}, transformers' bfloat16 {their_error:.3e} / {:.3e}", mean(&transformers));
+    assert!(ours_error <= BF16_TOLERANCE && mean_error <= BF16_MEAN_TOLERANCE, "{what}: bfloat16 log-probs off the float64 reference by {ours_error} (mean {mean_error})");
+    ours_error
+}
+
+/// The bfloat16 sampler (`sampler_dtype: bfloat16`: the native sampler's matrices in
+/// bfloat16, float32 sums): its log-probabilities of the score texts within bfloat16's precision
+/// of the float64 reference (transformers' own bfloat16 forward beside them), measurably not
+/// float32's, and the log-probabilities it reports while sampling are those of its weights.
+#[test]
+fn the_bfloat16_sampler_is_within_bfloat16_precision_of_the_float64_reference() {
+    let _serial = serial();
+    let loaded = load(&common::real_model_dir());
+    let decoder = DecodeModel::sampling_in(&loaded.model, &[], SamplerDtype::Bfloat16);
+    let native = decoder.native().expect("the native sampler serves float32 models on the CPU");
+    let reference = reference();
+    let mut worst: f64 = 0.0;
+    for ((text, float64), theirs) in score_texts().iter().zip(reference["score"].as_array().unwrap()).zip(reference["score_bf16"].as_array().unwrap()) {
+        let ids = loaded.tokenizer.encode(text).unwrap();
+        let ours = native::frozen_logprobs(native, &generation(&ids[..1], &ids[1..]), 1.0, 2).unwrap().squeeze_dim(0).to_kind(Kind::Double);
+        worst = worst.max(bf16_error(&format!("{text:?}, bfloat16 sampler"), &ours, float64, theirs));
+    }
+    assert!(worst > 1e-3, "bfloat16 sampler log-probs within {worst} of float64: the weights were not rounded");
+    // What it reports while drawing is what its weights give the drawn tokens.
+    let prompts: Vec<Vec<u32>> = greedy_prompts().iter().map(|p| loaded.tokenizer.encode(p).unwrap()).collect();
+    let params = SamplingParams { max_new_tokens: MAX_NEW_TOKENS, temperature: 1.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 };
+    let sampled = generate_with(Decoder::Native { threads: 2 }, &decoder, &prompts, &params, 7).unwrap();
+    let one_thread = generate_with(Decoder::Native { threads: 1 }, &decoder, &prompts, &params, 7).unwrap();
+    assert!(sampled.completion_ids.equal(&one_thread.completion_ids) && sampled.sampling_logprobs.equal(&one_thread.sampling_logprobs), "1 and 2 threads differ");
+    for (row, prompt) in prompts.iter().enumerate() {
+        let completion = &sampled.rows[row].ids;
+        let scored = native::frozen_logprobs(native, &generation(prompt, completion), 1.0, 1).unwrap().squeeze_dim(0);
+        let reported = sampled.sampling_logprobs.get(row as i64).narrow(0, 0, completion.len() as i64);
+        let diff = max_abs_diff(&reported, &scored);
+        assert!(diff <= TOLERANCE, "row {row}: the sampler's log-probs differ from its weights' by {diff}");
+    }
+}
+
+/// One row: `prompt` then `completion` (as a sampler's output, for scoring).
+fn generation(prompt: &[u32], completion: &[u32]) -> Generation {
+    let row = |ids: &[u32]| Tensor::from_slice(&ids.iter().map(|&i| i64::from(i)).collect::<Vec<_>>()).unsqueeze(0);
+    let (p, c) = (prompt.len() as i64, completion.len() as i64);
+    Generation {
+        prompt_ids: row(prompt),
+        prompt_mask: Tensor::ones([1, p], (Kind::Int64, Device::Cpu)),
+        completion_ids: row(completion),
+        completion_mask: Tensor::ones([1, c], (Kind::Int64, Device::Cpu)),
+        sampling_logprobs: Tensor::zeros([1, c], (Kind::Float, Device::Cpu)),
+        rows: vec![CompletionRow { ids: completion.to_vec(), ended_with_eos: false }],
+    }
 }
 
 #[test]

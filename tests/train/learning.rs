@@ -58,9 +58,39 @@ fn tinker(overrides: &[(&'static str, Value)]) -> Vec<(&'static str, Value)> {
     all
 }
 
+/// A bfloat16 sampler with TRL's correction learns as the float32 run does (the first test
+/// above), and every step's metrics show the sampler/learner mismatch a float32 sampler does not
+/// have (its differences are float32 rounding, about 1e-5: `tests/train/steps.rs`).
+#[test]
+fn a_bfloat16_sampler_with_the_correction_raises_the_reward() {
+    let overrides = [("sampler_dtype", json!("bfloat16")), ("importance_sampling_correction", json!(true))];
+    let metrics = happy_count_metrics(&overrides);
+    let (first, last) = first_and_last(&metrics, &overrides);
+    assert!(first < 0.25, "the starting reward should be the pre-trained model's, got {first:.3}");
+    assert!(last > first + 0.08, "GRPO with a bfloat16 sampler did not raise the reward: {first:.3} -> {last:.3}");
+    for (step, m) in metrics.iter().enumerate() {
+        let (difference, kl) = (m["sampling/sampling_logp_difference/max"].as_f64().unwrap(), m["kl_sample_train_v2"].as_f64().unwrap());
+        assert!(difference > 1e-3 && kl > 0.0, "step {}: sampler/learner mismatch {difference}, kl_sample_train_v2 {kl}: not a bfloat16 sampler", step + 1);
+    }
+}
+
 /// 20 steps on happy_count with LoRA r8 (plus `overrides`): the mean reward of steps 1-5 and
 /// of steps 16-20.
 pub(super) fn happy_count_learning(overrides: &[(&str, Value)]) -> (f64, f64) {
+    first_and_last(&happy_count_metrics(overrides), overrides)
+}
+
+/// The mean reward of steps 1-5 and of steps 16-20.
+fn first_and_last(metrics: &[Value], overrides: &[(&str, Value)]) -> (f64, f64) {
+    let rewards: Vec<f64> = metrics.iter().map(|m| m["reward"].as_f64().unwrap()).collect();
+    let mean = |r: &[f64]| r.iter().sum::<f64>() / r.len() as f64;
+    let (first, last) = (mean(&rewards[..5]), mean(&rewards[15..]));
+    println!("{overrides:?}: mean reward, steps 1-5: {first:.3}; steps 16-20: {last:.3}");
+    (first, last)
+}
+
+/// The metrics of 20 steps on happy_count with LoRA r8 (plus `overrides`).
+fn happy_count_metrics(overrides: &[(&str, Value)]) -> Vec<Value> {
     let out = tempfile::tempdir().unwrap();
     let config = small_config(out.path(), &standard_plugin("happy"));
     let config = [
@@ -72,9 +102,5 @@ pub(super) fn happy_count_learning(overrides: &[(&str, Value)]) -> (f64, f64) {
     .chain(overrides.iter().map(|(k, v)| (*k, v.clone())))
     .fold(config, |c, (k, v)| with(c, k, v));
     let run = train(config);
-    let rewards: Vec<f64> = read_jsonl(&run.join("metrics.jsonl")).iter().map(|m| m["reward"].as_f64().unwrap()).collect();
-    let mean = |r: &[f64]| r.iter().sum::<f64>() / r.len() as f64;
-    let (first, last) = (mean(&rewards[..5]), mean(&rewards[15..]));
-    println!("{overrides:?}: mean reward, steps 1-5: {first:.3}; steps 16-20: {last:.3}");
-    (first, last)
+    read_jsonl(&run.join("metrics.jsonl"))
 }

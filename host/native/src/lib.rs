@@ -1,5 +1,5 @@
-//! smallrl's CPU sampler for tiny LLaMA models: float32 loops and the `gemm` crate, no
-//! libtorch.
+//! smallrl's CPU sampler for tiny LLaMA models: float32 loops and the `gemm` crate (or, for a
+//! bfloat16 sampler, its own kernels over bfloat16 weights), no libtorch.
 //!
 //! Why it exists: one decode step of the 1.25M SimpleStories model is about 2.5 MFLOP per row,
 //! so through libtorch a step costs its ~30 small ops per layer (dispatch, allocation, threads
@@ -18,14 +18,17 @@
 //! which stream or thread computed it.
 //!
 //! Layout: `model.rs` (the weights' layout), `stream.rs` (the token loop and scoring over one
-//! stream of rows), `kernels.rs` (slice maths), `sampling.rs` (HF's logits processors and the
-//! draw); this file is the API and the split of rows into streams.
+//! stream of rows), `kernels.rs` (slice maths), `bf16.rs` (bfloat16 weights and their
+//! products, for a sampler in bfloat16), `sampling.rs` (HF's logits processors and the draw);
+//! this file is the API and the split of rows into streams.
 
+mod bf16;
 mod kernels;
 mod model;
 mod sampling;
 mod stream;
 
+pub use bf16::{from_bf16, to_bf16};
 pub use model::{Dims, Layer, Matrix, Model, QkNorm};
 use stream::{run_stream, score_stream};
 

@@ -14,17 +14,41 @@ pub struct Dims {
     pub eos: u32,
 }
 
-/// A row-major `[inputs, outputs]` matrix: `y = x · W` for row vectors `x`.
+/// A row-major `[inputs, outputs]` matrix: `y = x · W` for row vectors `x`, its weights in
+/// float32 or (rounded once) in bfloat16.
 pub struct Matrix {
     pub(crate) inputs: usize,
     pub(crate) outputs: usize,
-    pub(crate) data: Vec<f32>,
+    pub(crate) weights: Weights,
+}
+
+/// How a [`Matrix`] stores its weights.
+pub(crate) enum Weights {
+    /// Row-major, multiplied by `gemm`.
+    Float32(Vec<f32>),
+    /// bfloat16 in `bf16.rs`'s panel layout, multiplied by its kernels in float32.
+    Bfloat16(Vec<u16>),
 }
 
 impl Matrix {
     pub fn new(inputs: usize, outputs: usize, data: Vec<f32>) -> Self {
         assert_eq!(data.len(), inputs * outputs, "a {inputs} x {outputs} matrix needs {} values", inputs * outputs);
-        Self { inputs, outputs, data }
+        Self { inputs, outputs, weights: Weights::Float32(data) }
+    }
+
+    /// The same matrix with its weights rounded to bfloat16 (to nearest, ties to even), its
+    /// products still accumulated in float32.
+    pub fn bfloat16(inputs: usize, outputs: usize, data: &[f32]) -> Self {
+        assert_eq!(data.len(), inputs * outputs, "a {inputs} x {outputs} matrix needs {} values", inputs * outputs);
+        Self { inputs, outputs, weights: Weights::Bfloat16(crate::bf16::pack(inputs, outputs, data)) }
+    }
+
+    /// Bytes of its weights (what one product reads).
+    pub fn bytes(&self) -> usize {
+        match &self.weights {
+            Weights::Float32(data) => data.len() * std::mem::size_of::<f32>(),
+            Weights::Bfloat16(data) => data.len() * std::mem::size_of::<u16>(),
+        }
     }
 
     /// `out[m, outputs] = x[m, inputs] · W`, or `out += x · W` with `accumulate`; `parallelism`
@@ -36,6 +60,10 @@ impl Matrix {
         if m == 0 {
             return;
         }
+        let data = match &self.weights {
+            Weights::Float32(data) => data,
+            Weights::Bfloat16(packed) => return crate::bf16::apply(packed, self.inputs, self.outputs, x, out, accumulate, parallelism),
+        };
         // SAFETY: the three buffers hold m x inputs, inputs x outputs and m x outputs floats in
         // row-major order (checked above), matching the strides passed; `out` does not alias.
         unsafe {
@@ -50,7 +78,7 @@ impl Matrix {
                 x.as_ptr(),
                 1,
                 self.inputs as isize,
-                self.data.as_ptr(),
+                data.as_ptr(),
                 1,
                 self.outputs as isize,
                 1.0,
@@ -91,7 +119,7 @@ pub struct QkNorm {
     pub rotated: Vec<f32>,
 }
 
-/// The float32 weights and shapes of a model.
+/// The weights (float32, the matrices in float32 or bfloat16) and shapes of a model.
 pub struct Model {
     pub(crate) dims: Dims,
     pub(crate) embed_tokens: Vec<f32>,
@@ -150,9 +178,9 @@ impl Model {
     }
 
     /// Bytes of weights one decode step reads (every matrix once, the head included).
-    pub(crate) fn weight_bytes(&self) -> usize {
-        let matrices = self.layers.iter().map(|l| l.qkv.data.len() + l.o.data.len() + l.gate_up.data.len() + l.down.data.len()).sum::<usize>();
-        (matrices + self.head.data.len()) * std::mem::size_of::<f32>()
+    pub fn weight_bytes(&self) -> usize {
+        let matrices = self.layers.iter().map(|l| l.qkv.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes()).sum::<usize>();
+        matrices + self.head.bytes()
     }
 
     /// Every stop token: `dims.eos`, then the others.

@@ -11,6 +11,7 @@ use super::common::ModelArgs;
 use crate::device::DeviceSpec;
 use crate::stats::median;
 use crate::model::decode::DecodeModel;
+use crate::model::folded::SamplerDtype;
 use crate::model::generate::{Decoder, SamplingParams, generate_stacked, generate_with};
 use crate::train::metrics::key;
 use crate::train::packed::{PackOptions, PackedRun, Stacking, train_packed_with};
@@ -76,6 +77,10 @@ pub struct SampleBench {
     /// Timed repetitions per thread count (after one warm-up); the median is reported.
     #[arg(long, default_value_t = 5)]
     pub repeats: usize,
+    /// The precision to sample in (`sampler_dtype`): float32, or bfloat16 (the matrices'
+    /// weights rounded, half the bytes per decode step; sums in float32).
+    #[arg(long, default_value = "float32")]
+    pub sampler_dtype: SamplerDtype,
     /// Instead: N runs (the model N times, each run with its own seed) sampled one after
     /// another and stacked on a leading run axis (`generate_stacked`, what a pack does); prints
     /// both, in tokens/s in all.
@@ -250,9 +255,17 @@ fn bench_sample(args: SampleBench) -> Result<()> {
         top_p: 1.0,
         repetition_penalty: 1.0,
     };
-    let decoder = DecodeModel::new(&loaded.model, &[]);
+    let decoder = DecodeModel::sampling_in(&loaded.model, &[], args.sampler_dtype);
     let on_cuda = decoder.device.is_cuda();
-    println!("sampling {} prompts x up to {} new tokens, model {}, device {:?}", args.batch, args.max_new_tokens, loaded.files.source, decoder.device);
+    println!(
+        "sampling {} prompts x up to {} new tokens, model {}, device {:?}, sampler {} ({:?})",
+        args.batch,
+        args.max_new_tokens,
+        loaded.files.source,
+        decoder.device,
+        args.sampler_dtype,
+        decoder.kind
+    );
     if let Some(runs) = args.pack {
         return bench_sample_packed(&decoder, runs, &prompts, &params, args.repeats);
     }
@@ -277,6 +290,11 @@ fn bench_sample(args: SampleBench) -> Result<()> {
 fn bench_engine(label: &str, engine: Decoder, decoder: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingParams, repeats: usize) -> Result<()> {
     let (median, tokens) = median_batch(decoder, repeats, |seed| Ok(generate_with(engine, decoder, prompts, params, seed)?.completion_ids.numel()))?;
     println!("{label}: median {:.1} ms per batch, {:.0} tokens/s ({tokens} token slots per batch)", median * 1e3, tokens as f64 / median);
+    if let (Decoder::Native { .. }, Some(native)) = (engine, decoder.native()) {
+        // One pass over every matrix per generated token of the longest row (the prefill included).
+        let (bytes, steps) = (native.weight_bytes() as f64, (tokens / prompts.len()) as f64);
+        println!("{label}: {:.0} MB of weights read per step, {steps:.0} steps: {:.2} GB/s of weights", bytes / 1e6, bytes * steps / median / 1e9);
+    }
     Ok(())
 }
 

@@ -17,7 +17,7 @@ use anyhow::{Context, Result, anyhow};
 use super::Done;
 use crate::model::Llama;
 use crate::model::decode::DecodeModel;
-use crate::model::folded::FoldedWeights;
+use crate::model::folded::{FoldedWeights, SamplerDtype};
 use crate::model::generate::{Decoder, Generation, SamplingParams, generate, generate_with};
 
 struct Job {
@@ -77,12 +77,12 @@ impl AheadSampler {
         Self { jobs: Some(jobs), finished, thread: Some(thread), spare: Vec::new(), posted: 0 }
     }
 
-    /// Posts a job: `prompts` sampled from `model` as its weights are now, at adapter `scales`
-    /// (`broken_refresh`: the test hook of [`super::Seat`], a spare decoder is not refreshed).
-    /// Returns the fingerprint of the snapshot, checked against the weights folded now.
-    pub fn post(&mut self, model: &Llama, scales: &[f64], prompts: Vec<Vec<u32>>, params: SamplingParams, seed: u64, broken_refresh: bool) -> Result<f64> {
+    /// Posts a job: `prompts` sampled in `dtype` from `model` as its weights are now, at adapter
+    /// `scales` (`broken_refresh`: the test hook of [`super::Seat`], a spare decoder is not
+    /// refreshed). Returns the fingerprint of the snapshot, checked against the weights folded now.
+    pub fn post(&mut self, model: &Llama, scales: &[f64], dtype: SamplerDtype, prompts: Vec<Vec<u32>>, params: SamplingParams, seed: u64, broken_refresh: bool) -> Result<f64> {
         let fresh = FoldedWeights::new(model, scales);
-        let expected = fresh.fingerprints();
+        let expected = fresh.fingerprints_in(DecodeModel::sampling_kind(model.kind, dtype));
         let decoder = match self.spare.iter().position(|(at, _)| at == scales) {
             Some(index) => {
                 let (_, mut decoder) = self.spare.swap_remove(index);
@@ -91,7 +91,7 @@ impl AheadSampler {
                 }
                 decoder
             }
-            None => DecodeModel::from_folded(fresh, model.device, model.kind),
+            None => DecodeModel::from_folded(fresh, model.device, model.kind, dtype),
         };
         super::delivery::check(&decoder.fingerprints(), &expected, "the run's sampler thread")?;
         let job = Job { decoder, scales: scales.to_vec(), prompts, params, seed };

@@ -29,7 +29,7 @@ use super::ahead::{Ahead, AheadSampler};
 use super::{BackwardPass, LossBatch, Sequences, backward_micro_batches, backward_stacked, frozen_logprobs, stacked_frozen_logprobs};
 use crate::grpo::Objective;
 use crate::model::decode::DecodeModel;
-use crate::model::folded::FoldedWeights;
+use crate::model::folded::{FoldedWeights, SamplerDtype};
 use crate::model::generate::{Decoder, Generation, SamplingParams, generate, generate_stacked};
 use crate::model::linear::AdapterCtl;
 use crate::model::{Llama, native};
@@ -161,7 +161,7 @@ impl Engine {
         let mut state = engine.lock();
         state.live += 1;
         state.next_run += 1;
-        Seat { engine: engine.clone(), run: state.next_run - 1, working: false, decoders: Vec::new(), reference: None, ahead: None, broken_refresh: false, fingerprints: Vec::new() }
+        Seat { engine: engine.clone(), run: state.next_run - 1, working: false, sampler_dtype: SamplerDtype::Float32, decoders: Vec::new(), reference: None, ahead: None, broken_refresh: false, fingerprints: Vec::new() }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -370,6 +370,9 @@ pub struct Seat {
     run: usize,
     /// Whether this run holds one of the engine's worker permits.
     working: bool,
+    /// The precision the run's decoders sample in (the reference and old policies score in the
+    /// model's own).
+    sampler_dtype: SamplerDtype,
     /// The run's decoders, one per set of adapter scales it samples at, refolded from the
     /// weights before each use. They live as long as the run, so CUDA graphs captured in the
     /// first step are replayed in every later one.
@@ -413,6 +416,12 @@ impl Seat {
         self.engine.lock().next_run
     }
 
+    /// Samples in `dtype` from now on (set before the first sample: decoders are kept).
+    pub fn set_sampler_dtype(&mut self, dtype: SamplerDtype) {
+        assert!(self.decoders.is_empty() && self.ahead.is_none(), "the sampler dtype is set before the run's first sample");
+        self.sampler_dtype = dtype;
+    }
+
     /// The decoders the run holds: one per set of adapter scales it has sampled at, for its life.
     pub fn decoders(&self) -> usize {
         self.decoders.len()
@@ -421,9 +430,10 @@ impl Seat {
     /// Samples `prompts` from the policy `model` at adapter `scales` (with the run's decoder
     /// for those scales, refolded from the current weights).
     pub fn sample(&mut self, model: &Llama, scales: &[f64], prompts: &[Vec<u32>], params: &SamplingParams, seed: u64) -> Result<Done<Generation>> {
+        let dtype = self.sampler_dtype;
         let ((index, expected), fold_seconds) = timed(1, || {
             let fresh = FoldedWeights::new(model, scales);
-            let expected = fresh.fingerprints();
+            let expected = fresh.fingerprints_in(DecodeModel::sampling_kind(model.kind, dtype));
             let index = match self.decoders.iter().position(|(at, _)| at == scales) {
                 Some(index) => {
                     if !self.broken_refresh {
@@ -432,7 +442,7 @@ impl Seat {
                     index
                 }
                 None => {
-                    self.decoders.push((scales.to_vec(), DecodeModel::from_folded(fresh, model.device, model.kind)));
+                    self.decoders.push((scales.to_vec(), DecodeModel::from_folded(fresh, model.device, model.kind, dtype)));
                     self.decoders.len() - 1
                 }
             };
@@ -455,7 +465,7 @@ impl Seat {
     /// fingerprint. Never stacked: the thread works while the run trains.
     pub fn sample_ahead(&mut self, model: &Llama, scales: &[f64], prompts: Vec<Vec<u32>>, params: SamplingParams, seed: u64) -> Result<f64> {
         let broken_refresh = self.broken_refresh;
-        self.ahead.get_or_insert_with(AheadSampler::new).post(model, scales, prompts, params, seed, broken_refresh)
+        self.ahead.get_or_insert_with(AheadSampler::new).post(model, scales, self.sampler_dtype, prompts, params, seed, broken_refresh)
     }
 
     /// The oldest generation [`Seat::sample_ahead`] started, waiting for it if need be.

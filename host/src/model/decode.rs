@@ -18,7 +18,7 @@ use std::sync::Mutex;
 use tch::{Device, Kind, Tensor};
 
 use super::cuda_graph::CudaGraph;
-use super::folded::FoldedWeights;
+use super::folded::{FoldedWeights, SamplerDtype};
 use smallrl_native::Sampling as SamplingParams;
 use super::linear::{per_run, run_matmul};
 use super::llama::{Llama, embed, rms_norm};
@@ -28,8 +28,12 @@ use super::native::NativeModel;
 pub struct DecodeModel {
     pub(super) weights: FoldedWeights,
     pub device: Device,
+    /// The dtype the decoder computes in: the model's, or bfloat16 for a bfloat16 sampler.
     pub kind: Kind,
-    /// The same weights for the libtorch-free CPU sampler (float32 on the CPU only).
+    /// The precision it samples in (`sampler_dtype`).
+    pub sampler_dtype: SamplerDtype,
+    /// The same weights for the libtorch-free CPU sampler (of a float32 model on the CPU only),
+    /// its matrices in the sampler's dtype.
     pub(super) native: Option<NativeModel>,
     /// Decode buffers and CUDA graphs captured on these weights (`Decoder::CudaGraphs`); they
     /// are freed with the model, so a graph never outlives the weights it reads.
@@ -54,36 +58,56 @@ impl KvCache {
 }
 
 impl DecodeModel {
-    /// Folds the adapters in at `scales` (one per adapter slot of the model).
+    /// Folds the adapters in at `scales` (one per adapter slot of the model); samples in the
+    /// model's dtype.
     pub fn new(model: &Llama, scales: &[f64]) -> Self {
-        Self::from_folded(FoldedWeights::new(model, scales), model.device, model.kind)
+        Self::sampling_in(model, scales, SamplerDtype::Float32)
     }
 
-    /// A decoder of weights already folded from a model on `device` in `kind`.
-    pub fn from_folded(weights: FoldedWeights, device: Device, kind: Kind) -> Self {
-        let native = Self::native_available(device, kind).then(|| NativeModel::new(&weights));
-        Self { weights, device, kind, native, graphs: Mutex::new(Vec::new()) }
+    /// Folds the adapters in at `scales` and samples in `dtype`: with bfloat16, the native
+    /// sampler's matrices are rounded to bfloat16 (its activations and sums stay float32) and
+    /// the libtorch decoder's folded weights are cast to bfloat16 (as a bfloat16 model's).
+    pub fn sampling_in(model: &Llama, scales: &[f64], dtype: SamplerDtype) -> Self {
+        Self::from_folded(FoldedWeights::new(model, scales), model.device, model.kind, dtype)
     }
 
-    /// Refolds `model` at `scales` into these weights in place (the same shapes), so buffers
-    /// and CUDA graphs captured on them stay valid: the trainer keeps one decoder per set of
-    /// scales for the whole run instead of capturing again after every optimizer step.
+    /// A decoder sampling in `dtype` from weights already folded from a model on `device` in
+    /// `model_kind`.
+    pub fn from_folded(folded: FoldedWeights, device: Device, model_kind: Kind, dtype: SamplerDtype) -> Self {
+        let native = Self::native_available(device, model_kind).then(|| NativeModel::new(&folded, dtype));
+        let kind = Self::sampling_kind(model_kind, dtype);
+        let weights = if kind == model_kind { folded } else { folded.to_kind(kind) };
+        Self { weights, device, kind, sampler_dtype: dtype, native, graphs: Mutex::new(Vec::new()) }
+    }
+
+    /// The dtype a libtorch decoder of a `model_kind` model computes in when sampling in `dtype`.
+    pub fn sampling_kind(model_kind: Kind, dtype: SamplerDtype) -> Kind {
+        match dtype {
+            SamplerDtype::Float32 => model_kind,
+            SamplerDtype::Bfloat16 => Kind::BFloat16,
+        }
+    }
+
+    /// Refolds `model` at `scales` into these weights in place (the same shapes; cast to the
+    /// decoder's dtype by the copy), so buffers and CUDA graphs captured on them stay valid:
+    /// the trainer keeps one decoder per set of scales for the whole run instead of capturing
+    /// again after every optimizer step.
     pub fn refresh(&mut self, model: &Llama, scales: &[f64]) {
         self.refresh_from(&FoldedWeights::new(model, scales));
     }
 
     /// [`Self::refresh`] from the model's weights folded already.
-    pub fn refresh_from(&mut self, fresh: &FoldedWeights) {
-        self.weights.copy_from(fresh);
+    pub fn refresh_from(&mut self, folded: &FoldedWeights) {
         if self.native.is_some() {
-            self.native = Some(NativeModel::new(&self.weights));
+            self.native = Some(NativeModel::new(folded, self.sampler_dtype));
         }
+        self.weights.copy_from(folded);
     }
 
     /// The fingerprint of the weights this decoder samples with, one per stacked run
-    /// ([`FoldedWeights::fingerprints`]).
+    /// ([`FoldedWeights::fingerprints_in`] its dtype).
     pub fn fingerprints(&self) -> Vec<f64> {
-        self.weights.fingerprints()
+        self.weights.fingerprints_in(self.kind)
     }
 
     /// The decoders of several runs of one architecture as one: their weights stacked on a
@@ -95,7 +119,7 @@ impl DecodeModel {
         let first = parts.first().expect("stacking needs at least one decoder");
         assert!(parts.iter().all(|p| p.device == first.device && p.kind == first.kind), "stacked decoders on different devices or dtypes");
         let weights = FoldedWeights::stack(&parts.iter().map(|p| &p.weights).collect::<Vec<_>>());
-        Self { weights, device: first.device, kind: first.kind, native: None, graphs: Mutex::new(Vec::new()) }
+        Self { weights, device: first.device, kind: first.kind, sampler_dtype: first.sampler_dtype, native: None, graphs: Mutex::new(Vec::new()) }
     }
 
     /// Copies `parts` (the runs this decoder was stacked from, refreshed) into its weights in
@@ -112,7 +136,7 @@ impl DecodeModel {
         self.weights.runs().unwrap_or(1) as usize
     }
 
-    /// The CPU sampler's copy of the weights (float32 on the CPU only).
+    /// The CPU sampler's copy of the weights (of a float32 model on the CPU only).
     pub fn native(&self) -> Option<&NativeModel> {
         self.native.as_ref()
     }

@@ -11,6 +11,16 @@ use super::config::LlamaConfig;
 use super::linear::Linear;
 use super::llama::Llama;
 
+crate::choice::choice! {
+    /// The precision a run samples in (`sampler_dtype`): float32, or the folded weights' matrices
+    /// in bfloat16 (half the bytes a memory-bound decode step reads). The policy's training,
+    /// reference and old log-probabilities stay in the model's dtype.
+    pub enum SamplerDtype ("sampler_dtype") {
+        Float32 = "float32",
+        Bfloat16 = "bfloat16",
+    }
+}
+
 pub(super) struct FoldedLayer {
     pub(super) input_layernorm: Tensor,
     /// `[hidden, (q + k) * 2 + v]`, transposed for `x.matmul`.
@@ -157,6 +167,27 @@ impl FoldedWeights {
 }
 
 impl FoldedWeights {
+    /// The same weights cast to `kind` (the rotary tables included), for a libtorch decoder
+    /// that samples in another dtype than the model's.
+    pub(super) fn to_kind(&self, kind: Kind) -> Self {
+        let cast = |t: &Tensor| t.to_kind(kind);
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| FoldedLayer {
+                input_layernorm: cast(&l.input_layernorm),
+                qkv_t: cast(&l.qkv_t),
+                qkv_bias: l.qkv_bias.as_ref().map(cast),
+                qk_norm: l.qk_norm.as_ref().map(|(w, w_rotated)| (cast(w), cast(w_rotated))),
+                o_t: cast(&l.o_t),
+                post_attention_layernorm: cast(&l.post_attention_layernorm),
+                gate_up_t: cast(&l.gate_up_t),
+                down_t: cast(&l.down_t),
+            })
+            .collect();
+        Self { config: self.config.clone(), embed_tokens: cast(&self.embed_tokens), layers, norm: cast(&self.norm), head_t: cast(&self.head_t), cos: cast(&self.cos), sin: cast(&self.sin) }
+    }
+
     /// Every tensor that depends on the weights (all but the rotary tables), in a fixed order.
     fn run_tensors(&self) -> Vec<&Tensor> {
         let mut all = vec![&self.embed_tokens, &self.norm, &self.head_t];
@@ -175,9 +206,16 @@ impl FoldedWeights {
     /// `(k + 1) * (sum + sum of squares)` in float64, `k` the tensor's index. Each run's value
     /// is computed on that run's tensors alone, so a stacked run's equals its part's bit for bit.
     pub fn fingerprints(&self) -> Vec<f64> {
+        self.fingerprints_in(self.embed_tokens.kind())
+    }
+
+    /// [`Self::fingerprints`] of these weights cast to `kind` (a tensor at a time): what a
+    /// decoder sampling in `kind` holds once refreshed from them.
+    pub fn fingerprints_in(&self, kind: Kind) -> Vec<f64> {
         let _guard = tch::no_grad_guard();
         let of = |tensors: Vec<Tensor>| {
-            tensors.iter().enumerate().map(|(k, t)| (k + 1) as f64 * (t.sum(Kind::Double).double_value(&[]) + t.square().sum(Kind::Double).double_value(&[]))).sum()
+            let term = |t: Tensor| t.sum(Kind::Double).double_value(&[]) + t.square().sum(Kind::Double).double_value(&[]);
+            tensors.into_iter().enumerate().map(|(k, t)| (k + 1) as f64 * term(t.to_kind(kind))).sum()
         };
         let tensors = self.run_tensors();
         match self.runs() {

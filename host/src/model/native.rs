@@ -11,10 +11,10 @@ use smallrl_native::{Dims, Layer, Matrix, Model, QkNorm, RowOutput, UniformStrea
 use tch::Tensor;
 
 use super::batch::{CompletionRow, Generation, diverged_row, left_pad, masked_rows, row_rng};
-use super::folded::FoldedWeights;
+use super::folded::{FoldedWeights, SamplerDtype};
 use smallrl_native::Sampling as SamplingParams;
 
-/// The float32 CPU copy of [`FoldedWeights`].
+/// The CPU copy of [`FoldedWeights`]: float32, its matrices in the sampler's dtype.
 pub struct NativeModel(Model);
 
 fn to_vec(t: &Tensor) -> Vec<f32> {
@@ -22,13 +22,19 @@ fn to_vec(t: &Tensor) -> Vec<f32> {
     Vec::<f32>::try_from(&flat).expect("decoder weights are float32")
 }
 
-fn matrix(t: &Tensor) -> Matrix {
+fn matrix(t: &Tensor, dtype: SamplerDtype) -> Matrix {
     let (inputs, outputs) = t.size2().expect("a decoder weight is 2-d");
-    Matrix::new(inputs as usize, outputs as usize, to_vec(t))
+    match dtype {
+        SamplerDtype::Float32 => Matrix::new(inputs as usize, outputs as usize, to_vec(t)),
+        SamplerDtype::Bfloat16 => Matrix::bfloat16(inputs as usize, outputs as usize, &to_vec(t)),
+    }
 }
 
 impl NativeModel {
-    pub(super) fn new(d: &FoldedWeights) -> Self {
+    /// The float32 folded weights `d`, the matrices (every projection and the output head)
+    /// rounded to bfloat16 with `dtype` bfloat16; embeddings, norms and rotary tables stay float32.
+    pub(super) fn new(d: &FoldedWeights, dtype: SamplerDtype) -> Self {
+        let matrix = |t: &Tensor| matrix(t, dtype);
         let cfg = &d.config;
         let dims = Dims {
             hidden: cfg.hidden_size,
@@ -59,6 +65,13 @@ impl NativeModel {
             Model::new(dims, to_vec(&d.embed_tokens), layers, to_vec(&d.norm), matrix(&d.head_t), to_vec(&d.cos), to_vec(&d.sin))
                 .with_extra_stops(cfg.extra_stop_ids.clone()),
         )
+    }
+}
+
+impl NativeModel {
+    /// Bytes of weights one decode step reads.
+    pub fn weight_bytes(&self) -> usize {
+        self.0.weight_bytes()
     }
 }
 

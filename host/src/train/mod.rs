@@ -181,7 +181,13 @@ impl Trainer {
             if self.rewards.has_detector() { "yes" } else { "no" },
             self.hackable_note(),
         );
-        self.files.log.line(&header)
+        self.files.log.line(&header)?;
+        match self.cfg.sampler_ratio() {
+            Some(ratio) if self.cfg.sampler_dtype != crate::model::folded::SamplerDtype::Float32 => {
+                self.files.log.line(&format!("sampler_dtype {}: samples from bfloat16 weights while the policy is {}; {ratio}; kl_sample_train and sampling/* show the mismatch", self.cfg.sampler_dtype, self.cfg.dtype))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// " | hackable prompts: 0.500 of training, 0.250 of evaluation" when some prompts do not

@@ -48,7 +48,8 @@ pub(super) struct Policy {
 
 /// Loads the run's model onto `device` in `kind`, with its adapters attached (seeded) or, for
 /// full fine-tuning, a frozen copy as the reference; the policy sits at `seat`.
-pub(super) fn load(cfg: &TrainConfig, device: Device, kind: Kind, seat: Seat) -> Result<Policy> {
+pub(super) fn load(cfg: &TrainConfig, device: Device, kind: Kind, mut seat: Seat) -> Result<Policy> {
+    seat.set_sampler_dtype(cfg.sampler_dtype);
     let adapters = cfg.adapter_config()?;
     let loaded = model::load(&cfg.model, &cfg.revision, device, kind)?;
     let mut model = loaded.model;

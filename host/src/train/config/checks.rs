@@ -4,9 +4,10 @@
 use anyhow::{Result, ensure};
 
 use super::{Accumulation, LrHorizon, TrainConfig};
-use crate::grpo::{KlEstimator, LossType, ScaleRewards};
+use crate::grpo::{KlEstimator, LossFn, LossType, ScaleRewards};
 use crate::intervention::Intervention;
 use crate::model::chat::PromptFormat;
+use crate::model::folded::SamplerDtype;
 use crate::routing::{self, RenormalizationMode, RoutingMode};
 
 impl TrainConfig {
@@ -57,6 +58,7 @@ impl TrainConfig {
             ensure!(self.routing_mode != RoutingMode::None, "ablated_frac needs a routing_mode other than none");
         }
         self.check_lr_horizons()?;
+        self.check_sampler_dtype()?;
         self.check_intervention()?;
         self.check_renormalization()?;
         self.check_coherence()
@@ -319,6 +321,36 @@ impl TrainConfig {
         ensure!(self.loss_type != LossType::Bnpo, "{fixed}, and bnpo normalises each micro-batch by its own tokens: set gradient_accumulation_steps to a number");
         ensure!(self.top_entropy_quantile == 1.0, "{fixed}, and top_entropy_quantile takes its threshold in each micro-batch: set gradient_accumulation_steps to a number");
         ensure!(!self.gradient_noise_scale, "{fixed}, and gradient_noise_scale compares the micro-batches' gradients: set gradient_accumulation_steps to a number");
+        Ok(())
+    }
+
+    /// What the loss's ratio is taken against, when it involves the sampler's log-probabilities:
+    /// `None` when the loss never sees them (TRL's loss on policy, without the correction).
+    pub fn sampler_ratio(&self) -> Option<&'static str> {
+        if self.importance_sampling_correction {
+            Some("importance_sampling_correction: TRL's loss weighted by the old policy's over the sampler's probability")
+        } else if self.max_steps_off_policy > 0 || self.stream_minibatches {
+            Some("the loss's ratio is to the sampler's log-probabilities (sampled ahead)")
+        } else if self.loss_fn != LossFn::Trl {
+            Some("the loss's ratio is to the sampler's log-probabilities (a tinker loss_fn)")
+        } else {
+            None
+        }
+    }
+
+    /// A bfloat16 sampler draws from a distribution other than the float32 policy's: the loss
+    /// must take the sampler's log-probabilities into account, or its ratio would be taken
+    /// against a policy that did not sample.
+    fn check_sampler_dtype(&self) -> Result<()> {
+        if self.sampler_dtype == SamplerDtype::Float32 {
+            return Ok(());
+        }
+        ensure!(
+            self.sampler_ratio().is_some(),
+            "sampler_dtype {} samples from other weights than the policy's {}: its tokens are not the policy's draws. Set importance_sampling_correction: true (TRL's correction, the old policy's over the sampler's probability), or train with a ratio to the sampler's log-probabilities (max_steps_off_policy, stream_minibatches or a tinker loss_fn)",
+            self.sampler_dtype,
+            self.dtype
+        );
         Ok(())
     }
 

@@ -23,6 +23,7 @@ use crate::hyperparams::Label::{Key, Omit, Short};
 use crate::hyperparams::{self, Prop, hyperparameters};
 use crate::intervention::Intervention;
 use crate::model::chat::PromptFormat;
+use crate::model::folded::SamplerDtype;
 use crate::reward::{DetectorSpec, PluginLimits, ProtocolKnobs, RewardSpec};
 use crate::routing::{self, CoherenceRhMode, RenormalizationMode, RoutingMode, RowWeights};
 
@@ -324,6 +325,11 @@ hyperparameters! {
         device: DeviceSpec = d::DEVICE.parse().expect("the default device parses"), Omit, [Resume, Pack];
         /// float32, or bfloat16 (on CUDA).
         dtype: Dtype = d::DTYPE.parse().expect("the default dtype parses"), Key, [Pack];
+        /// The precision sampling draws in: float32, or bfloat16 (the sampler's matrices rounded to
+        /// bfloat16, its sums in float32; training and scoring stay in dtype). Needs
+        /// importance_sampling_correction, or a loss whose ratio is to the sampler.
+        #[serde(skip_serializing_if = "is_float32_sampler")]
+        sampler_dtype: SamplerDtype = SamplerDtype::Float32, Short("sampler_"), [Pack];
         /// libtorch intra-op threads (default: one per core).
         threads: Option<usize> = None, Omit, [Resume, Pack];
     }
@@ -357,6 +363,12 @@ hyperparameters! {
         #[serde(skip_serializing_if = "Option::is_none")]
         planned_micro_batches: Option<usize> = None, Omit;
     }
+}
+
+// sampler_dtype is written to a run's config.yaml only when set, so float32 runs keep the
+// config.yaml they had before the key existed.
+fn is_float32_sampler(value: &SamplerDtype) -> bool {
+    *value == SamplerDtype::Float32
 }
 
 // The judge budget's keys are written to a run's config.yaml only when set, so the runs of

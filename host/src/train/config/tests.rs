@@ -83,6 +83,7 @@ fn run_name_labels_are_unchanged() {
         ("rh_detector_verifies_retain_samples", "verify"), ("rh_detector_retain_recall", "verify_recall"),
         ("sapo_temperature_pos", "sapo_tpos"), ("sapo_temperature_neg", "sapo_tneg"), ("vespo_k_pos", "vespo_kpos"), ("vespo_lambda_pos", "vespo_lpos"),
         ("vespo_k_neg", "vespo_kneg"), ("vespo_lambda_neg", "vespo_lneg"), ("off_policy_mask_threshold", "opsm"), ("use_bias_correction_kl", "klcorr"),
+        ("sampler_dtype", "sampler_"),
     ];
     for key in TrainConfig::KEYS {
         let expected = if omitted.contains(&key.name) {
@@ -294,6 +295,24 @@ fn the_importance_sampling_correction_refuses_what_does_not_apply() {
     assert!(name.contains("_iscorrtrue_") && name.contains("_ismode_token_truncate_") && name.contains("_isclipmin0.5_"), "{name}");
     let masked = resolved(&[("importance_sampling_correction", "true"), ("importance_sampling_mode", "token_mask"), ("importance_sampling_clip_max", "1e30")]);
     assert_eq!(masked.objective().unwrap().correction.unwrap().clip_max, 1e30, "a mask no ratio reaches is plain importance sampling");
+}
+
+/// A bfloat16 sampler needs the loss to see the sampler's log-probabilities; float32 runs keep
+/// their config.yaml and names.
+#[test]
+fn a_bfloat16_sampler_needs_the_correction_and_names_its_run() {
+    let message = error(&[("sampler_dtype", "bfloat16")]);
+    assert!(message.contains("sampler_dtype bfloat16 samples from other weights than the policy's float32") && message.contains("importance_sampling_correction: true"), "{message}");
+    assert!(error(&[("sampler_dtype", "bf16")]).contains("unknown sampler_dtype \"bf16\": use float32 or bfloat16"));
+    let corrected = resolved(&[("sampler_dtype", "bfloat16"), ("importance_sampling_correction", "true")]);
+    assert!(corrected.run_name().unwrap().contains("_sampler_bfloat16_"), "{}", corrected.run_name().unwrap());
+    assert!(corrected.sampler_ratio().unwrap().contains("importance_sampling_correction"));
+    assert!(resolved(&[("sampler_dtype", "bfloat16"), ("max_steps_off_policy", "1")]).sampler_ratio().is_some());
+    assert!(resolved(&[("sampler_dtype", "bfloat16"), ("loss_fn", "importance_sampling")]).sampler_ratio().is_some());
+    let plain = serde_json::to_value(resolved(&[])).unwrap();
+    assert!(plain.get("sampler_dtype").is_none(), "a float32 run's config.yaml has no sampler_dtype");
+    assert_eq!(serde_json::to_value(&corrected).unwrap()["sampler_dtype"], "bfloat16");
+    assert_eq!(resolved(&[("sampler_dtype", "float32")]).run_name().unwrap(), resolved(&[]).run_name().unwrap());
 }
 
 /// The judge budget's keys reach a run's config.yaml only when set (runs without them keep
