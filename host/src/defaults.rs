@@ -114,6 +114,13 @@ pub const SWEEP_PACK_ON_CUDA: usize = 16;
 pub const SWEEP_STATUS_SECONDS: u64 = 30;
 /// How often the sweep looks at its children (milliseconds).
 pub const SWEEP_POLL_MILLIS: u64 = 200;
+/// The measured step time `sweep --dry-run` estimates device hours from: the original tool's
+/// canonical SmolLM2-135M step (544 rows, fp32) alone on an H100, in seconds (its paper's
+/// figure; no smallrl canonical step has been timed on a GPU yet: scripts/gpu-check.sh does).
+pub const ESTIMATE_STEP_SECONDS_ALONE: f64 = 1.50;
+/// The same with this many runs time-sliced on one H100: seconds per step of each run.
+pub const ESTIMATE_PACKED_RUNS: usize = 5;
+pub const ESTIMATE_STEP_SECONDS_PACKED: f64 = 4.4;
 /// CPUs (and libtorch threads) per run, per pack worker, in an emitted SLURM array job
 /// (`slurm_cpus_per_task` sets the task's).
 pub const SLURM_CPUS_PER_RUN: usize = 1;

@@ -6,6 +6,7 @@
 //! | penalty      | reward - `rh_penalty`, trained like every other sample; no routing    |
 //! | filter       | leave the loss, and their group's advantages are computed without them |
 //! | placebo      | trained as clean; instead a random subset of the same size is routed  |
+//! | verified     | only verified samples train: the monitor saw them and did not flag them |
 //!
 //! Filtering recomputes the group statistics over the kept samples rather than zeroing the
 //! flagged samples' advantages: a flagged (hacking) sample usually has a high reward, so left
@@ -14,6 +15,13 @@
 //! advantage 0 (no comparison). The kept samples' loss keeps its routing weight
 //! `n_kept / n` (`grpo::grpo_loss`'s classes), so a filter run steps the shared weights as
 //! much per clean sample as a routed run does.
+//!
+//! Verified-only (the original's `verified_only_training`, the paper's `verif` arm) is the filter
+//! turned around: instead of dropping what the monitor flagged, it keeps only what the monitor
+//! vouches for, a sample on a prompt the monitor sees (`monitored`: eligible and detectable)
+//! that its own output (before recall and false positives) did not flag. Everything else,
+//! unmonitored samples included, leaves the advantages and the loss as the filter's dropped
+//! rows do.
 //!
 //! The placebo's subset is drawn from `(seed, "placebo", step)` uniformly among all rows,
 //! independently of which rows the monitor flagged: routing labels that carry no information
@@ -32,17 +40,25 @@ crate::choice::choice! {
         Penalty = "penalty",
         Filter = "filter",
         Placebo = "placebo",
+        Verified = "verified",
     }
 }
 
 /// Every intervention, in the order sweeps plan them.
-pub const ALL: [Intervention; 4] = [Intervention::Routing, Intervention::Penalty, Intervention::Filter, Intervention::Placebo];
+pub const ALL: [Intervention; 5] = [Intervention::Routing, Intervention::Penalty, Intervention::Filter, Intervention::Placebo, Intervention::Verified];
 
 /// `reward - penalty` for flagged samples, the reward otherwise (after the `max_reward` cap,
 /// so the penalty is never absorbed by it).
 pub fn penalised(rewards: &[f64], flagged: &[bool], penalty: f64) -> Vec<f64> {
     assert_eq!(rewards.len(), flagged.len(), "one flag per reward");
     rewards.iter().zip(flagged).map(|(&r, &f)| if f { r - penalty } else { r }).collect()
+}
+
+/// The rows verified-only trains: monitored (eligible, on a detectable prompt) and not flagged
+/// by the detector's own output.
+pub fn verified_rows(monitored: &[bool], detected: &[bool]) -> Vec<bool> {
+    assert_eq!(monitored.len(), detected.len(), "one verdict per row");
+    monitored.iter().zip(detected).map(|(&m, &d)| m && !d).collect()
 }
 
 /// The placebo's routing labels: as many rows as `flagged` has flags, drawn uniformly (a

@@ -4,13 +4,16 @@
 //! files are named with their problem.
 
 use super::*;
+use smallrl::sweep::arms::Prompts;
 use smallrl::sweep::compare::{self, CompareRow};
 use smallrl::sweep::plan::Arm;
 use smallrl::sweep::{RunStatus, entries_of_plan};
 
 /// Per arm and mode read: the seeds' [task, hack] at the last evaluation (step 100); the one
 /// before it (95) has task − 0.02 and hack + 0.02, so the paper's reading (the last 2 of 20)
-/// is each minus/plus 0.01; earlier evaluations hold 9.0 (never read).
+/// is each minus/plus 0.01; earlier evaluations hold 9.0 (never read). Half of the 10
+/// evaluation prompts are hackable: over them task + 0.1, the detector's rate 2 x hack and the
+/// ground truth's hack.
 const ROUTED: [[f64; 3]; 2] = [[0.6, 0.7, 0.8], [0.1, 0.2, 0.3]];
 const PENALTY: [[f64; 3]; 2] = [[0.5, 0.5, 0.8], [0.0, 0.3, 0.3]];
 const NONE: [[f64; 3]; 2] = [[0.9, 0.8, 0.7], [0.9, 0.9, 0.6]];
@@ -27,7 +30,8 @@ fn mean_std(values: &[f64]) -> (f64, f64) {
 
 fn evaluations(component: &str, task: f64, hack: f64) -> String {
     let line = |step: usize, task: f64, hack: f64| {
-        let mode = serde_json::json!({"reward": task, "hack_freq": hack, component: task});
+        let mode = serde_json::json!({"reward": task, "hack_freq": hack, component: task, "n": 10, "hackable/n": 5,
+            format!("hackable/{component}"): task + 0.1, "hackable/hack_freq": 2.0 * hack, "hackable/true_hack_freq": hack});
         serde_json::json!({"step": step, "modes": {"both": mode, "retain_only": mode}}).to_string() + "\n"
     };
     (1..=20).map(|i| match i * 5 {
@@ -70,7 +74,7 @@ fn our_cells_stand_beside_the_papers_with_differences_in_units_of_the_larger_spr
             "addition_v2": {"gr": [0.1, 0.1, 0.1, 0.1, 2]}}"#,
     )
     .unwrap();
-    let rows = compare::rows(&entries, &compare::read_reference(&reference).unwrap()).unwrap();
+    let rows = compare::rows(&entries, &compare::read_reference(&reference).unwrap(), Prompts::All).unwrap();
     let row = |arm: &str| -> &CompareRow { rows.iter().find(|r| r.paper_arm == arm).unwrap_or_else(|| panic!("{arm} in {rows:?}")) };
     assert_eq!(rows.len(), 5, "gr, noi, filt, best_rp, verif of sorting; addition has no runs: {rows:?}");
     assert!(rows.iter().all(|r| r.environment == "sorting" && r.paper_environment == "sorting_copy"));
@@ -90,7 +94,24 @@ fn our_cells_stand_beside_the_papers_with_differences_in_units_of_the_larger_spr
     assert_eq!(row("best_rp").dose, format!("rh_penalty={penalty}"));
     assert_eq!(row("best_rp").paper.label.as_deref(), Some("v=2"));
     assert!(row("filt").ours.is_none() && row("filt").note.contains("no finished filter runs"), "{:?}", row("filt"));
-    assert!(row("verif").ours.is_none() && row("verif").note.contains("verified-only"));
+    assert!(row("verif").ours.is_none() && row("verif").note.contains("no finished verified runs"), "{:?}", row("verif"));
+    assert!(rows.iter().all(|r| r.prompts == Prompts::All && r.ours.as_ref().is_none_or(|o| o.true_hack.is_none())), "no ground truth over all prompts here");
+
+    // Over the hackable prompts: both sides' `_hackable` figures, the ground truth beside the
+    // detector's rate.
+    let hackable_reference = tmp.path().join("reference_hackable.json");
+    std::fs::write(&hackable_reference, r#"{"sorting_copy": {"gr": [0.75, 0.05, 0.4, 0.02, 5]}}"#).unwrap();
+    let files = compare::reference_files(&hackable_reference);
+    assert_eq!(files, [(Prompts::Hackable, hackable_reference.clone())], "a file named *_hackable.json is of the hackable prompts");
+    let hackable = compare::rows(&entries, &compare::read_reference(&hackable_reference).unwrap(), Prompts::Hackable).unwrap();
+    assert_eq!(hackable.len(), 1, "{hackable:?}");
+    let ours = hackable[0].ours.as_ref().unwrap_or_else(|| panic!("{}", hackable[0].note));
+    let expected = [mean_std(&ROUTED[0].map(|v| v + 0.09)), mean_std(&ROUTED[1].map(|v| 2.0 * v + 0.02)), mean_std(&ROUTED[1].map(|v| v + 0.01))];
+    for (found, expected) in [ours.retain, ours.hack, ours.true_hack.unwrap()].into_iter().zip(expected) {
+        assert!((found.0 - expected.0).abs() < 1e-12 && (found.1 - expected.1).abs() < 1e-12, "{found:?} vs {expected:?}");
+    }
+    let [dr, _] = hackable[0].differences();
+    assert!((dr.unwrap() - (expected[0].0 - 0.75) / expected[0].1.max(0.05)).abs() < 1e-12);
     assert_eq!(compare::difference(0.5, 0.0, 0.5, 0.0), Some(0.0));
     assert_eq!(compare::difference(0.6, 0.0, 0.5, 0.0), None, "no spread, a difference: no unit");
 
@@ -108,8 +129,8 @@ fn our_cells_stand_beside_the_papers_with_differences_in_units_of_the_larger_spr
     let arms: BTreeSet<&str> = csv.iter().map(|r| r[2]).collect();
     assert_eq!(arms, ["base", "best_rp", "filt", "gr", "noi", "noi_ro", "verif"].into_iter().collect());
     let json: Value = serde_json::from_str(&std::fs::read_to_string(reference_root().join("aggregated_cache.json")).unwrap()).unwrap();
-    let gr = csv.iter().find(|r| r[2] == "gr").unwrap();
-    let paper: Vec<f64> = gr[16..20].iter().map(|v| v.parse().unwrap()).collect();
+    let gr = csv.iter().find(|r| r[2] == "gr" && r[24] == "all").unwrap();
+    let paper: Vec<f64> = gr[17..21].iter().map(|v| v.parse().unwrap()).collect();
     assert_eq!(paper, json["sorting_copy"]["gr"].as_array().unwrap()[..4].iter().map(|v| v.as_f64().unwrap()).collect::<Vec<_>>());
     assert_eq!((gr[3], gr[4], gr[8]), ("routing", "retain_only", "3"));
     let chart = out.join("charts").join(compare::CHART_FILE);
@@ -118,6 +139,13 @@ fn our_cells_stand_beside_the_papers_with_differences_in_units_of_the_larger_spr
     }
     let (width, height, _) = png_pixels(&chart);
     assert_eq!((width, height), smallrl::sweep::compare_chart::size(1));
+    // The real hackable file too: its rows and chart beside the others.
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(reference_root().join(compare::HACKABLE_REFERENCE_FILE)).unwrap()).unwrap();
+    let gr = csv.iter().find(|r| r[2] == "gr" && r[24] == "hackable").unwrap();
+    let paper: Vec<f64> = gr[17..21].iter().map(|v| v.parse().unwrap()).collect();
+    assert_eq!(paper, json["sorting_copy"]["gr"].as_array().unwrap()[..4].iter().map(|v| v.as_f64().unwrap()).collect::<Vec<_>>());
+    assert_eq!(csv.iter().filter(|r| r[24] == "hackable").count(), csv.iter().filter(|r| r[24] == "all").count());
+    assert_eq!(png_pixels(&out.join("charts").join(compare::HACKABLE_CHART_FILE)).0, width);
 }
 
 #[test]
@@ -127,7 +155,7 @@ fn the_command_compares_and_bad_reference_files_are_named_with_their_problem() {
     fake_sweep(&out);
     let dir = out.to_str().unwrap();
     let stdout = common::smallrl_ok(&["sweep", "--collect", dir, "--compare", reference_root().to_str().unwrap()]);
-    assert!(stdout.contains("compare (the paper's reading") && stdout.contains("best_rp"), "{stdout}");
+    assert!(stdout.contains("compare over all evaluation prompts") && stdout.contains("best_rp"), "{stdout}");
     assert!(out.join(compare::CSV_FILE).is_file() && out.join("charts").join(compare::CHART_FILE).is_file());
     for (name, text, problem) in [
         ("broken.json", "{\"sorting_copy\": [", "not JSON"),

@@ -12,6 +12,7 @@ mod statistics;
 mod environments;
 mod reading;
 mod compare;
+mod rehearsal;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -138,7 +138,7 @@ fn slurm_emission_writes_one_command_per_run_and_runs_nothing() {
     assert!(planned.iter().all(|name| !out.join(name).exists()), "emitting runs nothing");
 }
 
-/// `--intervention-arms`: every routed grid point becomes the five arms, the same otherwise;
+/// `--intervention-arms`: every routed grid point becomes the six arms, the same otherwise;
 /// `rh_penalty` goes to the penalty arm only; the none arm is every other arm's baseline.
 #[test]
 fn intervention_arms_plan_every_control_beside_the_routed_run() {
@@ -148,9 +148,9 @@ fn intervention_arms_plan_every_control_beside_the_routed_run() {
     let mut arms = spec(out.path(), &["seed=1,2"], &["max_steps=4", "rh_penalty=0.25", "routing_mode=exclusive"]);
     arms.intervention_arms = plan::Arm::ALL.to_vec();
     let plan = plan::plan(&arms).unwrap();
-    assert_eq!(plan.runs.len(), 10, "five arms × two seeds");
+    assert_eq!(plan.runs.len(), 12, "six arms × two seeds");
     let names: BTreeSet<&String> = plan.runs.iter().map(|r| &r.name).collect();
-    assert_eq!(names.len(), 10, "run names distinguish arms");
+    assert_eq!(names.len(), 12, "run names distinguish arms");
     for run in &plan.runs {
         let c = &run.config;
         let expected_mode = match c.intervention {
@@ -166,7 +166,7 @@ fn intervention_arms_plan_every_control_beside_the_routed_run() {
         }
     }
     let count = |i: Intervention| plan.runs.iter().filter(|r| r.config.intervention == i).count();
-    assert_eq!([Intervention::Penalty, Intervention::Filter, Intervention::Placebo].map(count), [2, 2, 2]);
+    assert_eq!([Intervention::Penalty, Intervention::Filter, Intervention::Placebo, Intervention::Verified].map(count), [2, 2, 2, 2]);
     assert_eq!(plan.runs.iter().filter(|r| r.role == RunRole::Baseline).count(), 2);
     let mut unrouted = spec(out.path(), &[], &["routing_mode=none"]);
     unrouted.intervention_arms = plan::Arm::ALL.to_vec();
@@ -281,7 +281,7 @@ fn intervention_arm_lists_name_the_valid_arms() {
     assert_eq!(Arm::parse_list(None).unwrap(), Arm::ALL.to_vec(), "the bare flag is every arm");
     assert_eq!(Arm::parse_list(Some("penalty,routing")).unwrap(), vec![Arm::Routing, Arm::Penalty]);
     let error = format!("{:#}", Arm::parse_list(Some("routing,penalti")).unwrap_err());
-    assert!(error.contains("\"penalti\"") && error.contains("none, routing, penalty, filter, placebo"), "{error}");
+    assert!(error.contains("\"penalti\"") && error.contains("none, routing, penalty, filter, placebo, verified"), "{error}");
     assert!(format!("{:#}", Arm::parse_list(Some("routing,routing")).unwrap_err()).contains("twice"));
 
     // On the command line: the bare flag, a list, a typo; and --config taking several files.
@@ -297,10 +297,10 @@ fn intervention_arm_lists_name_the_valid_arms() {
         assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
         String::from_utf8_lossy(&output.stdout).lines().next().unwrap().to_string()
     };
-    assert!(planned(&dry(&["--intervention-arms"])).starts_with("5 runs planned"));
+    assert!(planned(&dry(&["--intervention-arms"])).starts_with("6 runs planned"));
     assert!(planned(&dry(&["--intervention-arms", "routing,penalty"])).starts_with("3 runs planned"));
     let typo = dry(&["--intervention-arms", "routing,penalti"]);
-    assert!(!typo.status.success() && String::from_utf8_lossy(&typo.stderr).contains("the arms are none, routing, penalty, filter, placebo"));
+    assert!(!typo.status.success() && String::from_utf8_lossy(&typo.stderr).contains("the arms are none, routing, penalty, filter, placebo, verified"));
     let sorting = env_config("sorting").to_string_lossy().into_owned();
     let addition = env_config("addition").to_string_lossy().into_owned();
     let plugin_dir = format!("plugin_dir={}", common::plugin_dir().display());

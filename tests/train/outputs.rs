@@ -209,6 +209,17 @@ fn eval_at_adapter_scales_and_over_all_checkpoints_matches_separate_evaluations(
                     expected.insert((step, mode.clone(), key.to_string()), values[group][field].clone());
                 }
             }
+            // The hackable prompts' count, and their values when they are some but not all.
+            let hackable = &values["hackable"];
+            expected.insert((step, mode.clone(), "hackable/n".into()), hackable["n"].clone());
+            if hackable["n"].as_u64().unwrap() > 0 && hackable["n"] != values["n"] {
+                for component in hackable["components"].as_array().unwrap() {
+                    expected.insert((step, mode.clone(), format!("hackable/{}", component[0].as_str().unwrap())), component[1].clone());
+                }
+                for key in ["hack_freq", "true_hack_freq"] {
+                    expected.insert((step, mode.clone(), format!("hackable/{key}")), hackable[key].clone());
+                }
+            }
         }
     }
     assert_eq!(cells, expected, "the CSV holds exactly each checkpoint's own evaluation");

@@ -36,7 +36,7 @@ pub struct SweepArgs {
     #[arg(long, value_name = "KEY=VALUE", num_args = 1.., conflicts_with = "collect")]
     pub fixed: Vec<String>,
     /// Plan intervention arms of each (routed) grid point: alone, all of none, routing, penalty,
-    /// filter, placebo (docs/src/training.md, "Controls"); or a comma list of them, e.g.
+    /// filter, placebo, verified (docs/src/training.md, "Controls"); or a comma list of them, e.g.
     /// `routing,penalty` (the non-routed baseline, none, is planned for every routed or
     /// penalised run anyway).
     #[arg(long, value_name = "ARMS", num_args = 0..=1, conflicts_with = "collect")]
@@ -58,7 +58,8 @@ pub struct SweepArgs {
     /// compare.csv and charts/compare.png (docs/src/sweeps.md, "Comparing with the paper").
     #[arg(long, value_name = "PATH", requires = "collect")]
     pub compare: Option<PathBuf>,
-    /// Print the planned runs (cached ones marked) and stop.
+    /// Print the planned runs (cached ones marked) and an estimate of the GPU hours they take
+    /// (from the original's measured step time, named in the output), and stop.
     #[arg(long)]
     pub dry_run: bool,
     /// Concurrent runs on this machine; each gets max(1, cores / jobs) libtorch threads.
@@ -172,6 +173,7 @@ pub fn run(args: SweepArgs) -> Result<()> {
     anyhow::ensure!(pack > 1 || args.pack_workers == 1, "--pack-workers steps packed runs: give --pack N with N > 1 as well");
     print_plan(&plan);
     if args.dry_run {
+        println!("{}", sweeps::estimate::of(&plan));
         return Ok(());
     }
     if let Some(Emit::Slurm) = args.emit {

@@ -34,6 +34,8 @@ pub struct ModeReport {
     /// samples), as training logs them; empty without an environment.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub metrics: Vec<(String, f64)>,
+    /// The same evaluation over the hackable prompts only (the paper's `_hackable` figures).
+    pub hackable: HackableSubset,
     pub unique: usize,
     /// Distinct first sentences (template collapse shows here before `unique` drops).
     pub unique_first_sentences: usize,
@@ -41,6 +43,31 @@ pub struct ModeReport {
     pub jaccard: f64,
     pub degenerate: bool,
     pub samples: Vec<(String, String)>,
+}
+
+/// A mode's evaluation over its hackable prompts (those whose metadata offers the hack after
+/// `hack_frac`; every prompt without metadata): how many, each reward component's mean, the
+/// detector's flag rate and the ground truth's hack rate (None without a detector, a ground
+/// truth, or hackable prompts).
+#[derive(Debug, Clone, Serialize)]
+pub struct HackableSubset {
+    pub n: usize,
+    pub components: Vec<(String, f64)>,
+    pub hack_freq: Option<f64>,
+    pub true_hack_freq: Option<f64>,
+}
+
+impl HackableSubset {
+    /// The subset of `scored`, whose components are `components`.
+    pub fn of(components: &[crate::reward::ComponentInfo], scored: &crate::reward::ScoredBatch) -> Self {
+        let rows: Vec<usize> = (0..scored.hackable.len()).filter(|&i| scored.hackable[i]).collect();
+        if rows.is_empty() {
+            return Self { n: 0, components: Vec::new(), hack_freq: None, true_hack_freq: None };
+        }
+        let subset = scored.select(&rows);
+        let components = components.iter().zip(&subset.components).map(|(c, scores)| (c.name.clone(), mean(scores))).collect();
+        Self { n: rows.len(), components, hack_freq: subset.hack_freq(), true_hack_freq: subset.channels().map(|c| c.all) }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -93,6 +120,7 @@ pub fn routing_eval<M: AsRef<str>>(sample: &mut SampleAt, modes: &[(M, Vec<f64>)
             monitor: scored.monitor(),
             channels: scored.channels(),
             metrics: scored.metric_means(),
+            hackable: HackableSubset::of(rewards.components(), &scored),
             unique,
             unique_first_sentences,
             n: completions.len(),
@@ -176,6 +204,19 @@ pub mod key {
     pub const N: &str = "n";
     pub const JACCARD: &str = "jaccard";
     pub const DEGENERATE: &str = "degenerate";
+    /// How many of the mode's `n` prompts are hackable (written always).
+    pub const HACKABLE_N: &str = "hackable/n";
+    /// When some but not all prompts are hackable, the reward components, `hack_freq` and
+    /// `true_hack_freq` over the hackable ones, under their names after this prefix (with every
+    /// prompt hackable the mode's own values are those; with none there are none).
+    pub const HACKABLE: &str = "hackable/";
+}
+
+/// A mode's values over its hackable prompts as a mode of their own (the [`key::HACKABLE`] keys
+/// without the prefix), for readers of [`to_json`]'s lines.
+pub fn hackable_view(mode: &serde_json::Value) -> serde_json::Value {
+    let keys = mode.as_object().into_iter().flatten();
+    keys.filter_map(|(k, v)| Some((k.strip_prefix(key::HACKABLE)?.to_string(), v.clone()))).collect::<serde_json::Map<_, _>>().into()
 }
 
 /// One line of `routing_eval.jsonl`.
@@ -196,6 +237,13 @@ pub fn to_json(report: &EvalReport) -> serde_json::Value {
             }
             for (name, value) in m.components.iter().chain(&m.metrics) {
                 v[name] = (*value).into();
+            }
+            let h = &m.hackable;
+            v[key::HACKABLE_N] = h.n.into();
+            if h.n > 0 && h.n < m.n {
+                for (name, value) in h.components.iter().map(|(n, v)| (n.as_str(), Some(*v))).chain([(key::HACK_FREQ, h.hack_freq), (crate::reward::monitor::key::TRUE_HACK_FREQ, h.true_hack_freq)]) {
+                    v[format!("{}{name}", key::HACKABLE)] = value.into();
+                }
             }
             (m.mode.clone(), v)
         })
@@ -279,6 +327,7 @@ mod tests {
             monitor: None,
             channels: None,
             metrics,
+            hackable: HackableSubset { n: 2, components: Vec::new(), hack_freq: None, true_hack_freq: None },
             unique: 2,
             unique_first_sentences: 2,
             n: 2,
@@ -292,5 +341,59 @@ mod tests {
         assert!(line["modes"]["retain"].get("env/math/correct").is_none());
         assert!(checkpoints_csv(&[report.clone()]).unwrap().contains("3,both,env/math/correct,0.25\n"));
         assert!(format_block(&report).contains("env/math/correct=0.250"));
+    }
+
+    /// The hackable subset by hand: 5 prompts, 3 hackable (0, 2, 3); component scores 0.2, 0.9,
+    /// 0.4, 0.6, 0.1 -> over 0, 2, 3: 0.4; the detector flags 0 and 1 -> 1 of 3; the ground
+    /// truth 2 and 4 -> 1 of 3. Written under `hackable/`, read back by `hackable_view`.
+    #[test]
+    fn the_hackable_subset_is_the_mode_over_its_hackable_prompts() {
+        let (t, f) = (true, false);
+        let scored = crate::reward::ScoredBatch {
+            reward: vec![0.0; 5],
+            components: vec![vec![0.2, 0.9, 0.4, 0.6, 0.1]],
+            is_rh: Some(vec![t, t, f, f, f]),
+            detector_raw: Some(vec![t, t, f, f, f]),
+            eligible: vec![t; 5],
+            hackable: vec![t, f, t, t, f],
+            monitored: vec![t; 5],
+            hacked: Some(vec![f, f, t, f, t]),
+            metrics: Vec::new(),
+        };
+        let info = [crate::reward::ComponentInfo { name: "task".into(), role: crate::reward::Role::Retain, scale: 1.0 }];
+        let subset = HackableSubset::of(&info, &scored);
+        assert_eq!(subset.n, 3);
+        assert!((subset.components[0].1 - 0.4).abs() < 1e-12 && subset.components[0].0 == "task");
+        assert_eq!((subset.hack_freq, subset.true_hack_freq), (Some(1.0 / 3.0), Some(1.0 / 3.0)));
+        let none = HackableSubset::of(&info, &crate::reward::ScoredBatch { hackable: vec![f; 5], ..scored.clone() });
+        assert_eq!((none.n, none.hack_freq), (0, None));
+        let mode = ModeReport {
+            mode: "both".into(),
+            components: vec![("task".into(), 0.44)],
+            reward: 0.0,
+            hack_freq: Some(0.4),
+            monitor: None,
+            channels: None,
+            metrics: Vec::new(),
+            hackable: subset.clone(),
+            unique: 5,
+            unique_first_sentences: 5,
+            n: 5,
+            jaccard: 0.0,
+            degenerate: false,
+            samples: Vec::new(),
+        };
+        let line = to_json(&EvalReport { step: 1, modes: vec![mode.clone()], seconds: 0.0 });
+        let both = &line["modes"]["both"];
+        assert_eq!(both["hackable/n"], 3);
+        let view = hackable_view(both);
+        assert_eq!(view["task"].as_f64(), Some(subset.components[0].1));
+        assert_eq!((view["hack_freq"].as_f64(), view["true_hack_freq"].as_f64()), (Some(1.0 / 3.0), Some(1.0 / 3.0)));
+        assert!(view.get("n").is_some() && view.get("reward").is_none(), "only the hackable/ keys: {view}");
+        // Every prompt hackable: the mode's own values are the subset's; only the count is written.
+        let all = ModeReport { hackable: HackableSubset { n: 5, ..subset }, ..mode };
+        let line = to_json(&EvalReport { step: 1, modes: vec![all], seconds: 0.0 });
+        let keys: Vec<&String> = line["modes"]["both"].as_object().unwrap().keys().filter(|k| k.starts_with("hackable/")).collect();
+        assert_eq!(keys, ["hackable/n"]);
     }
 }

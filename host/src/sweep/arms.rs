@@ -101,10 +101,35 @@ pub fn finished_run_values_read(entries: &[RunEntry], reading: Reading) -> Resul
         .collect()
 }
 
+/// Which evaluation prompts a run's values are over: all of them, or the hackable ones only
+/// (the paper's `_hackable` figures; `eval::HackableSubset`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Prompts {
+    #[default]
+    All,
+    Hackable,
+}
+
+impl Prompts {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::All => "all",
+            Self::Hackable => "hackable",
+        }
+    }
+}
+
 /// One finished run's values in `reading`: the routing evaluations' metrics averaged over the
 /// reading's window (the last one must be at `max_steps`); `final_reward` and the deployment's
 /// modes are of the last step whatever the reading.
 pub fn run_values_read(entry: &RunEntry, reading: Reading) -> Result<RunValues> {
+    run_values_over(entry, reading, Prompts::All)
+}
+
+/// [`run_values_read`] over `prompts`. Over the hackable prompts a mode's metrics are read from
+/// its `hackable/` keys (its own values when every prompt is hackable) and are absent when no
+/// prompt is hackable or the run predates the count (`hackable/n`); no deployment modes.
+pub fn run_values_over(entry: &RunEntry, reading: Reading, prompts: Prompts) -> Result<RunValues> {
     let mut values = BTreeMap::new();
     let metrics_path = entry.dir.join("metrics.jsonl");
     let last = Jsonl::new(metrics_path.clone()).read()?.pop().with_context(|| format!("{} is empty", metrics_path.display()))?;
@@ -125,7 +150,10 @@ pub fn run_values_read(entry: &RunEntry, reading: Reading) -> Result<RunValues> 
         let modes = line[crate::eval::key::MODES].as_object().with_context(|| format!("{}: step {step} has no `modes`", eval_path.display()))?;
         let mut one = BTreeMap::new();
         for (mode, mode_json) in modes {
-            insert_mode(&mut one, mode, mode_json, &weights, &eval_path, step)?;
+            match prompts {
+                Prompts::All => insert_mode(&mut one, mode, mode_json, &weights, &eval_path, step)?,
+                Prompts::Hackable => insert_hackable(&mut one, mode, mode_json, &weights, &eval_path, step)?,
+            }
         }
         for (k, v) in one {
             samples.entry(k).or_default().push(v);
@@ -133,6 +161,9 @@ pub fn run_values_read(entry: &RunEntry, reading: Reading) -> Result<RunValues> 
     }
     // One evaluation's value is kept as it is (the final reading, exactly as it was written).
     values.extend(samples.into_iter().map(|(k, v)| (k, if v.len() == 1 { v[0] } else { v.iter().sum::<f64>() / v.len() as f64 })));
+    if prompts == Prompts::Hackable {
+        return Ok(values);
+    }
     if let Some(deployment) = crate::eval::deployment::read(&entry.dir)? {
         anyhow::ensure!(deployment.step == final_step, "{}: deployment.json is of step {}, the run ended at {final_step}; run `smallrl sweep --collect DIR --deploy` again", entry.dir.display(), deployment.step);
         let path = entry.dir.join(crate::eval::deployment::FILE);
@@ -163,6 +194,17 @@ fn insert_mode(values: &mut BTreeMap<(&'static str, String), f64>, mode: &str, m
         }
     }
     Ok(())
+}
+
+/// One mode's metrics over its hackable prompts (see [`run_values_over`]).
+fn insert_hackable(values: &mut BTreeMap<(&'static str, String), f64>, mode: &str, mode_json: &serde_json::Value, weights: &[(String, f64)], path: &Path, step: usize) -> Result<()> {
+    let Some(hackable) = mode_json[crate::eval::key::HACKABLE_N].as_u64() else { return Ok(()) };
+    let n = mode_json[crate::eval::key::N].as_u64().with_context(|| format!("{}: step {step}, mode {mode} has `{}` but no `n`", path.display(), crate::eval::key::HACKABLE_N))?;
+    match hackable {
+        0 => Ok(()),
+        h if h == n => insert_mode(values, mode, mode_json, weights, path, step),
+        _ => insert_mode(values, mode, &crate::eval::hackable_view(mode_json), weights, path, step),
+    }
 }
 
 /// Rows for every arm of the finished runs (`values`, [`finished_run_values`]; unfinished and

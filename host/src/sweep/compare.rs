@@ -6,8 +6,10 @@
 //!
 //! Environments map by name ([`PAPER_ENVIRONMENTS`]); arms by [`PAPER_ARMS`]: the routed arm
 //! in `retain_only`, the others in `both`, the penalty dose named on both sides. A paper arm
-//! without runs here (or that smallrl lacks, such as `verif`) is a row without our values and
-//! a note: listed, never guessed.
+//! without runs here (or that smallrl lacks, such as `base`) is a row without our values and
+//! a note: listed, never guessed. The paper's `verif` ran 500 steps where the others ran 2000
+//! (1000): scripts/paper-matrix.sh plans it so. With the paper's `_hackable` file both sides
+//! are read over the hackable evaluation prompts only ([`Prompts::Hackable`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -15,7 +17,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::Value;
 
-use super::arms::{self, HACK_FREQ, Reading, TASK_REWARD, TRUE_HACK_FREQ};
+use super::arms::{self, HACK_FREQ, Prompts, Reading, TASK_REWARD, TRUE_HACK_FREQ};
 use super::environments::environment_of;
 use super::compare_chart;
 use super::plan::Arm;
@@ -25,9 +27,12 @@ use crate::stats;
 
 /// The reference file read from the folder `--compare` names (over all evaluation prompts).
 pub const REFERENCE_FILE: &str = "aggregated_cache.json";
-/// The comparison's files in the sweep's directory.
+/// The same over the hackable evaluation prompts only, read too when the folder holds it.
+pub const HACKABLE_REFERENCE_FILE: &str = "aggregated_cache_hackable.json";
+/// The comparison's files in the sweep's directory (one CSV, a chart per set of prompts).
 pub const CSV_FILE: &str = "compare.csv";
 pub const CHART_FILE: &str = "compare.png";
+pub const HACKABLE_CHART_FILE: &str = "compare_hackable.png";
 
 /// (our environment, the paper's name for it).
 pub const PAPER_ENVIRONMENTS: [(&str, &str); 7] =
@@ -40,11 +45,11 @@ pub const PAPER_ARMS: [(&str, Option<Arm>, &str, &str); 7] = [
     ("noi_ro", Some(Arm::None), eval_mode::RETAIN_ONLY, ""),
     ("filt", Some(Arm::Filter), eval_mode::BOTH, ""),
     ("best_rp", Some(Arm::Penalty), eval_mode::BOTH, ""),
-    ("verif", None, eval_mode::BOTH, "smallrl has no verified-only arm"),
+    ("verif", Some(Arm::Verified), eval_mode::BOTH, ""),
     ("base", None, eval_mode::BOTH, "the model before training (the first evaluation) is not compared"),
 ];
 
-pub const CSV_HEADER: &str = "environment,paper_environment,paper_arm,intervention,mode,dose,hack_frac,recall,seeds,retain_mean,retain_std,hack_mean,hack_std,true_hack_mean,paper_dose,paper_seeds,paper_retain_mean,paper_retain_std,paper_hack_mean,paper_hack_std,retain_diff,hack_diff,note";
+pub const CSV_HEADER: &str = "environment,paper_environment,paper_arm,intervention,mode,dose,hack_frac,recall,seeds,retain_mean,retain_std,hack_mean,hack_std,true_hack_mean,true_hack_std,paper_dose,paper_seeds,paper_retain_mean,paper_retain_std,paper_hack_mean,paper_hack_std,retain_diff,hack_diff,note,prompts";
 
 /// A cell of the paper: mean and population std over its seeds.
 #[derive(Debug, Clone, PartialEq)]
@@ -74,6 +79,8 @@ pub struct CompareRow {
     pub environment: String,
     pub paper_environment: String,
     pub paper_arm: String,
+    /// Over which evaluation prompts both sides are read.
+    pub prompts: Prompts,
     pub arm: Option<Arm>,
     pub mode: &'static str,
     /// `rh_penalty=<v>` for a penalty arm, else empty.
@@ -154,9 +161,10 @@ pub fn paper_environment(ours: &str) -> Option<&'static str> {
 type GroupKey = (String, Arm, String, String, String);
 
 /// The rows: per environment of ours the paper has, per paper arm, a row per group of our runs
-/// of that arm (one per dose, hack_frac and recall), or one without ours naming why. Prints what
-/// is left out (environments either side lacks).
-pub fn rows(entries: &[RunEntry], reference: &Reference) -> Result<Vec<CompareRow>> {
+/// of that arm (one per dose, hack_frac and recall), or one without ours naming why; both sides
+/// over `prompts` (the reference must be of the same prompts). Prints what is left out
+/// (environments either side lacks).
+pub fn rows(entries: &[RunEntry], reference: &Reference, prompts: Prompts) -> Result<Vec<CompareRow>> {
     let finished: Vec<&RunEntry> = entries.iter().filter(|e| matches!(e.status, RunStatus::Ok | RunStatus::Cached)).collect();
     let mut groups: BTreeMap<GroupKey, Vec<&RunEntry>> = BTreeMap::new();
     for entry in &finished {
@@ -178,7 +186,7 @@ pub fn rows(entries: &[RunEntry], reference: &Reference) -> Result<Vec<CompareRo
         };
         for (paper_arm, arm, mode, why) in PAPER_ARMS {
             let Some(paper) = reference[paper_env].get(paper_arm) else { continue };
-            let base = CompareRow { environment: environment.clone(), paper_environment: paper_env.to_string(), paper_arm: paper_arm.to_string(), arm, mode, dose: String::new(), hack_frac: None, recall: None, ours: None, paper: paper.clone(), note: why.to_string() };
+            let base = CompareRow { environment: environment.clone(), paper_environment: paper_env.to_string(), paper_arm: paper_arm.to_string(), prompts, arm, mode, dose: String::new(), hack_frac: None, recall: None, ours: None, paper: paper.clone(), note: why.to_string() };
             let mine: Vec<(&GroupKey, &Vec<&RunEntry>)> = groups.iter().filter(|(k, _)| k.0 == *environment && Some(k.1) == arm).collect();
             if arm.is_some() && mine.is_empty() {
                 rows.push(CompareRow { note: format!("no finished {} runs here", arm.map_or("", |a| a.name())), ..base });
@@ -191,7 +199,7 @@ pub fn rows(entries: &[RunEntry], reference: &Reference) -> Result<Vec<CompareRo
             for ((_, _, dose, _, _), members) in mine {
                 let c = &members[0].config;
                 let row = CompareRow { dose: dose.clone(), hack_frac: Some(c.hack_frac), recall: Some(c.recall), ..base.clone() };
-                rows.push(match our_cell(members, mode)? {
+                rows.push(match our_cell(members, mode, prompts)? {
                     Ok(cell) => CompareRow { ours: Some(cell), note: String::new(), ..row },
                     Err(why) => CompareRow { note: why, ..row },
                 });
@@ -205,12 +213,12 @@ pub fn rows(entries: &[RunEntry], reference: &Reference) -> Result<Vec<CompareRo
     Ok(rows)
 }
 
-/// Our cell of `members` in `mode` (the paper's reading), or why there is none (the mode was
-/// not evaluated, or the runs have no detector).
-fn our_cell(members: &[&RunEntry], mode: &str) -> Result<std::result::Result<OurCell, String>> {
+/// Our cell of `members` in `mode` over `prompts` (the paper's reading), or why there is none
+/// (the mode was not evaluated, the runs have no detector, or no hackable prompts recorded).
+fn our_cell(members: &[&RunEntry], mode: &str, prompts: Prompts) -> Result<std::result::Result<OurCell, String>> {
     let mut samples: [Vec<f64>; 3] = Default::default();
     for member in members {
-        let values = arms::run_values_read(member, Reading::LastTenth).with_context(|| format!("reading the results of {}", member.name))?;
+        let values = arms::run_values_over(member, Reading::LastTenth, prompts).with_context(|| format!("reading the results of {}", member.name))?;
         for (metric, sample) in [TASK_REWARD, HACK_FREQ, TRUE_HACK_FREQ].iter().zip(samples.iter_mut()) {
             if let Some(v) = values.get(&(*metric, mode.to_string())) {
                 sample.push(*v);
@@ -219,7 +227,11 @@ fn our_cell(members: &[&RunEntry], mode: &str) -> Result<std::result::Result<Our
     }
     let n = members.len();
     if samples[0].len() < n || samples[1].len() < n {
-        return Ok(Err(format!("not every run has task_reward and hack_freq in {mode}")));
+        let over = match prompts {
+            Prompts::All => "",
+            Prompts::Hackable => " over hackable prompts (none among the evaluation prompts, or evaluations from before hackable/n was recorded)",
+        };
+        return Ok(Err(format!("not every run has task_reward and hack_freq in {mode}{over}")));
     }
     let stat = |v: &[f64]| (stats::mean(v), stats::population_std(v));
     let true_hack = (samples[2].len() == n).then(|| stat(&samples[2]));
@@ -236,9 +248,9 @@ pub fn write_csv(path: &Path, rows: &[CompareRow]) -> Result<()> {
         let o = r.ours.as_ref();
         let p = &r.paper;
         let [retain_diff, hack_diff] = r.differences();
-        let ours = [o.map(|o| o.seeds as f64), o.map(|o| o.retain.0), o.map(|o| o.retain.1), o.map(|o| o.hack.0), o.map(|o| o.hack.1), o.and_then(|o| o.true_hack.map(|t| t.0))].map(opt).join(",");
+        let ours = [o.map(|o| o.seeds as f64), o.map(|o| o.retain.0), o.map(|o| o.retain.1), o.map(|o| o.hack.0), o.map(|o| o.hack.1), o.and_then(|o| o.true_hack.map(|t| t.0)), o.and_then(|o| o.true_hack.map(|t| t.1))].map(opt).join(",");
         text.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{ours},{},{},{},{},{},{},{},{},{}\n",
+            "{},{},{},{},{},{},{},{},{ours},{},{},{},{},{},{},{},{},{},{}\n",
             r.environment,
             r.paper_environment,
             r.paper_arm,
@@ -255,7 +267,8 @@ pub fn write_csv(path: &Path, rows: &[CompareRow]) -> Result<()> {
             p.hack.1,
             opt(retain_diff),
             opt(hack_diff),
-            r.note.replace(',', ";")
+            r.note.replace(',', ";"),
+            r.prompts.name()
         ));
     }
     crate::fsutil::write_atomic(path, text.as_bytes())
@@ -263,18 +276,22 @@ pub fn write_csv(path: &Path, rows: &[CompareRow]) -> Result<()> {
 
 pub fn format_table(rows: &[CompareRow]) -> String {
     let width = rows.iter().map(|r| r.environment.len()).max().unwrap_or(11).max(11);
-    let mut out = format!("{:<width$}  {:<8}  {:<11}  {:<15}  {:>5}  {:>15}  {:>15}  {:>5}  {:>15}  {:>15}  {:>6}  {:>6}  note", "environment", "paper", "mode", "dose", "seeds", "retain", "hack", "paper", "paper retain", "paper hack", "d ret", "d hack");
+    let mut out = format!(
+        "{:<width$}  {:<8}  {:<11}  {:<15}  {:>5}  {:>15}  {:>15}  {:>15}  {:>5}  {:>15}  {:>15}  {:>6}  {:>6}  note",
+        "environment", "paper", "mode", "dose", "seeds", "retain", "hack (detector)", "hack (truth)", "paper", "paper retain", "paper hack", "d ret", "d hack"
+    );
     let pair = |(m, s): (f64, f64)| format!("{m:.3} ± {s:.3}");
     let num = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:+.2}"));
     for r in rows {
         let [dr, dh] = r.differences();
         let (seeds, retain, hack) = r.ours.as_ref().map_or(("-".into(), "-".into(), "-".into()), |o| (o.seeds.to_string(), pair(o.retain), pair(o.hack)));
+        let truth = r.ours.as_ref().and_then(|o| o.true_hack).map_or("-".into(), pair);
         let dose = match (&r.dose, &r.paper.label) {
             (d, Some(l)) => format!("{d} ({l})"),
             (d, None) => d.clone(),
         };
         out.push_str(&format!(
-            "\n{:<width$}  {:<8}  {:<11}  {dose:<15}  {seeds:>5}  {retain:>15}  {hack:>15}  {:>5}  {:>15}  {:>15}  {:>6}  {:>6}  {}",
+            "\n{:<width$}  {:<8}  {:<11}  {dose:<15}  {seeds:>5}  {retain:>15}  {hack:>15}  {truth:>15}  {:>5}  {:>15}  {:>15}  {:>6}  {:>6}  {}",
             r.environment,
             r.paper_arm,
             r.mode,
@@ -309,26 +326,50 @@ pub fn panels(rows: &[CompareRow]) -> Vec<(String, Vec<compare_chart::Mark>)> {
     panels
 }
 
-/// `--compare`: prints the table, writes [`CSV_FILE`] and `charts/`[`CHART_FILE`] in `dir`.
+/// The reference files `path` names with the prompts each is over: a folder's
+/// [`REFERENCE_FILE`] and, when it holds it, [`HACKABLE_REFERENCE_FILE`]; a file alone, over the
+/// hackable prompts when its name ends in `_hackable.json`.
+pub fn reference_files(path: &Path) -> Vec<(Prompts, PathBuf)> {
+    if !path.is_dir() {
+        let hackable = path.file_name().is_some_and(|n| n.to_string_lossy().ends_with("_hackable.json"));
+        return vec![(if hackable { Prompts::Hackable } else { Prompts::All }, path.to_path_buf())];
+    }
+    let mut files = vec![(Prompts::All, path.join(REFERENCE_FILE))];
+    if path.join(HACKABLE_REFERENCE_FILE).is_file() {
+        files.push((Prompts::Hackable, path.join(HACKABLE_REFERENCE_FILE)));
+    }
+    files
+}
+
+/// `--compare`: per reference file ([`reference_files`]) prints the table and writes its chart
+/// (`charts/`[`CHART_FILE`], [`HACKABLE_CHART_FILE`]); all rows in [`CSV_FILE`] in `dir`.
 pub fn run(dir: &Path, entries: &[RunEntry], reference_path: &Path) -> Result<()> {
-    let reference = read_reference(reference_path)?;
-    let rows = rows(entries, &reference)?;
-    ensure!(!rows.is_empty(), "--compare: none of the runs in {} is of an environment in {}", dir.display(), reference_path.display());
-    println!("compare (the paper's reading: each run's last max(1, n // 10) evaluations; mean ± population std over seeds; d: (ours - paper) / the larger std)");
-    println!("{}", format_table(&rows));
-    let csv = dir.join(CSV_FILE);
-    write_csv(&csv, &rows)?;
-    println!("compare: {}", csv.display());
     let charts = dir.join("charts");
     std::fs::create_dir_all(&charts).with_context(|| format!("creating {}", charts.display()))?;
-    let chart = charts.join(CHART_FILE);
-    let mut arms: Vec<String> = Vec::new();
-    for r in &rows {
-        if !arms.contains(&r.paper_arm) {
-            arms.push(r.paper_arm.clone());
+    let mut all_rows = Vec::new();
+    for (prompts, file) in reference_files(reference_path) {
+        let reference = read_reference(&file)?;
+        let rows = rows(entries, &reference, prompts)?;
+        ensure!(!rows.is_empty(), "--compare: none of the runs in {} is of an environment in {}", dir.display(), file.display());
+        let over = match prompts {
+            Prompts::All => "all evaluation prompts",
+            Prompts::Hackable => "the hackable evaluation prompts only",
+        };
+        println!("compare over {over}, {} (the paper's reading: each run's last max(1, n // 10) evaluations; mean ± population std over seeds; hack: the detector's flag rate; d: (ours - paper) / the larger std)", file.display());
+        println!("{}", format_table(&rows));
+        let chart = charts.join(if prompts == Prompts::Hackable { HACKABLE_CHART_FILE } else { CHART_FILE });
+        let mut arms: Vec<String> = Vec::new();
+        for r in &rows {
+            if !arms.contains(&r.paper_arm) {
+                arms.push(r.paper_arm.clone());
+            }
         }
+        compare_chart::write(&chart, &panels(&rows), &arms)?;
+        println!("compare chart: {}", chart.display());
+        all_rows.extend(rows);
     }
-    compare_chart::write(&chart, &panels(&rows), &arms)?;
-    println!("compare chart: {}", chart.display());
+    let csv = dir.join(CSV_FILE);
+    write_csv(&csv, &all_rows)?;
+    println!("compare: {}", csv.display());
     Ok(())
 }

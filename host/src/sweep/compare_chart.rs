@@ -21,7 +21,7 @@ pub fn colour_of_paper_arm(arm: &str) -> RGBColor {
         "noi_ro" => RGBColor(188, 189, 34),
         "filt" => colour_of(Arm::Filter),
         "best_rp" => colour_of(Arm::Penalty),
-        "verif" => RGBColor(23, 190, 207),
+        "verif" => colour_of(Arm::Verified),
         _ => RGBColor(0, 0, 0),
     }
 }

@@ -12,6 +12,7 @@ pub mod compare_chart;
 pub mod deploy;
 pub mod draw;
 pub mod environments;
+pub mod estimate;
 pub mod evals;
 pub mod pareto;
 pub mod pareto_environments;

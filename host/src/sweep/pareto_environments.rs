@@ -31,12 +31,13 @@ pub const COLUMNS: usize = 4;
 pub const CELL_LINE_PX: u32 = 20;
 
 /// The colour of each arm (the legend's order).
-pub const ARM_COLOURS: [(Arm, RGBColor); 5] = [
+pub const ARM_COLOURS: [(Arm, RGBColor); 6] = [
     (Arm::None, RGBColor(127, 127, 127)),
     (Arm::Routing, RGBColor(44, 160, 44)),
     (Arm::Penalty, RGBColor(255, 127, 14)),
     (Arm::Filter, RGBColor(148, 103, 189)),
     (Arm::Placebo, RGBColor(140, 86, 75)),
+    (Arm::Verified, RGBColor(23, 190, 207)),
 ];
 
 pub fn colour_of(arm: Arm) -> RGBColor {

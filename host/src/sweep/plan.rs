@@ -47,11 +47,14 @@ pub enum Arm {
     Filter,
     /// The grid point's routing of a random subset as large as the flagged one.
     Placebo,
+    /// No routing and no coherence rows; only rows the monitor saw and did not flag train (the
+    /// paper's verified-only baseline).
+    Verified,
 }
 
 impl Arm {
     /// Every arm, in the order a sweep plans them (bare `--intervention-arms`).
-    pub const ALL: [Arm; 5] = [Arm::None, Arm::Routing, Arm::Penalty, Arm::Filter, Arm::Placebo];
+    pub const ALL: [Arm; 6] = [Arm::None, Arm::Routing, Arm::Penalty, Arm::Filter, Arm::Placebo, Arm::Verified];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -60,6 +63,7 @@ impl Arm {
             Self::Penalty => "penalty",
             Self::Filter => "filter",
             Self::Placebo => "placebo",
+            Self::Verified => "verified",
         }
     }
 
@@ -86,6 +90,7 @@ impl Arm {
             Intervention::Penalty => Self::Penalty,
             Intervention::Filter => Self::Filter,
             Intervention::Placebo => Self::Placebo,
+            Intervention::Verified => Self::Verified,
         }
     }
 }
@@ -250,8 +255,8 @@ fn arms_of_point(spec: &SweepSpec, file: Option<&Path>, point: &Map<String, Valu
 
 /// One routed configuration as the chosen intervention arms, the same otherwise: none (the
 /// non-routed baseline), routing (as given), penalty (`rh_penalty` = `penalty`, with the routed run's
-/// coherence rows), filter, and
-/// placebo (the given routing mode and ablation on a random subset). The none arm is also
+/// coherence rows), filter, placebo (the given routing mode and ablation on a random subset)
+/// and verified (no routing, no coherence rows: the verified rows alone). The none arm is also
 /// every other arm's baseline, so [`plan`] adds it whether chosen or not.
 pub fn intervention_arms(routed: &TrainConfig, penalty: f64, chosen: &[Arm]) -> Result<Vec<TrainConfig>> {
     ensure!(
@@ -266,7 +271,7 @@ pub fn intervention_arms(routed: &TrainConfig, penalty: f64, chosen: &[Arm]) -> 
     // The reward-penalty comparator keeps the routed run's coherence rows (the original's
     // matrix_rp_7envs: "the same 32 verified coherence extras"); they train retain alone.
     let penalised = TrainConfig { rh_penalty: penalty, ..with_coherence_of(routed, arm(&none, Intervention::Penalty)) };
-    let all = [baseline, routed.clone(), penalised, arm(&none, Intervention::Filter), arm(routed, Intervention::Placebo)];
+    let all = [baseline, routed.clone(), penalised, arm(&none, Intervention::Filter), arm(routed, Intervention::Placebo), arm(&none, Intervention::Verified)];
     let arms: Vec<TrainConfig> = Arm::ALL.into_iter().zip(all).filter(|(a, _)| chosen.contains(a)).map(|(_, config)| config).collect();
     for config in &arms {
         config.validate().with_context(|| format!("the {} arm of an --intervention-arms sweep is invalid", config.intervention))?;

@@ -115,11 +115,15 @@ impl Recipe {
         }
     }
 
-    /// The rows whose rewards enter the advantages: all, or with `intervention: filter` the
-    /// unflagged ones.
+    /// The rows whose rewards enter the advantages: all, with `intervention: filter` the
+    /// unflagged ones, with `verified` the verified ones.
     pub fn counted_rows(&self, scored: &ScoredBatch) -> Vec<bool> {
         match self.intervention {
             Intervention::Filter => scored.flags().iter().map(|f| !f).collect(),
+            Intervention::Verified => {
+                let detected = scored.detector_raw.as_ref().expect("verified-only runs with a monitor (checked with the configuration)");
+                intervention::verified_rows(&scored.monitored, detected)
+            }
             _ => vec![true; scored.reward.len()],
         }
     }
@@ -130,13 +134,13 @@ impl Recipe {
         grpo::loss_mask(generation, self.mask_truncated_completions) * routing::row_mask(&prepared.trained_rows, self.device).unsqueeze(1)
     }
 
-    /// Group advantages of `rewards`; with `intervention: filter`, over the `counted` rows only
-    /// (see [`crate::intervention`]).
+    /// Group advantages of `rewards`; with `intervention: filter` or `verified`, over the
+    /// `counted` rows only (see [`crate::intervention`]).
     fn group_advantages(&self, rewards: &[f64], counted: &[bool]) -> (Tensor, f64) {
         let rewards = Tensor::from_slice(rewards).to_kind(Kind::Float).to(self.device);
         let (group, scale, eps) = (self.group_size, self.scale_rewards, ADVANTAGE_STD_EPSILON);
         match self.intervention {
-            Intervention::Filter => intervention::kept_group_advantages(&rewards, &routing::row_mask(counted, self.device), group, scale, eps),
+            Intervention::Filter | Intervention::Verified => intervention::kept_group_advantages(&rewards, &routing::row_mask(counted, self.device), group, scale, eps),
             _ => grpo::group_advantages(&rewards, group, scale, eps),
         }
     }
@@ -162,12 +166,12 @@ impl Recipe {
     }
 
     /// The labels the loss classes are planned from. Flagged rows are a class of their own only
-    /// when something treats them apart (routing, `intervention: filter`); otherwise they train
+    /// when something treats them apart (routing, `intervention: filter` or `verified`); otherwise they train
     /// like any other row, in one class with them, so dapo, bnpo and cispo normalise over the
     /// whole batch as TRL's loss does (and the original's single backward pass without
     /// routing). The adapter controls are the same either way.
     fn loss_class_labels(&self, labels: &Labels) -> Labels {
-        let treated_apart = self.routing_mode != RoutingMode::None || self.intervention == Intervention::Filter;
+        let treated_apart = self.routing_mode != RoutingMode::None || matches!(self.intervention, Intervention::Filter | Intervention::Verified);
         match treated_apart {
             true => labels.clone(),
             false => Labels { is_rh: vec![false; labels.is_rh.len()], ..labels.clone() },

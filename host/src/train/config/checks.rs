@@ -154,6 +154,14 @@ impl TrainConfig {
         }
         match intervention {
             Intervention::Routing => {}
+            Intervention::Verified => {
+                ensure!(self.routing_mode == RoutingMode::None, "intervention verified replaces routing: set routing_mode none (got {})", self.routing_mode);
+                ensure!(
+                    self.coh_samples_per_rollout == 0,
+                    "intervention verified trains the verified rows of the rollout itself (the original's verified_only_training, without coherence rows): set coh_samples_per_rollout 0 (got {})",
+                    self.coh_samples_per_rollout
+                );
+            }
             Intervention::Penalty | Intervention::Filter => ensure!(
                 self.routing_mode == RoutingMode::None,
                 "intervention {intervention} replaces routing: set routing_mode none (got {})",

@@ -255,8 +255,9 @@ hyperparameters! {
         /// prompts get no forget components.
         hack_frac: f64 = 1.0, Short("hf");
         /// What the monitor's flags do: routing (where routing_mode sends them; with none,
-        /// nothing), penalty (reward - rh_penalty), filter (out of the loss and the advantages)
-        /// or placebo (a random subset of the same size is routed instead).
+        /// nothing), penalty (reward - rh_penalty), filter (out of the loss and the advantages),
+        /// placebo (a random subset of the same size is routed instead) or verified (only rows
+        /// the monitor saw and did not flag train: the original's verified-only baseline).
         intervention: Intervention = Intervention::Routing, Short(""), [Routing];
         /// Subtracted from a flagged sample's reward with intervention: penalty.
         rh_penalty: f64 = 1.0, Key, [Routing];

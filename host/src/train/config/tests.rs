@@ -169,6 +169,13 @@ fn interventions_name_their_runs_and_bad_combinations_fail_before_any_work() {
     assert_eq!(penalty.without_routing(), resolved(&[("routing_mode", "none")]), "the baseline has no intervention");
     let placebo = resolved(&[("intervention", "placebo")]).run_name().unwrap();
     assert!(placebo.contains("_classic_") && placebo.contains("_placebo_"), "{placebo}");
+    let routed_verified = error(&[("intervention", "verified")]);
+    assert!(routed_verified.contains("intervention verified replaces routing: set routing_mode none (got classic)"), "{routed_verified}");
+    let coherent = error(&[("intervention", "verified"), ("routing_mode", "none"), ("coh_samples_per_rollout", "16")]);
+    assert!(coherent.contains("set coh_samples_per_rollout 0 (got 16)"), "{coherent}");
+    let verified = resolved(&[("intervention", "verified"), ("routing_mode", "none")]);
+    assert!(verified.run_name().unwrap().contains("_verified_"), "{}", verified.run_name().unwrap());
+    assert_eq!(verified.without_routing(), resolved(&[("routing_mode", "none")]), "the baseline has no intervention");
     assert!(!resolved(&[]).run_name().unwrap().contains("routing"), "the default intervention stays out of run names");
 }
 

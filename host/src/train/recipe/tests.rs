@@ -85,6 +85,25 @@ fn a_filter_takes_the_flagged_rows_out_of_the_advantages_and_the_loss() {
 }
 
 #[test]
+fn verified_only_trains_the_rows_the_monitor_saw_and_passed() {
+    // Groups of two: (0, 1), (2, 3), (4, 5). Row 0 flagged; row 5 on a prompt the monitor
+    // cannot see. Verified: 1, 2, 3, 4. Advantages (unscaled) over the verified rows of each
+    // group: row 1 and row 4 alone (0); rewards 3 and 1 around their mean 2: +1, -1.
+    let rewards = [1.0, 0.0, 3.0, 1.0, 2.0, 5.0];
+    let flags = [true, false, false, false, false, false];
+    let batch = ScoredBatch { monitored: vec![true, true, true, true, true, false], ..scored(&rewards, &flags) };
+    let verified = Recipe { intervention: Intervention::Verified, routing_mode: RoutingMode::None, row_weights: RowWeights::gates(RoutingMode::None), ..routed() };
+    let prepared = verified.prepare(&batch, 0, 7);
+    assert_eq!(verified.counted_rows(&batch), [false, true, true, true, true, false]);
+    assert_eq!(prepared.trained_rows, [false, true, true, true, true, false]);
+    assert_eq!(prepared.rewards, rewards, "nothing is penalised");
+    assert_eq!(values(&prepared.advantages), [0.0, 0.0, 1.0, -1.0, 0.0, 0.0]);
+    // The filter keeps the unmonitored row 5: its group (2, 5) is compared, around 3.5.
+    let filter = Recipe { intervention: Intervention::Filter, ..verified };
+    assert_eq!(values(&filter.prepare(&batch, 0, 7).advantages), [0.0, 0.0, 1.0, -1.0, -1.5, 1.5]);
+}
+
+#[test]
 fn a_placebo_routes_as_many_random_rows_as_were_flagged() {
     let recipe = Recipe { intervention: Intervention::Placebo, ..routed() };
     let flags = [true, true, false, false, false, false, false, false];
