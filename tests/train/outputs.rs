@@ -54,7 +54,8 @@ fn tensorboard_and_completion_logs_hold_what_metrics_jsonl_holds() {
     for (mode, values) in evaluations[0]["modes"].as_object().unwrap() {
         for key in values.as_object().unwrap().keys() {
             let tag = format!("routing_eval/{mode}/{key}");
-            assert_eq!(tensorboard_series(&logs, &tag), jsonl_series(&evaluations, &format!("/modes/{mode}/{key}")), "{tag}");
+            let pointer = format!("/modes/{mode}/{}", key.replace('~', "~0").replace('/', "~1"));
+            assert_eq!(tensorboard_series(&logs, &tag), jsonl_series(&evaluations, &pointer), "{tag}");
             eval_tags.push(tag);
         }
     }
