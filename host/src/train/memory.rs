@@ -400,8 +400,15 @@ pub fn reset_peak_resident() -> Result<()> {
 /// Free memory of CUDA device `index` as `nvidia-smi` reports it (tch exposes no allocator
 /// statistics).
 pub fn free_cuda_memory(index: usize) -> Result<u64> {
+    // The process's cuda:N is the N-th device CUDA_VISIBLE_DEVICES names (an index or UUID,
+    // which nvidia-smi's --id takes), not nvidia-smi's N-th device, on a node that sets it.
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    let id = match visible.as_deref().map(|list| list.split(',').map(str::trim).collect::<Vec<_>>()) {
+        Some(listed) => listed.get(index).map(|id| id.to_string()).with_context(|| format!("cuda:{index} is not among CUDA_VISIBLE_DEVICES ({}): set max_memory to give the free device memory", visible.as_deref().unwrap_or_default()))?,
+        None => index.to_string(),
+    };
     let output = std::process::Command::new("nvidia-smi")
-        .args(["--query-gpu=memory.free", "--format=csv,noheader,nounits", &format!("--id={index}")])
+        .args(["--query-gpu=memory.free", "--format=csv,noheader,nounits", &format!("--id={id}")])
         .output()
         .context("cannot run nvidia-smi to read the free device memory: set max_memory (e.g. 70GB) to give the figure")?;
     ensure!(output.status.success(), "nvidia-smi failed ({}): set max_memory to give the free device memory", String::from_utf8_lossy(&output.stderr).trim());
