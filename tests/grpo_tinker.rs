@@ -140,6 +140,7 @@ fn tinker_losses_and_gradients_match_their_float64_formulas() {
             advantages: &b.advantages,
             loss_mask: &b.g.completion_mask,
             classes: &all_rows,
+            entropy_coef: None,
         };
         let engine::BackwardPass { logprobs, terms } = engine::backward_micro_batches(&policy, &batch, 1.0, &settings, config.micro_batches(), &mut |_, _| {});
         let ours = grads(&policy);

@@ -10,7 +10,8 @@
 //! dapo under `gradient_accumulation_steps`, and the four modes of TRL's importance-sampling
 //! correction against given sampler log-probabilities, with its `sampling/*` metrics; TRL 1.16's
 //! `sapo`, `luspo` and `vespo` with their keys and `vespo/phi_seq_mean`, the off-policy sequence
-//! mask and the bias-corrected KL), through the trainer's own forward-and-backward function.
+//! mask, the bias-corrected KL and the entropy bonus, static and adaptive, with its
+//! `policy_loss` and `entropy_coef`), through the trainer's own forward-and-backward function.
 
 mod common;
 
@@ -139,6 +140,12 @@ fn loss_and_gradients_match_trl() {
         Case { loss_type: "dapo", num_iterations: 1, knobs: serde_json::json!({"off_policy_mask_threshold": OFF_POLICY_THRESHOLD}) },
         Case { loss_type: "grpo", num_iterations: 2, knobs: serde_json::json!({"use_bias_correction_kl": true}) },
         Case { loss_type: "dapo", num_iterations: 2, knobs: serde_json::json!({"use_bias_correction_kl": true, "importance_sampling_level": "sequence"}) },
+        // TRL's entropy bonus (its gradient through the head), on the high-entropy tokens only
+        // with top_entropy_quantile, and the adaptive control's first step: nothing applied, the
+        // coefficient up by delta (the entropy is below a target of 50 nats).
+        Case { loss_type: "grpo", num_iterations: 1, knobs: serde_json::json!({"entropy_coef": 0.2}) },
+        Case { loss_type: "dapo", num_iterations: 2, knobs: serde_json::json!({"entropy_coef": 0.2, "top_entropy_quantile": 0.2345}) },
+        Case { loss_type: "dapo", num_iterations: 1, knobs: serde_json::json!({"entropy_coef": 0.1, "use_adaptive_entropy": true, "entropy_target": 50.0, "entropy_coef_max": 0.5}) },
     ];
     // The sampler's log-probabilities: the policy's, 0.1 (Gaussian) off per token, 0 on padding.
     let sampler = tch::no_grad(|| {
@@ -182,6 +189,7 @@ fn loss_and_gradients_match_trl() {
             advantages: &advantages,
             loss_mask: &loss_mask,
             classes: &all_rows,
+            entropy_coef: settings.entropy.map(|control| grpo::EntropyController::new(control).applied()),
         };
         let engine::BackwardPass { logprobs, terms } = engine::backward_micro_batches(&policy_model, &batch, 1.0, &settings, config.micro_batches(), &mut |_, _| {});
         if config.top_entropy_quantile < 1.0 {
@@ -252,6 +260,9 @@ fn loss_and_gradients_match_trl() {
         }
         if let Some(correction) = settings.correction {
             compare_correction(&label, correction, &terms, &dir.join("trl.metrics.json"));
+        }
+        if let Some(control) = settings.entropy {
+            compare_entropy_bonus(&label, control, &terms, &dir.join("trl.metrics.json"));
         }
         compare_with_float64(&label, &ours, &terms.loss, &trl, &exact);
     }
@@ -342,6 +353,28 @@ fn compare_correction(label: &str, correction: grpo::IsCorrection, terms: &grpo:
     let (low, high) = if truncates { (correction.clip_min, correction.clip_max) } else { (0.0, 0.0) };
     let binds = (stats.ratio_max - high).abs() < 1e-6 || (stats.ratio_min - low).abs() < 1e-6;
     assert!(binds && stats.ratio_mean > low && stats.ratio_mean < correction.clip_max, "{label}: the bounds must bind on some ratios and not all: {stats:?}");
+}
+
+/// TRL's `policy_loss` (the loss before the entropy bonus) and `entropy_coef` (after the step's
+/// update) against ours: our controller updated with the step's trained entropy, as the trainer
+/// does. The bonus must move the loss (static), or the coefficient must move (adaptive).
+fn compare_entropy_bonus(label: &str, control: grpo::EntropyControl, terms: &grpo::LossTerms, trl_metrics: &Path) {
+    let metrics: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(trl_metrics).unwrap()).unwrap();
+    let bonus = terms.entropy_bonus.as_ref().expect("the entropy bonus's terms");
+    let mut controller = grpo::EntropyController::new(control);
+    let applied = controller.applied();
+    controller.update(bonus.mean_entropy);
+    let policy_loss = bonus.policy_loss.double_value(&[]);
+    for (key, ours) in [("policy_loss", policy_loss), ("entropy_coef", controller.coef())] {
+        let theirs = metrics["metrics"][key].as_f64().unwrap_or_else(|| panic!("{label}: TRL logged no {key}"));
+        assert!((ours - theirs).abs() <= 1e-6, "{label}: {key} {ours} vs TRL {theirs}");
+    }
+    let loss = terms.loss.double_value(&[]);
+    match control {
+        grpo::EntropyControl::Static { coef } => assert!(applied == coef && (loss - policy_loss).abs() > 1e-3, "{label}: the bonus moves the loss ({policy_loss} -> {loss})"),
+        grpo::EntropyControl::Adaptive { initial, .. } => assert!(applied == 0.0 && loss == policy_loss && controller.coef() > initial, "{label}: the first adaptive step applies nothing and raises the coefficient"),
+    }
+    println!("{label}: policy_loss {policy_loss:.9}, loss {loss:.9}, trained entropy {:.4}, entropy_coef after {}", bonus.mean_entropy, controller.coef());
 }
 
 /// What each side of the comparison computed: loss, log-probs, advantages, gradients.

@@ -180,7 +180,8 @@ PAD_ID = 1
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 # GRPOConfig arguments passed through under TRL's own names when A.json has them (TRL's defaults otherwise).
 TRL_KEYS = ("sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg",
-            "vespo_lambda_neg", "off_policy_mask_threshold")
+            "vespo_lambda_neg", "off_policy_mask_threshold", "entropy_coef", "use_adaptive_entropy", "entropy_coef_min",
+            "entropy_coef_max", "entropy_coef_delta", "entropy_target")
 REQUIRED_ARGS = ("model_dir", "ref_model_dir", "beta", "epsilon", "loss_type", "temperature",
                  "max_completion_length", "num_generations", "num_iterations")
 
@@ -552,6 +553,13 @@ def independent_loss(a: dict, b: dict[str, torch.Tensor], exact: bool = False) -
         loss = l.sum(1).mean()
     else:  # dapo, cispo and vespo (1 process): all active tokens of the generation batch
         loss = l.sum() / m.sum().clamp(min=1)
+    # The entropy bonus: each micro-batch's mean entropy over the tokens whose policy term trains,
+    # divided by the accumulation steps. An adaptive control applies nothing at the first step
+    # (no entropy measured yet).
+    coef = 0.0 if a.get("use_adaptive_entropy", False) else a.get("entropy_coef", 0.0)
+    if coef != 0.0:
+        eff = m * keep if quantile < 1.0 else m
+        loss = loss - coef * sum((ent[rows] * eff[rows]).sum() / eff[rows].sum().clamp(min=1) for rows in chunks) / gas
     loss.backward()
     clipped = ((unclipped < 1 - eps_lo) & (adv < 0)) | ((unclipped > 1 + eps_hi) & (adv > 0))
     clip_mask = torch.ones_like(clipped, dtype=dtype) if clipped.size(1) == 1 else m  # per completion or per token

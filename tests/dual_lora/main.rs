@@ -186,7 +186,7 @@ fn micro_batched_grads(model: &Llama, config: &AdapterConfig, b: &Routed, routes
     let (mode, is_rh, ablated) = routes;
     let plan = routing::plan(config, RowWeights::gates(mode), &routing::Labels::routed(is_rh.to_vec(), ablated.to_vec()), Device::Cpu);
     let g = &b.generation;
-    let batch = engine::LossBatch { seqs: g.into(), ctl: &plan.ctl, old_logprobs: None, ref_logprobs: None, sampling_logprobs: None, advantages: &b.advantages, loss_mask: &g.completion_mask, classes: &plan.classes };
+    let batch = engine::LossBatch { seqs: g.into(), ctl: &plan.ctl, old_logprobs: None, ref_logprobs: None, sampling_logprobs: None, advantages: &b.advantages, loss_mask: &g.completion_mask, classes: &plan.classes, entropy_coef: None };
     engine::backward_micro_batches(model, &batch, 1.0, &settings(loss_type), micro_batches, &mut |_, _| {});
     grads(config, model)
 }

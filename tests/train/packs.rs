@@ -91,7 +91,12 @@ fn packed_runs_sampled_and_trained_stacked_equal_the_same_runs_trained_alone() {
     // scorer and a stacked one libtorch's, whose float32 disagreement at step 1 (where the
     // policy is the reference) AdamW turns into a sizeable fraction of a step on the embedding
     // rows of unlikely tokens, whose gradients are near its eps (measured: 1.6e-5 at lr 1e-4).
-    let full_pair = |dir: &Path| pack_pair(dir, "full").into_iter().map(|c| with(c, "beta", json!(0.0))).collect();
+    // The second run of the full pair trains with TRL's entropy bonus, the first without: the
+    // stacked head differentiates the entropies of one run only.
+    let full_pair = |dir: &Path| {
+        let pair = pack_pair(dir, "full").into_iter().map(|c| with(c, "beta", json!(0.0)));
+        pair.enumerate().map(|(i, c)| if i == 1 { with(c, "entropy_coef", json!(0.1)) } else { c }).collect()
+    };
     let pairs: [(&str, &dyn Fn(&Path) -> Vec<Map<String, Value>>); 2] = [("dual-lora", &with_coherence), ("full", &full_pair)];
     for (adapter, pair) in pairs {
         let alone: Vec<PathBuf> = pair(&out.path().join("alone").join(adapter)).into_iter().map(train).collect();

@@ -13,7 +13,8 @@ use crate::model::linear::{AdapterCtl, gradient_only};
 pub struct TokenLogprobs {
     /// `[batch, completion_len]`, differentiable.
     pub logprobs: Tensor,
-    /// `[batch, completion_len]` entropy of each next-token distribution (no gradient).
+    /// `[batch, completion_len]` entropy of each next-token distribution (differentiable only
+    /// from [`completion_logprobs_and_entropy`]).
     pub entropy: Tensor,
 }
 
@@ -38,8 +39,18 @@ impl<'a> From<&'a Generation> for Sequences<'a> {
 /// entropy of each next-token distribution (a metric, no gradient). `[batch, completion_len]`,
 /// 0 after each row's first EOS.
 pub fn completion_logprobs(model: &Llama, seqs: Sequences, temperature: f64, ctl: &[AdapterCtl]) -> TokenLogprobs {
+    policy_logprobs(model, seqs, temperature, ctl, false)
+}
+
+/// [`completion_logprobs`] with the entropies differentiable too: TRL's entropy bonus
+/// (`entropy_coef`) trains on them.
+pub fn completion_logprobs_and_entropy(model: &Llama, seqs: Sequences, temperature: f64, ctl: &[AdapterCtl]) -> TokenLogprobs {
+    policy_logprobs(model, seqs, temperature, ctl, true)
+}
+
+fn policy_logprobs(model: &Llama, seqs: Sequences, temperature: f64, ctl: &[AdapterCtl], entropy_gradient: bool) -> TokenLogprobs {
     let real = real_completion_hidden(model, seqs, ctl);
-    let head = head_logprobs(model.head_weight(), &real.hidden, &real.targets, temperature);
+    let head = head_logprobs(model.head_weight(), &real.hidden, &real.targets, temperature, entropy_gradient);
     TokenLogprobs { logprobs: real.scatter(&head.logprobs), entropy: real.scatter(&head.entropy) }
 }
 
@@ -47,7 +58,7 @@ pub fn completion_logprobs(model: &Llama, seqs: Sequences, temperature: f64, ctl
 pub fn frozen_logprobs(model: &Llama, seqs: Sequences, temperature: f64, ctl: &[AdapterCtl]) -> Tensor {
     tch::no_grad(|| {
         let real = real_completion_hidden(model, seqs, ctl);
-        real.scatter(&head_logprobs(model.head_weight(), &real.hidden, &real.targets, temperature).logprobs)
+        real.scatter(&head_logprobs(model.head_weight(), &real.hidden, &real.targets, temperature, false).logprobs)
     })
 }
 
@@ -99,8 +110,9 @@ impl RealCompletionHidden {
 /// [`AdapterCtl::stacked`]). The runs' batches have the same number of rows; prompts are
 /// left-padded and completions right-padded to the longest (padding that no real token attends
 /// to, and positions that only shift, which RoPE does not see), and each run's states go through
-/// its own output head at its own temperature.
-pub(super) fn stacked_completion_logprobs(stacked: &Llama, runs: &[Sequences], temperatures: &[f64], ctl: &[AdapterCtl]) -> Vec<TokenLogprobs> {
+/// its own output head at its own temperature (its entropies differentiable where
+/// `entropy_gradients` says).
+pub(super) fn stacked_completion_logprobs(stacked: &Llama, runs: &[Sequences], temperatures: &[f64], entropy_gradients: &[bool], ctl: &[AdapterCtl]) -> Vec<TokenLogprobs> {
     assert_eq!(stacked.runs(), runs.len() as i64, "one batch per stacked run");
     let prompt_len = runs.iter().map(|s| s.prompt_ids.size()[1]).max().expect("at least one run");
     let completion_len = runs.iter().map(|s| s.completion_ids.size()[1]).max().expect("at least one run");
@@ -114,11 +126,11 @@ pub(super) fn stacked_completion_logprobs(stacked: &Llama, runs: &[Sequences], t
     let hidden = stacked.forward(&Tensor::cat(&ids, 0), &Tensor::cat(&masks, 0), ctl);
     let rows = runs[0].prompt_ids.size()[0];
     runs.iter()
-        .zip(temperatures)
+        .zip(temperatures.iter().zip(entropy_gradients))
         .enumerate()
-        .map(|(r, (seqs, &temperature))| {
+        .map(|(r, (seqs, (&temperature, &entropy_gradient)))| {
             let real = RealCompletionHidden::of(&hidden.narrow(0, r as i64 * rows, rows), prompt_len, *seqs);
-            let head = head_logprobs(&stacked.head_weight().get(r as i64), &real.hidden, &real.targets, temperature);
+            let head = head_logprobs(&stacked.head_weight().get(r as i64), &real.hidden, &real.targets, temperature, entropy_gradient);
             TokenLogprobs { logprobs: real.scatter(&head.logprobs), entropy: real.scatter(&head.entropy) }
         })
         .collect()
@@ -131,7 +143,7 @@ pub const HEAD_CHUNK_ROWS: i64 = 256;
 struct HeadOutputs {
     /// `[n]` log p(target), differentiable in the hidden states and the head weight.
     logprobs: Tensor,
-    /// `[n]` entropy of each next-token distribution (no gradient).
+    /// `[n]` entropy of each next-token distribution (differentiable when asked for).
     entropy: Tensor,
 }
 
@@ -148,7 +160,11 @@ struct HeadOutputs {
 /// gone and the matrix products stay the same in number. `r` keeps the one-hot and the
 /// probabilities together: `w_target - p W` would cancel when the model is confident and
 /// lose digits. Tested against TRL's gradients and float64 ones (`tests/grpo_trl.rs`).
-fn head_logprobs(weight: &Tensor, hidden: &Tensor, targets: &Tensor, temperature: f64) -> HeadOutputs {
+///
+/// With `entropy_gradient` the entropy `H = log Z - Σ_v p_v z_v` gets the same treatment, with
+/// `dH / dz_v = -p_v (log p_v + H)` (TRL's kernel's) in place of `r`: one more `[n, hidden]`
+/// product, made only then.
+fn head_logprobs(weight: &Tensor, hidden: &Tensor, targets: &Tensor, temperature: f64, entropy_gradient: bool) -> HeadOutputs {
     // Under `no_grad` nothing requires grad; a head weight learns only with full fine-tuning,
     // where the hidden states learn too.
     let learns_hidden = hidden.requires_grad();
@@ -156,7 +172,8 @@ fn head_logprobs(weight: &Tensor, hidden: &Tensor, targets: &Tensor, temperature
     let (frozen_hidden, frozen_weight) = (hidden.detach(), weight.detach());
     // The weight of the residual product, made only when a gradient is wanted.
     let product_weight = learns_hidden.then(|| (if learns_weight { weight } else { &frozen_weight }).to_kind(Kind::Float));
-    let (mut logprobs, mut entropy, mut jacobian) = (Vec::new(), Vec::new(), Vec::new());
+    let entropy_weight = product_weight.as_ref().filter(|_| entropy_gradient);
+    let (mut logprobs, mut entropy, mut jacobian, mut entropy_jacobian) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (rows, row_targets) in frozen_hidden.split(HEAD_CHUNK_ROWS, 0).iter().zip(targets.split(HEAD_CHUNK_ROWS, 0)) {
         let logits = rows.matmul(&frozen_weight.tr()).to_kind(Kind::Float);
         let logits = if temperature != 1.0 { logits / temperature } else { logits };
@@ -165,7 +182,14 @@ fn head_logprobs(weight: &Tensor, hidden: &Tensor, targets: &Tensor, temperature
         let picked = logits.gather(-1, &row_targets, false).squeeze_dim(-1);
         logprobs.push(picked - &normaliser);
         let mut probs = logits.softmax(-1, Kind::Float);
-        entropy.push(&normaliser - (&probs * &logits).sum_dim_intlist(-1, false, Kind::Float));
+        match entropy_weight {
+            None => entropy.push(&normaliser - (&probs * &logits).sum_dim_intlist(-1, false, Kind::Float)),
+            Some(product_weight) => {
+                let (row_entropy, derivative) = entropy_and_derivative(&logits, &probs);
+                entropy_jacobian.push(derivative.matmul(product_weight) / temperature);
+                entropy.push(row_entropy);
+            }
+        }
         if let Some(product_weight) = &product_weight {
             // r_target = Σ_{v ≠ target} p_v, not 1 - p_target: a confident model (p_target
             // ≈ 1) would lose digits in the subtraction.
@@ -177,14 +201,38 @@ fn head_logprobs(weight: &Tensor, hidden: &Tensor, targets: &Tensor, temperature
             jacobian.push(residual.matmul(product_weight) / temperature);
         }
     }
-    let mut logprobs = Tensor::cat(&logprobs, 0);
+    let (mut logprobs, mut entropy) = (Tensor::cat(&logprobs, 0), Tensor::cat(&entropy, 0));
     if learns_hidden {
-        let jacobian = Tensor::cat(&jacobian, 0);
         let hidden_f = hidden.to_kind(Kind::Float);
-        logprobs = logprobs + (gradient_only(&hidden_f) * jacobian.detach()).sum_dim_intlist(-1, false, Kind::Float);
-        if learns_weight {
-            logprobs = logprobs + gradient_only(&(jacobian * hidden_f.detach()).sum_dim_intlist(-1, false, Kind::Float));
+        logprobs = logprobs + analytic_gradient(&hidden_f, Tensor::cat(&jacobian, 0), learns_weight);
+        if entropy_weight.is_some() {
+            entropy = entropy + analytic_gradient(&hidden_f, Tensor::cat(&entropy_jacobian, 0), learns_weight);
         }
     }
-    HeadOutputs { logprobs, entropy: Tensor::cat(&entropy, 0) }
+    HeadOutputs { logprobs, entropy }
+}
+
+/// The entropy `H` of each row of `logits` (`[rows, vocab]`, softmax `probs`) and its derivative
+/// `dH / dz_v = -p_v (log p_v + H) = -p_v (z_v - E_p[z])`, both from logits shifted by their
+/// maximum: `log Z - E_p[z]` on the raw logits subtracts two numbers of the size of the largest
+/// logit and left the bonus's float32 gradient 1e-4 from float64 (TRL's 1e-5); shifted, they are
+/// of the size of the entropy. (The metric's entropy, without the bonus, keeps its formula, so
+/// that runs without the bonus log the bits they did.)
+fn entropy_and_derivative(logits: &Tensor, probs: &Tensor) -> (Tensor, Tensor) {
+    let shifted = logits - logits.amax([-1], true);
+    let expected = (probs * &shifted).sum_dim_intlist(-1, true, Kind::Float);
+    let entropy = shifted.logsumexp([-1], true) - &expected;
+    let derivative = -(probs * (shifted - expected));
+    (entropy.squeeze_dim(-1), derivative)
+}
+
+/// The zero-valued term whose gradient is a head output's: `jacobian` (`[n, hidden]`, the output's
+/// derivative in the hidden states, made with the head weight, differentiable in it when it
+/// learns) against the hidden states, and its own backward for the weight.
+fn analytic_gradient(hidden: &Tensor, jacobian: Tensor, learns_weight: bool) -> Tensor {
+    let term = (gradient_only(hidden) * jacobian.detach()).sum_dim_intlist(-1, false, Kind::Float);
+    match learns_weight {
+        true => term + gradient_only(&(jacobian * hidden.detach()).sum_dim_intlist(-1, false, Kind::Float)),
+        false => term,
+    }
 }

@@ -16,7 +16,7 @@ mod logprobs;
 mod passes;
 mod shared;
 
-pub use logprobs::{HEAD_CHUNK_ROWS, Sequences, TokenLogprobs, completion_logprobs, frozen_logprobs};
+pub use logprobs::{HEAD_CHUNK_ROWS, Sequences, TokenLogprobs, completion_logprobs, completion_logprobs_and_entropy, frozen_logprobs};
 pub use ahead::Ahead;
 pub use shared::{Done, Engine, ScoreJob, Seat, Stacking, TrainJob};
 pub use passes::{BackwardPass, LossBatch, Passes, backward_micro_batches, backward_passes, backward_stacked, stacked_frozen_logprobs};

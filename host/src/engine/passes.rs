@@ -5,8 +5,8 @@
 
 use tch::{Kind, Tensor};
 
-use super::logprobs::{Sequences, TokenLogprobs, completion_logprobs, stacked_completion_logprobs};
-use crate::grpo::{LossLogprobs, LossTerms, Objective, TokenMasks, high_entropy_mask, sampled_loss, token_weights};
+use super::logprobs::{Sequences, TokenLogprobs, completion_logprobs, completion_logprobs_and_entropy, stacked_completion_logprobs};
+use crate::grpo::{self, EntropyBonus, LossLogprobs, LossTerms, Objective, TokenMasks, high_entropy_mask, sampled_loss, token_weights};
 use crate::model::Llama;
 use crate::model::linear::AdapterCtl;
 
@@ -23,6 +23,9 @@ pub struct LossBatch<'a> {
     pub advantages: &'a Tensor,
     pub loss_mask: &'a Tensor,
     pub classes: &'a [Tensor],
+    /// The entropy bonus's coefficient at this step (`None`: the objective has no bonus; an
+    /// adaptive control may apply 0).
+    pub entropy_coef: Option<f64>,
 }
 
 impl<'a> LossBatch<'a> {
@@ -91,6 +94,9 @@ pub fn backward_passes(
     let rows = total_rows / passes.micro_batches as i64;
     let part_rows = rows / passes.splits as i64;
     assert_eq!(part_rows * passes.count() as i64, total_rows, "micro-batches and their splits must divide the batch");
+    // The whole step's trained tokens count the bonus's mean (with the high-entropy mask,
+    // each micro-batch's own: `grpo::entropy`'s documentation).
+    let step_trained = grpo::trained_tokens(&weights, None);
     let mut chunks = Vec::with_capacity(passes.count());
     for start in (0..passes.micro_batches as i64).map(|k| k * rows) {
         let parts: Vec<(i64, TokenLogprobs)> = (0..passes.splits as i64)
@@ -111,11 +117,20 @@ pub fn backward_passes(
             let masks = TokenMasks { loss: &part_mask, policy: part_high_entropy.as_ref() };
             let (old, reference, sampler) = (batch.old_logprobs.map(pick), batch.ref_logprobs.map(pick), batch.sampling_logprobs.map(pick));
             let part_logprobs = LossLogprobs { current: &logprobs.logprobs, old: old.as_ref(), reference: reference.as_ref(), sampler: sampler.as_ref() };
-            let terms = sampled_loss(part_logprobs, &pick(batch.advantages), masks, &pick(&weights), objective);
+            let part_weights = pick(&weights);
+            let mut terms = sampled_loss(part_logprobs, &pick(batch.advantages), masks, &part_weights, objective);
+            if let Some(coef) = batch.entropy_coef {
+                let trained = grpo::trained_tokens(&part_weights, masks.policy);
+                let bonus_weights = match &high_entropy {
+                    Some(high_entropy) => grpo::bonus_weights(&trained, &(grpo::trained_tokens(&weights.narrow(0, start, rows), Some(high_entropy)) * passes.micro_batches as f64)),
+                    None => grpo::bonus_weights(&trained, &step_trained),
+                };
+                add_entropy_bonus(&mut terms, &logprobs.entropy, &bonus_weights, &trained, coef);
+            }
             before_backward(&logprobs.logprobs, masks);
             terms.loss.backward();
             after_backward();
-            chunks.push((TokenLogprobs { logprobs: logprobs.logprobs.detach(), entropy: logprobs.entropy }, part_high_entropy, terms));
+            chunks.push((TokenLogprobs { logprobs: logprobs.logprobs.detach(), entropy: logprobs.entropy.detach() }, part_high_entropy, terms));
         }
     }
     if chunks.len() == 1 {
@@ -129,8 +144,24 @@ pub fn backward_passes(
     let high_entropy = (objective.top_entropy_quantile < 1.0).then(|| cat(&|c| c.1.as_ref().expect("a mask per chunk").shallow_clone()));
     let masks = TokenMasks { loss: batch.loss_mask, policy: high_entropy.as_ref() };
     let mut terms = sampled_loss(batch.logprobs(&logprobs.logprobs), batch.advantages, masks, &weights, objective);
-    terms.loss = Tensor::stack(&chunks.iter().map(|c| c.2.loss.detach()).collect::<Vec<_>>(), 0).sum(Kind::Float);
+    let sum = |part: &dyn Fn(&LossTerms) -> Tensor| Tensor::stack(&chunks.iter().map(|c| part(&c.2).detach()).collect::<Vec<_>>(), 0).sum(Kind::Float);
+    terms.loss = sum(&|t| t.loss.shallow_clone());
+    if batch.entropy_coef.is_some() {
+        let policy_loss = sum(&|t| t.entropy_bonus.as_ref().expect("each chunk's bonus").policy_loss.shallow_clone());
+        let mean_entropy = grpo::mean_entropy(&logprobs.entropy, &grpo::trained_tokens(&weights, masks.policy));
+        terms.entropy_bonus = Some(EntropyBonus { policy_loss, mean_entropy });
+    }
     BackwardPass { logprobs, terms }
+}
+
+/// TRL's entropy bonus added to a pass's loss: `loss - coef * Σ entropy * bonus_weights`, with
+/// the loss before it and the mean entropy of the pass's `trained` tokens kept for the metrics.
+fn add_entropy_bonus(terms: &mut LossTerms, entropy: &Tensor, bonus_weights: &Tensor, trained: &Tensor, coef: f64) {
+    let policy_loss = terms.loss.detach();
+    if coef != 0.0 {
+        terms.loss = &terms.loss - (entropy * bonus_weights).sum(Kind::Float) * coef;
+    }
+    terms.entropy_bonus = Some(EntropyBonus { policy_loss, mean_entropy: grpo::mean_entropy(entropy, trained) });
 }
 
 /// [`backward_micro_batches`] with one micro-batch for several runs at once: one forward pass of
@@ -141,7 +172,8 @@ pub fn backward_passes(
 pub fn backward_stacked(models: &[&Llama], batches: &[LossBatch], temperatures: &[f64], objectives: &[&Objective]) -> Vec<BackwardPass> {
     let ctl: Vec<&[AdapterCtl]> = batches.iter().map(|b| b.ctl).collect();
     let seqs: Vec<Sequences> = batches.iter().map(|b| b.seqs).collect();
-    let logprobs = stacked_completion_logprobs(&Llama::stacked(models), &seqs, temperatures, &stacked_controls(&ctl, &seqs));
+    let entropy_gradients: Vec<bool> = batches.iter().map(|b| b.entropy_coef.is_some_and(|coef| coef != 0.0)).collect();
+    let logprobs = stacked_completion_logprobs(&Llama::stacked(models), &seqs, temperatures, &entropy_gradients, &stacked_controls(&ctl, &seqs));
     let terms: Vec<LossTerms> = batches.iter().zip(objectives).zip(&logprobs).map(|((batch, objective), logprobs)| whole_batch_terms(batch, objective, logprobs)).collect();
     let total = terms.iter().map(|t| t.loss.shallow_clone()).reduce(|a, b| a + b).expect("at least one run");
     total.backward();
@@ -150,7 +182,7 @@ pub fn backward_stacked(models: &[&Llama], batches: &[LossBatch], temperatures: 
         .zip(terms)
         .map(|(logprobs, mut terms)| {
             terms.loss = terms.loss.detach();
-            BackwardPass { logprobs: TokenLogprobs { logprobs: logprobs.logprobs.detach(), entropy: logprobs.entropy }, terms }
+            BackwardPass { logprobs: TokenLogprobs { logprobs: logprobs.logprobs.detach(), entropy: logprobs.entropy.detach() }, terms }
         })
         .collect()
 }
@@ -160,7 +192,7 @@ pub fn backward_stacked(models: &[&Llama], batches: &[LossBatch], temperatures: 
 pub fn stacked_frozen_logprobs(models: &[&Llama], ctl: &[&[AdapterCtl]], runs: &[Sequences], temperatures: &[f64]) -> Vec<Tensor> {
     tch::no_grad(|| {
         let stacked = Llama::stacked(models);
-        stacked_completion_logprobs(&stacked, runs, temperatures, &stacked_controls(ctl, runs)).into_iter().map(|t| t.logprobs).collect()
+        stacked_completion_logprobs(&stacked, runs, temperatures, &vec![false; runs.len()], &stacked_controls(ctl, runs)).into_iter().map(|t| t.logprobs).collect()
     })
 }
 
@@ -179,7 +211,12 @@ fn whole_batch_terms(batch: &LossBatch, objective: &Objective, logprobs: &TokenL
     let weights = token_weights(&batch.loss_mask.to_kind(Kind::Float), batch.classes, objective.aggregation, 1);
     let high_entropy = (objective.top_entropy_quantile < 1.0).then(|| high_entropy_mask(&logprobs.entropy, batch.loss_mask, objective.top_entropy_quantile));
     let masks = TokenMasks { loss: batch.loss_mask, policy: high_entropy.as_ref() };
-    sampled_loss(batch.logprobs(&logprobs.logprobs), batch.advantages, masks, &weights, objective)
+    let mut terms = sampled_loss(batch.logprobs(&logprobs.logprobs), batch.advantages, masks, &weights, objective);
+    if let Some(coef) = batch.entropy_coef {
+        let trained = grpo::trained_tokens(&weights, masks.policy);
+        add_entropy_bonus(&mut terms, &logprobs.entropy, &grpo::bonus_weights(&trained, &trained), &trained, coef);
+    }
+    terms
 }
 
 /// The differentiable log-probabilities of rows `start..start + rows` of `batch`.
@@ -188,5 +225,8 @@ fn rows_logprobs(model: &Llama, batch: &LossBatch, temperature: f64, start: i64,
     let (prompt_ids, prompt_mask, completion_ids, completion_mask) = (pick(batch.seqs.prompt_ids), pick(batch.seqs.prompt_mask), pick(batch.seqs.completion_ids), pick(batch.seqs.completion_mask));
     let seqs = Sequences { prompt_ids: &prompt_ids, prompt_mask: &prompt_mask, completion_ids: &completion_ids, completion_mask: &completion_mask };
     let ctl: Vec<AdapterCtl> = batch.ctl.iter().map(|c| c.rows(start, rows)).collect();
-    completion_logprobs(model, seqs, temperature, &ctl)
+    match batch.entropy_coef.is_some_and(|coef| coef != 0.0) {
+        true => completion_logprobs_and_entropy(model, seqs, temperature, &ctl),
+        false => completion_logprobs(model, seqs, temperature, &ctl),
+    }
 }

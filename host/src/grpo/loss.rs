@@ -33,6 +33,16 @@ pub struct LossTerms {
     pub importance_sampling: Option<IsStats>,
     /// TRL's `vespo/phi_seq_mean` (with vespo only): the mean over completions of VESPO's weight.
     pub vespo_phi_seq_mean: Option<Tensor>,
+    /// With TRL's entropy bonus: what the engine's passes add to `loss` (`None` here).
+    pub entropy_bonus: Option<EntropyBonus>,
+}
+
+/// What a pass with TRL's entropy bonus logs about it.
+pub struct EntropyBonus {
+    /// The loss before the bonus (TRL's `policy_loss`), no gradient.
+    pub policy_loss: Tensor,
+    /// The mean entropy of the tokens that train (what the adaptive control reads).
+    pub mean_entropy: f64,
 }
 
 /// The log-probabilities a loss reads (`[batch, len]` each): the policy's (differentiable), what
@@ -157,6 +167,7 @@ pub fn sampled_loss(logprobs: LossLogprobs, advantages: &Tensor, masks: TokenMas
         vespo_phi_seq_mean: surrogate.vespo_phi_seq_mean,
         effective_sample_size,
         importance_sampling: correction.map(|(_, stats)| stats),
+        entropy_bonus: None,
     }
 }
 

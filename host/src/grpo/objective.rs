@@ -7,6 +7,7 @@
 use anyhow::{Context, Result, ensure};
 
 use super::aggregation::Aggregation;
+use super::entropy::{EntropyControl, EntropyKeys};
 use super::is_correction::{ImportanceSamplingMode, IsCorrection};
 use super::kl::{KlEstimator, KlPenalty};
 
@@ -121,6 +122,8 @@ pub struct Objective {
     /// with a negative advantage whose mean `logp_sampler - logp` over its loss tokens exceeds it
     /// leaves the policy term (`None`: off).
     pub off_policy_mask_threshold: Option<f64>,
+    /// TRL's entropy bonus and how its coefficient is set (`None`: no bonus).
+    pub entropy: Option<EntropyControl>,
 }
 
 /// The configuration's flat keys that the objective is built from (TRL's and tinker's names).
@@ -156,6 +159,8 @@ pub struct ObjectiveKeys {
     pub off_policy_mask_threshold: Option<f64>,
     /// TRL's `use_bias_correction_kl`: the KL term multiplied by the importance ratio.
     pub use_bias_correction_kl: bool,
+    /// TRL's `entropy_coef` and its adaptive control's keys.
+    pub entropy: EntropyKeys,
 }
 
 impl Objective {
@@ -189,6 +194,7 @@ impl Objective {
             top_entropy_quantile: keys.top_entropy_quantile,
             correction,
             off_policy_mask_threshold: off_policy_mask(keys.off_policy_mask_threshold)?,
+            entropy: EntropyControl::of(&keys.entropy)?,
         })
     }
 }

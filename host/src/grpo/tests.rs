@@ -41,7 +41,7 @@ fn settings(level: ImportanceSamplingLevel, loss_type: LossType) -> Objective {
         LossType::Cispo => Surrogate::Cispo { cap: 0.28 },
         _ => Surrogate::Clip { low: 0.2, high: 0.28, delta: Some(1.3) },
     };
-    Objective { surrogate, ratio_to: RatioTo::OldPolicy, ratio_level: level, aggregation: Aggregation::of(loss_type, 3), kl: None, top_entropy_quantile: 1.0, correction: None, off_policy_mask_threshold: None }
+    Objective { surrogate, ratio_to: RatioTo::OldPolicy, ratio_level: level, aggregation: Aggregation::of(loss_type, 3), kl: None, top_entropy_quantile: 1.0, correction: None, off_policy_mask_threshold: None, entropy: None }
 }
 
 #[test]

@@ -65,6 +65,13 @@ pub mod key {
     /// TRL's `vespo/phi_seq_mean` (only with loss_type vespo): the mean over completions of
     /// VESPO's Gamma weight `phi(w)` (1 on policy).
     pub const VESPO_PHI_SEQ_MEAN: &str = "vespo/phi_seq_mean";
+    /// TRL's entropy bonus: its coefficient after the step's update (TRL's `entropy_coef`), the
+    /// coefficient the step's loss applied, the loss before the bonus (TRL's `policy_loss`) and
+    /// the mean entropy of the tokens that trained (what the adaptive control read).
+    pub const ENTROPY_COEF: &str = "entropy_coef";
+    pub const ENTROPY_COEF_APPLIED: &str = "entropy/applied_coef";
+    pub const POLICY_LOSS: &str = "policy_loss";
+    pub const ENTROPY_TRAINED_MEAN: &str = "entropy/trained_mean";
     /// Covariance of the log-prob and the advantage over the loss tokens
     /// (`probes::logprob_advantage_covariance`): Cui et al.'s predictor of the entropy change.
     pub const LOGPROB_ADVANTAGE_COVARIANCE: &str = "entropy/cov_logp_advantage";
@@ -247,6 +254,8 @@ pub struct StepMetrics {
     pub cispo_clip_ratio: Option<f64>,
     /// TRL's `vespo/phi_seq_mean` (with vespo only).
     pub vespo_phi_seq_mean: Option<f64>,
+    /// With TRL's entropy bonus.
+    pub entropy_bonus: Option<EntropyBonusMetrics>,
     pub effective_sample_size: f64,
     /// Each aggregation's [`crate::grpo::WeightEss`] of the step's loss tokens, whichever the
     /// run trains with ([`AGGREGATIONS`]).
@@ -265,6 +274,31 @@ pub struct StepMetrics {
     pub step_seconds: f64,
     /// DualLoRA's absorption diagnostics, keyed by [`key::absorption`].
     pub absorption: Vec<(String, f64)>,
+}
+
+/// What a step with TRL's entropy bonus logs about it.
+#[derive(Debug, Clone, Copy)]
+pub struct EntropyBonusMetrics {
+    /// The coefficient after the step's update, and the one its loss applied.
+    pub coef: f64,
+    pub applied: f64,
+    pub policy_loss: f64,
+    pub trained_entropy: f64,
+}
+
+impl EntropyBonusMetrics {
+    fn put(&self, put: &mut dyn FnMut(&str, Value)) {
+        put(key::ENTROPY_COEF, self.coef.into());
+        put(key::ENTROPY_COEF_APPLIED, self.applied.into());
+        put(key::POLICY_LOSS, self.policy_loss.into());
+        put(key::ENTROPY_TRAINED_MEAN, self.trained_entropy.into());
+    }
+
+    /// The adaptive control's state a metrics line recorded, `(coefficient, last entropy)`, to
+    /// continue it on resume (read with `float_roundtrip`: the same float64 values).
+    pub fn controller_in(line: &Value) -> Option<(f64, f64)> {
+        Some((line[key::ENTROPY_COEF].as_f64()?, line[key::ENTROPY_TRAINED_MEAN].as_f64()?))
+    }
 }
 
 /// The gradient noise scale of a step and its running average.
@@ -363,6 +397,9 @@ pub fn line(rollout: &RolloutMetrics, step: &StepMetrics) -> Value {
     }
     if let Some(phi) = step.vespo_phi_seq_mean {
         put(key::VESPO_PHI_SEQ_MEAN, phi.into());
+    }
+    if let Some(bonus) = &step.entropy_bonus {
+        bonus.put(&mut put);
     }
     put(key::EFFECTIVE_SAMPLE_SIZE, step.effective_sample_size.into());
     for (loss_type, ess) in &step.aggregation_ess {

@@ -137,7 +137,8 @@ impl Trainer {
         };
         let files = RunFiles::open(run_dir, &cfg)?;
         let keys = cfg.step_keys();
-        let mut trainer = Self { cfg, keys, files, policy, rewards, eval_prompts, draw, recipe, state: StepState::default(), memory };
+        let state = StepState { entropy: policy.objective.entropy.map(crate::grpo::EntropyController::new), ..StepState::default() };
+        let mut trainer = Self { cfg, keys, files, policy, rewards, eval_prompts, draw, recipe, state, memory };
         let opened = trainer.open_run(resume.is_some(), restarted, hashes).and_then(|()| trainer.files.log.line(&trainer.memory.line));
         trainer.files.log_failure(opened)?;
         Ok(trainer)
@@ -219,6 +220,11 @@ impl Trainer {
             let average = metrics::GradientNoise::average_in(&last_metrics);
             let average = average.with_context(|| format!("{}: metrics.jsonl's step {step} lacks the gradient noise scale's running average", self.files.dir.display()))?;
             self.state.noise_scale_average = Some(average);
+        }
+        if let Some(control) = self.policy.objective.entropy {
+            let (coef, last_entropy) = metrics::EntropyBonusMetrics::controller_in(&last_metrics)
+                .with_context(|| format!("{}: metrics.jsonl's step {step} lacks the entropy bonus's coefficient", self.files.dir.display()))?;
+            self.state.entropy = Some(crate::grpo::EntropyController::restored(control, coef, last_entropy));
         }
         self.files.log.line(&format!("resumed from {} at step {step}", dir.display()))?;
         self.record_extension()

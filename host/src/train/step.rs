@@ -31,6 +31,9 @@ pub(super) struct StepState {
     /// The running average of the gradient noise scale (`gradient_noise_scale`), restored from
     /// the last metrics line on resume.
     pub noise_scale_average: Option<NoiseScale>,
+    /// TRL's entropy bonus's coefficient between steps (with the bonus only), restored from the
+    /// last metrics line on resume.
+    pub entropy: Option<grpo::EntropyController>,
 }
 
 /// A step prepared up to its backward pass: its rollout is the trainer's, its rows here, the
@@ -40,6 +43,8 @@ pub(super) struct PendingStep {
     started: Instant,
     new_rollout: bool,
     mini: MiniBatch,
+    /// The entropy bonus's coefficient this step applies (with the bonus only).
+    entropy_coef: Option<f64>,
 }
 
 /// What a step's backward pass left beside the gradients in the parameters.
@@ -79,7 +84,8 @@ impl Trainer {
         let substeps = self.keys.substeps_per_rollout;
         let mini = MiniBatch::of(rollout, step % substeps, substeps);
         self.policy.optimizer.zero_grad();
-        Ok(PendingStep { step, started, new_rollout, mini })
+        let entropy_coef = self.state.entropy.as_ref().map(grpo::EntropyController::applied);
+        Ok(PendingStep { step, started, new_rollout, mini, entropy_coef })
     }
 
     /// Generates, scores and prepares the rollout of optimizer step `step` (and the next
@@ -165,7 +171,7 @@ impl Trainer {
             }
             return Ok(self.own_backward(pending));
         }
-        let job = engine::TrainJob { model: &self.policy.model, batch: pending.mini.loss_batch(&pending.mini.plan), temperature: self.policy.temperature(), objective: &self.policy.objective };
+        let job = engine::TrainJob { model: &self.policy.model, batch: pending.mini.loss_batch(&pending.mini.plan, pending.entropy_coef), temperature: self.policy.temperature(), objective: &self.policy.objective };
         let done = self.policy.seat.train(job)?;
         if done.runs > 1 {
             self.policy.announce(&mut self.files.log, "train", || format!("training stacked with {} packed runs (one batched forward and backward pass; each run's own loss and optimizer)", done.runs));
@@ -182,7 +188,7 @@ impl Trainer {
         let micro_batches = self.keys.passes.micro_batches;
         let natural_grads = match &mini.natural {
             Some(natural) => {
-                engine::backward_micro_batches(&self.policy.model, &mini.loss_batch(natural), self.policy.temperature(), &self.policy.objective, micro_batches, &mut |_, _| {});
+                engine::backward_micro_batches(&self.policy.model, &mini.loss_batch(natural, pending.entropy_coef), self.policy.temperature(), &self.policy.objective, micro_batches, &mut |_, _| {});
                 Some(self.policy.optimizer.take_grads())
             }
             None => None,
@@ -196,7 +202,7 @@ impl Trainer {
                 absorption = self.gradient_norms_by_class(rollout, logprobs, masks);
             }
         };
-        let batch = mini.loss_batch(&mini.plan);
+        let batch = mini.loss_batch(&mini.plan, pending.entropy_coef);
         let passes = self.keys.passes;
         let mut pass_gradients = self.keys.gradient_noise_scale.then(probes::PassGradients::default);
         let trained: Vec<Tensor> = self.policy.optimizer.params().iter().map(|(_, t)| t.shallow_clone()).collect();
@@ -225,7 +231,7 @@ impl Trainer {
         // Before the update: the kernel of the policy that computed the step's gradient.
         let fisher_kernel = self.keys.fisher.measure(&self.policy, &self.files.dir, pending.step, pending.mini.seqs(), &pending.mini.plan.ctl)?;
         let optimizer_start = Instant::now();
-        let PendingStep { step, started, new_rollout, mini, .. } = pending;
+        let PendingStep { step, started, new_rollout, mini, entropy_coef } = pending;
         let Trained { pass: engine::BackwardPass { logprobs, terms }, mut natural_grads, mut absorption, gradient_noise, seconds: pass_seconds } = trained;
         let rollout = self.state.rollout.as_ref().expect("begin_step made the rollout");
         let g = &rollout.generation;
@@ -252,6 +258,7 @@ impl Trainer {
         if let Some(before) = before {
             self.absorption_after_step(&before, &mut absorption);
         }
+        let entropy_bonus = update_entropy_coef(self.state.entropy.as_mut(), entropy_coef, terms.entropy_bonus.as_ref())?;
         let train_seconds = pass_seconds + optimizer_start.elapsed().as_secs_f64();
         let entropy = stats::masked_mean(&logprobs.entropy, &mini.loss_mask);
         // The same batch re-scored by the updated policy (one forward pass, no gradient).
@@ -280,6 +287,7 @@ impl Trainer {
             clip_fractions: terms.clip_fractions.as_ref().map(|clip| [&clip.low, &clip.high, &clip.region].map(|f| f.double_value(&[]))),
             cispo_clip_ratio: terms.cispo_clip_ratio.as_ref().map(|f| f.double_value(&[])),
             vespo_phi_seq_mean: terms.vespo_phi_seq_mean.as_ref().map(|f| f.double_value(&[])),
+            entropy_bonus,
             effective_sample_size: terms.effective_sample_size,
             aggregation_ess: metrics::AGGREGATIONS
                 .iter()
@@ -399,7 +407,7 @@ impl MiniBatch {
     }
 
     /// The loss's inputs for these rows under `plan` (its adapter controls and loss classes).
-    fn loss_batch<'a>(&'a self, plan: &'a PlanRows) -> engine::LossBatch<'a> {
+    fn loss_batch<'a>(&'a self, plan: &'a PlanRows, entropy_coef: Option<f64>) -> engine::LossBatch<'a> {
         engine::LossBatch {
             seqs: self.seqs(),
             ctl: &plan.ctl,
@@ -409,6 +417,18 @@ impl MiniBatch {
             advantages: &self.advantages,
             loss_mask: &self.loss_mask,
             classes: &plan.classes,
+            entropy_coef,
         }
     }
+}
+
+/// After the optimizer step: the entropy bonus's control reads the step's trained entropy (TRL
+/// updates it at each optimizer step), and what the metrics line logs about the bonus.
+fn update_entropy_coef(controller: Option<&mut grpo::EntropyController>, applied: Option<f64>, bonus: Option<&grpo::EntropyBonus>) -> Result<Option<metrics::EntropyBonusMetrics>> {
+    let (Some(controller), Some(applied)) = (controller, applied) else {
+        return Ok(None);
+    };
+    let bonus = bonus.context("internal error: a step with the entropy bonus returned none of its terms")?;
+    controller.update(bonus.mean_entropy);
+    Ok(Some(metrics::EntropyBonusMetrics { coef: controller.coef(), applied, policy_loss: bonus.policy_loss.double_value(&[]), trained_entropy: bonus.mean_entropy }))
 }

@@ -18,7 +18,7 @@ use serde_json::{Map, Value};
 use crate::adapters::{self, AdapterConfig, AdapterKind};
 use crate::defaults as d;
 use crate::device::{DeviceSpec, Dtype};
-use crate::grpo::{ImportanceSamplingLevel, ImportanceSamplingMode, KlEstimator, LossFn, LossType, Objective, ObjectiveKeys, ScaleRewards, VespoGamma};
+use crate::grpo::{ImportanceSamplingLevel, ImportanceSamplingMode, KlEstimator, LossFn, LossType, ScaleRewards};
 use crate::hyperparams::Label::{Key, Omit, Short};
 use crate::hyperparams::{self, Prop, hyperparameters};
 use crate::intervention::Intervention;
@@ -29,6 +29,7 @@ use crate::routing::{self, CoherenceRhMode, RenormalizationMode, RoutingMode, Ro
 
 mod accumulation;
 mod checks;
+mod objective;
 mod parts;
 pub use parts::{LrSchedule, StepKeys};
 
@@ -146,6 +147,23 @@ hyperparameters! {
         /// true; false here keeps the loss of the runs from before the key).
         #[arg(num_args = 0..=1, default_missing_value = "true")]
         use_bias_correction_kl: bool = false, Short("klcorr");
+        /// TRL's entropy bonus: the loss minus this times the mean entropy of the tokens that
+        /// train (0: none), the same for every loss_type; with use_adaptive_entropy its start.
+        entropy_coef: f64 = 0.0, Short("entcoef");
+        /// Skywork-OR1's adaptive entropy control (TRL's): after each step entropy_coef moves by
+        /// entropy_coef_delta up when the step's entropy was at most entropy_target, down otherwise,
+        /// and applies only while it is.
+        #[arg(num_args = 0..=1, default_missing_value = "true")]
+        use_adaptive_entropy: bool = false, Short("adaptent");
+        /// The adaptive entropy coefficient's lower bound (TRL's default).
+        entropy_coef_min: f64 = 0.0, Short("entmin");
+        /// The adaptive entropy coefficient's upper bound (TRL's default).
+        entropy_coef_max: f64 = 1.0, Short("entmax");
+        /// The adaptive entropy coefficient's step per optimizer step (TRL's default).
+        entropy_coef_delta: f64 = 0.005, Short("entdelta");
+        /// The mean entropy in nats at or below which the adaptive bonus applies (TRL's default;
+        /// set it near the entropy logged early in training).
+        entropy_target: f64 = 0.2, Short("enttarget");
         /// Passes over each generated batch (TRL's reuse; each pass num_substeps optimizer steps).
         num_iterations: usize = 1, Short("iters"), [Pack];
         /// Mini-batches of whole groups each generated batch is split into, one optimizer step
@@ -480,44 +498,6 @@ impl TrainConfig {
             Accumulation::Steps(n) => n,
             Accumulation::Auto => self.planned_micro_batches.expect("gradient_accumulation_steps auto is planned before the first step"),
         }
-    }
-
-    /// The objective, built once from its flat keys (every cross-key rule is `Objective::new`'s).
-    pub fn objective(&self) -> Result<Objective> {
-        Objective::new(&ObjectiveKeys {
-            loss_type: self.loss_type,
-            loss_fn: self.loss_fn,
-            epsilon: self.epsilon,
-            epsilon_is_set: self.epsilon != Self::default().epsilon,
-            epsilon_high: self.epsilon_high,
-            delta: self.delta,
-            dro_beta: self.dro_beta,
-            importance_sampling_level: self.importance_sampling_level,
-            beta: self.beta,
-            kl_estimator: self.kl_estimator,
-            max_completion_length: self.max_completion_length,
-            top_entropy_quantile: self.top_entropy_quantile,
-            importance_sampling_correction: self.importance_sampling_correction,
-            importance_sampling_mode: self.importance_sampling_mode,
-            importance_sampling_clip_min: self.importance_sampling_clip_min,
-            importance_sampling_clip_max: self.importance_sampling_clip_max,
-            importance_sampling_correction_keys_set: {
-                let default = Self::default();
-                (self.importance_sampling_mode, self.importance_sampling_clip_min, self.importance_sampling_clip_max)
-                    != (default.importance_sampling_mode, default.importance_sampling_clip_min, default.importance_sampling_clip_max)
-            },
-            sapo_temperatures: (self.sapo_temperature_pos, self.sapo_temperature_neg),
-            vespo: self.vespo_gamma(),
-            sapo_keys_set: (self.sapo_temperature_pos, self.sapo_temperature_neg) != (Self::default().sapo_temperature_pos, Self::default().sapo_temperature_neg),
-            vespo_keys_set: self.vespo_gamma() != Self::default().vespo_gamma(),
-            off_policy_mask_threshold: self.off_policy_mask_threshold,
-            use_bias_correction_kl: self.use_bias_correction_kl,
-        })
-    }
-
-    /// VESPO's four keys as the objective's Gamma weighting.
-    fn vespo_gamma(&self) -> VespoGamma {
-        VespoGamma { k_pos: self.vespo_k_pos, lambda_pos: self.vespo_lambda_pos, k_neg: self.vespo_k_neg, lambda_neg: self.vespo_lambda_neg }
     }
 
     pub fn adapter_config(&self) -> Result<AdapterConfig> {

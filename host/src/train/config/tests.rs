@@ -84,6 +84,8 @@ fn run_name_labels_are_unchanged() {
         ("sapo_temperature_pos", "sapo_tpos"), ("sapo_temperature_neg", "sapo_tneg"), ("vespo_k_pos", "vespo_kpos"), ("vespo_lambda_pos", "vespo_lpos"),
         ("vespo_k_neg", "vespo_kneg"), ("vespo_lambda_neg", "vespo_lneg"), ("off_policy_mask_threshold", "opsm"), ("use_bias_correction_kl", "klcorr"),
         ("sampler_dtype", "sampler_"),
+        ("entropy_coef", "entcoef"), ("use_adaptive_entropy", "adaptent"), ("entropy_coef_min", "entmin"), ("entropy_coef_max", "entmax"),
+        ("entropy_coef_delta", "entdelta"), ("entropy_target", "enttarget"),
     ];
     for key in TrainConfig::KEYS {
         let expected = if omitted.contains(&key.name) {
