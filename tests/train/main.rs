@@ -11,6 +11,7 @@ mod outputs;
 mod packs;
 mod off_policy;
 mod memory;
+mod multi_objective;
 
 use std::path::{Path, PathBuf};
 
