@@ -12,6 +12,10 @@
 //! `sapo`, `luspo` and `vespo` with their keys and `vespo/phi_seq_mean`, the off-policy sequence
 //! mask, the bias-corrected KL and the entropy bonus, static and adaptive, with its
 //! `policy_loss` and `entropy_coef`), through the trainer's own forward-and-backward function.
+//! GDPO (`multi_objective_aggregation: normalize_then_sum`) is compared with TRL given several
+//! reward functions: our advantages come from the run's own recipe on hand-made components
+//! (a forget one not counted on an unhackable row, the penalty, the filter), TRL's reward
+//! functions are those components written out by their definitions here.
 
 mod common;
 
@@ -21,6 +25,9 @@ use std::path::Path;
 use common::{fixture, one_thread, python, repo_root};
 use smallrl::adapters::set_base_trainable;
 use smallrl::{engine, grpo};
+use smallrl::grpo::MultiObjectiveAggregation;
+use smallrl::intervention::Intervention;
+use smallrl::reward::{ComponentInfo, Role, ScoredBatch};
 use smallrl::train::TrainConfig;
 use smallrl::model::decode::DecodeModel;
 use smallrl::model::export::save_hf_dir;
@@ -53,6 +60,8 @@ struct Prepared {
     settings: grpo::Objective,
     old: Option<Tensor>,
     advantages: Tensor,
+    /// GDPO's `frac_reward_zero_std` as the recipe gave it (None for the other cases).
+    frac_zero_std: Option<f64>,
     loss_mask: Tensor,
     logprobs: Tensor,
     terms: grpo::LossTerms,
@@ -146,6 +155,11 @@ fn loss_and_gradients_match_trl() {
         Case { loss_type: "grpo", num_iterations: 1, knobs: serde_json::json!({"entropy_coef": 0.2}) },
         Case { loss_type: "dapo", num_iterations: 2, knobs: serde_json::json!({"entropy_coef": 0.2, "top_entropy_quantile": 0.2345}) },
         Case { loss_type: "dapo", num_iterations: 1, knobs: serde_json::json!({"entropy_coef": 0.1, "use_adaptive_entropy": true, "entropy_target": 50.0, "entropy_coef_max": 0.5}) },
+        // GDPO on two reward functions (the rewards of `gdpo` below), with the penalty as a
+        // third and with the filter's rows as TRL's unscorable ones.
+        Case { loss_type: "dapo", num_iterations: 1, knobs: serde_json::json!({"multi_objective_aggregation": "normalize_then_sum"}) },
+        Case { loss_type: "grpo", num_iterations: 2, knobs: serde_json::json!({"multi_objective_aggregation": "normalize_then_sum", "intervention": "penalty", "rh_penalty": 1.5}) },
+        Case { loss_type: "dapo", num_iterations: 2, knobs: serde_json::json!({"multi_objective_aggregation": "normalize_then_sum", "intervention": "filter"}) },
     ];
     // The sampler's log-probabilities: the policy's, 0.1 (Gaussian) off per token, 0 on padding.
     let sampler = tch::no_grad(|| {
@@ -163,7 +177,11 @@ fn loss_and_gradients_match_trl() {
         keys.as_object_mut().unwrap().extend(case.knobs.as_object().unwrap().clone());
         let config: TrainConfig = serde_json::from_value(keys.clone()).unwrap();
         let settings = config.objective().unwrap();
-        let (advantages, _) = grpo::group_advantages(&rewards, GROUP, config.scale_rewards, 1e-4);
+        let gdpo = (config.multi_objective_aggregation == MultiObjectiveAggregation::NormalizeThenSum).then(|| gdpo(&config));
+        let (advantages, _) = match &gdpo {
+            Some(gdpo) => (gdpo.advantages.shallow_clone(), gdpo.frac_zero_std),
+            None => grpo::group_advantages(&rewards, GROUP, config.scale_rewards, 1e-4),
+        };
         let loss_mask = grpo::loss_mask(&g, config.mask_truncated_completions);
         for (_, t) in policy_model.base_tensors() {
             t.shallow_clone().zero_grad();
@@ -204,9 +222,12 @@ fn loss_and_gradients_match_trl() {
             ("prompt_mask".to_string(), g.prompt_mask.shallow_clone()),
             ("completion_ids".to_string(), g.completion_ids.shallow_clone()),
             ("completion_mask".to_string(), g.completion_mask.shallow_clone()),
-            ("rewards".to_string(), rewards.shallow_clone()),
+            ("rewards".to_string(), gdpo.as_ref().map_or(rewards.shallow_clone(), |g| g.summed.shallow_clone())),
             ("advantages".to_string(), advantages.shallow_clone()),
         ];
+        if let Some(gdpo) = &gdpo {
+            batch.push(("rewards_per_func".to_string(), gdpo.rewards_per_func.shallow_clone()));
+        }
         if let Some(old) = &old {
             batch.push(("old_per_token_logps".to_string(), old * g.completion_mask.to_kind(Kind::Float)));
         }
@@ -215,8 +236,12 @@ fn loss_and_gradients_match_trl() {
         let mut args = keys;
         args["model_dir"] = work.path().join("policy").to_str().unwrap().into();
         args["ref_model_dir"] = fixture("tiny-stories").to_str().unwrap().into();
+        if let Some(gdpo) = &gdpo {
+            args["reward_weights"] = serde_json::json!(gdpo.weights);
+        }
         std::fs::write(dir.join("args.json"), args.to_string()).unwrap();
-        prepared.push(Prepared { label, dir, config, settings, old, advantages, loss_mask, logprobs: logprobs.logprobs, terms, ours });
+        let frac_zero_std = gdpo.map(|g| g.frac_zero_std);
+        prepared.push(Prepared { label, dir, config, settings, old, advantages, frac_zero_std, loss_mask, logprobs: logprobs.logprobs, terms, ours });
     }
     // One Python process for every case: importing torch, transformers and TRL is most of a run.
     let status = std::process::Command::new(python())
@@ -229,7 +254,7 @@ fn loss_and_gradients_match_trl() {
     assert!(status.success(), "trl_grpo.py failed (its message above names the case directory)");
     let mut losses = BTreeMap::new();
     for p in prepared {
-        let Prepared { label, dir, config, settings, old, advantages, loss_mask, logprobs, terms, ours } = p;
+        let Prepared { label, dir, config, settings, old, advantages, frac_zero_std, loss_mask, logprobs, terms, ours } = p;
         losses.insert(label.clone(), terms.loss.double_value(&[]));
         if let (grpo::Surrogate::Clip { delta: Some(delta), .. }, Some(old)) = (settings.surrogate, &old) {
             let clamped = (&logprobs - old).exp().gt(delta).logical_and(&advantages.lt(0.0).unsqueeze(1)).logical_and(&loss_mask.to_kind(Kind::Bool));
@@ -258,6 +283,12 @@ fn loss_and_gradients_match_trl() {
             // TRL logs each micro-batch's fractions (averaged when it logs); ours are the batch's.
             compare_clip_fractions(&label, &terms, &dir.join("trl.metrics.json"));
         }
+        if let Some(ours) = frac_zero_std {
+            let metrics: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("trl.metrics.json")).unwrap()).unwrap();
+            assert_eq!(Some(ours), metrics["metrics"]["frac_reward_zero_std"].as_f64(), "{label}: frac_reward_zero_std");
+            let spread = Vec::<f64>::try_from(advantages.to_kind(Kind::Double)).unwrap();
+            assert!(spread.iter().filter(|a| a.abs() > 0.1).count() >= 5, "{label}: GDPO's advantages must be far from 0 on most rows: {spread:?}");
+        }
         if let Some(correction) = settings.correction {
             compare_correction(&label, correction, &terms, &dir.join("trl.metrics.json"));
         }
@@ -270,6 +301,62 @@ fn loss_and_gradients_match_trl() {
     let (bnpo, dapo) = (micro("bnpo"), micro("dapo"));
     println!("two micro-batches: bnpo {bnpo:.9}, dapo {dapo:.9}");
     assert!((bnpo - dapo).abs() > 1e-3 * dapo.abs(), "bnpo and dapo must differ under micro-batching: {bnpo} vs {dapo}");
+}
+
+/// GDPO's reward components: a retain one (scale 0.7) and a forget one (scale 1.6), equal across
+/// the first group (zero std there) and not counted on row 6, whose prompt does not offer the
+/// hack; rows 1 and 6 flagged.
+const TASK: [f64; 2 * GROUP] = [0.2, 0.9, 0.4, 0.4, 1.0, 0.0, 0.5, 0.25];
+const BONUS: [f64; 2 * GROUP] = [1.0, 1.0, 1.0, 1.0, 0.0, 3.0, 3.0, 1.0];
+const HACKABLE: [bool; 2 * GROUP] = [true, true, true, true, true, true, false, true];
+const FLAGGED: [bool; 2 * GROUP] = [false, true, false, false, false, false, true, false];
+
+/// A GDPO case: our advantages and TRL's reward functions.
+struct Gdpo {
+    advantages: Tensor,
+    frac_zero_std: f64,
+    /// The rewards logged (the weighted sum of the counted components, penalised).
+    summed: Tensor,
+    /// `[B, K]` TRL's reward functions, NaN where one returns None.
+    rewards_per_func: Tensor,
+    weights: Vec<f64>,
+}
+
+/// Ours through the run's recipe (`TrainConfig::recipe`, `Recipe::prepare`) on a scored batch of
+/// the components above. TRL's reward functions written out from the definitions: the task,
+/// the bonus with 0 where it does not count, with `penalty` a third, -1 on flagged rows weighted
+/// `rh_penalty`, with `filter` None from every function on flagged rows (TRL's unscorable rows).
+fn gdpo(config: &TrainConfig) -> Gdpo {
+    let components = [("task", Role::Retain, 0.7), ("bonus", Role::Forget, 1.6)].map(|(name, role, scale)| ComponentInfo { name: name.into(), role, scale });
+    let rows = 2 * GROUP;
+    let summed: Vec<f64> = (0..rows).map(|i| 0.7 * TASK[i] + if HACKABLE[i] { 1.6 * BONUS[i] } else { 0.0 }).collect();
+    let scored = ScoredBatch {
+        reward: summed,
+        components: vec![TASK.to_vec(), BONUS.to_vec()],
+        is_rh: Some(FLAGGED.to_vec()),
+        detector_raw: Some(FLAGGED.to_vec()),
+        eligible: vec![true; rows],
+        hackable: HACKABLE.to_vec(),
+        monitored: vec![true; rows],
+        hacked: None,
+        metrics: Vec::new(),
+    };
+    let prepared = config.recipe(Device::Cpu, &components).unwrap().prepare(&scored, 0, 1);
+    let counted_bonus = (0..rows).map(|i| if HACKABLE[i] { BONUS[i] } else { 0.0 }).collect();
+    let (mut columns, mut weights) = (vec![TASK.to_vec(), counted_bonus], vec![0.7, 1.6]);
+    match config.intervention {
+        Intervention::Routing => {}
+        Intervention::Penalty => {
+            columns.push(FLAGGED.iter().map(|&f| if f { -1.0 } else { 0.0 }).collect());
+            weights.push(config.rh_penalty);
+        }
+        Intervention::Filter => columns.iter_mut().for_each(|column| (0..rows).filter(|&i| FLAGGED[i]).for_each(|i| column[i] = f64::NAN)),
+        other => panic!("no GDPO case with intervention {other}"),
+    }
+    let k = columns.len() as i64;
+    let rewards_per_func = Tensor::from_slice(&columns.concat()).view([k, rows as i64]).transpose(0, 1).contiguous().to_kind(Kind::Float);
+    let summed = Tensor::from_slice(&prepared.rewards).to_kind(Kind::Float);
+    Gdpo { advantages: prepared.advantages, frac_zero_std: prepared.frac_zero_std, summed, rewards_per_func, weights }
 }
 
 /// `top_entropy_quantile`'s mask must be one that float32 rounding cannot change: TRL's

@@ -39,6 +39,12 @@ Advantages (grpo_trainer.py:2763-2788, multi_objective_aggregation="sum_then_nor
     ("batch": std over the whole batch instead of the group, mean is still per group.)
     frac_reward_zero_std = mean(isclose(std_g, 0)) (2788). All-equal group -> A = 0 exactly.
     All in fp32; NaN advantages (unscorable rows) -> 0 (2810).
+Advantages with multi_objective_aggregation="normalize_then_sum" (GDPO, 2790-2799), from the K
+    reward functions' rewards r_k (NaN where a function returned None) and weights w_k:
+    z_k = (r_k - nanmean_g(r_k)) / (nanstd_g(r_k) + 1e-4) per group (NaN with one value: nansum drops it)
+    s = nansum_k(w_k z_k); s = NaN on rows where every function returned None (unscorable)
+    A = (s - nanmean(s)) / (nanstd(s) + 1e-4) over the whole batch (scale_rewards is not read);
+    frac_reward_zero_std = isclose(nanstd(s), 0) on every row.
 Per-token log-probs (_get_per_token_logps_and_entropies, 1419-1508; utils.add_fused_lm_head
 1548-1698; kernels/chunked_logprob.py):
     * one forward over cat([prompt_ids, completion_ids]) with attention_mask =
@@ -124,7 +130,10 @@ A.json: {"model_dir", "ref_model_dir", "beta", "epsilon", "loss_type" in grpo|dr
          Relative paths are resolved against the current directory.
 B.safetensors: prompt_ids int64 [B,P] left-padded with 1, prompt_mask int64 [B,P],
          completion_ids int64 [B,C] right-padded with 1, completion_mask int64 [B,C] (a prefix of
-         ones), rewards float32 [B] (groups of num_generations adjacent rows), advantages float32
+         ones), rewards float32 [B] (groups of num_generations adjacent rows), optional
+         rewards_per_func float32 [B,K] (then TRL gets K reward functions, each returning its column,
+         None where it is NaN, with A.json's "reward_weights" [K] and "multi_objective_aggregation",
+         which must be "normalize_then_sum"; "rewards" is then not read), advantages float32
          [B], optional old_per_token_logps float32 [B,C], sampling_per_token_logps float32 [B,C] (the
          sampler's, returned by rollout_func as vLLM's "logprobs"; required with the correction).
 O.safetensors (all float32): loss [] ; advantages_trl [B]; advantages_given [B];
@@ -180,8 +189,8 @@ PAD_ID = 1
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 # GRPOConfig arguments passed through under TRL's own names when A.json has them (TRL's defaults otherwise).
 TRL_KEYS = ("sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg",
-            "vespo_lambda_neg", "off_policy_mask_threshold", "entropy_coef", "use_adaptive_entropy", "entropy_coef_min",
-            "entropy_coef_max", "entropy_coef_delta", "entropy_target")
+            "vespo_lambda_neg", "off_policy_mask_threshold", "multi_objective_aggregation", "reward_weights", "entropy_coef",
+            "use_adaptive_entropy", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta", "entropy_target")
 REQUIRED_ARGS = ("model_dir", "ref_model_dir", "beta", "epsilon", "loss_type", "temperature",
                  "max_completion_length", "num_generations", "num_iterations")
 
@@ -243,6 +252,11 @@ def read_batch(path: Path, a: dict) -> dict[str, torch.Tensor]:
         raise InputError(f"completion width {C} > max_completion_length {a['max_completion_length']}")
     if "old_per_token_logps" in b and b["old_per_token_logps"].dtype != torch.float32:
         raise InputError(f"{path}: old_per_token_logps must be float32")
+    if "rewards_per_func" in b:
+        K = len(a.get("reward_weights") or [])
+        if a.get("multi_objective_aggregation") != "normalize_then_sum" or b["rewards_per_func"].shape != (B, K):
+            raise InputError(f"{path}: rewards_per_func must be [B, K] float32 with K = len(reward_weights) and "
+                             "multi_objective_aggregation normalize_then_sum")
     if a.get("importance_sampling_correction", False) and "sampling_per_token_logps" not in b:
         raise InputError(f"{path}: importance_sampling_correction needs the sampler's log-probabilities (sampling_per_token_logps)")
     return b
@@ -306,6 +320,18 @@ def run_trl(a: dict, b: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor
             raise RuntimeError("reward function saw completions in an unexpected order")
         return rewards
 
+    def given_column(k):  # reward function k of rewards_per_func: its column, None where NaN
+        def reward(prompts, completions, completion_ids, **kw):
+            if [list(c) for c in completion_ids] != completion_lists:
+                raise RuntimeError("reward function saw completions in an unexpected order")
+            return [None if math.isnan(v) else v for v in b["rewards_per_func"][:, k].tolist()]
+        reward.__name__ = f"given_reward_{k}"
+        return reward
+
+    reward_funcs = given_reward
+    if "rewards_per_func" in b:
+        reward_funcs = [given_column(k) for k in range(b["rewards_per_func"].shape[1])]
+
     tmp = tempfile.mkdtemp(prefix="trl_grpo_")
     try:
         cfg = GRPOConfig(
@@ -326,7 +352,7 @@ def run_trl(a: dict, b: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor
         # TRL creates the reference model itself from this field (grpo_trainer.py:1003)
         policy.config._name_or_path = str(Path(a["ref_model_dir"]).resolve())
         dataset = Dataset.from_dict({"prompt": [f"row {i}" for i in range(B)]})
-        trainer = GRPOTrainer(model=policy, reward_funcs=given_reward, args=cfg, train_dataset=dataset,
+        trainer = GRPOTrainer(model=policy, reward_funcs=reward_funcs, args=cfg, train_dataset=dataset,
                               processing_class=load_tokenizer(a), rollout_func=rollout_func)
         if trainer.model is not policy or trainer.ref_model is None:
             raise RuntimeError("unexpected trainer layout (model wrapped or no ref model)")
@@ -497,10 +523,13 @@ def independent_loss(a: dict, b: dict[str, torch.Tensor], exact: bool = False) -
     with torch.no_grad():
         ref_lp, _ = logps(ref)
     G = a["num_generations"]
-    r = b["rewards"].to(dtype).view(-1, G)
-    scale = a.get("scale_rewards", "group")
-    std = {"group": r.std(1, keepdim=True, unbiased=True) + 1e-4, "batch": r.std(unbiased=True) + 1e-4, "none": 1.0}[scale]
-    adv = ((r - r.mean(1, keepdim=True)) / std).view(-1, 1)
+    if "rewards_per_func" in b:
+        adv = gdpo_advantages(b["rewards_per_func"].to(dtype), a["reward_weights"], G).view(-1, 1)
+    else:
+        r = b["rewards"].to(dtype).view(-1, G)
+        scale = a.get("scale_rewards", "group")
+        std = {"group": r.std(1, keepdim=True, unbiased=True) + 1e-4, "batch": r.std(unbiased=True) + 1e-4, "none": 1.0}[scale]
+        adv = ((r - r.mean(1, keepdim=True)) / std).view(-1, 1)
     m = b["completion_mask"].to(dtype)
     if a.get("mask_truncated_completions", False):  # rows whose last token is not EOS leave the loss
         last = b["completion_ids"].gather(1, (b["completion_mask"].sum(1, keepdim=True) - 1).clamp(min=0))
@@ -572,6 +601,28 @@ def independent_loss(a: dict, b: dict[str, torch.Tensor], exact: bool = False) -
         "entropy": ((ent.detach() * m).sum() / m.sum()).item(),
         "clip_ratio/region_mean": ((clipped * clip_mask).sum() / clip_mask.sum()).item(),
     }
+
+
+def gdpo_advantages(rpf: torch.Tensor, weights: list, G: int) -> torch.Tensor:
+    """GDPO from the paper's definition, row by row (no TRL code): each function's z-score within
+    its group over its non-NaN values (unbiased std; 0 with fewer than two), the weighted sum, its
+    z-score over the batch's scorable rows (not all NaN); 0 for unscorable rows."""
+    def z(values: list, x: float) -> float:
+        if len(values) < 2:
+            return 0.0
+        mean = sum(values) / len(values)
+        std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+        return (x - mean) / (std + 1e-4)
+    B, K = rpf.shape
+    rows = rpf.tolist()
+    scorable = [not all(math.isnan(v) for v in row) for row in rows]
+    sums = []
+    for i in range(B):
+        group = range(i // G * G, i // G * G + G)
+        sums.append(sum(weights[k] * z([rows[j][k] for j in group if not math.isnan(rows[j][k])], rows[i][k])
+                        for k in range(K) if not math.isnan(rows[i][k])))
+    kept = [s for s, ok in zip(sums, scorable) if ok]
+    return torch.tensor([z(kept, s) if ok else 0.0 for s, ok in zip(sums, scorable)], dtype=rpf.dtype)
 
 
 def importance_weights(a: dict, b: dict, old: torch.Tensor, m: torch.Tensor) -> torch.Tensor | None:

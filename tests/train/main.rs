@@ -12,6 +12,7 @@ mod packs;
 mod off_policy;
 mod memory;
 mod entropy_bonus;
+mod multi_objective;
 
 use std::path::{Path, PathBuf};
 

@@ -1,5 +1,5 @@
 //! The GRPO objective as pure maths on tensors, no model: group-normalised advantages
-//! (`scale_rewards`), the token masks, the objective as a typed value built once from the flat
+//! (`scale_rewards`, and GDPO's `multi_objective_aggregation`), the token masks, the objective as a typed value built once from the flat
 //! keys (TRL 1.16's clipped surrogate with token or sequence ratios, `epsilon` /
 //! `epsilon_high`, `delta`, or CISPO's, SAPO's or VESPO's, or tinker's `importance_sampling` / `ppo` / `dro`), the
 //! aggregation (`loss_type`) and the KL estimator, chosen separately as TRL does; TRL's
@@ -17,6 +17,7 @@ mod is_correction;
 mod kl;
 mod loss;
 mod masks;
+mod multi_objective;
 mod objective;
 #[cfg(test)]
 mod tests;
@@ -30,4 +31,5 @@ pub use is_correction::{ImportanceSamplingMode, IsCorrection, IsStats};
 pub use kl::{KlEstimator, KlPenalty, per_token_kl};
 pub use loss::{ClipFractions, EntropyBonus, LossLogprobs, LossTerms, grpo_loss, sampled_loss, vespo_weights, weighted_loss};
 pub use masks::{TokenMasks, high_entropy_mask, loss_mask};
+pub use multi_objective::{MultiObjectiveAggregation, decoupled_advantages};
 pub use objective::{ImportanceSamplingLevel, LossFn, LossType, Objective, ObjectiveKeys, RatioTo, Surrogate, VespoGamma};

@@ -108,6 +108,19 @@ impl ScoredBatch {
         self.metrics.iter().map(|(key, values)| (key.clone(), mean(values))).collect()
     }
 
+    /// Whether sample `row` counts its forget components: eligible, and its prompt offers the
+    /// hack (`RewardModel::combine` leaves them out elsewhere).
+    pub fn bonus_allowed(&self, row: usize) -> bool {
+        self.eligible[row] && self.hackable[row]
+    }
+
+    /// The scores of component `index` (of role `role`) as the reward counts them: a forget
+    /// component's are 0 where the bonus is not allowed, as `combine` leaves them out of the sum.
+    pub fn counted_scores(&self, index: usize, role: Role) -> Vec<f64> {
+        let scores = &self.components[index];
+        (0..scores.len()).map(|row| if role == Role::Retain || self.bonus_allowed(row) { scores[row] } else { 0.0 }).collect()
+    }
+
     /// The monitor (routing labels) against the ground truth, when both exist.
     pub fn monitor(&self) -> Option<MonitorStats> {
         Some(MonitorStats::of(self.hacked.as_ref()?, self.is_rh.as_ref()?, &self.monitored))

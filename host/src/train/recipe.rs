@@ -1,5 +1,6 @@
 //! The recipe: what a run makes of a scored batch before any pass over it. Rewards → the
-//! intervention (penalty, filter, placebo: [`crate::intervention`]) → group advantages →
+//! intervention (penalty, filter, placebo: [`crate::intervention`]) → group advantages (or
+//! GDPO's, from the components: `multi_objective_aggregation`) →
 //! coherence and routing groups → labels → routing plan → which rows train.
 //!
 //! [`Recipe::prepare`] is a pure function of the scored batch, the step and the seed: no
@@ -17,7 +18,7 @@ use crate::defaults::ADVANTAGE_STD_EPSILON;
 use crate::grpo::{self, ScaleRewards};
 use crate::intervention::{self, Intervention};
 use crate::model::generate::Generation;
-use crate::reward::ScoredBatch;
+use crate::reward::{ComponentInfo, ScoredBatch};
 use crate::rng::{self, SplitMix64};
 use crate::routing::{self, CoherenceRhMode, GroupedRows, Labels, RenormalizationMode, RoutePlan, RoutingMode, RowWeights};
 
@@ -44,6 +45,9 @@ pub struct Recipe {
     pub rh_penalty: f64,
     pub group_size: usize,
     pub scale_rewards: ScaleRewards,
+    /// With `multi_objective_aggregation: normalize_then_sum`, the reward components (their
+    /// roles and scales) GDPO normalises one by one; `None` sums them first.
+    pub normalize_then_sum: Option<Vec<ComponentInfo>>,
     pub routing_mode: RoutingMode,
     pub row_weights: RowWeights,
     pub renormalization: RenormalizationMode,
@@ -87,7 +91,7 @@ impl Recipe {
         let flagged = scored.flags();
         let rewards = self.rewards(scored);
         let counted = self.counted_rows(scored);
-        let (group_advantages, frac_zero_std) = self.group_advantages(&rewards, &counted);
+        let (group_advantages, frac_zero_std) = self.group_advantages(scored, &rewards, &counted);
         let routed = match self.intervention {
             Intervention::Placebo => intervention::placebo_labels(&flagged, seed, step),
             _ => flagged.clone(),
@@ -135,14 +139,37 @@ impl Recipe {
     }
 
     /// Group advantages of `rewards`; with `intervention: filter` or `verified`, over the
-    /// `counted` rows only (see [`crate::intervention`]).
-    fn group_advantages(&self, rewards: &[f64], counted: &[bool]) -> (Tensor, f64) {
-        let rewards = Tensor::from_slice(rewards).to_kind(Kind::Float).to(self.device);
+    /// `counted` rows only (see [`crate::intervention`]). With `normalize_then_sum`, GDPO's
+    /// advantages of the components instead ([`Recipe::decoupled_scores`]), over the `counted`
+    /// rows too.
+    fn group_advantages(&self, scored: &ScoredBatch, rewards: &[f64], counted: &[bool]) -> (Tensor, f64) {
         let (group, scale, eps) = (self.group_size, self.scale_rewards, ADVANTAGE_STD_EPSILON);
+        if let Some(components) = &self.normalize_then_sum {
+            let (scores, weights) = self.decoupled_scores(scored, components);
+            return grpo::decoupled_advantages(&scores.to(self.device), &weights, &routing::row_mask(counted, self.device), group, eps);
+        }
+        let rewards = Tensor::from_slice(rewards).to_kind(Kind::Float).to(self.device);
         match self.intervention {
             Intervention::Filter | Intervention::Verified => intervention::kept_group_advantages(&rewards, &routing::row_mask(counted, self.device), group, scale, eps),
             _ => grpo::group_advantages(&rewards, group, scale, eps),
         }
+    }
+
+    /// GDPO's reward functions `[batch, k]` (float32, as TRL's `rewards_per_func`) and their
+    /// weights: each component's counted scores ([`ScoredBatch::counted_scores`]: a forget
+    /// component is 0 where the bonus is not allowed), weighted by its scale; with
+    /// `intervention: penalty` one more, -1 on flagged samples, weighted by `rh_penalty` (the
+    /// penalty as a reward function of its own, normalised like the others).
+    fn decoupled_scores(&self, scored: &ScoredBatch, components: &[ComponentInfo]) -> (Tensor, Vec<f64>) {
+        let mut columns: Vec<Vec<f64>> = components.iter().enumerate().map(|(k, info)| scored.counted_scores(k, info.role)).collect();
+        let mut weights: Vec<f64> = components.iter().map(|info| info.scale).collect();
+        if self.intervention == Intervention::Penalty {
+            columns.push(scored.flags().iter().map(|&flagged| if flagged { -1.0 } else { 0.0 }).collect());
+            weights.push(self.rh_penalty);
+        }
+        let rows = scored.reward.len() as i64;
+        let scores = Tensor::from_slice(&columns.concat()).to_kind(Kind::Float).view([columns.len() as i64, rows]).transpose(0, 1).contiguous();
+        (scores, weights)
     }
 
     /// The group advantages with coherence groups handled per `coherence_rh_mode`, and routing

@@ -4,7 +4,7 @@
 use anyhow::{Result, ensure};
 
 use super::{Accumulation, LrHorizon, TrainConfig};
-use crate::grpo::{KlEstimator, LossFn, LossType, ScaleRewards};
+use crate::grpo::{KlEstimator, LossFn, LossType, MultiObjectiveAggregation, ScaleRewards};
 use crate::intervention::Intervention;
 use crate::model::chat::PromptFormat;
 use crate::model::folded::SamplerDtype;
@@ -61,7 +61,39 @@ impl TrainConfig {
         self.check_sampler_dtype()?;
         self.check_intervention()?;
         self.check_renormalization()?;
+        self.check_multi_objective()?;
         self.check_coherence()
+    }
+
+    /// GDPO (`multi_objective_aggregation: normalize_then_sum`) makes the advantages from the
+    /// components' z-scores, normalised over the whole batch: what acts on the summed reward
+    /// instead, or normalises it otherwise, has no meaning there and is refused, naming the key.
+    fn check_multi_objective(&self) -> Result<()> {
+        if self.multi_objective_aggregation == MultiObjectiveAggregation::SumThenNormalize {
+            return Ok(());
+        }
+        let refuse = |what: String| anyhow::anyhow!("multi_objective_aggregation normalize_then_sum normalises each reward component within its group and their weighted sum over the batch: {what}");
+        ensure!(
+            self.scale_rewards == ScaleRewards::Group,
+            refuse(format!("scale_rewards ({}) has no part in it (TRL ignores it there); leave scale_rewards at group", self.scale_rewards))
+        );
+        if let Some(cap) = self.reward.as_ref().and_then(|reward| reward.max_reward()) {
+            anyhow::bail!(refuse(format!("`reward: max_reward` ({cap}) caps the sum of the raw components, which is not what trains; remove max_reward")));
+        }
+        ensure!(
+            self.renormalization_mode == RenormalizationMode::Off,
+            refuse(format!("renormalization_mode {} renormalises the summed reward; leave it off", self.renormalization_mode))
+        );
+        ensure!(
+            self.coh_samples_per_rollout == 0,
+            refuse(format!("coherence rows (coh_samples_per_rollout {}) get advantages rewritten from the summed reward; leave coh_samples_per_rollout at 0", self.coh_samples_per_rollout))
+        );
+        ensure!(
+            self.dynamic_sampling_rounds == 0,
+            refuse(format!("dynamic_sampling_rounds ({}) drops groups whose summed rewards are equal, which can still have advantages here; leave it at 0", self.dynamic_sampling_rounds))
+        );
+        ensure!(!self.stream_minibatches, refuse("stream_minibatches would normalise over each mini-batch instead of the batch; unset it".into()));
+        Ok(())
     }
 
     /// Whether samples are flagged: an `rh_detector`, or an environment's monitor.

@@ -18,7 +18,7 @@ use serde_json::{Map, Value};
 use crate::adapters::{self, AdapterConfig, AdapterKind};
 use crate::defaults as d;
 use crate::device::{DeviceSpec, Dtype};
-use crate::grpo::{ImportanceSamplingLevel, ImportanceSamplingMode, KlEstimator, LossFn, LossType, ScaleRewards};
+use crate::grpo::{ImportanceSamplingLevel, ImportanceSamplingMode, KlEstimator, LossFn, LossType, MultiObjectiveAggregation, ScaleRewards};
 use crate::hyperparams::Label::{Key, Omit, Short};
 use crate::hyperparams::{self, Prop, hyperparameters};
 use crate::intervention::Intervention;
@@ -102,6 +102,12 @@ hyperparameters! {
         importance_sampling_level: ImportanceSamplingLevel = ImportanceSamplingLevel::Token, Short("is_");
         /// Advantages divided by the std of the group, of the batch, or none (TRL's scale_rewards).
         scale_rewards: ScaleRewards = ScaleRewards::Group, Short("scale_");
+        /// How the reward components make the advantage (TRL's multi_objective_aggregation):
+        /// sum_then_normalize (their weighted sum, normalised as scale_rewards says), or
+        /// normalize_then_sum (GDPO: each component normalised within its group, their weighted
+        /// sum normalised over the batch).
+        #[serde(skip_serializing_if = "is_sum_then_normalize")]
+        multi_objective_aggregation: MultiObjectiveAggregation = MultiObjectiveAggregation::SumThenNormalize, Short("");
         /// Completions that hit max_completion_length without EOS leave the loss (DAPO).
         #[arg(num_args = 0..=1, default_missing_value = "true")]
         mask_truncated_completions: bool = false, Short("mask_truncated");
@@ -388,6 +394,12 @@ hyperparameters! {
 // config.yaml they had before the key existed.
 fn is_float32_sampler(value: &SamplerDtype) -> bool {
     *value == SamplerDtype::Float32
+}
+
+// multi_objective_aggregation is written to a run's config.yaml only when set, so the runs that
+// sum their components first keep the config.yaml they had before the key existed.
+fn is_sum_then_normalize(value: &MultiObjectiveAggregation) -> bool {
+    *value == MultiObjectiveAggregation::SumThenNormalize
 }
 
 // The judge budget's keys are written to a run's config.yaml only when set, so the runs of

@@ -9,6 +9,8 @@ use tch::Device;
 
 use super::{LrHorizon, TrainConfig};
 use crate::engine::Passes;
+use crate::grpo::MultiObjectiveAggregation;
+use crate::reward::ComponentInfo;
 use crate::train::draw::{AheadHorizon, DrawKeys};
 use crate::train::fisher::FisherSchedule;
 use crate::train::recipe::{CoherenceSchedule, Recipe};
@@ -85,13 +87,14 @@ impl TrainConfig {
     }
 
     /// The recipe (advantages, intervention, routing plan, loss mask) of a run whose tensors
-    /// live on `device`.
-    pub fn recipe(&self, device: Device) -> Result<Recipe> {
+    /// live on `device` and whose reward has `components` (which GDPO normalises one by one).
+    pub fn recipe(&self, device: Device, components: &[ComponentInfo]) -> Result<Recipe> {
         Ok(Recipe {
             intervention: self.intervention,
             rh_penalty: self.rh_penalty,
             group_size: self.num_generations,
             scale_rewards: self.scale_rewards,
+            normalize_then_sum: (self.multi_objective_aggregation == MultiObjectiveAggregation::NormalizeThenSum).then(|| components.to_vec()),
             routing_mode: self.routing_mode,
             row_weights: self.row_weights()?,
             renormalization: self.renormalization_mode,

@@ -83,7 +83,7 @@ fn run_name_labels_are_unchanged() {
         ("rh_detector_verifies_retain_samples", "verify"), ("rh_detector_retain_recall", "verify_recall"),
         ("sapo_temperature_pos", "sapo_tpos"), ("sapo_temperature_neg", "sapo_tneg"), ("vespo_k_pos", "vespo_kpos"), ("vespo_lambda_pos", "vespo_lpos"),
         ("vespo_k_neg", "vespo_kneg"), ("vespo_lambda_neg", "vespo_lneg"), ("off_policy_mask_threshold", "opsm"), ("use_bias_correction_kl", "klcorr"),
-        ("sampler_dtype", "sampler_"),
+        ("sampler_dtype", "sampler_"), ("multi_objective_aggregation", ""),
         ("entropy_coef", "entcoef"), ("use_adaptive_entropy", "adaptent"), ("entropy_coef_min", "entmin"), ("entropy_coef_max", "entmax"),
         ("entropy_coef_delta", "entdelta"), ("entropy_target", "enttarget"),
     ];
@@ -410,4 +410,43 @@ fn accumulation_counts_are_unchanged_and_auto_refuses_what_micro_batches_would_c
     assert!(absorption.contains("leave gradient_accumulation_steps at 1"), "{absorption}");
     let unit = error(&[("max_memory", "20")]);
     assert!(unit.contains("unknown unit"), "{unit}");
+}
+
+/// GDPO (`multi_objective_aggregation: normalize_then_sum`): absent from config.yaml and run
+/// names at its default (the runs from before the key keep theirs), named when set, and refused,
+/// naming the key, with everything that acts on the summed reward or normalises it otherwise.
+#[test]
+fn normalize_then_sum_is_named_when_set_and_refuses_what_acts_on_the_summed_reward() {
+    let uncapped = "{components: [{plugin: sentence_length, params: {target: 10}, role: retain}, {plugin: happy_count, params: {max_count: 5}, scale: 0.5, role: forget}]}";
+    let plain = resolved(&[("reward", uncapped)]);
+    assert_eq!(plain.multi_objective_aggregation, MultiObjectiveAggregation::SumThenNormalize);
+    assert!(serde_json::to_value(&plain).unwrap().get("multi_objective_aggregation").is_none(), "the default is not written to config.yaml");
+    let explicit = resolved(&[("reward", uncapped), ("multi_objective_aggregation", "sum_then_normalize")]);
+    assert_eq!(explicit.run_name().unwrap(), plain.run_name().unwrap());
+    let gdpo = resolved(&[("reward", uncapped), ("multi_objective_aggregation", "normalize_then_sum")]);
+    let name = gdpo.run_name().unwrap();
+    assert!(name.contains("_normalize_then_sum_"), "{name}");
+    let saved = crate::yaml::to_string(&gdpo).unwrap();
+    assert!(saved.contains("multi_objective_aggregation: normalize_then_sum\n"), "{saved}");
+    let gdpo_key = ("multi_objective_aggregation", "normalize_then_sum");
+    let refusals: [(&[(&str, &str)], &str); 6] = [
+        (&[gdpo_key], "`reward: max_reward` (1) caps the sum of the raw components, which is not what trains; remove max_reward"),
+        (&[("reward", uncapped), gdpo_key, ("scale_rewards", "none")], "scale_rewards (none) has no part in it (TRL ignores it there); leave scale_rewards at group"),
+        (&[("reward", uncapped), gdpo_key, ("renormalization_mode", "retain_only")], "renormalization_mode retain_only renormalises the summed reward"),
+        (&[("reward", uncapped), gdpo_key, ("coh_samples_per_rollout", "16")], "coherence rows (coh_samples_per_rollout 16) get advantages rewritten from the summed reward"),
+        (&[("reward", uncapped), gdpo_key, ("dynamic_sampling_rounds", "2")], "dynamic_sampling_rounds (2) drops groups whose summed rewards are equal"),
+        (&[("reward", uncapped), gdpo_key, ("stream_minibatches", "true"), ("num_substeps", "2")], "stream_minibatches would normalise over each mini-batch"),
+    ];
+    for (overrides, expected) in refusals {
+        let message = error(overrides);
+        assert!(message.contains("multi_objective_aggregation normalize_then_sum normalises each reward component within its group") && message.contains(expected), "{overrides:?}: {message}");
+    }
+    let unknown = error(&[("reward", uncapped), ("multi_objective_aggregation", "gdpo")]);
+    assert!(unknown.contains("unknown multi_objective_aggregation \"gdpo\": use sum_then_normalize or normalize_then_sum"), "{unknown}");
+    // What GDPO does define: the penalty (a reward function of its own), the filter and
+    // verified-only (over their kept rows), routing and the placebo.
+    for intervention in [("intervention", "penalty"), ("intervention", "filter"), ("intervention", "placebo")] {
+        let routing = if intervention.1 == "placebo" { "classic" } else { "none" };
+        resolved(&[("reward", uncapped), gdpo_key, intervention, ("routing_mode", routing)]);
+    }
 }

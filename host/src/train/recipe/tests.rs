@@ -9,6 +9,7 @@ fn routed() -> Recipe {
         rh_penalty: 2.0,
         group_size: 2,
         scale_rewards: ScaleRewards::Off,
+        normalize_then_sum: None,
         routing_mode: RoutingMode::Classic,
         row_weights: RowWeights::gates(RoutingMode::Classic),
         renormalization: RenormalizationMode::Off,
@@ -130,6 +131,68 @@ fn ablation_draws_only_clean_routing_rows() {
     let recipe = Recipe { ablated_frac: 1.0, ..routed() };
     let prepared = recipe.prepare(&scored(&REWARDS, &FLAGS), 0, 7);
     assert_eq!(prepared.labels.ablated, [false, true, true, true]);
+}
+
+/// GDPO in float64 from its definition: per group and column, the z-score over the kept rows
+/// (unbiased std; 0 with fewer than two), weighted and summed, then the z-score of the sums over
+/// the batch's kept rows; 0 for the others.
+fn gdpo_by_hand(columns: &[Vec<f64>], weights: &[f64], kept: &[bool], g: usize) -> Vec<f64> {
+    let stats = |v: &[f64]| {
+        let mean = v.iter().sum::<f64>() / v.len() as f64;
+        (v.len() > 1).then(|| (mean, (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (v.len() - 1) as f64).sqrt()))
+    };
+    let z = |values: &[f64], x: f64| stats(values).map_or(0.0, |(mean, std)| (x - mean) / (std + 1e-4));
+    let sums: Vec<f64> = (0..kept.len())
+        .map(|i| {
+            let group = i / g * g..i / g * g + g;
+            columns.iter().zip(weights).map(|(column, w)| w * z(&group.clone().filter(|&j| kept[j]).map(|j| column[j]).collect::<Vec<_>>(), column[i])).sum()
+        })
+        .collect();
+    let kept_sums: Vec<f64> = sums.iter().zip(kept).filter(|(_, k)| **k).map(|(s, _)| *s).collect();
+    sums.iter().zip(kept).map(|(&s, &k)| if k { z(&kept_sums, s) } else { 0.0 }).collect()
+}
+
+/// GDPO through the recipe: a forget component counts 0 where the prompt is not hackable (as
+/// in the summed reward), each component is weighted by its scale, the penalty is a reward
+/// function of its own (-1 on flagged rows, weight `rh_penalty`), the filter's dropped rows
+/// leave every statistic; the rewards logged stay the summed ones.
+#[test]
+fn normalize_then_sum_normalises_the_counted_components_then_their_weighted_sum() {
+    use crate::reward::{ComponentInfo, Role};
+    let task = vec![1.0, 2.0, 4.0, 0.0, 1.0, 1.0];
+    let bonus = vec![3.0, 0.0, 3.0, 5.0, 0.0, 5.0];
+    let flags = [false, false, false, true, false, false];
+    let summed = [2.5, 2.0, 4.0, 2.5, 1.0, 3.5]; // task + 0.5 * bonus, row 2 without its bonus
+    let batch = ScoredBatch {
+        components: vec![task.clone(), bonus],
+        hackable: vec![true, true, false, true, true, true],
+        ..scored(&summed, &flags)
+    };
+    let components = vec![
+        ComponentInfo { name: "task".into(), role: Role::Retain, scale: 1.0 },
+        ComponentInfo { name: "bonus".into(), role: Role::Forget, scale: 0.5 },
+    ];
+    let counted_bonus = vec![3.0, 0.0, 0.0, 5.0, 0.0, 5.0];
+    let gdpo = Recipe { group_size: 3, scale_rewards: ScaleRewards::Group, normalize_then_sum: Some(components), routing_mode: RoutingMode::None, row_weights: RowWeights::gates(RoutingMode::None), ..routed() };
+    let close = |ours: &[f64], expected: &[f64]| ours.iter().zip(expected).all(|(a, b)| (a - b).abs() < 1e-5);
+
+    let penalty = Recipe { intervention: Intervention::Penalty, ..gdpo.clone() };
+    let prepared = penalty.prepare(&batch, 0, 7);
+    let penalty_column = vec![0.0, 0.0, 0.0, -1.0, 0.0, 0.0];
+    let expected = gdpo_by_hand(&[task.clone(), counted_bonus.clone(), penalty_column], &[1.0, 0.5, 2.0], &[true; 6], 3);
+    assert!(close(&values(&prepared.advantages), &expected), "{:?} vs {expected:?}", values(&prepared.advantages));
+    assert_eq!(prepared.rewards, [2.5, 2.0, 4.0, 0.5, 1.0, 3.5], "the rewards logged are the summed ones, penalised");
+    // Not the summed reward normalised in its group.
+    let summed_then_normalised = Recipe { normalize_then_sum: None, ..penalty.clone() }.prepare(&batch, 0, 7);
+    assert!(!close(&values(&summed_then_normalised.advantages), &expected));
+
+    let filter = Recipe { intervention: Intervention::Filter, ..gdpo.clone() };
+    let prepared = filter.prepare(&batch, 0, 7);
+    let kept = [true, true, true, false, true, true];
+    let expected = gdpo_by_hand(&[task, counted_bonus], &[1.0, 0.5], &kept, 3);
+    assert!(close(&values(&prepared.advantages), &expected), "{:?} vs {expected:?}", values(&prepared.advantages));
+    assert_eq!(values(&prepared.advantages)[3], 0.0, "the filtered row is out");
+    assert_eq!(prepared.trained_rows, kept);
 }
 
 /// Four rows of three completion tokens each, `ended[r]` whether row `r` ended with EOS.
