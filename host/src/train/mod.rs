@@ -124,7 +124,8 @@ impl Trainer {
         // micro-batches (refused here, naming the figures, when one row does not fit).
         let memory = memory::plan_policy(&mut cfg, &policy, &[&prompts[..], &eval_prompts[..]], device)?;
         let hashes = provenance::reconcile(&mut cfg, rewards.plugin_hashes(), resume.is_some(), accept_changed_plugins)?;
-        let recipe = cfg.recipe(device)?;
+        let component_names: Vec<String> = rewards.components().iter().map(|c| c.name.clone()).collect();
+        let recipe = cfg.recipe(device, &component_names)?;
         let verifier_prompts = match cfg.rh_detector_verifies_retain_samples {
             true => Some(prompts::verifier_prompts(&prompts)?),
             false => None,

@@ -4,11 +4,14 @@
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use tch::Device;
 
 use super::{LrHorizon, TrainConfig};
 use crate::engine::Passes;
+use crate::grpo::Aggregation;
+use crate::intervention::AdvantageScore;
+use crate::reward::DetectorSpec;
 use crate::train::draw::{AheadHorizon, DrawKeys};
 use crate::train::fisher::FisherSchedule;
 use crate::train::recipe::{CoherenceSchedule, Recipe};
@@ -85,11 +88,14 @@ impl TrainConfig {
     }
 
     /// The recipe (advantages, intervention, routing plan, loss mask) of a run whose tensors
-    /// live on `device`.
-    pub fn recipe(&self, device: Device) -> Result<Recipe> {
+    /// live on `device` and whose reward components are `components` (by name, in order).
+    pub fn recipe(&self, device: Device, components: &[String]) -> Result<Recipe> {
         Ok(Recipe {
             intervention: self.intervention,
             rh_penalty: self.rh_penalty,
+            advantage_penalty: self.advantage_penalty,
+            advantage_score_component: self.advantage_score_component(components)?,
+            aggregation: Aggregation::of(self.loss_type, self.max_completion_length),
             group_size: self.num_generations,
             scale_rewards: self.scale_rewards,
             routing_mode: self.routing_mode,
@@ -105,6 +111,19 @@ impl TrainConfig {
             adapters: self.adapter_config()?,
             device,
         })
+    }
+
+    /// With `advantage_score: detector_score`: the index of the component the
+    /// `score_threshold` detector thresholds (the configuration checks that there is one).
+    fn advantage_score_component(&self, components: &[String]) -> Result<Option<usize>> {
+        match (self.advantage_score, &self.rh_detector) {
+            (AdvantageScore::Flag, _) => Ok(None),
+            (AdvantageScore::DetectorScore, Some(DetectorSpec::ScoreThreshold(rule))) => {
+                let index = components.iter().position(|name| *name == rule.component);
+                index.map(Some).with_context(|| format!("advantage_score detector_score: the rh_detector's component `{}` is not a reward component ({})", rule.component, components.join(", ")))
+            }
+            (AdvantageScore::DetectorScore, _) => anyhow::bail!("internal error: advantage_score detector_score without a score_threshold detector passed the checks"),
+        }
     }
 
     /// Coherence rows from step `round(coherence_start_frac * max_steps)` on.
