@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The controls result (docs/src/history.md): the demo's task (configs/sentence_length_10_smooth_with_happy.yaml,
+# The controls result (CHANGELOG.md): the demo's task (configs/sentence_length_10_smooth_with_happy.yaml,
 # the demo's pre-trained model and prompts, 240 steps, lr 2e-3, ablated_frac 0.5) with every
-# intervention arm (none, routing, penalty, filter, placebo) x SEEDS, a ground-truth monitor
+# intervention arm (none, routing, penalty, filter, placebo, verified, adv_mod, matched_placebo;
+# the result in CHANGELOG.md predates the last three) x SEEDS, a ground-truth monitor
 # (any "happy" at all, while the routing detector flags 3 or more), and the sweep's arm summary
 # (arms.csv: means over seeds with 95% bootstrap intervals) and Pareto chart (charts/pareto.png).
 # Needs `make demo` first (it makes runs/demo/pretrain/model and runs/demo/prompts.txt).

@@ -31,7 +31,7 @@ use smallrl::reward::{ComponentInfo, Role, ScoredBatch};
 use smallrl::train::TrainConfig;
 use smallrl::model::decode::DecodeModel;
 use smallrl::model::export::save_hf_dir;
-use smallrl::model::generate::{SamplingParams, generate};
+use smallrl::model::generate::{Generation, SamplingParams, generate};
 use smallrl::model::weights::{read_safetensors, write_safetensors};
 use smallrl::model::{self, LoadedModel};
 use tch::{Device, Kind, Tensor};
@@ -177,7 +177,7 @@ fn loss_and_gradients_match_trl() {
         keys.as_object_mut().unwrap().extend(case.knobs.as_object().unwrap().clone());
         let config: TrainConfig = serde_json::from_value(keys.clone()).unwrap();
         let settings = config.objective().unwrap();
-        let gdpo = (config.multi_objective_aggregation == MultiObjectiveAggregation::NormalizeThenSum).then(|| gdpo(&config));
+        let gdpo = (config.multi_objective_aggregation == MultiObjectiveAggregation::NormalizeThenSum).then(|| gdpo(&config, &g));
         let (advantages, _) = match &gdpo {
             Some(gdpo) => (gdpo.advantages.shallow_clone(), gdpo.frac_zero_std),
             None => grpo::group_advantages(&rewards, GROUP, config.scale_rewards, 1e-4),
@@ -326,7 +326,7 @@ struct Gdpo {
 /// the components above. TRL's reward functions written out from the definitions: the task,
 /// the bonus with 0 where it does not count, with `penalty` a third, -1 on flagged rows weighted
 /// `rh_penalty`, with `filter` None from every function on flagged rows (TRL's unscorable rows).
-fn gdpo(config: &TrainConfig) -> Gdpo {
+fn gdpo(config: &TrainConfig, generation: &Generation) -> Gdpo {
     let components = [("task", Role::Retain, 0.7), ("bonus", Role::Forget, 1.6)].map(|(name, role, scale)| ComponentInfo { name: name.into(), role, scale });
     let rows = 2 * GROUP;
     let summed: Vec<f64> = (0..rows).map(|i| 0.7 * TASK[i] + if HACKABLE[i] { 1.6 * BONUS[i] } else { 0.0 }).collect();
@@ -341,7 +341,7 @@ fn gdpo(config: &TrainConfig) -> Gdpo {
         hacked: None,
         metrics: Vec::new(),
     };
-    let prepared = config.recipe(Device::Cpu, &components).unwrap().prepare(&scored, 0, 1);
+    let prepared = config.recipe(Device::Cpu, &components).unwrap().prepare(&scored, generation, 0, 1);
     let counted_bonus = (0..rows).map(|i| if HACKABLE[i] { BONUS[i] } else { 0.0 }).collect();
     let (mut columns, mut weights) = (vec![TASK.to_vec(), counted_bonus], vec![0.7, 1.6]);
     match config.intervention {

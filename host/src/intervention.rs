@@ -7,6 +7,8 @@
 //! | filter       | leave the loss, and their group's advantages are computed without them |
 //! | placebo      | trained as clean; instead a random subset of the same size is routed  |
 //! | verified     | only verified samples train: the monitor saw them and did not flag them |
+//! | adv_mod      | advantage - `advantage_penalty` × score, trained like every other sample; no routing |
+//! | matched_placebo | trained as clean; instead a random subset of the same gradient energy is routed |
 //!
 //! Filtering recomputes the group statistics over the kept samples rather than zeroing the
 //! flagged samples' advantages: a flagged (hacking) sample usually has a high reward, so left
@@ -27,10 +29,40 @@
 //! independently of which rows the monitor flagged: routing labels that carry no information
 //! about the hack, at the same rate, separate "routing the hack away" from "a second adapter
 //! that learns from some rows".
+//!
+//! Advantage modification (`adv_mod`, arXiv 2604.01476) leaves the rewards and the group
+//! statistics alone and subtracts `advantage_penalty × score` from each sample's advantage, the
+//! advantage the loss sees (after any coherence handling). The score is chosen by
+//! `advantage_score` ([`AdvantageScore`]), never guessed from the detector: `flag` (default) is
+//! the monitor's flag as 0 or 1 (`is_rh`: after `recall` and `false_positive_rate`, 0 where the
+//! monitor does not see the sample), `detector_score` the raw score of the reward component that
+//! an `rh_detector: score_threshold` thresholds, on monitored samples (0 elsewhere); the
+//! configuration refuses `detector_score` without such a detector, and with `recall` or
+//! `false_positive_rate` off their defaults (draws on flags, which a continuous score does not
+//! have). Unlike `penalty`, a flagged sample does not move its group's mean and standard
+//! deviation, so its group-mates' advantages stay what the task alone made them.
+//!
+//! The matched placebo answers the objection that a plain placebo routes as many rows as were
+//! flagged but not as much gradient: flagged (hacking) rows tend to have large advantages. It
+//! routes a random subset whose *gradient energy* matches the flagged rows'. Row `i`'s policy
+//! term has, at ratio 1, the gradient `g_i = A_i Σ_t w_t ∇log p_t` (`w_t` the aggregation's
+//! token weights, [`crate::grpo::token_weights`]). Its energy proxy is
+//! `e_i = A_i² Σ_t w_t²`: under the policy that sampled the row, the score-function terms of
+//! different tokens are uncorrelated (`E[∇log p_s | tokens before s] = 0`), so
+//! `E|g_i|² = A_i² Σ_t w_t² E|∇log p_t|²`, which is `e_i` up to one factor shared by every token
+//! when their score norms are taken as equal; energies of independently sampled rows add the same
+//! way, so a subset's energy is the sum of its rows'. It costs nothing: no backward pass. `A_i` is
+//! the group advantage (before routing's renormalisation and coherence handling, which depend on
+//! the labels being drawn) and `w_t` the weights of the whole batch as one class and one
+//! micro-batch (for grpo, dr_grpo and luspo a row's weights under any classes; for dapo and bnpo
+//! the classes rescale them by a common factor each). The rows are taken in a random order drawn
+//! from `(seed, "matched-placebo", step)` and the subset is the prefix whose cumulative energy is
+//! closest to the flagged rows' (the shorter prefix on a tie): the match is exact to within half
+//! the energy of one row, and which rows are flagged matters only through their total energy.
 
 use tch::{Kind, Tensor};
 
-use crate::grpo::ScaleRewards;
+use crate::grpo::{self, Aggregation, ScaleRewards};
 use crate::rng::{self, SplitMix64};
 
 crate::choice::choice! {
@@ -41,11 +73,32 @@ crate::choice::choice! {
         Filter = "filter",
         Placebo = "placebo",
         Verified = "verified",
+        AdvMod = "adv_mod",
+        MatchedPlacebo = "matched_placebo",
+    }
+}
+
+crate::choice::choice! {
+    /// The score `adv_mod` subtracts, times `advantage_penalty`, from each sample's advantage.
+    pub enum AdvantageScore ("advantage_score") {
+        /// The monitor's flag as 0 or 1 (`is_rh`: after recall and false positives).
+        Flag = "flag",
+        /// The raw score of the component an `rh_detector: score_threshold` thresholds, on
+        /// monitored samples (0 elsewhere).
+        DetectorScore = "detector_score",
     }
 }
 
 /// Every intervention, in the order sweeps plan them.
-pub const ALL: [Intervention; 5] = [Intervention::Routing, Intervention::Penalty, Intervention::Filter, Intervention::Placebo, Intervention::Verified];
+pub const ALL: [Intervention; 7] = [
+    Intervention::Routing,
+    Intervention::Penalty,
+    Intervention::Filter,
+    Intervention::Placebo,
+    Intervention::Verified,
+    Intervention::AdvMod,
+    Intervention::MatchedPlacebo,
+];
 
 /// `reward - penalty` for flagged samples, the reward otherwise (after the `max_reward` cap,
 /// so the penalty is never absorbed by it).
@@ -61,22 +114,84 @@ pub fn verified_rows(monitored: &[bool], detected: &[bool]) -> Vec<bool> {
     monitored.iter().zip(detected).map(|(&m, &d)| m && !d).collect()
 }
 
-/// The placebo's routing labels: as many rows as `flagged` has flags, drawn uniformly (a
-/// partial Fisher-Yates shuffle) from `(seed, "placebo", step)`; which rows are flagged does
-/// not matter, only how many.
+/// The placebo's routing labels: as many rows as `flagged` has flags, drawn uniformly (the
+/// first rows of a Fisher-Yates shuffle) from `(seed, "placebo", step)`; which rows are flagged
+/// does not matter, only how many.
 pub fn placebo_labels(flagged: &[bool], seed: u64, step: usize) -> Vec<bool> {
     let count = flagged.iter().filter(|&&f| f).count();
-    let mut rows: Vec<usize> = (0..flagged.len()).collect();
-    let mut rng = SplitMix64::new(rng::derive(seed, "placebo", step as u64));
-    for i in 0..count {
-        let pick = i + rng.below(rows.len() - i);
+    labels_of(&shuffled(flagged.len(), rng::derive(seed, "placebo", step as u64))[..count], flagged.len())
+}
+
+/// `0..n` in the order of a Fisher-Yates shuffle seeded `seed`. Its first `k` rows are those a
+/// shuffle stopped after `k` swaps picks: the later swaps never touch them.
+fn shuffled(n: usize, seed: u64) -> Vec<usize> {
+    let mut rows: Vec<usize> = (0..n).collect();
+    let mut rng = SplitMix64::new(seed);
+    for i in 0..n {
+        let pick = i + rng.below(n - i);
         rows.swap(i, pick);
     }
-    let mut labels = vec![false; flagged.len()];
-    for &row in &rows[..count] {
+    rows
+}
+
+fn labels_of(rows: &[usize], n: usize) -> Vec<bool> {
+    let mut labels = vec![false; n];
+    for &row in rows {
         labels[row] = true;
     }
     labels
+}
+
+/// `adv_mod`'s scores with `advantage_score: flag`: each flag as 0 or 1.
+pub fn flag_scores(flagged: &[bool]) -> Vec<f64> {
+    flagged.iter().map(|&f| f64::from(u8::from(f))).collect()
+}
+
+/// `adv_mod`'s scores with `advantage_score: detector_score`: the thresholded component's raw
+/// score where the monitor sees the sample, 0 where it does not (it could not flag it either).
+pub fn detector_scores(component: &[f64], monitored: &[bool]) -> Vec<f64> {
+    assert_eq!(component.len(), monitored.len(), "one score per row");
+    component.iter().zip(monitored).map(|(&score, &seen)| if seen { score } else { 0.0 }).collect()
+}
+
+/// Each row's gradient-energy proxy `A_i² Σ_t w_t²` (the module's doc says why): `advantages`
+/// `[batch]`, `loss_tokens` `[batch, tokens]` 1 on the tokens the loss counts, `w` the
+/// aggregation's token weights of the whole batch as one class and one micro-batch.
+pub fn row_energies(advantages: &Tensor, loss_tokens: &Tensor, aggregation: Aggregation) -> Vec<f64> {
+    let rows = loss_tokens.size()[0];
+    let everyone = Tensor::ones([rows], (Kind::Bool, loss_tokens.device()));
+    let weights = grpo::token_weights(&loss_tokens.to_kind(Kind::Float), &[everyone], aggregation, 1).to_kind(Kind::Double);
+    let energy = weights.square().sum_dim_intlist(1, false, Kind::Double) * advantages.to_kind(Kind::Double).square();
+    Vec::try_from(energy.to_device(tch::Device::Cpu)).expect("energies are a 1-D tensor")
+}
+
+/// The matched placebo's draw.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MatchedDraw {
+    /// The routed rows.
+    pub labels: Vec<bool>,
+    /// The flagged rows' energy (the target) and the routed rows'.
+    pub energy_flagged: f64,
+    pub energy_routed: f64,
+}
+
+/// The matched placebo's routing labels: the rows in the order of a shuffle seeded by
+/// `(seed, "matched-placebo", step)`, up to where their cumulative `energy` is closest to the
+/// flagged rows' (the shorter prefix on a tie; nothing when nothing is flagged).
+pub fn matched_placebo_labels(energy: &[f64], flagged: &[bool], seed: u64, step: usize) -> MatchedDraw {
+    assert_eq!(energy.len(), flagged.len(), "one energy per row");
+    let energy_flagged: f64 = energy.iter().zip(flagged).filter(|(_, f)| **f).map(|(e, _)| e).sum();
+    let order = shuffled(energy.len(), rng::derive(seed, "matched-placebo", step as u64));
+    let (mut best, mut best_gap, mut cumulative) = (0, energy_flagged.abs(), 0.0);
+    for (k, &row) in order.iter().enumerate() {
+        cumulative += energy[row];
+        let gap = (cumulative - energy_flagged).abs();
+        if gap < best_gap {
+            (best, best_gap) = (k + 1, gap);
+        }
+    }
+    let energy_routed = order[..best].iter().map(|&row| energy[row]).sum();
+    MatchedDraw { labels: labels_of(&order[..best], energy.len()), energy_flagged, energy_routed }
 }
 
 /// The loss mask with the `kept` rows (`[batch]` 0/1) only: the filter's dropped rows leave
@@ -150,6 +265,101 @@ mod tests {
         }
         assert_eq!(placebo_labels(&[false; 5], 1, 0), vec![false; 5]);
         assert_eq!(placebo_labels(&[true; 5], 1, 0), vec![true; 5]);
+    }
+
+    /// Energies by hand: rows of 2, 3, 1 and 0 loss tokens in a batch of 4 (6 tokens).
+    /// grpo weighs a token 1/(n_i × 4), so Σ w² = 1/(16 n_i); dapo 1/6, so Σ w² = n_i/36;
+    /// dr_grpo (max length 5) 1/(4 × 5), so Σ w² = n_i/400; a row without tokens has none.
+    #[test]
+    fn row_energies_are_the_squared_advantage_times_the_squared_token_weights() {
+        let mask = Tensor::from_slice(&[1.0f32, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]).view([4, 3]);
+        let advantages = Tensor::from_slice(&[1.0f32, -2.0, 0.5, 3.0]);
+        let cases = [
+            (Aggregation::Grpo, [1.0 / 32.0, 4.0 / 48.0, 0.25 / 16.0, 0.0]),
+            (Aggregation::Dapo, [2.0 / 36.0, 12.0 / 36.0, 0.25 / 36.0, 0.0]),
+            (Aggregation::DrGrpo { max_completion_length: 5 }, [2.0 / 400.0, 12.0 / 400.0, 0.25 / 400.0, 0.0]),
+        ];
+        for (aggregation, expected) in cases {
+            let ours = row_energies(&advantages, &mask, aggregation);
+            for (i, (a, b)) in ours.iter().zip(expected).enumerate() {
+                assert!((a - b).abs() <= 1e-7 * b.max(1e-3), "{aggregation:?} row {i}: {a} vs {b}");
+            }
+        }
+    }
+
+    /// A test-side generator of energies and flags (not the code's rng stream).
+    fn energies_and_flags(case: u64, n: usize) -> (Vec<f64>, Vec<bool>) {
+        let mut rng = SplitMix64::new(case.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xABCD);
+        let energy = (0..n).map(|_| if rng.next_f64() < 0.2 { 0.0 } else { rng.next_f64() * 3.0 }).collect();
+        let flagged = (0..n).map(|_| rng.next_f64() < 0.3).collect();
+        (energy, flagged)
+    }
+
+    #[test]
+    fn the_matched_placebo_routes_a_prefix_of_its_seeded_order_closest_in_energy_to_the_flagged_rows() {
+        let mut routed_counts = std::collections::BTreeSet::new();
+        for case in 0..200u64 {
+            let n = 4 + (case as usize % 29);
+            let (energy, flagged) = energies_and_flags(case, n);
+            let (seed, step) = (case % 7, case as usize);
+            let draw = matched_placebo_labels(&energy, &flagged, seed, step);
+            // The energies reported are those of the rows (float64, in index order here).
+            let sum = |rows: &[bool]| energy.iter().zip(rows).filter(|(_, r)| **r).map(|(e, _)| e).sum::<f64>();
+            assert!((draw.energy_flagged - sum(&flagged)).abs() < 1e-12);
+            assert!((draw.energy_routed - sum(&draw.labels)).abs() < 1e-12);
+            // Within half the energy of one row of the target (the granularity of a row).
+            let largest = energy.iter().copied().fold(0.0, f64::max);
+            assert!((draw.energy_routed - draw.energy_flagged).abs() <= largest / 2.0 + 1e-12, "case {case}: {draw:?}");
+            // Brute force over every prefix of the seeded order: none is closer, no shorter one as close.
+            let order = shuffled(n, rng::derive(seed, "matched-placebo", step as u64));
+            let k = draw.labels.iter().filter(|&&r| r).count();
+            assert_eq!(labels_of(&order[..k], n), draw.labels, "case {case}: the routed rows are a prefix of the order");
+            let gap = |j: usize| (order[..j].iter().map(|&r| energy[r]).sum::<f64>() - draw.energy_flagged).abs();
+            for j in 0..=n {
+                assert!(gap(j) >= gap(k) - 1e-12 && (j >= k || gap(j) > gap(k)), "case {case}: prefix {j} beats {k}");
+            }
+            // Deterministic in (seed, step), drawn again at another step.
+            assert_eq!(matched_placebo_labels(&energy, &flagged, seed, step), draw);
+            routed_counts.insert((k, flagged.iter().filter(|&&f| f).count()));
+        }
+        assert!(routed_counts.iter().any(|(routed, flagged)| routed != flagged), "the count is not what is matched");
+        let (energy, flagged) = energies_and_flags(3, 24);
+        let other_steps: Vec<Vec<bool>> = (0..5).map(|step| matched_placebo_labels(&energy, &flagged, 1, step).labels).collect();
+        assert!(other_steps.windows(2).any(|w| w[0] != w[1]), "another step draws again");
+        // Nothing flagged: nothing routed; everything flagged, every energy positive: everything.
+        assert_eq!(matched_placebo_labels(&[1.0, 2.0, 0.5], &[false; 3], 1, 0).labels, [false; 3]);
+        assert_eq!(matched_placebo_labels(&[1.0, 2.0, 0.5], &[true; 3], 1, 0).labels, [true; 3]);
+    }
+
+    #[test]
+    fn the_matched_placebo_sees_which_rows_are_flagged_only_through_their_energy() {
+        // Integers, so every total below is exact: 1 + 4 = 2 + 3 = 5 = 5.
+        let energy = [1.0, 2.0, 3.0, 4.0, 5.0, 0.5, 6.0, 2.5];
+        let flag = |rows: &[usize]| (0..8).map(|i| rows.contains(&i)).collect::<Vec<bool>>();
+        for (seed, step) in [(1, 0), (42, 3), (7, 99)] {
+            let draws: Vec<MatchedDraw> = [flag(&[0, 3]), flag(&[1, 2]), flag(&[4])].iter().map(|f| matched_placebo_labels(&energy, f, seed, step)).collect();
+            assert!(draws.iter().all(|d| d == &draws[0]), "seed {seed} step {step}: {draws:?}");
+            assert_eq!(draws[0].energy_flagged, 5.0);
+            let heavier = matched_placebo_labels(&energy, &flag(&[4, 6]), seed, step);
+            assert!(heavier.energy_routed >= draws[0].energy_routed, "a larger target routes at least as much energy");
+        }
+    }
+
+    /// The placebo draws what it drew before the shuffle was shared with the matched placebo:
+    /// the partial Fisher-Yates shuffle it used, written out here.
+    #[test]
+    fn the_plain_placebo_draws_as_its_partial_shuffle_did() {
+        for (seed, step, count) in [(1, 0, 3), (42, 7, 1), (3, 199, 9)] {
+            let mut rows: Vec<usize> = (0..12).collect();
+            let mut rng = SplitMix64::new(rng::derive(seed, "placebo", step as u64));
+            for i in 0..count {
+                let pick = i + rng.below(12 - i);
+                rows.swap(i, pick);
+            }
+            let flagged: Vec<bool> = (0..12).map(|i| i >= 12 - count).collect();
+            let expected: Vec<bool> = (0..12).map(|i| rows[..count].contains(&i)).collect();
+            assert_eq!(placebo_labels(&flagged, seed, step), expected);
+        }
     }
 
     /// Float64 reference from the formula, written out per group.

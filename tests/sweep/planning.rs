@@ -138,43 +138,56 @@ fn slurm_emission_writes_one_command_per_run_and_runs_nothing() {
     assert!(planned.iter().all(|name| !out.join(name).exists()), "emitting runs nothing");
 }
 
-/// `--intervention-arms`: every routed grid point becomes the six arms, the same otherwise;
-/// `rh_penalty` goes to the penalty arm only; the none arm is every other arm's baseline.
+/// `--intervention-arms`: every routed grid point becomes the eight arms, the same otherwise;
+/// `rh_penalty` goes to the penalty arm only, `advantage_penalty` and `advantage_score` to the
+/// adv_mod arm only; the none arm is every other arm's baseline.
 #[test]
 fn intervention_arms_plan_every_control_beside_the_routed_run() {
-    use smallrl::intervention::Intervention;
+    use smallrl::intervention::{AdvantageScore, Intervention};
     use smallrl::routing::RoutingMode;
     let out = tempfile::tempdir().unwrap();
-    let mut arms = spec(out.path(), &["seed=1,2"], &["max_steps=4", "rh_penalty=0.25", "routing_mode=exclusive"]);
+    let mut arms = spec(out.path(), &["seed=1,2"], &["max_steps=4", "rh_penalty=0.25", "advantage_penalty=0.75", "routing_mode=exclusive"]);
     arms.intervention_arms = plan::Arm::ALL.to_vec();
     let plan = plan::plan(&arms).unwrap();
-    assert_eq!(plan.runs.len(), 12, "six arms × two seeds");
+    assert_eq!(plan.runs.len(), 16, "eight arms × two seeds");
     let names: BTreeSet<&String> = plan.runs.iter().map(|r| &r.name).collect();
-    assert_eq!(names.len(), 12, "run names distinguish arms");
+    assert_eq!(names.len(), 16, "run names distinguish arms");
     for run in &plan.runs {
         let c = &run.config;
         let expected_mode = match c.intervention {
-            Intervention::Routing | Intervention::Placebo if run.role == RunRole::Grid => RoutingMode::Exclusive,
+            Intervention::Routing | Intervention::Placebo | Intervention::MatchedPlacebo if run.role == RunRole::Grid => RoutingMode::Exclusive,
             _ => RoutingMode::None,
         };
         assert_eq!(c.routing_mode, expected_mode, "{}", run.name);
         assert_eq!(c.rh_penalty, if c.intervention == Intervention::Penalty { 0.25 } else { 1.0 }, "{}", run.name);
-        let baseline = TrainConfig { routing_mode: RoutingMode::None, intervention: Intervention::Routing, rh_penalty: 1.0, ..c.clone() };
+        assert_eq!(c.advantage_penalty, if c.intervention == Intervention::AdvMod { 0.75 } else { 1.0 }, "{}", run.name);
+        let baseline = TrainConfig { routing_mode: RoutingMode::None, intervention: Intervention::Routing, rh_penalty: 1.0, advantage_penalty: 1.0, ..c.clone() };
         match run.role {
             RunRole::Baseline => assert_eq!(c, &baseline, "{}: the none arm", run.name),
             RunRole::Grid => assert_eq!(run.baseline.as_ref(), Some(&baseline.run_name().unwrap()), "{}", run.name),
         }
     }
     let count = |i: Intervention| plan.runs.iter().filter(|r| r.config.intervention == i).count();
-    assert_eq!([Intervention::Penalty, Intervention::Filter, Intervention::Placebo, Intervention::Verified].map(count), [2, 2, 2, 2]);
+    let others = [Intervention::Penalty, Intervention::Filter, Intervention::Placebo, Intervention::Verified, Intervention::AdvMod, Intervention::MatchedPlacebo];
+    assert_eq!(others.map(count), [2; 6]);
     assert_eq!(plan.runs.iter().filter(|r| r.role == RunRole::Baseline).count(), 2);
+    // The detector's continuous score: a key of the adv_mod arm alone (the routed run refuses it).
+    let threshold = ["max_steps=4", "routing_mode=classic", "advantage_score=detector_score", "rh_detector={score_threshold: {component: happy_count, threshold: 1}}"];
+    let mut continuous = spec(out.path(), &[], &threshold);
+    continuous.intervention_arms = plan::Arm::parse_list(Some("routing,adv_mod")).unwrap();
+    let runs = plan::plan(&continuous).unwrap().runs;
+    assert_eq!(runs.len(), 3, "routing, adv_mod and their baseline");
+    for run in &runs {
+        let expected = if run.config.intervention == Intervention::AdvMod { AdvantageScore::DetectorScore } else { AdvantageScore::Flag };
+        assert_eq!(run.config.advantage_score, expected, "{}", run.name);
+    }
     let mut unrouted = spec(out.path(), &[], &["routing_mode=none"]);
     unrouted.intervention_arms = plan::Arm::ALL.to_vec();
     let error = format!("{:#}", plan::plan(&unrouted).unwrap_err());
     assert!(error.contains("--intervention-arms expands a routed configuration"), "{error}");
 }
 
-/// The reward-penalty arm keeps the routed run's coherence rows (the original's
+/// The reward-penalty arm (and adv_mod, beside it) keeps the routed run's coherence rows (the original's
 /// matrix_rp_7envs: the same verified coherence extras); the non-routed baseline has none, and a recall grid shares one baseline.
 #[test]
 fn the_penalty_arm_keeps_the_coherence_rows_of_the_routed_run() {
@@ -192,7 +205,7 @@ fn the_penalty_arm_keeps_the_coherence_rows_of_the_routed_run() {
     let penalty_recalls: BTreeSet<String> = plan.runs.iter().filter(|r| r.config.intervention == Intervention::Penalty).map(|r| r.config.recall.to_string()).collect();
     assert_eq!(penalty_recalls, BTreeSet::from(["0.5".to_string(), "0.25".to_string()]));
     let arm = |intervention: Intervention, routed: bool| plan.runs.iter().find(|r| r.config.intervention == intervention && (r.config.routing_mode.as_str() != "none") == routed).unwrap();
-    for config in [&arm(Intervention::Routing, true).config, &arm(Intervention::Penalty, false).config] {
+    for config in [&arm(Intervention::Routing, true).config, &arm(Intervention::Penalty, false).config, &arm(Intervention::AdvMod, false).config] {
         assert_eq!((config.coh_samples_per_rollout, config.rh_detector_verifies_retain_samples, config.rh_detector_retain_recall), (16, true, 0.5), "{config:?}");
     }
     let baseline = &arm(Intervention::Routing, false).config;
@@ -281,7 +294,7 @@ fn intervention_arm_lists_name_the_valid_arms() {
     assert_eq!(Arm::parse_list(None).unwrap(), Arm::ALL.to_vec(), "the bare flag is every arm");
     assert_eq!(Arm::parse_list(Some("penalty,routing")).unwrap(), vec![Arm::Routing, Arm::Penalty]);
     let error = format!("{:#}", Arm::parse_list(Some("routing,penalti")).unwrap_err());
-    assert!(error.contains("\"penalti\"") && error.contains("none, routing, penalty, filter, placebo, verified"), "{error}");
+    assert!(error.contains("\"penalti\"") && error.contains("none, routing, penalty, filter, placebo, verified, adv_mod, matched_placebo"), "{error}");
     assert!(format!("{:#}", Arm::parse_list(Some("routing,routing")).unwrap_err()).contains("twice"));
 
     // On the command line: the bare flag, a list, a typo; and --config taking several files.
@@ -297,10 +310,10 @@ fn intervention_arm_lists_name_the_valid_arms() {
         assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
         String::from_utf8_lossy(&output.stdout).lines().next().unwrap().to_string()
     };
-    assert!(planned(&dry(&["--intervention-arms"])).starts_with("6 runs planned"));
+    assert!(planned(&dry(&["--intervention-arms"])).starts_with("8 runs planned"));
     assert!(planned(&dry(&["--intervention-arms", "routing,penalty"])).starts_with("3 runs planned"));
     let typo = dry(&["--intervention-arms", "routing,penalti"]);
-    assert!(!typo.status.success() && String::from_utf8_lossy(&typo.stderr).contains("the arms are none, routing, penalty, filter, placebo, verified"));
+    assert!(!typo.status.success() && String::from_utf8_lossy(&typo.stderr).contains("the arms are none, routing, penalty, filter, placebo, verified, adv_mod, matched_placebo"));
     let sorting = env_config("sorting").to_string_lossy().into_owned();
     let addition = env_config("addition").to_string_lossy().into_owned();
     let plugin_dir = format!("plugin_dir={}", common::plugin_dir().display());

@@ -7,6 +7,7 @@ mod resume;
 mod learning;
 mod steps;
 mod routing;
+mod interventions;
 mod outputs;
 mod packs;
 mod off_policy;

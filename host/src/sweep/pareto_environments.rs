@@ -2,7 +2,7 @@
 //! environment, task (retain) reward up against hack frequency, one point per (intervention
 //! arm, routing mode, hack_frac, recall) cell of `environments.csv` at its mean over seeds with
 //! its 95% bootstrap intervals, coloured by arm. The original's reading (seven-envs.md section
-//! 10): a routed arm (routing, placebo) in the mode it deploys, `deployed` when the table has
+//! 10): a routed arm (routing, placebo, matched_placebo) in the mode it deploys, `deployed` when the table has
 //! it, else `retain_only`; every other arm in `both`, the policy it trained. x is the
 //! ground-truth `true_hack_freq` when every drawn cell has it, else the monitor's `hack_freq`
 //! (the axis says which). Each point carries its cell's number; the list of cells (hack_frac,
@@ -31,13 +31,15 @@ pub const COLUMNS: usize = 4;
 pub const CELL_LINE_PX: u32 = 20;
 
 /// The colour of each arm (the legend's order).
-pub const ARM_COLOURS: [(Arm, RGBColor); 6] = [
+pub const ARM_COLOURS: [(Arm, RGBColor); 8] = [
     (Arm::None, RGBColor(127, 127, 127)),
     (Arm::Routing, RGBColor(44, 160, 44)),
     (Arm::Penalty, RGBColor(255, 127, 14)),
     (Arm::Filter, RGBColor(148, 103, 189)),
     (Arm::Placebo, RGBColor(140, 86, 75)),
     (Arm::Verified, RGBColor(23, 190, 207)),
+    (Arm::AdvMod, RGBColor(214, 39, 40)),
+    (Arm::MatchedPlacebo, RGBColor(227, 119, 194)),
 ];
 
 pub fn colour_of(arm: Arm) -> RGBColor {

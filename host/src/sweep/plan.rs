@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Map, Value};
 
 use crate::hyperparams::{self, UNNAMED_RUN, parse_override};
-use crate::intervention::Intervention;
+use crate::intervention::{AdvantageScore, Intervention};
 use crate::routing::RoutingMode;
 use crate::train::TrainConfig;
 use crate::runlog::Jsonl;
@@ -50,11 +50,15 @@ pub enum Arm {
     /// No routing and no coherence rows; only rows the monitor saw and did not flag train (the
     /// paper's verified-only baseline).
     Verified,
+    /// No routing; each sample's advantage minus `advantage_penalty` times its score.
+    AdvMod,
+    /// The grid point's routing of a random subset of the flagged rows' gradient energy.
+    MatchedPlacebo,
 }
 
 impl Arm {
     /// Every arm, in the order a sweep plans them (bare `--intervention-arms`).
-    pub const ALL: [Arm; 6] = [Arm::None, Arm::Routing, Arm::Penalty, Arm::Filter, Arm::Placebo, Arm::Verified];
+    pub const ALL: [Arm; 8] = [Arm::None, Arm::Routing, Arm::Penalty, Arm::Filter, Arm::Placebo, Arm::Verified, Arm::AdvMod, Arm::MatchedPlacebo];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -64,6 +68,8 @@ impl Arm {
             Self::Filter => "filter",
             Self::Placebo => "placebo",
             Self::Verified => "verified",
+            Self::AdvMod => "adv_mod",
+            Self::MatchedPlacebo => "matched_placebo",
         }
     }
 
@@ -91,6 +97,8 @@ impl Arm {
             Intervention::Filter => Self::Filter,
             Intervention::Placebo => Self::Placebo,
             Intervention::Verified => Self::Verified,
+            Intervention::AdvMod => Self::AdvMod,
+            Intervention::MatchedPlacebo => Self::MatchedPlacebo,
         }
     }
 }
@@ -239,26 +247,54 @@ fn resolve_point(spec: &SweepSpec, file: Option<&Path>, point: &Map<String, Valu
     Ok(config)
 }
 
-/// The arms of one grid point: `rh_penalty` (only valid with the penalty arm) is set aside
-/// while the routed point resolves, then given to the penalty arm.
+/// What some arms of a grid point take that the routed point cannot hold (each key is valid
+/// with its intervention only): the penalty arm's `rh_penalty`, the adv_mod arm's
+/// `advantage_penalty` and `advantage_score`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ArmKeys {
+    pub rh_penalty: f64,
+    pub advantage_penalty: f64,
+    pub advantage_score: AdvantageScore,
+}
+
+/// The keys [`ArmKeys`] holds, set aside from a grid point (or `--fixed`) while the routed
+/// point resolves.
+const ARM_KEYS: [&str; 3] = ["rh_penalty", "advantage_penalty", "advantage_score"];
+
+/// The arms of one grid point: the [`ARM_KEYS`] are set aside while the routed point
+/// resolves, then given to their arms.
 fn arms_of_point(spec: &SweepSpec, file: Option<&Path>, point: &Map<String, Value>) -> Result<Vec<TrainConfig>> {
-    let mut without_penalty = spec.clone();
+    let mut without = spec.clone();
     let mut point = point.clone();
-    let penalty = point.remove("rh_penalty").or_else(|| without_penalty.fixed.remove("rh_penalty"));
-    let routed = resolve_point(&without_penalty, file, &point)?;
-    let penalty = match penalty {
-        Some(value) => serde_json::from_value(value).context("--intervention-arms: rh_penalty must be a number")?,
-        None => routed.rh_penalty,
+    let mut set_aside = Map::new();
+    for key in ARM_KEYS {
+        if let Some(value) = point.remove(key).or_else(|| without.fixed.remove(key)) {
+            set_aside.insert(key.to_string(), value);
+        }
+    }
+    let routed = resolve_point(&without, file, &point)?;
+    fn read<T: serde::de::DeserializeOwned>(set_aside: &Map<String, Value>, key: &str, otherwise: T) -> Result<T> {
+        match set_aside.get(key) {
+            Some(value) => serde_json::from_value(value.clone()).with_context(|| format!("--intervention-arms: {key} {value} is not a valid value")),
+            None => Ok(otherwise),
+        }
+    }
+    let keys = ArmKeys {
+        rh_penalty: read(&set_aside, "rh_penalty", routed.rh_penalty)?,
+        advantage_penalty: read(&set_aside, "advantage_penalty", routed.advantage_penalty)?,
+        advantage_score: read(&set_aside, "advantage_score", routed.advantage_score)?,
     };
-    intervention_arms(&routed, penalty, &spec.intervention_arms)
+    intervention_arms(&routed, keys, &spec.intervention_arms)
 }
 
 /// One routed configuration as the chosen intervention arms, the same otherwise: none (the
-/// non-routed baseline), routing (as given), penalty (`rh_penalty` = `penalty`, with the routed run's
-/// coherence rows), filter, placebo (the given routing mode and ablation on a random subset)
-/// and verified (no routing, no coherence rows: the verified rows alone). The none arm is also
-/// every other arm's baseline, so [`plan`] adds it whether chosen or not.
-pub fn intervention_arms(routed: &TrainConfig, penalty: f64, chosen: &[Arm]) -> Result<Vec<TrainConfig>> {
+/// non-routed baseline), routing (as given), penalty (`keys.rh_penalty`, with the routed run's
+/// coherence rows), filter, placebo (the given routing mode and ablation on a random subset),
+/// verified (no routing, no coherence rows: the verified rows alone), adv_mod (`keys`'
+/// `advantage_penalty` and `advantage_score`, with the routed run's coherence rows, as the
+/// penalty it refines) and matched_placebo (as placebo, the subset matched in gradient energy).
+/// The none arm is also every other arm's baseline, so [`plan`] adds it whether chosen or not.
+pub fn intervention_arms(routed: &TrainConfig, keys: ArmKeys, chosen: &[Arm]) -> Result<Vec<TrainConfig>> {
     ensure!(
         routed.routing_mode != RoutingMode::None && routed.intervention == Intervention::Routing,
         "--intervention-arms expands a routed configuration (routing_mode classic or exclusive, intervention routing); got routing_mode {}, intervention {}",
@@ -270,8 +306,18 @@ pub fn intervention_arms(routed: &TrainConfig, penalty: f64, chosen: &[Arm]) -> 
     let baseline = unrouted(routed);
     // The reward-penalty comparator keeps the routed run's coherence rows (the original's
     // matrix_rp_7envs: "the same 32 verified coherence extras"); they train retain alone.
-    let penalised = TrainConfig { rh_penalty: penalty, ..with_coherence_of(routed, arm(&none, Intervention::Penalty)) };
-    let all = [baseline, routed.clone(), penalised, arm(&none, Intervention::Filter), arm(routed, Intervention::Placebo), arm(&none, Intervention::Verified)];
+    let penalised = TrainConfig { rh_penalty: keys.rh_penalty, ..with_coherence_of(routed, arm(&none, Intervention::Penalty)) };
+    let modified = TrainConfig { advantage_penalty: keys.advantage_penalty, advantage_score: keys.advantage_score, ..with_coherence_of(routed, arm(&none, Intervention::AdvMod)) };
+    let all = [
+        baseline,
+        routed.clone(),
+        penalised,
+        arm(&none, Intervention::Filter),
+        arm(routed, Intervention::Placebo),
+        arm(&none, Intervention::Verified),
+        modified,
+        arm(routed, Intervention::MatchedPlacebo),
+    ];
     let arms: Vec<TrainConfig> = Arm::ALL.into_iter().zip(all).filter(|(a, _)| chosen.contains(a)).map(|(_, config)| config).collect();
     for config in &arms {
         config.validate().with_context(|| format!("the {} arm of an --intervention-arms sweep is invalid", config.intervention))?;

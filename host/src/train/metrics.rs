@@ -132,6 +132,14 @@ pub mod key {
     /// The retain verifier (`rh_detector_verifies_retain_samples`, steps with coherence rows):
     /// the share of coherence rows it verified (the rest are dropped from the loss).
     pub const VERIFIER_FRAC_VERIFIED: &str = "verifier/frac_verified";
+    /// `intervention: adv_mod`: the mean over the batch of what was subtracted from the
+    /// advantages, `advantage_penalty × score` (0 for unflagged rows with the flag's score).
+    pub const ADVANTAGE_MODIFICATION_MEAN: &str = "adv_mod/mean_modification";
+    /// `intervention: matched_placebo`: the gradient-energy proxy of the flagged rows (the
+    /// target) and of the routed ones, and how many rows were routed (`crate::intervention`).
+    pub const PLACEBO_ENERGY_FLAGGED: &str = "placebo/energy_flagged";
+    pub const PLACEBO_ENERGY_ROUTED: &str = "placebo/energy_routed";
+    pub const PLACEBO_ROWS_ROUTED: &str = "placebo/rows_routed";
     /// The fingerprint of the weights that sampled the step's batch (its first rows), checked
     /// against the policy's when they were folded (`engine/delivery.rs`).
     pub const SAMPLER_WEIGHTS_FINGERPRINT: &str = "sampler/weights_fingerprint";
@@ -201,6 +209,8 @@ pub struct RolloutMetrics {
     pub off_policy: Option<OffPolicy>,
     /// With the retain verifier and coherence rows: the share of them it verified.
     pub frac_verified: Option<f64>,
+    /// What the intervention logs (`adv_mod/...`, `placebo/...`), by key.
+    pub intervention: Vec<(&'static str, f64)>,
     /// The fingerprint of the weights that sampled the batch's first rows.
     pub sampler_weights: Option<f64>,
     pub generate_seconds: f64,
@@ -360,6 +370,9 @@ pub fn line(rollout: &RolloutMetrics, step: &StepMetrics) -> Value {
     }
     if let Some(frac) = rollout.frac_verified {
         put(key::VERIFIER_FRAC_VERIFIED, frac.into());
+    }
+    for (name, value) in &rollout.intervention {
+        put(name, (*value).into());
     }
     if let Some(off_policy) = rollout.off_policy {
         put(key::OFF_POLICY_VERSION, off_policy.policy_version.into());

@@ -1,7 +1,8 @@
 //! The recipe: what a run makes of a scored batch before any pass over it. Rewards → the
 //! intervention (penalty, filter, placebo: [`crate::intervention`]) → group advantages (or
-//! GDPO's, from the components: `multi_objective_aggregation`) →
-//! coherence and routing groups → labels → routing plan → which rows train.
+//! GDPO's, from the components: `multi_objective_aggregation`) → coherence and routing groups →
+//! labels → routing plan → which rows train, and with `adv_mod` the advantages minus the
+//! penalty on each row's score.
 //!
 //! [`Recipe::prepare`] is a pure function of the scored batch, the step and the seed: no
 //! model, engine or file, so it is tested on hand-made batches (below) and is the only place
@@ -15,12 +16,13 @@ use tch::{Device, Kind, Tensor};
 
 use crate::adapters::AdapterConfig;
 use crate::defaults::ADVANTAGE_STD_EPSILON;
-use crate::grpo::{self, ScaleRewards};
+use crate::grpo::{self, Aggregation, ScaleRewards};
 use crate::intervention::{self, Intervention};
 use crate::model::generate::Generation;
 use crate::reward::{ComponentInfo, ScoredBatch};
 use crate::rng::{self, SplitMix64};
 use crate::routing::{self, CoherenceRhMode, GroupedRows, Labels, RenormalizationMode, RoutePlan, RoutingMode, RowWeights};
+use super::metrics::key;
 
 /// From which step a batch ends with coherence rows, and how many (`coherence_start_frac`,
 /// `coh_samples_per_rollout`).
@@ -43,6 +45,12 @@ impl CoherenceSchedule {
 pub struct Recipe {
     pub intervention: Intervention,
     pub rh_penalty: f64,
+    /// `adv_mod`'s coefficient, and the reward component whose raw score it multiplies
+    /// (`advantage_score: detector_score`; None: the monitor's flag).
+    pub advantage_penalty: f64,
+    pub advantage_score_component: Option<usize>,
+    /// The loss's aggregation, whose token weights the matched placebo's energies follow.
+    pub aggregation: Aggregation,
     pub group_size: usize,
     pub scale_rewards: ScaleRewards,
     /// With `multi_objective_aggregation: normalize_then_sum`, the reward components (their
@@ -83,17 +91,30 @@ pub struct Prepared {
     pub frac_zero_std: f64,
     /// With the retain verifier and coherence rows: the share of them it verified.
     pub frac_verified: Option<f64>,
+    /// What the intervention logs (`adv_mod`'s mean modification, the matched placebo's
+    /// energies and count), by metric key; empty for the others.
+    pub intervention_metrics: Vec<(&'static str, f64)>,
 }
 
 impl Recipe {
-    /// Prepares the batch of optimizer step `step` (0-based) of a run seeded `seed`.
-    pub fn prepare(&self, scored: &ScoredBatch, step: usize, seed: u64) -> Prepared {
+    /// Prepares the batch of optimizer step `step` (0-based) of a run seeded `seed`;
+    /// `generation` is the batch's (the matched placebo weighs rows by their loss tokens).
+    pub fn prepare(&self, scored: &ScoredBatch, generation: &Generation, step: usize, seed: u64) -> Prepared {
         let flagged = scored.flags();
         let rewards = self.rewards(scored);
         let counted = self.counted_rows(scored);
         let (group_advantages, frac_zero_std) = self.group_advantages(scored, &rewards, &counted);
+        let mut intervention_metrics = Vec::new();
         let routed = match self.intervention {
             Intervention::Placebo => intervention::placebo_labels(&flagged, seed, step),
+            Intervention::MatchedPlacebo => {
+                let loss_tokens = grpo::loss_mask(generation, self.mask_truncated_completions);
+                let energy = intervention::row_energies(&group_advantages, &loss_tokens, self.aggregation);
+                let draw = intervention::matched_placebo_labels(&energy, &flagged, seed, step);
+                let count = draw.labels.iter().filter(|&&r| r).count() as f64;
+                intervention_metrics = vec![(key::PLACEBO_ENERGY_FLAGGED, draw.energy_flagged), (key::PLACEBO_ENERGY_ROUTED, draw.energy_routed), (key::PLACEBO_ROWS_ROUTED, count)];
+                draw.labels
+            }
             _ => flagged.clone(),
         };
         let rows = rewards.len();
@@ -102,13 +123,31 @@ impl Recipe {
         let grouped = GroupedRows { rewards: &rewards, is_rh: &routed, coherence: &coherence, group_size: self.group_size };
         let verified = self.retain_verifier_recall.map(|recall| verified(scored, &coherence, recall, seed, step));
         let (advantages, dropped) = self.routed_advantages(group_advantages, &grouped, verified.as_deref());
+        let advantages = match self.intervention {
+            Intervention::AdvMod => {
+                let subtracted: Vec<f64> = self.advantage_scores(scored).iter().map(|score| self.advantage_penalty * score).collect();
+                intervention_metrics = vec![(key::ADVANTAGE_MODIFICATION_MEAN, crate::stats::mean(&subtracted))];
+                let subtracted = Tensor::from_slice(&subtracted).to_kind(Kind::Float).to(advantages.device());
+                advantages - subtracted
+            }
+            _ => advantages,
+        };
         let ablated = self.draw_ablated(&routed, &coherence, seed, step);
         let labels = Labels { is_rh: routed, ablated, coherence, dropped };
         let plan = routing::plan(&self.adapters, self.row_weights, &self.loss_class_labels(&labels), self.device);
         let natural_plan = self.split_moment.then(|| routing::plan(&self.adapters, RowWeights::gates(RoutingMode::None), &labels, self.device));
         let trained_rows = counted.iter().zip(&labels.dropped).map(|(&counted, &dropped)| counted && !dropped).collect();
         let frac_verified = verified.filter(|_| coherence_rows > 0).map(|verified| verified.iter().filter(|&&v| v).count() as f64 / coherence_rows as f64);
-        Prepared { rewards, advantages, labels, flagged, plan, natural_plan, trained_rows, frac_zero_std, frac_verified }
+        Prepared { rewards, advantages, labels, flagged, plan, natural_plan, trained_rows, frac_zero_std, frac_verified, intervention_metrics }
+    }
+
+    /// `adv_mod`'s score of each row: the monitor's flag as 0 or 1, or the thresholded
+    /// component's raw score where the monitor sees the row ([`intervention::AdvantageScore`]).
+    fn advantage_scores(&self, scored: &ScoredBatch) -> Vec<f64> {
+        match self.advantage_score_component {
+            None => intervention::flag_scores(&scored.flags()),
+            Some(component) => intervention::detector_scores(&scored.components[component], &scored.monitored),
+        }
     }
 
     /// The rewards the advantages are computed from: after `intervention: penalty`'s penalty.

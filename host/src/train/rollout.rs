@@ -63,6 +63,7 @@ pub(super) fn rollout_metrics(scored: &ScoredBatch, rewards: &[f64], component_n
         dynamic_sampling: None,
         off_policy: None,
         frac_verified: None,
+        intervention: Vec::new(),
         sampler_weights: None,
         generate_seconds: 0.0,
         score_seconds: 0.0,

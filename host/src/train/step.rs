@@ -96,7 +96,7 @@ impl Trainer {
         let mut with = Drawing { policy: &mut self.policy, rewards: &mut self.rewards, recipe: &self.recipe, log: &mut self.files.log };
         let drawn = self.draw.batch(step, &mut with)?;
         let (generation, samples, scored) = (drawn.generation, drawn.samples, drawn.scored);
-        let prepared = self.recipe.prepare(&scored, step, self.keys.seed);
+        let prepared = self.recipe.prepare(&scored, &generation, step, self.keys.seed);
         let component_names: Vec<String> = self.rewards.components().iter().map(|c| c.name.clone()).collect();
         let record = BatchRecord {
             step: step + 1,
@@ -131,6 +131,7 @@ impl Trainer {
         metrics.dynamic_sampling = drawn.dynamic_sampling;
         metrics.off_policy = drawn.off_policy;
         metrics.frac_verified = prepared.frac_verified;
+        metrics.intervention = prepared.intervention_metrics.clone();
         metrics.sampler_weights = match drawn.off_policy {
             Some(off_policy) => off_policy.weights_fingerprint,
             None => Some(*self.policy.seat.take_fingerprints().first().context("internal error: a batch drawn without a sampler")?),

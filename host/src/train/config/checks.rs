@@ -5,9 +5,10 @@ use anyhow::{Result, ensure};
 
 use super::{Accumulation, LrHorizon, TrainConfig};
 use crate::grpo::{KlEstimator, LossFn, LossType, MultiObjectiveAggregation, ScaleRewards};
-use crate::intervention::Intervention;
+use crate::intervention::{AdvantageScore, Intervention};
 use crate::model::chat::PromptFormat;
 use crate::model::folded::SamplerDtype;
+use crate::reward::DetectorSpec;
 use crate::routing::{self, RenormalizationMode, RoutingMode};
 
 impl TrainConfig {
@@ -194,14 +195,14 @@ impl TrainConfig {
                     self.coh_samples_per_rollout
                 );
             }
-            Intervention::Penalty | Intervention::Filter => ensure!(
+            Intervention::Penalty | Intervention::Filter | Intervention::AdvMod => ensure!(
                 self.routing_mode == RoutingMode::None,
                 "intervention {intervention} replaces routing: set routing_mode none (got {})",
                 self.routing_mode
             ),
-            Intervention::Placebo => ensure!(
+            Intervention::Placebo | Intervention::MatchedPlacebo => ensure!(
                 self.routing_mode != RoutingMode::None,
-                "intervention placebo routes a random subset: set routing_mode classic or exclusive"
+                "intervention {intervention} routes a random subset: set routing_mode classic or exclusive"
             ),
         }
         if self.rh_ground_truth.is_some() {
@@ -227,6 +228,36 @@ impl TrainConfig {
                 self.rh_penalty == Self::default().rh_penalty,
                 "rh_penalty ({}) is only used with intervention: penalty (got {intervention}); remove it",
                 self.rh_penalty
+            );
+        }
+        self.check_advantage_modification()
+    }
+
+    /// `adv_mod`'s keys act with it only; its continuous score needs a detector that has one.
+    fn check_advantage_modification(&self) -> Result<()> {
+        let (intervention, defaults) = (self.intervention, Self::default());
+        ensure!(self.advantage_penalty.is_finite(), "advantage_penalty must be a finite number, got {}", self.advantage_penalty);
+        if intervention != Intervention::AdvMod {
+            let unused = [("advantage_penalty", self.advantage_penalty != defaults.advantage_penalty), ("advantage_score", self.advantage_score != defaults.advantage_score)];
+            if let Some((key, _)) = unused.iter().find(|(_, set)| *set) {
+                anyhow::bail!("{key} is only used with intervention: adv_mod (got {intervention}); remove it");
+            }
+            return Ok(());
+        }
+        ensure!(
+            self.dynamic_sampling_rounds == 0,
+            "intervention adv_mod gives a group of equal rewards nonzero advantages where a row is scored, but dynamic_sampling_rounds drops such groups as uninformative: use one of them"
+        );
+        if self.advantage_score == AdvantageScore::DetectorScore {
+            ensure!(
+                matches!(self.rh_detector, Some(DetectorSpec::ScoreThreshold(_))),
+                "advantage_score detector_score subtracts the continuous score that an `rh_detector: score_threshold` compares with its threshold; this run's monitor (a detector plugin or an environment's) returns flags only: use advantage_score flag, or a score_threshold detector"
+            );
+            ensure!(
+                self.recall == defaults.recall && self.false_positive_rate == defaults.false_positive_rate,
+                "advantage_score detector_score reads the component's score itself, on which recall ({}) and false_positive_rate ({}), draws on flags, cannot act: leave them at 1 and 0, or use advantage_score flag",
+                self.recall,
+                self.false_positive_rate
             );
         }
         Ok(())

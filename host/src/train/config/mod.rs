@@ -21,7 +21,7 @@ use crate::device::{DeviceSpec, Dtype};
 use crate::grpo::{ImportanceSamplingLevel, ImportanceSamplingMode, KlEstimator, LossFn, LossType, MultiObjectiveAggregation, ScaleRewards};
 use crate::hyperparams::Label::{Key, Omit, Short};
 use crate::hyperparams::{self, Prop, hyperparameters};
-use crate::intervention::Intervention;
+use crate::intervention::{AdvantageScore, Intervention};
 use crate::model::chat::PromptFormat;
 use crate::model::folded::SamplerDtype;
 use crate::reward::{DetectorSpec, PluginLimits, ProtocolKnobs, RewardSpec};
@@ -280,11 +280,18 @@ hyperparameters! {
         hack_frac: f64 = 1.0, Short("hf");
         /// What the monitor's flags do: routing (where routing_mode sends them; with none,
         /// nothing), penalty (reward - rh_penalty), filter (out of the loss and the advantages),
-        /// placebo (a random subset of the same size is routed instead) or verified (only rows
-        /// the monitor saw and did not flag train: the original's verified-only baseline).
+        /// placebo (a random subset of the same size is routed instead), verified (only rows
+        /// the monitor saw and did not flag train: the original's verified-only baseline),
+        /// adv_mod (advantage - advantage_penalty * score) or matched_placebo (a random subset of
+        /// the same gradient energy is routed instead).
         intervention: Intervention = Intervention::Routing, Short(""), [Routing];
         /// Subtracted from a flagged sample's reward with intervention: penalty.
         rh_penalty: f64 = 1.0, Key, [Routing];
+        /// Times each sample's score, subtracted from its advantage with intervention: adv_mod.
+        advantage_penalty: f64 = 1.0, Key, [Routing];
+        /// adv_mod's score: flag (the monitor's, 0 or 1) or detector_score (the raw score of the
+        /// component an rh_detector: score_threshold thresholds, 0 where the monitor cannot see).
+        advantage_score: AdvantageScore = AdvantageScore::Flag, Short(""), [Routing];
         /// Where reward and detector plugin names resolve (`<dir>/<name>.wasm`).
         plugin_dir: PathBuf = "plugins".into(), Omit;
         /// Fuel (about one unit per WebAssembly instruction) a plugin call may use per sample: the

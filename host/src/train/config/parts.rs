@@ -4,13 +4,14 @@
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use tch::Device;
 
 use super::{LrHorizon, TrainConfig};
 use crate::engine::Passes;
-use crate::grpo::MultiObjectiveAggregation;
-use crate::reward::ComponentInfo;
+use crate::grpo::{Aggregation, MultiObjectiveAggregation};
+use crate::intervention::AdvantageScore;
+use crate::reward::{ComponentInfo, DetectorSpec};
 use crate::train::draw::{AheadHorizon, DrawKeys};
 use crate::train::fisher::FisherSchedule;
 use crate::train::recipe::{CoherenceSchedule, Recipe};
@@ -92,6 +93,9 @@ impl TrainConfig {
         Ok(Recipe {
             intervention: self.intervention,
             rh_penalty: self.rh_penalty,
+            advantage_penalty: self.advantage_penalty,
+            advantage_score_component: self.advantage_score_component(components)?,
+            aggregation: Aggregation::of(self.loss_type, self.max_completion_length),
             group_size: self.num_generations,
             scale_rewards: self.scale_rewards,
             normalize_then_sum: (self.multi_objective_aggregation == MultiObjectiveAggregation::NormalizeThenSum).then(|| components.to_vec()),
@@ -108,6 +112,20 @@ impl TrainConfig {
             adapters: self.adapter_config()?,
             device,
         })
+    }
+
+    /// With `advantage_score: detector_score`: the index of the component the
+    /// `score_threshold` detector thresholds (the configuration checks that there is one).
+    fn advantage_score_component(&self, components: &[ComponentInfo]) -> Result<Option<usize>> {
+        match (self.advantage_score, &self.rh_detector) {
+            (AdvantageScore::Flag, _) => Ok(None),
+            (AdvantageScore::DetectorScore, Some(DetectorSpec::ScoreThreshold(rule))) => {
+                let index = components.iter().position(|info| info.name == rule.component);
+                let names: Vec<&str> = components.iter().map(|info| info.name.as_str()).collect();
+                index.map(Some).with_context(|| format!("advantage_score detector_score: the rh_detector's component `{}` is not a reward component ({})", rule.component, names.join(", ")))
+            }
+            (AdvantageScore::DetectorScore, _) => anyhow::bail!("internal error: advantage_score detector_score without a score_threshold detector passed the checks"),
+        }
     }
 
     /// Coherence rows from step `round(coherence_start_frac * max_steps)` on.

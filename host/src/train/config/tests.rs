@@ -86,6 +86,7 @@ fn run_name_labels_are_unchanged() {
         ("sampler_dtype", "sampler_"), ("multi_objective_aggregation", ""),
         ("entropy_coef", "entcoef"), ("use_adaptive_entropy", "adaptent"), ("entropy_coef_min", "entmin"), ("entropy_coef_max", "entmax"),
         ("entropy_coef_delta", "entdelta"), ("entropy_target", "enttarget"),
+        ("advantage_score", ""),
     ];
     for key in TrainConfig::KEYS {
         let expected = if omitted.contains(&key.name) {
@@ -179,6 +180,30 @@ fn interventions_name_their_runs_and_bad_combinations_fail_before_any_work() {
     assert!(verified.run_name().unwrap().contains("_verified_"), "{}", verified.run_name().unwrap());
     assert_eq!(verified.without_routing(), resolved(&[("routing_mode", "none")]), "the baseline has no intervention");
     assert!(!resolved(&[]).run_name().unwrap().contains("routing"), "the default intervention stays out of run names");
+    assert!(error(&[("intervention", "adv_mod")]).contains("intervention adv_mod replaces routing: set routing_mode none (got classic)"));
+    let adv = resolved(&[("intervention", "adv_mod"), ("routing_mode", "none"), ("advantage_penalty", "0.5")]);
+    let name = adv.run_name().unwrap();
+    assert!(name.contains("_adv_mod_") && name.contains("_advantage_penalty0.5_") && !name.contains("classic"), "{name}");
+    assert!(!resolved(&[("intervention", "adv_mod"), ("routing_mode", "none")]).run_name().unwrap().contains("advantage_penalty"), "the default coefficient stays out of names");
+    assert_eq!(adv.without_routing(), resolved(&[("routing_mode", "none")]), "the baseline has no intervention");
+    let unused = error(&[("advantage_penalty", "0.5")]);
+    assert!(unused.contains("advantage_penalty is only used with intervention: adv_mod (got routing)"), "{unused}");
+    let unused = error(&[("intervention", "penalty"), ("routing_mode", "none"), ("advantage_score", "detector_score")]);
+    assert!(unused.contains("advantage_score is only used with intervention: adv_mod (got penalty)"), "{unused}");
+    let refilled = error(&[("intervention", "adv_mod"), ("routing_mode", "none"), ("dynamic_sampling_rounds", "3")]);
+    assert!(refilled.contains("dynamic_sampling_rounds drops such groups"), "{refilled}");
+    let adv_score = [("intervention", "adv_mod"), ("routing_mode", "none"), ("advantage_score", "detector_score")];
+    let flags_only = error(&adv_score);
+    assert!(flags_only.contains("advantage_score detector_score") && flags_only.contains("returns flags only"), "{flags_only}");
+    let threshold = [adv_score.as_slice(), &[("rh_detector", "{score_threshold: {component: happy_count, threshold: 1}}")]].concat();
+    let continuous = resolved(&threshold);
+    assert!(continuous.run_name().unwrap().contains("_detector_score_"), "{}", continuous.run_name().unwrap());
+    let drawn = error(&[threshold.as_slice(), &[("recall", "0.5")]].concat());
+    assert!(drawn.contains("recall (0.5) and false_positive_rate (0)") && drawn.contains("use advantage_score flag"), "{drawn}");
+    let matched = error(&[("intervention", "matched_placebo"), ("routing_mode", "none")]);
+    assert!(matched.contains("intervention matched_placebo routes a random subset: set routing_mode classic or exclusive"), "{matched}");
+    let matched = resolved(&[("intervention", "matched_placebo")]).run_name().unwrap();
+    assert!(matched.contains("_classic_") && matched.contains("_matched_placebo_"), "{matched}");
 }
 
 #[test]

@@ -1,12 +1,16 @@
 //! The recipe on hand-made scored batches: no model, engine or file.
 
 use super::*;
+use crate::train::metrics::key;
 
 /// A routed DualLoRA recipe with groups of two rows and every key at its default.
 fn routed() -> Recipe {
     Recipe {
         intervention: Intervention::Routing,
         rh_penalty: 2.0,
+        advantage_penalty: 1.0,
+        advantage_score_component: None,
+        aggregation: Aggregation::Grpo,
         group_size: 2,
         scale_rewards: ScaleRewards::Off,
         normalize_then_sum: None,
@@ -40,6 +44,11 @@ fn scored(reward: &[f64], flags: &[bool]) -> ScoredBatch {
     }
 }
 
+/// `recipe.prepare` of step `step` of a run seeded 7, every row with three loss tokens.
+fn prepare(recipe: &Recipe, batch: &ScoredBatch, step: usize) -> Prepared {
+    recipe.prepare(batch, &generation(&vec![true; batch.reward.len()]), step, 7)
+}
+
 fn values(t: &Tensor) -> Vec<f64> {
     Vec::try_from(t.to_kind(Kind::Double)).unwrap()
 }
@@ -49,7 +58,7 @@ const FLAGS: [bool; 4] = [true, false, false, false];
 
 #[test]
 fn routing_routes_the_flagged_rows_with_their_rewards_unchanged() {
-    let prepared = routed().prepare(&scored(&REWARDS, &FLAGS), 0, 7);
+    let prepared = prepare(&routed(), &scored(&REWARDS, &FLAGS), 0);
     assert_eq!(prepared.rewards, REWARDS);
     assert_eq!(values(&prepared.advantages), [0.5, -0.5, 1.0, -1.0]);
     assert_eq!(prepared.labels.is_rh, FLAGS);
@@ -62,7 +71,7 @@ fn routing_routes_the_flagged_rows_with_their_rewards_unchanged() {
 fn a_penalty_lowers_the_flagged_rewards_and_routes_nothing() {
     let recipe = Recipe { intervention: Intervention::Penalty, routing_mode: RoutingMode::None, row_weights: RowWeights::gates(RoutingMode::None), ..routed() };
     let batch = scored(&REWARDS, &FLAGS);
-    let prepared = recipe.prepare(&batch, 0, 7);
+    let prepared = prepare(&recipe, &batch, 0);
     assert_eq!(prepared.rewards, [-1.0, 0.0, 3.0, 1.0]);
     assert_eq!(recipe.rewards(&batch), prepared.rewards, "dynamic sampling reads the same rewards");
     assert_eq!(values(&prepared.advantages), [-0.5, 0.5, 1.0, -1.0]);
@@ -73,7 +82,7 @@ fn a_penalty_lowers_the_flagged_rewards_and_routes_nothing() {
 fn a_filter_takes_the_flagged_rows_out_of_the_advantages_and_the_loss() {
     let recipe = Recipe { intervention: Intervention::Filter, ..routed() };
     let batch = scored(&REWARDS, &FLAGS);
-    let prepared = recipe.prepare(&batch, 0, 7);
+    let prepared = prepare(&recipe, &batch, 0);
     assert_eq!(recipe.counted_rows(&batch), [false, true, true, true]);
     assert_eq!(prepared.trained_rows, [false, true, true, true]);
     // The clean row left alone in its group has no comparison: advantage 0.
@@ -94,14 +103,14 @@ fn verified_only_trains_the_rows_the_monitor_saw_and_passed() {
     let flags = [true, false, false, false, false, false];
     let batch = ScoredBatch { monitored: vec![true, true, true, true, true, false], ..scored(&rewards, &flags) };
     let verified = Recipe { intervention: Intervention::Verified, routing_mode: RoutingMode::None, row_weights: RowWeights::gates(RoutingMode::None), ..routed() };
-    let prepared = verified.prepare(&batch, 0, 7);
+    let prepared = prepare(&verified, &batch, 0);
     assert_eq!(verified.counted_rows(&batch), [false, true, true, true, true, false]);
     assert_eq!(prepared.trained_rows, [false, true, true, true, true, false]);
     assert_eq!(prepared.rewards, rewards, "nothing is penalised");
     assert_eq!(values(&prepared.advantages), [0.0, 0.0, 1.0, -1.0, 0.0, 0.0]);
     // The filter keeps the unmonitored row 5: its group (2, 5) is compared, around 3.5.
     let filter = Recipe { intervention: Intervention::Filter, ..verified };
-    assert_eq!(values(&filter.prepare(&batch, 0, 7).advantages), [0.0, 0.0, 1.0, -1.0, -1.5, 1.5]);
+    assert_eq!(values(&prepare(&filter, &batch, 0).advantages), [0.0, 0.0, 1.0, -1.0, -1.5, 1.5]);
 }
 
 #[test]
@@ -110,11 +119,69 @@ fn a_placebo_routes_as_many_random_rows_as_were_flagged() {
     let flags = [true, true, false, false, false, false, false, false];
     let batch = scored(&[1.0, 0.0, 3.0, 1.0, 0.0, 0.0, 2.0, 1.0], &flags);
     for step in 0..4 {
-        let prepared = recipe.prepare(&batch, step, 7);
+        let prepared = prepare(&recipe, &batch, step);
         assert_eq!(prepared.labels.is_rh.iter().filter(|&&r| r).count(), 2);
-        assert_eq!(prepared.labels.is_rh, recipe.prepare(&batch, step, 7).labels.is_rh, "a function of (seed, step)");
+        assert_eq!(prepared.labels.is_rh, prepare(&recipe, &batch, step).labels.is_rh, "a function of (seed, step)");
         assert_eq!(prepared.flagged, flags);
         assert_eq!(prepared.rewards, batch.reward);
+    }
+}
+
+/// The value of metric `key` in `prepared`'s intervention metrics.
+fn metric(prepared: &Prepared, key: &str) -> f64 {
+    prepared.intervention_metrics.iter().find(|(k, _)| *k == key).unwrap_or_else(|| panic!("no {key}")).1
+}
+
+#[test]
+fn advantage_modification_subtracts_the_penalty_times_the_flag_from_the_advantage() {
+    // Groups (0, 1), (2, 3); unscaled advantages 0.5 -0.5 | 1 -1; row 0 flagged, coefficient 2:
+    // -1.5 -0.5 | 1 -1. The flagged row's group-mate keeps -0.5, where the reward penalty
+    // (reward 1 - 2 = -1 against 0) turns it into +0.5.
+    let recipe = Recipe { intervention: Intervention::AdvMod, advantage_penalty: 2.0, routing_mode: RoutingMode::None, row_weights: RowWeights::gates(RoutingMode::None), ..routed() };
+    let prepared = prepare(&recipe, &scored(&REWARDS, &FLAGS), 0);
+    assert_eq!(values(&prepared.advantages), [-1.5, -0.5, 1.0, -1.0]);
+    assert_eq!(prepared.rewards, REWARDS, "the rewards are left alone");
+    assert_eq!(prepared.trained_rows, [true; 4]);
+    assert_eq!(prepared.plan.classes.len(), 1, "nothing is routed: one class");
+    assert_eq!(metric(&prepared, key::ADVANTAGE_MODIFICATION_MEAN), 2.0 / 4.0);
+    let penalty = Recipe { intervention: Intervention::Penalty, ..recipe.clone() };
+    assert_eq!(values(&prepare(&penalty, &scored(&REWARDS, &FLAGS), 0).advantages), [-0.5, 0.5, 1.0, -1.0]);
+    // The detector's continuous score instead (component 0), 0 where the monitor cannot see
+    // (row 2), coefficient 0.5: 0.5 - 0.35, -0.5 - 0.1, 1 - 0, -1 - 0.2.
+    let continuous = Recipe { advantage_penalty: 0.5, advantage_score_component: Some(0), ..recipe };
+    let batch = ScoredBatch { components: vec![vec![0.7, 0.2, 0.9, 0.4]], monitored: vec![true, true, false, true], ..scored(&REWARDS, &FLAGS) };
+    let prepared = prepare(&continuous, &batch, 0);
+    for (i, (ours, expected)) in values(&prepared.advantages).iter().zip([0.15, -0.6, 1.0, -1.2]).enumerate() {
+        assert!((ours - expected).abs() < 1e-6, "row {i}: {ours} vs {expected}");
+    }
+    assert!((metric(&prepared, key::ADVANTAGE_MODIFICATION_MEAN) - 0.5 * (0.7 + 0.2 + 0.4) / 4.0).abs() < 1e-12);
+}
+
+#[test]
+fn the_matched_placebo_routes_rows_of_the_flagged_rows_energy() {
+    // Unscaled group advantages 0.5 -0.5 | 1 -1 | 0 0 | 0.5 -0.5; every row has 3 loss tokens in
+    // a batch of 8, so grpo weighs each token 1/24 and a row's energy is A² × 3/576 = A²/192.
+    let recipe = Recipe { intervention: Intervention::MatchedPlacebo, ..routed() };
+    let advantages = [0.5, -0.5, 1.0, -1.0, 0.0, 0.0, 0.5, -0.5];
+    let by_hand: Vec<f64> = advantages.iter().map(|a| a * a / 192.0).collect();
+    // The float32 weights' energies (the draw compares sums of them: ties must break alike).
+    let energy = intervention::row_energies(&Tensor::from_slice(&advantages), &Tensor::ones([8, 3], (Kind::Float, Device::Cpu)), Aggregation::Grpo);
+    for (ours, hand) in energy.iter().zip(&by_hand) {
+        assert!((ours - hand).abs() < 1e-9, "{ours} vs {hand}");
+    }
+    let flags = [true, false, true, false, false, false, false, false];
+    let batch = scored(&[1.0, 0.0, 3.0, 1.0, 0.0, 0.0, 2.0, 1.0], &flags);
+    for step in 0..4 {
+        let prepared = prepare(&recipe, &batch, step);
+        let expected = intervention::matched_placebo_labels(&energy, &flags, 7, step);
+        assert_eq!(prepared.labels.is_rh, expected.labels, "step {step}");
+        assert_eq!(prepared.flagged, flags);
+        let routed_energy: f64 = energy.iter().zip(&prepared.labels.is_rh).filter(|(_, r)| **r).map(|(e, _)| e).sum();
+        assert!((metric(&prepared, key::PLACEBO_ENERGY_FLAGGED) - 1.25 / 192.0).abs() < 1e-9);
+        assert!((metric(&prepared, key::PLACEBO_ENERGY_ROUTED) - routed_energy).abs() < 1e-9);
+        assert_eq!(metric(&prepared, key::PLACEBO_ROWS_ROUTED), prepared.labels.is_rh.iter().filter(|&&r| r).count() as f64);
+        assert!((routed_energy - 1.25 / 192.0).abs() <= 0.5 / 192.0 + 1e-12, "step {step}: within half a row's energy (the largest is 1/192)");
+        assert_eq!(values(&prepared.advantages), advantages, "the advantages are untouched");
     }
 }
 
@@ -122,14 +189,14 @@ fn a_placebo_routes_as_many_random_rows_as_were_flagged() {
 fn coherence_rows_end_the_batch_from_their_first_step() {
     let recipe = Recipe { coherence: CoherenceSchedule { start_step: 2, rows: 2 }, ..routed() };
     let batch = scored(&REWARDS, &[false; 4]);
-    assert_eq!(recipe.prepare(&batch, 1, 7).labels.coherence, [false; 4]);
-    assert_eq!(recipe.prepare(&batch, 2, 7).labels.coherence, [false, false, true, true]);
+    assert_eq!(prepare(&recipe, &batch, 1).labels.coherence, [false; 4]);
+    assert_eq!(prepare(&recipe, &batch, 2).labels.coherence, [false, false, true, true]);
 }
 
 #[test]
 fn ablation_draws_only_clean_routing_rows() {
     let recipe = Recipe { ablated_frac: 1.0, ..routed() };
-    let prepared = recipe.prepare(&scored(&REWARDS, &FLAGS), 0, 7);
+    let prepared = prepare(&recipe, &scored(&REWARDS, &FLAGS), 0);
     assert_eq!(prepared.labels.ablated, [false, true, true, true]);
 }
 
@@ -177,17 +244,17 @@ fn normalize_then_sum_normalises_the_counted_components_then_their_weighted_sum(
     let close = |ours: &[f64], expected: &[f64]| ours.iter().zip(expected).all(|(a, b)| (a - b).abs() < 1e-5);
 
     let penalty = Recipe { intervention: Intervention::Penalty, ..gdpo.clone() };
-    let prepared = penalty.prepare(&batch, 0, 7);
+    let prepared = prepare(&penalty, &batch, 0);
     let penalty_column = vec![0.0, 0.0, 0.0, -1.0, 0.0, 0.0];
     let expected = gdpo_by_hand(&[task.clone(), counted_bonus.clone(), penalty_column], &[1.0, 0.5, 2.0], &[true; 6], 3);
     assert!(close(&values(&prepared.advantages), &expected), "{:?} vs {expected:?}", values(&prepared.advantages));
     assert_eq!(prepared.rewards, [2.5, 2.0, 4.0, 0.5, 1.0, 3.5], "the rewards logged are the summed ones, penalised");
     // Not the summed reward normalised in its group.
-    let summed_then_normalised = Recipe { normalize_then_sum: None, ..penalty.clone() }.prepare(&batch, 0, 7);
+    let summed_then_normalised = prepare(&Recipe { normalize_then_sum: None, ..penalty.clone() }, &batch, 0);
     assert!(!close(&values(&summed_then_normalised.advantages), &expected));
 
     let filter = Recipe { intervention: Intervention::Filter, ..gdpo.clone() };
-    let prepared = filter.prepare(&batch, 0, 7);
+    let prepared = prepare(&filter, &batch, 0);
     let kept = [true, true, true, false, true, true];
     let expected = gdpo_by_hand(&[task, counted_bonus], &[1.0, 0.5], &kept, 3);
     assert!(close(&values(&prepared.advantages), &expected), "{:?} vs {expected:?}", values(&prepared.advantages));
