@@ -754,11 +754,17 @@ def self_test() -> int:
                 "clip": abs(mtr["clip_ratio/region_mean"] - ind["clip_ratio/region_mean"]) if "clip_ratio/region_mean" in mtr else 0.0,
             }
             tol = {"loss": 1e-6, "grad": 1e-4, "logp": 2e-5, "adv": 1e-6, "kl": 1e-4, "ent": 1e-5, "clip": 0.0}
+            loss64_tol = 1e-5
+            if lt == "vespo" and it > 1:
+                # VESPO's weight exp(lambda + k log w - lambda w) of a float32 sum of up to 64 shifted
+                # log-ratios amplifies that sum's rounding by about k + lambda w: TRL's loss is
+                # 2.7e-5 from float64 here and the independent fp32 one differs by 4.2e-5.
+                tol["loss"] = loss64_tol = 1e-4
             missing = set(ind["grads"]) ^ {k for k in got if k.startswith("grad.")}
             ok = not missing and all(errs[k] <= tol[k] for k in tol)
             # float64 truth: TRL's fp32 rounding only (absolute floor: with ratio 1 the grpo loss is
             # beta*kl + a cancelling -mean(A), whose fp32 residue is ~1e-8)
-            ok &= abs(got["loss"].item() - ind64["loss"]) <= 1e-5 * abs(ind64["loss"]) + 2e-7
+            ok &= abs(got["loss"].item() - ind64["loss"]) <= loss64_tol * abs(ind64["loss"]) + 2e-7
             ok &= grad64 <= 1e-4 and logp64 <= 2e-5
             failures += not ok
             print(f"{lt:<8} {it:>5} {str(bias):>6} {got['loss'].item():>14.9f} | {errs['loss']:>8.1e} {errs['grad']:>8.1e} "
