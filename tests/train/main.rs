@@ -13,6 +13,7 @@ mod packs;
 mod off_policy;
 mod memory;
 mod entropy_bonus;
+mod replay;
 mod multi_objective;
 
 use std::path::{Path, PathBuf};

@@ -1,6 +1,7 @@
 //! The step's batch drawn, from the run's prompt streams and the policy to a scored batch:
 //! prompts → samples (the policy's seat at the engine; sampled ahead with
-//! `max_steps_off_policy` or `stream_minibatches`, `ahead.rs`) → scores.
+//! `max_steps_off_policy` or `stream_minibatches`, `ahead.rs`; a finished run's recorded
+//! rollouts with `replay_rollouts`, `replay.rs`) → scores.
 //!
 //! With DAPO's dynamic sampling (`dynamic_sampling_rounds`), groups whose rewards are all equal
 //! are dropped and more prompts sampled in further rounds until the batch is full, as verl's
@@ -29,8 +30,10 @@ use crate::rng;
 use crate::runlog::RunLog;
 
 mod ahead;
+mod replay;
 
 pub(super) use ahead::write_in_flight;
+pub use replay::check_recorded;
 
 /// The keys that say which prompts a step draws, how many and when, resolved once
 /// (`TrainConfig::draw_keys`).
@@ -49,6 +52,8 @@ pub struct DrawKeys {
     pub samples_ahead: bool,
     pub ahead: AheadHorizon,
     pub max_steps: usize,
+    /// `replay_rollouts`: the recorded rollouts trained on instead of sampling.
+    pub replay: Option<std::path::PathBuf>,
 }
 
 /// How far ahead the run's sampler thread is given batches.
@@ -187,13 +192,14 @@ impl Draw {
         let prompt_ids = tokenized(&with.policy.tokenizer, &prompt_texts)?;
         let coherence_rows = self.keys.coherence.rows_at(step);
         let seed = self.round_seed(round);
-        let (generation, generate_seconds, off_policy) = match self.keys.samples_ahead {
-            false => {
+        let (generation, generate_seconds, off_policy) = match (&self.keys.replay, self.keys.samples_ahead) {
+            (Some(dir), _) => (replay::generation(dir, step, &prompt_ids, with.policy.model.device)?, 0.0, None),
+            (None, false) => {
                 let requests = with.policy.sample_requests(&prompt_ids, coherence_rows, step, seed);
                 let (generation, seconds) = with.policy.sample(requests, with.log)?;
                 (generation, seconds, None)
             }
-            true => {
+            (None, true) => {
                 let (generation, seconds, off_policy) = self.sample_off_policy(&prompt_ids, step, with)?;
                 (generation, seconds, Some(off_policy))
             }

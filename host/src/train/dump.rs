@@ -20,6 +20,9 @@ pub(super) fn write_step(dir: &Path, step: usize, rollout: &Rollout, logprobs: &
         ("loss_mask".into(), rollout.loss_mask.shallow_clone()),
         ("advantages".into(), rollout.advantages.shallow_clone()),
         ("sampling_logprobs".into(), g.sampling_logprobs.shallow_clone()),
+        // Which rows stopped on EOS: with the tensors above, the generation `replay_rollouts`
+        // trains on again (`Generation::from_saved`).
+        ("ended_with_eos".into(), Tensor::from_slice(&g.rows.iter().map(|r| i64::from(r.ended_with_eos)).collect::<Vec<_>>())),
         ("new_logprobs".into(), logprobs.detach()),
         ("loss".into(), loss.detach()),
     ];

@@ -118,8 +118,9 @@ impl Trainer {
             false => (None, 0.0),
         };
         let old_start = Instant::now();
-        // Batches sampled ahead take the ratio to the sampler too: the policy that drew them.
-        let old_logprobs = match self.policy.objective.ratio_to == grpo::RatioTo::Sampler || self.keys.samples_ahead {
+        // Batches sampled ahead or replayed take the ratio to the sampler too: the policy that
+        // drew them.
+        let old_logprobs = match self.policy.objective.ratio_to == grpo::RatioTo::Sampler || self.keys.samples_ahead || self.keys.replays {
             true => Some(generation.sampling_logprobs.shallow_clone()),
             false if self.keys.steps_per_rollout > 1 => Some(self.policy.old_logprobs(&generation, &prepared.plan.ctl)?),
             false => None,
@@ -134,6 +135,8 @@ impl Trainer {
         metrics.intervention = prepared.intervention_metrics.clone();
         metrics.sampler_weights = match drawn.off_policy {
             Some(off_policy) => off_policy.weights_fingerprint,
+            // A replayed batch was sampled by another run: no sampler of this one holds weights.
+            None if self.keys.replays => None,
             None => Some(*self.policy.seat.take_fingerprints().first().context("internal error: a batch drawn without a sampler")?),
         };
         let first_sample = (samples[0].prompt.clone(), samples[0].completion.clone());

@@ -218,6 +218,7 @@ impl TrainConfig {
         self.check_auto_accumulation()?;
         self.check_gradient_noise_scale()?;
         self.check_off_policy()?;
+        self.check_replay()?;
         ensure!(
             self.dynamic_sampling_rounds == 0 || self.coh_samples_per_rollout == 0,
             "dynamic_sampling_rounds refills the batch with fresh groups, but coherence rows (coh_samples_per_rollout) are sampled apart, at other adapter scales, and are not filtered: use one of them"
@@ -376,6 +377,18 @@ impl TrainConfig {
         Ok(())
     }
 
+    /// `replay_rollouts` trains on recorded batches: nothing may sample them anew, and they must
+    /// all be there before the run starts (`train::draw::check_recorded`).
+    fn check_replay(&self) -> Result<()> {
+        let Some(dir) = &self.replay_rollouts else {
+            return Ok(());
+        };
+        ensure!(!self.samples_ahead(), "replay_rollouts trains on recorded rollouts; max_steps_off_policy and stream_minibatches sample them ahead: unset them");
+        ensure!(self.dynamic_sampling_rounds == 0, "replay_rollouts trains on the recorded batches as they are; dynamic_sampling_rounds would sample more: set it to 0");
+        ensure!(self.dump_batches.as_ref() != Some(dir), "replay_rollouts and dump_batches name the same directory ({}): the replay would overwrite the rollouts it reads", dir.display());
+        crate::train::draw::check_recorded(dir, self.max_steps, self.steps_per_rollout())
+    }
+
     /// `gradient_accumulation_steps: auto` splits the step only where that leaves the loss as
     /// it is (the micro-batches are for memory, not for the objective); planned_micro_batches
     /// is its record.
@@ -402,6 +415,8 @@ impl TrainConfig {
             Some("importance_sampling_correction: TRL's loss weighted by the old policy's over the sampler's probability")
         } else if self.max_steps_off_policy > 0 || self.stream_minibatches {
             Some("the loss's ratio is to the sampler's log-probabilities (sampled ahead)")
+        } else if self.replay_rollouts.is_some() {
+            Some("the loss's ratio is to the recorded sampler's log-probabilities (replayed rollouts)")
         } else if self.loss_fn != LossFn::Trl {
             Some("the loss's ratio is to the sampler's log-probabilities (a tinker loss_fn)")
         } else {

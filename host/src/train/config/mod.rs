@@ -339,6 +339,10 @@ hyperparameters! {
         gradient_noise_scale: bool = false, Omit;
         /// Write each step's batch tensors (ids, masks, rewards, advantages, log-probs, loss) here.
         dump_batches: Option<PathBuf> = None, Omit, [Resume];
+        /// Offline repair: train on the rollouts a finished run recorded with dump_batches (this
+        /// directory) instead of sampling, scored by this run's reward and detector, advantages by
+        /// its intervention, the ratio to the recorded sampler's log-probabilities.
+        replay_rollouts: Option<PathBuf> = None, Short("replay");
         /// TensorBoard event files in the run directory (`train/live.rs`; `--tensorboard false`
         /// turns them off).
         #[arg(num_args = 0..=1, default_missing_value = "true")]

@@ -29,6 +29,9 @@ pub struct StepKeys {
     /// The rollout is sampled ahead by another policy version (`max_steps_off_policy`,
     /// `stream_minibatches`): its ratio is taken to the sampler.
     pub samples_ahead: bool,
+    /// The rollouts are a finished run's, replayed (`replay_rollouts`): their ratio is taken to
+    /// the sampler too.
+    pub replays: bool,
     /// The step's backward passes (`gradient_accumulation_steps`, halves for the noise scale).
     pub passes: Passes,
     pub gradient_noise_scale: bool,
@@ -71,6 +74,7 @@ impl TrainConfig {
             substeps_per_rollout: self.substeps_per_rollout(),
             mini_batch_size: self.mini_batch_size(),
             samples_ahead: self.samples_ahead(),
+            replays: self.replay_rollouts.is_some(),
             passes: self.backward_passes(),
             gradient_noise_scale: self.gradient_noise_scale,
             split_moment: self.split_moment,
@@ -147,6 +151,7 @@ impl TrainConfig {
             samples_ahead: self.samples_ahead(),
             ahead: self.ahead(),
             max_steps: self.max_steps,
+            replay: self.replay_rollouts.clone(),
         }
     }
 

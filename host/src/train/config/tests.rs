@@ -87,6 +87,7 @@ fn run_name_labels_are_unchanged() {
         ("entropy_coef", "entcoef"), ("use_adaptive_entropy", "adaptent"), ("entropy_coef_min", "entmin"), ("entropy_coef_max", "entmax"),
         ("entropy_coef_delta", "entdelta"), ("entropy_target", "enttarget"),
         ("advantage_score", ""),
+        ("replay_rollouts", "replay"),
     ];
     for key in TrainConfig::KEYS {
         let expected = if omitted.contains(&key.name) {
