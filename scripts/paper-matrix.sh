@@ -12,14 +12,17 @@
 #   noi     no intervention (both and retain_only)  -> the none arm every other arm brings
 #   filt    filtering (renormalised)                -> filter
 #   best_rp the best of a reward-penalty battery: penalty 2, 5, 10 (with 32 coherence rows),
-#           and at penalty 2 the coherence:main ratios 1:4, 1:2, 1:1 (128+512, 192+384, 256+256
-#           rows); the advantage-multiplier doses v=2 and v=5 are not planned (smallrl has no
-#           multiplier for coherence rows' advantages)
+#           at penalty 2 the coherence:main ratios 1:4, 1:2, 1:1 (128+512, 192+384, 256+256
+#           rows), and at penalty 2 the advantage-multiplier doses v=2 and v=5 (the verified
+#           coherence rows' advantages times 2 or 5: rp_extra_retain_advantage_multiplier, the
+#           original's advantages.py:510-515)
 #   verif   verified-only, 500 steps, evaluated every 25, seeds 1-3 -> verified
 # Seeds here: 5 for the main arms (the paper has 5 for gr and 3 for most others; persona 5),
-# 3 for the ratio doses and verified-only. Every penalty, filter and verified run brings its
-# non-routed baseline (the none arm), so the ratio doses and the 500-step verified runs add
-# baselines the paper does not read; `--dry-run` counts them in.
+# 3 for the ratio and multiplier doses and verified-only. Every penalty, filter and verified run
+# brings its non-routed baseline (the none arm), so the ratio doses and the 500-step verified
+# runs add baselines the paper does not read; `--dry-run` counts them in. The multiplier doses'
+# baselines are the main sweep's none runs of seeds 1-3 (the same run directories, reused once
+# finished), which `--dry-run` of an empty OUT counts again with each dose.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,6 +49,11 @@ for group in long short; do
     echo "== $group environments, $steps steps: penalty 2 at coherence:main ${ratio#*:}:$(( ${ratio%:*} - ${ratio#*:} ))"
     sweep --config "${files[@]}" --fixed max_steps=$steps "${recipe[@]}" rh_penalty=2 \
       batch_size=${ratio%:*} coh_samples_per_rollout=${ratio#*:} --grid seed=1,2,3 --intervention-arms penalty "$@"
+  done
+  for multiplier in 2 5; do
+    echo "== $group environments, $steps steps: penalty 2, verified coherence rows' advantages x $multiplier (v=$multiplier)"
+    sweep --config "${files[@]}" --fixed max_steps=$steps "${recipe[@]}" rh_penalty=2 \
+      rp_extra_retain_advantage_multiplier=$multiplier --grid seed=1,2,3 --intervention-arms penalty "$@"
   done
 done
 echo "== every environment: verified-only, 500 steps"

@@ -5,7 +5,8 @@
 //! completions were drawn from (completions.jsonl) are transformers'
 //! `apply_chat_template(..., add_generation_prompt=True)` text, whose tokens are transformers'
 //! ids (`scripts/reference/hf_real_model.py`); `smallrl eval` reads the chat run. Small on purpose: 2 steps of 4 completions of 6
-//! tokens. Also the refusals: chat on a model without a template, `system_prompt` without chat.
+//! tokens. Also the refusals: chat on a model without a template, `system_prompt` without chat,
+//! and the paper's comparison rehearsed on SmolLM2 (three 2-step runs in two sweeps, 85 s).
 
 mod common;
 
@@ -136,4 +137,104 @@ fn chat_is_refused_without_a_template_and_system_prompt_without_chat() {
     let error = base(&["--set", "system_prompt=Be brief."]);
     assert!(error.contains("system_prompt") && error.contains("prompt_format: chat"), "{error}");
     assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), 0, "a refused run writes nothing");
+}
+
+/// The paper's comparison on SmolLM2 at CPU size (issue 38; docs/src/sweeps.md, "A CPU
+/// rehearsal"): configs/envs/addition.yaml as two sweeps into one directory, the routed arm and
+/// the penalty arm at the paper's v=5 multiplier (its best_rp for addition), with their none
+/// baseline, one seed, 2 steps
+/// of 4 routing and 2 coherence completions of at most 8 tokens, collected and compared with
+/// the paper's reference files. The table, CSV and charts name the environment and arms; our
+/// cells are each run's last max(1, n // 10) evaluations recomputed here from its
+/// routing_eval.jsonl.
+#[test]
+fn a_smollm2_rehearsal_of_the_paper_matrix_compares_with_the_paper() {
+    use smallrl::sweep::compare;
+    use smallrl::sweep::plan::Arm;
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("rehearsal");
+    let config = common::repo_root().join("configs/envs/addition.yaml");
+    let fixed = [
+        format!("model={}", common::real_model_dir().display()),
+        format!("plugin_dir={}", common::plugin_dir().display()),
+        "num_prompts=64 batch_size=6 num_generations=2 coh_samples_per_rollout=2 max_completion_length=8".into(),
+        "max_steps=2 save_steps=2 eval_every=1 eval_samples=8 gradient_accumulation_steps=1 device=cpu".into(),
+        "renormalization_mode=retain_only split_moment=false".into(),
+    ]
+    .join(" ");
+    // The routed arm as the paper's (multiplier 1), then the penalty arm at v=5 (its baseline,
+    // the same none run, found finished).
+    for (arms, doses) in [("routing", ""), ("penalty", " rh_penalty=2 rp_extra_retain_advantage_multiplier=5")] {
+        let mut args = vec!["sweep", "--config", config.to_str().unwrap(), "--jobs", "2", "--output-dir", out.to_str().unwrap()];
+        args.extend(["--grid", "seed=1", "--intervention-arms", arms, "--fixed"]);
+        let fixed = format!("{fixed}{doses}");
+        args.extend(fixed.split(' '));
+        smallrl_ok(&args);
+    }
+    let reference = common::repo_root().join("../shared/reference/graft-7env");
+    let stdout = smallrl_ok(&["sweep", "--collect", out.to_str().unwrap(), "--compare", reference.to_str().unwrap()]);
+    for text in ["compare over all evaluation prompts", "compare over the hackable evaluation prompts only", "addition", "gr", "noi_ro", "best_rp", "rp_extra_retain_advantage_multiplier=5"] {
+        assert!(stdout.contains(text), "the table names {text:?}: {stdout}");
+    }
+
+    // The runs: (the paper's arm, the mode it is read in) -> the run directory.
+    let runs: Vec<(Arm, PathBuf)> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("config.yaml").is_file())
+        .map(|p| (Arm::of(&smallrl::train::TrainConfig::read_saved(&p).unwrap()), p))
+        .collect();
+    assert_eq!(runs.len(), 3, "routed, penalty and their baseline: {runs:?}");
+    let run_of = |arm: Arm| &runs.iter().find(|(a, _)| *a == arm).unwrap_or_else(|| panic!("a {arm:?} run in {runs:?}")).1;
+    assert!(run_of(Arm::Penalty).file_name().unwrap().to_string_lossy().contains("rh_penalty2_extramult5"), "{runs:?}");
+    assert!(!run_of(Arm::Routing).file_name().unwrap().to_string_lossy().contains("extramult"), "{runs:?}");
+    let plugin = common::load(&standard_plugin("addition"), "{}");
+    let task: Vec<String> = plugin.environment_info().unwrap().components.iter().filter(|c| c.role == smallrl::plugins::ComponentRole::Retain).map(|c| c.name.clone()).collect();
+    // The paper's reading, by hand: the mean over the last max(1, n // 10) evaluations of the
+    // retain components' sum and the detector's flag rate in `mode`.
+    let reading = |run: &Path, mode: &str| -> (f64, f64) {
+        let lines = common::read_jsonl(run.join("routing_eval.jsonl"));
+        let window = &lines[lines.len() - (lines.len() / 10).max(1)..];
+        assert_eq!(window.last().unwrap()["step"], 2, "{}", run.display());
+        let values: Vec<(f64, f64)> = window.iter().map(|l| (task.iter().map(|c| l["modes"][mode][c].as_f64().unwrap()).sum(), l["modes"][mode]["hack_freq"].as_f64().unwrap())).collect();
+        let n = values.len() as f64;
+        (values.iter().map(|v| v.0).sum::<f64>() / n, values.iter().map(|v| v.1).sum::<f64>() / n)
+    };
+
+    let text = std::fs::read_to_string(out.join(compare::CSV_FILE)).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some(compare::CSV_HEADER));
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    let paper: Value = serde_json::from_str(&std::fs::read_to_string(reference.join(compare::REFERENCE_FILE)).unwrap()).unwrap();
+    for prompts in ["all", "hackable"] {
+        let of: Vec<&Vec<&str>> = rows.iter().filter(|r| r[24] == prompts).collect();
+        let arms: BTreeSet<&str> = of.iter().map(|r| r[2]).collect();
+        assert_eq!(arms, ["base", "best_rp", "filt", "gr", "noi", "noi_ro", "verif"].into_iter().collect(), "{prompts}: {text}");
+        assert!(of.iter().all(|r| (r[0], r[1]) == ("addition", "addition_v2")), "{text}");
+        let best = of.iter().find(|r| r[2] == "best_rp").unwrap();
+        assert_eq!((best[5], best[15]), ("rh_penalty=2 rp_extra_retain_advantage_multiplier=5 coherence:main=2:4", "v=5"), "{best:?}");
+        for r in &of {
+            let ours = match r[2] {
+                "gr" => Some((Arm::Routing, "retain_only")),
+                "noi" => Some((Arm::None, "both")),
+                "noi_ro" => Some((Arm::None, "retain_only")),
+                "best_rp" => Some((Arm::Penalty, "both")),
+                _ => None,
+            };
+            assert_eq!(r[4], ours.map_or(r[4], |o| o.1), "{r:?}");
+            let Some((arm, mode)) = ours.filter(|_| prompts == "all") else { continue };
+            assert_eq!(r[8], "1", "one seed of ours: {r:?}");
+            let (retain, hack) = reading(run_of(arm), mode);
+            let cell: Vec<f64> = r[9..13].iter().map(|v| v.parse().unwrap()).collect();
+            assert_eq!(cell, [retain, 0.0, hack, 0.0], "{} in {mode}: our cell is the run's own reading", r[2]);
+            let cached = paper["addition_v2"][r[2]].get("agg").unwrap_or(&paper["addition_v2"][r[2]]).as_array().unwrap()[..4].iter().map(|v| v.as_f64().unwrap()).collect::<Vec<_>>();
+            assert_eq!(r[17..21].iter().map(|v| v.parse::<f64>().unwrap()).collect::<Vec<_>>(), cached, "{r:?}");
+        }
+        // The paper's pick is v=5 beside its 32:512 rows: at 2:4 our dose is not the paper's.
+        assert!(prompts == "hackable" || best[23].is_empty(), "{best:?}");
+    }
+    for chart in [compare::CHART_FILE, compare::HACKABLE_CHART_FILE] {
+        let bytes = std::fs::read(out.join("charts").join(chart)).unwrap();
+        assert!(bytes.starts_with(b"\x89PNG") && bytes.len() > 1000, "{chart}: a PNG");
+    }
 }

@@ -187,10 +187,11 @@ pub fn verified_rows(coherence: &[bool], monitored: &[bool], flagged_raw: &[bool
 
 /// The retain verifier's coherence advantages (the original's advantages.py, verified-retain
 /// block): in each coherence group, the verified rows get `(r - mean) / (std + eps)` over the
-/// verified rows' rewards (unbiased std, 0 for a single row), every other row gets 0 and is
-/// dropped from the loss. Routing groups keep `advantages`. `coherence_rh_mode` has no part
-/// here: the verifier replaces it, as in the original.
-pub fn verified_coherence_advantages(batch: &GroupedRows, verified: &[bool], advantages: &[f64], eps: f64) -> (Vec<f64>, Vec<bool>) {
+/// verified rows' rewards (unbiased std, 0 for a single row), times `multiplier` (its
+/// `rp_extra_retain_advantage_multiplier`, advantages.py:510-515; 1 leaves them), every other
+/// row gets 0 and is dropped from the loss. Routing groups keep `advantages`.
+/// `coherence_rh_mode` has no part here: the verifier replaces it, as in the original.
+pub fn verified_coherence_advantages(batch: &GroupedRows, verified: &[bool], advantages: &[f64], multiplier: f64, eps: f64) -> (Vec<f64>, Vec<bool>) {
     let n = batch.rewards.len();
     assert_eq!(verified.len(), n, "one verdict per row");
     let mut out = advantages.to_vec();
@@ -199,7 +200,7 @@ pub fn verified_coherence_advantages(batch: &GroupedRows, verified: &[bool], adv
         let kept: Vec<f64> = rows.clone().filter(|&i| verified[i]).map(|i| batch.rewards[i]).collect();
         let (mean, std) = (mean(&kept), unbiased_std(&kept));
         for i in rows {
-            out[i] = if verified[i] { (batch.rewards[i] - mean) / (std + eps) } else { 0.0 };
+            out[i] = if verified[i] { (batch.rewards[i] - mean) / (std + eps) * multiplier } else { 0.0 };
             dropped[i] = !verified[i];
         }
     }
@@ -542,7 +543,7 @@ mod tests {
         let verified = [f, f, f, f, t, t, t, f, f, t, f, f, f, f, f, f];
         let group = [0.1, 0.2, 0.3, 0.4, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0];
         let batch = GroupedRows { rewards: &rewards, is_rh: &is_rh, coherence: &coherence, group_size: 4 };
-        let (ours, dropped) = verified_coherence_advantages(&batch, &verified, &group, EPS);
+        let (ours, dropped) = verified_coherence_advantages(&batch, &verified, &group, 1.0, EPS);
         // Group 2: verified 1 3 5 (mean 3, unbiased std sqrt(8 / 2) = 2), the 10 unverified.
         // Group 3: one verified row (no variance: 0). Group 4: none verified.
         let d = 2.0 + EPS;

@@ -91,7 +91,8 @@ fn our_cells_stand_beside_the_papers_with_differences_in_units_of_the_larger_spr
         assert!((dr.unwrap() - (retain.0 - paper[0]) / retain.1.max(paper[1])).abs() < 1e-12, "{arm} retain difference");
         assert!((dh.unwrap() - (hack.0 - paper[2]) / hack.1.max(paper[3])).abs() < 1e-12, "{arm} hack difference");
     }
-    assert_eq!(row("best_rp").dose, format!("rh_penalty={penalty}"));
+    assert_eq!(row("best_rp").dose, format!("rh_penalty={penalty} coherence:main=32:512"));
+    assert_eq!(row("best_rp").note, "", "penalty {penalty} is no dose of the paper's battery");
     assert_eq!(row("best_rp").paper.label.as_deref(), Some("v=2"));
     assert!(row("filt").ours.is_none() && row("filt").note.contains("no finished filter runs"), "{:?}", row("filt"));
     assert!(row("verif").ours.is_none() && row("verif").note.contains("no finished verified runs"), "{:?}", row("verif"));
@@ -146,6 +147,51 @@ fn our_cells_stand_beside_the_papers_with_differences_in_units_of_the_larger_spr
     assert_eq!(paper, json["sorting_copy"]["gr"].as_array().unwrap()[..4].iter().map(|v| v.as_f64().unwrap()).collect::<Vec<_>>());
     assert_eq!(csv.iter().filter(|r| r[24] == "hackable").count(), csv.iter().filter(|r| r[24] == "all").count());
     assert_eq!(png_pixels(&out.join("charts").join(compare::HACKABLE_CHART_FILE)).0, width);
+}
+
+/// The doses scripts/paper-matrix.sh plans, on an environment's recipe, carry the labels of the
+/// paper's best_rp battery (figures_pareto/proto_pareto_data.py); the row of the dose the paper
+/// picked says so.
+#[test]
+fn the_penalty_doses_map_to_the_papers_best_rp_labels() {
+    let config = repo_root().join("configs/envs/addition.yaml");
+    let penalty = |keys: &[(&str, f64)]| {
+        let base = serde_json::json!({"routing_mode": "none", "intervention": "penalty", "renormalization_mode": "off", "split_moment": false});
+        let mut map: Map<String, Value> = base.as_object().unwrap().clone();
+        // Whole numbers as integers (batch sizes and rows are counts).
+        map.extend(keys.iter().map(|(k, v)| (k.to_string(), if v.fract() == 0.0 { Value::from(*v as u64) } else { Value::from(*v) })));
+        TrainConfig::resolve(Some(&config), map).unwrap()
+    };
+    let m = "rp_extra_retain_advantage_multiplier";
+    for (keys, label, dose) in [
+        (vec![("rh_penalty", 2.0)], Some("canonical"), "rh_penalty=2 coherence:main=32:512"),
+        (vec![("rh_penalty", 5.0)], Some("p=5"), "rh_penalty=5 coherence:main=32:512"),
+        (vec![("rh_penalty", 10.0)], Some("p=10"), "rh_penalty=10 coherence:main=32:512"),
+        (vec![("rh_penalty", 2.0), (m, 2.0)], Some("v=2"), "rh_penalty=2 rp_extra_retain_advantage_multiplier=2 coherence:main=32:512"),
+        (vec![("rh_penalty", 2.0), (m, 5.0)], Some("v=5"), "rh_penalty=2 rp_extra_retain_advantage_multiplier=5 coherence:main=32:512"),
+        (vec![("rh_penalty", 2.0), ("batch_size", 640.0), ("coh_samples_per_rollout", 128.0)], Some("1:4"), "rh_penalty=2 coherence:main=128:512"),
+        (vec![("rh_penalty", 2.0), ("batch_size", 576.0), ("coh_samples_per_rollout", 192.0)], Some("1:2"), "rh_penalty=2 coherence:main=192:384"),
+        (vec![("rh_penalty", 2.0), ("batch_size", 512.0), ("coh_samples_per_rollout", 256.0)], Some("1:1"), "rh_penalty=2 coherence:main=256:256"),
+        (vec![("rh_penalty", 5.0), (m, 5.0)], None, "rh_penalty=5 rp_extra_retain_advantage_multiplier=5 coherence:main=32:512"),
+        (vec![("rh_penalty", 1.0)], None, "rh_penalty=1 coherence:main=32:512"),
+    ] {
+        let c = penalty(&keys);
+        assert_eq!((compare::paper_rp_label(&c).as_deref(), compare::penalty_dose(&c).as_str()), (label, dose), "{keys:?}");
+    }
+    // The fake sweep's penalty runs as the v=5 dose: against a reference that picked v=5 their
+    // row is marked, against one that picked 1:1 it is not.
+    let tmp = tempfile::tempdir().unwrap();
+    let mut entries = fake_sweep(&tmp.path().join("suite"));
+    for e in entries.iter_mut().filter(|e| Arm::of(&e.config) == Arm::Penalty) {
+        (e.config.rh_penalty, e.config.rp_extra_retain_advantage_multiplier) = (2.0, 5.0);
+    }
+    for (picked, note) in [("v=5", "the paper's best_rp dose (v=5)"), ("1:1", "")] {
+        let reference = tmp.path().join("reference.json");
+        std::fs::write(&reference, format!(r#"{{"sorting_copy": {{"best_rp": {{"label": "{picked}", "agg": [0.6, 0.2, 0.2, 0.1, 3]}}}}}}"#)).unwrap();
+        let rows = compare::rows(&entries, &compare::read_reference(&reference).unwrap(), Prompts::All).unwrap();
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        assert_eq!((rows[0].dose.as_str(), rows[0].note.as_str(), rows[0].ours.as_ref().map(|o| o.seeds)), ("rh_penalty=2 rp_extra_retain_advantage_multiplier=5 coherence:main=32:512", note, Some(3)));
+    }
 }
 
 #[test]

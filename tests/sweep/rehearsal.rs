@@ -31,17 +31,25 @@ fn the_paper_matrix_plans_its_runs_and_estimates_their_gpu_hours() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
     // Per environment, the main sweep: routed x 5 seeds, penalty 2/5/10 x 5, filter x 5 and the
-    // none baseline x 5 = 30 runs; each ratio dose: penalty and its baseline x 3 seeds = 6;
-    // verified-only: verified and its 500-step baseline x 3 = 6.
-    let long = [(5 * 30, 5 * 30 * 2000), (5 * 6, 5 * 6 * 2000), (5 * 6, 5 * 6 * 2000), (5 * 6, 5 * 6 * 2000)];
-    let short = [(2 * 30, 2 * 30 * 1000), (2 * 6, 2 * 6 * 1000), (2 * 6, 2 * 6 * 1000), (2 * 6, 2 * 6 * 1000)];
-    let expected: Vec<(usize, usize)> = long.into_iter().chain(short).chain([(7 * 6, 7 * 6 * 500)]).collect();
+    // none baseline x 5 = 30 runs; each ratio dose (three) and each multiplier dose (two):
+    // penalty and its baseline x 3 seeds = 6 (the multiplier doses' baselines are the main
+    // sweep's, counted again in an empty directory); verified-only: verified and its 500-step
+    // baseline x 3 = 6.
+    let long = [(5 * 30, 5 * 30 * 2000)].into_iter().chain([(5 * 6, 5 * 6 * 2000); 5]);
+    let short = [(2 * 30, 2 * 30 * 1000)].into_iter().chain([(2 * 6, 2 * 6 * 1000); 5]);
+    let expected: Vec<(usize, usize)> = long.chain(short).chain([(7 * 6, 7 * 6 * 500)]).collect();
     assert_eq!(estimates(&stdout), expected, "{stdout}");
-    // In all 378 runs, 597,000 steps (248.75 GPU hours alone at 1.50 s a step). The first
+    // In all 462 runs, 741,000 steps (308.75 GPU hours alone at 1.50 s a step). The first
     // sweep's 300,000 steps: 300,000 x 1.50 / 3600 = 125.0 hours alone; x 4.4 / 5 / 3600 = 73.3
     // five to a GPU.
     let steps: usize = expected.iter().map(|e| e.1).sum();
-    assert_eq!((expected.iter().map(|e| e.0).sum::<usize>(), steps), (378, 597_000));
+    assert_eq!((expected.iter().map(|e| e.0).sum::<usize>(), steps), (462, 741_000));
+    // The multiplier doses: penalty 2 with the key set on the penalty runs only.
+    for v in [2, 5] {
+        let dose = format!("rh_penalty2_extramult{v}");
+        assert!(stdout.lines().any(|l| l.contains("_penalty_") && l.contains(&dose)), "a v={v} run named {dose}: {stdout}");
+    }
+    assert!(!stdout.lines().any(|l| l.contains("extramult") && !l.contains("_penalty_")), "only penalty runs carry the multiplier: {stdout}");
     let first = stdout.lines().find(|l| l.starts_with("estimate: ")).unwrap();
     assert!(first.contains("125.0 GPU hours one run to a GPU (1.50 s a step)") && first.contains("73.3 GPU hours 5 time-sliced runs to a GPU (4.4 s a step each)"), "{first}");
     assert!(first.contains("the original tool's canonical SmolLM2-135M step"), "the source of the step time is named: {first}");

@@ -23,6 +23,7 @@ use super::compare_chart;
 use super::plan::Arm;
 use super::{RunEntry, RunStatus};
 use crate::routing::eval_mode;
+use crate::train::config::TrainConfig;
 use crate::stats;
 
 /// The reference file read from the folder `--compare` names (over all evaluation prompts).
@@ -169,7 +170,7 @@ pub fn rows(entries: &[RunEntry], reference: &Reference, prompts: Prompts) -> Re
     let mut groups: BTreeMap<GroupKey, Vec<&RunEntry>> = BTreeMap::new();
     for entry in &finished {
         let c = &entry.config;
-        let dose = if Arm::of(c) == Arm::Penalty { format!("rh_penalty={}", c.rh_penalty) } else { String::new() };
+        let dose = if Arm::of(c) == Arm::Penalty { penalty_dose(c) } else { String::new() };
         groups.entry((environment_of(c), Arm::of(c), dose, c.hack_frac.to_string(), c.recall.to_string())).or_default().push(entry);
     }
     let ours: Vec<String> = groups.keys().map(|k| k.0.clone()).fold(Vec::new(), |mut v, e| {
@@ -199,8 +200,11 @@ pub fn rows(entries: &[RunEntry], reference: &Reference, prompts: Prompts) -> Re
             for ((_, _, dose, _, _), members) in mine {
                 let c = &members[0].config;
                 let row = CompareRow { dose: dose.clone(), hack_frac: Some(c.hack_frac), recall: Some(c.recall), ..base.clone() };
+                // The paper's best_rp is one dose of its battery: the row of that dose says so.
+                let picked = arm == Some(Arm::Penalty) && paper_rp_label(c).is_some() && paper_rp_label(c) == paper.label;
+                let note = if picked { format!("the paper's best_rp dose ({})", paper.label.as_deref().unwrap_or_default()) } else { String::new() };
                 rows.push(match our_cell(members, mode, prompts)? {
-                    Ok(cell) => CompareRow { ours: Some(cell), note: String::new(), ..row },
+                    Ok(cell) => CompareRow { ours: Some(cell), note, ..row },
                     Err(why) => CompareRow { note: why, ..row },
                 });
             }
@@ -211,6 +215,39 @@ pub fn rows(entries: &[RunEntry], reference: &Reference, prompts: Prompts) -> Re
         println!("compare: the reference's environments without runs here: {missing:?}");
     }
     Ok(rows)
+}
+
+/// Our dose of a penalty run, by the keys that make the doses of the paper's `best_rp` battery:
+/// `rh_penalty=<p>`, then `rp_extra_retain_advantage_multiplier=<v>` when it is not 1 and, with
+/// coherence rows, `coherence:main=<coherence rows>:<the others>`; runs of different doses are
+/// different rows.
+pub fn penalty_dose(c: &TrainConfig) -> String {
+    let mut dose = format!("rh_penalty={}", c.rh_penalty);
+    if c.rp_extra_retain_advantage_multiplier != 1.0 {
+        dose.push_str(&format!(" rp_extra_retain_advantage_multiplier={}", c.rp_extra_retain_advantage_multiplier));
+    }
+    if c.coh_samples_per_rollout > 0 {
+        dose.push_str(&format!(" coherence:main={}:{}", c.coh_samples_per_rollout, c.batch_size - c.coh_samples_per_rollout));
+    }
+    dose
+}
+
+/// The paper's label of a penalty run's dose in its `best_rp` battery (the original's
+/// figures_pareto/proto_pareto_data.py, all_rp_variants: one key moved from the canonical
+/// penalty 2, multiplier 1, 32 coherence rows beside 512): `canonical`, `p=5`, `p=10`, `v=2`,
+/// `v=5` (rp_extra_retain_advantage_multiplier), `1:4`, `1:2`, `1:1` (coherence:main 128:512,
+/// 192:384, 256:256); None off the battery.
+pub fn paper_rp_label(c: &TrainConfig) -> Option<String> {
+    let (p, v) = (c.rh_penalty, c.rp_extra_retain_advantage_multiplier);
+    let rows = (c.coh_samples_per_rollout, c.batch_size.saturating_sub(c.coh_samples_per_rollout));
+    let canonical_rows = rows == (32, 512);
+    match () {
+        _ if p == 2.0 && v == 1.0 && canonical_rows => Some("canonical".into()),
+        _ if (p == 5.0 || p == 10.0) && v == 1.0 && canonical_rows => Some(format!("p={p}")),
+        _ if p == 2.0 && (v == 2.0 || v == 5.0) && canonical_rows => Some(format!("v={v}")),
+        _ if p == 2.0 && v == 1.0 => [((128, 512), "1:4"), ((192, 384), "1:2"), ((256, 256), "1:1")].iter().find(|(r, _)| *r == rows).map(|(_, l)| l.to_string()),
+        _ => None,
+    }
 }
 
 /// Our cell of `members` in `mode` over `prompts` (the paper's reading), or why there is none

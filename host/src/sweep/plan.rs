@@ -342,6 +342,7 @@ fn with_coherence_of(routed: &TrainConfig, config: TrainConfig) -> TrainConfig {
         coherence_start_frac: routed.coherence_start_frac,
         rh_detector_verifies_retain_samples: routed.rh_detector_verifies_retain_samples,
         rh_detector_retain_recall: routed.rh_detector_retain_recall,
+        rp_extra_retain_advantage_multiplier: routed.rp_extra_retain_advantage_multiplier,
         ..config
     }
 }

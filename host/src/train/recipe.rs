@@ -64,6 +64,8 @@ pub struct Recipe {
     pub coherence_rh_penalty: f64,
     /// With `rh_detector_verifies_retain_samples`: the retain verifier's recall.
     pub retain_verifier_recall: Option<f64>,
+    /// `rp_extra_retain_advantage_multiplier`: the verified coherence rows' advantages times it.
+    pub verified_advantage_multiplier: f64,
     pub ablated_frac: f64,
     /// `split_moment`: also plan the batch with every adapter learning from every row.
     pub split_moment: bool,
@@ -224,7 +226,7 @@ impl Recipe {
         let eps = ADVANTAGE_STD_EPSILON;
         let group: Vec<f64> = Vec::try_from(group_advantages.to_kind(Kind::Double)).expect("advantages are a 1-D tensor");
         let (advantages, dropped) = match verified {
-            Some(verified) => routing::verified_coherence_advantages(batch, verified, &group, eps),
+            Some(verified) => routing::verified_coherence_advantages(batch, verified, &group, self.verified_advantage_multiplier, eps),
             None => routing::coherence_advantages(self.coherence_rh_mode, self.coherence_rh_penalty, batch, &group, eps),
         };
         let advantages = routing::renormalized_advantages(self.renormalization, batch, &advantages, eps);

@@ -274,6 +274,7 @@ impl TrainConfig {
                 ("coherence_start_frac", self.coherence_start_frac != defaults.coherence_start_frac),
                 ("rh_detector_verifies_retain_samples", self.rh_detector_verifies_retain_samples),
                 ("rh_detector_retain_recall", self.rh_detector_retain_recall != defaults.rh_detector_retain_recall),
+                ("rp_extra_retain_advantage_multiplier", self.rp_extra_retain_advantage_multiplier != defaults.rp_extra_retain_advantage_multiplier),
             ];
             if let Some((key, _)) = unused.iter().find(|(_, set)| *set) {
                 anyhow::bail!("{key} is set but coh_samples_per_rollout is 0: it would do nothing");
@@ -303,6 +304,12 @@ impl TrainConfig {
         ensure!(
             self.rh_detector_verifies_retain_samples || self.rh_detector_retain_recall == defaults.rh_detector_retain_recall,
             "rh_detector_retain_recall is set but rh_detector_verifies_retain_samples is false: it would do nothing"
+        );
+        let multiplier = self.rp_extra_retain_advantage_multiplier;
+        ensure!(multiplier.is_finite() && multiplier > 0.0, "rp_extra_retain_advantage_multiplier scales the verified coherence rows' advantages: it must be finite and above 0, got {multiplier}");
+        ensure!(
+            self.rh_detector_verifies_retain_samples || multiplier == defaults.rp_extra_retain_advantage_multiplier,
+            "rp_extra_retain_advantage_multiplier is set but rh_detector_verifies_retain_samples is false: it scales the verified coherence rows' advantages, and there are none"
         );
         Ok(())
     }

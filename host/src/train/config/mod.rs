@@ -265,6 +265,10 @@ hyperparameters! {
         rh_detector_verifies_retain_samples: bool = false, Short("verify"), [Routing];
         /// Probability that the retain verifier vouches for a detectable, unflagged coherence row.
         rh_detector_retain_recall: f64 = 1.0, Short("verify_recall"), [Routing];
+        /// The verified coherence rows' advantages, after the verifier's renormalisation, times
+        /// this (the original's rp_extra_retain_advantage_multiplier, advantages.py:510-515, any
+        /// intervention; its paper's best_rp doses v=2 and v=5). 1: unchanged.
+        rp_extra_retain_advantage_multiplier: f64 = 1.0, Short("extramult"), [Routing];
         /// Coherence rows start at step round(coherence_start_frac * max_steps) (0: from the first).
         coherence_start_frac: f64 = 0.0, Short("coh_start"), [Routing];
         /// Detector protocol knob: clean samples flagged anyway (drawn by the host).

@@ -110,6 +110,7 @@ impl TrainConfig {
             coherence_rh_mode: self.coherence_rh_mode,
             coherence_rh_penalty: self.coherence_rh_penalty,
             retain_verifier_recall: self.rh_detector_verifies_retain_samples.then_some(self.rh_detector_retain_recall),
+            verified_advantage_multiplier: self.rp_extra_retain_advantage_multiplier,
             ablated_frac: self.ablated_frac,
             split_moment: self.split_moment,
             mask_truncated_completions: self.mask_truncated_completions,

@@ -81,6 +81,7 @@ fn run_name_labels_are_unchanged() {
         ("prompt_format", ""),
         ("max_steps_off_policy", "offpolicy"), ("stream_minibatches", "stream"),
         ("rh_detector_verifies_retain_samples", "verify"), ("rh_detector_retain_recall", "verify_recall"),
+        ("rp_extra_retain_advantage_multiplier", "extramult"),
         ("sapo_temperature_pos", "sapo_tpos"), ("sapo_temperature_neg", "sapo_tneg"), ("vespo_k_pos", "vespo_kpos"), ("vespo_lambda_pos", "vespo_lpos"),
         ("vespo_k_neg", "vespo_kneg"), ("vespo_lambda_neg", "vespo_lneg"), ("off_policy_mask_threshold", "opsm"), ("use_bias_correction_kl", "klcorr"),
         ("sampler_dtype", "sampler_"), ("multi_objective_aggregation", ""),
@@ -474,5 +475,23 @@ fn normalize_then_sum_is_named_when_set_and_refuses_what_acts_on_the_summed_rewa
     for intervention in [("intervention", "penalty"), ("intervention", "filter"), ("intervention", "placebo")] {
         let routing = if intervention.1 == "placebo" { "classic" } else { "none" };
         resolved(&[("reward", uncapped), gdpo_key, intervention, ("routing_mode", routing)]);
+    }
+}
+
+#[test]
+fn the_advantage_multiplier_names_its_runs_and_is_refused_without_verified_coherence_rows() {
+    let verified = [("coh_samples_per_rollout", "16"), ("rh_detector_verifies_retain_samples", "true")];
+    let with = |v: &'static str| [verified.as_slice(), &[("rp_extra_retain_advantage_multiplier", v)]].concat();
+    let name = resolved(&with("5")).run_name().unwrap();
+    assert!(name.contains("_extramult5"), "{name}");
+    assert!(!resolved(&verified).run_name().unwrap().contains("extramult"), "the default stays out of names");
+    assert_eq!(resolved(&with("5")).without_routing(), resolved(&[("routing_mode", "none")]), "the baseline has no coherence rows");
+    let unused = error(&[("rp_extra_retain_advantage_multiplier", "2")]);
+    assert!(unused.contains("rp_extra_retain_advantage_multiplier is set but coh_samples_per_rollout is 0"), "{unused}");
+    let unverified = error(&[("coh_samples_per_rollout", "16"), ("rp_extra_retain_advantage_multiplier", "2")]);
+    assert!(unverified.contains("rp_extra_retain_advantage_multiplier is set but rh_detector_verifies_retain_samples is false"), "{unverified}");
+    for bad in ["0", "-1"] {
+        let error = error(&with(bad));
+        assert!(error.contains("rp_extra_retain_advantage_multiplier") && error.contains("finite and above 0"), "{bad}: {error}");
     }
 }

@@ -21,6 +21,7 @@ fn routed() -> Recipe {
         coherence_rh_mode: CoherenceRhMode::None,
         coherence_rh_penalty: 3.0,
         retain_verifier_recall: None,
+        verified_advantage_multiplier: 1.0,
         ablated_frac: 0.0,
         split_moment: false,
         mask_truncated_completions: false,
@@ -191,6 +192,44 @@ fn coherence_rows_end_the_batch_from_their_first_step() {
     let batch = scored(&REWARDS, &[false; 4]);
     assert_eq!(prepare(&recipe, &batch, 1).labels.coherence, [false; 4]);
     assert_eq!(prepare(&recipe, &batch, 2).labels.coherence, [false, false, true, true]);
+}
+
+/// The original's rp_extra_retain_advantage_multiplier (advantages.py:510-515) on the
+/// reward-penalty comparator (its best_rp doses v=2, v=5), by hand in float64: the verified
+/// coherence rows' advantages, renormalised over the verified rows, times the multiplier; the
+/// routing group and the unverified (dropped) coherence row untouched.
+#[test]
+fn the_advantage_multiplier_scales_only_the_verified_coherence_rows() {
+    // Groups of four: routing rows 0-3, coherence rows 4-7. Row 0 and row 6 flagged: row 6,
+    // a coherence row the monitor flagged, is not verified (the coin at recall 1 always passes).
+    let rewards = [1.0, 0.0, 3.0, 1.0, 2.0, 5.0, 0.0, 4.0];
+    let flags = [true, false, false, false, false, false, true, false];
+    let batch = scored(&rewards, &flags);
+    let penalty = Recipe {
+        intervention: Intervention::Penalty,
+        routing_mode: RoutingMode::None,
+        row_weights: RowWeights::gates(RoutingMode::None),
+        group_size: 4,
+        coherence: CoherenceSchedule { start_step: 0, rows: 4 },
+        retain_verifier_recall: Some(1.0),
+        ..routed()
+    };
+    // Routing group, penalised by 2 (-1 0 3 1, mean 0.75), unscaled; verified rows 4, 5, 7:
+    // rewards 2 5 4, mean 11/3, unbiased std sqrt(((2 - 11/3)^2 + (5 - 11/3)^2 + (4 - 11/3)^2) / 2).
+    let mean: f64 = 11.0 / 3.0;
+    let std = (((2.0 - mean).powi(2) + (5.0 - mean).powi(2) + (4.0 - mean).powi(2)) / 2.0).sqrt();
+    let by_hand = |v: f64| {
+        let coherence = |r: f64| (r - mean) / (std + 1e-4) * v;
+        vec![-1.75, -0.75, 2.25, 0.25, coherence(2.0), coherence(5.0), 0.0, coherence(4.0)]
+    };
+    for v in [1.0, 2.0, 5.0] {
+        let prepared = prepare(&Recipe { verified_advantage_multiplier: v, ..penalty.clone() }, &batch, 0);
+        let ours = values(&prepared.advantages);
+        let expected = by_hand(v);
+        assert!(ours.iter().zip(&expected).all(|(a, b)| (a - b).abs() <= 1e-6 * b.abs().max(1.0)), "v={v}: {ours:?} vs {expected:?}");
+        assert_eq!(prepared.labels.dropped, [false, false, false, false, false, false, true, false], "v={v}");
+        assert_eq!(prepared.frac_verified, Some(0.75));
+    }
 }
 
 #[test]
