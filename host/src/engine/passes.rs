@@ -130,6 +130,11 @@ pub fn backward_passes(
             before_backward(&logprobs.logprobs, masks);
             terms.loss.backward();
             after_backward();
+            // The chunk's terms outlive its pass (for the step's statistics): without their
+            // graph, or every micro-batch's graph stays alive to the step's end (a 544-row
+            // SmolLM2 step in 32 micro-batches peaked at 22.6 GB, 7.3 GB estimated).
+            terms.loss = terms.loss.detach();
+            terms.per_token_kl = terms.per_token_kl.map(|kl| kl.detach());
             chunks.push((TokenLogprobs { logprobs: logprobs.logprobs.detach(), entropy: logprobs.entropy.detach() }, part_high_entropy, terms));
         }
     }
