@@ -191,6 +191,14 @@ hyperparameters! {
         /// (the first steps with the first weights); the loss takes its ratio to the sampler's
         /// log-probabilities. 0: on-policy (sampled at the step, with its own weights).
         max_steps_off_policy: usize = 0, Short("offpolicy");
+        /// tinker-cookbook's newer async mode (AsyncConfig.pipeline_depth): this many steps' worth of
+        /// groups sampled ahead, the oldest trained first, none dropped for staleness (objectives.md). 0: off.
+        #[serde(skip_serializing_if = "is_zero")]
+        sampling_steps_ahead: usize = 0, Short("ahead");
+        /// Lets loss_fn importance_sampling (unclipped) train off policy, which tinker found unstable.
+        #[arg(num_args = 0..=1, default_missing_value = "true")]
+        #[serde(skip_serializing_if = "is_false")]
+        allow_unclipped_off_policy: bool = false, Short("unclipped_ok");
         /// tinker's StreamMinibatchConfig: the batch's num_substeps mini-batches (whole groups)
         /// are sampled and scored one by one by the run's sampler thread, all from the weights at
         /// the batch's first step, and each optimizer step takes its mini-batch as soon as it is
@@ -403,6 +411,10 @@ fn is_float32_sampler(value: &SamplerDtype) -> bool {
     *value == SamplerDtype::Float32
 }
 
+// sampling_steps_ahead and allow_unclipped_off_policy: in config.yaml only when set (older runs' unchanged).
+fn is_zero(value: &usize) -> bool { *value == 0 }
+fn is_false(value: &bool) -> bool { !*value }
+
 // multi_objective_aggregation is written to a run's config.yaml only when set, so the runs that
 // sum their components first keep the config.yaml they had before the key existed.
 fn is_sum_then_normalize(value: &MultiObjectiveAggregation) -> bool {
@@ -454,7 +466,13 @@ impl TrainConfig {
 
     /// Whether rollouts are sampled ahead by the run's sampler thread (`train/draw/ahead.rs`).
     pub fn samples_ahead(&self) -> bool {
-        self.max_steps_off_policy > 0 || self.stream_minibatches
+        self.max_steps_off_policy > 0 || self.stream_minibatches || self.sampling_steps_ahead > 0
+    }
+
+    /// Steps a batch may be sampled ahead of its training (`max_steps_off_policy` or
+    /// `sampling_steps_ahead`; 0 on policy and with `stream_minibatches` alone).
+    pub fn pipeline_depth(&self) -> usize {
+        self.max_steps_off_policy.max(self.sampling_steps_ahead)
     }
 
     /// Completions each optimizer step trains on (its mini-batch).
