@@ -145,7 +145,8 @@ impl Draw {
             }
             wait_seconds += waiting.elapsed().as_secs_f64();
             if chunk.scored.is_none() {
-                counts.rounds += 1;
+                // A chunk partly used before a checkpoint is scored again on resumption, as it was.
+                counts.rounds += usize::from(chunk.next_group == 0);
                 let prompts = self.step_prompts(chunk.index);
                 let generation = chunk.generation.take().expect("taken above");
                 let batch = self.scored(chunk.index, self.keys.seed, prompts, generation, chunk.seconds, None, with)?;
