@@ -33,7 +33,7 @@ fn without_filtering_sampling_steps_ahead_is_max_steps_off_policy() {
 /// and are dropped): which weights sampled each trained group, found by recomputing its sampler
 /// log-probabilities in float64 under every checkpoint that could have (the first weights, and
 /// each step's), gives the logged staleness (mean and max over groups) and version at every step;
-/// no group is more than one step stale, and groups were dropped and carried.
+/// no group is more than one step stale, the oldest come first, and some batch mixes versions.
 #[test]
 fn a_filtered_pipeline_trains_the_oldest_groups_with_the_weights_that_sampled_them() {
     let out = tempfile::tempdir().unwrap();
@@ -48,6 +48,7 @@ fn a_filtered_pipeline_trains_the_oldest_groups_with_the_weights_that_sampled_th
         double_models.push(smallrl::model::load(run.join(format!("checkpoint-{step}")).to_str().unwrap(), "main", Device::Cpu, Kind::Double).unwrap().model);
     }
     let group = 2;
+    let mut mixed = 0;
     for (n, line) in lines.iter().enumerate() {
         let tensors = smallrl::model::weights::read_safetensors(&dump.join(format!("step-{}.safetensors", n + 1))).unwrap();
         let mask = tensors["completion_mask"].to_kind(Kind::Double);
@@ -72,7 +73,9 @@ fn a_filtered_pipeline_trains_the_oldest_groups_with_the_weights_that_sampled_th
         assert_eq!(line[key::OFF_POLICY_STALENESS_MEAN].as_f64(), Some(mean), "step {}: {versions:?}", n + 1);
         assert_eq!(line[key::OFF_POLICY_VERSION].as_u64(), Some(*versions.iter().min().unwrap() as u64), "step {}", n + 1);
         assert!(versions.windows(2).all(|w| w[0] <= w[1]), "step {}: the oldest groups first: {versions:?}", n + 1);
+        mixed += usize::from(versions.first() != versions.last());
     }
+    assert!(mixed > 0, "some batch should hold groups of two versions (a chunk's surplus carried), or the test does not exercise them");
 }
 
 /// Stopped past a checkpoint whose pipeline holds a chunk partly used (its surplus carried) and
@@ -120,4 +123,18 @@ fn filtered_config(dir: &Path, steps: usize, dump: Option<&Path>) -> Map<String,
         config = with(config, "dump_batches", json!(dump));
     }
     config
+}
+
+/// One step ahead with equal groups dropped and tinker's ppo still learns (tiny-stories,
+/// happy_count, as the on-policy learning tests, in groups of four so that some groups say
+/// "happy" in none of their completions and are dropped).
+#[test]
+fn a_filtered_pipeline_with_ppo_raises_the_reward() {
+    let overrides = [("sampling_steps_ahead", json!(1)), ("dynamic_sampling_rounds", json!(4)), ("loss_fn", json!("ppo")), ("num_generations", json!(4))];
+    let metrics = super::learning::happy_count_metrics(&overrides);
+    let dropped: u64 = column_u64(&metrics, key::DYNAMIC_SAMPLING_DROPPED).iter().sum();
+    assert!(dropped > 0, "the run should drop groups of equal rewards");
+    let (first, last) = super::learning::first_and_last(&metrics, &overrides);
+    assert!(first < 0.25, "the starting reward should be the pre-trained model's, got {first:.3}");
+    assert!(last > first + 0.08, "the filtered pipeline did not raise the reward: {first:.3} -> {last:.3}");
 }
