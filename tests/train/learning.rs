@@ -81,7 +81,7 @@ pub(super) fn happy_count_learning(overrides: &[(&str, Value)]) -> (f64, f64) {
 }
 
 /// The mean reward of steps 1-5 and of steps 16-20.
-fn first_and_last(metrics: &[Value], overrides: &[(&str, Value)]) -> (f64, f64) {
+pub(super) fn first_and_last(metrics: &[Value], overrides: &[(&str, Value)]) -> (f64, f64) {
     let rewards: Vec<f64> = metrics.iter().map(|m| m["reward"].as_f64().unwrap()).collect();
     let mean = |r: &[f64]| r.iter().sum::<f64>() / r.len() as f64;
     let (first, last) = (mean(&rewards[..5]), mean(&rewards[15..]));
@@ -90,7 +90,7 @@ fn first_and_last(metrics: &[Value], overrides: &[(&str, Value)]) -> (f64, f64) 
 }
 
 /// The metrics of 20 steps on happy_count with LoRA r8 (plus `overrides`).
-fn happy_count_metrics(overrides: &[(&str, Value)]) -> Vec<Value> {
+pub(super) fn happy_count_metrics(overrides: &[(&str, Value)]) -> Vec<Value> {
     let out = tempfile::tempdir().unwrap();
     let config = small_config(out.path(), &standard_plugin("happy"));
     let config = [

@@ -11,6 +11,7 @@ mod interventions;
 mod outputs;
 mod packs;
 mod off_policy;
+mod pipeline;
 mod memory;
 mod entropy_bonus;
 mod replay;

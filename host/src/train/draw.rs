@@ -31,6 +31,7 @@ use crate::runlog::RunLog;
 
 mod ahead;
 mod replay;
+mod pipeline;
 
 pub(super) use ahead::write_in_flight;
 pub use replay::check_recorded;
@@ -63,6 +64,8 @@ pub enum AheadHorizon {
     OffPolicy { steps: usize },
     /// `stream_minibatches`: the mini-batches of the step's batch (`num_substeps` of them).
     Streamed { substeps: usize },
+    /// `sampling_steps_ahead` d: up to d + 1 batches' worth of groups (`draw/pipeline.rs`).
+    Pipeline { depth: usize },
 }
 
 impl AheadHorizon {
@@ -70,7 +73,7 @@ impl AheadHorizon {
     pub fn last_posted_by(self, step: usize) -> usize {
         match self {
             Self::Streamed { substeps } => (step / substeps + 1) * substeps - 1,
-            Self::OffPolicy { steps } => step + steps,
+            Self::OffPolicy { steps } | Self::Pipeline { depth: steps } => step + steps,
         }
     }
 }
@@ -84,8 +87,9 @@ pub(super) struct Draw {
     /// The coherence prompts of the retain verifier (`rh_detector_verifies_retain_samples`):
     /// the hackable and detectable training prompts in their own seeded order.
     verifier_prompts: Option<PromptStream>,
-    /// With `samples_ahead`: the batches sampled ahead (`ahead.rs`).
+    /// With `samples_ahead`: the batches sampled ahead (`ahead.rs`), or the group pipeline.
     ahead: ahead::AheadQueue,
+    pipeline: pipeline::GroupPipeline,
 }
 
 /// What drawing a batch samples with and scores with (borrowed from the trainer).
@@ -137,12 +141,15 @@ impl Draw {
         let extra_prompts = (keys.dynamic_rounds > 0).then(|| PromptStream::new(prompts.clone(), rng::derive(keys.seed, "dynamic-sampling-prompts", 0)));
         let verifier_prompts = verifier_prompts.map(|prompts| PromptStream::new(prompts, rng::derive(keys.seed, "verifier-prompts", 0)));
         let prompts = PromptStream::new(prompts, keys.seed);
-        Self { keys, prompts, extra_prompts, verifier_prompts, ahead: Default::default() }
+        Self { keys, prompts, extra_prompts, verifier_prompts, ahead: Default::default(), pipeline: Default::default() }
     }
 
     /// The step's batch; with dynamic sampling, only groups whose rewards differ (see the
     /// module's documentation), and the counts of what it took.
     pub fn batch(&mut self, step: usize, with: &mut Drawing) -> Result<DrawnBatch> {
+        if let (true, AheadHorizon::Pipeline { depth }) = (self.keys.samples_ahead, self.keys.ahead) {
+            return self.pipeline_batch(step, depth, with);
+        }
         let prompts = self.step_prompts(step);
         let first = self.round(step, 0, prompts, with)?;
         let max_rounds = self.keys.dynamic_rounds;
@@ -204,7 +211,12 @@ impl Draw {
                 (generation, seconds, Some(off_policy))
             }
         };
+        self.scored(step, seed, prompt_texts, generation, generate_seconds, off_policy, with)
+    }
 
+    /// Scores a generation of `prompt_texts` drawn for `step` from `seed`.
+    #[allow(clippy::too_many_arguments)]
+    fn scored(&mut self, step: usize, seed: u64, prompt_texts: Vec<Prompt>, generation: Generation, generate_seconds: f64, off_policy: Option<OffPolicy>, with: &mut Drawing) -> Result<DrawnBatch> {
         let score_start = Instant::now();
         let samples = samples_from_rows(&prompt_texts, &generation.rows, &with.policy.tokenizer)?;
         let scored = with

@@ -114,11 +114,12 @@ pub mod key {
     pub const TIMING_FISHER: &str = "timing/fisher_kernel";
     /// DAPO's dynamic sampling (`dynamic_sampling_rounds` only): generation rounds the batch
     /// took, groups dropped for equal rewards, and groups with differing rewards generated
-    /// beyond what filled the batch (discarded, as verl does).
+    /// beyond what filled the batch (discarded, as verl does; with `sampling_steps_ahead`:
+    /// chunks scored, and those carried to the next step).
     pub const DYNAMIC_SAMPLING_ROUNDS: &str = "dynamic_sampling/rounds";
-    /// Off-policy training (`max_steps_off_policy`): the version of the weights that sampled
-    /// the step's batch (optimizer steps done before it), its staleness in steps (mean and max
-    /// over the batch's samples: one version per batch), the batches dropped for staleness
+    /// Off-policy training (`max_steps_off_policy`, `sampling_steps_ahead`): the version of the
+    /// weights that sampled the step's batch (its oldest group's; optimizer steps done before it),
+    /// its staleness in steps (mean and max over the batch's groups), the batches dropped for staleness
     /// (none can be: see `train/draw/ahead.rs`), the seconds the step waited for its batch and the
     /// sampler thread for its job.
     pub const OFF_POLICY_VERSION: &str = "off_policy/policy_version";
@@ -223,8 +224,10 @@ pub struct RolloutMetrics {
 pub struct OffPolicy {
     /// The version of the weights that sampled the batch (optimizer steps done before).
     pub policy_version: usize,
-    /// Steps between those weights and the step's own.
+    /// Steps between those weights and the step's own (the oldest group's with
+    /// `sampling_steps_ahead`), and the mean over the batch's groups.
     pub staleness: usize,
+    pub staleness_mean: f64,
     /// Seconds the step waited for its batch.
     pub wait_seconds: f64,
     /// Seconds the sampler thread sat idle waiting for the batch's job (for weights).
@@ -376,7 +379,7 @@ pub fn line(rollout: &RolloutMetrics, step: &StepMetrics) -> Value {
     }
     if let Some(off_policy) = rollout.off_policy {
         put(key::OFF_POLICY_VERSION, off_policy.policy_version.into());
-        put(key::OFF_POLICY_STALENESS_MEAN, (off_policy.staleness as f64).into());
+        put(key::OFF_POLICY_STALENESS_MEAN, off_policy.staleness_mean.into());
         put(key::OFF_POLICY_STALENESS_MAX, off_policy.staleness.into());
         put(key::OFF_POLICY_DROPPED, 0.into());
         put(key::TIMING_WAIT_FOR_SAMPLES, off_policy.wait_seconds.into());

@@ -362,24 +362,43 @@ impl TrainConfig {
     }
 
     /// Off-policy training samples each step's batch ahead, so the batch must be known before
-    /// its step: one optimizer step per batch, no rounds drawn after scoring; the loss's ratio is
-    /// to the sampler, so TRL's correction of the old policy against the sampler has nothing to do.
+    /// its step: one optimizer step per batch; rounds drawn after scoring only in
+    /// sampling_steps_ahead's group pipeline; the loss's ratio is to the sampler, so TRL's
+    /// correction of the old policy against the sampler has nothing to do. tinker's unclipped
+    /// `importance_sampling` is refused off policy without `allow_unclipped_off_policy`.
     fn check_off_policy(&self) -> Result<()> {
         self.check_streaming()?;
-        if self.max_steps_off_policy == 0 {
+        let (k, ahead) = (self.max_steps_off_policy, self.sampling_steps_ahead);
+        ensure!(
+            !self.allow_unclipped_off_policy || (self.pipeline_depth() > 0 && self.loss_fn == LossFn::ImportanceSampling),
+            "allow_unclipped_off_policy only lets loss_fn importance_sampling train off policy (max_steps_off_policy or sampling_steps_ahead above 0): remove it"
+        );
+        if self.pipeline_depth() == 0 {
             return Ok(());
         }
-        let k = self.max_steps_off_policy;
+        ensure!(k == 0 || ahead == 0, "max_steps_off_policy ({k}) and sampling_steps_ahead ({ahead}) both sample ahead: set one of them");
+        ensure!(!self.stream_minibatches, "stream_minibatches samples ahead within the batch; leave sampling_steps_ahead at 0");
+        let name = match k > 0 {
+            true => format!("max_steps_off_policy {k}"),
+            false => format!("sampling_steps_ahead {ahead}"),
+        };
+        ensure!(
+            self.loss_fn != LossFn::ImportanceSampling || self.allow_unclipped_off_policy,
+            "{name} trains off policy, and loss_fn importance_sampling's ratio is unclipped: tinker-cookbook found that loss destabilises under every pipeline depth of its asynchronous training while ppo stays stable (AsyncConfig, PR 822). Use loss_fn: ppo (or trl's clipped loss), or set allow_unclipped_off_policy: true to run it anyway"
+        );
         ensure!(
             self.steps_per_rollout() == 1,
-            "max_steps_off_policy {k} samples each step's batch ahead: it needs one optimizer step per batch (num_iterations and num_substeps 1, got {} and {})",
+            "{name} samples each step's batch ahead: it needs one optimizer step per batch (num_iterations and num_substeps 1, got {} and {})",
             self.num_iterations,
             self.num_substeps
         );
-        ensure!(self.dynamic_sampling_rounds == 0, "max_steps_off_policy {k} samples each batch ahead, before its rewards are known: dynamic_sampling_rounds must be 0");
+        ensure!(
+            self.dynamic_sampling_rounds == 0 || ahead > 0,
+            "{name} samples each batch ahead, before its rewards are known: dynamic_sampling_rounds must be 0 (sampling_steps_ahead drops groups of equal rewards and carries the surplus)"
+        );
         ensure!(
             !self.importance_sampling_correction,
-            "max_steps_off_policy {k} already takes the loss's ratio to the sampler's log-probabilities; importance_sampling_correction (old policy over sampler) has nothing left to correct: unset it"
+            "{name} already takes the loss's ratio to the sampler's log-probabilities; importance_sampling_correction (old policy over sampler) has nothing left to correct: unset it"
         );
         Ok(())
     }
@@ -420,7 +439,7 @@ impl TrainConfig {
     pub fn sampler_ratio(&self) -> Option<&'static str> {
         if self.importance_sampling_correction {
             Some("importance_sampling_correction: TRL's loss weighted by the old policy's over the sampler's probability")
-        } else if self.max_steps_off_policy > 0 || self.stream_minibatches {
+        } else if self.samples_ahead() {
             Some("the loss's ratio is to the sampler's log-probabilities (sampled ahead)")
         } else if self.replay_rollouts.is_some() {
             Some("the loss's ratio is to the recorded sampler's log-probabilities (replayed rollouts)")

@@ -153,12 +153,9 @@ hyperparameters! {
         /// true; false here keeps the loss of the runs from before the key).
         #[arg(num_args = 0..=1, default_missing_value = "true")]
         use_bias_correction_kl: bool = false, Short("klcorr");
-        /// TRL's entropy bonus: the loss minus this times the mean entropy of the tokens that
-        /// train (0: none), the same for every loss_type; with use_adaptive_entropy its start.
+        /// TRL's entropy bonus: loss minus this times the trained tokens' mean entropy (0: none).
         entropy_coef: f64 = 0.0, Short("entcoef");
-        /// Skywork-OR1's adaptive entropy control (TRL's): after each step entropy_coef moves by
-        /// entropy_coef_delta up when the step's entropy was at most entropy_target, down otherwise,
-        /// and applies only while it is.
+        /// Skywork-OR1's adaptive control of entropy_coef (TRL's rules: docs/src/objectives.md).
         #[arg(num_args = 0..=1, default_missing_value = "true")]
         use_adaptive_entropy: bool = false, Short("adaptent");
         /// The adaptive entropy coefficient's lower bound (TRL's default).
@@ -167,8 +164,7 @@ hyperparameters! {
         entropy_coef_max: f64 = 1.0, Short("entmax");
         /// The adaptive entropy coefficient's step per optimizer step (TRL's default).
         entropy_coef_delta: f64 = 0.005, Short("entdelta");
-        /// The mean entropy in nats at or below which the adaptive bonus applies (TRL's default;
-        /// set it near the entropy logged early in training).
+        /// The mean entropy (nats) at or below which the adaptive bonus applies (TRL's default).
         entropy_target: f64 = 0.2, Short("enttarget");
         /// Passes over each generated batch (TRL's reuse; each pass num_substeps optimizer steps).
         num_iterations: usize = 1, Short("iters"), [Pack];
@@ -191,6 +187,14 @@ hyperparameters! {
         /// (the first steps with the first weights); the loss takes its ratio to the sampler's
         /// log-probabilities. 0: on-policy (sampled at the step, with its own weights).
         max_steps_off_policy: usize = 0, Short("offpolicy");
+        /// tinker-cookbook's newer async mode (AsyncConfig.pipeline_depth): this many steps' worth of
+        /// groups sampled ahead, the oldest trained first, none dropped for staleness (objectives.md). 0: off.
+        #[serde(skip_serializing_if = "is_zero")]
+        sampling_steps_ahead: usize = 0, Short("ahead");
+        /// Lets loss_fn importance_sampling (unclipped) train off policy, which tinker found unstable.
+        #[arg(num_args = 0..=1, default_missing_value = "true")]
+        #[serde(skip_serializing_if = "is_false")]
+        allow_unclipped_off_policy: bool = false, Short("unclipped_ok");
         /// tinker's StreamMinibatchConfig: the batch's num_substeps mini-batches (whole groups)
         /// are sampled and scored one by one by the run's sampler thread, all from the weights at
         /// the batch's first step, and each optimizer step takes its mini-batch as soon as it is
@@ -343,9 +347,7 @@ hyperparameters! {
         gradient_noise_scale: bool = false, Omit;
         /// Write each step's batch tensors (ids, masks, rewards, advantages, log-probs, loss) here.
         dump_batches: Option<PathBuf> = None, Omit, [Resume];
-        /// Offline repair: train on the rollouts a finished run recorded with dump_batches (this
-        /// directory) instead of sampling, scored by this run's reward and detector, advantages by
-        /// its intervention, the ratio to the recorded sampler's log-probabilities.
+        /// Offline repair: train on the rollouts this dump_batches directory recorded, not sampling.
         replay_rollouts: Option<PathBuf> = None, Short("replay");
         /// TensorBoard event files in the run directory (`train/live.rs`; `--tensorboard false`
         /// turns them off).
@@ -411,6 +413,10 @@ fn is_float32_sampler(value: &SamplerDtype) -> bool {
     *value == SamplerDtype::Float32
 }
 
+// sampling_steps_ahead and allow_unclipped_off_policy: in config.yaml only when set (older runs' unchanged).
+fn is_zero(value: &usize) -> bool { *value == 0 }
+fn is_false(value: &bool) -> bool { !*value }
+
 // multi_objective_aggregation is written to a run's config.yaml only when set, so the runs that
 // sum their components first keep the config.yaml they had before the key existed.
 fn is_sum_then_normalize(value: &MultiObjectiveAggregation) -> bool {
@@ -462,7 +468,13 @@ impl TrainConfig {
 
     /// Whether rollouts are sampled ahead by the run's sampler thread (`train/draw/ahead.rs`).
     pub fn samples_ahead(&self) -> bool {
-        self.max_steps_off_policy > 0 || self.stream_minibatches
+        self.max_steps_off_policy > 0 || self.stream_minibatches || self.sampling_steps_ahead > 0
+    }
+
+    /// Steps a batch may be sampled ahead of its training (`max_steps_off_policy` or
+    /// `sampling_steps_ahead`; 0 on policy and with `stream_minibatches` alone).
+    pub fn pipeline_depth(&self) -> usize {
+        self.max_steps_off_policy.max(self.sampling_steps_ahead)
     }
 
     /// Completions each optimizer step trains on (its mini-batch).

@@ -158,9 +158,10 @@ impl TrainConfig {
 
     /// How far ahead the run's sampler thread is given batches (when it samples ahead).
     pub fn ahead(&self) -> AheadHorizon {
-        match self.stream_minibatches {
-            true => AheadHorizon::Streamed { substeps: self.num_substeps },
-            false => AheadHorizon::OffPolicy { steps: self.max_steps_off_policy },
+        match (self.stream_minibatches, self.sampling_steps_ahead) {
+            (true, _) => AheadHorizon::Streamed { substeps: self.num_substeps },
+            (false, 0) => AheadHorizon::OffPolicy { steps: self.max_steps_off_policy },
+            (false, depth) => AheadHorizon::Pipeline { depth },
         }
     }
 

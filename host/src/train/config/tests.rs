@@ -89,6 +89,7 @@ fn run_name_labels_are_unchanged() {
         ("entropy_coef_delta", "entdelta"), ("entropy_target", "enttarget"),
         ("advantage_score", ""),
         ("replay_rollouts", "replay"),
+        ("sampling_steps_ahead", "ahead"), ("allow_unclipped_off_policy", "unclipped_ok"),
     ];
     for key in TrainConfig::KEYS {
         let expected = if omitted.contains(&key.name) {
@@ -494,4 +495,34 @@ fn the_advantage_multiplier_names_its_runs_and_is_refused_without_verified_coher
         let error = error(&with(bad));
         assert!(error.contains("rp_extra_retain_advantage_multiplier") && error.contains("finite and above 0"), "{bad}: {error}");
     }
+}
+
+/// tinker's unclipped `importance_sampling` is refused at any pipeline depth unless the run
+/// says it knows (tinker's AsyncConfig finding); ppo and TRL's loss run; the acknowledging key is
+/// refused where it acknowledges nothing; sampling_steps_ahead's own rules.
+#[test]
+fn unclipped_importance_sampling_off_policy_needs_its_key() {
+    for depth in [("max_steps_off_policy", "1"), ("sampling_steps_ahead", "2")] {
+        let message = error(&[depth, ("loss_fn", "importance_sampling")]);
+        assert!(message.contains(&format!("{} {} trains off policy", depth.0, depth.1)), "{message}");
+        assert!(message.contains("tinker-cookbook found that loss destabilises under every pipeline depth") && message.contains("Use loss_fn: ppo"), "{message}");
+        assert!(message.contains("allow_unclipped_off_policy: true"), "{message}");
+        let allowed = resolved(&[depth, ("loss_fn", "importance_sampling"), ("allow_unclipped_off_policy", "true")]);
+        assert!(allowed.run_name().unwrap().contains("unclipped_ok"), "{}", allowed.run_name().unwrap());
+        resolved(&[depth, ("loss_fn", "ppo")]);
+        resolved(&[depth]);
+    }
+    resolved(&[("loss_fn", "importance_sampling")]);
+    let idle = error(&[("loss_fn", "importance_sampling"), ("allow_unclipped_off_policy", "true")]);
+    assert!(idle.contains("allow_unclipped_off_policy only lets loss_fn importance_sampling train off policy"), "{idle}");
+    assert!(error(&[("max_steps_off_policy", "1"), ("allow_unclipped_off_policy", "true")]).contains("remove it"));
+    let both = error(&[("max_steps_off_policy", "1"), ("sampling_steps_ahead", "1")]);
+    assert!(both.contains("max_steps_off_policy (1) and sampling_steps_ahead (1) both sample ahead"), "{both}");
+    let substeps = error(&[("sampling_steps_ahead", "1"), ("num_substeps", "2")]);
+    assert!(substeps.contains("sampling_steps_ahead 1 samples each step's batch ahead: it needs one optimizer step per batch"), "{substeps}");
+    assert!(error(&[("max_steps_off_policy", "1"), ("dynamic_sampling_rounds", "2")]).contains("dynamic_sampling_rounds must be 0"));
+    let filtered = resolved(&[("sampling_steps_ahead", "1"), ("dynamic_sampling_rounds", "2")]);
+    assert!(filtered.samples_ahead() && filtered.sampler_ratio().is_some());
+    let plain = serde_json::to_value(resolved(&[])).unwrap();
+    assert!(plain.get("sampling_steps_ahead").is_none() && plain.get("allow_unclipped_off_policy").is_none(), "the runs from before the keys keep their config.yaml");
 }

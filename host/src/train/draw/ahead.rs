@@ -84,7 +84,7 @@ impl Draw {
                 let requests = with.policy.sample_requests(prompt_ids, self.keys.coherence.rows_at(step), step, self.keys.seed);
                 let (generation, seconds) = with.policy.sample(requests, with.log)?;
                 let weights_fingerprint = with.policy.seat.take_fingerprints().first().copied();
-                (generation, seconds, OffPolicy { policy_version: version, staleness: step - version, wait_seconds: 0.0, sampler_idle_seconds: 0.0, weights_fingerprint })
+                (generation, seconds, OffPolicy { policy_version: version, staleness: step - version, staleness_mean: (step - version) as f64, wait_seconds: 0.0, sampler_idle_seconds: 0.0, weights_fingerprint })
             }
         };
         self.post_ahead(step, with.policy)?;
@@ -112,7 +112,7 @@ impl Draw {
         let wait_seconds = waiting.elapsed().as_secs_f64();
         ensure!(!parts.is_empty(), "internal error: a batch sampled ahead without rows");
         let generation = policy.joined(parts);
-        let off_policy = OffPolicy { policy_version: queued.version, staleness: queued.step - queued.version, wait_seconds, sampler_idle_seconds: idle, weights_fingerprint: queued.fingerprint };
+        let off_policy = OffPolicy { policy_version: queued.version, staleness: queued.step - queued.version, staleness_mean: (queued.step - queued.version) as f64, wait_seconds, sampler_idle_seconds: idle, weights_fingerprint: queued.fingerprint };
         Ok((generation, seconds, off_policy))
     }
 
@@ -142,6 +142,9 @@ impl Draw {
     /// The batches posted but not yet trained on, for a checkpoint (waiting for the thread to
     /// finish them): tensors and the index, or `None` when there are none.
     pub(in crate::train) fn in_flight(&mut self, policy: &mut Policy) -> Result<Option<(Vec<(String, Tensor)>, String)>> {
+        if let (true, super::AheadHorizon::Pipeline { .. }) = (self.keys.samples_ahead, self.keys.ahead) {
+            return self.pipeline_in_flight(policy).map(Some);
+        }
         if self.ahead.queued.is_empty() {
             return Ok(None);
         }
@@ -168,6 +171,9 @@ impl Draw {
         let index_path = dir.join(IN_FLIGHT_INDEX);
         if !index_path.exists() {
             return Ok(());
+        }
+        if let (true, super::AheadHorizon::Pipeline { .. }) = (self.keys.samples_ahead, self.keys.ahead) {
+            return self.restore_pipeline(&index_path, &dir.join(IN_FLIGHT_TENSORS), device);
         }
         let text = std::fs::read_to_string(&index_path).with_context(|| format!("cannot read {}", index_path.display()))?;
         let index: Vec<SavedBatch> = serde_json::from_str(&text).with_context(|| format!("{} is corrupt", index_path.display()))?;
