@@ -114,11 +114,6 @@ impl EntropyController {
     pub fn coef(&self) -> f64 {
         self.coef
     }
-
-    /// The entropy the next step's gate reads.
-    pub fn last_entropy(&self) -> f64 {
-        self.last_entropy
-    }
 }
 
 /// The bonus's per-token weights: `1 / n` on the `n` tokens of `trained` (`[batch, len]`, 1

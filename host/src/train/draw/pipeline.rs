@@ -47,6 +47,25 @@ struct Chunk {
     next_group: usize,
 }
 
+impl Chunk {
+    /// Takes the chunk's generation from the sampler thread when it is still there (waiting for
+    /// it); returns the seconds the thread sat idle before its parts.
+    fn collect(&mut self, policy: &mut Policy) -> Result<f64> {
+        if self.generation.is_some() || self.scored.is_some() {
+            return Ok(0.0);
+        }
+        let (mut parts, mut idle_seconds) = (Vec::with_capacity(self.posted), 0.0);
+        for _ in 0..self.posted {
+            let ahead = policy.seat.take_ahead().with_context(|| format!("sampling chunk {} ahead failed", self.index + 1))?;
+            idle_seconds += ahead.sampler_idle_seconds;
+            self.seconds += ahead.done.seconds;
+            parts.push(ahead.done.value);
+        }
+        self.generation = Some(policy.joined(parts));
+        Ok(idle_seconds)
+    }
+}
+
 /// The chunks posted and not used up, oldest first, and the next chunk's index.
 #[derive(Default)]
 pub(super) struct GroupPipeline {
@@ -133,16 +152,7 @@ impl Draw {
             }
             let waiting = Instant::now();
             let mut chunk = self.pipeline.chunks.pop_front().expect("posted above");
-            if chunk.generation.is_none() && chunk.scored.is_none() {
-                let mut parts = Vec::with_capacity(chunk.posted);
-                for _ in 0..chunk.posted {
-                    let ahead = with.policy.seat.take_ahead().with_context(|| format!("sampling chunk {} ahead failed", chunk.index + 1))?;
-                    idle_seconds += ahead.sampler_idle_seconds;
-                    chunk.seconds += ahead.done.seconds;
-                    parts.push(ahead.done.value);
-                }
-                chunk.generation = Some(with.policy.joined(parts));
-            }
+            idle_seconds += chunk.collect(with.policy)?;
             wait_seconds += waiting.elapsed().as_secs_f64();
             if chunk.scored.is_none() {
                 // A chunk partly used before a checkpoint is scored again on resumption, as it was.
@@ -203,10 +213,7 @@ impl Draw {
         let mut tensors = Vec::new();
         let mut index = Vec::new();
         for (i, chunk) in self.pipeline.chunks.iter_mut().enumerate() {
-            if chunk.generation.is_none() && chunk.scored.is_none() {
-                let parts = (0..chunk.posted).map(|_| policy.seat.take_ahead().map(|ahead| ahead.done.value)).collect::<Result<Vec<_>>>()?;
-                chunk.generation = Some(policy.joined(parts));
-            }
+            chunk.collect(policy)?;
             let generation = chunk.generation.as_ref().or(chunk.scored.as_ref().map(|(batch, _)| &batch.generation)).expect("made ready above");
             tensors.extend(generation.to_saved(&format!("{i}.")));
             index.push(SavedChunk { index: chunk.index, policy_version: chunk.version, next_group: chunk.next_group, weights_fingerprint: chunk.fingerprint });
