@@ -27,9 +27,13 @@ build: setup
 demo: build plugins
 	bash scripts/demo.sh
 
+# Every test binary runs even after one fails (--no-fail-fast), so one CI log reports every
+# failure; the target still fails if any did.
 test: setup plugins
-	$(CARGO) test
-	$(CARGO) test -p smallrl-plugin-sdk -p smallrl-native -p smallrl-qa-environments $(addprefix -p ,$(ENVIRONMENT_PLUGINS))
+	@status=0; \
+	$(CARGO) test --no-fail-fast || status=1; \
+	$(CARGO) test --no-fail-fast -p smallrl-plugin-sdk -p smallrl-native -p smallrl-qa-environments $(addprefix -p ,$(ENVIRONMENT_PLUGINS)) || status=1; \
+	exit $$status
 
 # Reward / detector plugins: guests for wasm32-unknown-unknown (release profile), wrapped into
 # components by plugins/componentize. Incremental: cargo and the componentizer skip what is

@@ -281,7 +281,7 @@ fn loss_and_gradients_match_trl() {
         compare(&label, &computed, &loss_mask, &trl, &exact);
         if config.micro_batches() == 1 {
             // TRL logs each micro-batch's fractions (averaged when it logs); ours are the batch's.
-            compare_clip_fractions(&label, &terms, &dir.join("trl.metrics.json"));
+            compare_clip_fractions(&label, &terms, settings.surrogate, &loss_mask, &dir.join("trl.metrics.json"), &exact);
         }
         if let Some(ours) = frac_zero_std {
             let metrics: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("trl.metrics.json")).unwrap()).unwrap();
@@ -290,10 +290,10 @@ fn loss_and_gradients_match_trl() {
             assert!(spread.iter().filter(|a| a.abs() > 0.1).count() >= 5, "{label}: GDPO's advantages must be far from 0 on most rows: {spread:?}");
         }
         if let Some(correction) = settings.correction {
-            compare_correction(&label, correction, &terms, &dir.join("trl.metrics.json"));
+            compare_correction(&label, correction, &terms, &dir.join("trl.metrics.json"), &exact);
         }
         if let Some(control) = settings.entropy {
-            compare_entropy_bonus(&label, control, &terms, &dir.join("trl.metrics.json"));
+            compare_entropy_bonus(&label, control, &terms, &dir.join("trl.metrics.json"), &exact);
         }
         compare_with_float64(&label, &ours, &terms.loss, &trl, &exact);
     }
@@ -373,22 +373,32 @@ fn assert_entropy_mask_is_stable(entropy: &Tensor, loss_mask: &Tensor, top_quant
     assert!(kept_count > 0.0 && kept_count < all, "the mask keeps {kept_count} of {all} tokens");
 }
 
-/// Our clip fractions against the ones TRL logged for the same batch (counts over the same
-/// tokens or completions: equal up to float32 division): TRL's `clip_ratio/*`, or with cispo its
-/// `cispo_clip_ratio`.
-fn compare_clip_fractions(label: &str, terms: &grpo::LossTerms, trl_metrics: &Path) {
+/// Our clip fractions against the ones TRL logged for the same batch: counts over the same
+/// tokens or completions, so equal up to float32 division, once no ratio lies so near a bound
+/// that float32 rounding could put it on either side ([`assert_clip_is_stable`], on the float64
+/// ratios): then they hold on every processor. VESPO's mean weight is a float32 function of a
+/// 48-token log-ratio sum, held to its float64 value with a bound of twice TRL's own distance
+/// to it (at least 1e-5 relative).
+fn compare_clip_fractions(label: &str, terms: &grpo::LossTerms, surrogate: grpo::Surrogate, loss_mask: &Tensor, trl_metrics: &Path, exact: &BTreeMap<String, Tensor>) {
+    assert_clip_is_stable(label, surrogate, &exact["ratio"], loss_mask);
     let metrics: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(trl_metrics).unwrap()).unwrap();
-    let ours = match (&terms.clip_fractions, &terms.cispo_clip_ratio, &terms.vespo_phi_seq_mean) {
-        (Some(fractions), _, _) => vec![("clip_ratio/low_mean", &fractions.low), ("clip_ratio/high_mean", &fractions.high), ("clip_ratio/region_mean", &fractions.region)],
-        (None, Some(capped), _) => vec![("cispo_clip_ratio", capped)],
-        (None, None, Some(phi)) => vec![("vespo/phi_seq_mean", phi)],
-        (None, None, None) => vec![],
+    let theirs = |key: &str| metrics["metrics"][key].as_f64().unwrap_or_else(|| panic!("{label}: TRL logged no {key}"));
+    let fractions = match (&terms.clip_fractions, &terms.cispo_clip_ratio) {
+        (Some(fractions), _) => vec![("clip_ratio/low_mean", &fractions.low), ("clip_ratio/high_mean", &fractions.high), ("clip_ratio/region_mean", &fractions.region)],
+        (None, Some(capped)) => vec![("cispo_clip_ratio", capped)],
+        (None, None) => vec![],
     };
-    for (key, value) in ours {
-        let (ours, theirs) = (value.double_value(&[]), metrics["metrics"][key].as_f64().unwrap_or_else(|| panic!("TRL logged no {key}")));
-        // Fractions are counts over the same tokens (float32 division apart); VESPO's weight is a
-        // float32 function of a 48-token log-ratio sum, relative 1e-5.
-        assert!((ours - theirs).abs() <= 1e-6 + 1e-5 * theirs.abs(), "{label}: {key} {ours} vs TRL {theirs}");
+    for (key, value) in fractions {
+        let (ours, float64) = (value.double_value(&[]), exact[key].double_value(&[]));
+        assert!((ours - float64).abs() <= 1e-6, "{label}: {key} {ours} vs float64 {float64}{}", common::machine_note());
+        assert!((ours - theirs(key)).abs() <= 1e-6, "{label}: {key} {ours} vs TRL {}{}", theirs(key), common::machine_note());
+    }
+    if let Some(phi) = &terms.vespo_phi_seq_mean {
+        let (ours, trl, float64) = (phi.double_value(&[]), theirs("vespo/phi_seq_mean"), exact["vespo/phi_seq_mean"].double_value(&[]));
+        let bound = (2.0 * (trl - float64).abs()).max(1e-5 * float64.abs());
+        println!("{label}: vespo/phi_seq_mean ours {:.1e} from float64, TRL {:.1e}", (ours - float64).abs(), (trl - float64).abs());
+        assert!((ours - float64).abs() <= bound, "{label}: vespo/phi_seq_mean {ours} vs float64 {float64} (bound {bound:.1e}; TRL {trl}){}", common::machine_note());
+        assert!((ours - trl).abs() <= 1e-3 * float64.abs(), "{label}: vespo/phi_seq_mean {ours} vs TRL {trl} (sanity bound){}", common::machine_note());
     }
     for key in ["clip_ratio/region_mean", "cispo_clip_ratio", "vespo/phi_seq_mean"] {
         let logged = metrics["metrics"].get(key).is_some();
@@ -398,6 +408,25 @@ fn compare_clip_fractions(label: &str, terms: &grpo::LossTerms, trl_metrics: &Pa
             _ => terms.vespo_phi_seq_mean.is_some(),
         };
         assert_eq!(ours, logged, "{label}: we log {key}: {ours}, TRL: {logged}");
+    }
+}
+
+/// No counted ratio (float64, per token or per completion) within 1e-4 of a clip bound: float32
+/// rounding (about 1e-6 here) cannot move a token across it, so the fractions are
+/// machine-independent counts.
+fn assert_clip_is_stable(label: &str, surrogate: grpo::Surrogate, ratio: &Tensor, loss_mask: &Tensor) {
+    let bounds = match surrogate {
+        grpo::Surrogate::Clip { low, high, .. } => vec![1.0 - low, 1.0 + high],
+        grpo::Surrogate::Cispo { cap } => vec![cap],
+        _ => return,
+    };
+    let ratios = match ratio.size()[1] {
+        1 => ratio.flatten(0, -1),
+        _ => ratio.masked_select(&loss_mask.to_kind(Kind::Bool)),
+    };
+    for bound in bounds {
+        let margin = (&ratios - bound).abs().min().double_value(&[]);
+        assert!(margin > 1e-4, "{label}: a ratio lies {margin:.1e} from the clip bound {bound}: float32 rounding could flip its count; change the test's seeds");
     }
 }
 
@@ -425,16 +454,21 @@ fn correction(mode: &str, clip_min: f64, clip_max: f64) -> serde_json::Value {
     serde_json::json!({"importance_sampling_correction": true, "importance_sampling_mode": mode, "importance_sampling_clip_min": clip_min, "importance_sampling_clip_max": clip_max})
 }
 
-/// TRL's `sampling/*` metrics of the correction against ours. TRL's old log-probabilities come
-/// from a no-grad pass of its own, ours are the training pass's detached: float32 rounding apart.
-/// The ratios must bind: some at a bound or zeroed, some inside.
-fn compare_correction(label: &str, correction: grpo::IsCorrection, terms: &grpo::LossTerms, trl_metrics: &Path) {
+/// The correction's `sampling/*` metrics against their float64 values (the float64 pass's
+/// log-probabilities against the same sampler's), within twice TRL's own distance to them (at
+/// least 1e-5 relative: a token's float32 log-probability is about 1e-6 off, a sequence's sum
+/// of 48 of them more); TRL's values as a sanity bound. The ratios must bind: some at a bound or
+/// zeroed, some inside.
+fn compare_correction(label: &str, correction: grpo::IsCorrection, terms: &grpo::LossTerms, trl_metrics: &Path, exact: &BTreeMap<String, Tensor>) {
     let metrics: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(trl_metrics).unwrap()).unwrap();
     let stats = terms.importance_sampling.expect("the correction's metrics");
     let pairs = smallrl::train::metrics::importance_sampling_metrics(&stats);
     for (key, ours) in pairs {
         let theirs = metrics["metrics"][key].as_f64().unwrap_or_else(|| panic!("{label}: TRL logged no {key}"));
-        assert!((ours - theirs).abs() <= 1e-5 * theirs.abs().max(1.0), "{label}: {key} {ours} vs TRL {theirs}");
+        let float64 = exact[key].double_value(&[]);
+        let bound = (2.0 * (theirs - float64).abs()).max(1e-5 * float64.abs().max(1e-2));
+        assert!((ours - float64).abs() <= bound, "{label}: {key} {ours} vs float64 {float64} (bound {bound:.1e}; TRL {theirs}){}", common::machine_note());
+        assert!((ours - theirs).abs() <= 1e-3 * theirs.abs().max(1.0), "{label}: {key} {ours} vs TRL {theirs} (sanity bound){}", common::machine_note());
     }
     let truncates = matches!(correction.mode, grpo::ImportanceSamplingMode::TokenTruncate | grpo::ImportanceSamplingMode::SequenceTruncate);
     let (low, high) = if truncates { (correction.clip_min, correction.clip_max) } else { (0.0, 0.0) };
@@ -442,20 +476,26 @@ fn compare_correction(label: &str, correction: grpo::IsCorrection, terms: &grpo:
     assert!(binds && stats.ratio_mean > low && stats.ratio_mean < correction.clip_max, "{label}: the bounds must bind on some ratios and not all: {stats:?}");
 }
 
-/// TRL's `policy_loss` (the loss before the entropy bonus) and `entropy_coef` (after the step's
-/// update) against ours: our controller updated with the step's trained entropy, as the trainer
+/// TRL's `policy_loss` (the loss before the entropy bonus, held to float64) and `entropy_coef`
+/// (after the step's update) against ours: our controller updated with the step's trained entropy, as the trainer
 /// does. The bonus must move the loss (static), or the coefficient must move (adaptive).
-fn compare_entropy_bonus(label: &str, control: grpo::EntropyControl, terms: &grpo::LossTerms, trl_metrics: &Path) {
+fn compare_entropy_bonus(label: &str, control: grpo::EntropyControl, terms: &grpo::LossTerms, trl_metrics: &Path, exact: &BTreeMap<String, Tensor>) {
     let metrics: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(trl_metrics).unwrap()).unwrap();
     let bonus = terms.entropy_bonus.as_ref().expect("the entropy bonus's terms");
     let mut controller = grpo::EntropyController::new(control);
     let applied = controller.applied();
     controller.update(bonus.mean_entropy);
     let policy_loss = bonus.policy_loss.double_value(&[]);
-    for (key, ours) in [("policy_loss", policy_loss), ("entropy_coef", controller.coef())] {
-        let theirs = metrics["metrics"][key].as_f64().unwrap_or_else(|| panic!("{label}: TRL logged no {key}"));
-        assert!((ours - theirs).abs() <= 1e-6, "{label}: {key} {ours} vs TRL {theirs}");
-    }
+    let theirs = |key: &str| metrics["metrics"][key].as_f64().unwrap_or_else(|| panic!("{label}: TRL logged no {key}"));
+    // The loss before the bonus: absolutely within 1e-6 of float64, as the loss is
+    // (`compare_with_float64`); TRL's float32 value as a sanity bound.
+    let float64 = exact["policy_loss"].double_value(&[]);
+    assert!((policy_loss - float64).abs() <= 1e-6, "{label}: policy_loss {policy_loss} vs float64 {float64}{}", common::machine_note());
+    assert!((policy_loss - theirs("policy_loss")).abs() <= 1e-4, "{label}: policy_loss {policy_loss} vs TRL {} (sanity bound)", theirs("policy_loss"));
+    // The coefficient after the update: the same steps of delta on both sides, taken on an
+    // entropy tens of nats from its target, so no rounding of the entropy can change which step;
+    // 1e-6 only for TRL's storage of the coefficient (a float32 value would be 1e-8 off).
+    assert!((controller.coef() - theirs("entropy_coef")).abs() <= 1e-6, "{label}: entropy_coef {} vs TRL {}", controller.coef(), theirs("entropy_coef"));
     let loss = terms.loss.double_value(&[]);
     match control {
         grpo::EntropyControl::Static { coef } => assert!(applied == coef && (loss - policy_loss).abs() > 1e-3, "{label}: the bonus moves the loss ({policy_loss} -> {loss})"),
@@ -479,53 +519,52 @@ fn relative_l2(grad: &Tensor, reference: &Tensor) -> f64 {
 }
 
 fn compare(label: &str, ours: &Computed, mask: &Tensor, trl: &BTreeMap<String, Tensor>, exact: &BTreeMap<String, Tensor>) {
+    // Advantages: a z-score of hand-made rewards, float32 rounding of values about 1 (2e-7).
+    let adv_error = common::max_abs_diff(ours.advantages, &exact["advantages64"]);
+    assert!(adv_error <= 1e-6, "{label}: advantages {adv_error:.1e} from float64{}", common::machine_note());
     let adv_diff = common::max_abs_diff(ours.advantages, &trl["advantages_trl"]);
-    assert!(adv_diff <= 1e-6, "{label}: advantages differ from TRL's by {adv_diff}");
-    let keep = mask.to_kind(Kind::Float);
-    let lp_diff = common::max_abs_diff(&(ours.logprobs.detach() * &keep), &(&trl["per_token_logps"] * &keep));
-    assert!(lp_diff <= 1e-4, "{label}: per-token log-probs differ by {lp_diff}");
-    // Absolute, as `compare_with_float64` bounds ours: both are float32 sums of the same terms,
-    // each within about 1e-7 of the float64 loss (TRL 1.1e-7 from ours on the sequence-ratio
-    // case, where the loss is -6.5e-4 and a bound relative to TRL's value would be one to its
-    // rounding); a wrong term moves the loss by far more, and the gradients below by O(1).
+    assert!(adv_diff <= 1e-4, "{label}: advantages differ from TRL's by {adv_diff} (sanity bound)");
+    // Per-token log-probabilities: ours within twice TRL's distance to float64 (at least 1e-5).
+    let keep = mask.to_kind(Kind::Double);
+    let float64 = &exact["per_token_logps64"] * &keep;
+    let lp_error = common::max_abs_diff(&(ours.logprobs.detach().to_kind(Kind::Double) * &keep), &float64);
+    let trl_lp_error = common::max_abs_diff(&(trl["per_token_logps"].to_kind(Kind::Double) * &keep), &float64);
+    let lp_bound = (2.0 * trl_lp_error).max(1e-5);
+    assert!(lp_error <= lp_bound, "{label}: per-token log-probs {lp_error:.1e} from float64 (bound {lp_bound:.1e}: TRL is {trl_lp_error:.1e} from it){}", common::machine_note());
+    // The loss against TRL's as a sanity bound only: both are float32 sums about 1e-7 from the
+    // float64 loss, which `compare_with_float64` holds ours to; a wrong term moves it by far more.
     let (loss, theirs) = (ours.loss.double_value(&[]), trl["loss"].double_value(&[]));
-    assert!((loss - theirs).abs() <= 1e-6, "{label}: loss {loss} vs TRL {theirs}");
-    // Relative L2 error per parameter. float32 noise only (our head's analytic gradient and
-    // TRL's autograd sum in different orders; each is 3e-6 to 8e-6 from the float64 values):
-    // up to 8.2e-6 seen here. A wrong formula is off by O(1).
-    let mut worst = (0.0f64, String::new());
+    assert!((loss - theirs).abs() <= 1e-5, "{label}: loss {loss} vs TRL {theirs} (sanity bound)");
+    // Gradients against TRL's as a sanity bound (relative L2 1e-3; a wrong formula is off by
+    // O(1)); `compare_with_float64` holds ours to float64.
     for (param, grad) in ours.grads {
         let expected = trl.get(&format!("grad.{param}")).unwrap_or_else(|| panic!("TRL has no gradient for {param}"));
         assert!(expected.norm().double_value(&[]) > 0.0, "{label}: TRL's gradient of {param} is zero");
         let relative = relative_l2(grad, expected);
-        let trl_error = relative_l2(expected, &exact[&format!("grad.{param}")]);
-        assert!(relative <= 2e-5, "{label}: gradient of {param} differs from TRL's by {relative:.2e} (relative L2; TRL is {trl_error:.2e} from float64)");
-        if relative > worst.0 {
-            worst = (relative, param.clone());
-        }
+        assert!(relative <= 1e-3, "{label}: gradient of {param} differs from TRL's by {relative:.2e} (relative L2, sanity bound){}", common::machine_note());
     }
     assert_eq!(ours.grads.len(), trl.keys().filter(|k| k.starts_with("grad.")).count(), "{label}: parameter sets differ");
-    println!("{label}: loss {loss:.9} (TRL {theirs:.9}), {} gradients, worst relative L2 error {:.2e} ({})", ours.grads.len(), worst.0, worst.1);
+    println!("{label}: loss {loss:.9} (TRL {theirs:.9}), log-probs {lp_error:.1e} from float64 (TRL {trl_lp_error:.1e}), advantages {adv_error:.1e}");
 }
 
 /// Our float32 loss and gradients against the float64 ones (the independent loss of
-/// `trl_grpo.py`, unpadded rows, no TRL code). The bounds depend on our result alone, never on
-/// TRL's float32 rounding (which follows the machine's MKL code path): measured here, ours is
-/// 2.8e-6 to 7.0e-6 from float64 (relative L2 per parameter; 6.2e-6 on a machine where the old
-/// bound tied to TRL's rounding failed) and the loss 5e-10 to 3.0e-8 from it, so 2e-5 and 1e-6
-/// leave a 2.9x and a 33x margin. A summation order that loses digits (a first
-/// head, `w_target - p W`, reached 1.9e-5) or a wrong formula (O(1)) fails here.
-/// TRL's own distance to float64 is printed beside ours for information only.
+/// `trl_grpo.py`, unpadded rows, no TRL code). Each parameter's gradient within twice TRL's own
+/// distance to float64 on the same inputs, or 2e-5 (relative L2) where TRL is closer: measured
+/// on 2026-11-28, ours 2.8e-6 to 7.0e-6 from float64 and TRL 3e-6 to 1.6e-5 (an Intel Xeon with
+/// AMX took TRL to 1.6e-5, where ours was 2.0e-5 from TRL's: the old bound between the two float32
+/// results failed). The loss within 1e-6 absolutely (ours 5e-10 to 3.0e-8). A summation order
+/// that loses digits (a first head, `w_target - p W`, reached 1.9e-5 with TRL at 5e-6) or a wrong
+/// formula (O(1)) fails here.
 fn compare_with_float64(label: &str, ours: &BTreeMap<String, Tensor>, loss: &Tensor, trl: &BTreeMap<String, Tensor>, exact: &BTreeMap<String, Tensor>) {
-    let worst_error = |grads: &dyn Fn(&str) -> Tensor| {
-        ours.keys()
-            .map(|param| relative_l2(&grads(param), &exact[&format!("grad.{param}")]))
-            .fold(0.0f64, f64::max)
-    };
-    let ours_error = worst_error(&|param| ours[param].shallow_clone());
-    let trl_error = worst_error(&|param| trl[&format!("grad.{param}")].shallow_clone());
+    let mut worst = (0.0f64, 0.0f64);
+    for (param, grad) in ours {
+        let float64 = &exact[&format!("grad.{param}")];
+        let (ours_error, trl_error) = (relative_l2(grad, float64), relative_l2(&trl[&format!("grad.{param}")], float64));
+        let bound = (2.0 * trl_error).max(2e-5);
+        assert!(ours_error <= bound, "{label}: our gradient of {param} is {ours_error:.2e} from float64 (relative L2; bound {bound:.1e}: TRL is {trl_error:.2e} from it){}", common::machine_note());
+        worst = (worst.0.max(ours_error), worst.1.max(trl_error));
+    }
     let loss_error = (loss.double_value(&[]) - exact["loss"].double_value(&[])).abs();
-    println!("{label}: against float64: gradients ours {ours_error:.2e} (TRL {trl_error:.2e}), loss ours {loss_error:.1e}");
-    assert!(ours_error <= 2e-5, "{label}: our gradients are {ours_error:.2e} from float64 (relative L2; bound 2e-5)");
-    assert!(loss_error <= 1e-6, "{label}: our loss is {loss_error:.2e} from float64 (bound 1e-6)");
+    println!("{label}: against float64: gradients ours {:.2e} (TRL {:.2e}), loss ours {loss_error:.1e}", worst.0, worst.1);
+    assert!(loss_error <= 1e-6, "{label}: our loss is {loss_error:.2e} from float64 (bound 1e-6){}", common::machine_note());
 }

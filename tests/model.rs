@@ -5,7 +5,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::{cuda_or_skip, fixture, max_abs_diff, one_thread};
+use common::{cuda_device, fixture, max_abs_diff, one_thread};
 use smallrl::model::cuda_graph::{self, CudaGraph};
 use smallrl::model::decode::{DecodeModel, additive_mask, prefill_mask};
 use smallrl::model::generate::{Decoder, Generation, SamplingParams, generate_stacked, generate_with};
@@ -52,11 +52,11 @@ fn logits_match_transformers_on_tiny_stories() {
 }
 
 #[test]
+#[ignore = "needs a CUDA device: scripts/gpu-check.sh runs it with --include-ignored"]
 fn logits_match_transformers_on_cuda() {
-    if let Some(cuda) = cuda_or_skip("logits_match_transformers_on_cuda") {
-        check_single_prompts("tiny-random", cuda);
-        check_single_prompts("tiny-stories", cuda);
-    }
+    let cuda = cuda_device();
+    check_single_prompts("tiny-random", cuda);
+    check_single_prompts("tiny-stories", cuda);
 }
 
 /// Compares only positions where the attention mask is 1.
@@ -169,10 +169,9 @@ fn greedy_decoding_matches_transformers_token_for_token() {
 }
 
 #[test]
+#[ignore = "needs a CUDA device: scripts/gpu-check.sh runs it with --include-ignored"]
 fn greedy_decoding_on_cuda_matches_transformers_token_for_token() {
-    if let Some(cuda) = cuda_or_skip("greedy_decoding_on_cuda_matches_transformers_token_for_token") {
-        check_greedy_decoding(cuda, &[Decoder::Libtorch, Decoder::CudaGraphs]);
-    }
+    check_greedy_decoding(cuda_device(), &[Decoder::Libtorch, Decoder::CudaGraphs]);
 }
 
 fn check_greedy_decoding(device: Device, engines: &[Decoder]) {
@@ -326,10 +325,9 @@ fn stacked_runs_sample_what_each_run_samples_alone() {
 }
 
 #[test]
+#[ignore = "needs a CUDA device: scripts/gpu-check.sh runs it with --include-ignored"]
 fn stacked_runs_sample_what_each_run_samples_alone_on_cuda() {
-    if let Some(cuda) = cuda_or_skip("stacked_runs_sample_what_each_run_samples_alone_on_cuda") {
-        check_stacked_runs(cuda, &[Decoder::Libtorch, Decoder::CudaGraphs]);
-    }
+    check_stacked_runs(cuda_device(), &[Decoder::Libtorch, Decoder::CudaGraphs]);
 }
 
 fn check_stacked_runs(device: Device, engines: &[Decoder]) {
@@ -420,8 +418,9 @@ fn a_diverged_run_fails_alone_on_every_engine_and_in_a_stack() {
 }
 
 #[test]
+#[ignore = "needs a CUDA device: scripts/gpu-check.sh runs it with --include-ignored"]
 fn cuda_graph_and_eager_decoding_draw_the_same_tokens() {
-    let Some(cuda) = cuda_or_skip("cuda_graph_and_eager_decoding_draw_the_same_tokens") else { return };
+    let cuda = cuda_device();
     let (loaded, _) = load_on("tiny-stories", cuda);
     let decoder = DecodeModel::new(&loaded.model, &[]);
     let prompts = story_prompts(&loaded, 12);

@@ -71,6 +71,41 @@ fn only_keys_of(line: Value, like: &Value) -> Value {
     }
 }
 
+/// How far a float the old binary wrote may be from ours: 1e-5 of its size, or 1e-7 absolutely
+/// near 0. The fixtures were written on another processor, whose float32 arithmetic (MKL's and
+/// ATen's code paths) differs from this one's in the last bits, and step 2 is computed here: its
+/// `entropy`, a mean over 128 tokens of sums over a 4096-token vocabulary, came out 8e-8 relative
+/// from the old binary's on an Intel Xeon with AMX and 1.1e-6 on an AMD EPYC (AVX2); the run's
+/// rewards are all 0, so its `loss`, `kl` and `grad_norm` are rounding noise of order 1e-8
+/// (`grad_norm` 1.63e-8 against 1.67e-8 there). A wrong resumption (another prompt, step,
+/// learning rate) moves the entropy by 1e-3 or more. Integers, strings, booleans and keys are
+/// compared exactly. Every difference is listed.
+fn assert_close_json(old: &Value, ours: &Value, at: &str) {
+    let mut differences = Vec::new();
+    close_json(old, ours, at, &mut differences);
+    assert!(differences.is_empty(), "{}{}", differences.join("\n"), common::machine_note());
+}
+
+fn close_json(old: &Value, ours: &Value, at: &str, differences: &mut Vec<String>) {
+    match (old, ours) {
+        (Value::Object(a), Value::Object(b)) => {
+            assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>(), "{at}: keys");
+            a.iter().for_each(|(k, v)| close_json(v, &b[k], &format!("{at}.{k}"), differences));
+        }
+        (Value::Array(a), Value::Array(b)) => {
+            assert_eq!(a.len(), b.len(), "{at}: length");
+            a.iter().zip(b).enumerate().for_each(|(i, (x, y))| close_json(x, y, &format!("{at}[{i}]"), differences));
+        }
+        (Value::Number(x), Value::Number(y)) if x.is_f64() || y.is_f64() => {
+            let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
+            if (x - y).abs() > (1e-5 * x.abs()).max(1e-7) {
+                differences.push(format!("{at}: {y} here, {x} from the old binary"));
+            }
+        }
+        _ => assert_eq!(old, ours, "{at}"),
+    }
+}
+
 #[test]
 fn an_old_stopped_run_resumes_to_what_the_old_code_finished() {
     let tmp = tempfile::tempdir().unwrap();
@@ -85,14 +120,26 @@ fn an_old_stopped_run_resumes_to_what_the_old_code_finished() {
         assert_eq!(old.len(), 2, "{file}");
         // Metrics added since (probes) are new keys; every key the old code wrote keeps its value.
         let resumed: Vec<Value> = resumed.into_iter().zip(&old).map(|(line, old_line)| only_keys_of(line, old_line)).collect();
-        assert_eq!(resumed, old, "{file}: the resumed old run differs from the old code's uninterrupted run");
+        // Step 1 was the old code's, copied: bit for bit. Step 2 was computed here.
+        assert_eq!(resumed[0], old[0], "{file}: the old run's first line, kept");
+        assert_close_json(&old[1], &resumed[1], &format!("{file} step 2"));
     }
+    // The weights after step 2: its gradient is rounding noise (above), which AdamW normalises to
+    // steps of up to about the learning rate (5e-4 at step 2) in directions that rounding
+    // decides, so across processors they agree to that only; each weight must still be within
+    // one such step of the old binary's, and the tensors the same (names, shapes). On one
+    // machine a resumption is bit for bit (tests/train/resume.rs).
     let weights = |dir: &Path| smallrl::model::weights::read_safetensors(&dir.join("checkpoint-2/adapters.safetensors")).unwrap();
     let (old, resumed) = (weights(&finished), weights(&copy));
     assert_eq!(old.keys().collect::<Vec<_>>(), resumed.keys().collect::<Vec<_>>());
+    let mut largest = 0.0f64;
     for (name, tensor) in &old {
-        assert!(tensor.equal(&resumed[name]), "{name} differs after resuming the old run");
+        assert_eq!(tensor.size(), resumed[name].size(), "{name}");
+        let difference = common::max_abs_diff(tensor, &resumed[name]);
+        assert!(difference <= 5e-4, "{name} is {difference:e} from the old binary's after resuming the old run{}", common::machine_note());
+        largest = largest.max(difference);
     }
+    println!("weights after step 2: at most {largest:e} from the old binary's");
     let saved = std::fs::read_to_string(copy.join("checkpoint-2/config.yaml")).unwrap();
     let reread: smallrl::train::TrainConfig = smallrl::yaml::from_str(&saved).unwrap();
     assert_eq!(reread.run_name().unwrap(), format!("stopped_{RUN}"), "the run keeps its name");
@@ -107,7 +154,7 @@ fn an_old_checkpoint_evaluates_as_the_old_binary_did() {
     // Keys added since (the hackable prompts' cells) are new; every key the old binary wrote
     // keeps its value.
     let old = without_timings(old);
-    assert_eq!(only_keys_of(without_timings(ours), &old), old);
+    assert_close_json(&old, &only_keys_of(without_timings(ours), &old), "eval --json");
 }
 
 #[test]

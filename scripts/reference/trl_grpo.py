@@ -585,18 +585,47 @@ def independent_loss(a: dict, b: dict[str, torch.Tensor], exact: bool = False) -
     # The entropy bonus: each micro-batch's mean entropy over the tokens whose policy term trains,
     # divided by the accumulation steps. An adaptive control applies nothing at the first step
     # (no entropy measured yet).
+    policy_loss = loss.item()
     coef = 0.0 if a.get("use_adaptive_entropy", False) else a.get("entropy_coef", 0.0)
     if coef != 0.0:
         eff = m * keep if quantile < 1.0 else m
         loss = loss - coef * sum((ent[rows] * eff[rows]).sum() / eff[rows].sum().clamp(min=1) for rows in chunks) / gas
     loss.backward()
-    clipped = ((unclipped < 1 - eps_lo) & (adv < 0)) | ((unclipped > 1 + eps_hi) & (adv > 0))
+    low_clipped, high_clipped = (unclipped < 1 - eps_lo) & (adv < 0), (unclipped > 1 + eps_hi) & (adv > 0)
+    clipped = low_clipped | high_clipped
     clip_mask = torch.ones_like(clipped, dtype=dtype) if clipped.size(1) == 1 else m  # per completion or per token
-    return {
+    clip_mean = lambda flags: ((flags * clip_mask).sum() / clip_mask.sum()).item()
+    # What the comparison with smallrl needs in float64 (TRL's metric definitions, this loss's
+    # values): the loss before the entropy bonus, the entropy of the tokens the bonus counts,
+    # the ratios (each token's distance to the clip bounds decides the clip fractions), VESPO's
+    # mean weight and the importance-sampling correction's statistics.
+    extra = {
+        "policy_loss": policy_loss,
+        "ratio": (ratio.detach() * (clip_mask if ratio.size(1) > 1 else 1.0)),
+        "clip_ratio/low_mean": clip_mean(low_clipped),
+        "clip_ratio/high_mean": clip_mean(high_clipped),
+        "cispo_clip_ratio": ((((ratio > eps_hi) & (adv > 0)) * m).sum() / m.sum()).item(),
+    }
+    if lt == "vespo":
+        extra["vespo/phi_seq_mean"] = vespo_phi(a, adv, lp.detach() - old, m, rho).mean().item()
+    if rho is not None:
+        tokens = m.bool()
+        rhos = rho.flatten() if rho.size(1) == 1 else rho[tokens]
+        gaps = (old - b["sampling_per_token_logps"].to(dtype)).abs()[tokens]
+        extra |= {
+            "sampling/importance_sampling_ratio/min": rhos.min().item(),
+            "sampling/importance_sampling_ratio/mean": rhos.mean().item(),
+            "sampling/importance_sampling_ratio/max": rhos.max().item(),
+            "sampling/sampling_logp_difference/mean": gaps.mean().item(),
+            "sampling/sampling_logp_difference/max": gaps.max().item(),
+        }
+    return extra | {
         "loss": loss.item(),
         "grads": {f"grad.{n}": p.grad.detach() for n, p in model.named_parameters()},
         "per_token_logps": (lp.detach() * m).float(),
         "advantages": adv.view(-1).float(),
+        "advantages64": adv.view(-1).detach(),
+        "per_token_logps64": lp.detach() * m,
         "kl": ((kl.detach() * m).sum() / m.sum()).item(),
         "entropy": ((ent.detach() * m).sum() / m.sum()).item(),
         "clip_ratio/region_mean": ((clipped * clip_mask).sum() / clip_mask.sum()).item(),
@@ -786,7 +815,9 @@ def run_case(args_path: Path, batch_path: Path, out_path: Path, float64_out: Pat
     if float64_out:
         a = read_args(args_path)
         exact = independent_loss(a, read_batch(batch_path, a), exact=True)
-        save_file({"loss": torch.tensor(exact["loss"], dtype=torch.float64), **exact["grads"]}, str(float64_out))
+        scalars = {k: torch.tensor(v, dtype=torch.float64) for k, v in exact.items() if isinstance(v, float) and k != "loss"}
+        tensors = {k: exact[k].contiguous() for k in ("advantages64", "per_token_logps64", "ratio")}
+        save_file({"loss": torch.tensor(exact["loss"], dtype=torch.float64), **exact["grads"], **scalars, **tensors}, str(float64_out))
 
 
 def main() -> int:

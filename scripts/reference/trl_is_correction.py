@@ -89,7 +89,7 @@ def run_case(inputs: dict[str, torch.Tensor], case: dict, blocks: tuple[str, str
         for block in blocks:
             exec(block, scope)  # noqa: S102 - TRL's own source, read from the installed package
     metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}
-    return scope["vllm_importance_sampling_ratio"].float().contiguous(), metrics
+    return scope["vllm_importance_sampling_ratio"].contiguous(), metrics
 
 
 def main() -> int:
@@ -101,10 +101,14 @@ def main() -> int:
     blocks = trl_blocks()
     import trl
 
+    # The same code on the inputs in float64: the values both float32 results approximate.
+    double = {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()}
     for i, case in enumerate(cases):
         ratio, metrics = run_case(inputs, case, blocks)
-        save_file({"ratio": ratio}, str(args.dir / f"ratio.{i}.safetensors"))
-        (args.dir / f"metrics.{i}.json").write_text(json.dumps({"trl_version": trl.__version__, "case": case, "metrics": metrics}, indent=1))
+        ratio64, metrics64 = run_case(double, case, blocks)
+        save_file({"ratio": ratio.float(), "ratio64": ratio64.double()}, str(args.dir / f"ratio.{i}.safetensors"))
+        record = {"trl_version": trl.__version__, "case": case, "metrics": metrics, "metrics64": metrics64}
+        (args.dir / f"metrics.{i}.json").write_text(json.dumps(record, indent=1))
         print(f"case {i} {case}: {metrics}")
     return 0
 

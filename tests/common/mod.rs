@@ -34,15 +34,32 @@ pub fn max_abs_diff(a: &tch::Tensor, b: &tch::Tensor) -> f64 {
     (on_cpu(a) - on_cpu(b)).abs().max().double_value(&[])
 }
 
-/// The first CUDA device for a GPU-only check, or `None` after printing that `test` was
-/// skipped: the suite passes on machines without a GPU, and says what it did not check there.
-pub fn cuda_or_skip(test: &str) -> Option<tch::Device> {
-    if tch::Cuda::is_available() {
-        Some(tch::Device::Cuda(0))
-    } else {
-        println!("{test}: skipped: no CUDA device");
-        None
-    }
+/// What a failing numeric bound prints beside its figures, so that a failure on another machine
+/// is diagnosed from the log alone: the processor, the kernels libtorch dispatched to on it and
+/// the code path MKL chose (its verbose banner, from the project's torch). Float32 results
+/// differ in their last bits between processors exactly by these.
+pub fn machine_note() -> String {
+    static NOTE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NOTE.get_or_init(|| {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let processor = cpuinfo.lines().find_map(|l| l.strip_prefix("model name").map(|v| v.trim_start_matches([' ', '\t', ':']).to_string()));
+        let probe = "import torch; print('torch CPU capability', torch.backends.cpu.get_cpu_capability()); torch.randn(64, 64) @ torch.randn(64, 64)";
+        let output = std::process::Command::new(python()).args(["-c", probe]).env("MKL_VERBOSE", "1").output();
+        let torch = match output {
+            Ok(out) => String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.starts_with("torch CPU") || (l.starts_with("MKL_VERBOSE") && !l.contains("GEMM"))).collect::<Vec<_>>().join("; "),
+            Err(e) => format!("(could not run the probe: {e})"),
+        };
+        format!("\n  machine: processor {}; {torch}", processor.as_deref().unwrap_or("unknown"))
+    })
+    .clone()
+}
+
+/// The first CUDA device, for a test marked `#[ignore = "needs a CUDA device: ..."]`: such a
+/// test runs only when asked for (`--include-ignored`, as `scripts/gpu-check.sh` does), and
+/// then fails loudly without a device rather than passing having checked nothing.
+pub fn cuda_device() -> tch::Device {
+    assert!(tch::Cuda::is_available(), "this test needs a CUDA device (it is #[ignore]d by default; scripts/gpu-check.sh runs it on a GPU)");
+    tch::Device::Cuda(0)
 }
 
 /// The project's Python (the venv made by `make setup`), for reference scripts.

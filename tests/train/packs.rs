@@ -168,16 +168,18 @@ pub(super) fn assert_close_metrics(a: &[Value], b: &[Value], file: &str) {
     assert_metrics_within(a, b, file, |key, p, _| if key == key::SAMPLER_WEIGHTS_FINGERPRINT { 1e-8 * p.abs() } else { bound(key) });
 }
 
-/// A run whose plugin fails (a NaN score) and one whose weights diverge (a huge learning rate:
-/// non-finite logits, which the sampler reports rather than panicking the process) stop alone:
-/// their train.log says why and their pack mate finishes. Runs of different shapes are refused
-/// before anything is written.
+/// A run whose plugin fails (a NaN score) and one whose weights diverged (non-finite logits,
+/// which the sampler reports rather than panicking the process) stop alone: their train.log says
+/// why and their pack mate finishes. Runs of different shapes are refused before anything is
+/// written. The diverged run resumes a checkpoint with a NaN written into one weight: a huge
+/// learning rate overflows on some processors and not on others (lr 1e9 stayed finite on an
+/// Intel Xeon with AMX), a NaN weight makes every logit NaN on all of them.
 #[test]
 fn a_failing_run_leaves_its_pack_and_mismatched_runs_are_refused() {
     let out = tempfile::tempdir().unwrap();
     let failing_pack = |dir: &Path| {
         let mut configs = pack_pair(dir, "dual-lora");
-        configs.push(with(with(configs[0].clone(), "seed", 9.into()), "lr", 1e9.into()));
+        configs.push(with(with(configs[0].clone(), "seed", 9.into()), "save_steps", 1.into()));
         configs[1] = with(configs[1].clone(), "reward", json!({"plugin": test_plugin("misbehaving"), "params": {"mode": "nan"}}));
         configs.into_iter().map(|c| with(c, "max_steps", 2.into())).collect::<Vec<_>>()
     };
@@ -195,7 +197,10 @@ fn a_failing_run_leaves_its_pack_and_mismatched_runs_are_refused() {
         let stacking = options.stacking;
         let dir = out.path().join(format!("{stacking:?}"));
         one_thread();
-        let runs = failing_pack(&dir).into_iter().map(|c| PackedRun { config: TrainConfig::resolve(None, c).unwrap(), resume: None }).collect();
+        let configs = failing_pack(&dir);
+        let diverged_run = diverged_checkpoint(configs[2].clone());
+        let resume = [None, None, Some(diverged_run)];
+        let runs = configs.into_iter().zip(resume).map(|(c, resume)| PackedRun { config: TrainConfig::resolve(None, c).unwrap(), resume }).collect();
         let outcomes = train_packed_with(runs, None, options).unwrap();
         let finished = outcomes[0].as_ref().unwrap();
         assert_eq!(finished.steps, 2);
@@ -210,9 +215,26 @@ fn a_failing_run_leaves_its_pack_and_mismatched_runs_are_refused() {
         assert!(log.contains("training stopped: training stopped at step 1"), "{log}");
         assert!(!failed.join("metrics.jsonl").exists() || read_jsonl(&failed.join("metrics.jsonl")).is_empty());
 
-        let diverged = format!("{:#}", outcomes[2].as_ref().err().expect("lr 1e9 diverges"));
+        let diverged = format!("{:#}", outcomes[2].as_ref().err().expect("a NaN weight diverges"));
         assert!(diverged.contains("step 2") && diverged.contains("the weights diverged"), "{stacking:?}: {diverged}");
         let log = std::fs::read_to_string(dir.join(names.iter().find(|n| n.ends_with("_s9")).unwrap()).join("train.log")).unwrap();
         assert!(log.contains("training stopped: ") && log.contains("step 2") && log.contains("the weights diverged"), "{log}");
     }
+}
+
+/// The run of `config` trained alone to its step-1 checkpoint, whose first retain LoRA B weight
+/// is then set to NaN: resumed, its step 2 samples from NaN logits.
+fn diverged_checkpoint(config: Map<String, Value>) -> PathBuf {
+    let mut trainer = Trainer::new(TrainConfig::resolve(None, config).unwrap(), None).unwrap();
+    let run_dir = trainer.train(Some(1)).unwrap().run_dir;
+    drop(trainer);
+    let path = run_dir.join("checkpoint-1/adapters.safetensors");
+    let mut tensors: Vec<(String, tch::Tensor)> = smallrl::model::weights::read_safetensors(&path).unwrap().into_iter().collect();
+    let (name, weight) = tensors.iter_mut().find(|(name, _)| name.contains("lora_B.retain")).expect("a retain LoRA B weight");
+    let poisoned = weight.copy();
+    let _ = poisoned.view([-1]).get(0).fill_(f64::NAN);
+    println!("poisoned {name} in {}", path.display());
+    *weight = poisoned;
+    smallrl::model::weights::write_safetensors(&path, &tensors).unwrap();
+    run_dir
 }
