@@ -316,3 +316,56 @@ fn rust_files_outside_target(dir: &Path, out: &mut Vec<PathBuf>) {
         }
     }
 }
+
+/// Every file name ARCHITECTURE.md (and plugins/ARCHITECTURE-plugins.md) gives in backticks or
+/// in the step diagram (`llama.rs`, `train/draw/pipeline.rs`, `tests/train/resume.rs`) is a file
+/// of the repository: some file's path ends with it. The map cannot name a file that was moved
+/// or removed. Both documents stay under 15,000 bytes (a map, not a manual).
+#[test]
+fn every_file_the_architecture_names_exists() {
+    let root = repo_root();
+    let mut files = Vec::new();
+    for dir in ["host", "plugins", "tests", "scripts", "wit", "docs", "configs"] {
+        all_files(&root.join(dir), &mut files);
+    }
+    let paths: Vec<String> = files.iter().map(|f| format!("/{}", f.strip_prefix(&root).unwrap().to_string_lossy())).collect();
+    let mut missing = Vec::new();
+    for doc in ["ARCHITECTURE.md", "plugins/ARCHITECTURE-plugins.md"] {
+        let text = std::fs::read_to_string(root.join(doc)).unwrap();
+        assert!(text.len() < 15_000, "{doc} is {} bytes: keep the map under 15,000", text.len());
+        for name in named_files(&text) {
+            if !paths.iter().any(|p| p.ends_with(&format!("/{name}"))) {
+                missing.push(format!("{doc}: {name}"));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "named but not in the repository:\n{}", missing.join("\n"));
+}
+
+/// The words of `text` that name a source or document file (`a/b.rs`, `x.md`, `y.sh`, `z.py`,
+/// `w.wit`), without the punctuation around them.
+fn named_files(text: &str) -> BTreeSet<String> {
+    let is_name = |c: char| c.is_ascii_alphanumeric() || "_-./".contains(c);
+    text.split(|c: char| !is_name(c))
+        .map(|w| w.trim_matches('.').trim_start_matches("./").to_string())
+        .filter(|w| [".rs", ".md", ".sh", ".py", ".wit"].iter().any(|ext| w.ends_with(ext)) && !w.starts_with('/') && !w.contains(".."))
+        .collect()
+}
+
+fn all_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for path in entries.map(|e| e.unwrap().path()) {
+        let name = path.file_name().unwrap().to_string_lossy();
+        if path.is_dir() && name != "target" && !name.starts_with('.') {
+            all_files(&path, out);
+        } else if path.is_file() {
+            out.push(path);
+        }
+    }
+}
+
+#[test]
+fn file_names_are_read_from_prose_and_diagrams() {
+    let names = named_files("see `llama.rs` and (`tests/train/resume.rs`), train/step.rs. Also docs.\n │ train/recipe.rs  x.md");
+    assert_eq!(names.into_iter().collect::<Vec<_>>(), ["llama.rs", "tests/train/resume.rs", "train/recipe.rs", "train/step.rs", "x.md"]);
+}

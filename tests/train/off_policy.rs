@@ -78,8 +78,44 @@ fn a_resumed_off_policy_run_repeats_the_uninterrupted_run_exactly() {
         for (name, tensor) in &a {
             assert!(tensor.equal(&b[name]), "k {k}: {name} differs after resumption");
         }
-        assert!(!whole.join("checkpoint-4/in_flight.json").exists(), "nothing is sampled beyond the last step");
+        let last: Value = serde_json::from_str(&std::fs::read_to_string(whole.join("checkpoint-4/in_flight.json")).unwrap()).unwrap();
+        assert_eq!(last["chunks"], json!([]), "k {k}: nothing is sampled beyond the last step");
     }
+}
+
+/// A checkpoint written before the queue was one (`in_flight.json` a list of batches, each in
+/// parts under `{i}.{part}.`) resumes as it did: checkpoint 2 of a run two steps off policy,
+/// rewritten into that layout, resumes to the uninterrupted run's metrics and weights.
+#[test]
+fn an_off_policy_checkpoint_of_the_old_layout_resumes() {
+    let out = tempfile::tempdir().unwrap();
+    let config = |dir: &str| with(routed_config(&out.path().join(dir)), "max_steps_off_policy", json!(2));
+    let whole = train(config("a"));
+    let resolved = TrainConfig::resolve(None, config("b")).unwrap();
+    let stopped = Trainer::new(resolved.clone(), None).unwrap().train(Some(2)).unwrap();
+    let checkpoint = stopped.run_dir.join("checkpoint-2");
+    let saved: Value = serde_json::from_str(&std::fs::read_to_string(checkpoint.join("in_flight.json")).unwrap()).unwrap();
+    let chunks = saved["chunks"].as_array().unwrap();
+    assert_eq!(chunks.len(), 2, "steps 3 and 4 in flight: {saved}");
+    let old_index: Vec<Value> = chunks.iter().map(|c| json!({"step": c["index"], "policy_version": c["policy_version"], "parts": 1, "weights_fingerprint": c["weights_fingerprint"]})).collect();
+    let tensors = smallrl::model::weights::read_safetensors(&checkpoint.join("in_flight.safetensors")).unwrap();
+    let renamed: Vec<(String, tch::Tensor)> = tensors.into_iter().map(|(name, t)| {
+        let (i, rest) = name.split_once('.').unwrap();
+        (format!("{i}.0.{rest}"), t)
+    }).collect();
+    smallrl::model::weights::write_safetensors(&checkpoint.join("in_flight.safetensors"), &renamed).unwrap();
+    std::fs::write(checkpoint.join("in_flight.json"), serde_json::to_string_pretty(&old_index).unwrap()).unwrap();
+    let resumed = Trainer::new(resolved, Some(&stopped.run_dir)).unwrap().train(None).unwrap();
+    for file in ["metrics.jsonl", "routing_eval.jsonl"] {
+        assert_same_metrics(&deterministic(read_jsonl(&whole.join(file))), &deterministic(read_jsonl(&resumed.run_dir.join(file))), file);
+    }
+    let weights = |dir: &Path| smallrl::model::weights::read_safetensors(&dir.join("checkpoint-4/adapters.safetensors")).unwrap();
+    let (a, b) = (weights(&whole), weights(&resumed.run_dir));
+    for (name, tensor) in &a {
+        assert!(tensor.equal(&b[name]), "{name} differs after resuming the old layout");
+    }
+    let rewritten: Value = serde_json::from_str(&std::fs::read_to_string(resumed.run_dir.join("checkpoint-4/in_flight.json")).unwrap()).unwrap();
+    assert!(rewritten["next_chunk"].is_u64(), "new checkpoints are written in the queue's layout: {rewritten}");
 }
 
 /// One step off policy still learns (tiny-stories, happy_count, as the on-policy learning tests).
@@ -170,10 +206,10 @@ fn streamed_mini_batches_train_each_group_as_it_arrives_from_the_batch_weights()
     let batch = smallrl::model::weights::read_safetensors(&streamed.join("checkpoint-3/in_flight.safetensors")).unwrap();
     let under = |checkpoint: &str| -> tch::Tensor {
         let model = smallrl::model::load(streamed.join(checkpoint).to_str().unwrap(), "main", Device::Cpu, Kind::Double).unwrap().model;
-        let seqs = Sequences { prompt_ids: &batch["0.0.prompt_ids"], prompt_mask: &batch["0.0.prompt_mask"], completion_ids: &batch["0.0.completion_ids"], completion_mask: &batch["0.0.completion_mask"] };
-        frozen_logprobs(&model, seqs, 1.0, &[]) * batch["0.0.completion_mask"].to_kind(Kind::Double)
+        let seqs = Sequences { prompt_ids: &batch["0.prompt_ids"], prompt_mask: &batch["0.prompt_mask"], completion_ids: &batch["0.completion_ids"], completion_mask: &batch["0.completion_mask"] };
+        frozen_logprobs(&model, seqs, 1.0, &[]) * batch["0.completion_mask"].to_kind(Kind::Double)
     };
-    let sampled = batch["0.0.sampling_logprobs"].to_kind(Kind::Double) * batch["0.0.completion_mask"].to_kind(Kind::Double);
+    let sampled = batch["0.sampling_logprobs"].to_kind(Kind::Double) * batch["0.completion_mask"].to_kind(Kind::Double);
     let batch_start = common::max_abs_diff(&sampled, &under("checkpoint-2"));
     let step_before = common::max_abs_diff(&sampled, &under("checkpoint-3"));
     assert!(batch_start < 1e-4, "step 4's group is sampled with the weights after step 2: {batch_start:e}");

@@ -29,6 +29,32 @@ fn without_filtering_sampling_steps_ahead_is_max_steps_off_policy() {
     }
 }
 
+/// Coherence rows (the last group of each batch, sampled and trained with the forget adapter
+/// off) in the group pipeline: its chunks are sampled as `max_steps_off_policy`'s batches are,
+/// coherence rows included, so a routed DualLoRA run with them is the same run bit for bit
+/// (metrics and both adapters). The pipeline once sampled every row with both adapters on and
+/// the recipe still trained the last group as coherence rows: the metrics of steps 3-4, sampled
+/// after the forget adapter had moved, differed.
+#[test]
+fn coherence_rows_are_sampled_with_the_forget_adapter_off_in_the_pipeline() {
+    let out = tempfile::tempdir().unwrap();
+    let config = |dir: &str, key: &str| {
+        let config = with(routed_config(&out.path().join(dir)), "coh_samples_per_rollout", json!(4));
+        with(with(config, key, json!(1)), "save_steps", json!(4))
+    };
+    let exact = train(config("exact", "max_steps_off_policy"));
+    let pipeline = train(config("pipeline", "sampling_steps_ahead"));
+    let (a, b) = (deterministic(read_jsonl(&exact.join("metrics.jsonl"))), deterministic(read_jsonl(&pipeline.join("metrics.jsonl"))));
+    assert_same_metrics(&a, &b, "metrics.jsonl");
+    let weights = |dir: &Path| smallrl::model::weights::read_safetensors(&dir.join("checkpoint-4/adapters.safetensors")).unwrap();
+    let (x, y) = (weights(&exact), weights(&pipeline));
+    let forget_moved = x.iter().any(|(name, t)| name.contains("forget") && name.contains("lora_B") && t.abs().max().double_value(&[]) > 0.0);
+    assert!(forget_moved, "the forget adapter never moved: sampling with it on or off would be the same and the test would hold nothing");
+    for (name, tensor) in &x {
+        assert!(tensor.equal(&y[name]), "{name} differs");
+    }
+}
+
 /// A filtered pipeline (happy_binary, groups of two, so about half the groups have equal rewards
 /// and are dropped): which weights sampled each trained group, found by recomputing its sampler
 /// log-probabilities in float64 under every checkpoint that could have (the first weights, and

@@ -1,7 +1,8 @@
 //! The step's batch drawn, from the run's prompt streams and the policy to a scored batch:
-//! prompts → samples (the policy's seat at the engine; sampled ahead with
-//! `max_steps_off_policy` or `stream_minibatches`, `ahead.rs`; a finished run's recorded
-//! rollouts with `replay_rollouts`, `replay.rs`) → scores.
+//! prompts → samples → scores, in one of three modes ([`DrawMode`]): on policy (the policy's
+//! seat at the engine, now), sampled ahead (`max_steps_off_policy`, `sampling_steps_ahead`,
+//! `stream_minibatches`: one queue of chunks, `pipeline.rs`) or a finished run's recorded
+//! rollouts (`replay_rollouts`, `replay.rs`).
 //!
 //! With DAPO's dynamic sampling (`dynamic_sampling_rounds`), groups whose rewards are all equal
 //! are dropped and more prompts sampled in further rounds until the batch is full, as verl's
@@ -29,11 +30,10 @@ use crate::reward::{Prompt, RewardModel, Sample, ScoredBatch, samples_from_rows}
 use crate::rng;
 use crate::runlog::RunLog;
 
-mod ahead;
-mod replay;
 mod pipeline;
+mod replay;
 
-pub(super) use ahead::write_in_flight;
+pub(super) use pipeline::write_in_flight;
 pub use replay::check_recorded;
 
 /// The keys that say which prompts a step draws, how many and when, resolved once
@@ -49,33 +49,29 @@ pub struct DrawKeys {
     /// `dynamic_sampling_rounds` (0: off).
     pub dynamic_rounds: usize,
     pub coherence: CoherenceSchedule,
-    /// Whether batches are sampled ahead by the run's sampler thread, and how far.
-    pub samples_ahead: bool,
-    pub ahead: AheadHorizon,
+    pub mode: DrawMode,
     pub max_steps: usize,
-    /// `replay_rollouts`: the recorded rollouts trained on instead of sampling.
-    pub replay: Option<std::path::PathBuf>,
 }
 
-/// How far ahead the run's sampler thread is given batches.
+/// Where a step's rollout comes from, resolved once from the keys.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DrawMode {
+    /// Sampled at the step, with its weights (dynamic sampling's rounds too).
+    OnPolicy,
+    /// Sampled ahead by the run's sampler thread (`pipeline.rs`); with `dynamic_rounds` above 0
+    /// (only `sampling_steps_ahead`), groups of equal rewards are dropped.
+    Ahead(AheadHorizon),
+    /// `replay_rollouts`: a finished run's recorded rollouts trained on instead of sampling.
+    Replay(std::path::PathBuf),
+}
+
+/// How far ahead the run's sampler thread is given rollouts.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum AheadHorizon {
-    /// `max_steps_off_policy` k: the batches of the next k steps.
-    OffPolicy { steps: usize },
+    /// `max_steps_off_policy` or `sampling_steps_ahead` d: up to d + 1 rollouts' worth of groups.
+    Steps { depth: usize },
     /// `stream_minibatches`: the mini-batches of the step's batch (`num_substeps` of them).
     Streamed { substeps: usize },
-    /// `sampling_steps_ahead` d: up to d + 1 batches' worth of groups (`draw/pipeline.rs`).
-    Pipeline { depth: usize },
-}
-
-impl AheadHorizon {
-    /// The last step whose batch is posted by 0-based `step`.
-    pub fn last_posted_by(self, step: usize) -> usize {
-        match self {
-            Self::Streamed { substeps } => (step / substeps + 1) * substeps - 1,
-            Self::OffPolicy { steps } | Self::Pipeline { depth: steps } => step + steps,
-        }
-    }
 }
 
 /// The run's prompt streams and its batches sampled ahead.
@@ -87,9 +83,8 @@ pub(super) struct Draw {
     /// The coherence prompts of the retain verifier (`rh_detector_verifies_retain_samples`):
     /// the hackable and detectable training prompts in their own seeded order.
     verifier_prompts: Option<PromptStream>,
-    /// With `samples_ahead`: the batches sampled ahead (`ahead.rs`), or the group pipeline.
-    ahead: ahead::AheadQueue,
-    pipeline: pipeline::GroupPipeline,
+    /// In `DrawMode::Ahead`: the chunks sampled ahead.
+    queue: pipeline::Queue,
 }
 
 /// What drawing a batch samples with and scores with (borrowed from the trainer).
@@ -108,7 +103,7 @@ pub(super) struct DrawnBatch {
     pub generate_seconds: f64,
     pub score_seconds: f64,
     pub dynamic_sampling: Option<DynamicSampling>,
-    /// With `max_steps_off_policy`: how stale the batch was.
+    /// Sampled ahead: how stale the batch was.
     pub off_policy: Option<OffPolicy>,
 }
 
@@ -141,14 +136,14 @@ impl Draw {
         let extra_prompts = (keys.dynamic_rounds > 0).then(|| PromptStream::new(prompts.clone(), rng::derive(keys.seed, "dynamic-sampling-prompts", 0)));
         let verifier_prompts = verifier_prompts.map(|prompts| PromptStream::new(prompts, rng::derive(keys.seed, "verifier-prompts", 0)));
         let prompts = PromptStream::new(prompts, keys.seed);
-        Self { keys, prompts, extra_prompts, verifier_prompts, ahead: Default::default(), pipeline: Default::default() }
+        Self { keys, prompts, extra_prompts, verifier_prompts, queue: Default::default() }
     }
 
     /// The step's batch; with dynamic sampling, only groups whose rewards differ (see the
     /// module's documentation), and the counts of what it took.
     pub fn batch(&mut self, step: usize, with: &mut Drawing) -> Result<DrawnBatch> {
-        if let (true, AheadHorizon::Pipeline { depth }) = (self.keys.samples_ahead, self.keys.ahead) {
-            return self.pipeline_batch(step, depth, with);
+        if let DrawMode::Ahead(horizon) = self.keys.mode {
+            return self.ahead_batch(step, horizon, with);
         }
         let prompts = self.step_prompts(step);
         let first = self.round(step, 0, prompts, with)?;
@@ -199,24 +194,16 @@ impl Draw {
         let prompt_ids = tokenized(&with.policy.tokenizer, &prompt_texts)?;
         let coherence_rows = self.keys.coherence.rows_at(step);
         let seed = self.round_seed(round);
-        let (generation, generate_seconds, off_policy) = match (&self.keys.replay, self.keys.samples_ahead) {
-            (Some(dir), _) => (replay::generation(dir, step, &prompt_ids, with.policy.model.device)?, 0.0, None),
-            (None, false) => {
-                let requests = with.policy.sample_requests(&prompt_ids, coherence_rows, step, seed);
-                let (generation, seconds) = with.policy.sample(requests, with.log)?;
-                (generation, seconds, None)
-            }
-            (None, true) => {
-                let (generation, seconds, off_policy) = self.sample_off_policy(&prompt_ids, step, with)?;
-                (generation, seconds, Some(off_policy))
-            }
+        let (generation, generate_seconds) = match &self.keys.mode {
+            DrawMode::Replay(dir) => (replay::generation(dir, step, &prompt_ids, with.policy.model.device)?, 0.0),
+            DrawMode::OnPolicy => with.policy.sample(with.policy.sample_requests(&prompt_ids, coherence_rows, step, seed), with.log)?,
+            DrawMode::Ahead(_) => anyhow::bail!("internal error: a rollout sampled ahead is drawn by the queue, not in rounds"),
         };
-        self.scored(step, seed, prompt_texts, generation, generate_seconds, off_policy, with)
+        self.scored(step, seed, prompt_texts, generation, generate_seconds, with)
     }
 
     /// Scores a generation of `prompt_texts` drawn for `step` from `seed`.
-    #[allow(clippy::too_many_arguments)]
-    fn scored(&mut self, step: usize, seed: u64, prompt_texts: Vec<Prompt>, generation: Generation, generate_seconds: f64, off_policy: Option<OffPolicy>, with: &mut Drawing) -> Result<DrawnBatch> {
+    fn scored(&mut self, step: usize, seed: u64, prompt_texts: Vec<Prompt>, generation: Generation, generate_seconds: f64, with: &mut Drawing) -> Result<DrawnBatch> {
         let score_start = Instant::now();
         let samples = samples_from_rows(&prompt_texts, &generation.rows, &with.policy.tokenizer)?;
         let scored = with
@@ -224,7 +211,7 @@ impl Draw {
             .score(&samples, rng::derive(seed, "protocol", step as u64))
             .with_context(|| format!("scoring the completions of step {} failed", step + 1))?;
         let score_seconds = score_start.elapsed().as_secs_f64();
-        Ok(DrawnBatch { generation, samples, scored, generate_seconds, score_seconds, dynamic_sampling: None, off_policy })
+        Ok(DrawnBatch { generation, samples, scored, generate_seconds, score_seconds, dynamic_sampling: None, off_policy: None })
     }
 
     /// Each of the step's prompts, repeated `num_generations` times (one group each). With the

@@ -120,7 +120,7 @@ pub mod key {
     /// Off-policy training (`max_steps_off_policy`, `sampling_steps_ahead`): the version of the
     /// weights that sampled the step's batch (its oldest group's; optimizer steps done before it),
     /// its staleness in steps (mean and max over the batch's groups), the batches dropped for staleness
-    /// (none can be: see `train/draw/ahead.rs`), the seconds the step waited for its batch and the
+    /// (none can be: see `train/draw/pipeline.rs`), the seconds the step waited for its batch and the
     /// sampler thread for its job.
     pub const OFF_POLICY_VERSION: &str = "off_policy/policy_version";
     pub const OFF_POLICY_STALENESS_MEAN: &str = "off_policy/staleness_mean";

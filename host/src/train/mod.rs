@@ -209,7 +209,7 @@ impl Trainer {
         crate::adapters::load_trainable(self.policy.optimizer.params(), &checkpoint::read_weights(&dir, &state)?, &dir.display().to_string())?;
         let step = state.step;
         self.policy.optimizer.load_state(&checkpoint::load_optimizer(&dir)?, step, &dir.display().to_string())?;
-        self.draw.restore_in_flight(&dir, &self.policy.tokenizer, self.policy.model.device)?;
+        self.draw.restore_in_flight(&dir, &self.policy)?;
         let last_metrics = self.files.metrics.truncate_after(step)?;
         self.files.evals.truncate_after(step)?;
         self.files.live.resume_after(step)?;

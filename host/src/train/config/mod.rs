@@ -4,10 +4,10 @@
 //! hyperparameter that differs from its default, plus the seed.
 //!
 //! Adding a hyperparameter: one entry in the table (name, type, default, doc line, run-name
-//! label), plus its check in [`TrainConfig::validate`] if it has one, plus its test.
+//! label), its check in `checks.rs` if it has one, the line of the part that reads it
+//! (`parts.rs`, `objective.rs`), and its test.
 //!
-//! Over 300 lines because the table is: about fifty keys, each with its doc line (the flag's
-//! help), and the tests that hold run names to the labels they had before the table.
+//! Long because the table is: over a hundred keys, each with its doc line (the flag's help).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -466,7 +466,7 @@ impl TrainConfig {
         self.batch_size / (self.num_substeps / self.substeps_per_rollout())
     }
 
-    /// Whether rollouts are sampled ahead by the run's sampler thread (`train/draw/ahead.rs`).
+    /// Whether rollouts are sampled ahead by the run's sampler thread (`train/draw/pipeline.rs`).
     pub fn samples_ahead(&self) -> bool {
         self.max_steps_off_policy > 0 || self.stream_minibatches || self.sampling_steps_ahead > 0
     }

@@ -12,7 +12,7 @@ use crate::engine::Passes;
 use crate::grpo::{Aggregation, MultiObjectiveAggregation};
 use crate::intervention::AdvantageScore;
 use crate::reward::{ComponentInfo, DetectorSpec};
-use crate::train::draw::{AheadHorizon, DrawKeys};
+use crate::train::draw::{AheadHorizon, DrawKeys, DrawMode};
 use crate::train::fisher::FisherSchedule;
 use crate::train::recipe::{CoherenceSchedule, Recipe};
 
@@ -149,19 +149,18 @@ impl TrainConfig {
             steps_per_rollout: self.steps_per_rollout(),
             dynamic_rounds: self.dynamic_sampling_rounds,
             coherence: self.coherence_schedule(),
-            samples_ahead: self.samples_ahead(),
-            ahead: self.ahead(),
+            mode: self.draw_mode(),
             max_steps: self.max_steps,
-            replay: self.replay_rollouts.clone(),
         }
     }
 
-    /// How far ahead the run's sampler thread is given batches (when it samples ahead).
-    pub fn ahead(&self) -> AheadHorizon {
-        match (self.stream_minibatches, self.sampling_steps_ahead) {
-            (true, _) => AheadHorizon::Streamed { substeps: self.num_substeps },
-            (false, 0) => AheadHorizon::OffPolicy { steps: self.max_steps_off_policy },
-            (false, depth) => AheadHorizon::Pipeline { depth },
+    /// Where each step's rollout comes from (config/checks.rs refuses combinations of modes).
+    pub fn draw_mode(&self) -> DrawMode {
+        match (&self.replay_rollouts, self.stream_minibatches, self.pipeline_depth()) {
+            (Some(dir), _, _) => DrawMode::Replay(dir.clone()),
+            (None, true, _) => DrawMode::Ahead(AheadHorizon::Streamed { substeps: self.num_substeps }),
+            (None, false, 0) => DrawMode::OnPolicy,
+            (None, false, depth) => DrawMode::Ahead(AheadHorizon::Steps { depth }),
         }
     }
 

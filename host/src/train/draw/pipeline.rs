@@ -1,19 +1,29 @@
-//! `sampling_steps_ahead` d: tinker-cookbook's newer asynchronous mode (`AsyncConfig` with
-//! `pipeline_depth`, PR 822) as a group pipeline. Groups are sampled in chunks of a batch's
-//! worth: chunk c is the batch step c of an on-policy run would draw (its prompts, sampler and
-//! scoring seeds). At the start of each step, with the weights then, the run's sampler thread is
-//! given chunks until up to (d + 1) batches' worth of groups are outstanding (posted, not yet
-//! trained on or dropped; d shrinks to the steps left, so nothing is sampled past the run's end).
-//! The step takes groups oldest first: with `dynamic_sampling_rounds` a group whose rewards are
-//! all equal is dropped (tinker's `remove_constant_reward_groups`), the surplus of a chunk stays
-//! for the next step, and a step that runs out of chunks samples one itself, with its own
-//! weights, at most `dynamic_sampling_rounds` times. Nothing is dropped for staleness: a group
-//! is at most d steps stale. Without filtering, chunk c trains step c, sampled with the weights
-//! of step max(0, c - d): the batches of `max_steps_off_policy` d exactly.
+//! Sampling ahead: one queue of chunks over the run's sampler thread, for every mode that
+//! samples a step's rollout before the step (`DrawMode::Ahead`): `max_steps_off_policy` k and
+//! `sampling_steps_ahead` d (tinker-cookbook's `AsyncConfig`: a pipeline of depth k or d), and
+//! `stream_minibatches` (tinker's StreamMinibatchConfig: the mini-batches of the step's batch).
+//!
+//! Chunk c is the rollout step c of an on-policy run would draw: its prompts, its coherence rows
+//! (the last groups, sampled with the forget adapter off), its sampler and scoring seeds. At the
+//! start of each step, with the weights then, chunks are posted to the run's sampler thread up to
+//! the horizon: until (d + 1) rollouts' worth of groups are outstanding (posted, not yet trained
+//! on or dropped; d shrinks to the steps left, so nothing is sampled past the run's end), or,
+//! streamed, to the end of the step's batch. A chunk posted when nothing is queued is sampled at
+//! once, with the step's own weights. The step takes groups oldest first. Without a group
+//! filter a chunk is taken whole by the step it was drawn for, so step n trains the rollout
+//! sampled with the weights of step max(0, n - d) (streamed: of its batch's first step), exactly
+//! min(n, d) steps stale. With `dynamic_sampling_rounds` (only with `sampling_steps_ahead`) a
+//! group whose rewards are all equal is dropped (tinker's `remove_constant_reward_groups`), the
+//! surplus of a chunk stays for the next step, and a step that runs out of chunks samples one
+//! itself, with its own weights, at most `dynamic_sampling_rounds` times. Nothing is dropped for
+//! staleness: a group is at most d steps stale.
 //!
 //! Architecture invariant: which weights sample which group depends only on the keys and the
 //! rewards (never on the thread's timing); a checkpoint saves the chunks posted and not used up
-//! (`in_flight.*`, with the next chunk's index), which a resumed run re-scores and trains on.
+//! (`in_flight.*`, with the next chunk's index), which a resumed run re-scores and trains on, so
+//! a resumed run equals the uninterrupted one. Checkpoints of `max_steps_off_policy` and
+//! `stream_minibatches` runs written before the queue was one (`in_flight.json` a list of
+//! batches, each in parts) are read and resumed as they were.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
@@ -23,7 +33,7 @@ use anyhow::{Context, Result, ensure};
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
-use super::{Draw, DrawnBatch, Drawing, tokenized};
+use super::{AheadHorizon, Draw, DrawnBatch, Drawing, tokenized};
 use crate::grpo;
 use crate::model::generate::Generation;
 use crate::train::metrics::{DynamicSampling, OffPolicy};
@@ -31,13 +41,13 @@ use crate::train::policy::Policy;
 
 /// One chunk of groups sampled ahead.
 struct Chunk {
-    /// The step whose on-policy batch it is (prompts and seeds).
+    /// The step whose on-policy rollout it is (prompts and seeds).
     index: usize,
     /// The weights' version it was sampled with: optimizer steps done before.
     version: usize,
     fingerprint: Option<f64>,
-    /// Sampler calls still with the thread, or the generation until it is scored (and the
-    /// seconds spent sampling it).
+    /// Sampler calls still with the thread (routed rows, then coherence rows), or the
+    /// generation until it is scored (and the seconds spent sampling it).
     posted: usize,
     seconds: f64,
     generation: Option<Generation>,
@@ -56,7 +66,7 @@ impl Chunk {
         }
         let (mut parts, mut idle_seconds) = (Vec::with_capacity(self.posted), 0.0);
         for _ in 0..self.posted {
-            let ahead = policy.seat.take_ahead().with_context(|| format!("sampling chunk {} ahead failed", self.index + 1))?;
+            let ahead = policy.seat.take_ahead().with_context(|| format!("sampling the rollout of step {} ahead failed", self.index + 1))?;
             idle_seconds += ahead.sampler_idle_seconds;
             self.seconds += ahead.done.seconds;
             parts.push(ahead.done.value);
@@ -68,12 +78,12 @@ impl Chunk {
 
 /// The chunks posted and not used up, oldest first, and the next chunk's index.
 #[derive(Default)]
-pub(super) struct GroupPipeline {
+pub(super) struct Queue {
     chunks: VecDeque<Chunk>,
     next_chunk: usize,
 }
 
-/// `in_flight.json` of a checkpoint in this mode.
+/// `in_flight.json` of a checkpoint.
 #[derive(Serialize, Deserialize)]
 struct Saved {
     next_chunk: usize,
@@ -88,22 +98,48 @@ struct SavedChunk {
     weights_fingerprint: Option<f64>,
 }
 
+/// One batch of the `in_flight.json` that `max_steps_off_policy` and `stream_minibatches`
+/// checkpoints held before the queue was one: its tensors under `{i}.{part}.`.
+#[derive(Deserialize)]
+struct OldSavedBatch {
+    step: usize,
+    policy_version: usize,
+    parts: usize,
+    #[serde(default)]
+    weights_fingerprint: Option<f64>,
+}
+
+const IN_FLIGHT_TENSORS: &str = "in_flight.safetensors";
+const IN_FLIGHT_INDEX: &str = "in_flight.json";
+
 impl Draw {
-    fn groups_per_batch(&self) -> usize {
-        self.keys.batch_size / self.keys.group_size
+    fn groups_per_rollout(&self) -> usize {
+        self.keys.rollout_rows / self.keys.group_size
     }
 
     /// Groups posted and neither trained on nor dropped.
     fn outstanding(&self) -> usize {
-        self.pipeline.chunks.iter().map(|chunk| self.groups_per_batch() - chunk.next_group).sum()
+        self.queue.chunks.iter().map(|chunk| self.groups_per_rollout() - chunk.next_group).sum()
+    }
+
+    /// Whether the next chunk is posted at 0-based `step` (see the module's documentation).
+    fn due(&self, step: usize, horizon: AheadHorizon) -> bool {
+        let steps_left = self.keys.max_steps.saturating_sub(step + 1);
+        match horizon {
+            AheadHorizon::Steps { depth } => {
+                let per_rollout = self.groups_per_rollout();
+                self.outstanding() + per_rollout <= per_rollout * (depth.min(steps_left) + 1)
+            }
+            AheadHorizon::Streamed { substeps } => self.queue.next_chunk <= ((step / substeps + 1) * substeps - 1).min(step + steps_left),
+        }
     }
 
     /// Posts the next chunk from the weights as they are; sampled now (not by the thread) when
     /// the step needs it at once (`now`: nothing else is queued).
     fn post_chunk(&mut self, now: bool, with: &mut Drawing) -> Result<()> {
-        let index = self.pipeline.next_chunk;
+        let index = self.queue.next_chunk;
         let prompt_ids = tokenized(&with.policy.tokenizer, &self.step_prompts(index))?;
-        let requests = with.policy.sample_requests(&prompt_ids, 0, index, self.keys.seed);
+        let requests = with.policy.sample_requests(&prompt_ids, self.keys.coherence.rows_at(index), index, self.keys.seed);
         let version = with.policy.optimizer.step;
         let chunk = match now {
             true => {
@@ -120,28 +156,38 @@ impl Draw {
                 Chunk { index, version, fingerprint: fingerprints.first().copied(), posted, seconds: 0.0, generation: None, scored: None, next_group: 0 }
             }
         };
-        self.pipeline.chunks.push_back(chunk);
-        self.pipeline.next_chunk += 1;
+        self.queue.chunks.push_back(chunk);
+        self.queue.next_chunk += 1;
         Ok(())
     }
 
-    /// The step's batch from the group pipeline (see the module's documentation).
-    pub(super) fn pipeline_batch(&mut self, step: usize, depth: usize, with: &mut Drawing) -> Result<DrawnBatch> {
-        let per_batch = self.groups_per_batch();
-        let depth = depth.min(self.keys.max_steps.saturating_sub(step + 1));
-        while self.outstanding() + per_batch <= per_batch * (depth + 1) {
-            let now = self.pipeline.chunks.is_empty();
+    /// The step's rollout from the queue (see the module's documentation).
+    pub(super) fn ahead_batch(&mut self, step: usize, horizon: AheadHorizon, with: &mut Drawing) -> Result<DrawnBatch> {
+        // The first step of a run, or of a resumed one whose checkpoint held nothing in flight.
+        self.queue.next_chunk = self.queue.next_chunk.max(step);
+        // The oldest chunk is taken from the thread first, so that its decoders are spare again
+        // when the next chunks are posted: the thread refreshes them in place (one snapshot's
+        // memory, and the weight-delivery check sees the refresh) rather than folding new ones.
+        let waiting = Instant::now();
+        let mut idle_seconds = match self.queue.chunks.front_mut() {
+            Some(oldest) => oldest.collect(with.policy)?,
+            None => 0.0,
+        };
+        let mut wait_seconds = waiting.elapsed().as_secs_f64();
+        while self.due(step, horizon) {
+            let now = self.queue.chunks.is_empty();
             self.post_chunk(now, with)?;
         }
+        let per_rollout = self.groups_per_rollout();
         let group = self.keys.group_size;
         let pad = with.policy.model.config.eos_token_id as i64;
-        let (mut kept, mut versions) = (None::<DrawnBatch>, Vec::with_capacity(per_batch));
-        let (mut counts, mut sampled_now, mut wait_seconds, mut idle_seconds, mut fingerprint) = (DynamicSampling::default(), 0, 0.0, 0.0, None);
-        while versions.len() < per_batch {
-            if self.pipeline.chunks.is_empty() {
+        let (mut kept, mut versions) = (None::<DrawnBatch>, Vec::with_capacity(per_rollout));
+        let (mut counts, mut sampled_now, mut fingerprint) = (DynamicSampling::default(), 0, None);
+        while versions.len() < per_rollout {
+            if self.queue.chunks.is_empty() {
                 ensure!(
                     sampled_now < self.keys.dynamic_rounds,
-                    "dynamic sampling at step {}: after {} chunks sampled at the step (dynamic_sampling_rounds) the pipeline holds only {} of the batch's {per_batch} groups whose rewards differ ({} groups dropped for equal rewards): raise dynamic_sampling_rounds, or check whether the task is too easy or too hard for the model",
+                    "dynamic sampling at step {}: after {} chunks sampled at the step (dynamic_sampling_rounds) the pipeline holds only {} of the batch's {per_rollout} groups whose rewards differ ({} groups dropped for equal rewards): raise dynamic_sampling_rounds, or check whether the task is too easy or too hard for the model",
                     step + 1,
                     sampled_now,
                     versions.len(),
@@ -151,7 +197,7 @@ impl Draw {
                 self.post_chunk(true, with)?;
             }
             let waiting = Instant::now();
-            let mut chunk = self.pipeline.chunks.pop_front().expect("posted above");
+            let mut chunk = self.queue.chunks.pop_front().expect("posted above");
             idle_seconds += chunk.collect(with.policy)?;
             wait_seconds += waiting.elapsed().as_secs_f64();
             if chunk.scored.is_none() {
@@ -159,16 +205,16 @@ impl Draw {
                 counts.rounds += usize::from(chunk.next_group == 0);
                 let prompts = self.step_prompts(chunk.index);
                 let generation = chunk.generation.take().expect("taken above");
-                let batch = self.scored(chunk.index, self.keys.seed, prompts, generation, chunk.seconds, None, with)?;
+                let batch = self.scored(chunk.index, self.keys.seed, prompts, generation, chunk.seconds, with)?;
                 let informative = match self.keys.dynamic_rounds {
-                    0 => vec![true; per_batch],
+                    0 => vec![true; per_rollout],
                     _ => grpo::informative_groups(&with.recipe.rewards(&batch.scored), &with.recipe.counted_rows(&batch.scored), group),
                 };
                 chunk.scored = Some((batch, informative));
             }
             let (batch, informative) = chunk.scored.as_ref().expect("scored above");
             let mut rows = Vec::new();
-            while chunk.next_group < per_batch && versions.len() < per_batch {
+            while chunk.next_group < per_rollout && versions.len() < per_rollout {
                 let g = chunk.next_group;
                 chunk.next_group += 1;
                 if !informative[g] {
@@ -181,9 +227,19 @@ impl Draw {
             }
             let surplus = informative[chunk.next_group..].iter().filter(|&&i| i).count();
             let whole = rows.len() == batch.samples.len();
-            let chosen = match (rows.is_empty(), chunk.next_group == per_batch && whole) {
+            // The recipe marks the last rows of step `step`'s rollout as coherence rows: a chunk
+            // with coherence rows must be that step's rollout, whole (config/checks.rs refuses
+            // filtering with coherence rows, so this holds; a failure is a bug, never a relabel).
+            let coherence_rows = self.keys.coherence.rows_at(chunk.index);
+            ensure!(
+                coherence_rows == 0 || (whole && chunk.index == step && versions.len() == per_rollout),
+                "internal error: the chunk of step {} sampled {coherence_rows} coherence rows but step {} does not train it whole: coherence rows would be mislabelled",
+                chunk.index + 1,
+                step + 1
+            );
+            let chosen = match (rows.is_empty(), chunk.next_group == per_rollout && whole) {
                 (true, _) => None,
-                // A chunk trained whole stays as it was (the batch of max_steps_off_policy).
+                // A chunk trained whole stays as it was (the on-policy rollout, sampled ahead).
                 (false, true) => chunk.scored.take().map(|(batch, _)| batch),
                 (false, false) => Some(batch.select(&rows)),
             };
@@ -193,9 +249,9 @@ impl Draw {
                     Some(so_far) => so_far.concat(chosen, pad),
                 });
             }
-            if chunk.next_group < per_batch {
+            if chunk.next_group < per_rollout {
                 counts.groups_surplus = surplus;
-                self.pipeline.chunks.push_front(chunk);
+                self.queue.chunks.push_front(chunk);
             }
         }
         let mut batch = kept.expect("a batch's groups");
@@ -208,34 +264,70 @@ impl Draw {
     }
 
     /// The chunks posted and not used up, for a checkpoint (waiting for the thread to finish
-    /// them), with the next chunk's index: written even when none are left.
-    pub(super) fn pipeline_in_flight(&mut self, policy: &mut Policy) -> Result<(Vec<(String, Tensor)>, String)> {
+    /// them), with the next chunk's index: written even when none are left; `None` for a run
+    /// that does not sample ahead.
+    pub(in crate::train) fn in_flight(&mut self, policy: &mut Policy) -> Result<Option<(Vec<(String, Tensor)>, String)>> {
+        if !matches!(self.keys.mode, super::DrawMode::Ahead(_)) {
+            return Ok(None);
+        }
         let mut tensors = Vec::new();
         let mut index = Vec::new();
-        for (i, chunk) in self.pipeline.chunks.iter_mut().enumerate() {
+        for (i, chunk) in self.queue.chunks.iter_mut().enumerate() {
             chunk.collect(policy)?;
             let generation = chunk.generation.as_ref().or(chunk.scored.as_ref().map(|(batch, _)| &batch.generation)).expect("made ready above");
             tensors.extend(generation.to_saved(&format!("{i}.")));
             index.push(SavedChunk { index: chunk.index, policy_version: chunk.version, next_group: chunk.next_group, weights_fingerprint: chunk.fingerprint });
         }
-        let saved = Saved { next_chunk: self.pipeline.next_chunk, chunks: index };
-        Ok((tensors, serde_json::to_string_pretty(&saved)?))
+        let saved = Saved { next_chunk: self.queue.next_chunk, chunks: index };
+        Ok(Some((tensors, serde_json::to_string_pretty(&saved)?)))
     }
 
-    /// Restores the chunks a checkpoint saved (scored again when taken, as they were).
-    pub(super) fn restore_pipeline(&mut self, index_path: &Path, tensors_path: &Path, device: tch::Device) -> Result<()> {
-        let text = std::fs::read_to_string(index_path).with_context(|| format!("cannot read {}", index_path.display()))?;
-        let saved: Saved = serde_json::from_str(&text).with_context(|| format!("{} is corrupt (not a sampling_steps_ahead checkpoint?)", index_path.display()))?;
-        let tensors: BTreeMap<String, Tensor> = match saved.chunks.is_empty() {
-            true => BTreeMap::new(),
-            false => crate::model::weights::read_safetensors(tensors_path)?,
+    /// Restores the chunks a checkpoint saved (scored again when taken, as they were); nothing
+    /// when it has no `in_flight.*`.
+    pub(in crate::train) fn restore_in_flight(&mut self, dir: &Path, policy: &Policy) -> Result<()> {
+        let index_path = dir.join(IN_FLIGHT_INDEX);
+        if !index_path.exists() {
+            return Ok(());
+        }
+        let tensors_path = dir.join(IN_FLIGHT_TENSORS);
+        let text = std::fs::read_to_string(&index_path).with_context(|| format!("cannot read {}", index_path.display()))?;
+        let device = policy.model.device;
+        let read_tensors = |any: bool| -> Result<BTreeMap<String, Tensor>> {
+            match any {
+                true => crate::model::weights::read_safetensors(&tensors_path),
+                false => Ok(BTreeMap::new()),
+            }
         };
+        if let Ok(old) = serde_json::from_str::<Vec<OldSavedBatch>>(&text) {
+            let tensors = read_tensors(!old.is_empty())?;
+            for (i, batch) in old.into_iter().enumerate() {
+                let parts = (0..batch.parts)
+                    .map(|j| Generation::from_saved(&tensors, &format!("{i}.{j}."), device))
+                    .collect::<Result<Vec<_>>>()
+                    .with_context(|| format!("{}: the batch of step {} sampled ahead", tensors_path.display(), batch.step + 1))?;
+                ensure!(!parts.is_empty(), "{}: the batch of step {} sampled ahead has no parts", index_path.display(), batch.step + 1);
+                let generation = Some(policy.joined(parts));
+                let (index, version, fingerprint) = (batch.step, batch.policy_version, batch.weights_fingerprint);
+                self.queue.chunks.push_back(Chunk { index, version, fingerprint, posted: 0, seconds: 0.0, generation, scored: None, next_group: 0 });
+                self.queue.next_chunk = index + 1;
+            }
+            return Ok(());
+        }
+        let saved: Saved = serde_json::from_str(&text).with_context(|| format!("{} is corrupt (not a checkpoint's batches sampled ahead)", index_path.display()))?;
+        let tensors = read_tensors(!saved.chunks.is_empty())?;
         for (i, chunk) in saved.chunks.into_iter().enumerate() {
             let generation = Generation::from_saved(&tensors, &format!("{i}."), device).with_context(|| format!("{}: chunk {} sampled ahead", tensors_path.display(), chunk.index + 1))?;
             let (index, version, fingerprint, next_group) = (chunk.index, chunk.policy_version, chunk.weights_fingerprint, chunk.next_group);
-            self.pipeline.chunks.push_back(Chunk { index, version, fingerprint, posted: 0, seconds: 0.0, generation: Some(generation), scored: None, next_group });
+            self.queue.chunks.push_back(Chunk { index, version, fingerprint, posted: 0, seconds: 0.0, generation: Some(generation), scored: None, next_group });
         }
-        self.pipeline.next_chunk = saved.next_chunk;
+        self.queue.next_chunk = saved.next_chunk;
         Ok(())
     }
+}
+
+/// Writes a checkpoint's in-flight chunks ([`Draw::in_flight`]) into its directory.
+pub(in crate::train) fn write_in_flight(dir: &Path, in_flight: &(Vec<(String, Tensor)>, String)) -> Result<()> {
+    crate::model::weights::write_safetensors(&dir.join(IN_FLIGHT_TENSORS), &in_flight.0)?;
+    std::fs::write(dir.join(IN_FLIGHT_INDEX), &in_flight.1)?;
+    Ok(())
 }
