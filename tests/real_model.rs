@@ -26,8 +26,6 @@ const TOLERANCE: f64 = 1e-4;
 /// bfloat16 keeps 8 significant bits (relative rounding 2^-9 = 0.2%): at logits of magnitude
 /// ~20 a log-prob moves by a few hundredths per layer's rounding; these bounds hold transformers'
 /// own bfloat16 forward too (printed by the test).
-const BF16_TOLERANCE: f64 = 0.5;
-const BF16_MEAN_TOLERANCE: f64 = 0.1;
 const MAX_NEW_TOKENS: usize = 12;
 /// `<|im_end|>`, SmolLM2's end of turn.
 const IM_END: u32 = 2;
@@ -215,16 +213,25 @@ fn bfloat16_log_probs_are_within_bfloat16_precision_of_the_float64_reference() {
     assert!(worst > 1e-3, "bfloat16 log-probs within {worst} of float64: the dtype was not applied");
 }
 
-/// `ours`' largest |log p - float64| (the reference's `float64` entry), bounded by bfloat16's
-/// precision in max and mean; printed beside transformers' own bfloat16 (`theirs`).
+/// `ours`' largest |log p - float64| (the reference's `float64` entry), in max and mean within
+/// three times transformers' own bfloat16 forward's distance to float64 on the same text
+/// (`theirs`, computed on this machine): bfloat16's rounding is the reference's error too, and
+/// both vary with the order of a product's sums. Measured on 2026-11-28 (AMD EPYC): ours
+/// 0.5 to 1.6 times transformers' for the libtorch forward, 0.1 to 0.4 for the bfloat16 sampler
+/// (float32 sums); a dtype not applied is caught by the callers' lower bound, a wrong weight by
+/// whole nats.
 fn bf16_error(what: &str, ours: &Tensor, float64: &Value, theirs: &Value) -> f64 {
     let values = |v: &Value| Tensor::from_slice(&v["logprobs"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect::<Vec<_>>());
     let (exact, transformers) = (values(float64), values(theirs));
     let (ours_error, their_error) = (max_abs_diff(ours, &exact), max_abs_diff(&transformers, &exact));
     let mean = |t: &Tensor| (t - &exact).abs().mean(Kind::Double).double_value(&[]);
-    let mean_error = mean(ours);
-    println!("{what}: |log p - float64| max / mean {ours_error:.3e} / {mean_error:.3e}, transformers' bfloat16 {their_error:.3e} / {:.3e}", mean(&transformers));
-    assert!(ours_error <= BF16_TOLERANCE && mean_error <= BF16_MEAN_TOLERANCE, "{what}: bfloat16 log-probs off the float64 reference by {ours_error} (mean {mean_error})");
+    let (mean_error, their_mean) = (mean(ours), mean(&transformers));
+    println!("{what}: |log p - float64| max / mean {ours_error:.3e} / {mean_error:.3e}, transformers' bfloat16 {their_error:.3e} / {their_mean:.3e}");
+    assert!(
+        ours_error <= 3.0 * their_error && mean_error <= 3.0 * their_mean,
+        "{what}: bfloat16 log-probs off the float64 reference by {ours_error} (mean {mean_error}), more than three times transformers' bfloat16 ({their_error}, mean {their_mean}){}",
+        common::machine_note()
+    );
     ours_error
 }
 
