@@ -16,6 +16,8 @@ pub const TOP_P: f64 = 1.0;
 pub const REPETITION_PENALTY: f64 = 1.0;
 pub const MAX_COMPLETION_LENGTH: usize = 128;
 pub const SAMPLE_SEED: u64 = 42;
+/// The precision a policy samples in (`sampler_dtype`, `smallrl sample --sampler-dtype`).
+pub const SAMPLER_DTYPE: crate::model::folded::SamplerDtype = crate::model::folded::SamplerDtype::Float32;
 
 // Optimisation (shared by `train` and `pretrain`).
 pub const SEED: u64 = 42;

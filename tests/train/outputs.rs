@@ -229,3 +229,27 @@ fn eval_at_adapter_scales_and_over_all_checkpoints_matches_separate_evaluations(
     assert_eq!(read_back.iter().map(|l| l["step"].as_u64().unwrap()).collect::<Vec<_>>(), [1, 2]);
     assert_eq!(read_back[1]["modes"]["retain_only"]["n"].as_f64(), Some(4.0));
 }
+
+/// `smallrl eval` samples a checkpoint as its run did (`sampler_dtype`): a bfloat16-sampler
+/// run's checkpoint 2, evaluated afterwards, draws the completions of the run's own evaluation
+/// at step 2 (equal rewards, hack rates and diversity in every mode). Evaluated with a float32
+/// sampler, as `eval` once did whatever the run, the completions differ.
+#[test]
+fn eval_samples_a_checkpoint_in_the_sampler_dtype_of_its_run() {
+    let out = tempfile::tempdir().unwrap();
+    let config = [
+        ("max_steps", json!(2)), ("sampler_dtype", json!("bfloat16")), ("importance_sampling_correction", json!(true)),
+        ("eval_samples", json!(16)), ("max_completion_length", json!(64)),
+    ];
+    let run = train(config.into_iter().fold(routed_config(out.path()), |c, (k, v)| with(c, k, v)));
+    let trained = read_jsonl(&run.join("routing_eval.jsonl")).pop().unwrap();
+    assert_eq!(trained["step"], json!(2));
+    let checkpoint = run.join("checkpoint-2");
+    let evaluated = eval_modes(&common::smallrl_ok(&["eval", checkpoint.to_str().unwrap(), "--n-samples", "16", "--threads", "1", "--json"]));
+    assert_eq!(evaluated.len(), 3, "{evaluated:?}");
+    for (mode, values) in &evaluated {
+        for metric in ["reward", "hack_freq", "jaccard", "unique"] {
+            assert_eq!(values[metric], trained["modes"][mode][metric], "{mode} {metric}: smallrl eval against the run's evaluation at step 2");
+        }
+    }
+}

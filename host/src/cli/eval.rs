@@ -126,7 +126,7 @@ fn evaluate(dir: &Path, modes: &[(String, Vec<f64>)], n_samples: usize, scoring_
     prompts.truncate(n_samples);
     let sampling = train::sampling_params(&config);
     let setup = EvalSetup { tokenizer: &tokenizer, prompts: &prompts, sampling: &sampling, seed: train::eval_seed(&config) };
-    eval::routing_eval(&mut eval::fresh_decoders(&restored.model), modes, &mut rewards, &setup, restored.state.step)
+    eval::routing_eval(&mut eval::fresh_decoders(&restored.model, config.sampler_dtype), modes, &mut rewards, &setup, restored.state.step)
 }
 
 /// `--deploy`: the run's final checkpoint as the base model and along the forget-scale curve,

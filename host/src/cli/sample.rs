@@ -8,6 +8,7 @@ use clap::Args;
 use super::common::{ChatArgs, ModelArgs, read_prompts};
 use crate::defaults;
 use crate::model::decode::DecodeModel;
+use crate::model::folded::SamplerDtype;
 use crate::model::generate::{SamplingParams, generate};
 
 #[derive(Args, Debug)]
@@ -38,6 +39,10 @@ pub struct SampleArgs {
     pub repetition_penalty: f64,
     #[arg(long, default_value_t = defaults::SAMPLE_SEED)]
     pub seed: u64,
+    /// The precision to sample in (float32 or bfloat16: the weights' matrices rounded to
+    /// bfloat16, as a run with this `sampler_dtype` samples).
+    #[arg(long, default_value_t = defaults::SAMPLER_DTYPE)]
+    pub sampler_dtype: SamplerDtype,
     /// One JSON object per completion instead of text lines.
     #[arg(long)]
     pub json: bool,
@@ -59,7 +64,7 @@ pub fn run(args: SampleArgs) -> Result<()> {
         top_p: args.top_p,
         repetition_penalty: args.repetition_penalty,
     };
-    let decoder = DecodeModel::new(&loaded.model, &[]);
+    let decoder = DecodeModel::sampling_in(&loaded.model, &[], args.sampler_dtype);
     let generation = generate(&decoder, &prompts, &params, args.seed)?;
     for (i, row) in generation.rows.iter().enumerate() {
         let prompt = &texts[i / args.num_samples];

@@ -8,6 +8,7 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::model::decode::DecodeModel;
+use crate::model::folded::SamplerDtype;
 use crate::model::generate::{Generation, SamplingParams, generate};
 use crate::model::{Llama, Tokenizer};
 use crate::reward::{Prompt, RewardModel, samples_from_rows};
@@ -91,10 +92,11 @@ pub struct EvalSetup<'a> {
 /// evaluations), [`fresh_decoders`] for a checkpoint evaluated once.
 pub type SampleAt<'a> = dyn FnMut(&[f64], &[Vec<u32>], &SamplingParams, u64) -> Result<Generation> + 'a;
 
-/// Samples from `model` with a decoder folded for each call (`smallrl eval`, which loads each
-/// checkpoint once).
-pub fn fresh_decoders(model: &Llama) -> impl FnMut(&[f64], &[Vec<u32>], &SamplingParams, u64) -> Result<Generation> + '_ {
-    move |scales, prompts, params, seed| generate(&DecodeModel::new(model, scales), prompts, params, seed)
+/// Samples from `model` in `dtype` (the run's `sampler_dtype`, so a checkpoint is evaluated as it
+/// was trained) with a decoder folded for each call (`smallrl eval`, which loads each checkpoint
+/// once).
+pub fn fresh_decoders(model: &Llama, dtype: SamplerDtype) -> impl FnMut(&[f64], &[Vec<u32>], &SamplingParams, u64) -> Result<Generation> + '_ {
+    move |scales, prompts, params, seed| generate(&DecodeModel::sampling_in(model, scales, dtype), prompts, params, seed)
 }
 
 /// Evaluates the policy `sample` draws from in each `(mode name, adapter scales)`; every mode

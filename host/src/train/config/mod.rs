@@ -371,7 +371,7 @@ hyperparameters! {
         /// bfloat16, its sums in float32; training and scoring stay in dtype). Needs
         /// importance_sampling_correction, or a loss whose ratio is to the sampler.
         #[serde(skip_serializing_if = "is_float32_sampler")]
-        sampler_dtype: SamplerDtype = SamplerDtype::Float32, Short("sampler_"), [Pack];
+        sampler_dtype: SamplerDtype = d::SAMPLER_DTYPE, Short("sampler_"), [Pack];
         /// libtorch intra-op threads (default: one per core).
         threads: Option<usize> = None, Omit, [Resume, Pack];
     }
