@@ -58,6 +58,7 @@ pub fn run(args: SampleArgs) -> Result<()> {
         top_k: args.top_k,
         top_p: args.top_p,
         repetition_penalty: args.repetition_penalty,
+        kept_sets: false,
     };
     let decoder = DecodeModel::new(&loaded.model, &[]);
     let generation = generate(&decoder, &prompts, &params, args.seed)?;

@@ -18,7 +18,7 @@ use serde_json::{Map, Value};
 use crate::adapters::{self, AdapterConfig, AdapterKind};
 use crate::defaults as d;
 use crate::device::{DeviceSpec, Dtype};
-use crate::grpo::{ImportanceSamplingLevel, ImportanceSamplingMode, KlEstimator, LossFn, LossType, MultiObjectiveAggregation, ScaleRewards};
+use crate::grpo::{ImportanceSamplingLevel, ImportanceSamplingMode, KlEstimator, LossFn, LossType, MultiObjectiveAggregation, SamplingReplay, ScaleRewards};
 use crate::hyperparams::Label::{Key, Omit, Short};
 use crate::hyperparams::{self, Prop, hyperparameters};
 use crate::intervention::{AdvantageScore, Intervention};
@@ -220,6 +220,11 @@ hyperparameters! {
         /// Sampling keeps the smallest set of tokens whose probability reaches top_p (HF's
         /// TopPLogitsWarper, after top_k; 1: all); log-probabilities as with top_k.
         top_p: f64 = d::TOP_P, Key;
+        /// With top_k or top_p: kept_sets (the sampler records each token's kept set and every
+        /// log-probability compared with the sampler's is renormalised over it, as TRL 1.17 and
+        /// prime-rl) or trl_1_16 (the policy's full softmax, as TRL 1.16). A run resumes as it
+        /// started (one started before this key: trl_1_16).
+        sampling_replay: SamplingReplay = SamplingReplay::KeptSets, Short("");
         /// Optimizer steps of the run.
         max_steps: usize = 2000, Short("steps"), [Pack];
         /// Seed of everything random in the run (always in the run name).
@@ -407,6 +412,9 @@ hyperparameters! {
     }
 }
 
+/// The key of [`TrainConfig::sampling_replay`] in config.yaml.
+const SAMPLING_REPLAY: &str = "sampling_replay";
+
 // sampler_dtype is written to a run's config.yaml only when set, so float32 runs keep the
 // config.yaml they had before the key existed.
 fn is_float32_sampler(value: &SamplerDtype) -> bool {
@@ -579,7 +587,23 @@ impl TrainConfig {
     pub fn read_saved(run_dir: &Path) -> Result<Self> {
         let path = run_dir.join("config.yaml");
         ensure!(path.exists(), "{} has no config.yaml: is it a smallrl run directory?", run_dir.display());
-        Self::resolve(Some(&path), Map::new()).with_context(|| format!("cannot read the run configuration {}", path.display()))
+        Self::resolve_saved(&path, Map::new()).with_context(|| format!("cannot read the run configuration {}", path.display()))
+    }
+
+    /// A run's saved configuration (`config.yaml`) with `overrides`. A run started before
+    /// `sampling_replay` existed compared the full softmax with the sampler's
+    /// log-probabilities: it reads back (and resumes) as `trl_1_16`.
+    pub fn resolve_saved(path: &Path, mut overrides: Map<String, Value>) -> Result<Self> {
+        let saved: Map<String, Value> = crate::yaml::read_file(path)?;
+        if !saved.contains_key(SAMPLING_REPLAY) {
+            overrides.insert(SAMPLING_REPLAY.into(), serde_json::to_value(SamplingReplay::Trl116)?);
+        }
+        Self::resolve(Some(path), overrides)
+    }
+
+    /// Whether sampling truncates (`top_k` or `top_p`), so that `sampling_replay` matters.
+    pub fn sampling_truncates(&self) -> bool {
+        self.top_k > 0 || self.top_p < 1.0
     }
 }
 
