@@ -31,7 +31,7 @@ fn setup() -> (LoadedModel, Vec<Tensor>, Generation) {
     let params: Vec<Tensor> = AdapterConfig::full().trainable(&loaded.model).into_iter().map(|(_, t)| t).collect();
     let texts = ["once upon a time", "the dog", "a little girl named lily found a ball in the park"];
     let prompts: Vec<Vec<u32>> = (0..8).map(|i| loaded.tokenizer.encode(texts[i % 3]).unwrap()).collect();
-    let sampling = SamplingParams { max_new_tokens: 12, temperature: TEMPERATURE, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 };
+    let sampling = SamplingParams { max_new_tokens: 12, temperature: TEMPERATURE, top_k: 0, top_p: 1.0, repetition_penalty: 1.0, kept_sets: false };
     let generation = generate(&DecodeModel::new(&loaded.model, &[]), &prompts, &sampling, 3).unwrap();
     (loaded, params, generation)
 }

@@ -78,7 +78,7 @@ fn sampled_batch(policy: &Llama, tokenizer: &smallrl::model::Tokenizer) -> Batch
         .iter()
         .flat_map(|p| std::iter::repeat_n(tokenizer.encode(p).unwrap(), GROUP))
         .collect();
-    let params = SamplingParams { max_new_tokens: MAX_NEW_TOKENS, temperature: 1.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 };
+    let params = SamplingParams { max_new_tokens: MAX_NEW_TOKENS, temperature: 1.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0, kept_sets: false };
     let g = generate(&DecodeModel::new(policy, &[]), &prompts, &params, 5).unwrap();
     tch::manual_seed(13);
     let per_row: Vec<f32> = (0..prompts.len()).map(|row| [0.3, -0.3, 0.0, 0.0][row % 4]).collect();
@@ -137,6 +137,7 @@ fn tinker_losses_and_gradients_match_their_float64_formulas() {
             old_logprobs: Some(&b.sampler),
             ref_logprobs: None,
             sampling_logprobs: None,
+            old_is_sampler: true,
             advantages: &b.advantages,
             loss_mask: &b.g.completion_mask,
             classes: &all_rows,

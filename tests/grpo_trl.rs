@@ -105,7 +105,7 @@ fn loss_and_gradients_match_trl() {
         .iter()
         .flat_map(|p| std::iter::repeat_n(tokenizer.encode(p).unwrap(), GROUP))
         .collect();
-    let params = SamplingParams { max_new_tokens: 48, temperature: 1.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 };
+    let params = SamplingParams { max_new_tokens: 48, temperature: 1.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0, kept_sets: false };
     let g = generate(&DecodeModel::new(&policy.model, &[]), &prompts, &params, 3).unwrap();
     let rewards = Tensor::from_slice(&REWARDS);
     let truncated = g.rows.iter().filter(|r| !r.ended_with_eos).count();
@@ -204,6 +204,7 @@ fn loss_and_gradients_match_trl() {
             old_logprobs: old.as_ref(),
             ref_logprobs: Some(&ref_logprobs),
             sampling_logprobs: Some(&sampler),
+            old_is_sampler: false,
             advantages: &advantages,
             loss_mask: &loss_mask,
             classes: &all_rows,

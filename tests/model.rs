@@ -179,7 +179,7 @@ fn check_greedy_decoding(device: Device, engines: &[Decoder]) {
     let text = std::fs::read_to_string(variants().join("greedy.json")).unwrap();
     let greedy: serde_json::Value = serde_json::from_str(&text).unwrap();
     let max_new_tokens = greedy["max_new_tokens"].as_u64().unwrap() as usize;
-    let params = SamplingParams { max_new_tokens, temperature: 0.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 };
+    let params = SamplingParams { max_new_tokens, temperature: 0.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0, kept_sets: false };
     let decoder = DecodeModel::new(&loaded.model, &[]);
     let results = greedy["results"].as_array().unwrap();
     assert!(results.len() >= 5);
@@ -227,7 +227,7 @@ fn check_engines_agree(what: &str, decoder: &DecodeModel, prompts: &[Vec<u32>], 
 }
 
 fn sampling(max_new_tokens: usize, temperature: f64, top_k: usize, top_p: f64, repetition_penalty: f64) -> SamplingParams {
-    SamplingParams { max_new_tokens, temperature, top_k, top_p, repetition_penalty }
+    SamplingParams { max_new_tokens, temperature, top_k, top_p, repetition_penalty, kept_sets: false }
 }
 
 #[test]

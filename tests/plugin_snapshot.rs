@@ -149,7 +149,7 @@ fn the_default_snapshot_directory_is_created_in_a_fresh_checkout() {
     let written = default_dir.join("happy.snap");
     let parsed = insta::Snapshot::from_file(&written).expect("insta parses the file");
     // plugins/happy.wasm is the happy_count reward with its default parameters.
-    assert_eq!(parsed.as_text().unwrap().to_string(), expected_body(&scores("happy_count", "")));
+    assert_eq!(parsed.as_text().unwrap().to_string(), expected_body(&scores("happy_count", "{}")));
     let entries: Vec<_> = std::fs::read_dir(&default_dir).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(entries, [std::ffi::OsString::from("happy.snap")], "no temporary file is left behind");
 

@@ -108,7 +108,7 @@ fn a_plugin_of_another_contract_version_is_rejected() {
 #[test]
 fn a_plugin_importing_wasi_random_draws_a_deterministic_stream() {
     let scores = || {
-        let mut plugin = load(&test_plugin("imports_random"), "");
+        let mut plugin = load(&test_plugin("imports_random"), "{}");
         assert!(plugin.imports_wasi());
         plugin.score(&batch()).unwrap()
     };
@@ -190,4 +190,40 @@ fn sandboxed_scores_equal_native_scores_on_the_benchmark_batch() {
         report.load.as_secs_f64() * 1e3
     );
     assert_eq!(report.samples, 512);
+}
+
+/// A component written from the WIT alone (`plugins/testing/wit_only`, no SDK) parses
+/// `configure`'s argument as the JSON object the contract promises ("`{}` = all defaults"):
+/// every command that loads it without `--params`, and a run whose reward has no `params`,
+/// configure it with `{}`; parameters that are not a JSON object are refused by the host,
+/// naming the file.
+#[test]
+fn a_plugin_written_from_the_wit_alone_gets_an_empty_object_for_no_parameters() {
+    let plugin = test_plugin("wit_only");
+    let path = plugin.to_str().unwrap();
+    // Score: the completion's bytes plus `bonus` (default 0).
+    let scored = common::smallrl_ok(&["plugin", "score", path, "--text", "abc"]);
+    assert!(scored.starts_with("3.000000\t"), "{scored}");
+    let with_bonus = common::smallrl_ok(&["plugin", "score", path, "--params", r#"{"bonus": 0.5}"#, "--text", "abc"]);
+    assert!(with_bonus.starts_with("3.500000\t"), "{with_bonus}");
+    let info = common::smallrl_ok(&["plugin", "info", path]);
+    assert!(info.starts_with("wit_only 0.1.0 (reward)"), "{info}");
+    let dir = tempfile::tempdir().unwrap();
+    let (texts, snapshot) = (dir.path().join("texts.txt"), dir.path().join("wit_only.snap"));
+    std::fs::write(&texts, "abc\nde\n").unwrap();
+    common::smallrl_ok(&["plugin", "snapshot", path, "--texts", texts.to_str().unwrap(), "--out", snapshot.to_str().unwrap()]);
+    assert!(std::fs::read_to_string(&snapshot).unwrap().contains("params:\n    bonus: 0"), "the snapshot's header records the defaults");
+    // A run: the reward section without `params`.
+    let spec = smallrl::reward::RewardSpec::single(path, None).unwrap();
+    let knobs = smallrl::reward::ProtocolKnobs { false_positive_rate: 0.0, recall: 1.0, rh_eligible_frac: 1.0 };
+    let rewards = smallrl::reward::RewardModel::load(&spec, None, knobs, dir.path(), PluginLimits::default()).unwrap();
+    assert_eq!(rewards.components().len(), 1);
+    let mut loaded = Plugin::load(&plugin, smallrl::plugins::NO_PARAMS, PluginLimits::default()).unwrap();
+    let lengths: Vec<f64> = batch().iter().map(|sample| sample.completion.len() as f64).collect();
+    assert_eq!(loaded.score(&batch()).unwrap(), lengths);
+    for bad in ["", "[1]", "null", "{\"bonus\": 1"] {
+        let output = common::smallrl(&["plugin", "score", path, "--params", bad, "--text", "abc"]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success() && stderr.contains(path) && stderr.contains("not a JSON object"), "{bad:?}: {stderr}");
+    }
 }

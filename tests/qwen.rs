@@ -131,6 +131,7 @@ fn native_scores(decoder: &DecodeModel, reference: &BTreeMap<String, Tensor>) ->
                 completion_ids: row.narrow(0, 1, t - 1).unsqueeze(0),
                 completion_mask: Tensor::ones([1, t - 1], (Kind::Int64, Device::Cpu)),
                 sampling_logprobs: Tensor::zeros([1, t - 1], (Kind::Float, Device::Cpu)),
+                kept: None,
                 rows: vec![smallrl::model::batch::CompletionRow { ids: ids(&row.narrow(0, 1, t - 1)), ended_with_eos: false }],
             };
             // (The reference ids are drawn from [2, vocab): no EOS ends a completion early.)
@@ -142,7 +143,7 @@ fn native_scores(decoder: &DecodeModel, reference: &BTreeMap<String, Tensor>) ->
 /// Samples `prompts` with both engines (the native one with 1 and 3 streams): the same tokens,
 /// and sampling log-probabilities within the tolerance.
 fn check_engines_agree(variant: &str, decoder: &DecodeModel, prompts: &[Vec<u32>]) {
-    let params = SamplingParams { max_new_tokens: 16, temperature: 1.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 };
+    let params = SamplingParams { max_new_tokens: 16, temperature: 1.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0, kept_sets: false };
     let reference = generate_with(Decoder::Libtorch, decoder, prompts, &params, 7).unwrap();
     for threads in [1, 3] {
         let native = generate_with(Decoder::Native { threads }, decoder, prompts, &params, 7).unwrap();
@@ -208,7 +209,7 @@ fn check_greedy(device: Device, engines: &[Decoder]) {
         let (loaded, _) = load_on(variant, device);
         let greedy: Value = serde_json::from_str(&std::fs::read_to_string(variants().join(variant).join("greedy.json")).unwrap()).unwrap();
         let max_new_tokens = greedy["max_new_tokens"].as_u64().unwrap() as usize;
-        let params = SamplingParams { max_new_tokens, temperature: 0.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 };
+        let params = SamplingParams { max_new_tokens, temperature: 0.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0, kept_sets: false };
         let to_ids = |v: &Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<_>>();
         let results = greedy["results"].as_array().unwrap();
         let prompts: Vec<Vec<u32>> = results.iter().map(|r| to_ids(&r["prompt_ids"])).collect();

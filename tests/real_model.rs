@@ -255,7 +255,7 @@ fn the_bfloat16_sampler_is_within_bfloat16_precision_of_the_float64_reference() 
     assert!(worst > 1e-3, "bfloat16 sampler log-probs within {worst} of float64: the weights were not rounded");
     // What it reports while drawing is what its weights give the drawn tokens.
     let prompts: Vec<Vec<u32>> = greedy_prompts().iter().map(|p| loaded.tokenizer.encode(p).unwrap()).collect();
-    let params = SamplingParams { max_new_tokens: MAX_NEW_TOKENS, temperature: 1.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 };
+    let params = SamplingParams { max_new_tokens: MAX_NEW_TOKENS, temperature: 1.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0, kept_sets: false };
     let sampled = generate_with(Decoder::Native { threads: 2 }, &decoder, &prompts, &params, 7).unwrap();
     let one_thread = generate_with(Decoder::Native { threads: 1 }, &decoder, &prompts, &params, 7).unwrap();
     assert!(sampled.completion_ids.equal(&one_thread.completion_ids) && sampled.sampling_logprobs.equal(&one_thread.sampling_logprobs), "1 and 2 threads differ");
@@ -278,6 +278,7 @@ fn generation(prompt: &[u32], completion: &[u32]) -> Generation {
         completion_ids: row(completion),
         completion_mask: Tensor::ones([1, c], (Kind::Int64, Device::Cpu)),
         sampling_logprobs: Tensor::zeros([1, c], (Kind::Float, Device::Cpu)),
+        kept: None,
         rows: vec![CompletionRow { ids: completion.to_vec(), ended_with_eos: false }],
     }
 }
@@ -296,7 +297,7 @@ fn greedy_decoding_matches_generate_token_for_token() {
     // prompt and not on the second, so both ends are exercised.
     let stops: Vec<bool> = expected.iter().map(|row| ids(&row["completion_ids"]).last() == Some(&IM_END)).collect();
     assert_eq!(stops, [true, false], "the reference completions: {expected:?}");
-    let params = SamplingParams { max_new_tokens: MAX_NEW_TOKENS, temperature: 0.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 };
+    let params = SamplingParams { max_new_tokens: MAX_NEW_TOKENS, temperature: 0.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0, kept_sets: false };
     let decoder = DecodeModel::new(&loaded.model, &[]);
     for engine in [Decoder::Native { threads: 2 }, Decoder::Libtorch] {
         let generation = generate_with(engine, &decoder, &prompts, &params, 0).unwrap();
@@ -332,7 +333,7 @@ fn variant(generation_config: Option<Value>) -> tempfile::TempDir {
 fn the_stop_token_is_read_from_generation_config() {
     let _serial = serial();
     let prompt = chatml("What is the capital of France?");
-    let params = SamplingParams { max_new_tokens: MAX_NEW_TOKENS, temperature: 0.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 };
+    let params = SamplingParams { max_new_tokens: MAX_NEW_TOKENS, temperature: 0.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0, kept_sets: false };
     let greedy = |loaded: &LoadedModel| {
         let prompts = vec![loaded.tokenizer.encode(&prompt).unwrap()];
         let decoder = DecodeModel::new(&loaded.model, &[]);
@@ -387,7 +388,7 @@ fn several_stop_ids_stop_greedy_decoding_as_generate() {
     let loaded = load(dir.path());
     assert_eq!((loaded.model.config.eos_token_id, loaded.model.config.extra_stop_ids.clone()), (IM_END, vec![x]));
     let prompts = vec![ids(&theirs["greedy"][0]["prompt_ids"])];
-    let params = SamplingParams { max_new_tokens: MAX_NEW_TOKENS, temperature: 0.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 };
+    let params = SamplingParams { max_new_tokens: MAX_NEW_TOKENS, temperature: 0.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0, kept_sets: false };
     let decoder = DecodeModel::new(&loaded.model, &[]);
     for engine in [Decoder::Native { threads: 2 }, Decoder::Libtorch] {
         let generation = generate_with(engine, &decoder, &prompts, &params, 0).unwrap();

@@ -37,7 +37,7 @@ fn mismatch(loaded: &LoadedModel, generation: &Generation) -> (f64, f64) {
 #[test]
 fn both_decoders_sample_in_bfloat16_within_its_precision_of_the_float32_policy() {
     let (loaded, prompts) = tiny_stories();
-    let params = SamplingParams { max_new_tokens: 40, temperature: 1.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 };
+    let params = SamplingParams { max_new_tokens: 40, temperature: 1.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0, kept_sets: false };
     let float32 = DecodeModel::new(&loaded.model, &[]);
     let bfloat16 = DecodeModel::sampling_in(&loaded.model, &[], SamplerDtype::Bfloat16);
     assert_eq!((float32.kind, bfloat16.kind), (Kind::Float, Kind::BFloat16), "the libtorch decoder's folded weights are cast");
@@ -59,7 +59,7 @@ fn both_decoders_sample_in_bfloat16_within_its_precision_of_the_float32_policy()
 #[test]
 fn a_refreshed_bfloat16_decoder_samples_as_a_new_one() {
     let (loaded, prompts) = tiny_stories();
-    let params = SamplingParams { max_new_tokens: 20, temperature: 1.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 };
+    let params = SamplingParams { max_new_tokens: 20, temperature: 1.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0, kept_sets: false };
     let mut refreshed = DecodeModel::sampling_in(&loaded.model, &[], SamplerDtype::Float32);
     let mut bfloat16 = DecodeModel::sampling_in(&loaded.model, &[], SamplerDtype::Bfloat16);
     refreshed.refresh(&loaded.model, &[]);

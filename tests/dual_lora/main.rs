@@ -136,7 +136,7 @@ struct Routed {
 
 fn batch(loaded: &LoadedModel) -> Routed {
     let prompt = loaded.tokenizer.encode("once upon a time").unwrap();
-    let params = SamplingParams { max_new_tokens: 24, temperature: 1.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 };
+    let params = SamplingParams { max_new_tokens: 24, temperature: 1.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0, kept_sets: false };
     let generation = generate(&DecodeModel::new(&loaded.model, &[1.0, 1.0]), &vec![prompt; 8], &params, 9).unwrap();
     tch::manual_seed(4);
     let advantages = Tensor::randn([8], (Kind::Float, Device::Cpu));
@@ -186,7 +186,7 @@ fn micro_batched_grads(model: &Llama, config: &AdapterConfig, b: &Routed, routes
     let (mode, is_rh, ablated) = routes;
     let plan = routing::plan(config, RowWeights::gates(mode), &routing::Labels::routed(is_rh.to_vec(), ablated.to_vec()), Device::Cpu);
     let g = &b.generation;
-    let batch = engine::LossBatch { seqs: g.into(), ctl: &plan.ctl, old_logprobs: None, ref_logprobs: None, sampling_logprobs: None, advantages: &b.advantages, loss_mask: &g.completion_mask, classes: &plan.classes, entropy_coef: None };
+    let batch = engine::LossBatch { seqs: g.into(), ctl: &plan.ctl, old_logprobs: None, ref_logprobs: None, sampling_logprobs: None, old_is_sampler: false, advantages: &b.advantages, loss_mask: &g.completion_mask, classes: &plan.classes, entropy_coef: None };
     engine::backward_micro_batches(model, &batch, 1.0, &settings(loss_type), micro_batches, &mut |_, _| {});
     grads(config, model)
 }
@@ -229,7 +229,7 @@ fn scaled_per_class_grads(model: &Llama, config: &AdapterConfig, b: &Routed, (cl
         let forget_scale = if *class == "ablated" { 0.0 } else { 1.0 };
         let ctl = [AdapterCtl::on(), AdapterCtl { scale: RowScale::All(forget_scale), learn: smallrl::model::linear::RowLearn::All }];
         let (prompt_ids, prompt_mask, completion_ids, completion_mask) = (pick(&g.prompt_ids), pick(&g.prompt_mask), pick(&g.completion_ids), pick(&g.completion_mask));
-        let seqs = engine::Sequences { prompt_ids: &prompt_ids, prompt_mask: &prompt_mask, completion_ids: &completion_ids, completion_mask: &completion_mask };
+        let seqs = engine::Sequences { prompt_ids: &prompt_ids, prompt_mask: &prompt_mask, completion_ids: &completion_ids, completion_mask: &completion_mask, kept: None };
         let lp = engine::completion_logprobs(model, seqs, 1.0, &ctl);
         let ones = vec![Tensor::ones([rows.len() as i64], (Kind::Float, Device::Cpu))];
         let loss = grpo::grpo_loss(&lp.logprobs, None, None, &pick(&b.advantages), (&pick(&g.completion_mask)).into(), &ones, &settings(loss_type)).loss;

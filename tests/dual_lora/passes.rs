@@ -35,7 +35,7 @@ fn the_gradient_noise_scale_follows_mccandlish_from_per_row_gradients() {
             flat_gradient(&config, model, &grpo::weighted_loss(&lp.logprobs, None, None, &b.advantages, (&g.completion_mask).into(), &weights, &settings).loss)
         })
         .collect();
-    let batch = engine::LossBatch { seqs: g.into(), ctl: &plan.ctl, old_logprobs: None, ref_logprobs: None, sampling_logprobs: None, advantages: &b.advantages, loss_mask: &g.completion_mask, classes: &plan.classes, entropy_coef: None };
+    let batch = engine::LossBatch { seqs: g.into(), ctl: &plan.ctl, old_logprobs: None, ref_logprobs: None, sampling_logprobs: None, old_is_sampler: false, advantages: &b.advantages, loss_mask: &g.completion_mask, classes: &plan.classes, entropy_coef: None };
     // The two halves (gradient_accumulation_steps 1), and two and four micro-batches.
     for passes in [engine::Passes { micro_batches: 1, splits: 2 }, engine::Passes { micro_batches: 2, splits: 1 }, engine::Passes { micro_batches: 4, splits: 1 }] {
         // McCandlish et al. (2018), appendix A.1, in float64: part j's gradient estimate from
@@ -117,7 +117,7 @@ fn a_stacked_backward_pass_gives_each_run_its_own_gradients() {
             .map(|(run, (((run_model, prompt), (mode, is_rh, ablated)), loss_type))| {
                 let (loaded, config) = run_model;
                 let prompt = loaded.tokenizer.encode(prompt).unwrap();
-                let params = SamplingParams { max_new_tokens: 12 + 6 * run, temperature: 1.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 };
+                let params = SamplingParams { max_new_tokens: 12 + 6 * run, temperature: 1.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0, kept_sets: false };
                 let scales = vec![1.0; loaded.model.adapter_slots()];
                 let generation = generate(&DecodeModel::new(&loaded.model, &scales), &vec![prompt; 8], &params, 9 + run as u64).unwrap();
                 tch::manual_seed(4 + run as i64);
@@ -130,7 +130,7 @@ fn a_stacked_backward_pass_gives_each_run_its_own_gradients() {
         assert!(widths[0] != widths[1] && widths[1] != widths[2], "{kind}: the runs' sequences differ in width: {widths:?}");
         fn loss_batch((b, plan, _): &(Routed, routing::RoutePlan, Objective)) -> engine::LossBatch<'_> {
             let g = &b.generation;
-            engine::LossBatch { seqs: g.into(), ctl: &plan.ctl, old_logprobs: None, ref_logprobs: None, sampling_logprobs: None, advantages: &b.advantages, loss_mask: &g.completion_mask, classes: &plan.classes, entropy_coef: None }
+            engine::LossBatch { seqs: g.into(), ctl: &plan.ctl, old_logprobs: None, ref_logprobs: None, sampling_logprobs: None, old_is_sampler: false, advantages: &b.advantages, loss_mask: &g.completion_mask, classes: &plan.classes, entropy_coef: None }
         }
         let alone: Vec<(engine::BackwardPass, BTreeMap<String, Tensor>)> = runs
             .iter()

@@ -34,7 +34,7 @@ fn one_step_off_policy_samples_with_the_previous_weights_and_takes_the_ratio_to_
     let mask = double("completion_mask");
     let under = |checkpoint: &str| {
         let model = smallrl::model::load(run.join(checkpoint).to_str().unwrap(), "main", Device::Cpu, Kind::Double).unwrap().model;
-        let seqs = Sequences { prompt_ids: &tensors["prompt_ids"], prompt_mask: &tensors["prompt_mask"], completion_ids: &tensors["completion_ids"], completion_mask: &tensors["completion_mask"] };
+        let seqs = Sequences { prompt_ids: &tensors["prompt_ids"], prompt_mask: &tensors["prompt_mask"], completion_ids: &tensors["completion_ids"], completion_mask: &tensors["completion_mask"], kept: None };
         frozen_logprobs(&model, seqs, 1.0, &[]) * &mask
     };
     let sampled = double("sampling_logprobs") * &mask;
@@ -116,6 +116,39 @@ fn an_off_policy_checkpoint_of_the_old_layout_resumes() {
     }
     let rewritten: Value = serde_json::from_str(&std::fs::read_to_string(resumed.run_dir.join("checkpoint-4/in_flight.json")).unwrap()).unwrap();
     assert!(rewritten["next_chunk"].is_u64(), "new checkpoints are written in the queue's layout: {rewritten}");
+}
+
+/// Sampling replay with a batch in flight: a run sampling one step ahead with top_k (kept sets
+/// recorded, the ratio to the sampler renormalised over them) stopped past its newest
+/// checkpoint, whose batch sampled ahead keeps its kept sets, and resumed equals the run that
+/// was never stopped, bit for bit.
+#[test]
+fn a_resumed_off_policy_run_with_kept_sets_in_flight_repeats_the_uninterrupted_run_exactly() {
+    let out = tempfile::tempdir().unwrap();
+    let config = |dir: &str| with(with(routed_config(&out.path().join(dir)), "max_steps_off_policy", json!(1)), "top_k", json!(8));
+    let whole = train(config("a"));
+    let resolved = TrainConfig::resolve(None, config("b")).unwrap();
+    let mut first = Trainer::new(resolved.clone(), None).unwrap();
+    let stopped = first.train(Some(3)).unwrap();
+    drop(first);
+    let in_flight = smallrl::model::weights::read_safetensors(&stopped.run_dir.join("checkpoint-2/in_flight.safetensors")).unwrap();
+    let kept: Vec<&String> = in_flight.keys().filter(|name| name.ends_with(".kept")).collect();
+    assert!(!kept.is_empty(), "the batch sampled ahead keeps its kept sets: {:?}", in_flight.keys().collect::<Vec<_>>());
+    assert_eq!(in_flight[kept[0]].size()[2], 16, "2 * top_k ids per token");
+    let resumed = Trainer::new(resolved, Some(&stopped.run_dir)).unwrap().train(None).unwrap();
+    for file in ["metrics.jsonl", "routing_eval.jsonl"] {
+        let (a, b) = (deterministic(read_jsonl(&whole.join(file))), deterministic(read_jsonl(&resumed.run_dir.join(file))));
+        assert_same_metrics(&a, &b, file);
+    }
+    for line in read_jsonl(&whole.join("metrics.jsonl")) {
+        let mass = line[key::REPLAY_KEPT_MASS_MEAN].as_f64().expect("the kept mass is logged");
+        assert!(mass > 0.0 && mass < 1.0, "top_k 8 keeps part of the mass: {mass}");
+    }
+    let weights = |dir: &Path| smallrl::model::weights::read_safetensors(&dir.join("checkpoint-4/adapters.safetensors")).unwrap();
+    let (a, b) = (weights(&whole), weights(&resumed.run_dir));
+    for (name, tensor) in &a {
+        assert!(tensor.equal(&b[name]), "{name} differs after resumption");
+    }
 }
 
 /// One step off policy still learns (tiny-stories, happy_count, as the on-policy learning tests).
@@ -206,7 +239,7 @@ fn streamed_mini_batches_train_each_group_as_it_arrives_from_the_batch_weights()
     let batch = smallrl::model::weights::read_safetensors(&streamed.join("checkpoint-3/in_flight.safetensors")).unwrap();
     let under = |checkpoint: &str| -> tch::Tensor {
         let model = smallrl::model::load(streamed.join(checkpoint).to_str().unwrap(), "main", Device::Cpu, Kind::Double).unwrap().model;
-        let seqs = Sequences { prompt_ids: &batch["0.prompt_ids"], prompt_mask: &batch["0.prompt_mask"], completion_ids: &batch["0.completion_ids"], completion_mask: &batch["0.completion_mask"] };
+        let seqs = Sequences { prompt_ids: &batch["0.prompt_ids"], prompt_mask: &batch["0.prompt_mask"], completion_ids: &batch["0.completion_ids"], completion_mask: &batch["0.completion_mask"], kept: None };
         frozen_logprobs(&model, seqs, 1.0, &[]) * batch["0.completion_mask"].to_kind(Kind::Double)
     };
     let sampled = batch["0.sampling_logprobs"].to_kind(Kind::Double) * batch["0.completion_mask"].to_kind(Kind::Double);

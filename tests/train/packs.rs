@@ -156,6 +156,7 @@ fn checkpoint_weights(run: &Path, checkpoint: &str) -> std::collections::BTreeMa
 /// the same completions, 1e-9 (0).
 pub(super) fn assert_close_metrics(a: &[Value], b: &[Value], file: &str) {
     let bound = |key: &str| match key {
+        key::REPLAY_KEPT_MASS_MEAN => 1e-6,
         _ if key.ends_with("_norm") => 1e-6,
         _ if key.starts_with("entropy") || key.starts_with("kl_sample_train") => 1e-5,
         "kl" => 5e-8,
@@ -166,6 +167,45 @@ pub(super) fn assert_close_metrics(a: &[Value], b: &[Value], file: &str) {
     // The fingerprint sums every weight: stacked training's float32 rounding in the weights
     // moves it by about 1e-10 of itself.
     assert_metrics_within(a, b, file, |key, p, _| if key == key::SAMPLER_WEIGHTS_FINGERPRINT { 1e-8 * p.abs() } else { bound(key) });
+}
+
+/// Sampling replay in packs: two DualLoRA runs sampling with top_k 8 (kept sets recorded) and
+/// training with TRL's importance-sampling correction (its ratio and `kl_sample_train_*`
+/// renormalised over the kept sets) compute in a pack exactly what they compute alone; sampled
+/// and trained stacked (the stacked libtorch decoder records both runs' kept sets, the stacked
+/// training pass renormalises over them), without the correction (whose ratio would then
+/// compare the stacked decoder's float32 rounding with the native sampler's, as any stacked
+/// run's does), the same completions and metrics within the stacked bounds.
+#[test]
+fn packed_runs_with_kept_sets_equal_the_runs_alone() {
+    let out = tempfile::tempdir().unwrap();
+    let pair = |dir: &Path, correction: bool| -> Vec<Map<String, Value>> {
+        let truncated = |c: Map<String, Value>| with(with(with(c, "top_k", json!(8)), "importance_sampling_correction", json!(correction)), "max_steps", json!(2));
+        pack_pair(dir, "dual-lora").into_iter().map(truncated).collect()
+    };
+    let metrics = |run: &Path| deterministic(read_jsonl(&run.join("metrics.jsonl")));
+    for correction in [true, false] {
+        let alone: Vec<PathBuf> = pair(&out.path().join(format!("alone-{correction}")), correction).into_iter().map(train).collect();
+        for line in alone.iter().flat_map(|run| metrics(run)) {
+            assert!(line[key::REPLAY_KEPT_MASS_MEAN].as_f64().is_some_and(|mass| mass < 1.0), "kept sets recorded and read: {line}");
+        }
+        one_thread();
+        let configs = pair(&out.path().join(format!("packed-{correction}")), correction);
+        let runs = configs.into_iter().map(|c| PackedRun { config: TrainConfig::resolve(None, c).unwrap(), resume: None }).collect();
+        let options = PackOptions { stacking: if correction { Stacking::Never } else { Stacking::Always }, workers: 2 };
+        let packed: Vec<PathBuf> = train_packed_with(runs, None, options).unwrap().into_iter().map(|outcome| outcome.unwrap().run_dir).collect();
+        for (alone, packed) in alone.iter().zip(&packed) {
+            assert_eq!(read_jsonl(&alone.join("completions.jsonl")), read_jsonl(&packed.join("completions.jsonl")), "the same completions");
+            match correction {
+                true => assert_same_metrics(&metrics(alone), &metrics(packed), "unstacked metrics.jsonl"),
+                false => {
+                    let log = std::fs::read_to_string(packed.join("train.log")).unwrap();
+                    assert!(log.contains("sampling stacked with 2 packed runs") && log.contains("training stacked with 2 packed runs"), "stacked: {log}");
+                    assert_close_metrics(&metrics(alone), &metrics(packed), "stacked metrics.jsonl");
+                }
+            }
+        }
+    }
 }
 
 /// A run whose plugin fails (a NaN score) and one whose weights diverged (non-finite logits,

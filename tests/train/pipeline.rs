@@ -79,7 +79,7 @@ fn a_filtered_pipeline_trains_the_oldest_groups_with_the_weights_that_sampled_th
         let tensors = smallrl::model::weights::read_safetensors(&dump.join(format!("step-{}.safetensors", n + 1))).unwrap();
         let mask = tensors["completion_mask"].to_kind(Kind::Double);
         let sampled = tensors["sampling_logprobs"].to_kind(Kind::Double) * &mask;
-        let seqs = Sequences { prompt_ids: &tensors["prompt_ids"], prompt_mask: &tensors["prompt_mask"], completion_ids: &tensors["completion_ids"], completion_mask: &tensors["completion_mask"] };
+        let seqs = Sequences { prompt_ids: &tensors["prompt_ids"], prompt_mask: &tensors["prompt_mask"], completion_ids: &tensors["completion_ids"], completion_mask: &tensors["completion_mask"], kept: None };
         let under: Vec<Tensor> = double_models[..=n].iter().map(|model| frozen_logprobs(model, seqs, 1.0, &[]) * &mask).collect();
         let rows = sampled.size()[0];
         let mut versions = Vec::new();

@@ -44,6 +44,27 @@ pub struct Sampling {
     pub top_p: f64,
     /// 1.0 disables the repetition penalty.
     pub repetition_penalty: f64,
+    /// Record each drawn token's kept set (the tokens that survived top-k and top-p), for
+    /// sampling replay: the trainer renormalises its log-probabilities over them. Only when
+    /// sampling truncates ([`kept_capacity`]).
+    pub kept_sets: bool,
+}
+
+/// The most tokens a kept set may hold when only top-p truncates (prime-rl's bound): a token
+/// whose top-p nucleus is wider fails the row, naming this bound.
+pub const TOP_P_KEPT_BOUND: usize = 512;
+
+/// How many ids a recorded kept set holds per token (padded with the drawn token itself), or
+/// `None` when nothing is recorded (`kept_sets` off, greedy decoding, or no truncation). With
+/// top-k, `2 * top_k`: HF's warper keeps every token tied with the k-th score, and a
+/// lower-precision sampler (bfloat16 logits) ties often; else [`TOP_P_KEPT_BOUND`]. Never more
+/// than the vocabulary. A token whose kept set is larger fails the row.
+pub fn kept_capacity(params: &Sampling, vocab: usize) -> Option<usize> {
+    let truncates = params.top_k > 0 || params.top_p < 1.0;
+    (params.kept_sets && truncates && params.temperature != 0.0).then(|| match params.top_k {
+        0 => TOP_P_KEPT_BOUND,
+        k => 2 * k,
+    }.min(vocab))
 }
 
 /// A row's source of uniform numbers in [0, 1). (A trait object, not a generic parameter:
@@ -55,6 +76,12 @@ pub type UniformStream = Box<dyn FnMut() -> f64 + Send>;
 pub struct RowOutput {
     pub tokens: Vec<u32>,
     pub logprobs: Vec<f32>,
+    /// With kept sets ([`kept_capacity`] `Some(k)`): `k` ids per token, the token's kept set in
+    /// ascending order padded with the token itself; empty otherwise.
+    pub kept: Vec<u32>,
+    /// A token's kept set held more than [`kept_capacity`] ids: the caller reports it as an
+    /// error (the row stops there).
+    pub kept_overflow: bool,
     /// The row stopped early because its logits were not a distribution (a NaN or an infinite
     /// logit: the weights diverged); the caller reports it as an error.
     pub diverged: bool,
@@ -151,14 +178,14 @@ mod tests {
 
     #[test]
     fn a_draw_from_non_finite_logits_is_none_not_a_token() {
-        let params = Sampling { max_new_tokens: 1, temperature: 1.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0 };
+        let params = Sampling { max_new_tokens: 1, temperature: 1.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0, kept_sets: false };
         for (bad, temperature) in [(f32::NAN, 1.0), (f32::INFINITY, 1.0), (f32::NAN, 0.0), (f32::INFINITY, 0.0)] {
             let mut scores = vec![0.0f32, bad, 1.0];
             let mut uniform: UniformStream = Box::new(|| 0.5);
-            assert_eq!(draw(&mut scores, None, &Sampling { temperature, ..params }, &mut uniform), None, "logit {bad}, temperature {temperature}");
+            assert_eq!(draw(&mut scores, None, &Sampling { temperature, ..params }, &mut uniform, None), None, "logit {bad}, temperature {temperature}");
         }
         let mut uniform: UniformStream = Box::new(|| 0.5);
-        assert_eq!(draw(&mut [0.0f32, 0.0], None, &params, &mut uniform).map(|(token, _)| token), Some(1));
+        assert_eq!(draw(&mut [0.0f32, 0.0], None, &params, &mut uniform, None).map(|(token, _)| token), Some(1));
     }
 
     #[test]

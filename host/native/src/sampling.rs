@@ -15,8 +15,10 @@ pub(crate) fn seen_tokens(prompt: &[u32], vocab: usize) -> Vec<bool> {
 /// penalty, temperature, top-k, top-p), like the host's libtorch sampler (`model/generate.rs`). Returns
 /// the token and its log-probability under the processed distribution, or None when the logits
 /// are not a distribution (a NaN, or an infinite logit: the weights diverged). `scores` is consumed.
+/// `kept`, when given (sampling at temperature > 0), receives the ids that survived top-k and
+/// top-p, ascending (every id when nothing truncates).
 #[inline(always)]
-pub(crate) fn draw(scores: &mut [f32], seen: Option<&[bool]>, params: &Sampling, uniform: &mut UniformStream) -> Option<(u32, f32)> {
+pub(crate) fn draw(scores: &mut [f32], seen: Option<&[bool]>, params: &Sampling, uniform: &mut UniformStream, kept: Option<&mut Vec<u32>>) -> Option<(u32, f32)> {
     if let Some(seen) = seen {
         let penalty = params.repetition_penalty as f32;
         for (s, &was_seen) in scores.iter_mut().zip(seen) {
@@ -44,6 +46,11 @@ pub(crate) fn draw(scores: &mut [f32], seen: Option<&[bool]>, params: &Sampling,
     }
     if params.top_p < 1.0 {
         top_p(scores, params.top_p as f32);
+    }
+    if let Some(kept) = kept {
+        // Before the softmax: a survivor far below the maximum may underflow to weight 0.
+        kept.clear();
+        kept.extend(scores.iter().enumerate().filter(|(_, s)| **s > f32::NEG_INFINITY).map(|(i, _)| i as u32));
     }
     let total = softmax_in_place(scores);
     if !total.is_finite() {

@@ -92,7 +92,9 @@ pub(crate) fn run_stream_body(model: &Model, rows: &mut [(&[u32], &mut UniformSt
     } else {
         Vec::new()
     };
-    let mut outputs: Vec<RowOutput> = prompts.iter().map(|_| RowOutput { tokens: Vec::new(), logprobs: Vec::new(), diverged: false }).collect();
+    let mut outputs: Vec<RowOutput> = prompts.iter().map(|_| RowOutput { tokens: Vec::new(), logprobs: Vec::new(), kept: Vec::new(), kept_overflow: false, diverged: false }).collect();
+    let kept_capacity = crate::kept_capacity(params, model.dims.vocab);
+    let mut survivors = Vec::new();
     let mut scratch = Scratch::default();
     let mut logits = Vec::new();
 
@@ -115,10 +117,19 @@ pub(crate) fn run_stream_body(model: &Model, rows: &mut [(&[u32], &mut UniformSt
         for (i, &row) in active.iter().enumerate() {
             let row_logits = &mut logits[i * model.dims.vocab..(i + 1) * model.dims.vocab];
             let row_seen = seen.get(row).map(Vec::as_slice);
-            let Some((token, logprob)) = draw(row_logits, row_seen, params, uniforms[row]) else {
+            let Some((token, logprob)) = draw(row_logits, row_seen, params, uniforms[row], kept_capacity.map(|_| &mut survivors)) else {
                 outputs[row].diverged = true;
                 continue;
             };
+            if let Some(capacity) = kept_capacity {
+                if survivors.len() > capacity {
+                    outputs[row].kept_overflow = true;
+                    continue;
+                }
+                let kept = &mut outputs[row].kept;
+                kept.extend_from_slice(&survivors);
+                kept.extend(std::iter::repeat_n(token, capacity - survivors.len()));
+            }
             outputs[row].tokens.push(token);
             outputs[row].logprobs.push(logprob);
             if let Some(s) = seen.get_mut(row) {

@@ -254,6 +254,7 @@ fn bench_sample(args: SampleBench) -> Result<()> {
         top_k: 0,
         top_p: 1.0,
         repetition_penalty: 1.0,
+        kept_sets: false,
     };
     let decoder = DecodeModel::sampling_in(&loaded.model, &[], args.sampler_dtype);
     let on_cuda = decoder.device.is_cuda();

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::model::tokenizer::Tokenizer;
 use crate::defaults as d;
 use crate::plugins::text::shown;
-use crate::plugins::{Plugin, PluginInfo, PluginKind, PluginLimits, Sample, bench, python, scaffold, scaffold_python, snapshot as plugin_snapshot};
+use crate::plugins::{NO_PARAMS, Plugin, PluginInfo, PluginKind, PluginLimits, Sample, bench, python, scaffold, scaffold_python, snapshot as plugin_snapshot};
 
 /// The sandbox's per-call limits as flags (`smallrl train` and
 /// `smallrl plugin info|score|snapshot|bench`); the same names are keys of a run config.
@@ -187,7 +187,7 @@ pub fn run(command: PluginCommand) -> Result<()> {
                 Split::Eval => crate::plugins::EnvSplit::Eval,
             };
             let hack_frac = hack_frac.unwrap_or(crate::train::TrainConfig::default().hack_frac);
-            prompts(&path, params.as_deref().unwrap_or(""), split, count, seed, hack_frac, limits.limits()?)
+            prompts(&path, params.as_deref().unwrap_or(NO_PARAMS), split, count, seed, hack_frac, limits.limits()?)
         }
         PluginCommand::New { name, dir, kind, environment, python } => {
             let kind = if environment { Kind::Environment } else { kind };
@@ -276,7 +276,7 @@ fn prompts(path: &Path, params: &str, split: crate::plugins::EnvSplit, count: us
 }
 
 fn info(path: &Path, limits: PluginLimits) -> Result<()> {
-    let plugin = Plugin::load(path, "", limits)?;
+    let plugin = Plugin::load(path, NO_PARAMS, limits)?;
     print!("{}", describe(plugin.info()));
     if let Some(environment) = plugin.environment_info() {
         println!("reward components (score):");
@@ -321,7 +321,7 @@ fn score(path: &Path, params: Option<&str>, texts: &[String], file: Option<&Path
     if tokenizer.is_none() {
         eprintln!("note: no --tokenizer, so words and punctuation marks are the tokens");
     }
-    let mut plugin = Plugin::load(path, params.unwrap_or(""), limits)?;
+    let mut plugin = Plugin::load(path, params.unwrap_or(NO_PARAMS), limits)?;
     let results: Vec<String> = match plugin.kind() {
         PluginKind::Reward => plugin.score(&samples)?.iter().map(|score| format!("{score:.6}")).collect(),
         PluginKind::Detector => plugin.detect(&samples)?.iter().map(bool::to_string).collect(),
@@ -362,7 +362,7 @@ fn snapshot(args: &SnapshotArgs, limits: PluginLimits, check: bool) -> Result<()
     let tokenizer = args.tokenizer.map(Tokenizer::from_file).transpose()?;
     let samples = read_texts(args.texts, tokenizer.as_ref())?;
     let source = args.texts.display().to_string();
-    let fresh = plugin_snapshot::take(args.plugin, args.params.unwrap_or(""), limits, &samples, &source, &snapshot_command(args))?;
+    let fresh = plugin_snapshot::take(args.plugin, args.params.unwrap_or(NO_PARAMS), limits, &samples, &source, &snapshot_command(args))?;
     if !check {
         // The default directory (`snapshots/` beside the plugin) does not exist in a fresh
         // checkout, nor may a directory given with --out.

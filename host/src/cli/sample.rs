@@ -63,6 +63,7 @@ pub fn run(args: SampleArgs) -> Result<()> {
         top_k: args.top_k,
         top_p: args.top_p,
         repetition_penalty: args.repetition_penalty,
+        kept_sets: false,
     };
     let decoder = DecodeModel::sampling_in(&loaded.model, &[], args.sampler_dtype);
     let generation = generate(&decoder, &prompts, &params, args.seed)?;

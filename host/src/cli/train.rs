@@ -190,7 +190,7 @@ fn resumed_config(run_dir: &Path, mut overrides: Map<String, Value>, extend_sche
          (then run the original `smallrl train` command again: it starts the run afresh)",
         run_dir.display()
     );
-    let config = TrainConfig::resolve(Some(&saved), overrides)?;
+    let config = TrainConfig::resolve_saved(&saved, overrides)?;
     let Some(n) = max_steps.filter(|&n| n != config.max_steps) else {
         anyhow::ensure!(!extend_schedule, "--extend-schedule needs --max-steps N larger than the run's max_steps ({})", config.max_steps);
         return Ok(config);

@@ -16,6 +16,17 @@ pub struct TokenLogprobs {
     /// `[batch, completion_len]` entropy of each next-token distribution (differentiable only
     /// from [`completion_logprobs_and_entropy`]).
     pub entropy: Tensor,
+    /// Sampling replay (the sequences carry kept sets): `[batch, completion_len]` the
+    /// log-probabilities renormalised over each token's kept set, differentiable like
+    /// `logprobs`: what is compared with the sampler's.
+    pub replayed: Option<Tensor>,
+}
+
+impl TokenLogprobs {
+    /// The same values without their graph.
+    pub fn detach(&self) -> TokenLogprobs {
+        TokenLogprobs { logprobs: self.logprobs.detach(), entropy: self.entropy.detach(), replayed: self.replayed.as_ref().map(Tensor::detach) }
+    }
 }
 
 /// A batch of `[prompt | completion]` sequences: prompts left-padded, completions
@@ -26,11 +37,15 @@ pub struct Sequences<'a> {
     pub prompt_mask: &'a Tensor,
     pub completion_ids: &'a Tensor,
     pub completion_mask: &'a Tensor,
+    /// The sampler's kept sets (`[batch, completion_len, k]`, [`Generation::kept`]): with them
+    /// the policy's log-probabilities come renormalised over them too
+    /// ([`TokenLogprobs::replayed`]).
+    pub kept: Option<&'a Tensor>,
 }
 
 impl<'a> From<&'a Generation> for Sequences<'a> {
     fn from(g: &'a Generation) -> Self {
-        Self { prompt_ids: &g.prompt_ids, prompt_mask: &g.prompt_mask, completion_ids: &g.completion_ids, completion_mask: &g.completion_mask }
+        Self { prompt_ids: &g.prompt_ids, prompt_mask: &g.prompt_mask, completion_ids: &g.completion_ids, completion_mask: &g.completion_mask, kept: g.kept.as_ref() }
     }
 }
 
@@ -50,15 +65,15 @@ pub fn completion_logprobs_and_entropy(model: &Llama, seqs: Sequences, temperatu
 
 fn policy_logprobs(model: &Llama, seqs: Sequences, temperature: f64, ctl: &[AdapterCtl], entropy_gradient: bool) -> TokenLogprobs {
     let real = real_completion_hidden(model, seqs, ctl);
-    let head = head_logprobs(model.head_weight(), &real.hidden, &real.targets, temperature, entropy_gradient);
-    TokenLogprobs { logprobs: real.scatter(&head.logprobs), entropy: real.scatter(&head.entropy) }
+    let head = head_logprobs(model.head_weight(), &real.hidden, &real.targets, temperature, entropy_gradient, real.kept.as_ref());
+    real.token_logprobs(head)
 }
 
 /// The completion log-probabilities only, without gradient: reference and old policies.
 pub fn frozen_logprobs(model: &Llama, seqs: Sequences, temperature: f64, ctl: &[AdapterCtl]) -> Tensor {
     tch::no_grad(|| {
         let real = real_completion_hidden(model, seqs, ctl);
-        real.scatter(&head_logprobs(model.head_weight(), &real.hidden, &real.targets, temperature, false).logprobs)
+        real.scatter(&head_logprobs(model.head_weight(), &real.hidden, &real.targets, temperature, false, None).logprobs)
     })
 }
 
@@ -74,6 +89,8 @@ struct RealCompletionHidden {
     /// `[n_real]` positions in the flattened `[batch, completion_len]` grid.
     positions: Tensor,
     shape: [i64; 2],
+    /// `[n_real, k]` the kept sets of these tokens (sampling replay).
+    kept: Option<Tensor>,
 }
 
 impl RealCompletionHidden {
@@ -82,6 +99,11 @@ impl RealCompletionHidden {
     fn scatter(&self, values: &Tensor) -> Tensor {
         let grid = Tensor::zeros([self.shape[0] * self.shape[1]], (values.kind(), values.device()));
         grid.index_copy(0, &self.positions, values).view(self.shape)
+    }
+
+    /// The head's outputs on the `[batch, completion_len]` grid.
+    fn token_logprobs(&self, head: HeadOutputs) -> TokenLogprobs {
+        TokenLogprobs { logprobs: self.scatter(&head.logprobs), entropy: self.scatter(&head.entropy), replayed: head.replayed.map(|replayed| self.scatter(&replayed)) }
     }
 }
 
@@ -101,7 +123,11 @@ impl RealCompletionHidden {
         let predicting = hidden.narrow(1, prompt_len - 1, completion_len).reshape([-1, width]);
         let positions = seqs.completion_mask.reshape([-1]).nonzero().squeeze_dim(1);
         let targets = seqs.completion_ids.reshape([-1]).index_select(0, &positions);
-        Self { hidden: predicting.index_select(0, &positions), targets, positions, shape: [batch, completion_len] }
+        let kept = seqs.kept.map(|kept| {
+            assert_eq!(kept.size()[..2], [batch, completion_len], "one kept set per completion token");
+            kept.reshape([batch * completion_len, -1]).index_select(0, &positions)
+        });
+        Self { hidden: predicting.index_select(0, &positions), targets, positions, shape: [batch, completion_len], kept }
     }
 }
 
@@ -130,8 +156,8 @@ pub(super) fn stacked_completion_logprobs(stacked: &Llama, runs: &[Sequences], t
         .enumerate()
         .map(|(r, (seqs, (&temperature, &entropy_gradient)))| {
             let real = RealCompletionHidden::of(&hidden.narrow(0, r as i64 * rows, rows), prompt_len, *seqs);
-            let head = head_logprobs(&stacked.head_weight().get(r as i64), &real.hidden, &real.targets, temperature, entropy_gradient);
-            TokenLogprobs { logprobs: real.scatter(&head.logprobs), entropy: real.scatter(&head.entropy) }
+            let head = head_logprobs(&stacked.head_weight().get(r as i64), &real.hidden, &real.targets, temperature, entropy_gradient, real.kept.as_ref());
+            real.token_logprobs(head)
         })
         .collect()
 }
@@ -145,6 +171,9 @@ struct HeadOutputs {
     logprobs: Tensor,
     /// `[n]` entropy of each next-token distribution (differentiable when asked for).
     entropy: Tensor,
+    /// `[n]` log p(target) renormalised over each row's kept set, when given (differentiable
+    /// like `logprobs`).
+    replayed: Option<Tensor>,
 }
 
 /// `log_softmax(hidden W^T / T)` at `targets`, and the entropies, without `[tokens, vocab]`
@@ -164,7 +193,13 @@ struct HeadOutputs {
 /// With `entropy_gradient` the entropy `H = log Z - Σ_v p_v z_v` gets the same treatment, with
 /// `dH / dz_v = -p_v (log p_v + H)` (TRL's kernel's) in place of `r`: one more `[n, hidden]`
 /// product, made only then.
-fn head_logprobs(weight: &Tensor, hidden: &Tensor, targets: &Tensor, temperature: f64, entropy_gradient: bool) -> HeadOutputs {
+///
+/// With `kept` (`[n, k]` ids, sampling replay) the log-probabilities renormalised over each
+/// row's kept set too, `z_target - log Σ_{v ∈ S} exp z_v` with `S` the kept set plus the target
+/// (prime-rl's rule: the sampled token counts even if rounding moved it out of the set the
+/// sampler recorded), and their gradient the same way with `p` the softmax over `S`: one more
+/// `[n, hidden]` product.
+fn head_logprobs(weight: &Tensor, hidden: &Tensor, targets: &Tensor, temperature: f64, entropy_gradient: bool, kept: Option<&Tensor>) -> HeadOutputs {
     // Under `no_grad` nothing requires grad; a head weight learns only with full fine-tuning,
     // where the hidden states learn too.
     let learns_hidden = hidden.requires_grad();
@@ -174,14 +209,25 @@ fn head_logprobs(weight: &Tensor, hidden: &Tensor, targets: &Tensor, temperature
     let product_weight = learns_hidden.then(|| (if learns_weight { weight } else { &frozen_weight }).to_kind(Kind::Float));
     let entropy_weight = product_weight.as_ref().filter(|_| entropy_gradient);
     let (mut logprobs, mut entropy, mut jacobian, mut entropy_jacobian) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for (rows, row_targets) in frozen_hidden.split(HEAD_CHUNK_ROWS, 0).iter().zip(targets.split(HEAD_CHUNK_ROWS, 0)) {
+    let (mut replayed, mut replayed_jacobian) = (Vec::new(), Vec::new());
+    let kept_chunks = kept.map(|kept| kept.split(HEAD_CHUNK_ROWS, 0));
+    for (chunk, (rows, row_targets)) in frozen_hidden.split(HEAD_CHUNK_ROWS, 0).iter().zip(targets.split(HEAD_CHUNK_ROWS, 0)).enumerate() {
         let logits = rows.matmul(&frozen_weight.tr()).to_kind(Kind::Float);
         let logits = if temperature != 1.0 { logits / temperature } else { logits };
         let normaliser = logits.logsumexp([-1], false);
         let row_targets = row_targets.unsqueeze(-1);
         let picked = logits.gather(-1, &row_targets, false).squeeze_dim(-1);
+        if let Some(kept) = kept_chunks.as_ref().map(|chunks| &chunks[chunk]) {
+            let outside = kept_set_mask(&logits, kept, &row_targets).logical_not();
+            let kept_logits = logits.masked_fill(&outside, f64::NEG_INFINITY);
+            replayed.push(&picked - kept_logits.logsumexp([-1], false));
+            if let Some(product_weight) = &product_weight {
+                let residual = target_residual(kept_logits.softmax(-1, Kind::Float), &row_targets);
+                replayed_jacobian.push(residual.matmul(product_weight) / temperature);
+            }
+        }
         logprobs.push(picked - &normaliser);
-        let mut probs = logits.softmax(-1, Kind::Float);
+        let probs = logits.softmax(-1, Kind::Float);
         match entropy_weight {
             None => entropy.push(&normaliser - (&probs * &logits).sum_dim_intlist(-1, false, Kind::Float)),
             Some(product_weight) => {
@@ -191,25 +237,38 @@ fn head_logprobs(weight: &Tensor, hidden: &Tensor, targets: &Tensor, temperature
             }
         }
         if let Some(product_weight) = &product_weight {
-            // r_target = Σ_{v ≠ target} p_v, not 1 - p_target: a confident model (p_target
-            // ≈ 1) would lose digits in the subtraction.
-            let zeros = Tensor::zeros(row_targets.size(), (Kind::Float, probs.device()));
-            let _ = probs.scatter_(-1, &row_targets, &zeros);
-            let others = probs.sum_dim_intlist(-1, true, Kind::Float);
-            let residual = probs.neg_().scatter_(-1, &row_targets, &others);
             // With a learning head weight this product keeps `residual` for its backward.
-            jacobian.push(residual.matmul(product_weight) / temperature);
+            jacobian.push(target_residual(probs, &row_targets).matmul(product_weight) / temperature);
         }
     }
     let (mut logprobs, mut entropy) = (Tensor::cat(&logprobs, 0), Tensor::cat(&entropy, 0));
+    let mut replayed = kept.map(|_| Tensor::cat(&replayed, 0));
     if learns_hidden {
         let hidden_f = hidden.to_kind(Kind::Float);
         logprobs = logprobs + analytic_gradient(&hidden_f, Tensor::cat(&jacobian, 0), learns_weight);
         if entropy_weight.is_some() {
             entropy = entropy + analytic_gradient(&hidden_f, Tensor::cat(&entropy_jacobian, 0), learns_weight);
         }
+        replayed = replayed.map(|replayed| replayed + analytic_gradient(&hidden_f, Tensor::cat(&replayed_jacobian, 0), learns_weight));
     }
-    HeadOutputs { logprobs, entropy }
+    HeadOutputs { logprobs, entropy, replayed }
+}
+
+/// `r = onehot(target) - p` for each row of `probs` (consumed), the derivative of
+/// `log p(target)` in the logits. `r_target = Σ_{v ≠ target} p_v`, not `1 - p_target`: a
+/// confident model (p_target ≈ 1) would lose digits in the subtraction.
+fn target_residual(mut probs: Tensor, targets: &Tensor) -> Tensor {
+    let zeros = Tensor::zeros(targets.size(), (Kind::Float, probs.device()));
+    let _ = probs.scatter_(-1, targets, &zeros);
+    let others = probs.sum_dim_intlist(-1, true, Kind::Float);
+    probs.neg_().scatter_(-1, targets, &others)
+}
+
+/// `[n, vocab]` bool: each row's kept set (`kept`, `[n, k]` ids) and its `targets` (`[n, 1]`).
+fn kept_set_mask(logits: &Tensor, kept: &Tensor, targets: &Tensor) -> Tensor {
+    let mask = Tensor::zeros(logits.size(), (Kind::Bool, logits.device()));
+    let mask = mask.scatter_value(-1, &kept.to_device(logits.device()), 1);
+    mask.scatter_value(-1, targets, 1)
 }
 
 /// The entropy `H` of each row of `logits` (`[rows, vocab]`, softmax `probs`) and its derivative
@@ -234,5 +293,56 @@ fn analytic_gradient(hidden: &Tensor, jacobian: Tensor, learns_weight: bool) -> 
     match learns_weight {
         true => term + gradient_only(&(jacobian * hidden.detach()).sum_dim_intlist(-1, false, Kind::Float)),
         false => term,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sampling replay's log-probabilities from the head: `z_t - log Σ_{v ∈ S ∪ {t}} exp z_v`
+    /// (`z = h W^T / T`), against float64 autograd of that formula, values and gradients in the
+    /// hidden states and the head weight; the kept sets padded with the target as the samplers
+    /// pad them, one of them missing its target (prime-rl's rule puts it back), one the target
+    /// alone. More rows than a chunk, so chunks are crossed.
+    #[test]
+    fn replayed_logprobs_and_gradients_are_the_float64_formulas() {
+        tch::manual_seed(7);
+        let (n, width, vocab, k, temperature) = (HEAD_CHUNK_ROWS + 9, 16, 40, 6, 0.7);
+        let hidden = Tensor::randn([n, width], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+        let weight = (Tensor::randn([vocab, width], (Kind::Float, tch::Device::Cpu)) * 0.8).set_requires_grad(true);
+        let targets = Tensor::randint(vocab, [n], (Kind::Int64, tch::Device::Cpu));
+        // Each row's kept set: k ids drawn at random, the last the target (padding as the
+        // samplers pad); row 1's set lacks its target, row 2's is the target alone.
+        let kept = Tensor::randint(vocab, [n, k], (Kind::Int64, tch::Device::Cpu));
+        let _ = kept.narrow(1, k - 1, 1).copy_(&targets.unsqueeze(1));
+        let _ = kept.get(1).fill_(if targets.int64_value(&[1]) == 0 { 1 } else { 0 });
+        let _ = kept.get(2).copy_(&targets.get(2).expand([k], false));
+        let head = head_logprobs(&weight, &hidden, &targets, temperature, false, Some(&kept));
+        let replayed = head.replayed.expect("kept sets give replayed log-probabilities");
+        let loss_weights = Tensor::randn([n], (Kind::Float, tch::Device::Cpu));
+        (&replayed * &loss_weights).sum(Kind::Float).backward();
+        let (hidden_grad, weight_grad) = (hidden.grad(), weight.grad());
+
+        // float64 autograd of the formula.
+        let hidden64 = hidden.detach().to_kind(Kind::Double).set_requires_grad(true);
+        let weight64 = weight.detach().to_kind(Kind::Double).set_requires_grad(true);
+        let logits = hidden64.matmul(&weight64.tr()) / temperature;
+        let in_set = Tensor::zeros([n, vocab], (Kind::Bool, tch::Device::Cpu)).scatter_value(1, &kept, 1).scatter_value(1, &targets.unsqueeze(1), 1);
+        let expected = logits.gather(1, &targets.unsqueeze(1), false).squeeze_dim(1) - logits.masked_fill(&in_set.logical_not(), f64::NEG_INFINITY).logsumexp([1], false);
+        (&expected * loss_weights.to_kind(Kind::Double)).sum(Kind::Double).backward();
+        let close = |ours: &Tensor, reference: &Tensor, what: &str| {
+            let error = (ours.to_kind(Kind::Double) - reference).abs().max().double_value(&[]);
+            let scale = reference.abs().max().double_value(&[]).max(1.0);
+            assert!(error <= 2e-5 * scale, "{what}: {error} (scale {scale})");
+        };
+        close(&replayed.detach(), &expected.detach(), "replayed log-probabilities");
+        close(&hidden_grad, &hidden64.grad(), "gradient in the hidden states");
+        close(&weight_grad, &weight64.grad(), "gradient in the head weight");
+        assert_eq!(expected.double_value(&[2]), 0.0, "a kept set of the target alone: log 1");
+        assert!(replayed.double_value(&[2]).abs() < 1e-6);
+        // The full log-probabilities are unchanged by kept sets.
+        let plain = head_logprobs(&weight.detach(), &hidden.detach(), &targets, temperature, false, None);
+        assert!(plain.logprobs.equal(&head.logprobs.detach()), "the full softmax bit for bit");
     }
 }

@@ -20,6 +20,9 @@ pub struct LossBatch<'a> {
     pub ref_logprobs: Option<&'a Tensor>,
     /// The sampler's log-probabilities (read with the importance-sampling correction only).
     pub sampling_logprobs: Option<&'a Tensor>,
+    /// `old_logprobs` are the sampler's (a ratio to the sampler, or a batch sampled ahead or
+    /// replayed): with kept sets the policy's side of the ratio is then the replayed one.
+    pub old_is_sampler: bool,
     pub advantages: &'a Tensor,
     pub loss_mask: &'a Tensor,
     pub classes: &'a [Tensor],
@@ -29,9 +32,17 @@ pub struct LossBatch<'a> {
 }
 
 impl<'a> LossBatch<'a> {
-    /// The loss's log-probabilities: the policy's `current` ones and the batch's others.
-    pub fn logprobs(&self, current: &'a Tensor) -> LossLogprobs<'a> {
-        LossLogprobs { current, old: self.old_logprobs, reference: self.ref_logprobs, sampler: self.sampling_logprobs }
+    /// The loss's log-probabilities: the policy's `current` ones (and `replayed`, over the
+    /// sampler's kept sets) and the batch's others.
+    pub fn logprobs(&self, current: &'a TokenLogprobs) -> LossLogprobs<'a> {
+        LossLogprobs {
+            current: &current.logprobs,
+            old: self.old_logprobs,
+            reference: self.ref_logprobs,
+            sampler: self.sampling_logprobs,
+            replayed: current.replayed.as_ref(),
+            old_is_sampler: self.old_is_sampler,
+        }
     }
 }
 
@@ -51,7 +62,7 @@ pub struct BackwardPass {
 /// is one forward and one backward pass over the batch. `before_backward` sees each chunk's
 /// differentiable log-probabilities and masks before its backward pass (for probes that need
 /// the graph).
-pub fn backward_micro_batches(model: &Llama, batch: &LossBatch, temperature: f64, objective: &Objective, micro_batches: usize, before_backward: &mut dyn FnMut(&Tensor, TokenMasks)) -> BackwardPass {
+pub fn backward_micro_batches(model: &Llama, batch: &LossBatch, temperature: f64, objective: &Objective, micro_batches: usize, before_backward: &mut dyn FnMut(&TokenLogprobs, TokenMasks)) -> BackwardPass {
     let passes = Passes { micro_batches, splits: 1 };
     backward_passes(model, batch, temperature, objective, passes, before_backward, &mut || {})
 }
@@ -85,7 +96,7 @@ pub fn backward_passes(
     temperature: f64,
     objective: &Objective,
     passes: Passes,
-    before_backward: &mut dyn FnMut(&Tensor, TokenMasks),
+    before_backward: &mut dyn FnMut(&TokenLogprobs, TokenMasks),
     after_backward: &mut dyn FnMut(),
 ) -> BackwardPass {
     let loss_mask = batch.loss_mask.to_kind(Kind::Float);
@@ -116,7 +127,14 @@ pub fn backward_passes(
             let part_high_entropy = high_entropy.as_ref().map(|mask| mask.narrow(0, part_start - start, part_rows));
             let masks = TokenMasks { loss: &part_mask, policy: part_high_entropy.as_ref() };
             let (old, reference, sampler) = (batch.old_logprobs.map(pick), batch.ref_logprobs.map(pick), batch.sampling_logprobs.map(pick));
-            let part_logprobs = LossLogprobs { current: &logprobs.logprobs, old: old.as_ref(), reference: reference.as_ref(), sampler: sampler.as_ref() };
+            let part_logprobs = LossLogprobs {
+                current: &logprobs.logprobs,
+                old: old.as_ref(),
+                reference: reference.as_ref(),
+                sampler: sampler.as_ref(),
+                replayed: logprobs.replayed.as_ref(),
+                old_is_sampler: batch.old_is_sampler,
+            };
             let part_weights = pick(&weights);
             let mut terms = sampled_loss(part_logprobs, &pick(batch.advantages), masks, &part_weights, objective);
             if let Some(coef) = batch.entropy_coef {
@@ -127,7 +145,7 @@ pub fn backward_passes(
                 };
                 add_entropy_bonus(&mut terms, &logprobs.entropy, &bonus_weights, &trained, coef);
             }
-            before_backward(&logprobs.logprobs, masks);
+            before_backward(&logprobs, masks);
             terms.loss.backward();
             after_backward();
             // The chunk's terms outlive its pass (for the step's statistics): without their
@@ -135,7 +153,7 @@ pub fn backward_passes(
             // SmolLM2 step in 32 micro-batches peaked at 22.6 GB, 7.3 GB estimated).
             terms.loss = terms.loss.detach();
             terms.per_token_kl = terms.per_token_kl.map(|kl| kl.detach());
-            chunks.push((TokenLogprobs { logprobs: logprobs.logprobs.detach(), entropy: logprobs.entropy.detach() }, part_high_entropy, terms));
+            chunks.push((logprobs.detach(), part_high_entropy, terms));
         }
     }
     if chunks.len() == 1 {
@@ -145,10 +163,11 @@ pub fn backward_passes(
     }
     // The statistics of the whole batch from the chunks' detached values (element-wise only).
     let cat = |part: &dyn Fn(&(TokenLogprobs, Option<Tensor>, LossTerms)) -> Tensor| Tensor::cat(&chunks.iter().map(part).collect::<Vec<_>>(), 0);
-    let logprobs = TokenLogprobs { logprobs: cat(&|c| c.0.logprobs.shallow_clone()), entropy: cat(&|c| c.0.entropy.shallow_clone()) };
+    let replayed = chunks[0].0.replayed.is_some().then(|| cat(&|c| c.0.replayed.as_ref().expect("every chunk replayed").shallow_clone()));
+    let logprobs = TokenLogprobs { logprobs: cat(&|c| c.0.logprobs.shallow_clone()), entropy: cat(&|c| c.0.entropy.shallow_clone()), replayed };
     let high_entropy = (objective.top_entropy_quantile < 1.0).then(|| cat(&|c| c.1.as_ref().expect("a mask per chunk").shallow_clone()));
     let masks = TokenMasks { loss: batch.loss_mask, policy: high_entropy.as_ref() };
-    let mut terms = sampled_loss(batch.logprobs(&logprobs.logprobs), batch.advantages, masks, &weights, objective);
+    let mut terms = sampled_loss(batch.logprobs(&logprobs), batch.advantages, masks, &weights, objective);
     let sum = |part: &dyn Fn(&LossTerms) -> Tensor| Tensor::stack(&chunks.iter().map(|c| part(&c.2).detach()).collect::<Vec<_>>(), 0).sum(Kind::Float);
     terms.loss = sum(&|t| t.loss.shallow_clone());
     if batch.entropy_coef.is_some() {
@@ -187,7 +206,7 @@ pub fn backward_stacked(models: &[&Llama], batches: &[LossBatch], temperatures: 
         .zip(terms)
         .map(|(logprobs, mut terms)| {
             terms.loss = terms.loss.detach();
-            BackwardPass { logprobs: TokenLogprobs { logprobs: logprobs.logprobs.detach(), entropy: logprobs.entropy.detach() }, terms }
+            BackwardPass { logprobs: logprobs.detach(), terms }
         })
         .collect()
 }
@@ -197,7 +216,9 @@ pub fn backward_stacked(models: &[&Llama], batches: &[LossBatch], temperatures: 
 pub fn stacked_frozen_logprobs(models: &[&Llama], ctl: &[&[AdapterCtl]], runs: &[Sequences], temperatures: &[f64]) -> Vec<Tensor> {
     tch::no_grad(|| {
         let stacked = Llama::stacked(models);
-        stacked_completion_logprobs(&stacked, runs, temperatures, &vec![false; runs.len()], &stacked_controls(ctl, runs)).into_iter().map(|t| t.logprobs).collect()
+        // The frozen policies' log-probabilities are never compared with the sampler's.
+        let runs: Vec<Sequences> = runs.iter().map(|seqs| Sequences { kept: None, ..*seqs }).collect();
+        stacked_completion_logprobs(&stacked, &runs, temperatures, &vec![false; runs.len()], &stacked_controls(ctl, &runs)).into_iter().map(|t| t.logprobs).collect()
     })
 }
 
@@ -216,7 +237,7 @@ fn whole_batch_terms(batch: &LossBatch, objective: &Objective, logprobs: &TokenL
     let weights = token_weights(&batch.loss_mask.to_kind(Kind::Float), batch.classes, objective.aggregation, 1);
     let high_entropy = (objective.top_entropy_quantile < 1.0).then(|| high_entropy_mask(&logprobs.entropy, batch.loss_mask, objective.top_entropy_quantile));
     let masks = TokenMasks { loss: batch.loss_mask, policy: high_entropy.as_ref() };
-    let mut terms = sampled_loss(batch.logprobs(&logprobs.logprobs), batch.advantages, masks, &weights, objective);
+    let mut terms = sampled_loss(batch.logprobs(logprobs), batch.advantages, masks, &weights, objective);
     if let Some(coef) = batch.entropy_coef {
         let trained = grpo::trained_tokens(&weights, masks.policy);
         add_entropy_bonus(&mut terms, &logprobs.entropy, &grpo::bonus_weights(&trained, &trained), &trained, coef);
@@ -228,7 +249,8 @@ fn whole_batch_terms(batch: &LossBatch, objective: &Objective, logprobs: &TokenL
 fn rows_logprobs(model: &Llama, batch: &LossBatch, temperature: f64, start: i64, rows: i64) -> TokenLogprobs {
     let pick = |t: &Tensor| t.narrow(0, start, rows);
     let (prompt_ids, prompt_mask, completion_ids, completion_mask) = (pick(batch.seqs.prompt_ids), pick(batch.seqs.prompt_mask), pick(batch.seqs.completion_ids), pick(batch.seqs.completion_mask));
-    let seqs = Sequences { prompt_ids: &prompt_ids, prompt_mask: &prompt_mask, completion_ids: &completion_ids, completion_mask: &completion_mask };
+    let kept = batch.seqs.kept.map(pick);
+    let seqs = Sequences { prompt_ids: &prompt_ids, prompt_mask: &prompt_mask, completion_ids: &completion_ids, completion_mask: &completion_mask, kept: kept.as_ref() };
     let ctl: Vec<AdapterCtl> = batch.ctl.iter().map(|c| c.rows(start, rows)).collect();
     match batch.entropy_coef.is_some_and(|coef| coef != 0.0) {
         true => completion_logprobs_and_entropy(model, seqs, temperature, &ctl),

@@ -48,12 +48,28 @@ pub struct EntropyBonus {
 /// The log-probabilities a loss reads (`[batch, len]` each): the policy's (differentiable), what
 /// the ratio divides by ([`RatioTo`]; `None`: the current ones detached), the reference policy's
 /// (with a KL penalty) and the sampler's (with the importance-sampling correction).
+///
+/// Sampling replay: `replayed` are the policy's log-probabilities renormalised over the
+/// sampler's kept sets (differentiable), and wherever a ratio or a gap divides by the sampler's
+/// log-probabilities, the policy's side is these (a ratio to `old` when `old_is_sampler`, the
+/// importance-sampling correction on policy, the off-policy mask); the ratio between the policy
+/// and an old policy of the trainer's, and the KL to the reference, keep the full softmax.
 #[derive(Clone, Copy)]
 pub struct LossLogprobs<'a> {
     pub current: &'a Tensor,
     pub old: Option<&'a Tensor>,
     pub reference: Option<&'a Tensor>,
     pub sampler: Option<&'a Tensor>,
+    pub replayed: Option<&'a Tensor>,
+    /// `old` are the sampler's log-probabilities (tinker's ratio, a batch sampled ahead or replayed).
+    pub old_is_sampler: bool,
+}
+
+impl<'a> LossLogprobs<'a> {
+    /// Without a sampler or kept sets: the policy's, what the ratio divides by and the reference's.
+    pub fn plain(current: &'a Tensor, old: Option<&'a Tensor>, reference: Option<&'a Tensor>) -> Self {
+        Self { current, old, reference, sampler: None, replayed: None, old_is_sampler: false }
+    }
 }
 
 /// TRL's `clip_ratio/low_mean`, `high_mean` and `region_mean`: the fraction of ratios at which
@@ -99,8 +115,7 @@ pub fn weighted_loss(
     weights: &Tensor,
     objective: &Objective,
 ) -> LossTerms {
-    let logprobs = LossLogprobs { current: logprobs, old: old_logprobs, reference: ref_logprobs, sampler: None };
-    sampled_loss(logprobs, advantages, masks, weights, objective)
+    sampled_loss(LossLogprobs::plain(logprobs, old_logprobs, ref_logprobs), advantages, masks, weights, objective)
 }
 
 /// [`weighted_loss`] with the sampler's log-probabilities too, which the objective's
@@ -109,18 +124,26 @@ pub fn weighted_loss(
 /// old policy's probabilities (`logprobs.old`, or the current ones detached) to the sampler's,
 /// as TRL's `_compute_loss` multiplies it in (after the entropy mask, before the KL term).
 pub fn sampled_loss(logprobs: LossLogprobs, advantages: &Tensor, masks: TokenMasks, weights: &Tensor, objective: &Objective) -> LossTerms {
-    let LossLogprobs { current: logprobs, old: old_logprobs, reference: ref_logprobs, sampler } = logprobs;
+    let LossLogprobs { current: full, old: old_logprobs, reference: ref_logprobs, sampler, replayed, old_is_sampler } = logprobs;
     let mask = masks.loss.to_kind(Kind::Float);
     assert!(objective.ratio_to == RatioTo::OldPolicy || old_logprobs.is_some(), "tinker's losses take their ratio to the sampler's log-probabilities: pass them as old_logprobs");
+    // tinker's losses divide by the sampler's log-probabilities by definition.
+    let old_is_sampler = old_is_sampler || objective.ratio_to == RatioTo::Sampler;
+    // The policy's log-probabilities as compared with the sampler's (replay), and as the ratio
+    // to `old` reads them.
+    let versus_sampler = replayed.unwrap_or(full);
+    let logprobs = if old_is_sampler { versus_sampler } else { full };
     let old = old_logprobs.map_or_else(|| logprobs.detach(), Tensor::shallow_clone);
+    // The correction's learner side: the old policy's, or on policy the current ones detached.
+    let learner = old_logprobs.map_or_else(|| versus_sampler.detach(), Tensor::shallow_clone);
     // `[batch, len]` per token, `[batch, 1]` per sequence; everything below broadcasts.
     let log_ratio = logprobs - &old;
     let ratio = importance_ratio(&log_ratio, &mask, objective.ratio_level);
     let advantages = advantages.unsqueeze(1);
     let correction = objective.correction.map(|correction| {
         let sampler = sampler.expect("importance_sampling_correction needs the sampler's log-probabilities: pass them to sampled_loss");
-        let rho = correction.ratio(&old, sampler, &mask);
-        let stats = correction.stats(&rho, &old, sampler, &mask);
+        let rho = correction.ratio(&learner, sampler, &mask);
+        let stats = correction.stats(&rho, &learner, sampler, &mask);
         (rho, stats)
     });
     let surrogate = match objective.surrogate {
@@ -136,7 +159,10 @@ pub fn sampled_loss(logprobs: LossLogprobs, advantages: &Tensor, masks: TokenMas
     };
     // Which tokens' policy terms count and how much: the entropy mask, the off-policy mask and
     // the correction's weights (which VESPO folds into its own weight instead, as TRL).
-    let off_policy = objective.off_policy_mask_threshold.map(|threshold| off_policy_mask(&advantages, logprobs, sampler.unwrap_or(&old), &mask, threshold));
+    let off_policy = objective.off_policy_mask_threshold.map(|threshold| match sampler {
+        Some(sampler) => off_policy_mask(&advantages, versus_sampler, sampler, &mask, threshold),
+        None => off_policy_mask(&advantages, logprobs, &old, &mask, threshold),
+    });
     let rho = correction.as_ref().filter(|_| !matches!(objective.surrogate, Surrogate::Vespo(_))).map(|(rho, _)| rho);
     let policy = [masks.policy, off_policy.as_ref(), rho].into_iter().flatten().map(Tensor::shallow_clone).reduce(|a, b| a * b);
     let mut per_token_loss = match &policy {
@@ -144,7 +170,8 @@ pub fn sampled_loss(logprobs: LossLogprobs, advantages: &Tensor, masks: TokenMas
         None => -&surrogate.objective,
     };
     let per_token_kl = objective.kl.zip(ref_logprobs).map(|(kl, reference)| {
-        let estimate = per_token_kl(logprobs, reference, kl.estimator);
+        // Both the trainer's: the full softmax.
+        let estimate = per_token_kl(full, reference, kl.estimator);
         (if kl.bias_correction { estimate * &ratio } else { estimate }, kl.beta)
     });
     if let Some((kl, beta)) = &per_token_kl {

@@ -19,6 +19,7 @@ mod loss;
 mod masks;
 mod multi_objective;
 mod objective;
+mod replay;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -32,4 +33,5 @@ pub use kl::{KlEstimator, KlPenalty, per_token_kl};
 pub use loss::{ClipFractions, EntropyBonus, LossLogprobs, LossTerms, grpo_loss, sampled_loss, vespo_weights, weighted_loss};
 pub use masks::{TokenMasks, high_entropy_mask, loss_mask};
 pub use multi_objective::{MultiObjectiveAggregation, decoupled_advantages};
+pub use replay::{REPLAY_RATIO_BAND, ReplayStats, SamplingReplay};
 pub use objective::{ImportanceSamplingLevel, LossFn, LossType, Objective, ObjectiveKeys, RatioTo, Surrogate, VespoGamma};

@@ -257,6 +257,7 @@ fn masking_truncated_completions_removes_their_rows_only() {
         completion_ids: Tensor::from_slice(&[5i64, 1, 1, 5, 6, 7]).view([2, 3]),
         completion_mask: Tensor::from_slice(&[1i64, 1, 0, 1, 1, 1]).view([2, 3]),
         sampling_logprobs: Tensor::zeros([2, 3], (Kind::Float, tch::Device::Cpu)),
+        kept: None,
         rows: vec![CompletionRow::new(&[5, 1], 1), CompletionRow::new(&[5, 6, 7], 1)],
     };
     assert!(loss_mask(&generation, false).equal(&generation.completion_mask));
@@ -358,7 +359,7 @@ fn the_correction_weighs_the_policy_term_of_the_loss_and_its_gradient() {
     let weights = token_weights(&mask.to_kind(Kind::Float), &[Tensor::ones([2], (Kind::Float, tch::Device::Cpu))], objective.aggregation, 1);
     // On policy with an exact sampler: the old log-probabilities are the current ones detached
     // (old None), equal to the sampler's, so every rho is 1.
-    let on_policy = LossLogprobs { current: &logprobs, old: None, reference: Some(&reference), sampler: Some(&sampler) };
+    let on_policy = LossLogprobs { current: &logprobs, old: None, reference: Some(&reference), sampler: Some(&sampler), replayed: None, old_is_sampler: false };
     let rho = [2.0, 0.2, 3.0, 1.25, 3.0];
     let terms = sampled_loss(on_policy, &advantages, (&mask).into(), &weights, &objective);
     let kl = 0.5 * 5.0; // k1 = logp - ref = 0.5 per token
@@ -366,7 +367,7 @@ fn the_correction_weighs_the_policy_term_of_the_loss_and_its_gradient() {
     // The current log-probabilities at the learner's values: the surrogate's ratio still 1 (old
     // None), the correction's rho = exp(learner - sampler), truncated into [0.2, 3].
     let current = learner.detach().set_requires_grad(true);
-    let terms = sampled_loss(LossLogprobs { current: &current, old: None, reference: Some(&reference), sampler: Some(&sampler) }, &advantages, (&mask).into(), &weights, &objective);
+    let terms = sampled_loss(LossLogprobs { current: &current, old: None, reference: Some(&reference), sampler: Some(&sampler), replayed: None, old_is_sampler: false }, &advantages, (&mask).into(), &weights, &objective);
     let k1: Vec<f64> = [2.0f64, 0.1, 4.0, 1.25, 8.0].iter().map(|r| r.ln() + 0.5).collect();
     let policy = -(rho[0] + rho[1] + rho[2]) + (rho[3] + rho[4]);
     approx(&terms.loss, (policy + 0.1 * k1.iter().sum::<f64>()) / 5.0, "loss");
@@ -378,8 +379,53 @@ fn the_correction_weighs_the_policy_term_of_the_loss_and_its_gradient() {
     assert!((terms.effective_sample_size - ess).abs() < 1e-4, "ESS {} vs {ess} (by hand)", terms.effective_sample_size);
     let stats = terms.importance_sampling.expect("the correction's metrics");
     assert!((stats.ratio_max - 3.0).abs() < 1e-6 && (stats.ratio_min - 0.2).abs() < 1e-6, "{stats:?}");
-    let without = sampled_loss(LossLogprobs { current: &current, old: None, reference: Some(&reference), sampler: Some(&sampler) }, &advantages, (&mask).into(), &weights, &Objective { correction: None, ..objective });
+    let without = sampled_loss(LossLogprobs { current: &current, old: None, reference: Some(&reference), sampler: Some(&sampler), replayed: None, old_is_sampler: false }, &advantages, (&mask).into(), &weights, &Objective { correction: None, ..objective });
     assert!(without.importance_sampling.is_none(), "no metrics without the correction");
+}
+
+/// Sampling replay: what the loss compares with the sampler is the policy's renormalised
+/// log-probabilities (`replayed`), what it compares with the trainer's own policies the full
+/// ones. (1) The correction on policy takes rho from the replayed ones (the numbers of the test
+/// above) while the KL to the reference and the gradient stay the full ones'. (2) A ratio to the
+/// sampler (`old_is_sampler`) is `exp(replayed - old)`: the hand batch's ratios, so the hand
+/// batch's loss; to a trainer's old policy it is `exp(full - old)`.
+#[test]
+fn replayed_log_probabilities_stand_against_the_sampler_and_the_full_ones_against_the_trainer() {
+    let (learner, sampler, mask) = correction_batch();
+    let current = Tensor::zeros([2, 3], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+    let reference = Tensor::full([2, 3], -0.5, (Kind::Float, tch::Device::Cpu));
+    let advantages = Tensor::from_slice(&[1.0f32, -1.0]);
+    let objective = Objective {
+        kl: Some(KlPenalty { beta: 0.1, estimator: KlEstimator::K1, bias_correction: false }),
+        correction: Some(IsCorrection::new(ImportanceSamplingMode::TokenTruncate, 0.2, 3.0).unwrap()),
+        ..settings(ImportanceSamplingLevel::Token, LossType::Dapo)
+    };
+    let weights = token_weights(&mask.to_kind(Kind::Float), &[Tensor::ones([2], (Kind::Float, tch::Device::Cpu))], objective.aggregation, 1);
+    let logprobs = LossLogprobs { current: &current, old: None, reference: Some(&reference), sampler: Some(&sampler), replayed: Some(&learner), old_is_sampler: false };
+    let terms = sampled_loss(logprobs, &advantages, (&mask).into(), &weights, &objective);
+    let rho = [2.0, 0.2, 3.0, 1.25, 3.0];
+    let policy = -(rho[0] + rho[1] + rho[2]) + (rho[3] + rho[4]);
+    approx(&terms.loss, (policy + 0.1 * 0.5 * 5.0) / 5.0, "rho from the replayed log-probabilities, k1 from the full ones");
+    terms.loss.backward();
+    let signs = [1.0, 1.0, 1.0, -1.0, -1.0];
+    let expected: Vec<f64> = (0..5).map(|i| (-signs[i] * rho[i] + 0.1) / 5.0).collect();
+    assert_values(&current.grad().masked_select(&mask.to_kind(Kind::Bool)), &expected, "gradient into the full log-probabilities");
+
+    let b = hand_batch();
+    let plain = settings(ImportanceSamplingLevel::Token, LossType::Dapo);
+    let expected = loss_terms(&b, &plain).loss.double_value(&[]);
+    let weights = token_weights(&b.mask.to_kind(Kind::Float), &[Tensor::ones([2], (Kind::Float, tch::Device::Cpu))], plain.aggregation, 1);
+    let loss = |old: &Tensor, replayed: &Tensor, old_is_sampler: bool| {
+        let full = b.logprobs.copy().set_requires_grad(true);
+        let logprobs = LossLogprobs { current: &full, old: Some(old), reference: None, sampler: Some(old), replayed: Some(replayed), old_is_sampler };
+        sampled_loss(logprobs, &b.advantages, (&b.mask).into(), &weights, &plain).loss.double_value(&[])
+    };
+    // The hand ratios r = exp(0 - old): to the sampler (old 0) from replayed = -old; to the
+    // trainer's old policy from the full 0, whatever the replayed ones.
+    let (zeros, shifted) = (b.old.zeros_like(), b.old.zeros_like() - 1.0);
+    assert!((loss(&zeros, &(-&b.old), true) - expected).abs() < 1e-6, "ratio to the sampler from the replayed log-probabilities");
+    assert!((loss(&b.old, &shifted, false) - expected).abs() < 1e-6, "ratio to a trainer's old policy from the full log-probabilities");
+    assert!((loss(&b.old, &shifted, true) - expected).abs() > 1e-3, "the replayed ones would change the loss");
 }
 
 /// The hand batch's per-token ratios and advantages as float64 rows (loss tokens only).
@@ -391,7 +437,7 @@ fn hand_loss(objective: &Objective, sampler: Option<&Tensor>) -> (Tensor, LossTe
     let b = hand_batch();
     let logprobs = b.logprobs.set_requires_grad(true);
     let weights = token_weights(&b.mask.to_kind(Kind::Float), &[Tensor::ones([2], (Kind::Float, tch::Device::Cpu))], objective.aggregation, 1);
-    let logprobs_in = LossLogprobs { current: &logprobs, old: Some(&b.old), reference: None, sampler };
+    let logprobs_in = LossLogprobs { current: &logprobs, old: Some(&b.old), reference: None, sampler, replayed: None, old_is_sampler: objective.ratio_to == RatioTo::Sampler };
     let terms = sampled_loss(logprobs_in, &b.advantages, (&b.mask).into(), &weights, objective);
     terms.loss.backward();
     (logprobs.grad().masked_select(&b.mask.to_kind(Kind::Bool)), terms)
@@ -489,7 +535,7 @@ fn the_bias_corrected_kl_is_weighted_by_the_ratio_in_value_and_gradient() {
     let weights = token_weights(&b.mask.to_kind(Kind::Float), &[Tensor::ones([2], (Kind::Float, tch::Device::Cpu))], Aggregation::Dapo, 1);
     let loss_of = |objective: &Objective| {
         let logprobs = b.logprobs.copy().set_requires_grad(true);
-        let terms = sampled_loss(LossLogprobs { current: &logprobs, old: Some(&b.old), reference: Some(&reference), sampler: None }, &b.advantages, (&b.mask).into(), &weights, objective);
+        let terms = sampled_loss(LossLogprobs { current: &logprobs, old: Some(&b.old), reference: Some(&reference), sampler: None, replayed: None, old_is_sampler: objective.ratio_to == RatioTo::Sampler }, &b.advantages, (&b.mask).into(), &weights, objective);
         terms.loss.backward();
         (terms.loss.double_value(&[]), logprobs.grad().masked_select(&b.mask.to_kind(Kind::Bool)))
     };

@@ -21,7 +21,23 @@ pub struct Generation {
     pub completion_mask: Tensor,
     /// Log-probability of each sampled token under the sampling distribution (0 on padding).
     pub sampling_logprobs: Tensor,
+    /// Sampling replay: `[batch, completion_len, k]` int64, each token's kept set (the ids that
+    /// survived top-k and top-p, padded with the token itself; the pad id on padding), when the
+    /// sampler recorded them (`SamplingParams::kept_sets` with truncation).
+    pub kept: Option<Tensor>,
     pub rows: Vec<CompletionRow>,
+}
+
+/// The error of a row whose kept set outgrew its bound (`smallrl_native::kept_capacity`).
+pub fn kept_overflow(row: usize, capacity: usize, params: &smallrl_native::Sampling) -> anyhow::Error {
+    let bound = match params.top_k {
+        0 => format!("{} ids, the bound of sampling replay when only top_p truncates (TOP_P_KEPT_BOUND)", smallrl_native::TOP_P_KEPT_BOUND),
+        k => format!("{capacity} ids (2 * top_k {k}: ties with the k-th score)"),
+    };
+    anyhow::anyhow!(
+        "row {row}: a token's kept set (the tokens that survive top_k/top_p) holds more than {bound}: set top_k (at most {}) so that sampling replay has a bound, or `sampling_replay: trl_1_16` (docs/src/objectives.md, \"Sampling replay\")",
+        smallrl_native::TOP_P_KEPT_BOUND / 2
+    )
 }
 
 impl Generation {
@@ -33,6 +49,11 @@ impl Generation {
         let (prompt_width, completion_width) = (widest(&self.prompt_ids, &other.prompt_ids), widest(&self.completion_ids, &other.completion_ids));
         let left = |a: &Tensor, b: &Tensor, value: f64| Tensor::cat(&[pad_columns(a, prompt_width, value, true), pad_columns(b, prompt_width, value, true)], 0);
         let right = |a: &Tensor, b: &Tensor, value: f64| Tensor::cat(&[pad_columns(a, completion_width, value, false), pad_columns(b, completion_width, value, false)], 0);
+        assert_eq!(self.kept.is_some(), other.kept.is_some(), "generations joined are both sampled with kept sets or both without");
+        let kept = self.kept.as_ref().zip(other.kept.as_ref()).map(|(a, b)| {
+            assert_eq!(a.size()[2], b.size()[2], "kept sets of one capacity");
+            Tensor::cat(&[pad_kept(a, completion_width, pad), pad_kept(b, completion_width, pad)], 0)
+        });
         let mut rows = self.rows;
         rows.extend(other.rows);
         Generation {
@@ -41,6 +62,7 @@ impl Generation {
             completion_ids: right(&self.completion_ids, &other.completion_ids, pad as f64),
             completion_mask: right(&self.completion_mask, &other.completion_mask, 0.0),
             sampling_logprobs: right(&self.sampling_logprobs, &other.sampling_logprobs, 0.0),
+            kept,
             rows,
         }
     }
@@ -64,6 +86,7 @@ impl Generation {
             completion_ids: pick(&self.completion_ids),
             completion_mask: pick(&self.completion_mask),
             sampling_logprobs: pick(&self.sampling_logprobs),
+            kept: self.kept.as_ref().map(&pick),
             rows: rows.map(|r| CompletionRow { ids: self.rows[r].ids.clone(), ended_with_eos: self.rows[r].ended_with_eos }).collect(),
         }
     }
@@ -71,6 +94,8 @@ impl Generation {
 
 /// The tensors a [`Generation`] is saved as (under a name prefix), on the CPU.
 const SAVED: [&str; 6] = ["prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "sampling_logprobs", "ended_with_eos"];
+/// The kept sets' name, saved only for a batch sampled with them.
+const SAVED_KEPT: &str = "kept";
 
 impl Generation {
     /// Its tensors on the CPU, named `{prefix}{name}`, rows' stops as `ended_with_eos`: what
@@ -78,7 +103,11 @@ impl Generation {
     pub fn to_saved(&self, prefix: &str) -> Vec<(String, Tensor)> {
         let ended = Tensor::from_slice(&self.rows.iter().map(|r| r.ended_with_eos as i64).collect::<Vec<_>>());
         let tensors = [&self.prompt_ids, &self.prompt_mask, &self.completion_ids, &self.completion_mask, &self.sampling_logprobs, &ended];
-        SAVED.iter().zip(tensors).map(|(name, t)| (format!("{prefix}{name}"), t.to_device(tch::Device::Cpu))).collect()
+        let mut saved: Vec<(String, Tensor)> = SAVED.iter().zip(tensors).map(|(name, t)| (format!("{prefix}{name}"), t.to_device(tch::Device::Cpu))).collect();
+        if let Some(kept) = &self.kept {
+            saved.push((format!("{prefix}{SAVED_KEPT}"), kept.to_device(tch::Device::Cpu)));
+        }
+        saved
     }
 
     /// The generation [`Generation::to_saved`] wrote under `prefix`, on `device`; each row's
@@ -99,7 +128,18 @@ impl Generation {
                 CompletionRow { ids, ended_with_eos: ended == 1 }
             })
             .collect();
-        Ok(Generation { prompt_ids: get("prompt_ids")?, prompt_mask: get("prompt_mask")?, completion_ids, completion_mask, sampling_logprobs: get("sampling_logprobs")?, rows })
+        // Present exactly when the batch was sampled with kept sets (a run resumes as it started).
+        let kept = saved.contains_key(&format!("{prefix}{SAVED_KEPT}")).then(|| get(SAVED_KEPT)).transpose()?;
+        Ok(Generation { prompt_ids: get("prompt_ids")?, prompt_mask: get("prompt_mask")?, completion_ids, completion_mask, sampling_logprobs: get("sampling_logprobs")?, kept, rows })
+    }
+}
+
+/// Kept sets `[rows, w, k]` widened to `width` tokens on the right, the new ones all `pad`.
+fn pad_kept(kept: &Tensor, width: i64, pad: i64) -> Tensor {
+    let (rows, w, k) = kept.size3().expect("kept sets are 3-d");
+    match w == width {
+        true => kept.shallow_clone(),
+        false => Tensor::cat(&[kept.shallow_clone(), Tensor::full([rows, width - w, k], pad, (kept.kind(), kept.device()))], 1),
     }
 }
 

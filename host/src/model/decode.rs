@@ -327,6 +327,10 @@ pub(super) struct DecodeState {
     /// `[batch, max_new_tokens]` drawn tokens (EOS after a row's end) and their log-probs.
     tokens: Tensor,
     logprobs: Tensor,
+    /// Sampling replay (`smallrl_native::kept_capacity` is `Some(k)`): `[batch,
+    /// max_new_tokens, k]` each token's kept set, and `[batch]` bool the rows where one
+    /// outgrew `k` (an error, checked after the loop).
+    kept: Option<(Tensor, Tensor)>,
     /// `[batch]` bool: rows that produced EOS.
     pub(super) finished: Tensor,
     /// `[max_new_tokens, batch]` float64, `None` for greedy decoding.
@@ -358,6 +362,9 @@ impl DecodeState {
             logits: model.logits(&hidden.narrow(1, prompt_len - 1, 1)).squeeze_dim(1).contiguous(),
             tokens: Tensor::full([batch, max_new_tokens], eos, (Kind::Int64, device)),
             logprobs: Tensor::zeros([batch, max_new_tokens], (Kind::Float, device)),
+            kept: smallrl_native::kept_capacity(params, model.weights.config.vocab_size).map(|capacity| {
+                (Tensor::full([batch, max_new_tokens, capacity as i64], eos, (Kind::Int64, device)), Tensor::zeros([batch], (Kind::Bool, device)))
+            }),
             finished: Tensor::zeros([batch], (Kind::Bool, device)),
             uniforms,
             sampler: Sampler::new(params, prompt_ids, prompt_mask, model.weights.config.vocab_size as i64),
@@ -390,6 +397,10 @@ impl DecodeState {
         if let (Some(to), Some(from)) = (&mut self.uniforms, &fresh.uniforms) {
             to.copy_(from);
         }
+        if let (Some((kept, overflow)), Some((fresh_kept, fresh_overflow))) = (&mut self.kept, &fresh.kept) {
+            kept.copy_(fresh_kept);
+            overflow.copy_(fresh_overflow);
+        }
         if let (Some(to), Some(from)) = (&mut self.sampler.seen, &fresh.sampler.seen) {
             to.copy_(from);
         }
@@ -403,7 +414,10 @@ impl DecodeState {
         let step_mask = self.key_mask.view([batch, 1, 1, self.cache.capacity]);
         for _ in 0..n {
             let uniforms = self.uniforms.as_ref().map(|u| u.index_select(0, &self.step).squeeze_dim(0));
-            let (token, logprob) = self.sampler.draw(&self.logits, uniforms);
+            let (token, logprob, survivors) = self.sampler.draw(&self.logits, uniforms, self.kept.is_some());
+            if let (Some((kept, overflow)), Some(survivors)) = (&mut self.kept, survivors) {
+                record_kept(kept, overflow, &survivors, &token, &self.finished, &self.step);
+            }
             let token = token.masked_fill(&self.finished, self.eos);
             let _ = self.tokens.index_copy_(1, &self.step, &token.unsqueeze(1));
             let _ = self.logprobs.index_copy_(1, &self.step, &logprob.masked_fill(&self.finished, 0.0).unsqueeze(1));
@@ -425,6 +439,25 @@ impl DecodeState {
     pub(super) fn results(&self, steps: usize) -> (Tensor, Tensor) {
         (self.tokens.narrow(1, 0, steps as i64), self.logprobs.narrow(1, 0, steps as i64))
     }
+
+    /// With kept sets: those of the first `steps` steps and the rows where one overflowed
+    /// (views of the buffers).
+    pub(super) fn kept_results(&self, steps: usize) -> Option<(Tensor, Tensor)> {
+        self.kept.as_ref().map(|(kept, overflow)| (kept.narrow(1, 0, steps as i64), overflow.shallow_clone()))
+    }
+}
+
+/// Writes step `step`'s kept sets into `kept` (`[batch, steps, k]`): each row's `survivors`
+/// (`[batch, vocab]` bool) as ids, padded with the row's drawn `token`; flags in `overflow`
+/// the unfinished rows with more than `k` survivors. No host synchronisation (CUDA graphs).
+fn record_kept(kept: &mut Tensor, overflow: &mut Tensor, survivors: &Tensor, token: &Tensor, finished: &Tensor, step: &Tensor) {
+    let capacity = kept.size()[2];
+    // The survivors first (value 1), in no particular order: the trainer reads a set.
+    let (found, ids) = survivors.to_kind(Kind::Float).topk(capacity, -1, true, false);
+    let ids = ids.where_self(&found.gt(0.5), &token.unsqueeze(1));
+    let _ = kept.index_copy_(1, step, &ids.unsqueeze(1));
+    let too_many = survivors.sum_dim_intlist(-1, false, Kind::Int64).gt(capacity).logical_and(&finished.logical_not());
+    let _ = overflow.logical_or_(&too_many);
 }
 
 /// Draws one token per row, applying HF's logits processors in HF's order: repetition penalty
@@ -451,9 +484,11 @@ impl Sampler {
         }
     }
 
-    /// Returns the drawn tokens `[batch]` (int64) and their log-probabilities `[batch]`;
-    /// `uniforms` (`[batch]`, this step's draw of each row) is `None` for greedy decoding.
-    fn draw(&self, logits: &Tensor, uniforms: Option<Tensor>) -> (Tensor, Tensor) {
+    /// Returns the drawn tokens `[batch]` (int64), their log-probabilities `[batch]` and, with
+    /// `kept_sets` (sampling at temperature > 0), the tokens that survived top-k and top-p
+    /// (`[batch, vocab]` bool); `uniforms` (`[batch]`, this step's draw of each row) is `None`
+    /// for greedy decoding.
+    fn draw(&self, logits: &Tensor, uniforms: Option<Tensor>, kept_sets: bool) -> (Tensor, Tensor, Option<Tensor>) {
         let mut scores = logits.to_kind(Kind::Float);
         if let Some(seen) = &self.seen {
             let penalty = self.params.repetition_penalty;
@@ -463,7 +498,7 @@ impl Sampler {
         if self.params.temperature == 0.0 {
             let token = scores.argmax(-1, false);
             let logprob = scores.log_softmax(-1, Kind::Float).gather(1, &token.unsqueeze(1), false).squeeze_dim(1);
-            return (token, logprob);
+            return (token, logprob, None);
         }
         if self.params.temperature != 1.0 {
             scores = scores / self.params.temperature;
@@ -474,12 +509,13 @@ impl Sampler {
         if self.params.top_p < 1.0 {
             scores = top_p(&scores, self.params.top_p);
         }
+        let survivors = kept_sets.then(|| scores.ne(f64::NEG_INFINITY));
         let probs = scores.softmax(-1, Kind::Float);
         let token = inverse_cdf_sample(&probs, &uniforms.expect("sampling at temperature > 0 has uniforms"));
         // A drawn token has a probability well above float32's smallest normal, so the log of
         // the gathered probability is exact enough and avoids a second pass over the vocabulary.
         let logprob = probs.gather(1, &token, false).log().squeeze_dim(1);
-        (token.squeeze_dim(1), logprob)
+        (token.squeeze_dim(1), logprob, survivors)
     }
 }
 

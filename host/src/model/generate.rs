@@ -21,6 +21,8 @@ use super::native;
 
 /// How tokens are drawn: one definition, shared with the native sampler.
 pub use smallrl_native::Sampling as SamplingParams;
+/// Sampling replay's kept sets: how many ids a token's holds, and the bound without top-k.
+pub use smallrl_native::{TOP_P_KEPT_BOUND, kept_capacity};
 
 /// How often (in tokens) the loop asks whether every row has finished: the only point where
 /// it waits for the device, and the length of a captured CUDA graph.
@@ -162,16 +164,21 @@ fn generate_libtorch(model: &DecodeModel, prompts: &[&[Vec<u32>]], params: &Samp
     let (prompt_ids, prompt_mask) = left_pad_to(&all_prompts, width, eos, model.device);
     let uniforms = (params.temperature != 0.0).then(|| row_uniforms(seeds, rows_per_run, params.max_new_tokens, model.device));
     let fresh = DecodeState::prefill(model, &prompt_ids, &prompt_mask, params, uniforms);
-    let (tokens, logprobs) = match stepping {
+    let (tokens, logprobs, kept) = match stepping {
         Stepping::Eager => {
             let mut state = fresh;
             let steps = decode(&mut state, |state, n| {
                 state.run_steps(model, n);
                 Ok(())
             })?;
-            state.results(steps)
+            let (tokens, logprobs) = state.results(steps);
+            (tokens, logprobs, state.kept_results(steps))
         }
         Stepping::Graphs => decode_with_graphs(model, fresh)?,
+    };
+    let kept_overflow = match &kept {
+        Some((_, overflow)) => Vec::<bool>::try_from(overflow).context("reading the kept sets' overflow")?,
+        None => Vec::new(),
     };
     let padded_width = prompt_ids.size()[1];
     // A row whose logits stop being a distribution (a NaN or an infinite logit: the weights
@@ -182,20 +189,26 @@ fn generate_libtorch(model: &DecodeModel, prompts: &[&[Vec<u32>]], params: &Samp
         .iter()
         .enumerate()
         .map(|(run, run_prompts)| {
-            if let Some(row) = diverged[run * rows_per_run..(run + 1) * rows_per_run].iter().position(|&d| d) {
+            let run_rows = run * rows_per_run..(run + 1) * rows_per_run;
+            if let Some(row) = diverged[run_rows.clone()].iter().position(|&d| d) {
                 return Err(diverged_row(row));
+            }
+            if let Some(row) = kept_overflow.get(run_rows).and_then(|rows| rows.iter().position(|&o| o)) {
+                let capacity = smallrl_native::kept_capacity(params, model.weights.config.vocab_size).expect("kept sets were recorded");
+                return Err(super::batch::kept_overflow(row, capacity, params));
             }
             let rows = |t: &Tensor| t.narrow(0, (run * rows_per_run) as i64, rows_per_run as i64);
             let width = run_prompts.iter().map(Vec::len).max().unwrap_or(0) as i64;
             let prompt = |t: &Tensor| rows(t).narrow(1, padded_width - width, width).contiguous();
-            finish_generation(prompt(&prompt_ids), prompt(&prompt_mask), &rows(&tokens), &rows(&logprobs), &model.weights.config.stop_ids())
+            let run_kept = kept.as_ref().map(|(kept, _)| rows(kept));
+            finish_generation(prompt(&prompt_ids), prompt(&prompt_mask), &rows(&tokens), &rows(&logprobs), run_kept, &model.weights.config.stop_ids())
         })
         .collect())
 }
 
 /// A run's [`Generation`] from its prompts and the `[rows, steps]` tokens and log-probabilities
-/// drawn for them.
-fn finish_generation(prompt_ids: Tensor, prompt_mask: Tensor, tokens: &Tensor, logprobs: &Tensor, stops: &[u32]) -> Result<Generation> {
+/// drawn for them (and their `[rows, steps, k]` kept sets, if recorded).
+fn finish_generation(prompt_ids: Tensor, prompt_mask: Tensor, tokens: &Tensor, logprobs: &Tensor, kept: Option<Tensor>, stops: &[u32]) -> Result<Generation> {
     // Rows stop being checked only every few steps: trim columns that are padding everywhere,
     // so the completion length is that of the longest completion (as TRL pads).
     let completion_mask = mask_through_first_stop(tokens, &stops.iter().map(|&id| i64::from(id)).collect::<Vec<_>>());
@@ -203,8 +216,9 @@ fn finish_generation(prompt_ids: Tensor, prompt_mask: Tensor, tokens: &Tensor, l
     let completion_ids = tokens.narrow(1, 0, longest).contiguous();
     let completion_mask = completion_mask.narrow(1, 0, longest);
     let sampling_logprobs = logprobs.narrow(1, 0, longest).contiguous();
+    let kept = kept.map(|kept| kept.narrow(1, 0, longest).contiguous());
     let rows = completion_rows(&completion_ids, &completion_mask, stops)?;
-    Ok(Generation { prompt_ids, prompt_mask, completion_ids, completion_mask, sampling_logprobs, rows })
+    Ok(Generation { prompt_ids, prompt_mask, completion_ids, completion_mask, sampling_logprobs, kept, rows })
 }
 
 /// Runs the token loop in chunks of [`FINISHED_CHECK_INTERVAL`] steps (`run(state, n)` runs
@@ -228,8 +242,8 @@ fn decode(state: &mut DecodeState, mut run: impl FnMut(&mut DecodeState, usize) 
 /// shape (batch, padded prompt width, sampling settings; the [`GRAPHED_SHAPES`] most recently used)
 /// with a graph per chunk length, captured on first use and replayed by later calls; `fresh`
 /// (this call's prefilled state) is copied in.
-/// Returns the tokens and log-probabilities of the steps run.
-fn decode_with_graphs(model: &DecodeModel, fresh: DecodeState) -> Result<(Tensor, Tensor)> {
+/// Returns the tokens, log-probabilities and kept sets (with their overflow flags) of the steps run.
+fn decode_with_graphs(model: &DecodeModel, fresh: DecodeState) -> Result<(Tensor, Tensor, Option<(Tensor, Tensor)>)> {
     let mut shapes = model.graphs.lock().map_err(|_| anyhow::anyhow!("an earlier CUDA-graph decode panicked"))?;
     let key = fresh.shape_key();
     let index = match shapes.iter().position(|graphed| graphed.key == key) {
@@ -260,7 +274,8 @@ fn decode_with_graphs(model: &DecodeModel, fresh: DecodeState) -> Result<(Tensor
     })?;
     // The buffers are overwritten by the next call: the results are copied out.
     let (tokens, logprobs) = state.results(steps);
-    Ok((tokens.copy(), logprobs.copy()))
+    let kept = state.kept_results(steps).map(|(kept, overflow)| (kept.copy(), overflow.copy()));
+    Ok((tokens.copy(), logprobs.copy(), kept))
 }
 
 /// Every uniform number the rollout can use, `[max_new_tokens, rows]` float64 on `device`

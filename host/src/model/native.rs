@@ -88,13 +88,17 @@ pub fn generate(model: &NativeModel, prompts: &[Vec<u32>], params: &SamplingPara
     if let Some(row) = outputs.iter().position(|o| o.diverged) {
         return Err(diverged_row(row));
     }
-    Ok(assemble(prompts, &outputs, model.0.dims().eos, &model.0.stop_ids()))
+    let kept_capacity = smallrl_native::kept_capacity(params, model.0.dims().vocab);
+    if let (Some(row), Some(capacity)) = (outputs.iter().position(|o| o.kept_overflow), kept_capacity) {
+        return Err(super::batch::kept_overflow(row, capacity, params));
+    }
+    Ok(assemble(prompts, &outputs, model.0.dims().eos, &model.0.stop_ids(), kept_capacity))
 }
 
 /// Builds the padded tensors of a [`Generation`] from the rows' outputs, as the libtorch path
 /// lays them out: completions right-padded with EOS to the longest, mask through the first EOS,
 /// log-probabilities 0 on padding.
-fn assemble(prompts: &[Vec<u32>], outputs: &[RowOutput], eos: u32, stops: &[u32]) -> Generation {
+fn assemble(prompts: &[Vec<u32>], outputs: &[RowOutput], eos: u32, stops: &[u32], kept_capacity: Option<usize>) -> Generation {
     let (prompt_ids, prompt_mask) = left_pad(prompts, eos as i64, tch::Device::Cpu);
     let batch = outputs.len();
     let longest = outputs.iter().map(|o| o.tokens.len()).max().unwrap_or(0);
@@ -109,6 +113,15 @@ fn assemble(prompts: &[Vec<u32>], outputs: &[RowOutput], eos: u32, stops: &[u32]
         }
     }
     let shape = [batch as i64, longest as i64];
+    // Kept sets `[batch, longest, capacity]`, EOS on padding (masked, never read).
+    let kept = kept_capacity.map(|capacity| {
+        let mut kept = vec![eos as i64; batch * longest * capacity];
+        for (row, out) in outputs.iter().enumerate() {
+            let start = row * longest * capacity;
+            kept[start..start + out.kept.len()].iter_mut().zip(&out.kept).for_each(|(to, &id)| *to = id as i64);
+        }
+        Tensor::from_slice(&kept).view([batch as i64, longest as i64, capacity as i64])
+    });
     let rows = outputs.iter().map(|o| CompletionRow::with_stops(&o.tokens, stops)).collect();
     Generation {
         prompt_ids,
@@ -116,6 +129,7 @@ fn assemble(prompts: &[Vec<u32>], outputs: &[RowOutput], eos: u32, stops: &[u32]
         completion_ids: Tensor::from_slice(&ids).view(shape),
         completion_mask: Tensor::from_slice(&mask).view(shape),
         sampling_logprobs: Tensor::from_slice(&logprobs).view(shape),
+        kept,
         rows,
     }
 }

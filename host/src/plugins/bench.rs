@@ -44,7 +44,7 @@ impl BenchReport {
 pub fn bench_happy_count(path: &Path, samples: usize, words: usize, iterations: u32, limits: PluginLimits) -> Result<BenchReport> {
     let batch = synthetic_batch(samples, words);
     let started = Instant::now();
-    let mut plugin = Plugin::load(path, "{}", limits)?;
+    let mut plugin = Plugin::load(path, super::NO_PARAMS, limits)?;
     let load = started.elapsed();
     let native: HappyCount = smallrl_plugin_sdk::configure("{}").map_err(anyhow::Error::msg)?;
     let native_batch: Vec<smallrl_plugin_sdk::Sample> = batch.iter().map(to_sdk_sample).collect();
@@ -67,9 +67,9 @@ pub fn bench_happy_count(path: &Path, samples: usize, words: usize, iterations: 
 pub fn bench_port(path: &Path, samples: usize, words: usize, iterations: u32, limits: PluginLimits) -> Result<PortReport> {
     let bytes = std::fs::read(path).map_err(|error| anyhow::anyhow!("cannot read {}: {error}", path.display()))?;
     let compile = super::time_uncached_compile(&bytes)?;
-    Plugin::load(path, "{}", limits)?; // fills the cache if it was empty
+    Plugin::load(path, super::NO_PARAMS, limits)?; // fills the cache if it was empty
     let started = Instant::now();
-    let mut plugin = Plugin::load(path, "{}", limits)?;
+    let mut plugin = Plugin::load(path, super::NO_PARAMS, limits)?;
     let cached_load = started.elapsed();
     let batch = synthetic_batch(samples, words);
     let native: HappyCount = smallrl_plugin_sdk::configure("{}").map_err(anyhow::Error::msg)?;

@@ -71,10 +71,29 @@ pub struct Plugin {
     judge: Option<super::judge::SharedJudge>,
 }
 
+/// The parameters of a plugin given none: the WIT's "`{}` = all defaults", passed to
+/// `configure` by every command and run.
+pub const NO_PARAMS: &str = "{}";
+
+/// Refuses parameters that are not a JSON object, naming the plugin: `configure` receives a
+/// JSON object by contract (`wit/smallrl-reward.wit`).
+fn check_params_object(path: &Path, params_json: &str) -> Result<()> {
+    match serde_json::from_str::<serde_json::Value>(params_json) {
+        Ok(serde_json::Value::Object(_)) => Ok(()),
+        _ => anyhow::bail!(
+            "plugin {}: its parameters {} are not a JSON object: give them as one, e.g. --params '{{\"name\": value}}' (`{NO_PARAMS}` for the defaults)",
+            path.display(),
+            shown(params_json)
+        ),
+    }
+}
+
 impl Plugin {
     /// Loads a component, finds which contract version (its export names) and world (type
     /// check plus a trial instantiation) it implements, reads its `info` and configures it with
-    /// `params_json` (`""` = defaults).
+    /// `params_json`, a JSON object ([`NO_PARAMS`] = defaults, as the WIT promises `configure`:
+    /// anything else is refused here, since a component written from the WIT alone may not
+    /// accept it).
     pub fn load(path: &Path, params_json: &str, limits: PluginLimits) -> Result<Self> {
         let runtime = runtime()?;
         let (component, sha256) = compile(runtime, path)?;
@@ -111,6 +130,7 @@ impl Plugin {
             judge: None,
         };
         plugin.info = plugin.read_info()?;
+        check_params_object(path, params_json)?;
         let expanded = super::datasets::expand(&plugin.info, params_json, &plugin.label())?;
         (plugin.params_json, plugin.dataset_sha256) = (expanded.params_json, expanded.dataset_sha256);
         plugin.configure()?;

@@ -27,7 +27,7 @@ mod wit;
 use std::time::Duration;
 
 pub use environment::{ComponentRole, EnvComponent, EnvPrompt, EnvPromptContent, EnvScores, EnvSplit, EnvironmentInfo};
-pub use instance::{Batch, Plugin};
+pub use instance::{Batch, NO_PARAMS, Plugin};
 
 /// One completion to score (the trainer builds these from generation output).
 #[derive(Clone, Debug, Default, PartialEq)]

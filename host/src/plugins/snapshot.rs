@@ -75,11 +75,9 @@ fn identity(info: &PluginInfo, bytes: &[u8], params_json: &str) -> Result<Plugin
             .with_context(|| format!("plugin {} declares a default for {} that is not JSON", info.name, param.name))?;
         params.insert(param.name.clone(), default);
     }
-    if !params_json.trim().is_empty() {
-        let given: serde_json::Map<String, Value> =
-            serde_json::from_str(params_json).with_context(|| format!("--params {params_json} is not a JSON object"))?;
-        params.extend(given);
-    }
+    // `Plugin::load` accepted only a JSON object.
+    let given: serde_json::Map<String, Value> = serde_json::from_str(params_json).with_context(|| format!("--params {params_json} is not a JSON object"))?;
+    params.extend(given);
     Ok(PluginIdentity {
         plugin: info.name.clone(),
         version: info.version.clone(),

@@ -403,7 +403,7 @@ impl Run<'_> {
     fn log_samples(&mut self, heldout: &[String]) -> Result<()> {
         let openings: Vec<String> = heldout.iter().take(4).map(|d| d.split_whitespace().take(4).collect::<Vec<_>>().join(" ")).collect();
         let prompts = openings.iter().map(|o| self.tokenizer.encode(o)).collect::<Result<Vec<_>>>()?;
-        let params = crate::train::sampling_params(&crate::train::TrainConfig::default());
+        let params = crate::train::eval_sampling_params(&crate::train::TrainConfig::default());
         let decoder = crate::model::decode::DecodeModel::new(&self.model, &vec![1.0; self.model.adapter_slots()]);
         let generation = crate::model::generate::generate(&decoder, &prompts, &params, derive(self.cfg.seed, "samples", 0))?;
         for (opening, row) in openings.iter().zip(&generation.rows) {

@@ -230,5 +230,5 @@ fn plugin_stem(value: &str) -> String {
 
 /// Parameters as the JSON text plugins receive.
 pub fn params_json(params: Option<&Value>) -> String {
-    params.map_or_else(|| "{}".to_string(), Value::to_string)
+    params.map_or_else(|| crate::plugins::NO_PARAMS.to_string(), Value::to_string)
 }

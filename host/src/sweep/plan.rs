@@ -417,6 +417,8 @@ pub fn saved_config(dir: &Path) -> Result<TrainConfig> {
 fn comparable(config: &TrainConfig) -> TrainConfig {
     let defaults = TrainConfig::default();
     TrainConfig {
+        // Without truncation sampling replay changes nothing (runs started before the key read back as trl_1_16).
+        sampling_replay: if config.sampling_truncates() { config.sampling_replay } else { defaults.sampling_replay },
         threads: None,
         device: defaults.device,
         tensorboard: defaults.tensorboard,

@@ -26,6 +26,8 @@ pub(super) fn write_step(dir: &Path, step: usize, rollout: &Rollout, logprobs: &
         ("new_logprobs".into(), logprobs.detach()),
         ("loss".into(), loss.detach()),
     ];
+    // Sampling replay: the kept sets, read back by `Generation::from_saved`.
+    tensors.extend(g.kept.iter().map(|t| ("kept".to_string(), t.shallow_clone())));
     tensors.extend(rollout.ref_logprobs.iter().map(|t| ("ref_logprobs".to_string(), t.shallow_clone())));
     tensors.extend(rollout.old_logprobs.iter().map(|t| ("old_logprobs".to_string(), t.shallow_clone())));
     tensors.extend(rollout.dump.iter().map(|(n, t)| (n.clone(), t.shallow_clone())));

@@ -96,7 +96,7 @@ pub fn sketch_sequences(model: &crate::model::Llama, seqs: engine::Sequences, te
     for i in 0..rows {
         let row = |t: &Tensor| t.narrow(0, i, 1);
         let (prompt_ids, prompt_mask, completion_ids, completion_mask) = (row(seqs.prompt_ids), row(seqs.prompt_mask), row(seqs.completion_ids), row(seqs.completion_mask));
-        let one = engine::Sequences { prompt_ids: &prompt_ids, prompt_mask: &prompt_mask, completion_ids: &completion_ids, completion_mask: &completion_mask };
+        let one = engine::Sequences { prompt_ids: &prompt_ids, prompt_mask: &prompt_mask, completion_ids: &completion_ids, completion_mask: &completion_mask, kept: None };
         let learning: Vec<AdapterCtl> = ctl.iter().map(|c| learning_row(c, i)).collect();
         let logprobs = engine::completion_logprobs(model, one, temperature, &learning).logprobs;
         let total = (logprobs * completion_mask.to_kind(Kind::Float)).sum(Kind::Float);

@@ -92,6 +92,11 @@ pub mod key {
     pub const IS_RATIO_MAX: &str = "sampling/importance_sampling_ratio/max";
     pub const SAMPLING_LOGP_DIFFERENCE_MEAN: &str = "sampling/sampling_logp_difference/mean";
     pub const SAMPLING_LOGP_DIFFERENCE_MAX: &str = "sampling/sampling_logp_difference/max";
+    /// Sampling replay (`grpo::ReplayStats`; with kept sets only): the policy's mean probability
+    /// mass of the kept sets over loss tokens, and the share of loss tokens whose ratio of the
+    /// renormalised policy to the sampler is outside [0.9, 1.1].
+    pub const REPLAY_KEPT_MASS_MEAN: &str = "sampling/kept_mass/mean";
+    pub const REPLAY_RATIO_OUTSIDE: &str = "sampling/replay_ratio/outside_0.9_1.1";
     /// Quantiles of the per-token entropy of the loss tokens (`probes::ENTROPY_QUANTILES`).
     pub const ENTROPY_QUANTILES: [&str; 3] = ["entropy/p10", "entropy/p50", "entropy/p90"];
     /// The gradient noise scale (`probes::NoiseScale`, with `gradient_noise_scale` only): the
@@ -275,6 +280,8 @@ pub struct StepMetrics {
     pub aggregation_ess: Vec<(LossType, WeightEss)>,
     /// `kl_sample_train_v1` and `_v2`.
     pub kl_sample_train: (f64, f64),
+    /// With kept sets (sampling replay).
+    pub sampling_replay: Option<crate::grpo::ReplayStats>,
     /// TRL's `sampling/...` metrics (with the importance-sampling correction only).
     pub importance_sampling: Option<crate::grpo::IsStats>,
     /// With `gradient_noise_scale`: the step's estimates and their running averages.
@@ -424,6 +431,10 @@ pub fn line(rollout: &RolloutMetrics, step: &StepMetrics) -> Value {
     }
     put(key::KL_SAMPLE_TRAIN_V1, step.kl_sample_train.0.into());
     put(key::KL_SAMPLE_TRAIN_V2, step.kl_sample_train.1.into());
+    if let Some(replay) = &step.sampling_replay {
+        put(key::REPLAY_KEPT_MASS_MEAN, replay.kept_mass_mean.into());
+        put(key::REPLAY_RATIO_OUTSIDE, replay.ratio_outside_band.into());
+    }
     if let Some(is) = &step.importance_sampling {
         for (name, value) in importance_sampling_metrics(is) {
             put(name, value.into());

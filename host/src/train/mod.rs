@@ -320,7 +320,8 @@ impl Trainer {
 
     fn evaluate(&mut self, step: usize) -> Result<()> {
         let modes = routing::eval_modes(&self.policy.adapters);
-        let setup = EvalSetup { tokenizer: &self.policy.tokenizer, prompts: &self.eval_prompts, sampling: &self.policy.sampling, seed: eval_seed(&self.cfg) };
+        let sampling = eval_sampling_params(&self.cfg);
+        let setup = EvalSetup { tokenizer: &self.policy.tokenizer, prompts: &self.eval_prompts, sampling: &sampling, seed: eval_seed(&self.cfg) };
         // Through the run's seat: its decoders (one per adapter scales) are kept across
         // evaluations and shared with training's, and stack in a pack like training samples.
         let (seat, model) = (&mut self.policy.seat, &self.policy.model);
@@ -361,8 +362,9 @@ pub fn eval_seed(cfg: &TrainConfig) -> u64 {
     rng::derive(cfg.seed, "eval", 0)
 }
 
-/// Sampling settings of a run (training and routing evaluation): the run's temperature, top_k
-/// and top_p; no repetition penalty.
+/// Sampling settings of a run's training batches: the run's temperature, top_k and top_p; no
+/// repetition penalty; the kept sets recorded under sampling replay (`sampling_replay`). Its
+/// routing evaluations draw the same tokens without them ([`eval_sampling_params`]).
 pub fn sampling_params(cfg: &TrainConfig) -> SamplingParams {
     SamplingParams {
         max_new_tokens: cfg.max_completion_length,
@@ -370,5 +372,12 @@ pub fn sampling_params(cfg: &TrainConfig) -> SamplingParams {
         top_k: cfg.top_k,
         top_p: cfg.top_p,
         repetition_penalty: crate::defaults::REPETITION_PENALTY,
+        kept_sets: cfg.sampling_replay == crate::grpo::SamplingReplay::KeptSets,
     }
+}
+
+/// Sampling settings of a run's evaluations: [`sampling_params`] without kept sets (nothing
+/// compares an evaluation's log-probabilities with the sampler's).
+pub fn eval_sampling_params(cfg: &TrainConfig) -> SamplingParams {
+    SamplingParams { kept_sets: false, ..sampling_params(cfg) }
 }

@@ -25,6 +25,9 @@ pub(super) struct Rollout {
     /// The ratio's denominator: TRL's old policy (when the batch serves more than one update),
     /// or with a tinker `loss_fn` the sampler's log-probabilities.
     pub old_logprobs: Option<Tensor>,
+    /// `old_logprobs` are the sampler's (with kept sets, the policy's side of the ratio is then
+    /// renormalised over them: `grpo::LossLogprobs`).
+    pub old_is_sampler: bool,
     /// Logged with every step that uses the rollout.
     pub metrics: RolloutMetrics,
     pub first_sample: (String, String),

@@ -96,6 +96,14 @@ impl Trainer {
         let mut with = Drawing { policy: &mut self.policy, rewards: &mut self.rewards, recipe: &self.recipe, log: &mut self.files.log };
         let drawn = self.draw.batch(step, &mut with)?;
         let (generation, samples, scored) = (drawn.generation, drawn.samples, drawn.scored);
+        let replays = crate::model::generate::kept_capacity(&self.policy.sampling, self.policy.model.config.vocab_size).is_some();
+        ensure!(
+            generation.kept.is_some() == replays,
+            "step {}: the batch was sampled {} kept sets, but this run's sampling replay {} them (a batch replayed from the dumps of a run with another sampling_replay?)",
+            step + 1,
+            if generation.kept.is_some() { "with" } else { "without" },
+            if replays { "needs" } else { "takes none of" }
+        );
         let prepared = self.recipe.prepare(&scored, &generation, step, self.keys.seed);
         let component_names: Vec<String> = self.rewards.components().iter().map(|c| c.name.clone()).collect();
         let record = BatchRecord {
@@ -120,7 +128,8 @@ impl Trainer {
         let old_start = Instant::now();
         // Batches sampled ahead or replayed take the ratio to the sampler too: the policy that
         // drew them.
-        let old_logprobs = match self.policy.objective.ratio_to == grpo::RatioTo::Sampler || self.keys.samples_ahead || self.keys.replays {
+        let old_is_sampler = self.policy.objective.ratio_to == grpo::RatioTo::Sampler || self.keys.samples_ahead || self.keys.replays;
+        let old_logprobs = match old_is_sampler {
             true => Some(generation.sampling_logprobs.shallow_clone()),
             false if self.keys.steps_per_rollout > 1 => Some(self.policy.old_logprobs(&generation, &prepared.plan.ctl)?),
             false => None,
@@ -146,7 +155,7 @@ impl Trainer {
         };
         let loss_mask = self.recipe.loss_mask(&generation, &prepared);
         let Prepared { advantages, plan, natural_plan, flagged, .. } = prepared;
-        Ok(Rollout { generation, loss_mask, advantages, plan, natural_plan, ref_logprobs, old_logprobs, metrics, first_sample, dump, flagged })
+        Ok(Rollout { generation, loss_mask, advantages, plan, natural_plan, ref_logprobs, old_logprobs, old_is_sampler, metrics, first_sample, dump, flagged })
     }
 
     /// What needs this run's own backward passes rather than one pass over the whole batch
@@ -201,7 +210,7 @@ impl Trainer {
         // whole batch (the configuration refuses it with micro-batches and substeps).
         let mut absorption = Vec::new();
         let by_class = self.policy.adapters.is_dual() && self.keys.absorption_by_class;
-        let mut before_backward = |logprobs: &Tensor, masks: grpo::TokenMasks| {
+        let mut before_backward = |logprobs: &engine::TokenLogprobs, masks: grpo::TokenMasks| {
             if by_class {
                 absorption = self.gradient_norms_by_class(rollout, logprobs, masks);
             }
@@ -267,7 +276,8 @@ impl Trainer {
         let entropy = stats::masked_mean(&logprobs.entropy, &mini.loss_mask);
         // The same batch re-scored by the updated policy (one forward pass, no gradient).
         let entropy_change = self.keys.measure_entropy_change.then(|| {
-            let after = tch::no_grad(|| engine::completion_logprobs(&self.policy.model, mini.seqs(), self.policy.temperature(), &mini.plan.ctl));
+            let seqs = engine::Sequences { kept: None, ..mini.seqs() };
+            let after = tch::no_grad(|| engine::completion_logprobs(&self.policy.model, seqs, self.policy.temperature(), &mini.plan.ctl));
             stats::masked_mean(&after.entropy, &mini.loss_mask) - entropy
         });
 
@@ -300,7 +310,9 @@ impl Trainer {
                     (loss_type, grpo::WeightEss::of(mask, aggregation, self.keys.passes.micro_batches))
                 })
                 .collect(),
-            kl_sample_train: probes::sampler_learner_kl(&mini.generation.sampling_logprobs, &logprobs.logprobs, &mini.generation.completion_mask),
+            // Under sampling replay the learner's side is renormalised over the kept sets too.
+            kl_sample_train: probes::sampler_learner_kl(&mini.generation.sampling_logprobs, logprobs.replayed.as_ref().unwrap_or(&logprobs.logprobs), &mini.generation.completion_mask),
+            sampling_replay: logprobs.replayed.as_ref().map(|replayed| grpo::ReplayStats::of(&logprobs.logprobs, replayed, &mini.generation.sampling_logprobs, mask)),
             importance_sampling: terms.importance_sampling,
             gradient_noise,
             fisher_kernel,
@@ -326,12 +338,19 @@ impl Trainer {
     /// alone: the step's token weights kept on each set of rows, two losses that add up to the
     /// step's for every loss type; one extra backward pass each through the step's graph
     /// (kept), into fresh tensors, so the step's own gradient is untouched.
-    fn gradient_norms_by_class(&self, rollout: &Rollout, logprobs: &Tensor, masks: grpo::TokenMasks) -> Vec<(String, f64)> {
-        let flagged = routing::row_mask(&rollout.flagged, logprobs.device());
+    fn gradient_norms_by_class(&self, rollout: &Rollout, current: &engine::TokenLogprobs, masks: grpo::TokenMasks) -> Vec<(String, f64)> {
+        let flagged = routing::row_mask(&rollout.flagged, current.logprobs.device());
         let mut out = Vec::new();
         for (quantity, rows) in [(key::ABSORPTION_GRAD_NORM_FLAGGED, flagged.shallow_clone()), (key::ABSORPTION_GRAD_NORM_UNFLAGGED, 1.0 - &flagged)] {
             let weights = grpo::row_token_weights(masks.loss, &rollout.plan.classes, self.policy.objective.aggregation, &rows);
-            let logprobs = grpo::LossLogprobs { current: logprobs, old: rollout.old_logprobs.as_ref(), reference: rollout.ref_logprobs.as_ref(), sampler: Some(&rollout.generation.sampling_logprobs) };
+            let logprobs = grpo::LossLogprobs {
+                current: &current.logprobs,
+                old: rollout.old_logprobs.as_ref(),
+                reference: rollout.ref_logprobs.as_ref(),
+                sampler: Some(&rollout.generation.sampling_logprobs),
+                replayed: current.replayed.as_ref(),
+                old_is_sampler: rollout.old_is_sampler,
+            };
             let loss = grpo::sampled_loss(logprobs, &rollout.advantages, masks, &weights, &self.policy.objective).loss;
             out.extend(self.slot_values(quantity, self.policy.adapters.slot_gradient_norms(&self.policy.model, &loss)));
         }
@@ -381,6 +400,7 @@ struct MiniBatch {
     loss_mask: Tensor,
     advantages: Tensor,
     old_logprobs: Option<Tensor>,
+    old_is_sampler: bool,
     ref_logprobs: Option<Tensor>,
     plan: PlanRows,
     /// With `split_moment`: the natural plan's rows.
@@ -400,6 +420,7 @@ impl MiniBatch {
             loss_mask: pick(&rollout.loss_mask),
             advantages: pick(&rollout.advantages),
             old_logprobs: rollout.old_logprobs.as_ref().map(pick),
+            old_is_sampler: rollout.old_is_sampler,
             ref_logprobs: rollout.ref_logprobs.as_ref().map(pick),
             plan: PlanRows::of(&rollout.plan, start, rows),
             natural: rollout.natural_plan.as_ref().map(|plan| PlanRows::of(plan, start, rows)),
@@ -418,6 +439,7 @@ impl MiniBatch {
             old_logprobs: self.old_logprobs.as_ref(),
             ref_logprobs: self.ref_logprobs.as_ref(),
             sampling_logprobs: Some(&self.generation.sampling_logprobs),
+            old_is_sampler: self.old_is_sampler,
             advantages: &self.advantages,
             loss_mask: &self.loss_mask,
             classes: &plan.classes,

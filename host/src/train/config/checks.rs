@@ -4,7 +4,7 @@
 use anyhow::{Result, ensure};
 
 use super::{Accumulation, LrHorizon, TrainConfig};
-use crate::grpo::{KlEstimator, LossFn, LossType, MultiObjectiveAggregation, ScaleRewards};
+use crate::grpo::{KlEstimator, LossFn, LossType, MultiObjectiveAggregation, SamplingReplay, ScaleRewards};
 use crate::intervention::{AdvantageScore, Intervention};
 use crate::model::chat::PromptFormat;
 use crate::model::folded::SamplerDtype;
@@ -60,6 +60,7 @@ impl TrainConfig {
         }
         self.check_lr_horizons()?;
         self.check_sampler_dtype()?;
+        self.check_sampling_replay()?;
         self.check_intervention()?;
         self.check_renormalization()?;
         self.check_multi_objective()?;
@@ -462,6 +463,21 @@ impl TrainConfig {
             "sampler_dtype {} samples from other weights than the policy's {}: its tokens are not the policy's draws. Set importance_sampling_correction: true (TRL's correction, the old policy's over the sampler's probability), or train with a ratio to the sampler's log-probabilities (max_steps_off_policy, stream_minibatches or a tinker loss_fn)",
             self.sampler_dtype,
             self.dtype
+        );
+        Ok(())
+    }
+
+    /// Sampling replay renormalises the log-probabilities of the policy the loss trains over the
+    /// sampler's kept sets; an old policy scored by the trainer (TRL's correction with
+    /// `num_iterations` or `num_substeps` above 1, on policy) has no such log-probabilities yet.
+    fn check_sampling_replay(&self) -> Result<()> {
+        let replays = self.sampling_replay == SamplingReplay::KeptSets && self.sampling_truncates();
+        let trainer_old_policy = self.steps_per_rollout() > 1 && !self.samples_ahead() && self.replay_rollouts.is_none() && self.loss_fn == LossFn::Trl;
+        ensure!(
+            !(replays && self.importance_sampling_correction && trainer_old_policy),
+            "importance_sampling_correction with num_iterations or num_substeps above 1 compares the trainer's old policy with the sampler, and sampling replay (top_k {} / top_p {}) does not yet renormalise an old policy's log-probabilities over the kept sets: set sampling_replay: trl_1_16 (the bias of TRL 1.16, docs/src/objectives.md \"Sampling replay\"), or one update per batch",
+            self.top_k,
+            self.top_p
         );
         Ok(())
     }

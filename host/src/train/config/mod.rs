@@ -18,7 +18,7 @@ use serde_json::{Map, Value};
 use crate::adapters::{self, AdapterConfig, AdapterKind};
 use crate::defaults as d;
 use crate::device::{DeviceSpec, Dtype};
-use crate::grpo::{ImportanceSamplingLevel, ImportanceSamplingMode, KlEstimator, LossFn, LossType, MultiObjectiveAggregation, ScaleRewards};
+use crate::grpo::{ImportanceSamplingLevel, ImportanceSamplingMode, KlEstimator, LossFn, LossType, MultiObjectiveAggregation, SamplingReplay, ScaleRewards};
 use crate::hyperparams::Label::{Key, Omit, Short};
 use crate::hyperparams::{self, Prop, hyperparameters};
 use crate::intervention::{AdvantageScore, Intervention};
@@ -31,6 +31,7 @@ mod accumulation;
 mod checks;
 mod objective;
 mod parts;
+mod saved;
 pub use parts::{LrSchedule, StepKeys};
 
 pub use accumulation::{Accumulation, MemorySize};
@@ -220,6 +221,11 @@ hyperparameters! {
         /// Sampling keeps the smallest set of tokens whose probability reaches top_p (HF's
         /// TopPLogitsWarper, after top_k; 1: all); log-probabilities as with top_k.
         top_p: f64 = d::TOP_P, Key;
+        /// With top_k or top_p: kept_sets (the sampler records each token's kept set and every
+        /// log-probability compared with the sampler's is renormalised over it, as TRL 1.17 and
+        /// prime-rl) or trl_1_16 (the policy's full softmax, as TRL 1.16). A run resumes as it
+        /// started (one started before this key: trl_1_16).
+        sampling_replay: SamplingReplay = SamplingReplay::KeptSets, Short("");
         /// Optimizer steps of the run.
         max_steps: usize = 2000, Short("steps"), [Pack];
         /// Seed of everything random in the run (always in the run name).
@@ -573,13 +579,6 @@ impl TrainConfig {
     /// the table, at their defaults, which route nothing).
     pub fn without_routing(&self) -> Self {
         hyperparams::reset(self, Prop::Routing).expect("a valid configuration with keys at their defaults stays valid")
-    }
-
-    /// A run directory's resolved configuration (`config.yaml`, written when the run started).
-    pub fn read_saved(run_dir: &Path) -> Result<Self> {
-        let path = run_dir.join("config.yaml");
-        ensure!(path.exists(), "{} has no config.yaml: is it a smallrl run directory?", run_dir.display());
-        Self::resolve(Some(&path), Map::new()).with_context(|| format!("cannot read the run configuration {}", path.display()))
     }
 }
 

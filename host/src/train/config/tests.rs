@@ -90,6 +90,7 @@ fn run_name_labels_are_unchanged() {
         ("advantage_score", ""),
         ("replay_rollouts", "replay"),
         ("sampling_steps_ahead", "ahead"), ("allow_unclipped_off_policy", "unclipped_ok"),
+        ("sampling_replay", ""),
     ];
     for key in TrainConfig::KEYS {
         let expected = if omitted.contains(&key.name) {
@@ -525,4 +526,28 @@ fn unclipped_importance_sampling_off_policy_needs_its_key() {
     assert!(filtered.samples_ahead() && filtered.sampler_ratio().is_some());
     let plain = serde_json::to_value(resolved(&[])).unwrap();
     assert!(plain.get("sampling_steps_ahead").is_none() && plain.get("allow_unclipped_off_policy").is_none(), "the runs from before the keys keep their config.yaml");
+}
+
+/// Sampling replay's key: the default kept_sets leaves the run name alone, trl_1_16 names it;
+/// config.yaml always holds the key, and one written before the key existed (without it) reads
+/// back, and so resumes, as trl_1_16. The correction against a trainer's old policy is refused
+/// under replay with truncation, and allowed as TRL 1.16 computes it.
+#[test]
+fn sampling_replay_is_named_written_and_read_back_as_the_run_started() {
+    let truncated = resolved(&[("top_k", "50")]);
+    assert_eq!(truncated.sampling_replay, SamplingReplay::KeptSets);
+    let trl = resolved(&[("top_k", "50"), ("sampling_replay", "trl_1_16")]);
+    assert!(trl.run_name().unwrap().contains("_trl_1_16_") && !truncated.run_name().unwrap().contains("kept_sets"), "{}", trl.run_name().unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = crate::yaml::to_string(&truncated).unwrap();
+    assert!(yaml.contains("sampling_replay: kept_sets"), "{yaml}");
+    std::fs::write(dir.path().join("config.yaml"), &yaml).unwrap();
+    assert_eq!(TrainConfig::read_saved(dir.path()).unwrap().sampling_replay, SamplingReplay::KeptSets);
+    let before_the_key: String = yaml.lines().filter(|line| !line.starts_with("sampling_replay:")).map(|line| format!("{line}\n")).collect();
+    std::fs::write(dir.path().join("config.yaml"), before_the_key).unwrap();
+    assert_eq!(TrainConfig::read_saved(dir.path()).unwrap().sampling_replay, SamplingReplay::Trl116);
+    let message = error(&[("top_p", "0.8"), ("importance_sampling_correction", "true"), ("num_iterations", "2")]);
+    assert!(message.contains("sampling_replay: trl_1_16"), "{message}");
+    resolved(&[("top_p", "0.8"), ("importance_sampling_correction", "true"), ("num_iterations", "2"), ("sampling_replay", "trl_1_16")]);
+    resolved(&[("importance_sampling_correction", "true"), ("num_iterations", "2")]);
 }

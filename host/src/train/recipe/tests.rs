@@ -311,6 +311,38 @@ fn generation(ended: &[bool]) -> Generation {
         completion_ids: ones(3),
         completion_mask: ones(3),
         sampling_logprobs: Tensor::zeros([rows, 3], (Kind::Float, Device::Cpu)),
+        kept: None,
         rows: ended.iter().map(|&ended_with_eos| crate::model::generate::CompletionRow { ids: vec![1, 1], ended_with_eos }).collect(),
+    }
+}
+
+/// Advantage groups are the batch's consecutive rows of `group_size` (one per prompt drawn, in
+/// the order drawn), never keyed by prompt text or tokens (NeMo-RL PR #3882 merged groups with
+/// identical prompt tokens and gave false advantages). Here every row has the same prompt and
+/// completion tokens (a prompt drawn twice in a step, or two prompts that tokenize alike): the
+/// two groups keep their own mean and standard deviation, float64 by hand.
+#[test]
+fn a_prompt_drawn_twice_in_a_step_is_two_groups() {
+    let rewards = [0.0, 1.0, 2.0, 4.0, 4.0, 10.0];
+    let batch = scored(&rewards, &[false; 6]);
+    let generation = generation(&[true; 6]);
+    assert!(generation.prompt_ids.get(0).equal(&generation.prompt_ids.get(3)), "both groups' prompts tokenize alike");
+    // TRL's: (r - mean_g) / (unbiased std_g + eps), groups of three consecutive rows.
+    let by_hand = |group: &[f64], scale: bool| -> Vec<f64> {
+        let n = group.len() as f64;
+        let mean = group.iter().sum::<f64>() / n;
+        let std = (group.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+        group.iter().map(|r| if scale { (r - mean) / (std + crate::defaults::ADVANTAGE_STD_EPSILON) } else { r - mean }).collect()
+    };
+    for (scale, scaled) in [(ScaleRewards::Group, true), (ScaleRewards::Off, false)] {
+        let recipe = Recipe { intervention: Intervention::Penalty, group_size: 3, scale_rewards: scale, routing_mode: RoutingMode::None, row_weights: RowWeights::gates(RoutingMode::None), ..routed() };
+        let prepared = recipe.prepare(&batch, &generation, 0, 7);
+        let expected: Vec<f64> = rewards.chunks(3).flat_map(|group| by_hand(group, scaled)).collect();
+        let merged = by_hand(&rewards, scaled);
+        let ours = values(&prepared.advantages);
+        for (i, (a, e)) in ours.iter().zip(&expected).enumerate() {
+            assert!((a - e).abs() < 1e-6 * e.abs().max(1.0), "{scale:?} row {i}: {a} vs {e} (all: {ours:?})");
+        }
+        assert!(ours.iter().zip(&merged).any(|(a, m)| (a - m).abs() > 0.1), "{scale:?}: one group keyed by the prompt would give {merged:?}");
     }
 }

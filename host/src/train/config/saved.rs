@@ -1,0 +1,38 @@
+//! A run's saved configuration (`config.yaml`) read back, and what differs from a fresh
+//! resolution: runs started before a key existed read back as they ran.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, ensure};
+use serde_json::{Map, Value};
+
+use super::TrainConfig;
+use crate::grpo::SamplingReplay;
+
+/// The key of [`TrainConfig::sampling_replay`] in config.yaml.
+const SAMPLING_REPLAY: &str = "sampling_replay";
+
+impl TrainConfig {
+    /// A run directory's resolved configuration (`config.yaml`, written when the run started).
+    pub fn read_saved(run_dir: &Path) -> Result<Self> {
+        let path = run_dir.join("config.yaml");
+        ensure!(path.exists(), "{} has no config.yaml: is it a smallrl run directory?", run_dir.display());
+        Self::resolve_saved(&path, Map::new()).with_context(|| format!("cannot read the run configuration {}", path.display()))
+    }
+
+    /// A run's saved configuration (`config.yaml`) with `overrides`. A run started before
+    /// `sampling_replay` existed compared the full softmax with the sampler's
+    /// log-probabilities: it reads back (and resumes) as `trl_1_16`.
+    pub fn resolve_saved(path: &Path, mut overrides: Map<String, Value>) -> Result<Self> {
+        let saved: Map<String, Value> = crate::yaml::read_file(path)?;
+        if !saved.contains_key(SAMPLING_REPLAY) {
+            overrides.insert(SAMPLING_REPLAY.into(), serde_json::to_value(SamplingReplay::Trl116)?);
+        }
+        Self::resolve(Some(path), overrides)
+    }
+
+    /// Whether sampling truncates (`top_k` or `top_p`), so that `sampling_replay` matters.
+    pub fn sampling_truncates(&self) -> bool {
+        self.top_k > 0 || self.top_p < 1.0
+    }
+}
