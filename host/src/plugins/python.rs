@@ -34,6 +34,16 @@ pub fn sdk_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/python")
 }
 
+/// The directory that holds the SDK's `smallrl` package, absolute (`smallrl plugin sdk --path`:
+/// what a module's own tests put on `PYTHONPATH`, wherever the module lives); an error when
+/// the checkout this binary was built in no longer has it.
+pub fn sdk_path() -> Result<PathBuf> {
+    let dir = sdk_dir();
+    let package = dir.join("smallrl/__init__.py");
+    ensure!(package.is_file(), "the Python SDK is not at {} (this smallrl was built in a checkout that no longer has it): build smallrl again in its checkout", package.display());
+    dir.canonicalize().with_context(|| format!("cannot resolve {}", dir.display()))
+}
+
 fn wit_file() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../wit/smallrl-reward.wit")
 }
