@@ -489,3 +489,20 @@ fn the_python_guide_runs_outside_the_checkout_and_an_edit_reuses_compiled_cpytho
 fn count_files(dir: &Path) -> usize {
     std::fs::read_dir(dir).unwrap().map(|entry| entry.unwrap().path()).map(|path| if path.is_dir() { count_files(&path) } else { 1 }).sum()
 }
+
+/// Issue 47.3 and 47.5: a syntax error is reported alone, at the user's file and line (not
+/// inside componentize-py's traceback), and scoring the module itself points to `plugin build`.
+#[test]
+fn a_syntax_error_is_the_users_alone_and_a_module_is_not_scored() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = dir.path().join("typo.py");
+    std::fs::write(&module, "import smallrl\n\n\n@smallrl.reward(name=\"typo\")\ndef score(sample, params):\n    return 1.0 +\n").unwrap();
+    let output = smallrl(&["plugin", "build", module.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains(&format!("{}:6: SyntaxError: invalid syntax", module.display())) && stderr.contains("    return 1.0 +"), "{stderr}");
+    assert!(!stderr.contains("Traceback") && !stderr.contains("componentize-py"), "the user's error alone: {stderr}");
+    let output = smallrl(&["plugin", "score", module.to_str().unwrap(), "--text", "a"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("is a Python module, not a component: build it with `smallrl plugin build"), "{stderr}");
+}

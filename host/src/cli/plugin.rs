@@ -390,6 +390,11 @@ fn snapshot(args: &SnapshotArgs, limits: PluginLimits, check: bool) -> Result<()
             std::fs::create_dir_all(dir).with_context(|| format!("cannot create the snapshot directory {}", dir.display()))?;
         }
         crate::fsutil::write_atomic(args.out, fresh.render()?.as_bytes())?;
+        // A `.snap.new` a failed --check left is accepted or overruled now: stale either way.
+        let pending = plugin_snapshot::pending_path(args.out);
+        if pending.exists() {
+            std::fs::remove_file(&pending).with_context(|| format!("cannot remove the stale {}", pending.display()))?;
+        }
         println!("wrote {} ({} texts)", args.out.display(), samples.len());
         return Ok(());
     }
