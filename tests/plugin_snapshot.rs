@@ -156,3 +156,17 @@ fn the_default_snapshot_directory_is_created_in_a_fresh_checkout() {
     let stdout = succeeded(run(&["--check"]));
     assert!(stdout.contains("plugins/snapshots/happy.snap matches (4 texts)"), "{stdout}");
 }
+
+/// Issue 47.5: the `.snap.new` a failed `--check` left is removed once the snapshot is taken
+/// again (accepted), so no stale pending snapshot stays beside it.
+#[test]
+fn taking_the_snapshot_again_removes_the_pending_one() {
+    let case = case();
+    succeeded(snapshot(&case, "happy_binary", "{}", false));
+    assert!(!snapshot(&case, "happy_exp", "{}", true).status.success());
+    let pending = case.snapshot.with_extension("snap.new");
+    assert!(pending.exists(), "the failed check left the new results");
+    succeeded(snapshot(&case, "happy_exp", "{}", false));
+    assert!(!pending.exists(), "accepted: nothing pending");
+    succeeded(snapshot(&case, "happy_exp", "{}", true));
+}

@@ -202,7 +202,8 @@ fn plugin_new_python_writes_modules_that_pass_their_tests_and_build() {
     for (name, kind) in [("my_reward", "reward"), ("my_detector", "detector"), ("my_env", "environment")] {
         smallrl_ok(&["plugin", "new", name, "--python", "--kind", kind, "--dir", dir.path().to_str().unwrap()]);
         let module_dir = dir.path().join(name);
-        let test = std::process::Command::new(common::python()).arg(module_dir.join(format!("test_{name}.py"))).output().unwrap();
+        let sdk = smallrl_ok(&["plugin", "sdk", "--path"]);
+        let test = std::process::Command::new(common::python()).arg(module_dir.join(format!("test_{name}.py"))).env("PYTHONPATH", sdk.trim()).output().unwrap();
         assert!(test.status.success(), "{name}'s tests:\n{}{}", String::from_utf8_lossy(&test.stdout), String::from_utf8_lossy(&test.stderr));
         let stdout = String::from_utf8_lossy(&test.stdout);
         let passed = stdout.lines().find_map(|l| l.strip_suffix(" passed, 0 failed")?.rsplit(' ').next()?.parse::<usize>().ok());
@@ -318,4 +319,192 @@ fn a_python_reward_with_random_and_time_trains_reproducibly() {
     assert_eq!(metrics_without_timings(&resumed), metrics_without_timings(&first));
     let rewards: Vec<f64> = metrics_without_timings(&first).iter().map(|m| m["reward"].as_f64().unwrap_or(f64::NAN)).collect();
     assert!(rewards.iter().all(|r| (0.0..0.6).contains(r)), "{rewards:?}");
+}
+
+/// Runs `script` with the project's Python, the SDK and `dir` importable; its stdout.
+fn native_python(dir: &Path, script: &str) -> String {
+    let prelude = format!("import sys\nsys.path[:0] = [{:?}, {:?}]\n", repo_root().join("plugins/python").to_str().unwrap(), dir.to_str().unwrap());
+    let output = std::process::Command::new(common::python()).arg("-c").arg(prelude + script).output().unwrap();
+    assert!(output.status.success(), "{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Issue 47.1: a TRL reward function's result is one int or float per completion, as TRL needs
+/// it; a string or a bool was converted by `float()` (`"0.11"` scored 0.11) and is now an error
+/// naming the sample, the value and its type; `None` (TRL's "no score") is refused, naming the
+/// sample, until smallrl trains on samples without a score.
+#[test]
+fn a_trl_reward_functions_result_is_checked_as_trl_requires() {
+    let dir = tempfile::tempdir().unwrap();
+    // Returns the `result` metadata column of the first sample: whatever the case gives.
+    std::fs::write(dir.path().join("returns.py"), "def returns(prompts, completions, **kwargs):\n    return kwargs['result'][0]\n").unwrap();
+    let script = r#"
+import json
+import returns
+from smallrl.testing import load, sample
+reward = load(returns)
+for result in [[0.25], [3], ["0.11"], [True], [None], [0.5, 0.5], "0.5"]:
+    try:
+        print(json.dumps(reward.score_batch([sample("a", metadata={"result": result})])))
+    except Exception as error:
+        print(f"{type(error).__name__}: {error}")
+"#;
+    let said = native_python(dir.path(), script);
+    let lines: Vec<&str> = said.lines().collect();
+    let expected = [
+        "[0.25]",
+        "[3.0]",
+        "TypeError: returns returned '0.11' (str) for sample 0: a score is a number (int or float), as TRL requires",
+        "TypeError: returns returned True (bool) for sample 0: a score is a number (int or float), as TRL requires",
+        "ValueError: returns returned None for sample 0: a sample without a score is not supported yet; return a number for every completion",
+        "ValueError: returns returned 2 scores for 1 completions: a TRL reward function returns one per completion",
+        "TypeError: returns returned '0.5' (str): a TRL reward function returns a list of numbers, one per completion",
+    ];
+    assert_eq!(lines, expected);
+}
+
+/// Issue 46.3: in a chat run a TRL function gets TRL's conversational format (prompts as message
+/// lists, completions as `[{"role": "assistant", "content": ...}]`); in a text run strings. TRL's
+/// documented `format_reward_func` scores by hand-checked texts; the conversation column is not
+/// a keyword argument.
+#[test]
+fn a_trl_function_gets_conversations_in_chat_runs_and_strings_in_text_runs() {
+    let script = r#"
+import json
+import smallrl
+from smallrl.testing import load, sample
+import testing.trl_format as trl_format
+chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}]
+texts = ["<think>2+2 is 4</think><answer>4</answer>", "4", "<think>x</think><answer>4</answer> and more"]
+print(json.dumps(load(trl_format).score_batch([sample(t, metadata={"prompt_messages": chat}) for t in texts])))
+seen = []
+def record(prompts, completions, **kwargs):
+    seen.append({"prompts": prompts, "completions": completions, "keywords": sorted(kwargs)})
+    return [0.0] * len(completions)
+recorder = smallrl.trl_reward(record)()
+recorder.score_batch([sample("4", prompt="<rendered>", metadata={"prompt_messages": chat, "answer": "4"})])
+recorder.score_batch([sample("4", prompt="What is 2+2?", metadata={"answer": "4"})])
+print(json.dumps(seen))
+"#;
+    let said = native_python(&repo_root().join("plugins/python"), script);
+    let mut lines = said.lines();
+    // Hand-checked against the pattern ^<think>.*?</think><answer>.*?</answer>$.
+    assert_eq!(lines.next(), Some("[1.0, 0.0, 0.0]"));
+    let seen: Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+    let chat = serde_json::json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}]);
+    assert_eq!(seen[0], serde_json::json!({"prompts": [chat], "completions": [[{"role": "assistant", "content": "4"}]], "keywords": ["answer", "completion_ids"]}));
+    assert_eq!(seen[1], serde_json::json!({"prompts": ["What is 2+2?"], "completions": ["4"], "keywords": ["answer", "completion_ids"]}));
+}
+
+/// The tiny-stories fixture with a chat template of its own (it has none): a chat run's
+/// prompts in a few tokens of its vocabulary.
+fn tiny_stories_with_chat_template(dir: &Path) -> PathBuf {
+    let model = dir.join("tiny-stories-chat");
+    std::fs::create_dir_all(&model).unwrap();
+    for file in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+        std::fs::copy(common::fixture("tiny-stories").join(file), model.join(file)).unwrap();
+    }
+    let template = "{% for m in messages %}{{ m.role }} : {{ m.content }} . {% endfor %}{% if add_generation_prompt %}assistant : {% endif %}";
+    std::fs::write(model.join("chat_template.jinja"), template).unwrap();
+    model
+}
+
+/// Issue 46.3: TRL's `format_reward_func`, built as it is, trains in a chat run (it failed with
+/// "string indices must be integers"): every logged reward is its formula on the logged
+/// completion, and the component scores conversational samples as TRL would.
+#[test]
+fn trls_format_reward_func_trains_in_a_chat_run() {
+    let out = tempfile::tempdir().unwrap();
+    let component = built("testing/trl_format");
+    let mut config = common::tiny_stories_run(&out.path().join("runs"), &component, "trl_format");
+    config.insert("model".into(), tiny_stories_with_chat_template(out.path()).to_str().unwrap().into());
+    config.insert("prompt_format".into(), "chat".into());
+    config.insert("max_steps".into(), 2.into());
+    config.insert("log_completions".into(), true.into());
+    let run = train(config, None, None);
+    assert_eq!(read_jsonl(run.join("metrics.jsonl")).len(), 2);
+    let lines = read_jsonl(run.join("completions.jsonl"));
+    assert!(!lines.is_empty());
+    for line in &lines {
+        assert!(line["prompt"].as_str().unwrap().starts_with("user : "), "the chat rendering: {line}");
+        let completion = line["completion"].as_str().unwrap();
+        let formatted = completion.starts_with("<think>") && completion.contains("</think><answer>") && completion.ends_with("</answer>") && !completion.contains('\n');
+        assert_eq!(line["reward"].as_f64(), Some(if formatted { 1.0 } else { 0.0 }), "{line}");
+    }
+    let mut plugin = load(&component, "{}");
+    let metadata = smallrl::train::prompts::metadata_from_columns(serde_json::from_str(r#"{"prompt_messages": [{"role": "user", "content": "2+2?"}]}"#).unwrap()).unwrap();
+    let tokenizer = common::tokenizer();
+    let samples: Vec<Sample> = ["<think>2+2 is 4</think><answer>4</answer>", "4"]
+        .into_iter()
+        .map(|text| Sample { metadata: metadata.clone(), ..common::sample_from_tokens(text) })
+        .collect();
+    assert_eq!(plugin.score(&samples).unwrap(), vec![1.0, 0.0]);
+}
+
+/// Issue 47.4 and 47.3: the guide ("Write a reward in Python in five minutes") run command by
+/// command in a folder outside the checkout, with `smallrl` on PATH and a plugin cache of its
+/// own: every command succeeds. Then the edit cycle: a changed formula, rebuilt and scored,
+/// compiles under an eighth of the functions again (CPython's come from the per-function
+/// cache, where the first load put them).
+#[test]
+fn the_python_guide_runs_outside_the_checkout_and_an_edit_reuses_compiled_cpython() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache/wasmtime");
+    let functions = dir.path().join("cache/wasmtime-functions");
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let readme = std::fs::read_to_string(repo_root().join("plugins/README.md")).unwrap();
+    let guide = readme.split("## Write a reward in Python in five minutes").nth(1).unwrap();
+    let block = guide.split("```bash\n").nth(1).unwrap().split("```").next().unwrap();
+    let bin = Path::new(env!("CARGO_BIN_EXE_smallrl")).parent().unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let run = |command: &str| {
+        let output = std::process::Command::new("bash")
+            .args(["-c", command])
+            .current_dir(&work)
+            .env("PATH", &path)
+            .env("SMALLRL_PLUGIN_CACHE", &cache)
+            .env_remove("PYTHONPATH")
+            .output()
+            .unwrap();
+        let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        assert!(output.status.success(), "`{command}` failed:\n{said}");
+        said
+    };
+    let outputs: Vec<String> = block.lines().filter(|line| !line.trim().is_empty() && !line.starts_with("$EDITOR")).map(run).collect();
+    assert!(outputs.iter().any(|said| said.contains("2 passed, 0 failed")), "{outputs:?}");
+    assert!(outputs.iter().any(|said| said.starts_with("0.500000\twow! so happy!")), "the template's count of \"happy\" over max_count 2: {outputs:?}");
+    assert!(outputs.last().unwrap().contains("matches (3 texts)"), "{outputs:?}");
+    let before = count_files(&functions);
+    assert!(before > 10_000, "CPython compiles to more than 10,000 functions: {before}");
+    let module = work.join("rewards/exclaim/exclaim.py");
+    let source = std::fs::read_to_string(&module).unwrap();
+    std::fs::write(&module, source.replace("return min(count", "return 0.5 * min(count")).unwrap();
+    run("smallrl plugin build rewards/exclaim/exclaim.py");
+    assert!(run("smallrl plugin score rewards/exclaim/exclaim.wasm --text 'wow! so happy!'").starts_with("0.250000"));
+    // Measured: 1,143 of 12,754 (the component's glue and the functions the snapshot's
+    // addresses reach; CPython's own are reused).
+    let compiled = count_files(&functions) - before;
+    assert!(compiled * 8 < before, "{compiled} of {before} functions compiled again: the cache should have served CPython's");
+}
+
+fn count_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir).unwrap().map(|entry| entry.unwrap().path()).map(|path| if path.is_dir() { count_files(&path) } else { 1 }).sum()
+}
+
+/// Issue 47.3 and 47.5: a syntax error is reported alone, at the user's file and line (not
+/// inside componentize-py's traceback), and scoring the module itself points to `plugin build`.
+#[test]
+fn a_syntax_error_is_the_users_alone_and_a_module_is_not_scored() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = dir.path().join("typo.py");
+    std::fs::write(&module, "import smallrl\n\n\n@smallrl.reward(name=\"typo\")\ndef score(sample, params):\n    return 1.0 +\n").unwrap();
+    let output = smallrl(&["plugin", "build", module.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains(&format!("{}:6: SyntaxError: invalid syntax", module.display())) && stderr.contains("    return 1.0 +"), "{stderr}");
+    assert!(!stderr.contains("Traceback") && !stderr.contains("componentize-py"), "the user's error alone: {stderr}");
+    let output = smallrl(&["plugin", "score", module.to_str().unwrap(), "--text", "a"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("is a Python module, not a component: build it with `smallrl plugin build"), "{stderr}");
 }

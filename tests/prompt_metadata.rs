@@ -271,7 +271,16 @@ fn chat_prompt_files_render_each_line_and_bad_conversations_name_the_line() {
     );
     let prompts = read_prompt_file(&conversations, &with_system).unwrap();
     assert_eq!(prompts[0].text, "<system>Be brief.<user>a<assistant>b<user>c<assistant>");
-    assert_eq!(serde_json::from_str::<Value>(&prompts[0].metadata.as_ref().unwrap().json).unwrap(), serde_json::json!({"answer": "x"}));
+    // Plugins get the conversation the model was given (system_prompt first) as TRL passes a
+    // conversational prompt: a list of messages, in `prompt_messages`.
+    let conversation = serde_json::json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]);
+    assert_eq!(serde_json::from_str::<Value>(&prompts[0].metadata.as_ref().unwrap().json).unwrap(), serde_json::json!({"answer": "x", "prompt_messages": conversation}));
+    let columns = |render: &PromptRender, path: &Path| read_prompt_file(path, render).unwrap().into_iter().map(|p| serde_json::from_str::<Value>(&p.metadata.unwrap().json).unwrap()).collect::<Vec<_>>();
+    assert_eq!(columns(&plain, &text), [serde_json::json!({"prompt_messages": [{"role": "user", "content": "Hi there"}]}), serde_json::json!({"prompt_messages": [{"role": "user", "content": "Bye"}]})]);
+    let raw = read_prompt_file(&conversations, &PromptRender::Raw);
+    assert!(raw.is_err(), "a conversation needs chat");
+    let raw_text = read_prompt_file(&text, &PromptRender::Raw).unwrap();
+    assert!(raw_text.iter().all(|p| p.metadata.is_none()), "a text run's prompts stay as they were");
     let own_system = write(dir.path(), "own.jsonl", "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, {\"role\": \"user\", \"content\": \"u\"}]}\n");
     assert_eq!(texts(&plain, &own_system), ["<system>s<user>u<assistant>"]);
     let cases = [
@@ -279,7 +288,9 @@ fn chat_prompt_files_render_each_line_and_bad_conversations_name_the_line() {
         ("empty.jsonl", &plain, "must be a non-empty list"),
         ("role.jsonl", &plain, "`messages`[0] must be an object with exactly a `role` and a `content` string"),
         ("extra.jsonl", &plain, "`messages`[1] must be an object with exactly a `role` and a `content` string"),
+        ("taken.jsonl", &plain, "has a `prompt_messages` metadata column, which a chat run fills"),
     ];
+    write(dir.path(), "taken.jsonl", "{\"prompt\": \"u\", \"prompt_messages\": []}\n");
     write(dir.path(), "empty.jsonl", "{\"messages\": []}\n");
     write(dir.path(), "role.jsonl", "{\"messages\": [{\"role\": 1, \"content\": \"u\"}]}\n");
     write(dir.path(), "extra.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}, {\"role\": \"user\", \"content\": \"v\", \"name\": \"n\"}]}\n");

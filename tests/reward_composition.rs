@@ -305,3 +305,18 @@ fn a_failing_plugin_fails_the_batch_and_recovers_only_when_asked() {
     assert!(recovered[0].contains("re-instantiated plugin misbehaving") && recovered[0].contains("panicked"), "{recovered:?}");
     assert!(model.reinstantiate_failed().unwrap().is_empty(), "nothing left to recover");
 }
+
+/// Issue 47.4: a standard plugin's name with a plugin_dir that lacks it (a config run outside
+/// the checkout) names the file looked for and `--plugin-dir`, the fix.
+#[test]
+fn a_missing_standard_plugin_names_the_plugin_dir_flag() {
+    let empty = tempfile::tempdir().unwrap();
+    let spec = RewardSpec::single("happy_count", None).unwrap();
+    let error = format!("{:#}", RewardModel::load(&spec, None, NO_KNOBS, empty.path(), PluginLimits::default()).err().expect("no happy_count.wasm there"));
+    let file = empty.path().join("happy_count.wasm");
+    assert!(error.contains(&file.display().to_string()) && error.contains("`--plugin-dir`") && error.contains("make plugins"), "{error}");
+    let detector = DetectorSpec::single("happy_count", None).unwrap();
+    let spec = RewardSpec::single(standard_plugin("happy_count").to_str().unwrap(), None).unwrap();
+    let error = format!("{:#}", RewardModel::load(&spec, Some(&detector), NO_KNOBS, empty.path(), PluginLimits::default()).err().expect("no detector there"));
+    assert!(error.contains("detect_happy_count.wasm") && error.contains("`--plugin-dir`"), "{error}");
+}

@@ -75,6 +75,13 @@ pub enum PluginCommand {
         #[arg(long, value_enum)]
         kind: Option<Kind>,
     },
+    /// Where the Python SDK (the `smallrl` package) is: a module's own tests put it on
+    /// PYTHONPATH, e.g. `PYTHONPATH=$(smallrl plugin sdk --path) python3 test_my_reward.py`.
+    Sdk {
+        /// Print only the directory that holds the `smallrl` package.
+        #[arg(long)]
+        path: bool,
+    },
     /// Print what a plugin is (reward or detector), its description and its parameters.
     Info {
         path: PathBuf,
@@ -197,6 +204,7 @@ pub fn run(command: PluginCommand) -> Result<()> {
             }
         }
         PluginCommand::Build { path, output, kind } => build(&path, output.as_deref(), kind.map(PluginKind::from)),
+        PluginCommand::Sdk { path } => sdk(path),
         PluginCommand::Info { path, limits } => info(&path, limits.limits()?),
         PluginCommand::Score { path, params, texts, file, tokenizer, limits } => {
             score(&path, params.as_deref(), &texts, file.as_deref(), tokenizer.as_deref(), limits.limits()?)
@@ -246,11 +254,23 @@ fn new_python(name: &str, dir: &Path, kind: PluginKind) -> Result<()> {
     let module = module_dir.join(format!("{name}.py"));
     println!("created {kind} plugin module {}", module.display());
     println!("next:");
-    println!("  .venv/bin/python {}/test_{name}.py   # its tests, in plain Python", module_dir.display());
+    println!("  PYTHONPATH=$(smallrl plugin sdk --path) python3 {}/test_{name}.py   # its tests, in plain Python", module_dir.display());
     println!("  smallrl plugin build {}          # writes {name}.wasm (about 15 s the first time)", module.display());
     match kind {
         PluginKind::Environment => println!("  smallrl plugin prompts {}/{name}.wasm   # its prompts", module_dir.display()),
         _ => println!("  smallrl plugin score {}/{name}.wasm --text \"a happy happy day\"", module_dir.display()),
+    }
+    Ok(())
+}
+
+fn sdk(path_only: bool) -> Result<()> {
+    let dir = python::sdk_path()?;
+    match path_only {
+        true => println!("{}", dir.display()),
+        false => {
+            println!("the Python SDK (package `smallrl`) is in {}", dir.display());
+            println!("  PYTHONPATH=$(smallrl plugin sdk --path) python3 test_my_reward.py   # a module's own tests, from any folder");
+        }
     }
     Ok(())
 }
@@ -370,6 +390,11 @@ fn snapshot(args: &SnapshotArgs, limits: PluginLimits, check: bool) -> Result<()
             std::fs::create_dir_all(dir).with_context(|| format!("cannot create the snapshot directory {}", dir.display()))?;
         }
         crate::fsutil::write_atomic(args.out, fresh.render()?.as_bytes())?;
+        // A `.snap.new` a failed --check left is accepted or overruled now: stale either way.
+        let pending = plugin_snapshot::pending_path(args.out);
+        if pending.exists() {
+            std::fs::remove_file(&pending).with_context(|| format!("cannot remove the stale {}", pending.display()))?;
+        }
         println!("wrote {} ({} texts)", args.out.display(), samples.len());
         return Ok(());
     }

@@ -370,6 +370,12 @@ impl Live {
 /// Reads and compiles (or fetches from the cache) a component, with helpful messages for files
 /// that are not components; also returns the file's SHA-256.
 fn compile(runtime: &Runtime, path: &Path) -> Result<(Component, String)> {
+    ensure!(
+        path.extension().is_none_or(|extension| extension != "py"),
+        "{} is a Python module, not a component: build it with `smallrl plugin build {}` and use the .wasm it writes",
+        path.display(),
+        path.display()
+    );
     let bytes = std::fs::read(path).with_context(|| {
         format!("cannot read plugin {}: build the standard plugins with `make plugins`, or check the path", path.display())
     })?;

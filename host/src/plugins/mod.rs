@@ -10,6 +10,7 @@ mod convert;
 mod datasets;
 mod environment;
 mod failure;
+mod function_cache;
 mod instance;
 pub mod judge;
 pub mod python;
@@ -196,4 +197,10 @@ pub fn time_uncached_compile(bytes: &[u8]) -> anyhow::Result<Duration> {
 /// Where wasmtime keeps compiled plugins (absolute, shared by every checkout and run).
 pub fn cache_directory() -> Option<std::path::PathBuf> {
     runtime::cache_directory()
+}
+
+/// Where the per-function compiled code lives (Cranelift's incremental cache, beside the
+/// component cache): what a rebuilt Python component reuses.
+pub fn function_cache_directory() -> Option<std::path::PathBuf> {
+    runtime::function_cache_directory()
 }

@@ -34,6 +34,16 @@ pub fn sdk_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/python")
 }
 
+/// The directory that holds the SDK's `smallrl` package, absolute (`smallrl plugin sdk --path`:
+/// what a module's own tests put on `PYTHONPATH`, wherever the module lives); an error when
+/// the checkout this binary was built in no longer has it.
+pub fn sdk_path() -> Result<PathBuf> {
+    let dir = sdk_dir();
+    let package = dir.join("smallrl/__init__.py");
+    ensure!(package.is_file(), "the Python SDK is not at {} (this smallrl was built in a checkout that no longer has it): build smallrl again in its checkout", package.display());
+    dir.canonicalize().with_context(|| format!("cannot resolve {}", dir.display()))
+}
+
 fn wit_file() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../wit/smallrl-reward.wit")
 }
@@ -224,12 +234,33 @@ fn componentize(tool: &Path, work: &Path, source: &Path, module: &str, text: &st
             .with_context(|| format!("cannot run {}", tool.display()))?;
         if !run.status.success() {
             let said = String::from_utf8_lossy(&run.stderr);
+            if let Some(error) = module_error(&said, module, source) {
+                bail!("{error}");
+            }
             let said = said.trim();
             let tail = &said[said.len().saturating_sub(4000)..];
             bail!("componentize-py could not build {} as a {kind} ({CONTRACT}):\n{tail}", source.display());
         }
         Ok(())
     })
+}
+
+/// The user's own error out of componentize-py's output, when the build failed inside the
+/// module (a syntax error, a failed import, an exception at import time): the traceback's last
+/// frame in the module, its path (`/0/<module>.py` in the build) mapped back to the user's
+/// file, with its code line and the exception; None when the failure lies elsewhere.
+fn module_error(said: &str, module: &str, source: &Path) -> Option<String> {
+    let frame = format!("  File \"/0/{module}.py\", line ");
+    let lines: Vec<&str> = said.lines().collect();
+    let at = lines.iter().rposition(|line| line.starts_with(&frame))?;
+    let line_number: String = lines[at][frame.len()..].chars().take_while(char::is_ascii_digit).collect();
+    let code: Vec<&str> = lines[at + 1..].iter().take_while(|line| line.starts_with("    ")).copied().collect();
+    let error = lines[at + 1 + code.len()..].iter().find(|line| !line.trim().is_empty() && !line.starts_with(' '))?;
+    let hint = match error.starts_with("ModuleNotFoundError") {
+        true => "\n(a component holds the module, the SDK and Python's standard library: a module beside it or an installed package is not bundled)",
+        false => "",
+    };
+    Some(format!("{}:{line_number}: {error}\n{}{hint}", source.display(), code.join("\n")))
 }
 
 /// Copies `from` to `to` through a temporary sibling, so `to` is whole or absent.
@@ -254,6 +285,14 @@ mod tests {
         assert_eq!(declared_kind("# class Sorting(smallrl.Environment):\n@smallrl.reward()\ndef s(x, p): ..."), PluginKind::Reward);
         assert_eq!(World::of(PluginKind::Environment, "smallrl.judge([item])"), World::EnvironmentWithJudge);
         assert_eq!(World::of(PluginKind::Environment, "x = 1"), World::Environment);
+    }
+
+    #[test]
+    fn the_users_error_is_taken_out_of_componentize_pys_traceback() {
+        // componentize-py 0.25.1's output for a syntax error in line 5 of bad.py.
+        let said = "Traceback (most recent call last):\n  File \"/venv/bin/componentize-py\", line 10, in <module>\n    sys.exit(script())\nAssertionError: Traceback (most recent call last):\n  File \"/0/app.py\", line 3, in <module>\n    import bad as _module\n  File \"/0/bad.py\", line 5\n    return 1.0 +\n                ^\nSyntaxError: invalid syntax\n\n\nCaused by:\n    SyntaxError: invalid syntax (bad.py, line 5)\n";
+        assert_eq!(module_error(said, "bad", Path::new("my/bad.py")).unwrap(), "my/bad.py:5: SyntaxError: invalid syntax\n    return 1.0 +\n                ^");
+        assert_eq!(module_error(said, "other", Path::new("my/other.py")), None, "not in the module");
     }
 
     #[test]

@@ -68,6 +68,11 @@ pub fn time_uncached_compile(bytes: &[u8]) -> Result<Duration> {
 fn build_runtime() -> Result<Runtime> {
     let mut config = engine_config();
     config.cache(compilation_cache());
+    // Per-function compiled code: a rebuilt Python component reuses CPython's.
+    if let Some(directory) = function_cache_directory() {
+        let functions = super::function_cache::FunctionCache::new(directory);
+        config.enable_incremental_compilation(std::sync::Arc::new(functions)).map_err(anyhow::Error::from)?;
+    }
     let engine = Engine::new(&config).map_err(anyhow::Error::from)?;
     start_epoch_ticker(engine.clone());
     let pure_linker = host_linker(&engine)?;
@@ -103,6 +108,14 @@ pub fn cache_directory() -> Option<PathBuf> {
     let user_cache = from_env("XDG_CACHE_HOME").or_else(|| from_env("HOME").map(|home| home.join(".cache")));
     let base = user_cache.unwrap_or_else(std::env::temp_dir);
     absolute(base.join("smallrl").join("wasmtime"))
+}
+
+/// The per-function cache (`function_cache.rs`): beside the module cache, `<its path>-functions`,
+/// outside the directory whose size wasmtime's cache worker manages.
+pub fn function_cache_directory() -> Option<PathBuf> {
+    let modules = cache_directory()?;
+    let name = format!("{}-functions", modules.file_name()?.to_string_lossy());
+    Some(modules.with_file_name(name))
 }
 
 /// Advances the engine's epoch forever; a store's deadline is a number of ticks from its call.

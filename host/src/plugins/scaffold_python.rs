@@ -1,6 +1,8 @@
 //! `smallrl plugin new NAME --python`: a Python module written with the SDK
 //! (`plugins/python/smallrl`) and its native tests (plain Python, hand-computed expectations),
-//! which pass as they are; `smallrl plugin build NAME/NAME.py` builds the component.
+//! which pass as they are; `smallrl plugin build NAME/NAME.py` builds the component. The tests
+//! find the SDK wherever the folder lives: importable already (`PYTHONPATH=$(smallrl plugin sdk
+//! --path)`), else from `smallrl plugin sdk --path` when `smallrl` is on `PATH`.
 
 use std::path::{Path, PathBuf};
 
@@ -14,14 +16,12 @@ pub fn scaffold(name: &str, dir: &Path, kind: PluginKind) -> Result<PathBuf> {
     let module_dir = dir.join(name);
     ensure!(!module_dir.exists(), "{} already exists: choose another name or --dir", module_dir.display());
     std::fs::create_dir_all(&module_dir).with_context(|| format!("cannot create {}", module_dir.display()))?;
-    let canonical = |path: &Path| path.canonicalize().with_context(|| format!("cannot find {}", path.display()));
-    let sdk = super::scaffold::relative_path(&canonical(&module_dir)?, &canonical(&super::python::sdk_dir())?);
     let (module, tests) = match kind {
         PluginKind::Reward => (REWARD, REWARD_TESTS),
         PluginKind::Detector => (DETECTOR, DETECTOR_TESTS),
         PluginKind::Environment => (ENVIRONMENT, ENVIRONMENT_TESTS),
     };
-    let fill = |template: &str| template.replace("NAME", name).replace("SDK_PATH", &sdk.display().to_string());
+    let fill = |template: &str| template.replace("NAME", name);
     for (file, contents) in [(format!("{name}.py"), fill(module)), (format!("test_{name}.py"), fill(TEST_PRELUDE) + &fill(tests))] {
         let path = module_dir.join(file);
         std::fs::write(&path, contents).with_context(|| format!("cannot write {}", path.display()))?;
@@ -126,13 +126,21 @@ class Repeat(smallrl.Environment):
         return self.says_happy(sample)
 "#;
 
-const TEST_PRELUDE: &str = r#""""Native tests of NAME: `python test_NAME.py` (no dependencies beyond the SDK)."""
+const TEST_PRELUDE: &str = r#""""Native tests of NAME: `PYTHONPATH=$(smallrl plugin sdk --path) python3 test_NAME.py`."""
 
 import os
+import shutil
+import subprocess
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "SDK_PATH"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+try:
+    import smallrl  # noqa: F401
+except ImportError:
+    # Not on PYTHONPATH: ask the smallrl on PATH where its SDK is.
+    if shutil.which("smallrl") is None:
+        sys.exit("the smallrl SDK is not importable: run PYTHONPATH=$(smallrl plugin sdk --path) python3 " + sys.argv[0])
+    sys.path.insert(0, subprocess.run(["smallrl", "plugin", "sdk", "--path"], check=True, capture_output=True, text=True).stdout.strip())
 
 import NAME  # noqa: E402
 from smallrl.testing import load, run_tests, sample  # noqa: E402

@@ -395,6 +395,15 @@ fn load_detector(spec: &DetectorSpec, components: &[ComponentInfo], plugin_dir: 
 
 fn load_plugin(value: &str, params: Option<&serde_json::Value>, plugin_dir: &Path, kind: PluginKind, limits: PluginLimits) -> Result<Plugin> {
     let path = resolve_plugin(value, plugin_dir, kind);
+    let is_name = !(value.contains('/') || value.ends_with(".wasm"));
+    ensure!(
+        !is_name || path.is_file(),
+        "{kind} `{value}` is a standard plugin's name, which resolves to {} in plugin_dir {}, and there is no such file: \
+         set plugin_dir (`--plugin-dir`) to the folder of the standard plugins (`plugins/` of a smallrl checkout after \
+         `make plugins`), or give the plugin's path",
+        path.display(),
+        plugin_dir.display()
+    );
     let params_json = config::params_json(params);
     let plugin = Plugin::load(&path, &params_json, limits)
         .with_context(|| format!("cannot load {kind} plugin `{value}` ({})", path.display()))?;

@@ -33,6 +33,12 @@ const MESSAGES_COLUMN: &str = "messages";
 /// Metadata columns the host itself reads; each must be a boolean when present.
 const HACKABLE_COLUMN: &str = "hackable";
 const DETECTABLE_COLUMN: &str = "detectable";
+/// The metadata column in which a chat run (`prompt_format: chat`) gives plugins each prompt's
+/// conversation as the model was given it (`system_prompt` first when set; the template's own
+/// default system message is the template's), a list of `{"role", "content"}` objects: what
+/// TRL's conversational reward functions receive as the prompt. The Python SDK's TRL functions
+/// read it; the rendered text stays the sample's `prompt`.
+pub const PROMPT_MESSAGES_COLUMN: &str = "prompt_messages";
 
 /// How a run's prompts become the model's input: as they are, or each rendered by the model's
 /// chat template (a prompt text as one user message; a `messages` line as its conversation),
@@ -66,18 +72,49 @@ impl PromptRender {
 
     /// The model's input for a conversation (a `messages` line): chat only; `system_prompt`
     /// before it unless it opens with a system message of its own (both is refused).
-    pub fn conversation(&self, mut messages: Vec<Message>) -> Result<String> {
-        let Self::Chat { template, system } = self else {
+    pub fn conversation(&self, messages: Vec<Message>) -> Result<String> {
+        let Self::Chat { template, .. } = self else {
             bail!("a `{MESSAGES_COLUMN}` conversation needs a chat template: set prompt_format: chat (smallrl train), or give a `{PROMPT_COLUMN}` text instead");
         };
-        if let Some(system) = system {
+        template.render(&self.with_system(messages)?, true)
+    }
+
+    /// `messages` after the run's `system_prompt`, if set.
+    fn with_system(&self, mut messages: Vec<Message>) -> Result<Vec<Message>> {
+        if let Self::Chat { system: Some(system), .. } = self {
             ensure!(
                 messages.first().is_none_or(|m| m.role != "system"),
                 "the conversation opens with a system message and system_prompt is set too: drop one of them"
             );
             messages.insert(0, Message::new("system", system));
         }
-        template.render(&messages, true)
+        Ok(messages)
+    }
+
+    /// A prompt of a text with its metadata `columns`: [`Self::text`]; in a chat run the text
+    /// as one user message in [`PROMPT_MESSAGES_COLUMN`].
+    pub fn text_prompt(&self, text: &str, columns: Map<String, Value>) -> Result<Prompt> {
+        let rendered = self.text(text)?;
+        self.with_messages(rendered, vec![Message::new("user", text)], columns)
+    }
+
+    /// A prompt of a conversation with its metadata `columns`: [`Self::conversation`], and the
+    /// conversation in [`PROMPT_MESSAGES_COLUMN`].
+    pub fn conversation_prompt(&self, messages: Vec<Message>, columns: Map<String, Value>) -> Result<Prompt> {
+        let rendered = self.conversation(messages.clone())?;
+        self.with_messages(rendered, messages, columns)
+    }
+
+    fn with_messages(&self, text: String, messages: Vec<Message>, mut columns: Map<String, Value>) -> Result<Prompt> {
+        if let Self::Chat { .. } = self {
+            ensure!(
+                !columns.contains_key(PROMPT_MESSAGES_COLUMN),
+                "has a `{PROMPT_MESSAGES_COLUMN}` metadata column, which a chat run fills with the prompt's conversation: rename the column"
+            );
+            let list = self.with_system(messages)?.into_iter().map(|m| serde_json::json!({"role": m.role, "content": m.content})).collect();
+            columns.insert(PROMPT_MESSAGES_COLUMN.to_string(), Value::Array(list));
+        }
+        Ok(Prompt { text, metadata: metadata_from_columns(columns)? })
     }
 }
 
@@ -91,7 +128,7 @@ pub fn read_prompt_file(path: &Path, render: &PromptRender) -> Result<Vec<Prompt
             .lines()
             .enumerate()
             .filter(|(_, line)| !line.trim().is_empty())
-            .map(|(index, line)| Ok(Prompt::plain(render.text(line.trim()).with_context(|| format!("{}:{}", path.display(), index + 1))?)))
+            .map(|(index, line)| render.text_prompt(line.trim(), Map::new()).with_context(|| format!("{}:{}", path.display(), index + 1)))
             .collect::<Result<_>>()?,
     };
     ensure!(!prompts.is_empty(), "prompt file {} has no prompts", path.display());
@@ -128,15 +165,14 @@ pub fn read_jsonl_prompts(path: &Path, text: &str, render: &PromptRender) -> Res
 }
 
 fn prompt_from_row(mut row: Map<String, Value>, render: &PromptRender) -> Result<Prompt> {
-    let text = match (row.remove(PROMPT_COLUMN), row.remove(MESSAGES_COLUMN)) {
+    match (row.remove(PROMPT_COLUMN), row.remove(MESSAGES_COLUMN)) {
         (Some(_), Some(_)) => bail!("has both a `{PROMPT_COLUMN}` and a `{MESSAGES_COLUMN}` column: give one"),
-        (Some(Value::String(text)), None) if !text.trim().is_empty() => render.text(&text)?,
+        (Some(Value::String(text)), None) if !text.trim().is_empty() => render.text_prompt(&text, row),
         (Some(Value::String(_)), None) => bail!("the `{PROMPT_COLUMN}` column is empty"),
         (Some(other), None) => bail!("the `{PROMPT_COLUMN}` column must be a string, got {other}"),
-        (None, Some(messages)) => render.conversation(messages_from_column(&messages)?)?,
+        (None, Some(messages)) => render.conversation_prompt(messages_from_column(&messages)?, row),
         (None, None) => bail!("no `{PROMPT_COLUMN}` column (the prompt text) and no `{MESSAGES_COLUMN}` column (a conversation)"),
-    };
-    Ok(Prompt { text, metadata: metadata_from_columns(row)? })
+    }
 }
 
 /// A `messages` column: a non-empty list of objects with exactly a `role` and a `content` string.
@@ -178,12 +214,11 @@ pub fn from_environment(prompts: Vec<crate::reward::EnvPrompt>, render: &PromptR
         .into_iter()
         .enumerate()
         .map(|(index, prompt)| {
-            let text = match prompt.content {
-                EnvPromptContent::Text(text) => render.text(&text),
-                EnvPromptContent::Messages(messages) => render.conversation(messages.iter().map(|(role, content)| Message::new(role, content)).collect()),
+            let made = match prompt.content {
+                EnvPromptContent::Text(text) => render.text_prompt(&text, prompt.metadata),
+                EnvPromptContent::Messages(messages) => render.conversation_prompt(messages.iter().map(|(role, content)| Message::new(role, content)).collect(), prompt.metadata),
             };
-            let text = text.with_context(|| format!("prompt {index}"))?;
-            Ok(Prompt { text, metadata: metadata_from_columns(prompt.metadata).with_context(|| format!("prompt {index}"))? })
+            made.with_context(|| format!("prompt {index}"))
         })
         .collect()
 }
@@ -329,7 +364,7 @@ fn dataset_prompts(split: &str, cfg: &TrainConfig, tokenizer: &Tokenizer, seed: 
     let files = crate::dataset::split_files(crate::dataset::SIMPLESTORIES, split)?;
     let openings = crate::dataset::read_story_openings(&files, cfg.prompt_length)?;
     let texts = crate::dataset::prompts_from_stories(&openings, tokenizer, cfg.prompt_length, count, required, seed)?;
-    texts.iter().map(|text| Ok(Prompt::plain(render.text(text)?))).collect()
+    texts.iter().map(|text| render.text_prompt(text, Map::new())).collect()
 }
 
 /// Drops repeated prompts (the first kept); the same text with different metadata is an error.

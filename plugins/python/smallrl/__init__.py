@@ -41,7 +41,7 @@ __all__ = [
     "DRAWS_PER_PROMPT", "Detector", "Environment", "Judgement", "JudgeError", "Param", "Params",
     "Prompt", "Reward", "Sample", "SplitMix64", "boolean", "detector", "draw_prompts", "fnv1a",
     "forget", "hackable_count", "hf_dataset", "in_eval_split", "integer", "ints", "judge",
-    "number", "retain", "reward", "split_rng", "string", "string_list", "text", "trl_reward",
+    "number", "PROMPT_MESSAGES", "retain", "reward", "split_rng", "string", "string_list", "text", "trl_reward",
 ]
 
 
@@ -133,29 +133,61 @@ def detector(name=None, version="0.1.0", description="", params=()):
     return lambda function: _from_function(Detector, "detect", function, name, version, description, params)
 
 
+#: The metadata column that carries, in a chat run (`prompt_format: chat`), the conversation the
+#: model was given (`system_prompt` first when set) as a list of {"role", "content"} messages.
+PROMPT_MESSAGES = "prompt_messages"
+
+
 def trl_reward(function, name=None, version="0.1.0", description=""):
-    """A TRL reward function ``f(prompts, completions, **kwargs) -> list[float]`` as a reward:
-    it receives the batch's prompts and completions (strings), ``completion_ids`` and every
-    metadata column as a keyword argument (one value per sample, None where a prompt lacks it).
+    """A TRL reward function ``f(prompts, completions, **kwargs) -> list[float]`` as a reward,
+    called as TRL calls it: in a text run ``prompts`` and ``completions`` are strings; in a chat
+    run (the samples' metadata carries ``prompt_messages``) each prompt is its conversation, a
+    list of ``{"role", "content"}`` messages, and each completion
+    ``[{"role": "assistant", "content": text}]``. ``completion_ids`` and every other metadata
+    column arrive as keyword arguments (one value per sample, None where a prompt lacks it).
+    The result must be one int or float per completion (not a bool), as TRL requires; anything
+    else is an error naming the sample, the value and its type.
     `smallrl plugin build` applies this to a module whose only plugin is such a function."""
 
     class TrlReward(Reward):
         def score_batch(self, samples):
-            columns = sorted({key for sample in samples for key in sample.metadata})
+            columns = sorted({key for sample in samples for key in sample.metadata} - {PROMPT_MESSAGES})
             kwargs = {key: [sample.metadata.get(key) for sample in samples] for key in columns}
             kwargs["completion_ids"] = [sample.completion_ids for sample in samples]
-            scores = function(prompts=[s.prompt for s in samples], completions=[s.completion for s in samples], **kwargs)
-            scores = list(scores)
-            for index, score in enumerate(scores):
-                if score is None:
-                    raise ValueError(f"{self.name} returned None for sample {index}: smallrl needs a score for every sample")
-            return [float(score) for score in scores]
+            prompts, completions = _trl_inputs(samples)
+            return _trl_scores(self.name, function(prompts=prompts, completions=completions, **kwargs), len(samples))
 
     TrlReward.name = name or function.__name__
     TrlReward.version = version
     TrlReward.description = description or (function.__doc__ or "a TRL reward function").strip().splitlines()[0]
     TrlReward.__module__ = function.__module__
     return TrlReward
+
+
+def _trl_inputs(samples):
+    """`prompts` and `completions` as TRL passes them: strings in a text run; in a chat run
+    conversations and one assistant message per completion (TRL's conversational format)."""
+    chat = [PROMPT_MESSAGES in sample.metadata for sample in samples]
+    if not any(chat):
+        return [s.prompt for s in samples], [s.completion for s in samples]
+    if not all(chat):
+        raise ValueError(f"sample {chat.index(False)} has no `{PROMPT_MESSAGES}` but sample {chat.index(True)} has: a batch is all chat or all text")
+    prompts = [[dict(message) for message in sample.metadata[PROMPT_MESSAGES]] for sample in samples]
+    return prompts, [[{"role": "assistant", "content": s.completion}] for s in samples]
+
+
+def _trl_scores(name, scores, count):
+    """TRL's rule for a reward function's result: one number per completion."""
+    if not isinstance(scores, (list, tuple)):
+        raise TypeError(f"{name} returned {scores!r} ({type(scores).__name__}): a TRL reward function returns a list of numbers, one per completion")
+    if len(scores) != count:
+        raise ValueError(f"{name} returned {len(scores)} scores for {count} completions: a TRL reward function returns one per completion")
+    for index, score in enumerate(scores):
+        if score is None:
+            raise ValueError(f"{name} returned None for sample {index}: a sample without a score is not supported yet; return a number for every completion")
+        if isinstance(score, bool) or not isinstance(score, (int, float)):
+            raise TypeError(f"{name} returned {score!r} ({type(score).__name__}) for sample {index}: a score is a number (int or float), as TRL requires")
+    return [float(score) for score in scores]
 
 
 def retain(name, description):

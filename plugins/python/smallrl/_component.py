@@ -57,7 +57,7 @@ def _numbers(kind, values):
     out = []
     for index, value in enumerate(values):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"{kind} of sample {index} is {value!r}, not a number")
+            raise TypeError(f"{kind} of sample {index} is {value!r} ({type(value).__name__}), not a number")
         out.append(float(value))
     return out
 
@@ -66,7 +66,7 @@ def _flags(kind, values):
     out = []
     for index, value in enumerate(values):
         if not isinstance(value, bool):
-            raise TypeError(f"{kind} of sample {index} is {value!r}, not a bool")
+            raise TypeError(f"{kind} of sample {index} is {value!r} ({type(value).__name__}), not a bool")
         out.append(value)
     return out
 
