@@ -127,8 +127,39 @@ fn host_linker(engine: &Engine) -> Result<Linker<StoreState>> {
     wit::reward::smallrl::reward::host::add_to_linker::<StoreState, Store>(&mut linker, |state| state).map_err(anyhow::Error::from)?;
     wit::v0_2::reward::smallrl::reward::host::add_to_linker::<StoreState, Store>(&mut linker, |state| state).map_err(anyhow::Error::from)?;
     wit::legacy::reward::smallrl::reward::host::add_to_linker::<StoreState, Store>(&mut linker, |state| state).map_err(anyhow::Error::from)?;
+    wit::v0_3::reward::smallrl::reward::host::add_to_linker::<StoreState, Store>(&mut linker, |state| state).map_err(anyhow::Error::from)?;
     wit::environment::smallrl::reward::judge::add_to_linker::<StoreState, Store>(&mut linker, |state| state).map_err(anyhow::Error::from)?;
+    wit::v0_3::environment::smallrl::reward::judge::add_to_linker::<StoreState, Store>(&mut linker, |state| state).map_err(anyhow::Error::from)?;
+    wit::programs::add_to_linker::<StoreState, Store>(&mut linker, |state| state).map_err(anyhow::Error::from)?;
     Ok(linker)
+}
+
+impl wit::v0_3::reward::smallrl::reward::host::Host for StoreState {
+    fn log(&mut self, message: String) {
+        self.record_log(truncate(message, MAX_LOG_BYTES));
+    }
+}
+
+/// A 0.3 environment's judge: the current one's.
+impl wit::v0_3::environment::smallrl::reward::judge::Host for StoreState {
+    fn judge(&mut self, items: Vec<super::judge::JudgeItem>) -> wasmtime::Result<Result<Vec<f64>, String>> {
+        wit::environment::smallrl::reward::judge::Host::judge(self, items)
+    }
+}
+
+/// The program runner (`programs.rs`): a request the host refuses is the guest's error; a
+/// runner that cannot run (missing, a program past the wall-clock backstop) ends the call.
+impl wit::programs::Host for StoreState {
+    fn run(&mut self, programs: Vec<wit::programs::Program>) -> wasmtime::Result<Result<Vec<wit::programs::Outcome>, String>> {
+        let programs: Vec<super::programs::Program> = programs.into_iter().map(super::convert::from_wit_program).collect();
+        if let Err(refused) = super::programs::check_request(&programs) {
+            return Ok(Err(format!("{refused:#}")));
+        }
+        match super::programs::run(&programs, self.program_limits()) {
+            Ok(outcomes) => Ok(Ok(outcomes.into_iter().map(super::convert::to_wit_outcome).collect())),
+            Err(error) => Err(wasmtime::Error::msg(format!("its programs could not run: {error:#}"))),
+        }
+    }
 }
 
 impl wit::reward::smallrl::reward::host::Host for StoreState {

@@ -8,6 +8,7 @@
 use wasmtime::ResourceLimiter;
 
 use super::judge::{JudgeBudget, SharedJudge};
+use super::programs::ProgramLimits;
 use super::wasi::{CallSeed, HasSandbox, Sandbox};
 
 /// A component instance has a few internal core instances, memories and tables; more than this
@@ -30,12 +31,14 @@ pub struct StoreState {
     judge_budget: JudgeBudget,
     /// The deterministic WASI of a component that imports it (None for every other).
     wasi: Option<Sandbox>,
+    /// The limits of each program the plugin runs through the `programs` import.
+    program_limits: ProgramLimits,
 }
 
 impl StoreState {
     /// The state of a store; `wasi` for a component that imports WASI.
     pub fn new(max_memory_bytes: usize, wasi: Option<Sandbox>) -> Self {
-        Self { max_memory_bytes, fuel_budget: 0, memory_limit_hit: None, logs: Vec::new(), judge: None, judge_budget: Default::default(), wasi }
+        Self { max_memory_bytes, fuel_budget: 0, memory_limit_hit: None, logs: Vec::new(), judge: None, judge_budget: Default::default(), wasi, program_limits: ProgramLimits::default() }
     }
 
     /// A call (or an instantiation) starts with `fuel`, an empty log and, with WASI, the clock,
@@ -46,6 +49,19 @@ impl StoreState {
         if let Some(sandbox) = self.wasi.as_mut() {
             sandbox.start_call(seed);
         }
+    }
+
+    /// The store's WASI sandbox, if it has one.
+    pub fn sandbox_ref(&self) -> Option<&Sandbox> {
+        self.wasi.as_ref()
+    }
+
+    pub fn set_program_limits(&mut self, limits: ProgramLimits) {
+        self.program_limits = limits;
+    }
+
+    pub fn program_limits(&self) -> ProgramLimits {
+        self.program_limits
     }
 
     /// Whether this store runs a component that imports WASI.

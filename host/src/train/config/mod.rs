@@ -318,6 +318,19 @@ hyperparameters! {
         /// sample: the deterministic bound on the judge's work.
         #[serde(skip_serializing_if = "is_default_judge_tokens")]
         plugin_judge_tokens_per_sample: u64 = d::PLUGIN_JUDGE_TOKENS_PER_SAMPLE, Omit, [Resume];
+        /// Fuel of each program a plugin runs through the program runner (contract 0.4's
+        /// `programs`; about one unit per WebAssembly instruction of the interpreter): a program
+        /// over it ends with status out-of-fuel, which its grader scores.
+        #[serde(skip_serializing_if = "is_default_program_fuel")]
+        program_fuel: u64 = d::PROGRAM_FUEL, Key;
+        /// Largest memory of each program's interpreter, in MiB (its initial memory, about 30,
+        /// included): a program over it ends with status out-of-memory.
+        #[serde(skip_serializing_if = "is_default_program_memory")]
+        program_max_memory_mb: usize = d::PROGRAM_MAX_MEMORY_MB, Key;
+        /// Most KiB each program may write to stdout and stderr together: a program over it is
+        /// stopped with status output-over-limit.
+        #[serde(skip_serializing_if = "is_default_program_output")]
+        program_max_output_kib: usize = d::PROGRAM_MAX_OUTPUT_KIB, Key;
 
         /// Steps between the sample and summary lines of train.log.
         logging_steps: usize = 10, Omit;
@@ -431,6 +444,20 @@ fn is_default_judge_items(value: &u64) -> bool {
 
 fn is_default_judge_tokens(value: &u64) -> bool {
     *value == d::PLUGIN_JUDGE_TOKENS_PER_SAMPLE
+}
+
+// The program runner's keys are written to a run's config.yaml only when set, so the runs whose
+// plugins run no programs keep the config.yaml they had before the keys existed.
+fn is_default_program_fuel(value: &u64) -> bool {
+    *value == d::PROGRAM_FUEL
+}
+
+fn is_default_program_memory(value: &usize) -> bool {
+    *value == d::PROGRAM_MAX_MEMORY_MB
+}
+
+fn is_default_program_output(value: &usize) -> bool {
+    *value == d::PROGRAM_MAX_OUTPUT_KIB
 }
 
 /// Steps `0..until_step` of a run were trained with the linear schedule over `max_steps`.
@@ -552,7 +579,8 @@ impl TrainConfig {
             false => self.plugin_max_call_seconds,
         };
         PluginLimits::new(call_seconds, self.plugin_max_memory_mb, self.plugin_fuel_per_sample)?
-            .with_judge_budget(self.plugin_judge_items_per_sample, self.plugin_judge_tokens_per_sample)
+            .with_judge_budget(self.plugin_judge_items_per_sample, self.plugin_judge_tokens_per_sample)?
+            .with_program_limits(self.program_fuel, self.program_max_memory_mb, self.program_max_output_kib)
     }
 
     pub fn knobs(&self) -> ProtocolKnobs {
