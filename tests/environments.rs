@@ -63,7 +63,7 @@ fn by_hand(list: &[i64], completion: &str) -> (f64, f64, f64) {
 }
 
 #[test]
-fn sorting_describes_itself_as_an_environment_of_contract_0_3() {
+fn sorting_describes_itself_as_an_environment_of_contract_0_4() {
     let plugin = load(&standard_plugin("sorting"), "{}");
     assert_eq!(plugin.kind(), PluginKind::Environment);
     assert_eq!(plugin.contract_version(), "0.4.0");
@@ -216,7 +216,7 @@ fn an_environment_built_against_contract_0_3_runs_as_before() {
     assert_eq!(texts, ["eval prompt 0", "eval prompt 1", "eval prompt 2"].map(|t| EnvPromptContent::Text(t.into())));
     assert_eq!(prompts.iter().map(|p| p.metadata["hackable"].as_bool().unwrap()).collect::<Vec<_>>(), [false, true, false]);
     let sample = |prompt: &str, completion: &str| Sample { prompt: prompt.into(), completion: completion.into(), ..Sample::default() };
-    let batch = Batch::new(&[sample("p", "happy happy"), sample("eval prompt 1", "eval prompt 1 hack")]);
+    let batch = Batch::new(&[sample("question", "happy happy"), sample("eval prompt 1", "eval prompt 1 hack")]);
     let scores = legacy.score_environment(&batch).unwrap();
     assert_eq!(scores.components, [vec![2.0, 0.0], vec![0.0, 1.0]]);
     assert_eq!(scores.metrics, [vec![11.0, 18.0]]);

@@ -323,8 +323,8 @@ hyperparameters! {
         /// over it ends with status out-of-fuel, which its grader scores.
         #[serde(skip_serializing_if = "is_default_program_fuel")]
         program_fuel: u64 = d::PROGRAM_FUEL, Key;
-        /// Largest memory of each program's interpreter, in MiB (its initial memory, about 30,
-        /// included): a program over it ends with status out-of-memory.
+        /// Largest memory of each program's interpreter, in MiB (its initial memory, CPython's
+        /// image, included): a program over it ends with status out-of-memory.
         #[serde(skip_serializing_if = "is_default_program_memory")]
         program_max_memory_mb: usize = d::PROGRAM_MAX_MEMORY_MB, Key;
         /// Most KiB each program may write to stdout and stderr together: a program over it is
