@@ -134,3 +134,26 @@ fn a_plugin_runs_a_batch_of_programs_through_the_sdk() {
     assert_eq!(sha256, smallrl::plugins::sha256_hex(&std::fs::read(path).unwrap()));
     assert!(load(&standard_plugin("happy_count"), "{}").program_runner().is_none());
 }
+
+/// A short training run whose reward runs every completion as a program (tiny-stories writes
+/// stories, not Python: each one's status is scored, here a SyntaxError or NameError, 3): the
+/// run continues to its end and records the runner's SHA-256 with the plugins' hashes.
+#[test]
+fn a_run_whose_reward_runs_programs_trains_and_records_the_runner() {
+    let out = tempfile::tempdir().unwrap();
+    let mut config = common::tiny_stories_run(out.path(), &test_plugin("programs"), "programs");
+    config.insert("max_steps".into(), 2.into());
+    common::one_thread();
+    let config = smallrl::train::TrainConfig::resolve(None, config).unwrap();
+    let run = smallrl::train::Trainer::new(config, None).unwrap().train(None).unwrap().run_dir;
+    let metrics = common::read_jsonl(run.join("metrics.jsonl"));
+    let steps: Vec<&serde_json::Value> = metrics.iter().filter(|line| line.get("reward").is_some()).collect();
+    assert_eq!(steps.len(), 2, "{metrics:?}");
+    for step in steps {
+        let reward = step["reward"].as_f64().unwrap();
+        assert!((1.0..=8.5).contains(&reward), "a mean of the statuses' scores: {reward}");
+    }
+    let recorded = std::fs::read_to_string(run.join("config.yaml")).unwrap();
+    let runner = programs::runner().unwrap();
+    assert!(recorded.contains(&format!("program runner {}", runner.path().display())) && recorded.contains(runner.sha256()), "{recorded}");
+}
