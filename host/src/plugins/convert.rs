@@ -128,29 +128,3 @@ macro_rules! info_conversion {
 }
 info_conversion!(from_wit_info, wit);
 info_conversion!(from_legacy_info, legacy::types);
-
-/// A program a plugin hands the runner, in the host's form.
-pub fn from_wit_program(program: super::wit::programs::Program) -> super::programs::Program {
-    super::programs::Program {
-        source: program.source,
-        stdin: program.stdin,
-        files: program.files.into_iter().map(|file| (file.name, file.contents)).collect(),
-    }
-}
-
-/// An outcome in the contract's form.
-pub fn to_wit_outcome(outcome: super::programs::Outcome) -> super::wit::programs::Outcome {
-    use super::programs::Status;
-    use super::wit::programs::{ExceptionInfo, Status as WitStatus};
-    let status = match outcome.status {
-        Status::Normal => WitStatus::Normal,
-        Status::Exit(code) => WitStatus::Exit(code),
-        Status::Exception { type_name, message } => WitStatus::Exception(ExceptionInfo { type_name, message }),
-        Status::OutOfFuel => WitStatus::OutOfFuel,
-        Status::OutOfMemory => WitStatus::OutOfMemory,
-        Status::OutputOverLimit => WitStatus::OutputOverLimit,
-        Status::StackOverflow => WitStatus::StackOverflow,
-        Status::Crashed(what) => WitStatus::Crashed(what),
-    };
-    super::wit::programs::Outcome { status, stdout: outcome.stdout, stderr: outcome.stderr }
-}

@@ -31,6 +31,7 @@ use super::runtime::{EPOCH_TICK, runtime};
 use super::store::StoreState;
 use super::wasi::{CallSeed, ProgramOutputOverLimit, Sandbox};
 
+
 mod bindings {
     wasmtime::component::bindgen!({ world: "program-runner", path: "../plugins/python/runner" });
 }
@@ -98,38 +99,7 @@ pub struct Outcome {
     pub fuel: u64,
 }
 
-/// Each program's limits (the config keys `program_fuel`, `program_max_memory_mb`,
-/// `program_max_output_kib`), plus the wall-clock backstop of the plugin call that runs it.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ProgramLimits {
-    /// Fuel (about one unit per WebAssembly instruction) of one program.
-    pub fuel: u64,
-    /// The largest memory one program's interpreter may grow to (its initial memory included).
-    pub max_memory_bytes: usize,
-    /// The most one program may write to stdout and stderr together.
-    pub max_output_bytes: usize,
-    /// Wall-clock time one program may run: the backstop behind fuel (over it is an error, not
-    /// a status, since it depends on the machine).
-    pub max_time: std::time::Duration,
-}
-
-impl Default for ProgramLimits {
-    fn default() -> Self {
-        use crate::defaults as d;
-        Self::new(d::PROGRAM_FUEL, d::PROGRAM_MAX_MEMORY_MB, d::PROGRAM_MAX_OUTPUT_KIB, std::time::Duration::from_secs_f64(d::PLUGIN_MAX_CALL_SECONDS))
-            .expect("the default program limits are valid")
-    }
-}
-
-impl ProgramLimits {
-    /// The limits as the config keys give them; `max_time` is the plugin call's limit.
-    pub fn new(fuel: u64, max_memory_mb: usize, max_output_kib: usize, max_time: std::time::Duration) -> Result<Self> {
-        ensure!(fuel > 0, "program_fuel must be positive");
-        ensure!((1..=4096).contains(&max_memory_mb), "program_max_memory_mb must be in [1, 4096], got {max_memory_mb}");
-        ensure!((1..=1 << 20).contains(&max_output_kib), "program_max_output_kib must be in [1, 1048576], got {max_output_kib}");
-        Ok(Self { fuel, max_memory_bytes: max_memory_mb << 20, max_output_bytes: max_output_kib << 10, max_time })
-    }
-}
+pub use super::store::ProgramLimits;
 
 pub use super::wit::PROGRAMS_INTERFACE;
 
@@ -396,4 +366,44 @@ pub fn read_file(file: &Path) -> Result<Vec<Program>> {
 pub fn run_file(file: &Path, limits: ProgramLimits) -> Result<Vec<serde_json::Value>> {
     let outcomes = run(&read_file(file)?, limits).with_context(|| format!("cannot run the programs of {}", file.display()))?;
     Ok(outcomes.iter().map(outcome_json).collect())
+}
+
+/// The `programs` import: a request the host refuses is the guest's error; a
+/// runner that cannot run (missing, a program past the wall-clock backstop) ends the call.
+impl super::wit::programs::Host for StoreState {
+    fn run(&mut self, programs: Vec<super::wit::programs::Program>) -> wasmtime::Result<Result<Vec<super::wit::programs::Outcome>, String>> {
+        let programs: Vec<Program> = programs.into_iter().map(from_wit_program).collect();
+        if let Err(refused) = check_request(&programs) {
+            return Ok(Err(format!("{refused:#}")));
+        }
+        match run(&programs, self.program_limits()) {
+            Ok(outcomes) => Ok(Ok(outcomes.into_iter().map(to_wit_outcome).collect())),
+            Err(error) => Err(wasmtime::Error::msg(format!("its programs could not run: {error:#}"))),
+        }
+    }
+}
+
+/// A program a plugin hands the runner, in the host's form.
+fn from_wit_program(program: super::wit::programs::Program) -> Program {
+    Program {
+        source: program.source,
+        stdin: program.stdin,
+        files: program.files.into_iter().map(|file| (file.name, file.contents)).collect(),
+    }
+}
+
+/// An outcome in the contract's form.
+fn to_wit_outcome(outcome: Outcome) -> super::wit::programs::Outcome {
+    use super::wit::programs::{ExceptionInfo, Status as WitStatus};
+    let status = match outcome.status {
+        Status::Normal => WitStatus::Normal,
+        Status::Exit(code) => WitStatus::Exit(code),
+        Status::Exception { type_name, message } => WitStatus::Exception(ExceptionInfo { type_name, message }),
+        Status::OutOfFuel => WitStatus::OutOfFuel,
+        Status::OutOfMemory => WitStatus::OutOfMemory,
+        Status::OutputOverLimit => WitStatus::OutputOverLimit,
+        Status::StackOverflow => WitStatus::StackOverflow,
+        Status::Crashed(what) => WitStatus::Crashed(what),
+    };
+    super::wit::programs::Outcome { status, stdout: outcome.stdout, stderr: outcome.stderr }
 }

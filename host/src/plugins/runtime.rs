@@ -147,21 +147,6 @@ impl wit::v0_3::environment::smallrl::reward::judge::Host for StoreState {
     }
 }
 
-/// The program runner (`programs.rs`): a request the host refuses is the guest's error; a
-/// runner that cannot run (missing, a program past the wall-clock backstop) ends the call.
-impl wit::programs::Host for StoreState {
-    fn run(&mut self, programs: Vec<wit::programs::Program>) -> wasmtime::Result<Result<Vec<wit::programs::Outcome>, String>> {
-        let programs: Vec<super::programs::Program> = programs.into_iter().map(super::convert::from_wit_program).collect();
-        if let Err(refused) = super::programs::check_request(&programs) {
-            return Ok(Err(format!("{refused:#}")));
-        }
-        match super::programs::run(&programs, self.program_limits()) {
-            Ok(outcomes) => Ok(Ok(outcomes.into_iter().map(super::convert::to_wit_outcome).collect())),
-            Err(error) => Err(wasmtime::Error::msg(format!("its programs could not run: {error:#}"))),
-        }
-    }
-}
-
 impl wit::reward::smallrl::reward::host::Host for StoreState {
     fn log(&mut self, message: String) {
         self.record_log(truncate(message, MAX_LOG_BYTES));
