@@ -44,12 +44,20 @@ WASM_BUILD := target/$(WASM_TARGET)/release
 REWARD_PLUGINS := happy_binary happy_count happy_exp string_count sentence_length answer_count
 DETECTOR_PLUGINS := detect_happy_count detect_happy_any detect_contains_words detect_happy_density detect_answer_repeat
 ENVIRONMENT_PLUGINS := sorting addition repeat object_qa persona_qa cities_qa math topic
-TEST_PLUGINS := testplugin_misbehaving testplugin_bad_version testplugin_imports_random testplugin_legacy_v0_1 testplugin_legacy_v0_2 testplugin_wit_only
+TEST_PLUGINS := testplugin_misbehaving testplugin_bad_version testplugin_imports_random testplugin_legacy_v0_1 testplugin_legacy_v0_2 testplugin_legacy_v0_3 testplugin_programs testplugin_wit_only
 # plugins/testing/hostile: plugin-supplied text and sizes the host must bound and check.
 HOSTILE_MODES := huge_name control_name bad_type bad_semver huge_description big_memory huge_error
 STANDARD_PLUGINS := $(REWARD_PLUGINS) $(DETECTOR_PLUGINS) $(ENVIRONMENT_PLUGINS)
 
-plugins:
+# The program runner (host/src/plugins/programs.rs): smallrl's CPython component, built by the
+# pinned componentize-py (`make setup`); every program a plugin runs gets a fresh instance of it.
+PROGRAM_RUNNER := plugins/program_runner.wasm
+RUNNER_SOURCES := plugins/python/runner/program_runner.py plugins/python/runner/program-runner.wit
+$(PROGRAM_RUNNER): $(RUNNER_SOURCES)
+	.venv/bin/componentize-py -d plugins/python/runner/program-runner.wit -w program-runner componentize program_runner -p plugins/python/runner -o $@.tmp
+	@mv $@.tmp $@
+
+plugins: $(PROGRAM_RUNNER)
 	@rustup target add $(WASM_TARGET) >/dev/null 2>&1 || rustup target add $(WASM_TARGET)
 	@# Three invocations: the SDK is built with feature `reward`, `detector` or `environment`.
 	$(CARGO) build --quiet --release --target $(WASM_TARGET) $(addprefix -p ,$(REWARD_PLUGINS) $(TEST_PLUGINS))

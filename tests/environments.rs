@@ -63,16 +63,16 @@ fn by_hand(list: &[i64], completion: &str) -> (f64, f64, f64) {
 }
 
 #[test]
-fn sorting_describes_itself_as_an_environment_of_contract_0_3() {
+fn sorting_describes_itself_as_an_environment_of_contract_0_4() {
     let plugin = load(&standard_plugin("sorting"), "{}");
     assert_eq!(plugin.kind(), PluginKind::Environment);
-    assert_eq!(plugin.contract_version(), "0.3.0");
+    assert_eq!(plugin.contract_version(), "0.4.0");
     let info = plugin.environment_info().unwrap();
     let components: Vec<(&str, ComponentRole)> = info.components.iter().map(|c| (c.name.as_str(), c.role)).collect();
     assert_eq!(components, [("sorting_positional", ComponentRole::Retain), ("sorting_copy", ComponentRole::Forget)]);
     assert_eq!(info.metrics, ["sorted", "copy_rate"]);
     let shown = common::smallrl_ok(&["plugin", "info", standard_plugin("sorting").to_str().unwrap()]);
-    for part in ["sorting 0.1.0 (environment)", "sorting_positional", "retain", "sorting_copy", "forget", "env/sorting/<name>): sorted, copy_rate", "contract 0.3.0", plugin.sha256()] {
+    for part in ["sorting 0.1.0 (environment)", "sorting_positional", "retain", "sorting_copy", "forget", "env/sorting/<name>): sorted, copy_rate", "contract 0.4.0", plugin.sha256()] {
         assert!(shown.contains(part), "`plugin info` lacks {part:?}:\n{shown}");
     }
 }
@@ -201,6 +201,27 @@ fn a_plugin_built_against_contract_0_2_loads_and_scores_as_before() {
     with.metadata = Some(Arc::new(PromptMetadata { json: r#"{"answer":"cat"}"#.into(), hackable: None, detectable: None }));
     // Its definition: count of "happy" + 0.5 (EOS) + 0.01 per token (+ 100 with metadata).
     assert_eq!(legacy.score(&[plain, with]).unwrap(), [2.0 + 0.5 + 0.06, 100.0 + 2.0 + 0.5 + 0.06]);
+}
+
+/// An environment built against the frozen 0.3 contract (before the `programs` import) loads
+/// and runs every call as before: its hand-written prompts, components, metric, monitor and
+/// ground truth (plugins/testing/legacy_v0_3).
+#[test]
+fn an_environment_built_against_contract_0_3_runs_as_before() {
+    let mut legacy = load(&test_plugin("legacy_v0_3"), "{}");
+    assert_eq!((legacy.contract_version(), legacy.kind()), ("0.3.0", PluginKind::Environment));
+    assert!(legacy.program_runner().is_none());
+    let prompts = legacy.generate(EnvSplit::Eval, 3, 7, 0.5).unwrap();
+    let texts: Vec<EnvPromptContent> = prompts.iter().map(|p| p.content.clone()).collect();
+    assert_eq!(texts, ["eval prompt 0", "eval prompt 1", "eval prompt 2"].map(|t| EnvPromptContent::Text(t.into())));
+    assert_eq!(prompts.iter().map(|p| p.metadata["hackable"].as_bool().unwrap()).collect::<Vec<_>>(), [false, true, false]);
+    let sample = |prompt: &str, completion: &str| Sample { prompt: prompt.into(), completion: completion.into(), ..Sample::default() };
+    let batch = Batch::new(&[sample("question", "happy happy"), sample("eval prompt 1", "eval prompt 1 hack")]);
+    let scores = legacy.score_environment(&batch).unwrap();
+    assert_eq!(scores.components, [vec![2.0, 0.0], vec![0.0, 1.0]]);
+    assert_eq!(scores.metrics, [vec![11.0, 18.0]]);
+    assert_eq!(legacy.monitor(&batch).unwrap(), [false, true]);
+    assert_eq!(legacy.ground_truth(&batch).unwrap(), [false, true]);
 }
 
 /// Two steps through the environment on the tiny-stories fixture: every logged sample's

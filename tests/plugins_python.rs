@@ -181,6 +181,20 @@ fn random_and_time_are_deterministic_functions_of_the_call() {
     assert!(first.iter().all(|s| (0.0..0.6).contains(s)), "0.5 * random + 0.1 * happy, the clock fixed: {first:?}");
 }
 
+/// The Python SDK's `smallrl.run_programs`: a batch of completions run as programs, each in
+/// its own interpreter, their statuses read back through the SDK's `Outcome` (the scores are
+/// plugins/python/testing/runs_programs.py's), stdin and files included.
+#[test]
+fn a_python_reward_runs_programs_through_the_sdk() {
+    let mut plugin = load(&built("testing/runs_programs"), "{}");
+    assert!(plugin.program_runner().is_some());
+    let samples: Vec<Sample> = ["print(6 * 7)", "while True: pass", "import sys; sys.exit(3)", "raise ValueError('no')", "io", "print(1)"]
+        .iter()
+        .map(|completion| Sample { completion: completion.to_string(), ..Sample::default() })
+        .collect();
+    assert_eq!(plugin.score(&samples).unwrap(), vec![1.5, 4.0, 2.03, 3.0, 1.5, 1.0]);
+}
+
 #[test]
 fn a_trl_reward_function_builds_as_it_is() {
     let mut plugin = load(&built("testing/trl_length"), "{}");

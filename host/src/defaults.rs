@@ -103,6 +103,21 @@ pub const PLUGIN_JUDGE_ITEMS_PER_SAMPLE: u64 = 4;
 /// completions); 1024 holds 4 such items and a longer template.
 pub const PLUGIN_JUDGE_TOKENS_PER_SAMPLE: u64 = 1024;
 
+// The program runner's limits per program (`program_fuel`, `program_max_memory_mb`,
+// `program_max_output_kib`; `plugins/programs.rs`): each program a plugin runs through the
+// `programs` import gets these, whatever the plugin's own.
+/// Fuel of one program (measured with `smallrl plugin programs`, which prints each program's
+/// fuel): CPython in the runner uses about 0.3 million for `pass` and 1.9 million for a 10-line
+/// function and 5 asserts; a RecursionError at the default recursion limit 155 million (most of
+/// it its traceback) and filling 128 MiB 121 million, so both end with their own status; an
+/// endless loop ends in about 0.16 s of CPU time here.
+pub const PROGRAM_FUEL: u64 = 400_000_000;
+/// The largest memory of one program's interpreter, its initial memory (CPython with the
+/// imported standard library) included.
+pub const PROGRAM_MAX_MEMORY_MB: usize = 128;
+/// The most one program may write to stdout and stderr together, kept whole.
+pub const PROGRAM_MAX_OUTPUT_KIB: usize = 64;
+
 // Sweeps and charts.
 /// Where `smallrl sweep` puts its runs, logs, summary and charts.
 pub const SWEEP_OUTPUT_DIR: &str = "runs/sweep";

@@ -31,6 +31,18 @@ pub struct PluginLimitArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub plugin_max_memory_mb: Option<usize>,
+    /// Fuel of each program the plugin runs through the program runner.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub program_fuel: Option<u64>,
+    /// Largest memory of each program's interpreter in MiB.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub program_max_memory_mb: Option<usize>,
+    /// Most KiB each program may write to stdout and stderr together.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub program_max_output_kib: Option<usize>,
 }
 
 impl PluginLimitArgs {
@@ -40,6 +52,11 @@ impl PluginLimitArgs {
             self.plugin_max_call_seconds.unwrap_or(d::PLUGIN_MAX_CALL_SECONDS),
             self.plugin_max_memory_mb.unwrap_or(d::PLUGIN_MAX_MEMORY_MB),
             self.plugin_fuel_per_sample.unwrap_or(d::PLUGIN_FUEL_PER_SAMPLE),
+        )?
+        .with_program_limits(
+            self.program_fuel.unwrap_or(d::PROGRAM_FUEL),
+            self.program_max_memory_mb.unwrap_or(d::PROGRAM_MAX_MEMORY_MB),
+            self.program_max_output_kib.unwrap_or(d::PROGRAM_MAX_OUTPUT_KIB),
         )
     }
 }
@@ -150,6 +167,15 @@ pub enum PluginCommand {
         #[command(flatten)]
         limits: PluginLimitArgs,
     },
+    /// Run Python programs through the program runner, each in a fresh sandboxed interpreter
+    /// (what a plugin's `programs` import does), and print one JSON outcome per line.
+    Programs {
+        /// A JSON list of programs: each a source string or an object {"source", "stdin",
+        /// "files": {name: text}}.
+        file: PathBuf,
+        #[command(flatten)]
+        limits: PluginLimitArgs,
+    },
     /// Scoring throughput of a wasm plugin against the same function in native Rust.
     Bench {
         #[arg(long, default_value = "plugins/happy_count.wasm")]
@@ -168,6 +194,10 @@ pub enum PluginCommand {
         /// plugins/python/happy_count.py): its compile, its cached load and its scoring.
         #[arg(long)]
         port: Option<PathBuf>,
+        /// Instead, time the program runner on this many graded programs (a 10-line function
+        /// and 5 asserts each) beside one `python3` subprocess per program.
+        #[arg(long)]
+        programs: Option<usize>,
         #[command(flatten)]
         limits: PluginLimitArgs,
     },
@@ -214,8 +244,15 @@ pub fn run(command: PluginCommand) -> Result<()> {
             let args = SnapshotArgs { plugin: &path, texts: &texts, params: params.as_deref(), tokenizer: tokenizer.as_deref(), out: &out };
             snapshot(&args, limits.limits()?, check)
         }
-        PluginCommand::Bench { path, samples, words, iterations, config, port, limits } => {
+        PluginCommand::Programs { file, limits } => {
+            crate::plugins::programs::run_file(&file, limits.limits()?.programs)?.iter().for_each(|outcome| println!("{outcome}"));
+            Ok(())
+        }
+        PluginCommand::Bench { path, samples, words, iterations, config, port, programs, limits } => {
             let limits = limits.limits()?;
+            if let Some(count) = programs {
+                return Ok(println!("{}", crate::plugins::programs_bench::bench(count, 3, limits.programs, Path::new("python3"))?));
+            }
             run_bench(&path, samples, words, iterations, limits)?;
             if let Some(port) = port {
                 bench_port(&port, samples, words, iterations, limits)?;

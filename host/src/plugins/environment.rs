@@ -105,6 +105,7 @@ impl Plugin {
         let arguments = || format!("{split} {count} {seed} {}", hack_frac.to_bits()).into_bytes();
         let outcome = self.call("generate", count, arguments, |store, exports| match exports {
             Exports::Environment(environment) => environment.smallrl_reward_env().call_generate(store, wit_split, count32, seed, hack_frac).map(Some),
+            Exports::V03Environment(environment) => environment.smallrl_reward_env().call_generate(store, wit_split, count32, seed, hack_frac).map(Some),
             _ => Ok(None),
         })?;
         let label = self.label();
@@ -126,6 +127,7 @@ impl Plugin {
         let info = self.environment.clone().ok_or_else(|| anyhow!("{}: is a {}, not an environment", self.label(), self.kind()))?;
         let outcome = self.call("score", batch.len(), || batch.digest().to_vec(), |store, exports| match exports {
             Exports::Environment(environment) => environment.smallrl_reward_env().call_score(store, batch.current()).map(Some),
+            Exports::V03Environment(environment) => environment.smallrl_reward_env().call_score(store, batch.current()).map(Some),
             _ => Ok(None),
         })?;
         let label = self.label();
@@ -164,6 +166,7 @@ impl Plugin {
     pub fn monitor(&mut self, batch: &Batch) -> Result<Vec<bool>> {
         self.call_batch("monitor", batch, |store, exports| match exports {
             Exports::Environment(environment) => environment.smallrl_reward_env().call_monitor(store, batch.current()).map(Some),
+            Exports::V03Environment(environment) => environment.smallrl_reward_env().call_monitor(store, batch.current()).map(Some),
             _ => Ok(None),
         })
     }
@@ -172,6 +175,7 @@ impl Plugin {
     pub fn ground_truth(&mut self, batch: &Batch) -> Result<Vec<bool>> {
         self.call_batch("ground-truth", batch, |store, exports| match exports {
             Exports::Environment(environment) => environment.smallrl_reward_env().call_ground_truth(store, batch.current()).map(Some),
+            Exports::V03Environment(environment) => environment.smallrl_reward_env().call_ground_truth(store, batch.current()).map(Some),
             _ => Ok(None),
         })
     }
@@ -180,6 +184,7 @@ impl Plugin {
     pub(super) fn read_environment_info(&mut self) -> Result<PluginInfo> {
         let info = self.call("info", 1, Vec::new, |store, exports| match exports {
             Exports::Environment(environment) => environment.smallrl_reward_env().call_info(store),
+            Exports::V03Environment(environment) => environment.smallrl_reward_env().call_info(store),
             _ => unreachable!("only environments are read here"),
         })?;
         let to_param = |param: super::wit::types::ParamInfo| super::ParamInfo {

@@ -16,15 +16,20 @@ use super::store::StoreState;
 use super::text::shown;
 use super::validate::check_info;
 use super::wasi::{CallSeed, Sandbox};
-use super::wit::{Contract, Detector, DetectorPre, Environment, EnvironmentPre, Reward, RewardPre, contract_of, exported_versions, legacy, v0_2};
+use super::wit::{Contract, Detector, DetectorPre, Environment, EnvironmentPre, Reward, RewardPre, contract_of, exported_versions, legacy, v0_2, v0_3};
 use super::{EnvironmentInfo, PluginInfo, PluginKind, PluginLimits, Sample};
 
 /// The typed exports of the world and contract version a component implements.
 pub(super) enum Exports {
     Reward(Reward),
     Detector(Detector),
-    /// An environment (contract 0.3): prompts, rewards, monitor and ground truth in one.
+    /// An environment (contract 0.4): prompts, rewards, monitor and ground truth in one.
     Environment(Environment),
+    /// Built against the frozen 0.3 contract: the same calls and samples (the bindings share
+    /// the types), no `programs` import.
+    V03Reward(v0_3::Reward),
+    V03Detector(v0_3::Detector),
+    V03Environment(v0_3::Environment),
     /// Built against the frozen 0.2 contract: the same samples (the bindings share the types).
     V02Reward(v0_2::Reward),
     V02Detector(v0_2::Detector),
@@ -64,6 +69,9 @@ pub struct Plugin {
     last_call_fuel: u64,
     /// Whether the component imports the judge interface (contract 0.3 environments).
     imports_judge: bool,
+    /// The program runner, when the component imports `programs` (loaded with the plugin, so a
+    /// missing runner fails the load).
+    program_runner: Option<&'static super::programs::Runner>,
     /// Whether the component imports WASI (a language runtime): its stores get the
     /// deterministic sandbox of `wasi.rs`, everything else none.
     imports_wasi: bool,
@@ -110,6 +118,10 @@ impl Plugin {
             Some(bytes) => describe_memory_at_start(path, bytes, limits),
             None => describe_incompatible(path, &component, &runtime.engine, failure.error),
         })?;
+        let program_runner = match super::programs::imports_programs(&component, &runtime.engine) {
+            true => Some(super::programs::runner().with_context(|| format!("plugin {} runs programs (it imports the program runner)", path.display()))?),
+            false => None,
+        };
         let info = PluginInfo { name: String::new(), version: String::new(), kind: live.kind(), description: String::new(), params: Vec::new() };
         let mut plugin = Self {
             path: path.to_owned(),
@@ -126,6 +138,7 @@ impl Plugin {
             failure: None,
             last_call_fuel: 0,
             imports_judge: super::judge::imports_judge(&component, &runtime.engine),
+            program_runner,
             imports_wasi,
             judge: None,
         };
@@ -163,7 +176,7 @@ impl Plugin {
         self.info.kind
     }
 
-    /// The contract version the plugin was built against, e.g. "0.3.0" (a 0.1 plugin never
+    /// The contract version the plugin was built against, e.g. "0.4.0" (a 0.1 plugin never
     /// sees the samples' metadata).
     pub fn contract_version(&self) -> &'static str {
         self.contract.version()
@@ -172,6 +185,12 @@ impl Plugin {
     /// Whether the component imports the host's judge (`smallrl:reward/judge`).
     pub fn imports_judge(&self) -> bool {
         self.imports_judge
+    }
+
+    /// The program runner's file and SHA-256 when the component imports `programs` (a run
+    /// records them with the plugins' hashes).
+    pub fn program_runner(&self) -> Option<(&Path, &str)> {
+        self.program_runner.map(|runner| (runner.path(), runner.sha256()))
     }
 
     /// Whether the component imports WASI and so runs in the deterministic WASI sandbox.
@@ -208,6 +227,7 @@ impl Plugin {
     pub fn score_batch(&mut self, batch: &Batch) -> Result<Vec<f64>> {
         let scores = self.call_batch("score", batch, |store, exports| match exports {
             Exports::Reward(reward) => reward.smallrl_reward_scorer().call_score(store, batch.current()).map(Some),
+            Exports::V03Reward(reward) => reward.smallrl_reward_scorer().call_score(store, batch.current()).map(Some),
             Exports::V02Reward(reward) => reward.smallrl_reward_scorer().call_score(store, batch.current()).map(Some),
             Exports::LegacyReward(reward) => reward.smallrl_reward_scorer().call_score(store, batch.legacy()).map(Some),
             _ => Ok(None),
@@ -222,6 +242,7 @@ impl Plugin {
     pub fn detect_batch(&mut self, batch: &Batch) -> Result<Vec<bool>> {
         self.call_batch("detect", batch, |store, exports| match exports {
             Exports::Detector(detector) => detector.smallrl_reward_flagger().call_detect(store, batch.current()).map(Some),
+            Exports::V03Detector(detector) => detector.smallrl_reward_flagger().call_detect(store, batch.current()).map(Some),
             Exports::V02Detector(detector) => detector.smallrl_reward_flagger().call_detect(store, batch.current()).map(Some),
             Exports::LegacyDetector(detector) => detector.smallrl_reward_flagger().call_detect(store, batch.legacy()).map(Some),
             _ => Ok(None),
@@ -254,9 +275,11 @@ impl Plugin {
         let (info, claimed) = self.call("info", 1, Vec::new, |store, exports| match exports {
             Exports::Reward(reward) => reward.smallrl_reward_plugin().call_info(store).map(from_wit_info),
             Exports::Detector(detector) => detector.smallrl_reward_plugin().call_info(store).map(from_wit_info),
+            Exports::V03Reward(reward) => reward.smallrl_reward_plugin().call_info(store).map(from_wit_info),
+            Exports::V03Detector(detector) => detector.smallrl_reward_plugin().call_info(store).map(from_wit_info),
             Exports::V02Reward(reward) => reward.smallrl_reward_plugin().call_info(store).map(from_wit_info),
             Exports::V02Detector(detector) => detector.smallrl_reward_plugin().call_info(store).map(from_wit_info),
-            Exports::Environment(_) => unreachable!("environments are read above"),
+            Exports::Environment(_) | Exports::V03Environment(_) => unreachable!("environments are read above"),
             Exports::LegacyReward(reward) => reward.smallrl_reward_plugin().call_info(store).map(from_legacy_info),
             Exports::LegacyDetector(detector) => detector.smallrl_reward_plugin().call_info(store).map(from_legacy_info),
         })?;
@@ -278,6 +301,9 @@ impl Plugin {
             Exports::V02Reward(reward) => reward.smallrl_reward_plugin().call_configure(store, &params_json),
             Exports::V02Detector(detector) => detector.smallrl_reward_plugin().call_configure(store, &params_json),
             Exports::Environment(environment) => environment.smallrl_reward_env().call_configure(store, &params_json),
+            Exports::V03Reward(reward) => reward.smallrl_reward_plugin().call_configure(store, &params_json),
+            Exports::V03Detector(detector) => detector.smallrl_reward_plugin().call_configure(store, &params_json),
+            Exports::V03Environment(environment) => environment.smallrl_reward_env().call_configure(store, &params_json),
             Exports::LegacyReward(reward) => reward.smallrl_reward_plugin().call_configure(store, &params_json),
             Exports::LegacyDetector(detector) => detector.smallrl_reward_plugin().call_configure(store, &params_json),
         })?;
@@ -360,9 +386,9 @@ impl Plugin {
 impl Live {
     fn kind(&self) -> PluginKind {
         match self.exports {
-            Exports::Reward(_) | Exports::V02Reward(_) | Exports::LegacyReward(_) => PluginKind::Reward,
-            Exports::Detector(_) | Exports::V02Detector(_) | Exports::LegacyDetector(_) => PluginKind::Detector,
-            Exports::Environment(_) => PluginKind::Environment,
+            Exports::Reward(_) | Exports::V03Reward(_) | Exports::V02Reward(_) | Exports::LegacyReward(_) => PluginKind::Reward,
+            Exports::Detector(_) | Exports::V03Detector(_) | Exports::V02Detector(_) | Exports::LegacyDetector(_) => PluginKind::Detector,
+            Exports::Environment(_) | Exports::V03Environment(_) => PluginKind::Environment,
         }
     }
 }
@@ -441,7 +467,7 @@ fn instantiate_any_world(pre: &InstancePre<StoreState>, store_kind: &StoreKind, 
         Err(failure) => failure,
     };
     let environment_failure = match contract {
-        Contract::Current => match instantiate_world(pre, store_kind, PluginKind::Environment, contract) {
+        Contract::Current | Contract::V0_3 => match instantiate_world(pre, store_kind, PluginKind::Environment, contract) {
             Ok(live) => return Ok(live),
             Err(failure) if failure.memory_wanted.is_some() => return Err(failure),
             Err(failure) => format!("{:#}", anyhow::Error::from(failure.error)),
@@ -470,6 +496,13 @@ fn instantiate_world(pre: &InstancePre<StoreState>, store_kind: &StoreKind, kind
         (PluginKind::Environment, Contract::Current) => {
             EnvironmentPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::Environment)
         }
+        (PluginKind::Reward, Contract::V0_3) => v0_3::RewardPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::V03Reward),
+        (PluginKind::Detector, Contract::V0_3) => {
+            v0_3::DetectorPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::V03Detector)
+        }
+        (PluginKind::Environment, Contract::V0_3) => {
+            v0_3::EnvironmentPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::V03Environment)
+        }
         (PluginKind::Environment, _) => Err(wasmtime::format_err!("contract {} has no environment world", contract.version())),
         (PluginKind::Reward, Contract::V0_2) => v0_2::RewardPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::V02Reward),
         (PluginKind::Detector, Contract::V0_2) => {
@@ -496,6 +529,7 @@ fn set_budget(store: &mut Store<StoreState>, limits: PluginLimits, samples: usiz
     store.set_fuel(fuel)?;
     store.data_mut().start_call(fuel, seed);
     *store.data_mut().judge_budget_mut() = super::judge::JudgeBudget::for_call(&limits, samples);
+    store.data_mut().set_program_limits(limits.programs);
     store.set_epoch_deadline(deadline_ticks(limits));
     Ok(())
 }

@@ -11,7 +11,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub use super::wit::JUDGE_INTERFACE;
+pub use super::wit::JUDGE_INTERFACES;
 use super::PluginLimits;
 
 /// One item to judge: named fields that fill the judge's template placeholders.
@@ -42,7 +42,7 @@ pub const MAX_JUDGE_ITEMS: usize = 65_536;
 
 /// Whether `component` imports the judge interface.
 pub fn imports_judge(component: &wasmtime::component::Component, engine: &wasmtime::Engine) -> bool {
-    component.component_type().imports(engine).any(|(name, _)| name == JUDGE_INTERFACE)
+    component.component_type().imports(engine).any(|(name, _)| JUDGE_INTERFACES.contains(&name))
 }
 
 /// What the judge may still do for the current plugin call: items and tokens, per sample of

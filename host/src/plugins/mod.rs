@@ -13,6 +13,8 @@ mod failure;
 mod function_cache;
 mod instance;
 pub mod judge;
+pub mod programs;
+pub mod programs_bench;
 pub mod python;
 mod runtime;
 pub mod scaffold;
@@ -133,6 +135,8 @@ pub struct PluginLimits {
     pub judge_items_per_sample: u64,
     /// Judge tokens (prompts plus the most generated) a call may use per sample.
     pub judge_tokens_per_sample: u64,
+    /// The limits of each program the plugin runs through the `programs` import.
+    pub programs: programs::ProgramLimits,
 }
 
 impl Default for PluginLimits {
@@ -159,7 +163,20 @@ impl PluginLimits {
             fuel_per_sample,
             judge_items_per_sample: crate::defaults::PLUGIN_JUDGE_ITEMS_PER_SAMPLE,
             judge_tokens_per_sample: crate::defaults::PLUGIN_JUDGE_TOKENS_PER_SAMPLE,
+            programs: programs::ProgramLimits::new(
+                crate::defaults::PROGRAM_FUEL,
+                crate::defaults::PROGRAM_MAX_MEMORY_MB,
+                crate::defaults::PROGRAM_MAX_OUTPUT_KIB,
+                Duration::from_secs_f64(max_call_seconds),
+            )?,
         })
+    }
+
+    /// These limits with the program limits the config keys `program_fuel`,
+    /// `program_max_memory_mb` and `program_max_output_kib` give (the wall-clock backstop is
+    /// the plugin call's).
+    pub fn with_program_limits(self, fuel: u64, max_memory_mb: usize, max_output_kib: usize) -> anyhow::Result<Self> {
+        Ok(Self { programs: programs::ProgramLimits::new(fuel, max_memory_mb, max_output_kib, self.max_call_time)?, ..self })
     }
 
     /// These limits with the judge budget the config keys `plugin_judge_items_per_sample` and

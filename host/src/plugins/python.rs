@@ -199,7 +199,7 @@ fn tempdir(key: &str) -> Result<PathBuf> {
 fn judge_free_world() -> String {
     let version = CONTRACT.rsplit_once('@').expect("the contract has a version").1;
     format!(
-        "package smallrl-build:python;\n\nworld environment-without-judge {{\n    import smallrl:reward/host@{version};\n    export smallrl:reward/env@{version};\n}}\n"
+        "package smallrl-build:python;\n\nworld environment-without-judge {{\n    import smallrl:reward/host@{version};\n    import smallrl:reward/programs@{version};\n    export smallrl:reward/env@{version};\n}}\n"
     )
 }
 

@@ -140,8 +140,24 @@ fn host_linker(engine: &Engine) -> Result<Linker<StoreState>> {
     wit::reward::smallrl::reward::host::add_to_linker::<StoreState, Store>(&mut linker, |state| state).map_err(anyhow::Error::from)?;
     wit::v0_2::reward::smallrl::reward::host::add_to_linker::<StoreState, Store>(&mut linker, |state| state).map_err(anyhow::Error::from)?;
     wit::legacy::reward::smallrl::reward::host::add_to_linker::<StoreState, Store>(&mut linker, |state| state).map_err(anyhow::Error::from)?;
+    wit::v0_3::reward::smallrl::reward::host::add_to_linker::<StoreState, Store>(&mut linker, |state| state).map_err(anyhow::Error::from)?;
     wit::environment::smallrl::reward::judge::add_to_linker::<StoreState, Store>(&mut linker, |state| state).map_err(anyhow::Error::from)?;
+    wit::v0_3::environment::smallrl::reward::judge::add_to_linker::<StoreState, Store>(&mut linker, |state| state).map_err(anyhow::Error::from)?;
+    wit::programs::add_to_linker::<StoreState, Store>(&mut linker, |state| state).map_err(anyhow::Error::from)?;
     Ok(linker)
+}
+
+impl wit::v0_3::reward::smallrl::reward::host::Host for StoreState {
+    fn log(&mut self, message: String) {
+        self.record_log(truncate(message, MAX_LOG_BYTES));
+    }
+}
+
+/// A 0.3 environment's judge: the current one's.
+impl wit::v0_3::environment::smallrl::reward::judge::Host for StoreState {
+    fn judge(&mut self, items: Vec<super::judge::JudgeItem>) -> wasmtime::Result<Result<Vec<f64>, String>> {
+        wit::environment::smallrl::reward::judge::Host::judge(self, items)
+    }
 }
 
 impl wit::reward::smallrl::reward::host::Host for StoreState {

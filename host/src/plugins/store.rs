@@ -30,12 +30,14 @@ pub struct StoreState {
     judge_budget: JudgeBudget,
     /// The deterministic WASI of a component that imports it (None for every other).
     wasi: Option<Sandbox>,
+    /// The limits of each program the plugin runs through the `programs` import.
+    program_limits: ProgramLimits,
 }
 
 impl StoreState {
     /// The state of a store; `wasi` for a component that imports WASI.
     pub fn new(max_memory_bytes: usize, wasi: Option<Sandbox>) -> Self {
-        Self { max_memory_bytes, fuel_budget: 0, memory_limit_hit: None, logs: Vec::new(), judge: None, judge_budget: Default::default(), wasi }
+        Self { max_memory_bytes, fuel_budget: 0, memory_limit_hit: None, logs: Vec::new(), judge: None, judge_budget: Default::default(), wasi, program_limits: ProgramLimits::default() }
     }
 
     /// A call (or an instantiation) starts with `fuel`, an empty log and, with WASI, the clock,
@@ -46,6 +48,19 @@ impl StoreState {
         if let Some(sandbox) = self.wasi.as_mut() {
             sandbox.start_call(seed);
         }
+    }
+
+    /// The store's WASI sandbox, if it has one.
+    pub fn sandbox_ref(&self) -> Option<&Sandbox> {
+        self.wasi.as_ref()
+    }
+
+    pub fn set_program_limits(&mut self, limits: ProgramLimits) {
+        self.program_limits = limits;
+    }
+
+    pub fn program_limits(&self) -> ProgramLimits {
+        self.program_limits
     }
 
     /// Whether this store runs a component that imports WASI.
@@ -128,5 +143,38 @@ impl ResourceLimiter for StoreState {
 
     fn tables(&self) -> usize {
         MAX_INSTANCES
+    }
+}
+
+/// Each program's limits (the config keys `program_fuel`, `program_max_memory_mb`,
+/// `program_max_output_kib`), plus the wall-clock backstop of the plugin call that runs it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ProgramLimits {
+    /// Fuel (about one unit per WebAssembly instruction) of one program.
+    pub fuel: u64,
+    /// The largest memory one program's interpreter may grow to (its initial memory included).
+    pub max_memory_bytes: usize,
+    /// The most one program may write to stdout and stderr together.
+    pub max_output_bytes: usize,
+    /// Wall-clock time one program may run: the backstop behind fuel (over it is an error, not
+    /// a status, since it depends on the machine).
+    pub max_time: std::time::Duration,
+}
+
+impl Default for ProgramLimits {
+    fn default() -> Self {
+        use crate::defaults as d;
+        Self::new(d::PROGRAM_FUEL, d::PROGRAM_MAX_MEMORY_MB, d::PROGRAM_MAX_OUTPUT_KIB, std::time::Duration::from_secs_f64(d::PLUGIN_MAX_CALL_SECONDS))
+            .expect("the default program limits are valid")
+    }
+}
+
+impl ProgramLimits {
+    /// The limits as the config keys give them; `max_time` is the plugin call's limit.
+    pub fn new(fuel: u64, max_memory_mb: usize, max_output_kib: usize, max_time: std::time::Duration) -> anyhow::Result<Self> {
+        anyhow::ensure!(fuel > 0, "program_fuel must be positive");
+        anyhow::ensure!((1..=4096).contains(&max_memory_mb), "program_max_memory_mb must be in [1, 4096], got {max_memory_mb}");
+        anyhow::ensure!((1..=1 << 20).contains(&max_output_kib), "program_max_output_kib must be in [1, 1048576], got {max_output_kib}");
+        Ok(Self { fuel, max_memory_bytes: max_memory_mb << 20, max_output_bytes: max_output_kib << 10, max_time })
     }
 }

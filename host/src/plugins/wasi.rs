@@ -15,6 +15,10 @@
 //!   call (a traceback's last lines name the error), the rest discarded;
 //! - `exit` ends the call with an error naming the code (`failure.rs`).
 //!
+//! A program the runner runs (`programs.rs`) gets the same, except that stdin is its own, its
+//! files are in a read-only preopened directory `.`, and its stdout and stderr are kept from the
+//! start up to its output limit ([`Sandbox::for_program`]).
+//!
 //! Architecture invariant: a component that imports no WASI interface (every Rust plugin built
 //! with the SDK) is linked without any of this (`runtime.rs` keeps two linkers), so it cannot
 //! reach a WASI function even by mistake.
@@ -122,11 +126,21 @@ pub struct CallEnv {
     stderr: TailBuffer,
     /// Bytes written to stdout and stderr in this call.
     written: usize,
+    /// A program's whole output (None: a plugin's, kept as tails).
+    program_output: Option<ProgramOutput>,
 }
 
 impl CallEnv {
     fn new(seed: CallSeed) -> Self {
-        Self { monotonic_ns: 0, random: RandomStream::new(seed), stdout: TailBuffer::default(), stderr: TailBuffer::default(), written: 0 }
+        Self { monotonic_ns: 0, random: RandomStream::new(seed), stdout: TailBuffer::default(), stderr: TailBuffer::default(), written: 0, program_output: None }
+    }
+
+    /// A program's stdout and stderr (lossy UTF-8); empty for a plugin's call.
+    pub fn program_output(&self) -> (String, String) {
+        match &self.program_output {
+            Some(output) => (String::from_utf8_lossy(&output.stdout).into_owned(), String::from_utf8_lossy(&output.stderr).into_owned()),
+            None => Default::default(),
+        }
     }
 
     /// What the guest wrote to stderr in this call, else to stdout (None: nothing).
@@ -162,6 +176,33 @@ impl Sandbox {
             .stdout(CallOutput { call: call.clone(), stream: Stream::Stdout })
             .stderr(CallOutput { call: call.clone(), stream: Stream::Stderr });
         Self { ctx: builder.build(), table: ResourceTable::new(), call }
+    }
+
+    /// The sandbox of one program of the runner (`programs.rs`): the plugins' deterministic WASI
+    /// seeded by `seed`, with `stdin` as stdin (None: at end of file), `files` (the program's
+    /// private directory, which the caller made) as the read-only preopened directory `.`, and stdout and stderr kept whole up
+    /// to `max_output_bytes` together (past it the program traps with [`ProgramOutputOverLimit`]).
+    pub fn for_program(runner_sha256: &str, seed: CallSeed, stdin: Option<&str>, files: &std::path::Path, max_output_bytes: usize) -> anyhow::Result<Self> {
+        let mut call = CallEnv::new(seed);
+        call.program_output = Some(ProgramOutput { stdout: Vec::new(), stderr: Vec::new(), limit: max_output_bytes });
+        let call = Arc::new(Mutex::new(call));
+        let mut builder = WasiCtx::builder();
+        builder
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false)
+            .socket_addr_check(|_, _| Box::pin(async { false }))
+            .wall_clock(FixedWallClock)
+            .monotonic_clock(CallClock(call.clone()))
+            .secure_random(CallRandom(call.clone()))
+            .insecure_random(CallRandom(call.clone()))
+            .insecure_random_seed(u128::from_le_bytes(CallSeed::new(runner_sha256, "insecure-seed", &[]).0[..16].try_into().expect("16 bytes")))
+            .max_random_size(MAX_RANDOM_BYTES)
+            .stdin(wasmtime_wasi::p2::pipe::MemoryInputPipe::new(stdin.unwrap_or_default().as_bytes().to_vec()))
+            .stdout(CallOutput { call: call.clone(), stream: Stream::Stdout })
+            .stderr(CallOutput { call: call.clone(), stream: Stream::Stderr });
+        builder.preopened_dir(files, ".", wasmtime_wasi::FsPerms::ReadOnly).map_err(anyhow::Error::from)?;
+        Ok(Self { ctx: builder.build(), table: ResourceTable::new(), call })
     }
 
     /// Restarts the clock, the random stream and the output for a call seeded by `seed`.
@@ -327,6 +368,39 @@ impl Pollable for CallOutput {
     async fn ready(&mut self) {}
 }
 
+/// Why a program was stopped: it wrote more than its output limit (the runner reports it as the
+/// program's status).
+#[derive(Debug)]
+pub struct ProgramOutputOverLimit;
+
+impl std::fmt::Display for ProgramOutputOverLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the program wrote more than its output limit")
+    }
+}
+
+impl std::error::Error for ProgramOutputOverLimit {}
+
+/// A program's stdout and stderr, kept whole up to `limit` bytes together.
+struct ProgramOutput {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    limit: usize,
+}
+
+impl ProgramOutput {
+    /// Keeps what fits under the limit; false when `bytes` did not all fit.
+    fn write(&mut self, stream: Stream, bytes: &[u8]) -> bool {
+        let room = self.limit - self.stdout.len() - self.stderr.len();
+        let kept = &bytes[..bytes.len().min(room)];
+        match stream {
+            Stream::Stdout => self.stdout.extend_from_slice(kept),
+            Stream::Stderr => self.stderr.extend_from_slice(kept),
+        }
+        kept.len() == bytes.len()
+    }
+}
+
 /// Why a call that printed too much failed (`failure.rs` reports it).
 #[derive(Debug)]
 pub struct OutputFlood;
@@ -342,6 +416,12 @@ impl std::error::Error for OutputFlood {}
 impl OutputStream for CallOutput {
     fn write(&mut self, bytes: bytes::Bytes) -> StreamResult<()> {
         let mut call = lock(&self.call);
+        if let Some(output) = call.program_output.as_mut() {
+            return match output.write(self.stream, &bytes) {
+                true => Ok(()),
+                false => Err(wasmtime_wasi::p2::StreamError::Trap(wasmtime::Error::new(ProgramOutputOverLimit))),
+            };
+        }
         call.written = call.written.saturating_add(bytes.len());
         if call.written > MAX_OUTPUT_BYTES_PER_CALL {
             return Err(wasmtime_wasi::p2::StreamError::Trap(wasmtime::Error::new(OutputFlood)));

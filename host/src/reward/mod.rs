@@ -275,6 +275,7 @@ impl RewardModel {
         let all: Vec<&Plugin> = self.plugins.iter().chain(detectors).chain(&self.environment).collect();
         let mut hashes: std::collections::BTreeMap<String, String> = all.iter().map(|plugin| (plugin.path().display().to_string(), plugin.sha256().to_string())).collect();
         hashes.extend(all.iter().flat_map(|plugin| plugin.dataset_sha256().clone()));
+        hashes.extend(all.iter().filter_map(|plugin| plugin.program_runner()).map(|(path, sha256)| (format!("program runner {}", path.display()), sha256.to_string())));
         hashes.extend(self.judge_hashes.clone());
         hashes
     }

@@ -41,7 +41,8 @@ __all__ = [
     "DRAWS_PER_PROMPT", "Detector", "Environment", "Judgement", "JudgeError", "Param", "Params",
     "Prompt", "Reward", "Sample", "SplitMix64", "boolean", "detector", "draw_prompts", "fnv1a",
     "forget", "hackable_count", "hf_dataset", "in_eval_split", "integer", "ints", "judge",
-    "number", "PROMPT_MESSAGES", "retain", "reward", "split_rng", "string", "string_list", "text", "trl_reward",
+    "number", "Outcome", "PROMPT_MESSAGES", "Program", "ProgramError", "retain", "reward", "run_programs", "split_rng",
+    "string", "string_list", "text", "trl_reward",
 ]
 
 
@@ -280,3 +281,57 @@ def judge(items):
     from ._component import call_judge
 
     return call_judge([list(item.items()) if isinstance(item, dict) else list(item) for item in items])
+
+
+class Program:
+    """A Python program for the host's program runner: source run as ``__main__``, optional
+    stdin, and files (name -> text) in its private read-only directory ``.``."""
+
+    __slots__ = ("source", "stdin", "files")
+
+    def __init__(self, source, stdin=None, files=None):
+        if not isinstance(source, str):
+            raise TypeError(f"a program's source is a str, not {type(source).__name__}")
+        self.source = source
+        self.stdin = stdin
+        self.files = dict(files or {})
+
+
+class Outcome:
+    """How a program ended. ``status`` is one of "normal", "exit", "exception", "out-of-fuel",
+    "out-of-memory", "output-over-limit", "stack-overflow", "crashed"; ``exit_code`` is set
+    for "exit", ``exception_type`` and ``exception_message`` for "exception" (``crashed``: the
+    trap's text in ``exception_message``)."""
+
+    __slots__ = ("status", "exit_code", "exception_type", "exception_message", "stdout", "stderr")
+
+    def __init__(self, status, stdout, stderr, exit_code=None, exception_type=None, exception_message=None):
+        self.status = status
+        self.stdout = stdout
+        self.stderr = stderr
+        self.exit_code = exit_code
+        self.exception_type = exception_type
+        self.exception_message = exception_message
+
+    @property
+    def succeeded(self):
+        """Whether it ran to its end or exited with status 0."""
+        return self.status == "normal" or (self.status == "exit" and self.exit_code == 0)
+
+    def __repr__(self):
+        detail = {"exit": self.exit_code, "exception": f"{self.exception_type}: {self.exception_message}"}.get(self.status)
+        return f"Outcome({self.status}{'' if detail is None else f' {detail}'}, stdout={self.stdout[:60]!r})"
+
+
+class ProgramError(Exception):
+    """The host refused to run a request (a bad file name, too many or too large files)."""
+
+
+def run_programs(programs):
+    """Runs each program (a str of source, or a :class:`Program`) in a fresh sandboxed CPython
+    of its own (contract 0.4's ``programs`` import) and returns one :class:`Outcome` per
+    program, in order. An endless loop, a memory bomb or a flood of output is a program's
+    status, never an exception here."""
+    from ._component import call_programs
+
+    return call_programs([p if isinstance(p, Program) else Program(p) for p in programs])

@@ -188,3 +188,36 @@ def call_judge(items):
         return judge.judge(items)
     except Err as error:
         raise smallrl.JudgeError(str(error.value)) from None
+
+
+# A status case's class name (componentize-py's `Status_OutOfFuel`) -> the SDK's status name.
+def _status_name(case):
+    name = type(case).__name__.split("_", 1)[-1]
+    return "".join(("-" + c.lower()) if c.isupper() else c for c in name).lstrip("-")
+
+
+def call_programs(programs):
+    """The host's program runner (the `programs` import): outcomes, or smallrl.ProgramError."""
+    from wit_world.imports import programs as wit
+
+    request = [
+        wit.Program(p.source, p.stdin, [wit.ProgramFile(name, contents) for name, contents in p.files.items()])
+        for p in programs
+    ]
+    try:
+        outcomes = wit.run(request)
+    except Err as error:
+        raise smallrl.ProgramError(str(error.value)) from None
+    out = []
+    for outcome in outcomes:
+        status = _status_name(outcome.status)
+        result = smallrl.Outcome(status, outcome.stdout, outcome.stderr)
+        if status == "exit":
+            result.exit_code = outcome.status.value
+        elif status == "exception":
+            result.exception_type = outcome.status.value.type_name
+            result.exception_message = outcome.status.value.message
+        elif status == "crashed":
+            result.exception_message = outcome.status.value
+        out.append(result)
+    return out

@@ -77,6 +77,55 @@ fn host_log(message: &str) {
     environment::smallrl::reward::host::log(message);
 }
 
+/// The host's program runner through the world's `programs` import (the same interface in
+/// every world; wit-bindgen generates it once per world module).
+macro_rules! run_programs_in {
+    ($world:ident, $programs:expr) => {{
+        use $world::smallrl::reward::programs as wit;
+        let request: Vec<wit::Program> = $programs
+            .iter()
+            .map(|program| wit::Program {
+                source: program.source.clone(),
+                stdin: program.stdin.clone(),
+                files: program.files.iter().map(|(name, contents)| wit::ProgramFile { name: name.clone(), contents: contents.clone() }).collect(),
+            })
+            .collect();
+        let outcomes = wit::run(&request)?;
+        Ok(outcomes
+            .into_iter()
+            .map(|outcome| crate::programs::Outcome {
+                status: match outcome.status {
+                    wit::Status::Normal => crate::programs::Status::Normal,
+                    wit::Status::Exit(code) => crate::programs::Status::Exit(code),
+                    wit::Status::Exception(e) => crate::programs::Status::Exception { type_name: e.type_name, message: e.message },
+                    wit::Status::OutOfFuel => crate::programs::Status::OutOfFuel,
+                    wit::Status::OutOfMemory => crate::programs::Status::OutOfMemory,
+                    wit::Status::OutputOverLimit => crate::programs::Status::OutputOverLimit,
+                    wit::Status::StackOverflow => crate::programs::Status::StackOverflow,
+                    wit::Status::Crashed(what) => crate::programs::Status::Crashed(what),
+                },
+                stdout: outcome.stdout,
+                stderr: outcome.stderr,
+            })
+            .collect())
+    }};
+}
+
+#[cfg(feature = "reward")]
+pub fn run_programs(programs: &[crate::programs::Program]) -> Result<Vec<crate::programs::Outcome>, String> {
+    run_programs_in!(reward, programs)
+}
+
+#[cfg(feature = "detector")]
+pub fn run_programs(programs: &[crate::programs::Program]) -> Result<Vec<crate::programs::Outcome>, String> {
+    run_programs_in!(detector, programs)
+}
+
+#[cfg(feature = "environment")]
+pub fn run_programs(programs: &[crate::programs::Program]) -> Result<Vec<crate::programs::Outcome>, String> {
+    run_programs_in!(environment, programs)
+}
+
 pub fn configure<P: Plugin>(params_json: &str) -> Result<(), String> {
     install_panic_hook();
     let plugin = crate::configure::<P>(params_json)?;

@@ -29,11 +29,14 @@
 //!
 //! Built for `wasm32-unknown-unknown` and componentized, the plugin imports nothing but the
 //! host's `log` function (used by the panic hook installed here, so a panic message reaches the
-//! host's error), and an environment that calls [`environment::host_judge`] the host's judge. Natively the same types are plain Rust, which is how the host benchmarks and
+//! host's error), an environment that calls [`environment::host_judge`] the host's judge, and a
+//! plugin that calls [`programs::run_programs`] the host's program runner (contract 0.4).
+//! Natively the same types are plain Rust, which is how the host benchmarks and
 //! tests the standard plugins against their wasm builds.
 
 pub mod environment;
 mod params;
+pub mod programs;
 pub mod text;
 
 #[cfg(target_arch = "wasm32")]

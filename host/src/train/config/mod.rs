@@ -32,6 +32,7 @@ mod checks;
 mod objective;
 mod parts;
 mod saved;
+mod skip;
 pub use parts::{LrSchedule, StepKeys};
 
 pub use accumulation::{Accumulation, MemorySize};
@@ -107,7 +108,7 @@ hyperparameters! {
         /// sum_then_normalize (their weighted sum, normalised as scale_rewards says), or
         /// normalize_then_sum (GDPO: each component normalised within its group, their weighted
         /// sum normalised over the batch).
-        #[serde(skip_serializing_if = "is_sum_then_normalize")]
+        #[serde(skip_serializing_if = "skip::is_sum_then_normalize")]
         multi_objective_aggregation: MultiObjectiveAggregation = MultiObjectiveAggregation::SumThenNormalize, Short("");
         /// Completions that hit max_completion_length without EOS leave the loss (DAPO).
         #[arg(num_args = 0..=1, default_missing_value = "true")]
@@ -318,12 +319,22 @@ hyperparameters! {
         plugin_max_memory_mb: usize = d::PLUGIN_MAX_MEMORY_MB, Omit, [Resume];
         /// Items an environment's call may send the judge per sample, over all its judge
         /// calls: the deterministic bound on its judge calls.
-        #[serde(skip_serializing_if = "is_default_judge_items")]
+        #[serde(skip_serializing_if = "skip::is_default_judge_items")]
         plugin_judge_items_per_sample: u64 = d::PLUGIN_JUDGE_ITEMS_PER_SAMPLE, Omit, [Resume];
         /// Judge tokens (prompts plus the most generated) an environment's call may use per
         /// sample: the deterministic bound on the judge's work.
-        #[serde(skip_serializing_if = "is_default_judge_tokens")]
+        #[serde(skip_serializing_if = "skip::is_default_judge_tokens")]
         plugin_judge_tokens_per_sample: u64 = d::PLUGIN_JUDGE_TOKENS_PER_SAMPLE, Omit, [Resume];
+        /// Fuel of each program a plugin runs through the program runner (contract 0.4's
+        /// `programs`): a program over it ends with status out-of-fuel, which its grader scores.
+        #[serde(skip_serializing_if = "skip::is_default_program_fuel")]
+        program_fuel: u64 = d::PROGRAM_FUEL, Key;
+        /// Largest memory of each program's interpreter in MiB, its initial memory included.
+        #[serde(skip_serializing_if = "skip::is_default_program_memory")]
+        program_max_memory_mb: usize = d::PROGRAM_MAX_MEMORY_MB, Key;
+        /// Most KiB each program may write to stdout and stderr together.
+        #[serde(skip_serializing_if = "skip::is_default_program_output")]
+        program_max_output_kib: usize = d::PROGRAM_MAX_OUTPUT_KIB, Key;
 
         /// Steps between the sample and summary lines of train.log.
         logging_steps: usize = 10, Omit;
@@ -422,22 +433,6 @@ fn is_float32_sampler(value: &SamplerDtype) -> bool {
 // sampling_steps_ahead and allow_unclipped_off_policy: in config.yaml only when set (older runs' unchanged).
 fn is_zero(value: &usize) -> bool { *value == 0 }
 fn is_false(value: &bool) -> bool { !*value }
-
-// multi_objective_aggregation is written to a run's config.yaml only when set, so the runs that
-// sum their components first keep the config.yaml they had before the key existed.
-fn is_sum_then_normalize(value: &MultiObjectiveAggregation) -> bool {
-    *value == MultiObjectiveAggregation::SumThenNormalize
-}
-
-// The judge budget's keys are written to a run's config.yaml only when set, so the runs of
-// environments without a judge keep the config.yaml they had before the keys existed.
-fn is_default_judge_items(value: &u64) -> bool {
-    *value == d::PLUGIN_JUDGE_ITEMS_PER_SAMPLE
-}
-
-fn is_default_judge_tokens(value: &u64) -> bool {
-    *value == d::PLUGIN_JUDGE_TOKENS_PER_SAMPLE
-}
 
 /// Steps `0..until_step` of a run were trained with the linear schedule over `max_steps`.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -558,7 +553,8 @@ impl TrainConfig {
             false => self.plugin_max_call_seconds,
         };
         PluginLimits::new(call_seconds, self.plugin_max_memory_mb, self.plugin_fuel_per_sample)?
-            .with_judge_budget(self.plugin_judge_items_per_sample, self.plugin_judge_tokens_per_sample)
+            .with_judge_budget(self.plugin_judge_items_per_sample, self.plugin_judge_tokens_per_sample)?
+            .with_program_limits(self.program_fuel, self.program_max_memory_mb, self.program_max_output_kib)
     }
 
     pub fn knobs(&self) -> ProtocolKnobs {
