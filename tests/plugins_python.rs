@@ -447,7 +447,6 @@ fn trls_format_reward_func_trains_in_a_chat_run() {
     }
     let mut plugin = load(&component, "{}");
     let metadata = smallrl::train::prompts::metadata_from_columns(serde_json::from_str(r#"{"prompt_messages": [{"role": "user", "content": "2+2?"}]}"#).unwrap()).unwrap();
-    let tokenizer = common::tokenizer();
     let samples: Vec<Sample> = ["<think>2+2 is 4</think><answer>4</answer>", "4"]
         .into_iter()
         .map(|text| Sample { metadata: metadata.clone(), ..common::sample_from_tokens(text) })
