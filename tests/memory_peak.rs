@@ -32,5 +32,8 @@ fn the_estimate_is_within_a_factor_of_two_of_the_measured_peak() {
     let ratio = estimated as f64 / measured as f64;
     eprintln!("tiny-stories, 64 rows of {} tokens: estimated {estimated} bytes beyond the weights (training {training}), measured {measured} ({ratio:.2})", plan.step.tokens);
     assert!(training * 2 > estimated, "the activations dominate the estimate: {:?}", plan.estimate);
+    // A factor of 2 either way, not a figure of this machine: the estimate counts tensors, the
+    // measurement an allocator's resident pages, which another libc or libtorch build moves by
+    // tens of percent; a missing term (activations, a decoder copy) is off by more.
     assert!((0.5..=2.0).contains(&ratio), "estimated {estimated} bytes, measured {measured}: {:?}", plan.estimate);
 }

@@ -280,5 +280,7 @@ fn micro_batches_lower_the_peak_of_a_step_by_their_activations() {
     let saved = peak(&one) - peak(&eight);
     let estimated = training(&one) - training(&eight);
     eprintln!("peak of one pass {:.3e} bytes, of 8 micro-batches {:.3e}: saved {saved:.3e}, the estimate's activations of 28 rows {estimated:.3e}", peak(&one), peak(&eight));
+    // Kept from one machine's figures (2.32 of 2.88 GB saved with the fix, 1.21 without it):
+    // 0.6 lies between them; an allocator that keeps more pages resident could move the first.
     assert!(saved > 0.6 * estimated, "8 micro-batches saved {saved:.3e} bytes of the one pass's peak, less than 0.6 of the estimated {estimated:.3e}");
 }

@@ -12,6 +12,7 @@ mod export;
 mod logprobs;
 mod plot;
 mod plugin;
+mod plugin_samples;
 mod pretrain;
 mod sample;
 mod sweep;

@@ -43,51 +43,9 @@ pub const MAX_FILE_BYTES_PER_CALL: usize = 16 << 20;
 /// The longest file name.
 const MAX_FILE_NAME_BYTES: usize = 255;
 
-/// One program: Python source, what it reads from stdin, and the files of its private directory.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Program {
-    pub source: String,
-    /// None: stdin is at end of file.
-    pub stdin: Option<String>,
-    /// (name, contents) of each file in its private directory `.` (read-only).
-    pub files: Vec<(String, String)>,
-}
-
-impl Program {
-    /// A program of `source` alone.
-    pub fn source(source: impl Into<String>) -> Self {
-        Self { source: source.into(), ..Self::default() }
-    }
-
-    /// This program with a file in its directory.
-    pub fn with_file(mut self, name: impl Into<String>, contents: impl Into<String>) -> Self {
-        self.files.push((name.into(), contents.into()));
-        self
-    }
-
-    /// This program with `stdin` as its standard input.
-    pub fn with_stdin(mut self, stdin: impl Into<String>) -> Self {
-        self.stdin = Some(stdin.into());
-        self
-    }
-}
-
-/// How a program ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Status {
-    /// It ran to its end.
-    Normal,
-    /// SystemExit's code (as CPython's exit status) or `os._exit`'s status (0 or 1).
-    Exit(i32),
-    /// An uncaught exception: its type's name and `str(exception)`.
-    Exception { type_name: String, message: String },
-    OutOfFuel,
-    OutOfMemory,
-    OutputOverLimit,
-    StackOverflow,
-    /// The interpreter stopped on another WebAssembly trap (a CPython fatal error): its text.
-    Crashed(String),
-}
+/// A program and how it ended: the guest SDK's types (`plugins/sdk/src/programs.rs`), which the
+/// host shares, so the two sides of the `programs` import cannot drift apart.
+pub use smallrl_plugin_sdk::programs::{Program, Status};
 
 /// What one program did.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -157,24 +157,32 @@ pub struct Sandbox {
     call: Arc<Mutex<CallEnv>>,
 }
 
+/// The deterministic, capability-free WASI every sandbox starts from: no sockets, the fixed wall
+/// clock, the call's clock and random stream (`call`), an insecure-random seed from the
+/// component's hash (`sha256`), stdout and stderr into the call's record.
+fn deterministic_builder(sha256: &str, call: &Arc<Mutex<CallEnv>>) -> wasmtime_wasi::WasiCtxBuilder {
+    let mut builder = WasiCtx::builder();
+    builder
+        .allow_tcp(false)
+        .allow_udp(false)
+        .allow_ip_name_lookup(false)
+        .socket_addr_check(|_, _| Box::pin(async { false }))
+        .wall_clock(FixedWallClock)
+        .monotonic_clock(CallClock(call.clone()))
+        .secure_random(CallRandom(call.clone()))
+        .insecure_random(CallRandom(call.clone()))
+        .insecure_random_seed(u128::from_le_bytes(CallSeed::new(sha256, "insecure-seed", &[]).0[..16].try_into().expect("16 bytes")))
+        .max_random_size(MAX_RANDOM_BYTES)
+        .stdout(CallOutput { call: call.clone(), stream: Stream::Stdout })
+        .stderr(CallOutput { call: call.clone(), stream: Stream::Stderr });
+    builder
+}
+
 impl Sandbox {
     /// A sandbox for the plugin whose file hashes to `plugin_sha256`.
     pub fn new(plugin_sha256: &str) -> Self {
         let call = Arc::new(Mutex::new(CallEnv::new(CallSeed::new(plugin_sha256, "instantiate", &[]))));
-        let mut builder = WasiCtx::builder();
-        builder
-            .allow_tcp(false)
-            .allow_udp(false)
-            .allow_ip_name_lookup(false)
-            .socket_addr_check(|_, _| Box::pin(async { false }))
-            .wall_clock(FixedWallClock)
-            .monotonic_clock(CallClock(call.clone()))
-            .secure_random(CallRandom(call.clone()))
-            .insecure_random(CallRandom(call.clone()))
-            .insecure_random_seed(u128::from_le_bytes(CallSeed::new(plugin_sha256, "insecure-seed", &[]).0[..16].try_into().expect("16 bytes")))
-            .max_random_size(MAX_RANDOM_BYTES)
-            .stdout(CallOutput { call: call.clone(), stream: Stream::Stdout })
-            .stderr(CallOutput { call: call.clone(), stream: Stream::Stderr });
+        let mut builder = deterministic_builder(plugin_sha256, &call);
         Self { ctx: builder.build(), table: ResourceTable::new(), call }
     }
 
@@ -186,21 +194,8 @@ impl Sandbox {
         let mut call = CallEnv::new(seed);
         call.program_output = Some(ProgramOutput { stdout: Vec::new(), stderr: Vec::new(), limit: max_output_bytes });
         let call = Arc::new(Mutex::new(call));
-        let mut builder = WasiCtx::builder();
-        builder
-            .allow_tcp(false)
-            .allow_udp(false)
-            .allow_ip_name_lookup(false)
-            .socket_addr_check(|_, _| Box::pin(async { false }))
-            .wall_clock(FixedWallClock)
-            .monotonic_clock(CallClock(call.clone()))
-            .secure_random(CallRandom(call.clone()))
-            .insecure_random(CallRandom(call.clone()))
-            .insecure_random_seed(u128::from_le_bytes(CallSeed::new(runner_sha256, "insecure-seed", &[]).0[..16].try_into().expect("16 bytes")))
-            .max_random_size(MAX_RANDOM_BYTES)
-            .stdin(wasmtime_wasi::p2::pipe::MemoryInputPipe::new(stdin.unwrap_or_default().as_bytes().to_vec()))
-            .stdout(CallOutput { call: call.clone(), stream: Stream::Stdout })
-            .stderr(CallOutput { call: call.clone(), stream: Stream::Stderr });
+        let mut builder = deterministic_builder(runner_sha256, &call);
+        builder.stdin(wasmtime_wasi::p2::pipe::MemoryInputPipe::new(stdin.unwrap_or_default().as_bytes().to_vec()));
         builder.preopened_dir(files, ".", wasmtime_wasi::FsPerms::ReadOnly).map_err(anyhow::Error::from)?;
         Ok(Self { ctx: builder.build(), table: ResourceTable::new(), call })
     }

@@ -22,13 +22,17 @@ impl TrainConfig {
 
     /// A run's saved configuration (`config.yaml`) with `overrides`. A run started before
     /// `sampling_replay` existed compared the full softmax with the sampler's
-    /// log-probabilities: it reads back (and resumes) as `trl_1_16`.
+    /// log-probabilities: if it sampled with truncation it reads back (and resumes) as
+    /// `trl_1_16`; without truncation the key changes nothing, so it keeps the default and the
+    /// run keeps its name.
     pub fn resolve_saved(path: &Path, mut overrides: Map<String, Value>) -> Result<Self> {
         let saved: Map<String, Value> = crate::yaml::read_file(path)?;
-        if !saved.contains_key(SAMPLING_REPLAY) {
+        let fresh = Self::resolve(Some(path), overrides.clone())?;
+        if !saved.contains_key(SAMPLING_REPLAY) && fresh.sampling_truncates() {
             overrides.insert(SAMPLING_REPLAY.into(), serde_json::to_value(SamplingReplay::Trl116)?);
+            return Self::resolve(Some(path), overrides);
         }
-        Self::resolve(Some(path), overrides)
+        Ok(fresh)
     }
 
     /// Whether sampling truncates (`top_k` or `top_p`), so that `sampling_replay` matters.

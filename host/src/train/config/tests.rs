@@ -546,6 +546,14 @@ fn sampling_replay_is_named_written_and_read_back_as_the_run_started() {
     let before_the_key: String = yaml.lines().filter(|line| !line.starts_with("sampling_replay:")).map(|line| format!("{line}\n")).collect();
     std::fs::write(dir.path().join("config.yaml"), before_the_key).unwrap();
     assert_eq!(TrainConfig::read_saved(dir.path()).unwrap().sampling_replay, SamplingReplay::Trl116);
+    // Without truncation the key changes nothing: such a run reads back with the default and
+    // keeps its name (tests/pre_layout_runs.rs resumes one).
+    let untruncated = resolved(&[]);
+    let yaml = crate::yaml::to_string(&untruncated).unwrap();
+    let before_the_key: String = yaml.lines().filter(|line| !line.starts_with("sampling_replay:")).map(|line| format!("{line}\n")).collect();
+    std::fs::write(dir.path().join("config.yaml"), before_the_key).unwrap();
+    let reread = TrainConfig::read_saved(dir.path()).unwrap();
+    assert_eq!((reread.sampling_replay, reread.run_name().unwrap()), (SamplingReplay::KeptSets, untruncated.run_name().unwrap()));
     let message = error(&[("top_p", "0.8"), ("importance_sampling_correction", "true"), ("num_iterations", "2")]);
     assert!(message.contains("sampling_replay: trl_1_16"), "{message}");
     resolved(&[("top_p", "0.8"), ("importance_sampling_correction", "true"), ("num_iterations", "2"), ("sampling_replay", "trl_1_16")]);
