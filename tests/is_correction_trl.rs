@@ -50,18 +50,17 @@ fn every_mode_matches_trls_own_code() {
         assert_eq!(ours.size(), theirs.size(), "{label}: shapes");
         // Ours within twice TRL's own distance to TRL's code run in float64 (at least 1e-6,
         // relative to max(1, |ratio|)): a float32 exp of a float32 sum of up to ten log-ratio
-        // terms, whose rounding follows the processor's code paths; TRL's own float32 values
-        // only as a sanity bound (a wrong mode or bound is off by far more).
+        // terms, whose rounding follows the processor's code paths. The reference is TRL's own
+        // code, so a wrong mode or bound of ours is off by far more; no float32 result is held to
+        // another.
         let scale = float64.abs().clamp_min(1.0);
         let relative = |t: &Tensor| ((t.to_kind(Kind::Double) - &float64).abs() / &scale).max().double_value(&[]);
         let (error, trl_error) = (relative(&ours), relative(&theirs));
         let bound = (2.0 * trl_error).max(1e-6);
         assert!(error <= bound, "{label}: ratio {error:.2e} from float64 (relative; bound {bound:.1e}: TRL is {trl_error:.1e} from it){}", common::machine_note());
-        let from_trl = ((ours.to_kind(Kind::Double) - theirs.to_kind(Kind::Double)).abs() / &scale).max().double_value(&[]);
-        assert!(from_trl <= 1e-4, "{label}: ratio differs from TRL's by {from_trl:.1e} (relative; sanity bound 1e-4)");
         // The data must make every mode bind: some ratios at a bound (truncation) or zeroed
         // (masking), on the loss tokens (per token) or completions (per sequence).
-        let picked = if correction.mode.per_sequence() { theirs.flatten(0, -1) } else { theirs.masked_select(&keep) };
+        let picked = if correction.mode.per_sequence() { float64.flatten(0, -1) } else { float64.masked_select(&keep) };
         let at = |v: f64| (&picked - v).abs().lt(1e-6).sum(Kind::Int64).int64_value(&[]);
         let binding = match correction.mode {
             ImportanceSamplingMode::TokenTruncate | ImportanceSamplingMode::SequenceTruncate => (at(correction.clip_max), if correction.clip_min > 0.0 { at(correction.clip_min) } else { 1 }),
@@ -78,7 +77,6 @@ fn every_mode_matches_trls_own_code() {
             let scale = float64.abs().max(1.0);
             let bound = (2.0 * (theirs - float64).abs()).max(1e-6 * scale);
             assert!((ours - float64).abs() <= bound, "{label}: {key} {ours} vs float64 {float64} (bound {bound:.1e}; TRL {theirs}){}", common::machine_note());
-            assert!((ours - theirs).abs() <= 1e-4 * scale, "{label}: {key} {ours} vs TRL {theirs} (sanity bound)");
         }
         println!("{label}: ratio {error:.1e} from float64 (TRL {trl_error:.1e}), metrics {pairs:?}");
     }

@@ -120,7 +120,9 @@ fn an_old_stopped_run_resumes_to_what_the_old_code_finished() {
         assert_eq!(old.len(), 2, "{file}");
         // Metrics added since (probes) are new keys; every key the old code wrote keeps its value.
         let resumed: Vec<Value> = resumed.into_iter().zip(&old).map(|(line, old_line)| only_keys_of(line, old_line)).collect();
-        // Step 1 was the old code's, copied: bit for bit. Step 2 was computed here.
+        // Step 1 is not recomputed: the resumed run keeps the stopped run's line (written by the
+        // old binary, copied with the directory), so its numbers are the file's own: equal. Step 2
+        // was computed here, on this processor.
         assert_eq!(resumed[0], old[0], "{file}: the old run's first line, kept");
         assert_close_json(&old[1], &resumed[1], &format!("{file} step 2"));
     }
