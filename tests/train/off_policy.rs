@@ -25,8 +25,10 @@ fn one_step_off_policy_samples_with_the_previous_weights_and_takes_the_ratio_to_
     let lines = read_jsonl(&run.join("metrics.jsonl"));
     let column = |key: &str| lines.iter().map(|l| l[key].as_u64().unwrap_or_else(|| panic!("{key} logged: {l}"))).collect::<Vec<_>>();
     assert_eq!(column(key::OFF_POLICY_VERSION), [0, 0, 1], "the versions of the weights that sampled steps 1-3");
-    assert_eq!(column(key::OFF_POLICY_STALENESS_MAX), [0, 1, 1]);
-    assert_eq!(column(key::OFF_POLICY_DROPPED), [0, 0, 0]);
+    // tinker-cookbook 0.6.1's staleness metrics, under its names: one version per batch here.
+    assert_eq!(column(key::ASYNC_STALENESS_MAX), [0, 1, 1]);
+    assert_eq!(column(key::ASYNC_STALENESS_MIN), [0, 1, 1]);
+    assert_eq!(lines.iter().map(|l| l[key::ASYNC_STALENESS_MEAN].as_f64().unwrap()).collect::<Vec<_>>(), [0.0, 1.0, 1.0]);
 
     let tensors = smallrl::model::weights::read_safetensors(&dump.join("step-3.safetensors")).unwrap();
     assert!(tensors["old_logprobs"].equal(&tensors["sampling_logprobs"]), "the ratio's denominator is the sampler's log-probabilities");
@@ -71,7 +73,7 @@ fn a_resumed_off_policy_run_repeats_the_uninterrupted_run_exactly() {
             let (a, b) = (deterministic(read_jsonl(&whole.join(file))), deterministic(read_jsonl(&resumed.run_dir.join(file))));
             assert_same_metrics(&a, &b, &format!("k {k}: {file}"));
         }
-        let staleness: Vec<u64> = read_jsonl(&whole.join("metrics.jsonl")).iter().map(|l| l[key::OFF_POLICY_STALENESS_MAX].as_u64().unwrap()).collect();
+        let staleness: Vec<u64> = read_jsonl(&whole.join("metrics.jsonl")).iter().map(|l| l[key::ASYNC_STALENESS_MAX].as_u64().unwrap()).collect();
         assert_eq!(staleness, (0..4).map(|n: u64| n.min(k)).collect::<Vec<_>>(), "k {k}: step n's batch is min(n, k) steps stale");
         let weights = |dir: &Path| smallrl::model::weights::read_safetensors(&dir.join("checkpoint-4/adapters.safetensors")).unwrap();
         let (a, b) = (weights(&whole), weights(&resumed.run_dir));
@@ -229,7 +231,7 @@ fn streamed_mini_batches_train_each_group_as_it_arrives_from_the_batch_weights()
     let lines = read_jsonl(&streamed.join("metrics.jsonl"));
     let column = |key: &str| lines.iter().map(|l| l[key].as_u64().unwrap_or_else(|| panic!("{key} logged: {l}"))).collect::<Vec<_>>();
     assert_eq!(column(key::OFF_POLICY_VERSION), [0, 0, 2, 2], "each batch's mini-batches are sampled with its first step's weights");
-    assert_eq!(column(key::OFF_POLICY_STALENESS_MAX), [0, 1, 0, 1]);
+    assert_eq!(column(key::ASYNC_STALENESS_MAX), [0, 1, 0, 1]);
 
     let prompts = |run: &Path| read_jsonl(&run.join("completions.jsonl")).iter().map(|l| l["prompt"].as_str().unwrap().to_string()).collect::<Vec<_>>();
     let unstreamed = train(config("unstreamed", false));

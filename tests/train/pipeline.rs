@@ -1,4 +1,4 @@
-//! `sampling_steps_ahead` (tinker-cookbook's `AsyncConfig.pipeline_depth`): a group pipeline
+//! `sampling_steps_ahead` (tinker-cookbook 0.6.1's `AsyncConfig` with constant-reward groups removed): a group pipeline
 //! sampled ahead, the oldest groups trained first, none dropped for staleness.
 
 use super::*;
@@ -20,7 +20,7 @@ fn without_filtering_sampling_steps_ahead_is_max_steps_off_policy() {
     let pipeline = train(config("pipeline", "sampling_steps_ahead"));
     let (a, b) = (deterministic(read_jsonl(&exact.join("metrics.jsonl"))), deterministic(read_jsonl(&pipeline.join("metrics.jsonl"))));
     assert_same_metrics(&a, &b, "metrics.jsonl");
-    assert_eq!(column_u64(&b, key::OFF_POLICY_STALENESS_MAX), [0, 1, 2, 2], "step n (0-based) trains the groups sampled with the weights of step max(0, n - 2)");
+    assert_eq!(column_u64(&b, key::ASYNC_STALENESS_MAX), [0, 1, 2, 2], "step n (0-based) trains the groups sampled with the weights of step max(0, n - 2)");
     assert_eq!(column_u64(&b, key::OFF_POLICY_VERSION), [0, 0, 0, 1]);
     let weights = |dir: &Path| smallrl::model::weights::read_safetensors(&dir.join("checkpoint-4/adapters.safetensors")).unwrap();
     let (x, y) = (weights(&exact), weights(&pipeline));
@@ -58,7 +58,7 @@ fn coherence_rows_are_sampled_with_the_forget_adapter_off_in_the_pipeline() {
 /// A filtered pipeline (happy_binary, groups of two, so about half the groups have equal rewards
 /// and are dropped): which weights sampled each trained group, found by recomputing its sampler
 /// log-probabilities in float64 under every checkpoint that could have (the first weights, and
-/// each step's), gives the logged staleness (mean and max over groups) and version at every step;
+/// each step's), gives the logged staleness (tinker's `async/staleness_*`: max, min and mean over groups) and version at every step;
 /// no group is more than one step stale, the oldest come first, and some batch mixes versions.
 #[test]
 fn a_filtered_pipeline_trains_the_oldest_groups_with_the_weights_that_sampled_them() {
@@ -93,10 +93,12 @@ fn a_filtered_pipeline_trains_the_oldest_groups_with_the_weights_that_sampled_th
         }
         let staleness: Vec<usize> = versions.iter().map(|&v| n - v).collect();
         let max = *staleness.iter().max().unwrap();
+        let min = *staleness.iter().min().unwrap();
         let mean = staleness.iter().sum::<usize>() as f64 / staleness.len() as f64;
         assert!(max <= 1, "step {}: a group {max} steps stale with sampling_steps_ahead 1", n + 1);
-        assert_eq!(line[key::OFF_POLICY_STALENESS_MAX].as_u64(), Some(max as u64), "step {}: {versions:?}", n + 1);
-        assert_eq!(line[key::OFF_POLICY_STALENESS_MEAN].as_f64(), Some(mean), "step {}: {versions:?}", n + 1);
+        assert_eq!(line[key::ASYNC_STALENESS_MAX].as_u64(), Some(max as u64), "step {}: {versions:?}", n + 1);
+        assert_eq!(line[key::ASYNC_STALENESS_MIN].as_u64(), Some(min as u64), "step {}: {versions:?}", n + 1);
+        assert_eq!(line[key::ASYNC_STALENESS_MEAN].as_f64(), Some(mean), "step {}: {versions:?}", n + 1);
         assert_eq!(line[key::OFF_POLICY_VERSION].as_u64(), Some(*versions.iter().min().unwrap() as u64), "step {}", n + 1);
         assert!(versions.windows(2).all(|w| w[0] <= w[1]), "step {}: the oldest groups first: {versions:?}", n + 1);
         mixed += usize::from(versions.first() != versions.last());

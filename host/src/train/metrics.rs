@@ -124,13 +124,14 @@ pub mod key {
     pub const DYNAMIC_SAMPLING_ROUNDS: &str = "dynamic_sampling/rounds";
     /// Off-policy training (`max_steps_off_policy`, `sampling_steps_ahead`): the version of the
     /// weights that sampled the step's batch (its oldest group's; optimizer steps done before it),
-    /// its staleness in steps (mean and max over the batch's groups), the batches dropped for staleness
-    /// (none can be: see `train/draw/pipeline.rs`), the seconds the step waited for its batch and the
-    /// sampler thread for its job.
+    /// the seconds the step waited for its batch and the sampler thread for its job.
     pub const OFF_POLICY_VERSION: &str = "off_policy/policy_version";
-    pub const OFF_POLICY_STALENESS_MEAN: &str = "off_policy/staleness_mean";
-    pub const OFF_POLICY_STALENESS_MAX: &str = "off_policy/staleness_max";
-    pub const OFF_POLICY_DROPPED: &str = "off_policy/dropped";
+    /// The staleness of the step's groups in steps (the step's index minus the version of the
+    /// weights that sampled the group), max, min and mean over its groups: tinker-cookbook
+    /// 0.6.1's `async/staleness_*` (`rl/train.py`, `training_loop`), under its names.
+    pub const ASYNC_STALENESS_MAX: &str = "async/staleness_max";
+    pub const ASYNC_STALENESS_MIN: &str = "async/staleness_min";
+    pub const ASYNC_STALENESS_MEAN: &str = "async/staleness_mean";
     pub const TIMING_WAIT_FOR_SAMPLES: &str = "timing/wait_for_samples";
     pub const TIMING_SAMPLER_IDLE: &str = "timing/sampler_idle";
     pub const DYNAMIC_SAMPLING_DROPPED: &str = "dynamic_sampling/groups_dropped";
@@ -229,9 +230,10 @@ pub struct RolloutMetrics {
 pub struct OffPolicy {
     /// The version of the weights that sampled the batch (optimizer steps done before).
     pub policy_version: usize,
-    /// Steps between those weights and the step's own (the oldest group's with
-    /// `sampling_steps_ahead`), and the mean over the batch's groups.
-    pub staleness: usize,
+    /// Steps between the weights that sampled a group and the step's own: the batch's oldest
+    /// group's (the max), its newest group's (the min) and the mean over its groups.
+    pub staleness_max: usize,
+    pub staleness_min: usize,
     pub staleness_mean: f64,
     /// Seconds the step waited for its batch.
     pub wait_seconds: f64,
@@ -386,9 +388,9 @@ pub fn line(rollout: &RolloutMetrics, step: &StepMetrics) -> Value {
     }
     if let Some(off_policy) = rollout.off_policy {
         put(key::OFF_POLICY_VERSION, off_policy.policy_version.into());
-        put(key::OFF_POLICY_STALENESS_MEAN, off_policy.staleness_mean.into());
-        put(key::OFF_POLICY_STALENESS_MAX, off_policy.staleness.into());
-        put(key::OFF_POLICY_DROPPED, 0.into());
+        put(key::ASYNC_STALENESS_MAX, off_policy.staleness_max.into());
+        put(key::ASYNC_STALENESS_MIN, off_policy.staleness_min.into());
+        put(key::ASYNC_STALENESS_MEAN, off_policy.staleness_mean.into());
         put(key::TIMING_WAIT_FOR_SAMPLES, off_policy.wait_seconds.into());
         put(key::TIMING_SAMPLER_IDLE, off_policy.sampler_idle_seconds.into());
     }

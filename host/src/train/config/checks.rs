@@ -385,7 +385,7 @@ impl TrainConfig {
         };
         ensure!(
             self.loss_fn != LossFn::ImportanceSampling || self.allow_unclipped_off_policy,
-            "{name} trains off policy, and loss_fn importance_sampling's ratio is unclipped: tinker-cookbook found that loss destabilises under every pipeline depth of its asynchronous training while ppo stays stable (AsyncConfig, PR 822). Use loss_fn: ppo (or trl's clipped loss), or set allow_unclipped_off_policy: true to run it anyway"
+            "{name} trains off policy, and loss_fn importance_sampling's ratio is unclipped: tinker-cookbook 0.6.1 warns that it can become unstable on the off-policy data asynchronous training produces and recommends a clipped loss such as ppo (AsyncConfig; its PR 822 measured it destabilising at every pipeline depth). Use loss_fn: ppo (or trl's clipped loss), or set allow_unclipped_off_policy: true to run it anyway"
         );
         ensure!(
             self.steps_per_rollout() == 1,

@@ -184,13 +184,15 @@ hyperparameters! {
         /// shared among a pack's runs); gradient_accumulation_steps auto plans for it.
         #[serde(skip_serializing_if = "Option::is_none")]
         max_memory: Option<MemorySize> = None, Omit, [Resume];
-        /// Off-policy training as tinker's AsyncConfig: each step's batch is sampled ahead, by a
-        /// sampler thread working while earlier steps train, with the weights this many steps old
-        /// (the first steps with the first weights); the loss takes its ratio to the sampler's
-        /// log-probabilities. 0: on-policy (sampled at the step, with its own weights).
+        /// Off-policy training as tinker-cookbook 0.6.1's AsyncConfig(max_steps_off_policy): each
+        /// step's batch is sampled ahead, by a sampler thread working while earlier steps train,
+        /// with the weights this many steps old (the first steps with the first weights); the loss
+        /// takes its ratio to the sampler's log-probabilities. 0: on-policy (sampled at the step,
+        /// with its own weights).
         max_steps_off_policy: usize = 0, Short("offpolicy");
-        /// tinker-cookbook's newer async mode (AsyncConfig.pipeline_depth): this many steps' worth of
-        /// groups sampled ahead, the oldest trained first, none dropped for staleness (objectives.md). 0: off.
+        /// max_steps_off_policy's queue with dynamic_sampling_rounds' group filter (tinker-cookbook
+        /// 0.6.1's AsyncConfig with constant-reward groups removed): this many steps' worth of groups
+        /// sampled ahead, the oldest trained first, none dropped for staleness (objectives.md). 0: off.
         #[serde(skip_serializing_if = "is_zero")]
         sampling_steps_ahead: usize = 0, Short("ahead");
         /// Lets loss_fn importance_sampling (unclipped) train off policy, which tinker found unstable.

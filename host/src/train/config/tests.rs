@@ -499,14 +499,14 @@ fn the_advantage_multiplier_names_its_runs_and_is_refused_without_verified_coher
 }
 
 /// tinker's unclipped `importance_sampling` is refused at any pipeline depth unless the run
-/// says it knows (tinker's AsyncConfig finding); ppo and TRL's loss run; the acknowledging key is
+/// says it knows (tinker-cookbook 0.6.1's AsyncConfig warning); ppo and TRL's loss run; the acknowledging key is
 /// refused where it acknowledges nothing; sampling_steps_ahead's own rules.
 #[test]
 fn unclipped_importance_sampling_off_policy_needs_its_key() {
     for depth in [("max_steps_off_policy", "1"), ("sampling_steps_ahead", "2")] {
         let message = error(&[depth, ("loss_fn", "importance_sampling")]);
         assert!(message.contains(&format!("{} {} trains off policy", depth.0, depth.1)), "{message}");
-        assert!(message.contains("tinker-cookbook found that loss destabilises under every pipeline depth") && message.contains("Use loss_fn: ppo"), "{message}");
+        assert!(message.contains("tinker-cookbook 0.6.1 warns that it can become unstable") && message.contains("Use loss_fn: ppo"), "{message}");
         assert!(message.contains("allow_unclipped_off_policy: true"), "{message}");
         let allowed = resolved(&[depth, ("loss_fn", "importance_sampling"), ("allow_unclipped_off_policy", "true")]);
         assert!(allowed.run_name().unwrap().contains("unclipped_ok"), "{}", allowed.run_name().unwrap());

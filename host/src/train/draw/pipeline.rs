@@ -1,6 +1,6 @@
 //! Sampling ahead: one queue of chunks over the run's sampler thread, for every mode that
 //! samples a step's rollout before the step (`DrawMode::Ahead`): `max_steps_off_policy` k and
-//! `sampling_steps_ahead` d (tinker-cookbook's `AsyncConfig`: a pipeline of depth k or d), and
+//! `sampling_steps_ahead` d (tinker-cookbook 0.6.1's `AsyncConfig`: a pipeline of depth k or d), and
 //! `stream_minibatches` (tinker's StreamMinibatchConfig: the mini-batches of the step's batch).
 //!
 //! Chunk c is the rollout step c of an on-policy run would draw: its prompts, its coherence rows
@@ -256,9 +256,10 @@ impl Draw {
         }
         let mut batch = kept.expect("a batch's groups");
         let oldest = *versions.iter().min().expect("a batch's groups");
+        let newest = *versions.iter().max().expect("a batch's groups");
         let staleness_mean = versions.iter().map(|&v| (step - v) as f64).sum::<f64>() / versions.len() as f64;
         let weights_fingerprint = fingerprint;
-        batch.off_policy = Some(OffPolicy { policy_version: oldest, staleness: step - oldest, staleness_mean, wait_seconds, sampler_idle_seconds: idle_seconds, weights_fingerprint });
+        batch.off_policy = Some(OffPolicy { policy_version: oldest, staleness_max: step - oldest, staleness_min: step - newest, staleness_mean, wait_seconds, sampler_idle_seconds: idle_seconds, weights_fingerprint });
         batch.dynamic_sampling = (self.keys.dynamic_rounds > 0).then_some(counts);
         Ok(batch)
     }
