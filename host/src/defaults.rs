@@ -18,6 +18,8 @@ pub const MAX_COMPLETION_LENGTH: usize = 128;
 pub const SAMPLE_SEED: u64 = 42;
 /// The precision a policy samples in (`sampler_dtype`, `smallrl sample --sampler-dtype`).
 pub const SAMPLER_DTYPE: crate::model::folded::SamplerDtype = crate::model::folded::SamplerDtype::Float32;
+/// `train_dtype`: the training passes' matrix products in the model's float32.
+pub const TRAIN_DTYPE: crate::model::autocast::TrainDtype = crate::model::autocast::TrainDtype::Float32;
 
 // Optimisation (shared by `train` and `pretrain`).
 pub const SEED: u64 = 42;

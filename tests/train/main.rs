@@ -16,6 +16,7 @@ mod memory;
 mod entropy_bonus;
 mod replay;
 mod multi_objective;
+mod train_dtype;
 
 use std::path::{Path, PathBuf};
 

@@ -5,7 +5,7 @@
 
 use tch::{Kind, Tensor};
 
-use crate::model::Llama;
+use crate::model::{Llama, autocast};
 use crate::model::batch::Generation;
 use crate::model::linear::{AdapterCtl, gradient_only};
 
@@ -64,6 +64,7 @@ pub fn completion_logprobs_and_entropy(model: &Llama, seqs: Sequences, temperatu
 }
 
 fn policy_logprobs(model: &Llama, seqs: Sequences, temperature: f64, ctl: &[AdapterCtl], entropy_gradient: bool) -> TokenLogprobs {
+    let _autocast = autocast::enter(model.autocast);
     let real = real_completion_hidden(model, seqs, ctl);
     let head = head_logprobs(model.head_weight(), &real.hidden, &real.targets, temperature, entropy_gradient, real.kept.as_ref());
     real.token_logprobs(head)
@@ -72,6 +73,7 @@ fn policy_logprobs(model: &Llama, seqs: Sequences, temperature: f64, ctl: &[Adap
 /// The completion log-probabilities only, without gradient: reference and old policies.
 pub fn frozen_logprobs(model: &Llama, seqs: Sequences, temperature: f64, ctl: &[AdapterCtl]) -> Tensor {
     tch::no_grad(|| {
+        let _autocast = autocast::enter(model.autocast);
         let real = real_completion_hidden(model, seqs, ctl);
         real.scatter(&head_logprobs(model.head_weight(), &real.hidden, &real.targets, temperature, false, None).logprobs)
     })
@@ -140,6 +142,7 @@ impl RealCompletionHidden {
 /// `entropy_gradients` says).
 pub(super) fn stacked_completion_logprobs(stacked: &Llama, runs: &[Sequences], temperatures: &[f64], entropy_gradients: &[bool], ctl: &[AdapterCtl]) -> Vec<TokenLogprobs> {
     assert_eq!(stacked.runs(), runs.len() as i64, "one batch per stacked run");
+    let _autocast = autocast::enter(stacked.autocast);
     let prompt_len = runs.iter().map(|s| s.prompt_ids.size()[1]).max().expect("at least one run");
     let completion_len = runs.iter().map(|s| s.completion_ids.size()[1]).max().expect("at least one run");
     let pad = |t: &Tensor, left: i64, right: i64| t.constant_pad_nd([left, right]);
@@ -212,7 +215,7 @@ fn head_logprobs(weight: &Tensor, hidden: &Tensor, targets: &Tensor, temperature
     let (mut replayed, mut replayed_jacobian) = (Vec::new(), Vec::new());
     let kept_chunks = kept.map(|kept| kept.split(HEAD_CHUNK_ROWS, 0));
     for (chunk, (rows, row_targets)) in frozen_hidden.split(HEAD_CHUNK_ROWS, 0).iter().zip(targets.split(HEAD_CHUNK_ROWS, 0)).enumerate() {
-        let logits = rows.matmul(&frozen_weight.tr()).to_kind(Kind::Float);
+        let logits = autocast::matmul(rows, &frozen_weight.tr()).to_kind(Kind::Float);
         let logits = if temperature != 1.0 { logits / temperature } else { logits };
         let normaliser = logits.logsumexp([-1], false);
         let row_targets = row_targets.unsqueeze(-1);
@@ -223,7 +226,7 @@ fn head_logprobs(weight: &Tensor, hidden: &Tensor, targets: &Tensor, temperature
             replayed.push(&picked - kept_logits.logsumexp([-1], false));
             if let Some(product_weight) = &product_weight {
                 let residual = target_residual(kept_logits.softmax(-1, Kind::Float), &row_targets);
-                replayed_jacobian.push(residual.matmul(product_weight) / temperature);
+                replayed_jacobian.push(jacobian_product(&residual, product_weight, temperature));
             }
         }
         logprobs.push(picked - &normaliser);
@@ -232,13 +235,13 @@ fn head_logprobs(weight: &Tensor, hidden: &Tensor, targets: &Tensor, temperature
             None => entropy.push(&normaliser - (&probs * &logits).sum_dim_intlist(-1, false, Kind::Float)),
             Some(product_weight) => {
                 let (row_entropy, derivative) = entropy_and_derivative(&logits, &probs);
-                entropy_jacobian.push(derivative.matmul(product_weight) / temperature);
+                entropy_jacobian.push(jacobian_product(&derivative, product_weight, temperature));
                 entropy.push(row_entropy);
             }
         }
         if let Some(product_weight) = &product_weight {
             // With a learning head weight this product keeps `residual` for its backward.
-            jacobian.push(target_residual(probs, &row_targets).matmul(product_weight) / temperature);
+            jacobian.push(jacobian_product(&target_residual(probs, &row_targets), product_weight, temperature));
         }
     }
     let (mut logprobs, mut entropy) = (Tensor::cat(&logprobs, 0), Tensor::cat(&entropy, 0));
@@ -252,6 +255,12 @@ fn head_logprobs(weight: &Tensor, hidden: &Tensor, targets: &Tensor, temperature
         replayed = replayed.map(|replayed| replayed + analytic_gradient(&hidden_f, Tensor::cat(&replayed_jacobian, 0), learns_weight));
     }
     HeadOutputs { logprobs, entropy, replayed }
+}
+
+/// `r W / T`, a row of derivatives in the logits times the head weight: the head's backward
+/// product, in the passes' matrix-product kind as autograd's would be (float32 after).
+fn jacobian_product(derivative: &Tensor, weight: &Tensor, temperature: f64) -> Tensor {
+    autocast::matmul(derivative, weight).to_kind(Kind::Float) / temperature
 }
 
 /// `r = onehot(target) - p` for each row of `probs` (consumed), the derivative of

@@ -7,6 +7,8 @@
 
 use tch::Tensor;
 
+use super::autocast;
+
 /// One low-rank adapter `B A` with `A: [r, in]`, `B: [out, r]` and `scaling = alpha / r`.
 pub struct Lora {
     pub a: Tensor,
@@ -79,7 +81,7 @@ impl JointBranch {
         let (out, total_rank) = (*y.size().last().expect("linear output has features"), ranks.iter().sum::<i64>());
         let b = Tensor::cat(&self.b_blocks, -1);
         let y = if b.dim() == 2 {
-            y.reshape([-1, out]).addmm(&low_rank.reshape([-1, total_rank]), &b.tr()).view(y.size().as_slice())
+            autocast::addmm(&y.reshape([-1, out]), &low_rank.reshape([-1, total_rank]), &b.tr()).view(y.size().as_slice())
         } else {
             y + times_transposed(&low_rank, &b)
         };
@@ -146,13 +148,13 @@ pub fn times_transposed(x: &Tensor, weight: &Tensor) -> Tensor {
 /// equal slices of `x`'s first dimension (one batched product).
 pub fn run_matmul(x: &Tensor, weight: &Tensor) -> Tensor {
     if weight.dim() == 2 {
-        return x.matmul(weight);
+        return autocast::matmul(x, weight);
     }
     let (runs, features, out) = weight.size3().expect("a stacked weight is [runs, in, out]");
     let mut shape = x.size();
     rows_per_run(shape[0], runs);
     *shape.last_mut().expect("the input has features") = out;
-    x.reshape([runs, -1, features]).bmm(weight).reshape(shape)
+    autocast::bmm(&x.reshape([runs, -1, features]), weight).reshape(shape)
 }
 
 /// `op(x, w)` for a per-feature tensor `w` of `dims` dimensions (a bias `[out]`: 1) broadcast

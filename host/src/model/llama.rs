@@ -5,6 +5,7 @@
 use anyhow::Result;
 use tch::{Device, Kind, Tensor};
 
+use super::autocast;
 use super::config::LlamaConfig;
 use super::linear::{AdapterCtl, Linear, rows_per_run, times_transposed};
 use super::mlp_adapter::{self, MlpAdapter};
@@ -47,6 +48,9 @@ pub struct Llama {
     pub rope: Rope,
     pub device: Device,
     pub kind: Kind,
+    /// The kind of the passes' matrix products when not `kind` (`train_dtype` bfloat16:
+    /// mixed precision, [`autocast`]); `None` as built.
+    pub autocast: Option<Kind>,
 }
 
 /// The names of the seven adaptable projections of a block, in HF order.
@@ -88,7 +92,8 @@ impl Attention {
 /// Scaled dot-product attention with grouped key/value heads; `mask` is boolean, true = attend.
 pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, cfg: &LlamaConfig) -> Tensor {
     let gqa = cfg.num_attention_heads != cfg.num_key_value_heads;
-    Tensor::scaled_dot_product_attention(q, k, v, Some(mask), 0.0, false, None, gqa)
+    let (q, k, v) = (autocast::cast(q), autocast::cast(k), autocast::cast(v));
+    Tensor::scaled_dot_product_attention(&q, &k, &v, Some(mask), 0.0, false, None, gqa)
 }
 
 impl Mlp {
@@ -164,6 +169,7 @@ impl Llama {
     /// `[batch, 1, seq, seq]` attention mask (true = attend), for packed sequences whose
     /// documents must not see each other (see [`document_mask`]).
     pub fn forward_masked(&self, input_ids: &Tensor, positions: &Tensor, mask: &Tensor, ctl: &[AdapterCtl]) -> Tensor {
+        let _autocast = autocast::enter(self.autocast);
         let (cos, sin) = self.rope.at(positions, self.kind);
         let mut x = embed(&self.embed_tokens, input_ids);
         let eps = self.config.rms_norm_eps;
@@ -229,15 +235,17 @@ impl Llama {
         }
         let norm = source("model.norm.weight", &[h])?;
         let lm_head = if config.tie_word_embeddings { None } else { Some(source("lm_head.weight", &[vocab, h])?) };
-        Ok(Self { config, embed_tokens, layers, norm, lm_head, rope, device, kind })
+        Ok(Self { config, embed_tokens, layers, norm, lm_head, rope, device, kind, autocast: None })
     }
 
     /// A copy of the base weights outside autograd: the frozen reference policy of full
     /// fine-tuning (adapters are not copied; the RoPE tables are shared, they never change).
     pub fn frozen_copy(&self) -> Self {
         let base: std::collections::HashMap<String, &Tensor> = self.base_tensors().into_iter().collect();
-        Self::build(self.config.clone(), &mut |name, _| Ok(base[name].detach().copy()), self.rope.shared(), self.device, self.kind)
-            .expect("a model's own tensors rebuild it")
+        let mut copy = Self::build(self.config.clone(), &mut |name, _| Ok(base[name].detach().copy()), self.rope.shared(), self.device, self.kind)
+            .expect("a model's own tensors rebuild it");
+        copy.autocast = self.autocast;
+        copy
     }
 
     /// `[.., vocab]` logits of hidden states.

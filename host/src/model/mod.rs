@@ -4,6 +4,7 @@
 //! enter only as [`linear::Lora`] slots inside [`linear::Linear`], [`mlp_adapter::MlpAdapter`]
 //! slots beside an MLP block (DualMLP), and per-row [`linear::AdapterCtl`]s chosen by the caller.
 
+pub mod autocast;
 pub mod batch;
 pub mod chat;
 pub mod config;

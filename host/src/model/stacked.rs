@@ -34,11 +34,12 @@ impl Llama {
         let first = models.first().expect("at least one model to stack");
         for other in &models[1..] {
             assert_eq!(other.config, first.config, "stacked models share their configuration");
-            assert_eq!((other.device, other.kind), (first.device, first.kind), "stacked models share their device and dtype");
+            assert_eq!((other.device, other.kind, other.autocast), (first.device, first.kind, first.autocast), "stacked models share their device, dtype and train_dtype");
         }
         let bases: Vec<HashMap<String, &Tensor>> = models.iter().map(|m| m.base_tensors().into_iter().collect()).collect();
         let mut stacked = Llama::build(first.config.clone(), &mut |name, _| Ok(stack(bases.iter().map(|base| base[name].shallow_clone()))), first.rope.shared(), first.device, first.kind)
             .expect("models of one configuration stack");
+        stacked.autocast = first.autocast;
         let runs: Vec<Vec<(String, &Linear)>> = models.iter().map(|m| m.projections()).collect();
         for (p, (_, linear)) in stacked.projections_mut().into_iter().enumerate() {
             let slots = runs[0][p].1.adapters.len();

@@ -53,6 +53,8 @@ pub(super) fn load(cfg: &TrainConfig, device: Device, kind: Kind, mut seat: Seat
     let adapters = cfg.adapter_config()?;
     let loaded = model::load(&cfg.model, &cfg.revision, device, kind)?;
     let mut model = loaded.model;
+    // Mixed precision (`train_dtype`): the policy's, the reference's and the old policy's passes alike.
+    model.autocast = cfg.train_dtype.matmul_kind();
     let reference = match adapters.kind {
         AdapterKind::Full => {
             let frozen = model.frozen_copy();

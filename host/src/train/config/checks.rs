@@ -2,11 +2,13 @@
 //! combination that would not run the protocol its keys name is refused here, naming the keys.
 
 use anyhow::{Result, ensure};
+use tch::Kind;
 
 use super::{Accumulation, LrHorizon, TrainConfig};
 use crate::grpo::{KlEstimator, LossFn, LossType, MultiObjectiveAggregation, SamplingReplay, ScaleRewards};
 use crate::intervention::{AdvantageScore, Intervention};
 use crate::model::chat::PromptFormat;
+use crate::model::autocast::TrainDtype;
 use crate::model::folded::SamplerDtype;
 use crate::reward::DetectorSpec;
 use crate::routing::{self, RenormalizationMode, RoutingMode};
@@ -60,6 +62,12 @@ impl TrainConfig {
         }
         self.check_lr_horizons()?;
         self.check_sampler_dtype()?;
+        ensure!(
+            self.train_dtype == TrainDtype::Float32 || self.dtype.kind() == Kind::Float,
+            "train_dtype {} keeps float32 master weights and runs the matrix products in bfloat16: it needs dtype float32 (got {})",
+            self.train_dtype,
+            self.dtype
+        );
         self.check_sampling_replay()?;
         self.check_intervention()?;
         self.check_renormalization()?;

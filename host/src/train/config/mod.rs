@@ -23,6 +23,7 @@ use crate::hyperparams::Label::{Key, Omit, Short};
 use crate::hyperparams::{self, Prop, hyperparameters};
 use crate::intervention::{AdvantageScore, Intervention};
 use crate::model::chat::PromptFormat;
+use crate::model::autocast::TrainDtype;
 use crate::model::folded::SamplerDtype;
 use crate::reward::{DetectorSpec, PluginLimits, ProtocolKnobs, RewardSpec};
 use crate::routing::{self, CoherenceRhMode, RenormalizationMode, RoutingMode, RowWeights};
@@ -193,11 +194,11 @@ hyperparameters! {
         /// max_steps_off_policy's queue with dynamic_sampling_rounds' group filter (tinker-cookbook
         /// 0.6.1's AsyncConfig with constant-reward groups removed): this many steps' worth of groups
         /// sampled ahead, the oldest trained first, none dropped for staleness (objectives.md). 0: off.
-        #[serde(skip_serializing_if = "is_zero")]
+        #[serde(skip_serializing_if = "skip::is_zero")]
         sampling_steps_ahead: usize = 0, Short("ahead");
         /// Lets loss_fn importance_sampling (unclipped) train off policy, which tinker found unstable.
         #[arg(num_args = 0..=1, default_missing_value = "true")]
-        #[serde(skip_serializing_if = "is_false")]
+        #[serde(skip_serializing_if = "skip::is_false")]
         allow_unclipped_off_policy: bool = false, Short("unclipped_ok");
         /// tinker's StreamMinibatchConfig: the batch's num_substeps mini-batches (whole groups)
         /// are sampled and scored one by one by the run's sampler thread, all from the weights at
@@ -389,8 +390,12 @@ hyperparameters! {
         /// The precision sampling draws in: float32, or bfloat16 (the sampler's matrices rounded to
         /// bfloat16, its sums in float32; training and scoring stay in dtype). Needs
         /// importance_sampling_correction, or a loss whose ratio is to the sampler.
-        #[serde(skip_serializing_if = "is_float32_sampler")]
+        #[serde(skip_serializing_if = "skip::is_float32_sampler")]
         sampler_dtype: SamplerDtype = d::SAMPLER_DTYPE, Short("sampler_"), [Pack];
+        /// The precision of the training passes' matrix products: float32, or bfloat16 with the
+        /// weights, gradients, optimizer, norms, softmax and loss in float32 (TRL's bf16=True).
+        #[serde(skip_serializing_if = "skip::is_float32_training")]
+        train_dtype: TrainDtype = d::TRAIN_DTYPE, Short("train_"), [Pack];
         /// libtorch intra-op threads (default: one per core).
         threads: Option<usize> = None, Omit, [Resume, Pack];
     }
@@ -426,15 +431,6 @@ hyperparameters! {
     }
 }
 
-// sampler_dtype is written to a run's config.yaml only when set, so float32 runs keep the
-// config.yaml they had before the key existed.
-fn is_float32_sampler(value: &SamplerDtype) -> bool {
-    *value == SamplerDtype::Float32
-}
-
-// sampling_steps_ahead and allow_unclipped_off_policy: in config.yaml only when set (older runs' unchanged).
-fn is_zero(value: &usize) -> bool { *value == 0 }
-fn is_false(value: &bool) -> bool { !*value }
 
 /// Steps `0..until_step` of a run were trained with the linear schedule over `max_steps`.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]

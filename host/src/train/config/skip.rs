@@ -3,6 +3,8 @@
 
 use super::d;
 use crate::grpo::MultiObjectiveAggregation;
+use crate::model::autocast::TrainDtype;
+use crate::model::folded::SamplerDtype;
 
 // multi_objective_aggregation is written to a run's config.yaml only when set, so the runs that
 // sum their components first keep the config.yaml they had before the key existed.
@@ -32,4 +34,23 @@ pub(super) fn is_default_program_memory(value: &usize) -> bool {
 
 pub(super) fn is_default_program_output(value: &usize) -> bool {
     *value == d::PROGRAM_MAX_OUTPUT_KIB
+}
+
+// sampler_dtype and train_dtype are written to a run's config.yaml only when set, so float32
+// runs keep the config.yaml they had before the keys existed.
+pub(super) fn is_float32_sampler(value: &SamplerDtype) -> bool {
+    *value == SamplerDtype::Float32
+}
+
+pub(super) fn is_float32_training(value: &TrainDtype) -> bool {
+    *value == TrainDtype::Float32
+}
+
+// sampling_steps_ahead and allow_unclipped_off_policy: in config.yaml only when set (older runs' unchanged).
+pub(super) fn is_zero(value: &usize) -> bool {
+    *value == 0
+}
+
+pub(super) fn is_false(value: &bool) -> bool {
+    !*value
 }

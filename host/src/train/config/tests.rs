@@ -90,7 +90,7 @@ fn run_name_labels_are_unchanged() {
         ("advantage_score", ""),
         ("replay_rollouts", "replay"),
         ("sampling_steps_ahead", "ahead"), ("allow_unclipped_off_policy", "unclipped_ok"),
-        ("sampling_replay", ""),
+        ("sampling_replay", ""), ("train_dtype", "train_"),
     ];
     for key in TrainConfig::KEYS {
         let expected = if omitted.contains(&key.name) {
@@ -558,4 +558,18 @@ fn sampling_replay_is_named_written_and_read_back_as_the_run_started() {
     assert!(message.contains("sampling_replay: trl_1_16"), "{message}");
     resolved(&[("top_p", "0.8"), ("importance_sampling_correction", "true"), ("num_iterations", "2"), ("sampling_replay", "trl_1_16")]);
     resolved(&[("importance_sampling_correction", "true"), ("num_iterations", "2")]);
+}
+
+/// `train_dtype` keeps float32 master weights: a bfloat16 model is refused by name; the key is
+/// named in the run and written to config.yaml only when set.
+#[test]
+fn train_dtype_needs_float32_weights_and_names_the_run() {
+    let message = error(&[("train_dtype", "bfloat16"), ("dtype", "bfloat16")]);
+    assert!(message.contains("train_dtype bfloat16 keeps float32 master weights") && message.contains("needs dtype float32 (got bfloat16)"), "{message}");
+    assert!(error(&[("train_dtype", "bf16")]).contains("unknown train_dtype \"bf16\": use float32 or bfloat16"));
+    let mixed = resolved(&[("train_dtype", "bfloat16")]);
+    assert!(mixed.run_name().unwrap().contains("train_bfloat16"), "{}", mixed.run_name().unwrap());
+    assert_eq!(serde_json::to_value(&mixed).unwrap()["train_dtype"], "bfloat16");
+    assert!(serde_json::to_value(resolved(&[])).unwrap().get("train_dtype").is_none(), "a float32 run's config.yaml has no train_dtype");
+    assert_eq!(resolved(&[("train_dtype", "float32")]).run_name().unwrap(), resolved(&[]).run_name().unwrap());
 }
