@@ -10,6 +10,7 @@ use clap::{Args, Subcommand};
 use super::common::ModelArgs;
 use crate::device::DeviceSpec;
 use crate::stats::median;
+use crate::model::autocast::TrainDtype;
 use crate::model::decode::DecodeModel;
 use crate::model::folded::SamplerDtype;
 use crate::model::generate::{Decoder, SamplingParams, generate_stacked, generate_with};
@@ -61,6 +62,10 @@ pub struct TrainBench {
     /// train; the step breakdown then adds the time a step waited for its batch.
     #[arg(long, value_name = "K", default_value_t = 0)]
     pub max_steps_off_policy: usize,
+    /// The training passes' precisions to measure side by side (`train_dtype`), e.g.
+    /// float32,bfloat16.
+    #[arg(long, value_delimiter = ',', default_value = "float32")]
+    pub train_dtypes: Vec<TrainDtype>,
 }
 
 #[derive(Args, Debug)]
@@ -99,6 +104,10 @@ pub fn run(command: BenchCommand) -> Result<()> {
 /// The configuration of a benchmark run: defaults, `adapter` (DualLoRA at r32), no evaluation
 /// or checkpoint before the last step.
 fn bench_config(args: &TrainBench, adapter: &str, threads: usize, max_steps: usize, seed: u64, output_dir: &Path) -> Result<TrainConfig> {
+    bench_config_in(args, adapter, threads, max_steps, seed, output_dir, crate::defaults::TRAIN_DTYPE)
+}
+
+fn bench_config_in(args: &TrainBench, adapter: &str, threads: usize, max_steps: usize, seed: u64, output_dir: &Path, train_dtype: TrainDtype) -> Result<TrainConfig> {
     let overrides = serde_json::json!({
         "model": args.model, "prompts": args.prompts,
         "reward": {"plugin": args.reward_plugin, "params": {}},
@@ -106,7 +115,7 @@ fn bench_config(args: &TrainBench, adapter: &str, threads: usize, max_steps: usi
         "max_steps": max_steps, "eval_every": 1_000_000, "save_steps": 1_000_000,
         "logging_steps": 1_000_000, "threads": threads, "device": args.device.to_string(),
         "output_dir": output_dir, "name": format!("{adapter}-{threads}"), "seed": seed,
-        "max_steps_off_policy": args.max_steps_off_policy,
+        "max_steps_off_policy": args.max_steps_off_policy, "train_dtype": train_dtype,
     });
     let serde_json::Value::Object(overrides) = overrides else { unreachable!() };
     TrainConfig::resolve(None, overrides)
@@ -122,9 +131,9 @@ fn bench_train(args: TrainBench) -> Result<()> {
         let _ = std::fs::remove_dir_all(&out);
         return outcome;
     }
-    for adapter in ["full", "dual-lora"] {
+    for (adapter, &train_dtype) in ["full", "dual-lora"].into_iter().flat_map(|a| args.train_dtypes.iter().map(move |d| (a, d))) {
         for &threads in thread_counts {
-            let config = bench_config(&args, adapter, threads, args.steps + 1, crate::defaults::SEED, &out)?;
+            let config = bench_config_in(&args, adapter, threads, args.steps + 1, crate::defaults::SEED, &out, train_dtype)?;
             let mut trainer = Trainer::new(config, None)?;
             let mut steps = Vec::new();
             for _ in 0..=args.steps {
@@ -132,7 +141,7 @@ fn bench_train(args: TrainBench) -> Result<()> {
             }
             let median = |key: &str| median(steps[1..].iter().map(|m| m[key].as_f64().unwrap_or(f64::NAN)).collect());
             println!(
-                "{adapter:<9} threads {threads}: step {:.3} s (generate {:.3}, score {:.4}, reference + old log-probs {:.3}, train {:.3}), mean completion {:.0} tokens",
+                "{adapter:<9} {train_dtype:<8} threads {threads}: step {:.3} s (generate {:.3}, score {:.4}, reference + old log-probs {:.3}, train {:.3}), mean completion {:.0} tokens",
                 median(key::STEP_TIME),
                 median(key::TIMING_GENERATE),
                 median(key::TIMING_SCORE),
