@@ -13,8 +13,9 @@
 //! What resolves: `smallrl` (the SDK), a module `X.py` or package `X/` in the module's folder
 //! (bundled: a package with all its `.py` files), a package the build installs
 //! ([`super::python_deps`]), and the interpreter's standard library. An import inside a `try`
-//! that catches ImportError, or under `if TYPE_CHECKING:`, may stay unresolved (the module
-//! handles its absence). A local file that shadows a standard-library module is refused: the
+//! that catches ImportError or under `if TYPE_CHECKING:` (the module handles its absence), or
+//! in a function body (the build does not run it; it fails that call, as in the component), may
+//! stay unresolved; a local file it names is still bundled. A local file that shadows a standard-library module is refused: the
 //! build's path puts the standard library first, so the file would silently not be the one
 //! imported.
 

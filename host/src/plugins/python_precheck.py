@@ -5,8 +5,9 @@ module is parsed by the grammar it will be built with.
 stdin: a JSON object {file name: source}. stdout: one JSON object: `stdlib` (the interpreter's
 `sys.stdlib_module_names`), `version`, and per file either `syntax_error` (message, line,
 column, the line's text) or `imports`: every import statement at any depth, with its line, its
-relative level, the names it takes, and whether it is guarded (inside a `try` that catches
-ImportError, or under `if TYPE_CHECKING:`), so the host resolves it without running the module.
+relative level, and whether it is guarded (inside a `try` that catches ImportError, under
+`if TYPE_CHECKING:`, or in a function body, which the build does not run), so the host
+resolves it without running the module.
 The runner has no `ast` module (only what it imported at build time), so the tree is walked
 through the nodes' `_fields`; `compile` itself is a builtin.
 """
@@ -49,10 +50,9 @@ def _walk(node, guarded, imports):
     kind = type(node).__name__
     if kind == "Import":
         for alias in node.names:
-            imports.append({"module": alias.name, "level": 0, "names": [], "line": node.lineno, "guarded": guarded})
+            imports.append({"module": alias.name, "level": 0, "line": node.lineno, "guarded": guarded})
     elif kind == "ImportFrom":
-        names = [alias.name for alias in node.names]
-        imports.append({"module": node.module or "", "level": node.level, "names": names, "line": node.lineno, "guarded": guarded})
+        imports.append({"module": node.module or "", "level": node.level, "line": node.lineno, "guarded": guarded})
     elif kind in ("Try", "TryStar"):
         catches = any(_names(handler.type) & _IMPORT_ERRORS for handler in node.handlers)
         for child in node.body:
@@ -60,6 +60,12 @@ def _walk(node, guarded, imports):
         for part in (node.handlers, node.orelse, node.finalbody):
             for child in part:
                 _walk(child, guarded, imports)
+        return
+    elif kind in ("FunctionDef", "AsyncFunctionDef", "Lambda"):
+        # A function's imports run when it is called, never at build time: the build does not
+        # need them, and one that is missing fails that call, as it would in the component.
+        for child in _children(node):
+            _walk(child, True, imports)
         return
     elif kind == "If" and _is_type_checking(node.test):
         for child in node.body:
