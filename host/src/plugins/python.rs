@@ -265,8 +265,9 @@ fn componentize(tool: &Path, work: &Path, inputs: &Inputs, output: &Path) -> Res
         if let Some(packages) = inputs.packages {
             command.arg("-p").arg(packages);
         }
-        // componentize-py adds a VIRTUAL_ENV's site-packages to the path: only what was named goes in.
-        let run = command.arg("-o").arg(tmp).env_remove("VIRTUAL_ENV").output().with_context(|| format!("cannot run {}", tool.display()))?;
+        // componentize-py also puts its own Python's site-packages on the path (the project venv's):
+        // the pre-check, not the path, is what refuses a package that was not named.
+        let run = command.arg("-o").arg(tmp).output().with_context(|| format!("cannot run {}", tool.display()))?;
         if !run.status.success() {
             let said = String::from_utf8_lossy(&run.stderr);
             if let Some(error) = module_error(&said, inputs.sources, source) {
