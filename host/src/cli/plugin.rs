@@ -91,6 +91,12 @@ pub enum PluginCommand {
         /// The world to build against [default: the SDK declaration the module uses, else reward].
         #[arg(long, value_enum)]
         kind: Option<Kind>,
+        /// A pip requirements file of pure-Python packages to bundle (pinned in `plugin info`).
+        #[arg(long)]
+        requirements: Option<PathBuf>,
+        /// A pure-Python package to bundle: a wheel or a source directory (repeatable).
+        #[arg(long = "package")]
+        packages: Vec<PathBuf>,
     },
     /// Where the Python SDK (the `smallrl` package) is: a module's own tests put it on
     /// PYTHONPATH, e.g. `PYTHONPATH=$(smallrl plugin sdk --path) python3 test_my_reward.py`.
@@ -233,7 +239,9 @@ pub fn run(command: PluginCommand) -> Result<()> {
                 false => new(&name, &dir, kind),
             }
         }
-        PluginCommand::Build { path, output, kind } => build(&path, output.as_deref(), kind.map(PluginKind::from)),
+        PluginCommand::Build { path, output, kind, requirements, packages } => {
+            build(&path, output.as_deref(), kind.map(PluginKind::from), &python::Packages { requirements, paths: packages })
+        }
         PluginCommand::Sdk { path } => sdk(path),
         PluginCommand::Info { path, limits } => info(&path, limits.limits()?),
         PluginCommand::Score { path, params, texts, file, tokenizer, limits } => {
@@ -312,8 +320,8 @@ fn sdk(path_only: bool) -> Result<()> {
     Ok(())
 }
 
-fn build(path: &Path, output: Option<&Path>, kind: Option<PluginKind>) -> Result<()> {
-    let built = python::build(path, output, kind)?;
+fn build(path: &Path, output: Option<&Path>, kind: Option<PluginKind>, packages: &python::Packages) -> Result<()> {
+    let built = python::build(path, output, kind, packages)?;
     let how = if built.cached { "from the build cache" } else { "built" };
     println!("{} ({}, {how} in {:.1} s)", built.output.display(), built.kind, built.took.as_secs_f64());
     Ok(())
@@ -351,6 +359,11 @@ fn info(path: &Path, limits: PluginLimits) -> Result<()> {
         if plugin.imports_judge() {
             println!("imports the host's judge: a run needs `judge:` (docs/src/environments.md, \"The judge\")");
         }
+    }
+    if let Some(record) = std::fs::read(path).ok().as_deref().and_then(crate::plugins::python_deps::record_of) {
+        let list = |items: &[String]| if items.is_empty() { "none".to_string() } else { items.join(", ") };
+        println!("bundled Python modules: {}", list(&record.modules));
+        println!("bundled Python packages: {}", list(&record.packages));
     }
     println!("contract {}, sha256 {}", plugin.contract_version(), plugin.sha256());
     Ok(())

@@ -8,7 +8,8 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::{Map, Value};
 
-use crate::reward::DetectorSpec;
+use crate::plugins::{Plugin, PluginKind};
+use crate::reward::{DetectorSpec, resolve_plugin};
 use crate::hyperparams::{Hyperparameters, Prop};
 use crate::train::config::{TrainFlags, parse_override, reward_plugin_overrides};
 use crate::train::packed::{self, PackedRun};
@@ -109,13 +110,58 @@ pub fn run(args: TrainArgs) -> Result<()> {
     anyhow::ensure!(args.pack_workers == 1, "--pack-workers steps packed runs: it needs --pack-config or --pack-resume");
     let (config, resume) = match &args.resume {
         Some(run_dir) => (resumed_config(run_dir, overrides, args.extend_schedule)?, Some(run_dir.as_path())),
-        None => (TrainConfig::resolve(args.config.as_deref(), overrides)?, None),
+        None => (TrainConfig::resolve(args.config.as_deref(), named_by_plugins(&args, overrides)?)?, None),
     };
     let mut trainer = Trainer::start(config, resume, args.accept_changed_plugins)?;
     let summary = trainer.train(args.stop_after)?;
     println!("run directory: {} ({} steps)", summary.run_dir.display(), summary.steps);
     sync_to_wandb(&args, &summary.run_dir);
     Ok(())
+}
+
+/// A new run's name from what its plugins declare (issue 47), unless `--name` (or `--set
+/// name=`) gives one: without a config file, an environment's run is named by the
+/// environment's declared name (not `run`), and `--reward-plugin PATH`'s by the reward's (a TRL
+/// function's name, as `plugin info` shows it, not the file stem); with a config file, a reward
+/// or detector given by a path appears in the name by its declared name, not its path. A
+/// plugin given by a standard name keeps that name (the names sweeps find existing runs by);
+/// resumed runs keep their directories' names.
+fn named_by_plugins(args: &TrainArgs, mut overrides: Map<String, Value>) -> Result<Map<String, Value>> {
+    if args.flags.name.is_some() || args.set.iter().any(|text| text.trim_start().starts_with("name=")) {
+        return Ok(overrides);
+    }
+    let config = TrainConfig::resolve(args.config.as_deref(), overrides.clone())?;
+    let limits = config.plugin_limits()?;
+    let declared = |value: &str, kind: PluginKind, params: Option<&Value>| -> Result<String> {
+        let path = resolve_plugin(value, &config.plugin_dir, kind);
+        let plugin = Plugin::load(&path, &crate::reward::params_json(params), limits).with_context(|| format!("cannot read the declared name of {}", path.display()))?;
+        Ok(plugin.info().name.clone())
+    };
+    let is_path = |value: &str| value.contains('/') || value.ends_with(".wasm");
+    if args.config.is_none() {
+        if let Some(environment) = &config.environment {
+            overrides.insert("name".into(), declared(environment, PluginKind::Environment, config.environment_params.as_ref())?.into());
+        } else if let Some(plugin) = args.reward_plugin.as_deref().filter(|plugin| is_path(plugin)) {
+            let params = overrides.get("reward").and_then(|reward| reward.get("params")).cloned();
+            overrides.insert("name".into(), declared(plugin, PluginKind::Reward, params.as_ref())?.into());
+        }
+        return Ok(overrides);
+    }
+    // The name the config file's resolution gives, with each path replaced by its declared name.
+    let mut stand_in = overrides.clone();
+    let mut renamed = false;
+    for (key, kind) in [("reward", PluginKind::Reward), ("rh_detector", PluginKind::Detector)] {
+        let Some(Value::Object(spec)) = stand_in.get_mut(key) else { continue };
+        let Some(plugin) = spec.get("plugin").and_then(Value::as_str).filter(|plugin| is_path(plugin)).map(str::to_owned) else { continue };
+        let name = declared(&plugin, kind, spec.get("params"))?;
+        spec.insert("plugin".into(), name.into());
+        renamed = true;
+    }
+    if renamed {
+        let named = TrainConfig::resolve(args.config.as_deref(), stand_in)?;
+        overrides.insert("name".into(), named.name.into());
+    }
+    Ok(overrides)
 }
 
 /// `--wandb PROJECT`: the finished run into wandb. A failure is reported once and does not fail

@@ -16,6 +16,8 @@ pub mod judge;
 pub mod programs;
 pub mod programs_bench;
 pub mod python;
+mod python_check;
+pub mod python_deps;
 mod runtime;
 pub mod scaffold;
 pub mod scaffold_python;

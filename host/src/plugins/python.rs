@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 
 use super::PluginKind;
+use super::python_check;
+use super::python_deps::{self, BuildRecord};
 use super::wit::CONTRACT;
 
 /// The componentize-py release builds are made with (`scripts/requirements.txt` pins it).
@@ -56,8 +58,17 @@ fn componentize_py() -> PathBuf {
     }
 }
 
-/// Builds `source` into `output` (default: the module's path with `.wasm`).
-pub fn build(source: &Path, output: Option<&Path>, kind: Option<PluginKind>) -> Result<Built> {
+/// The packages a build installs besides the SDK (`--requirements`, `--package`).
+#[derive(Clone, Debug, Default)]
+pub struct Packages {
+    pub requirements: Option<PathBuf>,
+    pub paths: Vec<PathBuf>,
+}
+
+/// Builds `source` into `output` (default: the module's path with `.wasm`): the pre-check
+/// (`python_check.rs`: milliseconds, the user's error alone), the named packages installed
+/// (`python_deps.rs`), then componentize-py, unless the build cache has the result.
+pub fn build(source: &Path, output: Option<&Path>, kind: Option<PluginKind>, packages: &Packages) -> Result<Built> {
     let started = Instant::now();
     let text = std::fs::read_to_string(source).with_context(|| format!("cannot read the Python module {}", source.display()))?;
     let module = module_name(source)?;
@@ -66,14 +77,23 @@ pub fn build(source: &Path, output: Option<&Path>, kind: Option<PluginKind>) -> 
     let output = output.map(Path::to_path_buf).unwrap_or_else(|| source.with_extension("wasm"));
     let tool = componentize_py();
     check_version(&tool)?;
-    let key = cache_key(&text, world)?;
+    let python = tool.with_file_name("python");
+    let installed = python_deps::install(packages.requirements.as_deref(), &packages.paths, &python, cache_dir().map(|dir| dir.with_file_name("python-deps")))?;
+    let top_level = installed.as_ref().map(|i| i.top_level.clone()).unwrap_or_default();
+    let sources = python_check::precheck(source, &text, &module, &top_level)?;
+    let record = BuildRecord {
+        modules: sources.keys().filter(|rel| **rel != format!("{module}.py")).cloned().collect(),
+        packages: installed.as_ref().map(|i| i.pins.clone()).unwrap_or_default(),
+    };
+    let key = cache_key(&sources, world, installed.as_ref().map(|i| i.digest.as_str()))?;
     let cached_path = cache_dir().map(|dir| dir.join(format!("{key}.wasm")));
     if let Some(cached) = cached_path.as_ref().filter(|path| path.is_file()) {
         copy_atomic(cached, &output)?;
         return Ok(Built { output, kind, cached: true, took: started.elapsed() });
     }
     let work = tempdir(&key)?;
-    let result = componentize(&tool, &work, source, &module, &text, world, &output);
+    let inputs = Inputs { source, module: &module, sources: &sources, world, packages: installed.as_ref().map(|i| i.dir.as_path()), record: &record };
+    let result = componentize(&tool, &work, &inputs, &output);
     let _ = std::fs::remove_dir_all(&work);
     result?;
     if let Some(cached) = cached_path {
@@ -84,6 +104,16 @@ pub fn build(source: &Path, output: Option<&Path>, kind: Option<PluginKind>) -> 
         });
     }
     Ok(Built { output, kind, cached: false, took: started.elapsed() })
+}
+
+/// What componentize-py is given.
+struct Inputs<'a> {
+    source: &'a Path,
+    module: &'a str,
+    sources: &'a python_check::Sources,
+    world: World,
+    packages: Option<&'a Path>,
+    record: &'a BuildRecord,
 }
 
 /// The module's name: its file stem, a Python identifier that shadows nothing the build adds.
@@ -163,9 +193,13 @@ fn check_version(tool: &Path) -> Result<()> {
 }
 
 /// SHA-256 over everything a build reads: the tool's version, the world, the contract, the
-/// module and every file of the SDK.
-fn cache_key(text: &str, world: World) -> Result<String> {
-    let mut parts: Vec<Vec<u8>> = vec![COMPONENTIZE_PY_VERSION.into(), world.name().into(), text.as_bytes().to_vec()];
+/// module and the local files it bundles, every file of the SDK, and the installed packages.
+fn cache_key(sources: &python_check::Sources, world: World, packages: Option<&str>) -> Result<String> {
+    let mut parts: Vec<Vec<u8>> = vec![COMPONENTIZE_PY_VERSION.into(), world.name().into(), packages.unwrap_or("no packages").into()];
+    for (rel, text) in sources {
+        parts.push(rel.as_bytes().to_vec());
+        parts.push(text.as_bytes().to_vec());
+    }
     parts.push(std::fs::read(wit_file()).with_context(|| format!("cannot read the contract {}", wit_file().display()))?);
     let sdk = sdk_dir().join("smallrl");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&sdk)
@@ -203,10 +237,15 @@ fn judge_free_world() -> String {
     )
 }
 
-/// Runs componentize-py in `work` (the module, the app module that binds it, the WIT) and
-/// writes the component to `output` atomically.
-fn componentize(tool: &Path, work: &Path, source: &Path, module: &str, text: &str, world: World, output: &Path) -> Result<()> {
-    std::fs::write(work.join(format!("{module}.py")), text).with_context(|| format!("cannot write into {}", work.display()))?;
+/// Runs componentize-py in `work` (the module and its local files, the app module that binds
+/// it, the WIT) and writes the component, with its build record, to `output` atomically.
+fn componentize(tool: &Path, work: &Path, inputs: &Inputs, output: &Path) -> Result<()> {
+    let (module, source, world) = (inputs.module, inputs.source, inputs.world);
+    for (rel, text) in inputs.sources {
+        let path = work.join(rel);
+        std::fs::create_dir_all(path.parent().expect("a file in the build directory"))?;
+        std::fs::write(&path, text).with_context(|| format!("cannot write into {}", work.display()))?;
+    }
     let (names, kind) = world.exports();
     let app = format!("# Written by `smallrl plugin build`: binds {module} to the {kind} world.\nfrom smallrl._component import bind\nimport {module} as _module\n\n{names} = bind(_module, \"{kind}\")\n");
     std::fs::write(work.join("app.py"), app).with_context(|| format!("cannot write into {}", work.display()))?;
@@ -221,46 +260,49 @@ fn componentize(tool: &Path, work: &Path, source: &Path, module: &str, text: &st
         _ => wit_file(),
     };
     crate::fsutil::create_file_atomic(output, |tmp| {
-        let run = Command::new(tool)
-            .arg("-d")
-            .arg(&wit)
-            .args(["-w", world.name(), "componentize", "app", "-p"])
-            .arg(work)
-            .arg("-p")
-            .arg(sdk_dir())
-            .arg("-o")
-            .arg(tmp)
-            .output()
-            .with_context(|| format!("cannot run {}", tool.display()))?;
+        let mut command = Command::new(tool);
+        command.arg("-d").arg(&wit).args(["-w", world.name(), "componentize", "app", "-p"]).arg(work).arg("-p").arg(sdk_dir());
+        if let Some(packages) = inputs.packages {
+            command.arg("-p").arg(packages);
+        }
+        // componentize-py also puts its own Python's site-packages on the path (the project venv's):
+        // the pre-check, not the path, is what refuses a package that was not named.
+        let run = command.arg("-o").arg(tmp).output().with_context(|| format!("cannot run {}", tool.display()))?;
         if !run.status.success() {
             let said = String::from_utf8_lossy(&run.stderr);
-            if let Some(error) = module_error(&said, module, source) {
+            if let Some(error) = module_error(&said, inputs.sources, source) {
                 bail!("{error}");
             }
             let said = said.trim();
             let tail = &said[said.len().saturating_sub(4000)..];
             bail!("componentize-py could not build {} as a {kind} ({CONTRACT}):\n{tail}", source.display());
         }
+        let bytes = std::fs::read(tmp).with_context(|| format!("cannot read {}", tmp.display()))?;
+        std::fs::write(tmp, python_deps::with_record(bytes, inputs.record)).with_context(|| format!("cannot write {}", tmp.display()))?;
         Ok(())
     })
 }
 
 /// The user's own error out of componentize-py's output, when the build failed inside the
-/// module (a syntax error, a failed import, an exception at import time): the traceback's last
-/// frame in the module, its path (`/0/<module>.py` in the build) mapped back to the user's
-/// file, with its code line and the exception; None when the failure lies elsewhere.
-fn module_error(said: &str, module: &str, source: &Path) -> Option<String> {
-    let frame = format!("  File \"/0/{module}.py\", line ");
+/// module or a local file it bundles (an exception at import time, an import the pre-check
+/// could not foresee): the traceback's last frame in those files, its path (`/0/<file>` in the
+/// build) mapped back to the user's file, with its code line and the exception; None when the
+/// failure lies elsewhere.
+fn module_error(said: &str, sources: &python_check::Sources, source: &Path) -> Option<String> {
     let lines: Vec<&str> = said.lines().collect();
-    let at = lines.iter().rposition(|line| line.starts_with(&frame))?;
+    let frame_of = |line: &str| sources.keys().find(|rel| line.starts_with(&format!("  File \"/0/{rel}\", line "))).cloned();
+    let at = lines.iter().rposition(|line| frame_of(line).is_some())?;
+    let rel = frame_of(lines[at]).expect("found above");
+    let frame = format!("  File \"/0/{rel}\", line ");
     let line_number: String = lines[at][frame.len()..].chars().take_while(char::is_ascii_digit).collect();
     let code: Vec<&str> = lines[at + 1..].iter().take_while(|line| line.starts_with("    ")).copied().collect();
     let error = lines[at + 1 + code.len()..].iter().find(|line| !line.trim().is_empty() && !line.starts_with(' '))?;
     let hint = match error.starts_with("ModuleNotFoundError") {
-        true => "\n(a component holds the module, the SDK and Python's standard library: a module beside it or an installed package is not bundled)",
+        true => "\n(a component bundles the module, the modules and packages in its folder that it imports, the SDK, the standard library componentize-py ships and the packages named with `--requirements` or `--package`)",
         false => "",
     };
-    Some(format!("{}:{line_number}: {error}\n{}{hint}", source.display(), code.join("\n")))
+    let folder = source.parent().unwrap_or(Path::new(""));
+    Some(format!("{}:{line_number}: {error}\n{}{hint}", folder.join(rel).display(), code.join("\n")))
 }
 
 /// Copies `from` to `to` through a temporary sibling, so `to` is whole or absent.
@@ -291,8 +333,9 @@ mod tests {
     fn the_users_error_is_taken_out_of_componentize_pys_traceback() {
         // componentize-py 0.25.1's output for a syntax error in line 5 of bad.py.
         let said = "Traceback (most recent call last):\n  File \"/venv/bin/componentize-py\", line 10, in <module>\n    sys.exit(script())\nAssertionError: Traceback (most recent call last):\n  File \"/0/app.py\", line 3, in <module>\n    import bad as _module\n  File \"/0/bad.py\", line 5\n    return 1.0 +\n                ^\nSyntaxError: invalid syntax\n\n\nCaused by:\n    SyntaxError: invalid syntax (bad.py, line 5)\n";
-        assert_eq!(module_error(said, "bad", Path::new("my/bad.py")).unwrap(), "my/bad.py:5: SyntaxError: invalid syntax\n    return 1.0 +\n                ^");
-        assert_eq!(module_error(said, "other", Path::new("my/other.py")), None, "not in the module");
+        let sources = |rel: &str| python_check::Sources::from([(rel.to_string(), String::new())]);
+        assert_eq!(module_error(said, &sources("bad.py"), Path::new("my/bad.py")).unwrap(), "my/bad.py:5: SyntaxError: invalid syntax\n    return 1.0 +\n                ^");
+        assert_eq!(module_error(said, &sources("other.py"), Path::new("my/other.py")), None, "not in the module");
     }
 
     #[test]
