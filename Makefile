@@ -68,7 +68,7 @@ plugins: $(PROGRAM_RUNNER)
 	$(CARGO) build --quiet --release --target $(WASM_TARGET) -p testplugin_hostile_env --features judge
 	@cp -p $(WASM_BUILD)/testplugin_hostile_env.wasm $(WASM_BUILD)/hostile_env_judge.wasm
 	$(CARGO) build --quiet --release --target $(WASM_TARGET) $(addprefix -p ,$(ENVIRONMENT_PLUGINS)) -p testplugin_hostile_env
-	$(CARGO) build --quiet --release --target $(WASM_TARGET) $(addprefix -p ,$(EPISODE_PLUGINS))
+	$(CARGO) build --quiet --release --target $(WASM_TARGET) $(addprefix -p ,$(EPISODE_PLUGINS)) -p testplugin_hostile_episode
 	@# One build per hostile behaviour (a Cargo feature each), kept under its own name.
 	@for mode in $(HOSTILE_MODES); do \
 		$(CARGO) build --quiet --release --target $(WASM_TARGET) -p testplugin_hostile --features $$mode && \
@@ -80,6 +80,7 @@ plugins: $(PROGRAM_RUNNER)
 		$(foreach p,$(TEST_PLUGINS),$(WASM_BUILD)/$(p).wasm=target/test-plugins/$(p:testplugin_%=%).wasm) \
 		$(foreach m,$(HOSTILE_MODES),$(WASM_BUILD)/hostile_$(m).wasm=target/test-plugins/hostile_$(m).wasm) \
 		$(WASM_BUILD)/testplugin_hostile_env.wasm=target/test-plugins/hostile_env.wasm \
+		$(WASM_BUILD)/testplugin_hostile_episode.wasm=target/test-plugins/hostile_episode.wasm \
 		$(WASM_BUILD)/hostile_env_judge.wasm=target/test-plugins/hostile_env_judge.wasm
 	@# A core module (not a component) for the test that the host rejects it helpfully.
 	@cp -p $(WASM_BUILD)/happy_count.wasm target/test-plugins/core_module.wasm

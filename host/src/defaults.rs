@@ -71,6 +71,9 @@ pub const LOG_COMPLETIONS: bool = false;
 // The token budget covers the prompt's continuation: every turn and observation.
 pub const EPISODE_MAX_TURNS: usize = 8;
 pub const EPISODE_MAX_OBSERVATION_BYTES: usize = 4096;
+/// The toy's observations are at most 12 tokens on tiny-stories ("Answer with one number from
+/// 1 to 16."); 64 leaves room for a short tool report.
+pub const EPISODE_MAX_OBSERVATION_TOKENS: usize = 64;
 pub const EPISODE_MAX_TOKENS: usize = 256;
 
 // Plugin sandbox limits per call (`plugin_max_memory_mb`, `plugin_fuel_per_sample`,

@@ -19,9 +19,10 @@
 //! without special tokens. Chat-template rendering of `tool` and `user` turns is not done.
 //!
 //! Bounds: `max_turns` (the last turn is sent with `last`, and the environment must end the
-//! episode), `max_episode_tokens` (a turn is cut at the budget and that turn is then the last;
-//! an observation that leaves no token for the next turn is an error naming the plugin),
-//! `max_observation_bytes` (checked by `plugins::episodes`).
+//! episode); `max_episode_tokens` (a turn is cut at what is left of it, and a turn after which
+//! fewer than `max_observation_tokens + 1` tokens are left is the last, so an observation always
+//! leaves the model room); `max_observation_tokens` (a longer rendered observation is an error
+//! naming the plugin); `max_observation_bytes` (checked by `plugins::episodes`).
 
 use anyhow::{Context, Result, bail, ensure};
 use tch::{Kind, Tensor};
@@ -104,7 +105,7 @@ pub fn run_episodes(
             let text_ids: Vec<u32> = tokens[..tokens.len() - usize::from(ended)].iter().map(|t| t.id).collect();
             transcripts[row].extend(tokens);
             turns[row] += 1;
-            let last = turn + 1 == bounds.max_turns || transcripts[row].len() >= bounds.max_episode_tokens;
+            let last = turn + 1 == bounds.max_turns || transcripts[row].len() + bounds.max_observation_tokens + 1 > bounds.max_episode_tokens;
             samples.push(sample_from_ids(prompts[row].prompt, text_ids, ended, tokenizer)?);
             requests.push((ids[row], last));
         }
@@ -115,14 +116,12 @@ pub fn run_episodes(
                 TurnResult::Observation(messages) => {
                     let observation = tokenizer.encode(&render_observation(&messages))?;
                     ensure!(!observation.is_empty(), "{}: episode {id}: its observation renders to no tokens", environment.label());
-                    let room = bounds.max_episode_tokens.saturating_sub(transcripts[row].len() + observation.len());
                     ensure!(
-                        room >= 1,
-                        "{}: episode {id}: an observation of {} tokens after {} tokens leaves no token of episode_max_tokens ({}) for the model's next turn: raise episode_max_tokens or make observations shorter",
+                        observation.len() <= bounds.max_observation_tokens,
+                        "{}: episode {id}: returned an observation of {} tokens, over episode_max_observation_tokens ({})",
                         environment.label(),
                         observation.len(),
-                        transcripts[row].len(),
-                        bounds.max_episode_tokens
+                        bounds.max_observation_tokens
                     );
                     transcripts[row].extend(observation.into_iter().map(|id| Token { id, model: false, logprob: 0.0 }));
                 }

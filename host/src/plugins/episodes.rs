@@ -23,6 +23,10 @@ pub struct EpisodeBounds {
     pub max_turns: usize,
     /// Bytes of one observation (its messages' roles and contents together).
     pub max_observation_bytes: usize,
+    /// Tokens of one rendered observation. A turn is the last when what is left of
+    /// `max_episode_tokens` after it could not hold an observation this long and one more model
+    /// token, so a longer observation is the environment's error, never the budget's.
+    pub max_observation_tokens: usize,
     /// Tokens of one episode after its prompt (model and observation tokens together).
     pub max_episode_tokens: usize,
 }
@@ -32,6 +36,7 @@ impl Default for EpisodeBounds {
         Self {
             max_turns: crate::defaults::EPISODE_MAX_TURNS,
             max_observation_bytes: crate::defaults::EPISODE_MAX_OBSERVATION_BYTES,
+            max_observation_tokens: crate::defaults::EPISODE_MAX_OBSERVATION_TOKENS,
             max_episode_tokens: crate::defaults::EPISODE_MAX_TOKENS,
         }
     }
@@ -168,7 +173,7 @@ mod tests {
 
     #[test]
     fn turn_rules() {
-        let bounds = EpisodeBounds { max_turns: 4, max_observation_bytes: 16, max_episode_tokens: 64 };
+        let bounds = EpisodeBounds { max_turns: 4, max_observation_bytes: 16, max_observation_tokens: 8, max_episode_tokens: 64 };
         let check = |result, last| check_turn(result, last, (1, 0), &bounds);
         assert_eq!(check(observation("user", "higher"), false), Ok(TurnResult::Observation(vec![("user".into(), "higher".into())])));
         assert!(check(observation("user", "higher"), true).unwrap_err().contains("the last turn must end the episode"));
