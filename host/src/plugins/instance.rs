@@ -496,14 +496,24 @@ fn instantiate_episode_world(pre: &InstancePre<StoreState>, store_kind: &StoreKi
     instantiate_as(pre, store_kind, |pre, store| EpisodeEnvironmentPre::new(pre.clone()).and_then(|pre| pre.instantiate(store)).map(Exports::EpisodeEnvironment))
 }
 
-/// An episode environment has every export of the environment world too: tried first.
+/// An episode environment has every export of the environment world too: tried first. A
+/// component that exports `episodes` but does not instantiate as that world is refused with
+/// why (never loaded as a single-turn environment instead).
 fn instantiate_world(pre: &InstancePre<StoreState>, store_kind: &StoreKind, kind: PluginKind, contract: Contract) -> Result<Live, InstantiateFailure> {
-    if (kind, contract) == (PluginKind::Environment, Contract::Current)
-        && let Ok(live) = instantiate_episode_world(pre, store_kind)
-    {
-        return Ok(live);
+    if (kind, contract) == (PluginKind::Environment, Contract::Current) {
+        match instantiate_episode_world(pre, store_kind) {
+            Ok(live) => return Ok(live),
+            Err(failure) if failure.memory_wanted.is_some() || exports_episodes(pre) => return Err(failure),
+            Err(_) => {}
+        }
     }
     instantiate_as(pre, store_kind, |pre, store| instantiate_exports(pre, store, kind, contract))
+}
+
+/// Whether the component exports the `episodes` interface (of any version).
+fn exports_episodes(pre: &InstancePre<StoreState>) -> bool {
+    let exports = pre.component().component_type().exports(pre.engine()).map(|(name, _)| name.to_string()).collect::<Vec<_>>();
+    exports.iter().any(|name| name.strip_prefix(super::wit::INTERFACE_PREFIX).is_some_and(|rest| rest.starts_with("episodes@")))
 }
 
 /// A fresh store with `store_kind`'s sandbox and limits, and `exports` instantiated in it.

@@ -150,8 +150,8 @@ pub mod episode_environment {
             "smallrl:reward/types": super::reward::smallrl::reward::types,
             "smallrl:reward/host": super::reward::smallrl::reward::host,
             "smallrl:reward/programs": super::reward::smallrl::reward::programs,
-            "smallrl:reward/environment-types": super::environment::smallrl::reward::environment_types,
-            "smallrl:reward/judge": super::environment::smallrl::reward::judge,
+            "smallrl:reward/environment-types": crate::plugins::wit::env_types,
+            "smallrl:reward/judge": crate::plugins::wit::environment::smallrl::reward::judge,
         },
     });
 }
