@@ -32,7 +32,7 @@ demo: build plugins
 test: setup plugins
 	@status=0; \
 	$(CARGO) test --no-fail-fast || status=1; \
-	$(CARGO) test --no-fail-fast -p smallrl-plugin-sdk -p smallrl-native -p smallrl-qa-environments $(addprefix -p ,$(ENVIRONMENT_PLUGINS)) || status=1; \
+	$(CARGO) test --no-fail-fast -p smallrl-plugin-sdk -p smallrl-native -p smallrl-qa-environments $(addprefix -p ,$(ENVIRONMENT_PLUGINS) $(EPISODE_PLUGINS)) || status=1; \
 	exit $$status
 
 # Reward / detector plugins: guests for wasm32-unknown-unknown (release profile), wrapped into
@@ -44,10 +44,12 @@ WASM_BUILD := target/$(WASM_TARGET)/release
 REWARD_PLUGINS := happy_binary happy_count happy_exp string_count sentence_length answer_count
 DETECTOR_PLUGINS := detect_happy_count detect_happy_any detect_contains_words detect_happy_density detect_answer_repeat
 ENVIRONMENT_PLUGINS := sorting addition repeat object_qa persona_qa cities_qa math topic
+# Multi-turn environments (issue 48): the SDK's feature `episode`, built in their own invocation.
+EPISODE_PLUGINS := guess_number
 TEST_PLUGINS := testplugin_misbehaving testplugin_bad_version testplugin_imports_random testplugin_legacy_v0_1 testplugin_legacy_v0_2 testplugin_legacy_v0_3 testplugin_programs testplugin_wit_only
 # plugins/testing/hostile: plugin-supplied text and sizes the host must bound and check.
 HOSTILE_MODES := huge_name control_name bad_type bad_semver huge_description big_memory huge_error
-STANDARD_PLUGINS := $(REWARD_PLUGINS) $(DETECTOR_PLUGINS) $(ENVIRONMENT_PLUGINS)
+STANDARD_PLUGINS := $(REWARD_PLUGINS) $(DETECTOR_PLUGINS) $(ENVIRONMENT_PLUGINS) $(EPISODE_PLUGINS)
 
 # The program runner (host/src/plugins/programs.rs): smallrl's CPython component, built by the
 # pinned componentize-py (`make setup`); every program a plugin runs gets a fresh instance of it.
@@ -66,6 +68,7 @@ plugins: $(PROGRAM_RUNNER)
 	$(CARGO) build --quiet --release --target $(WASM_TARGET) -p testplugin_hostile_env --features judge
 	@cp -p $(WASM_BUILD)/testplugin_hostile_env.wasm $(WASM_BUILD)/hostile_env_judge.wasm
 	$(CARGO) build --quiet --release --target $(WASM_TARGET) $(addprefix -p ,$(ENVIRONMENT_PLUGINS)) -p testplugin_hostile_env
+	$(CARGO) build --quiet --release --target $(WASM_TARGET) $(addprefix -p ,$(EPISODE_PLUGINS)) -p testplugin_hostile_episode
 	@# One build per hostile behaviour (a Cargo feature each), kept under its own name.
 	@for mode in $(HOSTILE_MODES); do \
 		$(CARGO) build --quiet --release --target $(WASM_TARGET) -p testplugin_hostile --features $$mode && \
@@ -77,6 +80,7 @@ plugins: $(PROGRAM_RUNNER)
 		$(foreach p,$(TEST_PLUGINS),$(WASM_BUILD)/$(p).wasm=target/test-plugins/$(p:testplugin_%=%).wasm) \
 		$(foreach m,$(HOSTILE_MODES),$(WASM_BUILD)/hostile_$(m).wasm=target/test-plugins/hostile_$(m).wasm) \
 		$(WASM_BUILD)/testplugin_hostile_env.wasm=target/test-plugins/hostile_env.wasm \
+		$(WASM_BUILD)/testplugin_hostile_episode.wasm=target/test-plugins/hostile_episode.wasm \
 		$(WASM_BUILD)/hostile_env_judge.wasm=target/test-plugins/hostile_env_judge.wasm
 	@# A core module (not a component) for the test that the host rejects it helpfully.
 	@cp -p $(WASM_BUILD)/happy_count.wasm target/test-plugins/core_module.wasm

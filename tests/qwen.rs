@@ -132,6 +132,7 @@ fn native_scores(decoder: &DecodeModel, reference: &BTreeMap<String, Tensor>) ->
                 completion_mask: Tensor::ones([1, t - 1], (Kind::Int64, Device::Cpu)),
                 sampling_logprobs: Tensor::zeros([1, t - 1], (Kind::Float, Device::Cpu)),
                 kept: None,
+                model_mask: None,
                 rows: vec![smallrl::model::batch::CompletionRow { ids: ids(&row.narrow(0, 1, t - 1)), ended_with_eos: false }],
             };
             // (The reference ids are drawn from [2, vocab): no EOS ends a completion early.)

@@ -279,6 +279,7 @@ fn generation(prompt: &[u32], completion: &[u32]) -> Generation {
         completion_mask: Tensor::ones([1, c], (Kind::Int64, Device::Cpu)),
         sampling_logprobs: Tensor::zeros([1, c], (Kind::Float, Device::Cpu)),
         kept: None,
+        model_mask: None,
         rows: vec![CompletionRow { ids: completion.to_vec(), ended_with_eos: false }],
     }
 }

@@ -67,6 +67,17 @@ pub const TENSORBOARD: bool = true;
 /// tokens measured) and only some studies need it.
 pub const LOG_COMPLETIONS: bool = false;
 
+// Multi-turn episodes (issue 48; `plugins::EpisodeBounds`): the guess-a-number environment
+// needs at most 7 turns for 1..=100 by halving; 8 leaves it a turn to spare. An observation
+// is a short tool or user message (the toy's is under 40 bytes); 4 KiB holds a test report.
+// The token budget covers the prompt's continuation: every turn and observation.
+pub const EPISODE_MAX_TURNS: usize = 8;
+pub const EPISODE_MAX_OBSERVATION_BYTES: usize = 4096;
+/// The toy's observations are at most 12 tokens on tiny-stories ("Answer with one number from
+/// 1 to 16."); 64 leaves room for a short tool report.
+pub const EPISODE_MAX_OBSERVATION_TOKENS: usize = 64;
+pub const EPISODE_MAX_TOKENS: usize = 256;
+
 // Plugin sandbox limits per call (`plugin_max_memory_mb`, `plugin_fuel_per_sample`,
 // `plugin_max_call_seconds`, `plugin_judge_items_per_sample`, `plugin_judge_tokens_per_sample`):
 // generous for text rewards (512 completions take about 1 ms and under 2 MiB) and for the

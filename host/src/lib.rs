@@ -11,6 +11,7 @@ pub mod dataset;
 pub mod defaults;
 pub mod device;
 pub mod engine;
+pub mod episode;
 pub mod eval;
 pub mod fsutil;
 pub mod grpo;

@@ -8,12 +8,14 @@ use crate::model::batch::Generation;
 /// The completion mask, without the rows that ended without EOS when `mask_truncated` (TRL's
 /// `mask_truncated_completions`: their advantages still count in their group's statistics).
 pub fn loss_mask(generation: &Generation, mask_truncated: bool) -> Tensor {
+    // An episode's observation tokens are out (`Generation::model_tokens`).
+    let model_tokens = generation.model_tokens();
     if !mask_truncated {
-        return generation.completion_mask.shallow_clone();
+        return model_tokens;
     }
     let ended: Vec<i64> = generation.rows.iter().map(|r| i64::from(r.ended_with_eos)).collect();
     let ended = Tensor::from_slice(&ended).to(generation.completion_mask.device());
-    &generation.completion_mask * ended.unsqueeze(1)
+    model_tokens * ended.unsqueeze(1)
 }
 
 /// The loss tokens whose entropy is at least the `1 - top_quantile` quantile of the loss

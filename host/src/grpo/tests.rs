@@ -258,6 +258,7 @@ fn masking_truncated_completions_removes_their_rows_only() {
         completion_mask: Tensor::from_slice(&[1i64, 1, 0, 1, 1, 1]).view([2, 3]),
         sampling_logprobs: Tensor::zeros([2, 3], (Kind::Float, tch::Device::Cpu)),
         kept: None,
+        model_mask: None,
         rows: vec![CompletionRow::new(&[5, 1], 1), CompletionRow::new(&[5, 6, 7], 1)],
     };
     assert!(loss_mask(&generation, false).equal(&generation.completion_mask));

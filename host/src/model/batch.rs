@@ -25,6 +25,11 @@ pub struct Generation {
     /// survived top-k and top-p, padded with the token itself; the pad id on padding), when the
     /// sampler recorded them (`SamplingParams::kept_sets` with truncation).
     pub kept: Option<Tensor>,
+    /// Multi-turn episodes (issue 48): `[batch, completion_len]` int64, 1 on the model's own
+    /// tokens and 0 on the observation tokens an environment put between its turns (which
+    /// `completion_mask` keeps, as the model attends to them). None: every completion token is
+    /// the model's. Only the model's tokens carry a loss, a ratio, a KL or an entropy term.
+    pub model_mask: Option<Tensor>,
     pub rows: Vec<CompletionRow>,
 }
 
@@ -54,6 +59,13 @@ impl Generation {
             assert_eq!(a.size()[2], b.size()[2], "kept sets of one capacity");
             Tensor::cat(&[pad_kept(a, completion_width, pad), pad_kept(b, completion_width, pad)], 0)
         });
+        let model_mask = match (&self.model_mask, &other.model_mask) {
+            (None, None) => None,
+            (a, b) => {
+                let or_all = |mask: &Option<Tensor>, g: &Generation| mask.as_ref().map_or_else(|| g.completion_mask.ones_like(), Tensor::shallow_clone);
+                Some(right(&or_all(a, &self), &or_all(b, &other), 0.0))
+            }
+        };
         let mut rows = self.rows;
         rows.extend(other.rows);
         Generation {
@@ -63,7 +75,17 @@ impl Generation {
             completion_mask: right(&self.completion_mask, &other.completion_mask, 0.0),
             sampling_logprobs: right(&self.sampling_logprobs, &other.sampling_logprobs, 0.0),
             kept,
+            model_mask,
             rows,
+        }
+    }
+
+    /// 1 on the completion tokens the model sampled (`completion_mask` without observation
+    /// tokens): the tokens every loss term and statistic counts.
+    pub fn model_tokens(&self) -> Tensor {
+        match &self.model_mask {
+            Some(model) => &self.completion_mask * model,
+            None => self.completion_mask.shallow_clone(),
         }
     }
 
@@ -87,6 +109,7 @@ impl Generation {
             completion_mask: pick(&self.completion_mask),
             sampling_logprobs: pick(&self.sampling_logprobs),
             kept: self.kept.as_ref().map(&pick),
+            model_mask: self.model_mask.as_ref().map(&pick),
             rows: rows.map(|r| CompletionRow { ids: self.rows[r].ids.clone(), ended_with_eos: self.rows[r].ended_with_eos }).collect(),
         }
     }
@@ -96,6 +119,8 @@ impl Generation {
 const SAVED: [&str; 6] = ["prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "sampling_logprobs", "ended_with_eos"];
 /// The kept sets' name, saved only for a batch sampled with them.
 const SAVED_KEPT: &str = "kept";
+/// The model-token mask's name, saved only for a batch of episodes.
+const SAVED_MODEL_MASK: &str = "model_mask";
 
 impl Generation {
     /// Its tensors on the CPU, named `{prefix}{name}`, rows' stops as `ended_with_eos`: what
@@ -106,6 +131,9 @@ impl Generation {
         let mut saved: Vec<(String, Tensor)> = SAVED.iter().zip(tensors).map(|(name, t)| (format!("{prefix}{name}"), t.to_device(tch::Device::Cpu))).collect();
         if let Some(kept) = &self.kept {
             saved.push((format!("{prefix}{SAVED_KEPT}"), kept.to_device(tch::Device::Cpu)));
+        }
+        if let Some(model_mask) = &self.model_mask {
+            saved.push((format!("{prefix}{SAVED_MODEL_MASK}"), model_mask.to_device(tch::Device::Cpu)));
         }
         saved
     }
@@ -130,7 +158,8 @@ impl Generation {
             .collect();
         // Present exactly when the batch was sampled with kept sets (a run resumes as it started).
         let kept = saved.contains_key(&format!("{prefix}{SAVED_KEPT}")).then(|| get(SAVED_KEPT)).transpose()?;
-        Ok(Generation { prompt_ids: get("prompt_ids")?, prompt_mask: get("prompt_mask")?, completion_ids, completion_mask, sampling_logprobs: get("sampling_logprobs")?, kept, rows })
+        let model_mask = saved.contains_key(&format!("{prefix}{SAVED_MODEL_MASK}")).then(|| get(SAVED_MODEL_MASK)).transpose()?;
+        Ok(Generation { prompt_ids: get("prompt_ids")?, prompt_mask: get("prompt_mask")?, completion_ids, completion_mask, sampling_logprobs: get("sampling_logprobs")?, kept, model_mask, rows })
     }
 }
 

@@ -136,6 +136,11 @@ impl DecodeModel {
         self.weights.runs().unwrap_or(1) as usize
     }
 
+    /// The model's config.json (stop ids, context length) as the decoder samples with it.
+    pub fn config(&self) -> &super::config::LlamaConfig {
+        &self.weights.config
+    }
+
     /// The CPU sampler's copy of the weights (of a float32 model on the CPU only).
     pub fn native(&self) -> Option<&NativeModel> {
         self.native.as_ref()

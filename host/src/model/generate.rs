@@ -218,7 +218,7 @@ fn finish_generation(prompt_ids: Tensor, prompt_mask: Tensor, tokens: &Tensor, l
     let sampling_logprobs = logprobs.narrow(1, 0, longest).contiguous();
     let kept = kept.map(|kept| kept.narrow(1, 0, longest).contiguous());
     let rows = completion_rows(&completion_ids, &completion_mask, stops)?;
-    Ok(Generation { prompt_ids, prompt_mask, completion_ids, completion_mask, sampling_logprobs, kept, rows })
+    Ok(Generation { prompt_ids, prompt_mask, completion_ids, completion_mask, sampling_logprobs, kept, model_mask: None, rows })
 }
 
 /// Runs the token loop in chunks of [`FINISHED_CHECK_INTERVAL`] steps (`run(state, n)` runs

@@ -130,6 +130,7 @@ fn assemble(prompts: &[Vec<u32>], outputs: &[RowOutput], eos: u32, stops: &[u32]
         completion_mask: Tensor::from_slice(&mask).view(shape),
         sampling_logprobs: Tensor::from_slice(&logprobs).view(shape),
         kept,
+        model_mask: None,
         rows,
     }
 }

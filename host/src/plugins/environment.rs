@@ -105,6 +105,7 @@ impl Plugin {
         let arguments = || format!("{split} {count} {seed} {}", hack_frac.to_bits()).into_bytes();
         let outcome = self.call("generate", count, arguments, |store, exports| match exports {
             Exports::Environment(environment) => environment.smallrl_reward_env().call_generate(store, wit_split, count32, seed, hack_frac).map(Some),
+            Exports::EpisodeEnvironment(environment) => environment.smallrl_reward_env().call_generate(store, wit_split, count32, seed, hack_frac).map(Some),
             Exports::V03Environment(environment) => environment.smallrl_reward_env().call_generate(store, wit_split, count32, seed, hack_frac).map(Some),
             _ => Ok(None),
         })?;
@@ -184,6 +185,7 @@ impl Plugin {
     pub(super) fn read_environment_info(&mut self) -> Result<PluginInfo> {
         let info = self.call("info", 1, Vec::new, |store, exports| match exports {
             Exports::Environment(environment) => environment.smallrl_reward_env().call_info(store),
+            Exports::EpisodeEnvironment(environment) => environment.smallrl_reward_env().call_info(store),
             Exports::V03Environment(environment) => environment.smallrl_reward_env().call_info(store),
             _ => unreachable!("only environments are read here"),
         })?;

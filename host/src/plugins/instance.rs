@@ -16,7 +16,7 @@ use super::store::StoreState;
 use super::text::shown;
 use super::validate::check_info;
 use super::wasi::{CallSeed, Sandbox};
-use super::wit::{Contract, Detector, DetectorPre, Environment, EnvironmentPre, Reward, RewardPre, contract_of, exported_versions, legacy, v0_2, v0_3};
+use super::wit::{Contract, Detector, DetectorPre, Environment, EnvironmentPre, EpisodeEnvironment, EpisodeEnvironmentPre, Reward, RewardPre, contract_of, exported_versions, legacy, v0_2, v0_3};
 use super::{EnvironmentInfo, PluginInfo, PluginKind, PluginLimits, Sample};
 
 /// The typed exports of the world and contract version a component implements.
@@ -25,6 +25,8 @@ pub(super) enum Exports {
     Detector(Detector),
     /// An environment (contract 0.4): prompts, rewards, monitor and ground truth in one.
     Environment(Environment),
+    /// A multi-turn environment (issue 48): an environment's `env` plus `episodes`.
+    EpisodeEnvironment(EpisodeEnvironment),
     /// Built against the frozen 0.3 contract: the same calls and samples (the bindings share
     /// the types), no `programs` import.
     V03Reward(v0_3::Reward),
@@ -67,6 +69,8 @@ pub struct Plugin {
     failure: Option<String>,
     /// The fuel the last call that returned used (what `plugin bench` reports).
     last_call_fuel: u64,
+    /// Whether it implements the episode-environment world (issue 48; `episodes.rs`).
+    pub(super) episodic: bool,
     /// Whether the component imports the judge interface (contract 0.3 environments).
     imports_judge: bool,
     /// The program runner, when the component imports `programs` (loaded with the plugin, so a
@@ -123,6 +127,7 @@ impl Plugin {
             false => None,
         };
         let info = PluginInfo { name: String::new(), version: String::new(), kind: live.kind(), description: String::new(), params: Vec::new() };
+        let episodic = matches!(live.exports, Exports::EpisodeEnvironment(_));
         let mut plugin = Self {
             path: path.to_owned(),
             sha256,
@@ -136,6 +141,7 @@ impl Plugin {
             limits,
             live: Some(live),
             failure: None,
+            episodic,
             last_call_fuel: 0,
             imports_judge: super::judge::imports_judge(&component, &runtime.engine),
             program_runner,
@@ -279,7 +285,7 @@ impl Plugin {
             Exports::V03Detector(detector) => detector.smallrl_reward_plugin().call_info(store).map(from_wit_info),
             Exports::V02Reward(reward) => reward.smallrl_reward_plugin().call_info(store).map(from_wit_info),
             Exports::V02Detector(detector) => detector.smallrl_reward_plugin().call_info(store).map(from_wit_info),
-            Exports::Environment(_) | Exports::V03Environment(_) => unreachable!("environments are read above"),
+            Exports::Environment(_) | Exports::EpisodeEnvironment(_) | Exports::V03Environment(_) => unreachable!("environments are read above"),
             Exports::LegacyReward(reward) => reward.smallrl_reward_plugin().call_info(store).map(from_legacy_info),
             Exports::LegacyDetector(detector) => detector.smallrl_reward_plugin().call_info(store).map(from_legacy_info),
         })?;
@@ -301,6 +307,7 @@ impl Plugin {
             Exports::V02Reward(reward) => reward.smallrl_reward_plugin().call_configure(store, &params_json),
             Exports::V02Detector(detector) => detector.smallrl_reward_plugin().call_configure(store, &params_json),
             Exports::Environment(environment) => environment.smallrl_reward_env().call_configure(store, &params_json),
+            Exports::EpisodeEnvironment(environment) => environment.smallrl_reward_env().call_configure(store, &params_json),
             Exports::V03Reward(reward) => reward.smallrl_reward_plugin().call_configure(store, &params_json),
             Exports::V03Detector(detector) => detector.smallrl_reward_plugin().call_configure(store, &params_json),
             Exports::V03Environment(environment) => environment.smallrl_reward_env().call_configure(store, &params_json),
@@ -388,7 +395,7 @@ impl Live {
         match self.exports {
             Exports::Reward(_) | Exports::V03Reward(_) | Exports::V02Reward(_) | Exports::LegacyReward(_) => PluginKind::Reward,
             Exports::Detector(_) | Exports::V03Detector(_) | Exports::V02Detector(_) | Exports::LegacyDetector(_) => PluginKind::Detector,
-            Exports::Environment(_) | Exports::V03Environment(_) => PluginKind::Environment,
+            Exports::Environment(_) | Exports::EpisodeEnvironment(_) | Exports::V03Environment(_) => PluginKind::Environment,
         }
     }
 }
@@ -484,13 +491,52 @@ fn instantiate_any_world(pre: &InstancePre<StoreState>, store_kind: &StoreKind, 
     })
 }
 
+/// The episode-environment world (contract 0.4's additive block), or why not.
+fn instantiate_episode_world(pre: &InstancePre<StoreState>, store_kind: &StoreKind) -> Result<Live, InstantiateFailure> {
+    instantiate_as(pre, store_kind, |pre, store| EpisodeEnvironmentPre::new(pre.clone()).and_then(|pre| pre.instantiate(store)).map(Exports::EpisodeEnvironment))
+}
+
+/// An episode environment has every export of the environment world too: tried first. A
+/// component that exports `episodes` but does not instantiate as that world is refused with
+/// why (never loaded as a single-turn environment instead).
 fn instantiate_world(pre: &InstancePre<StoreState>, store_kind: &StoreKind, kind: PluginKind, contract: Contract) -> Result<Live, InstantiateFailure> {
+    if (kind, contract) == (PluginKind::Environment, Contract::Current) {
+        match instantiate_episode_world(pre, store_kind) {
+            Ok(live) => return Ok(live),
+            Err(failure) if failure.memory_wanted.is_some() || exports_episodes(pre) => return Err(failure),
+            Err(_) => {}
+        }
+    }
+    instantiate_as(pre, store_kind, |pre, store| instantiate_exports(pre, store, kind, contract))
+}
+
+/// Whether the component exports the `episodes` interface (of any version).
+fn exports_episodes(pre: &InstancePre<StoreState>) -> bool {
+    let exports = pre.component().component_type().exports(pre.engine()).map(|(name, _)| name.to_string()).collect::<Vec<_>>();
+    exports.iter().any(|name| name.strip_prefix(super::wit::INTERFACE_PREFIX).is_some_and(|rest| rest.starts_with("episodes@")))
+}
+
+/// A fresh store with `store_kind`'s sandbox and limits, and `exports` instantiated in it.
+fn instantiate_as(
+    pre: &InstancePre<StoreState>,
+    store_kind: &StoreKind,
+    exports: impl FnOnce(&InstancePre<StoreState>, &mut Store<StoreState>) -> wasmtime::Result<Exports>,
+) -> Result<Live, InstantiateFailure> {
     let sandbox = store_kind.wasi_sha256.as_deref().map(Sandbox::new);
     let state = StoreState::new(store_kind.limits.max_memory_bytes, sandbox);
     let mut store = Store::new(pre.engine(), state);
     store.limiter(|state| state);
     let seed = CallSeed::new(store_kind.wasi_sha256.as_deref().unwrap_or_default(), "instantiate", &[]);
-    let instantiated = set_budget(&mut store, store_kind.limits, 1, seed).and_then(|()| match (kind, contract) {
+    let instantiated = set_budget(&mut store, store_kind.limits, 1, seed).and_then(|()| exports(pre, &mut store));
+    match instantiated {
+        Ok(exports) => Ok(Live { store, exports }),
+        Err(error) => Err(InstantiateFailure { error, memory_wanted: store.data().memory_limit_hit() }),
+    }
+}
+
+fn instantiate_exports(pre: &InstancePre<StoreState>, store: &mut Store<StoreState>, kind: PluginKind, contract: Contract) -> wasmtime::Result<Exports> {
+    let mut store = store;
+    match (kind, contract) {
         (PluginKind::Reward, Contract::Current) => RewardPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::Reward),
         (PluginKind::Detector, Contract::Current) => DetectorPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::Detector),
         (PluginKind::Environment, Contract::Current) => {
@@ -514,10 +560,6 @@ fn instantiate_world(pre: &InstancePre<StoreState>, store_kind: &StoreKind, kind
         (PluginKind::Detector, Contract::Legacy) => {
             legacy::DetectorPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::LegacyDetector)
         }
-    });
-    match instantiated {
-        Ok(exports) => Ok(Live { store, exports }),
-        Err(error) => Err(InstantiateFailure { error, memory_wanted: store.data().memory_limit_hit() }),
     }
 }
 

@@ -9,6 +9,7 @@ pub mod bench;
 mod convert;
 mod datasets;
 mod environment;
+mod episodes;
 mod failure;
 mod function_cache;
 mod instance;
@@ -32,6 +33,7 @@ mod wit;
 use std::time::Duration;
 
 pub use environment::{ComponentRole, EnvComponent, EnvPrompt, EnvPromptContent, EnvScores, EnvSplit, EnvironmentInfo};
+pub use episodes::{EpisodeBounds, EpisodeEnd, OBSERVATION_ROLES, TurnResult};
 pub use instance::{Batch, NO_PARAMS, Plugin};
 
 /// One completion to score (the trainer builds these from generation output).

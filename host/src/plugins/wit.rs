@@ -140,7 +140,25 @@ pub mod environment {
     });
 }
 
+/// The multi-turn environment (issue 48): the environment's imports and `env` export, plus
+/// `episodes`.
+pub mod episode_environment {
+    wasmtime::component::bindgen!({
+        world: "episode-environment",
+        path: "../wit",
+        with: {
+            "smallrl:reward/types": super::reward::smallrl::reward::types,
+            "smallrl:reward/host": super::reward::smallrl::reward::host,
+            "smallrl:reward/programs": super::reward::smallrl::reward::programs,
+            "smallrl:reward/environment-types": crate::plugins::wit::env_types,
+            "smallrl:reward/judge": crate::plugins::wit::environment::smallrl::reward::judge,
+        },
+    });
+}
+
 pub use detector::{Detector, DetectorPre};
+pub use episode_environment::smallrl::reward::episode_types;
+pub use episode_environment::{EpisodeEnvironment, EpisodeEnvironmentPre};
 pub use environment::smallrl::reward::environment_types as env_types;
 pub use reward::smallrl::reward::programs;
 pub use environment::{Environment, EnvironmentPre};

@@ -185,6 +185,12 @@ impl RewardModel {
     pub fn load_environment(value: &str, params: Option<&serde_json::Value>, knobs: ProtocolKnobs, plugin_dir: &Path, limits: PluginLimits) -> Result<Self> {
         knobs.check()?;
         let plugin = load_plugin(value, params, plugin_dir, PluginKind::Environment, limits)?;
+        // Its scores come at the end of its episodes, which only `episode::run_episodes` runs.
+        anyhow::ensure!(
+            !plugin.is_episodic(),
+            "{}: is a multi-turn episode environment (the episode-environment world, issue 48): training runs, evaluations and `plugin score` do not run episodes yet (docs/src/environments.md, \"Multi-turn episodes\")",
+            plugin.label()
+        );
         let info = plugin.environment_info().expect("an environment plugin has its environment info").clone();
         let role = |role: ComponentRole| match role {
             ComponentRole::Retain => Role::Retain,

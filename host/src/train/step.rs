@@ -311,7 +311,7 @@ impl Trainer {
                 })
                 .collect(),
             // Under sampling replay the learner's side is renormalised over the kept sets too.
-            kl_sample_train: probes::sampler_learner_kl(&mini.generation.sampling_logprobs, logprobs.replayed.as_ref().unwrap_or(&logprobs.logprobs), &mini.generation.completion_mask),
+            kl_sample_train: probes::sampler_learner_kl(&mini.generation.sampling_logprobs, logprobs.replayed.as_ref().unwrap_or(&logprobs.logprobs), &mini.generation.model_tokens()),
             sampling_replay: logprobs.replayed.as_ref().map(|replayed| grpo::ReplayStats::of(&logprobs.logprobs, replayed, &mini.generation.sampling_logprobs, mask)),
             importance_sampling: terms.importance_sampling,
             gradient_noise,

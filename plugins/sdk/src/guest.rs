@@ -38,7 +38,7 @@ pub mod detector {
     });
 }
 
-#[cfg(feature = "environment")]
+#[cfg(all(feature = "environment", not(feature = "episode")))]
 pub mod environment {
     wit_bindgen::generate!({
         world: "environment",
@@ -48,6 +48,25 @@ pub mod environment {
         export_macro_name: "export_environment_world",
     });
 }
+
+/// A multi-turn environment's bindings (feature `episode`), under the environment's module
+/// name: the two worlds share every import and the `env` export, so the environment glue
+/// serves both.
+#[cfg(feature = "episode")]
+pub mod environment {
+    wit_bindgen::generate!({
+        world: "episode-environment",
+        path: "../../wit",
+        default_bindings_module: "smallrl_plugin_sdk::guest::environment",
+        pub_export_macro: true,
+        export_macro_name: "export_episode_environment_world",
+    });
+}
+
+#[cfg(feature = "episode")]
+mod episode_glue;
+#[cfg(feature = "episode")]
+pub use episode_glue::*;
 
 thread_local! {
     /// The plugin built by the last successful `configure` (a guest is single-threaded).
@@ -212,6 +231,12 @@ from_sample!(environment, from_environment_sample);
 
 #[cfg(feature = "environment")]
 pub fn environment_info<P: crate::Environment>() -> environment::smallrl::reward::environment_types::EnvironmentInfo {
+    environment_info_of::<P>(P::components(), P::metrics())
+}
+
+/// The `environment-info` of plugin `P` declaring `components` and `metrics`.
+#[cfg(feature = "environment")]
+fn environment_info_of<P: Plugin>(components: Vec<crate::Component>, metrics: Vec<&'static str>) -> environment::smallrl::reward::environment_types::EnvironmentInfo {
     use environment::smallrl::reward::environment_types as wit;
     use environment::smallrl::reward::types::ParamInfo;
     let param_info = |param: Param| ParamInfo {
@@ -233,8 +258,8 @@ pub fn environment_info<P: crate::Environment>() -> environment::smallrl::reward
         version: P::VERSION.to_string(),
         description: P::DESCRIPTION.to_string(),
         params: P::params().into_iter().map(param_info).collect(),
-        components: P::components().into_iter().map(component).collect(),
-        metrics: P::metrics().into_iter().map(str::to_string).collect(),
+        components: components.into_iter().map(component).collect(),
+        metrics: metrics.into_iter().map(str::to_string).collect(),
     }
 }
 
@@ -245,12 +270,22 @@ pub fn generate<P: crate::Environment>(
     seed: u64,
     hack_frac: f64,
 ) -> Result<Vec<environment::smallrl::reward::environment_types::Prompt>, String> {
+    let prompts = with_plugin::<P, _>(|plugin| plugin.generate(split_from_wit(split), count as usize, seed, hack_frac))??;
+    Ok(prompts_to_wit(prompts))
+}
+
+#[cfg(feature = "environment")]
+fn split_from_wit(split: environment::smallrl::reward::environment_types::Split) -> crate::Split {
     use environment::smallrl::reward::environment_types as wit;
-    let split = match split {
+    match split {
         wit::Split::Train => crate::Split::Train,
         wit::Split::Eval => crate::Split::Eval,
-    };
-    let prompts = with_plugin::<P, _>(|plugin| plugin.generate(split, count as usize, seed, hack_frac))??;
+    }
+}
+
+#[cfg(feature = "environment")]
+fn prompts_to_wit(prompts: Vec<crate::Prompt>) -> Vec<environment::smallrl::reward::environment_types::Prompt> {
+    use environment::smallrl::reward::environment_types as wit;
     let to_wit = |prompt: crate::Prompt| wit::Prompt {
         content: match prompt.content {
             crate::PromptContent::Text(text) => wit::PromptContent::Text(text),
@@ -260,7 +295,7 @@ pub fn generate<P: crate::Environment>(
         },
         metadata: serde_json::Value::Object(prompt.metadata).to_string(),
     };
-    Ok(prompts.into_iter().map(to_wit).collect())
+    prompts.into_iter().map(to_wit).collect()
 }
 
 #[cfg(feature = "environment")]

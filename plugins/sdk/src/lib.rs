@@ -35,6 +35,7 @@
 //! tests the standard plugins against their wasm builds.
 
 pub mod environment;
+pub mod episode;
 mod params;
 pub mod programs;
 pub mod text;
@@ -44,6 +45,7 @@ pub mod text;
 pub mod guest;
 
 pub use environment::{Component, Environment, Judgement, Prompt, PromptContent, Role, Split};
+pub use episode::{EpisodeEnd, EpisodeEnvironment, Episodes, Step};
 pub use params::{HfDataset, Param, ParamType, Params};
 
 /// One completion, as the host sends it (see `wit/smallrl-reward.wit`).
@@ -242,6 +244,48 @@ macro_rules! export_environment {
                 }
             }
             $crate::guest::environment::export_environment_world!(SmallrlGuest with_types_in $crate::guest::environment);
+        };
+    };
+}
+
+/// Exports an [`EpisodeEnvironment`] type as the plugin's episode-environment world (feature
+/// `episode`; a no-op outside wasm32).
+#[macro_export]
+macro_rules! export_episode_environment {
+    ($plugin:ty) => {
+        #[cfg(target_arch = "wasm32")]
+        const _: () = {
+            use $crate::guest::environment::smallrl::reward::{environment_types as env_wit, episode_types as episode_wit, types::Sample as WitSample};
+            struct SmallrlGuest;
+            impl $crate::guest::environment::exports::smallrl::reward::env::Guest for SmallrlGuest {
+                fn info() -> env_wit::EnvironmentInfo {
+                    $crate::guest::episode_info::<$plugin>()
+                }
+                fn configure(params_json: String) -> Result<(), String> {
+                    $crate::guest::configure::<$plugin>(&params_json)
+                }
+                fn generate(split: env_wit::Split, count: u32, seed: u64, hack_frac: f64) -> Result<Vec<env_wit::Prompt>, String> {
+                    $crate::guest::episode_generate::<$plugin>(split, count, seed, hack_frac)
+                }
+                fn score(_batch: Vec<WitSample>) -> Result<env_wit::Scores, String> {
+                    $crate::guest::not_for_episodes("score")
+                }
+                fn monitor(_batch: Vec<WitSample>) -> Result<Vec<bool>, String> {
+                    $crate::guest::not_for_episodes("monitor")
+                }
+                fn ground_truth(_batch: Vec<WitSample>) -> Result<Vec<bool>, String> {
+                    $crate::guest::not_for_episodes("ground-truth")
+                }
+            }
+            impl $crate::guest::environment::exports::smallrl::reward::episodes::Guest for SmallrlGuest {
+                fn start(episodes: Vec<episode_wit::EpisodeStart>) -> Result<(), String> {
+                    $crate::guest::episode_start::<$plugin>(episodes)
+                }
+                fn step(turns: Vec<episode_wit::Turn>) -> Result<Vec<episode_wit::TurnResult>, String> {
+                    $crate::guest::episode_step::<$plugin>(turns)
+                }
+            }
+            $crate::guest::environment::export_episode_environment_world!(SmallrlGuest with_types_in $crate::guest::environment);
         };
     };
 }

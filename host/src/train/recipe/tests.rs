@@ -312,6 +312,7 @@ fn generation(ended: &[bool]) -> Generation {
         completion_mask: ones(3),
         sampling_logprobs: Tensor::zeros([rows, 3], (Kind::Float, Device::Cpu)),
         kept: None,
+        model_mask: None,
         rows: ended.iter().map(|&ended_with_eos| crate::model::generate::CompletionRow { ids: vec![1, 1], ended_with_eos }).collect(),
     }
 }

@@ -1,0 +1,193 @@
+//! Sampling multi-turn episodes (issue 48): the host samples an assistant turn for every
+//! episode in flight, hands the turns to the environment (`Plugin::step_episodes`), appends each
+//! observation's tokens to its episode and samples the next turn, until every episode has ended.
+//!
+//! FIRST STEP, NOT THE GOAL: each turn is a fresh `generate` over the prompt plus the whole
+//! transcript so far (a re-prefill of the history per turn), not a continuation of the KV cache
+//! the previous turn left. The tokens are those a cached continuation would draw from the same
+//! per-row streams only up to floating-point summation order; the cost is one prefill of the
+//! history per turn.
+//!
+//! The episode is laid out as one completion (the transcript: model turns and observations in
+//! order, each model turn with the stop token it ended with) whose `Generation::model_mask` is
+//! 0 on observation tokens: they are in the sequence (the model attends to them) but carry no
+//! loss, ratio, KL or entropy term (`grpo::loss_mask`). Sampling log-probabilities are 0 on
+//! them.
+//!
+//! The plain-text rendering of an observation (models without a tool-call template): each
+//! message's content on a line of its own, "\n{content}" per message then "\n", tokenized
+//! without special tokens. Chat-template rendering of `tool` and `user` turns is not done.
+//!
+//! Bounds: `max_turns` (the last turn is sent with `last`, and the environment must end the
+//! episode); `max_episode_tokens` (a turn is cut at what is left of it, and a turn after which
+//! fewer than `max_observation_tokens + 1` tokens are left is the last, so an observation always
+//! leaves the model room); `max_observation_tokens` (a longer rendered observation is an error
+//! naming the plugin); `max_observation_bytes` (checked by `plugins::episodes`).
+
+use anyhow::{Context, Result, bail, ensure};
+use tch::{Kind, Tensor};
+
+use crate::model::batch::{CompletionRow, Generation, left_pad, masked_rows};
+use crate::model::decode::DecodeModel;
+use crate::model::generate::{SamplingParams, generate};
+use crate::model::tokenizer::Tokenizer;
+use crate::plugins::{Batch, EnvPrompt, EpisodeBounds, EpisodeEnd, Plugin, TurnResult};
+use crate::reward::{Prompt, sample_from_ids};
+
+/// One episode to run: the prompt as the environment wrote it (sent back at start), as the
+/// trainer holds it (text and metadata for the turns' samples), and its token ids.
+pub struct EpisodePrompt<'a> {
+    pub env_prompt: &'a EnvPrompt,
+    pub prompt: &'a Prompt,
+    pub ids: Vec<u32>,
+}
+
+/// A batch of finished episodes.
+pub struct EpisodeBatch {
+    /// The prompts and transcripts, with `model_mask` (observation tokens 0); row `i`'s
+    /// `CompletionRow::ids` is its whole transcript without the final stop token.
+    pub generation: Generation,
+    /// How each episode ended.
+    pub ends: Vec<EpisodeEnd>,
+    /// Assistant turns per episode.
+    pub turns: Vec<usize>,
+    /// Observation tokens per episode.
+    pub observation_tokens: Vec<usize>,
+}
+
+/// One token of a transcript: its id, whether the model sampled it, its sampling log-prob.
+#[derive(Clone, Copy)]
+struct Token {
+    id: u32,
+    model: bool,
+    logprob: f32,
+}
+
+/// The plain-text rendering of an observation's messages (see the module documentation).
+pub fn render_observation(messages: &[(String, String)]) -> String {
+    let mut text: String = messages.iter().map(|(_, content)| format!("\n{content}")).collect();
+    text.push('\n');
+    text
+}
+
+/// Runs one episode per prompt in `environment` (episode ids `first_id..`), sampling with
+/// `params` (its `max_new_tokens` bounds each turn) from per-turn seeds derived from `seed`.
+pub fn run_episodes(
+    model: &DecodeModel,
+    tokenizer: &Tokenizer,
+    environment: &mut Plugin,
+    prompts: &[EpisodePrompt],
+    params: &SamplingParams,
+    seed: u64,
+    bounds: &EpisodeBounds,
+    first_id: u64,
+) -> Result<EpisodeBatch> {
+    ensure!(environment.is_episodic(), "{}: is not an episode environment (it does not implement the episode-environment world)", environment.label());
+    ensure!(!params.kept_sets, "sampling replay's kept sets are not recorded for episodes: use `sampling_replay: trl_1_16` with an episode environment");
+    ensure!(bounds.max_turns >= 1 && bounds.max_episode_tokens >= 1, "episode_max_turns and episode_max_tokens must be at least 1");
+    let ids: Vec<u64> = (0..prompts.len() as u64).map(|i| first_id + i).collect();
+    let starts: Vec<(u64, &EnvPrompt)> = ids.iter().zip(prompts).map(|(&id, p)| (id, p.env_prompt)).collect();
+    environment.start_episodes(&starts)?;
+    let mut transcripts: Vec<Vec<Token>> = vec![Vec::new(); prompts.len()];
+    let mut ends: Vec<Option<EpisodeEnd>> = vec![None; prompts.len()];
+    let mut turns = vec![0usize; prompts.len()];
+    for turn in 0..bounds.max_turns {
+        let active: Vec<usize> = (0..prompts.len()).filter(|&i| ends[i].is_none()).collect();
+        if active.is_empty() {
+            break;
+        }
+        let sampled = sample_turn(model, prompts, &transcripts, &active, params, crate::rng::derive(seed, "episode-turn", turn as u64), bounds)?;
+        let mut samples = Vec::with_capacity(active.len());
+        let mut requests = Vec::with_capacity(active.len());
+        for (&row, tokens) in active.iter().zip(&sampled) {
+            let stops = model.config().stop_ids();
+            let ended = tokens.last().is_some_and(|t| stops.contains(&t.id));
+            let text_ids: Vec<u32> = tokens[..tokens.len() - usize::from(ended)].iter().map(|t| t.id).collect();
+            transcripts[row].extend(tokens);
+            turns[row] += 1;
+            let last = turn + 1 == bounds.max_turns || transcripts[row].len() + bounds.max_observation_tokens + 1 > bounds.max_episode_tokens;
+            samples.push(sample_from_ids(prompts[row].prompt, text_ids, ended, tokenizer)?);
+            requests.push((ids[row], last));
+        }
+        let results = environment.step_episodes(&requests, &Batch::new(&samples), bounds)?;
+        for ((&row, result), (id, _)) in active.iter().zip(results).zip(&requests) {
+            match result {
+                TurnResult::End(end) => ends[row] = Some(end),
+                TurnResult::Observation(messages) => {
+                    let observation = tokenizer.encode(&render_observation(&messages))?;
+                    ensure!(!observation.is_empty(), "{}: episode {id}: its observation renders to no tokens", environment.label());
+                    ensure!(
+                        observation.len() <= bounds.max_observation_tokens,
+                        "{}: episode {id}: returned an observation of {} tokens, over episode_max_observation_tokens ({})",
+                        environment.label(),
+                        observation.len(),
+                        bounds.max_observation_tokens
+                    );
+                    transcripts[row].extend(observation.into_iter().map(|id| Token { id, model: false, logprob: 0.0 }));
+                }
+            }
+        }
+    }
+    let ends: Vec<EpisodeEnd> = ends.into_iter().map(|end| end.context("an episode did not end by its last turn (the plugin's answers are checked: a host bug)")).collect::<Result<_>>()?;
+    let observation_tokens = transcripts.iter().map(|t| t.iter().filter(|t| !t.model).count()).collect();
+    let generation = lay_out(model, prompts, &transcripts)?;
+    Ok(EpisodeBatch { generation, ends, turns, observation_tokens })
+}
+
+/// One turn of every active episode: its tokens through the stop token it ended with, cut to
+/// the episode's token budget.
+fn sample_turn(model: &DecodeModel, prompts: &[EpisodePrompt], transcripts: &[Vec<Token>], active: &[usize], params: &SamplingParams, seed: u64, bounds: &EpisodeBounds) -> Result<Vec<Vec<Token>>> {
+    let budget = |row: usize| bounds.max_episode_tokens - transcripts[row].len();
+    let histories: Vec<Vec<u32>> = active.iter().map(|&row| prompts[row].ids.iter().copied().chain(transcripts[row].iter().map(|t| t.id)).collect()).collect();
+    let most = active.iter().map(|&row| budget(row)).max().unwrap_or(0);
+    let turn_params = SamplingParams { max_new_tokens: params.max_new_tokens.min(most), ..params.clone() };
+    let generation = generate(model, &histories, &turn_params, seed)?;
+    let ids = masked_rows(&generation.completion_ids, &generation.completion_mask)?;
+    let logprobs = Vec::<Vec<f32>>::try_from(generation.sampling_logprobs.to_kind(Kind::Float).to_device(tch::Device::Cpu))?;
+    Ok(active
+        .iter()
+        .zip(ids)
+        .zip(logprobs)
+        .map(|((&row, ids), logprobs)| ids.into_iter().zip(logprobs).take(budget(row)).map(|(id, logprob)| Token { id, model: true, logprob }).collect())
+        .collect())
+}
+
+/// The episodes as one generation: prompts left-padded, transcripts right-padded with EOS, the
+/// completion mask 1 on every transcript token and the model mask 1 on the model's.
+fn lay_out(model: &DecodeModel, prompts: &[EpisodePrompt], transcripts: &[Vec<Token>]) -> Result<Generation> {
+    let eos = model.config().eos_token_id;
+    let stops = model.config().stop_ids();
+    let prompt_ids: Vec<Vec<u32>> = prompts.iter().map(|p| p.ids.clone()).collect();
+    let (prompt_ids, prompt_mask) = left_pad(&prompt_ids, i64::from(eos), model.device);
+    let width = transcripts.iter().map(Vec::len).max().unwrap_or(0);
+    if width == 0 {
+        bail!("every episode is empty (no model token was sampled)");
+    }
+    let (mut ids, mut mask, mut model_mask, mut logprobs) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for transcript in transcripts {
+        let pad = width - transcript.len();
+        ids.extend(transcript.iter().map(|t| i64::from(t.id)).chain(std::iter::repeat_n(i64::from(eos), pad)));
+        mask.extend(std::iter::repeat_n(1i64, transcript.len()).chain(std::iter::repeat_n(0, pad)));
+        model_mask.extend(transcript.iter().map(|t| i64::from(t.model)).chain(std::iter::repeat_n(0, pad)));
+        logprobs.extend(transcript.iter().map(|t| t.logprob).chain(std::iter::repeat_n(0.0, pad)));
+    }
+    let shape = [transcripts.len() as i64, width as i64];
+    let tensor = |values: &[i64]| Tensor::from_slice(values).view(shape).to(model.device);
+    let rows = transcripts
+        .iter()
+        .map(|t| {
+            let ended = t.last().is_some_and(|last| last.model && stops.contains(&last.id));
+            CompletionRow { ids: t[..t.len() - usize::from(ended)].iter().map(|t| t.id).collect(), ended_with_eos: ended }
+        })
+        .collect();
+    Ok(Generation {
+        prompt_ids,
+        prompt_mask,
+        completion_ids: tensor(&ids),
+        completion_mask: tensor(&mask),
+        sampling_logprobs: Tensor::from_slice(&logprobs).view(shape).to(model.device),
+        kept: None,
+        model_mask: Some(tensor(&model_mask)),
+        rows,
+    })
+}

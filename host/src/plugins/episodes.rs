@@ -1,0 +1,192 @@
+//! Multi-turn episodes (issue 48; the `episodes` interface of `wit/smallrl-reward.wit`): an
+//! environment that holds an episode per sample. The host starts the episodes from their
+//! prompts, hands each one its assistant turns, and gets back the next observation or the end
+//! with the reward components, metrics, monitor flag and ground truth. Everything the guest
+//! returns is checked here before the host uses it: one answer per turn, observations of
+//! messages in the `tool` or `user` role within [`EpisodeBounds::max_observation_bytes`],
+//! an end (not an observation) on the last turn, one finite value per declared component and
+//! metric. The fuel of a call is that of one sample per episode of the call (`plugin_fuel_per_sample`
+//! per step), and the guest's state is bounded by `plugin_max_memory_mb`.
+
+use anyhow::{Result, anyhow, bail, ensure};
+
+use super::environment::EnvPrompt;
+use super::instance::{Batch, Exports, Plugin};
+use super::text::shown;
+use super::wit::episode_types as wit;
+use super::wit::env_types;
+
+/// The bounds of a run's episodes; defaults in `crate::defaults` (`EPISODE_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EpisodeBounds {
+    /// Assistant turns per episode: the last one is sent with `last` and must end it.
+    pub max_turns: usize,
+    /// Bytes of one observation (its messages' roles and contents together).
+    pub max_observation_bytes: usize,
+    /// Tokens of one rendered observation. A turn is the last when what is left of
+    /// `max_episode_tokens` after it could not hold an observation this long and one more model
+    /// token, so a longer observation is the environment's error, never the budget's.
+    pub max_observation_tokens: usize,
+    /// Tokens of one episode after its prompt (model and observation tokens together).
+    pub max_episode_tokens: usize,
+}
+
+impl Default for EpisodeBounds {
+    fn default() -> Self {
+        Self {
+            max_turns: crate::defaults::EPISODE_MAX_TURNS,
+            max_observation_bytes: crate::defaults::EPISODE_MAX_OBSERVATION_BYTES,
+            max_observation_tokens: crate::defaults::EPISODE_MAX_OBSERVATION_TOKENS,
+            max_episode_tokens: crate::defaults::EPISODE_MAX_TOKENS,
+        }
+    }
+}
+
+/// How an episode ended: as single-turn environments score a sample.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EpisodeEnd {
+    /// One per declared component, in order (forget components not gated: the host gates).
+    pub components: Vec<f64>,
+    /// One per declared metric, in order.
+    pub metrics: Vec<f64>,
+    pub monitor: bool,
+    pub ground_truth: bool,
+}
+
+/// The environment's answer to one assistant turn.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TurnResult {
+    /// (role, content) messages, each role `tool` or `user`.
+    Observation(Vec<(String, String)>),
+    End(EpisodeEnd),
+}
+
+/// The roles an observation's messages may have.
+pub const OBSERVATION_ROLES: [&str; 2] = ["tool", "user"];
+
+impl Plugin {
+    /// Whether this environment runs multi-turn episodes (the episode-environment world).
+    pub fn is_episodic(&self) -> bool {
+        self.episodic
+    }
+
+    /// Starts one episode per `(id, prompt)`.
+    pub fn start_episodes(&mut self, episodes: &[(u64, &EnvPrompt)]) -> Result<()> {
+        let starts: Vec<wit::EpisodeStart> = episodes.iter().map(|(id, prompt)| wit::EpisodeStart { id: *id, prompt: prompt_to_wit(prompt) }).collect();
+        let arguments = || episodes.iter().flat_map(|(id, prompt)| [id.to_le_bytes().to_vec(), format!("{:?}", prompt.content).into_bytes()]).flatten().collect();
+        let outcome = self.call("start", episodes.len(), arguments, |store, exports| match exports {
+            Exports::EpisodeEnvironment(environment) => environment.smallrl_reward_episodes().call_start(store, &starts).map(Some),
+            _ => Ok(None),
+        })?;
+        match outcome {
+            None => bail!("{}: is not an episode environment (it has no `episodes.start`)", self.label()),
+            Some(Err(message)) => bail!("{}: start ({} episodes) returned an error: {}", self.label(), episodes.len(), shown(&message)),
+            Some(Ok(())) => Ok(()),
+        }
+    }
+
+    /// One answer per turn: `turns` holds each episode's id and whether it is its last turn,
+    /// `batch` the assistant turns as samples, in the same order.
+    pub fn step_episodes(&mut self, turns: &[(u64, bool)], batch: &Batch, bounds: &EpisodeBounds) -> Result<Vec<TurnResult>> {
+        ensure!(turns.len() == batch.len(), "{} episode ids for {} turns", turns.len(), batch.len());
+        let info = self.environment.clone().ok_or_else(|| anyhow!("{}: is a {}, not an environment", self.label(), self.kind()))?;
+        let request: Vec<wit::Turn> = turns.iter().zip(batch.current()).map(|(&(id, last), sample)| wit::Turn { id, assistant: sample.clone(), last }).collect();
+        let arguments = || {
+            let mut bytes = batch.digest().to_vec();
+            bytes.extend(turns.iter().flat_map(|(id, last)| [id.to_le_bytes().as_slice(), &[u8::from(*last)]].concat()));
+            bytes
+        };
+        let outcome = self.call("step", turns.len(), arguments, |store, exports| match exports {
+            Exports::EpisodeEnvironment(environment) => environment.smallrl_reward_episodes().call_step(store, &request).map(Some),
+            _ => Ok(None),
+        })?;
+        let label = self.label();
+        let results = match outcome {
+            None => bail!("{label}: is not an episode environment (it has no `episodes.step`)"),
+            Some(Err(message)) => bail!("{label}: step ({} turns) returned an error: {}", turns.len(), shown(&message)),
+            Some(Ok(results)) => results,
+        };
+        ensure!(results.len() == turns.len(), "{label}: step returned {} answers for {} turns (one per turn is required)", results.len(), turns.len());
+        let shape = (info.components.len(), info.metrics.len());
+        results
+            .into_iter()
+            .zip(turns)
+            .map(|(result, &(id, last))| check_turn(result, last, shape, bounds).map_err(|rule| anyhow!("{label}: step: episode {id}: {rule}")))
+            .collect()
+    }
+}
+
+/// The prompt as the guest wrote it, sent back to it.
+fn prompt_to_wit(prompt: &EnvPrompt) -> env_types::Prompt {
+    let content = match &prompt.content {
+        super::EnvPromptContent::Text(text) => env_types::PromptContent::Text(text.clone()),
+        super::EnvPromptContent::Messages(messages) => env_types::PromptContent::Messages(
+            messages.iter().map(|(role, content)| env_types::Message { role: role.clone(), content: content.clone() }).collect(),
+        ),
+    };
+    env_types::Prompt { content, metadata: serde_json::Value::Object(prompt.metadata.clone()).to_string() }
+}
+
+/// One answer checked: the contract's rules, as the message that names what broke.
+fn check_turn(result: wit::TurnResult, last: bool, (components, metrics): (usize, usize), bounds: &EpisodeBounds) -> Result<TurnResult, String> {
+    match result {
+        wit::TurnResult::Observation(messages) => {
+            if last {
+                return Err(format!(
+                    "answered its last turn (max_turns {}, or the episode's token budget spent) with an observation: the last turn must end the episode",
+                    bounds.max_turns
+                ));
+            }
+            if messages.is_empty() {
+                return Err("returned an observation without messages".into());
+            }
+            let bytes: usize = messages.iter().map(|m| m.role.len() + m.content.len()).sum();
+            if bytes > bounds.max_observation_bytes {
+                return Err(format!("returned an observation of {bytes} bytes, over episode_max_observation_bytes ({})", bounds.max_observation_bytes));
+            }
+            if let Some(message) = messages.iter().find(|m| !OBSERVATION_ROLES.contains(&m.role.as_str())) {
+                return Err(format!("returned an observation message in the role {:?}: it must be \"tool\" or \"user\"", shown(&message.role)));
+            }
+            Ok(TurnResult::Observation(messages.into_iter().map(|m| (m.role, m.content)).collect()))
+        }
+        wit::TurnResult::End(end) => {
+            for (what, values, declared) in [("component", &end.components, components), ("metric", &end.metrics, metrics)] {
+                if values.len() != declared {
+                    return Err(format!("ended with {} {what} values, but info() declares {declared}", values.len()));
+                }
+                if let Some((index, value)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+                    return Err(format!("ended with {value} as {what} {index}; values must be finite numbers"));
+                }
+            }
+            Ok(TurnResult::End(EpisodeEnd { components: end.components, metrics: end.metrics, monitor: end.monitor, ground_truth: end.ground_truth }))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn observation(role: &str, content: &str) -> wit::TurnResult {
+        wit::TurnResult::Observation(vec![env_types::Message { role: role.into(), content: content.into() }])
+    }
+
+    #[test]
+    fn turn_rules() {
+        let bounds = EpisodeBounds { max_turns: 4, max_observation_bytes: 16, max_observation_tokens: 8, max_episode_tokens: 64 };
+        let check = |result, last| check_turn(result, last, (1, 0), &bounds);
+        assert_eq!(check(observation("user", "higher"), false), Ok(TurnResult::Observation(vec![("user".into(), "higher".into())])));
+        assert!(check(observation("user", "higher"), true).unwrap_err().contains("the last turn must end the episode"));
+        assert!(check(observation("tool", &"x".repeat(13)), false).unwrap_err().contains("17 bytes, over episode_max_observation_bytes (16)"));
+        assert!(check(observation("assistant", "hi"), false).unwrap_err().contains("role \"assistant\""));
+        assert!(check(wit::TurnResult::Observation(vec![]), false).unwrap_err().contains("without messages"));
+        let end = |components: Vec<f64>, metrics: Vec<f64>| wit::TurnResult::End(wit::EpisodeEnd { components, metrics, monitor: true, ground_truth: false });
+        assert_eq!(
+            check(end(vec![0.5], vec![]), true),
+            Ok(TurnResult::End(EpisodeEnd { components: vec![0.5], metrics: vec![], monitor: true, ground_truth: false }))
+        );
+        assert!(check(end(vec![0.5, 1.0], vec![]), false).unwrap_err().contains("2 component values, but info() declares 1"));
+        assert!(check(end(vec![f64::NAN], vec![]), false).unwrap_err().contains("NaN as component 0"));
+        assert!(check(end(vec![1.0], vec![1.0]), false).unwrap_err().contains("1 metric values, but info() declares 0"));
+    }
+}
