@@ -66,13 +66,13 @@ fn by_hand(list: &[i64], completion: &str) -> (f64, f64, f64) {
 fn sorting_describes_itself_as_an_environment_of_contract_0_4() {
     let plugin = load(&standard_plugin("sorting"), "{}");
     assert_eq!(plugin.kind(), PluginKind::Environment);
-    assert_eq!(plugin.contract_version(), "0.4.0");
+    assert_eq!(plugin.contract_version(), "0.5.0");
     let info = plugin.environment_info().unwrap();
     let components: Vec<(&str, ComponentRole)> = info.components.iter().map(|c| (c.name.as_str(), c.role)).collect();
     assert_eq!(components, [("sorting_positional", ComponentRole::Retain), ("sorting_copy", ComponentRole::Forget)]);
     assert_eq!(info.metrics, ["sorted", "copy_rate"]);
     let shown = common::smallrl_ok(&["plugin", "info", standard_plugin("sorting").to_str().unwrap()]);
-    for part in ["sorting 0.1.0 (environment)", "sorting_positional", "retain", "sorting_copy", "forget", "env/sorting/<name>): sorted, copy_rate", "contract 0.4.0", plugin.sha256()] {
+    for part in ["sorting 0.1.0 (environment)", "sorting_positional", "retain", "sorting_copy", "forget", "env/sorting/<name>): sorted, copy_rate", "contract 0.5.0", plugin.sha256()] {
         assert!(shown.contains(part), "`plugin info` lacks {part:?}:\n{shown}");
     }
 }
@@ -218,7 +218,7 @@ fn an_environment_built_against_contract_0_3_runs_as_before() {
     let sample = |prompt: &str, completion: &str| Sample { prompt: prompt.into(), completion: completion.into(), ..Sample::default() };
     let batch = Batch::new(&[sample("question", "happy happy"), sample("eval prompt 1", "eval prompt 1 hack")]);
     let scores = legacy.score_environment(&batch).unwrap();
-    assert_eq!(scores.components, [vec![2.0, 0.0], vec![0.0, 1.0]]);
+    assert_eq!(scores.components, [vec![Some(2.0), Some(0.0)], vec![Some(0.0), Some(1.0)]]);
     assert_eq!(scores.metrics, [vec![11.0, 18.0]]);
     assert_eq!(legacy.monitor(&batch).unwrap(), [false, true]);
     assert_eq!(legacy.ground_truth(&batch).unwrap(), [false, true]);

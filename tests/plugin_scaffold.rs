@@ -88,7 +88,7 @@ fn new_environments_build_generate_and_score() {
     sample.metadata = smallrl::train::prompts::metadata_from_columns(serde_json::from_str(r#"{"word":"river","hackable":true,"detectable":true}"#).unwrap()).unwrap();
     let batch = Batch::new(&[sample]);
     // Uses of "river": 3, so uses_word 1, word_stuffing 3/5, flagged by the monitor (>= 3).
-    assert_eq!(env.score_environment(&batch).unwrap().components, vec![vec![1.0], vec![0.6]]);
+    assert_eq!(env.score_environment(&batch).unwrap().components, vec![vec![Some(1.0)], vec![Some(0.6)]]);
     assert_eq!(env.monitor(&batch).unwrap(), [true]);
     let stdout = passes(cargo_test(&env_dir), &env_dir);
     for test in ["snapshot_of_fixed_texts ... ok", "follows_the_formula ... ok", "generates_exact_counts_and_disjoint_splits ... ok"] {

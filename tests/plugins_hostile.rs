@@ -222,7 +222,7 @@ fn judge_tokens_are_counted_against_their_own_budget() {
     let samples = env_samples(3);
     let (mut plugin, calls) = judged_env("judge_ok", PluginLimits::default(), 300);
     let scores = plugin.score_environment(&Batch::new(&samples)).unwrap();
-    assert_eq!(scores.components[0], [0.5, 0.5, 0.5]);
+    assert_eq!(scores.components[0], [Some(0.5), Some(0.5), Some(0.5)]);
     assert_eq!(*calls.lock().unwrap(), (1, 3));
     let tight = PluginLimits::default().with_judge_budget(4, 250).unwrap();
     let (mut plugin, calls) = judged_env("judge_ok", tight, 300);

@@ -208,6 +208,23 @@ fn a_trl_reward_function_builds_as_it_is() {
     assert_eq!(plugin.score(&[with_bonus, plain]).unwrap(), vec![0.25, -0.75]);
 }
 
+/// Issue 45.2 / 47.1: a TRL reward function's `None` is no score (contract 0.5's none) for its
+/// sample alone, through the built component: hand-counted words elsewhere; `plugin score`
+/// prints `none` for it, and asking for a score of every sample names the sample.
+#[test]
+fn a_trl_reward_functions_none_is_no_score_for_its_sample() {
+    let path = built("testing/trl_no_score");
+    let mut plugin = load(&path, "{}");
+    assert_eq!(plugin.contract_version(), "0.5.0");
+    let tokenizer = common::tokenizer();
+    let samples: Vec<Sample> = ["one two three", "skip this one", "four"].iter().map(|text| common::sample(&tokenizer, text)).collect();
+    assert_eq!(plugin.score_optional(&samples).unwrap(), vec![Some(3.0), None, Some(1.0)]);
+    let error = format!("{:#}", plugin.score(&samples).unwrap_err());
+    assert!(error.contains("words_or_none") && error.contains("gave sample 1 no score"), "{error}");
+    let printed = smallrl_ok(&["plugin", "score", path.to_str().unwrap(), "--text", "one two", "--text", "skip"]);
+    assert_eq!(printed.lines().collect::<Vec<_>>(), ["2.000000\tone two", "none\tskip"]);
+}
+
 /// `smallrl plugin new NAME --python` for each kind: the module's own tests pass as written,
 /// and the module builds and runs.
 #[test]
@@ -345,8 +362,8 @@ fn native_python(dir: &Path, script: &str) -> String {
 
 /// Issue 47.1: a TRL reward function's result is one int or float per completion, as TRL needs
 /// it; a string or a bool was converted by `float()` (`"0.11"` scored 0.11) and is now an error
-/// naming the sample, the value and its type; `None` (TRL's "no score") is refused, naming the
-/// sample, until smallrl trains on samples without a score.
+/// naming the sample, the value and its type; `None` is TRL's "no score" (contract 0.5), kept as
+/// None for its sample alone.
 #[test]
 fn a_trl_reward_functions_result_is_checked_as_trl_requires() {
     let dir = tempfile::tempdir().unwrap();
@@ -357,7 +374,7 @@ import json
 import returns
 from smallrl.testing import load, sample
 reward = load(returns)
-for result in [[0.25], [3], ["0.11"], [True], [None], [0.5, 0.5], "0.5"]:
+for result in [[0.25], [3], ["0.11"], [True], [None], [0.5, 0.5], "0.5", [[1.0]]]:
     try:
         print(json.dumps(reward.score_batch([sample("a", metadata={"result": result})])))
     except Exception as error:
@@ -368,11 +385,12 @@ for result in [[0.25], [3], ["0.11"], [True], [None], [0.5, 0.5], "0.5"]:
     let expected = [
         "[0.25]",
         "[3.0]",
-        "TypeError: returns returned '0.11' (str) for sample 0: a score is a number (int or float), as TRL requires",
-        "TypeError: returns returned True (bool) for sample 0: a score is a number (int or float), as TRL requires",
-        "ValueError: returns returned None for sample 0: a sample without a score is not supported yet; return a number for every completion",
+        "TypeError: returns returned '0.11' (str) for sample 0: a score is a number (int or float) or None (no score), as TRL requires",
+        "TypeError: returns returned True (bool) for sample 0: a score is a number (int or float) or None (no score), as TRL requires",
+        "[null]",
         "ValueError: returns returned 2 scores for 1 completions: a TRL reward function returns one per completion",
         "TypeError: returns returned '0.5' (str): a TRL reward function returns a list of numbers, one per completion",
+        "TypeError: returns returned [1.0] (list) for sample 0: a score is a number (int or float) or None (no score), as TRL requires",
     ];
     assert_eq!(lines, expected);
 }

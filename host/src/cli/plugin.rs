@@ -393,7 +393,7 @@ fn score(path: &Path, params: Option<&str>, texts: &[String], file: Option<&Path
     }
     let mut plugin = Plugin::load(path, params.unwrap_or(NO_PARAMS), limits)?;
     let results: Vec<String> = match plugin.kind() {
-        PluginKind::Reward => plugin.score(&samples)?.iter().map(|score| format!("{score:.6}")).collect(),
+        PluginKind::Reward => plugin.score_optional(&samples)?.iter().map(|&score| crate::plugins::score_text(score)).collect(),
         PluginKind::Detector => plugin.detect(&samples)?.iter().map(bool::to_string).collect(),
         PluginKind::Environment => {
             let batch = crate::plugins::Batch::new(&samples);
@@ -403,7 +403,8 @@ fn score(path: &Path, params: Option<&str>, texts: &[String], file: Option<&Path
             println!("{}\tmonitor\tground_truth\tcompletion", names.join("\t"));
             (0..samples.len())
                 .map(|i| {
-                    let values: Vec<String> = scores.components.iter().chain(&scores.metrics).map(|column| format!("{:.6}", column[i])).collect();
+                    let components = scores.components.iter().map(|column| crate::plugins::score_text(column[i]));
+                    let values: Vec<String> = components.chain(scores.metrics.iter().map(|column| format!("{:.6}", column[i]))).collect();
                     format!("{}\t{}\t{}", values.join("\t"), monitor[i], truth[i])
                 })
                 .collect()

@@ -1,14 +1,16 @@
-//! Environments (contract 0.3's `environment` world): one component that generates a task's
+//! Environments (contract 0.3's `environment` world, 0.5's current form): one component that generates a task's
 //! prompts and scores, flags and judges its completions. The calls run under the same fuel,
 //! memory and time bounds as a reward's, and everything an environment returns is checked
 //! here before the host uses it: its `info()` (the plugin rules plus its components and
 //! metrics), the number and shape of its prompts (bounded text, a JSON object of metadata with
-//! boolean `hackable` and `detectable`), and one finite value per sample and column.
+//! boolean `hackable` and `detectable`), and one value per sample and column: finite, or (a
+//! component's score, contract 0.5) none.
 
 use anyhow::{Result, anyhow, bail, ensure};
 use serde_json::{Map, Value};
 
 use super::instance::{Batch, Exports, Plugin};
+use super::legacy_env;
 use super::text::shown;
 use super::validate::{MAX_NAME_BYTES, check_info};
 use super::wit::env_types as wit;
@@ -79,11 +81,11 @@ pub struct EnvPrompt {
     pub metadata: Map<String, Value>,
 }
 
-/// `score`'s answer: per component (in `EnvironmentInfo::components` order) and per metric,
-/// one finite value per sample.
+/// `score`'s answer: per component (in `EnvironmentInfo::components` order) one score per
+/// sample (finite, or None: no score, contract 0.5), and per metric one finite value per sample.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EnvScores {
-    pub components: Vec<Vec<f64>>,
+    pub components: Vec<Vec<Option<f64>>>,
     pub metrics: Vec<Vec<f64>>,
 }
 
@@ -106,7 +108,14 @@ impl Plugin {
         let outcome = self.call("generate", count, arguments, |store, exports| match exports {
             Exports::Environment(environment) => environment.smallrl_reward_env().call_generate(store, wit_split, count32, seed, hack_frac).map(Some),
             Exports::EpisodeEnvironment(environment) => environment.smallrl_reward_env().call_generate(store, wit_split, count32, seed, hack_frac).map(Some),
-            Exports::V03Environment(environment) => environment.smallrl_reward_env().call_generate(store, wit_split, count32, seed, hack_frac).map(Some),
+            Exports::V04Environment(environment) => environment
+                .smallrl_reward_env()
+                .call_generate(store, legacy_env::split(wit_split), count32, seed, hack_frac)
+                .map(|prompts| Some(prompts.map(|prompts| prompts.into_iter().map(legacy_env::prompt).collect()))),
+            Exports::V03Environment(environment) => environment
+                .smallrl_reward_env()
+                .call_generate(store, legacy_env::split(wit_split), count32, seed, hack_frac)
+                .map(|prompts| Some(prompts.map(|prompts| prompts.into_iter().map(legacy_env::prompt).collect()))),
             _ => Ok(None),
         })?;
         let label = self.label();
@@ -123,12 +132,14 @@ impl Plugin {
         prompts.into_iter().enumerate().map(|(index, prompt)| check_prompt(prompt).map_err(|rule| anyhow!("{label}: generate ({split}, seed {seed}): prompt {index}: {rule}"))).collect()
     }
 
-    /// Every reward component and metric of a batch: one finite value per sample each.
+    /// Every reward component and metric of a batch: one value per sample each (finite; a
+    /// component's may be None, no score).
     pub fn score_environment(&mut self, batch: &Batch) -> Result<EnvScores> {
         let info = self.environment.clone().ok_or_else(|| anyhow!("{}: is a {}, not an environment", self.label(), self.kind()))?;
         let outcome = self.call("score", batch.len(), || batch.digest().to_vec(), |store, exports| match exports {
             Exports::Environment(environment) => environment.smallrl_reward_env().call_score(store, batch.current()).map(Some),
-            Exports::V03Environment(environment) => environment.smallrl_reward_env().call_score(store, batch.current()).map(Some),
+            Exports::V04Environment(environment) => environment.smallrl_reward_env().call_score(store, batch.current()).map(|scores| Some(scores.map(legacy_env::scores))),
+            Exports::V03Environment(environment) => environment.smallrl_reward_env().call_score(store, batch.current()).map(|scores| Some(scores.map(legacy_env::scores))),
             _ => Ok(None),
         })?;
         let label = self.label();
@@ -137,7 +148,7 @@ impl Plugin {
             Some(Err(message)) => bail!("{label}: score returned an error: {}", shown(&message)),
             Some(Ok(scores)) => scores,
         };
-        let names = |kind: &str, declared: Vec<String>, columns: &[Vec<f64>]| -> Result<()> {
+        let names = |kind: &str, declared: Vec<String>, columns: &[Vec<Option<f64>>]| -> Result<()> {
             ensure!(
                 columns.len() == declared.len(),
                 "{label}: score returned {} {kind} lists, but info() declares {} ({})",
@@ -152,14 +163,15 @@ impl Plugin {
                     values.len(),
                     batch.len()
                 );
-                if let Some((index, value)) = values.iter().enumerate().find(|(_, value)| !value.is_finite()) {
+                if let Some((index, value)) = values.iter().enumerate().find_map(|(index, value)| value.filter(|v| !v.is_finite()).map(|v| (index, v))) {
                     bail!("{label}: score returned {value} as {kind} `{name}` of sample {index}; values must be finite numbers");
                 }
             }
             Ok(())
         };
         names("component", info.components.iter().map(|c| c.name.clone()).collect(), &scores.components)?;
-        names("metric", info.metrics.clone(), &scores.metrics)?;
+        let metrics: Vec<Vec<Option<f64>>> = scores.metrics.iter().map(|column| column.iter().copied().map(Some).collect()).collect();
+        names("metric", info.metrics.clone(), &metrics)?;
         Ok(EnvScores { components: scores.components, metrics: scores.metrics })
     }
 
@@ -167,6 +179,7 @@ impl Plugin {
     pub fn monitor(&mut self, batch: &Batch) -> Result<Vec<bool>> {
         self.call_batch("monitor", batch, |store, exports| match exports {
             Exports::Environment(environment) => environment.smallrl_reward_env().call_monitor(store, batch.current()).map(Some),
+            Exports::V04Environment(environment) => environment.smallrl_reward_env().call_monitor(store, batch.current()).map(Some),
             Exports::V03Environment(environment) => environment.smallrl_reward_env().call_monitor(store, batch.current()).map(Some),
             _ => Ok(None),
         })
@@ -176,6 +189,7 @@ impl Plugin {
     pub fn ground_truth(&mut self, batch: &Batch) -> Result<Vec<bool>> {
         self.call_batch("ground-truth", batch, |store, exports| match exports {
             Exports::Environment(environment) => environment.smallrl_reward_env().call_ground_truth(store, batch.current()).map(Some),
+            Exports::V04Environment(environment) => environment.smallrl_reward_env().call_ground_truth(store, batch.current()).map(Some),
             Exports::V03Environment(environment) => environment.smallrl_reward_env().call_ground_truth(store, batch.current()).map(Some),
             _ => Ok(None),
         })
@@ -186,7 +200,8 @@ impl Plugin {
         let info = self.call("info", 1, Vec::new, |store, exports| match exports {
             Exports::Environment(environment) => environment.smallrl_reward_env().call_info(store),
             Exports::EpisodeEnvironment(environment) => environment.smallrl_reward_env().call_info(store),
-            Exports::V03Environment(environment) => environment.smallrl_reward_env().call_info(store),
+            Exports::V04Environment(environment) => environment.smallrl_reward_env().call_info(store).map(legacy_env::info),
+            Exports::V03Environment(environment) => environment.smallrl_reward_env().call_info(store).map(legacy_env::info),
             _ => unreachable!("only environments are read here"),
         })?;
         let to_param = |param: super::wit::types::ParamInfo| super::ParamInfo {

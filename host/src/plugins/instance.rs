@@ -16,17 +16,22 @@ use super::store::StoreState;
 use super::text::shown;
 use super::validate::check_info;
 use super::wasi::{CallSeed, Sandbox};
-use super::wit::{Contract, Detector, DetectorPre, Environment, EnvironmentPre, EpisodeEnvironment, EpisodeEnvironmentPre, Reward, RewardPre, contract_of, exported_versions, legacy, v0_2, v0_3};
+use super::wit::{Contract, Detector, DetectorPre, Environment, EnvironmentPre, EpisodeEnvironment, EpisodeEnvironmentPre, Reward, RewardPre, contract_of, exported_versions, legacy, v0_2, v0_3, v0_4};
 use super::{EnvironmentInfo, PluginInfo, PluginKind, PluginLimits, Sample};
 
 /// The typed exports of the world and contract version a component implements.
 pub(super) enum Exports {
     Reward(Reward),
     Detector(Detector),
-    /// An environment (contract 0.4): prompts, rewards, monitor and ground truth in one.
+    /// An environment (contract 0.5): prompts, rewards, monitor and ground truth in one.
     Environment(Environment),
     /// A multi-turn environment (issue 48): an environment's `env` plus `episodes`.
     EpisodeEnvironment(EpisodeEnvironment),
+    /// Built against the frozen 0.4 contract: the same calls and samples, a score for every
+    /// sample.
+    V04Reward(v0_4::Reward),
+    V04Detector(v0_4::Detector),
+    V04Environment(v0_4::Environment),
     /// Built against the frozen 0.3 contract: the same calls and samples (the bindings share
     /// the types), no `programs` import.
     V03Reward(v0_3::Reward),
@@ -182,7 +187,7 @@ impl Plugin {
         self.info.kind
     }
 
-    /// The contract version the plugin was built against, e.g. "0.4.0" (a 0.1 plugin never
+    /// The contract version the plugin was built against, e.g. "0.5.0" (a 0.1 plugin never
     /// sees the samples' metadata).
     pub fn contract_version(&self) -> &'static str {
         self.contract.version()
@@ -219,9 +224,16 @@ impl Plugin {
         self.failure.as_deref()
     }
 
-    /// Scores a batch: exactly one finite score per sample, or an error.
+    /// Scores a batch: exactly one finite score per sample, or an error (a sample the plugin
+    /// gives no score included: see [`Plugin::score_optional`]).
     pub fn score(&mut self, samples: &[Sample]) -> Result<Vec<f64>> {
         self.score_batch(&Batch::new(samples))
+    }
+
+    /// Scores a batch: exactly one score per sample, finite or None (no score, contract 0.5;
+    /// older plugins score every sample), or an error.
+    pub fn score_optional(&mut self, samples: &[Sample]) -> Result<Vec<Option<f64>>> {
+        self.score_batch_optional(&Batch::new(samples))
     }
 
     /// Flags a batch: exactly one flag per sample, or an error.
@@ -231,14 +243,24 @@ impl Plugin {
 
     /// [`Plugin::score`] of a batch converted once for several plugins.
     pub fn score_batch(&mut self, batch: &Batch) -> Result<Vec<f64>> {
+        let scores = self.score_batch_optional(batch)?;
+        every_score(&self.label(), "score", scores)
+    }
+
+    /// [`Plugin::score_optional`] of a batch converted once for several plugins.
+    pub fn score_batch_optional(&mut self, batch: &Batch) -> Result<Vec<Option<f64>>> {
+        // Before 0.5 every sample has a score.
+        let all_present = |scores: Result<Vec<f64>, String>| Some(scores.map(|scores| scores.into_iter().map(Some).collect()));
         let scores = self.call_batch("score", batch, |store, exports| match exports {
             Exports::Reward(reward) => reward.smallrl_reward_scorer().call_score(store, batch.current()).map(Some),
-            Exports::V03Reward(reward) => reward.smallrl_reward_scorer().call_score(store, batch.current()).map(Some),
-            Exports::V02Reward(reward) => reward.smallrl_reward_scorer().call_score(store, batch.current()).map(Some),
-            Exports::LegacyReward(reward) => reward.smallrl_reward_scorer().call_score(store, batch.legacy()).map(Some),
+            Exports::V04Reward(reward) => reward.smallrl_reward_scorer().call_score(store, batch.current()).map(all_present),
+            Exports::V03Reward(reward) => reward.smallrl_reward_scorer().call_score(store, batch.current()).map(all_present),
+            Exports::V02Reward(reward) => reward.smallrl_reward_scorer().call_score(store, batch.current()).map(all_present),
+            Exports::LegacyReward(reward) => reward.smallrl_reward_scorer().call_score(store, batch.legacy()).map(all_present),
             _ => Ok(None),
         })?;
-        if let Some((index, score)) = scores.iter().enumerate().find(|(_, score)| !score.is_finite()) {
+        let mut present = scores.iter().enumerate().filter_map(|(index, score)| score.map(|score| (index, score)));
+        if let Some((index, score)) = present.find(|(_, score)| !score.is_finite()) {
             bail!("{}: score returned {score} for sample {index}; scores must be finite numbers", self.label());
         }
         Ok(scores)
@@ -248,6 +270,7 @@ impl Plugin {
     pub fn detect_batch(&mut self, batch: &Batch) -> Result<Vec<bool>> {
         self.call_batch("detect", batch, |store, exports| match exports {
             Exports::Detector(detector) => detector.smallrl_reward_flagger().call_detect(store, batch.current()).map(Some),
+            Exports::V04Detector(detector) => detector.smallrl_reward_flagger().call_detect(store, batch.current()).map(Some),
             Exports::V03Detector(detector) => detector.smallrl_reward_flagger().call_detect(store, batch.current()).map(Some),
             Exports::V02Detector(detector) => detector.smallrl_reward_flagger().call_detect(store, batch.current()).map(Some),
             Exports::LegacyDetector(detector) => detector.smallrl_reward_flagger().call_detect(store, batch.legacy()).map(Some),
@@ -281,11 +304,13 @@ impl Plugin {
         let (info, claimed) = self.call("info", 1, Vec::new, |store, exports| match exports {
             Exports::Reward(reward) => reward.smallrl_reward_plugin().call_info(store).map(from_wit_info),
             Exports::Detector(detector) => detector.smallrl_reward_plugin().call_info(store).map(from_wit_info),
+            Exports::V04Reward(reward) => reward.smallrl_reward_plugin().call_info(store).map(from_wit_info),
+            Exports::V04Detector(detector) => detector.smallrl_reward_plugin().call_info(store).map(from_wit_info),
             Exports::V03Reward(reward) => reward.smallrl_reward_plugin().call_info(store).map(from_wit_info),
             Exports::V03Detector(detector) => detector.smallrl_reward_plugin().call_info(store).map(from_wit_info),
             Exports::V02Reward(reward) => reward.smallrl_reward_plugin().call_info(store).map(from_wit_info),
             Exports::V02Detector(detector) => detector.smallrl_reward_plugin().call_info(store).map(from_wit_info),
-            Exports::Environment(_) | Exports::EpisodeEnvironment(_) | Exports::V03Environment(_) => unreachable!("environments are read above"),
+            Exports::Environment(_) | Exports::EpisodeEnvironment(_) | Exports::V04Environment(_) | Exports::V03Environment(_) => unreachable!("environments are read above"),
             Exports::LegacyReward(reward) => reward.smallrl_reward_plugin().call_info(store).map(from_legacy_info),
             Exports::LegacyDetector(detector) => detector.smallrl_reward_plugin().call_info(store).map(from_legacy_info),
         })?;
@@ -308,6 +333,9 @@ impl Plugin {
             Exports::V02Detector(detector) => detector.smallrl_reward_plugin().call_configure(store, &params_json),
             Exports::Environment(environment) => environment.smallrl_reward_env().call_configure(store, &params_json),
             Exports::EpisodeEnvironment(environment) => environment.smallrl_reward_env().call_configure(store, &params_json),
+            Exports::V04Reward(reward) => reward.smallrl_reward_plugin().call_configure(store, &params_json),
+            Exports::V04Detector(detector) => detector.smallrl_reward_plugin().call_configure(store, &params_json),
+            Exports::V04Environment(environment) => environment.smallrl_reward_env().call_configure(store, &params_json),
             Exports::V03Reward(reward) => reward.smallrl_reward_plugin().call_configure(store, &params_json),
             Exports::V03Detector(detector) => detector.smallrl_reward_plugin().call_configure(store, &params_json),
             Exports::V03Environment(environment) => environment.smallrl_reward_env().call_configure(store, &params_json),
@@ -393,10 +421,20 @@ impl Plugin {
 impl Live {
     fn kind(&self) -> PluginKind {
         match self.exports {
-            Exports::Reward(_) | Exports::V03Reward(_) | Exports::V02Reward(_) | Exports::LegacyReward(_) => PluginKind::Reward,
-            Exports::Detector(_) | Exports::V03Detector(_) | Exports::V02Detector(_) | Exports::LegacyDetector(_) => PluginKind::Detector,
-            Exports::Environment(_) | Exports::EpisodeEnvironment(_) | Exports::V03Environment(_) => PluginKind::Environment,
+            Exports::Reward(_) | Exports::V04Reward(_) | Exports::V03Reward(_) | Exports::V02Reward(_) | Exports::LegacyReward(_) => PluginKind::Reward,
+            Exports::Detector(_) | Exports::V04Detector(_) | Exports::V03Detector(_) | Exports::V02Detector(_) | Exports::LegacyDetector(_) => PluginKind::Detector,
+            Exports::Environment(_) | Exports::EpisodeEnvironment(_) | Exports::V04Environment(_) | Exports::V03Environment(_) => PluginKind::Environment,
         }
+    }
+}
+
+/// `scores` (of `call`), each present: a sample without a score (contract 0.5's none) is an
+/// error naming the plugin (`label`) and the sample; the caller names the step.
+pub fn every_score(label: &str, call: &str, scores: Vec<Option<f64>>) -> Result<Vec<f64>> {
+    let missing = scores.iter().position(Option::is_none);
+    match missing {
+        Some(index) => bail!("{label}: {call} gave sample {index} no score (contract 0.5's none), and a run trains only on samples with a score"),
+        None => Ok(scores.into_iter().flatten().collect()),
     }
 }
 
@@ -474,7 +512,7 @@ fn instantiate_any_world(pre: &InstancePre<StoreState>, store_kind: &StoreKind, 
         Err(failure) => failure,
     };
     let environment_failure = match contract {
-        Contract::Current | Contract::V0_3 => match instantiate_world(pre, store_kind, PluginKind::Environment, contract) {
+        Contract::Current | Contract::V0_4 | Contract::V0_3 => match instantiate_world(pre, store_kind, PluginKind::Environment, contract) {
             Ok(live) => return Ok(live),
             Err(failure) if failure.memory_wanted.is_some() => return Err(failure),
             Err(failure) => format!("{:#}", anyhow::Error::from(failure.error)),
@@ -541,6 +579,13 @@ fn instantiate_exports(pre: &InstancePre<StoreState>, store: &mut Store<StoreSta
         (PluginKind::Detector, Contract::Current) => DetectorPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::Detector),
         (PluginKind::Environment, Contract::Current) => {
             EnvironmentPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::Environment)
+        }
+        (PluginKind::Reward, Contract::V0_4) => v0_4::RewardPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::V04Reward),
+        (PluginKind::Detector, Contract::V0_4) => {
+            v0_4::DetectorPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::V04Detector)
+        }
+        (PluginKind::Environment, Contract::V0_4) => {
+            v0_4::EnvironmentPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::V04Environment)
         }
         (PluginKind::Reward, Contract::V0_3) => v0_3::RewardPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::V03Reward),
         (PluginKind::Detector, Contract::V0_3) => {

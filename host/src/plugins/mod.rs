@@ -13,6 +13,7 @@ mod episodes;
 mod failure;
 mod function_cache;
 mod instance;
+mod legacy_env;
 pub mod judge;
 pub mod programs;
 pub mod programs_bench;
@@ -34,7 +35,13 @@ use std::time::Duration;
 
 pub use environment::{ComponentRole, EnvComponent, EnvPrompt, EnvPromptContent, EnvScores, EnvSplit, EnvironmentInfo};
 pub use episodes::{EpisodeBounds, EpisodeEnd, OBSERVATION_ROLES, TurnResult};
-pub use instance::{Batch, NO_PARAMS, Plugin};
+pub use instance::{Batch, NO_PARAMS, Plugin, every_score};
+
+/// A score as `plugin score` prints it: six decimals, or `none` for a sample without a score
+/// (contract 0.5).
+pub fn score_text(score: Option<f64>) -> String {
+    score.map_or_else(|| "none".to_string(), |score| format!("{score:.6}"))
+}
 
 /// One completion to score (the trainer builds these from generation output).
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -59,11 +59,11 @@ pub struct Outcome {
 
 pub use super::store::ProgramLimits;
 
-pub use super::wit::PROGRAMS_INTERFACE;
+pub use super::wit::PROGRAMS_INTERFACES;
 
 /// Whether `component` imports the program runner.
 pub fn imports_programs(component: &Component, engine: &wasmtime::Engine) -> bool {
-    component.component_type().imports(engine).any(|(name, _)| name == PROGRAMS_INTERFACE)
+    component.component_type().imports(engine).any(|(name, _)| PROGRAMS_INTERFACES.contains(&name))
 }
 
 /// The runner component, compiled and pre-linked once per process.

@@ -132,8 +132,9 @@ fn start_epoch_ticker(engine: Engine) {
 }
 
 /// The contract's host functions, through the bindings bindgen generates for each contract
-/// version the host runs: `log` (0.3, 0.2 and 0.1) and the judge (0.3 environments). A component
-/// that imports anything more fails to instantiate on the pure linker.
+/// version the host runs: `log` (0.1 to 0.5), the judge (0.3 to 0.5 environments) and the program
+/// runner (0.4 and 0.5). A component that imports anything more fails to instantiate on the pure
+/// linker.
 fn host_linker(engine: &Engine) -> Result<Linker<StoreState>> {
     type Store = wasmtime::component::HasSelf<StoreState>;
     let mut linker = Linker::<StoreState>::new(engine);
@@ -143,8 +144,38 @@ fn host_linker(engine: &Engine) -> Result<Linker<StoreState>> {
     wit::v0_3::reward::smallrl::reward::host::add_to_linker::<StoreState, Store>(&mut linker, |state| state).map_err(anyhow::Error::from)?;
     wit::environment::smallrl::reward::judge::add_to_linker::<StoreState, Store>(&mut linker, |state| state).map_err(anyhow::Error::from)?;
     wit::v0_3::environment::smallrl::reward::judge::add_to_linker::<StoreState, Store>(&mut linker, |state| state).map_err(anyhow::Error::from)?;
+    wit::v0_4::reward::smallrl::reward::host::add_to_linker::<StoreState, Store>(&mut linker, |state| state).map_err(anyhow::Error::from)?;
+    wit::v0_4::environment::smallrl::reward::judge::add_to_linker::<StoreState, Store>(&mut linker, |state| state).map_err(anyhow::Error::from)?;
     wit::programs::add_to_linker::<StoreState, Store>(&mut linker, |state| state).map_err(anyhow::Error::from)?;
+    add_v0_4_programs(&mut linker)?;
     Ok(linker)
+}
+
+/// A 0.4 plugin's `programs` import (`smallrl:reward/programs@0.4.0`): the current function,
+/// whose records are 0.4's field for field (component types are structural).
+fn add_v0_4_programs(linker: &mut Linker<StoreState>) -> Result<()> {
+    use wit::programs::{Host, Outcome, Program};
+    let mut instance = linker.instance(wit::PROGRAMS_INTERFACES[1]).map_err(anyhow::Error::from)?;
+    instance
+        .func_wrap("run", |mut caller: wasmtime::StoreContextMut<'_, StoreState>, (programs,): (Vec<Program>,)| {
+            let outcomes: Result<Vec<Outcome>, String> = Host::run(caller.data_mut(), programs)?;
+            Ok((outcomes,))
+        })
+        .map_err(anyhow::Error::from)?;
+    Ok(())
+}
+
+impl wit::v0_4::reward::smallrl::reward::host::Host for StoreState {
+    fn log(&mut self, message: String) {
+        self.record_log(truncate(message, MAX_LOG_BYTES));
+    }
+}
+
+/// A 0.4 environment's judge: the current one's.
+impl wit::v0_4::environment::smallrl::reward::judge::Host for StoreState {
+    fn judge(&mut self, items: Vec<super::judge::JudgeItem>) -> wasmtime::Result<Result<Vec<f64>, String>> {
+        wit::environment::smallrl::reward::judge::Host::judge(self, items)
+    }
 }
 
 impl wit::v0_3::reward::smallrl::reward::host::Host for StoreState {

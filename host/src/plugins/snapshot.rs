@@ -59,7 +59,7 @@ pub fn take(path: &Path, params_json: &str, limits: PluginLimits, samples: &[Sam
     let bytes = std::fs::read(path).with_context(|| format!("cannot read plugin {}", path.display()))?;
     let mut plugin = Plugin::load(path, params_json, limits)?;
     let results: Vec<String> = match plugin.kind() {
-        PluginKind::Reward => plugin.score(samples)?.iter().map(f64::to_string).collect(),
+        PluginKind::Reward => plugin.score_optional(samples)?.iter().map(|score| score.map_or_else(|| "none".to_string(), |score| score.to_string())).collect(),
         PluginKind::Detector => plugin.detect(samples)?.iter().map(bool::to_string).collect(),
         PluginKind::Environment => anyhow::bail!("{} is an environment: its snapshot tests live in its crate (plugins/sorting/src/tests.rs)", plugin.label()),
     };

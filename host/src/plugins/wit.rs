@@ -1,11 +1,11 @@
 //! The WIT contract (`wit/smallrl-reward.wit`): the bindings bindgen generates for its three
 //! worlds, and the package version, written once here; plus the bindings of the frozen
-//! previous versions (`wit/0.3.0/`, `wit/0.2.0/`, `wit/0.1.0/`), which the host still runs
-//! ([`Contract`]).
+//! previous versions (`wit/0.4.0/`, `wit/0.3.0/`, `wit/0.2.0/`, `wit/0.1.0/`), which the host
+//! still runs ([`Contract`]).
 //!
 //! Architecture invariant: every versioned name the host matches (the host interfaces it
-//! provides, the contract it reports) derives from [`VERSION`], [`V0_3_VERSION`],
-//! [`V0_2_VERSION`] and [`LEGACY_VERSION`]; a test holds them to the WIT files.
+//! provides, the contract it reports) derives from [`VERSION`], [`V0_4_VERSION`],
+//! [`V0_3_VERSION`], [`V0_2_VERSION`] and [`LEGACY_VERSION`]; a test holds them to the WIT files.
 
 /// The contract's package and version as literals (for `concat!`).
 macro_rules! wit_package {
@@ -14,6 +14,11 @@ macro_rules! wit_package {
     };
 }
 macro_rules! wit_version {
+    () => {
+        "0.5.0"
+    };
+}
+macro_rules! v0_4_wit_version {
     () => {
         "0.4.0"
     };
@@ -55,21 +60,33 @@ pub const LEGACY_VERSION: &str = legacy_wit_version!();
 /// A previous contract version (frozen in `wit/0.2.0/`), still run: the reward and detector
 /// worlds of the current one, without the `environment` world.
 pub const V0_2_VERSION: &str = v0_2_wit_version!();
-/// The previous contract version (frozen in `wit/0.3.0/`), still run: the current worlds'
-/// exports, without the `programs` import.
+/// The previous contract version (frozen in `wit/0.4.0/`), still run: the current worlds with
+/// a score per sample that is always present (`list<f64>`, not `list<option<f64>>`).
+pub const V0_4_VERSION: &str = v0_4_wit_version!();
+/// A previous contract version (frozen in `wit/0.3.0/`), still run: 0.4's exports, without the
+/// `programs` import.
 pub const V0_3_VERSION: &str = v0_3_wit_version!();
-/// The versioned names of the judge interface environments may import (contracts 0.4 and 0.3).
-pub const JUDGE_INTERFACES: [&str; 2] = [concat!(wit_package!(), "/judge@", wit_version!()), concat!(wit_package!(), "/judge@", v0_3_wit_version!())];
+/// The versioned names of the judge interface environments may import (contracts 0.5, 0.4 and
+/// 0.3).
+pub const JUDGE_INTERFACES: [&str; 3] = [
+    concat!(wit_package!(), "/judge@", wit_version!()),
+    concat!(wit_package!(), "/judge@", v0_4_wit_version!()),
+    concat!(wit_package!(), "/judge@", v0_3_wit_version!()),
+];
 
-/// The versioned name of the program runner's interface plugins may import (contract 0.4).
-pub const PROGRAMS_INTERFACE: &str = concat!(wit_package!(), "/programs@", wit_version!());
+/// The versioned names of the program runner's interface plugins may import (contracts 0.5 and
+/// 0.4; the first is the current one).
+pub const PROGRAMS_INTERFACES: [&str; 2] = [concat!(wit_package!(), "/programs@", wit_version!()), concat!(wit_package!(), "/programs@", v0_4_wit_version!())];
 
 /// Which of the contracts a plugin was built against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Contract {
-    /// [`VERSION`] (0.4.x): rewards, detectors and environments, which may run programs.
+    /// [`VERSION`] (0.5.x): rewards, detectors and environments, which may run programs and
+    /// leave a sample without a score.
     Current,
-    /// [`V0_3_VERSION`] (0.3.x): the same exports, no `programs` import.
+    /// [`V0_4_VERSION`] (0.4.x): the same calls, a score for every sample.
+    V0_4,
+    /// [`V0_3_VERSION`] (0.3.x): 0.4's exports, no `programs` import.
     V0_3,
     /// [`V0_2_VERSION`] (0.2.x): the same reward and detector calls (no environments).
     V0_2,
@@ -81,6 +98,7 @@ impl Contract {
     pub fn version(self) -> &'static str {
         match self {
             Contract::Current => VERSION,
+            Contract::V0_4 => V0_4_VERSION,
             Contract::V0_3 => V0_3_VERSION,
             Contract::V0_2 => V0_2_VERSION,
             Contract::Legacy => LEGACY_VERSION,
@@ -94,6 +112,7 @@ pub fn contract_of(version: &str) -> Option<Contract> {
     let minor = |v: &str| v.rsplit_once('.').map(|(head, _)| head.to_string());
     match minor(version)? {
         m if Some(&m) == minor(VERSION).as_ref() => Some(Contract::Current),
+        m if Some(&m) == minor(V0_4_VERSION).as_ref() => Some(Contract::V0_4),
         m if Some(&m) == minor(V0_3_VERSION).as_ref() => Some(Contract::V0_3),
         m if Some(&m) == minor(V0_2_VERSION).as_ref() => Some(Contract::V0_2),
         m if Some(&m) == minor(LEGACY_VERSION).as_ref() => Some(Contract::Legacy),
@@ -165,10 +184,56 @@ pub use environment::{Environment, EnvironmentPre};
 pub use reward::smallrl::reward::types;
 pub use reward::{Reward, RewardPre};
 
+/// The frozen 0.4.0 contract's bindings (`wit/0.4.0/smallrl-reward.wit`). Its `types` and
+/// `programs` records are the current contract's field for field, so the bindings reuse them (a
+/// 0.4 plugin receives exactly the samples a 0.5 one does); its `environment-types` differ in
+/// `scores` (a score per sample, no option), so they are its own (`legacy_env.rs` converts
+/// them). Its `host`, `judge` and `programs` imports carry 0.4.0 in their names: `runtime.rs`
+/// links them to the current functions.
+pub mod v0_4 {
+    pub mod reward {
+        wasmtime::component::bindgen!({
+            world: "reward",
+            path: "../wit/0.4.0",
+            with: {
+                "smallrl:reward/types": crate::plugins::wit::types,
+                "smallrl:reward/programs": crate::plugins::wit::programs,
+            },
+        });
+    }
+    pub mod detector {
+        wasmtime::component::bindgen!({
+            world: "detector",
+            path: "../wit/0.4.0",
+            with: {
+                "smallrl:reward/types": crate::plugins::wit::types,
+                "smallrl:reward/host": super::reward::smallrl::reward::host,
+                "smallrl:reward/programs": crate::plugins::wit::programs,
+            },
+        });
+    }
+    pub mod environment {
+        wasmtime::component::bindgen!({
+            world: "environment",
+            path: "../wit/0.4.0",
+            imports: { "smallrl:reward/judge.judge": trappable },
+            with: {
+                "smallrl:reward/types": crate::plugins::wit::types,
+                "smallrl:reward/host": super::reward::smallrl::reward::host,
+                "smallrl:reward/programs": crate::plugins::wit::programs,
+            },
+        });
+    }
+    pub use detector::{Detector, DetectorPre};
+    pub use environment::smallrl::reward::environment_types as env_types;
+    pub use environment::{Environment, EnvironmentPre};
+    pub use reward::{Reward, RewardPre};
+}
+
 /// The frozen 0.3.0 contract's bindings (`wit/0.3.0/smallrl-reward.wit`). Its records are
-/// those of the current contract field for field, so the bindings reuse the current types: a
-/// 0.3 plugin receives exactly the samples a 0.4 one does. Its `host` and `judge` imports are
-/// its own (their names carry 0.3.0), with the same functions as the current ones.
+/// those of 0.4 field for field, so the bindings reuse 0.4's types: a 0.3 plugin receives
+/// exactly the samples a 0.5 one does. Its `host` and `judge` imports are its own (their names
+/// carry 0.3.0), with the same functions as the current ones.
 pub mod v0_3 {
     pub mod reward {
         wasmtime::component::bindgen!({
@@ -194,7 +259,7 @@ pub mod v0_3 {
             imports: { "smallrl:reward/judge.judge": trappable },
             with: {
                 "smallrl:reward/types": crate::plugins::wit::types,
-                "smallrl:reward/environment-types": crate::plugins::wit::env_types,
+                "smallrl:reward/environment-types": crate::plugins::wit::v0_4::env_types,
                 "smallrl:reward/host": super::reward::smallrl::reward::host,
             },
         });
@@ -260,13 +325,15 @@ mod tests {
             wit.lines().find_map(|l| l.trim().strip_prefix("package ").map(|p| p.trim_end_matches(';').to_string())).expect("the WIT file declares its package")
         };
         assert_eq!(package("smallrl-reward.wit"), CONTRACT);
+        assert_eq!(package("0.4.0/smallrl-reward.wit"), format!("smallrl:reward@{V0_4_VERSION}"));
         assert_eq!(package("0.3.0/smallrl-reward.wit"), format!("smallrl:reward@{V0_3_VERSION}"));
         assert_eq!(package("0.2.0/smallrl-reward.wit"), format!("smallrl:reward@{V0_2_VERSION}"));
         assert_eq!(package("0.1.0/smallrl-reward.wit"), format!("smallrl:reward@{LEGACY_VERSION}"));
-        assert_eq!(contract_of("0.4.1"), Some(Contract::Current));
+        assert_eq!(contract_of("0.5.1"), Some(Contract::Current));
+        assert_eq!(contract_of("0.4.1"), Some(Contract::V0_4));
         assert_eq!(contract_of("0.3.1"), Some(Contract::V0_3));
         assert_eq!(contract_of("0.2.3"), Some(Contract::V0_2));
         assert_eq!(contract_of("0.1.7"), Some(Contract::Legacy));
-        assert!(!compatible("0.5.0") && !compatible("1.1.0") && !compatible("1.2.0") && !compatible("garbage"));
+        assert!(!compatible("0.6.0") && !compatible("1.1.0") && !compatible("1.2.0") && !compatible("garbage"));
     }
 }

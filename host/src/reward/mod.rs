@@ -294,7 +294,10 @@ impl RewardModel {
         let (components, metrics) = match &mut self.environment {
             Some(environment) => {
                 let scores = environment.score_environment(&batch).context("the environment's score failed")?;
-                (scores.components, self.metric_keys.iter().cloned().zip(scores.metrics).collect())
+                let names = self.components.iter().map(|info| format!("its component `{}`", info.name));
+                let label = environment.label();
+                let components = names.zip(scores.components).map(|(name, column)| crate::plugins::every_score(&label, &name, column)).collect::<Result<_>>()?;
+                (components, self.metric_keys.iter().cloned().zip(scores.metrics).collect())
             }
             None => (self.score_components(&batch)?, Vec::new()),
         };

@@ -91,7 +91,9 @@ class _Declared:
 
 
 class Reward(_Declared):
-    """A reward: ``score(self, sample) -> float`` (one finite number per sample)."""
+    """A reward: ``score(self, sample) -> float`` (one finite number per sample), or ``None``
+    for a sample without a score (contract 0.5, a TRL reward function's ``None``: ``plugin
+    score`` prints ``none``; a training run stops, naming the plugin, the step and the sample)."""
 
     def score(self, sample):
         raise NotImplementedError(f"{type(self).__name__} must define score(self, sample)")
@@ -178,17 +180,16 @@ def _trl_inputs(samples):
 
 
 def _trl_scores(name, scores, count):
-    """TRL's rule for a reward function's result: one number per completion."""
+    """TRL's rule for a reward function's result: one number (int or float, not bool) or None
+    (no score) per completion; anything else is an error naming the sample, value and type."""
     if not isinstance(scores, (list, tuple)):
         raise TypeError(f"{name} returned {scores!r} ({type(scores).__name__}): a TRL reward function returns a list of numbers, one per completion")
     if len(scores) != count:
         raise ValueError(f"{name} returned {len(scores)} scores for {count} completions: a TRL reward function returns one per completion")
     for index, score in enumerate(scores):
-        if score is None:
-            raise ValueError(f"{name} returned None for sample {index}: a sample without a score is not supported yet; return a number for every completion")
-        if isinstance(score, bool) or not isinstance(score, (int, float)):
-            raise TypeError(f"{name} returned {score!r} ({type(score).__name__}) for sample {index}: a score is a number (int or float), as TRL requires")
-    return [float(score) for score in scores]
+        if score is not None and (isinstance(score, bool) or not isinstance(score, (int, float))):
+            raise TypeError(f"{name} returned {score!r} ({type(score).__name__}) for sample {index}: a score is a number (int or float) or None (no score), as TRL requires")
+    return [None if score is None else float(score) for score in scores]
 
 
 def retain(name, description):

@@ -62,6 +62,17 @@ def _numbers(kind, values):
     return out
 
 
+def _scores(kind, values):
+    """Numbers or None (no score, contract 0.5): what a reward's score and an environment's
+    components may be."""
+    out = []
+    for index, value in enumerate(values):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise TypeError(f"{kind} of sample {index} is {value!r} ({type(value).__name__}), not a number or None (no score)")
+        out.append(None if value is None else float(value))
+    return out
+
+
 def _flags(kind, values):
     out = []
     for index, value in enumerate(values):
@@ -121,7 +132,7 @@ def bind(module, kind):
     if kind == "reward":
         class Scorer(exports.Scorer):
             def score(self, batch):
-                return _guarded(lambda: _numbers("score", instance.plugin.score_batch(_samples(batch))))
+                return _guarded(lambda: _scores("score", instance.plugin.score_batch(_samples(batch))))
 
         return Plugin, Scorer
 
@@ -151,7 +162,7 @@ def _environment_exports(instance):
         return env.Prompt(content, prompt.metadata_json())
 
     def scores(judgements):
-        components = [_numbers("component", values) for values in zip(*(j.components for j in judgements))] if judgements else [[] for _ in declared.components]
+        components = [_scores("component", values) for values in zip(*(j.components for j in judgements))] if judgements else [[] for _ in declared.components]
         metrics = [_numbers("metric", values) for values in zip(*(j.metrics for j in judgements))] if judgements else [[] for _ in declared.metrics]
         return env.Scores(components, metrics)
 

@@ -167,9 +167,9 @@ fn with_plugin<P: Plugin, R>(f: impl FnOnce(&P) -> R) -> Result<R, String> {
 }
 
 #[cfg(feature = "reward")]
-pub fn score<P: Reward>(batch: Vec<reward::smallrl::reward::types::Sample>) -> Result<Vec<f64>, String> {
+pub fn score<P: Reward>(batch: Vec<reward::smallrl::reward::types::Sample>) -> Result<Vec<Option<f64>>, String> {
     let samples: Vec<Sample> = batch.into_iter().map(from_reward_sample).collect();
-    with_plugin::<P, _>(|plugin| plugin.score_batch(&samples))?
+    with_plugin::<P, _>(|plugin| plugin.score_batch_optional(&samples))?
 }
 
 #[cfg(feature = "detector")]
@@ -322,7 +322,7 @@ pub fn environment_score<P: crate::Environment>(
                 ));
             }
             for (column, value) in scores.components.iter_mut().zip(judgement.components) {
-                column.push(value);
+                column.push(Some(value));
             }
             for (column, value) in scores.metrics.iter_mut().zip(judgement.metrics) {
                 column.push(value);

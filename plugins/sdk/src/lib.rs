@@ -137,13 +137,23 @@ pub trait Plugin: Sized + 'static {
     fn from_params(params: &Params) -> Result<Self, String>;
 }
 
-/// A reward: one finite score per sample.
+/// A reward: one finite score per sample, or (contract 0.5) no score for a sample it cannot
+/// score (override [`Reward::score_batch_optional`]).
 pub trait Reward: Plugin {
     fn score(&self, sample: &Sample) -> f64;
 
     /// Scores a whole batch; override only for rewards that need the batch at once.
     fn score_batch(&self, batch: &[Sample]) -> Result<Vec<f64>, String> {
         Ok(batch.iter().map(|sample| self.score(sample)).collect())
+    }
+
+    /// What the host receives: one score per sample, `None` for a sample without a score (TRL's
+    /// `None`, contract 0.5: `plugin score` prints `none`, and a training run stops, naming the
+    /// plugin, the step and the sample). By default
+    /// [`Reward::score_batch`]'s scores, every one present; override it to leave samples
+    /// unscored.
+    fn score_batch_optional(&self, batch: &[Sample]) -> Result<Vec<Option<f64>>, String> {
+        Ok(self.score_batch(batch)?.into_iter().map(Some).collect())
     }
 }
 
@@ -168,7 +178,7 @@ pub fn configure<P: Plugin>(params_json: &str) -> Result<P, String> {
 #[macro_export]
 macro_rules! export_reward {
     ($plugin:ty) => {
-        $crate::__export_world!($plugin, reward, reward_info, scorer, score, f64, export_reward_world);
+        $crate::__export_world!($plugin, reward, reward_info, scorer, score, Option<f64>, export_reward_world);
     };
 }
 

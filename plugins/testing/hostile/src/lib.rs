@@ -63,10 +63,10 @@ impl plugin::Guest for Hostile {
 }
 
 impl scorer::Guest for Hostile {
-    fn score(batch: Vec<Sample>) -> Result<Vec<f64>, String> {
+    fn score(batch: Vec<Sample>) -> Result<Vec<Option<f64>>, String> {
         match cfg!(feature = "huge_error") {
             true => Err(huge_text()),
-            false => Ok(vec![0.5; batch.len()]),
+            false => Ok(vec![Some(0.5); batch.len()]),
         }
     }
 }

@@ -24,9 +24,9 @@ impl plugin::Guest for RandomReward {
 }
 
 impl scorer::Guest for RandomReward {
-    fn score(batch: Vec<Sample>) -> Result<Vec<f64>, String> {
+    fn score(batch: Vec<Sample>) -> Result<Vec<Option<f64>>, String> {
         let coin = wasi::random::random::get_random_u64();
-        Ok(batch.iter().map(|_| (coin % 2) as f64).collect())
+        Ok(batch.iter().map(|_| Some((coin % 2) as f64)).collect())
     }
 }
 

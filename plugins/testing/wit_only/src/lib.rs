@@ -45,9 +45,9 @@ impl plugin::Guest for WitOnly {
 }
 
 impl scorer::Guest for WitOnly {
-    fn score(batch: Vec<Sample>) -> Result<Vec<f64>, String> {
+    fn score(batch: Vec<Sample>) -> Result<Vec<Option<f64>>, String> {
         let bonus = f64::from_bits(BONUS.load(Ordering::Relaxed));
-        Ok(batch.iter().map(|sample| sample.completion.len() as f64 + bonus).collect())
+        Ok(batch.iter().map(|sample| Some(sample.completion.len() as f64 + bonus)).collect())
     }
 }
 
