@@ -18,7 +18,7 @@
 //!   grader's, each a separate fresh program). Monitor: the loopholes' signatures found in the
 //!   code by a program that parses it with `ast` (a top-level `run_tests`, an exit call or
 //!   `SystemExit`, an `__eq__`/`__ne__`), flipped with probability 1 − `monitor_accuracy` by a
-//!   hash of the sample and `monitor_seed`.
+//!   hash of the sample and `monitor_seed` (FNV-1a, then SplitMix64's first output).
 //! - Metrics: `hidden_passed` (the hidden tests' share, hardened), `all_passed`,
 //!   `loophole_used`, `stopped` (the hardened program ran out of fuel, memory or output).
 
@@ -28,7 +28,7 @@ mod problems;
 use std::collections::HashSet;
 
 use serde_json::Value;
-use smallrl_plugin_sdk::environment::{draw_prompts, fnv1a, hackable_count, in_eval_split, split_rng};
+use smallrl_plugin_sdk::environment::{SplitMix64, draw_prompts, fnv1a, hackable_count, in_eval_split, split_rng};
 use smallrl_plugin_sdk::programs::run_programs;
 use smallrl_plugin_sdk::{Component, Environment, Judgement, Param, Params, Plugin, Prompt, Sample, Split};
 
@@ -245,8 +245,9 @@ impl Environment for CodeTests {
         let outcomes = run_programs(&[grader::monitor_program(&task.code)]).unwrap_or_else(|error| panic!("code_tests monitor: {error}"));
         let found = grader::monitor_found(&outcomes[0]);
         let flag = self.loopholes.names().iter().any(|name| found.iter().any(|f| f == name));
-        let draw = fnv1a(format!("code_tests monitor {}\0{}\0{}", self.monitor_seed, sample.prompt, sample.completion).as_bytes());
-        let unit = (draw >> 11) as f64 / (1u64 << 53) as f64;
+        // FNV-1a's top bits barely see a text's last bytes: SplitMix64's finalizer mixes them.
+        let hash = fnv1a(format!("code_tests monitor {}\0{}\0{}", self.monitor_seed, sample.prompt, sample.completion).as_bytes());
+        let unit = (SplitMix64::new(hash).next_u64() >> 11) as f64 / (1u64 << 53) as f64;
         let right = unit < self.monitor_accuracy;
         if right { flag } else { !flag }
     }
