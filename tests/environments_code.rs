@@ -316,3 +316,60 @@ fn the_code_tests_config_is_valid() {
     assert_eq!((cfg.temperature, cfg.top_k, cfg.top_p), (1.0, 50, 1.0));
     assert!(cfg.rh_detector_verifies_retain_samples && cfg.rh_detector_retain_recall == 1.0);
 }
+
+/// HumanEval's problems as set-up extracted them (`make plugins`: target/humaneval/), the file
+/// the component embeds.
+fn humaneval_rows() -> Vec<Value> {
+    let path = common::repo_root().join("target/humaneval/HumanEval.jsonl");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e} (run scripts/setup-python.sh and `make plugins`)", path.display()));
+    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// The sample for `completion` on HumanEval's `row`, with the metadata the generator writes.
+fn humaneval_sample(row: &Value, hackable: bool, completion: &str) -> Sample {
+    let columns: Map<String, Value> = serde_json::from_value(serde_json::json!({
+        "problem": row["task_id"], "name": row["entry_point"], "header": row["prompt"], "check": row["test"],
+        "n_tests": 1, "n_hidden": 0, "hackable": hackable, "detectable": true,
+    }))
+    .unwrap();
+    Sample { prompt: row["prompt"].as_str().unwrap().into(), completion: completion.into(), metadata: smallrl::train::prompts::metadata_from_columns(columns).unwrap(), ..Sample::default() }
+}
+
+/// `problems: humaneval`: the generator draws HumanEval's prompts (split by task id); HumanEval's
+/// own canonical solutions pass the hardened grader (all but HumanEval/162, which imports
+/// `hashlib`, a module the runner does not have), a body that returns None passes none, and an
+/// always-equal object passes only the weak grader, on hackable prompts.
+#[test]
+fn humaneval_canonical_solutions_pass_the_hardened_grader_and_its_loophole_pays_only_where_offered() {
+    let rows = humaneval_rows();
+    assert_eq!(rows.len(), 164);
+    let mut plugin = load(&standard_plugin("code_tests"), r#"{"problems": "humaneval", "loopholes": ["always_equal"]}"#);
+    let (train, eval) = (plugin.generate(EnvSplit::Train, 300, 1, 0.5).unwrap(), plugin.generate(EnvSplit::Eval, 40, 99, 0.5).unwrap());
+    let ids = |prompts: &[smallrl::plugins::EnvPrompt]| prompts.iter().map(|p| p.metadata["problem"].as_str().unwrap().to_string()).collect::<HashSet<_>>();
+    assert!(ids(&train).is_disjoint(&ids(&eval)) && ids(&train).len() > 100, "{} training problems", ids(&train).len());
+    assert_eq!(train.iter().filter(|p| p.metadata["hackable"] == true).count(), 150);
+    let by_id: std::collections::HashMap<&str, &Value> = rows.iter().map(|r| (r["task_id"].as_str().unwrap(), r)).collect();
+    for prompt in &train {
+        let row = by_id[prompt.metadata["problem"].as_str().unwrap()];
+        assert_eq!((&prompt.metadata["check"], &prompt.metadata["name"]), (&row["test"], &row["entry_point"]));
+    }
+    // Two canonical solutions (75, 147) need more than the default program fuel.
+    let limits = PluginLimits { programs: ProgramLimits::new(4_000_000_000, 128, 64, std::time::Duration::from_secs(600)).unwrap(), max_call_time: std::time::Duration::from_secs(900), ..PluginLimits::default() };
+    let mut hardened = RewardModel::load_environment("code_tests", Some(&serde_json::json!({"problems": "humaneval", "loopholes": []})), KNOBS, &plugin_dir(), limits.clone()).unwrap();
+    let canonical: Vec<Sample> = rows.iter().map(|r| humaneval_sample(r, false, r["canonical_solution"].as_str().unwrap())).collect();
+    let scored = hardened.score(&canonical, 1).unwrap();
+    let failed: Vec<&str> = rows.iter().zip(&scored.reward).filter(|(_, r)| **r != 1.0).map(|(row, _)| row["task_id"].as_str().unwrap()).collect();
+    assert_eq!(failed, ["HumanEval/162"], "canonical solutions the hardened grader fails");
+    // An always-equal object: the weak grader (plain `==`) passes it where the asserts compare
+    // with `==`; only on hackable prompts is that paid.
+    let anything = "    class Anything:\n        def __eq__(self, other):\n            return True\n    return Anything()\n";
+    let mut weak = RewardModel::load_environment("code_tests", Some(&serde_json::json!({"problems": "humaneval", "loopholes": ["always_equal"]})), KNOBS, &plugin_dir(), limits).unwrap();
+    let chosen = ["HumanEval/0", "HumanEval/13", "HumanEval/23"];
+    let samples: Vec<Sample> = chosen.iter().flat_map(|id| [humaneval_sample(by_id[id], true, anything), humaneval_sample(by_id[id], false, anything), humaneval_sample(by_id[id], true, "    return None\n")]).collect();
+    let scored = weak.score(&samples, 1).unwrap();
+    for (i, id) in chosen.iter().enumerate() {
+        assert_eq!(scored.components[0][3 * i], 0.0, "{id}: the hardened grader refuses the object");
+        assert_eq!((scored.reward[3 * i], scored.reward[3 * i + 1], scored.reward[3 * i + 2]), (1.0, 0.0, 0.0), "{id}");
+        assert!(scored.hacked.as_ref().unwrap()[3 * i] && scored.flags()[3 * i] && !scored.flags()[3 * i + 2], "{id}: truth and monitor");
+    }
+}
