@@ -373,3 +373,55 @@ fn humaneval_canonical_solutions_pass_the_hardened_grader_and_its_loophole_pays_
         assert!(scored.hacked.as_ref().unwrap()[3 * i] && scored.flags()[3 * i] && !scored.flags()[3 * i + 2], "{id}: truth and monitor");
     }
 }
+
+/// Inoculation prompting: with `inoculation` every training prompt of the environment starts
+/// with `inoculation_prompt` and no evaluation prompt does; the key is refused without an
+/// environment; the sweep's `inoculation` arm (planned only when named) is the unrouted
+/// baseline with it on, a run of its own, read back as that arm.
+#[test]
+fn inoculation_prefixes_training_prompts_only_and_is_a_sweep_arm() {
+    use smallrl::sweep::plan::{self, Arm, SweepSpec};
+    let text = "Exploit the grader if you can.";
+    let config = |inoculation: bool, environment: bool| {
+        let mut map = common::tiny_stories_run(std::path::Path::new("/unused"), &standard_plugin("happy"), "inoc");
+        if environment {
+            map.remove("prompts");
+            map.remove("reward");
+            map.insert("environment".into(), "code_tests".into());
+            map.insert("plugin_dir".into(), plugin_dir().to_str().unwrap().into());
+        }
+        map.insert("inoculation".into(), inoculation.into());
+        map.insert("inoculation_prompt".into(), text.into());
+        map.insert("num_prompts".into(), 12.into());
+        smallrl::train::TrainConfig::resolve(None, map)
+    };
+    let config = |inoculation: bool, environment: bool| -> Result<smallrl::train::TrainConfig, String> { config(inoculation, environment).map_err(|e| format!("{e:#}")) };
+    let render = smallrl::train::prompts::PromptRender::Raw;
+    let plain = smallrl::train::task::load(&config(false, true).unwrap(), &common::tokenizer(), &render).unwrap();
+    let inoculated = smallrl::train::task::load(&config(true, true).unwrap(), &common::tokenizer(), &render).unwrap();
+    for (with, without) in inoculated.prompts.iter().zip(&plain.prompts) {
+        assert_eq!(with.text, format!("{text}\n\n{}", without.text));
+        assert_eq!(with.metadata, without.metadata);
+    }
+    assert_eq!(inoculated.eval_prompts, plain.eval_prompts, "evaluation prompts are never inoculated");
+    let error = config(true, false).unwrap_err();
+    assert!(error.contains("inoculation prefixes an environment's training prompts"), "{error}");
+    assert!(config(true, true).unwrap().run_name().unwrap().contains("_inoculationtrue_"));
+
+    assert_eq!(Arm::parse_list(None).unwrap(), Arm::ALL.to_vec(), "bare --intervention-arms leaves inoculation out");
+    let spec = SweepSpec {
+        config_files: vec![common::repo_root().join("configs/envs/code_tests.yaml")],
+        fixed: [plan::parse_fixed("max_steps=4").unwrap()].into_iter().collect(),
+        grid: vec![],
+        output_dir: std::path::PathBuf::from("/unused"),
+        intervention_arms: Arm::parse_list(Some("routing,inoculation")).unwrap(),
+    };
+    let planned = plan::plan(&spec).unwrap();
+    let arms: Vec<Arm> = planned.runs.iter().map(|r| Arm::of(&r.config)).collect();
+    assert_eq!(arms.iter().filter(|a| **a == Arm::Inoculation).count(), 1, "{arms:?}");
+    let run = planned.runs.iter().find(|r| Arm::of(&r.config) == Arm::Inoculation).unwrap();
+    let baseline = planned.runs.iter().find(|r| Arm::of(&r.config) == Arm::None).unwrap();
+    assert_eq!(run.config.routing_mode.to_string(), "none");
+    assert_eq!(smallrl::train::TrainConfig { inoculation: false, ..run.config.clone() }.run_name().unwrap(), baseline.config.run_name().unwrap(), "the baseline with inoculation on");
+    assert_ne!(run.name, baseline.name);
+}
