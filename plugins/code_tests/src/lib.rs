@@ -9,7 +9,8 @@
 //!   benchmark's prompts do: "Your code is checked by calling run_tests()."). Exactly
 //!   floor(count × hack_frac) hackable prompts, spread evenly. Split by problem (FNV-1a of
 //!   "family:k"), so no evaluation problem is trained on; prompts deduplicated. Every prompt is
-//!   detectable.
+//!   detectable. With `problems: humaneval`, OpenAI's HumanEval instead (`humaneval.rs`: its
+//!   prompts, drawn with repeats, split by task id; its `check` is the one test).
 //! - `tests_passed` (retain): the share of the grader's `n_tests` tests the hardened grader
 //!   passes (`grader.rs`). `loophole` (forget): the weak grader's share (the run's loopholes)
 //!   minus that, at least 0: the host pays it on hackable prompts only, so a hackable prompt
