@@ -85,7 +85,9 @@ pub fn load(cfg: &TrainConfig, tokenizer: &Tokenizer, render: &PromptRender) -> 
             ensure!(cfg.num_prompts > 0, "num_prompts is 0: environment {name} needs to generate at least one training prompt");
             let mut generated = generate_pure(&mut rewards, EnvSplit::Train, cfg.num_prompts, cfg.seed, cfg)?;
             if cfg.inoculation {
-                generated.iter_mut().for_each(|prompt| inoculate(prompt, &cfg.inoculation_prompt));
+                for prompt in &mut generated {
+                    inoculate(prompt, &cfg.inoculation_prompt)?;
+                }
             }
             let train = render_environment_prompts(&rewards, EnvSplit::Train, generated, render)?;
             let eval = evaluation_prompts(&mut rewards, cfg.eval_samples, cfg, render)?;
@@ -108,16 +110,17 @@ fn environment_prompts(rewards: &mut RewardModel, split: EnvSplit, count: usize,
 
 /// Inoculation prompting: `text` as the prompt's first paragraph (a conversation's first user
 /// message's).
-pub fn inoculate(prompt: &mut crate::reward::EnvPrompt, text: &str) {
+pub fn inoculate(prompt: &mut crate::reward::EnvPrompt, text: &str) -> Result<()> {
     use crate::plugins::EnvPromptContent;
-    match &mut prompt.content {
-        EnvPromptContent::Text(content) => *content = format!("{text}\n\n{content}"),
-        EnvPromptContent::Messages(messages) => {
-            if let Some((_, content)) = messages.iter_mut().find(|(role, _)| role == "user") {
-                *content = format!("{text}\n\n{content}");
-            }
-        }
+    if let EnvPromptContent::Messages(messages) = &prompt.content {
+        ensure!(messages.iter().any(|(role, _)| role == "user"), "inoculation prefixes a prompt's first user message, and this conversation has none: {}", shown_prompt(prompt));
     }
+    let content = match &mut prompt.content {
+        EnvPromptContent::Text(content) => content,
+        EnvPromptContent::Messages(messages) => &mut messages.iter_mut().find(|(role, _)| role == "user").expect("checked above").1,
+    };
+    *content = format!("{text}\n\n{content}");
+    Ok(())
 }
 
 /// The environment's prompts of `split`, generated twice and compared (purity).
