@@ -63,8 +63,7 @@ hyperparameters! {
         /// Inoculation prompting (an intervention arm; environment runs): every training prompt
         /// starts with `inoculation_prompt`, which invites the hack; evaluation prompts never do.
         inoculation: bool = false, Key, [Routing];
-        /// The paragraph inoculation puts before each training prompt's text (the first user
-        /// message of a conversation).
+        /// The paragraph inoculation puts before each training prompt's text (the first user message of a conversation).
         inoculation_prompt: String = d::INOCULATION_PROMPT.into(), Omit;
         /// Tokens of each SimpleStories prompt (the opening of a story).
         prompt_length: usize = 8, Key, [Pack];
