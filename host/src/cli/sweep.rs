@@ -38,7 +38,8 @@ pub struct SweepArgs {
     /// Plan intervention arms of each (routed) grid point: alone, all of none, routing, penalty,
     /// filter, placebo, verified, adv_mod, matched_placebo (docs/src/training.md, "Controls"); or
     /// a comma list of them, e.g. `routing,penalty` (the non-routed baseline, none, is planned
-    /// for every routed or penalised run anyway).
+    /// for every routed or penalised run anyway), which may also name inoculation (the baseline
+    /// with inoculation prompting, environment runs).
     #[arg(long, value_name = "ARMS", num_args = 0..=1, conflicts_with = "collect")]
     pub intervention_arms: Option<Option<String>>,
     /// After the runs (or with --collect), apply the deployment protocol to each finished routed

@@ -31,7 +31,7 @@ pub const COLUMNS: usize = 4;
 pub const CELL_LINE_PX: u32 = 20;
 
 /// The colour of each arm (the legend's order).
-pub const ARM_COLOURS: [(Arm, RGBColor); 8] = [
+pub const ARM_COLOURS: [(Arm, RGBColor); 9] = [
     (Arm::None, RGBColor(127, 127, 127)),
     (Arm::Routing, RGBColor(44, 160, 44)),
     (Arm::Penalty, RGBColor(255, 127, 14)),
@@ -40,6 +40,7 @@ pub const ARM_COLOURS: [(Arm, RGBColor); 8] = [
     (Arm::Verified, RGBColor(23, 190, 207)),
     (Arm::AdvMod, RGBColor(214, 39, 40)),
     (Arm::MatchedPlacebo, RGBColor(227, 119, 194)),
+    (Arm::Inoculation, RGBColor(188, 189, 34)),
 ];
 
 pub fn colour_of(arm: Arm) -> RGBColor {

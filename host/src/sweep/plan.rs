@@ -54,11 +54,16 @@ pub enum Arm {
     AdvMod,
     /// The grid point's routing of a random subset of the flagged rows' gradient energy.
     MatchedPlacebo,
+    /// No routing; training prompts start with `inoculation_prompt`, which invites the hack
+    /// (evaluation prompts do not). Planned only when named.
+    Inoculation,
 }
 
 impl Arm {
-    /// Every arm, in the order a sweep plans them (bare `--intervention-arms`).
+    /// The arms bare `--intervention-arms` plans, in the order a sweep plans them.
     pub const ALL: [Arm; 8] = [Arm::None, Arm::Routing, Arm::Penalty, Arm::Filter, Arm::Placebo, Arm::Verified, Arm::AdvMod, Arm::MatchedPlacebo];
+    /// Every arm a sweep can plan: [`Arm::ALL`] and inoculation (environment runs only).
+    pub const NAMED: [Arm; 9] = [Arm::None, Arm::Routing, Arm::Penalty, Arm::Filter, Arm::Placebo, Arm::Verified, Arm::AdvMod, Arm::MatchedPlacebo, Arm::Inoculation];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -70,6 +75,7 @@ impl Arm {
             Self::Verified => "verified",
             Self::AdvMod => "adv_mod",
             Self::MatchedPlacebo => "matched_placebo",
+            Self::Inoculation => "inoculation",
         }
     }
 
@@ -77,10 +83,10 @@ impl Arm {
     /// each once); none given: every arm.
     pub fn parse_list(text: Option<&str>) -> Result<Vec<Arm>> {
         let Some(text) = text else { return Ok(Self::ALL.to_vec()) };
-        let valid = || Self::ALL.map(Self::name).join(", ");
+        let valid = || Self::NAMED.map(Self::name).join(", ");
         let mut arms = Vec::new();
         for word in text.split(',').map(str::trim) {
-            let arm = Self::ALL.into_iter().find(|a| a.name() == word).with_context(|| format!("--intervention-arms {text:?}: unknown arm {word:?}; the arms are {} (comma-separated; the flag alone plans all)", valid()))?;
+            let arm = Self::NAMED.into_iter().find(|a| a.name() == word).with_context(|| format!("--intervention-arms {text:?}: unknown arm {word:?}; the arms are {} (comma-separated; the flag alone plans all)", valid()))?;
             ensure!(!arms.contains(&arm), "--intervention-arms {text:?}: {word} is listed twice");
             arms.push(arm);
         }
@@ -91,6 +97,7 @@ impl Arm {
     /// The arm a run's configuration belongs to (its saved `config.yaml` read back).
     pub fn of(config: &TrainConfig) -> Arm {
         match config.intervention {
+            Intervention::Routing if config.routing_mode == RoutingMode::None && config.inoculation => Self::Inoculation,
             Intervention::Routing if config.routing_mode == RoutingMode::None => Self::None,
             Intervention::Routing => Self::Routing,
             Intervention::Penalty => Self::Penalty,
@@ -292,7 +299,8 @@ fn arms_of_point(spec: &SweepSpec, file: Option<&Path>, point: &Map<String, Valu
 /// coherence rows), filter, placebo (the given routing mode and ablation on a random subset),
 /// verified (no routing, no coherence rows: the verified rows alone), adv_mod (`keys`'
 /// `advantage_penalty` and `advantage_score`, with the routed run's coherence rows, as the
-/// penalty it refines) and matched_placebo (as placebo, the subset matched in gradient energy).
+/// penalty it refines), matched_placebo (as placebo, the subset matched in gradient energy) and
+/// inoculation (the baseline with `inoculation` on).
 /// The none arm is also every other arm's baseline, so [`plan`] adds it whether chosen or not.
 pub fn intervention_arms(routed: &TrainConfig, keys: ArmKeys, chosen: &[Arm]) -> Result<Vec<TrainConfig>> {
     ensure!(
@@ -318,7 +326,8 @@ pub fn intervention_arms(routed: &TrainConfig, keys: ArmKeys, chosen: &[Arm]) ->
         modified,
         arm(routed, Intervention::MatchedPlacebo),
     ];
-    let arms: Vec<TrainConfig> = Arm::ALL.into_iter().zip(all).filter(|(a, _)| chosen.contains(a)).map(|(_, config)| config).collect();
+    let inoculated = TrainConfig { inoculation: true, ..unrouted(routed) };
+    let arms: Vec<TrainConfig> = Arm::NAMED.into_iter().zip(all.into_iter().chain([inoculated])).filter(|(a, _)| chosen.contains(a)).map(|(_, config)| config).collect();
     for config in &arms {
         config.validate().with_context(|| format!("the {} arm of an --intervention-arms sweep is invalid", config.intervention))?;
     }

@@ -83,7 +83,13 @@ pub fn load(cfg: &TrainConfig, tokenizer: &Tokenizer, render: &PromptRender) -> 
         None => prompts::load(cfg, tokenizer, render)?,
         Some(name) => {
             ensure!(cfg.num_prompts > 0, "num_prompts is 0: environment {name} needs to generate at least one training prompt");
-            let train = environment_prompts(&mut rewards, EnvSplit::Train, cfg.num_prompts, cfg.seed, cfg, render)?;
+            let mut generated = generate_pure(&mut rewards, EnvSplit::Train, cfg.num_prompts, cfg.seed, cfg)?;
+            if cfg.inoculation {
+                for prompt in &mut generated {
+                    inoculate(prompt, &cfg.inoculation_prompt)?;
+                }
+            }
+            let train = render_environment_prompts(&rewards, EnvSplit::Train, generated, render)?;
             let eval = evaluation_prompts(&mut rewards, cfg.eval_samples, cfg, render)?;
             check_disjoint(&format!("{name} ({})", environment_file(&rewards)), &train, &eval)?;
             (train, eval)
@@ -98,6 +104,27 @@ pub fn evaluation_prompts(rewards: &mut RewardModel, count: usize, cfg: &TrainCo
 }
 
 fn environment_prompts(rewards: &mut RewardModel, split: EnvSplit, count: usize, seed: u64, cfg: &TrainConfig, render: &PromptRender) -> Result<Vec<Prompt>> {
+    let generated = generate_pure(rewards, split, count, seed, cfg)?;
+    render_environment_prompts(rewards, split, generated, render)
+}
+
+/// Inoculation prompting: `text` as the prompt's first paragraph (a conversation's first user
+/// message's).
+pub fn inoculate(prompt: &mut crate::reward::EnvPrompt, text: &str) -> Result<()> {
+    use crate::plugins::EnvPromptContent;
+    if let EnvPromptContent::Messages(messages) = &prompt.content {
+        ensure!(messages.iter().any(|(role, _)| role == "user"), "inoculation prefixes a prompt's first user message, and this conversation has none: {}", shown_prompt(prompt));
+    }
+    let content = match &mut prompt.content {
+        EnvPromptContent::Text(content) => content,
+        EnvPromptContent::Messages(messages) => &mut messages.iter_mut().find(|(role, _)| role == "user").expect("checked above").1,
+    };
+    *content = format!("{text}\n\n{content}");
+    Ok(())
+}
+
+/// The environment's prompts of `split`, generated twice and compared (purity).
+fn generate_pure(rewards: &mut RewardModel, split: EnvSplit, count: usize, seed: u64, cfg: &TrainConfig) -> Result<Vec<crate::reward::EnvPrompt>> {
     let generated = rewards.generate(split, count, seed, cfg.hack_frac)?;
     let name = rewards.environment_name().unwrap_or("?").to_string();
     let file = environment_file(rewards);
@@ -115,6 +142,11 @@ fn environment_prompts(rewards: &mut RewardModel, split: EnvSplit, count: usize,
             shown_prompt(&again[index])
         );
     }
+    Ok(generated)
+}
+
+fn render_environment_prompts(rewards: &RewardModel, split: EnvSplit, generated: Vec<crate::reward::EnvPrompt>, render: &PromptRender) -> Result<Vec<Prompt>> {
+    let (name, file) = (rewards.environment_name().unwrap_or("?"), environment_file(rewards));
     prompts::from_environment(generated, render).with_context(|| format!("environment {name} ({file}): its {split} prompts"))
 }
 

@@ -32,6 +32,11 @@ impl TrainConfig {
             "system_prompt is a chat message: it needs prompt_format: chat (got {})",
             self.prompt_format
         );
+        ensure!(
+            !self.inoculation || self.environment.is_some(),
+            "inoculation prefixes an environment's training prompts: it needs `environment:` (prompt files are not inoculated)"
+        );
+        ensure!(!self.inoculation || !self.inoculation_prompt.trim().is_empty(), "inoculation is on and inoculation_prompt is empty");
         ensure!((0.0..=1.0).contains(&self.hack_frac), "hack_frac is a fraction of prompts: it must be in [0, 1], got {}", self.hack_frac);
         ensure!(self.num_iterations >= 1, "num_iterations must be at least 1");
         self.check_substeps()?;

@@ -61,6 +61,11 @@ hyperparameters! {
         prompt_format: PromptFormat = PromptFormat::Raw, Short("");
         /// With prompt_format chat: a system message before each prompt (default: the template's own).
         system_prompt: Option<String> = None, Omit;
+        /// Inoculation prompting (an intervention arm; environment runs): every training prompt
+        /// starts with `inoculation_prompt`, which invites the hack; evaluation prompts never do.
+        inoculation: bool = false, Key, [Routing];
+        /// The paragraph inoculation puts before each training prompt's text (the first user message of a conversation).
+        inoculation_prompt: String = d::INOCULATION_PROMPT.into(), Omit;
         /// Tokens of each SimpleStories prompt (the opening of a story).
         prompt_length: usize = 8, Key, [Pack];
         /// Training prompts used (at most).

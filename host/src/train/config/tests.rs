@@ -53,7 +53,7 @@ fn run_name_labels_are_unchanged() {
         "model", "revision", "prompts", "eval_prompts", "reward", "rh_detector", "rh_ground_truth", "absorption_by_class", "plugin_dir", "plugin_fuel_per_sample",
         "plugin_max_call_seconds", "plugin_max_memory_mb", "plugin_judge_items_per_sample", "plugin_judge_tokens_per_sample", "plugin_sha256", "logging_steps", "save_steps",
         "eval_every", "eval_samples", "output_dir", "dump_batches", "measure_entropy_change", "gradient_noise_scale", "fisher_kernel_every", "fisher_kernel_sketch", "tensorboard", "log_completions", "name", "device",
-        "threads", "seed", "system_prompt",
+        "threads", "seed", "system_prompt", "inoculation_prompt",
         // An environment names its run through the config file's stem or `name`.
         "environment", "environment_params",
         // The judge an environment imports: named with its environment.
