@@ -9,8 +9,9 @@ use wasmtime::component::{Component, InstancePre};
 use wasmtime::Store;
 
 pub use super::convert::Batch;
+use super::component::compile;
 use super::convert::{from_legacy_info, from_wit_info};
-use super::runtime::{EPOCH_TICK, Runtime, runtime};
+use super::runtime::{EPOCH_TICK, runtime};
 use super::failure::{describe_failure, describe_incompatible, describe_memory_at_start};
 use super::store::StoreState;
 use super::text::shown;
@@ -435,45 +436,6 @@ pub fn every_score(label: &str, call: &str, scores: Vec<Option<f64>>) -> Result<
     match missing {
         Some(index) => bail!("{label}: {call} gave sample {index} no score (contract 0.5's none), and a run trains only on samples with a score"),
         None => Ok(scores.into_iter().flatten().collect()),
-    }
-}
-
-/// Reads and compiles (or fetches from the cache) a component, with helpful messages for files
-/// that are not components; also returns the file's SHA-256.
-fn compile(runtime: &Runtime, path: &Path) -> Result<(Component, String)> {
-    ensure!(
-        path.extension().is_none_or(|extension| extension != "py"),
-        "{} is a Python module, not a component: build it with `smallrl plugin build {}` and use the .wasm it writes",
-        path.display(),
-        path.display()
-    );
-    let bytes = std::fs::read(path).with_context(|| {
-        format!("cannot read plugin {}: build the standard plugins with `make plugins`, or check the path", path.display())
-    })?;
-    check_header(path, &bytes)?;
-    let component = Component::new(&runtime.engine, &bytes)
-        .map_err(anyhow::Error::from)
-        .with_context(|| format!("plugin {} is not a valid WebAssembly component", path.display()))?;
-    Ok((component, super::sha256_hex(&bytes)))
-}
-
-fn check_header(path: &Path, bytes: &[u8]) -> Result<()> {
-    const CORE_MODULE_VERSION: [u8; 4] = [1, 0, 0, 0];
-    const COMPONENT_VERSION: [u8; 4] = [0x0d, 0, 1, 0];
-    ensure!(
-        bytes.len() >= 8 && bytes.starts_with(b"\0asm"),
-        "plugin {} is not a WebAssembly file (it does not start with `\\0asm`): a plugin is a .wasm component, see `smallrl plugin new`",
-        path.display()
-    );
-    match <[u8; 4]>::try_from(&bytes[4..8]).expect("length checked above") {
-        COMPONENT_VERSION => Ok(()),
-        CORE_MODULE_VERSION => bail!(
-            "plugin {} is a core WebAssembly module, not a component: wrap it with \
-             `cargo run -p smallrl-componentize -- {}=OUT.wasm` (see plugins/README.md)",
-            path.display(),
-            path.display()
-        ),
-        version => bail!("plugin {} has an unsupported WebAssembly binary version {version:?}", path.display()),
     }
 }
 

@@ -6,6 +6,7 @@
 //! `anyhow` errors that name the plugin file, the call and the cause.
 
 pub mod bench;
+mod component;
 mod convert;
 mod datasets;
 mod environment;
