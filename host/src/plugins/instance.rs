@@ -491,7 +491,7 @@ fn instantiate_any_world(pre: &InstancePre<StoreState>, store_kind: &StoreKind, 
     })
 }
 
-/// The episode-environment world (contract 0.4's additive block), or why not.
+/// The episode-environment world (contract 0.5), or why not.
 fn instantiate_episode_world(pre: &InstancePre<StoreState>, store_kind: &StoreKind) -> Result<Live, InstantiateFailure> {
     instantiate_as(pre, store_kind, |pre, store| EpisodeEnvironmentPre::new(pre.clone()).and_then(|pre| pre.instantiate(store)).map(Exports::EpisodeEnvironment))
 }
