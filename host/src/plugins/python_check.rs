@@ -130,6 +130,12 @@ fn resolve(folder: &Path, rel: &str, import: &Import, text: &str, shown: &Path, 
         return Ok(Vec::new());
     }
     let top = import.module.split('.').next().unwrap_or_default();
+    // The SDK is always the build's own (`plugins/python/smallrl` beside the standard Python
+    // plugins is that SDK, not a local package: its glue imports componentize-py's generated
+    // modules, which exist only inside the build).
+    if top == "smallrl" {
+        return Ok(Vec::new());
+    }
     let local = local_files(folder, top)?;
     if !local.is_empty() {
         ensure!(
@@ -139,7 +145,7 @@ fn resolve(folder: &Path, rel: &str, import: &Import, text: &str, shown: &Path, 
         );
         return Ok(local);
     }
-    if top == "smallrl" || packages.contains(top) || report.stdlib.contains(top) || import.guarded {
+    if packages.contains(top) || report.stdlib.contains(top) || import.guarded {
         return Ok(Vec::new());
     }
     bail!(
