@@ -103,11 +103,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
 
 /// The configuration of a benchmark run: defaults, `adapter` (DualLoRA at r32), no evaluation
 /// or checkpoint before the last step.
-fn bench_config(args: &TrainBench, adapter: &str, threads: usize, max_steps: usize, seed: u64, output_dir: &Path) -> Result<TrainConfig> {
-    bench_config_in(args, adapter, threads, max_steps, seed, output_dir, crate::defaults::TRAIN_DTYPE)
-}
-
-fn bench_config_in(args: &TrainBench, adapter: &str, threads: usize, max_steps: usize, seed: u64, output_dir: &Path, train_dtype: TrainDtype) -> Result<TrainConfig> {
+fn bench_config(args: &TrainBench, adapter: &str, threads: usize, max_steps: usize, seed: u64, output_dir: &Path, train_dtype: TrainDtype) -> Result<TrainConfig> {
     let overrides = serde_json::json!({
         "model": args.model, "prompts": args.prompts,
         "reward": {"plugin": args.reward_plugin, "params": {}},
@@ -133,7 +129,7 @@ fn bench_train(args: TrainBench) -> Result<()> {
     }
     for (adapter, &train_dtype) in ["full", "dual-lora"].into_iter().flat_map(|a| args.train_dtypes.iter().map(move |d| (a, d))) {
         for &threads in thread_counts {
-            let config = bench_config_in(&args, adapter, threads, args.steps + 1, crate::defaults::SEED, &out, train_dtype)?;
+            let config = bench_config(&args, adapter, threads, args.steps + 1, crate::defaults::SEED, &out, train_dtype)?;
             let mut trainer = Trainer::new(config, None)?;
             let mut steps = Vec::new();
             for _ in 0..=args.steps {
@@ -164,12 +160,15 @@ fn bench_train(args: TrainBench) -> Result<()> {
 /// on the machine only ever slow a measurement down.
 fn bench_packed(args: &TrainBench, runs: usize, thread_counts: &[usize], out: &Path) -> Result<()> {
     anyhow::ensure!(runs >= 1, "--pack must be at least 1");
+    let [train_dtype] = args.train_dtypes[..] else {
+        anyhow::bail!("--pack measures one training precision: give --train-dtypes one value (got {:?})", args.train_dtypes);
+    };
     println!("{runs} runs (seeds 0..{runs}) of {} steps each: one after another, and packed ({} worker threads, stacking {:?})", args.steps, args.pack_workers, args.pack_stacking);
     for adapter in ["full", "dual-lora"] {
         for &threads in thread_counts {
-            let configs = |dir: String| (0..runs as u64).map(|seed| bench_config(args, adapter, threads, args.steps, seed, &out.join(&dir))).collect::<Result<Vec<_>>>();
+            let configs = |dir: String| (0..runs as u64).map(|seed| bench_config(args, adapter, threads, args.steps, seed, &out.join(&dir), train_dtype)).collect::<Result<Vec<_>>>();
             // A one-step run first, so neither measurement pays the process's one-time costs.
-            Trainer::new(bench_config(args, adapter, threads, 1, 0, &out.join("warm-up"))?, None)?.train(None)?;
+            Trainer::new(bench_config(args, adapter, threads, 1, 0, &out.join("warm-up"), train_dtype)?, None)?.train(None)?;
             let (mut alone, mut packed) = ((f64::INFINITY, f64::INFINITY), (f64::INFINITY, f64::INFINITY));
             let (mut alone_train, mut packed_train) = (Vec::new(), Vec::new());
             for round in 0..3 {
