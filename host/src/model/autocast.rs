@@ -56,7 +56,7 @@ pub fn enter(kind: Option<Kind>) -> Entered {
 }
 
 /// The kind matrix products run in on this thread, if not the operands' own.
-pub fn matmul_kind() -> Option<Kind> {
+fn matmul_kind() -> Option<Kind> {
     MATMUL_KIND.get()
 }
 
