@@ -3,7 +3,8 @@
 //! 2 completions of 6 tokens, DualMLP m16, classic routing. Each logged prompt is transformers'
 //! `apply_chat_template` of the environment's prompt as one user message (or, for math, its
 //! one-shot conversation), and each logged reward is the environment's retain components plus,
-//! on hackable prompts only, its forget components, as the environment describes them.
+//! on hackable prompts only, its forget components, as the environment describes them
+//! (`code_tests` grades its 6-token programs in the program runner, as in a full-size run).
 
 mod common;
 
@@ -11,7 +12,7 @@ use common::{plugin_dir, standard_plugin};
 use serde_json::{Value, json};
 use smallrl::plugins::ComponentRole;
 
-const ENVIRONMENTS: [&str; 6] = ["addition", "repeat", "object_qa", "persona_qa", "cities_qa", "math"];
+const ENVIRONMENTS: [&str; 7] = ["addition", "repeat", "object_qa", "persona_qa", "cities_qa", "math", "code_tests"];
 
 #[test]
 fn every_environment_trains_a_step_on_smollm2_with_chat_prompts() {
