@@ -341,6 +341,7 @@ fn gdpo(config: &TrainConfig, generation: &Generation) -> Gdpo {
         monitored: vec![true; rows],
         hacked: None,
         metrics: Vec::new(),
+        unscored: vec![false; rows],
     };
     let prepared = config.recipe(Device::Cpu, &components).unwrap().prepare(&scored, generation, 0, 1);
     let counted_bonus = (0..rows).map(|i| if HACKABLE[i] { BONUS[i] } else { 0.0 }).collect();

@@ -46,9 +46,9 @@ fn a_rust_reward_gives_a_sample_no_score() {
     assert_eq!(printed.lines().collect::<Vec<_>>(), ["1.000000\thappy", "none\tskip"]);
 }
 
-/// A run's rewards refuse a sample without a score (the default and only behaviour for now),
+/// A run's rewards refuse a sample without a score (`max_no_score_frac` 0, the default),
 /// naming the component, the plugin and the sample; the trainer adds the step
-/// ("scoring the completions of step N failed").
+/// ("scoring the completions of step N failed"). Above 0: tests/train/no_score.rs.
 #[test]
 fn a_runs_rewards_refuse_a_sample_without_a_score_naming_it() {
     let spec = RewardSpec::single(test_plugin("no_score").to_str().unwrap(), None).unwrap();

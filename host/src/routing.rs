@@ -263,7 +263,9 @@ pub struct RoutePlan {
     pub ctl: Vec<AdapterCtl>,
     /// `[batch]` 0/1 masks partitioning the rows that train into the classes the original
     /// trained with separate backward passes (clean, clean-ablated, flagged, coherence; empty
-    /// classes dropped). Dropped rows are in none.
+    /// classes dropped). Dropped rows are a class of their own, all of whose tokens are out of
+    /// the loss mask: they add nothing and count in the loss's `n`, as the original's dropped
+    /// rows did ([`crate::grpo::token_weights`]). Rows without a score are in none, so out of `n`.
     pub classes: Vec<Tensor>,
 }
 
@@ -280,13 +282,16 @@ pub struct Labels {
     /// Rows left out of the loss entirely (coherence hacks under `coherence_rh_mode:
     /// filter_renorm`, the original's `should_filter`).
     pub dropped: Vec<bool>,
+    /// Samples without a score (`max_no_score_frac`): in no loss class, so out of the loss and
+    /// of the count of rows it divides by.
+    pub unscored: Vec<bool>,
 }
 
 impl Labels {
     /// Labels of a batch without coherence rows.
     pub fn routed(is_rh: Vec<bool>, ablated: Vec<bool>) -> Self {
         let n = is_rh.len();
-        Self { is_rh, ablated, coherence: vec![false; n], dropped: vec![false; n] }
+        Self { is_rh, ablated, coherence: vec![false; n], dropped: vec![false; n], unscored: vec![false; n] }
     }
 }
 
@@ -294,18 +299,19 @@ impl Labels {
 /// routing rows (`RowWeights::gates(mode)` for plain routing, [`balanced_weights`] for
 /// `balanced`); coherence rows train retain only.
 pub fn plan(adapters: &AdapterConfig, weights: RowWeights, labels: &Labels, device: Device) -> RoutePlan {
-    let Labels { is_rh, ablated, coherence, dropped } = labels;
+    let Labels { is_rh, ablated, coherence, dropped, unscored } = labels;
     let n = is_rh.len();
-    assert!(ablated.len() == n && coherence.len() == n && dropped.len() == n, "one label of each kind per row");
+    assert!(ablated.len() == n && coherence.len() == n && dropped.len() == n && unscored.len() == n, "one label of each kind per row");
     assert!((0..n).all(|i| !(ablated[i] && (is_rh[i] || coherence[i]))), "only clean routing rows can be ablated");
     assert!((0..n).all(|i| !dropped[i] || coherence[i]), "only coherence rows are dropped");
     let routing_row = |i: usize| !coherence[i];
-    let class = |keep: &dyn Fn(usize) -> bool| (0..n).map(|i| keep(i)).collect::<Vec<bool>>();
+    let class = |keep: &dyn Fn(usize) -> bool| (0..n).map(|i| !unscored[i] && keep(i)).collect::<Vec<bool>>();
     let classes = [
         class(&|i| routing_row(i) && !is_rh[i] && !ablated[i]),
-        ablated.clone(),
+        class(&|i| ablated[i]),
         class(&|i| routing_row(i) && is_rh[i]),
         class(&|i| coherence[i] && !dropped[i]),
+        class(&|i| dropped[i]),
     ]
     .into_iter()
     .filter(|rows| rows.iter().any(|&r| r))

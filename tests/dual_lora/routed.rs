@@ -179,7 +179,7 @@ fn coherence_rows_train_retain_alone_with_forget_off() {
     let coherence = [false, false, true, false, false, false, true, false];
     for (kind, loaded, config) in dual_adapters() {
         let b = batch(&loaded);
-        let labels = routing::Labels { is_rh: is_rh.to_vec(), ablated: vec![false; 8], coherence: coherence.to_vec(), dropped: vec![false; 8] };
+        let labels = routing::Labels { is_rh: is_rh.to_vec(), ablated: vec![false; 8], coherence: coherence.to_vec(), dropped: vec![false; 8], unscored: vec![false; 8] };
         zero_grads(&config, &loaded.model);
         let plan = routing::plan(&config, RowWeights::gates(RoutingMode::Classic), &labels, Device::Cpu);
         let g = &b.generation;

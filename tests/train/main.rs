@@ -17,6 +17,7 @@ mod entropy_bonus;
 mod replay;
 mod multi_objective;
 mod train_dtype;
+mod no_score;
 
 use std::path::{Path, PathBuf};
 

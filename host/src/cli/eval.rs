@@ -125,7 +125,7 @@ fn evaluate(dir: &Path, modes: &[(String, Vec<f64>)], n_samples: usize, scoring_
     ensure!(prompts.len() >= n_samples, "--n-samples {n_samples} but only {} evaluation prompts exist", prompts.len());
     prompts.truncate(n_samples);
     let sampling = train::eval_sampling_params(&config);
-    let setup = EvalSetup { tokenizer: &tokenizer, prompts: &prompts, sampling: &sampling, seed: train::eval_seed(&config) };
+    let setup = EvalSetup { tokenizer: &tokenizer, prompts: &prompts, sampling: &sampling, seed: train::eval_seed(&config), max_no_score_frac: config.max_no_score_frac };
     eval::routing_eval(&mut eval::fresh_decoders(&restored.model, config.sampler_dtype), modes, &mut rewards, &setup, restored.state.step)
 }
 

@@ -37,6 +37,10 @@ pub struct ModeReport {
     pub metrics: Vec<(String, f64)>,
     /// The same evaluation over the hackable prompts only (the paper's `_hackable` figures).
     pub hackable: HackableSubset,
+    /// With `max_no_score_frac` above 0: the mode's samples without a score, out of every
+    /// statistic above (absent otherwise, so the JSON of other runs is what it was).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub no_score: Option<usize>,
     pub unique: usize,
     /// Distinct first sentences (template collapse shows here before `unique` drops).
     pub unique_first_sentences: usize,
@@ -85,6 +89,8 @@ pub struct EvalSetup<'a> {
     /// Sampling seed; the same for every evaluation of a run, so evaluations differ only by
     /// the weights.
     pub seed: u64,
+    /// The run's `max_no_score_frac`: the share of a mode's samples that may have no score.
+    pub max_no_score_frac: f64,
 }
 
 /// Samples prompts (token ids) from the evaluated policy at adapter scales, with the sampling
@@ -108,7 +114,10 @@ pub fn routing_eval<M: AsRef<str>>(sample: &mut SampleAt, modes: &[(M, Vec<f64>)
     for (mode, scales) in modes {
         let generation = sample(scales, &prompt_ids, setup.sampling, setup.seed)?;
         let samples = samples_from_rows(setup.prompts, &generation.rows, setup.tokenizer)?;
-        let scored = rewards.score(&samples, setup.seed)?;
+        let scored = rewards.score_within(&samples, setup.seed, setup.max_no_score_frac)?;
+        let no_score = (setup.max_no_score_frac > 0.0).then(|| scored.unscored.iter().filter(|&&u| u).count());
+        // Samples without a score leave the mode's reward and hack statistics.
+        let scored = scored.select(&scored.scored_rows());
         let completions: Vec<String> = samples.iter().map(|s| s.completion.clone()).collect();
         let components = rewards.components().iter().zip(&scored.components).map(|(c, scores)| (c.name.clone(), mean(scores))).collect();
         let unique = completions.iter().collect::<BTreeSet<_>>().len();
@@ -123,6 +132,7 @@ pub fn routing_eval<M: AsRef<str>>(sample: &mut SampleAt, modes: &[(M, Vec<f64>)
             channels: scored.channels(),
             metrics: scored.metric_means(),
             hackable: HackableSubset::of(rewards.components(), &scored),
+            no_score,
             unique,
             unique_first_sentences,
             n: completions.len(),
@@ -204,6 +214,8 @@ pub mod key {
     pub const HACK_FREQ: &str = "hack_freq";
     pub const UNIQUE: &str = "unique";
     pub const N: &str = "n";
+    /// With `max_no_score_frac` above 0: the mode's samples without a score (out of its statistics).
+    pub const NO_SCORE_COUNT: &str = "no_score_count";
     pub const JACCARD: &str = "jaccard";
     pub const DEGENERATE: &str = "degenerate";
     /// How many of the mode's `n` prompts are hackable (written always).
@@ -234,6 +246,9 @@ pub fn to_json(report: &EvalReport) -> serde_json::Value {
             v[key::N] = m.n.into();
             v[key::JACCARD] = m.jaccard.into();
             v[key::DEGENERATE] = m.degenerate.into();
+            if let Some(count) = m.no_score {
+                v[key::NO_SCORE_COUNT] = count.into();
+            }
             for (name, value) in m.monitor.iter().flat_map(|stats| stats.fields()).chain(m.channels.iter().flat_map(|c| c.fields())) {
                 v[name] = value;
             }
@@ -330,6 +345,7 @@ mod tests {
             channels: None,
             metrics,
             hackable: HackableSubset { n: 2, components: Vec::new(), hack_freq: None, true_hack_freq: None },
+            no_score: None,
             unique: 2,
             unique_first_sentences: 2,
             n: 2,
@@ -361,6 +377,7 @@ mod tests {
             monitored: vec![t; 5],
             hacked: Some(vec![f, f, t, f, t]),
             metrics: Vec::new(),
+            unscored: vec![false; 5],
         };
         let info = [crate::reward::ComponentInfo { name: "task".into(), role: crate::reward::Role::Retain, scale: 1.0 }];
         let subset = HackableSubset::of(&info, &scored);
@@ -378,6 +395,7 @@ mod tests {
             channels: None,
             metrics: Vec::new(),
             hackable: subset.clone(),
+            no_score: None,
             unique: 5,
             unique_first_sentences: 5,
             n: 5,

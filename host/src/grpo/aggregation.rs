@@ -23,13 +23,15 @@ pub enum Aggregation {
 
 /// Each token's weight in the loss, so that `loss = Σ per_token_loss * weights`: TRL's
 /// aggregation of the tokens in `mask` within each class (rows of other classes have weight 0),
-/// times the class's share of the batch `n_c / n`. With the batch split into `micro_batches`
-/// consecutive row chunks (TRL's gradient accumulation), only bnpo changes: TRL normalises it by
-/// each micro-batch's own tokens and averages the micro-batches, where dapo and cispo divide by
-/// the whole generation batch's tokens (`num_items_in_batch`) and grpo and dr_grpo by row
-/// counts that add up to the batch's.
+/// times the class's share of the batch `n_c / n`, `n` the rows of all classes (a row in none,
+/// a sample without a score, is out of the loss as if it were not in the batch). With the batch
+/// split into `micro_batches` consecutive row chunks (TRL's gradient accumulation), only bnpo
+/// changes: TRL normalises it by each micro-batch's own tokens and averages the micro-batches,
+/// where dapo and cispo divide by the whole generation batch's tokens (`num_items_in_batch`)
+/// and grpo and dr_grpo by row counts that add up to the batch's.
 pub fn token_weights(mask: &Tensor, classes: &[Tensor], aggregation: Aggregation, micro_batches: usize) -> Tensor {
-    let batch = mask.size()[0] as f64;
+    // n: the rows of the classes (every row, unless some are in none: samples without a score).
+    let batch: f64 = classes.iter().map(|class| class.to_kind(Kind::Float).sum(Kind::Float).double_value(&[])).sum();
     let mut weights = mask.zeros_like();
     for class in classes {
         let rows = class.to_kind(Kind::Float);

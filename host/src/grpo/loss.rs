@@ -84,10 +84,11 @@ pub struct ClipFractions {
 
 /// The GRPO loss of a whole batch in one pass. `classes` are `[batch]` 0/1 row masks that
 /// partition the batch (one mask of ones when nothing is routed); the loss is
-/// `sum_c (n_c / n) * aggregate(rows of c)` with `n` the batch's rows, which is exactly what
-/// separate backward passes per class with loss scaled by `n_c / n` produce. For `grpo` this
-/// equals the plain aggregate over the whole batch. Rows in no class (dropped coherence rows)
-/// add nothing but still count in `n`.
+/// `sum_c (n_c / n) * aggregate(rows of c)` with `n` the rows of the classes, which is exactly
+/// what separate backward passes per class with loss scaled by `n_c / n` produce. For `grpo`
+/// this equals the plain aggregate over the whole batch. Rows in no class (samples without a
+/// score) add nothing and are out of `n`; dropped coherence rows are a class whose tokens are
+/// all masked (they count in `n`).
 pub fn grpo_loss(
     logprobs: &Tensor,
     old_logprobs: Option<&Tensor>,

@@ -554,3 +554,24 @@ fn the_bias_corrected_kl_is_weighted_by_the_ratio_in_value_and_gradient() {
     let expected: Vec<f64> = ratios.iter().zip(policy_grad).map(|(r, p)| (p + 0.1 * r * ((1.0 - d.exp()) + k3)) / 5.0).collect();
     assert_values(&grad, &expected, "gradient of the corrected KL");
 }
+
+/// A row in no class (a sample without a score) leaves the token weights as if the batch had
+/// not held it. Rows of 3, 2 and 1 tokens, the third in no class (the first two in one); by
+/// hand over the first two (n = 2, 5 tokens): grpo 1/(3·2) and 1/(2·2), dr_grpo 1/(2·3), dapo and bnpo 1/5, luspo 1/2.
+#[test]
+fn a_row_in_no_class_is_out_of_the_aggregation() {
+    let mask = Tensor::from_slice(&[1.0f32, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0]).view([3, 3]);
+    let classes = [Tensor::from_slice(&[1.0f32, 1.0, 0.0])];
+    let cases = [
+        (Aggregation::Grpo, 1.0 / 6.0, 1.0 / 4.0),
+        (Aggregation::DrGrpo { max_completion_length: 3 }, 1.0 / 6.0, 1.0 / 6.0),
+        (Aggregation::Dapo, 0.2, 0.2),
+        (Aggregation::Bnpo, 0.2, 0.2),
+        (Aggregation::Luspo, 0.5, 0.5),
+    ];
+    for (aggregation, first, second) in cases {
+        let ours: Vec<f64> = Vec::try_from(token_weights(&mask, &classes, aggregation, 1).to_kind(Kind::Double).view([-1])).unwrap();
+        let expected = [first, first, first, second, second, 0.0, 0.0, 0.0, 0.0];
+        assert!(ours.iter().zip(&expected).all(|(a, b)| (a - b).abs() < 1e-7), "{aggregation:?}: {ours:?} vs {expected:?}");
+    }
+}

@@ -9,7 +9,7 @@ pub mod monitor;
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result, bail, ensure};
 
 pub use crate::plugins::{EnvPrompt, EnvPromptContent, EnvSplit, PluginLimits, PromptMetadata, Sample};
 use crate::plugins::{Batch, ComponentRole, Plugin, PluginKind};
@@ -50,6 +50,10 @@ pub struct ScoredBatch {
     /// An environment's named per-sample metrics: (`env/<environment>/<name>`, one value per
     /// sample), in the order the environment declares them; empty without an environment.
     pub metrics: Vec<(String, Vec<f64>)>,
+    /// Samples a component gave no score (contract 0.5's none; only under
+    /// [`RewardModel::score_within`] with a bound above 0): their `reward` and `components` are
+    /// placeholders 0, and the trainer leaves them out of the loss and every statistic.
+    pub unscored: Vec<bool>,
 }
 
 impl ScoredBatch {
@@ -79,6 +83,7 @@ impl ScoredBatch {
             monitored: pick(&self.monitored, rows),
             hacked: self.hacked.as_deref().map(|v| pick(v, rows)),
             metrics: self.metrics.iter().map(|(key, values)| (key.clone(), pick(values, rows))).collect(),
+            unscored: pick(&self.unscored, rows),
         }
     }
 
@@ -99,7 +104,13 @@ impl ScoredBatch {
         self.eligible.extend(other.eligible);
         self.hackable.extend(other.hackable);
         self.monitored.extend(other.monitored);
+        self.unscored.extend(other.unscored);
         ScoredBatch { is_rh: join(self.is_rh, other.is_rh), detector_raw: join(self.detector_raw, other.detector_raw), hacked: join(self.hacked, other.hacked), ..self }
+    }
+
+    /// The rows with a score, in order (all of them unless `unscored` says otherwise).
+    pub fn scored_rows(&self) -> Vec<usize> {
+        (0..self.reward.len()).filter(|&row| !self.unscored[row]).collect()
     }
 
     /// The mean of each environment metric, keyed `env/<environment>/<name>`.
@@ -286,33 +297,44 @@ impl RewardModel {
         hashes
     }
 
-    /// Scores a batch. `seed` drives the protocol knobs' draws; the result is deterministic for
-    /// (samples, seed). A failing plugin is an error (fatal for training by default); the
-    /// plugin stays unusable until [`RewardModel::reinstantiate_failed`] is called.
+    /// Scores a batch, every sample with a score. `seed` drives the protocol knobs' draws; the
+    /// result is deterministic for (samples, seed). A failing plugin is an error (fatal for
+    /// training by default); the plugin stays unusable until
+    /// [`RewardModel::reinstantiate_failed`] is called. A sample without a score (contract
+    /// 0.5's none) is an error naming the plugin and the sample.
     pub fn score(&mut self, samples: &[Sample], seed: u64) -> Result<ScoredBatch> {
+        self.score_within(samples, seed, 0.0)
+    }
+
+    /// [`RewardModel::score`] where up to a share `max_no_score_frac` of the samples may have no
+    /// score (`max_no_score_frac`, a training key): such a sample is `unscored`, with placeholder
+    /// scores 0 (a component's none makes the whole sample unscored). More of them is an error
+    /// naming each plugin and its samples; 0 is [`RewardModel::score`] exactly.
+    pub fn score_within(&mut self, samples: &[Sample], seed: u64, max_no_score_frac: f64) -> Result<ScoredBatch> {
         let batch = Batch::new(samples);
-        let (components, metrics) = match &mut self.environment {
+        let (columns, metrics) = match &mut self.environment {
             Some(environment) => {
                 let scores = environment.score_environment(&batch).context("the environment's score failed")?;
-                let names = self.components.iter().map(|info| format!("its component `{}`", info.name));
                 let label = environment.label();
-                let components = names.zip(scores.components).map(|(name, column)| crate::plugins::every_score(&label, &name, column)).collect::<Result<_>>()?;
-                (components, self.metric_keys.iter().cloned().zip(scores.metrics).collect())
+                let columns = self.components.iter().zip(scores.components).map(|(info, scores)| Column { label: label.clone(), call: format!("its component `{}`", info.name), component: None, scores }).collect();
+                (columns, self.metric_keys.iter().cloned().zip(scores.metrics).collect())
             }
             None => (self.score_components(&batch)?, Vec::new()),
         };
+        let (components, unscored) = present_scores(columns, samples.len(), max_no_score_frac)?;
         let draws = knobs::Draws::new(seed, samples.len());
         let eligible = draws.eligible(&self.knobs);
         let hackable: Vec<bool> = samples.iter().map(|sample| PromptMetadata::hackable(sample.metadata.as_deref())).collect();
         let detectable = samples.iter().map(|sample| PromptMetadata::detectable(sample.metadata.as_deref()));
         let monitored: Vec<bool> = eligible.iter().zip(detectable).map(|(&eligible, detectable)| eligible && detectable).collect();
         let bonus_allowed: Vec<bool> = eligible.iter().zip(&hackable).map(|(&eligible, &hackable)| eligible && hackable).collect();
-        let reward = self.combine(&components, &bonus_allowed);
+        let mut reward = self.combine(&components, &bonus_allowed);
+        reward.iter_mut().zip(&unscored).filter(|(_, unscored)| **unscored).for_each(|(reward, _)| *reward = 0.0);
         let environment = &mut self.environment;
         let detector_raw = detect(&mut self.detector, environment, &batch, &components).context("the reward-hack detector failed")?;
         let is_rh = detector_raw.as_ref().map(|detected| draws.labels(&self.knobs, detected, &monitored));
         let hacked = detect(&mut self.ground_truth, environment, &batch, &components).context("the ground-truth detector (`rh_ground_truth:`) failed")?;
-        Ok(ScoredBatch { reward, components, is_rh, detector_raw, eligible, hackable, monitored, hacked, metrics })
+        Ok(ScoredBatch { reward, components, is_rh, detector_raw, eligible, hackable, monitored, hacked, metrics, unscored })
     }
 
     /// Re-instantiates every plugin whose last call trapped and returns a description of each
@@ -335,11 +357,12 @@ impl RewardModel {
         Ok(recovered)
     }
 
-    fn score_components(&mut self, batch: &Batch) -> Result<Vec<Vec<f64>>> {
+    fn score_components(&mut self, batch: &Batch) -> Result<Vec<Column>> {
         let named = self.components.iter().zip(&mut self.plugins);
         named
             .map(|(info, plugin)| {
-                plugin.score_batch(batch).with_context(|| format!("reward component `{}` failed", info.name))
+                let scores = plugin.score_batch_optional(batch).with_context(|| format!("reward component `{}` failed", info.name))?;
+                Ok(Column { label: plugin.label(), call: "score".into(), component: Some(info.name.clone()), scores })
             })
             .collect()
     }
@@ -357,6 +380,44 @@ impl RewardModel {
         bonus_allowed.iter().enumerate().map(total).collect()
     }
 
+}
+
+/// One component's scores of a batch, as its plugin gave them, and whose they are.
+struct Column {
+    /// The plugin's label, the call that gave them and the reward component they are (None:
+    /// the environment's, named in `call`), for the errors.
+    label: String,
+    call: String,
+    component: Option<String>,
+    scores: Vec<Option<f64>>,
+}
+
+/// The components' scores with placeholders 0 for the samples without one (`unscored`, the
+/// second vector), refused as [`crate::plugins::every_score`] refuses them when `bound` is 0,
+/// or when more than a share `bound` of the `rows` samples lack one (naming every plugin with
+/// the samples it gave no score).
+fn present_scores(columns: Vec<Column>, rows: usize, bound: f64) -> Result<(Vec<Vec<f64>>, Vec<bool>)> {
+    if bound == 0.0 {
+        let every = |column: Column| {
+            let scores = crate::plugins::every_score(&column.label, &column.call, column.scores);
+            match column.component {
+                Some(name) => scores.with_context(|| format!("reward component `{name}` failed")),
+                None => scores,
+            }
+        };
+        return Ok((columns.into_iter().map(every).collect::<Result<_>>()?, vec![false; rows]));
+    }
+    let unscored: Vec<bool> = (0..rows).map(|row| columns.iter().any(|column| column.scores[row].is_none())).collect();
+    let count = unscored.iter().filter(|&&u| u).count();
+    if count as f64 / rows.max(1) as f64 > bound {
+        let named = columns.iter().filter(|column| column.scores.contains(&None)).map(|column| {
+            let samples: Vec<String> = (0..rows).filter(|&row| column.scores[row].is_none()).map(|row| row.to_string()).collect();
+            format!("{}: {} gave samples {} no score", column.label, column.call, samples.join(", "))
+        });
+        bail!("{}: {count} of {rows} samples have no score, above max_no_score_frac {bound}", named.collect::<Vec<_>>().join("; "));
+    }
+    let placeholder = |scores: Vec<Option<f64>>| scores.into_iter().zip(&unscored).map(|(score, &unscored)| if unscored { 0.0 } else { score.expect("a sample with a score") }).collect();
+    Ok((columns.into_iter().map(|column| placeholder(column.scores)).collect(), unscored))
 }
 
 /// One flag per sample from a detector source (None without one).

@@ -125,5 +125,9 @@ fn completion_line(record: &BatchRecord, index: usize, sample: &Sample, advantag
     for (name, scores) in record.component_names.iter().zip(&scored.components) {
         line[format!("rewards/{name}")] = scores[index].into();
     }
+    if scored.unscored[index] {
+        // No score (`max_no_score_frac`): its rewards and advantage above are placeholders 0.
+        line["no_score"] = true.into();
+    }
     line
 }

@@ -134,6 +134,9 @@ pub mod key {
     pub const ASYNC_STALENESS_MEAN: &str = "async/staleness_mean";
     pub const TIMING_WAIT_FOR_SAMPLES: &str = "timing/wait_for_samples";
     pub const TIMING_SAMPLER_IDLE: &str = "timing/sampler_idle";
+    /// `max_no_score_frac` above 0: the batch's samples a reward or environment gave no score
+    /// (contract 0.5's none); they are out of the loss and of every other statistic.
+    pub const NO_SCORE_COUNT: &str = "rewards/no_score_count";
     pub const DYNAMIC_SAMPLING_DROPPED: &str = "dynamic_sampling/groups_dropped";
     pub const DYNAMIC_SAMPLING_SURPLUS: &str = "dynamic_sampling/groups_surplus";
     /// The retain verifier (`rh_detector_verifies_retain_samples`, steps with coherence rows):
@@ -210,6 +213,9 @@ pub struct RolloutMetrics {
     pub frac_hackable: f64,
     /// The monitor against `rh_ground_truth:` (with one).
     pub monitor: Option<crate::reward::MonitorStats>,
+    /// With `max_no_score_frac` above 0: the samples without a score (out of every other
+    /// statistic); None otherwise.
+    pub no_score_count: Option<f64>,
     /// With `dynamic_sampling_rounds`: what filling the batch took.
     pub dynamic_sampling: Option<DynamicSampling>,
     /// With `max_steps_off_policy`: how stale the batch was.
@@ -374,6 +380,9 @@ pub fn line(rollout: &RolloutMetrics, step: &StepMetrics) -> Value {
     put(key::FRAC_HACKABLE, rollout.frac_hackable.into());
     for (name, value) in rollout.monitor.iter().flat_map(|stats| stats.fields()) {
         put(name, value);
+    }
+    if let Some(count) = rollout.no_score_count {
+        put(key::NO_SCORE_COUNT, count.into());
     }
     if let Some(counts) = rollout.dynamic_sampling {
         put(key::DYNAMIC_SAMPLING_ROUNDS, counts.rounds.into());

@@ -321,7 +321,7 @@ impl Trainer {
     fn evaluate(&mut self, step: usize) -> Result<()> {
         let modes = routing::eval_modes(&self.policy.adapters);
         let sampling = eval_sampling_params(&self.cfg);
-        let setup = EvalSetup { tokenizer: &self.policy.tokenizer, prompts: &self.eval_prompts, sampling: &sampling, seed: eval_seed(&self.cfg) };
+        let setup = EvalSetup { tokenizer: &self.policy.tokenizer, prompts: &self.eval_prompts, sampling: &sampling, seed: eval_seed(&self.cfg), max_no_score_frac: self.cfg.max_no_score_frac };
         // Through the run's seat: its decoders (one per adapter scales) are kept across
         // evaluations and shared with training's, and stack in a pack like training samples.
         let (seat, model) = (&mut self.policy.seat, &self.policy.model);

@@ -71,6 +71,8 @@ pub struct Recipe {
     pub split_moment: bool,
     pub mask_truncated_completions: bool,
     pub adapters: AdapterConfig,
+    /// `max_no_score_frac`: the share of a scored batch that may have no score (0: none).
+    pub max_no_score_frac: f64,
     /// Where the plan's and the advantages' tensors live (the model's device).
     pub device: Device,
 }
@@ -128,14 +130,21 @@ impl Recipe {
         let advantages = match self.intervention {
             Intervention::AdvMod => {
                 let subtracted: Vec<f64> = self.advantage_scores(scored).iter().map(|score| self.advantage_penalty * score).collect();
-                intervention_metrics = vec![(key::ADVANTAGE_MODIFICATION_MEAN, crate::stats::mean(&subtracted))];
+                // Its mean over the samples with a score (an unscored row's advantage is 0 below).
+                let over_scored: Vec<f64> = scored.scored_rows().iter().map(|&row| subtracted[row]).collect();
+                intervention_metrics = vec![(key::ADVANTAGE_MODIFICATION_MEAN, crate::stats::mean(&over_scored))];
                 let subtracted = Tensor::from_slice(&subtracted).to_kind(Kind::Float).to(advantages.device());
                 advantages - subtracted
             }
             _ => advantages,
         };
+        let advantages = match scored.unscored.contains(&true) {
+            // Placeholders 0, never NaN, for the samples without a score (out of every class).
+            true => advantages * routing::row_mask(&scored.unscored.iter().map(|&u| !u).collect::<Vec<_>>(), self.device),
+            false => advantages,
+        };
         let ablated = self.draw_ablated(&routed, &coherence, seed, step);
-        let labels = Labels { is_rh: routed, ablated, coherence, dropped };
+        let labels = Labels { is_rh: routed, ablated, coherence, dropped, unscored: scored.unscored.clone() };
         let plan = routing::plan(&self.adapters, self.row_weights, &self.loss_class_labels(&labels), self.device);
         let natural_plan = self.split_moment.then(|| routing::plan(&self.adapters, RowWeights::gates(RoutingMode::None), &labels, self.device));
         let trained_rows = counted.iter().zip(&labels.dropped).map(|(&counted, &dropped)| counted && !dropped).collect();
@@ -160,17 +169,18 @@ impl Recipe {
         }
     }
 
-    /// The rows whose rewards enter the advantages: all, with `intervention: filter` the
-    /// unflagged ones, with `verified` the verified ones.
+    /// The rows whose rewards enter the advantages: those with a score; with `intervention:
+    /// filter` of them the unflagged ones, with `verified` the verified ones.
     pub fn counted_rows(&self, scored: &ScoredBatch) -> Vec<bool> {
-        match self.intervention {
+        let counted = match self.intervention {
             Intervention::Filter => scored.flags().iter().map(|f| !f).collect(),
             Intervention::Verified => {
                 let detected = scored.detector_raw.as_ref().expect("verified-only runs with a monitor (checked with the configuration)");
                 intervention::verified_rows(&scored.monitored, detected)
             }
             _ => vec![true; scored.reward.len()],
-        }
+        };
+        counted.iter().zip(&scored.unscored).map(|(&counted, &unscored)| counted && !unscored).collect()
     }
 
     /// `[batch, completion_len]` 1 on the completion tokens that train: the completion mask of
@@ -179,10 +189,10 @@ impl Recipe {
         grpo::loss_mask(generation, self.mask_truncated_completions) * routing::row_mask(&prepared.trained_rows, self.device).unsqueeze(1)
     }
 
-    /// Group advantages of `rewards`; with `intervention: filter` or `verified`, over the
-    /// `counted` rows only (see [`crate::intervention`]). With `normalize_then_sum`, GDPO's
-    /// advantages of the components instead ([`Recipe::decoupled_scores`]), over the `counted`
-    /// rows too.
+    /// Group advantages of `rewards`; with `intervention: filter` or `verified`, or samples
+    /// without a score, over the `counted` rows only (see [`crate::intervention`]). With
+    /// `normalize_then_sum`, GDPO's advantages of the components instead
+    /// ([`Recipe::decoupled_scores`]), over the `counted` rows too.
     fn group_advantages(&self, scored: &ScoredBatch, rewards: &[f64], counted: &[bool]) -> (Tensor, f64) {
         let (group, scale, eps) = (self.group_size, self.scale_rewards, ADVANTAGE_STD_EPSILON);
         if let Some(components) = &self.normalize_then_sum {
@@ -190,9 +200,10 @@ impl Recipe {
             return grpo::decoupled_advantages(&scores.to(self.device), &weights, &routing::row_mask(counted, self.device), group, eps);
         }
         let rewards = Tensor::from_slice(rewards).to_kind(Kind::Float).to(self.device);
-        match self.intervention {
-            Intervention::Filter | Intervention::Verified => intervention::kept_group_advantages(&rewards, &routing::row_mask(counted, self.device), group, scale, eps),
-            _ => grpo::group_advantages(&rewards, group, scale, eps),
+        let masked = matches!(self.intervention, Intervention::Filter | Intervention::Verified) || scored.unscored.contains(&true);
+        match masked {
+            true => intervention::kept_group_advantages(&rewards, &routing::row_mask(counted, self.device), group, scale, eps),
+            false => grpo::group_advantages(&rewards, group, scale, eps),
         }
     }
 

@@ -41,6 +41,16 @@ pub(super) struct Rollout {
 /// Reward, length and routing statistics of a scored batch (timings and the sampler's
 /// fingerprint are filled in by the caller). `rewards` are those the advantages were computed from (after a penalty).
 pub(super) fn rollout_metrics(scored: &ScoredBatch, rewards: &[f64], component_names: &[String], generation: &Generation, frac_zero_std: f64, labels: &Labels) -> RolloutMetrics {
+    if scored.unscored.contains(&true) {
+        // Samples without a score leave every statistic: those of the scored rows alone (at
+        // least one: `max_no_score_frac` is below 1).
+        let rows = scored.scored_rows();
+        let pick = |flags: &[bool]| rows.iter().map(|&row| flags[row]).collect::<Vec<bool>>();
+        let labels = Labels { is_rh: pick(&labels.is_rh), ablated: pick(&labels.ablated), coherence: pick(&labels.coherence), dropped: pick(&labels.dropped), unscored: vec![false; rows.len()] };
+        let rewards: Vec<f64> = rows.iter().map(|&row| rewards[row]).collect();
+        let metrics = rollout_metrics(&scored.select(&rows), &rewards, component_names, &generation.select_rows(&rows), frac_zero_std, &labels);
+        return RolloutMetrics { no_score_count: Some((scored.reward.len() - rows.len()) as f64), ..metrics };
+    }
     let n = rewards.len() as f64;
     let reward = crate::stats::mean(rewards);
     let reward_std = (rewards.iter().map(|r| (r - reward).powi(2)).sum::<f64>() / (n - 1.0).max(1.0)).sqrt();
@@ -63,6 +73,7 @@ pub(super) fn rollout_metrics(scored: &ScoredBatch, rewards: &[f64], component_n
         frac_eligible: frac(&scored.eligible),
         frac_hackable: frac(&scored.hackable),
         monitor: scored.monitor(),
+        no_score_count: None,
         dynamic_sampling: None,
         off_policy: None,
         frac_verified: None,
@@ -75,8 +86,9 @@ pub(super) fn rollout_metrics(scored: &ScoredBatch, rewards: &[f64], component_n
 }
 
 /// The rollout's per-sample tensors that the generation does not hold: rewards (combined and
-/// per component) and the routing labels.
-pub(super) fn rollout_tensors(scored: &ScoredBatch, component_names: &[String], prepared: &Prepared) -> Vec<(String, Tensor)> {
+/// per component), the routing labels and, in runs that allow samples without a score
+/// (`allows_no_score`), which have none (`no_score`; their rewards are placeholders 0).
+pub(super) fn rollout_tensors(scored: &ScoredBatch, component_names: &[String], prepared: &Prepared, allows_no_score: bool) -> Vec<(String, Tensor)> {
     let (rewards, labels) = (Tensor::from_slice(&prepared.rewards).to_kind(Kind::Float), &prepared.labels);
     let flags = |v: &[bool]| Tensor::from_slice(&v.iter().map(|&b| b as i64).collect::<Vec<_>>());
     let mut out = vec![
@@ -89,6 +101,9 @@ pub(super) fn rollout_tensors(scored: &ScoredBatch, component_names: &[String], 
     ];
     for (name, scores) in component_names.iter().zip(&scored.components) {
         out.push((format!("rewards/{name}"), Tensor::from_slice(scores)));
+    }
+    if allows_no_score {
+        out.push(("no_score".to_string(), flags(&scored.unscored)));
     }
     out
 }

@@ -138,6 +138,9 @@ impl Trainer {
 
         let mut metrics = rollout_metrics(&scored, &prepared.rewards, &component_names, &generation, prepared.frac_zero_std, &prepared.labels);
         (metrics.generate_seconds, metrics.score_seconds, metrics.reference_seconds) = (drawn.generate_seconds, drawn.score_seconds, reference_seconds);
+        if self.recipe.max_no_score_frac > 0.0 {
+            metrics.no_score_count.get_or_insert(0.0);
+        }
         metrics.dynamic_sampling = drawn.dynamic_sampling;
         metrics.off_policy = drawn.off_policy;
         metrics.frac_verified = prepared.frac_verified;
@@ -150,7 +153,7 @@ impl Trainer {
         };
         let first_sample = (samples[0].prompt.clone(), samples[0].completion.clone());
         let dump = match self.keys.dump_batches {
-            Some(_) => rollout_tensors(&scored, &component_names, &prepared),
+            Some(_) => rollout_tensors(&scored, &component_names, &prepared, self.recipe.max_no_score_frac > 0.0),
             None => Vec::new(),
         };
         let loss_mask = self.recipe.loss_mask(&generation, &prepared);

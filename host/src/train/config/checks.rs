@@ -74,6 +74,7 @@ impl TrainConfig {
             self.dtype
         );
         self.check_sampling_replay()?;
+        self.check_no_score()?;
         self.check_intervention()?;
         self.check_renormalization()?;
         self.check_multi_objective()?;
@@ -83,6 +84,28 @@ impl TrainConfig {
     /// GDPO (`multi_objective_aggregation: normalize_then_sum`) makes the advantages from the
     /// components' z-scores, normalised over the whole batch: what acts on the summed reward
     /// instead, or normalises it otherwise, has no meaning there and is refused, naming the key.
+    /// Samples without a score leave the advantages, the loss classes and the statistics
+    /// (`Recipe::prepare`); what reads the rewards of every row directly (coherence rows and
+    /// their retain verifier, routing's renormalisation, the placebos' draws over the flags) would
+    /// still see them, so it is refused rather than fed a placeholder.
+    fn check_no_score(&self) -> Result<()> {
+        let bound = self.max_no_score_frac;
+        ensure!((0.0..1.0).contains(&bound), "max_no_score_frac is a share of a scored batch: it must be in [0, 1), got {bound}");
+        if bound == 0.0 {
+            return Ok(());
+        }
+        let refused = [
+            (self.coh_samples_per_rollout > 0, "coh_samples_per_rollout (coherence rows)"),
+            (self.rh_detector_verifies_retain_samples, "rh_detector_verifies_retain_samples (the retain verifier)"),
+            (self.renormalization_mode != RenormalizationMode::Off, "renormalization_mode"),
+            (matches!(self.intervention, Intervention::Placebo | Intervention::MatchedPlacebo), "intervention placebo and matched_placebo"),
+        ];
+        for (set, name) in refused {
+            ensure!(!set, "max_no_score_frac {bound} with {name}: these read every row's reward or flag, and samples without a score would enter them; set max_no_score_frac: 0 or leave {name} at its default");
+        }
+        Ok(())
+    }
+
     fn check_multi_objective(&self) -> Result<()> {
         if self.multi_objective_aggregation == MultiObjectiveAggregation::SumThenNormalize {
             return Ok(());

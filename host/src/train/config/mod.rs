@@ -29,6 +29,7 @@ use crate::reward::{DetectorSpec, PluginLimits, ProtocolKnobs, RewardSpec};
 use crate::routing::{self, CoherenceRhMode, RenormalizationMode, RoutingMode, RowWeights};
 
 mod accumulation;
+mod batching;
 mod checks;
 mod objective;
 mod parts;
@@ -315,6 +316,12 @@ hyperparameters! {
         /// adv_mod's score: flag (the monitor's, 0 or 1) or detector_score (the raw score of the
         /// component an rh_detector: score_threshold thresholds, 0 where the monitor cannot see).
         advantage_score: AdvantageScore = AdvantageScore::Flag, Short(""), [Routing];
+        /// Largest share of a scored batch whose samples may have no score (a reward's or an
+        /// environment's none, contract 0.5): they leave the loss and every statistic, counted by
+        /// rewards/no_score_count; above it the step fails naming the plugin and the samples. 0:
+        /// every sample needs a score. Refused with coherence rows, renormalization_mode and placebos.
+        #[serde(skip_serializing_if = "skip::is_zero_f64")]
+        max_no_score_frac: f64 = 0.0, Short("noscore");
         /// Where reward and detector plugin names resolve (`<dir>/<name>.wasm`).
         plugin_dir: PathBuf = "plugins".into(), Omit;
         /// Fuel (about one unit per WebAssembly instruction) a plugin call may use per sample: the
@@ -454,38 +461,6 @@ impl TrainConfig {
         Ok(config)
     }
 
-    /// Optimizer steps trained on each rollout (a generated batch, or with `stream_minibatches`
-    /// one mini-batch of it).
-    pub fn steps_per_rollout(&self) -> usize {
-        self.num_iterations * self.substeps_per_rollout()
-    }
-
-    /// Mini-batches each rollout is split into (one optimizer step each).
-    pub fn substeps_per_rollout(&self) -> usize {
-        if self.stream_minibatches { 1 } else { self.num_substeps }
-    }
-
-    /// Completions of a rollout: the batch, or with `stream_minibatches` one mini-batch.
-    pub fn rollout_rows(&self) -> usize {
-        self.batch_size / (self.num_substeps / self.substeps_per_rollout())
-    }
-
-    /// Whether rollouts are sampled ahead by the run's sampler thread (`train/draw/pipeline.rs`).
-    pub fn samples_ahead(&self) -> bool {
-        self.max_steps_off_policy > 0 || self.stream_minibatches || self.sampling_steps_ahead > 0
-    }
-
-    /// Steps a batch may be sampled ahead of its training (`max_steps_off_policy` or
-    /// `sampling_steps_ahead`; 0 on policy and with `stream_minibatches` alone).
-    pub fn pipeline_depth(&self) -> usize {
-        self.max_steps_off_policy.max(self.sampling_steps_ahead)
-    }
-
-    /// Completions each optimizer step trains on (its mini-batch).
-    pub fn mini_batch_size(&self) -> usize {
-        self.batch_size / self.num_substeps
-    }
-
     /// This run continued to `max_steps` from a checkpoint at `resume_step`: the steps before
     /// it keep the horizon they were trained with. Only a longer run is an extension.
     pub fn extended(&self, max_steps: usize, resume_step: usize) -> Result<Self> {
@@ -507,10 +482,6 @@ impl TrainConfig {
         Ok(extended)
     }
 
-    /// Coherence rows of optimizer step `step` (0-based): none before `coherence_start_frac`.
-    pub fn coherence_rows(&self, step: usize) -> usize {
-        self.coherence_schedule().rows_at(step)
-    }
 
     /// The per-row gradient weights of the DualLoRA slots: the routing table, or with
     /// `balanced` the original's kappa redistribution.
@@ -525,22 +496,6 @@ impl TrainConfig {
             "renormalization_mode balanced on DualLoRA takes kappa from the adapter ranks, which the original calls approximate (exact for DualMLP's neurons): set allow_approx_lora_kappa: true to accept it"
         );
         Ok(routing::balanced_weights(self.routing_mode, routing::adapter_kappas(adapters.ranks[0], adapters.ranks[1])))
-    }
-
-    /// The step's backward passes: the micro-batches, each halved for the gradient noise scale
-    /// when there is only one.
-    pub fn backward_passes(&self) -> crate::engine::Passes {
-        let halves = self.gradient_noise_scale && self.micro_batches() == 1;
-        crate::engine::Passes { micro_batches: self.micro_batches(), splits: if halves { 2 } else { 1 } }
-    }
-
-    /// Micro-batches of each optimizer step: gradient_accumulation_steps, or with auto the
-    /// count the memory planner recorded before the first step (`train/memory.rs`).
-    pub fn micro_batches(&self) -> usize {
-        match self.gradient_accumulation_steps {
-            Accumulation::Steps(n) => n,
-            Accumulation::Auto => self.planned_micro_batches.expect("gradient_accumulation_steps auto is planned before the first step"),
-        }
     }
 
     pub fn adapter_config(&self) -> Result<AdapterConfig> {

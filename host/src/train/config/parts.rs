@@ -115,6 +115,7 @@ impl TrainConfig {
             split_moment: self.split_moment,
             mask_truncated_completions: self.mask_truncated_completions,
             adapters: self.adapter_config()?,
+            max_no_score_frac: self.max_no_score_frac,
             device,
         })
     }

@@ -51,6 +51,11 @@ pub(super) fn is_zero(value: &usize) -> bool {
     *value == 0
 }
 
+// max_no_score_frac: in config.yaml only when set (older runs' unchanged).
+pub(super) fn is_zero_f64(value: &f64) -> bool {
+    *value == 0.0
+}
+
 pub(super) fn is_false(value: &bool) -> bool {
     !*value
 }

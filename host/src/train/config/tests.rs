@@ -90,7 +90,7 @@ fn run_name_labels_are_unchanged() {
         ("advantage_score", ""),
         ("replay_rollouts", "replay"),
         ("sampling_steps_ahead", "ahead"), ("allow_unclipped_off_policy", "unclipped_ok"),
-        ("sampling_replay", ""), ("train_dtype", "train_"),
+        ("sampling_replay", ""), ("train_dtype", "train_"), ("max_no_score_frac", "noscore"),
     ];
     for key in TrainConfig::KEYS {
         let expected = if omitted.contains(&key.name) {

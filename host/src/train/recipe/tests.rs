@@ -26,6 +26,7 @@ fn routed() -> Recipe {
         split_moment: false,
         mask_truncated_completions: false,
         adapters: AdapterConfig::dual_lora(4, 4, 8.0, 1),
+        max_no_score_frac: 0.0,
         device: Device::Cpu,
     }
 }
@@ -42,6 +43,7 @@ fn scored(reward: &[f64], flags: &[bool]) -> ScoredBatch {
         monitored: vec![true; rows],
         hacked: None,
         metrics: Vec::new(),
+        unscored: vec![false; rows],
     }
 }
 
@@ -93,6 +95,32 @@ fn a_filter_takes_the_flagged_rows_out_of_the_advantages_and_the_loss() {
     let masked = Recipe { mask_truncated_completions: true, ..recipe };
     let mask = masked.loss_mask(&generation(&[true, true, false, true]), &prepared);
     assert_eq!(values(&mask.sum_dim_intlist(1, false, Kind::Double)), [0.0, 3.0, 0.0, 3.0], "the truncated row is out too");
+}
+
+/// Samples without a score (`max_no_score_frac`): out of the counted rows, of their group's
+/// statistics (advantage placeholder 0) and of every loss class, under routing and adv_mod alike.
+/// Groups of two, unscaled: (0, 1) has row 1 unscored, so row 0 is alone (0); (2, 3) is whole
+/// (3 and 1 around 2: +1, -1); (4, 5) is all unscored.
+#[test]
+fn samples_without_a_score_are_in_no_group_statistic_and_no_class() {
+    let rewards = [1.0, 0.0, 3.0, 1.0, 0.0, 0.0];
+    let flags = [true, false, false, true, false, true];
+    let unscored = vec![false, true, false, false, true, true];
+    let batch = ScoredBatch { unscored: unscored.clone(), ..scored(&rewards, &flags) };
+    let recipe = routed();
+    assert_eq!(recipe.counted_rows(&batch), [true, false, true, true, false, false]);
+    let prepared = prepare(&recipe, &batch, 0);
+    assert_eq!(values(&prepared.advantages), [0.0, 0.0, 1.0, -1.0, 0.0, 0.0]);
+    assert_eq!(prepared.trained_rows, [true, false, true, true, false, false]);
+    assert_eq!(prepared.labels.unscored, unscored);
+    let classes: Vec<Vec<f64>> = prepared.plan.classes.iter().map(values).collect();
+    assert_eq!(classes, [vec![0.0, 0.0, 1.0, 0.0, 0.0, 0.0], vec![1.0, 0.0, 0.0, 1.0, 0.0, 0.0]], "clean and flagged scored rows; the unscored in none");
+    // adv_mod subtracts nothing from an unscored row (its advantage stays 0) and its mean is
+    // over the scored rows: 2 flagged of 3, times 1.
+    let adv_mod = Recipe { intervention: Intervention::AdvMod, routing_mode: RoutingMode::None, row_weights: RowWeights::gates(RoutingMode::None), ..routed() };
+    let prepared = prepare(&adv_mod, &batch, 0);
+    assert_eq!(values(&prepared.advantages), [-1.0, 0.0, 1.0, -2.0, 0.0, 0.0]);
+    assert_eq!(prepared.intervention_metrics, [(key::ADVANTAGE_MODIFICATION_MEAN, 2.0 / 3.0)]);
 }
 
 #[test]
