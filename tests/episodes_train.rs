@@ -153,14 +153,24 @@ fn what_does_not_run_episodes_yet_is_refused_by_name() {
     assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), 0, "no run directory was written");
 }
 
-/// guess_number's reward (solved + closeness) rises over 16 steps on tiny-stories.
+/// guess_number learns on tiny-stories: one game (`num_prompts` 1: one secret from 1 to 8), its
+/// guess the first word's letter count (`guess: word_length`; tiny-stories never writes a digit
+/// or a number word), up to 3 turns told higher or lower. The reward (solved + closeness, at
+/// most 2) rises and the episodes get shorter as the model opens its turns with a word of the
+/// secret's length. Seen with 1 thread: 1.54 over steps 1-4 -> 1.93 over steps 9-12, turns 2.24
+/// -> 1.34. (With 8
+/// games, which needs the feedback or one word per game, 20 steps went 0.88 -> 0.98: within
+/// the noise, not a test.)
 #[test]
 fn guess_number_learns_on_tiny_stories() {
     let out = tempfile::tempdir().unwrap();
-    let run = run(config(out.path(), &[("max_steps", json!(16))]));
-    let rewards: Vec<f64> = metrics(&run).iter().map(|m| m["reward"].as_f64().unwrap()).collect();
+    let overrides = [("max_steps", json!(12)), ("num_prompts", json!(1)), ("environment_params", json!({"max_number": 8, "guess": "word_length"}))];
+    let lines = metrics(&run(config(out.path(), &overrides)));
+    let series = |key: &str| lines.iter().map(|m| m[key].as_f64().unwrap()).collect::<Vec<f64>>();
     let mean = |r: &[f64]| r.iter().sum::<f64>() / r.len() as f64;
-    let (first, last) = (mean(&rewards[..4]), mean(&rewards[12..]));
-    println!("mean reward, steps 1-4: {first:.3}; steps 13-16: {last:.3}");
-    assert!(last > first + 0.1, "the reward did not rise: {first:.3} -> {last:.3}");
+    let (rewards, turns) = (series("reward"), series(TURNS));
+    let (first, last) = (mean(&rewards[..4]), mean(&rewards[8..]));
+    println!("mean reward, steps 1-4: {first:.3}; steps 9-12: {last:.3}; turns {:.2} -> {:.2}", mean(&turns[..4]), mean(&turns[8..]));
+    assert!(last > first + 0.25, "the reward did not rise: {first:.3} -> {last:.3}");
+    assert!(mean(&turns[8..]) < mean(&turns[..4]), "solved episodes end sooner: turns {turns:?}");
 }
