@@ -57,6 +57,7 @@ pub(super) fn refuse_unsupported(cfg: &TrainConfig, runs_seated: usize, environm
         (cfg.samples_ahead(), "max_steps_off_policy, sampling_steps_ahead and stream_minibatches (sampling ahead): episodes are sampled on policy only, for now".into()),
         (cfg.replay_rollouts.is_some(), "replay_rollouts: recorded rollouts of episodes are not replayed yet".into()),
         (cfg.coh_samples_per_rollout > 0 || cfg.rh_detector_verifies_retain_samples, "coh_samples_per_rollout and rh_detector_verifies_retain_samples (coherence rows): episodes are sampled at the routed scales only, for now".into()),
+        (cfg.mask_truncated_completions, "mask_truncated_completions: an episode's last turn cut by episode_max_turn_tokens is not a truncated episode, and which are is not settled yet".into()),
         (cfg.fisher_kernel_every > 0, "fisher_kernel_every: the Fisher kernel's sequence log-probabilities would count observation tokens".into()),
         (
             cfg.sampling_truncates() && cfg.sampling_replay == crate::grpo::SamplingReplay::KeptSets,
