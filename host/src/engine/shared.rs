@@ -441,18 +441,15 @@ impl Seat {
         }
     }
 
-    /// The run's decoder at adapter `scales`, refolded from the policy `model`'s current weights
-    /// and checked as [`Seat::sample`]'s, for a caller that decodes by itself: the multi-turn
-    /// episodes of `train/episodes.rs` (never stacked: packs do not run episodes). Returns it
-    /// and the seconds its refresh took.
+    /// The run's decoder at `scales`, refreshed and checked as [`Seat::sample`]'s, for the
+    /// multi-turn episodes of `train/episodes.rs` (never stacked: packs do not run episodes).
     pub fn decoder(&mut self, model: &Llama, scales: &[f64]) -> Result<(&DecodeModel, f64)> {
         let (index, fold_seconds) = self.refreshed_decoder(model, scales)?;
         Ok((&self.decoders[index].1, fold_seconds))
     }
 
-    /// The index of the run's decoder at `scales`, refreshed from `model` (made at the first
-    /// call with these scales), its weights checked and their fingerprint recorded; and the
-    /// seconds it took.
+    /// The index of the run's decoder at `scales` (made at the first call with them), refreshed
+    /// from `model`, its weights checked and their fingerprint recorded; and the seconds it took.
     fn refreshed_decoder(&mut self, model: &Llama, scales: &[f64]) -> Result<(usize, f64)> {
         let dtype = self.sampler_dtype;
         let ((index, expected), fold_seconds) = timed(1, || {
