@@ -80,6 +80,9 @@ pub const EPISODE_MAX_OBSERVATION_BYTES: usize = 4096;
 /// 1 to 16."); 64 leaves room for a short tool report.
 pub const EPISODE_MAX_OBSERVATION_TOKENS: usize = 64;
 pub const EPISODE_MAX_TOKENS: usize = 256;
+/// A training run's tokens per assistant turn (`episode_max_turn_tokens`); the episode's budget is
+/// its max_completion_length.
+pub const EPISODE_MAX_TURN_TOKENS: usize = 32;
 
 // Plugin sandbox limits per call (`plugin_max_memory_mb`, `plugin_fuel_per_sample`,
 // `plugin_max_call_seconds`, `plugin_judge_items_per_sample`, `plugin_judge_tokens_per_sample`):

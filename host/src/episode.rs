@@ -53,6 +53,18 @@ pub struct EpisodeBatch {
     pub turns: Vec<usize>,
     /// Observation tokens per episode.
     pub observation_tokens: Vec<usize>,
+    /// Which bound made each episode's final turn its `last` (None: the environment ended the
+    /// episode before any bound did).
+    pub bounded: Vec<Option<EpisodeBound>>,
+}
+
+/// The host's bound that sent an episode's turn as its last: the environment then had to end it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EpisodeBound {
+    /// `max_turns` (checked first: a turn that is the last by both counts as this).
+    Turns,
+    /// `max_episode_tokens`: too little of it left for an observation and one more model token.
+    Tokens,
 }
 
 /// One token of a transcript: its id, whether the model sampled it, its sampling log-prob.
@@ -84,13 +96,14 @@ pub fn run_episodes(
 ) -> Result<EpisodeBatch> {
     ensure!(environment.is_episodic(), "{}: is not an episode environment (it does not implement the episode-environment world)", environment.label());
     ensure!(!params.kept_sets, "sampling replay's kept sets are not recorded for episodes: use `sampling_replay: trl_1_16` with an episode environment");
-    ensure!(bounds.max_turns >= 1 && bounds.max_episode_tokens >= 1, "episode_max_turns and episode_max_tokens must be at least 1");
+    ensure!(bounds.max_turns >= 1 && bounds.max_episode_tokens >= 1, "episode_max_turns and the episode's token budget (max_completion_length in a run) must be at least 1");
     let ids: Vec<u64> = (0..prompts.len() as u64).map(|i| first_id + i).collect();
     let starts: Vec<(u64, &EnvPrompt)> = ids.iter().zip(prompts).map(|(&id, p)| (id, p.env_prompt)).collect();
     environment.start_episodes(&starts)?;
     let mut transcripts: Vec<Vec<Token>> = vec![Vec::new(); prompts.len()];
     let mut ends: Vec<Option<EpisodeEnd>> = vec![None; prompts.len()];
     let mut turns = vec![0usize; prompts.len()];
+    let mut bounded = vec![None; prompts.len()];
     for turn in 0..bounds.max_turns {
         let active: Vec<usize> = (0..prompts.len()).filter(|&i| ends[i].is_none()).collect();
         if active.is_empty() {
@@ -105,7 +118,14 @@ pub fn run_episodes(
             let text_ids: Vec<u32> = tokens[..tokens.len() - usize::from(ended)].iter().map(|t| t.id).collect();
             transcripts[row].extend(tokens);
             turns[row] += 1;
-            let last = turn + 1 == bounds.max_turns || transcripts[row].len() + bounds.max_observation_tokens + 1 > bounds.max_episode_tokens;
+            bounded[row] = if turn + 1 == bounds.max_turns {
+                Some(EpisodeBound::Turns)
+            } else if transcripts[row].len() + bounds.max_observation_tokens + 1 > bounds.max_episode_tokens {
+                Some(EpisodeBound::Tokens)
+            } else {
+                None
+            };
+            let last = bounded[row].is_some();
             samples.push(sample_from_ids(prompts[row].prompt, text_ids, ended, tokenizer)?);
             requests.push((ids[row], last));
         }
@@ -131,7 +151,7 @@ pub fn run_episodes(
     let ends: Vec<EpisodeEnd> = ends.into_iter().map(|end| end.context("an episode did not end by its last turn (the plugin's answers are checked: a host bug)")).collect::<Result<_>>()?;
     let observation_tokens = transcripts.iter().map(|t| t.iter().filter(|t| !t.model).count()).collect();
     let generation = lay_out(model, prompts, &transcripts)?;
-    Ok(EpisodeBatch { generation, ends, turns, observation_tokens })
+    Ok(EpisodeBatch { generation, ends, turns, observation_tokens, bounded })
 }
 
 /// One turn of every active episode: its tokens through the stop token it ended with, cut to

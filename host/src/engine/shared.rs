@@ -430,6 +430,27 @@ impl Seat {
     /// Samples `prompts` from the policy `model` at adapter `scales` (with the run's decoder
     /// for those scales, refolded from the current weights).
     pub fn sample(&mut self, model: &Llama, scales: &[f64], prompts: &[Vec<u32>], params: &SamplingParams, seed: u64) -> Result<Done<Generation>> {
+        let (index, fold_seconds) = self.refreshed_decoder(model, scales)?;
+        let decoder = &self.decoders[index].1;
+        let stacks = self.engine.stacks_sampling(decoder);
+        let job = Job::Sample(SampleJob { decoder, scales, prompts, params, seed });
+        let done = run_job(&self.engine, self.run, &mut self.working, stacks, job)?;
+        match done.value {
+            Outcome::Sample(value) => Ok(Done { value: value?, seconds: done.seconds + fold_seconds, runs: done.runs }),
+            _ => unreachable!("a sample job's outcome"),
+        }
+    }
+
+    /// The run's decoder at `scales`, refreshed and checked as [`Seat::sample`]'s, for the
+    /// multi-turn episodes of `train/episodes.rs` (never stacked: packs do not run episodes).
+    pub fn decoder(&mut self, model: &Llama, scales: &[f64]) -> Result<(&DecodeModel, f64)> {
+        let (index, fold_seconds) = self.refreshed_decoder(model, scales)?;
+        Ok((&self.decoders[index].1, fold_seconds))
+    }
+
+    /// The index of the run's decoder at `scales` (made at the first call with them), refreshed
+    /// from `model`, its weights checked and their fingerprint recorded; and the seconds it took.
+    fn refreshed_decoder(&mut self, model: &Llama, scales: &[f64]) -> Result<(usize, f64)> {
         let dtype = self.sampler_dtype;
         let ((index, expected), fold_seconds) = timed(1, || {
             let fresh = FoldedWeights::new(model, scales);
@@ -448,16 +469,9 @@ impl Seat {
             };
             (index, expected)
         });
-        let decoder = &self.decoders[index].1;
-        super::delivery::check(&decoder.fingerprints(), &expected, "the run's sampler")?;
+        super::delivery::check(&self.decoders[index].1.fingerprints(), &expected, "the run's sampler")?;
         self.fingerprints.push(expected[0]);
-        let stacks = self.engine.stacks_sampling(decoder);
-        let job = Job::Sample(SampleJob { decoder, scales, prompts, params, seed });
-        let done = run_job(&self.engine, self.run, &mut self.working, stacks, job)?;
-        match done.value {
-            Outcome::Sample(value) => Ok(Done { value: value?, seconds: done.seconds + fold_seconds, runs: done.runs }),
-            _ => unreachable!("a sample job's outcome"),
-        }
+        Ok((index, fold_seconds))
     }
 
     /// Starts sampling `prompts` ahead, on the run's sampler thread, from the policy `model`

@@ -108,14 +108,28 @@ pub fn fresh_decoders(model: &Llama, dtype: SamplerDtype) -> impl FnMut(&[f64], 
 /// Evaluates the policy `sample` draws from in each `(mode name, adapter scales)`; every mode
 /// samples with the same seed, so a mode's result does not depend on the other modes asked for.
 pub fn routing_eval<M: AsRef<str>>(sample: &mut SampleAt, modes: &[(M, Vec<f64>)], rewards: &mut RewardModel, setup: &EvalSetup, step: usize) -> Result<EvalReport> {
-    let start = Instant::now();
     let prompt_ids = setup.prompts.iter().map(|p| setup.tokenizer.encode(&p.text)).collect::<Result<Vec<_>>>()?;
-    let mut reports = Vec::new();
-    for (mode, scales) in modes {
+    let mut rollout = |scales: &[f64], rewards: &mut RewardModel| {
         let generation = sample(scales, &prompt_ids, setup.sampling, setup.seed)?;
         let samples = samples_from_rows(setup.prompts, &generation.rows, setup.tokenizer)?;
         let scored = rewards.score_within(&samples, setup.seed, setup.max_no_score_frac)?;
-        let no_score = (setup.max_no_score_frac > 0.0).then(|| scored.unscored.iter().filter(|&&u| u).count());
+        Ok((samples, scored))
+    };
+    routing_eval_of(&mut rollout, modes, rewards, setup.max_no_score_frac, step)
+}
+
+/// Samples and scores the evaluation prompts at adapter scales: one completion each (or, in a
+/// run on a multi-turn episode environment, one episode each: `train/episodes.rs`).
+pub type RolloutAt<'a> = dyn FnMut(&[f64], &mut RewardModel) -> Result<(Vec<crate::reward::Sample>, crate::reward::ScoredBatch)> + 'a;
+
+/// [`routing_eval`] with each mode's samples and scores from `rollout`; with `max_no_score_frac`
+/// (the run's) above 0, each mode counts its samples without a score, which leave its statistics.
+pub fn routing_eval_of<M: AsRef<str>>(rollout: &mut RolloutAt, modes: &[(M, Vec<f64>)], rewards: &mut RewardModel, max_no_score_frac: f64, step: usize) -> Result<EvalReport> {
+    let start = Instant::now();
+    let mut reports = Vec::new();
+    for (mode, scales) in modes {
+        let (samples, scored) = rollout(scales, rewards)?;
+        let no_score = (max_no_score_frac > 0.0).then(|| scored.unscored.iter().filter(|&&u| u).count());
         // Samples without a score leave the mode's reward and hack statistics.
         let scored = scored.select(&scored.scored_rows());
         let completions: Vec<String> = samples.iter().map(|s| s.completion.clone()).collect();

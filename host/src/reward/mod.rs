@@ -143,6 +143,16 @@ impl ScoredBatch {
     }
 }
 
+/// What the plugins said of a batch, before the protocol knobs.
+struct Judged {
+    components: Vec<Vec<f64>>,
+    metrics: Vec<(String, Vec<f64>)>,
+    detector_raw: Option<Vec<bool>>,
+    hacked: Option<Vec<bool>>,
+    /// Samples without a score ([`RewardModel::score_within`]); their scores are placeholders.
+    unscored: Vec<bool>,
+}
+
 enum DetectorSource {
     Plugin(Plugin),
     /// Index of the component whose raw score is compared with the threshold.
@@ -193,15 +203,25 @@ impl RewardModel {
     /// Loads an environment (`environment:`, `environment_params:`): its components are the
     /// reward (each of scale 1, no cap: the original's sum), its monitor the detector and its
     /// ground truth the ground truth. Names resolve as rewards' (`<plugin_dir>/<name>.wasm`).
+    /// A multi-turn episode environment is refused: its scores come at the end of its episodes,
+    /// which only `smallrl train` runs ([`RewardModel::load_training_environment`]).
     pub fn load_environment(value: &str, params: Option<&serde_json::Value>, knobs: ProtocolKnobs, plugin_dir: &Path, limits: PluginLimits) -> Result<Self> {
-        knobs.check()?;
-        let plugin = load_plugin(value, params, plugin_dir, PluginKind::Environment, limits)?;
-        // Its scores come at the end of its episodes, which only `episode::run_episodes` runs.
-        anyhow::ensure!(
+        let loaded = Self::load_training_environment(value, params, knobs, plugin_dir, limits)?;
+        let plugin = loaded.environment.as_ref().expect("an environment was loaded");
+        ensure!(
             !plugin.is_episodic(),
-            "{}: is a multi-turn episode environment (the episode-environment world, issue 48): training runs, evaluations and `plugin score` do not run episodes yet (docs/src/environments.md, \"Multi-turn episodes\")",
+            "{}: is a multi-turn episode environment (the episode-environment world, issue 48): `smallrl eval` and `plugin score` do not run episodes yet; `smallrl train` does (docs/src/environments.md, \"Multi-turn episodes\")",
             plugin.label()
         );
+        Ok(loaded)
+    }
+
+    /// [`RewardModel::load_environment`] for a training run, which runs a multi-turn episode
+    /// environment's episodes (`train/episodes.rs`) and scores them with
+    /// [`RewardModel::score_episodes`].
+    pub fn load_training_environment(value: &str, params: Option<&serde_json::Value>, knobs: ProtocolKnobs, plugin_dir: &Path, limits: PluginLimits) -> Result<Self> {
+        knobs.check()?;
+        let plugin = load_plugin(value, params, plugin_dir, PluginKind::Environment, limits)?;
         let info = plugin.environment_info().expect("an environment plugin has its environment info").clone();
         let role = |role: ComponentRole| match role {
             ComponentRole::Retain => Role::Retain,
@@ -220,6 +240,16 @@ impl RewardModel {
             metric_keys,
             judge_hashes: Default::default(),
         })
+    }
+
+    /// Whether the run's environment is a multi-turn episode environment.
+    pub fn is_episodic(&self) -> bool {
+        self.environment.as_ref().is_some_and(Plugin::is_episodic)
+    }
+
+    /// The episode environment whose episodes the trainer runs (None without one).
+    pub fn episode_environment(&mut self) -> Option<&mut Plugin> {
+        self.environment.as_mut().filter(|plugin| plugin.is_episodic())
     }
 
     /// The environment's name (None: the run's rewards are plugins).
@@ -311,6 +341,7 @@ impl RewardModel {
     /// scores 0 (a component's none makes the whole sample unscored). More of them is an error
     /// naming each plugin and its samples; 0 is [`RewardModel::score`] exactly.
     pub fn score_within(&mut self, samples: &[Sample], seed: u64, max_no_score_frac: f64) -> Result<ScoredBatch> {
+        ensure!(!self.is_episodic(), "internal error: an episode environment's samples are scored by `score_episodes`");
         let batch = Batch::new(samples);
         let (columns, metrics) = match &mut self.environment {
             Some(environment) => {
@@ -322,6 +353,39 @@ impl RewardModel {
             None => (self.score_components(&batch)?, Vec::new()),
         };
         let (components, unscored) = present_scores(columns, samples.len(), max_no_score_frac)?;
+        let environment = &mut self.environment;
+        let detector_raw = detect(&mut self.detector, environment, &batch, &components).context("the reward-hack detector failed")?;
+        let hacked = detect(&mut self.ground_truth, environment, &batch, &components).context("the ground-truth detector (`rh_ground_truth:`) failed")?;
+        Ok(self.composed(samples, seed, Judged { components, metrics, detector_raw, hacked, unscored }))
+    }
+
+    /// Scores finished episodes as [`RewardModel::score`] scores single-turn samples: each
+    /// episode's end gives its components, metrics, monitor flag and ground truth (the
+    /// environment's own, the only detector sources an environment run has); the protocol
+    /// knobs, gating and the cap act on them as on any sample. `samples` are the episodes'
+    /// transcripts (their prompt metadata says what is hackable and detectable), `ends` their ends.
+    pub fn score_episodes(&self, samples: &[Sample], ends: &[crate::plugins::EpisodeEnd], seed: u64) -> Result<ScoredBatch> {
+        ensure!(self.is_episodic(), "internal error: score_episodes without an episode environment");
+        ensure!(samples.len() == ends.len(), "internal error: {} samples for {} episode ends", samples.len(), ends.len());
+        let column = |index: usize, of: fn(&crate::plugins::EpisodeEnd) -> &Vec<f64>| ends.iter().map(|end| of(end)[index]).collect::<Vec<f64>>();
+        let components = (0..self.components.len()).map(|k| column(k, |end| &end.components)).collect();
+        let metrics = self.metric_keys.iter().enumerate().map(|(k, key)| (key.clone(), column(k, |end| &end.metrics))).collect();
+        let flags = |source: &Option<DetectorSource>, of: fn(&crate::plugins::EpisodeEnd) -> bool| match source {
+            None => Ok(None),
+            Some(DetectorSource::EnvironmentMonitor | DetectorSource::EnvironmentGroundTruth) => Ok(Some(ends.iter().map(of).collect())),
+            Some(_) => anyhow::bail!("internal error: an environment run's detectors are the environment's"),
+        };
+        let detector_raw = flags(&self.detector, |end| end.monitor)?;
+        let hacked = flags(&self.ground_truth, |end| end.ground_truth)?;
+        // An episode's end always has its components (the episode contract has no none).
+        let unscored = vec![false; samples.len()];
+        Ok(self.composed(samples, seed, Judged { components, metrics, detector_raw, hacked, unscored }))
+    }
+
+    /// The batch from what the plugins judged: the protocol knobs drawn from `seed`, the
+    /// rewards combined, the monitor's labels.
+    fn composed(&self, samples: &[Sample], seed: u64, judged: Judged) -> ScoredBatch {
+        let Judged { components, metrics, detector_raw, hacked, unscored } = judged;
         let draws = knobs::Draws::new(seed, samples.len());
         let eligible = draws.eligible(&self.knobs);
         let hackable: Vec<bool> = samples.iter().map(|sample| PromptMetadata::hackable(sample.metadata.as_deref())).collect();
@@ -330,11 +394,8 @@ impl RewardModel {
         let bonus_allowed: Vec<bool> = eligible.iter().zip(&hackable).map(|(&eligible, &hackable)| eligible && hackable).collect();
         let mut reward = self.combine(&components, &bonus_allowed);
         reward.iter_mut().zip(&unscored).filter(|(_, unscored)| **unscored).for_each(|(reward, _)| *reward = 0.0);
-        let environment = &mut self.environment;
-        let detector_raw = detect(&mut self.detector, environment, &batch, &components).context("the reward-hack detector failed")?;
         let is_rh = detector_raw.as_ref().map(|detected| draws.labels(&self.knobs, detected, &monitored));
-        let hacked = detect(&mut self.ground_truth, environment, &batch, &components).context("the ground-truth detector (`rh_ground_truth:`) failed")?;
-        Ok(ScoredBatch { reward, components, is_rh, detector_raw, eligible, hackable, monitored, hacked, metrics, unscored })
+        ScoredBatch { reward, components, is_rh, detector_raw, eligible, hackable, monitored, hacked, metrics, unscored }
     }
 
     /// Re-instantiates every plugin whose last call trapped and returns a description of each

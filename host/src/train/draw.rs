@@ -85,6 +85,8 @@ pub(super) struct Draw {
     verifier_prompts: Option<PromptStream>,
     /// In `DrawMode::Ahead`: the chunks sampled ahead.
     queue: pipeline::Queue,
+    /// A multi-turn episode environment's: each row is an episode (`episodes.rs`; on policy only).
+    episodes: Option<super::episodes::Episodes>,
 }
 
 /// What drawing a batch samples with and scores with (borrowed from the trainer).
@@ -132,11 +134,16 @@ impl DrawnBatch {
 impl Draw {
     /// The draw of a run with `keys`, from its training `prompts` (the verifier's stream of
     /// coherence prompts with `verifier_prompts`).
-    pub fn new(keys: DrawKeys, prompts: Vec<Prompt>, verifier_prompts: Option<Vec<Prompt>>) -> Self {
+    pub fn new(keys: DrawKeys, prompts: Vec<Prompt>, verifier_prompts: Option<Vec<Prompt>>, episodes: Option<super::episodes::Episodes>) -> Self {
         let extra_prompts = (keys.dynamic_rounds > 0).then(|| PromptStream::new(prompts.clone(), rng::derive(keys.seed, "dynamic-sampling-prompts", 0)));
         let verifier_prompts = verifier_prompts.map(|prompts| PromptStream::new(prompts, rng::derive(keys.seed, "verifier-prompts", 0)));
         let prompts = PromptStream::new(prompts, keys.seed);
-        Self { keys, prompts, extra_prompts, verifier_prompts, queue: Default::default() }
+        Self { keys, prompts, extra_prompts, verifier_prompts, queue: Default::default(), episodes }
+    }
+
+    /// The run's episode settings, on a multi-turn episode environment.
+    pub fn episodes(&self) -> Option<&super::episodes::Episodes> {
+        self.episodes.as_ref()
     }
 
     /// The step's batch; with dynamic sampling, only groups whose rewards differ (see the
@@ -194,6 +201,16 @@ impl Draw {
         let prompt_ids = tokenized(&with.policy.tokenizer, &prompt_texts)?;
         let coherence_rows = self.keys.coherence.rows_at(step);
         let seed = self.round_seed(round);
+        if let Some(episodes) = &self.episodes {
+            ensure!(self.keys.mode == DrawMode::OnPolicy && coherence_rows == 0, "internal error: episodes are drawn on policy without coherence rows (refused at start)");
+            let [request] = <[_; 1]>::try_from(with.policy.sample_requests(&prompt_ids, 0, step, seed)).map_err(|_| anyhow::anyhow!("internal error: one sampler call per episode batch"))?;
+            // Episode ids count the run's episodes: round r of step s starts at (s * (R + 1) + r) * rows.
+            let first_id = ((step * (self.keys.dynamic_rounds + 1) + round) * prompt_texts.len()) as u64;
+            let seeds = (request.seed, rng::derive(seed, "protocol", step as u64));
+            let played = episodes.play(with.policy, with.rewards, &prompt_texts, &request.scales, seeds, first_id).with_context(|| format!("the episodes of step {} failed", step + 1))?;
+            let super::episodes::Played { generation, samples, scored, generate_seconds, score_seconds } = played;
+            return Ok(DrawnBatch { generation, samples, scored, generate_seconds, score_seconds, dynamic_sampling: None, off_policy: None });
+        }
         let (generation, generate_seconds) = match &self.keys.mode {
             DrawMode::Replay(dir) => (replay::generation(dir, step, &prompt_ids, with.policy.model.device)?, 0.0),
             DrawMode::OnPolicy => with.policy.sample(with.policy.sample_requests(&prompt_ids, coherence_rows, step, seed), with.log)?,

@@ -26,6 +26,8 @@ pub(super) fn write_step(dir: &Path, step: usize, rollout: &Rollout, logprobs: &
         ("new_logprobs".into(), logprobs.detach()),
         ("loss".into(), loss.detach()),
     ];
+    // Episodes: 1 on the model's tokens, 0 on observation tokens (which the loss mask leaves out).
+    tensors.extend(g.model_mask.iter().map(|t| ("model_mask".to_string(), t.shallow_clone())));
     // Sampling replay: the kept sets, read back by `Generation::from_saved`.
     tensors.extend(g.kept.iter().map(|t| ("kept".to_string(), t.shallow_clone())));
     tensors.extend(rollout.ref_logprobs.iter().map(|t| ("ref_logprobs".to_string(), t.shallow_clone())));

@@ -19,6 +19,7 @@ pub mod checkpoint;
 pub mod config;
 mod draw;
 mod dump;
+pub mod episodes;
 mod files;
 pub mod fisher;
 pub mod metrics;
@@ -119,7 +120,14 @@ impl Trainer {
         };
         let policy = policy::load(&cfg, device, kind, seat)?;
         // The one place a run's prompts, rewards, monitor and ground truth are assembled.
-        let task::Task { rewards, prompts, eval_prompts } = task::load(&cfg, &policy.tokenizer, &prompts::PromptRender::for_run(&cfg, &policy.files)?)?;
+        let task::Task { rewards, prompts, eval_prompts, episode_starts } = task::load(&cfg, &policy.tokenizer, &prompts::PromptRender::for_run(&cfg, &policy.files)?)?;
+        let episodes = match rewards.is_episodic() {
+            true => {
+                episodes::refuse_unsupported(&cfg, policy.seat.runs(), &format!("{} ({})", rewards.environment_name().unwrap_or("?"), rewards.environment_file().map_or_else(|| "?".into(), |p| p.display().to_string())))?;
+                Some(episodes::Episodes::new(&cfg, episode_starts)?)
+            }
+            false => None,
+        };
         // Before any sampling: the step's memory, and with gradient_accumulation_steps auto its
         // micro-batches (refused here, naming the figures, when one row does not fit).
         let memory = memory::plan_policy(&mut cfg, &policy, &[&prompts[..], &eval_prompts[..]], device)?;
@@ -129,7 +137,7 @@ impl Trainer {
             true => Some(prompts::verifier_prompts(&prompts)?),
             false => None,
         };
-        let draw = Draw::new(cfg.draw_keys(), prompts, verifier_prompts);
+        let draw = Draw::new(cfg.draw_keys(), prompts, verifier_prompts, episodes);
         // Everything above can fail on bad input; only now is the run directory written.
         let restarted = match resume {
             Some(_) => None,
@@ -320,13 +328,23 @@ impl Trainer {
 
     fn evaluate(&mut self, step: usize) -> Result<()> {
         let modes = routing::eval_modes(&self.policy.adapters);
-        let sampling = eval_sampling_params(&self.cfg);
-        let setup = EvalSetup { tokenizer: &self.policy.tokenizer, prompts: &self.eval_prompts, sampling: &sampling, seed: eval_seed(&self.cfg), max_no_score_frac: self.cfg.max_no_score_frac };
         // Through the run's seat: its decoders (one per adapter scales) are kept across
         // evaluations and shared with training's, and stack in a pack like training samples.
-        let (seat, model) = (&mut self.policy.seat, &self.policy.model);
-        let mut sample = |scales: &[f64], prompts: &[Vec<u32>], params: &SamplingParams, seed| seat.sample(model, scales, prompts, params, seed).map(|done| done.value);
-        let report = eval::routing_eval(&mut sample, &modes, &mut self.rewards, &setup, step)?;
+        let report = match self.draw.episodes() {
+            // One episode per evaluation prompt, at each mode's scales, with the evaluation seed.
+            Some(episodes) => {
+                let (policy, prompts, seed) = (&mut self.policy, &self.eval_prompts, eval_seed(&self.cfg));
+                let mut rollout = |scales: &[f64], rewards: &mut RewardModel| episodes.play(policy, rewards, prompts, scales, (seed, seed), 0).map(|played| (played.samples, played.scored));
+                eval::routing_eval_of(&mut rollout, &modes, &mut self.rewards, self.cfg.max_no_score_frac, step)?
+            }
+            None => {
+                let sampling = eval_sampling_params(&self.cfg);
+                let setup = EvalSetup { tokenizer: &self.policy.tokenizer, prompts: &self.eval_prompts, sampling: &sampling, seed: eval_seed(&self.cfg), max_no_score_frac: self.cfg.max_no_score_frac };
+                let (seat, model) = (&mut self.policy.seat, &self.policy.model);
+                let mut sample = |scales: &[f64], prompts: &[Vec<u32>], params: &SamplingParams, seed| seat.sample(model, scales, prompts, params, seed).map(|done| done.value);
+                eval::routing_eval(&mut sample, &modes, &mut self.rewards, &setup, step)?
+            }
+        };
         self.files.log.line(&eval::format_block(&report))?;
         let evaluation = eval::to_json(&report);
         self.files.live.routing_eval(&evaluation)?;

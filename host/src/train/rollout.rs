@@ -55,7 +55,11 @@ pub(super) fn rollout_metrics(scored: &ScoredBatch, rewards: &[f64], component_n
     let reward = crate::stats::mean(rewards);
     let reward_std = (rewards.iter().map(|r| (r - reward).powi(2)).sum::<f64>() / (n - 1.0).max(1.0)).sqrt();
     let components = component_names.iter().zip(&scored.components).map(|(name, scores)| (name.clone(), crate::stats::mean(scores))).collect();
-    let lengths: Vec<f64> = generation.rows.iter().map(|r| (r.ids.len() + usize::from(r.ended_with_eos)) as f64).collect();
+    // An episode's length is its model tokens (its observations are not the model's output).
+    let lengths: Vec<f64> = match &generation.model_mask {
+        Some(_) => Vec::<f64>::try_from(&generation.model_tokens().sum_dim_intlist(1, false, Kind::Double).to_device(tch::Device::Cpu)).expect("a [rows] tensor"),
+        None => generation.rows.iter().map(|r| (r.ids.len() + usize::from(r.ended_with_eos)) as f64).collect(),
+    };
     let truncated = generation.rows.iter().filter(|r| !r.ended_with_eos).count() as f64;
     let frac = |flags: &[bool]| flags.iter().filter(|&&f| f).count() as f64 / n;
     RolloutMetrics {

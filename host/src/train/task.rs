@@ -18,7 +18,7 @@ use super::TrainConfig;
 use super::prompts::{self, PromptRender};
 use crate::defaults;
 use crate::model::Tokenizer;
-use crate::reward::{EnvSplit, Prompt, RewardModel};
+use crate::reward::{EnvPrompt, EnvSplit, Prompt, RewardModel};
 
 /// A run's prompts and rewards.
 pub struct Task {
@@ -26,14 +26,23 @@ pub struct Task {
     pub prompts: Vec<Prompt>,
     /// The first `eval_samples` evaluation prompts.
     pub eval_prompts: Vec<Prompt>,
+    /// With a multi-turn episode environment: every training and evaluation prompt as the
+    /// environment wrote it (inoculated), by its rendered text: what its episodes start from.
+    pub episode_starts: Vec<(String, EnvPrompt)>,
 }
 
 /// The run's reward model: the environment's components, monitor and ground truth, or the
-/// configured plugins.
+/// configured plugins. An episode environment is refused (`smallrl eval`, sweeps' evaluations):
+/// only a training run plays episodes.
 pub fn rewards(cfg: &TrainConfig) -> Result<RewardModel> {
+    rewards_with(cfg, false)
+}
+
+fn rewards_with(cfg: &TrainConfig, episodes: bool) -> Result<RewardModel> {
     let limits = cfg.plugin_limits()?;
+    let load = if episodes { RewardModel::load_training_environment } else { RewardModel::load_environment };
     let mut rewards = match &cfg.environment {
-        Some(environment) => RewardModel::load_environment(environment, cfg.environment_params.as_ref(), cfg.knobs(), &cfg.plugin_dir, limits)
+        Some(environment) => load(environment, cfg.environment_params.as_ref(), cfg.knobs(), &cfg.plugin_dir, limits)
             .with_context(|| format!("cannot load environment `{environment}`"))?,
         None => {
             let reward_spec = cfg.reward.as_ref().context("no reward configured: set `reward:` or `environment:`")?;
@@ -78,24 +87,26 @@ fn attach_judge(rewards: &mut RewardModel, cfg: &TrainConfig) -> Result<()> {
 
 /// Everything a run trains and evaluates on.
 pub fn load(cfg: &TrainConfig, tokenizer: &Tokenizer, render: &PromptRender) -> Result<Task> {
-    let mut rewards = rewards(cfg)?;
-    let (prompts, eval_prompts) = match rewards.environment_name().map(str::to_string) {
-        None => prompts::load(cfg, tokenizer, render)?,
-        Some(name) => {
-            ensure!(cfg.num_prompts > 0, "num_prompts is 0: environment {name} needs to generate at least one training prompt");
-            let mut generated = generate_pure(&mut rewards, EnvSplit::Train, cfg.num_prompts, cfg.seed, cfg)?;
-            if cfg.inoculation {
-                for prompt in &mut generated {
-                    inoculate(prompt, &cfg.inoculation_prompt)?;
-                }
-            }
-            let train = render_environment_prompts(&rewards, EnvSplit::Train, generated, render)?;
-            let eval = evaluation_prompts(&mut rewards, cfg.eval_samples, cfg, render)?;
-            check_disjoint(&format!("{name} ({})", environment_file(&rewards)), &train, &eval)?;
-            (train, eval)
-        }
+    let mut rewards = rewards_with(cfg, true)?;
+    let Some(name) = rewards.environment_name().map(str::to_string) else {
+        let (prompts, eval_prompts) = prompts::load(cfg, tokenizer, render)?;
+        return Ok(Task { rewards, prompts, eval_prompts, episode_starts: Vec::new() });
     };
-    Ok(Task { rewards, prompts, eval_prompts })
+    ensure!(cfg.num_prompts > 0, "num_prompts is 0: environment {name} needs to generate at least one training prompt");
+    let mut generated = generate_pure(&mut rewards, EnvSplit::Train, cfg.num_prompts, cfg.seed, cfg)?;
+    if cfg.inoculation {
+        for prompt in &mut generated {
+            inoculate(prompt, &cfg.inoculation_prompt)?;
+        }
+    }
+    let eval_generated = generate_pure(&mut rewards, EnvSplit::Eval, cfg.eval_samples, defaults::EVAL_PROMPT_SEED, cfg)?;
+    let starts = rewards.is_episodic().then(|| generated.iter().chain(&eval_generated).cloned().collect::<Vec<_>>());
+    let train = render_environment_prompts(&rewards, EnvSplit::Train, generated, render)?;
+    let eval = render_environment_prompts(&rewards, EnvSplit::Eval, eval_generated, render)?;
+    check_disjoint(&format!("{name} ({})", environment_file(&rewards)), &train, &eval)?;
+    let texts = train.iter().chain(&eval).map(|prompt| prompt.text.clone());
+    let episode_starts = starts.map_or_else(Vec::new, |starts| texts.zip(starts).collect());
+    Ok(Task { rewards, prompts: train, eval_prompts: eval, episode_starts })
 }
 
 /// The environment's first `count` evaluation prompts (its eval split, fixed seed).

@@ -49,3 +49,30 @@ fn prompts_are_deterministic_and_the_splits_apart() {
     assert!(train.iter().all(|p| (1..=16).contains(&p.metadata["secret"].as_u64().unwrap()) && !p.hackable() && !p.detectable()));
     assert!(configure::<GuessNumber>(r#"{"max_number": 1}"#).is_err());
 }
+
+/// With `guess: number_word`, the first integer or number word of a turn is its guess ("One"
+/// is 1, "twenty" 20, "someone" no word); with `word_length` the first word's letter count;
+/// by default number words are not guesses.
+#[test]
+fn guesses_are_read_as_asked() {
+    let words = configure::<GuessNumber>(r#"{"guess": "number_word"}"#).unwrap();
+    assert_eq!(words.guess("One day, 3 cats"), Some(1));
+    assert_eq!(words.guess("I see 3, then two"), Some(3));
+    assert_eq!(words.guess("twenty"), Some(20));
+    assert_eq!(words.guess("someone stone"), None);
+    assert_eq!(words.guess("and -5 or four"), Some(-5));
+    let plain = configure::<GuessNumber>("{}").unwrap();
+    assert_eq!(plain.guess("One day"), None);
+    let mut episodes = Episodes::default();
+    episodes.start(&words, 3, &words.prompt(1, 2)).unwrap();
+    assert_eq!(episodes.step(&words, 3, &turn("one day"), false).unwrap(), Step::user("higher"));
+    assert_eq!(episodes.step(&words, 3, &turn("the two"), false).unwrap(), end(1.0, 1.0, 2.0, 0.0));
+    let lengths = configure::<GuessNumber>(r#"{"guess": "word_length", "max_number": 4}"#).unwrap();
+    assert_eq!(lengths.guess(", rosa felt 12"), Some(4));
+    assert_eq!(lengths.guess("7 ..."), None);
+    episodes.start(&lengths, 4, &lengths.prompt(1, 3)).unwrap();
+    assert_eq!(episodes.step(&lengths, 4, &turn("rosa"), false).unwrap(), Step::user("lower"));
+    // |2 - 3| / (4 - 1) from the end.
+    assert_eq!(episodes.step(&lengths, 4, &turn("he ran"), true).unwrap(), end(0.0, 1.0 - 1.0 / 3.0, 2.0, 0.0));
+    assert!(configure::<GuessNumber>(r#"{"guess": "vibes"}"#).err().expect("refused").contains("integer, number_word or word_length"));
+}

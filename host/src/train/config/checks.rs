@@ -40,6 +40,8 @@ impl TrainConfig {
         ensure!((0.0..=1.0).contains(&self.hack_frac), "hack_frac is a fraction of prompts: it must be in [0, 1], got {}", self.hack_frac);
         ensure!(self.num_iterations >= 1, "num_iterations must be at least 1");
         self.check_substeps()?;
+        let episode_keys = [self.episode_max_turns, self.episode_max_turn_tokens, self.episode_max_observation_tokens, self.episode_max_observation_bytes];
+        ensure!(episode_keys.iter().all(|&n| n > 0), "episode_max_turns, episode_max_turn_tokens, episode_max_observation_tokens and episode_max_observation_bytes must be positive");
         ensure!(self.temperature > 0.0, "temperature must be positive for GRPO sampling");
         ensure!(self.top_p > 0.0 && self.top_p <= 1.0, "top_p must be in (0, 1] (1 keeps every token), got {}", self.top_p);
         ensure!(self.lr > 0.0 && self.beta >= 0.0 && self.epsilon > 0.0, "lr must be positive, beta >= 0, epsilon > 0");

@@ -34,6 +34,7 @@ mod checks;
 mod objective;
 mod parts;
 mod saved;
+pub use saved::LrHorizon;
 mod skip;
 pub use parts::{LrSchedule, StepKeys};
 
@@ -76,6 +77,19 @@ hyperparameters! {
         /// reward components, the monitor and the ground truth; replaces prompts, eval_prompts,
         /// reward, rh_detector and rh_ground_truth.
         environment: Option<String> = None, Omit;
+        /// A multi-turn episode environment's turns per episode (max_completion_length then bounds
+        /// the whole episode: its turns and observations; docs/src/environments.md).
+        #[serde(skip_serializing_if = "skip::is_default_episode_turns")]
+        episode_max_turns: usize = d::EPISODE_MAX_TURNS, Short("turns");
+        /// Tokens of one assistant turn of an episode (at most; cut to what is left of the episode).
+        #[serde(skip_serializing_if = "skip::is_default_turn_tokens")]
+        episode_max_turn_tokens: usize = d::EPISODE_MAX_TURN_TOKENS, Short("turn_len");
+        /// Tokens of one rendered observation of an episode (a longer one is the environment's error).
+        #[serde(skip_serializing_if = "skip::is_default_observation_tokens")]
+        episode_max_observation_tokens: usize = d::EPISODE_MAX_OBSERVATION_TOKENS, Short("obs_len");
+        /// Bytes of one observation of an episode, its messages' roles and contents together.
+        #[serde(skip_serializing_if = "skip::is_default_observation_bytes")]
+        episode_max_observation_bytes: usize = d::EPISODE_MAX_OBSERVATION_BYTES, Short("obs_bytes");
 
         /// full, lora or dual-lora.
         adapter: AdapterKind = d::ADAPTER, Short(""), [Pack];
@@ -444,14 +458,6 @@ hyperparameters! {
 }
 
 
-/// Steps `0..until_step` of a run were trained with the linear schedule over `max_steps`.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LrHorizon {
-    pub until_step: usize,
-    pub max_steps: usize,
-}
-
 impl TrainConfig {
     /// Layers a YAML file's keys (if any) and then explicit overrides over the defaults, and
     /// validates the result.
@@ -460,28 +466,6 @@ impl TrainConfig {
         config.validate()?;
         Ok(config)
     }
-
-    /// This run continued to `max_steps` from a checkpoint at `resume_step`: the steps before
-    /// it keep the horizon they were trained with. Only a longer run is an extension.
-    pub fn extended(&self, max_steps: usize, resume_step: usize) -> Result<Self> {
-        ensure!(
-            max_steps > self.max_steps,
-            "--max-steps {max_steps} with --extend-schedule: a run can only be extended past its max_steps ({})",
-            self.max_steps
-        );
-        let per_rollout = self.steps_per_rollout();
-        ensure!(
-            resume_step % per_rollout == 0,
-            "the checkpoint at step {resume_step} is inside a rollout of num_iterations * num_substeps = {per_rollout} steps, whose batch no checkpoint keeps: only runs whose max_steps is a multiple of {per_rollout} can be extended"
-        );
-        let mut lr_horizons = self.lr_horizons.clone();
-        lr_horizons.retain(|h| h.until_step < resume_step);
-        lr_horizons.push(LrHorizon { until_step: resume_step, max_steps: self.max_steps });
-        let extended = Self { max_steps, lr_horizons, ..self.clone() };
-        extended.validate()?;
-        Ok(extended)
-    }
-
 
     /// The per-row gradient weights of the DualLoRA slots: the routing table, or with
     /// `balanced` the original's kappa redistribution.

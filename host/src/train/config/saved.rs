@@ -1,5 +1,6 @@
 //! A run's saved configuration (`config.yaml`) read back, and what differs from a fresh
-//! resolution: runs started before a key existed read back as they ran.
+//! resolution: runs started before a key existed read back as they ran; and a saved run
+//! extended (`--extend-schedule`).
 
 use std::path::Path;
 
@@ -8,6 +9,14 @@ use serde_json::{Map, Value};
 
 use super::TrainConfig;
 use crate::grpo::SamplingReplay;
+
+/// Steps `0..until_step` of a run were trained with the linear schedule over `max_steps`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LrHorizon {
+    pub until_step: usize,
+    pub max_steps: usize,
+}
 
 /// The key of [`TrainConfig::sampling_replay`] in config.yaml.
 const SAMPLING_REPLAY: &str = "sampling_replay";
@@ -38,5 +47,26 @@ impl TrainConfig {
     /// Whether sampling truncates (`top_k` or `top_p`), so that `sampling_replay` matters.
     pub fn sampling_truncates(&self) -> bool {
         self.top_k > 0 || self.top_p < 1.0
+    }
+
+    /// This run continued to `max_steps` from a checkpoint at `resume_step`: the steps before
+    /// it keep the horizon they were trained with. Only a longer run is an extension.
+    pub fn extended(&self, max_steps: usize, resume_step: usize) -> Result<Self> {
+        ensure!(
+            max_steps > self.max_steps,
+            "--max-steps {max_steps} with --extend-schedule: a run can only be extended past its max_steps ({})",
+            self.max_steps
+        );
+        let per_rollout = self.steps_per_rollout();
+        ensure!(
+            resume_step % per_rollout == 0,
+            "the checkpoint at step {resume_step} is inside a rollout of num_iterations * num_substeps = {per_rollout} steps, whose batch no checkpoint keeps: only runs whose max_steps is a multiple of {per_rollout} can be extended"
+        );
+        let mut lr_horizons = self.lr_horizons.clone();
+        lr_horizons.retain(|h| h.until_step < resume_step);
+        lr_horizons.push(LrHorizon { until_step: resume_step, max_steps: self.max_steps });
+        let extended = Self { max_steps, lr_horizons, ..self.clone() };
+        extended.validate()?;
+        Ok(extended)
     }
 }

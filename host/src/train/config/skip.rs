@@ -59,3 +59,21 @@ pub(super) fn is_zero_f64(value: &f64) -> bool {
 pub(super) fn is_false(value: &bool) -> bool {
     !*value
 }
+
+// The episode keys (issue 48) are written to a run's config.yaml only when set, so runs without
+// an episode environment keep the config.yaml they had before the keys existed.
+pub(super) fn is_default_episode_turns(value: &usize) -> bool {
+    *value == d::EPISODE_MAX_TURNS
+}
+
+pub(super) fn is_default_turn_tokens(value: &usize) -> bool {
+    *value == d::EPISODE_MAX_TURN_TOKENS
+}
+
+pub(super) fn is_default_observation_tokens(value: &usize) -> bool {
+    *value == d::EPISODE_MAX_OBSERVATION_TOKENS
+}
+
+pub(super) fn is_default_observation_bytes(value: &usize) -> bool {
+    *value == d::EPISODE_MAX_OBSERVATION_BYTES
+}

@@ -91,6 +91,7 @@ fn run_name_labels_are_unchanged() {
         ("replay_rollouts", "replay"),
         ("sampling_steps_ahead", "ahead"), ("allow_unclipped_off_policy", "unclipped_ok"),
         ("sampling_replay", ""), ("train_dtype", "train_"), ("max_no_score_frac", "noscore"),
+        ("episode_max_turns", "turns"), ("episode_max_turn_tokens", "turn_len"), ("episode_max_observation_tokens", "obs_len"), ("episode_max_observation_bytes", "obs_bytes"),
     ];
     for key in TrainConfig::KEYS {
         let expected = if omitted.contains(&key.name) {

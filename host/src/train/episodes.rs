@@ -1,0 +1,126 @@
+//! A run on a multi-turn episode environment (issue 48): each row of a batch is one episode
+//! (`episode::run_episodes`, sampled with the run's decoder at the batch's adapter scales),
+//! scored at its end by the environment ([`RewardModel::score_episodes`]); groups, advantages,
+//! routing and interventions act on its row as on a single-turn completion, and the loss, ratio,
+//! KL, entropy and every per-token statistic count the model's tokens only
+//! (`Generation::model_mask`, `grpo::loss_mask`).
+//!
+//! The episode's token budget is `max_completion_length` (its turns and observations
+//! together), so the memory planner and dr_grpo's constant need no other width; a turn is at
+//! most `episode_max_turn_tokens`.
+//!
+//! What does not run episodes yet is refused by name before the run directory is written
+//! ([`refuse_unsupported`]).
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail, ensure};
+
+use super::TrainConfig;
+use super::policy::Policy;
+use crate::episode::{EpisodeBatch, EpisodeBound, EpisodePrompt, run_episodes};
+use crate::model::generate::{Generation, SamplingParams};
+use crate::reward::{EnvPrompt, Prompt, RewardModel, Sample, ScoredBatch, samples_from_rows};
+
+/// Per-episode metrics the host adds to a scored batch's metrics (their means are logged under
+/// these keys, beside the environment's `env/<environment>/<metric>`): assistant turns,
+/// observation tokens, and whether the turn or the token bound made the final turn the last
+/// (1 or 0, so the mean is the fraction).
+pub const TURNS: &str = "episodes/turns";
+pub const OBSERVATION_TOKENS: &str = "episodes/observation_tokens";
+pub const ENDED_BY_TURN_BOUND: &str = "episodes/ended_by_turn_bound";
+pub const ENDED_BY_TOKEN_BOUND: &str = "episodes/ended_by_token_bound";
+
+/// How a run's episodes are sampled, and the prompts as the environment wrote them (by the
+/// rendered text the trainer holds), which each episode starts from.
+pub(super) struct Episodes {
+    bounds: crate::plugins::EpisodeBounds,
+    turn_tokens: usize,
+    starts: HashMap<String, EnvPrompt>,
+}
+
+/// An episode batch sampled and scored.
+pub(super) struct Played {
+    pub generation: Generation,
+    pub samples: Vec<Sample>,
+    pub scored: ScoredBatch,
+    pub generate_seconds: f64,
+    pub score_seconds: f64,
+}
+
+/// Refuses what does not run episodes yet, naming each key (and the pack), so that no part of a
+/// run silently samples single turns from an episode environment.
+pub(super) fn refuse_unsupported(cfg: &TrainConfig, runs_seated: usize, environment: &str) -> Result<()> {
+    let refusals = [
+        (runs_seated > 1, "a pack (`sweep --pack`): packed runs do not run episodes yet; run it alone".to_string()),
+        (cfg.samples_ahead(), "max_steps_off_policy, sampling_steps_ahead and stream_minibatches (sampling ahead): episodes are sampled on policy only, for now".into()),
+        (cfg.replay_rollouts.is_some(), "replay_rollouts: recorded rollouts of episodes are not replayed yet".into()),
+        (cfg.coh_samples_per_rollout > 0 || cfg.rh_detector_verifies_retain_samples, "coh_samples_per_rollout and rh_detector_verifies_retain_samples (coherence rows): episodes are sampled at the routed scales only, for now".into()),
+        (cfg.mask_truncated_completions, "mask_truncated_completions: an episode's last turn cut by episode_max_turn_tokens is not a truncated episode, and which are is not settled yet".into()),
+        (cfg.fisher_kernel_every > 0, "fisher_kernel_every: the Fisher kernel's sequence log-probabilities would count observation tokens".into()),
+        (
+            cfg.sampling_truncates() && cfg.sampling_replay == crate::grpo::SamplingReplay::KeptSets,
+            "sampling_replay kept_sets with top_k or top_p: kept sets are not recorded across turns; use sampling_replay: trl_1_16".into(),
+        ),
+    ];
+    let refused: Vec<String> = refusals.into_iter().filter(|(refused, _)| *refused).map(|(_, why)| why).collect();
+    ensure!(refused.is_empty(), "environment {environment} runs multi-turn episodes, which this run cannot yet: {}", refused.join("; "));
+    Ok(())
+}
+
+impl Episodes {
+    /// The run's episode settings, with the environment's `prompts` (training and evaluation,
+    /// as generated, keyed by their rendered text).
+    pub fn new(cfg: &TrainConfig, prompts: Vec<(String, EnvPrompt)>) -> Result<Self> {
+        let bounds = crate::plugins::EpisodeBounds {
+            max_turns: cfg.episode_max_turns,
+            max_observation_bytes: cfg.episode_max_observation_bytes,
+            max_observation_tokens: cfg.episode_max_observation_tokens,
+            max_episode_tokens: cfg.max_completion_length,
+        };
+        let mut starts = HashMap::with_capacity(prompts.len());
+        for (text, prompt) in prompts {
+            if let Some(other) = starts.get(&text).filter(|other| **other != prompt) {
+                bail!("two of the environment's prompts render to the same text but differ ({other:?} and {prompt:?}): an episode could not tell which one it starts from");
+            }
+            starts.insert(text, prompt);
+        }
+        Ok(Self { bounds, turn_tokens: cfg.episode_max_turn_tokens, starts })
+    }
+
+    /// One episode per prompt (in order; a group's prompt repeated) from the policy at adapter
+    /// `scales`, each turn drawn from `seed`'s streams; then scored, the protocol knobs drawn
+    /// from `score_seed`. Episode ids start at `first_id`.
+    pub fn play(&self, policy: &mut Policy, rewards: &mut RewardModel, prompts: &[Prompt], scales: &[f64], seeds: (u64, u64), first_id: u64) -> Result<Played> {
+        let started = Instant::now();
+        let episodes: Vec<EpisodePrompt> = prompts
+            .iter()
+            .map(|prompt| {
+                let env_prompt = self.starts.get(&prompt.text).context("internal error: a prompt the environment did not write started an episode")?;
+                Ok(EpisodePrompt { env_prompt, prompt, ids: policy.tokenizer.encode(&prompt.text)? })
+            })
+            .collect::<Result<_>>()?;
+        let params = SamplingParams { max_new_tokens: self.turn_tokens, kept_sets: false, ..policy.sampling.clone() };
+        let (decoder, _) = policy.seat.decoder(&policy.model, scales)?;
+        let environment = rewards.episode_environment().context("internal error: episodes without an episode environment")?;
+        let batch = run_episodes(decoder, &policy.tokenizer, environment, &episodes, &params, seeds.0, &self.bounds, first_id)?;
+        let generate_seconds = started.elapsed().as_secs_f64();
+        let scoring = Instant::now();
+        let samples = samples_from_rows(prompts, &batch.generation.rows, &policy.tokenizer)?;
+        let mut scored = rewards.score_episodes(&samples, &batch.ends, seeds.1)?;
+        scored.metrics.extend(episode_metrics(&batch));
+        Ok(Played { generation: batch.generation, samples, scored, generate_seconds, score_seconds: scoring.elapsed().as_secs_f64() })
+    }
+}
+
+/// The host's per-episode metrics ([`TURNS`] and the others), one value per episode.
+fn episode_metrics(batch: &EpisodeBatch) -> Vec<(String, Vec<f64>)> {
+    let bound = |which: EpisodeBound| batch.bounded.iter().map(|b| f64::from(u8::from(*b == Some(which)))).collect();
+    vec![
+        (TURNS.to_string(), batch.turns.iter().map(|&t| t as f64).collect()),
+        (OBSERVATION_TOKENS.to_string(), batch.observation_tokens.iter().map(|&t| t as f64).collect()),
+        (ENDED_BY_TURN_BOUND.to_string(), bound(EpisodeBound::Turns)),
+        (ENDED_BY_TOKEN_BOUND.to_string(), bound(EpisodeBound::Tokens)),
+    ]
+}
