@@ -5,7 +5,7 @@ module is parsed by the grammar it will be built with.
 stdin: a JSON object {file name: source}. stdout: one JSON object: `stdlib` (the interpreter's
 `sys.stdlib_module_names`), `version`, and per file either `syntax_error` (message, line,
 column, the line's text) or `imports`: every import statement at any depth, with its line, its
-relative level, and whether it is guarded (inside a `try` that catches ImportError, under
+relative level (and for `from X import a, b` the names), and whether it is guarded (inside a `try` that catches ImportError, under
 `if TYPE_CHECKING:`, or in a function body, which the build does not run), so the host
 resolves it without running the module.
 The runner has no `ast` module (only what it imported at build time), so the tree is walked
@@ -52,7 +52,8 @@ def _walk(node, guarded, imports):
         for alias in node.names:
             imports.append({"module": alias.name, "level": 0, "line": node.lineno, "guarded": guarded})
     elif kind == "ImportFrom":
-        imports.append({"module": node.module or "", "level": node.level, "line": node.lineno, "guarded": guarded})
+        names = [alias.name for alias in node.names]
+        imports.append({"module": node.module or "", "names": names, "level": node.level, "line": node.lineno, "guarded": guarded})
     elif kind in ("Try", "TryStar"):
         catches = any(_names(handler.type) & _IMPORT_ERRORS for handler in node.handlers)
         for child in node.body:

@@ -179,11 +179,15 @@ fn deterministic_builder(sha256: &str, call: &Arc<Mutex<CallEnv>>) -> wasmtime_w
 }
 
 impl Sandbox {
-    /// A sandbox for the plugin whose file hashes to `plugin_sha256`.
-    pub fn new(plugin_sha256: &str) -> Self {
+    /// A sandbox for the plugin whose file hashes to `plugin_sha256`; a Python component's own
+    /// files (`python_sources.rs`), when it carries them, in the read-only preopened directory `.`.
+    pub fn new(plugin_sha256: &str, sources: Option<&std::path::Path>) -> anyhow::Result<Self> {
         let call = Arc::new(Mutex::new(CallEnv::new(CallSeed::new(plugin_sha256, "instantiate", &[]))));
         let mut builder = deterministic_builder(plugin_sha256, &call);
-        Self { ctx: builder.build(), table: ResourceTable::new(), call }
+        if let Some(dir) = sources {
+            builder.preopened_dir(dir, ".", wasmtime_wasi::FsPerms::ReadOnly).map_err(anyhow::Error::from)?;
+        }
+        Ok(Self { ctx: builder.build(), table: ResourceTable::new(), call })
     }
 
     /// The sandbox of one program of the runner (`programs.rs`): the plugins' deterministic WASI
