@@ -81,7 +81,7 @@ pub enum PluginCommand {
         python: bool,
     },
     /// Build a Python module (the SDK in plugins/python, or a TRL reward function) into a
-    /// component with componentize-py; cached, so rebuilding an unchanged module is a copy.
+    /// component: componentize-py builds a base once per set of imports (cached); a rebuild after an edit writes the module's files after the cached base, in about a second.
     Build {
         /// The module, e.g. my_reward.py.
         path: PathBuf,

@@ -62,6 +62,9 @@ struct Import {
     level: u32,
     line: usize,
     guarded: bool,
+    /// In a function body or under `if TYPE_CHECKING:`: not run when the module is imported.
+    #[serde(default)]
+    deferred: bool,
 }
 
 /// The files a module bundles: its own and the local modules and packages it imports, as
@@ -69,10 +72,11 @@ struct Import {
 /// `<module>.py`.
 pub type Sources = BTreeMap<String, String>;
 
-/// What the pre-check found: the files to bundle, and every module the files name that is not
-/// theirs nor the SDK (the standard library's and the installed packages', resolved or guarded;
-/// for `from X import a`, `X.a` too, which may be a submodule), which the base component imports
-/// at build time (`python.rs`): a component has no files to import them from later.
+/// What the pre-check found: the files to bundle, and every module of the standard library or
+/// the installed packages the files import when they are imported (for `from X import a`, `X.a`
+/// too, which may be a submodule), which the base component imports at build time
+/// (`python.rs`): a component has no files to import them from later. A function's import
+/// finds only what some module imported so (or the base's own list), as before the base.
 pub struct Checked {
     pub sources: Sources,
     pub imported: BTreeSet<String>,
@@ -99,7 +103,10 @@ pub fn precheck(source: &Path, text: &str, module: &str, packages: &BTreeSet<Str
             }
             for import in &file.imports {
                 let local = resolve(folder, rel, import, &sources[rel], &shown, &report, packages)?;
-                if local.is_empty() && import.level == 0 && import.module.split('.').next() != Some("smallrl") {
+                let top = import.module.split('.').next().unwrap_or_default();
+                // Only the standard library and the named packages: a guarded import of anything
+                // else stays missing, never taken from the Python componentize-py runs in.
+                if local.is_empty() && import.level == 0 && !import.deferred && (report.stdlib.contains(top) || packages.contains(top)) {
                     imported.insert(import.module.clone());
                     imported.extend(import.names.iter().filter(|name| *name != "*").map(|name| format!("{}.{name}", import.module)));
                 }
