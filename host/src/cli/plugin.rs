@@ -322,7 +322,7 @@ fn sdk(path_only: bool) -> Result<()> {
 
 fn build(path: &Path, output: Option<&Path>, kind: Option<PluginKind>, packages: &python::Packages) -> Result<()> {
     let built = python::build(path, output, kind, packages)?;
-    let how = if built.cached { "from the build cache" } else { "built" };
+    let how = if built.cached { "on the cached base" } else { "base built by componentize-py" };
     println!("{} ({}, {how} in {:.1} s)", built.output.display(), built.kind, built.took.as_secs_f64());
     Ok(())
 }

@@ -35,7 +35,7 @@ pub const COMPONENTIZE_PY_VERSION: &str = "0.25.1";
 pub struct Built {
     pub output: PathBuf,
     pub kind: PluginKind,
-    /// Whether the component came from the build cache.
+    /// Whether the base component came from the build cache.
     pub cached: bool,
     pub took: Duration,
 }

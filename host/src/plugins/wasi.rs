@@ -2,8 +2,9 @@
 //! CPython imports 25 interfaces), through wasmtime-wasi's p2 implementation with every
 //! capability removed and every source of variation fixed:
 //!
-//! - no preopened directories (every filesystem call fails), no environment variables, no
-//!   arguments, stdin at end of file;
+//! - no preopened directories (every filesystem call fails) but, for a component `plugin build`
+//!   wrote, its own Python files, read-only, as `.` (`python_sources.rs`); no environment
+//!   variables, no arguments, stdin at end of file;
 //! - no network: TCP, UDP and name lookup are denied;
 //! - a fixed wall clock ([`WALL_CLOCK_SECONDS`]) and a monotonic clock that starts at 0 at every
 //!   call and advances [`MONOTONIC_STEP_NS`] per reading and by the duration of every sleep,
