@@ -475,8 +475,7 @@ fn trls_format_reward_func_trains_in_a_chat_run() {
 /// Issue 47.4 and 47.3: the guide ("Write a reward in Python in five minutes") run command by
 /// command in a folder outside the checkout, with `smallrl` on PATH and a plugin cache of its
 /// own: every command succeeds. Then the edit cycle: a changed formula, rebuilt and scored,
-/// compiles under an eighth of the functions again (CPython's come from the per-function
-/// cache, where the first load put them).
+/// compiles no function again (the rebuild is the cached base, whose compiled code is cached).
 #[test]
 fn the_python_guide_runs_outside_the_checkout_and_an_edit_reuses_compiled_cpython() {
     let dir = tempfile::tempdir().unwrap();
@@ -513,10 +512,10 @@ fn the_python_guide_runs_outside_the_checkout_and_an_edit_reuses_compiled_cpytho
     std::fs::write(&module, source.replace("return min(count", "return 0.5 * min(count")).unwrap();
     run("smallrl plugin build rewards/exclaim/exclaim.py");
     assert!(run("smallrl plugin score rewards/exclaim/exclaim.wasm --text 'wow! so happy!'").starts_with("0.250000"));
-    // Measured: 1,143 of 12,754 (the component's glue and the functions the snapshot's
-    // addresses reach; CPython's own are reused).
+    // The rebuild is the cached base plus the module's files, and the host compiles the base:
+    // none (before the base, 1,143 of 12,754: the glue and what the new snapshot reached).
     let compiled = count_files(&functions) - before;
-    assert!(compiled * 8 < before, "{compiled} of {before} functions compiled again: the cache should have served CPython's");
+    assert_eq!(compiled, 0, "{compiled} of {before} functions compiled again: the rebuild should be the cached base");
 }
 
 fn count_files(dir: &Path) -> usize {

@@ -8,6 +8,7 @@
 //! - `plugin build` bundles the modules and packages beside the module that it imports, and
 //!   the pure-Python packages named with `--package` or `--requirements`, pinned in
 //!   `plugin info`; a package with native code is refused before the build, saying why.
+//! - An edit's rebuild reuses the cached base component and its compiled code (item 3).
 
 mod common;
 
@@ -52,10 +53,12 @@ const REWARD_HEAD: &str = "import smallrl\n\n\n@smallrl.reward(name=\"checked\",
 fn the_pre_check_reports_the_users_error_before_componentize_py_in_its_cpythons_grammar() {
     let dir = tempfile::tempdir().unwrap();
     let (tool, marker) = stand_in_componentize_py(dir.path());
+    let cache = dir.path().join("cache/wasmtime");
     let build = |name: &str, text: &str| {
         let module = dir.path().join(format!("{name}.py"));
         std::fs::write(&module, text).unwrap();
-        let output = smallrl_with(&["plugin", "build", module.to_str().unwrap()], &[("SMALLRL_COMPONENTIZE_PY", &tool)]);
+        // A private cache: componentize-py runs when no base for the module's imports is cached.
+        let output = smallrl_with(&["plugin", "build", module.to_str().unwrap()], &[("SMALLRL_COMPONENTIZE_PY", &tool), ("SMALLRL_PLUGIN_CACHE", &cache)]);
         assert!(!output.status.success(), "the stand-in never builds");
         (module, stderr(&output))
     };
@@ -164,4 +167,54 @@ fn a_pure_python_package_is_bundled_and_pinned_and_a_native_one_refused() {
         "{said}"
     );
     assert!(!dir.path().join("uses_native.wasm").exists() && !marker.exists(), "refused before componentize-py ran");
+}
+
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            found.extend(files_under(&path));
+        } else {
+            found.push(path);
+        }
+    }
+    found.sort();
+    found
+}
+
+/// Issue 47.3, the edit cycle: a rebuild after a one-line edit is the cached base component and
+/// the module's new files. componentize-py does not run (a stand-in that fails is the tool), the
+/// cached base is unchanged, nothing is compiled again (the compiled-code caches gain no entry:
+/// the host compiles the file less the module's files, which is the base), and the score is
+/// the edited formula's.
+#[test]
+fn an_edit_rebuilds_on_the_cached_base_and_compiles_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache/wasmtime");
+    let env = [("SMALLRL_PLUGIN_CACHE", cache.as_path())];
+    let module = dir.path().join("bangs.py");
+    std::fs::write(&module, format!("{REWARD_HEAD}    return min(sample.completion.count('!') / 4, 1.0)\n")).unwrap();
+    let wasm = dir.path().join("bangs.wasm");
+    let build_and_score = |extra: &[(&str, &Path)]| {
+        let built = smallrl_with(&["plugin", "build", module.to_str().unwrap()], &[env.as_slice(), extra].concat());
+        assert!(built.status.success(), "{}", stderr(&built));
+        let scored = smallrl_with(&["plugin", "score", wasm.to_str().unwrap(), "--text", "a! b!"], &env);
+        assert!(scored.status.success(), "{}", stderr(&scored));
+        String::from_utf8_lossy(&scored.stdout).split('\t').next().unwrap().to_string()
+    };
+    assert_eq!(build_and_score(&[]), "0.500000", "2 of 4 marks");
+    let compiled = |dir: &str| files_under(&cache.with_file_name(dir)).into_iter().filter(|path| path.extension().is_none_or(|e| e != "stats")).count();
+    let (modules, functions) = (compiled("wasmtime"), compiled("wasmtime-functions"));
+    let builds = cache.with_file_name("python-builds");
+    let bases: Vec<(PathBuf, Vec<u8>)> = files_under(&builds).into_iter().map(|path| (path.clone(), std::fs::read(path).unwrap())).collect();
+    assert_eq!(bases.len(), 1, "one base: {bases:?}");
+
+    std::fs::write(&module, std::fs::read_to_string(&module).unwrap().replace("/ 4", "/ 2")).unwrap();
+    let (tool, marker) = stand_in_componentize_py(dir.path());
+    assert_eq!(build_and_score(&[("SMALLRL_COMPONENTIZE_PY", &tool)]), "1.000000", "the edit: 2 of 2 marks");
+    assert!(!marker.exists(), "componentize-py ran for an edit");
+    let after: Vec<(PathBuf, Vec<u8>)> = files_under(&builds).into_iter().map(|path| (path.clone(), std::fs::read(path).unwrap())).collect();
+    assert!(after == bases, "the cached base is unchanged");
+    assert_eq!((compiled("wasmtime"), compiled("wasmtime-functions")), (modules, functions), "nothing compiled again");
 }

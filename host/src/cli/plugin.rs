@@ -81,7 +81,7 @@ pub enum PluginCommand {
         python: bool,
     },
     /// Build a Python module (the SDK in plugins/python, or a TRL reward function) into a
-    /// component with componentize-py; cached, so rebuilding an unchanged module is a copy.
+    /// component: componentize-py builds a base once per set of imports (cached); a rebuild after an edit writes the module's files after the cached base, in about a second.
     Build {
         /// The module, e.g. my_reward.py.
         path: PathBuf,
@@ -322,7 +322,7 @@ fn sdk(path_only: bool) -> Result<()> {
 
 fn build(path: &Path, output: Option<&Path>, kind: Option<PluginKind>, packages: &python::Packages) -> Result<()> {
     let built = python::build(path, output, kind, packages)?;
-    let how = if built.cached { "from the build cache" } else { "built" };
+    let how = if built.cached { "on the cached base" } else { "base built by componentize-py" };
     println!("{} ({}, {how} in {:.1} s)", built.output.display(), built.kind, built.took.as_secs_f64());
     Ok(())
 }

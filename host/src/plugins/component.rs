@@ -1,7 +1,7 @@
 //! Reading a plugin file into a compiled component: the messages for files that are not
 //! components (a Python module, a core module, not WebAssembly at all) name what to do.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail, ensure};
 use wasmtime::component::Component;
@@ -9,8 +9,10 @@ use wasmtime::component::Component;
 use super::runtime::Runtime;
 
 /// Reads and compiles (or fetches from the cache) a component, with helpful messages for files
-/// that are not components; also returns the file's SHA-256.
-pub(super) fn compile(runtime: &Runtime, path: &Path) -> Result<(Component, String)> {
+/// that are not components; also returns the file's SHA-256 and, for a Python component that
+/// carries its module's files (`python_sources.rs`), the directory holding them: what is compiled
+/// is then the file less those files, the base its build shares with every rebuild.
+pub(super) fn compile(runtime: &Runtime, path: &Path) -> Result<(Component, String, Option<PathBuf>)> {
     ensure!(
         path.extension().is_none_or(|extension| extension != "py"),
         "{} is a Python module, not a component: build it with `smallrl plugin build {}` and use the .wasm it writes",
@@ -21,10 +23,12 @@ pub(super) fn compile(runtime: &Runtime, path: &Path) -> Result<(Component, Stri
         format!("cannot read plugin {}: build the standard plugins with `make plugins`, or check the path", path.display())
     })?;
     check_header(path, &bytes)?;
-    let component = Component::new(&runtime.engine, &bytes)
+    let (base, carried) = super::python_sources::split(path, &bytes)?;
+    let sources = carried.as_ref().map(super::python_sources::directory).transpose()?;
+    let component = Component::new(&runtime.engine, &base)
         .map_err(anyhow::Error::from)
         .with_context(|| format!("plugin {} is not a valid WebAssembly component", path.display()))?;
-    Ok((component, super::sha256_hex(&bytes)))
+    Ok((component, super::sha256_hex(&bytes), sources))
 }
 
 fn check_header(path: &Path, bytes: &[u8]) -> Result<()> {

@@ -85,6 +85,7 @@ pub struct Plugin {
     /// Whether the component imports WASI (a language runtime): its stores get the
     /// deterministic sandbox of `wasi.rs`, everything else none.
     imports_wasi: bool,
+    sources: Option<std::path::PathBuf>,
     /// The judge its `judge` import calls (attached by the run; None: the import errs).
     judge: Option<super::judge::SharedJudge>,
 }
@@ -113,17 +114,25 @@ impl Plugin {
     /// anything else is refused here, since a component written from the WIT alone may not
     /// accept it).
     pub fn load(path: &Path, params_json: &str, limits: PluginLimits) -> Result<Self> {
+        let mut plugin = Self::unconfigured(path, params_json, limits)?;
+        check_params_object(path, params_json)?;
+        let expanded = super::datasets::expand(&plugin.info, params_json, &plugin.label())?;
+        (plugin.params_json, plugin.dataset_sha256) = (expanded.params_json, expanded.dataset_sha256);
+        plugin.configure()?;
+        Ok(plugin)
+    }
+
+    /// [`Plugin::load`] up to its `info` (what `plugin build` checks: a Python module loads
+    /// and declares its plugin), not configured.
+    pub fn unconfigured(path: &Path, params_json: &str, limits: PluginLimits) -> Result<Self> {
         let runtime = runtime()?;
-        let (component, sha256) = compile(runtime, path)?;
+        let (component, sha256, sources) = compile(runtime, path)?;
         let imports_wasi = super::wasi::imports_wasi(&component, &runtime.engine);
         let limits = if imports_wasi { limits.for_language_runtime() } else { limits };
-        let pre = runtime
-            .linker_for(imports_wasi)
-            .instantiate_pre(&component)
-            .map_err(|error| describe_incompatible(path, &component, &runtime.engine, error))?;
-        let contract = contract_of_component(&component, &runtime.engine)
-            .ok_or_else(|| describe_incompatible(path, &component, &runtime.engine, wasmtime::format_err!("it exports no smallrl:reward interface")))?;
-        let store_kind = StoreKind { limits, wasi_sha256: imports_wasi.then(|| sha256.clone()) };
+        let incompatible = |error| describe_incompatible(path, &component, &runtime.engine, error);
+        let pre = runtime.linker_for(imports_wasi).instantiate_pre(&component).map_err(incompatible)?;
+        let contract = contract_of_component(&component, &runtime.engine).ok_or_else(|| incompatible(wasmtime::format_err!("it exports no smallrl:reward interface")))?;
+        let store_kind = StoreKind { limits, wasi_sha256: imports_wasi.then(|| sha256.clone()), sources: sources.clone() };
         let live = instantiate_any_world(&pre, &store_kind, contract).map_err(|failure| match failure.memory_wanted {
             Some(bytes) => describe_memory_at_start(path, bytes, limits),
             None => describe_incompatible(path, &component, &runtime.engine, failure.error),
@@ -152,13 +161,10 @@ impl Plugin {
             imports_judge: super::judge::imports_judge(&component, &runtime.engine),
             program_runner,
             imports_wasi,
+            sources,
             judge: None,
         };
         plugin.info = plugin.read_info()?;
-        check_params_object(path, params_json)?;
-        let expanded = super::datasets::expand(&plugin.info, params_json, &plugin.label())?;
-        (plugin.params_json, plugin.dataset_sha256) = (expanded.params_json, expanded.dataset_sha256);
-        plugin.configure()?;
         Ok(plugin)
     }
 
@@ -356,7 +362,7 @@ impl Plugin {
 
     /// How this plugin's stores are made: its limits, and the WASI sandbox if it imports WASI.
     fn store_kind(&self) -> StoreKind {
-        StoreKind { limits: self.limits, wasi_sha256: self.imports_wasi.then(|| self.sha256.clone()) }
+        StoreKind { limits: self.limits, wasi_sha256: self.imports_wasi.then(|| self.sha256.clone()), sources: self.sources.clone() }
     }
 
     /// Runs one export under the fuel of `samples` samples and the call-time limit; a trap
@@ -458,6 +464,8 @@ struct StoreKind {
     limits: PluginLimits,
     /// The component file's SHA-256 when it imports WASI (it seeds the sandbox); None: no WASI.
     wasi_sha256: Option<String>,
+    /// A Python component's own files (`python_sources.rs`), preopened in its sandbox.
+    sources: Option<std::path::PathBuf>,
 }
 
 /// The trial instantiation that tells the worlds apart: an export-name check alone would accept
@@ -522,7 +530,8 @@ fn instantiate_as(
     store_kind: &StoreKind,
     exports: impl FnOnce(&InstancePre<StoreState>, &mut Store<StoreState>) -> wasmtime::Result<Exports>,
 ) -> Result<Live, InstantiateFailure> {
-    let sandbox = store_kind.wasi_sha256.as_deref().map(Sandbox::new);
+    let sandbox = store_kind.wasi_sha256.as_deref().map(|sha256| Sandbox::new(sha256, store_kind.sources.as_deref())).transpose();
+    let sandbox = sandbox.map_err(|error| InstantiateFailure { error: wasmtime::Error::msg(format!("{error:#}")), memory_wanted: None })?;
     let state = StoreState::new(store_kind.limits.max_memory_bytes, sandbox);
     let mut store = Store::new(pre.engine(), state);
     store.limiter(|state| state);

@@ -21,6 +21,7 @@ pub mod programs_bench;
 pub mod python;
 mod python_check;
 pub mod python_deps;
+mod python_sources;
 mod runtime;
 pub mod scaffold;
 pub mod scaffold_python;

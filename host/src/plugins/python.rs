@@ -1,13 +1,21 @@
 //! `smallrl plugin build FILE.py`: a Python module (written with the SDK in
 //! `plugins/python/smallrl`, or a TRL reward function) into a component, by componentize-py
-//! (pinned by `make setup`) against the contract this host speaks. Builds are cached by the
-//! hash of everything that goes in, so a second build of the same module is a copy.
+//! (pinned by `make setup`) against the contract this host speaks.
+//!
+//! The edit cycle (issue 47): componentize-py (10 to 40 s) builds only a *base* per world, SDK,
+//! installed packages and set of imported modules, cached by their hash, whose app module does
+//! not contain the user's module (`smallrl/_loader.py`); the module's files are appended to the
+//! base as a custom section (`python_sources.rs`), and the host compiles the file less that
+//! section, so every rebuild with the same imports is the cached base plus new files and loads
+//! from wasmtime's cache. The module's top level runs at each instance's first call, under its
+//! fuel, not at build time.
 //!
 //! The world is the module's kind: the SDK declaration it uses (`@smallrl.detector`,
 //! `smallrl.Environment`, ...; a reward otherwise), or `--kind`. An environment that never calls
 //! `smallrl.judge` is built against a world without the judge import, so it runs without a
 //! `judge:` (a component that imports the judge needs one).
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -17,6 +25,7 @@ use anyhow::{Context, Result, bail, ensure};
 use super::PluginKind;
 use super::python_check;
 use super::python_deps::{self, BuildRecord};
+use super::python_sources;
 use super::wit::CONTRACT;
 
 /// The componentize-py release builds are made with (`scripts/requirements.txt` pins it).
@@ -26,7 +35,7 @@ pub const COMPONENTIZE_PY_VERSION: &str = "0.25.1";
 pub struct Built {
     pub output: PathBuf,
     pub kind: PluginKind,
-    /// Whether the component came from the build cache.
+    /// Whether the base component came from the build cache.
     pub cached: bool,
     pub took: Duration,
 }
@@ -67,7 +76,9 @@ pub struct Packages {
 
 /// Builds `source` into `output` (default: the module's path with `.wasm`): the pre-check
 /// (`python_check.rs`: milliseconds, the user's error alone), the named packages installed
-/// (`python_deps.rs`), then componentize-py, unless the build cache has the result.
+/// (`python_deps.rs`), the base component (componentize-py, unless the build cache has it), and
+/// the module's files written after it (`python_sources.rs`); the result must load and declare
+/// its plugin before it is written.
 pub fn build(source: &Path, output: Option<&Path>, kind: Option<PluginKind>, packages: &Packages) -> Result<Built> {
     let started = Instant::now();
     let text = std::fs::read_to_string(source).with_context(|| format!("cannot read the Python module {}", source.display()))?;
@@ -80,40 +91,98 @@ pub fn build(source: &Path, output: Option<&Path>, kind: Option<PluginKind>, pac
     let python = tool.with_file_name("python");
     let installed = python_deps::install(packages.requirements.as_deref(), &packages.paths, &python, cache_dir().map(|dir| dir.with_file_name("python-deps")))?;
     let top_level = installed.as_ref().map(|i| i.top_level.clone()).unwrap_or_default();
-    let sources = python_check::precheck(source, &text, &module, &top_level)?;
+    let checked = python_check::precheck(source, &text, &module, &top_level)?;
     let record = BuildRecord {
-        modules: sources.keys().filter(|rel| **rel != format!("{module}.py")).cloned().collect(),
+        modules: checked.sources.keys().filter(|rel| **rel != format!("{module}.py")).cloned().collect(),
         packages: installed.as_ref().map(|i| i.pins.clone()).unwrap_or_default(),
     };
-    let key = cache_key(&sources, world, installed.as_ref().map(|i| i.digest.as_str()))?;
-    let cached_path = cache_dir().map(|dir| dir.join(format!("{key}.wasm")));
-    if let Some(cached) = cached_path.as_ref().filter(|path| path.is_file()) {
-        copy_atomic(cached, &output)?;
-        return Ok(Built { output, kind, cached: true, took: started.elapsed() });
-    }
-    let work = tempdir(&key)?;
-    let inputs = Inputs { source, module: &module, sources: &sources, world, packages: installed.as_ref().map(|i| i.dir.as_path()), record: &record };
-    let result = componentize(&tool, &work, &inputs, &output);
-    let _ = std::fs::remove_dir_all(&work);
-    result?;
-    if let Some(cached) = cached_path {
-        // A cache that cannot be written only costs the next build its time.
-        let _ = std::fs::create_dir_all(cached.parent().expect("the cache file has a directory")).and_then(|()| {
-            let tmp = crate::fsutil::temp_sibling(&cached);
-            std::fs::copy(&output, &tmp).and_then(|_| std::fs::rename(&tmp, &cached))
-        });
-    }
-    Ok(Built { output, kind, cached: false, took: started.elapsed() })
+    let imported: BTreeSet<String> = BASE_IMPORTS.iter().map(|name| name.to_string()).chain(checked.imported).collect();
+    let base = Base { world, imported: &imported, packages: installed.as_ref().map(|i| (i.dir.as_path(), i.digest.as_str())) };
+    let (bytes, cached) = base.component(&tool, source)?;
+    let carried = python_sources::Carried { module, files: checked.sources };
+    let bytes = python_deps::with_record(python_sources::with_sources(bytes, &carried), &record);
+    crate::fsutil::create_file_atomic(&output, |tmp| {
+        std::fs::write(tmp, &bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
+        // The module's top level runs here, at the component's first call, as it will in a run.
+        let loaded = super::Plugin::unconfigured(tmp, super::NO_PARAMS, super::PluginLimits::default());
+        let shown = |error: anyhow::Error| format!("{error:#}").replace(&tmp.display().to_string(), &output.display().to_string());
+        loaded.map(drop).map_err(|error| anyhow::anyhow!("{}: the module does not load as a {kind}: {}", source.display(), shown(error)))
+    })?;
+    Ok(Built { output, kind, cached, took: started.elapsed() })
 }
 
-/// What componentize-py is given.
-struct Inputs<'a> {
-    source: &'a Path,
-    module: &'a str,
-    sources: &'a python_check::Sources,
+/// What every base imports besides the modules the plugin's files name: the standard library
+/// the program runner offers programs (`plugins/python/runner/program_runner.py`), so that
+/// adding one of these imports in an edit keeps the base, and the world's imports the SDK
+/// reaches only in a call (`smallrl.judge`, `smallrl.run_programs`).
+const BASE_IMPORTS: [&str; 27] = [
+    "bisect", "collections", "copy", "dataclasses", "decimal", "enum", "fractions", "functools", "heapq", "io", "itertools", "json", "math",
+    "operator", "os", "random", "re", "statistics", "string", "textwrap", "types", "typing", "unicodedata", "smallrl",
+    "wit_world.imports.host", "wit_world.imports.programs", "wit_world.imports.judge",
+];
+
+/// A base component: CPython, the SDK and `world`'s bindings pre-initialised by componentize-py
+/// with `imported` imported (and the installed packages' folder on the path), whose app module
+/// (`smallrl/_loader.py`) imports the plugin's own module at run time.
+struct Base<'a> {
     world: World,
-    packages: Option<&'a Path>,
-    record: &'a BuildRecord,
+    imported: &'a BTreeSet<String>,
+    /// The installed packages' folder and digest.
+    packages: Option<(&'a Path, &'a str)>,
+}
+
+impl Base<'_> {
+    /// The base's bytes, from the build cache or built now (then cached); whether it was cached.
+    fn component(&self, tool: &Path, source: &Path) -> Result<(Vec<u8>, bool)> {
+        let key = self.cache_key()?;
+        let cached = cache_dir().map(|dir| dir.join(format!("base-{key}.wasm")));
+        if let Some(bytes) = cached.as_ref().and_then(|path| std::fs::read(path).ok()) {
+            return Ok((bytes, true));
+        }
+        let work = tempdir(&key)?;
+        let built = work.join("base.wasm");
+        let result = componentize(tool, &work, self, &built, source).and_then(|()| std::fs::read(&built).with_context(|| format!("cannot read {}", built.display())));
+        let _ = std::fs::remove_dir_all(&work);
+        let bytes = result?;
+        if let Some(cached) = cached {
+            // A cache that cannot be written only costs the next build its time.
+            let _ = std::fs::create_dir_all(cached.parent().expect("the cache file has a directory")).map_err(anyhow::Error::from).and_then(|()| crate::fsutil::write_atomic(&cached, &bytes));
+        }
+        Ok((bytes, false))
+    }
+
+    /// SHA-256 over everything the base is made of: the tool's version, the world, the contract,
+    /// every file of the SDK, the installed packages and the imported modules.
+    fn cache_key(&self) -> Result<String> {
+        let mut parts: Vec<Vec<u8>> = vec![COMPONENTIZE_PY_VERSION.into(), self.world.name().into(), self.packages.map_or("no packages", |(_, digest)| digest).into()];
+        parts.extend(self.imported.iter().map(|name| name.as_bytes().to_vec()));
+        parts.push(std::fs::read(wit_file()).with_context(|| format!("cannot read the contract {}", wit_file().display()))?);
+        let sdk = sdk_dir().join("smallrl");
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&sdk)
+            .with_context(|| format!("cannot read the Python SDK {}", sdk.display()))?
+            .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+            .filter(|path| path.extension().is_some_and(|e| e == "py"))
+            .collect();
+        files.sort();
+        for file in files {
+            parts.push(file.file_name().expect("a file").to_string_lossy().as_bytes().to_vec());
+            parts.push(std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?);
+        }
+        let joined: Vec<u8> = parts.iter().flat_map(|part| (part.len() as u64).to_le_bytes().into_iter().chain(part.iter().copied())).collect();
+        Ok(super::sha256_hex(&joined))
+    }
+
+    /// The app module: `imported` imported (one that fails stays missing: the plugin's own
+    /// import of it then fails at its line), then the export classes made.
+    fn app(&self) -> String {
+        let (names, kind) = self.world.exports();
+        let list = serde_json::to_string(&self.imported).expect("names serialise");
+        format!(
+            "# Written by `smallrl plugin build`: the base of {kind} plugins (smallrl/_loader.py imports the plugin's module at run time).\n\
+             import importlib\n\nfor _name in {list}:\n    try:\n        importlib.import_module(_name)\n    except Exception:\n        pass\n\n\
+             from smallrl._loader import exports\n\n{names} = exports(\"{kind}\")\n"
+        )
+    }
 }
 
 /// The module's name: its file stem, a Python identifier that shadows nothing the build adds.
@@ -192,30 +261,6 @@ fn check_version(tool: &Path) -> Result<()> {
     Ok(())
 }
 
-/// SHA-256 over everything a build reads: the tool's version, the world, the contract, the
-/// module and the local files it bundles, every file of the SDK, and the installed packages.
-fn cache_key(sources: &python_check::Sources, world: World, packages: Option<&str>) -> Result<String> {
-    let mut parts: Vec<Vec<u8>> = vec![COMPONENTIZE_PY_VERSION.into(), world.name().into(), packages.unwrap_or("no packages").into()];
-    for (rel, text) in sources {
-        parts.push(rel.as_bytes().to_vec());
-        parts.push(text.as_bytes().to_vec());
-    }
-    parts.push(std::fs::read(wit_file()).with_context(|| format!("cannot read the contract {}", wit_file().display()))?);
-    let sdk = sdk_dir().join("smallrl");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&sdk)
-        .with_context(|| format!("cannot read the Python SDK {}", sdk.display()))?
-        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
-        .filter(|path| path.extension().is_some_and(|e| e == "py"))
-        .collect();
-    files.sort();
-    for file in files {
-        parts.push(file.file_name().expect("a file").to_string_lossy().as_bytes().to_vec());
-        parts.push(std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?);
-    }
-    let joined: Vec<u8> = parts.iter().flat_map(|part| (part.len() as u64).to_le_bytes().into_iter().chain(part.iter().copied())).collect();
-    Ok(super::sha256_hex(&joined))
-}
-
 /// Built components, beside the compiled-code cache.
 fn cache_dir() -> Option<PathBuf> {
     super::cache_directory().and_then(|wasmtime| wasmtime.parent().map(|dir| dir.join("python-builds")))
@@ -237,18 +282,11 @@ fn judge_free_world() -> String {
     )
 }
 
-/// Runs componentize-py in `work` (the module and its local files, the app module that binds
-/// it, the WIT) and writes the component, with its build record, to `output` atomically.
-fn componentize(tool: &Path, work: &Path, inputs: &Inputs, output: &Path) -> Result<()> {
-    let (module, source, world) = (inputs.module, inputs.source, inputs.world);
-    for (rel, text) in inputs.sources {
-        let path = work.join(rel);
-        std::fs::create_dir_all(path.parent().expect("a file in the build directory"))?;
-        std::fs::write(&path, text).with_context(|| format!("cannot write into {}", work.display()))?;
-    }
-    let (names, kind) = world.exports();
-    let app = format!("# Written by `smallrl plugin build`: binds {module} to the {kind} world.\nfrom smallrl._component import bind\nimport {module} as _module\n\n{names} = bind(_module, \"{kind}\")\n");
-    std::fs::write(work.join("app.py"), app).with_context(|| format!("cannot write into {}", work.display()))?;
+/// Runs componentize-py in `work` (the base's app module and the WIT) and writes the base
+/// component to `output`.
+fn componentize(tool: &Path, work: &Path, base: &Base, output: &Path, source: &Path) -> Result<()> {
+    let world = base.world;
+    std::fs::write(work.join("app.py"), base.app()).with_context(|| format!("cannot write into {}", work.display()))?;
     let wit = match world {
         World::Environment => {
             let dir = work.join("wit");
@@ -259,58 +297,21 @@ fn componentize(tool: &Path, work: &Path, inputs: &Inputs, output: &Path) -> Res
         }
         _ => wit_file(),
     };
-    crate::fsutil::create_file_atomic(output, |tmp| {
-        let mut command = Command::new(tool);
-        command.arg("-d").arg(&wit).args(["-w", world.name(), "componentize", "app", "-p"]).arg(work).arg("-p").arg(sdk_dir());
-        if let Some(packages) = inputs.packages {
-            command.arg("-p").arg(packages);
-        }
-        // componentize-py also puts its own Python's site-packages on the path (the project venv's):
-        // the pre-check, not the path, is what refuses a package that was not named.
-        let run = command.arg("-o").arg(tmp).output().with_context(|| format!("cannot run {}", tool.display()))?;
-        if !run.status.success() {
-            let said = String::from_utf8_lossy(&run.stderr);
-            if let Some(error) = module_error(&said, inputs.sources, source) {
-                bail!("{error}");
-            }
-            let said = said.trim();
-            let tail = &said[said.len().saturating_sub(4000)..];
-            bail!("componentize-py could not build {} as a {kind} ({CONTRACT}):\n{tail}", source.display());
-        }
-        let bytes = std::fs::read(tmp).with_context(|| format!("cannot read {}", tmp.display()))?;
-        std::fs::write(tmp, python_deps::with_record(bytes, inputs.record)).with_context(|| format!("cannot write {}", tmp.display()))?;
-        Ok(())
-    })
-}
-
-/// The user's own error out of componentize-py's output, when the build failed inside the
-/// module or a local file it bundles (an exception at import time, an import the pre-check
-/// could not foresee): the traceback's last frame in those files, its path (`/0/<file>` in the
-/// build) mapped back to the user's file, with its code line and the exception; None when the
-/// failure lies elsewhere.
-fn module_error(said: &str, sources: &python_check::Sources, source: &Path) -> Option<String> {
-    let lines: Vec<&str> = said.lines().collect();
-    let frame_of = |line: &str| sources.keys().find(|rel| line.starts_with(&format!("  File \"/0/{rel}\", line "))).cloned();
-    let at = lines.iter().rposition(|line| frame_of(line).is_some())?;
-    let rel = frame_of(lines[at]).expect("found above");
-    let frame = format!("  File \"/0/{rel}\", line ");
-    let line_number: String = lines[at][frame.len()..].chars().take_while(char::is_ascii_digit).collect();
-    let code: Vec<&str> = lines[at + 1..].iter().take_while(|line| line.starts_with("    ")).copied().collect();
-    let error = lines[at + 1 + code.len()..].iter().find(|line| !line.trim().is_empty() && !line.starts_with(' '))?;
-    let hint = match error.starts_with("ModuleNotFoundError") {
-        true => "\n(a component bundles the module, the modules and packages in its folder that it imports, the SDK, the standard library componentize-py ships and the packages named with `--requirements` or `--package`)",
-        false => "",
-    };
-    let folder = source.parent().unwrap_or(Path::new(""));
-    Some(format!("{}:{line_number}: {error}\n{}{hint}", folder.join(rel).display(), code.join("\n")))
-}
-
-/// Copies `from` to `to` through a temporary sibling, so `to` is whole or absent.
-fn copy_atomic(from: &Path, to: &Path) -> Result<()> {
-    crate::fsutil::create_file_atomic(to, |tmp| {
-        std::fs::copy(from, tmp).with_context(|| format!("cannot copy {} to {}", from.display(), tmp.display()))?;
-        Ok(())
-    })
+    let mut command = Command::new(tool);
+    command.arg("-d").arg(&wit).args(["-w", world.name(), "componentize", "app", "-p"]).arg(work).arg("-p").arg(sdk_dir());
+    if let Some((packages, _)) = base.packages {
+        command.arg("-p").arg(packages);
+    }
+    // componentize-py also puts its own Python's site-packages on the path (the project venv's):
+    // the pre-check, not the path, is what refuses a package that was not named.
+    let run = command.arg("-o").arg(output).output().with_context(|| format!("cannot run {}", tool.display()))?;
+    if !run.status.success() {
+        let said = String::from_utf8_lossy(&run.stderr);
+        let said = said.trim();
+        let tail = &said[said.len().saturating_sub(4000)..];
+        bail!("componentize-py could not build the base of {} as a {} ({CONTRACT}):\n{tail}", source.display(), world.exports().1);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -327,15 +328,6 @@ mod tests {
         assert_eq!(declared_kind("# class Sorting(smallrl.Environment):\n@smallrl.reward()\ndef s(x, p): ..."), PluginKind::Reward);
         assert_eq!(World::of(PluginKind::Environment, "smallrl.judge([item])"), World::EnvironmentWithJudge);
         assert_eq!(World::of(PluginKind::Environment, "x = 1"), World::Environment);
-    }
-
-    #[test]
-    fn the_users_error_is_taken_out_of_componentize_pys_traceback() {
-        // componentize-py 0.25.1's output for a syntax error in line 5 of bad.py.
-        let said = "Traceback (most recent call last):\n  File \"/venv/bin/componentize-py\", line 10, in <module>\n    sys.exit(script())\nAssertionError: Traceback (most recent call last):\n  File \"/0/app.py\", line 3, in <module>\n    import bad as _module\n  File \"/0/bad.py\", line 5\n    return 1.0 +\n                ^\nSyntaxError: invalid syntax\n\n\nCaused by:\n    SyntaxError: invalid syntax (bad.py, line 5)\n";
-        let sources = |rel: &str| python_check::Sources::from([(rel.to_string(), String::new())]);
-        assert_eq!(module_error(said, &sources("bad.py"), Path::new("my/bad.py")).unwrap(), "my/bad.py:5: SyntaxError: invalid syntax\n    return 1.0 +\n                ^");
-        assert_eq!(module_error(said, &sources("other.py"), Path::new("my/other.py")), None, "not in the module");
     }
 
     #[test]

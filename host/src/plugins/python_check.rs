@@ -56,9 +56,15 @@ struct SyntaxError {
 #[derive(Deserialize)]
 struct Import {
     module: String,
+    /// `from module import a, b`: `a` and `b` (submodules or attributes).
+    #[serde(default)]
+    names: Vec<String>,
     level: u32,
     line: usize,
     guarded: bool,
+    /// In a function body or under `if TYPE_CHECKING:`: not run when the module is imported.
+    #[serde(default)]
+    deferred: bool,
 }
 
 /// The files a module bundles: its own and the local modules and packages it imports, as
@@ -66,14 +72,25 @@ struct Import {
 /// `<module>.py`.
 pub type Sources = BTreeMap<String, String>;
 
+/// What the pre-check found: the files to bundle, and every module of the standard library or
+/// the installed packages the files import when they are imported (for `from X import a`, `X.a`
+/// too, which may be a submodule), which the base component imports at build time
+/// (`python.rs`): a component has no files to import them from later. A function's import
+/// finds only what some module imported so (or the base's own list), as before the base.
+pub struct Checked {
+    pub sources: Sources,
+    pub imported: BTreeSet<String>,
+}
+
 /// Checks `source` (text `text`, module name `module`) and every local file it imports; the
 /// files to bundle, or the first error as the user's own (`file:line: Error: message`).
 /// `packages`: the top-level names the build's installed packages provide.
-pub fn precheck(source: &Path, text: &str, module: &str, packages: &BTreeSet<String>) -> Result<Sources> {
+pub fn precheck(source: &Path, text: &str, module: &str, packages: &BTreeSet<String>) -> Result<Checked> {
     // "" for a module in the current directory: `helper.py` is read and shown as such.
     let folder = source.parent().unwrap_or(Path::new(""));
     let mut sources = Sources::from([(format!("{module}.py"), text.to_owned())]);
     let mut pending = vec![format!("{module}.py")];
+    let mut imported = BTreeSet::new();
     while !pending.is_empty() {
         let batch: BTreeMap<&str, &str> = pending.iter().map(|rel| (rel.as_str(), sources[rel].as_str())).collect();
         let report = run(&batch)?;
@@ -85,7 +102,15 @@ pub fn precheck(source: &Path, text: &str, module: &str, packages: &BTreeSet<Str
                 bail!("{}", syntax_message(&shown, error));
             }
             for import in &file.imports {
-                for (new, text) in resolve(folder, rel, import, &sources[rel], &shown, &report, packages)? {
+                let local = resolve(folder, rel, import, &sources[rel], &shown, &report, packages)?;
+                let top = import.module.split('.').next().unwrap_or_default();
+                // Only the standard library and the named packages: a guarded import of anything
+                // else stays missing, never taken from the Python componentize-py runs in.
+                if local.is_empty() && import.level == 0 && !import.deferred && (report.stdlib.contains(top) || packages.contains(top)) {
+                    imported.insert(import.module.clone());
+                    imported.extend(import.names.iter().filter(|name| *name != "*").map(|name| format!("{}.{name}", import.module)));
+                }
+                for (new, text) in local {
                     if !sources.contains_key(&new) {
                         sources.insert(new.clone(), text);
                         pending.push(new);
@@ -94,7 +119,7 @@ pub fn precheck(source: &Path, text: &str, module: &str, packages: &BTreeSet<Str
             }
         }
     }
-    Ok(sources)
+    Ok(Checked { sources, imported })
 }
 
 /// The check over `files` in a fresh runner instance.

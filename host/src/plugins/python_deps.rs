@@ -209,11 +209,15 @@ fn describe(dir: &Path) -> Result<(Vec<String>, BTreeSet<String>)> {
 }
 
 /// `bytes` (a component) with `record` appended as its [`RECORD_SECTION`] custom section.
-pub fn with_record(mut bytes: Vec<u8>, record: &BuildRecord) -> Vec<u8> {
-    let json = serde_json::to_vec(record).expect("a record serialises");
-    let mut payload = leb128(RECORD_SECTION.len() as u64);
-    payload.extend(RECORD_SECTION.as_bytes());
-    payload.extend(json);
+pub fn with_record(bytes: Vec<u8>, record: &BuildRecord) -> Vec<u8> {
+    with_section(bytes, RECORD_SECTION, &serde_json::to_vec(record).expect("a record serialises"))
+}
+
+/// `bytes` (a component) with the custom section `name` holding `data` appended.
+pub(super) fn with_section(mut bytes: Vec<u8>, name: &str, data: &[u8]) -> Vec<u8> {
+    let mut payload = leb128(name.len() as u64);
+    payload.extend(name.as_bytes());
+    payload.extend(data);
     bytes.push(0); // a custom section
     bytes.extend(leb128(payload.len() as u64));
     bytes.extend(payload);
@@ -252,7 +256,7 @@ fn leb128(mut value: u64) -> Vec<u8> {
     }
 }
 
-fn read_leb128(bytes: &[u8], mut at: usize) -> Option<(u64, usize)> {
+pub(super) fn read_leb128(bytes: &[u8], mut at: usize) -> Option<(u64, usize)> {
     let mut value = 0u64;
     for shift in (0..64).step_by(7) {
         let byte = *bytes.get(at)?;

@@ -5,9 +5,10 @@ module is parsed by the grammar it will be built with.
 stdin: a JSON object {file name: source}. stdout: one JSON object: `stdlib` (the interpreter's
 `sys.stdlib_module_names`), `version`, and per file either `syntax_error` (message, line,
 column, the line's text) or `imports`: every import statement at any depth, with its line, its
-relative level, and whether it is guarded (inside a `try` that catches ImportError, under
-`if TYPE_CHECKING:`, or in a function body, which the build does not run), so the host
-resolves it without running the module.
+relative level (and for `from X import a, b` the names), and whether it is guarded (inside a `try` that catches ImportError, under
+`if TYPE_CHECKING:`, or in a function body, which the build does not run) and whether it is
+deferred (in a function body or under `if TYPE_CHECKING:`: not run when the module is
+imported), so the host resolves it without running the module.
 The runner has no `ast` module (only what it imported at build time), so the tree is walked
 through the nodes' `_fields`; `compile` itself is a builtin.
 """
@@ -46,35 +47,36 @@ def _is_type_checking(test):
     return (kind == "Name" and test.id == "TYPE_CHECKING") or (kind == "Attribute" and test.attr == "TYPE_CHECKING")
 
 
-def _walk(node, guarded, imports):
+def _walk(node, guarded, imports, deferred=False):
     kind = type(node).__name__
     if kind == "Import":
         for alias in node.names:
-            imports.append({"module": alias.name, "level": 0, "line": node.lineno, "guarded": guarded})
+            imports.append({"module": alias.name, "level": 0, "line": node.lineno, "guarded": guarded, "deferred": deferred})
     elif kind == "ImportFrom":
-        imports.append({"module": node.module or "", "level": node.level, "line": node.lineno, "guarded": guarded})
+        names = [alias.name for alias in node.names]
+        imports.append({"module": node.module or "", "names": names, "level": node.level, "line": node.lineno, "guarded": guarded, "deferred": deferred})
     elif kind in ("Try", "TryStar"):
         catches = any(_names(handler.type) & _IMPORT_ERRORS for handler in node.handlers)
         for child in node.body:
-            _walk(child, guarded or catches, imports)
+            _walk(child, guarded or catches, imports, deferred)
         for part in (node.handlers, node.orelse, node.finalbody):
             for child in part:
-                _walk(child, guarded, imports)
+                _walk(child, guarded, imports, deferred)
         return
     elif kind in ("FunctionDef", "AsyncFunctionDef", "Lambda"):
         # A function's imports run when it is called, never at build time: the build does not
         # need them, and one that is missing fails that call, as it would in the component.
         for child in _children(node):
-            _walk(child, True, imports)
+            _walk(child, True, imports, True)
         return
     elif kind == "If" and _is_type_checking(node.test):
         for child in node.body:
-            _walk(child, True, imports)
+            _walk(child, True, imports, True)
         for child in node.orelse:
-            _walk(child, guarded, imports)
+            _walk(child, guarded, imports, deferred)
         return
     for child in _children(node):
-        _walk(child, guarded, imports)
+        _walk(child, guarded, imports, deferred)
 
 
 def _check(name, source):

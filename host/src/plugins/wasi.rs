@@ -2,8 +2,9 @@
 //! CPython imports 25 interfaces), through wasmtime-wasi's p2 implementation with every
 //! capability removed and every source of variation fixed:
 //!
-//! - no preopened directories (every filesystem call fails), no environment variables, no
-//!   arguments, stdin at end of file;
+//! - no preopened directories (every filesystem call fails) but, for a component `plugin build`
+//!   wrote, its own Python files, read-only, as `.` (`python_sources.rs`); no environment
+//!   variables, no arguments, stdin at end of file;
 //! - no network: TCP, UDP and name lookup are denied;
 //! - a fixed wall clock ([`WALL_CLOCK_SECONDS`]) and a monotonic clock that starts at 0 at every
 //!   call and advances [`MONOTONIC_STEP_NS`] per reading and by the duration of every sleep,
@@ -179,11 +180,15 @@ fn deterministic_builder(sha256: &str, call: &Arc<Mutex<CallEnv>>) -> wasmtime_w
 }
 
 impl Sandbox {
-    /// A sandbox for the plugin whose file hashes to `plugin_sha256`.
-    pub fn new(plugin_sha256: &str) -> Self {
+    /// A sandbox for the plugin whose file hashes to `plugin_sha256`; a Python component's own
+    /// files (`python_sources.rs`), when it carries them, in the read-only preopened directory `.`.
+    pub fn new(plugin_sha256: &str, sources: Option<&std::path::Path>) -> anyhow::Result<Self> {
         let call = Arc::new(Mutex::new(CallEnv::new(CallSeed::new(plugin_sha256, "instantiate", &[]))));
         let mut builder = deterministic_builder(plugin_sha256, &call);
-        Self { ctx: builder.build(), table: ResourceTable::new(), call }
+        if let Some(dir) = sources {
+            builder.preopened_dir(dir, ".", wasmtime_wasi::FsPerms::ReadOnly).map_err(anyhow::Error::from)?;
+        }
+        Ok(Self { ctx: builder.build(), table: ResourceTable::new(), call })
     }
 
     /// The sandbox of one program of the runner (`programs.rs`): the plugins' deterministic WASI
