@@ -149,7 +149,6 @@ struct Judged {
     metrics: Vec<(String, Vec<f64>)>,
     detector_raw: Option<Vec<bool>>,
     hacked: Option<Vec<bool>>,
-    /// Samples without a score ([`RewardModel::score_within`]); their scores are placeholders.
     unscored: Vec<bool>,
 }
 
@@ -377,8 +376,7 @@ impl RewardModel {
         };
         let detector_raw = flags(&self.detector, |end| end.monitor)?;
         let hacked = flags(&self.ground_truth, |end| end.ground_truth)?;
-        // An episode's end always has its components (the episode contract has no none).
-        let unscored = vec![false; samples.len()];
+        let unscored = vec![false; samples.len()]; // an episode's end has every component
         Ok(self.composed(samples, seed, Judged { components, metrics, detector_raw, hacked, unscored }))
     }
 
