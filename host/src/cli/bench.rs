@@ -148,7 +148,8 @@ fn bench_train(args: TrainBench) -> Result<()> {
 }
 
 /// The phases of a step (medians over `steps`' metrics lines, seconds): each row a part of the
-/// step, indented rows parts of the row above; the top-level rows add up to at most the step.
+/// step, indented rows parts of the row above. Each step's top-level phases add up to at most
+/// its `step_time` (the rest: batch bookkeeping, logs); medians of several steps need not.
 fn phase_table(steps: &[serde_json::Value]) -> String {
     let median = |key: &str| median(steps.iter().map(|m| m[key].as_f64().unwrap_or(f64::NAN)).collect());
     let (reference, old) = (median(key::TIMING_REFERENCE), median(key::TIMING_OLD_LOGPROBS));
