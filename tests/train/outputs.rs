@@ -253,3 +253,33 @@ fn eval_samples_a_checkpoint_in_the_sampler_dtype_of_its_run() {
         }
     }
 }
+
+/// `bench train` prints a step's phases (issue 50, item 3) in both training dtypes: sampling
+/// split into the sampler's set-up and the decode, scoring, reference and old log-probs,
+/// forward + backward and the optimizer; with one timed step the rows are that step's own
+/// seconds, so the top-level phases add up to at most the step (printed to the millisecond).
+#[test]
+fn bench_train_prints_each_phase_of_a_step_within_the_step() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_smallrl"))
+        .args(["bench", "train", "--model", common::fixture("tiny-stories").to_str().unwrap(), "--prompts", common::fixture("tiny-stories/prompts.txt").to_str().unwrap()])
+        .args(["--reward-plugin", standard_plugin("happy").to_str().unwrap(), "--steps", "1", "--thread-counts", "1", "--train-dtypes", "float32,bfloat16", "--device", "cpu"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "bench train failed: {stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let top = ["sampling", "scoring", "reference log-probs", "old log-probs", "forward + backward", "optimizer"];
+    let mut tables = 0;
+    for block in stdout.split("threads 1: ").skip(1) {
+        let row = |phase: &str| -> f64 {
+            let line = block.lines().skip(1).find(|l| l.trim_start().starts_with(phase) && l.trim_start()[phase.len()..].starts_with(' ')).unwrap_or_else(|| panic!("no {phase:?} row in {block}"));
+            line.trim().trim_end_matches(" s").rsplit(' ').next().unwrap().parse().unwrap()
+        };
+        let step = row("step");
+        let phases: Vec<f64> = top.iter().map(|p| row(p)).collect();
+        assert!(phases.iter().all(|&s| s >= 0.0), "a negative phase in {block}");
+        assert!(phases.iter().sum::<f64>() <= step + 0.0005 * top.len() as f64, "the phases add up to more than the step in {block}");
+        assert!((row("set-up") + row("decode") - row("sampling")).abs() <= 0.0015, "set-up and decode are not the sampling in {block}");
+        tables += 1;
+    }
+    assert_eq!(tables, 4, "full and dual-lora, each in float32 and bfloat16: {stdout}");
+}

@@ -40,8 +40,16 @@ pub fn from_bf16(value: u16) -> f32 {
 
 /// Rounds a row-major `[inputs, outputs]` float32 matrix to bfloat16 in the panel layout.
 pub(crate) fn pack(inputs: usize, outputs: usize, data: &[f32]) -> Vec<u16> {
+    let mut packed = vec![0u16; outputs.div_ceil(PANEL) * inputs * PANEL];
+    pack_into(inputs, outputs, data, &mut packed);
+    packed
+}
+
+/// [`pack`] into `packed` (of [`pack`]'s length), keeping its memory: the padding columns
+/// of the last panel are never written, so they stay the zeros [`pack`] wrote.
+pub(crate) fn pack_into(inputs: usize, outputs: usize, data: &[f32], packed: &mut [u16]) {
     let panels = outputs.div_ceil(PANEL);
-    let mut packed = vec![0u16; panels * inputs * PANEL];
+    assert_eq!(packed.len(), panels * inputs * PANEL, "a packed {inputs} x {outputs} matrix's length");
     for p in 0..panels {
         for k in 0..inputs {
             let row = &mut packed[(p * inputs + k) * PANEL..][..PANEL];
@@ -53,7 +61,6 @@ pub(crate) fn pack(inputs: usize, outputs: usize, data: &[f32]) -> Vec<u16> {
             }
         }
     }
-    packed
 }
 
 /// Where column `j` of a panel's row is stored (see the module's documentation).

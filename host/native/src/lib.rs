@@ -19,17 +19,20 @@
 //!
 //! Layout: `model.rs` (the weights' layout), `stream.rs` (the token loop and scoring over one
 //! stream of rows), `kernels.rs` (slice maths), `bf16.rs` (bfloat16 weights and their
-//! products, for a sampler in bfloat16), `sampling.rs` (HF's logits processors and the draw);
-//! this file is the API and the split of rows into streams.
+//! products, for a sampler in bfloat16), `sampling.rs` (HF's logits processors and the draw),
+//! `sums.rs` (the weights' fingerprint sums and bitwise comparison, for the host's
+//! weight-delivery check); this file is the API and the split of rows into streams.
 
 mod bf16;
 mod kernels;
 mod model;
 mod sampling;
 mod stream;
+mod sums;
 
 pub use bf16::{from_bf16, to_bf16};
-pub use model::{Dims, Layer, Matrix, Model, QkNorm};
+pub use sums::{same_bits, sums};
+pub use model::{Dims, Layer, Matrix, Model, QkNorm, Weight, WeightMut};
 use stream::{run_stream, score_stream};
 
 /// How tokens are drawn (the host re-exports it as `SamplingParams`). `temperature == 0` is

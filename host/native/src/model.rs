@@ -43,6 +43,25 @@ impl Matrix {
         Self { inputs, outputs, weights: Weights::Bfloat16(crate::bf16::pack(inputs, outputs, data)) }
     }
 
+    /// Overwrites the weights with `data` (row-major `[inputs, outputs]`, rounded as
+    /// [`Matrix::new`] or [`Matrix::bfloat16`] did), keeping their memory: refreshing a
+    /// sampler after an optimizer step allocates nothing.
+    pub fn refill(&mut self, data: &[f32]) {
+        assert_eq!(data.len(), self.inputs * self.outputs, "a {} x {} matrix needs {} values", self.inputs, self.outputs, self.inputs * self.outputs);
+        match &mut self.weights {
+            Weights::Float32(weights) => weights.copy_from_slice(data),
+            Weights::Bfloat16(packed) => crate::bf16::pack_into(self.inputs, self.outputs, data, packed),
+        }
+    }
+
+    /// The float32 weights, row-major (`None` for a bfloat16 matrix, stored in panels).
+    pub fn float32(&self) -> Option<&[f32]> {
+        match &self.weights {
+            Weights::Float32(weights) => Some(weights),
+            Weights::Bfloat16(_) => None,
+        }
+    }
+
     /// Bytes of its weights (what one product reads).
     pub fn bytes(&self) -> usize {
         match &self.weights {
@@ -119,6 +138,18 @@ pub struct QkNorm {
     pub rotated: Vec<f32>,
 }
 
+/// One weight of a [`Model`] ([`Model::weights`]).
+pub enum Weight<'a> {
+    Vector(&'a [f32]),
+    Matrix(&'a Matrix),
+}
+
+/// One weight of a [`Model`] to overwrite ([`Model::weights_mut`]).
+pub enum WeightMut<'a> {
+    Vector(&'a mut [f32]),
+    Matrix(&'a mut Matrix),
+}
+
 /// The weights (float32, the matrices in float32 or bfloat16) and shapes of a model.
 pub struct Model {
     pub(crate) dims: Dims,
@@ -171,6 +202,34 @@ impl Model {
     /// Whether `token` ends a row.
     pub(crate) fn is_stop(&self, token: u32) -> bool {
         token == self.dims.eos || self.extra_stops.contains(&token)
+    }
+
+    /// Every weight (all but the rotary tables) in a fixed order: the embeddings, the final
+    /// norm, the head, then per layer its norms and matrices, the fused bias and the q/k norms
+    /// where it has them (the order of the host's folded weights).
+    pub fn weights(&self) -> Vec<Weight<'_>> {
+        let mut all = vec![Weight::Vector(&self.embed_tokens), Weight::Vector(&self.norm), Weight::Matrix(&self.head)];
+        for l in &self.layers {
+            all.extend([Weight::Vector(&l.input_layernorm), Weight::Matrix(&l.qkv), Weight::Matrix(&l.o), Weight::Vector(&l.post_attention_layernorm), Weight::Matrix(&l.gate_up), Weight::Matrix(&l.down)]);
+            all.extend(l.qkv_bias.as_deref().map(Weight::Vector));
+            if let Some(norm) = &l.qk_norm {
+                all.extend([Weight::Vector(&norm.plain), Weight::Vector(&norm.rotated)]);
+            }
+        }
+        all
+    }
+
+    /// [`Model::weights`] to overwrite in place (shapes fixed).
+    pub fn weights_mut(&mut self) -> Vec<WeightMut<'_>> {
+        let mut all = vec![WeightMut::Vector(&mut self.embed_tokens), WeightMut::Vector(&mut self.norm), WeightMut::Matrix(&mut self.head)];
+        for l in &mut self.layers {
+            all.extend([WeightMut::Vector(&mut l.input_layernorm), WeightMut::Matrix(&mut l.qkv), WeightMut::Matrix(&mut l.o), WeightMut::Vector(&mut l.post_attention_layernorm), WeightMut::Matrix(&mut l.gate_up), WeightMut::Matrix(&mut l.down)]);
+            all.extend(l.qkv_bias.as_deref_mut().map(WeightMut::Vector));
+            if let Some(norm) = &mut l.qk_norm {
+                all.extend([WeightMut::Vector(&mut norm.plain), WeightMut::Vector(&mut norm.rotated)]);
+            }
+        }
+        all
     }
 
     pub fn dims(&self) -> &Dims {

@@ -136,15 +136,8 @@ fn bench_train(args: TrainBench) -> Result<()> {
                 steps.push(trainer.train_one()?);
             }
             let median = |key: &str| median(steps[1..].iter().map(|m| m[key].as_f64().unwrap_or(f64::NAN)).collect());
-            println!(
-                "{adapter:<9} {train_dtype:<8} threads {threads}: step {:.3} s (generate {:.3}, score {:.4}, reference + old log-probs {:.3}, train {:.3}), mean completion {:.0} tokens",
-                median(key::STEP_TIME),
-                median(key::TIMING_GENERATE),
-                median(key::TIMING_SCORE),
-                median(key::TIMING_REFERENCE),
-                median(key::TIMING_TRAIN),
-                median(key::MEAN_LENGTH)
-            );
+            println!("{adapter:<9} {train_dtype:<8} threads {threads}: step {:.3} s, mean completion {:.0} tokens", median(key::STEP_TIME), median(key::MEAN_LENGTH));
+            print!("{}", phase_table(&steps[1..]));
             if args.max_steps_off_policy > 0 {
                 println!("{:<9} {:>9}  off policy: the step waited {:.3} s for its batch (sampled ahead in {:.3} s)", "", "", median(key::TIMING_WAIT_FOR_SAMPLES), median(key::TIMING_GENERATE));
             }
@@ -152,6 +145,28 @@ fn bench_train(args: TrainBench) -> Result<()> {
     }
     let _ = std::fs::remove_dir_all(&out);
     Ok(())
+}
+
+/// The phases of a step (medians over `steps`' metrics lines, seconds): each row a part of the
+/// step, indented rows parts of the row above. Each step's top-level phases add up to at most
+/// its `step_time` (the rest: batch bookkeeping, logs); medians of several steps need not.
+fn phase_table(steps: &[serde_json::Value]) -> String {
+    let median = |key: &str| median(steps.iter().map(|m| m[key].as_f64().unwrap_or(f64::NAN)).collect());
+    let (reference, old) = (median(key::TIMING_REFERENCE), median(key::TIMING_OLD_LOGPROBS));
+    let (train, optimizer) = (median(key::TIMING_TRAIN), median(key::TIMING_OPTIMIZER));
+    let (generate, setup) = (median(key::TIMING_GENERATE), median(key::TIMING_SAMPLER_SETUP));
+    let rows = [
+        ("sampling", generate),
+        ("  set-up", setup),
+        ("  decode", generate - setup),
+        ("scoring", median(key::TIMING_SCORE)),
+        ("reference log-probs", reference - old),
+        ("old log-probs", old),
+        ("forward + backward", train - optimizer),
+        ("optimizer", optimizer),
+        ("step", median(key::STEP_TIME)),
+    ];
+    rows.iter().map(|(phase, seconds)| format!("    {phase:<20} {seconds:>8.3} s\n")).collect()
 }
 
 /// `--pack N`: N whole runs (start-up, STEPS steps, the final evaluation and checkpoint) one

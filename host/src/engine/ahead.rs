@@ -82,22 +82,22 @@ impl AheadSampler {
     /// refreshed). Returns the fingerprint of the snapshot, checked against the weights folded now.
     pub fn post(&mut self, model: &Llama, scales: &[f64], dtype: SamplerDtype, prompts: Vec<Vec<u32>>, params: SamplingParams, seed: u64, broken_refresh: bool) -> Result<f64> {
         let fresh = FoldedWeights::new(model, scales);
-        let expected = fresh.fingerprints_in(DecodeModel::sampling_kind(model.kind, dtype));
-        let decoder = match self.spare.iter().position(|(at, _)| at == scales) {
+        let (decoder, fingerprint) = match self.spare.iter().position(|(at, _)| at == scales) {
             Some(index) => {
                 let (_, mut decoder) = self.spare.swap_remove(index);
-                if !broken_refresh {
-                    decoder.refresh_from(&fresh);
-                }
-                decoder
+                let fingerprint = super::delivery::delivered(decoder.deliver(fresh, !broken_refresh), "the run's sampler thread")?;
+                (decoder, fingerprint)
             }
-            None => DecodeModel::from_folded(fresh, model.device, model.kind, dtype),
+            None => {
+                let decoder = DecodeModel::from_folded(fresh, model.device, model.kind, dtype);
+                let fingerprint = decoder.delivered_fingerprint();
+                (decoder, fingerprint)
+            }
         };
-        super::delivery::check(&decoder.fingerprints(), &expected, "the run's sampler thread")?;
         let job = Job { decoder, scales: scales.to_vec(), prompts, params, seed };
         self.jobs.as_ref().expect("the sampler thread runs until dropped").send(job).map_err(|_| anyhow!("the sampler thread stopped (it panicked)"))?;
         self.posted += 1;
-        Ok(expected[0])
+        Ok(fingerprint)
     }
 
     /// The oldest job's generation, waiting for it if the thread has not finished it.

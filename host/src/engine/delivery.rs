@@ -6,7 +6,7 @@
 //! run instead of passing for staleness (verl#7495: an adapter that never reached the sampler
 //! looked like staleness for two months).
 
-use anyhow::{Result, ensure};
+use anyhow::{Result, bail, ensure};
 
 /// Holds `held` (the fingerprints of the weights `sampler` will decode with) to `expected`
 /// (the policy's weights folded now), bit for bit: a diverged policy's NaN weights are
@@ -18,4 +18,17 @@ pub fn check(held: &[f64], expected: &[f64], sampler: &str) -> Result<()> {
         "the weight-delivery check failed: {sampler} holds weights with fingerprint {held:?} where the policy's weights, folded now, have {expected:?}; it would sample with an earlier policy version's weights. This is a bug in smallrl: please report it with the run's config.yaml"
     );
     Ok(())
+}
+
+/// The check of what `DecodeModel::deliver` found: its fingerprint, or the held and expected
+/// fingerprints of a copy that differs from the fold (compared bit for bit, so even equal
+/// fingerprints fail).
+pub fn delivered(outcome: Result<f64, [Vec<f64>; 2]>, sampler: &str) -> Result<f64> {
+    match outcome {
+        Ok(fingerprint) => Ok(fingerprint),
+        Err([held, expected]) => {
+            check(&held, &expected, sampler)?;
+            bail!("the weight-delivery check failed: {sampler} holds weights that differ bit for bit from the policy's folded now, with the same fingerprint {held:?}. This is a bug in smallrl: please report it with the run's config.yaml")
+        }
+    }
 }

@@ -161,7 +161,7 @@ impl Engine {
         let mut state = engine.lock();
         state.live += 1;
         state.next_run += 1;
-        Seat { engine: engine.clone(), run: state.next_run - 1, working: false, sampler_dtype: SamplerDtype::Float32, decoders: Vec::new(), reference: None, ahead: None, broken_refresh: false, fingerprints: Vec::new() }
+        Seat { engine: engine.clone(), run: state.next_run - 1, working: false, sampler_dtype: SamplerDtype::Float32, decoders: Vec::new(), reference: None, ahead: None, broken_refresh: false, fingerprints: Vec::new(), setup_seconds: 0.0 }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -388,6 +388,9 @@ pub struct Seat {
     /// The fingerprints of the weights of the generations handed out since
     /// [`Seat::take_fingerprints`] last took them.
     fingerprints: Vec<f64>,
+    /// Seconds spent setting samplers up (folding the weights, refreshing and checking the
+    /// sampler's copy) since [`Seat::take_setup_seconds`] last took them.
+    setup_seconds: f64,
 }
 
 impl Seat {
@@ -452,26 +455,22 @@ impl Seat {
     /// from `model`, its weights checked and their fingerprint recorded; and the seconds it took.
     fn refreshed_decoder(&mut self, model: &Llama, scales: &[f64]) -> Result<(usize, f64)> {
         let dtype = self.sampler_dtype;
-        let ((index, expected), fold_seconds) = timed(1, || {
+        let (delivered, setup_seconds) = timed(1, || -> Result<(usize, f64)> {
             let fresh = FoldedWeights::new(model, scales);
-            let expected = fresh.fingerprints_in(DecodeModel::sampling_kind(model.kind, dtype));
-            let index = match self.decoders.iter().position(|(at, _)| at == scales) {
-                Some(index) => {
-                    if !self.broken_refresh {
-                        self.decoders[index].1.refresh_from(&fresh);
-                    }
-                    index
-                }
+            match self.decoders.iter().position(|(at, _)| at == scales) {
+                Some(index) => Ok((index, super::delivery::delivered(self.decoders[index].1.deliver(fresh, !self.broken_refresh), "the run's sampler")?)),
                 None => {
-                    self.decoders.push((scales.to_vec(), DecodeModel::from_folded(fresh, model.device, model.kind, dtype)));
-                    self.decoders.len() - 1
+                    let decoder = DecodeModel::from_folded(fresh, model.device, model.kind, dtype);
+                    let fingerprint = decoder.delivered_fingerprint();
+                    self.decoders.push((scales.to_vec(), decoder));
+                    Ok((self.decoders.len() - 1, fingerprint))
                 }
-            };
-            (index, expected)
+            }
         });
-        super::delivery::check(&self.decoders[index].1.fingerprints(), &expected, "the run's sampler")?;
-        self.fingerprints.push(expected[0]);
-        Ok((index, fold_seconds))
+        let (index, fingerprint) = delivered?;
+        self.fingerprints.push(fingerprint);
+        self.setup_seconds += setup_seconds;
+        Ok((index, setup_seconds))
     }
 
     /// Starts sampling `prompts` ahead, on the run's sampler thread, from the policy `model`
@@ -479,7 +478,10 @@ impl Seat {
     /// fingerprint. Never stacked: the thread works while the run trains.
     pub fn sample_ahead(&mut self, model: &Llama, scales: &[f64], prompts: Vec<Vec<u32>>, params: SamplingParams, seed: u64) -> Result<f64> {
         let broken_refresh = self.broken_refresh;
-        self.ahead.get_or_insert_with(AheadSampler::new).post(model, scales, self.sampler_dtype, prompts, params, seed, broken_refresh)
+        let ahead = self.ahead.get_or_insert_with(AheadSampler::new);
+        let (fingerprint, setup_seconds) = timed(1, || ahead.post(model, scales, self.sampler_dtype, prompts, params, seed, broken_refresh));
+        self.setup_seconds += setup_seconds;
+        fingerprint
     }
 
     /// The oldest generation [`Seat::sample_ahead`] started, waiting for it if need be.
@@ -491,6 +493,13 @@ impl Seat {
     /// out since the last call, in order ([`Seat::sample_ahead`] returns its snapshot's).
     pub fn take_fingerprints(&mut self) -> Vec<f64> {
         std::mem::take(&mut self.fingerprints)
+    }
+
+    /// Seconds spent setting the run's samplers up (folding the policy's weights, refreshing
+    /// and checking each sampler's copy) since the last call: part of
+    /// [`Seat::sample`]'s seconds, and outside the sampler thread's with [`Seat::sample_ahead`].
+    pub fn take_setup_seconds(&mut self) -> f64 {
+        std::mem::take(&mut self.setup_seconds)
     }
 
     /// The reference log-probabilities of a run's completions (the native scorer where it

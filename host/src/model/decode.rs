@@ -88,24 +88,58 @@ impl DecodeModel {
         }
     }
 
-    /// Refolds `model` at `scales` into these weights in place (the same shapes; cast to the
-    /// decoder's dtype by the copy), so buffers and CUDA graphs captured on them stay valid:
-    /// the trainer keeps one decoder per set of scales for the whole run instead of capturing
-    /// again after every optimizer step.
+    /// Refolds `model` at `scales` into these weights in place (cast to the decoder's dtype by
+    /// the copy), so buffers and CUDA graphs captured on them stay valid.
     pub fn refresh(&mut self, model: &Llama, scales: &[f64]) {
-        self.refresh_from(&FoldedWeights::new(model, scales));
-    }
-
-    /// [`Self::refresh`] from the model's weights folded already.
-    pub fn refresh_from(&mut self, folded: &FoldedWeights) {
-        if self.native.is_some() {
-            self.native = Some(NativeModel::new(folded, self.sampler_dtype));
+        let folded = FoldedWeights::new(model, scales);
+        if let Some(native) = &mut self.native {
+            native.refill(&folded);
         }
-        self.weights.copy_from(folded);
+        self.weights.copy_from(&folded);
     }
 
-    /// The fingerprint of the weights this decoder samples with, one per stacked run
-    /// ([`FoldedWeights::fingerprints_in`] its dtype).
+    /// Refreshes from `fresh` (the policy folded now; `refresh` false: the test hook of a lost
+    /// refresh) and holds what the sampler reads to it; returns the fingerprint of the weights it
+    /// samples with, or the held and expected fingerprints where they differ (the engine's
+    /// weight-delivery check reports it). A float32 native copy is refilled in place, compared
+    /// bit for bit and fingerprinted once, and `fresh` moves into the libtorch weights;
+    /// elsewhere (libtorch decoders, bfloat16 panels) the libtorch weights' fingerprint is held
+    /// to `fresh`'s in the decoder's dtype.
+    pub fn deliver(&mut self, fresh: FoldedWeights, refresh: bool) -> Result<f64, [Vec<f64>; 2]> {
+        if let Some(native) = &mut self.native {
+            refresh.then(|| native.refill(&fresh));
+            if let Some((holds, held)) = native.holds(&fresh).zip(native.fingerprint()) {
+                if !holds {
+                    return Err([vec![held], fresh.fingerprints()]);
+                }
+                refresh.then(|| self.adopt(fresh));
+                return Ok(held);
+            }
+        }
+        let expected = fresh.fingerprints_in(self.kind);
+        refresh.then(|| self.adopt(fresh));
+        let held = self.fingerprints();
+        let bits = |values: &[f64]| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        if bits(&held) == bits(&expected) { Ok(expected[0]) } else { Err([held, expected]) }
+    }
+
+    /// `fresh` as the libtorch weights: moved in, or copied (and cast) where CUDA graphs hold
+    /// their memory or the decoder samples in another dtype.
+    fn adopt(&mut self, fresh: FoldedWeights) {
+        assert_eq!(self.weights.config, fresh.config, "refolded weights of another shape");
+        if self.graphs.get_mut().expect("the decoder's graphs lock").is_empty() && fresh.embed_tokens.kind() == self.kind {
+            self.weights = fresh;
+        } else {
+            self.weights.copy_from(&fresh);
+        }
+    }
+
+    /// The fingerprint of the weights a new decoder samples with ([`Self::deliver`]'s).
+    pub fn delivered_fingerprint(&self) -> f64 {
+        self.native.as_ref().and_then(NativeModel::fingerprint).unwrap_or_else(|| self.fingerprints()[0])
+    }
+
+    /// The fingerprints of its libtorch weights, one per stacked run, in its dtype.
     pub fn fingerprints(&self) -> Vec<f64> {
         self.weights.fingerprints_in(self.kind)
     }

@@ -189,7 +189,7 @@ impl FoldedWeights {
     }
 
     /// Every tensor that depends on the weights (all but the rotary tables), in a fixed order.
-    fn run_tensors(&self) -> Vec<&Tensor> {
+    pub(super) fn run_tensors(&self) -> Vec<&Tensor> {
         let mut all = vec![&self.embed_tokens, &self.norm, &self.head_t];
         for l in &self.layers {
             all.extend([&l.input_layernorm, &l.qkv_t, &l.o_t, &l.post_attention_layernorm, &l.gate_up_t, &l.down_t]);
@@ -202,9 +202,10 @@ impl FoldedWeights {
     }
 
     /// One number per run (stacked weights: one for each run) that changes whenever a weight
-    /// does: over the weight tensors in [`Self::run_tensors`]'s order, the sum of
-    /// `(k + 1) * (sum + sum of squares)` in float64, `k` the tensor's index. Each run's value
-    /// is computed on that run's tensors alone, so a stacked run's equals its part's bit for bit.
+    /// does: [`fingerprint`] over the weight tensors in [`Self::run_tensors`]'s order. Each
+    /// run's value is computed on that run's tensors alone, so a stacked run's equals its
+    /// part's bit for bit, and the native sampler's copy of the same values has the same one
+    /// ([`super::native::NativeModel::fingerprint`]).
     pub fn fingerprints(&self) -> Vec<f64> {
         self.fingerprints_in(self.embed_tokens.kind())
     }
@@ -213,10 +214,7 @@ impl FoldedWeights {
     /// decoder sampling in `kind` holds once refreshed from them.
     pub fn fingerprints_in(&self, kind: Kind) -> Vec<f64> {
         let _guard = tch::no_grad_guard();
-        let of = |tensors: Vec<Tensor>| {
-            let term = |t: Tensor| t.sum(Kind::Double).double_value(&[]) + t.square().sum(Kind::Double).double_value(&[]);
-            tensors.into_iter().enumerate().map(|(k, t)| (k + 1) as f64 * term(t.to_kind(kind))).sum()
-        };
+        let of = |tensors: Vec<Tensor>| fingerprint(tensors.iter().map(|t| tensor_sums(&t.to_kind(kind))));
         let tensors = self.run_tensors();
         match self.runs() {
             None => vec![of(tensors.into_iter().map(Tensor::shallow_clone).collect())],
@@ -251,6 +249,36 @@ impl FoldedWeights {
             to.shallow_clone().copy_(from);
         }
     }
+}
+
+/// The weights' fingerprint from each tensor's [`smallrl_native::sums`], in order: the sum of
+/// `(k + 1) * (sum + sum of squares)`, `k` the tensor's index, in float64.
+pub(super) fn fingerprint(tensors: impl Iterator<Item = (f64, f64)>) -> f64 {
+    tensors.enumerate().map(|(k, (sum, squares))| (k + 1) as f64 * (sum + squares)).sum()
+}
+
+/// [`smallrl_native::sums`] of a tensor's values (bfloat16 and half widened exactly to float32 first).
+fn tensor_sums(t: &Tensor) -> (f64, f64) {
+    let t = t.to_device(tch::Device::Cpu).contiguous();
+    match t.kind() {
+        Kind::Float => smallrl_native::sums(host_values::<f32>(&t)),
+        Kind::Double => smallrl_native::sums(host_values::<f64>(&t)),
+        Kind::BFloat16 | Kind::Half => tensor_sums(&t.to_kind(Kind::Float)),
+        kind => panic!("weights of dtype {kind:?}"),
+    }
+}
+
+/// The values of a contiguous CPU tensor of element type `T`, read where they are.
+pub(super) fn host_values<T: tch::kind::Element>(t: &Tensor) -> &[T] {
+    assert!(t.device() == tch::Device::Cpu && t.is_contiguous() && t.kind() == T::KIND, "host values of a {:?} tensor on {:?}", t.kind(), t.device());
+    let len = t.numel();
+    if len == 0 {
+        return &[];
+    }
+    // SAFETY: a contiguous CPU tensor of kind `T` holds `numel` values of `T` from its data
+    // pointer on, alive (and not written: weights are only replaced between samplings) as long
+    // as `t` is borrowed.
+    unsafe { std::slice::from_raw_parts(t.data_ptr() as *const T, len) }
 }
 
 fn transposed(weight: &Tensor) -> Tensor {

@@ -7,11 +7,11 @@
 //! logits and greedy tokens and to the libtorch path's samples for the same seed.
 
 use anyhow::{Result, ensure};
-use smallrl_native::{Dims, Layer, Matrix, Model, QkNorm, RowOutput, UniformStream};
+use smallrl_native::{Dims, Layer, Matrix, Model, QkNorm, RowOutput, UniformStream, Weight, WeightMut};
 use tch::Tensor;
 
 use super::batch::{CompletionRow, Generation, diverged_row, left_pad, masked_rows, row_rng};
-use super::folded::{FoldedWeights, SamplerDtype};
+use super::folded::{FoldedWeights, SamplerDtype, fingerprint, host_values};
 use smallrl_native::Sampling as SamplingParams;
 
 /// The CPU copy of [`FoldedWeights`]: float32, its matrices in the sampler's dtype.
@@ -69,6 +69,48 @@ impl NativeModel {
 }
 
 impl NativeModel {
+    /// Overwrites the weights with `d` (the same model folded again, e.g. after an optimizer
+    /// step), rounded as [`NativeModel::new`] rounds them, keeping their memory.
+    pub(super) fn refill(&mut self, d: &FoldedWeights) {
+        let _guard = tch::no_grad_guard();
+        let tensors = d.run_tensors();
+        let mut weights = self.0.weights_mut();
+        assert_eq!(weights.len(), tensors.len(), "refolded weights of another architecture");
+        for (weight, tensor) in weights.iter_mut().zip(tensors) {
+            let tensor = tensor.contiguous();
+            let values = host_values::<f32>(&tensor);
+            match weight {
+                WeightMut::Vector(to) => to.copy_from_slice(values),
+                WeightMut::Matrix(to) => to.refill(values),
+            }
+        }
+    }
+
+    /// Whether these float32 weights are `d`'s bit for bit (`None` with bfloat16 matrices,
+    /// which are stored rounded in their own layout).
+    pub(super) fn holds(&self, d: &FoldedWeights) -> Option<bool> {
+        let weights = self.float32_weights()?;
+        let tensors = d.run_tensors();
+        let same = |a: &[f32], t: &Tensor| t.kind() == tch::Kind::Float && t.is_contiguous() && smallrl_native::same_bits(a, host_values::<f32>(t));
+        Some(weights.len() == tensors.len() && weights.iter().zip(tensors).all(|(a, t)| same(a, t)))
+    }
+
+    /// The fingerprint of the weights this sampler reads ([`FoldedWeights::fingerprints`]'s
+    /// definition: equal to its folded weights' when it holds them); `None` with bfloat16
+    /// matrices.
+    pub(super) fn fingerprint(&self) -> Option<f64> {
+        Some(fingerprint(self.float32_weights()?.into_iter().map(smallrl_native::sums)))
+    }
+
+    /// Every weight as float32 values, in [`Model::weights`]' order (`None` with bfloat16
+    /// matrices).
+    fn float32_weights(&self) -> Option<Vec<&[f32]>> {
+        self.0.weights().into_iter().map(|w| match w {
+            Weight::Vector(values) => Some(values),
+            Weight::Matrix(m) => m.float32(),
+        }).collect()
+    }
+
     /// Bytes of weights one decode step reads.
     pub fn weight_bytes(&self) -> usize {
         self.0.weight_bytes()

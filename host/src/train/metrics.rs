@@ -159,6 +159,16 @@ pub mod key {
     pub const TIMING_SCORE: &str = "timing/score";
     pub const TIMING_REFERENCE: &str = "timing/reference";
     pub const TIMING_TRAIN: &str = "timing/train";
+    /// Of `timing/generate`: setting the samplers up (folding the policy's weights, refreshing
+    /// and checking the sampler's copy); with `max_steps_off_policy`, that of the batches
+    /// posted to the sampler thread during the step, outside `timing/generate`.
+    pub const TIMING_SAMPLER_SETUP: &str = "timing/sampler_setup";
+    /// Of `timing/reference`: the old policy's log-probabilities (0 where the ratio is to the
+    /// sampler or there is one step per rollout).
+    pub const TIMING_OLD_LOGPROBS: &str = "timing/old_logprobs";
+    /// Of `timing/train`: after the backward pass, gradient clipping and the AdamW update
+    /// (with the step's statistics read back); the rest is the forward and backward pass.
+    pub const TIMING_OPTIMIZER: &str = "timing/optimizer";
     pub const STEP_TIME: &str = "step_time";
     /// DualLoRA's absorption diagnostics, `absorption/<retain|forget>/<quantity>`: the
     /// adapter's gradient norm before clipping, its weights' norm after the step, the norm of
@@ -229,6 +239,8 @@ pub struct RolloutMetrics {
     pub generate_seconds: f64,
     pub score_seconds: f64,
     pub reference_seconds: f64,
+    pub sampler_setup_seconds: f64,
+    pub old_logprobs_seconds: f64,
 }
 
 /// How stale a step's batch was and what waiting the overlap left.
@@ -299,6 +311,7 @@ pub struct StepMetrics {
     pub fisher_kernel: Vec<(&'static str, f64)>,
     pub num_tokens: usize,
     pub train_seconds: f64,
+    pub optimizer_seconds: f64,
     pub step_seconds: f64,
     /// DualLoRA's absorption diagnostics, keyed by [`key::absorption`].
     pub absorption: Vec<(String, f64)>,
@@ -409,6 +422,8 @@ pub fn line(rollout: &RolloutMetrics, step: &StepMetrics) -> Value {
     put(key::TIMING_GENERATE, rollout.generate_seconds.into());
     put(key::TIMING_SCORE, rollout.score_seconds.into());
     put(key::TIMING_REFERENCE, rollout.reference_seconds.into());
+    put(key::TIMING_SAMPLER_SETUP, rollout.sampler_setup_seconds.into());
+    put(key::TIMING_OLD_LOGPROBS, rollout.old_logprobs_seconds.into());
     put(key::STEP, step.step.into());
     put(key::LOSS, step.loss.into());
     put(key::GRAD_NORM, step.grad_norm.into());
@@ -459,6 +474,7 @@ pub fn line(rollout: &RolloutMetrics, step: &StepMetrics) -> Value {
     }
     put(key::NUM_TOKENS, step.num_tokens.into());
     put(key::TIMING_TRAIN, step.train_seconds.into());
+    put(key::TIMING_OPTIMIZER, step.optimizer_seconds.into());
     put(key::STEP_TIME, step.step_seconds.into());
     for (name, value) in &step.absorption {
         put(name, (*value).into());

@@ -86,6 +86,8 @@ pub(super) fn rollout_metrics(scored: &ScoredBatch, rewards: &[f64], component_n
         generate_seconds: 0.0,
         score_seconds: 0.0,
         reference_seconds: 0.0,
+        sampler_setup_seconds: 0.0,
+        old_logprobs_seconds: 0.0,
     }
 }
 

@@ -93,6 +93,7 @@ impl Trainer {
     pub(super) fn rollout(&mut self, step: usize) -> Result<Rollout> {
         // The evaluations' samples since the last rollout are not this batch's.
         self.policy.seat.take_fingerprints();
+        self.policy.seat.take_setup_seconds();
         let mut with = Drawing { policy: &mut self.policy, rewards: &mut self.rewards, recipe: &self.recipe, log: &mut self.files.log };
         let drawn = self.draw.batch(step, &mut with)?;
         let (generation, samples, scored) = (drawn.generation, drawn.samples, drawn.scored);
@@ -134,13 +135,15 @@ impl Trainer {
             false if self.keys.steps_per_rollout > 1 => Some(self.policy.old_logprobs(&generation, &prepared.plan.ctl)?),
             false => None,
         };
-        reference_seconds += old_start.elapsed().as_secs_f64();
+        let old_logprobs_seconds = old_start.elapsed().as_secs_f64();
+        reference_seconds += old_logprobs_seconds;
 
         let mut metrics = rollout_metrics(&scored, &prepared.rewards, &component_names, &generation, prepared.frac_zero_std, &prepared.labels);
         (metrics.generate_seconds, metrics.score_seconds, metrics.reference_seconds) = (drawn.generate_seconds, drawn.score_seconds, reference_seconds);
         if self.recipe.max_no_score_frac > 0.0 {
             metrics.no_score_count.get_or_insert(0.0);
         }
+        (metrics.sampler_setup_seconds, metrics.old_logprobs_seconds) = (self.policy.seat.take_setup_seconds(), old_logprobs_seconds);
         metrics.dynamic_sampling = drawn.dynamic_sampling;
         metrics.off_policy = drawn.off_policy;
         metrics.frac_verified = prepared.frac_verified;
@@ -275,7 +278,8 @@ impl Trainer {
             self.absorption_after_step(&before, &mut absorption);
         }
         let entropy_bonus = update_entropy_coef(self.state.entropy.as_mut(), entropy_coef, terms.entropy_bonus.as_ref())?;
-        let train_seconds = pass_seconds + optimizer_start.elapsed().as_secs_f64();
+        let optimizer_seconds = optimizer_start.elapsed().as_secs_f64();
+        let train_seconds = pass_seconds + optimizer_seconds;
         let entropy = stats::masked_mean(&logprobs.entropy, &mini.loss_mask);
         // The same batch re-scored by the updated policy (one forward pass, no gradient).
         let entropy_change = self.keys.measure_entropy_change.then(|| {
@@ -321,6 +325,7 @@ impl Trainer {
             fisher_kernel,
             num_tokens: self.state.num_tokens,
             train_seconds,
+            optimizer_seconds,
             step_seconds: started.elapsed().as_secs_f64(),
             absorption,
         };
