@@ -15,6 +15,7 @@ mod delivery;
 mod logprobs;
 mod passes;
 mod shared;
+mod stacked;
 
 pub use logprobs::{HEAD_CHUNK_ROWS, Sequences, TokenLogprobs, completion_logprobs, completion_logprobs_and_entropy, frozen_logprobs};
 pub use ahead::Ahead;

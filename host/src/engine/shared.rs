@@ -26,11 +26,12 @@ use anyhow::{Context, Result, anyhow};
 use tch::Tensor;
 
 use super::ahead::{Ahead, AheadSampler};
-use super::{BackwardPass, LossBatch, Sequences, backward_micro_batches, backward_stacked, frozen_logprobs, stacked_frozen_logprobs};
+use super::stacked::{sample_group, score_group, train_group};
+use super::{BackwardPass, LossBatch, backward_micro_batches, frozen_logprobs};
 use crate::grpo::Objective;
 use crate::model::decode::DecodeModel;
 use crate::model::folded::{FoldedWeights, SamplerDtype};
-use crate::model::generate::{Decoder, Generation, SamplingParams, generate, generate_stacked};
+use crate::model::generate::{Generation, SamplingParams, generate};
 use crate::model::linear::AdapterCtl;
 use crate::model::{Llama, native};
 
@@ -87,13 +88,13 @@ pub struct TrainJob<'a> {
 }
 
 /// One call of a run's sampler.
-struct SampleJob<'a> {
-    decoder: &'a DecodeModel,
+pub(super) struct SampleJob<'a> {
+    pub(super) decoder: &'a DecodeModel,
     /// The adapter scales `decoder` is folded at: with the run, the key of the stacked decoder.
-    scales: &'a [f64],
-    prompts: &'a [Vec<u32>],
-    params: &'a SamplingParams,
-    seed: u64,
+    pub(super) scales: &'a [f64],
+    pub(super) prompts: &'a [Vec<u32>],
+    pub(super) params: &'a SamplingParams,
+    pub(super) seed: u64,
 }
 
 enum Job<'a> {
@@ -102,7 +103,7 @@ enum Job<'a> {
     Train(TrainJob<'a>),
 }
 
-enum Outcome {
+pub(super) enum Outcome {
     Sample(Result<Generation>),
     Score(Result<Tensor>),
     Train(BackwardPass),
@@ -291,51 +292,10 @@ fn groups<J>(jobs: Vec<(usize, J)>, compatible: impl Fn(&J, &J) -> bool) -> Vec<
 }
 
 /// Times `work` and shares its wall time among `runs` runs.
-fn timed<T>(runs: usize, work: impl FnOnce() -> T) -> (T, f64) {
+pub(super) fn timed<T>(runs: usize, work: impl FnOnce() -> T) -> (T, f64) {
     let started = Instant::now();
     let value = work();
     (value, started.elapsed().as_secs_f64() / runs as f64)
-}
-
-fn sample_group(group: Vec<(usize, SampleJob)>, decoders: &mut HashMap<Vec<(usize, Vec<u64>)>, DecodeModel>) -> Vec<(usize, Done<Outcome>)> {
-    let runs = group.len();
-    let key: Vec<(usize, Vec<u64>)> = group.iter().map(|(run, job)| (*run, job.scales.iter().map(|s| s.to_bits()).collect())).collect();
-    let parts: Vec<&DecodeModel> = group.iter().map(|(_, job)| job.decoder).collect();
-    let (generations, seconds) = timed(runs, || {
-        let stacked = match decoders.get_mut(&key) {
-            Some(stacked) => {
-                stacked.refresh_stacked(&parts);
-                stacked
-            }
-            None => decoders.entry(key.clone()).or_insert_with(|| DecodeModel::stacked(&parts)),
-        };
-        let expected: Vec<f64> = parts.iter().flat_map(|part| part.fingerprints()).collect();
-        super::delivery::check(&stacked.fingerprints(), &expected, "the pack's stacked sampler")?;
-        let decoder = if stacked.device.is_cuda() { Decoder::CudaGraphs } else { Decoder::Libtorch };
-        let prompts: Vec<&[Vec<u32>]> = group.iter().map(|(_, job)| job.prompts).collect();
-        let seeds: Vec<u64> = group.iter().map(|(_, job)| job.seed).collect();
-        generate_stacked(decoder, stacked, &prompts, group[0].1.params, &seeds)
-    });
-    let per_run: Vec<Result<Generation>> = match generations {
-        Ok(per_run) => per_run,
-        Err(error) => {
-            let message = format!("{error:#}");
-            (0..runs).map(|_| Err(anyhow!("the stacked decode of {runs} packed runs failed: {message}"))).collect()
-        }
-    };
-    group.iter().zip(per_run).map(|((run, _), value)| (*run, Done { value: Outcome::Sample(value), seconds, runs })).collect()
-}
-
-fn score_group(group: Vec<(usize, ScoreJob)>) -> Vec<(usize, Done<Outcome>)> {
-    let runs = group.len();
-    let (logprobs, seconds) = timed(runs, || {
-        let models: Vec<&Llama> = group.iter().map(|(_, job)| job.model).collect();
-        let ctl: Vec<&[AdapterCtl]> = group.iter().map(|(_, job)| job.ctl).collect();
-        let seqs: Vec<Sequences> = group.iter().map(|(_, job)| job.generation.into()).collect();
-        let temperatures: Vec<f64> = group.iter().map(|(_, job)| job.temperature).collect();
-        stacked_frozen_logprobs(&models, &ctl, &seqs, &temperatures)
-    });
-    group.iter().zip(logprobs).map(|((run, _), value)| (*run, Done { value: Outcome::Score(Ok(value)), seconds, runs })).collect()
 }
 
 /// A scoring job computed alone: the native scorer where the seat gave the job one (the
@@ -349,18 +309,6 @@ fn score_alone(job: &ScoreJob) -> Result<Tensor> {
         }
         None => Ok(frozen_logprobs(job.model, job.generation.into(), job.temperature, job.ctl)),
     }
-}
-
-fn train_group(group: Vec<(usize, TrainJob)>) -> Vec<(usize, Done<Outcome>)> {
-    let runs = group.len();
-    let (passes, seconds) = timed(runs, || {
-        let models: Vec<&Llama> = group.iter().map(|(_, job)| job.model).collect();
-        let batches: Vec<LossBatch> = group.iter().map(|(_, job)| job.batch).collect();
-        let temperatures: Vec<f64> = group.iter().map(|(_, job)| job.temperature).collect();
-        let objectives: Vec<&Objective> = group.iter().map(|(_, job)| job.objective).collect();
-        backward_stacked(&models, &batches, &temperatures, &objectives)
-    });
-    group.iter().zip(passes).map(|((run, _), pass)| (*run, Done { value: Outcome::Train(pass), seconds, runs })).collect()
 }
 
 /// A run's place at the engine (see the module's documentation). Dropping it leaves the
