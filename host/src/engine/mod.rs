@@ -12,6 +12,7 @@
 
 mod ahead;
 mod delivery;
+mod jobs;
 mod logprobs;
 mod passes;
 mod shared;
@@ -19,5 +20,6 @@ mod stacked;
 
 pub use logprobs::{HEAD_CHUNK_ROWS, Sequences, TokenLogprobs, completion_logprobs, completion_logprobs_and_entropy, frozen_logprobs};
 pub use ahead::Ahead;
-pub use shared::{Done, Engine, ScoreJob, Seat, Stacking, TrainJob};
+pub use jobs::{Done, ScoreJob, TrainJob};
+pub use shared::{Engine, Seat, Stacking};
 pub use passes::{BackwardPass, LossBatch, Passes, backward_micro_batches, backward_passes, backward_stacked, stacked_frozen_logprobs};

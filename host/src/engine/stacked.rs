@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use anyhow::{Result, anyhow};
 
-use super::shared::{Done, Outcome, SampleJob, ScoreJob, TrainJob, timed};
+use super::jobs::{Done, Outcome, SampleJob, ScoreJob, TrainJob, timed};
 use super::{LossBatch, Sequences, backward_stacked, stacked_frozen_logprobs};
 use crate::grpo::Objective;
 use crate::model::Llama;
