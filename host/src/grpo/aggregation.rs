@@ -30,14 +30,15 @@ pub enum Aggregation {
 /// where dapo and cispo divide by the whole generation batch's tokens (`num_items_in_batch`)
 /// and grpo and dr_grpo by row counts that add up to the batch's.
 pub fn token_weights(mask: &Tensor, classes: &[Tensor], aggregation: Aggregation, micro_batches: usize) -> Tensor {
-    // n: the rows of the classes (every row, unless some are in none: samples without a score).
-    let batch: f64 = classes.iter().map(|class| class.to_kind(Kind::Float).sum(Kind::Float).double_value(&[])).sum();
+    // n: the rows of the classes (every row, unless some are in none: samples without a score),
+    // kept on the device so that the loss never waits for a read-back (the counts are exact).
+    let batch = classes.iter().fold(Tensor::zeros([], (Kind::Float, mask.device())), |n, class| n + class.to_kind(Kind::Float).sum(Kind::Float));
     let mut weights = mask.zeros_like();
     for class in classes {
         let rows = class.to_kind(Kind::Float);
         let n_class = rows.sum(Kind::Float);
         let class_mask = mask * rows.unsqueeze(1);
-        weights = weights + class_weights(&class_mask, &n_class, aggregation, micro_batches) * (n_class / batch);
+        weights = weights + class_weights(&class_mask, &n_class, aggregation, micro_batches) * (n_class / &batch);
     }
     weights
 }
