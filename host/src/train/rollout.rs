@@ -40,7 +40,9 @@ pub(super) struct Rollout {
 
 /// Reward, length and routing statistics of a scored batch (timings and the sampler's
 /// fingerprint are filled in by the caller). `rewards` are those the advantages were computed from (after a penalty).
-pub(super) fn rollout_metrics(scored: &ScoredBatch, rewards: &[f64], component_names: &[String], generation: &Generation, frac_zero_std: f64, labels: &Labels) -> RolloutMetrics {
+/// `counts_unscored`: the run allows samples without a score (`max_no_score_frac` > 0), so every
+/// step logs how many it had, 0 included; other runs never log the metric.
+pub(super) fn rollout_metrics(scored: &ScoredBatch, rewards: &[f64], component_names: &[String], generation: &Generation, frac_zero_std: f64, labels: &Labels, counts_unscored: bool) -> RolloutMetrics {
     if scored.unscored.contains(&true) {
         // Samples without a score leave every statistic: those of the scored rows alone (at
         // least one: `max_no_score_frac` is below 1).
@@ -48,7 +50,7 @@ pub(super) fn rollout_metrics(scored: &ScoredBatch, rewards: &[f64], component_n
         let pick = |flags: &[bool]| rows.iter().map(|&row| flags[row]).collect::<Vec<bool>>();
         let labels = Labels { is_rh: pick(&labels.is_rh), ablated: pick(&labels.ablated), coherence: pick(&labels.coherence), dropped: pick(&labels.dropped), unscored: vec![false; rows.len()] };
         let rewards: Vec<f64> = rows.iter().map(|&row| rewards[row]).collect();
-        let metrics = rollout_metrics(&scored.select(&rows), &rewards, component_names, &generation.select_rows(&rows), frac_zero_std, &labels);
+        let metrics = rollout_metrics(&scored.select(&rows), &rewards, component_names, &generation.select_rows(&rows), frac_zero_std, &labels, false);
         return RolloutMetrics { no_score_count: Some((scored.reward.len() - rows.len()) as f64), ..metrics };
     }
     let n = rewards.len() as f64;
@@ -77,7 +79,7 @@ pub(super) fn rollout_metrics(scored: &ScoredBatch, rewards: &[f64], component_n
         frac_eligible: frac(&scored.eligible),
         frac_hackable: frac(&scored.hackable),
         monitor: scored.monitor(),
-        no_score_count: None,
+        no_score_count: counts_unscored.then_some(0.0),
         dynamic_sampling: None,
         off_policy: None,
         frac_verified: None,

@@ -138,11 +138,8 @@ impl Trainer {
         let old_logprobs_seconds = old_start.elapsed().as_secs_f64();
         reference_seconds += old_logprobs_seconds;
 
-        let mut metrics = rollout_metrics(&scored, &prepared.rewards, &component_names, &generation, prepared.frac_zero_std, &prepared.labels);
+        let mut metrics = rollout_metrics(&scored, &prepared.rewards, &component_names, &generation, prepared.frac_zero_std, &prepared.labels, self.recipe.max_no_score_frac > 0.0);
         (metrics.generate_seconds, metrics.score_seconds, metrics.reference_seconds) = (drawn.generate_seconds, drawn.score_seconds, reference_seconds);
-        if self.recipe.max_no_score_frac > 0.0 {
-            metrics.no_score_count.get_or_insert(0.0);
-        }
         (metrics.sampler_setup_seconds, metrics.old_logprobs_seconds) = (self.policy.seat.take_setup_seconds(), old_logprobs_seconds);
         metrics.dynamic_sampling = drawn.dynamic_sampling;
         metrics.off_policy = drawn.off_policy;
