@@ -2,20 +2,24 @@
 //! adapters and optimizer, the
 //! objective, the sampling settings, and the run's seat at the engine, through which every
 //! sampler call and scoring pass goes (the engine picks the implementation and stacks a pack's
-//! jobs; the policy says once in train.log when they ran stacked).
+//! jobs; the policy says once in train.log when they ran stacked). The step asks the policy for
+//! what changes or probes it (`train`, `update`, the absorption norms) rather than reaching into
+//! its optimizer, adapters or seat.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use tch::{Device, Kind, Tensor};
 
 use super::TrainConfig;
 use crate::adapters::{AdapterConfig, AdapterKind, FORGET, set_base_trainable};
-use crate::engine::{Done, ScoreJob, Seat};
-use crate::grpo::Objective;
+use super::metrics::key;
+use super::rollout::Rollout;
+use crate::engine::{BackwardPass, Done, LossBatch, ScoreJob, Seat, TokenLogprobs, TrainJob};
+use crate::grpo::{self, Objective};
 use crate::model::generate::{Generation, SamplingParams};
 use crate::model::linear::AdapterCtl;
 use crate::model::{self, Llama, ModelFiles, Tokenizer};
 use crate::optim::{AdamW, AdamWConfig};
-use crate::rng;
+use crate::{rng, routing};
 use crate::runlog::RunLog;
 
 /// One call of the policy's sampler: `prompt_ids` at adapter `scales`, seeded by `seed`.
@@ -158,5 +162,140 @@ impl Policy {
         if let Err(error) = log.line(&line()) {
             eprintln!("warning: {error:#}");
         }
+    }
+
+    /// Whether the run trains two adapters (retain and forget), whose norms the absorption
+    /// diagnostics log per slot.
+    pub fn is_dual(&self) -> bool {
+        self.adapters.is_dual()
+    }
+
+    /// Whether a batch's kept token sets are replayed in the loss (top_k/top_p sampling with
+    /// sampling replay).
+    pub fn replays_kept_sets(&self) -> bool {
+        crate::model::generate::kept_capacity(&self.sampling, self.model.config.vocab_size).is_some()
+    }
+
+    /// Whether the objective takes its ratio to the sampler's log-probabilities.
+    pub fn ratio_to_sampler(&self) -> bool {
+        self.objective.ratio_to == crate::grpo::RatioTo::Sampler
+    }
+
+    /// Starts a rollout: drops what the seat measured for evaluations since the last one
+    /// (their fingerprints and set-up time are not this batch's).
+    pub fn begin_rollout(&mut self) {
+        self.seat.take_fingerprints();
+        self.seat.take_setup_seconds();
+    }
+
+    /// The sampler's set-up time since the last call (inside the sampling time).
+    pub fn take_setup_seconds(&mut self) -> f64 {
+        self.seat.take_setup_seconds()
+    }
+
+    /// The fingerprint of the weights the sampler drew the last batch with.
+    pub fn take_fingerprint(&mut self) -> Result<f64> {
+        let fingerprints = self.seat.take_fingerprints();
+        fingerprints.first().copied().context("internal error: a batch drawn without a sampler")
+    }
+
+    pub fn zero_grad(&mut self) {
+        self.optimizer.zero_grad();
+    }
+
+    /// The gradients in the trained parameters, taken out (they become zeros).
+    pub fn take_grads(&mut self) -> Vec<Tensor> {
+        self.optimizer.take_grads()
+    }
+
+    /// The trained parameters (views), whose gradients the probes read between passes.
+    pub fn trained_tensors(&self) -> Vec<Tensor> {
+        self.optimizer.params().iter().map(|(_, t)| t.shallow_clone()).collect()
+    }
+
+    /// Whether this run's backward passes would run stacked with other packed runs' (so a run
+    /// that needs its own passes says it leaves the stack).
+    pub fn stacks_passes_in_a_pack(&self) -> bool {
+        self.seat.stacks_passes_in_a_pack(&self.model)
+    }
+
+    /// One plain backward pass over `batch` through the engine (stacked with other runs' in a
+    /// pack that stacks).
+    pub fn train(&mut self, batch: LossBatch<'_>, log: &mut RunLog) -> Result<Done<BackwardPass>> {
+        let job = TrainJob { model: &self.model, batch, temperature: self.sampling.temperature, objective: &self.objective };
+        let done = self.seat.train(job)?;
+        if done.runs > 1 {
+            self.announce(log, "train", || format!("training stacked with {} packed runs (one batched forward and backward pass; each run's own loss and optimizer)", done.runs));
+        }
+        Ok(done)
+    }
+
+    /// The optimizer step on the gradients in the parameters: clipped to `max_grad_norm`
+    /// (with `split_moment`, `natural` gradients clipped by the same factor and fed to the
+    /// second moment), AdamW at `learning_rate`; returns the norm before clipping. With two
+    /// adapters, each slot's gradient, weight and update norms go to `absorption`.
+    pub fn update(&mut self, learning_rate: f64, max_grad_norm: f64, natural: Option<&mut Vec<Tensor>>, absorption: &mut Vec<(String, f64)>) -> f64 {
+        let before = self.is_dual().then(|| self.absorption_before_step(absorption));
+        let grad_norm = match natural {
+            Some(natural) => {
+                let grad_norm = self.optimizer.clip_grad_norm_also(max_grad_norm, natural);
+                self.optimizer.step_split_moment(learning_rate, natural);
+                grad_norm
+            }
+            None => {
+                let grad_norm = self.optimizer.clip_grad_norm(max_grad_norm);
+                self.optimizer.step(learning_rate);
+                grad_norm
+            }
+        };
+        if let Some(before) = before {
+            self.absorption_after_step(&before, absorption);
+        }
+        grad_norm
+    }
+
+    /// Each adapter's gradient norm from the flagged and from the unflagged samples' loss terms
+    /// alone: the step's token weights kept on each set of rows, two losses that add up to the
+    /// step's for every loss type; one extra backward pass each through the step's graph
+    /// (kept), into fresh tensors, so the step's own gradient is untouched.
+    pub fn gradient_norms_by_class(&self, rollout: &Rollout, current: &TokenLogprobs, masks: grpo::TokenMasks) -> Vec<(String, f64)> {
+        let flagged = routing::row_mask(&rollout.flagged, current.logprobs.device());
+        let mut out = Vec::new();
+        for (quantity, rows) in [(key::ABSORPTION_GRAD_NORM_FLAGGED, flagged.shallow_clone()), (key::ABSORPTION_GRAD_NORM_UNFLAGGED, 1.0 - &flagged)] {
+            let weights = grpo::row_token_weights(masks.loss, &rollout.plan.classes, self.objective.aggregation, &rows);
+            let logprobs = grpo::LossLogprobs {
+                current: &current.logprobs,
+                old: rollout.old_logprobs.as_ref(),
+                reference: rollout.ref_logprobs.as_ref(),
+                sampler: Some(&rollout.generation.sampling_logprobs),
+                replayed: current.replayed.as_ref(),
+                old_is_sampler: rollout.old_is_sampler,
+            };
+            let loss = grpo::sampled_loss(logprobs, &rollout.advantages, masks, &weights, &self.objective).loss;
+            out.extend(self.slot_values(quantity, self.adapters.slot_gradient_norms(&self.model, &loss)));
+        }
+        out
+    }
+
+    /// Records each adapter's gradient norm (before clipping) and returns a copy of the adapter
+    /// weights, for the update's norm.
+    fn absorption_before_step(&self, absorption: &mut Vec<(String, f64)>) -> Vec<(String, Tensor)> {
+        let params = self.adapters.trainable(&self.model);
+        let grads: Vec<(String, Tensor)> = params.iter().map(|(name, t)| (name.clone(), crate::adapters::gradient_or_zeros(t.grad(), t))).collect();
+        absorption.extend(self.slot_values(key::ABSORPTION_GRAD_NORM, self.adapters.slot_norms(&grads)));
+        params.into_iter().map(|(name, t)| (name, t.detach().copy())).collect()
+    }
+
+    /// Each adapter's weight norm after the step and the norm of the step's change.
+    fn absorption_after_step(&self, before: &[(String, Tensor)], absorption: &mut Vec<(String, f64)>) {
+        let after = self.adapters.trainable(&self.model);
+        let updates: Vec<(String, Tensor)> = after.iter().zip(before).map(|((name, now), (_, then))| (name.clone(), now.detach() - then)).collect();
+        absorption.extend(self.slot_values(key::ABSORPTION_PARAM_NORM, self.adapters.slot_norms(&after)));
+        absorption.extend(self.slot_values(key::ABSORPTION_UPDATE_NORM, self.adapters.slot_norms(&updates)));
+    }
+
+    /// `absorption/<slot>/<quantity>` for each adapter slot's value.
+    fn slot_values(&self, quantity: &str, values: Vec<f64>) -> Vec<(String, f64)> {
+        self.adapters.slots.iter().zip(values).map(|(slot, value)| (key::absorption(slot, quantity), value)).collect()
     }
 }

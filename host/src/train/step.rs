@@ -18,7 +18,7 @@ use super::rollout::{Rollout, rollout_metrics, rollout_tensors};
 use crate::model::generate::Generation;
 use crate::model::linear::AdapterCtl;
 use crate::routing::RoutePlan;
-use crate::{engine, grpo, probes, routing, stats};
+use crate::{engine, grpo, probes, stats};
 use crate::probes::NoiseScale;
 
 /// What a step leaves for the next.
@@ -83,7 +83,7 @@ impl Trainer {
         // Each pass over the rollout goes through its mini-batches in order.
         let substeps = self.keys.substeps_per_rollout;
         let mini = MiniBatch::of(rollout, step % substeps, substeps);
-        self.policy.optimizer.zero_grad();
+        self.policy.zero_grad();
         let entropy_coef = self.state.entropy.as_ref().map(grpo::EntropyController::applied);
         Ok(PendingStep { step, started, new_rollout, mini, entropy_coef })
     }
@@ -92,12 +92,11 @@ impl Trainer {
     /// `num_iterations * num_substeps - 1` steps).
     pub(super) fn rollout(&mut self, step: usize) -> Result<Rollout> {
         // The evaluations' samples since the last rollout are not this batch's.
-        self.policy.seat.take_fingerprints();
-        self.policy.seat.take_setup_seconds();
+        self.policy.begin_rollout();
         let mut with = Drawing { policy: &mut self.policy, rewards: &mut self.rewards, recipe: &self.recipe, log: &mut self.files.log };
         let drawn = self.draw.batch(step, &mut with)?;
         let (generation, samples, scored) = (drawn.generation, drawn.samples, drawn.scored);
-        let replays = crate::model::generate::kept_capacity(&self.policy.sampling, self.policy.model.config.vocab_size).is_some();
+        let replays = self.policy.replays_kept_sets();
         ensure!(
             generation.kept.is_some() == replays,
             "step {}: the batch was sampled {} kept sets, but this run's sampling replay {} them (a batch replayed from the dumps of a run with another sampling_replay?)",
@@ -129,7 +128,7 @@ impl Trainer {
         let old_start = Instant::now();
         // Batches sampled ahead or replayed take the ratio to the sampler too: the policy that
         // drew them.
-        let old_is_sampler = self.policy.objective.ratio_to == grpo::RatioTo::Sampler || self.keys.samples_ahead || self.keys.replays;
+        let old_is_sampler = self.policy.ratio_to_sampler() || self.keys.samples_ahead || self.keys.replays;
         let old_logprobs = match old_is_sampler {
             true => Some(generation.sampling_logprobs.shallow_clone()),
             false if self.keys.steps_per_rollout > 1 => Some(self.policy.old_logprobs(&generation, &prepared.plan.ctl)?),
@@ -140,7 +139,7 @@ impl Trainer {
 
         let mut metrics = rollout_metrics(&scored, &prepared.rewards, &component_names, &generation, prepared.frac_zero_std, &prepared.labels, self.recipe.max_no_score_frac > 0.0);
         (metrics.generate_seconds, metrics.score_seconds, metrics.reference_seconds) = (drawn.generate_seconds, drawn.score_seconds, reference_seconds);
-        (metrics.sampler_setup_seconds, metrics.old_logprobs_seconds) = (self.policy.seat.take_setup_seconds(), old_logprobs_seconds);
+        (metrics.sampler_setup_seconds, metrics.old_logprobs_seconds) = (self.policy.take_setup_seconds(), old_logprobs_seconds);
         metrics.dynamic_sampling = drawn.dynamic_sampling;
         metrics.off_policy = drawn.off_policy;
         metrics.frac_verified = prepared.frac_verified;
@@ -149,7 +148,7 @@ impl Trainer {
             Some(off_policy) => off_policy.weights_fingerprint,
             // A replayed batch was sampled by another run: no sampler of this one holds weights.
             None if self.keys.replays => None,
-            None => Some(*self.policy.seat.take_fingerprints().first().context("internal error: a batch drawn without a sampler")?),
+            None => Some(self.policy.take_fingerprint()?),
         };
         let first_sample = (samples[0].prompt.clone(), samples[0].completion.clone());
         let dump = match self.keys.dump_batches {
@@ -172,7 +171,7 @@ impl Trainer {
             Some("gradient_noise_scale")
         } else if keys.split_moment {
             Some("split_moment")
-        } else if self.policy.adapters.is_dual() && keys.absorption_by_class {
+        } else if self.policy.is_dual() && keys.absorption_by_class {
             Some("absorption_by_class")
         } else {
             None
@@ -182,16 +181,12 @@ impl Trainer {
     /// The step's backward passes: one plain pass through the engine, or the run's own.
     fn backward(&mut self, pending: &PendingStep) -> Result<Trained> {
         if let Some(reason) = self.own_passes() {
-            if self.policy.seat.stacks_passes_in_a_pack(&self.policy.model) {
+            if self.policy.stacks_passes_in_a_pack() {
                 self.policy.announce(&mut self.files.log, "train", || format!("training each step alone, not stacked with the other packed runs: {reason} needs the run's own backward passes"));
             }
             return Ok(self.own_backward(pending));
         }
-        let job = engine::TrainJob { model: &self.policy.model, batch: pending.mini.loss_batch(&pending.mini.plan, pending.entropy_coef), temperature: self.policy.temperature(), objective: &self.policy.objective };
-        let done = self.policy.seat.train(job)?;
-        if done.runs > 1 {
-            self.policy.announce(&mut self.files.log, "train", || format!("training stacked with {} packed runs (one batched forward and backward pass; each run's own loss and optimizer)", done.runs));
-        }
+        let done = self.policy.train(pending.mini.loss_batch(&pending.mini.plan, pending.entropy_coef), &mut self.files.log)?;
         Ok(Trained { pass: done.value, natural_grads: None, absorption: Vec::new(), gradient_noise: None, seconds: done.seconds })
     }
 
@@ -205,23 +200,23 @@ impl Trainer {
         let natural_grads = match &mini.natural {
             Some(natural) => {
                 engine::backward_micro_batches(&self.policy.model, &mini.loss_batch(natural, pending.entropy_coef), self.policy.temperature(), &self.policy.objective, micro_batches, &mut |_, _| {});
-                Some(self.policy.optimizer.take_grads())
+                Some(self.policy.take_grads())
             }
             None => None,
         };
         // absorption_by_class's per-class gradient norms need the one pass's live graph over the
         // whole batch (the configuration refuses it with micro-batches and substeps).
         let mut absorption = Vec::new();
-        let by_class = self.policy.adapters.is_dual() && self.keys.absorption_by_class;
+        let by_class = self.policy.is_dual() && self.keys.absorption_by_class;
         let mut before_backward = |logprobs: &engine::TokenLogprobs, masks: grpo::TokenMasks| {
             if by_class {
-                absorption = self.gradient_norms_by_class(rollout, logprobs, masks);
+                absorption = self.policy.gradient_norms_by_class(rollout, logprobs, masks);
             }
         };
         let batch = mini.loss_batch(&mini.plan, pending.entropy_coef);
         let passes = self.keys.passes;
         let mut pass_gradients = self.keys.gradient_noise_scale.then(probes::PassGradients::default);
-        let trained: Vec<Tensor> = self.policy.optimizer.params().iter().map(|(_, t)| t.shallow_clone()).collect();
+        let trained = self.policy.trained_tensors();
         let mut after_backward = || {
             if let Some(gradients) = pass_gradients.as_mut() {
                 let accumulated = trained.iter().map(|t| crate::adapters::gradient_or_zeros(t.grad(), t)).collect();
@@ -256,24 +251,8 @@ impl Trainer {
         }
         let loss = terms.loss.double_value(&[]);
         ensure!(loss.is_finite(), "the loss is {loss} at step {}", step + 1);
-        let dual = self.policy.adapters.is_dual();
-        let before = dual.then(|| self.absorption_before_step(&mut absorption));
         let learning_rate = self.keys.lr.at(step);
-        let grad_norm = match natural_grads.as_mut() {
-            Some(natural) => {
-                let grad_norm = self.policy.optimizer.clip_grad_norm_also(self.keys.max_grad_norm, natural);
-                self.policy.optimizer.step_split_moment(learning_rate, natural);
-                grad_norm
-            }
-            None => {
-                let grad_norm = self.policy.optimizer.clip_grad_norm(self.keys.max_grad_norm);
-                self.policy.optimizer.step(learning_rate);
-                grad_norm
-            }
-        };
-        if let Some(before) = before {
-            self.absorption_after_step(&before, &mut absorption);
-        }
+        let grad_norm = self.policy.update(learning_rate, self.keys.max_grad_norm, natural_grads.as_mut(), &mut absorption);
         let entropy_bonus = update_entropy_coef(self.state.entropy.as_mut(), entropy_coef, terms.entropy_bonus.as_ref())?;
         let optimizer_seconds = optimizer_start.elapsed().as_secs_f64();
         let train_seconds = pass_seconds + optimizer_seconds;
@@ -337,51 +316,6 @@ impl Trainer {
         }
         self.files.live.step(&line, shown.then_some((prompt.as_str(), completion.as_str())))?;
         Ok(line)
-    }
-
-    /// Each adapter's gradient norm from the flagged and from the unflagged samples' loss terms
-    /// alone: the step's token weights kept on each set of rows, two losses that add up to the
-    /// step's for every loss type; one extra backward pass each through the step's graph
-    /// (kept), into fresh tensors, so the step's own gradient is untouched.
-    fn gradient_norms_by_class(&self, rollout: &Rollout, current: &engine::TokenLogprobs, masks: grpo::TokenMasks) -> Vec<(String, f64)> {
-        let flagged = routing::row_mask(&rollout.flagged, current.logprobs.device());
-        let mut out = Vec::new();
-        for (quantity, rows) in [(key::ABSORPTION_GRAD_NORM_FLAGGED, flagged.shallow_clone()), (key::ABSORPTION_GRAD_NORM_UNFLAGGED, 1.0 - &flagged)] {
-            let weights = grpo::row_token_weights(masks.loss, &rollout.plan.classes, self.policy.objective.aggregation, &rows);
-            let logprobs = grpo::LossLogprobs {
-                current: &current.logprobs,
-                old: rollout.old_logprobs.as_ref(),
-                reference: rollout.ref_logprobs.as_ref(),
-                sampler: Some(&rollout.generation.sampling_logprobs),
-                replayed: current.replayed.as_ref(),
-                old_is_sampler: rollout.old_is_sampler,
-            };
-            let loss = grpo::sampled_loss(logprobs, &rollout.advantages, masks, &weights, &self.policy.objective).loss;
-            out.extend(self.slot_values(quantity, self.policy.adapters.slot_gradient_norms(&self.policy.model, &loss)));
-        }
-        out
-    }
-
-    /// Records each adapter's gradient norm (before clipping) and returns a copy of the adapter
-    /// weights, for the update's norm.
-    fn absorption_before_step(&self, absorption: &mut Vec<(String, f64)>) -> Vec<(String, Tensor)> {
-        let params = self.policy.adapters.trainable(&self.policy.model);
-        let grads: Vec<(String, Tensor)> = params.iter().map(|(name, t)| (name.clone(), crate::adapters::gradient_or_zeros(t.grad(), t))).collect();
-        absorption.extend(self.slot_values(key::ABSORPTION_GRAD_NORM, self.policy.adapters.slot_norms(&grads)));
-        params.into_iter().map(|(name, t)| (name, t.detach().copy())).collect()
-    }
-
-    /// Each adapter's weight norm after the step and the norm of the step's change.
-    fn absorption_after_step(&self, before: &[(String, Tensor)], absorption: &mut Vec<(String, f64)>) {
-        let after = self.policy.adapters.trainable(&self.policy.model);
-        let updates: Vec<(String, Tensor)> = after.iter().zip(before).map(|((name, now), (_, then))| (name.clone(), now.detach() - then)).collect();
-        absorption.extend(self.slot_values(key::ABSORPTION_PARAM_NORM, self.policy.adapters.slot_norms(&after)));
-        absorption.extend(self.slot_values(key::ABSORPTION_UPDATE_NORM, self.policy.adapters.slot_norms(&updates)));
-    }
-
-    /// `absorption/<slot>/<quantity>` for each adapter slot's value.
-    fn slot_values(&self, quantity: &str, values: Vec<f64>) -> Vec<(String, f64)> {
-        self.policy.adapters.slots.iter().zip(values).map(|(slot, value)| (key::absorption(slot, quantity), value)).collect()
     }
 }
 
