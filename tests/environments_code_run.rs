@@ -168,7 +168,8 @@ fn a_training_run_scores_hostile_completions_and_continues() {
     let tokenizer = smallrl::model::Tokenizer::from_file(&model.join("tokenizer.json")).unwrap();
     let programs: Vec<String> = rows.iter().map(|row| row.1.clone()).collect();
     let replay_dir = out.path().join("hostile");
-    rewrite(&recorded, &replay_dir, &tokenizer, 2, &programs);
+    let config: Value = serde_json::from_str(&std::fs::read_to_string(model.join("config.json")).unwrap()).unwrap();
+    rewrite(&recorded, &replay_dir, &tokenizer, config["eos_token_id"].as_i64().unwrap(), &programs);
 
     let run = train(&model, out.path(), "replay", &["--set", &format!("replay_rollouts={}", replay_dir.display())]);
     let lines = read_jsonl(run.join("completions.jsonl"));
