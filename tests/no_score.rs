@@ -58,3 +58,27 @@ fn a_runs_rewards_refuse_a_sample_without_a_score_naming_it() {
     let error = format!("{:#}", rewards.score(&samples(&["happy", "a", "skip"]), 1).unwrap_err());
     assert!(error.contains("reward component `no_score` failed") && error.contains("gave sample 2 no score"), "{error}");
 }
+
+/// `plugin score` counts the samples without a score (on stderr, beside their `none` lines);
+/// `plugin bench` times a reward that gives some samples none, compares the others with the
+/// native happy_count and counts them, at `--path` and through `--config` alike.
+#[test]
+fn plugin_score_and_bench_count_the_samples_without_a_score() {
+    let path = test_plugin("no_score");
+    let output = common::smallrl(&["plugin", "score", path.to_str().unwrap(), "--text", "happy", "--text", "skip", "--text", "happy skip"]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "{stderr}");
+    assert_eq!(stdout.lines().collect::<Vec<_>>(), ["1.000000\thappy", "none\tskip", "none\thappy skip"]);
+    assert!(stderr.contains("no score: 2 of 3 samples"), "{stderr}");
+    let bench = ["plugin", "bench", "--path", path.to_str().unwrap(), "--samples", "8", "--words", "20", "--iterations", "1"];
+    let printed = smallrl_ok(&[&bench[..], &["--params", r#"{"none_at": ["0", "3", "5"], "score": "happy_count"}"#]].concat());
+    assert!(printed.contains("no score: 3 of 8 samples (contract 0.5's none") && printed.contains("wasm fuel"), "{printed}");
+    let all_scored = smallrl_ok(&[&bench[..], &["--params", r#"{"score": "happy_count"}"#]].concat());
+    assert!(!all_scored.contains("no score") && all_scored.contains("wasm fuel"), "every sample scored: nothing to count");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("no_score.yaml");
+    std::fs::write(&config, format!("reward:\n  plugin: {}\n  params: {{none_at: ['1', '2']}}\n", path.display())).unwrap();
+    let happy_count = common::standard_plugin("happy_count");
+    let printed = smallrl_ok(&["plugin", "bench", "--path", happy_count.to_str().unwrap(), "--samples", "8", "--words", "20", "--iterations", "2", "--config", config.to_str().unwrap()]);
+    assert!(printed.contains("RewardModel::score of") && printed.contains("no score: 2 of 8 samples"), "{printed}");
+}

@@ -182,7 +182,7 @@ fn walk_count(dir: &std::path::Path) -> usize {
 /// is read from `smallrl plugin bench`, not checked by a timed test).
 #[test]
 fn sandboxed_scores_equal_native_scores_on_the_benchmark_batch() {
-    let report = smallrl::plugins::bench::bench_happy_count(&standard_plugin("happy_count"), 512, 100, 20, PluginLimits::default()).unwrap();
+    let report = smallrl::plugins::bench::bench_happy_count(&standard_plugin("happy_count"), smallrl::plugins::NO_PARAMS, 512, 100, 20, PluginLimits::default()).unwrap();
     println!(
         "512 completions: wasm {:.3} ms, native {:.3} ms, load {:.2} ms",
         report.wasm_per_batch.as_secs_f64() * 1e3,

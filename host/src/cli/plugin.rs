@@ -192,6 +192,9 @@ pub enum PluginCommand {
         words: usize,
         #[arg(long, default_value_t = 200)]
         iterations: u32,
+        /// Parameters of the plugin at --path (and of --port) as a JSON object.
+        #[arg(long)]
+        params: Option<String>,
         /// Also time one `RewardModel::score` call of this config's `reward:` and
         /// `rh_detector:` (plugin names resolve in plugins/).
         #[arg(long)]
@@ -256,14 +259,15 @@ pub fn run(command: PluginCommand) -> Result<()> {
             crate::plugins::programs::run_file(&file, limits.limits()?.programs)?.iter().for_each(|outcome| println!("{outcome}"));
             Ok(())
         }
-        PluginCommand::Bench { path, samples, words, iterations, config, port, programs, limits } => {
+        PluginCommand::Bench { path, samples, words, iterations, params, config, port, programs, limits } => {
             let limits = limits.limits()?;
             if let Some(count) = programs {
                 return Ok(println!("{}", crate::plugins::programs_bench::bench(count, 3, limits.programs, Path::new("python3"))?));
             }
-            run_bench(&path, samples, words, iterations, limits)?;
+            let params = params.as_deref().unwrap_or(NO_PARAMS);
+            run_bench(&path, params, samples, words, iterations, limits)?;
             if let Some(port) = port {
-                bench_port(&port, samples, words, iterations, limits)?;
+                bench_port(&port, params, samples, words, iterations, limits)?;
             }
             config.map_or(Ok(()), |config| bench_config(&config, samples, words, iterations, limits))
         }
@@ -392,8 +396,14 @@ fn score(path: &Path, params: Option<&str>, texts: &[String], file: Option<&Path
         eprintln!("note: no --tokenizer, so words and punctuation marks are the tokens");
     }
     let mut plugin = Plugin::load(path, params.unwrap_or(NO_PARAMS), limits)?;
+    // Samples the plugin gives no score (contract 0.5's none) are printed as `none` and counted.
+    let mut unscored = 0;
     let results: Vec<String> = match plugin.kind() {
-        PluginKind::Reward => plugin.score_optional(&samples)?.iter().map(|&score| crate::plugins::score_text(score)).collect(),
+        PluginKind::Reward => {
+            let scores = plugin.score_optional(&samples)?;
+            unscored = scores.iter().filter(|score| score.is_none()).count();
+            scores.iter().map(|&score| crate::plugins::score_text(score)).collect()
+        }
         PluginKind::Detector => plugin.detect(&samples)?.iter().map(bool::to_string).collect(),
         PluginKind::Environment => {
             let batch = crate::plugins::Batch::new(&samples);
@@ -401,6 +411,7 @@ fn score(path: &Path, params: Option<&str>, texts: &[String], file: Option<&Path
             let info = plugin.environment_info().expect("an environment has its info").clone();
             let names: Vec<String> = info.components.iter().map(|c| c.name.clone()).chain(info.metrics.iter().cloned()).collect();
             println!("{}\tmonitor\tground_truth\tcompletion", names.join("\t"));
+            unscored = (0..samples.len()).filter(|&i| scores.components.iter().any(|column| column[i].is_none())).count();
             (0..samples.len())
                 .map(|i| {
                     let components = scores.components.iter().map(|column| crate::plugins::score_text(column[i]));
@@ -413,7 +424,15 @@ fn score(path: &Path, params: Option<&str>, texts: &[String], file: Option<&Path
     for (result, sample) in results.iter().zip(&samples) {
         println!("{result}\t{}", sample.completion);
     }
+    if unscored > 0 {
+        eprintln!("{}", no_score_note(unscored, samples.len()));
+    }
     Ok(())
+}
+
+/// The line `plugin score` and `plugin bench` print when samples have no score.
+fn no_score_note(unscored: usize, samples: usize) -> String {
+    format!("no score: {unscored} of {samples} samples (contract 0.5's none; a run trains on them only within max_no_score_frac)")
 }
 
 struct SnapshotArgs<'a> {
@@ -482,8 +501,8 @@ fn snapshot_command(args: &SnapshotArgs) -> String {
     command
 }
 
-fn run_bench(path: &Path, samples: usize, words: usize, iterations: u32, limits: PluginLimits) -> Result<()> {
-    let report = bench::bench_happy_count(path, samples, words, iterations, limits)?;
+fn run_bench(path: &Path, params: &str, samples: usize, words: usize, iterations: u32, limits: PluginLimits) -> Result<()> {
+    let report = bench::bench_happy_count(path, params, samples, words, iterations, limits)?;
     println!("happy_count on {samples} completions of {words} words ({iterations} iterations):");
     println!("  load (compile or cache hit + instantiate): {:.2} ms", report.load.as_secs_f64() * 1e3);
     println!(
@@ -498,16 +517,22 @@ fn run_bench(path: &Path, samples: usize, words: usize, iterations: u32, limits:
     );
     println!("  wasm / native time: {:.2}x", report.wasm_per_batch.as_secs_f64() / report.native_per_batch.as_secs_f64());
     println!("  wasm fuel: {:.0} per sample", report.wasm_fuel_per_sample);
+    if report.no_score > 0 {
+        println!("  {} (left out of the comparison)", no_score_note(report.no_score, samples));
+    }
     Ok(())
 }
 
-fn bench_port(path: &Path, samples: usize, words: usize, iterations: u32, limits: PluginLimits) -> Result<()> {
-    let report = bench::bench_port(path, samples, words, iterations, limits)?;
+fn bench_port(path: &Path, params: &str, samples: usize, words: usize, iterations: u32, limits: PluginLimits) -> Result<()> {
+    let report = bench::bench_port(path, params, samples, words, iterations, limits)?;
     println!("port {} on the same batch:", path.display());
     println!("  first load (compile, no cache): {:.2} s", report.compile.as_secs_f64());
     println!("  cached load (+ instantiate, info, configure): {:.1} ms", report.cached_load.as_secs_f64() * 1e3);
     println!("  score: {:>9.3} ms/batch {:>12.0} completions/s", report.per_batch.as_secs_f64() * 1e3, samples as f64 / report.per_batch.as_secs_f64());
     println!("  fuel: {:.0} per sample", report.fuel_per_sample);
+    if report.no_score > 0 {
+        println!("  {} (left out of the comparison)", no_score_note(report.no_score, samples));
+    }
     Ok(())
 }
 
@@ -532,10 +557,11 @@ fn bench_config(config: &Path, samples: usize, words: usize, iterations: u32, li
     let detector = sections.rh_detector.as_ref();
     let mut model = RewardModel::load(&sections.reward, detector, knobs, Path::new("plugins"), limits)?;
     let batch = bench::synthetic_batch(samples, words);
-    let mut fastest = std::time::Duration::MAX;
+    let (mut fastest, mut unscored) = (std::time::Duration::MAX, 0);
     for step in 0..iterations.max(1) {
         let started = std::time::Instant::now();
-        model.score(&batch, u64::from(step))?;
+        // Every sample may lack a score here: they are counted, not refused.
+        unscored = model.score_within(&batch, u64::from(step), 1.0)?.unscored.iter().filter(|u| **u).count();
         fastest = fastest.min(started.elapsed());
     }
     let plugins = model.components().len() + usize::from(model.has_detector());
@@ -544,5 +570,8 @@ fn bench_config(config: &Path, samples: usize, words: usize, iterations: u32, li
         config.display(),
         fastest.as_secs_f64() * 1e3
     );
+    if unscored > 0 {
+        println!("  {}", no_score_note(unscored, samples));
+    }
     Ok(())
 }

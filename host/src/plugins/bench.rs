@@ -18,6 +18,8 @@ pub struct BenchReport {
     pub load: Duration,
     /// Fuel of one batch's `score`, per sample.
     pub wasm_fuel_per_sample: f64,
+    /// Samples the plugin gave no score (contract 0.5's none), left out of the comparison.
+    pub no_score: usize,
 }
 
 /// Another build of happy_count (its Python port): what its loads and scoring cost.
@@ -28,6 +30,8 @@ pub struct PortReport {
     pub cached_load: Duration,
     pub per_batch: Duration,
     pub fuel_per_sample: f64,
+    /// Samples the port gave no score, left out of the comparison.
+    pub no_score: usize,
 }
 
 impl BenchReport {
@@ -41,43 +45,54 @@ impl BenchReport {
 }
 
 /// Scores `samples` completions of about `words` words, `iterations` times each way.
-pub fn bench_happy_count(path: &Path, samples: usize, words: usize, iterations: u32, limits: PluginLimits) -> Result<BenchReport> {
+pub fn bench_happy_count(path: &Path, params: &str, samples: usize, words: usize, iterations: u32, limits: PluginLimits) -> Result<BenchReport> {
     let batch = synthetic_batch(samples, words);
     let started = Instant::now();
-    let mut plugin = Plugin::load(path, super::NO_PARAMS, limits)?;
+    let mut plugin = Plugin::load(path, params, limits)?;
     let load = started.elapsed();
     let native: HappyCount = smallrl_plugin_sdk::configure("{}").map_err(anyhow::Error::msg)?;
     let native_batch: Vec<smallrl_plugin_sdk::Sample> = batch.iter().map(to_sdk_sample).collect();
 
-    let wasm_scores = plugin.score(&batch)?;
+    let wasm_scores = plugin.score_optional(&batch)?;
     let native_scores = native.score_batch(&native_batch).map_err(anyhow::Error::msg)?;
-    anyhow::ensure!(wasm_scores == native_scores, "wasm and native happy_count disagree on the benchmark batch");
+    let no_score = agreeing_scores(&wasm_scores, &native_scores).map_err(|row| anyhow::anyhow!("wasm and native happy_count disagree on the benchmark batch (sample {row})"))?;
 
     let wasm_fuel_per_sample = plugin.last_call_fuel() as f64 / samples.max(1) as f64;
-    let wasm_per_batch = time_per_iteration(iterations, || plugin.score(&batch).map(drop))?;
+    let wasm_per_batch = time_per_iteration(iterations, || plugin.score_optional(&batch).map(drop))?;
     let native_per_batch = time_per_iteration(iterations, || {
         std::hint::black_box(native.score_batch(std::hint::black_box(&native_batch)).map_err(anyhow::Error::msg)?);
         Ok(())
     })?;
-    Ok(BenchReport { samples, wasm_per_batch, native_per_batch, load, wasm_fuel_per_sample })
+    Ok(BenchReport { samples, wasm_per_batch, native_per_batch, load, wasm_fuel_per_sample, no_score })
+}
+
+/// The number of samples without a score (`wasm`'s none) when every other score equals the
+/// native one, else the first row that differs.
+fn agreeing_scores(wasm: &[Option<f64>], native: &[f64]) -> Result<usize, usize> {
+    assert_eq!(wasm.len(), native.len(), "one score per sample");
+    match wasm.iter().zip(native).position(|(wasm, native)| wasm.is_some_and(|wasm| wasm != *native)) {
+        Some(row) => Err(row),
+        None => Ok(wasm.iter().filter(|score| score.is_none()).count()),
+    }
 }
 
 /// Times a port of happy_count (`path`, e.g. plugins/python/happy_count.py built) on the same
 /// batch, after checking it scores exactly as the native function.
-pub fn bench_port(path: &Path, samples: usize, words: usize, iterations: u32, limits: PluginLimits) -> Result<PortReport> {
+pub fn bench_port(path: &Path, params: &str, samples: usize, words: usize, iterations: u32, limits: PluginLimits) -> Result<PortReport> {
     let bytes = std::fs::read(path).map_err(|error| anyhow::anyhow!("cannot read {}: {error}", path.display()))?;
     let compile = super::time_uncached_compile(&bytes)?;
-    Plugin::load(path, super::NO_PARAMS, limits)?; // fills the cache if it was empty
+    Plugin::load(path, params, limits)?; // fills the cache if it was empty
     let started = Instant::now();
-    let mut plugin = Plugin::load(path, super::NO_PARAMS, limits)?;
+    let mut plugin = Plugin::load(path, params, limits)?;
     let cached_load = started.elapsed();
     let batch = synthetic_batch(samples, words);
     let native: HappyCount = smallrl_plugin_sdk::configure("{}").map_err(anyhow::Error::msg)?;
     let native_scores = native.score_batch(&batch.iter().map(to_sdk_sample).collect::<Vec<_>>()).map_err(anyhow::Error::msg)?;
-    anyhow::ensure!(plugin.score(&batch)? == native_scores, "{} and the native happy_count disagree on the benchmark batch", path.display());
+    let no_score = agreeing_scores(&plugin.score_optional(&batch)?, &native_scores)
+        .map_err(|row| anyhow::anyhow!("{} and the native happy_count disagree on the benchmark batch (sample {row})", path.display()))?;
     let fuel_per_sample = plugin.last_call_fuel() as f64 / samples.max(1) as f64;
-    let per_batch = time_per_iteration(iterations, || plugin.score(&batch).map(drop))?;
-    Ok(PortReport { compile, cached_load, per_batch, fuel_per_sample })
+    let per_batch = time_per_iteration(iterations, || plugin.score_optional(&batch).map(drop))?;
+    Ok(PortReport { compile, cached_load, per_batch, fuel_per_sample, no_score })
 }
 
 /// The fastest of `iterations` runs: the cost of the work itself, not of whatever else the

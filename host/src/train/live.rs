@@ -125,6 +125,11 @@ fn completion_line(record: &BatchRecord, index: usize, sample: &Sample, advantag
     for (name, scores) in record.component_names.iter().zip(&scored.components) {
         line[format!("rewards/{name}")] = scores[index].into();
     }
+    // The environment's own outcome of this sample (code_tests' `stopped`: its program ran out
+    // of fuel, memory or output), beside the means metrics.jsonl logs.
+    for (key, values) in &scored.metrics {
+        line[key.as_str()] = values[index].into();
+    }
     if scored.unscored[index] {
         // No score (`max_no_score_frac`): its rewards and advantage above are placeholders 0.
         line["no_score"] = true.into();

@@ -2,12 +2,19 @@
 //! `Reward::score_batch_optional`) to a completion that contains "skip", and to the samples at
 //! the batch positions `none_at` lists; otherwise the number of "happy" in the completion, or
 //! with `score: chars` its length in characters (hand-checkable, and different from sample to
-//! sample, so a training step's advantages are not all 0).
+//! sample, so a training step's advantages are not all 0), or with `score: happy_count` the
+//! standard happy_count's min(count / 5, 1) (what `plugin bench --path` compares with).
 use smallrl_plugin_sdk::{Param, Params, Plugin, Reward, Sample};
 
 pub struct NoScore {
     none_at: Vec<usize>,
-    chars: bool,
+    score: Score,
+}
+
+enum Score {
+    Happy,
+    Chars,
+    HappyCount,
 }
 
 impl Plugin for NoScore {
@@ -18,26 +25,29 @@ impl Plugin for NoScore {
     fn params() -> Vec<Param> {
         vec![
             Param::string_list("none_at", &[], "batch positions (0-based, as decimal strings) of the samples given no score"),
-            Param::string("score", "happy", "happy (the count of \"happy\") or chars (the completion's length in characters)"),
+            Param::string("score", "happy", "happy (the count of \"happy\"), chars (the completion's length in characters) or happy_count (min(count / 5, 1))"),
         ]
     }
 
     fn from_params(params: &Params) -> Result<Self, String> {
         let none_at = params.string_list("none_at").iter().map(|at| at.parse().map_err(|_| format!("none_at: {at:?} is not a batch position"))).collect::<Result<_, _>>()?;
-        let chars = match params.string("score").as_str() {
-            "happy" => false,
-            "chars" => true,
-            other => return Err(format!("score must be happy or chars, got {other:?}")),
+        let score = match params.string("score").as_str() {
+            "happy" => Score::Happy,
+            "chars" => Score::Chars,
+            "happy_count" => Score::HappyCount,
+            other => return Err(format!("score must be happy, chars or happy_count, got {other:?}")),
         };
-        Ok(Self { none_at, chars })
+        Ok(Self { none_at, score })
     }
 }
 
 impl Reward for NoScore {
     fn score(&self, sample: &Sample) -> f64 {
-        match self.chars {
-            true => sample.completion.chars().count() as f64,
-            false => sample.completion.matches("happy").count() as f64,
+        let happy = sample.completion.matches("happy").count() as f64;
+        match self.score {
+            Score::Happy => happy,
+            Score::Chars => sample.completion.chars().count() as f64,
+            Score::HappyCount => (happy / 5.0).min(1.0),
         }
     }
 
