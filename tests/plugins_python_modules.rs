@@ -8,7 +8,8 @@
 //! - `plugin build` bundles the modules and packages beside the module that it imports, and
 //!   the pure-Python packages named with `--package` or `--requirements`, pinned in
 //!   `plugin info`; a package with native code is refused before the build, saying why.
-//! - An edit's rebuild reuses the cached base component and its compiled code (item 3).
+//! - An edit's rebuild reuses the cached base component and its compiled code (item 3), and
+//!   `plugin cache --prune` bounds those caches.
 
 mod common;
 
@@ -217,4 +218,22 @@ fn an_edit_rebuilds_on_the_cached_base_and_compiles_nothing() {
     let after: Vec<(PathBuf, Vec<u8>)> = files_under(&builds).into_iter().map(|path| (path.clone(), std::fs::read(path).unwrap())).collect();
     assert!(after == bases, "the cached base is unchanged");
     assert_eq!((compiled("wasmtime"), compiled("wasmtime-functions")), (modules, functions), "nothing compiled again");
+    the_prune_bounds_the_python_caches(&cache, &wasm, &bases[0].0);
+}
+
+/// `plugin cache --prune` after the edit cycle: the two versions' files go (no smallrl holds
+/// them) and the recently used base stays; the component loads and scores after it (its files
+/// written again); `--keep-days 0` removes the base too.
+fn the_prune_bounds_the_python_caches(cache: &Path, wasm: &Path, base: &Path) {
+    let env = [("SMALLRL_PLUGIN_CACHE", cache)];
+    let sources = cache.with_file_name("python-sources");
+    assert_eq!(std::fs::read_dir(&sources).unwrap().count(), 2, "the files of both versions");
+    let pruned = smallrl_with(&["plugin", "cache", "--prune"], &env);
+    assert!(pruned.status.success(), "{}", stderr(&pruned));
+    assert_eq!(String::from_utf8_lossy(&pruned.stdout).matches("removed ").count(), 2, "{}", String::from_utf8_lossy(&pruned.stdout));
+    assert_eq!((std::fs::read_dir(&sources).unwrap().count(), base.exists()), (0, true), "the sources go, the base stays");
+    let scored = smallrl_with(&["plugin", "score", wasm.to_str().unwrap(), "--text", "a! b!"], &env);
+    assert_eq!(String::from_utf8_lossy(&scored.stdout).split('\t').next(), Some("1.000000"), "{}", stderr(&scored));
+    assert!(smallrl_with(&["plugin", "cache", "--prune", "--keep-days", "0"], &env).status.success());
+    assert!(!base.exists(), "a base unused for longer than the bound goes");
 }

@@ -221,3 +221,7 @@ pub const JUDGE_BATCH_SIZE: usize = 8;
 /// English text is about 4 bytes a token, so an item over the bound cannot fit the context,
 /// and a hostile 40 MiB item is refused before it costs the host more than its copy.
 pub const JUDGE_ITEM_BYTES_PER_TOKEN: usize = 32;
+/// `smallrl plugin cache --prune`: a Python base component (`python-builds/`) unused for this
+/// many days goes (rebuilding one takes componentize-py minutes; the sources directories go
+/// whenever no live plugin holds them: each is written again from its component in milliseconds).
+pub const PYTHON_CACHE_KEEP_DAYS: u64 = 14;

@@ -105,6 +105,17 @@ pub enum PluginCommand {
         #[arg(long)]
         path: bool,
     },
+    /// The Python caches beside the compiled-code cache (`python-sources/`, `python-builds/`):
+    /// where they are; `--prune` removes what no live plugin holds and bases unused for
+    /// `--keep-days` (plugins/README.md, "The edit cycle").
+    Cache {
+        /// Remove every entry no live plugin needs (see above).
+        #[arg(long)]
+        prune: bool,
+        /// With --prune: keep base components used within this many days.
+        #[arg(long, default_value_t = d::PYTHON_CACHE_KEEP_DAYS)]
+        keep_days: u64,
+    },
     /// Print what a plugin is (reward or detector), its description and its parameters.
     Info {
         path: PathBuf,
@@ -246,6 +257,7 @@ pub fn run(command: PluginCommand) -> Result<()> {
             build(&path, output.as_deref(), kind.map(PluginKind::from), &python::Packages { requirements, paths: packages })
         }
         PluginCommand::Sdk { path } => sdk(path),
+        PluginCommand::Cache { prune, keep_days } => cache(prune, keep_days),
         PluginCommand::Info { path, limits } => info(&path, limits.limits()?),
         PluginCommand::Score { path, params, texts, file, tokenizer, limits } => {
             score(&path, params.as_deref(), &texts, file.as_deref(), tokenizer.as_deref(), limits.limits()?)
@@ -321,6 +333,18 @@ fn sdk(path_only: bool) -> Result<()> {
             println!("  PYTHONPATH=$(smallrl plugin sdk --path) python3 test_my_reward.py   # a module's own tests, from any folder");
         }
     }
+    Ok(())
+}
+
+fn cache(prune: bool, keep_days: u64) -> Result<()> {
+    let root = crate::plugins::python_cache::root()?;
+    if !prune {
+        return Ok(println!("the Python caches are in {} (`smallrl plugin cache --prune` bounds them)", root.display()));
+    }
+    let pruned = crate::plugins::python_cache::prune(&root, std::time::Duration::from_secs(keep_days * 86_400))?;
+    pruned.removed.iter().for_each(|path| println!("removed {}", path.display()));
+    pruned.in_use.iter().for_each(|path| println!("kept {} (a live plugin holds it)", path.display()));
+    println!("freed {:.1} MiB under {}", pruned.bytes_freed as f64 / (1u64 << 20) as f64, root.display());
     Ok(())
 }
 

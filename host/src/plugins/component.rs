@@ -1,7 +1,7 @@
 //! Reading a plugin file into a compiled component: the messages for files that are not
 //! components (a Python module, a core module, not WebAssembly at all) name what to do.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, Result, bail, ensure};
 use wasmtime::component::Component;
@@ -12,7 +12,7 @@ use super::runtime::Runtime;
 /// that are not components; also returns the file's SHA-256 and, for a Python component that
 /// carries its module's files (`python_sources.rs`), the directory holding them: what is compiled
 /// is then the file less those files, the base its build shares with every rebuild.
-pub(super) fn compile(runtime: &Runtime, path: &Path) -> Result<(Component, String, Option<PathBuf>)> {
+pub(super) fn compile(runtime: &Runtime, path: &Path) -> Result<(Component, String, Option<super::python_sources::SourcesDir>)> {
     ensure!(
         path.extension().is_none_or(|extension| extension != "py"),
         "{} is a Python module, not a component: build it with `smallrl plugin build {}` and use the .wasm it writes",

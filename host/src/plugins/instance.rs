@@ -85,7 +85,7 @@ pub struct Plugin {
     /// Whether the component imports WASI (a language runtime): its stores get the
     /// deterministic sandbox of `wasi.rs`, everything else none.
     imports_wasi: bool,
-    sources: Option<std::path::PathBuf>,
+    sources: Option<super::python_sources::SourcesDir>,
     /// The judge its `judge` import calls (attached by the run; None: the import errs).
     judge: Option<super::judge::SharedJudge>,
 }
@@ -465,7 +465,7 @@ struct StoreKind {
     /// The component file's SHA-256 when it imports WASI (it seeds the sandbox); None: no WASI.
     wasi_sha256: Option<String>,
     /// A Python component's own files (`python_sources.rs`), preopened in its sandbox.
-    sources: Option<std::path::PathBuf>,
+    sources: Option<super::python_sources::SourcesDir>,
 }
 
 /// The trial instantiation that tells the worlds apart: an export-name check alone would accept
@@ -530,7 +530,7 @@ fn instantiate_as(
     store_kind: &StoreKind,
     exports: impl FnOnce(&InstancePre<StoreState>, &mut Store<StoreState>) -> wasmtime::Result<Exports>,
 ) -> Result<Live, InstantiateFailure> {
-    let sandbox = store_kind.wasi_sha256.as_deref().map(|sha256| Sandbox::new(sha256, store_kind.sources.as_deref())).transpose();
+    let sandbox = store_kind.wasi_sha256.as_deref().map(|sha256| Sandbox::new(sha256, store_kind.sources.as_ref().map(|s| s.path()))).transpose();
     let sandbox = sandbox.map_err(|error| InstantiateFailure { error: wasmtime::Error::msg(format!("{error:#}")), memory_wanted: None })?;
     let state = StoreState::new(store_kind.limits.max_memory_bytes, sandbox);
     let mut store = Store::new(pre.engine(), state);

@@ -19,6 +19,7 @@ pub mod judge;
 pub mod programs;
 pub mod programs_bench;
 pub mod python;
+pub mod python_cache;
 mod python_check;
 pub mod python_deps;
 mod python_sources;

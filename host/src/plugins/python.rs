@@ -136,7 +136,8 @@ impl Base<'_> {
     fn component(&self, tool: &Path, source: &Path) -> Result<(Vec<u8>, bool)> {
         let key = self.cache_key()?;
         let cached = cache_dir().map(|dir| dir.join(format!("base-{key}.wasm")));
-        if let Some(bytes) = cached.as_ref().and_then(|path| std::fs::read(path).ok()) {
+        if let Some((path, bytes)) = cached.as_ref().and_then(|path| Some((path, std::fs::read(path).ok()?))) {
+            super::python_cache::mark_used(path);
             return Ok((bytes, true));
         }
         let work = tempdir(&key)?;
@@ -263,7 +264,7 @@ fn check_version(tool: &Path) -> Result<()> {
 
 /// Built components, beside the compiled-code cache.
 fn cache_dir() -> Option<PathBuf> {
-    super::cache_directory().and_then(|wasmtime| wasmtime.parent().map(|dir| dir.join("python-builds")))
+    super::cache_directory().and_then(|wasmtime| wasmtime.parent().map(|dir| dir.join(super::python_cache::BUILDS_DIR)))
 }
 
 fn tempdir(key: &str) -> Result<PathBuf> {

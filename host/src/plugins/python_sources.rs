@@ -11,7 +11,9 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::{Context, Result, ensure};
@@ -69,19 +71,59 @@ fn check(path: &Path, carried: &Carried) -> Result<()> {
     Ok(())
 }
 
-/// The directory holding `carried`'s files and [`MODULE_FILE`], made once per content: beside the
-/// compiled-code cache, `python-sources/<SHA-256>`.
-pub fn directory(carried: &Carried) -> Result<PathBuf> {
-    let root = super::cache_directory().and_then(|cache| cache.parent().map(Path::to_path_buf)).unwrap_or_else(std::env::temp_dir);
-    let digest = super::sha256_hex(&serde_json::to_vec(carried).expect("names and texts serialise"));
-    let dir = root.join("python-sources").join(digest);
-    if dir.join(MODULE_FILE).is_file() {
-        return Ok(dir);
+/// A sources directory in use: the path the sandbox preopens and a shared lock on its
+/// [`MODULE_FILE`], held while any instance may import from it, so that `plugin cache --prune`
+/// (`python_cache.rs`), which takes the lock exclusively before it moves a directory away,
+/// never removes one a live run needs.
+#[derive(Clone, Debug)]
+pub struct SourcesDir {
+    path: PathBuf,
+    _lock: Arc<File>,
+}
+
+impl SourcesDir {
+    pub fn path(&self) -> &Path {
+        &self.path
     }
+}
+
+/// The directory holding `carried`'s files and [`MODULE_FILE`], made once per content: beside the
+/// compiled-code cache, `python-sources/<SHA-256>`; locked (shared) for as long as it is held.
+pub fn directory(carried: &Carried) -> Result<SourcesDir> {
+    let root = super::cache_directory().and_then(|cache| cache.parent().map(Path::to_path_buf)).unwrap_or_else(std::env::temp_dir);
+    directory_in(&root, carried)
+}
+
+/// [`directory`] under `root` (the compiled-code cache's parent).
+pub fn directory_in(root: &Path, carried: &Carried) -> Result<SourcesDir> {
+    let digest = super::sha256_hex(&serde_json::to_vec(carried).expect("names and texts serialise"));
+    let dir = root.join(SOURCES_DIR).join(digest);
+    // A prune may move the directory away between the lock and the check: then fill it again.
+    for _ in 0..3 {
+        if let Some(lock) = locked(&dir)? {
+            return Ok(SourcesDir { path: dir, _lock: Arc::new(lock) });
+        }
+        fill(&dir, carried)?;
+    }
+    anyhow::bail!("{}: removed again each time it was written (a prune running in a loop?)", dir.display())
+}
+
+/// The cache folder of sources directories, beside the compiled-code cache.
+pub const SOURCES_DIR: &str = "python-sources";
+
+/// [`MODULE_FILE`] of `dir` open and locked shared, if `dir` is complete and still in place.
+fn locked(dir: &Path) -> Result<Option<File>> {
+    let Ok(file) = File::open(dir.join(MODULE_FILE)) else { return Ok(None) };
+    file.lock_shared().with_context(|| format!("cannot lock {}", dir.join(MODULE_FILE).display()))?;
+    Ok(dir.join(MODULE_FILE).is_file().then_some(file))
+}
+
+/// Writes `carried`'s files into `dir` through a temporary directory renamed into place.
+fn fill(dir: &Path, carried: &Carried) -> Result<()> {
     // Unique per process and thread: two loads of one plugin may fill it at once.
     static FILLS: AtomicUsize = AtomicUsize::new(0);
     let tmp = dir.with_extension(format!("tmp-{}-{}", std::process::id(), FILLS.fetch_add(1, Ordering::Relaxed)));
-    let fill = || -> Result<()> {
+    let write = || -> Result<()> {
         for (rel, text) in &carried.files {
             let file = tmp.join(rel);
             std::fs::create_dir_all(file.parent().expect("under the directory"))?;
@@ -90,12 +132,18 @@ pub fn directory(carried: &Carried) -> Result<PathBuf> {
         std::fs::write(tmp.join(MODULE_FILE), &carried.module)?;
         Ok(())
     };
-    let filled = fill().with_context(|| format!("cannot write the plugin's Python files into {}", tmp.display()));
-    let renamed = filled.and_then(|()| std::fs::rename(&tmp, &dir).with_context(|| format!("cannot move {} into place", tmp.display())));
+    let written = write().with_context(|| format!("cannot write the plugin's Python files into {}", tmp.display()));
+    let renamed = written.and_then(|()| std::fs::rename(&tmp, dir).with_context(|| format!("cannot move {} into place", tmp.display())));
     let _ = std::fs::remove_dir_all(&tmp);
     // Another load may have put the same files there first.
     ensure!(dir.join(MODULE_FILE).is_file(), "{:#}", renamed.err().unwrap_or_else(|| anyhow::anyhow!("{} is incomplete", dir.display())));
-    Ok(dir)
+    Ok(())
+}
+
+/// Whether `dir` (an entry of [`SOURCES_DIR`]) is a complete sources directory; then its
+/// [`MODULE_FILE`], the file live loads lock.
+pub fn lock_file(dir: &Path) -> Option<PathBuf> {
+    Some(dir.join(MODULE_FILE)).filter(|file| file.is_file())
 }
 
 struct Section {
