@@ -40,6 +40,17 @@ fn write_evaluations(dir: &Path, component: &str, modes: &[(&str, f64, f64)]) {
     std::fs::write(dir.join("routing_eval.jsonl"), format!("{}\n{}\n", line(2, 0.5), line(4, 1.0))).unwrap();
 }
 
+/// Arms come from the interventions' declaration, colours from `ARM_COLOURS`: a new
+/// intervention's arm fails here, naming the table to give it a colour, rather than in a chart.
+#[test]
+fn every_arm_has_its_own_colour() {
+    for arm in Arm::NAMED {
+        assert!(chart::ARM_COLOURS.iter().any(|(a, _)| *a == arm), "the {} arm has no colour in sweep/pareto_environments.rs's ARM_COLOURS", arm.name());
+    }
+    let colours: BTreeSet<(u8, u8, u8)> = chart::ARM_COLOURS.iter().map(|(_, c)| (c.0, c.1, c.2)).collect();
+    assert_eq!(colours.len(), chart::ARM_COLOURS.len(), "two arms share a colour");
+}
+
 #[test]
 fn environment_table_and_chart_read_each_cell_from_its_seeds() {
     let tmp = tempfile::tempdir().unwrap();
