@@ -227,18 +227,7 @@ const GENERATED_END: &str = "<!-- end of the generated part -->";
 
 /// The key table, from the hyperparameter table itself: name, flag, default, help line.
 fn generated_key_table() -> String {
-    let defaults = serde_json::to_value(TrainConfig::default()).unwrap();
-    let mut table = String::from("| key | flag | default | what it is |\n|---|---|---|---|\n");
-    for key in TrainConfig::KEYS {
-        let flag = if key.flag { format!("`--{}`", key.name.replace('_', "-")) } else { "YAML or `--set`".to_string() };
-        let default = match &defaults[key.name] {
-            serde_json::Value::Null => "(none)".to_string(),
-            value => format!("`{}`", value.to_string().trim_matches('"')),
-        };
-        let doc = key.doc.split_whitespace().collect::<Vec<_>>().join(" ").replace('|', "\\|");
-        table.push_str(&format!("| `{}` | {flag} | {default} | {doc} |\n", key.name));
-    }
-    table
+    smallrl::hyperparams::key_reference::<TrainConfig>()
 }
 
 /// Checks that the generated part of `chapter` (between the markers) is `expected`, or with

@@ -152,6 +152,7 @@ fn chat_is_refused_without_a_template_and_system_prompt_without_chat() {
 fn a_smollm2_rehearsal_of_the_paper_matrix_compares_with_the_paper() {
     use smallrl::sweep::compare;
     use smallrl::sweep::plan::Arm;
+    use smallrl::intervention::Intervention;
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("rehearsal");
     let config = common::repo_root().join("configs/envs/addition.yaml");
@@ -187,8 +188,8 @@ fn a_smollm2_rehearsal_of_the_paper_matrix_compares_with_the_paper() {
         .collect();
     assert_eq!(runs.len(), 3, "routed, penalty and their baseline: {runs:?}");
     let run_of = |arm: Arm| &runs.iter().find(|(a, _)| *a == arm).unwrap_or_else(|| panic!("a {arm:?} run in {runs:?}")).1;
-    assert!(run_of(Arm::Penalty).file_name().unwrap().to_string_lossy().contains("rh_penalty2_extramult5"), "{runs:?}");
-    assert!(!run_of(Arm::Routing).file_name().unwrap().to_string_lossy().contains("extramult"), "{runs:?}");
+    assert!(run_of(Arm::Intervention(Intervention::Penalty)).file_name().unwrap().to_string_lossy().contains("rh_penalty2_extramult5"), "{runs:?}");
+    assert!(!run_of(Arm::Intervention(Intervention::Routing)).file_name().unwrap().to_string_lossy().contains("extramult"), "{runs:?}");
     let plugin = common::load(&standard_plugin("addition"), "{}");
     let task: Vec<String> = plugin.environment_info().unwrap().components.iter().filter(|c| c.role == smallrl::plugins::ComponentRole::Retain).map(|c| c.name.clone()).collect();
     // The paper's reading, by hand: the mean over the last max(1, n // 10) evaluations of the
@@ -216,10 +217,10 @@ fn a_smollm2_rehearsal_of_the_paper_matrix_compares_with_the_paper() {
         assert_eq!((best[5], best[15]), ("rh_penalty=2 rp_extra_retain_advantage_multiplier=5 coherence:main=2:4", "v=5"), "{best:?}");
         for r in &of {
             let ours = match r[2] {
-                "gr" => Some((Arm::Routing, "retain_only")),
+                "gr" => Some((Arm::Intervention(Intervention::Routing), "retain_only")),
                 "noi" => Some((Arm::None, "both")),
                 "noi_ro" => Some((Arm::None, "retain_only")),
-                "best_rp" => Some((Arm::Penalty, "both")),
+                "best_rp" => Some((Arm::Intervention(Intervention::Penalty), "both")),
                 _ => None,
             };
             assert_eq!(r[4], ours.map_or(r[4], |o| o.1), "{r:?}");

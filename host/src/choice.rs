@@ -21,6 +21,10 @@ macro_rules! choice {
         }
 
         impl $name {
+            /// Every value, in declaration order (sweeps plan an arm per intervention from it).
+            #[allow(dead_code, reason = "not every choice's list is read")]
+            pub const ALL: &'static [Self] = &[$( Self::$variant ),+];
+
             /// The word configs and flags use for this value.
             pub fn as_str(self) -> &'static str {
                 match self {

@@ -1,5 +1,6 @@
 //! One declaration per hyperparameter. [`hyperparameters!`] takes a table of keys (name, type,
-//! default, doc line, run-name label) and writes everything that follows from it:
+//! default, doc line, run-name label, properties, the parts that read it) and writes everything
+//! that follows from it:
 //!
 //! - the configuration struct (serde: the YAML key, the resolved `config.yaml`, sweep keys),
 //!   with its `Default`;
@@ -7,7 +8,10 @@
 //!   `--key-name` in kebab-case, with the doc line as its help);
 //! - [`Hyperparameters::KEYS`]: names, labels, docs and properties ([`Prop`]: may change on
 //!   resume, must be equal in a pack, reset without routing), which run names, `--set`,
-//!   `--grid`, `--fixed`, `--resume`, packs and sweeps' baselines read.
+//!   `--grid`, `--fixed`, `--resume`, packs, sweeps' baselines and the key reference
+//!   ([`key_reference`]) read;
+//! - for a row ending `=> Part`, the accessor `Part::key()` through which the part that reads
+//!   the key gets its value ([`Part`]).
 //!
 //! Precedence is defaults < YAML file < flags < `--set` ([`resolve`]). Run directory names list
 //! every key whose value differs from its default, plus the seed ([`run_name`]).
@@ -57,6 +61,9 @@ pub struct Key {
     /// Has a command-line flag (`--name`); file-only keys are set in YAML or with `--set`.
     pub flag: bool,
     pub props: &'static [Prop],
+    /// The parts that read the key (the row's `=> Part, ...`), each through the accessor the
+    /// table gives it ([`Part`]).
+    pub parts: &'static [&'static str],
 }
 
 impl Key {
@@ -78,6 +85,14 @@ pub trait Hyperparameters: Serialize + DeserializeOwned + Default {
     fn keys_with(prop: Prop) -> Vec<&'static str> {
         Self::KEYS.iter().filter(|k| k.has(prop)).map(|k| k.name).collect()
     }
+}
+
+/// A part of a run (the step's keys, say) built from configuration `C`, reading its keys from
+/// the table: a row that ends `=> Part` gives `Part` a method named after the key that returns
+/// its value, so a key a part reads is one row, with no field or copy in the part. The part
+/// holds the resolved configuration and hands it over here, and reads nothing else of it.
+pub trait Part<C> {
+    fn table(&self) -> &C;
 }
 
 /// `config` with every key that has `prop` at its default value.
@@ -111,7 +126,8 @@ plain_flag_values!(String, PathBuf, usize, u64, f64, bool);
 /// `flags { ... }` keys get a command-line flag; `file_only { ... }` keys (structured values
 /// such as the reward spec) are set in YAML or with `--set key=<YAML>`. After its doc lines a
 /// flag may carry `#[arg(...)]` attributes for its flag (a switch with an optional value), a
-/// file-only key `#[serde(...)]` attributes.
+/// file-only key `#[serde(...)]` attributes. A row may end `=> Part, ...`: the parts that read
+/// the key ([`Part`]), each given an accessor named after it.
 macro_rules! hyperparameters {
     (
         $(#[$meta:meta])*
@@ -119,10 +135,10 @@ macro_rules! hyperparameters {
         $(#[$ometa:meta])*
         pub struct $overrides:ident;
         flags {
-            $( $(#[doc = $doc:literal])+ $(#[arg($($arg:tt)*)])* $(#[serde($($kserde:tt)*)])* $key:ident : $ty:ty = $default:expr, $label:expr $(, [$($prop:ident),*])?; )*
+            $( $(#[doc = $doc:literal])+ $(#[arg($($arg:tt)*)])* $(#[serde($($kserde:tt)*)])* $key:ident : $ty:ty = $default:expr, $label:expr $(, [$($prop:ident),*])? $(=> $($part:ident),+)?; )*
         }
         file_only {
-            $( $(#[doc = $fdoc:literal])+ $(#[serde($($fserde:tt)*)])* $fkey:ident : $fty:ty = $fdefault:expr, $flabel:expr $(, [$($fprop:ident),*])?; )*
+            $( $(#[doc = $fdoc:literal])+ $(#[serde($($fserde:tt)*)])* $fkey:ident : $fty:ty = $fdefault:expr, $flabel:expr $(, [$($fprop:ident),*])? $(=> $($fpart:ident),+)?; )*
         }
     ) => {
         $(#[$meta])*
@@ -143,14 +159,17 @@ macro_rules! hyperparameters {
             const KEYS: &'static [$crate::hyperparams::Key] = &[
                 $( $crate::hyperparams::Key {
                     name: stringify!($key), label: $label, doc: concat!($($doc),+), flag: true,
-                    props: &[$($($crate::hyperparams::Prop::$prop),*)?],
+                    props: &[$($($crate::hyperparams::Prop::$prop),*)?], parts: &[$($(stringify!($part)),+)?],
                 }, )*
                 $( $crate::hyperparams::Key {
                     name: stringify!($fkey), label: $flabel, doc: concat!($($fdoc),+), flag: false,
-                    props: &[$($($crate::hyperparams::Prop::$fprop),*)?],
+                    props: &[$($($crate::hyperparams::Prop::$fprop),*)?], parts: &[$($(stringify!($fpart)),+)?],
                 }, )*
             ];
         }
+
+        $( $( $( $crate::hyperparams::part_reads!($config, $part, $key, $ty); )+ )? )*
+        $( $( $( $crate::hyperparams::part_reads!($config, $fpart, $fkey, $fty); )+ )? )*
 
         $(#[$ometa])*
         #[derive(clap::Args, Debug, Default, Clone, serde::Serialize)]
@@ -173,6 +192,20 @@ macro_rules! hyperparameters {
     };
 }
 pub(crate) use hyperparameters;
+
+/// The accessor a row's `=> Part` gives its part: the key's value, read from the table the part
+/// holds ([`Part::table`]).
+macro_rules! part_reads {
+    ($config:ident, $part:ident, $key:ident, $ty:ty) => {
+        impl $part {
+            #[doc = concat!("The `", stringify!($key), "` key of [`", stringify!($config), "`] (its row names this part).")]
+            pub fn $key(&self) -> $ty {
+                ::core::clone::Clone::clone(&<Self as $crate::hyperparams::Part<$config>>::table(self).$key)
+            }
+        }
+    };
+}
+pub(crate) use part_reads;
 
 /// A struct as a JSON object.
 pub fn object<T: Serialize>(value: &T) -> Result<Map<String, Value>> {
@@ -228,6 +261,23 @@ pub fn resolve<C: Hyperparameters>(file: Option<&Path>, overrides: Map<String, V
         let source = file.map_or("the command line".to_string(), |p| p.display().to_string());
         anyhow::anyhow!("invalid {what} ({source}): {e}")
     })
+}
+
+/// The key reference of the book (docs/src/reference.md, kept equal by tests/docs.rs): one
+/// Markdown row per key, in declaration order, with its flag, default and doc line.
+pub fn key_reference<C: Hyperparameters>() -> String {
+    let defaults = serde_json::to_value(C::default()).expect("a configuration serializes");
+    let mut table = String::from("| key | flag | default | what it is |\n|---|---|---|---|\n");
+    for key in C::KEYS {
+        let flag = if key.flag { format!("`--{}`", key.name.replace('_', "-")) } else { "YAML or `--set`".to_string() };
+        let default = match &defaults[key.name] {
+            Value::Null => "(none)".to_string(),
+            value => format!("`{}`", value.to_string().trim_matches('"')),
+        };
+        let doc = key.doc.split_whitespace().collect::<Vec<_>>().join(" ").replace('|', "\\|");
+        table.push_str(&format!("| `{}` | {flag} | {default} | {doc} |\n", key.name));
+    }
+    table
 }
 
 /// The first part of the run name of a configuration without `name`.
@@ -315,7 +365,8 @@ fn compact(value: &Value) -> String {
 mod tests {
     //! Adding a hyperparameter is one entry in a table: this test-only configuration declares
     //! `dummy_knob` once, and the YAML key, the flag, `--set`, the run-name label, the saved
-    //! config and the sweep keys all follow.
+    //! config, the sweep keys, the key reference and the accessor of the part that reads it
+    //! all follow.
     use clap::Parser;
 
     use super::Label::{Key, Omit, Short};
@@ -334,12 +385,23 @@ mod tests {
             /// Learning rate.
             lr: f64 = 1e-5, Key;
             /// A knob added by one line.
-            dummy_knob: usize = 3, Short("dk");
+            dummy_knob: usize = 3, Short("dk") => DummyPart;
         }
         file_only {
             /// A structured value.
             #[serde(skip_serializing_if = "Option::is_none")]
             extra: Option<Value> = None, Omit;
+        }
+    }
+
+    /// A part of a run that reads `dummy_knob`: it declares no field for it; its row does.
+    struct DummyPart {
+        table: DummyConfig,
+    }
+
+    impl Part<DummyConfig> for DummyPart {
+        fn table(&self) -> &DummyConfig {
+            &self.table
         }
     }
 
@@ -381,6 +443,21 @@ mod tests {
         assert!(typo.contains("unknown key `dummy_knb`") && typo.contains("dummy_knob"), "{typo}");
         assert!(Cli::try_parse_from(["x", "--extra", "1"]).is_err(), "file-only keys have no flag");
         assert_eq!(DummyConfig::key("dummy_knob").unwrap().doc, " A knob added by one line.");
+    }
+
+    #[test]
+    fn one_row_gives_the_part_that_reads_the_key_and_the_reference_its_line() {
+        let cli = Cli::try_parse_from(["x", "--dummy-knob", "11"]).unwrap();
+        let config: DummyConfig = resolve(None, cli.flags.to_map().unwrap(), "dummy configuration").unwrap();
+        assert_eq!(run_name(&config).unwrap(), "run_dk11_s42");
+        let part = DummyPart { table: config };
+        assert_eq!(part.dummy_knob(), 11, "the part reads the flag's value through the accessor its row gives it");
+        assert_eq!(DummyPart { table: DummyConfig::default() }.dummy_knob(), 3, "and the default where no layer sets it");
+        assert_eq!(DummyConfig::key("dummy_knob").unwrap().parts, ["DummyPart"]);
+        assert!(DummyConfig::key("lr").unwrap().parts.is_empty());
+        let reference = key_reference::<DummyConfig>();
+        assert!(reference.contains("| `dummy_knob` | `--dummy-knob` | `3` | A knob added by one line. |\n"), "{reference}");
+        assert!(reference.contains("| `extra` | YAML or `--set` | (none) | A structured value. |\n"), "{reference}");
     }
 
     #[test]

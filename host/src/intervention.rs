@@ -89,16 +89,36 @@ crate::choice::choice! {
     }
 }
 
-/// Every intervention, in the order sweeps plan them.
-pub const ALL: [Intervention; 7] = [
-    Intervention::Routing,
-    Intervention::Penalty,
-    Intervention::Filter,
-    Intervention::Placebo,
-    Intervention::Verified,
-    Intervention::AdvMod,
-    Intervention::MatchedPlacebo,
-];
+/// How a sweep's `--intervention-arms` makes an intervention's arm from a routed grid point
+/// (`sweep/plan.rs`, docs/src/training.md "Controls"): every intervention is an arm, in the
+/// order [`Intervention::ALL`] declares them, made as [`Intervention::arm`] says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArmShape {
+    /// Keeps the grid point's routing (`routing_mode`, ablation), which the arm then applies
+    /// to its own rows; otherwise the arm starts from the point without routing.
+    pub routed: bool,
+    /// Keeps the routed point's coherence rows (they train retain alone).
+    pub coherence: bool,
+    /// The keys only this arm may hold (each valid with its intervention alone): a grid point's
+    /// or `--fixed` value is set aside while the routed point resolves and given to this arm;
+    /// without one the arm takes the routed point's (the file's or the default).
+    pub keys: &'static [&'static str],
+}
+
+impl Intervention {
+    /// This intervention's sweep arm (a new intervention says here what its arm keeps).
+    pub const fn arm(self) -> ArmShape {
+        const UNROUTED: ArmShape = ArmShape { routed: false, coherence: false, keys: &[] };
+        match self {
+            Self::Routing | Self::Placebo | Self::MatchedPlacebo => ArmShape { routed: true, ..UNROUTED },
+            Self::Filter | Self::Verified => UNROUTED,
+            // The reward-penalty comparator keeps the routed run's coherence rows (the original's
+            // matrix_rp_7envs: "the same 32 verified coherence extras"); adv_mod refines it.
+            Self::Penalty => ArmShape { coherence: true, keys: &["rh_penalty"], ..UNROUTED },
+            Self::AdvMod => ArmShape { coherence: true, keys: &["advantage_penalty", "advantage_score"], ..UNROUTED },
+        }
+    }
+}
 
 /// `reward - penalty` for flagged samples, the reward otherwise (after the `max_reward` cap,
 /// so the penalty is never absorbed by it).

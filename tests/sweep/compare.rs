@@ -7,6 +7,7 @@ use super::*;
 use smallrl::sweep::arms::Prompts;
 use smallrl::sweep::compare::{self, CompareRow};
 use smallrl::sweep::plan::Arm;
+use smallrl::intervention::Intervention;
 use smallrl::sweep::{RunStatus, entries_of_plan};
 
 /// Per arm and mode read: the seeds' [task, hack] at the last evaluation (step 100); the one
@@ -43,14 +44,14 @@ fn evaluations(component: &str, task: f64, hack: f64) -> String {
 
 /// A finished sorting sweep: routing, penalty and their baseline, three seeds each.
 fn fake_sweep(out: &Path) -> Vec<smallrl::sweep::RunEntry> {
-    let plan = plan::plan(&super::reading::sorting_sweep(out, 100, "1,2,3", &[Arm::Routing, Arm::Penalty])).unwrap();
+    let plan = plan::plan(&super::reading::sorting_sweep(out, 100, "1,2,3", &[Arm::Intervention(Intervention::Routing), Arm::Intervention(Intervention::Penalty)])).unwrap();
     assert_eq!(plan.runs.len(), 9);
     for run in &plan.runs {
         let dir = run.dir(out);
         super::planning::fake_finished_run(&dir, &run.config);
         let values = match Arm::of(&run.config) {
-            Arm::Routing => ROUTED,
-            Arm::Penalty => PENALTY,
+            Arm::Intervention(Intervention::Routing) => ROUTED,
+            Arm::Intervention(Intervention::Penalty) => PENALTY,
             _ => NONE,
         };
         let seed = run.config.seed as usize - 1;
@@ -65,7 +66,7 @@ fn our_cells_stand_beside_the_papers_with_differences_in_units_of_the_larger_spr
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("suite");
     let entries = fake_sweep(&out);
-    let penalty = entries.iter().find(|e| Arm::of(&e.config) == Arm::Penalty).unwrap().config.rh_penalty;
+    let penalty = entries.iter().find(|e| Arm::of(&e.config) == Arm::Intervention(Intervention::Penalty)).unwrap().config.rh_penalty;
     let reference = tmp.path().join("reference.json");
     std::fs::write(
         &reference,
@@ -182,7 +183,7 @@ fn the_penalty_doses_map_to_the_papers_best_rp_labels() {
     // row is marked, against one that picked 1:1 it is not.
     let tmp = tempfile::tempdir().unwrap();
     let mut entries = fake_sweep(&tmp.path().join("suite"));
-    for e in entries.iter_mut().filter(|e| Arm::of(&e.config) == Arm::Penalty) {
+    for e in entries.iter_mut().filter(|e| Arm::of(&e.config) == Arm::Intervention(Intervention::Penalty)) {
         (e.config.rh_penalty, e.config.rp_extra_retain_advantage_multiplier) = (2.0, 5.0);
     }
     for (picked, note) in [("v=5", "the paper's best_rp dose (v=5)"), ("1:1", "")] {

@@ -6,6 +6,7 @@ use super::*;
 use smallrl::sweep::environments;
 use smallrl::sweep::pareto_environments as chart;
 use smallrl::sweep::plan::Arm;
+use smallrl::intervention::Intervention;
 use smallrl::sweep::{RunStatus, entries_of_plan};
 
 /// Per environment: (its task component, routed run's seeds' [task, hack] in retain_only,
@@ -39,6 +40,17 @@ fn write_evaluations(dir: &Path, component: &str, modes: &[(&str, f64, f64)]) {
     std::fs::write(dir.join("routing_eval.jsonl"), format!("{}\n{}\n", line(2, 0.5), line(4, 1.0))).unwrap();
 }
 
+/// Arms come from the interventions' declaration, colours from `ARM_COLOURS`: a new
+/// intervention's arm fails here, naming the table to give it a colour, rather than in a chart.
+#[test]
+fn every_arm_has_its_own_colour() {
+    for arm in Arm::NAMED {
+        assert!(chart::ARM_COLOURS.iter().any(|(a, _)| *a == arm), "the {} arm has no colour in sweep/pareto_environments.rs's ARM_COLOURS", arm.name());
+    }
+    let colours: BTreeSet<(u8, u8, u8)> = chart::ARM_COLOURS.iter().map(|(_, c)| (c.0, c.1, c.2)).collect();
+    assert_eq!(colours.len(), chart::ARM_COLOURS.len(), "two arms share a colour");
+}
+
 #[test]
 fn environment_table_and_chart_read_each_cell_from_its_seeds() {
     let tmp = tempfile::tempdir().unwrap();
@@ -49,7 +61,7 @@ fn environment_table_and_chart_read_each_cell_from_its_seeds() {
         fixed: [parse_fixed("max_steps=4").unwrap(), parse_fixed(&plugin_dir).unwrap()].into_iter().collect(),
         grid: vec![parse_grid("seed=1,2,3").unwrap()],
         output_dir: out.clone(),
-        intervention_arms: vec![Arm::Routing],
+        intervention_arms: vec![Arm::Intervention(Intervention::Routing)],
     };
     let plan = plan::plan(&sweep).unwrap();
     assert_eq!(plan.runs.len(), 12);
@@ -60,7 +72,7 @@ fn environment_table_and_chart_read_each_cell_from_its_seeds() {
         let seed = run.config.seed as usize - 1;
         let at = |v: &Values| (v[0][seed], v[1][seed]);
         match Arm::of(&run.config) {
-            Arm::Routing => {
+            Arm::Intervention(Intervention::Routing) => {
                 let ((rt, rh), (bt, bh)) = (at(&retain_only), at(&both));
                 write_evaluations(&dir, component, &[("both", bt, bh), ("retain_only", rt, rh), ("forget_only", 0.1, 0.95)]);
             }
@@ -143,7 +155,7 @@ fn environment_table_and_chart_read_each_cell_from_its_seeds() {
         }
         centres
     };
-    let (routed, plain) = (centres(colour(Arm::Routing)), centres(colour(Arm::None)));
+    let (routed, plain) = (centres(colour(Arm::Intervention(Intervention::Routing))), centres(colour(Arm::None)));
     // Panels in name order: addition's (left) gives the scales (routing read in retain_only,
     // the baseline in both).
     let point = |v: &(&str, &str, Values, Values, Values), routed: bool| if routed { (mean(&v.2[1]), mean(&v.2[0])) } else { (mean(&v.4[1]), mean(&v.4[0])) };
@@ -157,7 +169,7 @@ fn environment_table_and_chart_read_each_cell_from_its_seeds() {
         let expected = predicted(values);
         assert!((found.0 - expected.0).abs() <= 1.5 && (found.1 - expected.1).abs() <= 1.5, "sorting's point {values:?} at {found:?}, expected {expected:?}");
     }
-    assert!(super::statistics::square_corners(width, &pixels, colour(Arm::Penalty), side).is_empty(), "no penalty arm, no penalty point");
+    assert!(super::statistics::square_corners(width, &pixels, colour(Arm::Intervention(Intervention::Penalty)), side).is_empty(), "no penalty arm, no penalty point");
 }
 
 /// A cell pools seeds only: runs of one cell that differ in another key leave the table out.
@@ -188,9 +200,9 @@ fn the_environment_chart_reads_routed_arms_deployed_and_the_ground_truth_when_lo
     let cell = |environment: &str, arm: Arm, routing_mode: &str, recall: f64| environments::Cell { environment: environment.into(), arm, routing_mode: routing_mode.into(), hack_frac: 0.5, recall };
     let stat = |mean: f64| MeanCi { mean, ci: None, n: 1 };
     let row = |cell: &environments::Cell, metric: &'static str, mode: &str, mean: f64| environments::EnvRow { cell: cell.clone(), metric, mode: mode.into(), stat: stat(mean) };
-    let routed = cell("sorting", Arm::Routing, "classic", 0.1);
+    let routed = cell("sorting", Arm::Intervention(Intervention::Routing), "classic", 0.1);
     let plain = cell("sorting", Arm::None, "none", 0.1);
-    let penalised = cell("sorting", Arm::Penalty, "none", 0.25);
+    let penalised = cell("sorting", Arm::Intervention(Intervention::Penalty), "none", 0.25);
     let mut rows = Vec::new();
     for (c, offset) in [(&routed, 0.0), (&plain, 0.01), (&penalised, 0.02)] {
         for (mode, base) in [("both", 0.1), ("retain_only", 0.2), ("forget_only", 0.3)] {
@@ -213,7 +225,7 @@ fn the_environment_chart_reads_routed_arms_deployed_and_the_ground_truth_when_lo
     assert_eq!(x_metric, smallrl::sweep::arms::TRUE_HACK_FREQ);
     assert_eq!(cells, vec![(0.5, 0.1), (0.5, 0.25)], "points numbered by (hack_frac, recall)");
     let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
-    let expected = [(1, colour(Arm::None), 0.71, 0.11), (1, colour(Arm::Routing), 0.8, 0.2), (2, colour(Arm::Penalty), 0.72, 0.12)];
+    let expected = [(1, colour(Arm::None), 0.71, 0.11), (1, colour(Arm::Intervention(Intervention::Routing)), 0.8, 0.2), (2, colour(Arm::Intervention(Intervention::Penalty)), 0.72, 0.12)];
     assert_eq!(points.len(), 3, "{points:?}");
     for wanted in expected {
         assert!(points.iter().any(|found| found.0 == wanted.0 && found.1 == wanted.1 && close(found.2, wanted.2) && close(found.3, wanted.3)), "{wanted:?} not in {points:?}");
@@ -224,10 +236,10 @@ fn the_environment_chart_reads_routed_arms_deployed_and_the_ground_truth_when_lo
     rows.push(row(&routed, smallrl::sweep::arms::TRUE_HACK_FREQ, smallrl::sweep::arms::DEPLOYED_MODE, 0.07));
     let (_, _, points) = read(&rows);
     assert_eq!(points.len(), 3, "{points:?}");
-    assert!(points.iter().any(|p| p.1 == colour(Arm::Routing) && close(p.2, 0.07) && close(p.3, 0.4)), "{points:?}");
+    assert!(points.iter().any(|p| p.1 == colour(Arm::Intervention(Intervention::Routing)) && close(p.2, 0.07) && close(p.3, 0.4)), "{points:?}");
     // One drawn cell without the ground truth: the monitor's rate for all.
     rows.retain(|r| !(r.cell == penalised && r.metric == smallrl::sweep::arms::TRUE_HACK_FREQ));
     let (x_metric, _, points) = read(&rows);
     assert_eq!(x_metric, HACK_FREQ);
-    assert!(points.iter().any(|p| p.1 == colour(Arm::Routing) && close(p.2, 0.05)) && points.iter().any(|p| p.1 == colour(Arm::None) && close(p.2, 0.61)), "{points:?}");
+    assert!(points.iter().any(|p| p.1 == colour(Arm::Intervention(Intervention::Routing)) && close(p.2, 0.05)) && points.iter().any(|p| p.1 == colour(Arm::None) && close(p.2, 0.61)), "{points:?}");
 }

@@ -212,6 +212,38 @@ fn the_penalty_arm_keeps_the_coherence_rows_of_the_routed_run() {
     assert_eq!((baseline.coh_samples_per_rollout, baseline.rh_detector_verifies_retain_samples), (0, false));
 }
 
+/// The arms come from the interventions' declaration: none, then every intervention in the
+/// order `choice!` declares them, each planned as its `Intervention::arm` says (the routing kept
+/// or not, the routed point's coherence rows kept or not, its own keys given to it alone), and
+/// read back from its config.yaml as the same arm.
+#[test]
+fn every_intervention_is_an_arm_planned_as_its_declaration_says() {
+    use smallrl::intervention::Intervention;
+    assert_eq!(plan::Arm::ALL[0], plan::Arm::None);
+    let declared: Vec<plan::Arm> = Intervention::ALL.iter().map(|&i| plan::Arm::Intervention(i)).collect();
+    assert_eq!(plan::Arm::ALL[1..], declared[..]);
+    assert_eq!(plan::Arm::NAMED.last(), Some(&plan::Arm::Inoculation));
+    let own_keys = [("rh_penalty", serde_json::json!(0.25)), ("advantage_penalty", serde_json::json!(0.75))];
+    let out = tempfile::tempdir().unwrap();
+    for &intervention in Intervention::ALL {
+        let fixed = ["max_steps=4", "routing_mode=classic", "coh_samples_per_rollout=16", "rh_penalty=0.25", "advantage_penalty=0.75"];
+        let mut sweep = spec(out.path(), &[], &fixed);
+        sweep.intervention_arms = plan::Arm::parse_list(Some(intervention.as_str())).unwrap();
+        let runs = plan::plan(&sweep).unwrap().runs;
+        let run = runs.iter().find(|r| r.role == RunRole::Grid).unwrap();
+        let (config, shape) = (&run.config, intervention.arm());
+        assert_eq!(plan::Arm::of(config), plan::Arm::Intervention(intervention), "{}", run.name);
+        assert_eq!(config.routing_mode.as_str() != "none", shape.routed, "{}: routing", run.name);
+        let coherence_rows = if shape.routed || shape.coherence { 16 } else { 0 };
+        assert_eq!(config.coh_samples_per_rollout, coherence_rows, "{}: coherence rows", run.name);
+        let values = serde_json::to_value(config).unwrap();
+        for (key, value) in &own_keys {
+            let expected = if shape.keys.contains(key) { value.clone() } else { serde_json::json!(1.0) };
+            assert_eq!(values[*key], expected, "{}: {key} goes to its own arm only", run.name);
+        }
+    }
+}
+
 fn env_config(name: &str) -> PathBuf {
     repo_root().join(format!("configs/envs/{name}.yaml"))
 }
@@ -222,6 +254,7 @@ fn env_config(name: &str) -> PathBuf {
 #[test]
 fn config_files_times_grid_times_chosen_arms() {
     use smallrl::sweep::plan::Arm;
+    use smallrl::intervention::Intervention;
     let out = tempfile::tempdir().unwrap();
     let files = [env_config("sorting"), env_config("addition")];
     let plugin_dir = format!("plugin_dir={}", common::plugin_dir().display());
@@ -246,11 +279,11 @@ fn config_files_times_grid_times_chosen_arms() {
             .collect();
         let routed = TrainConfig { threads: c.threads, ..TrainConfig::resolve(Some(file), overrides).unwrap() };
         let expected = match Arm::of(c) {
-            Arm::Routing => routed.clone(),
+            Arm::Intervention(Intervention::Routing) => routed.clone(),
             Arm::None => TrainConfig { recall: 1.0, ..routed.without_routing() },
             // The penalty arm differs from the routed run in routing and the intervention alone:
             // it keeps the coherence rows (and their verifier) the configs have.
-            Arm::Penalty => {
+            Arm::Intervention(Intervention::Penalty) => {
                 let (Value::Object(penalised), Value::Object(routed_keys)) = (serde_json::to_value(c).unwrap(), serde_json::to_value(&routed).unwrap()) else { unreachable!() };
                 let differing: BTreeSet<&str> = penalised.iter().filter(|(k, v)| routed_keys.get(*k) != Some(v)).map(|(k, _)| k.as_str()).collect();
                 assert_eq!(differing, BTreeSet::from(["intervention", "renormalization_mode", "routing_mode", "split_moment"]), "{}", run.name);
@@ -291,8 +324,9 @@ fn config_files_times_grid_times_chosen_arms() {
 #[test]
 fn intervention_arm_lists_name_the_valid_arms() {
     use smallrl::sweep::plan::Arm;
+    use smallrl::intervention::Intervention;
     assert_eq!(Arm::parse_list(None).unwrap(), Arm::ALL.to_vec(), "the bare flag is every arm");
-    assert_eq!(Arm::parse_list(Some("penalty,routing")).unwrap(), vec![Arm::Routing, Arm::Penalty]);
+    assert_eq!(Arm::parse_list(Some("penalty,routing")).unwrap(), vec![Arm::Intervention(Intervention::Routing), Arm::Intervention(Intervention::Penalty)]);
     let error = format!("{:#}", Arm::parse_list(Some("routing,penalti")).unwrap_err());
     assert!(error.contains("\"penalti\"") && error.contains("none, routing, penalty, filter, placebo, verified, adv_mod, matched_placebo"), "{error}");
     assert!(format!("{:#}", Arm::parse_list(Some("routing,routing")).unwrap_err()).contains("twice"));

@@ -6,6 +6,7 @@ use super::*;
 use std::collections::BTreeMap;
 use smallrl::sweep::arms::{self, Reading};
 use smallrl::sweep::plan::Arm;
+use smallrl::intervention::Intervention;
 use smallrl::sweep::{RunStatus, entries_of_plan};
 
 /// A routing_eval.jsonl line at `step`: in every mode task = step / 100, the detector's flag
@@ -42,7 +43,7 @@ fn the_last_tenth_reading_averages_the_last_tenth_of_each_runs_evaluations() {
     assert_eq!([1, 25].map(|n| Reading::Final.window(n)), [1, 1]);
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("suite");
-    let plan = plan::plan(&sorting_sweep(&out, 50, "1,2", &[Arm::Routing])).unwrap();
+    let plan = plan::plan(&sorting_sweep(&out, 50, "1,2", &[Arm::Intervention(Intervention::Routing)])).unwrap();
     assert_eq!(plan.runs.len(), 4, "routing and its baseline, two seeds");
     for run in &plan.runs {
         let dir = run.dir(&out);

@@ -21,6 +21,7 @@ use super::arms::{self, HACK_FREQ, Prompts, Reading, TASK_REWARD, TRUE_HACK_FREQ
 use super::environments::environment_of;
 use super::compare_chart;
 use super::plan::Arm;
+use crate::intervention::Intervention;
 use super::{RunEntry, RunStatus};
 use crate::routing::eval_mode;
 use crate::train::config::TrainConfig;
@@ -41,12 +42,12 @@ pub const PAPER_ENVIRONMENTS: [(&str, &str); 7] =
 
 /// (the paper's arm, ours (None: smallrl has none), the mode it is read in, why not compared).
 pub const PAPER_ARMS: [(&str, Option<Arm>, &str, &str); 7] = [
-    ("gr", Some(Arm::Routing), eval_mode::RETAIN_ONLY, ""),
+    ("gr", Some(Arm::Intervention(Intervention::Routing)), eval_mode::RETAIN_ONLY, ""),
     ("noi", Some(Arm::None), eval_mode::BOTH, ""),
     ("noi_ro", Some(Arm::None), eval_mode::RETAIN_ONLY, ""),
-    ("filt", Some(Arm::Filter), eval_mode::BOTH, ""),
-    ("best_rp", Some(Arm::Penalty), eval_mode::BOTH, ""),
-    ("verif", Some(Arm::Verified), eval_mode::BOTH, ""),
+    ("filt", Some(Arm::Intervention(Intervention::Filter)), eval_mode::BOTH, ""),
+    ("best_rp", Some(Arm::Intervention(Intervention::Penalty)), eval_mode::BOTH, ""),
+    ("verif", Some(Arm::Intervention(Intervention::Verified)), eval_mode::BOTH, ""),
     ("base", None, eval_mode::BOTH, "the model before training (the first evaluation) is not compared"),
 ];
 
@@ -170,7 +171,7 @@ pub fn rows(entries: &[RunEntry], reference: &Reference, prompts: Prompts) -> Re
     let mut groups: BTreeMap<GroupKey, Vec<&RunEntry>> = BTreeMap::new();
     for entry in &finished {
         let c = &entry.config;
-        let dose = if Arm::of(c) == Arm::Penalty { penalty_dose(c) } else { String::new() };
+        let dose = if Arm::of(c) == Arm::Intervention(Intervention::Penalty) { penalty_dose(c) } else { String::new() };
         groups.entry((environment_of(c), Arm::of(c), dose, c.hack_frac.to_string(), c.recall.to_string())).or_default().push(entry);
     }
     let ours: Vec<String> = groups.keys().map(|k| k.0.clone()).fold(Vec::new(), |mut v, e| {
@@ -201,7 +202,7 @@ pub fn rows(entries: &[RunEntry], reference: &Reference, prompts: Prompts) -> Re
                 let c = &members[0].config;
                 let row = CompareRow { dose: dose.clone(), hack_frac: Some(c.hack_frac), recall: Some(c.recall), ..base.clone() };
                 // The paper's best_rp is one dose of its battery: the row of that dose says so.
-                let picked = arm == Some(Arm::Penalty) && paper_rp_label(c).is_some() && paper_rp_label(c) == paper.label;
+                let picked = arm == Some(Arm::Intervention(Intervention::Penalty)) && paper_rp_label(c).is_some() && paper_rp_label(c) == paper.label;
                 let note = if picked { format!("the paper's best_rp dose ({})", paper.label.as_deref().unwrap_or_default()) } else { String::new() };
                 rows.push(match our_cell(members, mode, prompts)? {
                     Ok(cell) => CompareRow { ours: Some(cell), note, ..row },

@@ -12,16 +12,17 @@ use super::draw::{self, FONT};
 use super::pareto::{LEGEND_HEIGHT, MARKER_PX};
 use super::pareto_environments::{COLUMNS, PANEL_PX, colour_of};
 use super::plan::Arm;
+use crate::intervention::Intervention;
 
 /// The colour of a paper arm: its smallrl arm's in the environments' chart, else its own.
 pub fn colour_of_paper_arm(arm: &str) -> RGBColor {
     match arm {
-        "gr" => colour_of(Arm::Routing),
+        "gr" => colour_of(Arm::Intervention(Intervention::Routing)),
         "noi" => colour_of(Arm::None),
         "noi_ro" => RGBColor(188, 189, 34),
-        "filt" => colour_of(Arm::Filter),
-        "best_rp" => colour_of(Arm::Penalty),
-        "verif" => colour_of(Arm::Verified),
+        "filt" => colour_of(Arm::Intervention(Intervention::Filter)),
+        "best_rp" => colour_of(Arm::Intervention(Intervention::Penalty)),
+        "verif" => colour_of(Arm::Intervention(Intervention::Verified)),
         _ => RGBColor(0, 0, 0),
     }
 }

@@ -19,6 +19,7 @@ use super::draw::{self, FONT};
 use super::environments::{Cell, EnvRow};
 use super::pareto::{self, Point};
 use super::plan::Arm;
+use crate::intervention::Intervention;
 use crate::routing::eval_mode;
 use crate::stats::MeanCi;
 
@@ -33,13 +34,13 @@ pub const CELL_LINE_PX: u32 = 20;
 /// The colour of each arm (the legend's order).
 pub const ARM_COLOURS: [(Arm, RGBColor); 9] = [
     (Arm::None, RGBColor(127, 127, 127)),
-    (Arm::Routing, RGBColor(44, 160, 44)),
-    (Arm::Penalty, RGBColor(255, 127, 14)),
-    (Arm::Filter, RGBColor(148, 103, 189)),
-    (Arm::Placebo, RGBColor(140, 86, 75)),
-    (Arm::Verified, RGBColor(23, 190, 207)),
-    (Arm::AdvMod, RGBColor(214, 39, 40)),
-    (Arm::MatchedPlacebo, RGBColor(227, 119, 194)),
+    (Arm::Intervention(Intervention::Routing), RGBColor(44, 160, 44)),
+    (Arm::Intervention(Intervention::Penalty), RGBColor(255, 127, 14)),
+    (Arm::Intervention(Intervention::Filter), RGBColor(148, 103, 189)),
+    (Arm::Intervention(Intervention::Placebo), RGBColor(140, 86, 75)),
+    (Arm::Intervention(Intervention::Verified), RGBColor(23, 190, 207)),
+    (Arm::Intervention(Intervention::AdvMod), RGBColor(214, 39, 40)),
+    (Arm::Intervention(Intervention::MatchedPlacebo), RGBColor(227, 119, 194)),
     (Arm::Inoculation, RGBColor(188, 189, 34)),
 ];
 

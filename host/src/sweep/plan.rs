@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Map, Value};
 
 use crate::hyperparams::{self, UNNAMED_RUN, parse_override};
-use crate::intervention::{AdvantageScore, Intervention};
+use crate::intervention::Intervention;
 use crate::routing::RoutingMode;
 use crate::train::TrainConfig;
 use crate::runlog::Jsonl;
@@ -34,49 +34,57 @@ pub struct SweepSpec {
 }
 
 /// An intervention arm of `--intervention-arms` (docs/src/training.md, "Controls"): how a
-/// routed grid point's monitor flags are used.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// routed grid point's monitor flags are used. Every intervention is an arm, made as its own
+/// declaration says ([`Intervention::arm`]), so a new intervention needs no line here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Arm {
     /// No routing and no control: the non-routed baseline.
     None,
-    /// The grid point as given (`routing_mode` classic or exclusive).
-    Routing,
-    /// No routing; flagged samples' reward minus `rh_penalty`.
-    Penalty,
-    /// No routing; flagged samples leave the loss.
-    Filter,
-    /// The grid point's routing of a random subset as large as the flagged one.
-    Placebo,
-    /// No routing and no coherence rows; only rows the monitor saw and did not flag train (the
-    /// paper's verified-only baseline).
-    Verified,
-    /// No routing; each sample's advantage minus `advantage_penalty` times its score.
-    AdvMod,
-    /// The grid point's routing of a random subset of the flagged rows' gradient energy.
-    MatchedPlacebo,
+    /// An intervention's arm; `routing` is the grid point as given (`routing_mode` classic or
+    /// exclusive).
+    Intervention(Intervention),
     /// No routing; training prompts start with `inoculation_prompt`, which invites the hack
     /// (evaluation prompts do not). Planned only when named.
     Inoculation,
 }
 
+/// The number of interventions, each an arm.
+const INTERVENTIONS: usize = Intervention::ALL.len();
+
 impl Arm {
-    /// The arms bare `--intervention-arms` plans, in the order a sweep plans them.
-    pub const ALL: [Arm; 8] = [Arm::None, Arm::Routing, Arm::Penalty, Arm::Filter, Arm::Placebo, Arm::Verified, Arm::AdvMod, Arm::MatchedPlacebo];
+    /// The arms bare `--intervention-arms` plans, in the order a sweep plans them: none, then
+    /// every intervention in the order it declares them.
+    pub const ALL: [Arm; INTERVENTIONS + 1] = {
+        let mut arms = [Arm::None; INTERVENTIONS + 1];
+        let mut i = 0;
+        while i < INTERVENTIONS {
+            arms[i + 1] = Arm::Intervention(Intervention::ALL[i]);
+            i += 1;
+        }
+        arms
+    };
     /// Every arm a sweep can plan: [`Arm::ALL`] and inoculation (environment runs only).
-    pub const NAMED: [Arm; 9] = [Arm::None, Arm::Routing, Arm::Penalty, Arm::Filter, Arm::Placebo, Arm::Verified, Arm::AdvMod, Arm::MatchedPlacebo, Arm::Inoculation];
+    pub const NAMED: [Arm; INTERVENTIONS + 2] = {
+        let mut arms = [Arm::Inoculation; INTERVENTIONS + 2];
+        let mut i = 0;
+        while i < INTERVENTIONS + 1 {
+            arms[i] = Arm::ALL[i];
+            i += 1;
+        }
+        arms
+    };
 
     pub fn name(self) -> &'static str {
         match self {
             Self::None => "none",
-            Self::Routing => "routing",
-            Self::Penalty => "penalty",
-            Self::Filter => "filter",
-            Self::Placebo => "placebo",
-            Self::Verified => "verified",
-            Self::AdvMod => "adv_mod",
-            Self::MatchedPlacebo => "matched_placebo",
+            Self::Intervention(intervention) => intervention.as_str(),
             Self::Inoculation => "inoculation",
         }
+    }
+
+    /// The arm's place in [`Arm::NAMED`], the order arms are planned, listed and sorted in.
+    fn rank(self) -> usize {
+        Self::NAMED.iter().position(|&arm| arm == self).expect("every arm is named")
     }
 
     /// `--intervention-arms`'s value: a comma list of arm names (in [`Arm::ALL`]'s order,
@@ -99,14 +107,20 @@ impl Arm {
         match config.intervention {
             Intervention::Routing if config.routing_mode == RoutingMode::None && config.inoculation => Self::Inoculation,
             Intervention::Routing if config.routing_mode == RoutingMode::None => Self::None,
-            Intervention::Routing => Self::Routing,
-            Intervention::Penalty => Self::Penalty,
-            Intervention::Filter => Self::Filter,
-            Intervention::Placebo => Self::Placebo,
-            Intervention::Verified => Self::Verified,
-            Intervention::AdvMod => Self::AdvMod,
-            Intervention::MatchedPlacebo => Self::MatchedPlacebo,
+            intervention => Self::Intervention(intervention),
         }
+    }
+}
+
+impl Ord for Arm {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.rank().cmp(&other.rank())
+    }
+}
+
+impl PartialOrd for Arm {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
     }
 }
 
@@ -254,55 +268,35 @@ fn resolve_point(spec: &SweepSpec, file: Option<&Path>, point: &Map<String, Valu
     Ok(config)
 }
 
-/// What some arms of a grid point take that the routed point cannot hold (each key is valid
-/// with its intervention only): the penalty arm's `rh_penalty`, the adv_mod arm's
-/// `advantage_penalty` and `advantage_score`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ArmKeys {
-    pub rh_penalty: f64,
-    pub advantage_penalty: f64,
-    pub advantage_score: AdvantageScore,
+/// The keys some intervention's arm alone may hold ([`crate::intervention::ArmShape::keys`]),
+/// set aside from a grid point (or `--fixed`) while the routed point resolves.
+fn arm_keys() -> impl Iterator<Item = &'static str> {
+    Intervention::ALL.iter().flat_map(|intervention| intervention.arm().keys.iter().copied())
 }
 
-/// The keys [`ArmKeys`] holds, set aside from a grid point (or `--fixed`) while the routed
-/// point resolves.
-const ARM_KEYS: [&str; 3] = ["rh_penalty", "advantage_penalty", "advantage_score"];
-
-/// The arms of one grid point: the [`ARM_KEYS`] are set aside while the routed point
+/// The arms of one grid point: the [`arm_keys`] are set aside while the routed point
 /// resolves, then given to their arms.
 fn arms_of_point(spec: &SweepSpec, file: Option<&Path>, point: &Map<String, Value>) -> Result<Vec<TrainConfig>> {
     let mut without = spec.clone();
     let mut point = point.clone();
     let mut set_aside = Map::new();
-    for key in ARM_KEYS {
+    for key in arm_keys() {
         if let Some(value) = point.remove(key).or_else(|| without.fixed.remove(key)) {
+            serde_json::from_value::<TrainConfig>(serde_json::json!({ key: value })).with_context(|| format!("--intervention-arms: {key} {value} is not a valid value"))?;
             set_aside.insert(key.to_string(), value);
         }
     }
     let routed = resolve_point(&without, file, &point)?;
-    fn read<T: serde::de::DeserializeOwned>(set_aside: &Map<String, Value>, key: &str, otherwise: T) -> Result<T> {
-        match set_aside.get(key) {
-            Some(value) => serde_json::from_value(value.clone()).with_context(|| format!("--intervention-arms: {key} {value} is not a valid value")),
-            None => Ok(otherwise),
-        }
-    }
-    let keys = ArmKeys {
-        rh_penalty: read(&set_aside, "rh_penalty", routed.rh_penalty)?,
-        advantage_penalty: read(&set_aside, "advantage_penalty", routed.advantage_penalty)?,
-        advantage_score: read(&set_aside, "advantage_score", routed.advantage_score)?,
-    };
-    intervention_arms(&routed, keys, &spec.intervention_arms)
+    intervention_arms(&routed, &set_aside, &spec.intervention_arms)
 }
 
 /// One routed configuration as the chosen intervention arms, the same otherwise: none (the
-/// non-routed baseline), routing (as given), penalty (`keys.rh_penalty`, with the routed run's
-/// coherence rows), filter, placebo (the given routing mode and ablation on a random subset),
-/// verified (no routing, no coherence rows: the verified rows alone), adv_mod (`keys`'
-/// `advantage_penalty` and `advantage_score`, with the routed run's coherence rows, as the
-/// penalty it refines), matched_placebo (as placebo, the subset matched in gradient energy) and
-/// inoculation (the baseline with `inoculation` on).
-/// The none arm is also every other arm's baseline, so [`plan`] adds it whether chosen or not.
-pub fn intervention_arms(routed: &TrainConfig, keys: ArmKeys, chosen: &[Arm]) -> Result<Vec<TrainConfig>> {
+/// non-routed baseline), each intervention as its [`Intervention::arm`] says (from the routed
+/// point or the point without routing, with or without the routed point's coherence rows, its
+/// own keys from `set_aside` or the routed point), and inoculation (the baseline with
+/// `inoculation` on). The none arm is also every other arm's baseline, so [`plan`] adds it
+/// whether chosen or not.
+pub fn intervention_arms(routed: &TrainConfig, set_aside: &Map<String, Value>, chosen: &[Arm]) -> Result<Vec<TrainConfig>> {
     ensure!(
         routed.routing_mode != RoutingMode::None && routed.intervention == Intervention::Routing,
         "--intervention-arms expands a routed configuration (routing_mode classic or exclusive, intervention routing); got routing_mode {}, intervention {}",
@@ -310,28 +304,37 @@ pub fn intervention_arms(routed: &TrainConfig, keys: ArmKeys, chosen: &[Arm]) ->
         routed.intervention
     );
     let none = routed.without_routing();
-    let arm = |base: &TrainConfig, intervention: Intervention| TrainConfig { intervention, ..base.clone() };
-    let baseline = unrouted(routed);
-    // The reward-penalty comparator keeps the routed run's coherence rows (the original's
-    // matrix_rp_7envs: "the same 32 verified coherence extras"); they train retain alone.
-    let penalised = TrainConfig { rh_penalty: keys.rh_penalty, ..with_coherence_of(routed, arm(&none, Intervention::Penalty)) };
-    let modified = TrainConfig { advantage_penalty: keys.advantage_penalty, advantage_score: keys.advantage_score, ..with_coherence_of(routed, arm(&none, Intervention::AdvMod)) };
-    let all = [
-        baseline,
-        routed.clone(),
-        penalised,
-        arm(&none, Intervention::Filter),
-        arm(routed, Intervention::Placebo),
-        arm(&none, Intervention::Verified),
-        modified,
-        arm(routed, Intervention::MatchedPlacebo),
-    ];
-    let inoculated = TrainConfig { inoculation: true, ..unrouted(routed) };
-    let arms: Vec<TrainConfig> = Arm::NAMED.into_iter().zip(all.into_iter().chain([inoculated])).filter(|(a, _)| chosen.contains(a)).map(|(_, config)| config).collect();
-    for config in &arms {
+    let mut arms = Vec::new();
+    for arm in Arm::NAMED.into_iter().filter(|arm| chosen.contains(arm)) {
+        let config = match arm {
+            Arm::None => unrouted(routed),
+            Arm::Intervention(intervention) => intervention_arm(routed, &none, intervention, set_aside)?,
+            Arm::Inoculation => TrainConfig { inoculation: true, ..unrouted(routed) },
+        };
         config.validate().with_context(|| format!("the {} arm of an --intervention-arms sweep is invalid", config.intervention))?;
+        arms.push(config);
     }
     Ok(arms)
+}
+
+/// `intervention`'s arm of `routed` (`none`: `routed` without routing), as its
+/// [`Intervention::arm`] says.
+fn intervention_arm(routed: &TrainConfig, none: &TrainConfig, intervention: Intervention, set_aside: &Map<String, Value>) -> Result<TrainConfig> {
+    let shape = intervention.arm();
+    let base = if shape.routed { routed } else { none };
+    let config = TrainConfig { intervention, ..base.clone() };
+    let config = if shape.coherence { with_coherence_of(routed, config) } else { config };
+    if shape.keys.is_empty() {
+        return Ok(config);
+    }
+    let (mut values, of_routed) = (hyperparams::object(&config)?, hyperparams::object(routed)?);
+    for &key in shape.keys {
+        match set_aside.get(key).or_else(|| of_routed.get(key)) {
+            Some(value) => values.insert(key.to_string(), value.clone()),
+            None => values.remove(key),
+        };
+    }
+    serde_json::from_value(Value::Object(values)).with_context(|| format!("--intervention-arms: the {intervention} arm's {}", shape.keys.join(", ")))
 }
 
 /// The non-routed baseline of `config`: no routing, no intervention, and the detector's

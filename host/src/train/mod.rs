@@ -224,7 +224,7 @@ impl Trainer {
         let last_metrics = last_metrics.with_context(|| format!("{}: metrics.jsonl has no line for step {step}", self.files.dir.display()))?;
         let num_tokens = last_metrics[metrics::key::NUM_TOKENS].as_u64();
         self.state.num_tokens = num_tokens.with_context(|| format!("{}: metrics.jsonl lacks {}", self.files.dir.display(), metrics::key::NUM_TOKENS))? as usize;
-        if self.keys.gradient_noise_scale {
+        if self.keys.gradient_noise_scale() {
             let average = metrics::GradientNoise::average_in(&last_metrics);
             let average = average.with_context(|| format!("{}: metrics.jsonl's step {step} lacks the gradient noise scale's running average", self.files.dir.display()))?;
             self.state.noise_scale_average = Some(average);
@@ -276,7 +276,7 @@ impl Trainer {
 
     /// The step this invocation stops after: `max_steps`, or `stop_after` steps from here.
     fn end_step(&self, stop_after: Option<usize>) -> usize {
-        stop_after.map_or(self.keys.max_steps, |n| (self.policy.optimizer.step + n).min(self.keys.max_steps))
+        stop_after.map_or(self.keys.max_steps(), |n| (self.policy.optimizer.step + n).min(self.keys.max_steps()))
     }
 
     /// The next optimizer step, then the evaluation and checkpoint that fall on it: the unit a
@@ -288,10 +288,10 @@ impl Trainer {
         self.files.log.line(&memory::step_peak_line(done, self.policy.seat.runs()))?;
         ensure!(self.policy.optimizer.step == done, "the optimizer is at step {} after step {done}", self.policy.optimizer.step);
         let kept = format!("{} keeps what was written", self.files.dir.display());
-        if done % self.keys.eval_every == 0 || done == self.keys.max_steps {
+        if done % self.keys.eval_every() == 0 || done == self.keys.max_steps() {
             self.evaluate(done).with_context(|| format!("the routing evaluation after step {done} failed; {kept}"))?;
         }
-        if done % self.keys.save_steps == 0 || done == self.keys.max_steps {
+        if done % self.keys.save_steps() == 0 || done == self.keys.max_steps() {
             self.save(done).with_context(|| format!("saving the checkpoint of step {done} failed; {kept}"))?;
         }
         Ok(())

@@ -104,7 +104,7 @@ impl Trainer {
             if generation.kept.is_some() { "with" } else { "without" },
             if replays { "needs" } else { "takes none of" }
         );
-        let prepared = self.recipe.prepare(&scored, &generation, step, self.keys.seed);
+        let prepared = self.recipe.prepare(&scored, &generation, step, self.keys.seed());
         let component_names: Vec<String> = self.rewards.components().iter().map(|c| c.name.clone()).collect();
         let record = BatchRecord {
             step: step + 1,
@@ -151,7 +151,7 @@ impl Trainer {
             None => Some(self.policy.take_fingerprint()?),
         };
         let first_sample = (samples[0].prompt.clone(), samples[0].completion.clone());
-        let dump = match self.keys.dump_batches {
+        let dump = match self.keys.dump_batches() {
             Some(_) => rollout_tensors(&scored, &component_names, &prepared, self.recipe.max_no_score_frac > 0.0),
             None => Vec::new(),
         };
@@ -167,11 +167,11 @@ impl Trainer {
         let keys = &self.keys;
         if keys.passes.micro_batches > 1 {
             Some("gradient_accumulation_steps > 1")
-        } else if keys.gradient_noise_scale {
+        } else if keys.gradient_noise_scale() {
             Some("gradient_noise_scale")
-        } else if keys.split_moment {
+        } else if keys.split_moment() {
             Some("split_moment")
-        } else if self.policy.is_dual() && keys.absorption_by_class {
+        } else if self.policy.is_dual() && keys.absorption_by_class() {
             Some("absorption_by_class")
         } else {
             None
@@ -207,7 +207,7 @@ impl Trainer {
         // absorption_by_class's per-class gradient norms need the one pass's live graph over the
         // whole batch (the configuration refuses it with micro-batches and substeps).
         let mut absorption = Vec::new();
-        let by_class = self.policy.is_dual() && self.keys.absorption_by_class;
+        let by_class = self.policy.is_dual() && self.keys.absorption_by_class();
         let mut before_backward = |logprobs: &engine::TokenLogprobs, masks: grpo::TokenMasks| {
             if by_class {
                 absorption = self.policy.gradient_norms_by_class(rollout, logprobs, masks);
@@ -215,7 +215,7 @@ impl Trainer {
         };
         let batch = mini.loss_batch(&mini.plan, pending.entropy_coef);
         let passes = self.keys.passes;
-        let mut pass_gradients = self.keys.gradient_noise_scale.then(probes::PassGradients::default);
+        let mut pass_gradients = self.keys.gradient_noise_scale().then(probes::PassGradients::default);
         let trained = self.policy.trained_tensors();
         let mut after_backward = || {
             if let Some(gradients) = pass_gradients.as_mut() {
@@ -246,19 +246,19 @@ impl Trainer {
         let Trained { pass: engine::BackwardPass { logprobs, terms }, mut natural_grads, mut absorption, gradient_noise, seconds: pass_seconds } = trained;
         let rollout = self.state.rollout.as_ref().expect("begin_step made the rollout");
         let g = &rollout.generation;
-        if let Some(dir) = &self.keys.dump_batches {
-            super::dump::write_step(dir, step + 1, rollout, &logprobs.logprobs, &terms.loss)?;
+        if let Some(dir) = self.keys.dump_batches() {
+            super::dump::write_step(&dir, step + 1, rollout, &logprobs.logprobs, &terms.loss)?;
         }
         let loss = terms.loss.double_value(&[]);
         ensure!(loss.is_finite(), "the loss is {loss} at step {}", step + 1);
         let learning_rate = self.keys.lr.at(step);
-        let grad_norm = self.policy.update(learning_rate, self.keys.max_grad_norm, natural_grads.as_mut(), &mut absorption);
+        let grad_norm = self.policy.update(learning_rate, self.keys.max_grad_norm(), natural_grads.as_mut(), &mut absorption);
         let entropy_bonus = update_entropy_coef(self.state.entropy.as_mut(), entropy_coef, terms.entropy_bonus.as_ref())?;
         let optimizer_seconds = optimizer_start.elapsed().as_secs_f64();
         let train_seconds = pass_seconds + optimizer_seconds;
         let entropy = stats::masked_mean(&logprobs.entropy, &mini.loss_mask);
         // The same batch re-scored by the updated policy (one forward pass, no gradient).
-        let entropy_change = self.keys.measure_entropy_change.then(|| {
+        let entropy_change = self.keys.measure_entropy_change().then(|| {
             let seqs = engine::Sequences { kept: None, ..mini.seqs() };
             let after = tch::no_grad(|| engine::completion_logprobs(&self.policy.model, seqs, self.policy.temperature(), &mini.plan.ctl));
             stats::masked_mean(&after.entropy, &mini.loss_mask) - entropy
@@ -289,7 +289,7 @@ impl Trainer {
             aggregation_ess: metrics::AGGREGATIONS
                 .iter()
                 .map(|&loss_type| {
-                    let aggregation = grpo::Aggregation::of(loss_type, self.keys.max_completion_length);
+                    let aggregation = grpo::Aggregation::of(loss_type, self.keys.max_completion_length());
                     (loss_type, grpo::WeightEss::of(mask, aggregation, self.keys.passes.micro_batches))
                 })
                 .collect(),
@@ -309,7 +309,7 @@ impl Trainer {
         self.files.metrics.append(&line)?;
         self.files.log.progress(done as u64, format!("reward {:.3}", line[key::REWARD].as_f64().unwrap_or(f64::NAN)));
         let (prompt, completion) = &rollout.first_sample;
-        let shown = done % self.keys.logging_steps == 0 || done == 1;
+        let shown = done % self.keys.logging_steps() == 0 || done == 1;
         if shown {
             self.files.log.line(&format!("[Sample @ step {done}] {prompt} ||| {completion}"))?;
             self.files.log.line(&format!("[Step {done}] {}", metrics::summary_line(&line)))?;

@@ -3,34 +3,36 @@
 //! resolved configuration is written into the run directory, whose name lists every
 //! hyperparameter that differs from its default, plus the seed.
 //!
-//! Adding a hyperparameter: one entry in the table (name, type, default, doc line, run-name
-//! label), its check in `checks.rs` if it has one, the line of the part that reads it
-//! (`parts.rs`, `objective.rs`), and its test.
+//! Adding a hyperparameter: one row in the table (name, type, default, doc line, run-name
+//! label, properties, and after `=>` the parts that read it, which get an accessor
+//! named after it: `crate::hyperparams::Part`); its check in `checks.rs` if it has one, and its
+//! test. What several keys make together is computed once: `parts.rs`, `objective.rs`,
+//! `derived.rs`.
 //!
 //! Long because the table is: over a hundred keys, each with its doc line (the flag's help).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use anyhow::{Result, ensure};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
-use crate::adapters::{self, AdapterConfig, AdapterKind};
+use crate::adapters::AdapterKind;
 use crate::defaults as d;
 use crate::device::{DeviceSpec, Dtype};
 use crate::grpo::{ImportanceSamplingLevel, ImportanceSamplingMode, KlEstimator, LossFn, LossType, MultiObjectiveAggregation, SamplingReplay, ScaleRewards};
 use crate::hyperparams::Label::{Key, Omit, Short};
-use crate::hyperparams::{self, Prop, hyperparameters};
+use crate::hyperparams::hyperparameters;
 use crate::intervention::{AdvantageScore, Intervention};
 use crate::model::chat::PromptFormat;
 use crate::model::autocast::TrainDtype;
 use crate::model::folded::SamplerDtype;
-use crate::reward::{DetectorSpec, PluginLimits, ProtocolKnobs, RewardSpec};
-use crate::routing::{self, CoherenceRhMode, RenormalizationMode, RoutingMode, RowWeights};
+use crate::reward::{DetectorSpec, RewardSpec};
+use crate::routing::{CoherenceRhMode, RenormalizationMode, RoutingMode};
 
 mod accumulation;
 mod batching;
 mod checks;
+mod derived;
 mod objective;
 mod parts;
 mod saved;
@@ -39,6 +41,7 @@ mod skip;
 pub use parts::{LrSchedule, StepKeys};
 
 pub use accumulation::{Accumulation, MemorySize};
+pub use derived::reward_plugin_overrides;
 
 pub use crate::hyperparams::{UNNAMED_RUN, parse_override};
 
@@ -235,7 +238,7 @@ hyperparameters! {
         /// Completions per prompt (the group of the advantages).
         num_generations: usize = 16, Short("g"), [Pack];
         /// Tokens generated per completion (at most).
-        max_completion_length: usize = d::MAX_COMPLETION_LENGTH, Short("len"), [Pack];
+        max_completion_length: usize = d::MAX_COMPLETION_LENGTH, Short("len"), [Pack] => StepKeys;
         /// Sampling temperature (also applied to the log-probabilities).
         temperature: f64 = d::TEMPERATURE, Short("temp");
         /// Sampling keeps the top_k most likely tokens (HF's TopKLogitsWarper; 0: all). The
@@ -251,11 +254,11 @@ hyperparameters! {
         /// started (one started before this key: trl_1_16).
         sampling_replay: SamplingReplay = SamplingReplay::KeptSets, Short("");
         /// Optimizer steps of the run.
-        max_steps: usize = 2000, Short("steps"), [Pack];
+        max_steps: usize = 2000, Short("steps"), [Pack] => StepKeys;
         /// Seed of everything random in the run (always in the run name).
-        seed: u64 = d::SEED, Omit;
+        seed: u64 = d::SEED, Omit => StepKeys;
         /// Gradient clipping (global L2 norm).
-        max_grad_norm: f64 = d::MAX_GRAD_NORM, Key;
+        max_grad_norm: f64 = d::MAX_GRAD_NORM, Key => StepKeys;
         /// AdamW weight decay (on every trainable tensor).
         weight_decay: f64 = 0.0, Key;
         /// AdamW beta1.
@@ -279,7 +282,7 @@ hyperparameters! {
         /// Adam's second moment from the natural (unrouted) gradient, the first from the routed
         /// one (the original's --split_moment; needs balanced; a second backward pass per step).
         #[arg(num_args = 0..=1, default_missing_value = "true")]
-        split_moment: bool = false, Short("split_moment"), [Routing];
+        split_moment: bool = false, Short("split_moment"), [Routing] => StepKeys;
         /// Coherence rows per rollout (the original's coh_samples_per_rollout): the batch's last N
         /// completions, whole groups, sampled and trained with the forget adapter off, retain
         /// alone learning (0: none).
@@ -366,11 +369,11 @@ hyperparameters! {
         program_max_output_kib: usize = d::PROGRAM_MAX_OUTPUT_KIB, Key;
 
         /// Steps between the sample and summary lines of train.log.
-        logging_steps: usize = 10, Omit;
+        logging_steps: usize = 10, Omit => StepKeys;
         /// Steps between checkpoints.
-        save_steps: usize = 500, Omit;
+        save_steps: usize = 500, Omit => StepKeys;
         /// Steps between routing evaluations.
-        eval_every: usize = 100, Omit;
+        eval_every: usize = 100, Omit => StepKeys;
         /// Evaluation prompts (one completion per adapter mode each).
         eval_samples: usize = d::EVAL_PROMPTS, Omit;
         /// Run directories go to `<output_dir>/<run name>`.
@@ -378,7 +381,7 @@ hyperparameters! {
         /// Re-score each step's batch after the update (one extra forward pass, about a third of
         /// the training pass) and log the entropy change (`entropy/measured_change`).
         #[arg(num_args = 0..=1, default_missing_value = "true")]
-        measure_entropy_change: bool = false, Omit, [Resume];
+        measure_entropy_change: bool = false, Omit, [Resume] => StepKeys;
         /// Every N steps (0: never), the sketched Fisher kernel of the step's sequences, K(i, j) =
         /// <g_i, g_j> of their log-probabilities' gradients, in fisher/step_<N>.json and as fisher/*
         /// metrics (one forward and backward pass per sequence; the training is unchanged).
@@ -390,9 +393,9 @@ hyperparameters! {
         /// gradients of the batch's micro-batches, or with gradient_accumulation_steps 1 of its two
         /// halves (the step then runs as two backward passes of half the batch each).
         #[arg(num_args = 0..=1, default_missing_value = "true")]
-        gradient_noise_scale: bool = false, Omit;
+        gradient_noise_scale: bool = false, Omit => StepKeys;
         /// Write each step's batch tensors (ids, masks, rewards, advantages, log-probs, loss) here.
-        dump_batches: Option<PathBuf> = None, Omit, [Resume];
+        dump_batches: Option<PathBuf> = None, Omit, [Resume] => StepKeys;
         /// Offline repair: train on the rollouts this dump_batches directory recorded, not sampling.
         replay_rollouts: Option<PathBuf> = None, Short("replay");
         /// TensorBoard event files in the run directory (`train/live.rs`; `--tensorboard false`
@@ -405,7 +408,7 @@ hyperparameters! {
         /// DualLoRA: each adapter's gradient norm split by flagged / unflagged samples in
         /// metrics.jsonl (two extra backward passes a step; the step's gradient is unchanged).
         #[arg(num_args = 0..=1, default_missing_value = "true")]
-        absorption_by_class: bool = false, Omit, [Resume];
+        absorption_by_class: bool = false, Omit, [Resume] => StepKeys;
         /// Experiment name, first part of the run directory name (default: the config file's
         /// stem, or the reward plugin's name).
         name: Option<String> = None, Omit;
@@ -455,82 +458,6 @@ hyperparameters! {
         #[serde(skip_serializing_if = "Option::is_none")]
         planned_micro_batches: Option<usize> = None, Omit;
     }
-}
-
-
-impl TrainConfig {
-    /// Layers a YAML file's keys (if any) and then explicit overrides over the defaults, and
-    /// validates the result.
-    pub fn resolve(file: Option<&Path>, overrides: Map<String, Value>) -> Result<Self> {
-        let config: Self = hyperparams::resolve(file, overrides, "training configuration")?;
-        config.validate()?;
-        Ok(config)
-    }
-
-    /// The per-row gradient weights of the DualLoRA slots: the routing table, or with
-    /// `balanced` the original's kappa redistribution.
-    pub fn row_weights(&self) -> Result<RowWeights> {
-        if self.renormalization_mode != RenormalizationMode::Balanced {
-            return Ok(RowWeights::gates(self.routing_mode));
-        }
-        let adapters = self.adapter_config()?;
-        ensure!(adapters.is_dual(), "renormalization_mode balanced needs adapter: dual-mlp or dual-lora");
-        ensure!(
-            adapters.kind == AdapterKind::DualMlp || self.allow_approx_lora_kappa,
-            "renormalization_mode balanced on DualLoRA takes kappa from the adapter ranks, which the original calls approximate (exact for DualMLP's neurons): set allow_approx_lora_kappa: true to accept it"
-        );
-        Ok(routing::balanced_weights(self.routing_mode, routing::adapter_kappas(adapters.ranks[0], adapters.ranks[1])))
-    }
-
-    pub fn adapter_config(&self) -> Result<AdapterConfig> {
-        let ranks = adapters::Ranks { lora_rank: self.lora_rank, retain_rank: self.retain_rank, forget_rank: self.forget_rank, lora_alpha: self.lora_alpha, layer_stride: self.layer_stride };
-        adapters::config_from(self.adapter, self.lora_preset.as_deref(), self.mlp_config.as_deref(), &ranks)
-    }
-
-    /// The plugin limits of the keys; with a judge, a call's wall-clock limit also covers the
-    /// judge's time, so `plugin_max_call_seconds` left at its default is the judge's default.
-    pub fn plugin_limits(&self) -> Result<PluginLimits> {
-        let call_seconds = match self.judge.is_some() && self.plugin_max_call_seconds == d::PLUGIN_MAX_CALL_SECONDS {
-            true => d::PLUGIN_MAX_CALL_SECONDS_WITH_JUDGE,
-            false => self.plugin_max_call_seconds,
-        };
-        PluginLimits::new(call_seconds, self.plugin_max_memory_mb, self.plugin_fuel_per_sample)?
-            .with_judge_budget(self.plugin_judge_items_per_sample, self.plugin_judge_tokens_per_sample)?
-            .with_program_limits(self.program_fuel, self.program_max_memory_mb, self.program_max_output_kib)
-    }
-
-    pub fn knobs(&self) -> ProtocolKnobs {
-        ProtocolKnobs {
-            false_positive_rate: self.false_positive_rate,
-            recall: self.recall,
-            rh_eligible_frac: self.rh_eligible_frac,
-        }
-    }
-
-    /// `<name>_<key><value>..._s<seed>` with every hyperparameter that differs from its
-    /// default, in alphabetical order of their keys.
-    pub fn run_name(&self) -> Result<String> {
-        hyperparams::run_name(self)
-    }
-
-    /// The same run without routing or another intervention (their keys, [`Prop::Routing`] in
-    /// the table, at their defaults, which route nothing).
-    pub fn without_routing(&self) -> Self {
-        hyperparams::reset(self, Prop::Routing).expect("a valid configuration with keys at their defaults stays valid")
-    }
-}
-
-/// `--reward-plugin` as config keys: `reward`, and `name` (the plugin's file stem) unless the
-/// experiment is already named by `--name` or a config file. `smallrl train` and `smallrl sweep`
-/// share it.
-pub fn reward_plugin_overrides(plugin: &str, params_json: Option<&str>, named: bool) -> Result<Map<String, Value>> {
-    let mut map = Map::new();
-    map.insert("reward".into(), serde_json::to_value(RewardSpec::single(plugin, params_json)?)?);
-    if !named {
-        let stem = Path::new(plugin).file_stem().map(|s| s.to_string_lossy().into_owned());
-        map.insert("name".into(), stem.into());
-    }
-    Ok(map)
 }
 
 #[cfg(test)]

@@ -1,8 +1,8 @@
 //! The flat configuration resolved into the typed parts a run is built from (as
-//! [`TrainConfig::objective`] is): each part reads its keys here, once, and the trainer keeps
-//! the flat `TrainConfig` only to write `config.yaml` and checkpoints.
-
-use std::path::PathBuf;
+//! [`TrainConfig::objective`] is); the trainer keeps the flat `TrainConfig` only to write
+//! `config.yaml` and checkpoints. A key a part reads as it is comes from its row in the table
+//! (a row ending `=> StepKeys` gives the part an accessor, [`crate::hyperparams::Part`]); what
+//! several keys make together is computed here, once.
 
 use anyhow::{Context, Result};
 use tch::Device;
@@ -10,6 +10,7 @@ use tch::Device;
 use super::{LrHorizon, TrainConfig};
 use crate::engine::Passes;
 use crate::grpo::{Aggregation, MultiObjectiveAggregation};
+use crate::hyperparams::Part;
 use crate::intervention::AdvantageScore;
 use crate::reward::{ComponentInfo, DetectorSpec};
 use crate::train::draw::{AheadHorizon, DrawKeys, DrawMode};
@@ -17,9 +18,13 @@ use crate::train::fisher::FisherSchedule;
 use crate::train::recipe::{CoherenceSchedule, Recipe};
 
 /// The keys an optimizer step reads (`step.rs`), and when a run evaluates, saves and logs.
+/// A key the step reads as it is (`max_grad_norm`, `eval_every`, ...) is its row's alone: the
+/// row ends `=> StepKeys`, which gives this part the accessor `keys.max_grad_norm()`; the
+/// fields here are the values derived from several keys.
 pub struct StepKeys {
-    pub seed: u64,
-    pub max_steps: usize,
+    /// The resolved configuration, read only through the accessors of the rows that name
+    /// this part ([`Part`]).
+    table: TrainConfig,
     /// Optimizer steps per rollout: `num_iterations * num_substeps`.
     pub steps_per_rollout: usize,
     /// Mini-batches per pass over a rollout (`num_substeps`, or 1 when streamed).
@@ -34,18 +39,14 @@ pub struct StepKeys {
     pub replays: bool,
     /// The step's backward passes (`gradient_accumulation_steps`, halves for the noise scale).
     pub passes: Passes,
-    pub gradient_noise_scale: bool,
-    pub split_moment: bool,
-    pub absorption_by_class: bool,
-    pub measure_entropy_change: bool,
-    pub max_grad_norm: f64,
     pub lr: LrSchedule,
-    pub max_completion_length: usize,
     pub fisher: FisherSchedule,
-    pub dump_batches: Option<PathBuf>,
-    pub logging_steps: usize,
-    pub eval_every: usize,
-    pub save_steps: usize,
+}
+
+impl Part<TrainConfig> for StepKeys {
+    fn table(&self) -> &TrainConfig {
+        &self.table
+    }
 }
 
 /// The linear learning-rate schedule: `lr` decayed to zero over `max_steps`, or over an earlier
@@ -68,26 +69,15 @@ impl TrainConfig {
     /// The step's keys, read once.
     pub fn step_keys(&self) -> StepKeys {
         StepKeys {
-            seed: self.seed,
-            max_steps: self.max_steps,
+            table: self.clone(),
             steps_per_rollout: self.steps_per_rollout(),
             substeps_per_rollout: self.substeps_per_rollout(),
             mini_batch_size: self.mini_batch_size(),
             samples_ahead: self.samples_ahead(),
             replays: self.replay_rollouts.is_some(),
             passes: self.backward_passes(),
-            gradient_noise_scale: self.gradient_noise_scale,
-            split_moment: self.split_moment,
-            absorption_by_class: self.absorption_by_class,
-            measure_entropy_change: self.measure_entropy_change,
-            max_grad_norm: self.max_grad_norm,
             lr: LrSchedule { peak: self.lr, max_steps: self.max_steps, horizons: self.lr_horizons.clone() },
-            max_completion_length: self.max_completion_length,
             fisher: self.fisher_schedule(),
-            dump_batches: self.dump_batches.clone(),
-            logging_steps: self.logging_steps,
-            eval_every: self.eval_every,
-            save_steps: self.save_steps,
         }
     }
 

@@ -1,3 +1,7 @@
+use std::path::Path;
+
+use anyhow::Result;
+
 use super::*;
 use crate::grpo::{Aggregation, RatioTo, Surrogate};
 use crate::hyperparams::Hyperparameters;
