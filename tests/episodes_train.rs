@@ -175,3 +175,114 @@ fn guess_number_learns_on_tiny_stories() {
     assert!(last > first + 0.25, "the reward did not rise: {first:.3} -> {last:.3}");
     assert!(mean(&turns[8..]) < mean(&turns[..4]), "solved episodes end sooner: turns {turns:?}");
 }
+
+/// TRL 1.16 on the sequences of step 2 of an episode run (dapo, beta 0.02): the dumped prompts,
+/// episodes, rewards and model mask go to `scripts/reference/trl_grpo.py`, which hands the mask
+/// to TRL as `rollout_func`'s `env_mask`, the `tool_mask` its tool-calling and environment
+/// loops build (0 on tool-result and observation tokens), with the policy of step 2
+/// (checkpoint 1's LoRA merged) and the fixture as reference. TRL's loss mask and token count
+/// are ours; our loss, per-token log-probs, `kl`, `entropy` and `completions/mean_length` equal
+/// TRL's, each within a bound of the float64 reference (the script's unpadded float64 forward
+/// with the same mask), and TRL within the same bound of it.
+#[test]
+fn an_episode_steps_loss_and_statistics_equal_trls_with_observations_masked() {
+    let out = tempfile::tempdir().unwrap();
+    let dump = out.path().join("dump");
+    let keys = [("max_steps", json!(2)), ("batch_size", json!(8)), ("loss_type", json!("dapo")), ("dump_batches", json!(dump)), ("save_steps", json!(1))];
+    let cfg = TrainConfig::resolve(None, config(out.path(), &keys)).unwrap();
+    let run = run(config(out.path(), &keys));
+    let policy = out.path().join("policy");
+    let restored = smallrl::train::checkpoint::restore_model(&run.join("checkpoint-1"), tch::Device::Cpu).unwrap();
+    smallrl::model::export::save_hf_dir(&restored.model, &[1.0], &restored.tokenizer_path, &policy).unwrap();
+    let t = read(&dump.join("step-2.safetensors"));
+    let case = out.path().join("trl");
+    std::fs::create_dir_all(&case).unwrap();
+    let long = |name: &str| (name.to_string(), t[name].to_kind(Kind::Int64));
+    let batch = [
+        long("prompt_ids"), long("prompt_mask"), long("completion_ids"), long("completion_mask"),
+        ("tool_mask".to_string(), (&t["model_mask"] * &t["completion_mask"]).to_kind(Kind::Int64)),
+        ("rewards".to_string(), t["rewards"].to_kind(Kind::Float)),
+        ("advantages".to_string(), t["advantages"].to_kind(Kind::Float)),
+    ];
+    smallrl::model::weights::write_safetensors(&case.join("batch.safetensors"), &batch).unwrap();
+    let args = json!({
+        "model_dir": policy, "ref_model_dir": fixture("tiny-stories"), "beta": cfg.beta, "epsilon": cfg.epsilon,
+        "loss_type": "dapo", "temperature": cfg.temperature, "max_completion_length": cfg.max_completion_length,
+        "num_generations": cfg.num_generations, "num_iterations": 1,
+    });
+    std::fs::write(case.join("args.json"), args.to_string()).unwrap();
+    let status = std::process::Command::new(common::python()).current_dir(common::repo_root()).arg("scripts/reference/trl_grpo.py").arg("--case-dirs").arg(&case).status().unwrap();
+    assert!(status.success(), "trl_grpo.py failed on {}", case.display());
+    let (trl, exact) = (read(&case.join("trl.safetensors")), read(&case.join("exact.safetensors")));
+    let trl_metrics: Value = serde_json::from_str(&std::fs::read_to_string(case.join("trl.metrics.json")).unwrap()).unwrap();
+    let trl_metrics = &trl_metrics["metrics"];
+
+    let loss_mask = t["loss_mask"].to_kind(Kind::Double);
+    let model_tokens = loss_mask.sum(Kind::Double).double_value(&[]);
+    assert!((&t["completion_mask"] - &t["loss_mask"]).sum(Kind::Double).double_value(&[]) > 0.0, "some episode had an observation");
+    let trl_mask = &trl["completion_mask_trl"] * &trl["tool_mask_trl"];
+    assert_eq!(common::max_abs_diff(&trl_mask, &loss_mask), 0.0, "TRL's loss mask (completion_mask * tool_mask) is ours");
+    assert_eq!(trl["num_items_in_batch"].double_value(&[]), model_tokens, "dapo's token count: the model's tokens");
+    assert!(common::max_abs_diff(&trl["advantages_trl"], &t["advantages"]) <= 1e-5, "advantages");
+
+    let loss64 = exact["loss"].double_value(&[]);
+    assert!(loss64.abs() > 1e-4, "a loss that tests the mask: {loss64}");
+    let near = |what: &str, ours: f64, theirs: f64, reference: f64, bound: f64| {
+        println!("{what}: ours {ours:.9}, TRL {theirs:.9}, float64 {reference:.9}");
+        let scale = reference.abs().max(1e-6);
+        assert!((ours - reference).abs() <= bound * scale, "{what}: ours {ours} vs float64 {reference} (relative bound {bound:.0e})");
+        assert!((theirs - reference).abs() <= bound * scale, "{what}: TRL {theirs} vs float64 {reference} (relative bound {bound:.0e})");
+    };
+    near("loss", t["loss"].double_value(&[]), trl["loss"].double_value(&[]), loss64, 1e-5);
+    let logp64 = &exact["per_token_logps64"];
+    let ours_lp = common::max_abs_diff(&(&t["new_logprobs"].to_kind(Kind::Double) * &loss_mask), logp64);
+    let trl_lp = common::max_abs_diff(&(&trl["per_token_logps"].to_kind(Kind::Double) * &loss_mask), logp64);
+    assert!(ours_lp <= 1e-4 && trl_lp <= 1e-4, "per-token log-probs of model tokens from float64: ours {ours_lp:.1e}, TRL {trl_lp:.1e}");
+    let line = &metrics(&run)[1];
+    // The KL is second order in the log-prob gap, so float32's gap error weighs more on it; a
+    // mask with the observations in would be off by far more than either bound.
+    for (key, bound) in [("kl", 1e-3), ("entropy", 1e-4)] {
+        near(key, line[key].as_f64().unwrap(), trl_metrics[key].as_f64().unwrap(), exact[key].double_value(&[]), bound);
+    }
+    let length = line["completions/mean_length"].as_f64().unwrap();
+    assert_eq!(length, model_tokens / completion_rows(&t), "completions/mean_length: model tokens per episode");
+    assert_eq!(length, trl_metrics["completions/mean_length"].as_f64().unwrap(), "TRL's completions/mean_length (tool_mask counts)");
+}
+
+fn completion_rows(t: &std::collections::BTreeMap<String, Tensor>) -> f64 {
+    t["completion_mask"].size()[0] as f64
+}
+
+/// `smallrl train` killed (SIGKILL) while step 3 plays its episodes (after checkpoint 2, before
+/// step 3's line; the kill waits a third of the uninterrupted run's step-3 sampling time, most
+/// of a step) and resumed with `--resume` writes the uninterrupted run's metrics and its last
+/// checkpoint's adapter bytes.
+#[test]
+fn a_run_killed_while_playing_episodes_resumes_to_the_uninterrupted_run() {
+    let out = tempfile::tempdir().unwrap();
+    let keys = [("max_steps", json!(4)), ("batch_size", json!(8)), ("save_steps", json!(2))];
+    let whole = run(config(&out.path().join("a"), &keys));
+    let step3_sampling = metrics(&whole)[2][smallrl::train::metrics::key::TIMING_GENERATE].as_f64().unwrap();
+    let file = out.path().join("b.yaml");
+    std::fs::write(&file, Value::Object(config(&out.path().join("b"), &keys)).to_string()).unwrap();
+    let killed = out.path().join("b").join(whole.file_name().unwrap());
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_smallrl")).args(["train", "--config", file.to_str().unwrap()]).stdout(std::process::Stdio::null()).spawn().unwrap();
+    while !killed.join("checkpoint-2").is_dir() {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before its first checkpoint");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    std::thread::sleep(std::time::Duration::from_secs_f64(step3_sampling / 3.0));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(metrics(&killed).len(), 2, "killed inside step 3");
+    common::smallrl_ok(&["train", "--resume", killed.to_str().unwrap()]);
+    let strip = |lines: Vec<Value>| -> Vec<Value> {
+        lines.into_iter().map(|mut l| {
+            l.as_object_mut().unwrap().retain(|k, _| !k.starts_with("timing/") && k != "step_time" && k != "seconds");
+            l
+        }).collect()
+    };
+    assert_eq!(strip(metrics(&whole)), strip(metrics(&killed)));
+    let bytes = |run: &Path| std::fs::read(run.join("checkpoint-4/adapters.safetensors")).unwrap();
+    assert!(bytes(&whole) == bytes(&killed), "checkpoint-4's adapters differ after the kill and resumption");
+}

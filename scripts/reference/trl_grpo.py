@@ -135,11 +135,17 @@ B.safetensors: prompt_ids int64 [B,P] left-padded with 1, prompt_mask int64 [B,P
          None where it is NaN, with A.json's "reward_weights" [K] and "multi_objective_aggregation",
          which must be "normalize_then_sum"; "rewards" is then not read), advantages float32
          [B], optional old_per_token_logps float32 [B,C], sampling_per_token_logps float32 [B,C] (the
-         sampler's, returned by rollout_func as vLLM's "logprobs"; required with the correction).
+         sampler's, returned by rollout_func as vLLM's "logprobs"; required with the correction),
+         optional tool_mask int64 [B,C] (1 on the model's tokens, 0 on a multi-turn episode's
+         observation tokens): returned by rollout_func as its `env_mask` extra field, which TRL
+         1.16 takes as the `tool_mask` its tool-calling loop builds (grpo_trainer.py:2270-2272,
+         0 for tool-result tokens, 2146-2154), so the loss, num_items_in_batch, the KL and
+         entropy metrics and completions/*_length count the model's tokens only (2276-2277,
+         2497, 3027); the independent loss multiplies its mask by it.
 O.safetensors (all float32): loss [] ; advantages_trl [B]; advantages_given [B];
          per_token_logps, ref_per_token_logps, per_token_kl (k3, before the optional coef_1
          factor), entropy, old_per_token_logps (what the loss used) [B,C], 0 where the mask is 0;
-         completion_mask_trl [B,C]; num_items_in_batch []; grad.<hf parameter name> for every
+         completion_mask_trl [B,C]; tool_mask_trl [B,C] (with a given tool_mask); num_items_in_batch []; grad.<hf parameter name> for every
          trainable parameter (named_parameters(): with tied embeddings there is no lm_head.weight
          entry, the head's gradient is accumulated into grad.model.embed_tokens.weight).
 O.metrics.json (next to O): TRL's logged metrics for the batch (kl, entropy, clip_ratio/*, reward,
@@ -250,6 +256,12 @@ def read_batch(path: Path, a: dict) -> dict[str, torch.Tensor]:
             raise InputError(f"prompt row {i} is empty")
     if C > a["max_completion_length"]:
         raise InputError(f"completion width {C} > max_completion_length {a['max_completion_length']}")
+    if "tool_mask" in b:
+        tm = b["tool_mask"]
+        if tm.dtype != torch.int64 or tuple(tm.shape) != (B, C) or not bool(((tm == 0) | (tm == 1)).all()):
+            raise InputError(f"{path}: tool_mask must be int64 [B, C] of zeros and ones")
+        if bool(((tm == 1) & (cm == 0)).any()) or bool(((tm * cm).sum(1) == 0).any()):
+            raise InputError(f"{path}: tool_mask must mark model tokens inside completion_mask, at least one per row")
     if "old_per_token_logps" in b and b["old_per_token_logps"].dtype != torch.float32:
         raise InputError(f"{path}: old_per_token_logps must be float32")
     if "rewards_per_func" in b:
@@ -310,10 +322,14 @@ def run_trl(a: dict, b: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor
     if correction["vllm_importance_sampling_correction"] or a.get("off_policy_mask_threshold") is not None:
         sampling = [b["sampling_per_token_logps"][i, : n_c[i]].tolist() for i in range(B)]
 
+    # Episodes: the model-token mask as rollout_func's env_mask (TRL's tool_mask).
+    env_mask = None if "tool_mask" not in b else [b["tool_mask"][i, : n_c[i]].tolist() for i in range(B)]
+
     def rollout_func(prompts, trainer):  # TRL's generation hook: hand back the given batch
         if len(prompts) != B:
             raise RuntimeError(f"rollout_func got {len(prompts)} prompts, expected {B}")
-        return {"prompt_ids": prompt_lists, "completion_ids": completion_lists, "logprobs": sampling}
+        out = {"prompt_ids": prompt_lists, "completion_ids": completion_lists, "logprobs": sampling}
+        return out if env_mask is None else out | {"env_mask": env_mask}
 
     def given_reward(prompts, completions, completion_ids, **kw):
         if [list(c) for c in completion_ids] != completion_lists:
@@ -421,6 +437,10 @@ def run_trl(a: dict, b: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor
             "completion_mask_trl": widen(inputs["completion_mask"]),
             "num_items_in_batch": inputs["num_items_in_batch"].float().reshape(()),
         }
+        if env_mask is not None:
+            if inputs.get("tool_mask") is None:
+                raise RuntimeError("TRL did not keep the env_mask as its tool_mask")
+            out["tool_mask_trl"] = widen(inputs["tool_mask"])
         n_missing = 0
         for name, p in trainer.model.named_parameters():
             if p.requires_grad:
@@ -534,6 +554,8 @@ def independent_loss(a: dict, b: dict[str, torch.Tensor], exact: bool = False) -
     if a.get("mask_truncated_completions", False):  # rows whose last token is not EOS leave the loss
         last = b["completion_ids"].gather(1, (b["completion_mask"].sum(1, keepdim=True) - 1).clamp(min=0))
         m = m * (last == PAD_ID).to(dtype)  # EOS is the pad id here
+    if "tool_mask" in b:  # episodes: observation tokens carry no loss, KL or entropy
+        m = m * b["tool_mask"].to(dtype)
     given_old = a["num_iterations"] > 1 and "old_per_token_logps" in b
     old = b["old_per_token_logps"].to(dtype) if given_old else lp.detach()
     if a.get("importance_sampling_level", "token") == "sequence":  # GSPO: exp of the mean log-ratio
