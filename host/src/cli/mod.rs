@@ -13,6 +13,7 @@ mod logprobs;
 mod plot;
 mod plugin;
 mod plugin_samples;
+mod plugin_snapshot;
 mod pretrain;
 mod sample;
 mod sweep;
