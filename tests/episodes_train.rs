@@ -220,10 +220,16 @@ fn an_episode_steps_loss_and_statistics_equal_trls_with_observations_masked() {
     let loss_mask = t["loss_mask"].to_kind(Kind::Double);
     let model_tokens = loss_mask.sum(Kind::Double).double_value(&[]);
     assert!((&t["completion_mask"] - &t["loss_mask"]).sum(Kind::Double).double_value(&[]) > 0.0, "some episode had an observation");
+    // Masks are 0/1 and token counts integers (exact in float32 below 2^24): compared exactly.
     let trl_mask = &trl["completion_mask_trl"] * &trl["tool_mask_trl"];
     assert_eq!(common::max_abs_diff(&trl_mask, &loss_mask), 0.0, "TRL's loss mask (completion_mask * tool_mask) is ours");
     assert_eq!(trl["num_items_in_batch"].double_value(&[]), model_tokens, "dapo's token count: the model's tokens");
-    assert!(common::max_abs_diff(&trl["advantages_trl"], &t["advantages"]) <= 1e-5, "advantages");
+    let rewards = Vec::<f64>::try_from(t["rewards"].to_kind(Kind::Double)).unwrap();
+    let advantages64 = Tensor::from_slice(&common::group_advantages(&rewards, cfg.num_generations)).view([-1, 1]);
+    for (who, advantages) in [("ours", &t["advantages"]), ("TRL's", &trl["advantages_trl"])] {
+        let gap = common::max_abs_diff(&advantages.to_kind(Kind::Double).view([-1, 1]), &advantages64);
+        assert!(gap <= 1e-5, "{who} advantages are {gap:.1e} from float64's group advantages of the dumped rewards");
+    }
 
     let loss64 = exact["loss"].double_value(&[]);
     assert!(loss64.abs() > 1e-4, "a loss that tests the mask: {loss64}");
@@ -244,9 +250,11 @@ fn an_episode_steps_loss_and_statistics_equal_trls_with_observations_masked() {
     for (key, bound) in [("kl", 1e-3), ("entropy", 1e-4)] {
         near(key, line[key].as_f64().unwrap(), trl_metrics[key].as_f64().unwrap(), exact[key].double_value(&[]), bound);
     }
-    let length = line["completions/mean_length"].as_f64().unwrap();
-    assert_eq!(length, model_tokens / completion_rows(&t), "completions/mean_length: model tokens per episode");
-    assert_eq!(length, trl_metrics["completions/mean_length"].as_f64().unwrap(), "TRL's completions/mean_length (tool_mask counts)");
+    // Model tokens per episode, from the integer count in float64; TRL logs a float32 mean.
+    let length64 = model_tokens / completion_rows(&t);
+    assert_eq!(line["completions/mean_length"].as_f64().unwrap(), length64, "completions/mean_length: model tokens per episode");
+    let trl_length = trl_metrics["completions/mean_length"].as_f64().unwrap();
+    assert!((trl_length - length64).abs() <= 1e-6 * length64, "TRL's completions/mean_length (tool_mask counts): {trl_length} vs {length64}");
 }
 
 fn completion_rows(t: &std::collections::BTreeMap<String, Tensor>) -> f64 {

@@ -216,3 +216,16 @@ pub fn hf_real_model(request: &serde_json::Value) -> serde_json::Value {
     assert!(status.success(), "hf_real_model.py failed");
     serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap()
 }
+
+/// TRL's group advantages in float64: `(r - mean) / (std + 1e-4)` per group of `g`, the
+/// standard deviation unbiased.
+pub fn group_advantages(rewards: &[f64], g: usize) -> Vec<f64> {
+    rewards
+        .chunks(g)
+        .flat_map(|group| {
+            let mean = group.iter().sum::<f64>() / g as f64;
+            let std = (group.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (g - 1) as f64).sqrt();
+            group.iter().map(move |r| (r - mean) / (std + 1e-4)).collect::<Vec<f64>>()
+        })
+        .collect()
+}

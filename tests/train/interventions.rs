@@ -13,19 +13,6 @@ fn values(t: &tch::Tensor) -> Vec<f64> {
     Vec::<f64>::try_from(t.to_kind(tch::Kind::Double)).unwrap()
 }
 
-/// TRL's group advantages in float64: `(r - mean) / (std + 1e-4)` per group of `g`, the
-/// standard deviation unbiased.
-fn group_advantages(rewards: &[f64], g: usize) -> Vec<f64> {
-    rewards
-        .chunks(g)
-        .flat_map(|group| {
-            let mean = group.iter().sum::<f64>() / g as f64;
-            let std = (group.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (g - 1) as f64).sqrt();
-            group.iter().map(move |r| (r - mean) / (std + 1e-4)).collect::<Vec<f64>>()
-        })
-        .collect()
-}
-
 fn adv_mod_run(out: &Path, extra: &[(&str, Value)]) -> (PathBuf, PathBuf) {
     let dump = out.join("dump");
     let mut config = with(routed_config(out), "max_steps", 3.into());
@@ -51,7 +38,7 @@ fn advantage_modification_subtracts_the_coefficient_from_flagged_advantages() {
         let t = dumped(&dump, step);
         let (rewards, happy, is_rh, advantages) = (values(&t["rewards"]), values(&t["rewards/happy"]), values(&t["is_rh"]), values(&t["advantages"]));
         assert!(rewards.iter().zip(&happy).all(|(r, h)| (r - h).abs() < 1e-6), "step {step}: the rewards (float32 in the dump) are the task's, unpenalised: {rewards:?} vs {happy:?}");
-        let expected: Vec<f64> = group_advantages(&rewards, 4).iter().zip(&is_rh).map(|(a, f)| a - 0.5 * f).collect();
+        let expected: Vec<f64> = common::group_advantages(&rewards, 4).iter().zip(&is_rh).map(|(a, f)| a - 0.5 * f).collect();
         for (i, (ours, theirs)) in advantages.iter().zip(&expected).enumerate() {
             assert!((ours - theirs).abs() < 1e-5 * theirs.abs().max(1.0), "step {step} row {i}: {ours} vs {theirs}");
         }
@@ -77,7 +64,7 @@ fn advantage_modification_with_the_detector_score_subtracts_the_component_score(
     for step in 1..=3 {
         let t = dumped(&dump, step);
         let (rewards, happy, advantages) = (values(&t["rewards"]), values(&t["rewards/happy"]), values(&t["advantages"]));
-        let expected: Vec<f64> = group_advantages(&rewards, 4).iter().zip(&happy).map(|(a, s)| a - 0.5 * s).collect();
+        let expected: Vec<f64> = common::group_advantages(&rewards, 4).iter().zip(&happy).map(|(a, s)| a - 0.5 * s).collect();
         for (i, (ours, theirs)) in advantages.iter().zip(&expected).enumerate() {
             assert!((ours - theirs).abs() < 1e-5 * theirs.abs().max(1.0), "step {step} row {i}: {ours} vs {theirs}");
         }
