@@ -230,6 +230,12 @@ pub fn cache_directory() -> Option<std::path::PathBuf> {
     runtime::cache_directory()
 }
 
+/// The folder holding the Python caches (`python-sources/`, `python-builds/`): the compiled-code
+/// cache's parent. Here, above both, because `python_sources` fills it and `python_cache` prunes it.
+pub fn python_cache_root() -> Option<std::path::PathBuf> {
+    cache_directory()?.parent().map(std::path::Path::to_path_buf)
+}
+
 /// Where the per-function compiled code lives (Cranelift's incremental cache, beside the
 /// component cache): what a rebuilt Python component reuses.
 pub fn function_cache_directory() -> Option<std::path::PathBuf> {

@@ -264,7 +264,7 @@ fn check_version(tool: &Path) -> Result<()> {
 
 /// Built components, beside the compiled-code cache.
 fn cache_dir() -> Option<PathBuf> {
-    super::python_cache::cache_root().map(|root| root.join(super::python_cache::BUILDS_DIR))
+    super::python_cache_root().map(|root| root.join(super::python_cache::BUILDS_DIR))
 }
 
 fn tempdir(key: &str) -> Result<PathBuf> {

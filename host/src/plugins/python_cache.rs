@@ -27,14 +27,9 @@ pub struct Pruned {
     pub bytes_freed: u64,
 }
 
-/// The folder holding `python-sources/` and `python-builds/`: the compiled-code cache's parent.
-pub fn cache_root() -> Option<PathBuf> {
-    super::cache_directory()?.parent().map(Path::to_path_buf)
-}
-
-/// [`cache_root`], or why there is none.
+/// [`super::python_cache_root`], or why there is none.
 pub fn root() -> Result<PathBuf> {
-    cache_root().context("no plugin cache directory (set SMALLRL_PLUGIN_CACHE or HOME)")
+    super::python_cache_root().context("no plugin cache directory (set SMALLRL_PLUGIN_CACHE or HOME)")
 }
 
 /// Marks a cached base used now, so that a prune keeps it; a failure only makes it older.

@@ -90,7 +90,7 @@ impl SourcesDir {
 /// The directory holding `carried`'s files and [`MODULE_FILE`], made once per content: beside the
 /// compiled-code cache, `python-sources/<SHA-256>`; locked (shared) for as long as it is held.
 pub fn directory(carried: &Carried) -> Result<SourcesDir> {
-    let root = super::python_cache::cache_root().unwrap_or_else(std::env::temp_dir);
+    let root = super::python_cache_root().unwrap_or_else(std::env::temp_dir);
     directory_in(&root, carried)
 }
 
