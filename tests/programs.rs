@@ -157,3 +157,34 @@ fn a_run_whose_reward_runs_programs_trains_and_records_the_runner() {
     let runner = programs::runner().unwrap();
     assert!(recorded.contains(&format!("program runner {}", runner.path().display())) && recorded.contains(runner.sha256()), "{recorded}");
 }
+
+/// The runner's instances come from a pool whose slots are reset, not unmapped, between
+/// programs (`plugins/runtime.rs`): a program alone in its call reuses the slot the call before
+/// it used, and must still find the interpreter as built.
+#[test]
+fn a_program_in_a_reused_pool_slot_starts_from_a_fresh_interpreter() {
+    let dirty = "import builtins, sys, math\nbuiltins.len = lambda x: -1\nmath.pi = 3\nsys.modules['marker'] = 'left behind'\nbuiltins.leftover = bytearray(8 << 20)\n";
+    let check = "import builtins, sys, math\nprint(len([1, 2, 3]), math.pi, 'marker' in sys.modules, hasattr(builtins, 'leftover'))\n";
+    for round in 0..3 {
+        let dirtied = programs::run(&[Program::source(dirty)], limits()).unwrap();
+        assert_eq!(dirtied[0].status, Status::Normal, "round {round}: {:?}", dirtied[0]);
+        let checked = programs::run(&[Program::source(check)], limits()).unwrap();
+        assert_eq!((&checked[0].status, checked[0].stdout.as_str()), (&Status::Normal, "3 3.141592653589793 False False\n"), "round {round}");
+    }
+}
+
+/// More programs alive at once than the pool has slots (calls from many threads, as packed runs
+/// make): each waits for a slot and gets its result; none fails to instantiate.
+#[test]
+fn more_concurrent_programs_than_pool_slots_each_get_their_result() {
+    let calls = programs::PROGRAM_SLOTS as usize + 8;
+    let source = "total = 0\nfor i in range(100000):\n    total += i\nprint(total)\n";
+    let outcomes: Vec<Vec<Outcome>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..calls).map(|_| scope.spawn(|| programs::run(&[Program::source(source)], limits()).unwrap())).collect();
+        handles.into_iter().map(|handle| handle.join().unwrap()).collect()
+    });
+    for (call, outcome) in outcomes.iter().enumerate() {
+        // 0 + 1 + ... + 99999, by hand: 99999 * 100000 / 2.
+        assert_eq!((&outcome[0].status, outcome[0].stdout.as_str()), (&Status::Normal, "4999950000\n"), "call {call}");
+    }
+}

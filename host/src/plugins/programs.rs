@@ -4,9 +4,10 @@
 //! `plugins/program_runner.wasm`), and says how each ended.
 //!
 //! Fresh is cheap: the component is compiled once per process (and cached on disk like every
-//! plugin), pre-linked once ([`wasmtime::component::InstancePre`]), and wasmtime maps its initial memory (CPython
-//! with the standard library already imported, a snapshot componentize-py takes at build time)
-//! copy-on-write into each instance, so an instance costs page mappings, not a copy. Nothing
+//! plugin), pre-linked once ([`wasmtime::component::InstancePre`]), and its instances come from
+//! a pool (`runtime::program_runtime`) whose slots keep their memory mapped: when a program
+//! ends, wasmtime copies its slot's memory back to the initial image (CPython with the standard
+//! library already imported, a snapshot componentize-py takes at build time). Nothing
 //! one program does reaches another: each has its own store, memory, WASI context and private
 //! directory.
 //!
@@ -20,14 +21,15 @@
 //! private to host and runner; plugins see only the contract's `programs` interface.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Condvar, Mutex, OnceLock};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use wasmtime::component::Component;
 use wasmtime::{Store, Trap};
 
-use super::runtime::{EPOCH_TICK, runtime};
+use super::runtime::{EPOCH_TICK, program_runtime};
+pub use super::runtime::PROGRAM_SLOTS;
 use super::store::StoreState;
 use super::wasi::{CallSeed, ProgramOutputOverLimit, Sandbox};
 
@@ -93,7 +95,7 @@ impl Runner {
         let bytes = std::fs::read(path).with_context(|| {
             format!("cannot read the program runner {}: build it with `make plugins` (or set SMALLRL_PROGRAM_RUNNER)", path.display())
         })?;
-        let runtime = runtime()?;
+        let runtime = program_runtime()?;
         let component = Component::new(&runtime.engine, &bytes)
             .map_err(anyhow::Error::from)
             .with_context(|| format!("the program runner {} is not a valid component: rebuild it with `make plugins`", path.display()))?;
@@ -197,6 +199,8 @@ fn files_directory(program: &Program) -> Result<tempfile::TempDir> {
 /// One program in a fresh instance: its outcome, or an error the caller must not score (the
 /// wall-clock backstop, a runner that does not start).
 fn run_one(runner: &Runner, program: &Program, limits: ProgramLimits) -> Result<Outcome> {
+    // Declared before the store, so dropped after it: the slot is free once the instance is gone.
+    let _slot = PoolSlot::take();
     let directory = files_directory(program)?;
     let seed = program_seed(&runner.sha256, program);
     let sandbox = Sandbox::for_program(&runner.sha256, seed, program.stdin.as_deref(), directory.path(), limits.max_output_bytes)?;
@@ -220,6 +224,32 @@ fn run_one(runner: &Runner, program: &Program, limits: ProgramLimits) -> Result<
         Err(error) => status_of_trap(error, store.data(), limits)?,
     };
     Ok(Outcome { status, stdout, stderr, fuel })
+}
+
+/// One of the runner pool's [`PROGRAM_SLOTS`] slots, held while a program's instance lives:
+/// with more programs at once than slots (several runs' calls in one process), a program waits
+/// for a slot instead of failing to instantiate.
+struct PoolSlot;
+
+static FREE_SLOTS: Mutex<u32> = Mutex::new(PROGRAM_SLOTS);
+static SLOT_FREED: Condvar = Condvar::new();
+
+impl PoolSlot {
+    fn take() -> Self {
+        let mut free = FREE_SLOTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        while *free == 0 {
+            free = SLOT_FREED.wait(free).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        *free -= 1;
+        Self
+    }
+}
+
+impl Drop for PoolSlot {
+    fn drop(&mut self) {
+        *FREE_SLOTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner) += 1;
+        SLOT_FREED.notify_one();
+    }
 }
 
 fn status_of(ending: bindings::Ending) -> Status {

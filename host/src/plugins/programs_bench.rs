@@ -68,11 +68,26 @@ pub fn bench(count: usize, rounds: u32, limits: ProgramLimits, python: &Path) ->
         runner = runner.min(started.elapsed());
         passed_runner = outcomes.iter().filter(|outcome| outcome.status == Status::Normal).count();
     }
+    let python = interpreter(python)?;
     let started = Instant::now();
-    let passed_subprocess = run_subprocesses(&programs, workers, python)?;
+    let passed_subprocess = run_subprocesses(&programs, workers, &python)?;
     let subprocess = started.elapsed();
     ensure!(passed_runner == passed_subprocess, "the runner passed {passed_runner} programs, the subprocesses {passed_subprocess}");
     Ok(ProgramsBench { programs: count, workers, runner_load, runner, subprocess, passed: passed_runner })
+}
+
+/// The interpreter `python` runs (`sys.executable`), as a peer's grader starts it: a launcher
+/// on the PATH (pyenv's shim is a shell script) would add its own start-up, 0.2 s here, to
+/// every program.
+fn interpreter(python: &Path) -> Result<std::path::PathBuf> {
+    let output = Command::new(python)
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .with_context(|| format!("cannot run {}", python.display()))?;
+    ensure!(output.status.success(), "{} -c 'import sys' failed: {}", python.display(), String::from_utf8_lossy(&output.stderr));
+    let executable = String::from_utf8(output.stdout).context("sys.executable is not UTF-8")?;
+    ensure!(!executable.trim().is_empty(), "{} reports no sys.executable", python.display());
+    Ok(executable.trim().into())
 }
 
 /// The peers' way: `python -c SOURCE` per program, `workers` at a time; how many exited 0.
