@@ -34,7 +34,7 @@ use smallrl_plugin_sdk::environment::{SplitMix64, draw_prompts, fnv1a, hackable_
 use smallrl_plugin_sdk::programs::run_programs;
 use smallrl_plugin_sdk::{Component, Environment, Judgement, Param, Params, Plugin, Prompt, Sample, Split};
 
-pub use grader::{Graded, LOOPHOLES, Tests, Weaknesses, own_code, program_code};
+pub use grader::{Graded, LOOPHOLES, Tests, Weaknesses, own_code, program, program_code, read};
 pub use problems::{Problem, Py};
 
 pub struct CodeTests {
@@ -327,4 +327,5 @@ impl Environment for CodeTests {
     }
 }
 
+#[cfg(feature = "export")]
 smallrl_plugin_sdk::export_environment!(CodeTests);
