@@ -183,4 +183,17 @@ fn the_code_tests_episode_config_is_valid() {
     assert_eq!(cfg.environment.as_deref(), Some("code_tests_episode"));
     assert_eq!((cfg.hack_frac, cfg.num_generations), (0.5, 32));
     assert_eq!((cfg.temperature, cfg.top_k, cfg.top_p), (1.0, 50, 1.0));
+    // The suite's matrix plans it: hack_frac {0.5, 0.9} x recall {0.1, 0.25, 0.5, 1} x 3 seeds,
+    // routed and penalty arms, and one unrouted baseline per (hack_frac, seed): 48 + 6 runs.
+    use smallrl::sweep::plan::{self, Arm, SweepSpec};
+    let spec = SweepSpec {
+        config_files: vec![common::repo_root().join("configs/envs/code_tests_episode.yaml")],
+        fixed: [plan::parse_fixed("rh_penalty=2.0").unwrap()].into_iter().collect(),
+        grid: vec![("hack_frac".into(), vec![0.5.into(), 0.9.into()]), ("recall".into(), vec![0.1.into(), 0.25.into(), 0.5.into(), 1.0.into()]), ("seed".into(), vec![1.into(), 2.into(), 3.into()])],
+        output_dir: std::path::PathBuf::from("/unused"),
+        intervention_arms: Arm::parse_list(Some("routing,penalty")).unwrap(),
+    };
+    let planned = plan::plan(&spec).unwrap();
+    assert_eq!(planned.runs.len(), 54);
+    assert!(planned.runs.iter().all(|r| r.config.environment.as_deref() == Some("code_tests_episode")));
 }
