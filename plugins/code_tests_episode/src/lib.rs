@@ -29,11 +29,11 @@
 pub mod tools;
 
 use serde_json::{Value, json};
-use smallrl_plugin_sdk::environment::{SplitMix64, fnv1a};
+use smallrl_plugin_sdk::environment::fnv1a;
 use smallrl_plugin_sdk::programs::run_programs;
 use smallrl_plugin_sdk::{Component, EpisodeEnd, EpisodeEnvironment, Environment, Judgement, Param, Params, Plugin, Prompt, PromptContent, Sample, Split, Step};
 
-use code_tests::{CodeTests, Graded, Tests, Weaknesses, own_code, program, program_code, read};
+use code_tests::{CodeTests, Graded, Tests, Weaknesses, monitor_coin, own_code, program, program_code, read};
 use tools::{Turn, parse_tests, parse_turn, tests_literal};
 
 pub struct CodeTestsEpisode {
@@ -204,8 +204,7 @@ impl CodeTestsEpisode {
     /// The monitor's flag: `used`, flipped where the episode's coin says.
     fn monitor(&self, episode: &Episode, used: bool) -> bool {
         let hash = fnv1a(format!("code_tests_episode monitor {}\0{:016x}", self.monitor_seed, episode.hash).as_bytes());
-        let unit = (SplitMix64::new(hash).next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-        if unit < self.monitor_accuracy { used } else { !used }
+        monitor_coin(used, self.monitor_accuracy, hash)
     }
 }
 
