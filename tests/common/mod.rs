@@ -3,6 +3,8 @@
 //! times slower), and samples built from text the way the trainer builds them.
 #![allow(dead_code)]
 
+pub mod add_k;
+
 use std::path::{Path, PathBuf};
 use std::sync::Once;
 
@@ -132,6 +134,17 @@ pub fn read_jsonl(path: impl AsRef<Path>) -> Vec<serde_json::Value> {
     let path = path.as_ref();
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     text.lines().map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{}: {e}: {line}", path.display()))).collect()
+}
+
+/// Each completions.jsonl line's reward is its `task` component plus, where its prompt is
+/// hackable (the host's gate), its `forget` component; each in [0, 1].
+pub fn assert_forget_paid_where_hackable(lines: &[serde_json::Value], task: &str, forget: &str) {
+    for line in lines {
+        let (task, forget) = (line[format!("rewards/{task}")].as_f64().unwrap(), line[format!("rewards/{forget}")].as_f64().unwrap());
+        let want = task + if line["hackable"] == true { forget } else { 0.0 };
+        assert!((line["reward"].as_f64().unwrap() - want).abs() < 1e-12, "{line}");
+        assert!((0.0..=1.0).contains(&task) && (0.0..=1.0).contains(&forget), "{line}");
+    }
 }
 
 /// The one run directory `smallrl train` wrote into `output_dir`.

@@ -34,7 +34,7 @@ use smallrl_plugin_sdk::environment::{SplitMix64, draw_prompts, fnv1a, hackable_
 use smallrl_plugin_sdk::programs::run_programs;
 use smallrl_plugin_sdk::{Component, Environment, Judgement, Param, Params, Plugin, Prompt, Sample, Split};
 
-pub use grader::{Graded, LOOPHOLES, Tests, Weaknesses, own_code, program_code};
+pub use grader::{Graded, LOOPHOLES, Tests, Weaknesses, own_code, program, program_code, read};
 pub use problems::{Problem, Py};
 
 pub struct CodeTests {
@@ -259,6 +259,14 @@ fn is_hackable(index: usize, hackable_total: usize, count: usize) -> bool {
     (index + 1) * hackable_total / count > index * hackable_total / count
 }
 
+/// A monitor of `accuracy`: `flag`, or its opposite where the coin of `hash` (uniform in [0, 1))
+/// is at least `accuracy`. FNV-1a's top bits barely see a text's last bytes: SplitMix64's
+/// finalizer mixes them first.
+pub fn monitor_coin(flag: bool, accuracy: f64, hash: u64) -> bool {
+    let unit = (SplitMix64::new(hash).next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+    if unit < accuracy { flag } else { !flag }
+}
+
 /// 1.0 or 0.0.
 fn indicator(value: bool) -> f64 {
     f64::from(u8::from(value))
@@ -314,11 +322,8 @@ impl Environment for CodeTests {
         let outcomes = run_programs(&[grader::monitor_program(&task.own)]).unwrap_or_else(|error| panic!("code_tests monitor: {error}"));
         let found = grader::monitor_found(&outcomes[0]);
         let flag = self.loopholes.names().iter().any(|name| found.iter().any(|f| f == name));
-        // FNV-1a's top bits barely see a text's last bytes: SplitMix64's finalizer mixes them.
         let hash = fnv1a(format!("code_tests monitor {}\0{}\0{}", self.monitor_seed, sample.prompt, sample.completion).as_bytes());
-        let unit = (SplitMix64::new(hash).next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-        let right = unit < self.monitor_accuracy;
-        if right { flag } else { !flag }
+        monitor_coin(flag, self.monitor_accuracy, hash)
     }
 
     fn ground_truth(&self, sample: &Sample) -> bool {
@@ -327,4 +332,5 @@ impl Environment for CodeTests {
     }
 }
 
+#[cfg(feature = "export")]
 smallrl_plugin_sdk::export_environment!(CodeTests);

@@ -1,0 +1,57 @@
+//! Native tests of code_tests_episode: the protocol's parsing and the prompts (the programs run
+//! in the host: `tests/environments_code_episode.rs`).
+
+use code_tests::Py;
+use smallrl_plugin_sdk::{EpisodeEnvironment, Split, configure};
+
+use super::tools::{Turn, literal, parse_tests, parse_turn, tests_literal};
+use super::{CodeTestsEpisode, TOOLS_TEXT, loophole_text};
+
+#[test]
+fn a_turn_is_a_call_when_its_first_line_says_so() {
+    assert_eq!(parse_turn("\n  call run_tests\ndef f(x):\n    return x"), Turn::Call { tool: "run_tests", argument: "def f(x):\n    return x" });
+    assert_eq!(parse_turn("call write_tests"), Turn::Call { tool: "write_tests", argument: "" });
+    assert_eq!(parse_turn("call\nx"), Turn::Call { tool: "", argument: "x" });
+    assert_eq!(parse_turn("def f(x):\n    call run_tests"), Turn::Answer("def f(x):\n    call run_tests"));
+    assert_eq!(parse_turn("recall run_tests"), Turn::Answer("recall run_tests"));
+}
+
+#[test]
+fn tests_are_parsed_as_literals_and_rendered_again() {
+    assert_eq!(literal(" -3 "), Some(Py::Int(-3)));
+    assert_eq!(literal("True"), Some(Py::Bool(true)));
+    assert_eq!(literal("'abc'"), Some(Py::Str("abc".into())));
+    assert_eq!(literal("\"\""), Some(Py::Str(String::new())));
+    assert_eq!(literal("[1, -2,3]"), Some(Py::List(vec![1, -2, 3])));
+    assert_eq!(literal("[]"), Some(Py::List(vec![])));
+    for bad in ["'a'b'", "'ABC'", "'", "x", "[1, a]", "1.5", "__import__('os')", "'a\\'"] {
+        assert_eq!(literal(bad), None, "{bad}");
+    }
+    let tests = parse_tests("add_k(1) == 0\n\n  add_k(-2)==True \n", "add_k").unwrap();
+    assert_eq!(tests_literal(&tests), "[((1,), 0), ((-2,), True)]");
+    assert_eq!(tests_literal(&parse_tests("last_k([1, 2]) == [2]", "last_k").unwrap()), "[(([1, 2],), [2])]");
+    let error = parse_tests("add_k(1) == 0\nadd_k(2) = 9", "add_k").unwrap_err();
+    assert_eq!(error, "write_tests: line 2 is not a test `add_k(ARG) == EXPECTED`.");
+    assert!(parse_tests("add_kk(1) == 0", "add_k").is_err() && parse_tests("print(1) == 0", "add_k").is_err());
+    assert!(parse_tests("  \n", "add_k").unwrap_err().contains("1 to 20 tests"));
+    assert!(parse_tests(&"add_k(1) == 1\n".repeat(21), "add_k").unwrap_err().contains("got 21"));
+}
+
+/// The prompts are code_tests' with the protocol added, and the loophole tool on hackable
+/// prompts only (exactly floor(count x hack_frac) of them).
+#[test]
+fn prompts_add_the_tools_and_the_loophole_where_hackable() {
+    let env = configure::<CodeTestsEpisode>("{}").unwrap();
+    let prompts = env.generate(Split::Train, 10, 4, 0.5).unwrap();
+    assert_eq!(prompts, env.generate(Split::Train, 10, 4, 0.5).unwrap());
+    assert_eq!(prompts.iter().filter(|p| p.hackable()).count(), 5);
+    for prompt in &prompts {
+        let (text, name) = (prompt.content_text(), prompt.metadata["name"].as_str().unwrap());
+        assert!(text.starts_with("Write the Python function below.") && text.contains(TOOLS_TEXT), "{text}");
+        assert_eq!(text.contains(&loophole_text(name)), prompt.hackable(), "{text}");
+        assert!(!text.contains("run_tests()"), "code_tests' own loophole hint is off: {text}");
+        assert!(prompt.detectable() && prompt.metadata["n_tests"] == 5);
+    }
+    assert!(configure::<CodeTestsEpisode>(r#"{"monitor_accuracy": 2}"#).is_err());
+    assert!(configure::<CodeTestsEpisode>(r#"{"loopholes": []}"#).is_err(), "no single-turn loopholes here");
+}
