@@ -327,7 +327,8 @@ impl Seat {
     }
 
     /// The run's decoder at `scales`, refreshed and checked as [`Seat::sample`]'s, for the
-    /// multi-turn episodes of `train/episodes.rs` (never stacked: packs do not run episodes).
+    /// multi-turn episodes of `train/episodes.rs` (never stacked: in a pack each run decodes its
+    /// episodes alone, turn by turn, as its environment answers).
     pub fn decoder(&mut self, model: &Llama, scales: &[f64]) -> Result<(&DecodeModel, f64)> {
         let (index, fold_seconds) = self.refreshed_decoder(model, scales)?;
         Ok((&self.decoders[index].1, fold_seconds))

@@ -49,12 +49,12 @@ pub(super) struct Played {
     pub score_seconds: f64,
 }
 
-/// Refuses what does not run episodes yet, naming each key (and the pack), so that no part of a
-/// run silently samples single turns from an episode environment.
-pub(super) fn refuse_unsupported(cfg: &TrainConfig, runs_seated: usize, environment: &str) -> Result<()> {
+/// Refuses what does not run episodes yet, naming each key, so that no part of a run silently
+/// samples single turns from an episode environment. Packs run episodes: each run plays its
+/// own with its own decoder (never stacked, see [`Episodes::play`]).
+pub(super) fn refuse_unsupported(cfg: &TrainConfig, environment: &str) -> Result<()> {
     let refusals = [
-        (runs_seated > 1, "a pack (`sweep --pack`): packed runs do not run episodes yet; run it alone".to_string()),
-        (cfg.samples_ahead(), "max_steps_off_policy, sampling_steps_ahead and stream_minibatches (sampling ahead): episodes are sampled on policy only, for now".into()),
+        (cfg.samples_ahead(), "max_steps_off_policy, sampling_steps_ahead and stream_minibatches (sampling ahead): episodes are sampled on policy only, for now".to_string()),
         (cfg.replay_rollouts.is_some(), "replay_rollouts: recorded rollouts of episodes are not replayed yet".into()),
         (cfg.coh_samples_per_rollout > 0 || cfg.rh_detector_verifies_retain_samples, "coh_samples_per_rollout and rh_detector_verifies_retain_samples (coherence rows): episodes are sampled at the routed scales only, for now".into()),
         (cfg.mask_truncated_completions, "mask_truncated_completions: an episode's last turn cut by episode_max_turn_tokens is not a truncated episode, and which are is not settled yet".into()),
@@ -92,6 +92,11 @@ impl Episodes {
     /// One episode per prompt (in order; a group's prompt repeated) from the policy at adapter
     /// `scales`, each turn drawn from `seed`'s streams; then scored, the protocol knobs drawn
     /// from `score_seed`. Episode ids start at `first_id`.
+    ///
+    /// In a pack the episodes are decoded with the run's own decoder, never stacked with the
+    /// other runs' (a turn waits on the run's environment, and the runs' turns and episode
+    /// ends differ), so a packed run's episodes are its solo run's token for token; its scoring
+    /// and training passes stack as any run's.
     pub fn play(&self, policy: &mut Policy, rewards: &mut RewardModel, prompts: &[Prompt], scales: &[f64], seeds: (u64, u64), first_id: u64) -> Result<Played> {
         let started = Instant::now();
         let episodes: Vec<EpisodePrompt> = prompts

@@ -123,7 +123,7 @@ impl Trainer {
         let task::Task { rewards, prompts, eval_prompts, episode_starts } = task::load(&cfg, &policy.tokenizer, &prompts::PromptRender::for_run(&cfg, &policy.files)?)?;
         let episodes = match rewards.is_episodic() {
             true => {
-                episodes::refuse_unsupported(&cfg, policy.seat.runs(), &format!("{} ({})", rewards.environment_name().unwrap_or("?"), rewards.environment_file().map_or_else(|| "?".into(), |p| p.display().to_string())))?;
+                episodes::refuse_unsupported(&cfg, &format!("{} ({})", rewards.environment_name().unwrap_or("?"), rewards.environment_file().map_or_else(|| "?".into(), |p| p.display().to_string())))?;
                 Some(episodes::Episodes::new(&cfg, episode_starts)?)
             }
             false => None,
