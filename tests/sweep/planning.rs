@@ -356,3 +356,20 @@ fn intervention_arm_lists_name_the_valid_arms() {
     assert!(stdout.starts_with("8 runs planned"), "{stdout}");
     assert!(!out.exists(), "a dry run writes nothing");
 }
+
+/// Issue 47.5: a grid that gives `rh_detector` by a path names its runs by the detector's
+/// declared name (`det-happy_any`), as `smallrl train` does, not by the path; the runs still
+/// load the file the grid names.
+#[test]
+fn a_grid_detector_given_by_a_path_names_its_runs_by_the_declared_name() {
+    let out = tempfile::tempdir().unwrap();
+    let detector = common::plugin_dir().join("detect_happy_any.wasm");
+    let grid = format!("rh_detector={{plugin: {}}}", detector.display());
+    let plan = plan::plan(&spec(out.path(), &[&grid, "seed=1"], &["max_steps=4", "routing_mode=classic"])).unwrap();
+    let routed: Vec<_> = plan.runs.iter().filter(|r| r.role == RunRole::Grid).collect();
+    assert_eq!(routed.len(), 1);
+    let name = &routed[0].name;
+    assert!(name.starts_with("sentence_length_10_smooth_with_happy_det-happy_any_") && !name.contains("detect_happy_any"), "the declared name, not the path: {name}");
+    let expected: smallrl::reward::DetectorSpec = smallrl::yaml::from_str(&format!("{{plugin: {}}}", detector.display())).unwrap();
+    assert_eq!(routed[0].config.rh_detector, Some(expected), "the run loads the grid's file");
+}

@@ -106,14 +106,15 @@ pub enum PluginCommand {
         #[arg(long)]
         path: bool,
     },
-    /// The Python caches beside the compiled-code cache (`python-sources/`, `python-builds/`):
-    /// where they are; `--prune` removes what no live plugin holds and bases unused for
+    /// The Python caches beside the compiled-code cache (`python-sources/`, `python-builds/`,
+    /// `python-deps/`): where they are; `--prune` removes what no live plugin holds, bases unused
+    /// for `--keep-days` and packages folders no cached base names and no build used for
     /// `--keep-days` (plugins/README.md, "The edit cycle").
     Cache {
         /// Remove every entry no live plugin needs (see above).
         #[arg(long)]
         prune: bool,
-        /// With --prune: keep base components used within this many days.
+        /// With --prune: keep base components and packages folders used within this many days.
         #[arg(long, default_value_t = d::PYTHON_CACHE_KEEP_DAYS)]
         keep_days: u64,
     },

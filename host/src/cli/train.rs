@@ -8,8 +8,8 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::{Map, Value};
 
-use crate::plugins::{Plugin, PluginKind};
-use crate::reward::{DetectorSpec, resolve_plugin};
+use crate::plugins::PluginKind;
+use crate::reward::{DetectorSpec, is_path};
 use crate::hyperparams::{Hyperparameters, Prop};
 use crate::train::config::{TrainFlags, parse_override, reward_plugin_overrides};
 use crate::train::packed::{self, PackedRun};
@@ -130,36 +130,16 @@ fn named_by_plugins(args: &TrainArgs, mut overrides: Map<String, Value>) -> Resu
     if args.flags.name.is_some() || args.set.iter().any(|text| text.trim_start().starts_with("name=")) {
         return Ok(overrides);
     }
-    let config = TrainConfig::resolve(args.config.as_deref(), overrides.clone())?;
-    let limits = config.plugin_limits()?;
-    let declared = |value: &str, kind: PluginKind, params: Option<&Value>| -> Result<String> {
-        let path = resolve_plugin(value, &config.plugin_dir, kind);
-        let plugin = Plugin::load(&path, &crate::reward::params_json(params), limits).with_context(|| format!("cannot read the declared name of {}", path.display()))?;
-        Ok(plugin.info().name.clone())
-    };
-    let is_path = |value: &str| value.contains('/') || value.ends_with(".wasm");
-    if args.config.is_none() {
-        if let Some(environment) = &config.environment {
-            overrides.insert("name".into(), declared(environment, PluginKind::Environment, config.environment_params.as_ref())?.into());
-        } else if let Some(plugin) = args.reward_plugin.as_deref().filter(|plugin| is_path(plugin)) {
-            let params = overrides.get("reward").and_then(|reward| reward.get("params")).cloned();
-            overrides.insert("name".into(), declared(plugin, PluginKind::Reward, params.as_ref())?.into());
-        }
-        return Ok(overrides);
+    if args.config.is_some() {
+        return crate::train::task::named_by_declared_specs(args.config.as_deref(), overrides);
     }
-    // The name the config file's resolution gives, with each path replaced by its declared name.
-    let mut stand_in = overrides.clone();
-    let mut renamed = false;
-    for (key, kind) in [("reward", PluginKind::Reward), ("rh_detector", PluginKind::Detector)] {
-        let Some(Value::Object(spec)) = stand_in.get_mut(key) else { continue };
-        let Some(plugin) = spec.get("plugin").and_then(Value::as_str).filter(|plugin| is_path(plugin)).map(str::to_owned) else { continue };
-        let name = declared(&plugin, kind, spec.get("params"))?;
-        spec.insert("plugin".into(), name.into());
-        renamed = true;
-    }
-    if renamed {
-        let named = TrainConfig::resolve(args.config.as_deref(), stand_in)?;
-        overrides.insert("name".into(), named.name.into());
+    let config = TrainConfig::resolve(None, overrides.clone())?;
+    let declared = |value: &str, kind: PluginKind, params: Option<&Value>| crate::train::task::declared_name(value, kind, params, &config);
+    if let Some(environment) = &config.environment {
+        overrides.insert("name".into(), declared(environment, PluginKind::Environment, config.environment_params.as_ref())?.into());
+    } else if let Some(plugin) = args.reward_plugin.as_deref().filter(|plugin| is_path(plugin)) {
+        let params = overrides.get("reward").and_then(|reward| reward.get("params")).cloned();
+        overrides.insert("name".into(), declared(plugin, PluginKind::Reward, params.as_ref())?.into());
     }
     Ok(overrides)
 }

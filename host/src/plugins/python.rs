@@ -89,7 +89,7 @@ pub fn build(source: &Path, output: Option<&Path>, kind: Option<PluginKind>, pac
     let tool = componentize_py();
     check_version(&tool)?;
     let python = tool.with_file_name("python");
-    let installed = python_deps::install(packages.requirements.as_deref(), &packages.paths, &python, cache_dir().map(|dir| dir.with_file_name("python-deps")))?;
+    let installed = python_deps::install(packages.requirements.as_deref(), &packages.paths, &python, cache_dir().map(|dir| dir.with_file_name(python_deps::DEPS_DIR)))?;
     let top_level = installed.as_ref().map(|i| i.top_level.clone()).unwrap_or_default();
     let checked = python_check::precheck(source, &text, &module, &top_level)?;
     let record = BuildRecord {
@@ -136,6 +136,9 @@ impl Base<'_> {
     fn component(&self, tool: &Path, source: &Path) -> Result<(Vec<u8>, bool)> {
         let key = self.cache_key()?;
         let cached = cache_dir().map(|dir| dir.join(format!("base-{key}.wasm")));
+        if let (Some(path), Some((packages, _))) = (&cached, self.packages) {
+            super::python_cache::refer_to_packages(path, packages);
+        }
         if let Some((path, bytes)) = cached.as_ref().and_then(|path| Some((path, std::fs::read(path).ok()?))) {
             super::python_cache::mark_used(path);
             return Ok((bytes, true));

@@ -7,12 +7,17 @@
 //! are componentize-py's base components (`python.rs`), needed only by `plugin build`, which
 //! marks one used (its modification time) at each cache hit: bases unused for longer than
 //! `--keep-days` go (one unlink each; a build that already read one holds its bytes).
+//! `python-deps/<request>/` are the packages a build installed (`python_deps.rs`): a base built
+//! with packages names their folder in `base-<key>.deps`, and a folder goes when no cached base
+//! names it and no build used it for `--keep-days`, under the same lock discipline as the
+//! sources (a build holds its folder's lock file shared while it runs).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
 
+use super::python_deps::{DEPS_DIR, LOCK_FILE};
 use super::python_sources::{SOURCES_DIR, lock_file};
 
 /// The folder of base components, beside the compiled-code cache.
@@ -22,7 +27,7 @@ pub const BUILDS_DIR: &str = "python-builds";
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Pruned {
     pub removed: Vec<PathBuf>,
-    /// Sources directories a live plugin holds.
+    /// Sources (packages) directories a live plugin (build) holds.
     pub in_use: Vec<PathBuf>,
     pub bytes_freed: u64,
 }
@@ -36,6 +41,16 @@ pub fn root() -> Result<PathBuf> {
 pub fn mark_used(base: &Path) {
     let _ = std::fs::File::options().append(true).open(base).and_then(|file| file.set_modified(SystemTime::now()));
 }
+
+/// Records that the cached base `base` was built with the packages of the folder `packages`
+/// (`base-<key>.deps` beside it), so that a prune keeps that folder while the base is cached; a
+/// failure only lets the folder go sooner (the next build installs it again).
+pub fn refer_to_packages(base: &Path, packages: &Path) {
+    let name = packages.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
+    let _ = crate::fsutil::write_atomic(&base.with_extension(REFERENCE), name.as_bytes());
+}
+
+const REFERENCE: &str = "deps";
 
 /// Removes from `root` every sources directory no live plugin holds, leftovers of interrupted
 /// writes older than `keep`, and base components not used for longer than `keep`.
@@ -62,15 +77,45 @@ pub fn prune(root: &Path, keep: Duration) -> Result<Pruned> {
     }
     for entry in entries(&root.join(BUILDS_DIR))? {
         let base = entry.file_name().is_some_and(|name| name.to_string_lossy().starts_with("base-"));
-        if base && stale(&entry) {
+        if base && entry.extension().is_some_and(|e| e == "wasm") && stale(&entry) {
             remove(&entry, &mut pruned)?;
+        }
+    }
+    let referenced = referenced_packages(root, &mut pruned)?;
+    for entry in entries(&root.join(DEPS_DIR))? {
+        let name = entry.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
+        let lock = entry.join(LOCK_FILE);
+        let used = if lock.is_file() { &lock } else { &entry };
+        if referenced.contains(&name) || !stale(used) {
+            continue;
+        }
+        if is_trash(&entry) {
+            remove(&entry, &mut pruned)?; // an interrupted prune's, that old
+            continue;
+        }
+        match lock.is_file() {
+            true => prune_sources(&entry, &lock, &mut pruned)?,
+            // Leftovers (an interrupted install's or prune's) and folders from before the lock.
+            false => remove(&entry, &mut pruned)?,
         }
     }
     Ok(pruned)
 }
 
-/// A complete sources directory: moved out of place under its exclusive lock, then removed;
-/// kept when a live plugin holds it.
+/// The packages folders the cached bases name; references whose base is gone are removed.
+fn referenced_packages(root: &Path, pruned: &mut Pruned) -> Result<std::collections::BTreeSet<String>> {
+    let mut referenced = std::collections::BTreeSet::new();
+    for entry in entries(&root.join(BUILDS_DIR))?.into_iter().filter(|entry| entry.extension().is_some_and(|e| e == REFERENCE)) {
+        match entry.with_extension("wasm").is_file() {
+            true => referenced.extend(std::fs::read_to_string(&entry).ok()),
+            false => remove(&entry, pruned)?,
+        }
+    }
+    Ok(referenced)
+}
+
+/// A complete sources or packages directory: moved out of place under its exclusive lock, then
+/// removed; kept when a live plugin or build holds it.
 fn prune_sources(dir: &Path, lock: &Path, pruned: &mut Pruned) -> Result<()> {
     let file = match std::fs::File::open(lock) {
         Ok(file) => file,

@@ -80,3 +80,41 @@ fn an_empty_or_missing_cache_prunes_nothing() {
     let root = tempfile::tempdir().unwrap();
     assert_eq!(prune(root.path(), WEEK).unwrap(), Pruned::default());
 }
+
+/// Packages folders (`python-deps/`): one a cached base names stays however old; one a live
+/// build holds stays; an unnamed one unused past the bound goes, as does a folder from before
+/// the lock file and an orphaned reference (its base gone, so its folder goes too); a young
+/// one stays.
+#[test]
+fn packages_folders_go_when_no_base_names_them_no_build_holds_them_and_they_are_old() {
+    let root = tempfile::tempdir().unwrap();
+    let (deps, builds) = (root.path().join(DEPS_DIR), root.path().join(BUILDS_DIR));
+    std::fs::create_dir_all(&builds).unwrap();
+    let [named, held, old, young, orphaned, before_lock] = ["named", "held", "old", "young", "orphaned", "before_lock"].map(|name| deps.join(name));
+    for dir in [&named, &held, &old, &young, &orphaned, &before_lock] {
+        std::fs::create_dir_all(dir.join("pkg")).unwrap();
+        std::fs::write(dir.join("pkg/__init__.py"), "x = 1\n").unwrap();
+    }
+    let base = builds.join("base-a.wasm");
+    std::fs::write(&base, b"base").unwrap();
+    refer_to_packages(&base, &named);
+    refer_to_packages(&builds.join("base-gone.wasm"), &orphaned);
+    let live = crate::plugins::python_deps::hold(&held).unwrap().expect("in place");
+    for dir in [&named, &held, &old, &young, &orphaned] {
+        drop(crate::plugins::python_deps::hold(dir).unwrap());
+    }
+    for dir in [&named, &held, &old, &orphaned] {
+        age(&dir.join(LOCK_FILE), 8);
+    }
+    std::fs::File::open(&before_lock).unwrap().set_modified(SystemTime::now() - Duration::from_secs(8 * 86_400)).unwrap();
+    let pruned = prune(root.path(), WEEK).unwrap();
+    assert_eq!(pruned.removed, vec![builds.join("base-gone.deps"), before_lock.clone(), old.clone(), orphaned.clone()]);
+    assert_eq!(pruned.in_use, vec![held.clone()]);
+    assert!(named.join("pkg/__init__.py").is_file() && held.join("pkg/__init__.py").is_file() && young.is_dir() && base.is_file());
+    let left: Vec<_> = std::fs::read_dir(&deps).unwrap().flatten().map(|e| e.path()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+    assert_eq!(left, vec![held.clone(), named.clone(), young.clone()], "no trash left behind");
+    drop(live);
+    std::fs::remove_file(&base).unwrap();
+    let pruned = prune(root.path(), WEEK).unwrap();
+    assert_eq!(pruned.removed, vec![builds.join("base-a.deps"), held, named], "unnamed once its base went, unheld once the build ended");
+}

@@ -20,6 +20,14 @@ use std::process::Command;
 use anyhow::{Context, Result, bail, ensure};
 use serde::{Deserialize, Serialize};
 
+/// The folder of installed packages, one folder per request, beside the base components.
+pub const DEPS_DIR: &str = "python-deps";
+
+/// The file in a packages folder that a build using it holds locked shared (`plugin cache
+/// --prune` takes it exclusively before it removes the folder) and marks used (its modification
+/// time); not part of the folder's digest.
+pub const LOCK_FILE: &str = ".smallrl-build-lock";
+
 /// The custom section that holds a Python build's [`BuildRecord`] (JSON).
 pub const RECORD_SECTION: &str = "smallrl-python-build";
 
@@ -42,6 +50,9 @@ pub struct Installed {
     pub top_level: BTreeSet<String>,
     /// SHA-256 of every installed file: part of the build's hash.
     pub digest: String,
+    /// The shared lock on the folder's [`LOCK_FILE`] while the build uses it (none for a
+    /// scratch folder).
+    _held: Option<std::fs::File>,
 }
 
 /// Installs what `requirements` and `packages` name (None when neither names anything).
@@ -50,6 +61,7 @@ pub fn install(requirements: Option<&Path>, packages: &[PathBuf], python: &Path,
         return Ok(None);
     }
     let key = request_key(requirements, packages)?;
+    let cached = cache.is_some();
     let scratch;
     let dir = match cache {
         Some(cache) => cache.join(&key),
@@ -58,23 +70,56 @@ pub fn install(requirements: Option<&Path>, packages: &[PathBuf], python: &Path,
             scratch
         }
     };
-    if !dir.is_dir() {
-        let tmp = crate::fsutil::temp_sibling(&dir);
-        let _ = std::fs::remove_dir_all(&tmp);
-        let result = pip_install(requirements, packages, python, &tmp).and_then(|()| refuse_native(&tmp));
-        if let Err(error) = result {
-            let _ = std::fs::remove_dir_all(&tmp);
-            return Err(error);
+    let held = loop {
+        if !dir.is_dir() {
+            install_into(requirements, packages, python, &dir)?;
         }
-        std::fs::create_dir_all(dir.parent().expect("a cache entry has a parent"))?;
-        if std::fs::rename(&tmp, &dir).is_err() {
-            // Another build installed the same request meanwhile: use its folder.
-            let _ = std::fs::remove_dir_all(&tmp);
+        if !cached {
+            break None;
         }
-    }
+        // None: a prune moved the folder away meanwhile; install it again.
+        if let Some(file) = hold(&dir)? {
+            break Some(file);
+        }
+    };
     let (pins, top_level) = describe(&dir)?;
-    let digest = super::sha256_hex(&tree_bytes(&dir, &|_| true)?);
-    Ok(Some(Installed { dir, pins, top_level, digest }))
+    let digest = super::sha256_hex(&tree_bytes(&dir, &|name| name != LOCK_FILE)?);
+    Ok(Some(Installed { dir, pins, top_level, digest, _held: held }))
+}
+
+/// pip's install of the request into `dir`, through a temporary folder renamed into place.
+fn install_into(requirements: Option<&Path>, packages: &[PathBuf], python: &Path, dir: &Path) -> Result<()> {
+    let tmp = crate::fsutil::temp_sibling(dir);
+    let _ = std::fs::remove_dir_all(&tmp);
+    let result = pip_install(requirements, packages, python, &tmp).and_then(|()| refuse_native(&tmp));
+    if let Err(error) = result {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(error);
+    }
+    std::fs::create_dir_all(dir.parent().expect("a cache entry has a parent"))?;
+    if std::fs::rename(&tmp, dir).is_err() {
+        // Another build installed the same request meanwhile: use its folder.
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    Ok(())
+}
+
+/// `dir`'s [`LOCK_FILE`] (created in a folder installed before it existed) locked shared and
+/// marked used; None when the folder is no longer in place.
+pub(super) fn hold(dir: &Path) -> Result<Option<std::fs::File>> {
+    let lock = dir.join(LOCK_FILE);
+    let file = match std::fs::File::options().create(true).append(true).open(&lock) {
+        Ok(file) => file,
+        Err(_) if !dir.is_dir() => return Ok(None),
+        Err(error) => return Err(error).with_context(|| format!("cannot open {}", lock.display())),
+    };
+    file.lock_shared().with_context(|| format!("cannot lock {}", lock.display()))?;
+    if !lock.is_file() {
+        return Ok(None);
+    }
+    // A failure only makes the folder look older to a prune, which a held lock still stops.
+    let _ = file.set_modified(std::time::SystemTime::now());
+    Ok(Some(file))
 }
 
 /// The hash of a request: the requirements file's text, and each named path's files.

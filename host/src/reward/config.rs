@@ -80,7 +80,8 @@ pub struct ComponentSpec {
     /// A name (`happy_count` = `<plugin_dir>/happy_count.wasm`) or a path (contains `/` or ends
     /// in `.wasm`).
     pub plugin: String,
-    /// Metric name (`rewards/<name>/mean`); defaults to the plugin name or file stem.
+    /// Metric name (`rewards/<name>/mean`); defaults to the plugin name or file stem (a new run
+    /// names a Python reward's component by what it declares: [`RewardSpec::named_by_declared`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     #[serde(default = "empty_params")]
@@ -214,7 +215,7 @@ impl ComponentSpec {
 /// anything else is a standard plugin name: rewards are `<plugin_dir>/<name>.wasm`, detectors
 /// `<plugin_dir>/detect_<name>.wasm`.
 pub fn resolve_plugin(value: &str, plugin_dir: &Path, kind: PluginKind) -> PathBuf {
-    if value.contains('/') || value.ends_with(".wasm") {
+    if is_path(value) {
         return PathBuf::from(value);
     }
     match kind {
@@ -231,4 +232,93 @@ fn plugin_stem(value: &str) -> String {
 /// Parameters as the JSON text plugins receive.
 pub fn params_json(params: Option<&Value>) -> String {
     params.map_or_else(|| crate::plugins::NO_PARAMS.to_string(), Value::to_string)
+}
+
+/// A value naming a plugin by its path, not a standard name (see [`resolve_plugin`]).
+pub fn is_path(value: &str) -> bool {
+    value.contains('/') || value.ends_with(".wasm")
+}
+
+impl RewardSpec {
+    /// A new run's reward with each component given by a path and without `name` named by what
+    /// its plugin declares, where `declared(plugin, params)` gives a name (a Python reward's: a
+    /// TRL function's name, as `plugin info` shows it; `None` keeps the file stem), not the
+    /// file stem (issue 47). The names are written into the spec, which the run records in
+    /// config.yaml: a run resumed later keeps them, and runs recorded without them keep their
+    /// stems. A component keeps its stem where a `score_threshold` detector or ground truth names it, or
+    /// where two would share one name. A single plugin becomes one component.
+    pub fn named_by_declared(&self, detectors: &[Option<&DetectorSpec>], declared: impl Fn(&str, &Value) -> Result<Option<String>>) -> Result<Self> {
+        let thresholded: Vec<&str> = detectors
+            .iter()
+            .filter_map(|detector| match detector {
+                Some(DetectorSpec::ScoreThreshold(rule)) => Some(rule.component.as_str()),
+                _ => None,
+            })
+            .collect();
+        let mut specs = self.component_specs();
+        let mut names = Vec::new();
+        for spec in &specs {
+            let unnamed = spec.name.is_none() && is_path(&spec.plugin) && !thresholded.contains(&spec.display_name().as_str());
+            names.push(if unnamed { declared(&spec.plugin, &spec.params)? } else { None });
+        }
+        let taken: Vec<String> = specs.iter().zip(&names).map(|(spec, name)| name.clone().unwrap_or_else(|| spec.display_name())).collect();
+        let unique = |name: &String| taken.iter().filter(|other| *other == name).count() == 1;
+        if !names.iter().flatten().any(unique) {
+            return Ok(self.clone());
+        }
+        for (spec, name) in specs.iter_mut().zip(names) {
+            spec.name = spec.name.take().or(name.filter(unique));
+        }
+        Ok(Self::Combined { components: specs, max_reward: self.max_reward() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(value: Value) -> RewardSpec {
+        serde_json::from_value(value).unwrap()
+    }
+
+    /// A stand-in for loading: `dir/a.wasm` declares `alpha`, `b.wasm` `beta`, `same*.wasm`
+    /// `same`; `rust.wasm` is not a Python reward (no declared name taken).
+    fn declared(plugin: &str, _params: &Value) -> Result<Option<String>> {
+        let stem = plugin_stem(plugin);
+        Ok(match stem.as_str() {
+            "a" => Some("alpha".into()),
+            "b" => Some("beta".into()),
+            "rust" => None,
+            other if other.starts_with("same") => Some("same".into()),
+            other => panic!("no plugin {other} here"),
+        })
+    }
+
+    fn names(spec: &RewardSpec) -> Vec<String> {
+        spec.component_specs().iter().map(ComponentSpec::display_name).collect()
+    }
+
+    #[test]
+    fn paths_without_names_take_their_declared_names_and_the_rest_is_kept() {
+        let single = spec(json!({"plugin": "dir/a.wasm", "params": {"k": 1}})).named_by_declared(&[], declared).unwrap();
+        let expected = ComponentSpec { plugin: "dir/a.wasm".into(), name: Some("alpha".into()), params: json!({"k": 1}), scale: 1.0, role: Role::Retain };
+        assert_eq!(single, RewardSpec::Combined { components: vec![expected], max_reward: None });
+        let combined = spec(json!({"components": [{"plugin": "b.wasm", "role": "forget", "scale": 2}, {"plugin": "dir/a.wasm", "name": "mine"}, {"plugin": "happy_count"}], "max_reward": 3}));
+        let named = combined.named_by_declared(&[], declared).unwrap();
+        assert_eq!(names(&named), ["beta", "mine", "happy_count"], "an explicit name and a standard name are kept");
+        assert_eq!((named.component_specs()[0].role, named.component_specs()[0].scale, named.max_reward()), (Role::Forget, 2.0, Some(3.0)));
+        for unchanged in [json!({"plugin": "happy_count"}), json!({"plugin": "dir/rust.wasm"}), json!({"components": [{"plugin": "dir/a.wasm", "name": "x"}, {"plugin": "rust.wasm"}]})] {
+            assert_eq!(spec(unchanged.clone()).named_by_declared(&[], declared).unwrap(), spec(unchanged.clone()), "{unchanged}");
+        }
+    }
+
+    #[test]
+    fn a_stem_a_threshold_names_or_a_shared_declared_name_is_kept() {
+        let threshold: DetectorSpec = serde_json::from_value(json!({"score_threshold": {"component": "a", "threshold": 0.5}})).unwrap();
+        let single = spec(json!({"plugin": "dir/a.wasm"}));
+        assert_eq!(single.named_by_declared(&[None, Some(&threshold)], declared).unwrap(), single, "the detector reads component `a`");
+        let twins = spec(json!({"components": [{"plugin": "same1.wasm"}, {"plugin": "same2.wasm"}, {"plugin": "b.wasm"}]}));
+        assert_eq!(names(&twins.named_by_declared(&[], declared).unwrap()), ["same1", "same2", "beta"]);
+    }
 }

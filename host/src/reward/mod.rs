@@ -13,7 +13,7 @@ use anyhow::{Context, Result, bail, ensure};
 
 pub use crate::plugins::{EnvPrompt, EnvPromptContent, EnvSplit, PluginLimits, PromptMetadata, Sample};
 use crate::plugins::{Batch, ComponentRole, Plugin, PluginKind};
-pub use config::{ComponentSpec, DetectorSpec, RewardSpec, Role, ScoreThreshold, params_json, resolve_plugin};
+pub use config::{ComponentSpec, DetectorSpec, RewardSpec, Role, ScoreThreshold, is_path, params_json, resolve_plugin};
 pub use knobs::ProtocolKnobs;
 pub use monitor::{HackChannels, MonitorStats};
 

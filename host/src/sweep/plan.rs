@@ -261,6 +261,9 @@ fn resolve_point(spec: &SweepSpec, file: Option<&Path>, point: &Map<String, Valu
     overrides.insert("output_dir".into(), serde_json::to_value(&spec.output_dir)?);
     let described = Value::Object(point.clone());
     let of_file = file.map_or(String::new(), |f| format!(" of --config {}", f.display()));
+    // A detector or reward the grid gives by a path is named by what it declares, as `smallrl
+    // train` names it (issue 47): the per-run YAML pins the name.
+    let overrides = crate::train::task::named_by_declared_specs(file, overrides).with_context(|| format!("sweep point {described}{of_file}"))?;
     let mut config = TrainConfig::resolve(file, overrides).with_context(|| format!("sweep point {described}{of_file}"))?;
     // Pinned so the per-run YAML the child reads resolves to the same name (a YAML file without
     // `name` would otherwise be named after its file stem).
@@ -446,6 +449,9 @@ fn comparable(config: &TrainConfig) -> TrainConfig {
         plugin_judge_tokens_per_sample: defaults.plugin_judge_tokens_per_sample,
         plugin_sha256: defaults.plugin_sha256,
         name: config.name.clone().or_else(|| Some(UNNAMED_RUN.into())),
+        // Components' names say how a run logged them; a run records the names its plugins
+        // declare (issue 47), which a planned configuration does not have yet.
+        reward: config.reward.as_ref().map(comparable_reward),
         ..config.clone()
     }
 }
@@ -484,4 +490,10 @@ pub fn differing_besides_seed(a: &TrainConfig, b: &TrainConfig) -> Result<Vec<St
     let mut keys = differing_keys(&comparable(a), &comparable(b))?;
     keys.retain(|k| k != "seed");
     Ok(keys)
+}
+
+/// `reward` as one list of components without names (a single plugin is one such component).
+fn comparable_reward(reward: &crate::reward::RewardSpec) -> crate::reward::RewardSpec {
+    let components = reward.component_specs().into_iter().map(|spec| crate::reward::ComponentSpec { name: None, ..spec }).collect();
+    crate::reward::RewardSpec::Combined { components, max_reward: reward.max_reward() }
 }

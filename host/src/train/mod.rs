@@ -108,6 +108,9 @@ impl Trainer {
         cfg.validate()?;
         ensure!(resume.is_some() || cfg.lr_horizons.is_empty(), "lr_horizons is a record written by `--resume --extend-schedule`; a new run cannot start with it");
         ensure!(resume.is_some() || cfg.planned_micro_batches.is_none(), "planned_micro_batches is the memory planner's record of a run's micro-batches; a new run cannot start with it");
+        if resume.is_none() {
+            task::name_components(&mut cfg)?;
+        }
         crate::device::set_threads(cfg.threads)?;
         let (device, kind) = (cfg.device.resolve()?, cfg.dtype.kind());
         let run_dir = match resume {

@@ -11,6 +11,7 @@
 //! A prompt text in both is an error, never a silent overlap.
 
 use std::collections::HashSet;
+use std::path::Path;
 
 use anyhow::{Context, Result, bail, ensure};
 
@@ -18,7 +19,9 @@ use super::TrainConfig;
 use super::prompts::{self, PromptRender};
 use crate::defaults;
 use crate::model::Tokenizer;
+use crate::plugins::{Plugin, PluginKind};
 use crate::reward::{EnvPrompt, EnvSplit, Prompt, RewardModel};
+use serde_json::{Map, Value};
 
 /// A run's prompts and rewards.
 pub struct Task {
@@ -52,6 +55,58 @@ fn rewards_with(cfg: &TrainConfig, episodes: bool) -> Result<RewardModel> {
     };
     attach_judge(&mut rewards, cfg)?;
     Ok(rewards)
+}
+
+/// What the plugin `value` (a standard name or a path) of `kind` declares its name is, as
+/// `plugin info` shows it: loaded with `params` under the run's limits.
+pub fn declared_name(value: &str, kind: PluginKind, params: Option<&Value>, cfg: &TrainConfig) -> Result<String> {
+    let path = crate::reward::resolve_plugin(value, &cfg.plugin_dir, kind);
+    let plugin = Plugin::load(&path, &crate::reward::params_json(params), cfg.plugin_limits()?).with_context(|| format!("cannot read the declared name of {}", path.display()))?;
+    Ok(plugin.info().name.clone())
+}
+
+/// `overrides` of the config `file` with `name` set where a `reward` or `rh_detector` they
+/// give by a path would put that path into the name (`<file>_det-<path>`, see
+/// [`crate::hyperparams::resolve`]): the name the file's resolution gives with each path
+/// replaced by what its plugin declares. Unchanged without a file, with `name` given, or
+/// without such a path. `smallrl train` and the sweep's grid points share it (issue 47).
+pub fn named_by_declared_specs(file: Option<&Path>, mut overrides: Map<String, Value>) -> Result<Map<String, Value>> {
+    let Some(file) = file.filter(|_| !overrides.contains_key("name")) else { return Ok(overrides) };
+    let config = TrainConfig::resolve(Some(file), overrides.clone())?;
+    let mut stand_in = overrides.clone();
+    let mut renamed = false;
+    for (key, kind) in [("reward", PluginKind::Reward), ("rh_detector", PluginKind::Detector)] {
+        let Some(Value::Object(spec)) = stand_in.get_mut(key) else { continue };
+        let Some(plugin) = spec.get("plugin").and_then(Value::as_str).filter(|plugin| crate::reward::is_path(plugin)).map(str::to_owned) else { continue };
+        let name = declared_name(&plugin, kind, spec.get("params"), &config)?;
+        spec.insert("plugin".into(), name.into());
+        renamed = true;
+    }
+    if renamed {
+        let named = TrainConfig::resolve(Some(file), stand_in)?;
+        overrides.insert("name".into(), named.name.into());
+    }
+    Ok(overrides)
+}
+
+/// A new run's Python reward components given by paths named by what their modules declare (a
+/// TRL function's name, as `plugin info` shows it), not their files' stems, written into its
+/// configuration (issue 47; [`crate::reward::RewardSpec::named_by_declared`]). Other plugins
+/// keep their standard names and stems: their metrics' names are what researchers compare
+/// with earlier runs (`plugins/happy.wasm` declares `happy_count` and logs `rewards/happy`).
+pub fn name_components(cfg: &mut TrainConfig) -> Result<()> {
+    let Some(reward) = &cfg.reward else { return Ok(()) };
+    let named = reward.named_by_declared(&[cfg.rh_detector.as_ref(), cfg.rh_ground_truth.as_ref()], |plugin, params| {
+        let path = crate::reward::resolve_plugin(plugin, &cfg.plugin_dir, PluginKind::Reward);
+        let bytes = std::fs::read(&path).with_context(|| format!("cannot read the reward plugin {}", path.display()))?;
+        // Every component `smallrl plugin build` writes carries its build record.
+        match crate::plugins::python_deps::record_of(&bytes) {
+            Some(_) => declared_name(plugin, PluginKind::Reward, Some(params), cfg).map(Some),
+            None => Ok(None),
+        }
+    })?;
+    cfg.reward = Some(named);
+    Ok(())
 }
 
 /// The run's judge (`judge:`), loaded on the run's device and given to the environment that
