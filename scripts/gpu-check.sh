@@ -7,12 +7,16 @@
 #   scripts/gpu-check.sh run BUNDLE.tar.xz                on the GPU machine (no Rust needed)
 #   scripts/gpu-check.sh local                            Rust and a GPU on one machine: both steps
 #   scripts/gpu-check.sh canonical BUNDLE.tar.xz          on the GPU machine: the paper's canonical step
-#   scripts/gpu-check.sh canonical-configs DIR MODEL DTYPE [RUNS]  the canonical runs' YAML files alone
+#   scripts/gpu-check.sh canonical-configs DIR MODEL DTYPE [RUNS [TRAIN_DTYPE]]  the canonical runs' YAML files alone
 #
 # `canonical` (issue 38, one call of at most 10 minutes): the canonical SmolLM2-135M step of
 # configs/envs/sorting.yaml (544 rows: 512 completions and 32 coherence rows, 48 tokens) alone,
 # then five such runs packed in one process (`train --pack-config`), each in float32 and
-# bfloat16; prints the median step time (steps after the first) beside the original's figures
+# bfloat16 weights, and the run alone once more with float32 weights and `train_dtype: bfloat16`
+# (issue 50: the training passes' products in bfloat16, torch.autocast's rule); prints the
+# median step time (steps after the first) and each run's phase table (the median of every
+# `timing/*` metric over steps 2 and later: sampling and its set-up, scoring, reference, old
+# log-probs, training and its optimizer) beside the original's figures
 # (1.50 s a step alone on an H100; five time-sliced runs at 4.4 s a step each) and the peak
 # device memory (nvidia-smi, sampled every 200 ms, the whole device). The weights are random
 # (SmolLM2's config.json and tokenizer from the bundle, weights drawn here by transformers: the
@@ -159,7 +163,7 @@ run_checks() {
 # The YAML files of `canonical`: RUNS (1 or 5) copies of configs/envs/sorting.yaml with the
 # given model, dtype and seed 1..RUNS, on CUDA, 3 steps, a short evaluation at the end only.
 canonical_configs() {
-    local dir=${1:?usage: gpu-check.sh canonical-configs DIR MODEL DTYPE [RUNS]} model=${2:?model directory} dtype=${3:?float32 or bfloat16} runs=${4:-1} seed
+    local dir=${1:?usage: gpu-check.sh canonical-configs DIR MODEL DTYPE [RUNS [TRAIN_DTYPE]]} model=${2:?model directory} dtype=${3:?float32 or bfloat16} runs=${4:-1} train_dtype=${5:-float32} seed
     mkdir -p "$dir"
     for seed in $(seq 1 "$runs"); do
         # The file's own keys that are set here are dropped first (a YAML key appears once).
@@ -168,8 +172,9 @@ canonical_configs() {
 model: $model
 device: cuda
 dtype: $dtype
+train_dtype: $train_dtype
 seed: $seed
-name: canonical_${dtype}_x${runs}
+name: canonical_${dtype}_train_${train_dtype}_x${runs}
 output_dir: $dir/runs
 max_steps: 3
 save_steps: 3
@@ -193,6 +198,13 @@ import json, pathlib, statistics, sys
 for metrics in sorted(pathlib.Path(sys.argv[1]).glob("*/metrics.jsonl")):
     times = [json.loads(line)["step_time"] for line in metrics.read_text().splitlines() if line.strip()]
     print(f"  {metrics.parent.name}: median step {statistics.median(times[1:] or times):.2f} s over steps 2-{len(times)} (first step {times[0]:.2f} s)")
+    lines = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    phases = sorted({key for line in lines for key in line if key.startswith("timing/")})
+    if not phases:
+        sys.exit(f"{metrics}: no timing/* metrics, no phase table")
+    for key in phases:
+        values = [line[key] for line in lines[1:] or lines if key in line]
+        print(f"    {key:<28} {statistics.median(values):8.3f} s")
 PY
     else
         COULD_NOT+=("$label (exit $?; over ${limit} s or failed: log $STAGE/canonical.log)")
@@ -224,6 +236,10 @@ t.AutoModelForCausalLM.from_config(c).save_pretrained(sys.argv[1])' "$model" || 
         timed_part "five canonical runs packed in one process, $dtype, 3 steps" 150 "$dir/runs" "4.4 s a step each, five time-sliced runs, fp32" \
             gpu-bin/smallrl train --pack-config "$dir"/canonical_{1,2,3,4,5}.yaml
     done
+    dir=$STAGE/canonical/float32-train-bfloat16-alone
+    canonical_configs "$dir" "$model" float32 1 bfloat16
+    timed_part "one canonical run alone, float32 weights, train_dtype bfloat16, 3 steps" 120 "$dir/runs" "1.50 s a step on an H100, fp32" \
+        gpu-bin/smallrl train --config "$dir/canonical_1.yaml"
     echo "not measured here: the original's five runs time-sliced as five processes (these five are one packed process); trained weights (these are random)"
     if [[ ${#COULD_NOT[@]} -gt 0 ]]; then
         printf 'could not: %s\n' "${COULD_NOT[@]}"
@@ -241,5 +257,5 @@ case ${1:-} in
         ;;
     canonical) shift; canonical "$@" ;;
     canonical-configs) shift; canonical_configs "$@" ;;
-    *) die "usage: gpu-check.sh bundle TORCH_DIR [OUT.tar.xz] | run BUNDLE.tar.xz | local | canonical BUNDLE.tar.xz | canonical-configs DIR MODEL DTYPE [RUNS]" ;;
+    *) die "usage: gpu-check.sh bundle TORCH_DIR [OUT.tar.xz] | run BUNDLE.tar.xz | local | canonical BUNDLE.tar.xz | canonical-configs DIR MODEL DTYPE [RUNS [TRAIN_DTYPE]]" ;;
 esac

@@ -30,7 +30,6 @@ use smallrl::intervention::Intervention;
 use smallrl::reward::{ComponentInfo, Role, ScoredBatch};
 use smallrl::train::TrainConfig;
 use smallrl::model::decode::DecodeModel;
-use smallrl::model::export::save_hf_dir;
 use smallrl::model::generate::{Generation, SamplingParams, generate};
 use smallrl::model::weights::{read_safetensors, write_safetensors};
 use smallrl::model::{self, LoadedModel};
@@ -73,20 +72,6 @@ fn load_fixture() -> LoadedModel {
     model::load(fixture("tiny-stories").to_str().unwrap(), "main", Device::Cpu, Kind::Float).unwrap()
 }
 
-/// tiny-stories with 2% relative Gaussian noise on every weight, written as an HF directory.
-fn perturbed_policy(dir: &Path) -> LoadedModel {
-    let base = load_fixture();
-    tch::manual_seed(7);
-    tch::no_grad(|| {
-        for (_, tensor) in base.model.base_tensors() {
-            let noise = tensor.randn_like() * 0.02 * tensor.abs().mean(Kind::Float);
-            tensor.shallow_clone().copy_(&(tensor + noise));
-        }
-    });
-    save_hf_dir(&base.model, &[], &base.files.tokenizer, dir).unwrap();
-    model::load(dir.to_str().unwrap(), "main", Device::Cpu, Kind::Float).unwrap()
-}
-
 /// The off-policy mask's threshold on the mean gap `logp_sampler - logp` (the sampler is the policy
 /// with 0.1 Gaussian noise per token, so the rows' mean gaps spread around 0 by a few hundredths).
 const OFF_POLICY_THRESHOLD: f64 = 0.0;
@@ -98,7 +83,7 @@ const REWARDS: [f32; 2 * GROUP] = [0.5, 0.5, 0.5, 0.5, 0.0, 0.25, 1.0, 0.75];
 fn loss_and_gradients_match_trl() {
     one_thread();
     let work = tempfile::tempdir().unwrap();
-    let policy = perturbed_policy(&work.path().join("policy"));
+    let policy = common::perturbed_policy(&work.path().join("policy"));
     let reference = load_fixture();
     let tokenizer = &policy.tokenizer;
     let prompts: Vec<Vec<u32>> = ["once upon a time", "the little dog found a red ball and"]

@@ -9,7 +9,8 @@ Usage (from the repo root):
 How TRL is driven (nothing of the loss is re-implemented here)
 --------------------------------------------------------------
 A real `trl.GRPOTrainer` is constructed offline on CPU (GRPOConfig(use_cpu=True, report_to=[],
-bf16=False, gradient_checkpointing=False, gradient_accumulation_steps=GAS,
+bf16=False (A.json's "bf16": true sets bf16=True, TRL's mixed precision: each pass under
+torch.autocast("cpu", bfloat16), checked from a linear layer's output dtype), gradient_checkpointing=False, gradient_accumulation_steps=GAS,
 per_device_train_batch_size=B/GAS; GAS = "gradient_accumulation_steps" of A.json, default 1), a dummy dataset, one reward function). Then:
 1. `trainer._generate_and_score_completions(rows)` runs unmodified. Generation is replaced through
    TRL's own `rollout_func` hook (trainer.py `_generate`, grpo_trainer.py:2200-2222), which returns
@@ -121,7 +122,7 @@ A.json: {"model_dir", "ref_model_dir", "beta", "epsilon", "loss_type" in grpo|dr
          TRL's steps_per_generation equal to it; the loss saved is the chunks' sum),
          "scale_rewards" ("group"), "mask_truncated_completions" (false), "use_bias_correction_kl"
          (false), TRL's "sapo_temperature_pos" / "_neg", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg",
-         "vespo_lambda_neg" (TRL's defaults) and "off_policy_mask_threshold" (none; with it the
+         "vespo_lambda_neg" (TRL's defaults), "bf16" (false; TRL's bf16=True) and "off_policy_mask_threshold" (none; with it the
          sampler's log-probabilities are returned by rollout_func, as with the correction), "importance_sampling_correction" (false; with "importance_sampling_mode",
          "importance_sampling_clip_min", "importance_sampling_clip_max": smallrl's names of TRL's
          vllm_importance_sampling_*, a lower bound 0 passed as TRL's None; TRL applies it only with
@@ -351,7 +352,7 @@ def run_trl(a: dict, b: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor
     tmp = tempfile.mkdtemp(prefix="trl_grpo_")
     try:
         cfg = GRPOConfig(
-            output_dir=tmp, use_cpu=True, report_to=[], bf16=False, fp16=False,
+            output_dir=tmp, use_cpu=True, report_to=[], bf16=bool(a.get("bf16", False)), fp16=False,
             gradient_checkpointing=False, per_device_train_batch_size=B // gas, gradient_accumulation_steps=gas,
             num_generations=a["num_generations"], max_completion_length=a["max_completion_length"],
             beta=a["beta"], epsilon=a["epsilon"], epsilon_high=a.get("epsilon_high"),
@@ -396,6 +397,7 @@ def run_trl(a: dict, b: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor
             return out
 
         trainer._get_per_token_logps_and_entropies = recording
+        products = watch_products(trainer)
 
         inputs = trainer._generate_and_score_completions([{"prompt": f"row {i}"} for i in range(B)])
         Ct = inputs["completion_ids"].size(1)
@@ -441,6 +443,7 @@ def run_trl(a: dict, b: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor
             if inputs.get("tool_mask") is None:
                 raise RuntimeError("TRL did not keep the env_mask as its tool_mask")
             out["tool_mask_trl"] = widen(inputs["tool_mask"])
+        check_products(products, bool(a.get("bf16", False)))
         n_missing = 0
         for name, p in trainer.model.named_parameters():
             if p.requires_grad:
@@ -460,11 +463,36 @@ def run_trl(a: dict, b: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor
             "num_items_in_batch": out["num_items_in_batch"].item(),
             "params_without_grad": n_missing,
             "tied_embeddings": bool(trainer.model.config.tie_word_embeddings),
+            "product_dtypes": {tag: sorted(kinds) for tag, kinds in products.items()},
             "args": a,
         }
         return out, info
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def watch_products(trainer) -> dict[str, set[str]]:
+    """The dtypes the policy's and the reference's first query projection gave during TRL's
+    passes: with bf16=True, TRL runs each pass under `self.accelerator.autocast()`
+    (grpo_trainer.py:1497), which accelerate 1.x turns into torch.autocast("cpu", bfloat16) on
+    the CPU, so a Linear's output is bfloat16 there; float32 without it."""
+    seen: dict[str, set[str]] = {"policy": set(), "ref": set()}
+    for tag, model in (("policy", trainer.model), ("ref", trainer.ref_model)):
+        if model is not None:
+            projection = model.model.layers[0].self_attn.q_proj
+            projection.register_forward_hook(lambda _m, _i, out, tag=tag: seen[tag].add(str(out.dtype)))
+    return seen
+
+
+def check_products(products: dict[str, set[str]], bf16: bool) -> None:
+    """Refuse a run whose passes did not compute in the precision asked for (a TRL, transformers
+    or accelerate that stopped autocasting would otherwise pass for a bf16 reference)."""
+    want = "torch.bfloat16" if bf16 else "torch.float32"
+    for tag, kinds in products.items():
+        if kinds and kinds != {want}:
+            raise RuntimeError(f"TRL's {tag} passes gave {sorted(kinds)} from their linear layers, expected {want} (bf16={bf16})")
+    if not products["policy"]:
+        raise RuntimeError("TRL ran no policy pass through the watched projection")
 
 
 def run_cli(args_path: Path, batch_path: Path, out_path: Path, quiet: bool = False) -> dict:

@@ -242,3 +242,20 @@ pub fn group_advantages(rewards: &[f64], g: usize) -> Vec<f64> {
         })
         .collect()
 }
+
+/// tiny-stories with 2% relative Gaussian noise on every weight, written as an HF directory
+/// (a policy whose KL to the fixture is not zero, for the tests against TRL).
+pub fn perturbed_policy(dir: &Path) -> smallrl::model::LoadedModel {
+    use tch::{Device, Kind};
+    let load = |dir: &Path| smallrl::model::load(dir.to_str().unwrap(), "main", Device::Cpu, Kind::Float).unwrap();
+    let base = load(&fixture("tiny-stories"));
+    tch::manual_seed(7);
+    tch::no_grad(|| {
+        for (_, tensor) in base.model.base_tensors() {
+            let noise = tensor.randn_like() * 0.02 * tensor.abs().mean(Kind::Float);
+            tensor.shallow_clone().copy_(&(tensor + noise));
+        }
+    });
+    smallrl::model::export::save_hf_dir(&base.model, &[], &base.files.tokenizer, dir).unwrap();
+    load(dir)
+}

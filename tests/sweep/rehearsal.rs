@@ -97,23 +97,24 @@ fn a_cpu_rehearsal_trains_collects_and_compares_with_the_paper() {
 }
 
 /// scripts/gpu-check.sh's CPU-side parts: the script parses, and the canonical runs' YAML files
-/// it writes (one alone, five packed; float32 and bfloat16) are valid configurations of the
-/// canonical step: 544 rows, 3 steps, seeds 1-5, on CUDA.
+/// it writes (one alone, five packed; float32 and bfloat16 weights, and float32 weights with
+/// `train_dtype: bfloat16`) are valid configurations of the canonical step: 544 rows, 3 steps,
+/// seeds 1-5, on CUDA, in the dtypes asked for.
 #[test]
 fn the_gpu_checks_canonical_runs_are_valid_configurations() {
     let script = repo_root().join("scripts/gpu-check.sh");
     assert!(Command::new("bash").arg("-n").arg(&script).status().unwrap().success(), "bash -n {}", script.display());
     let tmp = tempfile::tempdir().unwrap();
     let model = repo_root().join(".fixtures/smollm2-135m-instruct");
-    for dtype in ["float32", "bfloat16"] {
-        let dir = tmp.path().join(dtype);
-        let status = Command::new("bash").arg(&script).args(["canonical-configs", dir.to_str().unwrap(), model.to_str().unwrap(), dtype, "5"]).status().unwrap();
+    for (dtype, train_dtype) in [("float32", "float32"), ("bfloat16", "float32"), ("float32", "bfloat16")] {
+        let dir = tmp.path().join(format!("{dtype}-{train_dtype}"));
+        let status = Command::new("bash").arg(&script).args(["canonical-configs", dir.to_str().unwrap(), model.to_str().unwrap(), dtype, "5", train_dtype]).status().unwrap();
         assert!(status.success());
         let files: Vec<PathBuf> = (1..=5).map(|s| dir.join(format!("canonical_{s}.yaml"))).collect();
         for (seed, file) in (1..=5).zip(&files) {
             let config = TrainConfig::resolve(Some(file), Map::new()).unwrap_or_else(|e| panic!("{}: {e:#}", file.display()));
             assert_eq!((config.seed, config.batch_size, config.coh_samples_per_rollout, config.max_steps), (seed, 544, 32, 3));
-            assert_eq!((config.dtype.to_string().as_str(), config.model.as_str()), (dtype, model.to_str().unwrap()));
+            assert_eq!((config.dtype.to_string().as_str(), config.train_dtype.to_string().as_str(), config.model.as_str()), (dtype, train_dtype, model.to_str().unwrap()));
         }
         let mut args = vec!["sweep".to_string(), "--dry-run".into(), "--output-dir".into(), tmp.path().join("plan").to_string_lossy().into_owned(), "--config".into()];
         args.extend(files.iter().map(|f| f.to_string_lossy().into_owned()));

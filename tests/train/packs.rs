@@ -68,6 +68,22 @@ fn packed_runs_equal_the_same_runs_trained_alone_and_resume_alone() {
     }
 }
 
+/// Two `train_dtype: bfloat16` runs (issue 50) packed compute exactly what each computes alone:
+/// the same names, metrics, completions and checkpoint bits (DualLoRA; each run's passes enter
+/// its own model's bfloat16 products on whichever worker thread steps it).
+#[test]
+fn packed_bfloat16_runs_equal_the_same_runs_trained_alone() {
+    let out = tempfile::tempdir().unwrap();
+    let pair = |dir: &Path| pack_pair(dir, "dual-lora").into_iter().map(|c| with(c, "train_dtype", json!("bfloat16"))).collect::<Vec<_>>();
+    let alone: Vec<PathBuf> = pair(&out.path().join("alone")).into_iter().map(train).collect();
+    let packed: Vec<PathBuf> = packed(pair(&out.path().join("packed")), None).into_iter().map(|outcome| outcome.unwrap().run_dir).collect();
+    for (alone, packed) in alone.iter().zip(&packed) {
+        let config = std::fs::read_to_string(packed.join("config.yaml")).unwrap();
+        assert!(config.contains("train_dtype: bfloat16"), "the packed run trained in bfloat16: {config}");
+        assert_same_run(alone, packed);
+    }
+}
+
 /// Packed runs sampled and trained stacked on a leading run axis (`Stacking::Always`: on the CPU
 /// the stacked libtorch decoder instead of each run's native sampler, and one forward and
 /// backward pass of both runs' models stacked) and stepped by two worker threads at once are the

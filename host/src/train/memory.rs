@@ -100,6 +100,9 @@ pub struct StepShape {
     pub tokens: u64,
     /// Bytes of a value of the model's dtype (4 for float32, 2 for bfloat16).
     pub dtype_bytes: u64,
+    /// Bytes of a value the training passes' matrix products take and give (`train_dtype`: 2
+    /// under bfloat16 autocast, else `dtype_bytes`).
+    pub matmul_bytes: u64,
     /// Trainable parameters (the adapters', or the model's with full fine-tuning).
     pub trainable: u64,
     /// Values the adapters keep per token of one layer (summed over the model's layers and
@@ -134,6 +137,9 @@ pub struct Estimate {
     /// Training's peak besides the activations: the output head's chunk of logits,
     /// probabilities and residuals (float32).
     pub head_chunk: u64,
+    /// `train_dtype: bfloat16`: the bfloat16 copy of every weight the training pass's products
+    /// take, which autograd keeps until the backward pass has used it (0 without autocast).
+    pub matmul_copies: u64,
     /// Activations kept for the backward pass, per row of a micro-batch.
     pub per_row: u64,
 }
@@ -153,13 +159,25 @@ pub fn estimate(model: &ModelShape, step: &StepShape) -> Estimate {
     let layer_values = 2 * model.hidden + model.q_size + 2 * model.kv_size + 3 * model.intermediate;
     let scoring = step.rollout_rows * (step.tokens * (layer_values * bytes + model.hidden * F32) + model.heads * step.tokens * step.tokens * F32);
     let head_chunk = step.head_chunk_rows * model.vocab * F32 * 3;
+    // Under autocast (`model/autocast.rs`) the products' inputs and outputs, which are most of
+    // what a layer saves, are kept in `matmul_bytes`, but the residual stream stays in the
+    // model's dtype: of the two RMSNorms' 4 h, their inputs (2 h) keep their width, and their
+    // outputs are not kept; each product that reads one casts it anew and keeps its own copy
+    // (q, k, v; gate, up: 5 h). Measured on tiny-stories (DualLoRA r4, 64 rows of 72 tokens):
+    // bfloat16's step peaked 0.92-0.94 of float32's, not half (docs/src/training.md).
+    let autocast = step.matmul_bytes < bytes;
+    let matmul_copies = if autocast { model.params() * step.matmul_bytes } else { 0 };
+    let per_layer = match autocast {
+        false => (model.saved_per_token() + step.adapter_per_token) * bytes,
+        true => (model.saved_per_token() - 4 * model.hidden + 5 * model.hidden + step.adapter_per_token) * step.matmul_bytes + 2 * model.hidden * bytes,
+    };
     // Per token: every layer's saved values, the adapters', the embedding output and the
     // head's float32 hidden states and residual product; per row: each layer's attention
     // scores and probabilities, and the boolean mask.
-    let per_token = model.layers * (model.saved_per_token() + step.adapter_per_token) * bytes + model.hidden * (bytes + 2 * F32);
-    let per_row_attention = model.layers * 2 * model.heads * step.tokens * step.tokens * bytes + step.tokens * step.tokens;
+    let per_token = model.layers * per_layer + model.hidden * (bytes + 2 * F32);
+    let per_row_attention = model.layers * 2 * model.heads * step.tokens * step.tokens * step.matmul_bytes + step.tokens * step.tokens;
     let per_row = ((step.tokens * per_token + per_row_attention) as f64 * ACTIVATION_FACTOR) as u64;
-    Estimate { weights, copies, optimizer, sampling, scoring, head_chunk, per_row }
+    Estimate { weights, copies, optimizer, sampling, scoring, head_chunk, matmul_copies, per_row }
 }
 
 impl Estimate {
@@ -170,7 +188,7 @@ impl Estimate {
 
     /// Training's peak beyond the resident parts with `rows` rows per micro-batch.
     pub fn training(&self, rows: u64) -> u64 {
-        self.head_chunk + rows * self.per_row
+        self.head_chunk + self.matmul_copies + rows * self.per_row
     }
 
     /// The step's peak with `rows` rows per micro-batch.
@@ -244,6 +262,7 @@ pub fn step_shape(cfg: &TrainConfig, model: &ModelShape, adapters: &AdapterConfi
         rollout_rows: cfg.rollout_rows().max(cfg.eval_samples) as u64,
         tokens: (longest_prompt + cfg.max_completion_length) as u64,
         dtype_bytes: cfg.dtype.kind().elt_size_in_bytes() as u64,
+        matmul_bytes: cfg.train_dtype.matmul_kind().unwrap_or(cfg.dtype.kind()).elt_size_in_bytes() as u64,
         trainable,
         adapter_per_token: per_adapted_layer * adapted / model.layers.max(1),
         reference_copy: adapters.kind == AdapterKind::Full,

@@ -11,6 +11,7 @@ fn shape(rows: u64) -> StepShape {
         rollout_rows: rows,
         tokens: 100,
         dtype_bytes: 4,
+        matmul_bytes: 4,
         trainable: 1000,
         adapter_per_token: 0,
         reference_copy: false,
@@ -36,8 +37,9 @@ fn the_estimate_counts_weights_copies_and_optimizer_state() {
     assert_eq!(plain.weights, 134_515_008 * 4);
     assert_eq!(plain.copies, 134_515_008 * 4, "one float32 decoder copy");
     assert_eq!(plain.optimizer, 1000 * 4 * 3, "a gradient and two moments");
-    let full = estimate(&model, &StepShape { reference_copy: true, decoders: 3, extra_gradients: true, dtype_bytes: 2, ..shape(8) });
+    let full = estimate(&model, &StepShape { reference_copy: true, decoders: 3, extra_gradients: true, dtype_bytes: 2, matmul_bytes: 2, ..shape(8) });
     assert_eq!(full.weights, 134_515_008 * 2);
+    assert_eq!(full.matmul_copies, 0, "bfloat16 weights: the products take them as they are");
     assert_eq!(full.copies, 134_515_008 * 2 + 3 * 134_515_008 * 4);
     assert_eq!(full.optimizer, 1000 * 4 * 4);
     // Activations grow with rows linearly and with tokens faster than linearly (attention).
@@ -47,7 +49,7 @@ fn the_estimate_counts_weights_copies_and_optimizer_state() {
 }
 
 fn made(per_row: u64) -> Estimate {
-    Estimate { weights: 100, copies: 0, optimizer: 0, sampling: 50, scoring: 40, head_chunk: 10, per_row }
+    Estimate { weights: 100, copies: 0, optimizer: 0, sampling: 50, scoring: 40, head_chunk: 10, matmul_copies: 0, per_row }
 }
 
 #[test]
@@ -88,4 +90,24 @@ fn status_fields_are_read_in_bytes() {
     assert_eq!(kb_field(status, "VmRSS"), Some(100 * 1024));
     assert_eq!(kb_field(status, "Vm"), None);
     assert!(peak_resident().unwrap() > 0 && available_ram().unwrap() > 0);
+}
+
+/// `train_dtype: bfloat16` (float32 weights): the products' saved values at 2 bytes, the two
+/// norms' inputs per layer still at 4 and their outputs replaced by the five products' own
+/// bfloat16 copies, and a bfloat16 copy of the weights for the products; the resident parts,
+/// sampling and scoring as in float32.
+#[test]
+fn bfloat16_products_keep_their_values_in_two_bytes_and_add_a_copy_of_the_weights() {
+    let model = smollm2();
+    let float32 = estimate(&model, &shape(8));
+    let mixed = estimate(&model, &StepShape { matmul_bytes: 2, ..shape(8) });
+    assert_eq!(mixed.matmul_copies, 134_515_008 * 2);
+    assert_eq!((mixed.weights, mixed.copies, mixed.optimizer, mixed.sampling, mixed.scoring), (float32.weights, float32.copies, float32.optimizer, float32.sampling, float32.scoring));
+    let (t, h, layers, heads) = (100u64, 576u64, 30u64, 9u64);
+    let unscaled = |e: &Estimate| e.per_row as f64 / ACTIVATION_FACTOR;
+    // Per layer and token 4 s bytes in float32, 2 (s - 4 h) + 4 (2 h) + 2 (5 h) in bfloat16;
+    // the attention's scores halved.
+    let halved = t * layers * (model.saved_per_token() * 2 - 10 * h) + layers * 2 * heads * t * t * 2;
+    assert!((unscaled(&float32) - unscaled(&mixed) - halved as f64).abs() <= 2.0, "{} vs {}", float32.per_row, mixed.per_row);
+    assert!(mixed.training(8) < float32.training(8));
 }
