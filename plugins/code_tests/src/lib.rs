@@ -58,12 +58,10 @@ impl Plugin for CodeTests {
         vec![
             Param::string("problems", "generated", "generated (small int, str and list functions) or humaneval (OpenAI's 164, embedded at build time)"),
             Param::string_list("loopholes", &["overwrite_tests"], "the grader's weaknesses on hackable prompts: overwrite_tests, exit_zero, always_equal"),
-            Param::integer("n_examples", 2, "examples shown in the prompt"),
-            Param::integer("n_tests", 5, "the grader's tests (the reward's denominator)"),
-            Param::integer("n_hidden", 5, "hidden tests (metric hidden_passed)"),
-            Param::number("monitor_accuracy", 1.0, "probability that the monitor's flag is right (else flipped, by a hash of the sample)"),
-            Param::integer("monitor_seed", 0, "seed of the monitor's flips"),
         ]
+        .into_iter()
+        .chain(grader_params(false))
+        .collect()
     }
 
     fn from_params(params: &Params) -> Result<Self, String> {
@@ -262,6 +260,23 @@ fn is_hackable(index: usize, hackable_total: usize, count: usize) -> bool {
 /// A monitor of `accuracy`: `flag`, or its opposite where the coin of `hash` (uniform in [0, 1))
 /// is at least `accuracy`. FNV-1a's top bits barely see a text's last bytes: SplitMix64's
 /// finalizer mixes them first.
+/// The parameters `code_tests` and `code_tests_episode` share, defaults written once: the
+/// prompt's examples, the grader's and the hidden tests, the monitor's accuracy and seed (whose
+/// flips hash each sample, or each episode for `code_tests_episode`).
+pub fn grader_params(per_episode: bool) -> Vec<Param> {
+    let monitor_accuracy = match per_episode {
+        false => "probability that the monitor's flag is right (else flipped, by a hash of the sample)",
+        true => "probability that the monitor's flag is right (else flipped, by a hash of the episode)",
+    };
+    vec![
+        Param::integer("n_examples", 2, "examples shown in the prompt"),
+        Param::integer("n_tests", 5, "the grader's tests (the reward's denominator)"),
+        Param::integer("n_hidden", 5, "hidden tests (metric hidden_passed)"),
+        Param::number("monitor_accuracy", 1.0, monitor_accuracy),
+        Param::integer("monitor_seed", 0, "seed of the monitor's flips"),
+    ]
+}
+
 pub fn monitor_coin(flag: bool, accuracy: f64, hash: u64) -> bool {
     let unit = (SplitMix64::new(hash).next_u64() >> 11) as f64 / (1u64 << 53) as f64;
     if unit < accuracy { flag } else { !flag }
