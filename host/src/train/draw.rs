@@ -159,7 +159,7 @@ impl Draw {
             return Ok(first);
         }
         let (group, needed) = (self.keys.group_size, self.keys.batch_size / self.keys.group_size);
-        let pad = with.policy.model.config.eos_token_id as i64;
+        let pad = with.policy.model().config.eos_token_id as i64;
         let mut counts = DynamicSampling::default();
         let (mut kept, mut kept_groups, mut round) = (None::<DrawnBatch>, 0, first);
         loop {
@@ -198,7 +198,7 @@ impl Draw {
 
     /// Samples and scores one round of prompts (each repeated `num_generations` times).
     fn round(&mut self, step: usize, round: usize, prompt_texts: Vec<Prompt>, with: &mut Drawing) -> Result<DrawnBatch> {
-        let prompt_ids = tokenized(&with.policy.tokenizer, &prompt_texts)?;
+        let prompt_ids = tokenized(with.policy.tokenizer(), &prompt_texts)?;
         let coherence_rows = self.keys.coherence.rows_at(step);
         let seed = self.round_seed(round);
         if let Some(episodes) = &self.episodes {
@@ -212,7 +212,7 @@ impl Draw {
             return Ok(DrawnBatch { generation, samples, scored, generate_seconds, score_seconds, dynamic_sampling: None, off_policy: None });
         }
         let (generation, generate_seconds) = match &self.keys.mode {
-            DrawMode::Replay(dir) => (replay::generation(dir, step, &prompt_ids, with.policy.model.device)?, 0.0),
+            DrawMode::Replay(dir) => (replay::generation(dir, step, &prompt_ids, with.policy.model().device)?, 0.0),
             DrawMode::OnPolicy => with.policy.sample(with.policy.sample_requests(&prompt_ids, coherence_rows, step, seed), with.log)?,
             DrawMode::Ahead(_) => anyhow::bail!("internal error: a rollout sampled ahead is drawn by the queue, not in rounds"),
         };
@@ -222,7 +222,7 @@ impl Draw {
     /// Scores a generation of `prompt_texts` drawn for `step` from `seed`.
     fn scored(&mut self, step: usize, seed: u64, prompt_texts: Vec<Prompt>, generation: Generation, generate_seconds: f64, with: &mut Drawing) -> Result<DrawnBatch> {
         let score_start = Instant::now();
-        let samples = samples_from_rows(&prompt_texts, &generation.rows, &with.policy.tokenizer)?;
+        let samples = samples_from_rows(&prompt_texts, &generation.rows, with.policy.tokenizer())?;
         let scored = with
             .rewards
             .score_within(&samples, rng::derive(seed, "protocol", step as u64), with.recipe.max_no_score_frac)

@@ -13,7 +13,10 @@ use super::TrainConfig;
 use crate::adapters::{AdapterConfig, AdapterKind, FORGET, set_base_trainable};
 use super::metrics::key;
 use super::rollout::Rollout;
-use crate::engine::{BackwardPass, Done, LossBatch, ScoreJob, Seat, TokenLogprobs, TrainJob};
+use std::collections::BTreeMap;
+
+use crate::engine::{self, Ahead, BackwardPass, Done, LossBatch, Passes, ScoreJob, Seat, Sequences, TokenLogprobs, TrainJob};
+use crate::model::decode::DecodeModel;
 use crate::grpo::{self, Objective};
 use crate::model::generate::{Generation, SamplingParams};
 use crate::model::linear::AdapterCtl;
@@ -29,23 +32,25 @@ pub(super) struct SampleRequest {
     pub seed: u64,
 }
 
+/// Its fields are its own: the step, the draw, evaluation and checkpoints ask it through
+/// methods, so what reaches the model, the optimizer and the seat is said here.
 pub(super) struct Policy {
-    pub model: Llama,
-    pub tokenizer: Tokenizer,
+    model: Llama,
+    tokenizer: Tokenizer,
     /// Where the model was read from (the checkpoint names its source; full fine-tuning copies
     /// its tokenizer file).
-    pub files: ModelFiles,
+    files: ModelFiles,
     /// Full fine-tuning only: the frozen starting model (with adapters the reference is the
     /// model with its adapters switched off).
-    pub reference: Option<Llama>,
-    pub adapters: AdapterConfig,
-    pub optimizer: AdamW,
+    reference: Option<Llama>,
+    adapters: AdapterConfig,
+    optimizer: AdamW,
     /// The run's place at the engine that samples, scores and trains it (alone, or shared by
     /// the runs of a pack).
-    pub seat: Seat,
-    pub objective: Objective,
+    seat: Seat,
+    objective: Objective,
     /// Training's and evaluation's: the run's temperature, top_k and top_p.
-    pub sampling: SamplingParams,
+    sampling: SamplingParams,
     /// The engine's stacked calls this run's train.log has mentioned (once each).
     announced: Vec<&'static str>,
 }
@@ -76,6 +81,117 @@ pub(super) fn load(cfg: &TrainConfig, device: Device, kind: Kind, mut seat: Seat
     );
     let (tokenizer, files) = (loaded.tokenizer, loaded.files);
     Ok(Policy { model, tokenizer, files, reference, adapters, optimizer, seat, objective: cfg.objective()?, sampling: super::sampling_params(cfg), announced: Vec::new() })
+}
+
+/// What the run reads of the policy, and the seat's housekeeping, asked of the policy rather
+/// than of its fields.
+impl Policy {
+    /// The model as it is now (its trained weights the optimizer's).
+    pub fn model(&self) -> &Llama {
+        &self.model
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// Where the model was read from.
+    pub fn files(&self) -> &ModelFiles {
+        &self.files
+    }
+
+    pub fn adapters(&self) -> &AdapterConfig {
+        &self.adapters
+    }
+
+    pub fn objective(&self) -> &Objective {
+        &self.objective
+    }
+
+    /// The policy's version: the optimizer steps it has taken (a batch sampled now is of it).
+    pub fn version(&self) -> usize {
+        self.optimizer.step
+    }
+
+    /// The trained parameters by name (the checkpoint's weights).
+    pub fn trained_params(&self) -> &[(String, Tensor)] {
+        self.optimizer.params()
+    }
+
+    /// The optimizer's moments by name (the checkpoint's optimizer state).
+    pub fn optimizer_state(&self) -> Vec<(String, Tensor)> {
+        self.optimizer.state_tensors()
+    }
+
+    /// Resumes from a checkpoint (`source`, for errors): its trained `weights`, then the
+    /// optimizer's state at `step`.
+    pub fn restore(&mut self, weights: &BTreeMap<String, Tensor>, optimizer: &BTreeMap<String, Tensor>, step: usize, source: &str) -> Result<()> {
+        crate::adapters::load_trainable(self.optimizer.params(), weights, source)?;
+        self.optimizer.load_state(optimizer, step, source)
+    }
+
+    /// Waits for the seat's turn to work (before the run's first step).
+    pub fn start_working(&mut self) {
+        self.seat.start_working();
+    }
+
+    /// Runs seated at the policy's engine so far ([`Seat::runs`]).
+    pub fn runs(&self) -> usize {
+        self.seat.runs()
+    }
+
+    /// The decoders the run holds at its seat ([`Seat::decoders`]).
+    pub fn decoders(&self) -> usize {
+        self.seat.decoders()
+    }
+
+    /// A test hook ([`Seat::break_weight_refresh_for_tests`]).
+    pub fn break_weight_refresh_for_tests(&mut self) {
+        self.seat.break_weight_refresh_for_tests();
+    }
+
+    /// Starts sampling `request` ahead on the seat's sampler thread from the weights as they
+    /// are; returns their fingerprint.
+    pub fn sample_ahead(&mut self, request: SampleRequest) -> Result<f64> {
+        self.seat.sample_ahead(&self.model, &request.scales, request.prompt_ids, self.sampling, request.seed)
+    }
+
+    /// The oldest generation [`Policy::sample_ahead`] started, waiting for it if need be.
+    pub fn take_ahead(&mut self) -> Result<Ahead> {
+        self.seat.take_ahead()
+    }
+
+    /// The run's decoder at `scales` (refreshed from the weights and checked), with the
+    /// tokenizer and sampling settings, for the multi-turn episodes.
+    pub fn episode_sampler(&mut self, scales: &[f64]) -> Result<(&DecodeModel, &Tokenizer, &SamplingParams)> {
+        let (decoder, _) = self.seat.decoder(&self.model, scales)?;
+        Ok((decoder, &self.tokenizer, &self.sampling))
+    }
+
+    /// Evaluation's sampler through the run's seat (its decoders kept and shared with
+    /// training's), with the tokenizer.
+    pub fn eval_sampler(&mut self) -> (&Tokenizer, impl FnMut(&[f64], &[Vec<u32>], &SamplingParams, u64) -> Result<Generation> + '_) {
+        let Policy { tokenizer, seat, model, .. } = self;
+        (tokenizer, move |scales: &[f64], prompts: &[Vec<u32>], params: &SamplingParams, seed: u64| seat.sample(model, scales, prompts, params, seed).map(|done| done.value))
+    }
+
+    /// The natural plan's gradients (`split_moment`): its backward passes over `batch`,
+    /// taken out of the parameters.
+    pub fn natural_gradients(&mut self, batch: &LossBatch, micro_batches: usize) -> Vec<Tensor> {
+        engine::backward_micro_batches(&self.model, batch, self.sampling.temperature, &self.objective, micro_batches, &mut |_, _| {});
+        self.take_grads()
+    }
+
+    /// The step's own backward passes over `batch` ([`engine::backward_passes`]).
+    pub fn backward_passes(&self, batch: &LossBatch, passes: Passes, before_backward: &mut dyn FnMut(&TokenLogprobs, grpo::TokenMasks), after_backward: &mut dyn FnMut()) -> BackwardPass {
+        engine::backward_passes(&self.model, batch, self.sampling.temperature, &self.objective, passes, before_backward, after_backward)
+    }
+
+    /// The completions' log-probabilities and entropies under the policy as it is, with
+    /// adapter controls `ctl` (no gradient kept by the caller's guard).
+    pub fn completion_logprobs(&self, seqs: Sequences, ctl: &[AdapterCtl]) -> TokenLogprobs {
+        engine::completion_logprobs(&self.model, seqs, self.sampling.temperature, ctl)
+    }
 }
 
 impl Policy {

@@ -199,8 +199,7 @@ impl Trainer {
         let micro_batches = self.keys.passes.micro_batches;
         let natural_grads = match &mini.natural {
             Some(natural) => {
-                engine::backward_micro_batches(&self.policy.model, &mini.loss_batch(natural, pending.entropy_coef), self.policy.temperature(), &self.policy.objective, micro_batches, &mut |_, _| {});
-                Some(self.policy.take_grads())
+                Some(self.policy.natural_gradients(&mini.loss_batch(natural, pending.entropy_coef), micro_batches))
             }
             None => None,
         };
@@ -224,7 +223,7 @@ impl Trainer {
                 gradients.record(accumulated, last);
             }
         };
-        let pass = engine::backward_passes(&self.policy.model, &batch, self.policy.temperature(), &self.policy.objective, passes, &mut before_backward, &mut after_backward);
+        let pass = self.policy.backward_passes(&batch, passes, &mut before_backward, &mut after_backward);
         // The step's gradient noise scale from its passes' gradients (before clipping), and the
         // running average updated with it.
         let gradient_noise = pass_gradients.map(|gradients| {
@@ -260,7 +259,7 @@ impl Trainer {
         // The same batch re-scored by the updated policy (one forward pass, no gradient).
         let entropy_change = self.keys.measure_entropy_change().then(|| {
             let seqs = engine::Sequences { kept: None, ..mini.seqs() };
-            let after = tch::no_grad(|| engine::completion_logprobs(&self.policy.model, seqs, self.policy.temperature(), &mini.plan.ctl));
+            let after = tch::no_grad(|| self.policy.completion_logprobs(seqs, &mini.plan.ctl));
             stats::masked_mean(&after.entropy, &mini.loss_mask) - entropy
         });
 

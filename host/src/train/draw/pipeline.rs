@@ -66,7 +66,7 @@ impl Chunk {
         }
         let (mut parts, mut idle_seconds) = (Vec::with_capacity(self.posted), 0.0);
         for _ in 0..self.posted {
-            let ahead = policy.seat.take_ahead().with_context(|| format!("sampling the rollout of step {} ahead failed", self.index + 1))?;
+            let ahead = policy.take_ahead().with_context(|| format!("sampling the rollout of step {} ahead failed", self.index + 1))?;
             idle_seconds += ahead.sampler_idle_seconds;
             self.seconds += ahead.done.seconds;
             parts.push(ahead.done.value);
@@ -138,20 +138,20 @@ impl Draw {
     /// the step needs it at once (`now`: nothing else is queued).
     fn post_chunk(&mut self, now: bool, with: &mut Drawing) -> Result<()> {
         let index = self.queue.next_chunk;
-        let prompt_ids = tokenized(&with.policy.tokenizer, &self.step_prompts(index))?;
+        let prompt_ids = tokenized(with.policy.tokenizer(), &self.step_prompts(index))?;
         let requests = with.policy.sample_requests(&prompt_ids, self.keys.coherence.rows_at(index), index, self.keys.seed);
-        let version = with.policy.optimizer.step;
+        let version = with.policy.version();
         let chunk = match now {
             true => {
                 let (generation, seconds) = with.policy.sample(requests, with.log)?;
-                let fingerprint = with.policy.seat.take_fingerprints().first().copied();
+                let fingerprint = with.policy.take_fingerprint().ok();
                 Chunk { index, version, fingerprint, posted: 0, seconds, generation: Some(generation), scored: None, next_group: 0 }
             }
             false => {
                 let mut fingerprints = Vec::new();
                 let posted = requests.len();
                 for request in requests {
-                    fingerprints.push(with.policy.seat.sample_ahead(&with.policy.model, &request.scales, request.prompt_ids, with.policy.sampling, request.seed)?);
+                    fingerprints.push(with.policy.sample_ahead(request)?);
                 }
                 Chunk { index, version, fingerprint: fingerprints.first().copied(), posted, seconds: 0.0, generation: None, scored: None, next_group: 0 }
             }
@@ -180,7 +180,7 @@ impl Draw {
         }
         let per_rollout = self.groups_per_rollout();
         let group = self.keys.group_size;
-        let pad = with.policy.model.config.eos_token_id as i64;
+        let pad = with.policy.model().config.eos_token_id as i64;
         let (mut kept, mut versions) = (None::<DrawnBatch>, Vec::with_capacity(per_rollout));
         let (mut counts, mut sampled_now, mut fingerprint) = (DynamicSampling::default(), 0, None);
         while versions.len() < per_rollout {
@@ -292,7 +292,7 @@ impl Draw {
         }
         let tensors_path = dir.join(IN_FLIGHT_TENSORS);
         let text = std::fs::read_to_string(&index_path).with_context(|| format!("cannot read {}", index_path.display()))?;
-        let device = policy.model.device;
+        let device = policy.model().device;
         let read_tensors = |any: bool| -> Result<BTreeMap<String, Tensor>> {
             match any {
                 true => crate::model::weights::read_safetensors(&tensors_path),
