@@ -107,6 +107,10 @@ pub(super) struct DrawnBatch {
     pub dynamic_sampling: Option<DynamicSampling>,
     /// Sampled ahead: how stale the batch was.
     pub off_policy: Option<OffPolicy>,
+    /// The fingerprint of the weights that sampled the batch's first rows, carried from the
+    /// sampler call with the rows (`None` for a replayed batch, which another run sampled, and
+    /// for one restored from a checkpoint written before smallrl recorded it).
+    pub weights_fingerprint: Option<f64>,
 }
 
 impl DrawnBatch {
@@ -208,19 +212,24 @@ impl Draw {
             let first_id = ((step * (self.keys.dynamic_rounds + 1) + round) * prompt_texts.len()) as u64;
             let seeds = (request.seed, rng::derive(seed, "protocol", step as u64));
             let played = episodes.play(with.policy, with.rewards, &prompt_texts, &request.scales, seeds, first_id).with_context(|| format!("the episodes of step {} failed", step + 1))?;
-            let super::episodes::Played { generation, samples, scored, generate_seconds, score_seconds } = played;
-            return Ok(DrawnBatch { generation, samples, scored, generate_seconds, score_seconds, dynamic_sampling: None, off_policy: None });
+            let super::episodes::Played { generation, samples, scored, generate_seconds, score_seconds, fingerprint } = played;
+            return Ok(DrawnBatch { generation, samples, scored, generate_seconds, score_seconds, dynamic_sampling: None, off_policy: None, weights_fingerprint: Some(fingerprint) });
         }
-        let (generation, generate_seconds) = match &self.keys.mode {
-            DrawMode::Replay(dir) => (replay::generation(dir, step, &prompt_ids, with.policy.model().device)?, 0.0),
-            DrawMode::OnPolicy => with.policy.sample(with.policy.sample_requests(&prompt_ids, coherence_rows, step, seed), with.log)?,
+        let sampled = match &self.keys.mode {
+            DrawMode::Replay(dir) => (replay::generation(dir, step, &prompt_ids, with.policy.model().device)?, 0.0, None),
+            DrawMode::OnPolicy => {
+                let sampled = with.policy.sample(with.policy.sample_requests(&prompt_ids, coherence_rows, step, seed), with.log)?;
+                (sampled.generation, sampled.seconds, Some(sampled.fingerprint))
+            }
             DrawMode::Ahead(_) => anyhow::bail!("internal error: a rollout sampled ahead is drawn by the queue, not in rounds"),
         };
-        self.scored(step, seed, prompt_texts, generation, generate_seconds, with)
+        self.scored(step, seed, prompt_texts, sampled, with)
     }
 
-    /// Scores a generation of `prompt_texts` drawn for `step` from `seed`.
-    fn scored(&mut self, step: usize, seed: u64, prompt_texts: Vec<Prompt>, generation: Generation, generate_seconds: f64, with: &mut Drawing) -> Result<DrawnBatch> {
+    /// Scores a generation of `prompt_texts` drawn for `step` from `seed` (with its sampling
+    /// seconds and its weights' fingerprint).
+    fn scored(&mut self, step: usize, seed: u64, prompt_texts: Vec<Prompt>, sampled: (Generation, f64, Option<f64>), with: &mut Drawing) -> Result<DrawnBatch> {
+        let (generation, generate_seconds, weights_fingerprint) = sampled;
         let score_start = Instant::now();
         let samples = samples_from_rows(&prompt_texts, &generation.rows, with.policy.tokenizer())?;
         let scored = with
@@ -228,7 +237,7 @@ impl Draw {
             .score_within(&samples, rng::derive(seed, "protocol", step as u64), with.recipe.max_no_score_frac)
             .with_context(|| format!("scoring the completions of step {} failed", step + 1))?;
         let score_seconds = score_start.elapsed().as_secs_f64();
-        Ok(DrawnBatch { generation, samples, scored, generate_seconds, score_seconds, dynamic_sampling: None, off_policy: None })
+        Ok(DrawnBatch { generation, samples, scored, generate_seconds, score_seconds, dynamic_sampling: None, off_policy: None, weights_fingerprint })
     }
 
     /// Each of the step's prompts, repeated `num_generations` times (one group each). With the

@@ -47,6 +47,8 @@ pub(super) struct Played {
     pub scored: ScoredBatch,
     pub generate_seconds: f64,
     pub score_seconds: f64,
+    /// The fingerprint of the weights whose decoder played the episodes.
+    pub fingerprint: f64,
 }
 
 /// Refuses what does not run episodes yet, naming each key (and the pack), so that no part of a
@@ -101,7 +103,7 @@ impl Episodes {
                 Ok(EpisodePrompt { env_prompt, prompt, ids: policy.tokenizer().encode(&prompt.text)? })
             })
             .collect::<Result<_>>()?;
-        let (decoder, tokenizer, sampling) = policy.episode_sampler(scales)?;
+        let (decoder, fingerprint, tokenizer, sampling) = policy.episode_sampler(scales)?;
         let params = SamplingParams { max_new_tokens: self.turn_tokens, kept_sets: false, ..sampling.clone() };
         let environment = rewards.episode_environment().context("internal error: episodes without an episode environment")?;
         let batch = run_episodes(decoder, tokenizer, environment, &episodes, &params, seeds.0, &self.bounds, first_id)?;
@@ -110,7 +112,7 @@ impl Episodes {
         let samples = samples_from_rows(prompts, &batch.generation.rows, tokenizer)?;
         let mut scored = rewards.score_episodes(&samples, &batch.ends, seeds.1)?;
         scored.metrics.extend(episode_metrics(&batch));
-        Ok(Played { generation: batch.generation, samples, scored, generate_seconds, score_seconds: scoring.elapsed().as_secs_f64() })
+        Ok(Played { generation: batch.generation, samples, scored, generate_seconds, score_seconds: scoring.elapsed().as_secs_f64(), fingerprint })
     }
 }
 

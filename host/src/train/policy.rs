@@ -32,6 +32,14 @@ pub(super) struct SampleRequest {
     pub seed: u64,
 }
 
+/// A batch [`Policy::sample`] drew: the joined generation, this run's share of the sampling
+/// time, and the fingerprint of the weights that sampled its first rows (the routed ones).
+pub(super) struct SampledBatch {
+    pub generation: Generation,
+    pub seconds: f64,
+    pub fingerprint: f64,
+}
+
 /// Its fields are its own: the step, the draw, evaluation and checkpoints ask it through
 /// methods, so what reaches the model, the optimizer and the seat is said here.
 pub(super) struct Policy {
@@ -161,18 +169,19 @@ impl Policy {
         self.seat.take_ahead()
     }
 
-    /// The run's decoder at `scales` (refreshed from the weights and checked), with the
-    /// tokenizer and sampling settings, for the multi-turn episodes.
-    pub fn episode_sampler(&mut self, scales: &[f64]) -> Result<(&DecodeModel, &Tokenizer, &SamplingParams)> {
-        let (decoder, _) = self.seat.decoder(&self.model, scales)?;
-        Ok((decoder, &self.tokenizer, &self.sampling))
+    /// The run's decoder at `scales` (refreshed from the weights and checked) and the
+    /// fingerprint of the weights it holds, with the tokenizer and sampling settings, for the
+    /// multi-turn episodes.
+    pub fn episode_sampler(&mut self, scales: &[f64]) -> Result<(&DecodeModel, f64, &Tokenizer, &SamplingParams)> {
+        let (decoder, fingerprint) = self.seat.decoder(&self.model, scales)?;
+        Ok((decoder, fingerprint, &self.tokenizer, &self.sampling))
     }
 
     /// Evaluation's sampler through the run's seat (its decoders kept and shared with
     /// training's), with the tokenizer.
     pub fn eval_sampler(&mut self) -> (&Tokenizer, impl FnMut(&[f64], &[Vec<u32>], &SamplingParams, u64) -> Result<Generation> + '_) {
         let Policy { tokenizer, seat, model, .. } = self;
-        (tokenizer, move |scales: &[f64], prompts: &[Vec<u32>], params: &SamplingParams, seed: u64| seat.sample(model, scales, prompts, params, seed).map(|done| done.value))
+        (tokenizer, move |scales: &[f64], prompts: &[Vec<u32>], params: &SamplingParams, seed: u64| seat.sample(model, scales, prompts, params, seed).map(|done| done.value.generation))
     }
 
     /// The natural plan's gradients (`split_moment`): its backward passes over `batch`,
@@ -221,10 +230,10 @@ impl Policy {
         requests
     }
 
-    /// Samples `requests` and joins their generations; returns it and this run's share of the
-    /// sampling time.
-    pub fn sample(&mut self, requests: Vec<SampleRequest>, log: &mut RunLog) -> Result<(Generation, f64)> {
-        let mut seconds = 0.0;
+    /// Samples `requests` and joins their generations, with this run's share of the sampling
+    /// time and the fingerprint of the weights that sampled the first rows.
+    pub fn sample(&mut self, requests: Vec<SampleRequest>, log: &mut RunLog) -> Result<SampledBatch> {
+        let (mut seconds, mut fingerprint) = (0.0, None);
         let mut parts = Vec::with_capacity(requests.len());
         for request in requests {
             let done = self.seat.sample(&self.model, &request.scales, &request.prompt_ids, &self.sampling, request.seed)?;
@@ -232,9 +241,11 @@ impl Policy {
                 self.announce(log, "sample", || format!("sampling stacked with {} packed runs (one batched decode; the same tokens as alone)", done.runs));
             }
             seconds += done.seconds;
-            parts.push(done.value);
+            fingerprint = fingerprint.or(Some(done.value.fingerprint));
+            parts.push(done.value.generation);
         }
-        Ok((self.joined(parts), seconds))
+        let fingerprint = fingerprint.context("internal error: a batch drawn without a sampler call")?;
+        Ok(SampledBatch { generation: self.joined(parts), seconds, fingerprint })
     }
 
     /// A batch's generations (routed rows, then coherence rows) as one.
@@ -297,22 +308,15 @@ impl Policy {
         self.objective.ratio_to == crate::grpo::RatioTo::Sampler
     }
 
-    /// Starts a rollout: drops what the seat measured for evaluations since the last one
-    /// (their fingerprints and set-up time are not this batch's).
+    /// Starts a rollout: drops the set-up time the seat measured for evaluations since the
+    /// last one (not this batch's).
     pub fn begin_rollout(&mut self) {
-        self.seat.take_fingerprints();
         self.seat.take_setup_seconds();
     }
 
     /// The sampler's set-up time since the last call (inside the sampling time).
     pub fn take_setup_seconds(&mut self) -> f64 {
         self.seat.take_setup_seconds()
-    }
-
-    /// The fingerprint of the weights the sampler drew the last batch with.
-    pub fn take_fingerprint(&mut self) -> Result<f64> {
-        let fingerprints = self.seat.take_fingerprints();
-        fingerprints.first().copied().context("internal error: a batch drawn without a sampler")
     }
 
     pub fn zero_grad(&mut self) {

@@ -144,12 +144,10 @@ impl Trainer {
         metrics.off_policy = drawn.off_policy;
         metrics.frac_verified = prepared.frac_verified;
         metrics.intervention = prepared.intervention_metrics.clone();
-        metrics.sampler_weights = match drawn.off_policy {
-            Some(off_policy) => off_policy.weights_fingerprint,
-            // A replayed batch was sampled by another run: no sampler of this one holds weights.
-            None if self.keys.replays => None,
-            None => Some(self.policy.take_fingerprint()?),
-        };
+        // Carried with the batch from its sampler call (none for a replayed batch: another run
+        // sampled it).
+        metrics.sampler_weights = drawn.weights_fingerprint;
+        ensure!(metrics.sampler_weights.is_some() || self.keys.replays || self.keys.samples_ahead, "internal error: step {}'s batch was drawn without its weights' fingerprint", step + 1);
         let first_sample = (samples[0].prompt.clone(), samples[0].completion.clone());
         let dump = match self.keys.dump_batches() {
             Some(_) => rollout_tensors(&scored, &component_names, &prepared, self.recipe.max_no_score_frac > 0.0),

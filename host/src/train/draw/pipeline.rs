@@ -143,9 +143,8 @@ impl Draw {
         let version = with.policy.version();
         let chunk = match now {
             true => {
-                let (generation, seconds) = with.policy.sample(requests, with.log)?;
-                let fingerprint = with.policy.take_fingerprint().ok();
-                Chunk { index, version, fingerprint, posted: 0, seconds, generation: Some(generation), scored: None, next_group: 0 }
+                let sampled = with.policy.sample(requests, with.log)?;
+                Chunk { index, version, fingerprint: Some(sampled.fingerprint), posted: 0, seconds: sampled.seconds, generation: Some(sampled.generation), scored: None, next_group: 0 }
             }
             false => {
                 let mut fingerprints = Vec::new();
@@ -182,7 +181,7 @@ impl Draw {
         let group = self.keys.group_size;
         let pad = with.policy.model().config.eos_token_id as i64;
         let (mut kept, mut versions) = (None::<DrawnBatch>, Vec::with_capacity(per_rollout));
-        let (mut counts, mut sampled_now, mut fingerprint) = (DynamicSampling::default(), 0, None);
+        let (mut counts, mut sampled_now) = (DynamicSampling::default(), 0);
         while versions.len() < per_rollout {
             if self.queue.chunks.is_empty() {
                 ensure!(
@@ -205,7 +204,7 @@ impl Draw {
                 counts.rounds += usize::from(chunk.next_group == 0);
                 let prompts = self.step_prompts(chunk.index);
                 let generation = chunk.generation.take().expect("taken above");
-                let batch = self.scored(chunk.index, self.keys.seed, prompts, generation, chunk.seconds, with)?;
+                let batch = self.scored(chunk.index, self.keys.seed, prompts, (generation, chunk.seconds, chunk.fingerprint), with)?;
                 let informative = match self.keys.dynamic_rounds {
                     0 => vec![true; per_rollout],
                     _ => grpo::informative_groups(&with.recipe.rewards(&batch.scored), &with.recipe.counted_rows(&batch.scored), group),
@@ -223,7 +222,6 @@ impl Draw {
                 }
                 rows.extend(g * group..(g + 1) * group);
                 versions.push(chunk.version);
-                fingerprint = fingerprint.or(chunk.fingerprint);
             }
             let surplus = informative[chunk.next_group..].iter().filter(|&&i| i).count();
             let whole = rows.len() == batch.samples.len();
@@ -258,8 +256,8 @@ impl Draw {
         let oldest = *versions.iter().min().expect("a batch's groups");
         let newest = *versions.iter().max().expect("a batch's groups");
         let staleness_mean = versions.iter().map(|&v| (step - v) as f64).sum::<f64>() / versions.len() as f64;
-        let weights_fingerprint = fingerprint;
-        batch.off_policy = Some(OffPolicy { policy_version: oldest, staleness_max: step - oldest, staleness_min: step - newest, staleness_mean, wait_seconds, sampler_idle_seconds: idle_seconds, weights_fingerprint });
+        // The batch's fingerprint is its first chunk's, carried by the scored chunk.
+        batch.off_policy = Some(OffPolicy { policy_version: oldest, staleness_max: step - oldest, staleness_min: step - newest, staleness_mean, wait_seconds, sampler_idle_seconds: idle_seconds });
         batch.dynamic_sampling = (self.keys.dynamic_rounds > 0).then_some(counts);
         Ok(batch)
     }
