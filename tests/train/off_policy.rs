@@ -55,6 +55,73 @@ fn one_step_off_policy_samples_with_the_previous_weights_and_takes_the_ratio_to_
     assert!((logged - expected).abs() < 1e-6, "logged loss {logged} vs recomputed {expected}");
 }
 
+/// Each step's logged sampler fingerprint is that of the weights that sampled its batch, two
+/// steps off policy: step n's batch (1-based) was sampled by the weights after step n - 3
+/// (`off_policy/policy_version`), whose fingerprint the test computes in float64 from that
+/// checkpoint's weight file (the fixture's for version 0) with the sampler's formula written
+/// out, within 1e-8 relative (the run's float32 scaling of q's rows; 3e-11 measured). The
+/// versions' fingerprints differ by over 100 times the bound (8e-5 measured), so a batch logged
+/// with another step's fingerprint fails.
+#[test]
+fn each_steps_sampler_fingerprint_is_that_of_the_weights_that_sampled_it() {
+    let out = tempfile::tempdir().unwrap();
+    let config = [
+        ("adapter", json!("full")), ("lora_preset", Value::Null), ("lr", json!(3e-3)), ("beta", json!(0.0)), ("max_steps", json!(5)),
+        ("save_steps", json!(1)), ("eval_every", json!(5)), ("max_steps_off_policy", json!(2)),
+    ]
+    .into_iter()
+    .fold(small_config(out.path(), &standard_plugin("happy")), |c, (k, v)| with(c, k, v));
+    let fixture = PathBuf::from(config["model"].as_str().unwrap());
+    let run = train(config);
+    let lines = read_jsonl(&run.join("metrics.jsonl"));
+    let versions: Vec<usize> = lines.iter().map(|l| l[key::OFF_POLICY_VERSION].as_u64().unwrap() as usize).collect();
+    assert_eq!(versions, [0, 0, 0, 1, 2], "the versions of the weights that sampled steps 1-5");
+    let of_version = |v: usize| folded_fingerprint(&match v {
+        0 => fixture.clone(),
+        v => run.join(format!("checkpoint-{v}")),
+    });
+    let expected: Vec<f64> = (0..=2).map(of_version).collect();
+    for (a, b) in [(0, 1), (1, 2), (0, 2)] {
+        let apart = (expected[a] - expected[b]).abs() / expected[a].abs();
+        assert!(apart > 1e-6, "versions {a} and {b} have fingerprints {} and {} (the test could not tell them apart)", expected[a], expected[b]);
+    }
+    for (step, (line, version)) in lines.iter().zip(&versions).enumerate() {
+        let logged = line[key::SAMPLER_WEIGHTS_FINGERPRINT].as_f64().unwrap_or_else(|| panic!("step {} logs its fingerprint: {line}", step + 1));
+        let want = expected[*version];
+        assert!((logged - want).abs() <= 1e-8 * want.abs(), "step {}: logged fingerprint {logged}, the weights of version {version} have {want}", step + 1);
+    }
+}
+
+/// The native sampler's weight fingerprint of the Llama model in `dir` (no adapters, float32),
+/// from its safetensors in float64: the sum over the folded tensors of (k + 1) * (sum + sum of
+/// squares), in the folded order (embeddings, final norm, head; per layer: input norm, the
+/// q k rot(q) rot(k) v rows with q scaled by head_dim^-0.5, o, post-attention norm, gate and up,
+/// down). A rotated row set is each head's second half negated then its first half: its squares
+/// are the rows', its sum the first half's minus the second's.
+fn folded_fingerprint(dir: &Path) -> f64 {
+    let config: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let weights = smallrl::model::weights::read_safetensors(&dir.join("model.safetensors")).unwrap();
+    let get = |name: &str| weights.get(name).unwrap_or_else(|| panic!("{}: no {name}", dir.display())).to_kind(Kind::Double);
+    let sums = |t: &tch::Tensor| (t.sum(Kind::Double).double_value(&[]), t.square().sum(Kind::Double).double_value(&[]));
+    let head_dim = config["head_dim"].as_i64().unwrap();
+    let (sum_a_minus_b, scale) = (|t: &tch::Tensor| {
+        let per_head = t.view([-1, head_dim, t.size()[1]]);
+        (per_head.narrow(1, 0, head_dim / 2).sum(Kind::Double) - per_head.narrow(1, head_dim / 2, head_dim / 2).sum(Kind::Double)).double_value(&[])
+    }, (head_dim as f64).powf(-0.5));
+    let embed = get("model.embed_tokens.weight");
+    let head = if config["tie_word_embeddings"].as_bool().unwrap() { embed.shallow_clone() } else { get("lm_head.weight") };
+    let mut tensors = vec![sums(&embed), sums(&get("model.norm.weight")), sums(&head)];
+    for layer in 0..config["num_hidden_layers"].as_i64().unwrap() {
+        let w = |name: &str| get(&format!("model.layers.{layer}.{name}.weight"));
+        let (q, k, v) = (w("self_attn.q_proj"), w("self_attn.k_proj"), w("self_attn.v_proj"));
+        let ((sq, qq), (sk, qk), (sv, qv)) = (sums(&q), sums(&k), sums(&v));
+        let qkv = (scale * sq + sk + scale * sum_a_minus_b(&q) + sum_a_minus_b(&k) + sv, 2.0 * scale * scale * qq + 2.0 * qk + qv);
+        let ((sg, qg), (su, qu)) = (sums(&w("mlp.gate_proj")), sums(&w("mlp.up_proj")));
+        tensors.extend([sums(&w("input_layernorm")), qkv, sums(&w("self_attn.o_proj")), sums(&w("post_attention_layernorm")), (sg + su, qg + qu), sums(&w("mlp.down_proj"))]);
+    }
+    tensors.iter().enumerate().map(|(k, (sum, squares))| (k + 1) as f64 * (sum + squares)).sum()
+}
+
 /// A run stopped past its newest checkpoint (whose batches sampled ahead it saved) and resumed
 /// equals the run that was never stopped, with one and with two steps off policy.
 #[test]

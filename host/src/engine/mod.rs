@@ -21,5 +21,5 @@ mod stacked;
 pub use logprobs::{HEAD_CHUNK_ROWS, Sequences, TokenLogprobs, completion_logprobs, completion_logprobs_and_entropy, frozen_logprobs};
 pub use ahead::Ahead;
 pub use jobs::{Done, ScoreJob, TrainJob};
-pub use shared::{Engine, Seat, Stacking};
+pub use shared::{Engine, Sampled, Seat, Stacking};
 pub use passes::{BackwardPass, LossBatch, Passes, backward_micro_batches, backward_passes, backward_stacked, stacked_frozen_logprobs};

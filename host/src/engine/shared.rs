@@ -103,7 +103,7 @@ impl Engine {
         let mut state = engine.lock();
         state.live += 1;
         state.next_run += 1;
-        Seat { engine: engine.clone(), run: state.next_run - 1, working: false, sampler_dtype: SamplerDtype::Float32, decoders: Vec::new(), reference: None, ahead: None, broken_refresh: false, fingerprints: Vec::new(), setup_seconds: 0.0 }
+        Seat { engine: engine.clone(), run: state.next_run - 1, working: false, sampler_dtype: SamplerDtype::Float32, decoders: Vec::new(), reference: None, ahead: None, broken_refresh: false, setup_seconds: 0.0 }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -267,12 +267,17 @@ pub struct Seat {
     ahead: Option<AheadSampler>,
     /// A test hook: decoders are no longer refreshed, as if the update never reached them.
     broken_refresh: bool,
-    /// The fingerprints of the weights of the generations handed out since
-    /// [`Seat::take_fingerprints`] last took them.
-    fingerprints: Vec<f64>,
     /// Seconds spent setting samplers up (folding the weights, refreshing and checking the
     /// sampler's copy) since [`Seat::take_setup_seconds`] last took them.
     setup_seconds: f64,
+}
+
+/// A generation [`Seat::sample`] handed out, with the fingerprint of the weights that sampled
+/// it ([`crate::model::folded::FoldedWeights::fingerprints`]): the two travel together, so a
+/// batch is logged with its own sampler's weights.
+pub struct Sampled {
+    pub generation: Generation,
+    pub fingerprint: f64,
 }
 
 impl Seat {
@@ -313,30 +318,32 @@ impl Seat {
     }
 
     /// Samples `prompts` from the policy `model` at adapter `scales` (with the run's decoder
-    /// for those scales, refolded from the current weights).
-    pub fn sample(&mut self, model: &Llama, scales: &[f64], prompts: &[Vec<u32>], params: &SamplingParams, seed: u64) -> Result<Done<Generation>> {
-        let (index, fold_seconds) = self.refreshed_decoder(model, scales)?;
+    /// for those scales, refolded from the current weights); the generation comes with the
+    /// fingerprint of the weights that sampled it.
+    pub fn sample(&mut self, model: &Llama, scales: &[f64], prompts: &[Vec<u32>], params: &SamplingParams, seed: u64) -> Result<Done<Sampled>> {
+        let (index, fingerprint, fold_seconds) = self.refreshed_decoder(model, scales)?;
         let decoder = &self.decoders[index].1;
         let stacks = self.engine.stacks_sampling(decoder);
         let job = Job::Sample(SampleJob { decoder, scales, prompts, params, seed });
         let done = run_job(&self.engine, self.run, &mut self.working, stacks, job)?;
         match done.value {
-            Outcome::Sample(value) => Ok(Done { value: value?, seconds: done.seconds + fold_seconds, runs: done.runs }),
+            Outcome::Sample(value) => Ok(Done { value: Sampled { generation: value?, fingerprint }, seconds: done.seconds + fold_seconds, runs: done.runs }),
             _ => unreachable!("a sample job's outcome"),
         }
     }
 
-    /// The run's decoder at `scales`, refreshed and checked as [`Seat::sample`]'s, for the
-    /// multi-turn episodes of `train/episodes.rs` (never stacked: in a pack each run decodes its
-    /// episodes alone, turn by turn, as its environment answers).
+    /// The run's decoder at `scales`, refreshed and checked as [`Seat::sample`]'s, and the
+    /// fingerprint of the weights it holds, for the multi-turn episodes of `train/episodes.rs`
+    /// (never stacked: in a pack each run decodes its episodes alone, turn by turn, as its
+    /// environment answers).
     pub fn decoder(&mut self, model: &Llama, scales: &[f64]) -> Result<(&DecodeModel, f64)> {
-        let (index, fold_seconds) = self.refreshed_decoder(model, scales)?;
-        Ok((&self.decoders[index].1, fold_seconds))
+        let (index, fingerprint, _) = self.refreshed_decoder(model, scales)?;
+        Ok((&self.decoders[index].1, fingerprint))
     }
 
     /// The index of the run's decoder at `scales` (made at the first call with them), refreshed
-    /// from `model`, its weights checked and their fingerprint recorded; and the seconds it took.
-    fn refreshed_decoder(&mut self, model: &Llama, scales: &[f64]) -> Result<(usize, f64)> {
+    /// from `model` and its weights checked; their fingerprint; and the seconds it took.
+    fn refreshed_decoder(&mut self, model: &Llama, scales: &[f64]) -> Result<(usize, f64, f64)> {
         let dtype = self.sampler_dtype;
         let (delivered, setup_seconds) = timed(1, || -> Result<(usize, f64)> {
             let fresh = FoldedWeights::new(model, scales);
@@ -351,9 +358,8 @@ impl Seat {
             }
         });
         let (index, fingerprint) = delivered?;
-        self.fingerprints.push(fingerprint);
         self.setup_seconds += setup_seconds;
-        Ok((index, setup_seconds))
+        Ok((index, fingerprint, setup_seconds))
     }
 
     /// Starts sampling `prompts` ahead, on the run's sampler thread, from the policy `model`
@@ -370,12 +376,6 @@ impl Seat {
     /// The oldest generation [`Seat::sample_ahead`] started, waiting for it if need be.
     pub fn take_ahead(&mut self) -> Result<Ahead> {
         self.ahead.as_mut().context("internal error: no generation was sampled ahead")?.take()
-    }
-
-    /// The fingerprints of the weights that sampled each generation [`Seat::sample`] handed
-    /// out since the last call, in order ([`Seat::sample_ahead`] returns its snapshot's).
-    pub fn take_fingerprints(&mut self) -> Vec<f64> {
-        std::mem::take(&mut self.fingerprints)
     }
 
     /// Seconds spent setting the run's samplers up (folding the policy's weights, refreshing

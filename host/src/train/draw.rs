@@ -107,6 +107,10 @@ pub(super) struct DrawnBatch {
     pub dynamic_sampling: Option<DynamicSampling>,
     /// Sampled ahead: how stale the batch was.
     pub off_policy: Option<OffPolicy>,
+    /// The fingerprint of the weights that sampled the batch's first rows, carried from the
+    /// sampler call with the rows (`None` for a replayed batch, which another run sampled, and
+    /// for one restored from a checkpoint written before smallrl recorded it).
+    pub weights_fingerprint: Option<f64>,
 }
 
 impl DrawnBatch {
@@ -159,7 +163,7 @@ impl Draw {
             return Ok(first);
         }
         let (group, needed) = (self.keys.group_size, self.keys.batch_size / self.keys.group_size);
-        let pad = with.policy.model.config.eos_token_id as i64;
+        let pad = with.policy.model().config.eos_token_id as i64;
         let mut counts = DynamicSampling::default();
         let (mut kept, mut kept_groups, mut round) = (None::<DrawnBatch>, 0, first);
         loop {
@@ -198,7 +202,7 @@ impl Draw {
 
     /// Samples and scores one round of prompts (each repeated `num_generations` times).
     fn round(&mut self, step: usize, round: usize, prompt_texts: Vec<Prompt>, with: &mut Drawing) -> Result<DrawnBatch> {
-        let prompt_ids = tokenized(&with.policy.tokenizer, &prompt_texts)?;
+        let prompt_ids = tokenized(with.policy.tokenizer(), &prompt_texts)?;
         let coherence_rows = self.keys.coherence.rows_at(step);
         let seed = self.round_seed(round);
         if let Some(episodes) = &self.episodes {
@@ -211,27 +215,32 @@ impl Draw {
                 with.policy.announce(with.log, "sample", || "sampling episodes alone, not stacked with the other packed runs: each run's turns wait on its own environment".into());
             }
             let played = episodes.play(with.policy, with.rewards, &prompt_texts, &request.scales, seeds, first_id).with_context(|| format!("the episodes of step {} failed", step + 1))?;
-            let super::episodes::Played { generation, samples, scored, generate_seconds, score_seconds } = played;
-            return Ok(DrawnBatch { generation, samples, scored, generate_seconds, score_seconds, dynamic_sampling: None, off_policy: None });
+            let super::episodes::Played { generation, samples, scored, generate_seconds, score_seconds, fingerprint } = played;
+            return Ok(DrawnBatch { generation, samples, scored, generate_seconds, score_seconds, dynamic_sampling: None, off_policy: None, weights_fingerprint: Some(fingerprint) });
         }
-        let (generation, generate_seconds) = match &self.keys.mode {
-            DrawMode::Replay(dir) => (replay::generation(dir, step, &prompt_ids, with.policy.model.device)?, 0.0),
-            DrawMode::OnPolicy => with.policy.sample(with.policy.sample_requests(&prompt_ids, coherence_rows, step, seed), with.log)?,
+        let sampled = match &self.keys.mode {
+            DrawMode::Replay(dir) => (replay::generation(dir, step, &prompt_ids, with.policy.model().device)?, 0.0, None),
+            DrawMode::OnPolicy => {
+                let sampled = with.policy.sample(with.policy.sample_requests(&prompt_ids, coherence_rows, step, seed), with.log)?;
+                (sampled.generation, sampled.seconds, Some(sampled.fingerprint))
+            }
             DrawMode::Ahead(_) => anyhow::bail!("internal error: a rollout sampled ahead is drawn by the queue, not in rounds"),
         };
-        self.scored(step, seed, prompt_texts, generation, generate_seconds, with)
+        self.scored(step, seed, prompt_texts, sampled, with)
     }
 
-    /// Scores a generation of `prompt_texts` drawn for `step` from `seed`.
-    fn scored(&mut self, step: usize, seed: u64, prompt_texts: Vec<Prompt>, generation: Generation, generate_seconds: f64, with: &mut Drawing) -> Result<DrawnBatch> {
+    /// Scores a generation of `prompt_texts` drawn for `step` from `seed` (with its sampling
+    /// seconds and its weights' fingerprint).
+    fn scored(&mut self, step: usize, seed: u64, prompt_texts: Vec<Prompt>, sampled: (Generation, f64, Option<f64>), with: &mut Drawing) -> Result<DrawnBatch> {
+        let (generation, generate_seconds, weights_fingerprint) = sampled;
         let score_start = Instant::now();
-        let samples = samples_from_rows(&prompt_texts, &generation.rows, &with.policy.tokenizer)?;
+        let samples = samples_from_rows(&prompt_texts, &generation.rows, with.policy.tokenizer())?;
         let scored = with
             .rewards
             .score_within(&samples, rng::derive(seed, "protocol", step as u64), with.recipe.max_no_score_frac)
             .with_context(|| format!("scoring the completions of step {} failed", step + 1))?;
         let score_seconds = score_start.elapsed().as_secs_f64();
-        Ok(DrawnBatch { generation, samples, scored, generate_seconds, score_seconds, dynamic_sampling: None, off_policy: None })
+        Ok(DrawnBatch { generation, samples, scored, generate_seconds, score_seconds, dynamic_sampling: None, off_policy: None, weights_fingerprint })
     }
 
     /// Each of the step's prompts, repeated `num_generations` times (one group each). With the

@@ -47,6 +47,8 @@ pub(super) struct Played {
     pub scored: ScoredBatch,
     pub generate_seconds: f64,
     pub score_seconds: f64,
+    /// The fingerprint of the weights whose decoder played the episodes.
+    pub fingerprint: f64,
 }
 
 /// Refuses what does not run episodes yet, naming each key, so that no part of a run silently
@@ -103,19 +105,19 @@ impl Episodes {
             .iter()
             .map(|prompt| {
                 let env_prompt = self.starts.get(&prompt.text).context("internal error: a prompt the environment did not write started an episode")?;
-                Ok(EpisodePrompt { env_prompt, prompt, ids: policy.tokenizer.encode(&prompt.text)? })
+                Ok(EpisodePrompt { env_prompt, prompt, ids: policy.tokenizer().encode(&prompt.text)? })
             })
             .collect::<Result<_>>()?;
-        let params = SamplingParams { max_new_tokens: self.turn_tokens, kept_sets: false, ..policy.sampling.clone() };
-        let (decoder, _) = policy.seat.decoder(&policy.model, scales)?;
+        let (decoder, fingerprint, tokenizer, sampling) = policy.episode_sampler(scales)?;
+        let params = SamplingParams { max_new_tokens: self.turn_tokens, kept_sets: false, ..sampling.clone() };
         let environment = rewards.episode_environment().context("internal error: episodes without an episode environment")?;
-        let batch = run_episodes(decoder, &policy.tokenizer, environment, &episodes, &params, seeds.0, &self.bounds, first_id)?;
+        let batch = run_episodes(decoder, tokenizer, environment, &episodes, &params, seeds.0, &self.bounds, first_id)?;
         let generate_seconds = started.elapsed().as_secs_f64();
         let scoring = Instant::now();
-        let samples = samples_from_rows(prompts, &batch.generation.rows, &policy.tokenizer)?;
+        let samples = samples_from_rows(prompts, &batch.generation.rows, tokenizer)?;
         let mut scored = rewards.score_episodes(&samples, &batch.ends, seeds.1)?;
         scored.metrics.extend(episode_metrics(&batch));
-        Ok(Played { generation: batch.generation, samples, scored, generate_seconds, score_seconds: scoring.elapsed().as_secs_f64() })
+        Ok(Played { generation: batch.generation, samples, scored, generate_seconds, score_seconds: scoring.elapsed().as_secs_f64(), fingerprint })
     }
 }
 

@@ -220,12 +220,12 @@ impl FisherSchedule {
             return Ok(Vec::new());
         }
         let started = std::time::Instant::now();
-        let params: Vec<Tensor> = policy.optimizer.params().iter().map(|(_, t)| t.shallow_clone()).collect();
+        let params: Vec<Tensor> = policy.trained_tensors();
         let numels: Vec<i64> = params.iter().map(|t| t.numel() as i64).collect();
         let seed = rng::derive(self.seed, PURPOSE, step as u64);
         let device = params.first().map_or(Device::Cpu, Tensor::device);
         let sketch = CountSketch::new(seed, &numels, self.sketch, device);
-        let kernel = kernel(&sketch_sequences(&policy.model, seqs, policy.temperature(), ctl, &params, &sketch));
+        let kernel = kernel(&sketch_sequences(policy.model(), seqs, policy.temperature(), ctl, &params, &sketch));
         write_matrix(run_dir, step + 1, &kernel, self.sketch, seed)?;
         let mut fields = FisherSummary::of(&kernel).fields();
         fields.push((key::TIMING_FISHER, started.elapsed().as_secs_f64()));

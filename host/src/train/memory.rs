@@ -338,13 +338,13 @@ pub struct MemoryPlan {
 pub(super) fn plan_policy(cfg: &mut TrainConfig, policy: &Policy, prompts: &[&[Prompt]], device: Device) -> Result<MemoryPlan> {
     let mut longest = 0;
     for prompt in prompts.iter().flat_map(|p| p.iter()) {
-        longest = longest.max(policy.tokenizer.encode(&prompt.text)?.len());
+        longest = longest.max(policy.tokenizer().encode(&prompt.text)?.len());
     }
-    let model = ModelShape::of(&policy.model.config);
-    let trainable = policy.optimizer.params().iter().map(|(_, t)| t.numel() as u64).sum();
-    let step = step_shape(cfg, &model, &policy.adapters, trainable, longest);
+    let model = ModelShape::of(&policy.model().config);
+    let trainable = policy.trained_params().iter().map(|(_, t)| t.numel() as u64).sum();
+    let step = step_shape(cfg, &model, policy.adapters(), trainable, longest);
     let estimate = estimate(&model, &step);
-    let line = match (budget(cfg, estimate.weights, device, policy.seat.runs()), cfg.gradient_accumulation_steps) {
+    let line = match (budget(cfg, estimate.weights, device, policy.runs()), cfg.gradient_accumulation_steps) {
         (Ok(budget), _) => plan_run(cfg, &step, &estimate, &budget)?,
         (Err(error), Accumulation::Auto) => return Err(error.context("gradient_accumulation_steps auto plans for the memory available")),
         // A run with a number of micro-batches does not need the figure: the line says why it lacks it.

@@ -257,9 +257,6 @@ pub struct OffPolicy {
     pub wait_seconds: f64,
     /// Seconds the sampler thread sat idle waiting for the batch's job (for weights).
     pub sampler_idle_seconds: f64,
-    /// The fingerprint of the weights that sampled the batch's first rows (`None` for a batch
-    /// restored from a checkpoint written before smallrl recorded it).
-    pub weights_fingerprint: Option<f64>,
 }
 
 /// What DAPO's dynamic sampling did for one batch (see [`key::DYNAMIC_SAMPLING_ROUNDS`]).

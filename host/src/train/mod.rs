@@ -123,7 +123,7 @@ impl Trainer {
         };
         let policy = policy::load(&cfg, device, kind, seat)?;
         // The one place a run's prompts, rewards, monitor and ground truth are assembled.
-        let task::Task { rewards, prompts, eval_prompts, episode_starts } = task::load(&cfg, &policy.tokenizer, &prompts::PromptRender::for_run(&cfg, &policy.files)?)?;
+        let task::Task { rewards, prompts, eval_prompts, episode_starts } = task::load(&cfg, policy.tokenizer(), &prompts::PromptRender::for_run(&cfg, policy.files())?)?;
         let episodes = match rewards.is_episodic() {
             true => {
                 episodes::refuse_unsupported(&cfg, &format!("{} ({})", rewards.environment_name().unwrap_or("?"), rewards.environment_file().map_or_else(|| "?".into(), |p| p.display().to_string())))?;
@@ -148,7 +148,7 @@ impl Trainer {
         };
         let files = RunFiles::open(run_dir, &cfg)?;
         let keys = cfg.step_keys();
-        let state = StepState { entropy: policy.objective.entropy.map(crate::grpo::EntropyController::new), ..StepState::default() };
+        let state = StepState { entropy: policy.objective().entropy.map(crate::grpo::EntropyController::new), ..StepState::default() };
         let mut trainer = Self { cfg, keys, files, policy, rewards, eval_prompts, draw, recipe, state, memory };
         let opened = trainer.open_run(resume.is_some(), restarted, hashes).and_then(|()| trainer.files.log.line(&trainer.memory.line));
         trainer.files.log_failure(opened)?;
@@ -184,9 +184,9 @@ impl Trainer {
         let header = format!(
             "smallrl train: run {} | model {} | adapter {:?} ranks {:?} | {} prompts, {} eval prompts | reward components {:?} | detector: {}{}",
             self.files.dir.display(),
-            self.policy.files.source,
-            self.policy.adapters.kind,
-            self.policy.adapters.ranks,
+            self.policy.files().source,
+            self.policy.adapters().kind,
+            self.policy.adapters().ranks,
             self.draw.prompts.len(),
             self.eval_prompts.len(),
             self.rewards.components().iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
@@ -215,11 +215,10 @@ impl Trainer {
     fn resume(&mut self) -> Result<()> {
         let dir = checkpoint::latest(&self.files.dir)?;
         let state = checkpoint::read_state(&dir)?;
-        checkpoint::check_adapters(&state, &self.policy.adapters, &dir)?;
+        checkpoint::check_adapters(&state, self.policy.adapters(), &dir)?;
         ensure!(state.seed == self.cfg.seed, "{}: seed {} differs from the run's {}", dir.display(), state.seed, self.cfg.seed);
-        crate::adapters::load_trainable(self.policy.optimizer.params(), &checkpoint::read_weights(&dir, &state)?, &dir.display().to_string())?;
         let step = state.step;
-        self.policy.optimizer.load_state(&checkpoint::load_optimizer(&dir)?, step, &dir.display().to_string())?;
+        self.policy.restore(&checkpoint::read_weights(&dir, &state)?, &checkpoint::load_optimizer(&dir)?, step, &dir.display().to_string())?;
         self.draw.restore_in_flight(&dir, &self.policy)?;
         let last_metrics = self.files.metrics.truncate_after(step)?;
         self.files.evals.truncate_after(step)?;
@@ -232,7 +231,7 @@ impl Trainer {
             let average = average.with_context(|| format!("{}: metrics.jsonl's step {step} lacks the gradient noise scale's running average", self.files.dir.display()))?;
             self.state.noise_scale_average = Some(average);
         }
-        if let Some(control) = self.policy.objective.entropy {
+        if let Some(control) = self.policy.objective().entropy {
             let (coef, last_entropy) = metrics::EntropyBonusMetrics::controller_in(&last_metrics)
                 .with_context(|| format!("{}: metrics.jsonl's step {step} lacks the entropy bonus's coefficient", self.files.dir.display()))?;
             self.state.entropy = Some(crate::grpo::EntropyController::restored(control, coef, last_entropy));
@@ -268,9 +267,9 @@ impl Trainer {
 
     fn train_steps(&mut self, stop_after: Option<usize>) -> Result<RunSummary> {
         let end = self.end_step(stop_after);
-        self.policy.seat.start_working();
-        self.files.log.progress(self.policy.optimizer.step as u64, String::new());
-        while self.policy.optimizer.step < end {
+        self.policy.start_working();
+        self.files.log.progress(self.policy.version() as u64, String::new());
+        while self.policy.version() < end {
             self.advance()?;
         }
         self.files.log.finish();
@@ -279,17 +278,17 @@ impl Trainer {
 
     /// The step this invocation stops after: `max_steps`, or `stop_after` steps from here.
     fn end_step(&self, stop_after: Option<usize>) -> usize {
-        stop_after.map_or(self.keys.max_steps(), |n| (self.policy.optimizer.step + n).min(self.keys.max_steps()))
+        stop_after.map_or(self.keys.max_steps(), |n| (self.policy.version() + n).min(self.keys.max_steps()))
     }
 
     /// The next optimizer step, then the evaluation and checkpoint that fall on it: the unit a
     /// run repeats, alone or in a pack (each run on its own thread, `packed.rs`).
     fn advance(&mut self) -> Result<()> {
-        let step = self.policy.optimizer.step;
+        let step = self.policy.version();
         self.step(step).with_context(|| self.stopped_at(step))?;
         let done = step + 1;
-        self.files.log.line(&memory::step_peak_line(done, self.policy.seat.runs()))?;
-        ensure!(self.policy.optimizer.step == done, "the optimizer is at step {} after step {done}", self.policy.optimizer.step);
+        self.files.log.line(&memory::step_peak_line(done, self.policy.runs()))?;
+        ensure!(self.policy.version() == done, "the optimizer is at step {} after step {done}", self.policy.version());
         let kept = format!("{} keeps what was written", self.files.dir.display());
         if done % self.keys.eval_every() == 0 || done == self.keys.max_steps() {
             self.evaluate(done).with_context(|| format!("the routing evaluation after step {done} failed; {kept}"))?;
@@ -307,7 +306,7 @@ impl Trainer {
 
     /// One optimizer step (no evaluation or checkpoint), for benchmarks; returns its metrics.
     pub fn train_one(&mut self) -> Result<serde_json::Value> {
-        let step = self.policy.optimizer.step;
+        let step = self.policy.version();
         self.step(step)
     }
 
@@ -315,7 +314,7 @@ impl Trainer {
     /// ([`Seat::break_weight_refresh_for_tests`]).
     #[doc(hidden)]
     pub fn break_weight_refresh_for_tests(&mut self) {
-        self.policy.seat.break_weight_refresh_for_tests();
+        self.policy.break_weight_refresh_for_tests();
     }
 
     /// The memory estimate of the run's step, made before its first step (`memory.rs`).
@@ -326,11 +325,11 @@ impl Trainer {
     /// The decoders the run holds at its seat (one per set of adapter scales sampled at:
     /// training's and the evaluations', kept across steps and evaluations).
     pub fn decoders(&self) -> usize {
-        self.policy.seat.decoders()
+        self.policy.decoders()
     }
 
     fn evaluate(&mut self, step: usize) -> Result<()> {
-        let modes = routing::eval_modes(&self.policy.adapters);
+        let modes = routing::eval_modes(self.policy.adapters());
         // Through the run's seat: its decoders (one per adapter scales) are kept across
         // evaluations and shared with training's, and stack in a pack like training samples.
         let report = match self.draw.episodes() {
@@ -342,9 +341,8 @@ impl Trainer {
             }
             None => {
                 let sampling = eval_sampling_params(&self.cfg);
-                let setup = EvalSetup { tokenizer: &self.policy.tokenizer, prompts: &self.eval_prompts, sampling: &sampling, seed: eval_seed(&self.cfg), max_no_score_frac: self.cfg.max_no_score_frac };
-                let (seat, model) = (&mut self.policy.seat, &self.policy.model);
-                let mut sample = |scales: &[f64], prompts: &[Vec<u32>], params: &SamplingParams, seed| seat.sample(model, scales, prompts, params, seed).map(|done| done.value);
+                let (tokenizer, mut sample) = self.policy.eval_sampler();
+                let setup = EvalSetup { tokenizer, prompts: &self.eval_prompts, sampling: &sampling, seed: eval_seed(&self.cfg), max_no_score_frac: self.cfg.max_no_score_frac };
                 eval::routing_eval(&mut sample, &modes, &mut self.rewards, &setup, step)?
             }
         };
@@ -357,18 +355,18 @@ impl Trainer {
     fn save(&mut self, step: usize) -> Result<()> {
         let state = checkpoint::TrainerState {
             step,
-            adapters: self.policy.adapters.clone(),
-            base_model: self.policy.files.source.clone(),
+            adapters: self.policy.adapters().clone(),
+            base_model: self.policy.files().source.clone(),
             revision: self.cfg.revision.clone(),
             seed: self.cfg.seed,
         };
         let in_flight = self.draw.in_flight(&mut self.policy)?;
-        let hf_files = (self.policy.adapters.kind == AdapterKind::Full).then_some((&self.policy.model.config, self.policy.files.tokenizer.as_path()));
+        let hf_files = (self.policy.adapters().kind == AdapterKind::Full).then_some((&self.policy.model().config, self.policy.files().tokenizer.as_path()));
         let snapshot = checkpoint::Snapshot {
             state,
             config_yaml: crate::yaml::to_string(&self.cfg)?,
-            trainable: self.policy.optimizer.params(),
-            optimizer: self.policy.optimizer.state_tensors(),
+            trainable: self.policy.trained_params(),
+            optimizer: self.policy.optimizer_state(),
             hf_files,
             extra: &|dir| in_flight.as_ref().map_or(Ok(()), |batches| draw::write_in_flight(dir, batches)),
         };

@@ -13,7 +13,10 @@ use super::TrainConfig;
 use crate::adapters::{AdapterConfig, AdapterKind, FORGET, set_base_trainable};
 use super::metrics::key;
 use super::rollout::Rollout;
-use crate::engine::{BackwardPass, Done, LossBatch, ScoreJob, Seat, TokenLogprobs, TrainJob};
+use std::collections::BTreeMap;
+
+use crate::engine::{self, Ahead, BackwardPass, Done, LossBatch, Passes, ScoreJob, Seat, Sequences, TokenLogprobs, TrainJob};
+use crate::model::decode::DecodeModel;
 use crate::grpo::{self, Objective};
 use crate::model::generate::{Generation, SamplingParams};
 use crate::model::linear::AdapterCtl;
@@ -29,23 +32,33 @@ pub(super) struct SampleRequest {
     pub seed: u64,
 }
 
+/// A batch [`Policy::sample`] drew: the joined generation, this run's share of the sampling
+/// time, and the fingerprint of the weights that sampled its first rows (the routed ones).
+pub(super) struct SampledBatch {
+    pub generation: Generation,
+    pub seconds: f64,
+    pub fingerprint: f64,
+}
+
+/// Its fields are its own: the step, the draw, evaluation and checkpoints ask it through
+/// methods, so what reaches the model, the optimizer and the seat is said here.
 pub(super) struct Policy {
-    pub model: Llama,
-    pub tokenizer: Tokenizer,
+    model: Llama,
+    tokenizer: Tokenizer,
     /// Where the model was read from (the checkpoint names its source; full fine-tuning copies
     /// its tokenizer file).
-    pub files: ModelFiles,
+    files: ModelFiles,
     /// Full fine-tuning only: the frozen starting model (with adapters the reference is the
     /// model with its adapters switched off).
-    pub reference: Option<Llama>,
-    pub adapters: AdapterConfig,
-    pub optimizer: AdamW,
+    reference: Option<Llama>,
+    adapters: AdapterConfig,
+    optimizer: AdamW,
     /// The run's place at the engine that samples, scores and trains it (alone, or shared by
     /// the runs of a pack).
-    pub seat: Seat,
-    pub objective: Objective,
+    seat: Seat,
+    objective: Objective,
     /// Training's and evaluation's: the run's temperature, top_k and top_p.
-    pub sampling: SamplingParams,
+    sampling: SamplingParams,
     /// The engine's stacked calls this run's train.log has mentioned (once each).
     announced: Vec<&'static str>,
 }
@@ -78,6 +91,118 @@ pub(super) fn load(cfg: &TrainConfig, device: Device, kind: Kind, mut seat: Seat
     Ok(Policy { model, tokenizer, files, reference, adapters, optimizer, seat, objective: cfg.objective()?, sampling: super::sampling_params(cfg), announced: Vec::new() })
 }
 
+/// What the run reads of the policy, and the seat's housekeeping, asked of the policy rather
+/// than of its fields.
+impl Policy {
+    /// The model as it is now (its trained weights the optimizer's).
+    pub fn model(&self) -> &Llama {
+        &self.model
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// Where the model was read from.
+    pub fn files(&self) -> &ModelFiles {
+        &self.files
+    }
+
+    pub fn adapters(&self) -> &AdapterConfig {
+        &self.adapters
+    }
+
+    pub fn objective(&self) -> &Objective {
+        &self.objective
+    }
+
+    /// The policy's version: the optimizer steps it has taken (a batch sampled now is of it).
+    pub fn version(&self) -> usize {
+        self.optimizer.step
+    }
+
+    /// The trained parameters by name (the checkpoint's weights).
+    pub fn trained_params(&self) -> &[(String, Tensor)] {
+        self.optimizer.params()
+    }
+
+    /// The optimizer's moments by name (the checkpoint's optimizer state).
+    pub fn optimizer_state(&self) -> Vec<(String, Tensor)> {
+        self.optimizer.state_tensors()
+    }
+
+    /// Resumes from a checkpoint (`source`, for errors): its trained `weights`, then the
+    /// optimizer's state at `step`.
+    pub fn restore(&mut self, weights: &BTreeMap<String, Tensor>, optimizer: &BTreeMap<String, Tensor>, step: usize, source: &str) -> Result<()> {
+        crate::adapters::load_trainable(self.optimizer.params(), weights, source)?;
+        self.optimizer.load_state(optimizer, step, source)
+    }
+
+    /// Waits for the seat's turn to work (before the run's first step).
+    pub fn start_working(&mut self) {
+        self.seat.start_working();
+    }
+
+    /// Runs seated at the policy's engine so far ([`Seat::runs`]).
+    pub fn runs(&self) -> usize {
+        self.seat.runs()
+    }
+
+    /// The decoders the run holds at its seat ([`Seat::decoders`]).
+    pub fn decoders(&self) -> usize {
+        self.seat.decoders()
+    }
+
+    /// A test hook ([`Seat::break_weight_refresh_for_tests`]).
+    pub fn break_weight_refresh_for_tests(&mut self) {
+        self.seat.break_weight_refresh_for_tests();
+    }
+
+    /// Starts sampling `request` ahead on the seat's sampler thread from the weights as they
+    /// are; returns their fingerprint.
+    pub fn sample_ahead(&mut self, request: SampleRequest) -> Result<f64> {
+        self.seat.sample_ahead(&self.model, &request.scales, request.prompt_ids, self.sampling, request.seed)
+    }
+
+    /// The oldest generation [`Policy::sample_ahead`] started, waiting for it if need be.
+    pub fn take_ahead(&mut self) -> Result<Ahead> {
+        self.seat.take_ahead()
+    }
+
+    /// The run's decoder at `scales` (refreshed from the weights and checked) and the
+    /// fingerprint of the weights it holds, with the tokenizer and sampling settings, for the
+    /// multi-turn episodes.
+    pub fn episode_sampler(&mut self, scales: &[f64]) -> Result<(&DecodeModel, f64, &Tokenizer, &SamplingParams)> {
+        let (decoder, fingerprint) = self.seat.decoder(&self.model, scales)?;
+        Ok((decoder, fingerprint, &self.tokenizer, &self.sampling))
+    }
+
+    /// Evaluation's sampler through the run's seat (its decoders kept and shared with
+    /// training's), with the tokenizer.
+    pub fn eval_sampler(&mut self) -> (&Tokenizer, impl FnMut(&[f64], &[Vec<u32>], &SamplingParams, u64) -> Result<Generation> + '_) {
+        let Policy { tokenizer, seat, model, .. } = self;
+        (tokenizer, move |scales: &[f64], prompts: &[Vec<u32>], params: &SamplingParams, seed: u64| seat.sample(model, scales, prompts, params, seed).map(|done| done.value.generation))
+    }
+
+    /// The natural plan's gradients (`split_moment`): its backward passes over `batch`,
+    /// taken out of the parameters.
+    pub fn natural_gradients(&mut self, batch: &LossBatch, micro_batches: usize) -> Vec<Tensor> {
+        engine::backward_micro_batches(&self.model, batch, self.sampling.temperature, &self.objective, micro_batches, &mut |_, _| {});
+        self.take_grads()
+    }
+
+    /// The step's own backward passes over `batch` ([`engine::backward_passes`]).
+    pub fn backward_passes(&self, batch: &LossBatch, passes: Passes, before_backward: &mut dyn FnMut(&TokenLogprobs, grpo::TokenMasks), after_backward: &mut dyn FnMut()) -> BackwardPass {
+        engine::backward_passes(&self.model, batch, self.sampling.temperature, &self.objective, passes, before_backward, after_backward)
+    }
+
+    /// The completions' log-probabilities and entropies under the policy as it is, with
+    /// adapter controls `ctl` (no gradient kept by the caller's guard).
+    pub fn completion_logprobs(&self, seqs: Sequences, ctl: &[AdapterCtl]) -> TokenLogprobs {
+        engine::completion_logprobs(&self.model, seqs, self.sampling.temperature, ctl)
+    }
+}
+
 impl Policy {
     /// The temperature the policy samples at and its log-probabilities are taken at.
     pub fn temperature(&self) -> f64 {
@@ -105,10 +230,10 @@ impl Policy {
         requests
     }
 
-    /// Samples `requests` and joins their generations; returns it and this run's share of the
-    /// sampling time.
-    pub fn sample(&mut self, requests: Vec<SampleRequest>, log: &mut RunLog) -> Result<(Generation, f64)> {
-        let mut seconds = 0.0;
+    /// Samples `requests` and joins their generations, with this run's share of the sampling
+    /// time and the fingerprint of the weights that sampled the first rows.
+    pub fn sample(&mut self, requests: Vec<SampleRequest>, log: &mut RunLog) -> Result<SampledBatch> {
+        let (mut seconds, mut fingerprint) = (0.0, None);
         let mut parts = Vec::with_capacity(requests.len());
         for request in requests {
             let done = self.seat.sample(&self.model, &request.scales, &request.prompt_ids, &self.sampling, request.seed)?;
@@ -116,9 +241,11 @@ impl Policy {
                 self.announce(log, "sample", || format!("sampling stacked with {} packed runs (one batched decode; the same tokens as alone)", done.runs));
             }
             seconds += done.seconds;
-            parts.push(done.value);
+            fingerprint = fingerprint.or(Some(done.value.fingerprint));
+            parts.push(done.value.generation);
         }
-        Ok((self.joined(parts), seconds))
+        let fingerprint = fingerprint.context("internal error: a batch drawn without a sampler call")?;
+        Ok(SampledBatch { generation: self.joined(parts), seconds, fingerprint })
     }
 
     /// A batch's generations (routed rows, then coherence rows) as one.
@@ -181,22 +308,15 @@ impl Policy {
         self.objective.ratio_to == crate::grpo::RatioTo::Sampler
     }
 
-    /// Starts a rollout: drops what the seat measured for evaluations since the last one
-    /// (their fingerprints and set-up time are not this batch's).
+    /// Starts a rollout: drops the set-up time the seat measured for evaluations since the
+    /// last one (not this batch's).
     pub fn begin_rollout(&mut self) {
-        self.seat.take_fingerprints();
         self.seat.take_setup_seconds();
     }
 
     /// The sampler's set-up time since the last call (inside the sampling time).
     pub fn take_setup_seconds(&mut self) -> f64 {
         self.seat.take_setup_seconds()
-    }
-
-    /// The fingerprint of the weights the sampler drew the last batch with.
-    pub fn take_fingerprint(&mut self) -> Result<f64> {
-        let fingerprints = self.seat.take_fingerprints();
-        fingerprints.first().copied().context("internal error: a batch drawn without a sampler")
     }
 
     pub fn zero_grad(&mut self) {

@@ -144,12 +144,10 @@ impl Trainer {
         metrics.off_policy = drawn.off_policy;
         metrics.frac_verified = prepared.frac_verified;
         metrics.intervention = prepared.intervention_metrics.clone();
-        metrics.sampler_weights = match drawn.off_policy {
-            Some(off_policy) => off_policy.weights_fingerprint,
-            // A replayed batch was sampled by another run: no sampler of this one holds weights.
-            None if self.keys.replays => None,
-            None => Some(self.policy.take_fingerprint()?),
-        };
+        // Carried with the batch from its sampler call (none for a replayed batch: another run
+        // sampled it).
+        metrics.sampler_weights = drawn.weights_fingerprint;
+        ensure!(metrics.sampler_weights.is_some() || self.keys.replays || self.keys.samples_ahead, "internal error: step {}'s batch was drawn without its weights' fingerprint", step + 1);
         let first_sample = (samples[0].prompt.clone(), samples[0].completion.clone());
         let dump = match self.keys.dump_batches() {
             Some(_) => rollout_tensors(&scored, &component_names, &prepared, self.recipe.max_no_score_frac > 0.0),
@@ -199,8 +197,7 @@ impl Trainer {
         let micro_batches = self.keys.passes.micro_batches;
         let natural_grads = match &mini.natural {
             Some(natural) => {
-                engine::backward_micro_batches(&self.policy.model, &mini.loss_batch(natural, pending.entropy_coef), self.policy.temperature(), &self.policy.objective, micro_batches, &mut |_, _| {});
-                Some(self.policy.take_grads())
+                Some(self.policy.natural_gradients(&mini.loss_batch(natural, pending.entropy_coef), micro_batches))
             }
             None => None,
         };
@@ -224,7 +221,7 @@ impl Trainer {
                 gradients.record(accumulated, last);
             }
         };
-        let pass = engine::backward_passes(&self.policy.model, &batch, self.policy.temperature(), &self.policy.objective, passes, &mut before_backward, &mut after_backward);
+        let pass = self.policy.backward_passes(&batch, passes, &mut before_backward, &mut after_backward);
         // The step's gradient noise scale from its passes' gradients (before clipping), and the
         // running average updated with it.
         let gradient_noise = pass_gradients.map(|gradients| {
@@ -260,7 +257,7 @@ impl Trainer {
         // The same batch re-scored by the updated policy (one forward pass, no gradient).
         let entropy_change = self.keys.measure_entropy_change().then(|| {
             let seqs = engine::Sequences { kept: None, ..mini.seqs() };
-            let after = tch::no_grad(|| engine::completion_logprobs(&self.policy.model, seqs, self.policy.temperature(), &mini.plan.ctl));
+            let after = tch::no_grad(|| self.policy.completion_logprobs(seqs, &mini.plan.ctl));
             stats::masked_mean(&after.entropy, &mini.loss_mask) - entropy
         });
 

@@ -66,7 +66,7 @@ impl Chunk {
         }
         let (mut parts, mut idle_seconds) = (Vec::with_capacity(self.posted), 0.0);
         for _ in 0..self.posted {
-            let ahead = policy.seat.take_ahead().with_context(|| format!("sampling the rollout of step {} ahead failed", self.index + 1))?;
+            let ahead = policy.take_ahead().with_context(|| format!("sampling the rollout of step {} ahead failed", self.index + 1))?;
             idle_seconds += ahead.sampler_idle_seconds;
             self.seconds += ahead.done.seconds;
             parts.push(ahead.done.value);
@@ -138,20 +138,19 @@ impl Draw {
     /// the step needs it at once (`now`: nothing else is queued).
     fn post_chunk(&mut self, now: bool, with: &mut Drawing) -> Result<()> {
         let index = self.queue.next_chunk;
-        let prompt_ids = tokenized(&with.policy.tokenizer, &self.step_prompts(index))?;
+        let prompt_ids = tokenized(with.policy.tokenizer(), &self.step_prompts(index))?;
         let requests = with.policy.sample_requests(&prompt_ids, self.keys.coherence.rows_at(index), index, self.keys.seed);
-        let version = with.policy.optimizer.step;
+        let version = with.policy.version();
         let chunk = match now {
             true => {
-                let (generation, seconds) = with.policy.sample(requests, with.log)?;
-                let fingerprint = with.policy.seat.take_fingerprints().first().copied();
-                Chunk { index, version, fingerprint, posted: 0, seconds, generation: Some(generation), scored: None, next_group: 0 }
+                let sampled = with.policy.sample(requests, with.log)?;
+                Chunk { index, version, fingerprint: Some(sampled.fingerprint), posted: 0, seconds: sampled.seconds, generation: Some(sampled.generation), scored: None, next_group: 0 }
             }
             false => {
                 let mut fingerprints = Vec::new();
                 let posted = requests.len();
                 for request in requests {
-                    fingerprints.push(with.policy.seat.sample_ahead(&with.policy.model, &request.scales, request.prompt_ids, with.policy.sampling, request.seed)?);
+                    fingerprints.push(with.policy.sample_ahead(request)?);
                 }
                 Chunk { index, version, fingerprint: fingerprints.first().copied(), posted, seconds: 0.0, generation: None, scored: None, next_group: 0 }
             }
@@ -180,9 +179,9 @@ impl Draw {
         }
         let per_rollout = self.groups_per_rollout();
         let group = self.keys.group_size;
-        let pad = with.policy.model.config.eos_token_id as i64;
+        let pad = with.policy.model().config.eos_token_id as i64;
         let (mut kept, mut versions) = (None::<DrawnBatch>, Vec::with_capacity(per_rollout));
-        let (mut counts, mut sampled_now, mut fingerprint) = (DynamicSampling::default(), 0, None);
+        let (mut counts, mut sampled_now) = (DynamicSampling::default(), 0);
         while versions.len() < per_rollout {
             if self.queue.chunks.is_empty() {
                 ensure!(
@@ -205,7 +204,7 @@ impl Draw {
                 counts.rounds += usize::from(chunk.next_group == 0);
                 let prompts = self.step_prompts(chunk.index);
                 let generation = chunk.generation.take().expect("taken above");
-                let batch = self.scored(chunk.index, self.keys.seed, prompts, generation, chunk.seconds, with)?;
+                let batch = self.scored(chunk.index, self.keys.seed, prompts, (generation, chunk.seconds, chunk.fingerprint), with)?;
                 let informative = match self.keys.dynamic_rounds {
                     0 => vec![true; per_rollout],
                     _ => grpo::informative_groups(&with.recipe.rewards(&batch.scored), &with.recipe.counted_rows(&batch.scored), group),
@@ -223,7 +222,6 @@ impl Draw {
                 }
                 rows.extend(g * group..(g + 1) * group);
                 versions.push(chunk.version);
-                fingerprint = fingerprint.or(chunk.fingerprint);
             }
             let surplus = informative[chunk.next_group..].iter().filter(|&&i| i).count();
             let whole = rows.len() == batch.samples.len();
@@ -258,8 +256,8 @@ impl Draw {
         let oldest = *versions.iter().min().expect("a batch's groups");
         let newest = *versions.iter().max().expect("a batch's groups");
         let staleness_mean = versions.iter().map(|&v| (step - v) as f64).sum::<f64>() / versions.len() as f64;
-        let weights_fingerprint = fingerprint;
-        batch.off_policy = Some(OffPolicy { policy_version: oldest, staleness_max: step - oldest, staleness_min: step - newest, staleness_mean, wait_seconds, sampler_idle_seconds: idle_seconds, weights_fingerprint });
+        // The batch's fingerprint is its first chunk's, carried by the scored chunk.
+        batch.off_policy = Some(OffPolicy { policy_version: oldest, staleness_max: step - oldest, staleness_min: step - newest, staleness_mean, wait_seconds, sampler_idle_seconds: idle_seconds });
         batch.dynamic_sampling = (self.keys.dynamic_rounds > 0).then_some(counts);
         Ok(batch)
     }
@@ -292,7 +290,7 @@ impl Draw {
         }
         let tensors_path = dir.join(IN_FLIGHT_TENSORS);
         let text = std::fs::read_to_string(&index_path).with_context(|| format!("cannot read {}", index_path.display()))?;
-        let device = policy.model.device;
+        let device = policy.model().device;
         let read_tensors = |any: bool| -> Result<BTreeMap<String, Tensor>> {
             match any {
                 true => crate::model::weights::read_safetensors(&tensors_path),
