@@ -211,7 +211,7 @@ impl Draw {
             // Episode ids count the run's episodes: round r of step s starts at (s * (R + 1) + r) * rows.
             let first_id = ((step * (self.keys.dynamic_rounds + 1) + round) * prompt_texts.len()) as u64;
             let seeds = (request.seed, rng::derive(seed, "protocol", step as u64));
-            if with.policy.seat.runs() > 1 {
+            if with.policy.runs() > 1 {
                 with.policy.announce(with.log, "sample", || "sampling episodes alone, not stacked with the other packed runs: each run's turns wait on its own environment".into());
             }
             let played = episodes.play(with.policy, with.rewards, &prompt_texts, &request.scales, seeds, first_id).with_context(|| format!("the episodes of step {} failed", step + 1))?;
