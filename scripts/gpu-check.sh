@@ -22,7 +22,8 @@
 # (SmolLM2's config.json and tokenizer from the bundle, weights drawn here by transformers: the
 # bundle cannot carry 514 MB), so completions run to their 48-token limit where a trained model
 # stops earlier: an upper bound on sampling. Each part has a time limit; a part that runs out or
-# fails is named at the end ("could not: ...") and the rest still run.
+# fails is named at the end ("could not: ...") and the rest still run. The limits (90 s a run
+# alone, 120 s a pack, five parts) add up to 510 s, so the call fits the device tool's 10 minutes.
 #
 # TORCH_DIR is the `torch/` package directory of the PyTorch the GPU machine runs (tch pairs
 # with exactly one libtorch: 2.13 -> tch 0.26, 2.11 -> tch 0.24; see ../shared/notes/gpu.md).
@@ -229,16 +230,16 @@ t.AutoModelForCausalLM.from_config(c).save_pretrained(sys.argv[1])' "$model" || 
     for dtype in float32 bfloat16; do
         dir=$STAGE/canonical/$dtype-alone
         canonical_configs "$dir" "$model" "$dtype" 1
-        timed_part "one canonical run alone, $dtype, 3 steps" 120 "$dir/runs" "1.50 s a step on an H100, fp32" \
+        timed_part "one canonical run alone, $dtype, 3 steps" 90 "$dir/runs" "1.50 s a step on an H100, fp32" \
             gpu-bin/smallrl train --config "$dir/canonical_1.yaml"
         dir=$STAGE/canonical/$dtype-packed
         canonical_configs "$dir" "$model" "$dtype" 5
-        timed_part "five canonical runs packed in one process, $dtype, 3 steps" 150 "$dir/runs" "4.4 s a step each, five time-sliced runs, fp32" \
+        timed_part "five canonical runs packed in one process, $dtype, 3 steps" 120 "$dir/runs" "4.4 s a step each, five time-sliced runs, fp32" \
             gpu-bin/smallrl train --pack-config "$dir"/canonical_{1,2,3,4,5}.yaml
     done
     dir=$STAGE/canonical/float32-train-bfloat16-alone
     canonical_configs "$dir" "$model" float32 1 bfloat16
-    timed_part "one canonical run alone, float32 weights, train_dtype bfloat16, 3 steps" 120 "$dir/runs" "1.50 s a step on an H100, fp32" \
+    timed_part "one canonical run alone, float32 weights, train_dtype bfloat16, 3 steps" 90 "$dir/runs" "1.50 s a step on an H100, fp32" \
         gpu-bin/smallrl train --config "$dir/canonical_1.yaml"
     echo "not measured here: the original's five runs time-sliced as five processes (these five are one packed process); trained weights (these are random)"
     if [[ ${#COULD_NOT[@]} -gt 0 ]]; then
