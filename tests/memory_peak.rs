@@ -15,16 +15,16 @@ const TRAIN_DTYPE_VAR: &str = "SMALLRL_MEMORY_PEAK_TRAIN_DTYPE";
 /// precision (`train_dtype`) in a process of its own: what the estimate says the step adds to the
 /// process (the sampler's folded copies, the optimizer's state and the largest of sampling,
 /// scoring and training, with what bfloat16's autocast keeps and its bfloat16 copy of the
-/// weights) is within a factor of two of the peak resident memory measured over the step less
-/// the resident memory before it. At this size the training's activations are most of the
+/// weights) is at least the peak resident memory measured over the step less the resident
+/// memory before it, and at most twice it. At this size the training's activations are most of the
 /// estimate (docs/src/training.md has the figures).
 #[test]
-fn the_estimate_is_within_a_factor_of_two_of_the_measured_peak() {
+fn the_estimate_covers_the_measured_peak_within_a_factor_of_two() {
     // Each precision in a process of its own: a second run in one process reuses the pages the
     // allocator kept from the first, and its peak measures nothing (1 MB measured so).
     let Ok(train_dtype) = std::env::var(TRAIN_DTYPE_VAR) else {
         for train_dtype in ["float32", "bfloat16"] {
-            let name = "the_estimate_is_within_a_factor_of_two_of_the_measured_peak";
+            let name = "the_estimate_covers_the_measured_peak_within_a_factor_of_two";
             let status = std::process::Command::new(std::env::current_exe().unwrap()).args(["--exact", name, "--nocapture"]).env(TRAIN_DTYPE_VAR, train_dtype).status().unwrap();
             assert!(status.success(), "{train_dtype}: the measurement in its own process failed (its output above)");
         }
@@ -50,8 +50,11 @@ fn the_estimate_is_within_a_factor_of_two_of_the_measured_peak() {
     let ratio = estimated as f64 / measured as f64;
     eprintln!("tiny-stories, {train_dtype}, 64 rows of {} tokens: estimated {estimated} bytes beyond the weights (training {training}), measured {measured} ({ratio:.2})", plan.step.tokens);
     assert!(training * 2 > estimated, "{train_dtype}: the activations dominate the estimate: {:?}", plan.estimate);
-    // A factor of 2 either way, not a figure of this machine: the estimate counts tensors, the
-    // measurement an allocator's resident pages, which another libc or libtorch build moves by
-    // tens of percent; a missing term (activations, a decoder copy) is off by more.
-    assert!((0.5..=2.0).contains(&ratio), "{train_dtype}: estimated {estimated} bytes, measured {measured}: {:?}", plan.estimate);
+    // Never under the measured peak (the planner must not promise a step that then runs out of
+    // memory: bfloat16's estimate was 0.92 of it before the backward's float32 temporaries and
+    // the adapters' casts were counted, #50), and within a factor of 2 above it: the estimate
+    // counts tensors, the measurement an allocator's resident pages, which another libc or
+    // libtorch build moves by tens of percent; a missing term (activations, a decoder copy) is
+    // off by more.
+    assert!((1.0..=2.0).contains(&ratio), "{train_dtype}: estimated {estimated} bytes, measured {measured}: {:?}", plan.estimate);
 }

@@ -38,7 +38,8 @@ pub const USABLE_FRACTION: f64 = 0.8;
 /// `llama.rs`'s forward pass; see [`ModelShape::saved_per_token`]), times this factor for the
 /// backward pass's temporaries (a layer's input gradients and its recomputed intermediates while
 /// its backward runs) and the allocator's slack: checked against the peaks measured on
-/// tiny-stories and SmolLM2 on the CPU (docs/src/training.md).
+/// tiny-stories and SmolLM2 on the CPU (docs/src/training.md). Under autocast the surplus
+/// (`ACTIVATION_FACTOR - 1`) is of the float32 count: the backward's gradients stay float32.
 pub const ACTIVATION_FACTOR: f64 = 1.5;
 
 /// The architecture's sizes, from its `config.json`.
@@ -108,6 +109,11 @@ pub struct StepShape {
     /// Values the adapters keep per token of one layer (summed over the model's layers and
     /// divided by their number): a DualMLP's extra neurons, a LoRA's rank.
     pub adapter_per_token: u64,
+    /// Under autocast, the values the adapters cast from the float32 residual stream per token
+    /// of one layer (averaged like `adapter_per_token`): a LoRA's branch casts its input anew
+    /// for each targeted projection that reads a norm's output (q, k, v, gate, up: `hidden`
+    /// each; o and down read bfloat16 already), a DualMLP's neurons for their gate and up.
+    pub adapter_casts: u64,
     /// Full fine-tuning: the frozen reference is a second copy of the weights.
     pub reference_copy: bool,
     /// The sampler's decoders, each a copy of the weights with the adapters folded in (one per
@@ -163,21 +169,36 @@ pub fn estimate(model: &ModelShape, step: &StepShape) -> Estimate {
     // what a layer saves, are kept in `matmul_bytes`, but the residual stream stays in the
     // model's dtype: of the two RMSNorms' 4 h, their inputs (2 h) keep their width, and their
     // outputs are not kept; each product that reads one casts it anew and keeps its own copy
-    // (q, k, v; gate, up: 5 h). Measured on tiny-stories (DualLoRA r4, 64 rows of 72 tokens):
-    // bfloat16's step peaked 0.92-0.94 of float32's, not half (docs/src/training.md).
+    // (q, k, v; gate, up: 5 h), and so does each adapter branch that reads one
+    // (`adapter_casts`).
     let autocast = step.matmul_bytes < bytes;
     let matmul_copies = if autocast { model.params() * step.matmul_bytes } else { 0 };
     let per_layer = match autocast {
         false => (model.saved_per_token() + step.adapter_per_token) * bytes,
-        true => (model.saved_per_token() - 4 * model.hidden + 5 * model.hidden + step.adapter_per_token) * step.matmul_bytes + 2 * model.hidden * bytes,
+        true => (model.saved_per_token() - 4 * model.hidden + 5 * model.hidden + step.adapter_per_token + step.adapter_casts) * step.matmul_bytes + 2 * model.hidden * bytes,
     };
-    // Per token: every layer's saved values, the adapters', the embedding output and the
-    // head's float32 hidden states and residual product; per row: each layer's attention
-    // scores and probabilities, and the boolean mask.
-    let per_token = model.layers * per_layer + model.hidden * (bytes + 2 * F32);
-    let per_row_attention = model.layers * 2 * model.heads * step.tokens * step.tokens * step.matmul_bytes + step.tokens * step.tokens;
-    let per_row = ((step.tokens * per_token + per_row_attention) as f64 * ACTIVATION_FACTOR) as u64;
+    let saved = activations(model, step, per_layer, step.matmul_bytes);
+    // The backward pass's temporaries (ACTIVATION_FACTOR - 1 of the saved values) are counted
+    // at the model's dtype even under autocast: each cast's gradient, the residual stream's and
+    // the norms' are float32, and they are most of a layer's backward (measured on
+    // tiny-stories' layers replicated in PyTorch, DualLoRA r4, 64 rows of 72 tokens: bfloat16
+    // saved 0.64 of float32's values, 118 MB against 184, but its backward added 108-117 MB
+    // over them against float32's 113-128). Without this and `adapter_casts` bfloat16's step
+    // was estimated at 0.92 of its measured peak (docs/src/training.md).
+    let float_saved = activations(model, step, (model.saved_per_token() + step.adapter_per_token) * bytes, bytes);
+    let per_row = (saved as f64 + float_saved as f64 * (ACTIVATION_FACTOR - 1.0)) as u64;
     Estimate { weights, copies, optimizer, sampling, scoring, head_chunk, matmul_copies, per_row }
+}
+
+/// Values autograd keeps for one row's backward pass, `per_layer` bytes per token of each layer:
+/// per token also the embedding output and the head's float32 hidden states and residual
+/// product; per row each layer's attention scores and probabilities (`attention_bytes` each)
+/// and the boolean mask.
+fn activations(model: &ModelShape, step: &StepShape, per_layer: u64, attention_bytes: u64) -> u64 {
+    const F32: u64 = 4;
+    let per_token = model.layers * per_layer + model.hidden * (step.dtype_bytes + 2 * F32);
+    let per_row_attention = model.layers * 2 * model.heads * step.tokens * step.tokens * attention_bytes + step.tokens * step.tokens;
+    step.tokens * per_token + per_row_attention
 }
 
 impl Estimate {
@@ -257,6 +278,14 @@ pub fn step_shape(cfg: &TrainConfig, model: &ModelShape, adapters: &AdapterConfi
         // A LoRA keeps its input's projection to its rank and the result per target module.
         AdapterKind::Lora | AdapterKind::DualLora => 2 * ranks * adapters.target_modules.len() as u64,
     };
+    let casts_per_adapted_layer = match adapters.kind {
+        AdapterKind::Full => 0,
+        AdapterKind::DualMlp => 2 * adapters.ranks.len() as u64 * model.hidden,
+        AdapterKind::Lora | AdapterKind::DualLora => {
+            let reads_norm = |m: &String| ["q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"].contains(&m.as_str());
+            adapters.target_modules.iter().filter(|m| reads_norm(m)).count() as u64 * model.hidden
+        }
+    };
     StepShape {
         rows: cfg.mini_batch_size() as u64,
         rollout_rows: cfg.rollout_rows().max(cfg.eval_samples) as u64,
@@ -265,6 +294,7 @@ pub fn step_shape(cfg: &TrainConfig, model: &ModelShape, adapters: &AdapterConfi
         matmul_bytes: cfg.train_dtype.matmul_kind().unwrap_or(cfg.dtype.kind()).elt_size_in_bytes() as u64,
         trainable,
         adapter_per_token: per_adapted_layer * adapted / model.layers.max(1),
+        adapter_casts: casts_per_adapted_layer * adapted / model.layers.max(1),
         reference_copy: adapters.kind == AdapterKind::Full,
         decoders: routing::eval_modes(adapters).len() as u64,
         extra_gradients: cfg.split_moment,
