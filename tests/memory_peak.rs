@@ -15,8 +15,8 @@ const TRAIN_DTYPE_VAR: &str = "SMALLRL_MEMORY_PEAK_TRAIN_DTYPE";
 /// precision (`train_dtype`) in a process of its own: what the estimate says the step adds to the
 /// process (the sampler's folded copies, the optimizer's state and the largest of sampling,
 /// scoring and training, with what bfloat16's autocast keeps and its bfloat16 copy of the
-/// weights) is at least the peak resident memory measured over the step less the resident
-/// memory before it, and at most twice it. At this size the training's activations are most of the
+/// weights) covers the peak resident memory measured over the step less the resident memory
+/// before it, within the planner's margin, and is at most twice it. At this size the training's activations are most of the
 /// estimate (docs/src/training.md has the figures).
 #[test]
 fn the_estimate_covers_the_measured_peak_within_a_factor_of_two() {
@@ -50,11 +50,13 @@ fn the_estimate_covers_the_measured_peak_within_a_factor_of_two() {
     let ratio = estimated as f64 / measured as f64;
     eprintln!("tiny-stories, {train_dtype}, 64 rows of {} tokens: estimated {estimated} bytes beyond the weights (training {training}), measured {measured} ({ratio:.2})", plan.step.tokens);
     assert!(training * 2 > estimated, "{train_dtype}: the activations dominate the estimate: {:?}", plan.estimate);
-    // Never under the measured peak (the planner must not promise a step that then runs out of
-    // memory: bfloat16's estimate was 0.92 of it before the backward's float32 temporaries and
-    // the adapters' casts were counted, #50), and within a factor of 2 above it: the estimate
-    // counts tensors, the measurement an allocator's resident pages, which another libc or
-    // libtorch build moves by tens of percent; a missing term (activations, a decoder copy) is
-    // off by more.
-    assert!((1.0..=2.0).contains(&ratio), "{train_dtype}: estimated {estimated} bytes, measured {measured}: {:?}", plan.estimate);
+    // Never so far under the measured peak that the plan fails: the planner gives the estimate
+    // only USABLE_FRACTION of the memory, so a step fits while its peak is at most the estimate
+    // over that fraction (bfloat16's estimate missed the backward's float32 temporaries and the
+    // adapters' casts before #50: 0.92 of the peak here, now 1.14-1.29, float32 1.28-1.35). Not
+    // held to 1.0: the estimate counts tensors, the measurement an allocator's resident pages,
+    // which another libc, libtorch or processor (oneDNN's scratch buffers) moves by tens of
+    // percent. At most twice the peak: a missing or doubled term (activations, a decoder copy)
+    // is off by more.
+    assert!((memory::USABLE_FRACTION..=2.0).contains(&ratio), "{train_dtype}: estimated {estimated} bytes, measured {measured}: {:?}", plan.estimate);
 }
