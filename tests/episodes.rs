@@ -80,15 +80,16 @@ fn guess_number_plays_through_the_host() {
     assert!(error.contains(&path.display().to_string()) && error.contains("has no environment `score`"), "{error}");
 }
 
-/// A run, an evaluation or `plugin score` cannot take an episode environment yet: refused at
-/// load by name, before any step (its `score` would only fail at the first batch).
+/// `plugin score`'s loading (single completions) refuses an episode environment by name, at
+/// load, before any scoring (its `score` would only fail at the first batch); `smallrl train`
+/// and `smallrl eval` load it to play its episodes.
 #[test]
 fn runs_refuse_an_episode_environment_by_name() {
     let knobs = smallrl::reward::ProtocolKnobs { false_positive_rate: 0.0, recall: 1.0, rh_eligible_frac: 1.0 };
     let path = standard_plugin("guess_number");
     let error = smallrl::reward::RewardModel::load_environment(path.to_str().unwrap(), None, knobs, &common::plugin_dir(), PluginLimits::default()).err().expect("refused");
     let error = format!("{error:#}");
-    assert!(error.contains(&path.display().to_string()) && error.contains("is a multi-turn episode environment") && error.contains("do not run episodes yet"), "{error}");
+    assert!(error.contains(&path.display().to_string()) && error.contains("is a multi-turn episode environment") && error.contains("scores single completions, not episodes"), "{error}");
 }
 
 /// Each hostile episode environment is stopped with a message naming its file and the rule:

@@ -118,15 +118,27 @@ fn evaluate(dir: &Path, modes: &[(String, Vec<f64>)], n_samples: usize, scoring_
         crate::model::chat::PromptFormat::Raw => train::prompts::PromptRender::Raw,
         crate::model::chat::PromptFormat::Chat => train::prompts::PromptRender::for_run(&config, &crate::model::hub::resolve(&config.model, &config.revision)?)?,
     };
-    let mut prompts = match config.environment.is_some() {
-        true => train::task::evaluation_prompts(&mut rewards, n_samples, &config, &render)?,
-        false => train::evaluation_prompts(&config, &tokenizer, &render)?,
+    let (mut prompts, starts) = match config.environment.is_some() {
+        true => train::task::evaluation_episodes(&mut rewards, n_samples, &config, &render)?,
+        false => (train::evaluation_prompts(&config, &tokenizer, &render)?, Vec::new()),
     };
     ensure!(prompts.len() >= n_samples, "--n-samples {n_samples} but only {} evaluation prompts exist", prompts.len());
     prompts.truncate(n_samples);
+    let (seed, step) = (train::eval_seed(&config), restored.state.step);
+    if rewards.is_episodic() {
+        // One episode per evaluation prompt at each mode's scales, as the run's own evaluations
+        // play them (`Trainer::evaluate`): its sampling settings, the evaluation seed, ids from 0.
+        let episodes = train::episodes::Episodes::new(&config, starts)?;
+        let sampling = train::sampling_params(&config);
+        let mut rollout = |scales: &[f64], rewards: &mut crate::reward::RewardModel| {
+            let decoder = crate::model::decode::DecodeModel::sampling_in(&restored.model, scales, config.sampler_dtype);
+            episodes.play_on(&decoder, &tokenizer, &sampling, rewards, &prompts, (seed, seed), 0).map(|played| (played.samples, played.scored))
+        };
+        return eval::routing_eval_of(&mut rollout, modes, &mut rewards, config.max_no_score_frac, step);
+    }
     let sampling = train::eval_sampling_params(&config);
-    let setup = EvalSetup { tokenizer: &tokenizer, prompts: &prompts, sampling: &sampling, seed: train::eval_seed(&config), max_no_score_frac: config.max_no_score_frac };
-    eval::routing_eval(&mut eval::fresh_decoders(&restored.model, config.sampler_dtype), modes, &mut rewards, &setup, restored.state.step)
+    let setup = EvalSetup { tokenizer: &tokenizer, prompts: &prompts, sampling: &sampling, seed, max_no_score_frac: config.max_no_score_frac };
+    eval::routing_eval(&mut eval::fresh_decoders(&restored.model, config.sampler_dtype), modes, &mut rewards, &setup, step)
 }
 
 /// `--deploy`: the run's final checkpoint as the base model and along the forget-scale curve,

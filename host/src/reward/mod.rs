@@ -203,13 +203,13 @@ impl RewardModel {
     /// reward (each of scale 1, no cap: the original's sum), its monitor the detector and its
     /// ground truth the ground truth. Names resolve as rewards' (`<plugin_dir>/<name>.wasm`).
     /// A multi-turn episode environment is refused: its scores come at the end of its episodes,
-    /// which only `smallrl train` runs ([`RewardModel::load_training_environment`]).
+    /// which only `smallrl train` and `smallrl eval` play ([`RewardModel::load_training_environment`]).
     pub fn load_environment(value: &str, params: Option<&serde_json::Value>, knobs: ProtocolKnobs, plugin_dir: &Path, limits: PluginLimits) -> Result<Self> {
         let loaded = Self::load_training_environment(value, params, knobs, plugin_dir, limits)?;
         let plugin = loaded.environment.as_ref().expect("an environment was loaded");
         ensure!(
             !plugin.is_episodic(),
-            "{}: is a multi-turn episode environment (the episode-environment world, issue 48): `smallrl eval` and `plugin score` do not run episodes yet; `smallrl train` does (docs/src/environments.md, \"Multi-turn episodes\")",
+            "{}: is a multi-turn episode environment (the episode-environment world, issue 48): `plugin score` scores single completions, not episodes; `smallrl train` and `smallrl eval` play them (docs/src/environments.md, \"Multi-turn episodes\")",
             plugin.label()
         );
         Ok(loaded)

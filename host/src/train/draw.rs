@@ -216,7 +216,7 @@ impl Draw {
             }
             let played = episodes.play(with.policy, with.rewards, &prompt_texts, &request.scales, seeds, first_id).with_context(|| format!("the episodes of step {} failed", step + 1))?;
             let super::episodes::Played { generation, samples, scored, generate_seconds, score_seconds, fingerprint } = played;
-            return Ok(DrawnBatch { generation, samples, scored, generate_seconds, score_seconds, dynamic_sampling: None, off_policy: None, weights_fingerprint: Some(fingerprint) });
+            return Ok(DrawnBatch { generation, samples, scored, generate_seconds, score_seconds, dynamic_sampling: None, off_policy: None, weights_fingerprint: fingerprint });
         }
         let sampled = match &self.keys.mode {
             DrawMode::Replay(dir) => (replay::generation(dir, step, &prompt_ids, with.policy.model().device)?, 0.0, None),

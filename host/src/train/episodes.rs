@@ -20,6 +20,8 @@ use anyhow::{Context, Result, bail, ensure};
 use super::TrainConfig;
 use super::policy::Policy;
 use crate::episode::{EpisodeBatch, EpisodeBound, EpisodePrompt, run_episodes};
+use crate::model::Tokenizer;
+use crate::model::decode::DecodeModel;
 use crate::model::generate::{Generation, SamplingParams};
 use crate::reward::{EnvPrompt, Prompt, RewardModel, Sample, ScoredBatch, samples_from_rows};
 
@@ -34,21 +36,22 @@ pub const ENDED_BY_TOKEN_BOUND: &str = "episodes/ended_by_token_bound";
 
 /// How a run's episodes are sampled, and the prompts as the environment wrote them (by the
 /// rendered text the trainer holds), which each episode starts from.
-pub(super) struct Episodes {
+pub struct Episodes {
     bounds: crate::plugins::EpisodeBounds,
     turn_tokens: usize,
     starts: HashMap<String, EnvPrompt>,
 }
 
 /// An episode batch sampled and scored.
-pub(super) struct Played {
+pub struct Played {
     pub generation: Generation,
     pub samples: Vec<Sample>,
     pub scored: ScoredBatch,
     pub generate_seconds: f64,
     pub score_seconds: f64,
-    /// The fingerprint of the weights whose decoder played the episodes.
-    pub fingerprint: f64,
+    /// The fingerprint of the weights whose decoder played the episodes: a training batch's
+    /// ([`Episodes::play`]); none for `smallrl eval`'s decoder of its own.
+    pub fingerprint: Option<f64>,
 }
 
 /// Refuses what does not run episodes yet, naming each key, so that no part of a run silently
@@ -99,16 +102,30 @@ impl Episodes {
     /// other runs' (a turn waits on the run's environment, and the runs' turns and episode
     /// ends differ), so a packed run's episodes are its solo run's token for token; its scoring
     /// and training passes stack as any run's.
-    pub fn play(&self, policy: &mut Policy, rewards: &mut RewardModel, prompts: &[Prompt], scales: &[f64], seeds: (u64, u64), first_id: u64) -> Result<Played> {
+    pub(super) fn play(&self, policy: &mut Policy, rewards: &mut RewardModel, prompts: &[Prompt], scales: &[f64], seeds: (u64, u64), first_id: u64) -> Result<Played> {
+        let started = Instant::now();
+        let (decoder, fingerprint, tokenizer, sampling) = policy.episode_sampler(scales)?;
+        let refreshed = started.elapsed().as_secs_f64();
+        let mut played = self.play_on(decoder, tokenizer, sampling, rewards, prompts, seeds, first_id)?;
+        played.generate_seconds += refreshed; // the decoder's refresh is part of sampling
+        played.fingerprint = Some(fingerprint);
+        Ok(played)
+    }
+
+    /// [`Episodes::play`] with `decoder` (the policy folded at the batch's adapter scales) and
+    /// the run's `sampling` (its training batches' settings; each turn at most
+    /// `episode_max_turn_tokens`): `smallrl eval` of a checkpoint plays its episodes here, with
+    /// a decoder of its own, as the run's evaluations did.
+    #[allow(clippy::too_many_arguments)]
+    pub fn play_on(&self, decoder: &DecodeModel, tokenizer: &Tokenizer, sampling: &SamplingParams, rewards: &mut RewardModel, prompts: &[Prompt], seeds: (u64, u64), first_id: u64) -> Result<Played> {
         let started = Instant::now();
         let episodes: Vec<EpisodePrompt> = prompts
             .iter()
             .map(|prompt| {
                 let env_prompt = self.starts.get(&prompt.text).context("internal error: a prompt the environment did not write started an episode")?;
-                Ok(EpisodePrompt { env_prompt, prompt, ids: policy.tokenizer().encode(&prompt.text)? })
+                Ok(EpisodePrompt { env_prompt, prompt, ids: tokenizer.encode(&prompt.text)? })
             })
             .collect::<Result<_>>()?;
-        let (decoder, fingerprint, tokenizer, sampling) = policy.episode_sampler(scales)?;
         let params = SamplingParams { max_new_tokens: self.turn_tokens, kept_sets: false, ..sampling.clone() };
         let environment = rewards.episode_environment().context("internal error: episodes without an episode environment")?;
         let batch = run_episodes(decoder, tokenizer, environment, &episodes, &params, seeds.0, &self.bounds, first_id)?;
@@ -117,7 +134,7 @@ impl Episodes {
         let samples = samples_from_rows(prompts, &batch.generation.rows, tokenizer)?;
         let mut scored = rewards.score_episodes(&samples, &batch.ends, seeds.1)?;
         scored.metrics.extend(episode_metrics(&batch));
-        Ok(Played { generation: batch.generation, samples, scored, generate_seconds, score_seconds: scoring.elapsed().as_secs_f64(), fingerprint })
+        Ok(Played { generation: batch.generation, samples, scored, generate_seconds, score_seconds: scoring.elapsed().as_secs_f64(), fingerprint: None })
     }
 }
 

@@ -35,17 +35,12 @@ pub struct Task {
 }
 
 /// The run's reward model: the environment's components, monitor and ground truth, or the
-/// configured plugins. An episode environment is refused (`smallrl eval`, sweeps' evaluations):
-/// only a training run plays episodes.
+/// configured plugins. A multi-turn episode environment loads as in training: its episodes are
+/// played by `train/episodes.rs` (`smallrl train`, `smallrl eval`).
 pub fn rewards(cfg: &TrainConfig) -> Result<RewardModel> {
-    rewards_with(cfg, false)
-}
-
-fn rewards_with(cfg: &TrainConfig, episodes: bool) -> Result<RewardModel> {
     let limits = cfg.plugin_limits()?;
-    let load = if episodes { RewardModel::load_training_environment } else { RewardModel::load_environment };
     let mut rewards = match &cfg.environment {
-        Some(environment) => load(environment, cfg.environment_params.as_ref(), cfg.knobs(), &cfg.plugin_dir, limits)
+        Some(environment) => RewardModel::load_training_environment(environment, cfg.environment_params.as_ref(), cfg.knobs(), &cfg.plugin_dir, limits)
             .with_context(|| format!("cannot load environment `{environment}`"))?,
         None => {
             let reward_spec = cfg.reward.as_ref().context("no reward configured: set `reward:` or `environment:`")?;
@@ -142,7 +137,7 @@ fn attach_judge(rewards: &mut RewardModel, cfg: &TrainConfig) -> Result<()> {
 
 /// Everything a run trains and evaluates on.
 pub fn load(cfg: &TrainConfig, tokenizer: &Tokenizer, render: &PromptRender) -> Result<Task> {
-    let mut rewards = rewards_with(cfg, true)?;
+    let mut rewards = rewards(cfg)?;
     let Some(name) = rewards.environment_name().map(str::to_string) else {
         let (prompts, eval_prompts) = prompts::load(cfg, tokenizer, render)?;
         return Ok(Task { rewards, prompts, eval_prompts, episode_starts: Vec::new() });
@@ -166,12 +161,18 @@ pub fn load(cfg: &TrainConfig, tokenizer: &Tokenizer, render: &PromptRender) -> 
 
 /// The environment's first `count` evaluation prompts (its eval split, fixed seed).
 pub fn evaluation_prompts(rewards: &mut RewardModel, count: usize, cfg: &TrainConfig, render: &PromptRender) -> Result<Vec<Prompt>> {
-    environment_prompts(rewards, EnvSplit::Eval, count, defaults::EVAL_PROMPT_SEED, cfg, render)
+    Ok(evaluation_episodes(rewards, count, cfg, render)?.0)
 }
 
-fn environment_prompts(rewards: &mut RewardModel, split: EnvSplit, count: usize, seed: u64, cfg: &TrainConfig, render: &PromptRender) -> Result<Vec<Prompt>> {
-    let generated = generate_pure(rewards, split, count, seed, cfg)?;
-    render_environment_prompts(rewards, split, generated, render)
+/// [`evaluation_prompts`], and with a multi-turn episode environment each as the environment
+/// wrote it, by its rendered text (what its episodes start from, as [`Task::episode_starts`];
+/// empty otherwise).
+pub fn evaluation_episodes(rewards: &mut RewardModel, count: usize, cfg: &TrainConfig, render: &PromptRender) -> Result<(Vec<Prompt>, Vec<(String, EnvPrompt)>)> {
+    let generated = generate_pure(rewards, EnvSplit::Eval, count, defaults::EVAL_PROMPT_SEED, cfg)?;
+    let starts = rewards.is_episodic().then(|| generated.clone());
+    let prompts = render_environment_prompts(rewards, EnvSplit::Eval, generated, render)?;
+    let starts = starts.map_or_else(Vec::new, |starts| prompts.iter().map(|prompt| prompt.text.clone()).zip(starts).collect());
+    Ok((prompts, starts))
 }
 
 /// Inoculation prompting: `text` as the prompt's first paragraph (a conversation's first user
