@@ -250,7 +250,9 @@ fn an_episode_steps_loss_and_statistics_equal_trls_with_observations_masked() {
     for (key, bound) in [("kl", 1e-3), ("entropy", 1e-4)] {
         near(key, line[key].as_f64().unwrap(), trl_metrics[key].as_f64().unwrap(), exact[key].double_value(&[]), bound);
     }
-    // Model tokens per episode, from the integer count in float64; TRL logs a float32 mean.
+    // Model tokens per episode, from the integer count in float64 (exact: integers over an
+    // integer count). TRL logs a float32 mean, held to that float64 value by float32's rounding
+    // of a mean of a few integers (a few ulps, 6e-8 each; 1e-6 relative is 16).
     let length64 = model_tokens / completion_rows(&t);
     assert_eq!(line["completions/mean_length"].as_f64().unwrap(), length64, "completions/mean_length: model tokens per episode");
     let trl_length = trl_metrics["completions/mean_length"].as_f64().unwrap();
