@@ -42,10 +42,15 @@ impl Runtime {
 /// optional), but if it does every load reports why.
 pub fn runtime() -> Result<&'static Runtime> {
     static RUNTIME: OnceLock<Result<Runtime, String>> = OnceLock::new();
-    RUNTIME
-        .get_or_init(|| build_runtime(engine_config()).map_err(|error| format!("{error:#}")))
+    built_once(&RUNTIME, engine_config, "the WebAssembly runtime")
+}
+
+/// The runtime in `cell`, built from `config` on first use; a failure to build is kept and
+/// reported (naming `what`) at every later use.
+fn built_once(cell: &'static OnceLock<Result<Runtime, String>>, config: fn() -> Config, what: &str) -> Result<&'static Runtime> {
+    cell.get_or_init(|| build_runtime(config()).map_err(|error| format!("{error:#}")))
         .as_ref()
-        .map_err(|error| anyhow!("cannot start the WebAssembly runtime: {error}"))
+        .map_err(|error| anyhow!("cannot start {what}: {error}"))
 }
 
 fn engine_config() -> Config {
@@ -75,10 +80,7 @@ pub fn time_uncached_compile(bytes: &[u8]) -> Result<Duration> {
 /// 2.1-2.3 s on one; pooled, 1.0-1.1 s on 2).
 pub fn program_runtime() -> Result<&'static Runtime> {
     static RUNTIME: OnceLock<Result<Runtime, String>> = OnceLock::new();
-    RUNTIME
-        .get_or_init(|| build_runtime(pooled_config()).map_err(|error| format!("{error:#}")))
-        .as_ref()
-        .map_err(|error| anyhow!("cannot start the program runner's WebAssembly runtime: {error}"))
+    built_once(&RUNTIME, pooled_config, "the program runner's WebAssembly runtime")
 }
 
 /// Runner instances alive at once, at most: more than one call's threads on the machines we
