@@ -11,8 +11,9 @@
 //! in the context. A message is a map of `role`, `content` and, for an assistant turn that
 //! called tools, `tool_calls` (`[{"type": "function", "function": {"name", "arguments"}}]`, as
 //! transformers' messages carry them); a message's own keys enumerate sorted (a template that
-//! writes a whole message with `tojson` lists `content` before `role`). The rendered text is then tokenized without
-//! adding special tokens, as `apply_chat_template(..., tokenize=True)` does.
+//! writes a whole message with `tojson` lists `content` before `role`). The rendered text is
+//! then tokenized without adding special tokens, as `apply_chat_template(..., tokenize=True)`
+//! does.
 
 use std::path::{Path, PathBuf};
 
