@@ -6,19 +6,24 @@
 //! `json.dumps(ensure_ascii=False)` writes it (transformers' filter; minijinja's own escapes HTML
 //! characters and spaces items differently), `strftime_now` (the local time through C's
 //! `strftime`, as Python's `datetime.now().strftime`; Llama 3's templates date their system
-//! prompt with it), `tools` and `documents` as none, and the tokenizer's special tokens
-//! (`bos_token`, `eos_token`, ...) in the context. The rendered text is then tokenized without
-//! adding special tokens, as `apply_chat_template(..., tokenize=True)` does.
+//! prompt with it), `tools` (the declared tools' schemas, keys as written: [`OrderedJson`]) or
+//! none, `documents` as none, and the tokenizer's special tokens (`bos_token`, `eos_token`, ...)
+//! in the context. A message is a map of `role`, `content` and, for an assistant turn that
+//! called tools, `tool_calls` (`[{"type": "function", "function": {"name", "arguments"}}]`, as
+//! transformers' messages carry them); a message's own keys enumerate sorted (a template that
+//! writes a whole message with `tojson` lists `content` before `role`). The rendered text is
+//! then tokenized without adding special tokens, as `apply_chat_template(..., tokenize=True)`
+//! does.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, anyhow, bail};
 use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, context};
-use serde::Serialize;
 use serde_json::Value;
 
 use super::hub::ModelFiles;
+use super::tool_calls::{OrderedJson, ToolCall};
 
 crate::choice::choice! {
     /// How a prompt's text becomes the model's input (`prompt_format` of `smallrl train`).
@@ -32,16 +37,26 @@ crate::choice::choice! {
     }
 }
 
-/// One chat message.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// One chat message: `tool_calls` are an assistant turn's calls (empty: the key is absent).
+#[derive(Debug, Clone, PartialEq)]
 pub struct Message {
     pub role: String,
     pub content: String,
+    pub tool_calls: Vec<ToolCall>,
 }
 
 impl Message {
     pub fn new(role: &str, content: &str) -> Self {
-        Self { role: role.to_string(), content: content.to_string() }
+        Self { role: role.to_string(), content: content.to_string(), tool_calls: Vec::new() }
+    }
+
+    /// The message as the template sees it (see the module documentation).
+    fn to_value(&self) -> minijinja::Value {
+        let mut entries = vec![("role", minijinja::Value::from(self.role.as_str())), ("content", minijinja::Value::from(self.content.as_str()))];
+        if !self.tool_calls.is_empty() {
+            entries.push(("tool_calls", self.tool_calls.iter().map(ToolCall::to_value).collect()));
+        }
+        entries.into_iter().collect()
     }
 }
 
@@ -107,16 +122,58 @@ impl ChatTemplate {
     /// The prompt text for `messages`; with `add_generation_prompt`, ending where the assistant's
     /// reply begins.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// [`Self::render`] with the schemas of the tools the model may call, as
+    /// `apply_chat_template(..., tools=tools)` renders them (None: no tools, `tools is none`).
+    pub fn render_with_tools(&self, messages: &[Message], tools: Option<&[OrderedJson]>, add_generation_prompt: bool) -> Result<String> {
         let template = self.env.get_template("chat").expect("parsed when made");
+        let messages: Vec<minijinja::Value> = messages.iter().map(Message::to_value).collect();
+        let tools = match tools {
+            Some(tools) => minijinja::Value::from(tools.iter().map(OrderedJson::to_value).collect::<Vec<_>>()),
+            None => minijinja::Value::from(()),
+        };
         let ctx = context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
             // transformers passes these as None when not given (`tools is none` holds).
-            tools => (),
+            tools => tools,
             documents => (),
             ..minijinja::Value::from_serialize(&self.special_tokens)
         };
         template.render(ctx).map_err(|e| anyhow!("chat template {} fails on these messages: {e:#}", self.origin.display()))
+    }
+
+    /// Whether the template has a tool-call format (Qwen2.5's and Qwen3's do; SmolLM2's ignores
+    /// `tools`): one user message rendered with a probe tool shows the tool's schema and the
+    /// `<tool_call>` tag. Without one, episodes use the plain-text protocol (`crate::episode`).
+    pub fn has_tool_call_format(&self) -> Result<bool> {
+        let schema = r#"{"type": "function", "function": {"name": "smallrl_probe_tool", "description": "probe", "parameters": {"type": "object", "properties": {}}}}"#;
+        let probe = OrderedJson::parse(schema).expect("the probe schema is JSON");
+        let text = self.render_with_tools(&[Message::new("user", "probe")], Some(&[probe]), true)?;
+        Ok(text.contains(schema) && text.contains(super::tool_calls::OPEN))
+    }
+
+    /// The text an episode appends after an assistant turn for its `observation` (messages in
+    /// the `tool` or `user` role), as the template writes it: from just after the turn's stop
+    /// token (`stop_text`, which the model sampled) through the next generation prompt.
+    /// `history` is the conversation the turn answered (rendered with the generation prompt,
+    /// it is the text the model was given) and `turn` the model's text. The template must write
+    /// that text and the turn as they were sampled once the observation follows (Qwen3's does
+    /// for `tool` observations; a `user` one moves its "last query", which drops the reasoning
+    /// of the turns before it): otherwise this is an error, as the tokens already sampled are
+    /// not the template's.
+    pub fn observation_text(&self, history: &[Message], turn: &str, observation: &[Message], tools: &[OrderedJson], stop_text: &str) -> Result<String> {
+        let sampled = format!("{}{turn}{stop_text}", self.render_with_tools(history, Some(tools), true)?);
+        let mut conversation = history.to_vec();
+        conversation.push(Message::new("assistant", turn));
+        conversation.extend_from_slice(observation);
+        let after = self.render_with_tools(&conversation, Some(tools), true)?;
+        let rest = after.strip_prefix(sampled.as_str()).with_context(|| {
+            format!("chat template {} does not write the conversation and the turn as they were sampled once an observation follows, so the observation cannot follow them", self.origin.display())
+        })?;
+        Ok(rest.to_string())
     }
 
     /// One user message (after `system`, if given) with the generation prompt: what `--chat`

@@ -21,6 +21,7 @@ pub mod native;
 pub mod rope;
 pub mod stacked;
 pub mod tokenizer;
+pub mod tool_calls;
 pub mod weights;
 pub mod wordpiece;
 
