@@ -170,7 +170,7 @@ fn tinker_losses_and_gradients_match_their_float64_formulas() {
 
         let loss = terms.loss.double_value(&[]);
         let loss_error = (loss - exact_loss).abs() / exact_loss.abs();
-        let clipped = terms.clip_ratio.double_value(&[]);
+        let clipped = terms.number(grpo::metric_key::CLIP_RATIO).expect("clip_ratio");
         println!("{case}: loss {loss:.9} (float64 {exact_loss:.9}, relative error {loss_error:.1e}); per-token derivative max error {slope_error:.1e} (of {slope_scale:.1e}); worst gradient {:.1e} ({}); clip_ratio {clipped:.3}", worst.0, worst.1);
         // float32 arithmetic on O(1) values over ~300 tokens: measured errors are listed in the
         // objectives chapter (docs/src/objectives.md); a wrong formula or a wrong denominator is off by O(1).

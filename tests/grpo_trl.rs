@@ -29,6 +29,7 @@ use smallrl::grpo::MultiObjectiveAggregation;
 use smallrl::intervention::Intervention;
 use smallrl::reward::{ComponentInfo, Role, ScoredBatch};
 use smallrl::train::TrainConfig;
+use smallrl::train::metrics::key;
 use smallrl::model::decode::DecodeModel;
 use smallrl::model::generate::{Generation, SamplingParams, generate};
 use smallrl::model::weights::{read_safetensors, write_safetensors};
@@ -246,16 +247,15 @@ fn loss_and_gradients_match_trl() {
             let clamped = (&logprobs - old).exp().gt(delta).logical_and(&advantages.lt(0.0).unsqueeze(1)).logical_and(&loss_mask.to_kind(Kind::Bool));
             assert!(clamped.sum(Kind::Int64).int64_value(&[]) > 0, "{label}: delta must clamp some ratios of negative advantage");
         }
-        let clipped = match (&terms.clip_fractions, &terms.cispo_clip_ratio) {
-            (Some(fractions), None) => Some(fractions.region.double_value(&[])),
-            (None, Some(capped)) => Some(capped.double_value(&[])),
+        let clipped = match (terms.number(key::CLIP_REGION), terms.number(key::CISPO_CLIP_RATIO)) {
+            (Some(region), None) => Some(region),
+            (None, Some(capped)) => Some(capped),
             (None, None) => None,
             _ => panic!("{label}: a loss logs TRL's clip fractions, cispo_clip_ratio, or neither (sapo, vespo)"),
         };
         let clip_binds = clipped.is_none_or(|clipped| clipped > 0.05);
         assert!(config.num_iterations == 1 || clip_binds, "{label}: the clip must bind with shifted old log-probs (fraction clipped {clipped:?})");
-        if let Some(phi) = &terms.vespo_phi_seq_mean {
-            let phi = phi.double_value(&[]);
+        if let Some(phi) = terms.number(key::VESPO_PHI_SEQ_MEAN) {
             assert!((phi - 1.0).abs() > 0.02, "{label}: VESPO's weights must move away from 1 (mean {phi})");
         }
         if let Some(threshold) = settings.off_policy_mask_threshold {
@@ -370,19 +370,19 @@ fn compare_clip_fractions(label: &str, terms: &grpo::LossTerms, surrogate: grpo:
     assert_clip_is_stable(label, surrogate, &exact["ratio"], loss_mask);
     let metrics: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(trl_metrics).unwrap()).unwrap();
     let theirs = |key: &str| metrics["metrics"][key].as_f64().unwrap_or_else(|| panic!("{label}: TRL logged no {key}"));
-    let fractions = match (&terms.clip_fractions, &terms.cispo_clip_ratio) {
-        (Some(fractions), _) => vec![("clip_ratio/low_mean", &fractions.low), ("clip_ratio/high_mean", &fractions.high), ("clip_ratio/region_mean", &fractions.region)],
-        (None, Some(capped)) => vec![("cispo_clip_ratio", capped)],
+    let fractions = match (terms.metric(key::CLIP_REGION), terms.metric(key::CISPO_CLIP_RATIO)) {
+        (Some(_), _) => vec![key::CLIP_LOW, key::CLIP_HIGH, key::CLIP_REGION],
+        (None, Some(_)) => vec![key::CISPO_CLIP_RATIO],
         (None, None) => vec![],
     };
-    for (key, value) in fractions {
-        let (ours, float64) = (value.double_value(&[]), exact[key].double_value(&[]));
+    for key in fractions {
+        let (ours, float64) = (terms.number(key).expect("logged"), exact[key].double_value(&[]));
         // Counts over the same tokens divided by the same count: exact up to float32 division.
         assert!((ours - float64).abs() <= 1e-6, "{label}: {key} {ours} vs float64 {float64}{}", common::machine_note());
         assert_reference_agrees(label, key, (theirs(key) - float64).abs(), 1e-6);
     }
-    if let Some(phi) = &terms.vespo_phi_seq_mean {
-        let (ours, trl, float64) = (phi.double_value(&[]), theirs("vespo/phi_seq_mean"), exact["vespo/phi_seq_mean"].double_value(&[]));
+    if let Some(ours) = terms.number(key::VESPO_PHI_SEQ_MEAN) {
+        let (trl, float64) = (theirs("vespo/phi_seq_mean"), exact["vespo/phi_seq_mean"].double_value(&[]));
         let bound = (2.0 * (trl - float64).abs()).max(1e-5 * float64.abs());
         println!("{label}: vespo/phi_seq_mean ours {:.1e} from float64, TRL {:.1e}", (ours - float64).abs(), (trl - float64).abs());
         assert!((ours - float64).abs() <= bound, "{label}: vespo/phi_seq_mean {ours} vs float64 {float64} (bound {bound:.1e}; TRL {trl}){}", common::machine_note());
@@ -390,11 +390,7 @@ fn compare_clip_fractions(label: &str, terms: &grpo::LossTerms, surrogate: grpo:
     }
     for key in ["clip_ratio/region_mean", "cispo_clip_ratio", "vespo/phi_seq_mean"] {
         let logged = metrics["metrics"].get(key).is_some();
-        let ours = match key {
-            "clip_ratio/region_mean" => terms.clip_fractions.is_some(),
-            "cispo_clip_ratio" => terms.cispo_clip_ratio.is_some(),
-            _ => terms.vespo_phi_seq_mean.is_some(),
-        };
+        let ours = terms.metric(key).is_some();
         assert_eq!(ours, logged, "{label}: we log {key}: {ours}, TRL: {logged}");
     }
 }
@@ -448,9 +444,9 @@ fn correction(mode: &str, clip_min: f64, clip_max: f64) -> serde_json::Value {
 /// of 48 of them more). The ratios must bind: some at a bound or zeroed, some inside.
 fn compare_correction(label: &str, correction: grpo::IsCorrection, terms: &grpo::LossTerms, trl_metrics: &Path, exact: &BTreeMap<String, Tensor>) {
     let metrics: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(trl_metrics).unwrap()).unwrap();
-    let stats = terms.importance_sampling.expect("the correction's metrics");
-    let pairs = smallrl::train::metrics::importance_sampling_metrics(&stats);
-    for (key, ours) in pairs {
+    let keys = [key::SAMPLING_LOGP_DIFFERENCE_MEAN, key::SAMPLING_LOGP_DIFFERENCE_MAX, key::IS_RATIO_MIN, key::IS_RATIO_MEAN, key::IS_RATIO_MAX];
+    for key in keys {
+        let ours = terms.number(key).expect("the correction's metrics");
         let theirs = metrics["metrics"][key].as_f64().unwrap_or_else(|| panic!("{label}: TRL logged no {key}"));
         let float64 = exact[key].double_value(&[]);
         let bound = (2.0 * (theirs - float64).abs()).max(1e-5 * float64.abs().max(1e-2));
@@ -459,8 +455,9 @@ fn compare_correction(label: &str, correction: grpo::IsCorrection, terms: &grpo:
     }
     let truncates = matches!(correction.mode, grpo::ImportanceSamplingMode::TokenTruncate | grpo::ImportanceSamplingMode::SequenceTruncate);
     let (low, high) = if truncates { (correction.clip_min, correction.clip_max) } else { (0.0, 0.0) };
-    let binds = (stats.ratio_max - high).abs() < 1e-6 || (stats.ratio_min - low).abs() < 1e-6;
-    assert!(binds && stats.ratio_mean > low && stats.ratio_mean < correction.clip_max, "{label}: the bounds must bind on some ratios and not all: {stats:?}");
+    let [ratio_min, ratio_mean, ratio_max] = [key::IS_RATIO_MIN, key::IS_RATIO_MEAN, key::IS_RATIO_MAX].map(|key| terms.number(key).expect("the correction's metrics"));
+    let binds = (ratio_max - high).abs() < 1e-6 || (ratio_min - low).abs() < 1e-6;
+    assert!(binds && ratio_mean > low && ratio_mean < correction.clip_max, "{label}: the bounds must bind on some ratios and not all: min {ratio_min}, mean {ratio_mean}, max {ratio_max}");
 }
 
 /// TRL's `policy_loss` (the loss before the entropy bonus, held to float64) and `entropy_coef`

@@ -1,12 +1,13 @@
 //! The per-token loss of an [`Objective`]: the importance ratio, the surrogate, the
 //! sampler/learner correction, the KL penalty, and what a step logs about them (clip fractions,
-//! Kish's effective sample size, the correction's ratios).
+//! Kish's effective sample size, the correction's ratios) as one list of named values
+//! ([`LossMetric`], `logged.rs`).
 
 use tch::{Kind, Tensor};
 
 use super::aggregation::token_weights;
-use super::is_correction::IsStats;
 use super::kl::per_token_kl;
+use super::logged::{LossMetric, importance_sampling_metrics, key};
 use super::masks::TokenMasks;
 use super::objective::{ImportanceSamplingLevel, Objective, RatioTo, Surrogate, VespoGamma};
 use crate::stats::effective_sample_size;
@@ -15,26 +16,41 @@ pub struct LossTerms {
     pub loss: Tensor,
     /// Per-token KL (`None` without a KL penalty, as TRL skips the reference model then).
     pub per_token_kl: Option<Tensor>,
-    /// Fraction of loss tokens whose ratio was clipped (low or high side, whatever the sign of
-    /// the advantage; per token also with sequence ratios).
-    pub clip_ratio: Tensor,
-    /// TRL's clip fractions of the clipped surrogate (also tinker's `ppo`; `None` with cispo,
-    /// which TRL does not log them for, and with tinker's unclipped losses).
-    pub clip_fractions: Option<ClipFractions>,
-    /// TRL's `cispo_clip_ratio` (with cispo only): the fraction of loss tokens (completions with
-    /// sequence ratios) whose weight the cap caps, with a positive advantage.
-    pub cispo_clip_ratio: Option<Tensor>,
-    /// `(Σw)² / Σw²` of the loss weights `w` = each token's weight in the aggregation times its
-    /// importance ratio and the correction's weight (0 for tokens the policy mask drops): the
-    /// number of equally weighted tokens that would carry as much information
-    /// ([`effective_sample_size`]).
-    pub effective_sample_size: f64,
-    /// TRL's `sampling/...` metrics of the importance-sampling correction (with it only).
-    pub importance_sampling: Option<IsStats>,
-    /// TRL's `vespo/phi_seq_mean` (with vespo only): the mean over completions of VESPO's weight.
-    pub vespo_phi_seq_mean: Option<Tensor>,
+    /// What the step's metrics line logs about the loss, each key once, in the order
+    /// [`sampled_loss`] pushes them:
+    /// - `kl`: the mean per-token KL over the loss tokens (null without a KL penalty);
+    /// - `clip_ratio`: the fraction of loss tokens whose ratio was clipped (low or high side,
+    ///   whatever the sign of the advantage; per token also with sequence ratios);
+    /// - TRL's clip fractions ([`ClipFractions`]) of the clipped surrogate (also tinker's `ppo`;
+    ///   null with cispo, which TRL does not log them for, and with the unclipped losses);
+    /// - TRL's `cispo_clip_ratio` (with cispo only): the fraction of loss tokens (completions
+    ///   with sequence ratios) whose weight the cap caps, with a positive advantage;
+    /// - TRL's `vespo/phi_seq_mean` (with vespo only): the mean over completions of VESPO's weight;
+    /// - `effective_sample_size`: `(Σw)² / Σw²` of the loss weights `w` = each token's weight in
+    ///   the aggregation times its importance ratio and the correction's weight (0 for tokens
+    ///   the policy mask drops): the number of equally weighted tokens that would carry as much
+    ///   information ([`effective_sample_size`]);
+    /// - TRL's `sampling/...` metrics of the importance-sampling correction (with it only).
+    pub metrics: Vec<LossMetric>,
     /// With TRL's entropy bonus: what the engine's passes add to `loss` (`None` here).
     pub entropy_bonus: Option<EntropyBonus>,
+}
+
+impl LossTerms {
+    /// The value logged under `key` (`None` when the loss logs it as null or not at all).
+    pub fn metric(&self, key: &str) -> Option<&Tensor> {
+        self.metrics.iter().find(|m| m.key == key).and_then(|m| m.value.as_ref())
+    }
+
+    /// [`Self::metric`] read back as a float64.
+    pub fn number(&self, key: &str) -> Option<f64> {
+        self.metric(key).map(|value| value.double_value(&[]))
+    }
+
+    /// The named values of the step's metrics line, read back (`None`: null).
+    pub fn logged(&self) -> Vec<(&'static str, Option<f64>)> {
+        self.metrics.iter().map(|m| (m.key, m.value.as_ref().map(|value| value.double_value(&[])))).collect()
+    }
 }
 
 /// What a pass with TRL's entropy bonus logs about it.
@@ -80,6 +96,19 @@ pub struct ClipFractions {
     pub low: Tensor,
     pub high: Tensor,
     pub region: Tensor,
+}
+
+impl ClipFractions {
+    const KEYS: [&'static str; 3] = [key::CLIP_LOW, key::CLIP_HIGH, key::CLIP_REGION];
+
+    fn logged(self) -> Vec<LossMetric> {
+        Self::KEYS.into_iter().zip([self.low, self.high, self.region]).map(|(key, value)| LossMetric::new(key, value)).collect()
+    }
+
+    /// The keys every line has, null for a surrogate without TRL's clip.
+    fn null() -> Vec<LossMetric> {
+        Self::KEYS.into_iter().map(LossMetric::null).collect()
+    }
 }
 
 /// The GRPO loss of a whole batch in one pass. `classes` are `[batch]` 0/1 row masks that
@@ -155,7 +184,9 @@ pub fn sampled_loss(logprobs: LossLogprobs, advantages: &Tensor, masks: TokenMas
         Surrogate::Sapo { positive, negative } => unclipped(sapo_gate(&ratio, &advantages, positive, negative) * &advantages, &ratio),
         Surrogate::Vespo(gamma) => {
             let phi = vespo_weights(&advantages, &log_ratio, &mask, correction.as_ref().map(|(rho, _)| rho), gamma);
-            SurrogateTerms { vespo_phi_seq_mean: Some(phi.mean(Kind::Float)), ..unclipped(&phi * &advantages * logprobs, &ratio) }
+            let mut terms = unclipped(&phi * &advantages * logprobs, &ratio);
+            terms.metrics.push(LossMetric::new(key::VESPO_PHI_SEQ_MEAN, phi.mean(Kind::Float)));
+            terms
         }
     };
     // Which tokens' policy terms count and how much: the entropy mask, the off-policy mask and
@@ -185,34 +216,31 @@ pub fn sampled_loss(logprobs: LossLogprobs, advantages: &Tensor, masks: TokenMas
     };
     let effective_sample_size = effective_sample_size(&(policy_weights * ratio.detach()));
     let is_clipped = ratio.ne_tensor(&surrogate.clipped_ratio).to_kind(Kind::Float);
-    let clip_ratio = (is_clipped * &mask).sum(Kind::Float) / mask.sum(Kind::Float).clamp_min(1.0);
-    LossTerms {
-        loss,
-        per_token_kl: per_token_kl.map(|(kl, _)| kl),
-        clip_ratio,
-        clip_fractions: surrogate.clip_fractions,
-        cispo_clip_ratio: surrogate.cispo_clip_ratio,
-        vespo_phi_seq_mean: surrogate.vespo_phi_seq_mean,
-        effective_sample_size,
-        importance_sampling: correction.map(|(_, stats)| stats),
-        entropy_bonus: None,
+    let tokens = mask.sum(Kind::Float).clamp_min(1.0);
+    let clip_ratio = (is_clipped * &mask).sum(Kind::Float) / &tokens;
+    let kl_mean = per_token_kl.as_ref().map(|(kl, _)| (kl.detach() * &mask).sum(Kind::Float) / &tokens);
+    let mut metrics = vec![LossMetric { key: key::KL, value: kl_mean }, LossMetric::new(key::CLIP_RATIO, clip_ratio)];
+    metrics.extend(surrogate.metrics);
+    metrics.push(LossMetric::number(key::EFFECTIVE_SAMPLE_SIZE, effective_sample_size));
+    if let Some((_, stats)) = &correction {
+        metrics.extend(importance_sampling_metrics(stats).map(|(key, value)| LossMetric::number(key, value)));
     }
+    LossTerms { loss, per_token_kl: per_token_kl.map(|(kl, _)| kl), metrics, entropy_bonus: None }
 }
 
-/// A surrogate's per-token objective (maximised) and what the step logs about its clip.
+/// A surrogate's per-token objective (maximised) and what the step logs about it (TRL's clip
+/// fractions, null without its clip, then the surrogate's own).
 struct SurrogateTerms {
     objective: Tensor,
     /// The ratio after the surrogate's clip (`ratio` where nothing clips).
     clipped_ratio: Tensor,
-    clip_fractions: Option<ClipFractions>,
-    cispo_clip_ratio: Option<Tensor>,
-    vespo_phi_seq_mean: Option<Tensor>,
+    metrics: Vec<LossMetric>,
 }
 
 /// A surrogate without a clip (tinker's `importance_sampling` and `dro`, TRL's `sapo`): nothing
 /// to log about it.
 fn unclipped(objective: Tensor, ratio: &Tensor) -> SurrogateTerms {
-    SurrogateTerms { objective, clipped_ratio: ratio.shallow_clone(), clip_fractions: None, cispo_clip_ratio: None, vespo_phi_seq_mean: None }
+    SurrogateTerms { objective, clipped_ratio: ratio.shallow_clone(), metrics: ClipFractions::null() }
 }
 
 /// PPO's `min(min(r, delta) A, clip(r, 1 - low, 1 + high) A)`, as TRL.
@@ -224,7 +252,7 @@ fn clipped(ratio: &Tensor, advantages: &Tensor, mask: &Tensor, (low, high, delta
     };
     let objective = (&unclipped * advantages).min_other(&(&clipped * advantages));
     let clip_fractions = clip_fractions(&unclipped.detach(), advantages, mask, (low, high), level);
-    SurrogateTerms { objective, clipped_ratio: clipped, clip_fractions: Some(clip_fractions), cispo_clip_ratio: None, vespo_phi_seq_mean: None }
+    SurrogateTerms { objective, clipped_ratio: clipped, metrics: clip_fractions.logged() }
 }
 
 /// CISPO's `min(r, cap).detach() A logp` (TRL's `loss_type="cispo"`, `cap` its `epsilon_high`):
@@ -234,7 +262,9 @@ fn cispo(logprobs: &Tensor, ratio: &Tensor, advantages: &Tensor, mask: &Tensor, 
     let objective = &weight * advantages * logprobs;
     let capped = ratio.detach().gt(cap).logical_and(&advantages.gt(0.0));
     let cispo_clip_ratio = flag_fraction(&capped, mask, level);
-    SurrogateTerms { objective, clipped_ratio: weight, clip_fractions: None, cispo_clip_ratio: Some(cispo_clip_ratio), vespo_phi_seq_mean: None }
+    let mut metrics = ClipFractions::null();
+    metrics.push(LossMetric::new(key::CISPO_CLIP_RATIO, cispo_clip_ratio));
+    SurrogateTerms { objective, clipped_ratio: weight, metrics }
 }
 
 /// SAPO's soft gate in place of the clipped ratio: `sigmoid(tau (r - 1)) 4 / tau`, `tau` =

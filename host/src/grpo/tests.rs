@@ -3,7 +3,13 @@
 use tch::{Kind, Tensor};
 
 use super::*;
+use super::metric_key as key;
 use crate::model::batch::Generation;
+
+/// The value `terms` log under `key` (not null).
+fn logged<'a>(terms: &'a LossTerms, key: &str) -> &'a Tensor {
+    terms.metric(key).unwrap_or_else(|| panic!("the loss logs no value under {key}"))
+}
 
 fn approx(actual: &Tensor, expected: f64, what: &str) {
     let actual = actual.double_value(&[]);
@@ -51,11 +57,11 @@ fn token_ratios_clip_at_epsilon_high_and_delta_and_count_as_trl_logs_them() {
     // 1.1 -> -1.1, 0.5 -> -0.5; row A = -1: 0.7 -> 0.8, 1.5 -> 1.3 (delta). dapo: sum / 5.
     approx(&terms.loss, (-1.28 - 1.1 - 0.5 + 0.8 + 1.3) / 5.0, "loss");
     // Low: 0.7 with A < 0; high: 1.5 (clamped to 1.3, still above 1.28) with A > 0.
-    approx(&terms.clip_fractions.as_ref().unwrap().low, 1.0 / 5.0, "clip_ratio/low_mean");
-    approx(&terms.clip_fractions.as_ref().unwrap().high, 1.0 / 5.0, "clip_ratio/high_mean");
-    approx(&terms.clip_fractions.as_ref().unwrap().region, 2.0 / 5.0, "clip_ratio/region_mean");
+    approx(logged(&terms, key::CLIP_LOW), 1.0 / 5.0, "clip_ratio/low_mean");
+    approx(logged(&terms, key::CLIP_HIGH), 1.0 / 5.0, "clip_ratio/high_mean");
+    approx(logged(&terms, key::CLIP_REGION), 2.0 / 5.0, "clip_ratio/region_mean");
     // Outside [0.8, 1.28] whatever the advantage: 1.5, 0.5, 0.7, 1.5.
-    approx(&terms.clip_ratio, 4.0 / 5.0, "clip_ratio");
+    approx(logged(&terms, key::CLIP_RATIO), 4.0 / 5.0, "clip_ratio");
 }
 
 #[test]
@@ -66,14 +72,14 @@ fn sequence_ratios_are_the_exp_of_the_mean_log_ratio_over_real_tokens() {
     // per-sequence loss is -r A.
     let (first, second) = ((1.5f64 * 1.1 * 0.5).powf(1.0 / 3.0), (0.7f64 * 1.5).sqrt());
     approx(&terms.loss, (-first + second) / 2.0, "loss");
-    approx(&terms.clip_fractions.as_ref().unwrap().region, 0.0, "clip_ratio/region_mean");
+    approx(logged(&terms, key::CLIP_REGION), 0.0, "clip_ratio/region_mean");
     // With A = +1 on both rows, the first stays in range and the second (1.025) is above
     // 1 + epsilon_high = 1.02: one completion in two.
     let tight = Objective { surrogate: Surrogate::Clip { low: 0.02, high: 0.02, delta: None }, ..settings(ImportanceSamplingLevel::Sequence, LossType::Grpo) };
     let all_rows = [Tensor::ones([2], (Kind::Float, tch::Device::Cpu))];
     let positive = Tensor::from_slice(&[1.0f32, 1.0]);
     let terms = grpo_loss(&b.logprobs, Some(&b.old), None, &positive, (&b.mask).into(), &all_rows, &tight);
-    approx(&terms.clip_fractions.as_ref().unwrap().high, 0.5, "clip_ratio/high_mean per completion");
+    approx(logged(&terms, key::CLIP_HIGH), 0.5, "clip_ratio/high_mean per completion");
     approx(&terms.loss, (-first - 1.02) / 2.0, "loss with the second completion clipped");
 }
 
@@ -92,10 +98,10 @@ fn cispo_weights_the_log_prob_by_the_capped_detached_ratio() {
     for (ours, hand) in grad.iter().zip(expected) {
         assert!((ours - hand).abs() < 1e-6, "gradient {grad:?} vs {expected:?} (by hand)");
     }
-    assert!(terms.clip_fractions.is_none(), "TRL logs no PPO clip fractions for cispo");
+    assert!(terms.metric(key::CLIP_REGION).is_none(), "TRL logs no PPO clip fractions for cispo");
     // Capped with A > 0: the first row's 1.5 only; capped at all: both 1.5s.
-    approx(terms.cispo_clip_ratio.as_ref().unwrap(), 1.0 / 5.0, "cispo_clip_ratio");
-    approx(&terms.clip_ratio, 2.0 / 5.0, "clip_ratio");
+    approx(logged(&terms, key::CISPO_CLIP_RATIO), 1.0 / 5.0, "cispo_clip_ratio");
+    approx(logged(&terms, key::CLIP_RATIO), 2.0 / 5.0, "clip_ratio");
 }
 
 #[test]
@@ -106,8 +112,8 @@ fn tinker_losses_follow_their_documented_formulas_by_hand() {
     // importance_sampling, dapo over the 5 loss tokens: -(r A) = -(1.5 + 1.1 + 0.5) + (0.7 + 1.5).
     let terms = grpo_loss(&b.logprobs, Some(&b.old), None, &b.advantages, (&b.mask).into(), &all_rows, &tinker(Surrogate::ImportanceSampling));
     approx(&terms.loss, (-3.1 + 2.2) / 5.0, "importance_sampling loss");
-    approx(&terms.clip_ratio, 0.0, "importance_sampling clips nothing");
-    assert!(terms.clip_fractions.is_none() && terms.cispo_clip_ratio.is_none());
+    approx(logged(&terms, key::CLIP_RATIO), 0.0, "importance_sampling clips nothing");
+    assert!(terms.metric(key::CLIP_REGION).is_none() && terms.metric(key::CISPO_CLIP_RATIO).is_none());
     // dro at logp = 0: -(0 * A - 0.25 (ln r)^2) per token; d/dlogp = -(A - 0.5 ln r) / 5.
     let logprobs = b.logprobs.set_requires_grad(true);
     let terms = grpo_loss(&logprobs, Some(&b.old), None, &b.advantages, (&b.mask).into(), &all_rows, &tinker(Surrogate::Dro { beta: 0.5 }));
@@ -172,13 +178,14 @@ fn the_effective_sample_size_weighs_tokens_by_aggregation_and_ratio() {
     let dapo = ratios.map(|r| r / 5.0);
     let grpo = [1.5 / 6.0, 1.1 / 6.0, 0.5 / 6.0, 0.7 / 4.0, 1.5 / 4.0];
     for (loss_type, weights) in [(LossType::Dapo, dapo), (LossType::Grpo, grpo)] {
-        let ess = loss_terms(&b, &settings(ImportanceSamplingLevel::Token, loss_type)).effective_sample_size;
+        let ess = loss_terms(&b, &settings(ImportanceSamplingLevel::Token, loss_type)).number(key::EFFECTIVE_SAMPLE_SIZE).unwrap();
         assert!((ess - kish(&weights)).abs() < 1e-5, "{loss_type}: {ess} vs {} (by hand)", kish(&weights));
     }
     // On-policy (ratio 1) dapo weighs the five tokens alike: five.
     let all_rows = [Tensor::ones([2], (Kind::Float, tch::Device::Cpu))];
     let fresh = grpo_loss(&b.logprobs, None, None, &b.advantages, (&b.mask).into(), &all_rows, &settings(ImportanceSamplingLevel::Token, LossType::Dapo));
-    assert!((fresh.effective_sample_size - 5.0).abs() < 1e-5, "{}", fresh.effective_sample_size);
+    let fresh = fresh.number(key::EFFECTIVE_SAMPLE_SIZE).unwrap();
+    assert!((fresh - 5.0).abs() < 1e-5, "{fresh}");
 }
 
 #[test]
@@ -377,11 +384,12 @@ fn the_correction_weighs_the_policy_term_of_the_loss_and_its_gradient() {
     let expected: Vec<f64> = (0..5).map(|i| (-signs[i] * rho[i] + 0.1) / 5.0).collect();
     assert_values(&current.grad().masked_select(&mask.to_kind(Kind::Bool)), &expected, "gradient");
     let ess = rho.iter().sum::<f64>().powi(2) / rho.iter().map(|r| r * r).sum::<f64>();
-    assert!((terms.effective_sample_size - ess).abs() < 1e-4, "ESS {} vs {ess} (by hand)", terms.effective_sample_size);
-    let stats = terms.importance_sampling.expect("the correction's metrics");
-    assert!((stats.ratio_max - 3.0).abs() < 1e-6 && (stats.ratio_min - 0.2).abs() < 1e-6, "{stats:?}");
+    let ours = terms.number(key::EFFECTIVE_SAMPLE_SIZE).unwrap();
+    assert!((ours - ess).abs() < 1e-4, "ESS {ours} vs {ess} (by hand)");
+    let (ratio_max, ratio_min) = (terms.number(key::IS_RATIO_MAX).expect("the correction's metrics"), terms.number(key::IS_RATIO_MIN).unwrap());
+    assert!((ratio_max - 3.0).abs() < 1e-6 && (ratio_min - 0.2).abs() < 1e-6, "ratios {ratio_min}..{ratio_max}");
     let without = sampled_loss(LossLogprobs { current: &current, old: None, reference: Some(&reference), sampler: Some(&sampler), replayed: None, old_is_sampler: false }, &advantages, (&mask).into(), &weights, &Objective { correction: None, ..objective });
-    assert!(without.importance_sampling.is_none(), "no metrics without the correction");
+    assert!(without.metrics.iter().all(|m| !m.key.starts_with("sampling/")), "no metrics without the correction");
 }
 
 /// Sampling replay: what the loss compares with the sampler is the policy's renormalised
@@ -466,7 +474,7 @@ fn sapo_gates_each_ratio_softly_with_the_temperature_of_its_advantage_sign() {
     }
     approx(&terms.loss, loss, "sapo loss");
     assert_values(&grad, &expected_grad, "sapo gradient");
-    assert!(terms.clip_fractions.is_none() && terms.vespo_phi_seq_mean.is_none(), "sapo logs no clip fractions");
+    assert!(terms.metric(key::CLIP_REGION).is_none() && terms.metric(key::VESPO_PHI_SEQ_MEAN).is_none(), "sapo logs no clip fractions");
 }
 
 /// LUSPO: the clipped sequence ratio (both rows' geometric means inside [0.8, 1.28]), each row's
@@ -499,7 +507,7 @@ fn vespo_weighs_each_sequence_by_the_gamma_function_of_its_importance_weight() {
     let (expected_grad, phi_mean) = expect([1.0, 1.0]);
     approx(&terms.loss, 0.0, "vespo loss at logp 0");
     assert_values(&grad, &expected_grad, "vespo gradient");
-    approx(terms.vespo_phi_seq_mean.as_ref().unwrap(), phi_mean, "vespo/phi_seq_mean");
+    approx(logged(&terms, key::VESPO_PHI_SEQ_MEAN), phi_mean, "vespo/phi_seq_mean");
     // The sampler 0.4 above the old policy on the first row's tokens, 0.1 below on the second's:
     // rho = e^-0.4 (inside [0.2, 3]) thrice, e^0.1 twice, folded into w; never multiplied in.
     let b = hand_batch();
@@ -509,7 +517,7 @@ fn vespo_weighs_each_sequence_by_the_gamma_function_of_its_importance_weight() {
     let (grad, terms) = hand_loss(&corrected, Some(&sampler));
     let (expected_grad, phi_mean) = expect([(-1.2f64).exp(), 0.2f64.exp()]);
     assert_values(&grad, &expected_grad, "vespo gradient with the correction");
-    approx(terms.vespo_phi_seq_mean.as_ref().unwrap(), phi_mean, "vespo/phi_seq_mean with the correction");
+    approx(logged(&terms, key::VESPO_PHI_SEQ_MEAN), phi_mean, "vespo/phi_seq_mean with the correction");
 }
 
 /// The off-policy mask drops the second row (A = -1) when its mean gap `logp_sampler - logp`

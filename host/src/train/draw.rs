@@ -1,8 +1,9 @@
 //! The step's batch drawn, from the run's prompt streams and the policy to a scored batch:
 //! prompts → samples → scores, in one of three modes ([`DrawMode`]): on policy (the policy's
-//! seat at the engine, now), sampled ahead (`max_steps_off_policy`, `sampling_steps_ahead`,
-//! `stream_minibatches`: one queue of chunks, `pipeline.rs`) or a finished run's recorded
-//! rollouts (`replay_rollouts`, `replay.rs`).
+//! seat at the engine, now; with an episode environment, played as multi-turn episodes,
+//! `episodes.rs`: one arm of `round`'s match), sampled ahead (`max_steps_off_policy`,
+//! `sampling_steps_ahead`, `stream_minibatches`: one queue of chunks, `pipeline.rs`) or a
+//! finished run's recorded rollouts (`replay_rollouts`, `replay.rs`).
 //!
 //! With DAPO's dynamic sampling (`dynamic_sampling_rounds`), groups whose rewards are all equal
 //! are dropped and more prompts sampled in further rounds until the batch is full, as verl's
@@ -200,38 +201,35 @@ impl Draw {
         Ok(batch)
     }
 
-    /// Samples and scores one round of prompts (each repeated `num_generations` times).
+    /// Samples and scores one round of prompts (each repeated `num_generations` times): by the
+    /// draw's mode, and on policy by whether the run plays multi-turn episodes.
     fn round(&mut self, step: usize, round: usize, prompt_texts: Vec<Prompt>, with: &mut Drawing) -> Result<DrawnBatch> {
         let prompt_ids = tokenized(with.policy.tokenizer(), &prompt_texts)?;
         let coherence_rows = self.keys.coherence.rows_at(step);
         let seed = self.round_seed(round);
-        if let Some(episodes) = &self.episodes {
-            ensure!(self.keys.mode == DrawMode::OnPolicy && coherence_rows == 0, "internal error: episodes are drawn on policy without coherence rows (refused at start)");
-            let [request] = <[_; 1]>::try_from(with.policy.sample_requests(&prompt_ids, 0, step, seed)).map_err(|_| anyhow::anyhow!("internal error: one sampler call per episode batch"))?;
-            // Episode ids count the run's episodes: round r of step s starts at (s * (R + 1) + r) * rows.
-            let first_id = ((step * (self.keys.dynamic_rounds + 1) + round) * prompt_texts.len()) as u64;
-            let seeds = (request.seed, rng::derive(seed, "protocol", step as u64));
-            if with.policy.runs() > 1 {
-                with.policy.announce(with.log, "sample", || "sampling episodes alone, not stacked with the other packed runs: each run's turns wait on its own environment".into());
+        match (&self.keys.mode, &self.episodes) {
+            (DrawMode::OnPolicy, Some(episodes)) => {
+                ensure!(coherence_rows == 0, "internal error: episodes are drawn without coherence rows (refused at start)");
+                // Episode ids count the run's episodes: round r of step s starts at (s * (R + 1) + r) * rows.
+                let first_id = ((step * (self.keys.dynamic_rounds + 1) + round) * prompt_texts.len()) as u64;
+                played(episodes, step, seed, first_id, &prompt_ids, &prompt_texts, with)
             }
-            let played = episodes.play(with.policy, with.rewards, &prompt_texts, &request.scales, seeds, first_id).with_context(|| format!("the episodes of step {} failed", step + 1))?;
-            let super::episodes::Played { generation, samples, scored, generate_seconds, score_seconds, fingerprint } = played;
-            return Ok(DrawnBatch { generation, samples, scored, generate_seconds, score_seconds, dynamic_sampling: None, off_policy: None, weights_fingerprint: fingerprint });
-        }
-        let sampled = match &self.keys.mode {
-            DrawMode::Replay(dir) => (replay::generation(dir, step, &prompt_ids, with.policy.model().device)?, 0.0, None),
-            DrawMode::OnPolicy => {
+            (DrawMode::OnPolicy, None) => {
                 let sampled = with.policy.sample(with.policy.sample_requests(&prompt_ids, coherence_rows, step, seed), with.log)?;
-                (sampled.generation, sampled.seconds, Some(sampled.fingerprint))
+                self.scored(step, seed, prompt_texts, (sampled.generation, sampled.seconds, Some(sampled.fingerprint)), with)
             }
-            DrawMode::Ahead(_) => anyhow::bail!("internal error: a rollout sampled ahead is drawn by the queue, not in rounds"),
-        };
-        self.scored(step, seed, prompt_texts, sampled, with)
+            (DrawMode::Replay(dir), None) => {
+                let generation = replay::generation(dir, step, &prompt_ids, with.policy.model().device)?;
+                self.scored(step, seed, prompt_texts, (generation, 0.0, None), with)
+            }
+            (DrawMode::Ahead(_), None) => anyhow::bail!("internal error: a rollout sampled ahead is drawn by the queue, not in rounds"),
+            (_, Some(_)) => anyhow::bail!("internal error: episodes are drawn on policy (refused at start)"),
+        }
     }
 
     /// Scores a generation of `prompt_texts` drawn for `step` from `seed` (with its sampling
     /// seconds and its weights' fingerprint).
-    fn scored(&mut self, step: usize, seed: u64, prompt_texts: Vec<Prompt>, sampled: (Generation, f64, Option<f64>), with: &mut Drawing) -> Result<DrawnBatch> {
+    fn scored(&self, step: usize, seed: u64, prompt_texts: Vec<Prompt>, sampled: (Generation, f64, Option<f64>), with: &mut Drawing) -> Result<DrawnBatch> {
         let (generation, generate_seconds, weights_fingerprint) = sampled;
         let score_start = Instant::now();
         let samples = samples_from_rows(&prompt_texts, &generation.rows, with.policy.tokenizer())?;
@@ -283,6 +281,19 @@ impl Draw {
         let stream = self.extra_prompts.as_mut().expect("dynamic sampling has its prompt stream");
         (first..first + per_round).flat_map(|i| std::iter::repeat_n(stream.at(i), keys.group_size)).collect()
     }
+}
+
+/// One round of multi-turn episodes played on policy (`episodes.rs`): sampled and scored by the
+/// environment turn by turn, the episodes numbered from `first_id`.
+fn played(episodes: &super::episodes::Episodes, step: usize, seed: u64, first_id: u64, prompt_ids: &[Vec<u32>], prompt_texts: &[Prompt], with: &mut Drawing) -> Result<DrawnBatch> {
+    let [request] = <[_; 1]>::try_from(with.policy.sample_requests(prompt_ids, 0, step, seed)).map_err(|_| anyhow::anyhow!("internal error: one sampler call per episode batch"))?;
+    let seeds = (request.seed, rng::derive(seed, "protocol", step as u64));
+    if with.policy.runs() > 1 {
+        with.policy.announce(with.log, "sample", || "sampling episodes alone, not stacked with the other packed runs: each run's turns wait on its own environment".into());
+    }
+    let played = episodes.play(with.policy, with.rewards, prompt_texts, &request.scales, seeds, first_id).with_context(|| format!("the episodes of step {} failed", step + 1))?;
+    let super::episodes::Played { generation, samples, scored, generate_seconds, score_seconds, fingerprint } = played;
+    Ok(DrawnBatch { generation, samples, scored, generate_seconds, score_seconds, dynamic_sampling: None, off_policy: None, weights_fingerprint: fingerprint })
 }
 
 /// The token ids of `prompts`' texts.

@@ -1,6 +1,9 @@
 //! `metrics.jsonl`: one line per optimizer step. The keys are the constants in [`key`]; the
 //! trainer fills the typed records below, and readers (sweep summaries and charts, `smallrl
 //! eval --reward-history`, `smallrl bench`) import the same constants, so a key is spelled once.
+//! What a loss and an intervention log are named-values lists (`grpo::LossTerms::metrics`,
+//! `Prepared::intervention_metrics`) that [`line`] writes as it finds them: a new loss metric
+//! changes no record here.
 //!
 //! Architecture invariant: a line is a flat JSON object written once per step; keys never
 //! change meaning (old run directories are read with today's constants).
@@ -13,16 +16,7 @@ use serde_json::{Map, Value};
 use crate::grpo::{LossType, WeightEss};
 use crate::probes::NoiseScale;
 
-/// The importance-sampling correction's statistics under TRL's metric names.
-pub fn importance_sampling_metrics(is: &crate::grpo::IsStats) -> [(&'static str, f64); 5] {
-    [
-        (key::SAMPLING_LOGP_DIFFERENCE_MEAN, is.logp_difference_mean),
-        (key::SAMPLING_LOGP_DIFFERENCE_MAX, is.logp_difference_max),
-        (key::IS_RATIO_MIN, is.ratio_min),
-        (key::IS_RATIO_MEAN, is.ratio_mean),
-        (key::IS_RATIO_MAX, is.ratio_max),
-    ]
-}
+pub use crate::grpo::importance_sampling_metrics;
 
 /// The aggregations whose loss-weight ESS every step logs (`ess/...`; cispo aggregates as dapo).
 /// The ESS ignores a common scale: dr_grpo's always equals dapo's, and bnpo's does with one
@@ -31,6 +25,9 @@ pub const AGGREGATIONS: [LossType; 4] = [LossType::Grpo, LossType::DrGrpo, LossT
 
 /// The keys of a `metrics.jsonl` line.
 pub mod key {
+    /// What a loss logs (`kl`, `clip_ratio`, ..., `sampling/...`): `grpo`'s keys.
+    pub use crate::grpo::metric_key::*;
+
     pub const STEP: &str = "step";
     /// Mean combined reward of the batch.
     pub const REWARD: &str = "reward";
@@ -50,21 +47,6 @@ pub mod key {
     pub const GRAD_NORM: &str = "grad_norm";
     pub const LEARNING_RATE: &str = "learning_rate";
     pub const ENTROPY: &str = "entropy";
-    /// Mean per-token KL to the reference (null when beta = 0).
-    pub const KL: &str = "kl";
-    /// Fraction of loss tokens whose ratio was clipped, either side, any advantage.
-    pub const CLIP_RATIO: &str = "clip_ratio";
-    /// TRL's clip fractions (`grpo::ClipFractions`): ratio below 1 - epsilon with a negative
-    /// advantage, above 1 + epsilon_high with a positive one, either.
-    pub const CLIP_LOW: &str = "clip_ratio/low_mean";
-    pub const CLIP_HIGH: &str = "clip_ratio/high_mean";
-    pub const CLIP_REGION: &str = "clip_ratio/region_mean";
-    /// TRL's `cispo_clip_ratio` (only with loss_type cispo, whose lines have null
-    /// `clip_ratio/*_mean`): the fraction of weights capped at epsilon_high, positive advantage.
-    pub const CISPO_CLIP_RATIO: &str = "cispo_clip_ratio";
-    /// TRL's `vespo/phi_seq_mean` (only with loss_type vespo): the mean over completions of
-    /// VESPO's Gamma weight `phi(w)` (1 on policy).
-    pub const VESPO_PHI_SEQ_MEAN: &str = "vespo/phi_seq_mean";
     /// TRL's entropy bonus: its coefficient after the step's update (TRL's `entropy_coef`), the
     /// coefficient the step's loss applied, the loss before the bonus (TRL's `policy_loss`) and
     /// the mean entropy of the tokens that trained (what the adaptive control read).
@@ -78,20 +60,10 @@ pub mod key {
     /// Mean entropy of the batch's loss tokens after the update minus before, the same batch
     /// re-scored (with `measure_entropy_change` only).
     pub const ENTROPY_CHANGE: &str = "entropy/measured_change";
-    /// Kish's effective sample size of the loss weights (`grpo::LossTerms::effective_sample_size`).
-    pub const EFFECTIVE_SAMPLE_SIZE: &str = "effective_sample_size";
     /// Sampler vs learner log-probabilities (`probes::sampler_learner_kl`): mean difference and
     /// half its mean square.
     pub const KL_SAMPLE_TRAIN_V1: &str = "kl_sample_train_v1";
     pub const KL_SAMPLE_TRAIN_V2: &str = "kl_sample_train_v2";
-    /// TRL's metrics of the importance-sampling correction (`grpo::IsStats`; with
-    /// `importance_sampling_correction` only): the ratio over loss tokens (per completion in the
-    /// sequence modes), and `|logp_old - logp_sampler|` over loss tokens.
-    pub const IS_RATIO_MIN: &str = "sampling/importance_sampling_ratio/min";
-    pub const IS_RATIO_MEAN: &str = "sampling/importance_sampling_ratio/mean";
-    pub const IS_RATIO_MAX: &str = "sampling/importance_sampling_ratio/max";
-    pub const SAMPLING_LOGP_DIFFERENCE_MEAN: &str = "sampling/sampling_logp_difference/mean";
-    pub const SAMPLING_LOGP_DIFFERENCE_MAX: &str = "sampling/sampling_logp_difference/max";
     /// Sampling replay (`grpo::ReplayStats`; with kept sets only): the policy's mean probability
     /// mass of the kept sets over loss tokens, and the share of loss tokens whose ratio of the
     /// renormalised policy to the sampler is outside [0.9, 1.1].
@@ -204,7 +176,7 @@ pub mod key {
 }
 
 /// What generating and scoring a batch measured (logged with every step that uses the batch).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct RolloutMetrics {
     pub reward: f64,
     pub reward_std: f64,
@@ -268,7 +240,7 @@ pub struct DynamicSampling {
 }
 
 /// What one optimizer step measured.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct StepMetrics {
     /// Steps done (1-based).
     pub step: usize,
@@ -281,17 +253,11 @@ pub struct StepMetrics {
     pub entropy_change: Option<f64>,
     /// [`crate::probes::ENTROPY_QUANTILES`] of the per-token entropy.
     pub entropy_quantiles: [f64; 3],
-    pub kl: Option<f64>,
-    pub clip_ratio: f64,
-    /// TRL's `clip_ratio/low_mean`, `high_mean`, `region_mean` (`None` with cispo).
-    pub clip_fractions: Option<[f64; 3]>,
-    /// TRL's `cispo_clip_ratio` (with cispo only).
-    pub cispo_clip_ratio: Option<f64>,
-    /// TRL's `vespo/phi_seq_mean` (with vespo only).
-    pub vespo_phi_seq_mean: Option<f64>,
+    /// What the loss logs (`grpo::LossTerms::logged`: `kl`, `clip_ratio`, ..., `sampling/...`),
+    /// by key; `None` is logged as null.
+    pub loss_metrics: Vec<(&'static str, Option<f64>)>,
     /// With TRL's entropy bonus.
     pub entropy_bonus: Option<EntropyBonusMetrics>,
-    pub effective_sample_size: f64,
     /// Each aggregation's [`crate::grpo::WeightEss`] of the step's loss tokens, whichever the
     /// run trains with ([`AGGREGATIONS`]).
     pub aggregation_ess: Vec<(LossType, WeightEss)>,
@@ -299,8 +265,6 @@ pub struct StepMetrics {
     pub kl_sample_train: (f64, f64),
     /// With kept sets (sampling replay).
     pub sampling_replay: Option<crate::grpo::ReplayStats>,
-    /// TRL's `sampling/...` metrics (with the importance-sampling correction only).
-    pub importance_sampling: Option<crate::grpo::IsStats>,
     /// With `gradient_noise_scale`: the step's estimates and their running averages.
     pub gradient_noise: Option<GradientNoise>,
     /// With `fisher_kernel_every`, on the steps it measures: the kernel's summary and seconds
@@ -325,7 +289,7 @@ pub struct EntropyBonusMetrics {
 }
 
 impl EntropyBonusMetrics {
-    fn put(&self, put: &mut dyn FnMut(&str, Value)) {
+    fn put(&self, put: &mut dyn FnMut(&str, Value) -> bool) {
         put(key::ENTROPY_COEF, self.coef.into());
         put(key::ENTROPY_COEF_APPLIED, self.applied.into());
         put(key::POLICY_LOSS, self.policy_loss.into());
@@ -347,7 +311,7 @@ pub struct GradientNoise {
 }
 
 impl GradientNoise {
-    fn put(&self, put: &mut dyn FnMut(&str, Value)) {
+    fn put(&self, put: &mut dyn FnMut(&str, Value) -> bool) {
         for (scale, [grad_squared, trace, simple]) in [(self.step, [key::NOISE_GRAD_SQUARED, key::NOISE_TRACE, key::NOISE_SCALE]), (self.average, [key::NOISE_GRAD_SQUARED_AVG, key::NOISE_TRACE_AVG, key::NOISE_SCALE_AVG])] {
             put(grad_squared, scale.grad_squared.into());
             put(trace, scale.trace.into());
@@ -366,9 +330,8 @@ impl GradientNoise {
 /// One `metrics.jsonl` line.
 pub fn line(rollout: &RolloutMetrics, step: &StepMetrics) -> Value {
     let mut m = Map::new();
-    let mut put = |key: &str, value: Value| {
-        m.insert(key.to_string(), value);
-    };
+    // Whether the key was new to the line.
+    let mut put = |key: &str, value: Value| m.insert(key.to_string(), value).is_none();
     put(key::REWARD, rollout.reward.into());
     put(key::REWARD_STD, rollout.reward_std.into());
     for (name, mean) in &rollout.components {
@@ -402,9 +365,7 @@ pub fn line(rollout: &RolloutMetrics, step: &StepMetrics) -> Value {
     if let Some(frac) = rollout.frac_verified {
         put(key::VERIFIER_FRAC_VERIFIED, frac.into());
     }
-    for (name, value) in &rollout.intervention {
-        put(name, (*value).into());
-    }
+    put_named(&mut put, rollout.intervention.iter().map(|&(name, value)| (name, Some(value))));
     if let Some(off_policy) = rollout.off_policy {
         put(key::OFF_POLICY_VERSION, off_policy.policy_version.into());
         put(key::ASYNC_STALENESS_MAX, off_policy.staleness_max.into());
@@ -433,21 +394,10 @@ pub fn line(rollout: &RolloutMetrics, step: &StepMetrics) -> Value {
     for (name, quantile) in key::ENTROPY_QUANTILES.iter().zip(step.entropy_quantiles) {
         put(name, quantile.into());
     }
-    put(key::KL, step.kl.into());
-    put(key::CLIP_RATIO, step.clip_ratio.into());
-    for (i, name) in [key::CLIP_LOW, key::CLIP_HIGH, key::CLIP_REGION].iter().enumerate() {
-        put(name, step.clip_fractions.map(|fractions| fractions[i]).into());
-    }
-    if let Some(capped) = step.cispo_clip_ratio {
-        put(key::CISPO_CLIP_RATIO, capped.into());
-    }
-    if let Some(phi) = step.vespo_phi_seq_mean {
-        put(key::VESPO_PHI_SEQ_MEAN, phi.into());
-    }
+    put_named(&mut put, step.loss_metrics.iter().copied());
     if let Some(bonus) = &step.entropy_bonus {
         bonus.put(&mut put);
     }
-    put(key::EFFECTIVE_SAMPLE_SIZE, step.effective_sample_size.into());
     for (loss_type, ess) in &step.aggregation_ess {
         put(&key::ess(key::ESS_TOKENS, *loss_type), ess.tokens.into());
         put(&key::ess(key::ESS_SEQUENCES, *loss_type), ess.sequences.into());
@@ -457,11 +407,6 @@ pub fn line(rollout: &RolloutMetrics, step: &StepMetrics) -> Value {
     if let Some(replay) = &step.sampling_replay {
         put(key::REPLAY_KEPT_MASS_MEAN, replay.kept_mass_mean.into());
         put(key::REPLAY_RATIO_OUTSIDE, replay.ratio_outside_band.into());
-    }
-    if let Some(is) = &step.importance_sampling {
-        for (name, value) in importance_sampling_metrics(is) {
-            put(name, value.into());
-        }
     }
     if let Some(noise) = &step.gradient_noise {
         noise.put(&mut put);
@@ -477,6 +422,15 @@ pub fn line(rollout: &RolloutMetrics, step: &StepMetrics) -> Value {
         put(name, (*value).into());
     }
     Value::Object(m)
+}
+
+/// Writes a named-values list (a loss's, an intervention's) into a line: `None` as null. A key
+/// the line already holds is an error: two parts of the step logging one key would otherwise
+/// leave whichever came last.
+fn put_named(put: &mut dyn FnMut(&str, Value) -> bool, values: impl IntoIterator<Item = (&'static str, Option<f64>)>) {
+    for (name, value) in values {
+        assert!(put(name, value.into()), "internal error: the metrics line's key {name} is written twice");
+    }
 }
 
 /// The step line people read: reward, its components, kl, loss, length, time.
@@ -522,4 +476,63 @@ pub fn reward_history(run_dir: &Path) -> Result<Value> {
         if stable { "stable" } else { "not stable (a step fell below 90% of the final average)" }
     );
     Ok(serde_json::json!({"rewards": rewards, "final_average": final_average, "stable": stable, "summary": summary}))
+}
+
+#[cfg(test)]
+mod tests {
+    use tch::{Kind, Tensor};
+
+    use super::{RolloutMetrics, StepMetrics, key, line};
+    use crate::grpo::{self, Aggregation, ImportanceSamplingLevel, LossMetric, LossType, Objective, RatioTo, Surrogate};
+
+    /// One completion of two tokens with ratios 1.5 and 0.5 to the old policy, advantage +1,
+    /// TRL's clip [0.8, 1.28], dapo: the loss terms.
+    fn terms() -> grpo::LossTerms {
+        let objective = Objective {
+            surrogate: Surrogate::Clip { low: 0.2, high: 0.28, delta: None },
+            ratio_to: RatioTo::OldPolicy,
+            ratio_level: ImportanceSamplingLevel::Token,
+            aggregation: Aggregation::of(LossType::Dapo, 2),
+            kl: None,
+            top_entropy_quantile: 1.0,
+            correction: None,
+            off_policy_mask_threshold: None,
+            entropy: None,
+        };
+        let logprobs = Tensor::zeros([1, 2], (Kind::Float, tch::Device::Cpu));
+        let old = Tensor::from_slice(&[-(1.5f64.ln()) as f32, -(0.5f64.ln()) as f32]).view([1, 2]);
+        let (advantages, mask) = (Tensor::from_slice(&[1.0f32]), Tensor::ones([1, 2], (Kind::Int64, tch::Device::Cpu)));
+        let all_rows = [Tensor::ones([1], (Kind::Float, tch::Device::Cpu))];
+        grpo::grpo_loss(&logprobs, Some(&old), None, &advantages, (&mask).into(), &all_rows, &objective)
+    }
+
+    /// A metric is one entry on the loss's list: the test pushes one the trainer does not know
+    /// (`test/ratio_mean`, the mean ratio: (1.5 + 0.5) / 2 in float64) and it reaches the line
+    /// beside the loss's own, with nothing else changed. The loss's own against float64 by hand:
+    /// 1.5 is above 1.28 with A > 0 (TRL's high clip, one token in two), both ratios are outside
+    /// [0.8, 1.28] (`clip_ratio` 1), Kish's ESS of the weights (1.5 / 2, 0.5 / 2) is 1 / 0.625 = 1.6,
+    /// no KL penalty logs null, and cispo's and VESPO's keys are absent.
+    #[test]
+    fn a_metric_pushed_on_the_loss_list_reaches_the_metrics_line() {
+        let mut terms = terms();
+        let ratio = Tensor::from_slice(&[1.5f32, 0.5]);
+        terms.metrics.push(LossMetric::new("test/ratio_mean", ratio.mean(Kind::Float)));
+        let step = StepMetrics { loss_metrics: terms.logged(), ..Default::default() };
+        let line = line(&RolloutMetrics::default(), &step);
+        let expected = [("test/ratio_mean", 1.0), (key::CLIP_LOW, 0.0), (key::CLIP_HIGH, 0.5), (key::CLIP_REGION, 0.5), (key::CLIP_RATIO, 1.0), (key::EFFECTIVE_SAMPLE_SIZE, 1.6)];
+        for (name, value) in expected {
+            let logged = line[name].as_f64().unwrap_or_else(|| panic!("no {name} in {line}"));
+            assert!((logged - value).abs() < 1e-6, "{name}: {logged} vs {value} (float64, by hand)");
+        }
+        assert!(line[key::KL].is_null() && line.get(key::KL).is_some(), "kl is logged as null without a KL penalty: {line}");
+        assert!(line.get(key::CISPO_CLIP_RATIO).is_none() && line.get(key::VESPO_PHI_SEQ_MEAN).is_none(), "{line}");
+    }
+
+    /// Two parts of the step logging one key is an error, not a silent overwrite.
+    #[test]
+    #[should_panic(expected = "the metrics line's key clip_ratio is written twice")]
+    fn an_intervention_and_a_loss_logging_one_key_is_an_error() {
+        let rollout = RolloutMetrics { intervention: vec![(key::CLIP_RATIO, 0.5)], ..Default::default() };
+        line(&rollout, &StepMetrics { loss_metrics: terms().logged(), ..Default::default() });
+    }
 }

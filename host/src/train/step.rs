@@ -276,13 +276,8 @@ impl Trainer {
             logprob_advantage_covariance: probes::logprob_advantage_covariance(&logprobs.logprobs, &mini.advantages, mask),
             entropy_change,
             entropy_quantiles: probes::entropy_quantiles(&logprobs.entropy, mask),
-            kl: terms.per_token_kl.as_ref().map(|kl| stats::masked_mean(&kl.detach(), mask)),
-            clip_ratio: terms.clip_ratio.double_value(&[]),
-            clip_fractions: terms.clip_fractions.as_ref().map(|clip| [&clip.low, &clip.high, &clip.region].map(|f| f.double_value(&[]))),
-            cispo_clip_ratio: terms.cispo_clip_ratio.as_ref().map(|f| f.double_value(&[])),
-            vespo_phi_seq_mean: terms.vespo_phi_seq_mean.as_ref().map(|f| f.double_value(&[])),
+            loss_metrics: terms.logged(),
             entropy_bonus,
-            effective_sample_size: terms.effective_sample_size,
             aggregation_ess: metrics::AGGREGATIONS
                 .iter()
                 .map(|&loss_type| {
@@ -293,7 +288,6 @@ impl Trainer {
             // Under sampling replay the learner's side is renormalised over the kept sets too.
             kl_sample_train: probes::sampler_learner_kl(&mini.generation.sampling_logprobs, logprobs.replayed.as_ref().unwrap_or(&logprobs.logprobs), &mini.generation.model_tokens()),
             sampling_replay: logprobs.replayed.as_ref().map(|replayed| grpo::ReplayStats::of(&logprobs.logprobs, replayed, &mini.generation.sampling_logprobs, mask)),
-            importance_sampling: terms.importance_sampling,
             gradient_noise,
             fisher_kernel,
             num_tokens: self.state.num_tokens,
