@@ -68,6 +68,46 @@ fn packed_runs_equal_the_same_runs_trained_alone_and_resume_alone() {
     }
 }
 
+/// The runs' own passes are engine jobs (issue 49): two packs, one of full fine-tuning with
+/// gradient accumulation and the gradient noise scale (the run's own backward passes with
+/// probes), one of DualLoRA (plain train jobs), both with the entropy change's re-scoring and
+/// the Fisher kernel every 2 steps, compute exactly what each run computes alone (metrics,
+/// completions, evaluations, checkpoint and Fisher kernel bits), and each run's train.log
+/// counts the jobs its seat ran: one own-passes job (full) or train job (DualLoRA) and one
+/// re-scoring per step, one sketch per measured step. On main 1d21f84 these passes bypassed
+/// the seat and no run counted its jobs.
+#[test]
+fn packed_runs_with_their_own_passes_equal_the_runs_alone_and_pass_through_the_seat() {
+    let out = tempfile::tempdir().unwrap();
+    let probed = |c: Map<String, Value>| {
+        let keys = [("measure_entropy_change", json!(true)), ("fisher_kernel_every", json!(2)), ("fisher_kernel_sketch", json!(64))];
+        keys.into_iter().fold(c, |c, (key, value)| with(c, key, value))
+    };
+    let pair = |dir: &Path, adapter: &str| -> Vec<Map<String, Value>> {
+        let own = |c: Map<String, Value>| if adapter == "full" { with(with(c, "gradient_accumulation_steps", json!(2)), "gradient_noise_scale", json!(true)) } else { c };
+        pack_pair(dir, adapter).into_iter().map(probed).map(own).collect()
+    };
+    for adapter in ["full", "dual-lora"] {
+        let alone: Vec<PathBuf> = pair(&out.path().join("alone").join(adapter), adapter).into_iter().map(train).collect();
+        let packed: Vec<PathBuf> = packed(pair(&out.path().join("packed").join(adapter), adapter), None).into_iter().map(|outcome| outcome.unwrap().run_dir).collect();
+        for (alone, packed) in alone.iter().zip(&packed) {
+            assert_same_run(alone, packed);
+            for step in [2, 4] {
+                let kernel = |run: &Path| std::fs::read(smallrl::train::fisher::matrix_path(run, step)).unwrap();
+                assert_eq!(kernel(alone), kernel(packed), "{adapter}: the Fisher kernel of step {step}");
+            }
+            let metrics = read_jsonl(&packed.join("metrics.jsonl"));
+            assert!(metrics.iter().all(|line| line[key::ENTROPY_CHANGE].is_f64()), "{adapter}: every step measured its entropy change");
+            let log = std::fs::read_to_string(packed.join("train.log")).unwrap();
+            let line = log.lines().find_map(|line| line.split_once("engine jobs: ")).unwrap_or_else(|| panic!("{adapter}: no engine jobs line: {log}")).1;
+            let count = |kind: &str| line.split(", ").find_map(|entry| entry.strip_prefix(kind)?.strip_prefix(' ')?.parse::<usize>().ok());
+            let (other, passes) = if adapter == "full" { ("train", "own_passes") } else { ("own_passes", "train") };
+            assert_eq!((count(passes), count("rescore"), count("sketch"), count(other)), (Some(4), Some(4), Some(2), None), "{adapter}: the seat ran the run's passes: {line}");
+            assert!(count("sample").is_some_and(|n| n >= 4), "{adapter}: a sampling job per step at least: {line}");
+        }
+    }
+}
+
 /// Two `train_dtype: bfloat16` runs (issue 50) packed compute exactly what each computes alone:
 /// the same names, metrics, completions and checkpoint bits (DualLoRA; each run's passes enter
 /// its own model's bfloat16 products on whichever worker thread steps it).

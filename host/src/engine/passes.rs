@@ -1,14 +1,15 @@
 //! The step's training passes: forward and backward over micro-batches of a run's batch
 //! (TRL's gradient accumulation), split for probes that compare the gradients of parts of a
-//! batch, and several runs' passes stacked on a leading run axis. The loss of each pass is
-//! [`crate::grpo`]'s; this module only decides which rows go through the model together.
+//! batch, several runs' passes stacked on a leading run axis, and the per-sequence passes of
+//! the Fisher kernel's sketches. The loss of each pass is [`crate::grpo`]'s; this module only
+//! decides which rows go through the model together.
 
 use tch::{Kind, Tensor};
 
 use super::logprobs::{Sequences, TokenLogprobs, completion_logprobs, completion_logprobs_and_entropy, stacked_completion_logprobs};
 use crate::grpo::{self, EntropyBonus, LossLogprobs, LossTerms, Objective, TokenMasks, high_entropy_mask, sampled_loss, token_weights};
 use crate::model::Llama;
-use crate::model::linear::AdapterCtl;
+use crate::model::linear::{AdapterCtl, RowLearn, RowScale};
 
 /// One step's batch as the loss sees it (all `[batch, ...]`).
 #[derive(Clone, Copy)]
@@ -256,4 +257,34 @@ fn rows_logprobs(model: &Llama, batch: &LossBatch, temperature: f64, start: i64,
         true => completion_logprobs_and_entropy(model, seqs, temperature, &ctl),
         false => completion_logprobs(model, seqs, temperature, &ctl),
     }
+}
+
+/// The sketches `[n, D]` of each sequence's gradient of its total completion log-probability
+/// over `params` (`project` maps one gradient, a tensor per parameter, an undefined one for a
+/// zero gradient, to its row): one forward and one backward pass per sequence, alone, with
+/// `ctl`'s adapter scales for its row and every adapter learning. The gradients go into fresh
+/// tensors; the parameters' `.grad` are not touched (`crate::train::fisher`).
+pub fn sequence_gradient_sketches(model: &Llama, seqs: Sequences, temperature: f64, ctl: &[AdapterCtl], params: &[Tensor], project: &dyn Fn(&[Tensor]) -> Tensor) -> Tensor {
+    let rows = seqs.completion_ids.size()[0];
+    let mut sketches = Vec::with_capacity(rows as usize);
+    for i in 0..rows {
+        let row = |t: &Tensor| t.narrow(0, i, 1);
+        let (prompt_ids, prompt_mask, completion_ids, completion_mask) = (row(seqs.prompt_ids), row(seqs.prompt_mask), row(seqs.completion_ids), row(seqs.completion_mask));
+        let one = Sequences { prompt_ids: &prompt_ids, prompt_mask: &prompt_mask, completion_ids: &completion_ids, completion_mask: &completion_mask, kept: None };
+        let learning: Vec<AdapterCtl> = ctl.iter().map(|c| learning_row(c, i)).collect();
+        let logprobs = completion_logprobs(model, one, temperature, &learning).logprobs;
+        let total = (logprobs * completion_mask.to_kind(Kind::Float)).sum(Kind::Float);
+        let gradient = if total.requires_grad() { Tensor::run_backward(&[&total], params, false, false) } else { params.iter().map(|_| Tensor::new()).collect() };
+        sketches.push(project(&gradient));
+    }
+    Tensor::stack(&sketches, 0)
+}
+
+/// Row `i` of `ctl` with the adapter learning from it (the policy's gradient, not the routed one).
+fn learning_row(ctl: &AdapterCtl, i: i64) -> AdapterCtl {
+    let scale = match &ctl.scale {
+        RowScale::All(s) => RowScale::All(*s),
+        RowScale::PerRow(t) => RowScale::PerRow(t.narrow(0, i, 1)),
+    };
+    AdapterCtl { scale, learn: RowLearn::All }
 }

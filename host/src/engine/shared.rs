@@ -10,14 +10,16 @@
 //! for a job (or has left), then the last run to arrive runs all of them, compatible jobs
 //! stacked, and hands each run its result. A job that may not stack (the native sampler on
 //! the CPU, a run alone) runs on its own thread at once. Which jobs run together depends only
-//! on which jobs the runs ask for, never on thread timing, so a pack is reproducible.
+//! on which jobs the runs ask for, never on thread timing, so a pack is reproducible. The run's
+//! own passes (micro-batches and probes, the entropy change, the Fisher kernel) never stack: a
+//! stacked pass rounds differently from a run's own, and the probes read one run's gradients.
 //!
 //! Architecture invariant: nothing outside this module knows whether a job ran stacked or with
 //! which implementation; a run sees only its own result (and how many runs shared the call, for
 //! its log), so a packed run is its solo run (bit for bit unstacked; to float32 rounding
 //! stacked, `tests/train/`).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
@@ -25,9 +27,9 @@ use anyhow::{Context, Result, anyhow};
 use tch::Tensor;
 
 use super::ahead::{Ahead, AheadSampler};
-use super::jobs::{Done, Job, Outcome, SampleJob, ScoreJob, TrainJob, timed};
+use super::jobs::{Done, Job, Outcome, OwnPassesJob, RescoreJob, SampleJob, ScoreJob, SketchJob, TrainJob, timed};
 use super::stacked::{sample_group, score_group, train_group};
-use super::{BackwardPass, backward_micro_batches, frozen_logprobs};
+use super::{BackwardPass, TokenLogprobs, backward_micro_batches, backward_passes, completion_logprobs, frozen_logprobs, sequence_gradient_sketches};
 use crate::model::decode::DecodeModel;
 use crate::model::folded::{FoldedWeights, SamplerDtype};
 use crate::model::generate::{Generation, SamplingParams, generate};
@@ -74,6 +76,8 @@ struct State {
     /// The packs' stacked decoders, by their runs and adapter scales, kept so that CUDA graphs
     /// captured on them are replayed at every step.
     stacked_decoders: HashMap<Vec<(usize, Vec<u64>)>, DecodeModel>,
+    /// Jobs handed to the engine, by run and kind ([`Seat::jobs`]).
+    jobs: BTreeMap<(usize, &'static str), usize>,
 }
 
 /// The engine shared by the runs of a process (see the module's documentation).
@@ -104,6 +108,11 @@ impl Engine {
         state.live += 1;
         state.next_run += 1;
         Seat { engine: engine.clone(), run: state.next_run - 1, working: false, sampler_dtype: SamplerDtype::Float32, decoders: Vec::new(), reference: None, ahead: None, broken_refresh: false, setup_seconds: 0.0 }
+    }
+
+    /// Counts `job` among `run`'s ([`Seat::jobs`]).
+    fn count(&self, run: usize, job: &Job) {
+        *self.lock().jobs.entry((run, job.kind())).or_default() += 1;
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -175,6 +184,8 @@ impl Engine {
                 Job::Sample(job) => samples.push((run, job)),
                 Job::Score(job) => scores.push((run, job)),
                 Job::Train(job) => trains.push((run, job)),
+                // Never posted (the seat runs them alone), but correct if they were.
+                own => outcomes.push((run, run_alone(own))),
             }
         }
         let same_call = |a: &SampleJob, b: &SampleJob| a.prompts.len() == b.prompts.len() && a.params == b.params;
@@ -214,7 +225,7 @@ fn alone_or<'a, J>(mut group: Vec<(usize, J)>, job: fn(J) -> Job<'a>, stacked: i
     match group.len() {
         1 => {
             let (run, only) = group.pop().expect("one job");
-            vec![(run, run_alone(&job(only)))]
+            vec![(run, run_alone(job(only)))]
         }
         _ => stacked(group),
     }
@@ -414,6 +425,43 @@ impl Seat {
             _ => unreachable!("a train job's outcome"),
         }
     }
+
+    /// The run's own backward passes with its probes' hooks: its gradients land in its
+    /// parameters (alone, at once).
+    pub fn own_passes(&self, job: OwnPassesJob<'_>) -> Done<BackwardPass> {
+        match self.alone(Job::OwnPasses(job)) {
+            Done { value: Outcome::Train(value), seconds, runs } => Done { value, seconds, runs },
+            _ => unreachable!("own passes' outcome"),
+        }
+    }
+
+    /// The completions re-scored by the policy as it is now, no gradient (alone, at once).
+    pub fn rescore(&self, job: RescoreJob<'_>) -> Done<TokenLogprobs> {
+        match self.alone(Job::Rescore(job)) {
+            Done { value: Outcome::Rescore(value), seconds, runs } => Done { value, seconds, runs },
+            _ => unreachable!("a re-scoring job's outcome"),
+        }
+    }
+
+    /// The sketches of the sequences' gradients (alone, at once).
+    pub fn sketch(&self, job: SketchJob<'_>) -> Done<Tensor> {
+        match self.alone(Job::Sketch(job)) {
+            Done { value: Outcome::Sketch(value), seconds, runs } => Done { value, seconds, runs },
+            _ => unreachable!("a sketch job's outcome"),
+        }
+    }
+
+    /// A job that never stacks, counted and run on this thread now.
+    fn alone(&self, job: Job<'_>) -> Done<Outcome> {
+        self.engine.count(self.run, &job);
+        run_alone(job)
+    }
+
+    /// The jobs this run handed the engine so far, by kind (`sample`, `score`, `train`,
+    /// `own_passes`, `rescore`, `sketch`), sorted by kind.
+    pub fn jobs(&self) -> Vec<(&'static str, usize)> {
+        self.engine.lock().jobs.iter().filter(|((run, _), _)| *run == self.run).map(|((_, kind), count)| (*kind, *count)).collect()
+    }
 }
 
 /// Runs a scoring job of `run` (see [`run_job`]).
@@ -449,11 +497,14 @@ fn stop_working(engine: &Engine, working: &mut bool) {
 
 /// A job run by itself: the one place each kind of job has its solo implementation (a run
 /// that does not stack, and a group of one at the rendezvous).
-fn run_alone(job: &Job) -> Done<Outcome> {
+fn run_alone(job: Job) -> Done<Outcome> {
     let (value, seconds) = timed(1, || match job {
         Job::Sample(job) => Outcome::Sample(generate(job.decoder, job.prompts, job.params, job.seed)),
-        Job::Score(job) => Outcome::Score(score_alone(job)),
+        Job::Score(job) => Outcome::Score(score_alone(&job)),
         Job::Train(job) => Outcome::Train(backward_micro_batches(job.model, &job.batch, job.temperature, job.objective, 1, &mut |_, _| {})),
+        Job::OwnPasses(job) => Outcome::Train(backward_passes(job.model, &job.batch, job.temperature, job.objective, job.passes, job.before_backward, job.after_backward)),
+        Job::Rescore(job) => Outcome::Rescore(tch::no_grad(|| completion_logprobs(job.model, job.seqs, job.temperature, job.ctl))),
+        Job::Sketch(job) => Outcome::Sketch(sequence_gradient_sketches(job.model, job.seqs, job.temperature, job.ctl, job.params, job.project)),
     });
     Done { value, seconds, runs: 1 }
 }
@@ -461,8 +512,9 @@ fn run_alone(job: &Job) -> Done<Outcome> {
 /// Runs `job` of `run` now on this thread, or when it `stacks` at the rendezvous with the other
 /// runs' jobs, giving up the run's worker permit while it waits.
 fn run_job(engine: &Engine, run: usize, working: &mut bool, stacks: bool, job: Job<'_>) -> Result<Done<Outcome>> {
+    engine.count(run, &job);
     if !stacks {
-        return Ok(run_alone(&job));
+        return Ok(run_alone(job));
     }
     let was_working = *working;
     stop_working(engine, working);

@@ -29,7 +29,7 @@ use tch::{Device, Kind, Tensor};
 use super::metrics::key;
 use super::policy::Policy;
 use crate::engine;
-use crate::model::linear::{AdapterCtl, RowLearn, RowScale};
+use crate::model::linear::AdapterCtl;
 use crate::rng::{self, SplitMix64};
 
 /// The purpose of the sketch's hash functions: `rng::derive(seed, PURPOSE, step)`.
@@ -87,32 +87,10 @@ impl CountSketch {
 }
 
 /// The sketches `[n, D]` (float64) of each sequence's gradient of its total completion
-/// log-probability over `params`: one forward and one backward pass per sequence, alone, with
-/// `ctl`'s adapter scales for its row and every adapter learning. The gradients go into fresh
-/// tensors; the parameters' `.grad` are not touched.
+/// log-probability over `params` ([`engine::sequence_gradient_sketches`]: one forward and one
+/// backward pass per sequence, alone, into fresh tensors) projected by `sketch`.
 pub fn sketch_sequences(model: &crate::model::Llama, seqs: engine::Sequences, temperature: f64, ctl: &[AdapterCtl], params: &[Tensor], sketch: &CountSketch) -> Tensor {
-    let rows = seqs.completion_ids.size()[0];
-    let mut sketches = Vec::with_capacity(rows as usize);
-    for i in 0..rows {
-        let row = |t: &Tensor| t.narrow(0, i, 1);
-        let (prompt_ids, prompt_mask, completion_ids, completion_mask) = (row(seqs.prompt_ids), row(seqs.prompt_mask), row(seqs.completion_ids), row(seqs.completion_mask));
-        let one = engine::Sequences { prompt_ids: &prompt_ids, prompt_mask: &prompt_mask, completion_ids: &completion_ids, completion_mask: &completion_mask, kept: None };
-        let learning: Vec<AdapterCtl> = ctl.iter().map(|c| learning_row(c, i)).collect();
-        let logprobs = engine::completion_logprobs(model, one, temperature, &learning).logprobs;
-        let total = (logprobs * completion_mask.to_kind(Kind::Float)).sum(Kind::Float);
-        let gradient = if total.requires_grad() { Tensor::run_backward(&[&total], params, false, false) } else { params.iter().map(|_| Tensor::new()).collect() };
-        sketches.push(sketch.project(&gradient));
-    }
-    Tensor::stack(&sketches, 0)
-}
-
-/// Row `i` of `ctl` with the adapter learning from it (the policy's gradient, not the routed one).
-fn learning_row(ctl: &AdapterCtl, i: i64) -> AdapterCtl {
-    let scale = match &ctl.scale {
-        RowScale::All(s) => RowScale::All(*s),
-        RowScale::PerRow(t) => RowScale::PerRow(t.narrow(0, i, 1)),
-    };
-    AdapterCtl { scale, learn: RowLearn::All }
+    engine::sequence_gradient_sketches(model, seqs, temperature, ctl, params, &|gradient| sketch.project(gradient))
 }
 
 /// The kernel estimate `S Sᵀ` (`[n, n]`, float64) from a CountSketch's rows.
@@ -225,7 +203,7 @@ impl FisherSchedule {
         let seed = rng::derive(self.seed, PURPOSE, step as u64);
         let device = params.first().map_or(Device::Cpu, Tensor::device);
         let sketch = CountSketch::new(seed, &numels, self.sketch, device);
-        let kernel = kernel(&sketch_sequences(policy.model(), seqs, policy.temperature(), ctl, &params, &sketch));
+        let kernel = kernel(&policy.sketch_sequences(seqs, ctl, &params, &|gradient| sketch.project(gradient)));
         write_matrix(run_dir, step + 1, &kernel, self.sketch, seed)?;
         let mut fields = FisherSummary::of(&kernel).fields();
         fields.push((key::TIMING_FISHER, started.elapsed().as_secs_f64()));

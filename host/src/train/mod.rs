@@ -272,6 +272,8 @@ impl Trainer {
         while self.policy.version() < end {
             self.advance()?;
         }
+        // What went through the engine (the run's own passes included): tests read it.
+        self.files.log.line(&format!("engine jobs: {}", self.policy.engine_jobs()))?;
         self.files.log.finish();
         Ok(RunSummary { run_dir: self.files.dir.clone(), steps: end })
     }

@@ -15,7 +15,7 @@ use super::metrics::key;
 use super::rollout::Rollout;
 use std::collections::BTreeMap;
 
-use crate::engine::{self, Ahead, BackwardPass, Done, LossBatch, Passes, ScoreJob, Seat, Sequences, TokenLogprobs, TrainJob};
+use crate::engine::{Ahead, BackwardPass, Done, LossBatch, OwnPassesJob, Passes, RescoreJob, ScoreJob, Seat, Sequences, SketchJob, TokenLogprobs, TrainJob};
 use crate::model::decode::DecodeModel;
 use crate::grpo::{self, Objective};
 use crate::model::generate::{Generation, SamplingParams};
@@ -184,31 +184,39 @@ impl Policy {
         (tokenizer, move |scales: &[f64], prompts: &[Vec<u32>], params: &SamplingParams, seed: u64| seat.sample(model, scales, prompts, params, seed).map(|done| done.value.generation))
     }
 
-    /// The natural plan's gradients (`split_moment`): its backward passes over `batch`,
-    /// taken out of the parameters.
+    /// The natural plan's gradients (`split_moment`): its backward passes over `batch` (the
+    /// seat's own-passes job, without probes), taken out of the parameters.
     pub fn natural_gradients(&mut self, batch: &LossBatch, micro_batches: usize) -> Vec<Tensor> {
-        engine::backward_micro_batches(&self.model, batch, self.sampling.temperature, &self.objective, micro_batches, &mut |_, _| {});
+        self.backward_passes(*batch, Passes { micro_batches, splits: 1 }, &mut |_, _| {}, &mut || {});
         self.take_grads()
     }
 
-    /// The step's own backward passes over `batch` ([`engine::backward_passes`]).
-    pub fn backward_passes(&self, batch: &LossBatch, passes: Passes, before_backward: &mut dyn FnMut(&TokenLogprobs, grpo::TokenMasks), after_backward: &mut dyn FnMut()) -> BackwardPass {
-        engine::backward_passes(&self.model, batch, self.sampling.temperature, &self.objective, passes, before_backward, after_backward)
+    /// The step's own backward passes over `batch` with the probes' hooks (the seat's
+    /// own-passes job, [`crate::engine::backward_passes`]).
+    pub fn backward_passes(&self, batch: LossBatch, passes: Passes, before_backward: &mut dyn FnMut(&TokenLogprobs, grpo::TokenMasks), after_backward: &mut dyn FnMut()) -> BackwardPass {
+        let job = OwnPassesJob { model: &self.model, batch, temperature: self.sampling.temperature, objective: &self.objective, passes, before_backward, after_backward };
+        self.seat.own_passes(job).value
     }
 
     /// The completions' log-probabilities and entropies under the policy as it is, with
-    /// adapter controls `ctl` (no gradient kept by the caller's guard).
-    pub fn completion_logprobs(&self, seqs: Sequences, ctl: &[AdapterCtl]) -> TokenLogprobs {
-        engine::completion_logprobs(&self.model, seqs, self.sampling.temperature, ctl)
+    /// adapter controls `ctl`, no gradient (the seat's re-scoring job).
+    pub fn rescore(&self, seqs: Sequences, ctl: &[AdapterCtl]) -> TokenLogprobs {
+        self.seat.rescore(RescoreJob { model: &self.model, seqs, ctl, temperature: self.sampling.temperature }).value
+    }
+
+    /// The sketches of each sequence's gradient of its completion log-probability over the
+    /// trained parameters `params` (the seat's sketch job; the Fisher kernel's).
+    pub fn sketch_sequences(&self, seqs: Sequences, ctl: &[AdapterCtl], params: &[Tensor], project: &dyn Fn(&[Tensor]) -> Tensor) -> Tensor {
+        self.seat.sketch(SketchJob { model: &self.model, seqs, ctl, temperature: self.sampling.temperature, params, project }).value
+    }
+
+    /// The jobs this run handed its seat so far, by kind ([`Seat::jobs`]), as a log line's text.
+    pub fn engine_jobs(&self) -> String {
+        self.seat.jobs().iter().map(|(kind, count)| format!("{kind} {count}")).collect::<Vec<_>>().join(", ")
     }
 }
 
 impl Policy {
-    /// The temperature the policy samples at and its log-probabilities are taken at.
-    pub fn temperature(&self) -> f64 {
-        self.sampling.temperature
-    }
-
     /// Whether the loss has a KL term, whose reference log-probabilities a rollout holds (as
     /// TRL, no reference pass with beta = 0).
     pub fn needs_reference(&self) -> bool {

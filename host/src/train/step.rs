@@ -221,7 +221,7 @@ impl Trainer {
                 gradients.record(accumulated, last);
             }
         };
-        let pass = self.policy.backward_passes(&batch, passes, &mut before_backward, &mut after_backward);
+        let pass = self.policy.backward_passes(batch, passes, &mut before_backward, &mut after_backward);
         // The step's gradient noise scale from its passes' gradients (before clipping), and the
         // running average updated with it.
         let gradient_noise = pass_gradients.map(|gradients| {
@@ -257,7 +257,7 @@ impl Trainer {
         // The same batch re-scored by the updated policy (one forward pass, no gradient).
         let entropy_change = self.keys.measure_entropy_change().then(|| {
             let seqs = engine::Sequences { kept: None, ..mini.seqs() };
-            let after = tch::no_grad(|| self.policy.completion_logprobs(seqs, &mini.plan.ctl));
+            let after = self.policy.rescore(seqs, &mini.plan.ctl);
             stats::masked_mean(&after.entropy, &mini.loss_mask) - entropy
         });
 
