@@ -6,10 +6,12 @@
 //!   with its `Default`;
 //! - an overlay struct of the same keys as `Option`s deriving `clap::Args` (the CLI flag,
 //!   `--key-name` in kebab-case, with the doc line as its help);
-//! - [`Hyperparameters::KEYS`]: names, labels, docs and properties ([`Prop`]: may change on
-//!   resume, must be equal in a pack, reset without routing), which run names, `--set`,
-//!   `--grid`, `--fixed`, `--resume`, packs, sweeps' baselines and the key reference
+//! - [`Hyperparameters::KEYS`]: names, labels, docs, rules and properties ([`Prop`]: may
+//!   change on resume, must be equal in a pack, reset without routing), which run names,
+//!   `--set`, `--grid`, `--fixed`, `--resume`, packs, sweeps' baselines and the key reference
 //!   ([`key_reference`]) read;
+//! - for a row with `#[rule(..)]`, the key's own validity check ([`Rule`]), run by the
+//!   configuration's `check_rules` and shown in the key reference;
 //! - for a row ending `=> Part`, the accessor `Part::key()` through which the part that reads
 //!   the key gets its value ([`Part`]).
 //!
@@ -64,6 +66,89 @@ pub struct Key {
     /// The parts that read the key (the row's `=> Part, ...`), each through the accessor the
     /// table gives it ([`Part`]).
     pub parts: &'static [&'static str],
+    /// The key's own rule (the row's `#[rule(..)]`; none or one).
+    pub rules: &'static [Rule],
+}
+
+/// What a key's value must be on its own (the table's `#[rule(..)]` column): checked on every
+/// resolved configuration (the generated `check_rules`) and shown in the key reference. Rules
+/// across keys are the declaring configuration's (`train/config/checks.rs`). Checked on the
+/// typed value ([`RuleValue`]), so NaN fails every rule; an optional key left unset has none.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Rule {
+    /// Above 0.
+    Positive,
+    /// At least this.
+    AtLeast(f64),
+    /// Between `low` and `high`, each end included or not.
+    Within { low: f64, high: f64, low_in: bool, high_in: bool },
+    /// Finite and above 0.
+    FinitePositive,
+    /// Neither infinite nor NaN.
+    Finite,
+}
+
+impl Rule {
+    /// `[low, high]`.
+    pub const fn closed(low: f64, high: f64) -> Rule {
+        Rule::Within { low, high, low_in: true, high_in: true }
+    }
+
+    /// `[low, high)`.
+    pub const fn closed_open(low: f64, high: f64) -> Rule {
+        Rule::Within { low, high, low_in: true, high_in: false }
+    }
+
+    /// `(low, high]`.
+    pub const fn open_closed(low: f64, high: f64) -> Rule {
+        Rule::Within { low, high, low_in: false, high_in: true }
+    }
+
+    pub fn holds(&self, x: f64) -> bool {
+        match *self {
+            Rule::Positive => x > 0.0,
+            Rule::AtLeast(min) => x >= min,
+            Rule::Within { low, high, low_in, high_in } => (if low_in { x >= low } else { x > low }) && (if high_in { x <= high } else { x < high }),
+            Rule::FinitePositive => x.is_finite() && x > 0.0,
+            Rule::Finite => x.is_finite(),
+        }
+    }
+
+    /// `key`'s `value` against the rule: `<key> must be <rule>, got <value>` when it fails.
+    pub fn check(&self, key: &str, value: &impl RuleValue) -> Result<()> {
+        match value.number() {
+            Some(x) if !self.holds(x) => bail!("{key} must be {self}, got {x}"),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl std::fmt::Display for Rule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Rule::Positive => write!(f, "positive"),
+            Rule::AtLeast(min) => write!(f, "at least {min}"),
+            Rule::Within { low, high, low_in, high_in } => write!(f, "in {}{low}, {high}{}", if low_in { '[' } else { '(' }, if high_in { ']' } else { ')' }),
+            Rule::FinitePositive => write!(f, "finite and above 0"),
+            Rule::Finite => write!(f, "finite"),
+        }
+    }
+}
+
+/// A key type a [`Rule`] can check: its value as a number (`None`: an optional key unset).
+pub trait RuleValue {
+    fn number(&self) -> Option<f64>;
+}
+
+macro_rules! number_rule_values {
+    ($($t:ty),*) => { $(impl RuleValue for $t { fn number(&self) -> Option<f64> { Some(*self as f64) } })* };
+}
+number_rule_values!(f64, usize, u64);
+
+impl<T: RuleValue> RuleValue for Option<T> {
+    fn number(&self) -> Option<f64> {
+        self.as_ref().and_then(T::number)
+    }
 }
 
 impl Key {
@@ -126,8 +211,9 @@ plain_flag_values!(String, PathBuf, usize, u64, f64, bool);
 /// `flags { ... }` keys get a command-line flag; `file_only { ... }` keys (structured values
 /// such as the reward spec) are set in YAML or with `--set key=<YAML>`. After its doc lines a
 /// flag may carry `#[arg(...)]` attributes for its flag (a switch with an optional value), a
-/// file-only key `#[serde(...)]` attributes. A row may end `=> Part, ...`: the parts that read
-/// the key ([`Part`]), each given an accessor named after it.
+/// file-only key `#[serde(...)]` attributes. A flag's doc lines may be followed by
+/// `#[rule(..)]`, the key's own validity rule ([`Rule`]). A row may end `=> Part, ...`: the
+/// parts that read the key ([`Part`]), each given an accessor named after it.
 macro_rules! hyperparameters {
     (
         $(#[$meta:meta])*
@@ -135,7 +221,7 @@ macro_rules! hyperparameters {
         $(#[$ometa:meta])*
         pub struct $overrides:ident;
         flags {
-            $( $(#[doc = $doc:literal])+ $(#[arg($($arg:tt)*)])* $(#[serde($($kserde:tt)*)])* $key:ident : $ty:ty = $default:expr, $label:expr $(, [$($prop:ident),*])? $(=> $($part:ident),+)?; )*
+            $( $(#[doc = $doc:literal])+ $(#[rule($rule:expr)])? $(#[arg($($arg:tt)*)])* $(#[serde($($kserde:tt)*)])* $key:ident : $ty:ty = $default:expr, $label:expr $(, [$($prop:ident),*])? $(=> $($part:ident),+)?; )*
         }
         file_only {
             $( $(#[doc = $fdoc:literal])+ $(#[serde($($fserde:tt)*)])* $fkey:ident : $fty:ty = $fdefault:expr, $flabel:expr $(, [$($fprop:ident),*])? $(=> $($fpart:ident),+)?; )*
@@ -160,12 +246,23 @@ macro_rules! hyperparameters {
                 $( $crate::hyperparams::Key {
                     name: stringify!($key), label: $label, doc: concat!($($doc),+), flag: true,
                     props: &[$($($crate::hyperparams::Prop::$prop),*)?], parts: &[$($(stringify!($part)),+)?],
+                    rules: &[$($rule)?],
                 }, )*
                 $( $crate::hyperparams::Key {
                     name: stringify!($fkey), label: $flabel, doc: concat!($($fdoc),+), flag: false,
                     props: &[$($($crate::hyperparams::Prop::$fprop),*)?], parts: &[$($(stringify!($fpart)),+)?],
+                    rules: &[],
                 }, )*
             ];
+        }
+
+        impl $config {
+            /// Every key's own rule (the rows' `#[rule(..)]`), in declaration order: the first
+            /// value that breaks its rule fails, naming the key.
+            pub fn check_rules(&self) -> anyhow::Result<()> {
+                $( $( $crate::hyperparams::Rule::check(&$rule, stringify!($key), &self.$key)?; )? )*
+                Ok(())
+            }
         }
 
         $( $( $( $crate::hyperparams::part_reads!($config, $part, $key, $ty); )+ )? )*
@@ -264,10 +361,10 @@ pub fn resolve<C: Hyperparameters>(file: Option<&Path>, overrides: Map<String, V
 }
 
 /// The key reference of the book (docs/src/reference.md, kept equal by tests/docs.rs): one
-/// Markdown row per key, in declaration order, with its flag, default and doc line.
+/// Markdown row per key, in declaration order, with its flag, default, rule and doc line.
 pub fn key_reference<C: Hyperparameters>() -> String {
     let defaults = serde_json::to_value(C::default()).expect("a configuration serializes");
-    let mut table = String::from("| key | flag | default | what it is |\n|---|---|---|---|\n");
+    let mut table = String::from("| key | flag | default | rule | what it is |\n|---|---|---|---|---|\n");
     for key in C::KEYS {
         let flag = if key.flag { format!("`--{}`", key.name.replace('_', "-")) } else { "YAML or `--set`".to_string() };
         let default = match &defaults[key.name] {
@@ -275,7 +372,8 @@ pub fn key_reference<C: Hyperparameters>() -> String {
             value => format!("`{}`", value.to_string().trim_matches('"')),
         };
         let doc = key.doc.split_whitespace().collect::<Vec<_>>().join(" ").replace('|', "\\|");
-        table.push_str(&format!("| `{}` | {flag} | {default} | {doc} |\n", key.name));
+        let rule = key.rules.iter().map(Rule::to_string).collect::<String>();
+        table.push_str(&format!("| `{}` | {flag} | {default} | {rule} | {doc} |\n", key.name));
     }
     table
 }
@@ -365,8 +463,8 @@ fn compact(value: &Value) -> String {
 mod tests {
     //! Adding a hyperparameter is one entry in a table: this test-only configuration declares
     //! `dummy_knob` once, and the YAML key, the flag, `--set`, the run-name label, the saved
-    //! config, the sweep keys, the key reference and the accessor of the part that reads it
-    //! all follow.
+    //! config, the sweep keys, its rule, the key reference and the accessor of the part that
+    //! reads it all follow.
     use clap::Parser;
 
     use super::Label::{Key, Omit, Short};
@@ -385,6 +483,7 @@ mod tests {
             /// Learning rate.
             lr: f64 = 1e-5, Key;
             /// A knob added by one line.
+            #[rule(Rule::AtLeast(1.0))]
             dummy_knob: usize = 3, Short("dk") => DummyPart;
         }
         file_only {
@@ -456,8 +555,38 @@ mod tests {
         assert_eq!(DummyConfig::key("dummy_knob").unwrap().parts, ["DummyPart"]);
         assert!(DummyConfig::key("lr").unwrap().parts.is_empty());
         let reference = key_reference::<DummyConfig>();
-        assert!(reference.contains("| `dummy_knob` | `--dummy-knob` | `3` | A knob added by one line. |\n"), "{reference}");
-        assert!(reference.contains("| `extra` | YAML or `--set` | (none) | A structured value. |\n"), "{reference}");
+        assert!(reference.contains("| `dummy_knob` | `--dummy-knob` | `3` | at least 1 | A knob added by one line. |\n"), "{reference}");
+        assert!(reference.contains("| `extra` | YAML or `--set` | (none) |  | A structured value. |\n"), "{reference}");
+    }
+
+    #[test]
+    fn a_rows_rule_checks_its_key_and_names_it() {
+        let config = |knob: usize| DummyConfig { dummy_knob: knob, ..DummyConfig::default() };
+        config(1).check_rules().unwrap();
+        assert_eq!(config(0).check_rules().unwrap_err().to_string(), "dummy_knob must be at least 1, got 0");
+        assert_eq!(DummyConfig::key("dummy_knob").unwrap().rules, [Rule::AtLeast(1.0)]);
+        assert!(DummyConfig::key("lr").unwrap().rules.is_empty());
+    }
+
+    /// Each rule against values on both sides of its bounds, NaN and an unset optional key.
+    #[test]
+    fn rules_hold_inside_their_bounds_only_and_refuse_nan() {
+        let cases: [(Rule, &str, &[f64], &[f64]); 7] = [
+            (Rule::Positive, "positive", &[1e-300, 5.0], &[0.0, -1.0]),
+            (Rule::AtLeast(2.0), "at least 2", &[2.0, 3.0], &[1.999]),
+            (Rule::closed(0.0, 1.0), "in [0, 1]", &[0.0, 1.0], &[-1e-9, 1.000001]),
+            (Rule::closed_open(0.0, 1.0), "in [0, 1)", &[0.0, 0.999], &[1.0]),
+            (Rule::open_closed(0.0, 1.0), "in (0, 1]", &[1e-9, 1.0], &[0.0]),
+            (Rule::FinitePositive, "finite and above 0", &[1.0], &[0.0, f64::INFINITY]),
+            (Rule::Finite, "finite", &[-1e300, 0.0], &[f64::NEG_INFINITY]),
+        ];
+        for (rule, says, inside, outside) in cases {
+            assert_eq!(rule.to_string(), says);
+            assert!(inside.iter().all(|&x| rule.holds(x)), "{says}: {inside:?}");
+            assert!(outside.iter().chain(&[f64::NAN]).all(|&x| !rule.holds(x)), "{says}: {outside:?}");
+            assert_eq!(rule.check("k", &f64::NAN).unwrap_err().to_string(), format!("k must be {says}, got NaN"));
+            rule.check("k", &None::<f64>).unwrap();
+        }
     }
 
     #[test]
