@@ -22,7 +22,7 @@ use crate::intervention::{self, Intervention};
 use crate::model::generate::Generation;
 use crate::reward::{ComponentInfo, ScoredBatch};
 use crate::rng::{self, SplitMix64};
-use crate::routing::{self, CoherenceRhMode, GroupedRows, Labels, RenormalizationMode, RoutePlan, RoutingMode, RowWeights};
+use crate::routing::{self, GroupedRows, Labels, RenormalizationMode, RoutePlan, RoutingMode, RowWeights};
 use super::TrainConfig;
 use super::metrics::key;
 

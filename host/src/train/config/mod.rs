@@ -489,4 +489,6 @@ hyperparameters! {
 }
 
 #[cfg(test)]
+mod rules_tests;
+#[cfg(test)]
 mod tests;

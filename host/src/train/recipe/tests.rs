@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::grpo::ScaleRewards;
+use crate::routing::CoherenceRhMode;
 use crate::train::metrics::key;
 
 /// A routed DualLoRA recipe with groups of two rows and every key at its default.
