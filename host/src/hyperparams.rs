@@ -6,10 +6,12 @@
 //!   with its `Default`;
 //! - an overlay struct of the same keys as `Option`s deriving `clap::Args` (the CLI flag,
 //!   `--key-name` in kebab-case, with the doc line as its help);
-//! - [`Hyperparameters::KEYS`]: names, labels, docs and properties ([`Prop`]: may change on
-//!   resume, must be equal in a pack, reset without routing), which run names, `--set`,
-//!   `--grid`, `--fixed`, `--resume`, packs, sweeps' baselines and the key reference
+//! - [`Hyperparameters::KEYS`]: names, labels, docs, rules and properties ([`Prop`]: may
+//!   change on resume, must be equal in a pack, reset without routing), which run names,
+//!   `--set`, `--grid`, `--fixed`, `--resume`, packs, sweeps' baselines and the key reference
 //!   ([`key_reference`]) read;
+//! - for a row with `#[rule(..)]`, the key's own validity check ([`Rule`]), run by the
+//!   configuration's `check_rules` and shown in the key reference;
 //! - for a row ending `=> Part`, the accessor `Part::key()` through which the part that reads
 //!   the key gets its value ([`Part`]).
 //!
@@ -19,7 +21,7 @@
 //! API boundary: the generic functions here know keys and JSON values only; what a key means
 //! (cross-key validation, which keys a resume may change) belongs to the config that declares it.
 //!
-//! Over 300 lines with its tests, which declare a test-only configuration to show that one entry
+//! Its tests (`hyperparams/tests.rs`) declare a test-only configuration to show that one entry
 //! gives a key everything.
 
 use std::path::{Path, PathBuf};
@@ -64,6 +66,89 @@ pub struct Key {
     /// The parts that read the key (the row's `=> Part, ...`), each through the accessor the
     /// table gives it ([`Part`]).
     pub parts: &'static [&'static str],
+    /// The key's own rule (the row's `#[rule(..)]`; none or one).
+    pub rules: &'static [Rule],
+}
+
+/// What a key's value must be on its own (the table's `#[rule(..)]` column): checked on every
+/// resolved configuration (the generated `check_rules`) and shown in the key reference. Rules
+/// across keys are the declaring configuration's (`train/config/checks.rs`). Checked on the
+/// typed value ([`RuleValue`]), so NaN fails every rule; an optional key left unset has none.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Rule {
+    /// Above 0.
+    Positive,
+    /// At least this.
+    AtLeast(f64),
+    /// Between `low` and `high`, each end included or not.
+    Within { low: f64, high: f64, low_in: bool, high_in: bool },
+    /// Finite and above 0.
+    FinitePositive,
+    /// Neither infinite nor NaN.
+    Finite,
+}
+
+impl Rule {
+    /// `[low, high]`.
+    pub const fn closed(low: f64, high: f64) -> Rule {
+        Rule::Within { low, high, low_in: true, high_in: true }
+    }
+
+    /// `[low, high)`.
+    pub const fn closed_open(low: f64, high: f64) -> Rule {
+        Rule::Within { low, high, low_in: true, high_in: false }
+    }
+
+    /// `(low, high]`.
+    pub const fn open_closed(low: f64, high: f64) -> Rule {
+        Rule::Within { low, high, low_in: false, high_in: true }
+    }
+
+    pub fn holds(&self, x: f64) -> bool {
+        match *self {
+            Rule::Positive => x > 0.0,
+            Rule::AtLeast(min) => x >= min,
+            Rule::Within { low, high, low_in, high_in } => (if low_in { x >= low } else { x > low }) && (if high_in { x <= high } else { x < high }),
+            Rule::FinitePositive => x.is_finite() && x > 0.0,
+            Rule::Finite => x.is_finite(),
+        }
+    }
+
+    /// `key`'s `value` against the rule: `<key> must be <rule>, got <value>` when it fails.
+    pub fn check(&self, key: &str, value: &impl RuleValue) -> Result<()> {
+        match value.number() {
+            Some(x) if !self.holds(x) => bail!("{key} must be {self}, got {x}"),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl std::fmt::Display for Rule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Rule::Positive => write!(f, "positive"),
+            Rule::AtLeast(min) => write!(f, "at least {min}"),
+            Rule::Within { low, high, low_in, high_in } => write!(f, "in {}{low}, {high}{}", if low_in { '[' } else { '(' }, if high_in { ']' } else { ')' }),
+            Rule::FinitePositive => write!(f, "finite and above 0"),
+            Rule::Finite => write!(f, "finite"),
+        }
+    }
+}
+
+/// A key type a [`Rule`] can check: its value as a number (`None`: an optional key unset).
+pub trait RuleValue {
+    fn number(&self) -> Option<f64>;
+}
+
+macro_rules! number_rule_values {
+    ($($t:ty),*) => { $(impl RuleValue for $t { fn number(&self) -> Option<f64> { Some(*self as f64) } })* };
+}
+number_rule_values!(f64, usize, u64);
+
+impl<T: RuleValue> RuleValue for Option<T> {
+    fn number(&self) -> Option<f64> {
+        self.as_ref().and_then(T::number)
+    }
 }
 
 impl Key {
@@ -126,8 +211,9 @@ plain_flag_values!(String, PathBuf, usize, u64, f64, bool);
 /// `flags { ... }` keys get a command-line flag; `file_only { ... }` keys (structured values
 /// such as the reward spec) are set in YAML or with `--set key=<YAML>`. After its doc lines a
 /// flag may carry `#[arg(...)]` attributes for its flag (a switch with an optional value), a
-/// file-only key `#[serde(...)]` attributes. A row may end `=> Part, ...`: the parts that read
-/// the key ([`Part`]), each given an accessor named after it.
+/// file-only key `#[serde(...)]` attributes. A flag's doc lines may be followed by
+/// `#[rule(..)]`, the key's own validity rule ([`Rule`]). A row may end `=> Part, ...`: the
+/// parts that read the key ([`Part`]), each given an accessor named after it.
 macro_rules! hyperparameters {
     (
         $(#[$meta:meta])*
@@ -135,7 +221,7 @@ macro_rules! hyperparameters {
         $(#[$ometa:meta])*
         pub struct $overrides:ident;
         flags {
-            $( $(#[doc = $doc:literal])+ $(#[arg($($arg:tt)*)])* $(#[serde($($kserde:tt)*)])* $key:ident : $ty:ty = $default:expr, $label:expr $(, [$($prop:ident),*])? $(=> $($part:ident),+)?; )*
+            $( $(#[doc = $doc:literal])+ $(#[rule($rule:expr)])? $(#[arg($($arg:tt)*)])* $(#[serde($($kserde:tt)*)])* $key:ident : $ty:ty = $default:expr, $label:expr $(, [$($prop:ident),*])? $(=> $($part:ident),+)?; )*
         }
         file_only {
             $( $(#[doc = $fdoc:literal])+ $(#[serde($($fserde:tt)*)])* $fkey:ident : $fty:ty = $fdefault:expr, $flabel:expr $(, [$($fprop:ident),*])? $(=> $($fpart:ident),+)?; )*
@@ -160,12 +246,23 @@ macro_rules! hyperparameters {
                 $( $crate::hyperparams::Key {
                     name: stringify!($key), label: $label, doc: concat!($($doc),+), flag: true,
                     props: &[$($($crate::hyperparams::Prop::$prop),*)?], parts: &[$($(stringify!($part)),+)?],
+                    rules: &[$($rule)?],
                 }, )*
                 $( $crate::hyperparams::Key {
                     name: stringify!($fkey), label: $flabel, doc: concat!($($fdoc),+), flag: false,
                     props: &[$($($crate::hyperparams::Prop::$fprop),*)?], parts: &[$($(stringify!($fpart)),+)?],
+                    rules: &[],
                 }, )*
             ];
+        }
+
+        impl $config {
+            /// Every key's own rule (the rows' `#[rule(..)]`), in declaration order: the first
+            /// value that breaks its rule fails, naming the key.
+            pub fn check_rules(&self) -> anyhow::Result<()> {
+                $( $( $crate::hyperparams::Rule::check(&$rule, stringify!($key), &self.$key)?; )? )*
+                Ok(())
+            }
         }
 
         $( $( $( $crate::hyperparams::part_reads!($config, $part, $key, $ty); )+ )? )*
@@ -264,10 +361,10 @@ pub fn resolve<C: Hyperparameters>(file: Option<&Path>, overrides: Map<String, V
 }
 
 /// The key reference of the book (docs/src/reference.md, kept equal by tests/docs.rs): one
-/// Markdown row per key, in declaration order, with its flag, default and doc line.
+/// Markdown row per key, in declaration order, with its flag, default, rule and doc line.
 pub fn key_reference<C: Hyperparameters>() -> String {
     let defaults = serde_json::to_value(C::default()).expect("a configuration serializes");
-    let mut table = String::from("| key | flag | default | what it is |\n|---|---|---|---|\n");
+    let mut table = String::from("| key | flag | default | rule | what it is |\n|---|---|---|---|---|\n");
     for key in C::KEYS {
         let flag = if key.flag { format!("`--{}`", key.name.replace('_', "-")) } else { "YAML or `--set`".to_string() };
         let default = match &defaults[key.name] {
@@ -275,7 +372,8 @@ pub fn key_reference<C: Hyperparameters>() -> String {
             value => format!("`{}`", value.to_string().trim_matches('"')),
         };
         let doc = key.doc.split_whitespace().collect::<Vec<_>>().join(" ").replace('|', "\\|");
-        table.push_str(&format!("| `{}` | {flag} | {default} | {doc} |\n", key.name));
+        let rule = key.rules.iter().map(Rule::to_string).collect::<String>();
+        table.push_str(&format!("| `{}` | {flag} | {default} | {rule} | {doc} |\n", key.name));
     }
     table
 }
@@ -362,108 +460,4 @@ fn compact(value: &Value) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    //! Adding a hyperparameter is one entry in a table: this test-only configuration declares
-    //! `dummy_knob` once, and the YAML key, the flag, `--set`, the run-name label, the saved
-    //! config, the sweep keys, the key reference and the accessor of the part that reads it
-    //! all follow.
-    use clap::Parser;
-
-    use super::Label::{Key, Omit, Short};
-    use super::*;
-
-    hyperparameters! {
-        /// A test-only configuration.
-        pub struct DummyConfig;
-        /// Its flags.
-        pub struct DummyFlags;
-        flags {
-            /// Experiment name.
-            name: Option<String> = None, Omit;
-            /// Random seed.
-            seed: u64 = 42, Omit;
-            /// Learning rate.
-            lr: f64 = 1e-5, Key;
-            /// A knob added by one line.
-            dummy_knob: usize = 3, Short("dk") => DummyPart;
-        }
-        file_only {
-            /// A structured value.
-            #[serde(skip_serializing_if = "Option::is_none")]
-            extra: Option<Value> = None, Omit;
-        }
-    }
-
-    /// A part of a run that reads `dummy_knob`: it declares no field for it; its row does.
-    struct DummyPart {
-        table: DummyConfig,
-    }
-
-    impl Part<DummyConfig> for DummyPart {
-        fn table(&self) -> &DummyConfig {
-            &self.table
-        }
-    }
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        flags: DummyFlags,
-    }
-
-    #[test]
-    fn one_declaration_gives_the_yaml_key_flag_set_run_name_and_sweep_key() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("exp.yaml");
-        std::fs::write(&file, "dummy_knob: 5\nlr: 0.001\n").unwrap();
-
-        let from_yaml: DummyConfig = resolve(Some(&file), Map::new(), "dummy configuration").unwrap();
-        assert_eq!((from_yaml.dummy_knob, from_yaml.name.as_deref()), (5, Some("exp")));
-        assert_eq!(run_name(&from_yaml).unwrap(), "exp_dk5_lr1e-3_s42");
-
-        let cli = Cli::try_parse_from(["x", "--dummy-knob", "7"]).unwrap();
-        let mut overrides = cli.flags.to_map().unwrap();
-        assert_eq!(overrides, serde_json::json!({"dummy_knob": 7}).as_object().unwrap().clone());
-        let from_flag: DummyConfig = resolve(Some(&file), overrides.clone(), "dummy configuration").unwrap();
-        assert_eq!(from_flag.dummy_knob, 7);
-
-        let (key, value) = parse_override("dummy-knob=9").unwrap();
-        overrides.insert(key, value);
-        let from_set: DummyConfig = resolve(None, overrides, "dummy configuration").unwrap();
-        assert_eq!(run_name(&from_set).unwrap(), "run_dk9_s42");
-
-        let saved = crate::yaml::to_string(&from_set).unwrap();
-        assert!(saved.contains("dummy_knob: 9") && !saved.contains("extra"), "{saved}");
-        let reread: DummyConfig = crate::yaml::from_str(&saved).unwrap();
-        assert_eq!(reread, from_set);
-
-        check_key::<DummyConfig>("dummy_knob", "--grid").unwrap();
-        check_key::<DummyConfig>("extra", "--fixed").unwrap();
-        let typo = check_key::<DummyConfig>("dummy_knb", "--grid dummy_knb=1").unwrap_err().to_string();
-        assert!(typo.contains("unknown key `dummy_knb`") && typo.contains("dummy_knob"), "{typo}");
-        assert!(Cli::try_parse_from(["x", "--extra", "1"]).is_err(), "file-only keys have no flag");
-        assert_eq!(DummyConfig::key("dummy_knob").unwrap().doc, " A knob added by one line.");
-    }
-
-    #[test]
-    fn one_row_gives_the_part_that_reads_the_key_and_the_reference_its_line() {
-        let cli = Cli::try_parse_from(["x", "--dummy-knob", "11"]).unwrap();
-        let config: DummyConfig = resolve(None, cli.flags.to_map().unwrap(), "dummy configuration").unwrap();
-        assert_eq!(run_name(&config).unwrap(), "run_dk11_s42");
-        let part = DummyPart { table: config };
-        assert_eq!(part.dummy_knob(), 11, "the part reads the flag's value through the accessor its row gives it");
-        assert_eq!(DummyPart { table: DummyConfig::default() }.dummy_knob(), 3, "and the default where no layer sets it");
-        assert_eq!(DummyConfig::key("dummy_knob").unwrap().parts, ["DummyPart"]);
-        assert!(DummyConfig::key("lr").unwrap().parts.is_empty());
-        let reference = key_reference::<DummyConfig>();
-        assert!(reference.contains("| `dummy_knob` | `--dummy-knob` | `3` | A knob added by one line. |\n"), "{reference}");
-        assert!(reference.contains("| `extra` | YAML or `--set` | (none) | A structured value. |\n"), "{reference}");
-    }
-
-    #[test]
-    fn unknown_keys_and_ill_typed_values_name_the_source() {
-        let error = resolve::<DummyConfig>(None, serde_json::json!({"dummy_knob": "x"}).as_object().unwrap().clone(), "dummy configuration");
-        let error = error.unwrap_err().to_string();
-        assert!(error.contains("invalid dummy configuration (the command line)") && error.contains("invalid type"), "{error}");
-    }
-}
+mod tests;

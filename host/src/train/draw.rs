@@ -235,7 +235,7 @@ impl Draw {
         let samples = samples_from_rows(&prompt_texts, &generation.rows, with.policy.tokenizer())?;
         let scored = with
             .rewards
-            .score_within(&samples, rng::derive(seed, "protocol", step as u64), with.recipe.max_no_score_frac)
+            .score_within(&samples, rng::derive(seed, "protocol", step as u64), with.recipe.max_no_score_frac())
             .with_context(|| format!("scoring the completions of step {} failed", step + 1))?;
         let score_seconds = score_start.elapsed().as_secs_f64();
         Ok(DrawnBatch { generation, samples, scored, generate_seconds, score_seconds, dynamic_sampling: None, off_policy: None, weights_fingerprint })

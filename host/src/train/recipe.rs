@@ -16,12 +16,14 @@ use tch::{Device, Kind, Tensor};
 
 use crate::adapters::AdapterConfig;
 use crate::defaults::ADVANTAGE_STD_EPSILON;
-use crate::grpo::{self, Aggregation, ScaleRewards};
+use crate::grpo::{self, Aggregation};
+use crate::hyperparams::Part;
 use crate::intervention::{self, Intervention};
 use crate::model::generate::Generation;
 use crate::reward::{ComponentInfo, ScoredBatch};
 use crate::rng::{self, SplitMix64};
-use crate::routing::{self, CoherenceRhMode, GroupedRows, Labels, RenormalizationMode, RoutePlan, RoutingMode, RowWeights};
+use crate::routing::{self, GroupedRows, Labels, RenormalizationMode, RoutePlan, RoutingMode, RowWeights};
+use super::TrainConfig;
 use super::metrics::key;
 
 /// From which step a batch ends with coherence rows, and how many (`coherence_start_frac`,
@@ -40,41 +42,36 @@ impl CoherenceSchedule {
 }
 
 /// The advantage, intervention, routing, coherence, verifier, ablation and masking keys,
-/// resolved once (`TrainConfig::recipe`).
+/// resolved once (`TrainConfig::recipe`). A key the recipe reads as it is (`intervention`,
+/// `num_generations`, `routing_mode`, ...) is its row's alone: the row ends `=> Recipe`, which
+/// gives the recipe the accessor `self.intervention()` ([`Part`]); the fields here are what
+/// several keys, the reward's components or the device make together.
 #[derive(Debug, Clone)]
 pub struct Recipe {
-    pub intervention: Intervention,
-    pub rh_penalty: f64,
-    /// `adv_mod`'s coefficient, and the reward component whose raw score it multiplies
-    /// (`advantage_score: detector_score`; None: the monitor's flag).
-    pub advantage_penalty: f64,
+    /// The resolved configuration, read only through the accessors of the rows that name
+    /// this part ([`Part`]).
+    pub(super) table: TrainConfig,
+    /// With `advantage_score: detector_score`, the reward component whose raw score `adv_mod`
+    /// multiplies (None: the monitor's flag).
     pub advantage_score_component: Option<usize>,
     /// The loss's aggregation, whose token weights the matched placebo's energies follow.
     pub aggregation: Aggregation,
-    pub group_size: usize,
-    pub scale_rewards: ScaleRewards,
     /// With `multi_objective_aggregation: normalize_then_sum`, the reward components (their
     /// roles and scales) GDPO normalises one by one; `None` sums them first.
     pub normalize_then_sum: Option<Vec<ComponentInfo>>,
-    pub routing_mode: RoutingMode,
     pub row_weights: RowWeights,
-    pub renormalization: RenormalizationMode,
     pub coherence: CoherenceSchedule,
-    pub coherence_rh_mode: CoherenceRhMode,
-    pub coherence_rh_penalty: f64,
     /// With `rh_detector_verifies_retain_samples`: the retain verifier's recall.
     pub retain_verifier_recall: Option<f64>,
-    /// `rp_extra_retain_advantage_multiplier`: the verified coherence rows' advantages times it.
-    pub verified_advantage_multiplier: f64,
-    pub ablated_frac: f64,
-    /// `split_moment`: also plan the batch with every adapter learning from every row.
-    pub split_moment: bool,
-    pub mask_truncated_completions: bool,
     pub adapters: AdapterConfig,
-    /// `max_no_score_frac`: the share of a scored batch that may have no score (0: none).
-    pub max_no_score_frac: f64,
     /// Where the plan's and the advantages' tensors live (the model's device).
     pub device: Device,
+}
+
+impl Part<TrainConfig> for Recipe {
+    fn table(&self) -> &TrainConfig {
+        &self.table
+    }
 }
 
 /// A scored batch prepared for the loss.
@@ -109,10 +106,10 @@ impl Recipe {
         let counted = self.counted_rows(scored);
         let (group_advantages, frac_zero_std) = self.group_advantages(scored, &rewards, &counted);
         let mut intervention_metrics = Vec::new();
-        let routed = match self.intervention {
+        let routed = match self.intervention() {
             Intervention::Placebo => intervention::placebo_labels(&flagged, seed, step),
             Intervention::MatchedPlacebo => {
-                let loss_tokens = grpo::loss_mask(generation, self.mask_truncated_completions);
+                let loss_tokens = grpo::loss_mask(generation, self.mask_truncated_completions());
                 let energy = intervention::row_energies(&group_advantages, &loss_tokens, self.aggregation);
                 let draw = intervention::matched_placebo_labels(&energy, &flagged, seed, step);
                 let count = draw.labels.iter().filter(|&&r| r).count() as f64;
@@ -124,12 +121,12 @@ impl Recipe {
         let rows = rewards.len();
         let coherence_rows = self.coherence.rows_at(step);
         let coherence: Vec<bool> = (0..rows).map(|i| i >= rows - coherence_rows).collect();
-        let grouped = GroupedRows { rewards: &rewards, is_rh: &routed, coherence: &coherence, group_size: self.group_size };
+        let grouped = GroupedRows { rewards: &rewards, is_rh: &routed, coherence: &coherence, group_size: self.num_generations() };
         let verified = self.retain_verifier_recall.map(|recall| verified(scored, &coherence, recall, seed, step));
         let (advantages, dropped) = self.routed_advantages(group_advantages, &grouped, verified.as_deref());
-        let advantages = match self.intervention {
+        let advantages = match self.intervention() {
             Intervention::AdvMod => {
-                let subtracted: Vec<f64> = self.advantage_scores(scored).iter().map(|score| self.advantage_penalty * score).collect();
+                let subtracted: Vec<f64> = self.advantage_scores(scored).iter().map(|score| self.advantage_penalty() * score).collect();
                 // Its mean over the samples with a score (an unscored row's advantage is 0 below).
                 let over_scored: Vec<f64> = scored.scored_rows().iter().map(|&row| subtracted[row]).collect();
                 intervention_metrics = vec![(key::ADVANTAGE_MODIFICATION_MEAN, crate::stats::mean(&over_scored))];
@@ -146,7 +143,7 @@ impl Recipe {
         let ablated = self.draw_ablated(&routed, &coherence, seed, step);
         let labels = Labels { is_rh: routed, ablated, coherence, dropped, unscored: scored.unscored.clone() };
         let plan = routing::plan(&self.adapters, self.row_weights, &self.loss_class_labels(&labels), self.device);
-        let natural_plan = self.split_moment.then(|| routing::plan(&self.adapters, RowWeights::gates(RoutingMode::None), &labels, self.device));
+        let natural_plan = self.split_moment().then(|| routing::plan(&self.adapters, RowWeights::gates(RoutingMode::None), &labels, self.device));
         let trained_rows = counted.iter().zip(&labels.dropped).map(|(&counted, &dropped)| counted && !dropped).collect();
         let frac_verified = verified.filter(|_| coherence_rows > 0).map(|verified| verified.iter().filter(|&&v| v).count() as f64 / coherence_rows as f64);
         Prepared { rewards, advantages, labels, flagged, plan, natural_plan, trained_rows, frac_zero_std, frac_verified, intervention_metrics }
@@ -163,8 +160,8 @@ impl Recipe {
 
     /// The rewards the advantages are computed from: after `intervention: penalty`'s penalty.
     pub fn rewards(&self, scored: &ScoredBatch) -> Vec<f64> {
-        match self.intervention {
-            Intervention::Penalty => intervention::penalised(&scored.reward, &scored.flags(), self.rh_penalty),
+        match self.intervention() {
+            Intervention::Penalty => intervention::penalised(&scored.reward, &scored.flags(), self.rh_penalty()),
             _ => scored.reward.clone(),
         }
     }
@@ -172,7 +169,7 @@ impl Recipe {
     /// The rows whose rewards enter the advantages: those with a score; with `intervention:
     /// filter` of them the unflagged ones, with `verified` the verified ones.
     pub fn counted_rows(&self, scored: &ScoredBatch) -> Vec<bool> {
-        let counted = match self.intervention {
+        let counted = match self.intervention() {
             Intervention::Filter => scored.flags().iter().map(|f| !f).collect(),
             Intervention::Verified => {
                 let detected = scored.detector_raw.as_ref().expect("verified-only runs with a monitor (checked with the configuration)");
@@ -186,7 +183,7 @@ impl Recipe {
     /// `[batch, completion_len]` 1 on the completion tokens that train: the completion mask of
     /// the prepared rows that train, without truncated completions when they are masked.
     pub fn loss_mask(&self, generation: &Generation, prepared: &Prepared) -> Tensor {
-        grpo::loss_mask(generation, self.mask_truncated_completions) * routing::row_mask(&prepared.trained_rows, self.device).unsqueeze(1)
+        grpo::loss_mask(generation, self.mask_truncated_completions()) * routing::row_mask(&prepared.trained_rows, self.device).unsqueeze(1)
     }
 
     /// Group advantages of `rewards`; with `intervention: filter` or `verified`, or samples
@@ -194,13 +191,13 @@ impl Recipe {
     /// `normalize_then_sum`, GDPO's advantages of the components instead
     /// ([`Recipe::decoupled_scores`]), over the `counted` rows too.
     fn group_advantages(&self, scored: &ScoredBatch, rewards: &[f64], counted: &[bool]) -> (Tensor, f64) {
-        let (group, scale, eps) = (self.group_size, self.scale_rewards, ADVANTAGE_STD_EPSILON);
+        let (group, scale, eps) = (self.num_generations(), self.scale_rewards(), ADVANTAGE_STD_EPSILON);
         if let Some(components) = &self.normalize_then_sum {
             let (scores, weights) = self.decoupled_scores(scored, components);
             return grpo::decoupled_advantages(&scores.to(self.device), &weights, &routing::row_mask(counted, self.device), group, eps);
         }
         let rewards = Tensor::from_slice(rewards).to_kind(Kind::Float).to(self.device);
-        let masked = matches!(self.intervention, Intervention::Filter | Intervention::Verified) || scored.unscored.contains(&true);
+        let masked = matches!(self.intervention(), Intervention::Filter | Intervention::Verified) || scored.unscored.contains(&true);
         match masked {
             true => intervention::kept_group_advantages(&rewards, &routing::row_mask(counted, self.device), group, scale, eps),
             false => grpo::group_advantages(&rewards, group, scale, eps),
@@ -215,9 +212,9 @@ impl Recipe {
     fn decoupled_scores(&self, scored: &ScoredBatch, components: &[ComponentInfo]) -> (Tensor, Vec<f64>) {
         let mut columns: Vec<Vec<f64>> = components.iter().enumerate().map(|(k, info)| scored.counted_scores(k, info.role)).collect();
         let mut weights: Vec<f64> = components.iter().map(|info| info.scale).collect();
-        if self.intervention == Intervention::Penalty {
+        if self.intervention() == Intervention::Penalty {
             columns.push(scored.flags().iter().map(|&flagged| if flagged { -1.0 } else { 0.0 }).collect());
-            weights.push(self.rh_penalty);
+            weights.push(self.rh_penalty());
         }
         let rows = scored.reward.len() as i64;
         let scores = Tensor::from_slice(&columns.concat()).to_kind(Kind::Float).view([columns.len() as i64, rows]).transpose(0, 1).contiguous();
@@ -231,16 +228,16 @@ impl Recipe {
     fn routed_advantages(&self, group_advantages: Tensor, batch: &GroupedRows, verified: Option<&[bool]>) -> (Tensor, Vec<bool>) {
         let rows = batch.rewards.len();
         let coherence = batch.coherence.iter().any(|&c| c);
-        if self.renormalization == RenormalizationMode::Off && !coherence {
+        if self.renormalization_mode() == RenormalizationMode::Off && !coherence {
             return (group_advantages, vec![false; rows]);
         }
         let eps = ADVANTAGE_STD_EPSILON;
         let group: Vec<f64> = Vec::try_from(group_advantages.to_kind(Kind::Double)).expect("advantages are a 1-D tensor");
         let (advantages, dropped) = match verified {
-            Some(verified) => routing::verified_coherence_advantages(batch, verified, &group, self.verified_advantage_multiplier, eps),
-            None => routing::coherence_advantages(self.coherence_rh_mode, self.coherence_rh_penalty, batch, &group, eps),
+            Some(verified) => routing::verified_coherence_advantages(batch, verified, &group, self.rp_extra_retain_advantage_multiplier(), eps),
+            None => routing::coherence_advantages(self.coherence_rh_mode(), self.coherence_rh_penalty(), batch, &group, eps),
         };
-        let advantages = routing::renormalized_advantages(self.renormalization, batch, &advantages, eps);
+        let advantages = routing::renormalized_advantages(self.renormalization_mode(), batch, &advantages, eps);
         (Tensor::from_slice(&advantages).to_kind(Kind::Float).to(group_advantages.device()), dropped)
     }
 
@@ -250,7 +247,7 @@ impl Recipe {
     /// whole batch as TRL's loss does (and the original's single backward pass without
     /// routing). The adapter controls are the same either way.
     fn loss_class_labels(&self, labels: &Labels) -> Labels {
-        let treated_apart = self.routing_mode != RoutingMode::None || matches!(self.intervention, Intervention::Filter | Intervention::Verified);
+        let treated_apart = self.routing_mode() != RoutingMode::None || matches!(self.intervention(), Intervention::Filter | Intervention::Verified);
         match treated_apart {
             true => labels.clone(),
             false => Labels { is_rh: vec![false; labels.is_rh.len()], ..labels.clone() },
@@ -262,7 +259,7 @@ impl Recipe {
     /// do not depend on the coherence rows).
     fn draw_ablated(&self, is_rh: &[bool], coherence: &[bool], seed: u64, step: usize) -> Vec<bool> {
         let mut rng = SplitMix64::new(rng::derive(seed, "ablate", step as u64));
-        is_rh.iter().zip(coherence).map(|(&rh, &coh)| { let draw = rng.next_f64(); !rh && !coh && draw < self.ablated_frac }).collect()
+        is_rh.iter().zip(coherence).map(|(&rh, &coh)| { let draw = rng.next_f64(); !rh && !coh && draw < self.ablated_frac() }).collect()
     }
 }
 

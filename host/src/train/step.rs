@@ -137,7 +137,7 @@ impl Trainer {
         let old_logprobs_seconds = old_start.elapsed().as_secs_f64();
         reference_seconds += old_logprobs_seconds;
 
-        let mut metrics = rollout_metrics(&scored, &prepared.rewards, &component_names, &generation, prepared.frac_zero_std, &prepared.labels, self.recipe.max_no_score_frac > 0.0);
+        let mut metrics = rollout_metrics(&scored, &prepared.rewards, &component_names, &generation, prepared.frac_zero_std, &prepared.labels, self.recipe.max_no_score_frac() > 0.0);
         (metrics.generate_seconds, metrics.score_seconds, metrics.reference_seconds) = (drawn.generate_seconds, drawn.score_seconds, reference_seconds);
         (metrics.sampler_setup_seconds, metrics.old_logprobs_seconds) = (self.policy.take_setup_seconds(), old_logprobs_seconds);
         metrics.dynamic_sampling = drawn.dynamic_sampling;
@@ -150,7 +150,7 @@ impl Trainer {
         ensure!(metrics.sampler_weights.is_some() || self.keys.replays || self.keys.samples_ahead, "internal error: step {}'s batch was drawn without its weights' fingerprint", step + 1);
         let first_sample = (samples[0].prompt.clone(), samples[0].completion.clone());
         let dump = match self.keys.dump_batches() {
-            Some(_) => rollout_tensors(&scored, &component_names, &prepared, self.recipe.max_no_score_frac > 0.0),
+            Some(_) => rollout_tensors(&scored, &component_names, &prepared, self.recipe.max_no_score_frac() > 0.0),
             None => Vec::new(),
         };
         let loss_mask = self.recipe.loss_mask(&generation, &prepared);

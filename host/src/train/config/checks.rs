@@ -1,5 +1,9 @@
 //! The cross-key rules of the training configuration, checked once when it is resolved: every
 //! combination that would not run the protocol its keys name is refused here, naming the keys.
+//! A rule of one key alone is its row's `#[rule(..)]` in the table (`mod.rs`), checked first
+//! (`check_rules`); the objective's own keys are checked by `Objective::new` (`objective()`
+//! below), the detector knobs by `ProtocolKnobs::check` and the plugin limits by
+//! `PluginLimits`, which other commands share.
 
 use anyhow::{Result, ensure};
 use tch::Kind;
@@ -19,14 +23,13 @@ impl TrainConfig {
         let adapters = self.adapter_config()?;
         self.check_environment()?;
         ensure!(self.reward.is_some() || self.environment.is_some(), "no reward: set `reward:` or `environment:` in the config, or pass --reward-plugin or --environment");
-        ensure!(self.batch_size > 0 && self.num_generations > 1, "batch_size must be positive and num_generations at least 2");
+        self.check_rules()?;
         ensure!(
             self.batch_size % self.num_generations == 0,
             "batch_size ({}) counts completions and must be a multiple of num_generations ({})",
             self.batch_size,
             self.num_generations
         );
-        ensure!(self.max_steps > 0, "max_steps must be positive");
         ensure!(
             self.system_prompt.is_none() || self.prompt_format == PromptFormat::Chat,
             "system_prompt is a chat message: it needs prompt_format: chat (got {})",
@@ -37,27 +40,18 @@ impl TrainConfig {
             "inoculation prefixes an environment's training prompts: it needs `environment:` (prompt files are not inoculated)"
         );
         ensure!(!self.inoculation || !self.inoculation_prompt.trim().is_empty(), "inoculation is on and inoculation_prompt is empty");
-        ensure!((0.0..=1.0).contains(&self.hack_frac), "hack_frac is a fraction of prompts: it must be in [0, 1], got {}", self.hack_frac);
-        ensure!(self.num_iterations >= 1, "num_iterations must be at least 1");
         self.check_substeps()?;
-        let episode_keys = [self.episode_max_turns, self.episode_max_turn_tokens, self.episode_max_observation_tokens, self.episode_max_observation_bytes];
-        ensure!(episode_keys.iter().all(|&n| n > 0), "episode_max_turns, episode_max_turn_tokens, episode_max_observation_tokens and episode_max_observation_bytes must be positive");
-        ensure!(self.temperature > 0.0, "temperature must be positive for GRPO sampling");
-        ensure!(self.top_p > 0.0 && self.top_p <= 1.0, "top_p must be in (0, 1] (1 keeps every token), got {}", self.top_p);
-        ensure!(self.lr > 0.0 && self.beta >= 0.0 && self.epsilon > 0.0, "lr must be positive, beta >= 0, epsilon > 0");
         ensure!(
             self.beta != 0.0 || self.kl_estimator == KlEstimator::K3,
             "kl_estimator {} has no effect with beta 0 (no KL term, no reference pass): set beta or leave kl_estimator unset",
             self.kl_estimator
         );
         self.objective()?;
-        ensure!(self.logging_steps > 0 && self.save_steps > 0 && self.eval_every > 0, "logging_steps, save_steps and eval_every must be positive");
         ensure!(
             self.fisher_kernel_every == 0 || self.fisher_kernel_sketch > 0,
             "fisher_kernel_sketch is the Fisher kernel's sketch size: it must be positive with fisher_kernel_every {} (got 0)",
             self.fisher_kernel_every
         );
-        ensure!((0.0..=1.0).contains(&self.ablated_frac), "ablated_frac must be in [0, 1], got {}", self.ablated_frac);
         self.knobs().check()?;
         self.plugin_limits()?;
         if self.routing_mode != RoutingMode::None {
@@ -92,7 +86,6 @@ impl TrainConfig {
     /// still see them, so it is refused rather than fed a placeholder.
     fn check_no_score(&self) -> Result<()> {
         let bound = self.max_no_score_frac;
-        ensure!((0.0..1.0).contains(&bound), "max_no_score_frac is a share of a scored batch: it must be in [0, 1), got {bound}");
         if bound == 0.0 {
             return Ok(());
         }
@@ -262,7 +255,6 @@ impl TrainConfig {
             self.dynamic_sampling_rounds == 0 || self.coh_samples_per_rollout == 0,
             "dynamic_sampling_rounds refills the batch with fresh groups, but coherence rows (coh_samples_per_rollout) are sampled apart, at other adapter scales, and are not filtered: use one of them"
         );
-        ensure!(self.rh_penalty.is_finite(), "rh_penalty must be a finite number, got {}", self.rh_penalty);
         if intervention != Intervention::Penalty {
             ensure!(
                 self.rh_penalty == Self::default().rh_penalty,
@@ -276,7 +268,6 @@ impl TrainConfig {
     /// `adv_mod`'s keys act with it only; its continuous score needs a detector that has one.
     fn check_advantage_modification(&self) -> Result<()> {
         let (intervention, defaults) = (self.intervention, Self::default());
-        ensure!(self.advantage_penalty.is_finite(), "advantage_penalty must be a finite number, got {}", self.advantage_penalty);
         if intervention != Intervention::AdvMod {
             let unused = [("advantage_penalty", self.advantage_penalty != defaults.advantage_penalty), ("advantage_score", self.advantage_score != defaults.advantage_score)];
             if let Some((key, _)) = unused.iter().find(|(_, set)| *set) {
@@ -334,20 +325,12 @@ impl TrainConfig {
             self.num_generations,
             self.batch_size
         );
-        ensure!((0.0..=1.0).contains(&self.coherence_start_frac), "coherence_start_frac must be in [0, 1], got {}", self.coherence_start_frac);
-        ensure!(
-            (0.0..=1.0).contains(&self.rh_detector_retain_recall),
-            "rh_detector_retain_recall is a probability: it must be in [0, 1], got {}",
-            self.rh_detector_retain_recall
-        );
         ensure!(
             self.rh_detector_verifies_retain_samples || self.rh_detector_retain_recall == defaults.rh_detector_retain_recall,
             "rh_detector_retain_recall is set but rh_detector_verifies_retain_samples is false: it would do nothing"
         );
-        let multiplier = self.rp_extra_retain_advantage_multiplier;
-        ensure!(multiplier.is_finite() && multiplier > 0.0, "rp_extra_retain_advantage_multiplier scales the verified coherence rows' advantages: it must be finite and above 0, got {multiplier}");
         ensure!(
-            self.rh_detector_verifies_retain_samples || multiplier == defaults.rp_extra_retain_advantage_multiplier,
+            self.rh_detector_verifies_retain_samples || self.rp_extra_retain_advantage_multiplier == defaults.rp_extra_retain_advantage_multiplier,
             "rp_extra_retain_advantage_multiplier is set but rh_detector_verifies_retain_samples is false: it scales the verified coherence rows' advantages, and there are none"
         );
         Ok(())

@@ -3,11 +3,13 @@
 //! resolved configuration is written into the run directory, whose name lists every
 //! hyperparameter that differs from its default, plus the seed.
 //!
-//! Adding a hyperparameter: one row in the table (name, type, default, doc line, run-name
-//! label, properties, and after `=>` the parts that read it, which get an accessor
-//! named after it: `crate::hyperparams::Part`); its check in `checks.rs` if it has one, and its
-//! test. What several keys make together is computed once: `parts.rs`, `objective.rs`,
-//! `derived.rs`.
+//! Adding a hyperparameter is one row in the table: name, type, default, doc line (the flag's
+//! help), `#[rule(..)]` (what its value must be on its own, [`crate::hyperparams::Rule`]),
+//! run-name label, properties, and after `=>` the parts that read it (`StepKeys`, `Recipe`),
+//! which get an accessor named after it ([`crate::hyperparams::Part`]); then its test. Only a
+//! rule across keys goes to `checks.rs`. What several keys make together is computed once:
+//! `parts.rs`, `objective.rs` (the objective's keys cross into `grpo`, which cannot read this
+//! table), `derived.rs`.
 //!
 //! Long because the table is: over a hundred keys, each with its doc line (the flag's help).
 
@@ -21,6 +23,7 @@ use crate::defaults as d;
 use crate::device::{DeviceSpec, Dtype};
 use crate::grpo::{ImportanceSamplingLevel, ImportanceSamplingMode, KlEstimator, LossFn, LossType, MultiObjectiveAggregation, SamplingReplay, ScaleRewards};
 use crate::hyperparams::Label::{Key, Omit, Short};
+use crate::hyperparams::Rule::{self, AtLeast, Finite, FinitePositive, Positive};
 use crate::hyperparams::hyperparameters;
 use crate::intervention::{AdvantageScore, Intervention};
 use crate::model::chat::PromptFormat;
@@ -28,6 +31,7 @@ use crate::model::autocast::TrainDtype;
 use crate::model::folded::SamplerDtype;
 use crate::reward::{DetectorSpec, RewardSpec};
 use crate::routing::{CoherenceRhMode, RenormalizationMode, RoutingMode};
+use crate::train::recipe::Recipe;
 
 mod accumulation;
 mod batching;
@@ -82,15 +86,19 @@ hyperparameters! {
         environment: Option<String> = None, Omit;
         /// A multi-turn episode environment's turns per episode (max_completion_length then bounds
         /// the whole episode: its turns and observations; docs/src/environments.md).
+        #[rule(Positive)]
         #[serde(skip_serializing_if = "skip::is_default_episode_turns")]
         episode_max_turns: usize = d::EPISODE_MAX_TURNS, Short("turns");
         /// Tokens of one assistant turn of an episode (at most; cut to what is left of the episode).
+        #[rule(Positive)]
         #[serde(skip_serializing_if = "skip::is_default_turn_tokens")]
         episode_max_turn_tokens: usize = d::EPISODE_MAX_TURN_TOKENS, Short("turn_len");
         /// Tokens of one rendered observation of an episode (a longer one is the environment's error).
+        #[rule(Positive)]
         #[serde(skip_serializing_if = "skip::is_default_observation_tokens")]
         episode_max_observation_tokens: usize = d::EPISODE_MAX_OBSERVATION_TOKENS, Short("obs_len");
         /// Bytes of one observation of an episode, its messages' roles and contents together.
+        #[rule(Positive)]
         #[serde(skip_serializing_if = "skip::is_default_observation_bytes")]
         episode_max_observation_bytes: usize = d::EPISODE_MAX_OBSERVATION_BYTES, Short("obs_bytes");
 
@@ -113,12 +121,15 @@ hyperparameters! {
         layer_stride: usize = d::LAYER_STRIDE, Key, [Pack];
 
         /// Peak learning rate (linear decay to 0 over max_steps).
+        #[rule(Positive)]
         lr: f64 = 1e-5, Key;
         /// KL coefficient (0 skips the reference model).
+        #[rule(AtLeast(0.0))]
         beta: f64 = 0.02, Key;
         /// The KL term's per-token estimator: k1, k2 or k3 (Schulman 2020; k3 is TRL's).
         kl_estimator: KlEstimator = KlEstimator::K3, Short("kl_");
         /// PPO clipping range (below 1, and above 1 unless epsilon_high is set).
+        #[rule(Positive)]
         epsilon: f64 = 0.2, Key;
         /// PPO clipping range above 1 (DAPO's clip-higher, e.g. 0.28; default: epsilon, as TRL).
         epsilon_high: Option<f64> = None, Key;
@@ -127,7 +138,7 @@ hyperparameters! {
         /// token, or sequence (GSPO: one ratio exp(mean log-ratio) per completion).
         importance_sampling_level: ImportanceSamplingLevel = ImportanceSamplingLevel::Token, Short("is_");
         /// Advantages divided by the std of the group, of the batch, or none (TRL's scale_rewards).
-        scale_rewards: ScaleRewards = ScaleRewards::Group, Short("scale_");
+        scale_rewards: ScaleRewards = ScaleRewards::Group, Short("scale_") => Recipe;
         /// How the reward components make the advantage (TRL's multi_objective_aggregation):
         /// sum_then_normalize (their weighted sum, normalised as scale_rewards says), or
         /// normalize_then_sum (GDPO: each component normalised within its group, their weighted
@@ -136,7 +147,7 @@ hyperparameters! {
         multi_objective_aggregation: MultiObjectiveAggregation = MultiObjectiveAggregation::SumThenNormalize, Short("");
         /// Completions that hit max_completion_length without EOS leave the loss (DAPO).
         #[arg(num_args = 0..=1, default_missing_value = "true")]
-        mask_truncated_completions: bool = false, Short("mask_truncated");
+        mask_truncated_completions: bool = false, Short("mask_truncated") => Recipe;
         /// grpo, dr_grpo, dapo, bnpo or cispo (CISPO's surrogate, aggregated as dapo; set
         /// epsilon_high, its weight cap, e.g. 5.0), or sapo, luspo (with importance_sampling_level
         /// sequence) or vespo.
@@ -193,6 +204,7 @@ hyperparameters! {
         /// The mean entropy (nats) at or below which the adaptive bonus applies (TRL's default).
         entropy_target: f64 = 0.2, Short("enttarget");
         /// Passes over each generated batch (TRL's reuse; each pass num_substeps optimizer steps).
+        #[rule(AtLeast(1.0))]
         num_iterations: usize = 1, Short("iters"), [Pack];
         /// Mini-batches of whole groups each generated batch is split into, one optimizer step
         /// each (tinker's).
@@ -234,12 +246,15 @@ hyperparameters! {
         /// first included; verl's max_num_gen_batches); needing more is an error. 0: off.
         dynamic_sampling_rounds: usize = 0, Short("dynsample");
         /// Completions per generated batch (per optimizer step unless num_substeps splits it).
+        #[rule(Positive)]
         batch_size: usize = 32, Short("bs"), [Pack];
         /// Completions per prompt (the group of the advantages).
-        num_generations: usize = 16, Short("g"), [Pack];
+        #[rule(AtLeast(2.0))]
+        num_generations: usize = 16, Short("g"), [Pack] => Recipe;
         /// Tokens generated per completion (at most).
         max_completion_length: usize = d::MAX_COMPLETION_LENGTH, Short("len"), [Pack] => StepKeys;
         /// Sampling temperature (also applied to the log-probabilities).
+        #[rule(Positive)]
         temperature: f64 = d::TEMPERATURE, Short("temp");
         /// Sampling keeps the top_k most likely tokens (HF's TopKLogitsWarper; 0: all). The
         /// sampler's log-probabilities are those of the distribution it draws from (truncated and
@@ -247,6 +262,7 @@ hyperparameters! {
         top_k: usize = d::TOP_K, Key;
         /// Sampling keeps the smallest set of tokens whose probability reaches top_p (HF's
         /// TopPLogitsWarper, after top_k; 1: all); log-probabilities as with top_k.
+        #[rule(Rule::open_closed(0.0, 1.0))]
         top_p: f64 = d::TOP_P, Key;
         /// With top_k or top_p: kept_sets (the sampler records each token's kept set and every
         /// log-probability compared with the sampler's is renormalised over it, as TRL 1.17 and
@@ -254,6 +270,7 @@ hyperparameters! {
         /// started (one started before this key: trl_1_16).
         sampling_replay: SamplingReplay = SamplingReplay::KeptSets, Short("");
         /// Optimizer steps of the run.
+        #[rule(Positive)]
         max_steps: usize = 2000, Short("steps"), [Pack] => StepKeys;
         /// Seed of everything random in the run (always in the run name).
         seed: u64 = d::SEED, Omit => StepKeys;
@@ -269,12 +286,13 @@ hyperparameters! {
         adam_epsilon: f64 = d::ADAM_EPSILON, Key;
 
         /// none, classic or exclusive.
-        routing_mode: RoutingMode = RoutingMode::None, Short(""), [Routing];
+        routing_mode: RoutingMode = RoutingMode::None, Short(""), [Routing] => Recipe;
         /// Fraction of clean samples trained with the forget adapter off.
-        ablated_frac: f64 = 0.0, Short("abl"), [Routing];
+        #[rule(Rule::closed(0.0, 1.0))]
+        ablated_frac: f64 = 0.0, Short("abl"), [Routing] => Recipe;
         /// Advantages of routed runs: off, retain_only or balanced (the original's
         /// renormalization_mode, advantages.py; its default is retain-only, smallrl's stays off).
-        renormalization_mode: RenormalizationMode = RenormalizationMode::Off, Short("renorm_"), [Routing];
+        renormalization_mode: RenormalizationMode = RenormalizationMode::Off, Short("renorm_"), [Routing] => Recipe;
         /// balanced on DualLoRA: accept kappa from the ranks, which the original calls approximate
         /// (its --allow_approx_lora_kappa).
         #[arg(num_args = 0..=1, default_missing_value = "true")]
@@ -282,17 +300,17 @@ hyperparameters! {
         /// Adam's second moment from the natural (unrouted) gradient, the first from the routed
         /// one (the original's --split_moment; needs balanced; a second backward pass per step).
         #[arg(num_args = 0..=1, default_missing_value = "true")]
-        split_moment: bool = false, Short("split_moment"), [Routing] => StepKeys;
+        split_moment: bool = false, Short("split_moment"), [Routing] => StepKeys, Recipe;
         /// Coherence rows per rollout (the original's coh_samples_per_rollout): the batch's last N
         /// completions, whole groups, sampled and trained with the forget adapter off, retain
         /// alone learning (0: none).
         coh_samples_per_rollout: usize = 0, Short("coh"), [Routing];
         /// What a flagged coherence row does: filter, filter_renorm, penalty, zero or none (the
         /// original's coherence_rh_mode and its default).
-        coherence_rh_mode: CoherenceRhMode = CoherenceRhMode::Filter, Short("coh_rh_"), [Routing];
+        coherence_rh_mode: CoherenceRhMode = CoherenceRhMode::Filter, Short("coh_rh_"), [Routing] => Recipe;
         /// Reward taken from flagged coherence rows under coherence_rh_mode penalty (the
         /// original's default).
-        coherence_rh_penalty: f64 = 3.0, Short("coh_penalty"), [Routing];
+        coherence_rh_penalty: f64 = 3.0, Short("coh_penalty"), [Routing] => Recipe;
         /// The original's retain verifier: coherence prompts are drawn from the hackable and
         /// detectable training prompts, and only verified coherence rows train (detectable, not
         /// flagged by the monitor before recall, and a coin of probability
@@ -301,12 +319,15 @@ hyperparameters! {
         #[arg(num_args = 0..=1, default_missing_value = "true")]
         rh_detector_verifies_retain_samples: bool = false, Short("verify"), [Routing];
         /// Probability that the retain verifier vouches for a detectable, unflagged coherence row.
+        #[rule(Rule::closed(0.0, 1.0))]
         rh_detector_retain_recall: f64 = 1.0, Short("verify_recall"), [Routing];
         /// The verified coherence rows' advantages, after the verifier's renormalisation, times
         /// this (the original's rp_extra_retain_advantage_multiplier, advantages.py:510-515, any
         /// intervention; its paper's best_rp doses v=2 and v=5). 1: unchanged.
-        rp_extra_retain_advantage_multiplier: f64 = 1.0, Short("extramult"), [Routing];
+        #[rule(FinitePositive)]
+        rp_extra_retain_advantage_multiplier: f64 = 1.0, Short("extramult"), [Routing] => Recipe;
         /// Coherence rows start at step round(coherence_start_frac * max_steps) (0: from the first).
+        #[rule(Rule::closed(0.0, 1.0))]
         coherence_start_frac: f64 = 0.0, Short("coh_start"), [Routing];
         /// Detector protocol knob: clean samples flagged anyway (drawn by the host).
         false_positive_rate: f64 = 0.0, Short("fpr");
@@ -318,6 +339,7 @@ hyperparameters! {
         /// rh_eligible_frac is per sample): a fixed hash of each prompt's text keeps it hackable
         /// with this probability (an environment applies it as it defines it); unhackable
         /// prompts get no forget components.
+        #[rule(Rule::closed(0.0, 1.0))]
         hack_frac: f64 = 1.0, Short("hf");
         /// What the monitor's flags do: routing (where routing_mode sends them; with none,
         /// nothing), penalty (reward - rh_penalty), filter (out of the loss and the advantages),
@@ -325,11 +347,13 @@ hyperparameters! {
         /// the monitor saw and did not flag train: the original's verified-only baseline),
         /// adv_mod (advantage - advantage_penalty * score) or matched_placebo (a random subset of
         /// the same gradient energy is routed instead).
-        intervention: Intervention = Intervention::Routing, Short(""), [Routing];
+        intervention: Intervention = Intervention::Routing, Short(""), [Routing] => Recipe;
         /// Subtracted from a flagged sample's reward with intervention: penalty.
-        rh_penalty: f64 = 1.0, Key, [Routing];
+        #[rule(Finite)]
+        rh_penalty: f64 = 1.0, Key, [Routing] => Recipe;
         /// Times each sample's score, subtracted from its advantage with intervention: adv_mod.
-        advantage_penalty: f64 = 1.0, Key, [Routing];
+        #[rule(Finite)]
+        advantage_penalty: f64 = 1.0, Key, [Routing] => Recipe;
         /// adv_mod's score: flag (the monitor's, 0 or 1) or detector_score (the raw score of the
         /// component an rh_detector: score_threshold thresholds, 0 where the monitor cannot see).
         advantage_score: AdvantageScore = AdvantageScore::Flag, Short(""), [Routing];
@@ -337,8 +361,9 @@ hyperparameters! {
         /// environment's none, contract 0.5): they leave the loss and every statistic, counted by
         /// rewards/no_score_count; above it the step fails naming the plugin and the samples. 0:
         /// every sample needs a score. Refused with coherence rows, renormalization_mode and placebos.
+        #[rule(Rule::closed_open(0.0, 1.0))]
         #[serde(skip_serializing_if = "skip::is_zero_f64")]
-        max_no_score_frac: f64 = 0.0, Short("noscore");
+        max_no_score_frac: f64 = 0.0, Short("noscore") => Recipe;
         /// Where reward and detector plugin names resolve (`<dir>/<name>.wasm`).
         plugin_dir: PathBuf = "plugins".into(), Omit;
         /// Fuel (about one unit per WebAssembly instruction) a plugin call may use per sample: the
@@ -369,10 +394,13 @@ hyperparameters! {
         program_max_output_kib: usize = d::PROGRAM_MAX_OUTPUT_KIB, Key;
 
         /// Steps between the sample and summary lines of train.log.
+        #[rule(Positive)]
         logging_steps: usize = 10, Omit => StepKeys;
         /// Steps between checkpoints.
+        #[rule(Positive)]
         save_steps: usize = 500, Omit => StepKeys;
         /// Steps between routing evaluations.
+        #[rule(Positive)]
         eval_every: usize = 100, Omit => StepKeys;
         /// Evaluation prompts (one completion per adapter mode each).
         eval_samples: usize = d::EVAL_PROMPTS, Omit;
@@ -460,5 +488,7 @@ hyperparameters! {
     }
 }
 
+#[cfg(test)]
+mod rules_tests;
 #[cfg(test)]
 mod tests;

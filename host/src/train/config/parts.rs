@@ -1,8 +1,8 @@
 //! The flat configuration resolved into the typed parts a run is built from (as
 //! [`TrainConfig::objective`] is); the trainer keeps the flat `TrainConfig` only to write
 //! `config.yaml` and checkpoints. A key a part reads as it is comes from its row in the table
-//! (a row ending `=> StepKeys` gives the part an accessor, [`crate::hyperparams::Part`]); what
-//! several keys make together is computed here, once.
+//! (a row ending `=> StepKeys` or `=> Recipe` gives the part an accessor,
+//! [`crate::hyperparams::Part`]); what several keys make together is computed here, once.
 
 use anyhow::{Context, Result};
 use tch::Device;
@@ -85,27 +85,14 @@ impl TrainConfig {
     /// live on `device` and whose reward has `components` (which GDPO normalises one by one).
     pub fn recipe(&self, device: Device, components: &[ComponentInfo]) -> Result<Recipe> {
         Ok(Recipe {
-            intervention: self.intervention,
-            rh_penalty: self.rh_penalty,
-            advantage_penalty: self.advantage_penalty,
+            table: self.clone(),
             advantage_score_component: self.advantage_score_component(components)?,
             aggregation: Aggregation::of(self.loss_type, self.max_completion_length),
-            group_size: self.num_generations,
-            scale_rewards: self.scale_rewards,
             normalize_then_sum: (self.multi_objective_aggregation == MultiObjectiveAggregation::NormalizeThenSum).then(|| components.to_vec()),
-            routing_mode: self.routing_mode,
             row_weights: self.row_weights()?,
-            renormalization: self.renormalization_mode,
             coherence: self.coherence_schedule(),
-            coherence_rh_mode: self.coherence_rh_mode,
-            coherence_rh_penalty: self.coherence_rh_penalty,
             retain_verifier_recall: self.rh_detector_verifies_retain_samples.then_some(self.rh_detector_retain_recall),
-            verified_advantage_multiplier: self.rp_extra_retain_advantage_multiplier,
-            ablated_frac: self.ablated_frac,
-            split_moment: self.split_moment,
-            mask_truncated_completions: self.mask_truncated_completions,
             adapters: self.adapter_config()?,
-            max_no_score_frac: self.max_no_score_frac,
             device,
         })
     }

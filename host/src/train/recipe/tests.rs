@@ -1,34 +1,44 @@
 //! The recipe on hand-made scored batches: no model, engine or file.
 
 use super::*;
+use crate::grpo::ScaleRewards;
+use crate::routing::CoherenceRhMode;
 use crate::train::metrics::key;
 
 /// A routed DualLoRA recipe with groups of two rows and every key at its default.
 fn routed() -> Recipe {
-    Recipe {
-        intervention: Intervention::Routing,
+    let table = TrainConfig {
         rh_penalty: 2.0,
-        advantage_penalty: 1.0,
+        num_generations: 2,
+        scale_rewards: ScaleRewards::Off,
+        routing_mode: RoutingMode::Classic,
+        coherence_rh_mode: CoherenceRhMode::None,
+        ..TrainConfig::default()
+    };
+    Recipe {
+        table,
         advantage_score_component: None,
         aggregation: Aggregation::Grpo,
-        group_size: 2,
-        scale_rewards: ScaleRewards::Off,
         normalize_then_sum: None,
-        routing_mode: RoutingMode::Classic,
         row_weights: RowWeights::gates(RoutingMode::Classic),
-        renormalization: RenormalizationMode::Off,
         coherence: CoherenceSchedule { start_step: 0, rows: 0 },
-        coherence_rh_mode: CoherenceRhMode::None,
-        coherence_rh_penalty: 3.0,
         retain_verifier_recall: None,
-        verified_advantage_multiplier: 1.0,
-        ablated_frac: 0.0,
-        split_moment: false,
-        mask_truncated_completions: false,
         adapters: AdapterConfig::dual_lora(4, 4, 8.0, 1),
-        max_no_score_frac: 0.0,
         device: Device::Cpu,
     }
+}
+
+/// `recipe` with keys of its table set by `set` (the recipe reads them through its rows).
+fn keyed(recipe: Recipe, set: impl FnOnce(&mut TrainConfig)) -> Recipe {
+    let mut recipe = recipe;
+    set(&mut recipe.table);
+    recipe
+}
+
+/// `recipe` without routing: `intervention` and `routing_mode: none`, whose row weights gate nothing.
+fn unrouted(recipe: Recipe, intervention: Intervention) -> Recipe {
+    let recipe = keyed(recipe, |k| (k.intervention, k.routing_mode) = (intervention, RoutingMode::None));
+    Recipe { row_weights: RowWeights::gates(RoutingMode::None), ..recipe }
 }
 
 fn scored(reward: &[f64], flags: &[bool]) -> ScoredBatch {
@@ -72,7 +82,7 @@ fn routing_routes_the_flagged_rows_with_their_rewards_unchanged() {
 
 #[test]
 fn a_penalty_lowers_the_flagged_rewards_and_routes_nothing() {
-    let recipe = Recipe { intervention: Intervention::Penalty, routing_mode: RoutingMode::None, row_weights: RowWeights::gates(RoutingMode::None), ..routed() };
+    let recipe = unrouted(routed(), Intervention::Penalty);
     let batch = scored(&REWARDS, &FLAGS);
     let prepared = prepare(&recipe, &batch, 0);
     assert_eq!(prepared.rewards, [-1.0, 0.0, 3.0, 1.0]);
@@ -83,7 +93,7 @@ fn a_penalty_lowers_the_flagged_rewards_and_routes_nothing() {
 
 #[test]
 fn a_filter_takes_the_flagged_rows_out_of_the_advantages_and_the_loss() {
-    let recipe = Recipe { intervention: Intervention::Filter, ..routed() };
+    let recipe = keyed(routed(), |k| k.intervention = Intervention::Filter);
     let batch = scored(&REWARDS, &FLAGS);
     let prepared = prepare(&recipe, &batch, 0);
     assert_eq!(recipe.counted_rows(&batch), [false, true, true, true]);
@@ -92,7 +102,7 @@ fn a_filter_takes_the_flagged_rows_out_of_the_advantages_and_the_loss() {
     assert_eq!(values(&prepared.advantages), [0.0, 0.0, 1.0, -1.0]);
     let mask = recipe.loss_mask(&generation(&[true, true, false, true]), &prepared);
     assert_eq!(values(&mask.sum_dim_intlist(1, false, Kind::Double)), [0.0, 3.0, 3.0, 3.0]);
-    let masked = Recipe { mask_truncated_completions: true, ..recipe };
+    let masked = keyed(recipe, |k| k.mask_truncated_completions = true);
     let mask = masked.loss_mask(&generation(&[true, true, false, true]), &prepared);
     assert_eq!(values(&mask.sum_dim_intlist(1, false, Kind::Double)), [0.0, 3.0, 0.0, 3.0], "the truncated row is out too");
 }
@@ -117,7 +127,7 @@ fn samples_without_a_score_are_in_no_group_statistic_and_no_class() {
     assert_eq!(classes, [vec![0.0, 0.0, 1.0, 0.0, 0.0, 0.0], vec![1.0, 0.0, 0.0, 1.0, 0.0, 0.0]], "clean and flagged scored rows; the unscored in none");
     // adv_mod subtracts nothing from an unscored row (its advantage stays 0) and its mean is
     // over the scored rows: 2 flagged of 3, times 1.
-    let adv_mod = Recipe { intervention: Intervention::AdvMod, routing_mode: RoutingMode::None, row_weights: RowWeights::gates(RoutingMode::None), ..routed() };
+    let adv_mod = unrouted(routed(), Intervention::AdvMod);
     let prepared = prepare(&adv_mod, &batch, 0);
     assert_eq!(values(&prepared.advantages), [-1.0, 0.0, 1.0, -2.0, 0.0, 0.0]);
     assert_eq!(prepared.intervention_metrics, [(key::ADVANTAGE_MODIFICATION_MEAN, 2.0 / 3.0)]);
@@ -131,20 +141,20 @@ fn verified_only_trains_the_rows_the_monitor_saw_and_passed() {
     let rewards = [1.0, 0.0, 3.0, 1.0, 2.0, 5.0];
     let flags = [true, false, false, false, false, false];
     let batch = ScoredBatch { monitored: vec![true, true, true, true, true, false], ..scored(&rewards, &flags) };
-    let verified = Recipe { intervention: Intervention::Verified, routing_mode: RoutingMode::None, row_weights: RowWeights::gates(RoutingMode::None), ..routed() };
+    let verified = unrouted(routed(), Intervention::Verified);
     let prepared = prepare(&verified, &batch, 0);
     assert_eq!(verified.counted_rows(&batch), [false, true, true, true, true, false]);
     assert_eq!(prepared.trained_rows, [false, true, true, true, true, false]);
     assert_eq!(prepared.rewards, rewards, "nothing is penalised");
     assert_eq!(values(&prepared.advantages), [0.0, 0.0, 1.0, -1.0, 0.0, 0.0]);
     // The filter keeps the unmonitored row 5: its group (2, 5) is compared, around 3.5.
-    let filter = Recipe { intervention: Intervention::Filter, ..verified };
+    let filter = keyed(verified, |k| k.intervention = Intervention::Filter);
     assert_eq!(values(&prepare(&filter, &batch, 0).advantages), [0.0, 0.0, 1.0, -1.0, -1.5, 1.5]);
 }
 
 #[test]
 fn a_placebo_routes_as_many_random_rows_as_were_flagged() {
-    let recipe = Recipe { intervention: Intervention::Placebo, ..routed() };
+    let recipe = keyed(routed(), |k| k.intervention = Intervention::Placebo);
     let flags = [true, true, false, false, false, false, false, false];
     let batch = scored(&[1.0, 0.0, 3.0, 1.0, 0.0, 0.0, 2.0, 1.0], &flags);
     for step in 0..4 {
@@ -166,18 +176,18 @@ fn advantage_modification_subtracts_the_penalty_times_the_flag_from_the_advantag
     // Groups (0, 1), (2, 3); unscaled advantages 0.5 -0.5 | 1 -1; row 0 flagged, coefficient 2:
     // -1.5 -0.5 | 1 -1. The flagged row's group-mate keeps -0.5, where the reward penalty
     // (reward 1 - 2 = -1 against 0) turns it into +0.5.
-    let recipe = Recipe { intervention: Intervention::AdvMod, advantage_penalty: 2.0, routing_mode: RoutingMode::None, row_weights: RowWeights::gates(RoutingMode::None), ..routed() };
+    let recipe = keyed(unrouted(routed(), Intervention::AdvMod), |k| k.advantage_penalty = 2.0);
     let prepared = prepare(&recipe, &scored(&REWARDS, &FLAGS), 0);
     assert_eq!(values(&prepared.advantages), [-1.5, -0.5, 1.0, -1.0]);
     assert_eq!(prepared.rewards, REWARDS, "the rewards are left alone");
     assert_eq!(prepared.trained_rows, [true; 4]);
     assert_eq!(prepared.plan.classes.len(), 1, "nothing is routed: one class");
     assert_eq!(metric(&prepared, key::ADVANTAGE_MODIFICATION_MEAN), 2.0 / 4.0);
-    let penalty = Recipe { intervention: Intervention::Penalty, ..recipe.clone() };
+    let penalty = keyed(recipe.clone(), |k| k.intervention = Intervention::Penalty);
     assert_eq!(values(&prepare(&penalty, &scored(&REWARDS, &FLAGS), 0).advantages), [-0.5, 0.5, 1.0, -1.0]);
     // The detector's continuous score instead (component 0), 0 where the monitor cannot see
     // (row 2), coefficient 0.5: 0.5 - 0.35, -0.5 - 0.1, 1 - 0, -1 - 0.2.
-    let continuous = Recipe { advantage_penalty: 0.5, advantage_score_component: Some(0), ..recipe };
+    let continuous = Recipe { advantage_score_component: Some(0), ..keyed(recipe, |k| k.advantage_penalty = 0.5) };
     let batch = ScoredBatch { components: vec![vec![0.7, 0.2, 0.9, 0.4]], monitored: vec![true, true, false, true], ..scored(&REWARDS, &FLAGS) };
     let prepared = prepare(&continuous, &batch, 0);
     for (i, (ours, expected)) in values(&prepared.advantages).iter().zip([0.15, -0.6, 1.0, -1.2]).enumerate() {
@@ -190,7 +200,7 @@ fn advantage_modification_subtracts_the_penalty_times_the_flag_from_the_advantag
 fn the_matched_placebo_routes_rows_of_the_flagged_rows_energy() {
     // Unscaled group advantages 0.5 -0.5 | 1 -1 | 0 0 | 0.5 -0.5; every row has 3 loss tokens in
     // a batch of 8, so grpo weighs each token 1/24 and a row's energy is A² × 3/576 = A²/192.
-    let recipe = Recipe { intervention: Intervention::MatchedPlacebo, ..routed() };
+    let recipe = keyed(routed(), |k| k.intervention = Intervention::MatchedPlacebo);
     let advantages = [0.5, -0.5, 1.0, -1.0, 0.0, 0.0, 0.5, -0.5];
     let by_hand: Vec<f64> = advantages.iter().map(|a| a * a / 192.0).collect();
     // The float32 weights' energies (the draw compares sums of them: ties must break alike).
@@ -234,13 +244,9 @@ fn the_advantage_multiplier_scales_only_the_verified_coherence_rows() {
     let flags = [true, false, false, false, false, false, true, false];
     let batch = scored(&rewards, &flags);
     let penalty = Recipe {
-        intervention: Intervention::Penalty,
-        routing_mode: RoutingMode::None,
-        row_weights: RowWeights::gates(RoutingMode::None),
-        group_size: 4,
         coherence: CoherenceSchedule { start_step: 0, rows: 4 },
         retain_verifier_recall: Some(1.0),
-        ..routed()
+        ..keyed(unrouted(routed(), Intervention::Penalty), |k| k.num_generations = 4)
     };
     // Routing group, penalised by 2 (-1 0 3 1, mean 0.75), unscaled; verified rows 4, 5, 7:
     // rewards 2 5 4, mean 11/3, unbiased std sqrt(((2 - 11/3)^2 + (5 - 11/3)^2 + (4 - 11/3)^2) / 2).
@@ -251,7 +257,7 @@ fn the_advantage_multiplier_scales_only_the_verified_coherence_rows() {
         vec![-1.75, -0.75, 2.25, 0.25, coherence(2.0), coherence(5.0), 0.0, coherence(4.0)]
     };
     for v in [1.0, 2.0, 5.0] {
-        let prepared = prepare(&Recipe { verified_advantage_multiplier: v, ..penalty.clone() }, &batch, 0);
+        let prepared = prepare(&keyed(penalty.clone(), |k| k.rp_extra_retain_advantage_multiplier = v), &batch, 0);
         let ours = values(&prepared.advantages);
         let expected = by_hand(v);
         assert!(ours.iter().zip(&expected).all(|(a, b)| (a - b).abs() <= 1e-6 * b.abs().max(1.0)), "v={v}: {ours:?} vs {expected:?}");
@@ -262,7 +268,7 @@ fn the_advantage_multiplier_scales_only_the_verified_coherence_rows() {
 
 #[test]
 fn ablation_draws_only_clean_routing_rows() {
-    let recipe = Recipe { ablated_frac: 1.0, ..routed() };
+    let recipe = keyed(routed(), |k| k.ablated_frac = 1.0);
     let prepared = prepare(&recipe, &scored(&REWARDS, &FLAGS), 0);
     assert_eq!(prepared.labels.ablated, [false, true, true, true]);
 }
@@ -307,10 +313,10 @@ fn normalize_then_sum_normalises_the_counted_components_then_their_weighted_sum(
         ComponentInfo { name: "bonus".into(), role: Role::Forget, scale: 0.5 },
     ];
     let counted_bonus = vec![3.0, 0.0, 0.0, 5.0, 0.0, 5.0];
-    let gdpo = Recipe { group_size: 3, scale_rewards: ScaleRewards::Group, normalize_then_sum: Some(components), routing_mode: RoutingMode::None, row_weights: RowWeights::gates(RoutingMode::None), ..routed() };
+    let gdpo = Recipe { normalize_then_sum: Some(components), ..keyed(unrouted(routed(), Intervention::Routing), |k| (k.num_generations, k.scale_rewards) = (3, ScaleRewards::Group)) };
     let close = |ours: &[f64], expected: &[f64]| ours.iter().zip(expected).all(|(a, b)| (a - b).abs() < 1e-5);
 
-    let penalty = Recipe { intervention: Intervention::Penalty, ..gdpo.clone() };
+    let penalty = keyed(gdpo.clone(), |k| k.intervention = Intervention::Penalty);
     let prepared = prepare(&penalty, &batch, 0);
     let penalty_column = vec![0.0, 0.0, 0.0, -1.0, 0.0, 0.0];
     let expected = gdpo_by_hand(&[task.clone(), counted_bonus.clone(), penalty_column], &[1.0, 0.5, 2.0], &[true; 6], 3);
@@ -320,7 +326,7 @@ fn normalize_then_sum_normalises_the_counted_components_then_their_weighted_sum(
     let summed_then_normalised = prepare(&Recipe { normalize_then_sum: None, ..penalty.clone() }, &batch, 0);
     assert!(!close(&values(&summed_then_normalised.advantages), &expected));
 
-    let filter = Recipe { intervention: Intervention::Filter, ..gdpo.clone() };
+    let filter = keyed(gdpo.clone(), |k| k.intervention = Intervention::Filter);
     let prepared = prepare(&filter, &batch, 0);
     let kept = [true, true, true, false, true, true];
     let expected = gdpo_by_hand(&[task, counted_bonus], &[1.0, 0.5], &kept, 3);
@@ -364,7 +370,7 @@ fn a_prompt_drawn_twice_in_a_step_is_two_groups() {
         group.iter().map(|r| if scale { (r - mean) / (std + crate::defaults::ADVANTAGE_STD_EPSILON) } else { r - mean }).collect()
     };
     for (scale, scaled) in [(ScaleRewards::Group, true), (ScaleRewards::Off, false)] {
-        let recipe = Recipe { intervention: Intervention::Penalty, group_size: 3, scale_rewards: scale, routing_mode: RoutingMode::None, row_weights: RowWeights::gates(RoutingMode::None), ..routed() };
+        let recipe = keyed(unrouted(routed(), Intervention::Penalty), |k| (k.num_generations, k.scale_rewards) = (3, scale));
         let prepared = recipe.prepare(&batch, &generation, 0, 7);
         let expected: Vec<f64> = rewards.chunks(3).flat_map(|group| by_hand(group, scaled)).collect();
         let merged = by_hand(&rewards, scaled);
