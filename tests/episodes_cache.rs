@@ -10,7 +10,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{fixture, one_thread, standard_plugin};
-use smallrl::episode::{EpisodePrompt, run_episodes_with};
+use smallrl::episode::{EpisodePrompt, run_episodes};
 use smallrl::model::LoadedModel;
 use smallrl::model::batch::masked_rows;
 use smallrl::model::continuation::{Continuation, Drawn};
@@ -143,7 +143,7 @@ fn greedy_episodes_draw_what_re_prefilling_each_turn_draws() {
     let bounds = EpisodeBounds { max_turns: 3, max_observation_bytes: 4096, max_observation_tokens: 16, max_episode_tokens: 60 };
     let (mut turns_checked, mut near_ties) = (0, 0);
     for engine in [Decoder::Native { threads: 2 }, Decoder::Libtorch] {
-        let batch = run_episodes_with(engine, &decoder, &loaded.tokenizer, &mut env, &episodes, &params, 3, &bounds, 0).unwrap();
+        let batch = run_episodes(engine, &decoder, &loaded.tokenizer, &mut env, &episodes, &params, 3, &bounds, 0).unwrap();
         let g = &batch.generation;
         let ids = Vec::<Vec<i64>>::try_from(&g.completion_ids).unwrap();
         let mask = Vec::<Vec<i64>>::try_from(&g.completion_mask).unwrap();
@@ -180,8 +180,9 @@ fn greedy_episodes_draw_what_re_prefilling_each_turn_draws() {
 
 /// Not a check: times `SMALLRL_EPISODE_BENCH` (`cached`: `run_episodes`; `reprefill`: the loop
 /// before the cache continued, a fresh `generate` over prompt plus transcript each turn) on
-/// 32 guess_number episodes on tiny-stories (8 turns of at most 16 tokens, 256 tokens each,
-/// temperature 1, one thread). Run under `/usr/bin/time -v` with `--ignored --nocapture`.
+/// guess_number episodes (8 turns of at most 16 tokens, 256 tokens each, temperature 1, one
+/// thread): 32 on tiny-stories, or `SMALLRL_EPISODE_BENCH_MODEL` (a model directory) with
+/// `SMALLRL_EPISODE_BENCH_ROWS` episodes. Run under `/usr/bin/time -v` with `--ignored --nocapture`.
 #[test]
 #[ignore]
 fn bench_guess_number_episodes() {
@@ -189,10 +190,14 @@ fn bench_guess_number_episodes() {
     use smallrl::plugins::{Batch, TurnResult};
     one_thread();
     let path = std::env::var("SMALLRL_EPISODE_BENCH").expect("SMALLRL_EPISODE_BENCH=cached or reprefill");
-    let loaded = load(Kind::Float);
+    let loaded = match std::env::var("SMALLRL_EPISODE_BENCH_MODEL") {
+        Ok(dir) => smallrl::model::load(&dir, "main", Device::Cpu, Kind::Float).unwrap(),
+        Err(_) => load(Kind::Float),
+    };
+    let rows = std::env::var("SMALLRL_EPISODE_BENCH_ROWS").map_or(32, |r| r.parse().unwrap());
     let decoder = DecodeModel::new(&loaded.model, &[]);
     let mut env = Plugin::load(&standard_plugin("guess_number"), "{}", PluginLimits::default()).unwrap();
-    let env_prompts = env.generate(EnvSplit::Train, 32, 5, 0.0).unwrap();
+    let env_prompts = env.generate(EnvSplit::Train, rows, 5, 0.0).unwrap();
     let held: Vec<Prompt> = env_prompts
         .iter()
         .map(|p| {
@@ -205,8 +210,8 @@ fn bench_guess_number_episodes() {
     let bounds = EpisodeBounds { max_turns: 8, max_observation_bytes: 4096, max_observation_tokens: 16, max_episode_tokens: 256 };
     let started = std::time::Instant::now();
     let tokens: usize = if path == "cached" {
-        let batch = run_episodes_with(Decoder::Native { threads: 1 }, &decoder, &loaded.tokenizer, &mut env, &episodes, &params, 9, &bounds, 0).unwrap();
-        batch.generation.rows.iter().map(|r| r.ids.len()).sum()
+        let batch = run_episodes(Decoder::Native { threads: 1 }, &decoder, &loaded.tokenizer, &mut env, &episodes, &params, 9, &bounds, 0).unwrap();
+        batch.generation.completion_mask.sum(Kind::Int64).int64_value(&[]) as usize
     } else {
         let ids: Vec<(u64, &smallrl::plugins::EnvPrompt)> = env_prompts.iter().enumerate().map(|(i, p)| (i as u64, p)).collect();
         env.start_episodes(&ids).unwrap();
@@ -225,7 +230,7 @@ fn bench_guess_number_episodes() {
             let (mut samples, mut requests) = (Vec::new(), Vec::new());
             for (&row, tokens) in active.iter().zip(drawn) {
                 let tokens: Vec<u32> = tokens.into_iter().take(budget(row, &transcripts)).collect();
-                let stop = tokens.last() == Some(&loaded.model.config.eos_token_id);
+                let stop = tokens.last().is_some_and(|t| decoder.config().stop_ids().contains(t));
                 let text = tokens[..tokens.len() - usize::from(stop)].to_vec();
                 transcripts[row].extend(&tokens);
                 let last = turn + 1 == bounds.max_turns || transcripts[row].len() + bounds.max_observation_tokens + 1 > bounds.max_episode_tokens;

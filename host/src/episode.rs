@@ -33,7 +33,7 @@ use tch::Tensor;
 use crate::model::batch::{CompletionRow, Generation, left_pad};
 use crate::model::continuation::Continuation;
 use crate::model::decode::DecodeModel;
-use crate::model::generate::{Decoder, SamplingParams, default_decoder};
+use crate::model::generate::{Decoder, SamplingParams};
 use crate::model::tokenizer::Tokenizer;
 use crate::plugins::{Batch, EnvPrompt, EpisodeBounds, EpisodeEnd, Plugin, TurnResult};
 use crate::reward::{Prompt, sample_from_ids};
@@ -87,25 +87,10 @@ pub fn render_observation(messages: &[(String, String)]) -> String {
 }
 
 /// Runs one episode per prompt in `environment` (episode ids `first_id..`), sampling with
-/// `params` (its `max_new_tokens` bounds each turn) from per-turn seeds derived from `seed`,
-/// with the decoder `generate` uses for `model`.
+/// `decoder` (`generate::default_decoder` is the one `generate` uses) and `params` (its
+/// `max_new_tokens` bounds each turn) from per-turn seeds derived from `seed`.
 #[allow(clippy::too_many_arguments)]
 pub fn run_episodes(
-    model: &DecodeModel,
-    tokenizer: &Tokenizer,
-    environment: &mut Plugin,
-    prompts: &[EpisodePrompt],
-    params: &SamplingParams,
-    seed: u64,
-    bounds: &EpisodeBounds,
-    first_id: u64,
-) -> Result<EpisodeBatch> {
-    run_episodes_with(default_decoder(model), model, tokenizer, environment, prompts, params, seed, bounds, first_id)
-}
-
-/// [`run_episodes`] with `decoder`.
-#[allow(clippy::too_many_arguments)]
-pub fn run_episodes_with(
     decoder: Decoder,
     model: &DecodeModel,
     tokenizer: &Tokenizer,

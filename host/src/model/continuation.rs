@@ -157,8 +157,11 @@ impl TorchRows {
     }
 
     /// Keeps only the episodes `rows` in the batch (a subset of those in it, in order) and
-    /// grows the cache to `capacity` slots.
+    /// grows the cache to `capacity` slots (a copy of the cache, skipped when neither changes).
     fn keep(&mut self, rows: &[usize], capacity: i64) -> Result<()> {
+        if rows == self.rows && capacity <= self.cache.capacity {
+            return Ok(());
+        }
         let index: Vec<i64> = rows
             .iter()
             .map(|row| self.rows.iter().position(|r| r == row).map(|i| i as i64).with_context(|| format!("episode row {row} left the batch earlier or was never in it")))
