@@ -2,11 +2,14 @@
 //! episode in flight, hands the turns to the environment (`Plugin::step_episodes`), appends each
 //! observation's tokens to its episode and samples the next turn, until every episode has ended.
 //!
-//! FIRST STEP, NOT THE GOAL: each turn is a fresh `generate` over the prompt plus the whole
-//! transcript so far (a re-prefill of the history per turn), not a continuation of the KV cache
-//! the previous turn left. The tokens are those a cached continuation would draw from the same
-//! per-row streams only up to floating-point summation order; the cost is one prefill of the
-//! history per turn.
+//! Each turn continues the KV cache the previous turn left (`model::continuation`): the first
+//! turn prefills the prompts; every later turn runs only the observation's tokens (and, on the
+//! native sampler, the stop token that ended the turn before) at the positions that follow,
+//! attending to the cached history, then samples on. Turn `t` draws the `i`-th active episode's
+//! tokens from `row_rng(derive(seed, "episode-turn", t), i)`: the tokens `generate` would draw
+//! over the prompt plus the transcript as one prompt, up to floating-point summation order
+//! (`tests/episodes_cache.rs` holds both to a float64 forward). An episode that ends leaves the
+//! batch: its cache is freed (native) or dropped from the batch at the next turn (libtorch).
 //!
 //! The episode is laid out as one completion (the transcript: model turns and observations in
 //! order, each model turn with the stop token it ended with) whose `Generation::model_mask` is
@@ -25,11 +28,12 @@
 //! naming the plugin); `max_observation_bytes` (checked by `plugins::episodes`).
 
 use anyhow::{Context, Result, bail, ensure};
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
-use crate::model::batch::{CompletionRow, Generation, left_pad, masked_rows};
+use crate::model::batch::{CompletionRow, Generation, left_pad};
+use crate::model::continuation::Continuation;
 use crate::model::decode::DecodeModel;
-use crate::model::generate::{SamplingParams, generate};
+use crate::model::generate::{Decoder, SamplingParams};
 use crate::model::tokenizer::Tokenizer;
 use crate::plugins::{Batch, EnvPrompt, EpisodeBounds, EpisodeEnd, Plugin, TurnResult};
 use crate::reward::{Prompt, sample_from_ids};
@@ -83,8 +87,11 @@ pub fn render_observation(messages: &[(String, String)]) -> String {
 }
 
 /// Runs one episode per prompt in `environment` (episode ids `first_id..`), sampling with
-/// `params` (its `max_new_tokens` bounds each turn) from per-turn seeds derived from `seed`.
+/// `decoder` (`generate::default_decoder` is the one `generate` uses) and `params` (its
+/// `max_new_tokens` bounds each turn) from per-turn seeds derived from `seed`.
+#[allow(clippy::too_many_arguments)]
 pub fn run_episodes(
+    decoder: Decoder,
     model: &DecodeModel,
     tokenizer: &Tokenizer,
     environment: &mut Plugin,
@@ -97,7 +104,12 @@ pub fn run_episodes(
     ensure!(environment.is_episodic(), "{}: is not an episode environment (it does not implement the episode-environment world)", environment.label());
     ensure!(!params.kept_sets, "sampling replay's kept sets are not recorded for episodes: use `sampling_replay: trl_1_16` with an episode environment");
     ensure!(bounds.max_turns >= 1 && bounds.max_episode_tokens >= 1, "episode_max_turns and the episode's token budget (max_completion_length in a run) must be at least 1");
+    ensure!(prompts.iter().all(|p| !p.ids.is_empty()), "empty prompt: every episode's prompt needs at least one token");
     let ids: Vec<u64> = (0..prompts.len() as u64).map(|i| first_id + i).collect();
+    let capacities: Vec<usize> = prompts.iter().map(|p| p.ids.len() + bounds.max_episode_tokens).collect();
+    let mut cache = Continuation::new(decoder, model, &capacities)?;
+    // What each episode appends before its next turn: its prompt, then each observation.
+    let mut pending: Vec<Vec<u32>> = prompts.iter().map(|p| p.ids.clone()).collect();
     let starts: Vec<(u64, &EnvPrompt)> = ids.iter().zip(prompts).map(|(&id, p)| (id, p.env_prompt)).collect();
     environment.start_episodes(&starts)?;
     let mut transcripts: Vec<Vec<Token>> = vec![Vec::new(); prompts.len()];
@@ -109,7 +121,7 @@ pub fn run_episodes(
         if active.is_empty() {
             break;
         }
-        let sampled = sample_turn(model, prompts, &transcripts, &active, params, crate::rng::derive(seed, "episode-turn", turn as u64), bounds)?;
+        let sampled = sample_turn(&mut cache, model, &mut pending, &transcripts, &active, params, crate::rng::derive(seed, "episode-turn", turn as u64), bounds)?;
         let mut samples = Vec::with_capacity(active.len());
         let mut requests = Vec::with_capacity(active.len());
         for (&row, tokens) in active.iter().zip(&sampled) {
@@ -132,7 +144,10 @@ pub fn run_episodes(
         let results = environment.step_episodes(&requests, &Batch::new(&samples), bounds)?;
         for ((&row, result), (id, _)) in active.iter().zip(results).zip(&requests) {
             match result {
-                TurnResult::End(end) => ends[row] = Some(end),
+                TurnResult::End(end) => {
+                    ends[row] = Some(end);
+                    cache.release(row);
+                }
                 TurnResult::Observation(messages) => {
                     let observation = tokenizer.encode(&render_observation(&messages))?;
                     ensure!(!observation.is_empty(), "{}: episode {id}: its observation renders to no tokens", environment.label());
@@ -143,7 +158,8 @@ pub fn run_episodes(
                         observation.len(),
                         bounds.max_observation_tokens
                     );
-                    transcripts[row].extend(observation.into_iter().map(|id| Token { id, model: false, logprob: 0.0 }));
+                    transcripts[row].extend(observation.iter().map(|&id| Token { id, model: false, logprob: 0.0 }));
+                    pending[row] = observation;
                 }
             }
         }
@@ -154,22 +170,14 @@ pub fn run_episodes(
     Ok(EpisodeBatch { generation, ends, turns, observation_tokens, bounded })
 }
 
-/// One turn of every active episode: its tokens through the stop token it ended with, cut to
-/// the episode's token budget.
-fn sample_turn(model: &DecodeModel, prompts: &[EpisodePrompt], transcripts: &[Vec<Token>], active: &[usize], params: &SamplingParams, seed: u64, bounds: &EpisodeBounds) -> Result<Vec<Vec<Token>>> {
-    let budget = |row: usize| bounds.max_episode_tokens - transcripts[row].len();
-    let histories: Vec<Vec<u32>> = active.iter().map(|&row| prompts[row].ids.iter().copied().chain(transcripts[row].iter().map(|t| t.id)).collect()).collect();
-    let most = active.iter().map(|&row| budget(row)).max().unwrap_or(0);
-    let turn_params = SamplingParams { max_new_tokens: params.max_new_tokens.min(most), ..params.clone() };
-    let generation = generate(model, &histories, &turn_params, seed)?;
-    let ids = masked_rows(&generation.completion_ids, &generation.completion_mask)?;
-    let logprobs = Vec::<Vec<f32>>::try_from(generation.sampling_logprobs.to_kind(Kind::Float).to_device(tch::Device::Cpu))?;
-    Ok(active
-        .iter()
-        .zip(ids)
-        .zip(logprobs)
-        .map(|((&row, ids), logprobs)| ids.into_iter().zip(logprobs).take(budget(row)).map(|(id, logprob)| Token { id, model: true, logprob }).collect())
-        .collect())
+/// One turn of every active episode, continued from its cache: its tokens through the stop
+/// token it ended with, cut to the episode's token budget.
+#[allow(clippy::too_many_arguments)]
+fn sample_turn(cache: &mut Continuation, model: &DecodeModel, pending: &mut [Vec<u32>], transcripts: &[Vec<Token>], active: &[usize], params: &SamplingParams, seed: u64, bounds: &EpisodeBounds) -> Result<Vec<Vec<Token>>> {
+    let limits: Vec<usize> = active.iter().map(|&row| params.max_new_tokens.min(bounds.max_episode_tokens - transcripts[row].len())).collect();
+    let appended: Vec<Vec<u32>> = active.iter().map(|&row| std::mem::take(&mut pending[row])).collect();
+    let drawn = cache.continue_rows(model, active, &appended, &limits, params, seed)?;
+    Ok(drawn.into_iter().map(|(ids, logprobs)| ids.into_iter().zip(logprobs).map(|(id, logprob)| Token { id, model: true, logprob }).collect()).collect())
 }
 
 /// The episodes as one generation: prompts left-padded, transcripts right-padded with EOS, the

@@ -33,7 +33,8 @@ mod sums;
 pub use bf16::{from_bf16, to_bf16};
 pub use sums::{same_bits, sums};
 pub use model::{Dims, Layer, Matrix, Model, QkNorm, Weight, WeightMut};
-use stream::{run_stream, score_stream};
+pub use stream::RowState;
+use stream::{Job, run_jobs, run_stream, score_stream};
 
 /// How tokens are drawn (the host re-exports it as `SamplingParams`). `temperature == 0` is
 /// greedy decoding.
@@ -109,6 +110,55 @@ pub fn sample(model: &Model, prompts: &[Vec<u32>], params: &Sampling, uniforms: 
         return run_stream(model, &mut jobs, params, gemm::Parallelism::Rayon(threads));
     }
     in_streams(&mut jobs, threads, |rows| run_stream(model, rows, params, gemm::Parallelism::None))
+}
+
+/// Rows that continue across calls (multi-turn episodes): each keeps its KV cache, so a call
+/// appends only its new tokens (an observation) at the positions that follow, attending to
+/// everything cached, and samples on from there. A row's tokens are those [`sample`] draws for
+/// its whole sequence as one prompt, up to floating-point summation order.
+pub struct Session {
+    rows: Vec<RowState>,
+}
+
+impl Session {
+    /// One empty row per entry of `capacities` (the most positions each will hold).
+    pub fn new(model: &Model, capacities: &[usize]) -> Self {
+        for &capacity in capacities {
+            assert!(capacity <= model.dims.max_positions, "a row's capacity exceeds max_positions");
+        }
+        Self { rows: capacities.iter().map(|&capacity| RowState::new(model, capacity)).collect() }
+    }
+
+    /// Appends `pending[i]` to row `rows[i]` (rows in increasing order) and samples up to
+    /// `limits[i]` tokens for it from `uniforms[i]`, `threads` streams of rows in parallel (as
+    /// [`sample`]). A row's last drawn token is run through the model when it next continues.
+    pub fn continue_rows(&mut self, model: &Model, rows: &[usize], pending: &[Vec<u32>], limits: &[usize], params: &Sampling, uniforms: &mut [UniformStream], threads: usize) -> Vec<RowOutput> {
+        assert!(rows.len() == pending.len() && rows.len() == limits.len() && rows.len() == uniforms.len(), "one pending list, limit and uniform stream per row");
+        assert!(rows.windows(2).all(|w| w[0] < w[1]) && rows.last().is_none_or(|&r| r < self.rows.len()), "rows in increasing order, each in the session");
+        assert!(pending.iter().flatten().all(|&t| (t as usize) < model.dims.vocab), "a token is outside the vocabulary");
+        let mut selected = rows.iter().peekable();
+        let states = self.rows.iter_mut().enumerate().filter_map(|(row, state)| selected.next_if_eq(&&row).map(|_| state));
+        let mut jobs: Vec<Job> = states
+            .zip(pending)
+            .zip(limits)
+            .zip(uniforms.iter_mut())
+            .map(|(((state, pending), &limit), uniforms)| Job { state, pending, uniforms, limit })
+            .collect();
+        if threads > 1 && model.weight_bytes() > SHARED_WEIGHT_BYTES {
+            return run_jobs(model, &mut jobs, params, gemm::Parallelism::Rayon(threads));
+        }
+        in_streams(&mut jobs, threads, |rows| run_jobs(model, rows, params, gemm::Parallelism::None))
+    }
+
+    /// Row `row`'s state (how many positions it holds).
+    pub fn row(&self, row: usize) -> &RowState {
+        &self.rows[row]
+    }
+
+    /// Frees row `row`'s cache (its episode ended).
+    pub fn release(&mut self, row: usize) {
+        self.rows[row].release();
+    }
 }
 
 /// Log-probabilities of the tokens `start..` of each `(tokens, start)` sequence (`start >= 1`),

@@ -3,14 +3,6 @@
 use crate::kernels::{softmax_in_place, sum_f64};
 use crate::{Sampling, UniformStream};
 
-pub(crate) fn seen_tokens(prompt: &[u32], vocab: usize) -> Vec<bool> {
-    let mut seen = vec![false; vocab];
-    for &t in prompt {
-        seen[t as usize] = true;
-    }
-    seen
-}
-
 /// Draws one token from a row's logits with HF's processors in HF's order (repetition
 /// penalty, temperature, top-k, top-p), like the host's libtorch sampler (`model/generate.rs`). Returns
 /// the token and its log-probability under the processed distribution, or None when the logits

@@ -4,11 +4,12 @@ use gemm::Parallelism;
 
 use crate::kernels::{group_scores, max_of, rms_norm_rows, silu_gate, softmax_in_place, weighted_sum};
 use crate::model::Model;
-use crate::sampling::{draw, seen_tokens};
+use crate::sampling::draw;
 use crate::{RowOutput, Sampling, UniformStream};
 
 /// Keys and values of one row; slot = position. Keys are `[layer][kv_head][head_dim][slot]`,
 /// values `[layer][kv_head][slot][head_dim]`.
+#[derive(Default)]
 pub(crate) struct RowCache {
     keys: Vec<f32>,
     values: Vec<f32>,
@@ -60,13 +61,66 @@ impl Scratch {
     }
 }
 
-/// Samples every row of `prompts` on the calling thread.
+/// One row's decoding state, kept across calls so a row can continue where it stopped (an
+/// episode's next turn): its KV cache, how many positions it holds, the last drawn token (not
+/// yet run through the model: a row's final token never is until the row continues), and the
+/// tokens seen so far (for the repetition penalty; empty without one).
+#[derive(Default)]
+pub struct RowState {
+    cache: RowCache,
+    len: usize,
+    held: Option<u32>,
+    seen: Vec<bool>,
+}
+
+impl RowState {
+    /// An empty row whose cache holds `capacity` positions.
+    pub(crate) fn new(model: &Model, capacity: usize) -> Self {
+        Self { cache: RowCache::new(model, capacity), len: 0, held: None, seen: Vec::new() }
+    }
+
+    /// Positions its cache holds, plus the held token.
+    pub fn len(&self) -> usize {
+        self.len + usize::from(self.held.is_some())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Frees the cache (a finished episode); the row cannot continue.
+    pub(crate) fn release(&mut self) {
+        *self = Self::default();
+    }
+}
+
+/// One row of a call: its state, the tokens to append before drawing (a prompt, or an
+/// observation), its uniform stream and the most tokens it may draw.
+pub(crate) struct Job<'a> {
+    pub(crate) state: &'a mut RowState,
+    pub(crate) pending: &'a [u32],
+    pub(crate) uniforms: &'a mut UniformStream,
+    pub(crate) limit: usize,
+}
+
+/// Samples every row of `prompts` on the calling thread, each from a fresh state.
 pub(crate) fn run_stream(model: &Model, rows: &mut [(&[u32], &mut UniformStream)], params: &Sampling, par: Parallelism) -> Vec<RowOutput> {
+    let mut states: Vec<RowState> = rows.iter().map(|(p, _)| RowState::new(model, p.len() + params.max_new_tokens)).collect();
+    let mut jobs: Vec<Job> = states
+        .iter_mut()
+        .zip(rows.iter_mut())
+        .map(|(state, (pending, uniforms))| Job { state, pending, uniforms: &mut **uniforms, limit: params.max_new_tokens })
+        .collect();
+    run_jobs(model, &mut jobs, params, par)
+}
+
+/// Appends each job's pending tokens to its row and samples up to its limit, on the calling thread.
+pub(crate) fn run_jobs(model: &Model, jobs: &mut [Job], params: &Sampling, par: Parallelism) -> Vec<RowOutput> {
     if has_avx2() {
         // SAFETY: the CPU supports the features the function is compiled for (checked).
-        return unsafe { run_stream_avx2(model, rows, params, par) };
+        return unsafe { run_jobs_avx2(model, jobs, params, par) };
     }
-    run_stream_body(model, rows, params, par)
+    run_jobs_body(model, jobs, params, par)
 }
 
 pub(crate) fn has_avx2() -> bool {
@@ -79,45 +133,54 @@ pub(crate) fn has_avx2() -> bool {
 /// The same loops compiled with AVX2 and FMA, so the element-wise kernels (exp, norms,
 /// attention) vectorise 8 wide; the matrix products dispatch on their own.
 #[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
-pub(crate) unsafe fn run_stream_avx2(model: &Model, rows: &mut [(&[u32], &mut UniformStream)], params: &Sampling, par: Parallelism) -> Vec<RowOutput> {
-    run_stream_body(model, rows, params, par)
+pub(crate) unsafe fn run_jobs_avx2(model: &Model, jobs: &mut [Job], params: &Sampling, par: Parallelism) -> Vec<RowOutput> {
+    run_jobs_body(model, jobs, params, par)
 }
 
+/// Prefill: each row's held token and pending tokens, every row in one block, at the positions
+/// after what its cache holds (attending to it); then the token loop from the logits of each
+/// row's last token. A row leaves the batch at a stop token or its limit; its last token is held.
 #[inline(always)]
-pub(crate) fn run_stream_body(model: &Model, rows: &mut [(&[u32], &mut UniformStream)], params: &Sampling, par: Parallelism) -> Vec<RowOutput> {
-    let (prompts, mut uniforms): (Vec<&[u32]>, Vec<&mut UniformStream>) = rows.iter_mut().map(|(p, u)| (*p, &mut **u)).unzip();
-    let mut caches: Vec<RowCache> = prompts.iter().map(|p| RowCache::new(model, p.len() + params.max_new_tokens)).collect();
-    let mut seen: Vec<Vec<bool>> = if params.repetition_penalty != 1.0 {
-        prompts.iter().map(|p| seen_tokens(p, model.dims.vocab)).collect()
-    } else {
-        Vec::new()
-    };
-    let mut outputs: Vec<RowOutput> = prompts.iter().map(|_| RowOutput { tokens: Vec::new(), logprobs: Vec::new(), kept: Vec::new(), kept_overflow: false, diverged: false }).collect();
+pub(crate) fn run_jobs_body(model: &Model, jobs: &mut [Job], params: &Sampling, par: Parallelism) -> Vec<RowOutput> {
+    let penalty = params.repetition_penalty != 1.0;
+    let mut caches: Vec<RowCache> = jobs.iter_mut().map(|j| std::mem::take(&mut j.state.cache)).collect();
+    let mut outputs: Vec<RowOutput> = jobs.iter().map(|_| RowOutput { tokens: Vec::new(), logprobs: Vec::new(), kept: Vec::new(), kept_overflow: false, diverged: false }).collect();
     let kept_capacity = crate::kept_capacity(params, model.dims.vocab);
     let mut survivors = Vec::new();
     let mut scratch = Scratch::default();
     let mut logits = Vec::new();
 
-    // Prefill: every prompt token of every row in one block; logits of each row's last token.
-    let prefill: Vec<TokenSlot> = prompts
-        .iter()
-        .enumerate()
-        .flat_map(|(row, p)| p.iter().enumerate().map(move |(position, &token)| TokenSlot { row, position, token }))
-        .collect();
-    let last_of_row: Vec<usize> = prompts.iter().scan(0, |end, p| {
-        *end += p.len();
-        Some(*end - 1)
-    }).collect();
+    let mut prefill = Vec::new();
+    let mut last_of_row = Vec::with_capacity(jobs.len());
+    for (row, job) in jobs.iter_mut().enumerate() {
+        let state = &mut *job.state;
+        let tokens: Vec<u32> = state.held.take().into_iter().chain(job.pending.iter().copied()).collect();
+        assert!(!tokens.is_empty(), "a row continues with no token to run");
+        assert!(state.len + tokens.len() + job.limit <= caches[row].capacity, "a row's tokens outgrow its cache");
+        if penalty && state.seen.is_empty() {
+            state.seen = vec![false; model.dims.vocab];
+        }
+        for token in tokens {
+            prefill.push(TokenSlot { row, position: state.len, token });
+            state.len += 1;
+            if penalty {
+                state.seen[token as usize] = true;
+            }
+        }
+        last_of_row.push(prefill.len() - 1);
+    }
     forward(model, &prefill, &mut caches, &mut scratch, par);
     head(model, &scratch.x, &last_of_row, &mut logits, par);
 
-    let mut active: Vec<usize> = (0..prompts.len()).collect();
-    for step in 0..params.max_new_tokens {
+    let mut active: Vec<usize> = (0..jobs.len()).filter(|&row| jobs[row].limit > 0).collect();
+    let most = jobs.iter().map(|j| j.limit).max().unwrap_or(0);
+    for _ in 0..most {
         let mut still_active = Vec::with_capacity(active.len());
         for (i, &row) in active.iter().enumerate() {
             let row_logits = &mut logits[i * model.dims.vocab..(i + 1) * model.dims.vocab];
-            let row_seen = seen.get(row).map(Vec::as_slice);
-            let Some((token, logprob)) = draw(row_logits, row_seen, params, uniforms[row], kept_capacity.map(|_| &mut survivors)) else {
+            let job = &mut jobs[row];
+            let row_seen = penalty.then_some(job.state.seen.as_slice());
+            let Some((token, logprob)) = draw(row_logits, row_seen, params, job.uniforms, kept_capacity.map(|_| &mut survivors)) else {
                 outputs[row].diverged = true;
                 continue;
             };
@@ -132,24 +195,31 @@ pub(crate) fn run_stream_body(model: &Model, rows: &mut [(&[u32], &mut UniformSt
             }
             outputs[row].tokens.push(token);
             outputs[row].logprobs.push(logprob);
-            if let Some(s) = seen.get_mut(row) {
-                s[token as usize] = true;
+            if penalty {
+                job.state.seen[token as usize] = true;
             }
-            if !model.is_stop(token) {
+            if !model.is_stop(token) && outputs[row].tokens.len() < job.limit {
                 still_active.push(row);
             }
         }
         active = still_active;
-        if active.is_empty() || step + 1 == params.max_new_tokens {
+        if active.is_empty() {
             break;
         }
         let block: Vec<TokenSlot> = active
             .iter()
-            .map(|&row| TokenSlot { row, position: prompts[row].len() + step, token: *outputs[row].tokens.last().expect("a token was drawn") })
+            .map(|&row| TokenSlot { row, position: jobs[row].state.len, token: *outputs[row].tokens.last().expect("a token was drawn") })
             .collect();
+        for &row in &active {
+            jobs[row].state.len += 1;
+        }
         forward(model, &block, &mut caches, &mut scratch, par);
         let every: Vec<usize> = (0..block.len()).collect();
         head(model, &scratch.x, &every, &mut logits, par);
+    }
+    for ((job, cache), output) in jobs.iter_mut().zip(caches).zip(&outputs) {
+        job.state.cache = cache;
+        job.state.held = output.tokens.last().copied();
     }
     outputs
 }

@@ -23,6 +23,7 @@ use smallrl_native::Sampling as SamplingParams;
 use super::linear::{per_run, run_matmul};
 use super::llama::{Llama, embed, rms_norm};
 use super::native::NativeModel;
+use super::sampler::Sampler;
 
 /// The decoder of a [`Llama`] at fixed adapter scales. Rebuild after the weights change.
 pub struct DecodeModel {
@@ -48,6 +49,13 @@ pub struct KvCache {
 }
 
 impl KvCache {
+    /// Rows `index` (`[n]` int64) of this cache, grown (with zeros) to `capacity` slots.
+    pub(super) fn rows_grown(&self, index: &Tensor, capacity: i64) -> KvCache {
+        assert!(capacity >= self.capacity, "a cache only grows");
+        let keep = |t: &Tensor| t.index_select(0, index).constant_pad_nd([0, 0, 0, capacity - self.capacity]);
+        KvCache { keys: self.keys.iter().map(keep).collect(), values: self.values.iter().map(keep).collect(), capacity }
+    }
+
     /// Copies `other` (of the same shape) into this cache, keeping its memory.
     pub(super) fn copy_from(&mut self, other: &KvCache) {
         assert_eq!(self.capacity, other.capacity, "caches of different capacities");
@@ -413,6 +421,40 @@ impl DecodeState {
         }
     }
 
+    /// A loop continuing rows whose keys and values are in `cache` (an episode's next turn,
+    /// `model::continuation`): `logits` are each row's next-token logits, `key_mask` (`[batch,
+    /// capacity]` additive) says which slots each row attends to, `next_position` (`[batch, 1]`)
+    /// its next position; the steps write slots `used..used + max_new_tokens`. The repetition
+    /// penalty sees the left-padded `seen_ids` under `seen_mask` (each row's whole sequence).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn resume(model: &DecodeModel, cache: KvCache, key_mask: Tensor, next_position: Tensor, logits: Tensor, used: i64, params: &SamplingParams, uniforms: Option<Tensor>, seen: (&Tensor, &Tensor)) -> Self {
+        assert!(!params.kept_sets, "kept sets are not recorded for continued rows");
+        assert!(used + params.max_new_tokens as i64 <= cache.capacity, "the steps' slots lie past the cache");
+        let (device, eos) = (model.device, model.weights.config.eos_token_id as i64);
+        let (batch, steps) = (logits.size()[0], params.max_new_tokens as i64);
+        Self {
+            cache,
+            key_mask,
+            next_position,
+            step: Tensor::zeros([1], (Kind::Int64, device)),
+            logits,
+            tokens: Tensor::full([batch, steps], eos, (Kind::Int64, device)),
+            logprobs: Tensor::zeros([batch, steps], (Kind::Float, device)),
+            kept: None,
+            finished: Tensor::zeros([batch], (Kind::Bool, device)),
+            uniforms,
+            sampler: Sampler::new(params, seen.0, seen.1, model.weights.config.vocab_size as i64),
+            prompt_len: used,
+            eos,
+            extra_stops: model.weights.config.extra_stop_ids.iter().map(|&id| i64::from(id)).collect(),
+        }
+    }
+
+    /// The cache, key mask and next positions, for the next turn of [`Self::resume`].
+    pub(super) fn into_cache(self) -> (KvCache, Tensor, Tensor) {
+        (self.cache, self.key_mask, self.next_position)
+    }
+
     pub(super) fn shape_key(&self) -> ShapeKey {
         ShapeKey { batch: self.finished.size()[0], prompt_len: self.prompt_len, params: self.sampler.params.clone() }
     }
@@ -497,99 +539,4 @@ fn record_kept(kept: &mut Tensor, overflow: &mut Tensor, survivors: &Tensor, tok
     let _ = kept.index_copy_(1, step, &ids.unsqueeze(1));
     let too_many = survivors.sum_dim_intlist(-1, false, Kind::Int64).gt(capacity).logical_and(&finished.logical_not());
     let _ = overflow.logical_or_(&too_many);
-}
-
-/// Draws one token per row, applying HF's logits processors in HF's order: repetition penalty
-/// on the raw logits, then temperature, top-k and top-p.
-pub(super) struct Sampler {
-    pub(super) params: SamplingParams,
-    /// `[batch, vocab]` tokens seen so far (prompt and completion), for the repetition penalty.
-    seen: Option<Tensor>,
-}
-
-impl Sampler {
-    fn new(params: &SamplingParams, prompt_ids: &Tensor, prompt_mask: &Tensor, vocab: i64) -> Self {
-        let seen = (params.repetition_penalty != 1.0).then(|| {
-            let (batch, _) = prompt_ids.size2().expect("prompt ids are 2-d");
-            let counts = Tensor::zeros([batch, vocab], (Kind::Int64, prompt_ids.device()));
-            counts.scatter_add(1, prompt_ids, &prompt_mask.to_kind(Kind::Int64)).gt(0)
-        });
-        Self { params: params.clone(), seen }
-    }
-
-    fn observe(&mut self, token: &Tensor) {
-        if let Some(seen) = &mut self.seen {
-            let _ = seen.scatter_value_(1, &token.unsqueeze(1), 1);
-        }
-    }
-
-    /// Returns the drawn tokens `[batch]` (int64), their log-probabilities `[batch]` and, with
-    /// `kept_sets` (sampling at temperature > 0), the tokens that survived top-k and top-p
-    /// (`[batch, vocab]` bool); `uniforms` (`[batch]`, this step's draw of each row) is `None`
-    /// for greedy decoding.
-    fn draw(&self, logits: &Tensor, uniforms: Option<Tensor>, kept_sets: bool) -> (Tensor, Tensor, Option<Tensor>) {
-        let mut scores = logits.to_kind(Kind::Float);
-        if let Some(seen) = &self.seen {
-            let penalty = self.params.repetition_penalty;
-            let penalized = (&scores * penalty).where_self(&scores.lt(0.0), &(&scores / penalty));
-            scores = penalized.where_self(seen, &scores);
-        }
-        if self.params.temperature == 0.0 {
-            let token = scores.argmax(-1, false);
-            let logprob = scores.log_softmax(-1, Kind::Float).gather(1, &token.unsqueeze(1), false).squeeze_dim(1);
-            return (token, logprob, None);
-        }
-        if self.params.temperature != 1.0 {
-            scores = scores / self.params.temperature;
-        }
-        if self.params.top_k > 0 {
-            scores = top_k(&scores, self.params.top_k as i64);
-        }
-        if self.params.top_p < 1.0 {
-            scores = top_p(&scores, self.params.top_p);
-        }
-        let survivors = kept_sets.then(|| scores.ne(f64::NEG_INFINITY));
-        let probs = scores.softmax(-1, Kind::Float);
-        let token = inverse_cdf_sample(&probs, &uniforms.expect("sampling at temperature > 0 has uniforms"));
-        // A drawn token has a probability well above float32's smallest normal, so the log of
-        // the gathered probability is exact enough and avoids a second pass over the vocabulary.
-        let logprob = probs.gather(1, &token, false).log().squeeze_dim(1);
-        (token.squeeze_dim(1), logprob, survivors)
-    }
-}
-
-/// One draw per row from `probs` (`[batch, vocab]`) by inverting the cumulative distribution
-/// with a single uniform number per row (`uniforms`, `[batch]` float64 on the same device).
-/// libtorch's CPU generator costs about 25 ns per number, so `multinomial` (or Gumbel noise),
-/// which draws one per vocabulary entry, took 3-4 ms per step, more than the whole forward
-/// pass. The cumulative sum is in float64 so the last bins keep their mass; a token of
-/// probability 0 is never drawn (`right = true` picks the first bin whose upper edge exceeds
-/// the draw). Returns `[batch, 1]` int64.
-fn inverse_cdf_sample(probs: &Tensor, uniforms: &Tensor) -> Tensor {
-    let cdf = probs.cumsum(-1, Kind::Double);
-    let (batch, vocab) = cdf.size2().expect("probabilities are [batch, vocab]");
-    assert_eq!(uniforms.size(), [batch], "one uniform number per row");
-    let total = cdf.narrow(1, vocab - 1, 1);
-    let draw = uniforms.view([batch, 1]) * total;
-    draw.searchsorted(&cdf, false, true, "right", None::<Tensor>).clamp_max(vocab - 1)
-}
-
-/// HF `TopKLogitsWarper`: everything below the k-th largest score is removed.
-fn top_k(scores: &Tensor, k: i64) -> Tensor {
-    let k = k.min(scores.size()[1]);
-    let (values, _) = scores.topk(k, -1, true, true);
-    let threshold = values.narrow(1, k - 1, 1);
-    scores.masked_fill(&scores.lt_tensor(&threshold), f64::NEG_INFINITY)
-}
-
-/// HF `TopPLogitsWarper`: removes the least likely tokens whose cumulative probability stays
-/// within `1 - top_p`, always keeping the most likely one.
-fn top_p(scores: &Tensor, top_p: f64) -> Tensor {
-    let (sorted, indices) = scores.sort(-1, false);
-    let cumulative = sorted.softmax(-1, Kind::Float).cumsum(-1, Kind::Float);
-    let remove_sorted = cumulative.le(1.0 - top_p);
-    let vocab = scores.size()[1];
-    let _ = remove_sorted.narrow(1, vocab - 1, 1).fill_(0);
-    let remove = remove_sorted.scatter(1, &indices, &remove_sorted);
-    scores.masked_fill(&remove, f64::NEG_INFINITY)
 }

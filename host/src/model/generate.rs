@@ -56,12 +56,16 @@ pub enum Decoder {
 /// Samples completions for `prompts` (token ids without special tokens); on the CPU in float32
 /// with one stream of rows per libtorch thread.
 pub fn generate(model: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingParams, seed: u64) -> Result<Generation> {
-    let decoder = match model.native {
+    generate_with(default_decoder(model), model, prompts, params, seed)
+}
+
+/// The decoder [`generate`] samples `model` with.
+pub fn default_decoder(model: &DecodeModel) -> Decoder {
+    match model.native {
         Some(_) => Decoder::Native { threads: tch::get_num_threads().max(1) as usize },
         None if model.device.is_cuda() => Decoder::CudaGraphs,
         None => Decoder::Libtorch,
-    };
-    generate_with(decoder, model, prompts, params, seed)
+    }
 }
 
 pub fn generate_with(decoder: Decoder, model: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingParams, seed: u64) -> Result<Generation> {
@@ -96,7 +100,7 @@ pub fn generate_stacked(decoder: Decoder, model: &DecodeModel, prompts: &[&[Vec<
 }
 
 /// Refuses what no decoder can sample.
-fn check_request(model: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingParams) -> Result<()> {
+pub(super) fn check_request(model: &DecodeModel, prompts: &[Vec<u32>], params: &SamplingParams) -> Result<()> {
     ensure!(!prompts.is_empty(), "no prompts to sample from");
     ensure!(prompts.iter().all(|p| !p.is_empty()), "empty prompt: every prompt needs at least one token");
     ensure!(params.max_new_tokens > 0, "max_new_tokens must be at least 1");
@@ -224,7 +228,7 @@ fn finish_generation(prompt_ids: Tensor, prompt_mask: Tensor, tokens: &Tensor, l
 /// Runs the token loop in chunks of [`FINISHED_CHECK_INTERVAL`] steps (`run(state, n)` runs
 /// `n` steps) and stops once every row has finished, asking the device only between chunks.
 /// Returns the number of steps run.
-fn decode(state: &mut DecodeState, mut run: impl FnMut(&mut DecodeState, usize) -> Result<()>) -> Result<usize> {
+pub(super) fn decode(state: &mut DecodeState, mut run: impl FnMut(&mut DecodeState, usize) -> Result<()>) -> Result<usize> {
     let max_new_tokens = state.sampler.params.max_new_tokens;
     let mut steps = 0;
     while steps < max_new_tokens {
@@ -285,7 +289,7 @@ fn decode_with_graphs(model: &DecodeModel, fresh: DecodeState) -> Result<(Tensor
 /// the same order as the native sampler draws them, so all decoders draw the same tokens. They
 /// are made up front and copied to the device once, so the token loop has no host-to-device
 /// copy (on a GPU, one per token was a synchronising copy from pageable memory).
-fn row_uniforms(seeds: &[u64], rows_per_run: usize, steps: usize, device: tch::Device) -> Tensor {
+pub(super) fn row_uniforms(seeds: &[u64], rows_per_run: usize, steps: usize, device: tch::Device) -> Tensor {
     let rows = seeds.len() * rows_per_run;
     let uniforms: Vec<f64> = seeds
         .iter()

@@ -111,6 +111,11 @@ impl NativeModel {
         }).collect()
     }
 
+    /// The sampler's model (for `continuation`'s sessions).
+    pub(super) fn inner(&self) -> &Model {
+        &self.0
+    }
+
     /// Bytes of weights one decode step reads.
     pub fn weight_bytes(&self) -> usize {
         self.0.weight_bytes()

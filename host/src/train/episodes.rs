@@ -22,7 +22,7 @@ use super::policy::Policy;
 use crate::episode::{EpisodeBatch, EpisodeBound, EpisodePrompt, run_episodes};
 use crate::model::Tokenizer;
 use crate::model::decode::DecodeModel;
-use crate::model::generate::{Generation, SamplingParams};
+use crate::model::generate::{Generation, SamplingParams, default_decoder};
 use crate::reward::{EnvPrompt, Prompt, RewardModel, Sample, ScoredBatch, samples_from_rows};
 
 /// Per-episode metrics the host adds to a scored batch's metrics (their means are logged under
@@ -128,7 +128,7 @@ impl Episodes {
             .collect::<Result<_>>()?;
         let params = SamplingParams { max_new_tokens: self.turn_tokens, kept_sets: false, ..sampling.clone() };
         let environment = rewards.episode_environment().context("internal error: episodes without an episode environment")?;
-        let batch = run_episodes(decoder, tokenizer, environment, &episodes, &params, seeds.0, &self.bounds, first_id)?;
+        let batch = run_episodes(default_decoder(decoder), decoder, tokenizer, environment, &episodes, &params, seeds.0, &self.bounds, first_id)?;
         let generate_seconds = started.elapsed().as_secs_f64();
         let scoring = Instant::now();
         let samples = samples_from_rows(prompts, &batch.generation.rows, tokenizer)?;
