@@ -234,7 +234,8 @@ pub enum Kind {
     Reward,
     Detector,
     Environment,
-    /// A multi-turn episode environment (issue 48).
+    // A multi-turn episode environment (issue 48). A plain comment: a doc comment here would
+    // switch clap's help to its long form.
     Episode,
 }
 
