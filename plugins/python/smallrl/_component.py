@@ -173,16 +173,10 @@ def generate(instance, split, count, seed, hack_frac):
     return _guarded(lambda: [to_wit(p) for p in instance.plugin.generate(name, count, seed, hack_frac)])
 
 
-def _environment_exports(instance):
+def environment_base(instance):
+    """The `env` export's declaration and prompts, which environments and episode environments
+    share; each adds `score`, `monitor` and `ground_truth`."""
     from wit_world import exports
-    from wit_world.imports import environment_types as env
-
-    declared = instance.plugin_class
-
-    def scores(judgements):
-        components = [_scores("component", values) for values in zip(*(j.components for j in judgements))] if judgements else [[] for _ in declared.components]
-        metrics = [_numbers("metric", values) for values in zip(*(j.metrics for j in judgements))] if judgements else [[] for _ in declared.metrics]
-        return env.Scores(components, metrics)
 
     class Env(exports.Env):
         def info(self):
@@ -194,6 +188,20 @@ def _environment_exports(instance):
         def generate(self, split, count, seed, hack_frac):
             return generate(instance, split, count, seed, hack_frac)
 
+    return Env
+
+
+def _environment_exports(instance):
+    from wit_world.imports import environment_types as env
+
+    declared = instance.plugin_class
+
+    def scores(judgements):
+        components = [_scores("component", values) for values in zip(*(j.components for j in judgements))] if judgements else [[] for _ in declared.components]
+        metrics = [_numbers("metric", values) for values in zip(*(j.metrics for j in judgements))] if judgements else [[] for _ in declared.metrics]
+        return env.Scores(components, metrics)
+
+    class Env(environment_base(instance)):
         def score(self, batch):
             return _guarded(lambda: scores(instance.plugin.score_batch(_samples(batch))))
 

@@ -9,7 +9,7 @@ import json
 
 import smallrl
 
-from ._component import _configure, _guarded, _samples, environment_info, generate
+from ._component import _guarded, _samples, environment_base
 
 
 def _prompt(prompt):
@@ -49,16 +49,7 @@ def episode_exports(instance):
         samples = _samples([turn.assistant for turn in turns])
         return [answer(episodes.step(turn.id, sample, turn.last)) for turn, sample in zip(turns, samples)]
 
-    class Env(exports.Env):
-        def info(self):
-            return environment_info(instance)
-
-        def configure(self, params_json):
-            _configure(instance, params_json)
-
-        def generate(self, split, count, seed, hack_frac):
-            return generate(instance, split, count, seed, hack_frac)
-
+    class Env(environment_base(instance)):
         def score(self, batch):
             _not_for_episodes("score")
 
