@@ -11,29 +11,12 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use common::{load, read_jsonl, repo_root, smallrl, smallrl_ok, standard_plugin};
+use common::{built_python as built, load, metrics_without_timings, read_jsonl, repo_root, smallrl, smallrl_ok, standard_plugin, train};
 use serde_json::Value;
 use smallrl::plugins::{EnvSplit, Plugin, PluginLimits};
 use smallrl::reward::Sample;
-
-/// `plugins/python/<module>.py` built once per test binary into target/python-plugins/.
-fn built(module: &str) -> PathBuf {
-    static BUILT: OnceLock<Mutex<std::collections::BTreeMap<String, PathBuf>>> = OnceLock::new();
-    let mut done = BUILT.get_or_init(Default::default).lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    if let Some(path) = done.get(module) {
-        return path.clone();
-    }
-    let source = repo_root().join("plugins/python").join(format!("{module}.py"));
-    let stem = Path::new(module).file_name().unwrap().to_string_lossy().into_owned();
-    let output = repo_root().join("target/python-plugins").join(format!("{stem}.wasm"));
-    std::fs::create_dir_all(output.parent().unwrap()).unwrap();
-    smallrl_ok(&["plugin", "build", source.to_str().unwrap(), "-o", output.to_str().unwrap()]);
-    done.insert(module.to_string(), output.clone());
-    output
-}
 
 /// Test texts for the rewards: a tokenizer's pieces (sentence_length counts `##` pieces and
 /// punctuation tokens), "happy" in every case and glued into other words, no sentence at all.
@@ -266,22 +249,6 @@ fn a_module_without_a_plugin_fails_the_build_clearly() {
     assert!(!output.status.success());
     assert!(stderr.contains("nothing_here.py") && stderr.contains("declares no reward") && stderr.contains("@smallrl.reward"), "{stderr}");
     assert!(!dir.path().join("nothing_here.wasm").exists(), "a failed build writes no component");
-}
-
-fn metrics_without_timings(run: &Path) -> Vec<Value> {
-    read_jsonl(run.join("metrics.jsonl"))
-        .into_iter()
-        .map(|mut line| {
-            line.as_object_mut().unwrap().retain(|key, _| !key.starts_with("timing/") && key != "step_time" && key != "seconds");
-            line
-        })
-        .collect()
-}
-
-fn train(config: serde_json::Map<String, Value>, resume_from: Option<&Path>, stop_at: Option<usize>) -> PathBuf {
-    common::one_thread();
-    let config = smallrl::train::TrainConfig::resolve(None, config).unwrap();
-    smallrl::train::Trainer::new(config, resume_from).unwrap().train(stop_at).unwrap().run_dir
 }
 
 /// The README's task (sentence length + a "happy" bonus, flagged by the happy_count detector)

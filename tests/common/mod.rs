@@ -259,3 +259,37 @@ pub fn perturbed_policy(dir: &Path) -> smallrl::model::LoadedModel {
     smallrl::model::export::save_hf_dir(&base.model, &[], &base.files.tokenizer, dir).unwrap();
     load(dir)
 }
+
+/// `plugins/python/<module>.py` built once per test binary into target/python-plugins/.
+pub fn built_python(module: &str) -> PathBuf {
+    static BUILT: std::sync::OnceLock<std::sync::Mutex<std::collections::BTreeMap<String, PathBuf>>> = std::sync::OnceLock::new();
+    let mut done = BUILT.get_or_init(Default::default).lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(path) = done.get(module) {
+        return path.clone();
+    }
+    let source = repo_root().join("plugins/python").join(format!("{module}.py"));
+    let stem = Path::new(module).file_name().unwrap().to_string_lossy().into_owned();
+    let output = repo_root().join("target/python-plugins").join(format!("{stem}.wasm"));
+    std::fs::create_dir_all(output.parent().unwrap()).unwrap();
+    smallrl_ok(&["plugin", "build", source.to_str().unwrap(), "-o", output.to_str().unwrap()]);
+    done.insert(module.to_string(), output.clone());
+    output
+}
+
+/// A run's metrics.jsonl less its timings (which no run repeats).
+pub fn metrics_without_timings(run: &Path) -> Vec<serde_json::Value> {
+    read_jsonl(run.join("metrics.jsonl"))
+        .into_iter()
+        .map(|mut line| {
+            line.as_object_mut().unwrap().retain(|key, _| !key.starts_with("timing/") && key != "step_time" && key != "seconds");
+            line
+        })
+        .collect()
+}
+
+/// Trains `config` (resumed from `resume_from`, stopped after `stop_at` steps); the run directory.
+pub fn train(config: serde_json::Map<String, serde_json::Value>, resume_from: Option<&Path>, stop_at: Option<usize>) -> PathBuf {
+    one_thread();
+    let config = smallrl::train::TrainConfig::resolve(None, config).unwrap();
+    smallrl::train::Trainer::new(config, resume_from).unwrap().train(stop_at).unwrap().run_dir
+}

@@ -12,6 +12,7 @@ use crate::defaults as d;
 use super::plugin_samples::{completion_only, read_samples};
 use super::plugin_snapshot::{SnapshotArgs, default_snapshot_path, snapshot};
 use crate::plugins::text::shown;
+use crate::plugins::python::ModuleKind;
 use crate::plugins::{NO_PARAMS, Plugin, PluginInfo, PluginKind, PluginLimits, bench, python, scaffold, scaffold_python};
 
 /// The sandbox's per-call limits as flags (`smallrl train` and
@@ -76,6 +77,9 @@ pub enum PluginCommand {
         /// The same as `--kind environment`: a whole task (prompts, rewards, monitor, ground truth).
         #[arg(long, conflicts_with = "kind")]
         environment: bool,
+        /// The same as `--kind episode`: a multi-turn environment (with `--python`).
+        #[arg(long, conflicts_with_all = ["kind", "environment"])]
+        episode: bool,
         /// A Python module and its tests (`smallrl plugin build NAME/NAME.py` builds it)
         /// instead of a Rust crate.
         #[arg(long)]
@@ -230,6 +234,9 @@ pub enum Kind {
     Reward,
     Detector,
     Environment,
+    // A multi-turn episode environment (issue 48). A plain comment: a doc comment here would
+    // switch clap's help to its long form.
+    Episode,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -248,15 +255,15 @@ pub fn run(command: PluginCommand) -> Result<()> {
             let hack_frac = hack_frac.unwrap_or(crate::train::TrainConfig::default().hack_frac);
             prompts(&path, params.as_deref().unwrap_or(NO_PARAMS), split, count, seed, hack_frac, limits.limits()?)
         }
-        PluginCommand::New { name, dir, kind, environment, python } => {
-            let kind = if environment { Kind::Environment } else { kind };
+        PluginCommand::New { name, dir, kind, environment, episode, python } => {
+            let kind = if environment { Kind::Environment } else if episode { Kind::Episode } else { kind };
             match python {
                 true => new_python(&name, &dir, kind.into()),
                 false => new(&name, &dir, kind),
             }
         }
         PluginCommand::Build { path, output, kind, requirements, packages } => {
-            build(&path, output.as_deref(), kind.map(PluginKind::from), &python::Packages { requirements, paths: packages })
+            build(&path, output.as_deref(), kind.map(ModuleKind::from), &python::Packages { requirements, paths: packages })
         }
         PluginCommand::Sdk { path } => sdk(path),
         PluginCommand::Cache { prune, keep_days } => cache(prune, keep_days),
@@ -288,18 +295,26 @@ pub fn run(command: PluginCommand) -> Result<()> {
     }
 }
 
-impl From<Kind> for PluginKind {
+impl From<Kind> for ModuleKind {
     fn from(kind: Kind) -> Self {
         match kind {
-            Kind::Reward => PluginKind::Reward,
-            Kind::Detector => PluginKind::Detector,
-            Kind::Environment => PluginKind::Environment,
+            Kind::Reward => ModuleKind::Reward,
+            Kind::Detector => ModuleKind::Detector,
+            Kind::Environment => ModuleKind::Environment,
+            Kind::Episode => ModuleKind::EpisodeEnvironment,
         }
     }
 }
 
 fn new(name: &str, dir: &Path, kind: Kind) -> Result<()> {
-    let kind = PluginKind::from(kind);
+    let kind = match kind {
+        Kind::Reward => PluginKind::Reward,
+        Kind::Detector => PluginKind::Detector,
+        Kind::Environment => PluginKind::Environment,
+        Kind::Episode => anyhow::bail!(
+            "no Rust scaffold for an episode environment yet: `smallrl plugin new {name} --episode --python` writes a Python one; in Rust, copy plugins/guess_number (the SDK's feature `episode`)"
+        ),
+    };
     let crate_dir = scaffold::scaffold(name, dir, kind)?;
     println!("created {kind} plugin crate {}", crate_dir.display());
     println!("next:");
@@ -312,7 +327,7 @@ fn new(name: &str, dir: &Path, kind: Kind) -> Result<()> {
     Ok(())
 }
 
-fn new_python(name: &str, dir: &Path, kind: PluginKind) -> Result<()> {
+fn new_python(name: &str, dir: &Path, kind: ModuleKind) -> Result<()> {
     let module_dir = scaffold_python::scaffold(name, dir, kind)?;
     let module = module_dir.join(format!("{name}.py"));
     println!("created {kind} plugin module {}", module.display());
@@ -320,7 +335,7 @@ fn new_python(name: &str, dir: &Path, kind: PluginKind) -> Result<()> {
     println!("  PYTHONPATH=$(smallrl plugin sdk --path) python3 {}/test_{name}.py   # its tests, in plain Python", module_dir.display());
     println!("  smallrl plugin build {}          # writes {name}.wasm (about 15 s the first time)", module.display());
     match kind {
-        PluginKind::Environment => println!("  smallrl plugin prompts {}/{name}.wasm   # its prompts", module_dir.display()),
+        ModuleKind::Environment | ModuleKind::EpisodeEnvironment => println!("  smallrl plugin prompts {}/{name}.wasm   # its prompts", module_dir.display()),
         _ => println!("  smallrl plugin score {}/{name}.wasm --text \"a happy happy day\"", module_dir.display()),
     }
     Ok(())
@@ -350,7 +365,7 @@ fn cache(prune: bool, keep_days: u64) -> Result<()> {
     Ok(())
 }
 
-fn build(path: &Path, output: Option<&Path>, kind: Option<PluginKind>, packages: &python::Packages) -> Result<()> {
+fn build(path: &Path, output: Option<&Path>, kind: Option<ModuleKind>, packages: &python::Packages) -> Result<()> {
     let built = python::build(path, output, kind, packages)?;
     let how = if built.cached { "on the cached base" } else { "base built by componentize-py" };
     println!("{} ({}, {how} in {:.1} s)", built.output.display(), built.kind, built.took.as_secs_f64());

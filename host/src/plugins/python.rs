@@ -11,9 +11,10 @@
 //! fuel, not at build time.
 //!
 //! The world is the module's kind: the SDK declaration it uses (`@smallrl.detector`,
-//! `smallrl.Environment`, ...; a reward otherwise), or `--kind`. An environment that never calls
-//! `smallrl.judge` is built against a world without the judge import, so it runs without a
-//! `judge:` (a component that imports the judge needs one).
+//! `smallrl.Environment`, `smallrl.EpisodeEnvironment`, ...; a reward otherwise), or `--kind`. An
+//! environment (single-turn or episodes) that never calls `smallrl.judge` is built against its
+//! world without the judge import, so it runs without a `judge:` (a component that imports the
+//! judge needs one).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -22,7 +23,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 
-use super::PluginKind;
 use super::python_check;
 use super::python_deps::{self, BuildRecord};
 use super::python_sources;
@@ -34,7 +34,7 @@ pub const COMPONENTIZE_PY_VERSION: &str = "0.25.1";
 /// What a build produced.
 pub struct Built {
     pub output: PathBuf,
-    pub kind: PluginKind,
+    pub kind: ModuleKind,
     /// Whether the base component came from the build cache.
     pub cached: bool,
     pub took: Duration,
@@ -79,7 +79,7 @@ pub struct Packages {
 /// (`python_deps.rs`), the base component (componentize-py, unless the build cache has it), and
 /// the module's files written after it (`python_sources.rs`); the result must load and declare
 /// its plugin before it is written.
-pub fn build(source: &Path, output: Option<&Path>, kind: Option<PluginKind>, packages: &Packages) -> Result<Built> {
+pub fn build(source: &Path, output: Option<&Path>, kind: Option<ModuleKind>, packages: &Packages) -> Result<Built> {
     let started = Instant::now();
     let text = std::fs::read_to_string(source).with_context(|| format!("cannot read the Python module {}", source.display()))?;
     let module = module_name(source)?;
@@ -199,16 +199,40 @@ fn module_name(source: &Path) -> Result<String> {
     Ok(stem)
 }
 
-/// The kind a module declares with the SDK: an environment or detector by its class or
-/// decorator, else a reward (an SDK reward or a TRL reward function).
-fn declared_kind(text: &str) -> PluginKind {
+/// What a Python module is built as: a plugin kind, or an episode environment (an environment
+/// of the episode-environment world: `smallrl.EpisodeEnvironment`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModuleKind {
+    Reward,
+    Detector,
+    Environment,
+    EpisodeEnvironment,
+}
+
+impl std::fmt::Display for ModuleKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ModuleKind::Reward => "reward",
+            ModuleKind::Detector => "detector",
+            ModuleKind::Environment => "environment",
+            ModuleKind::EpisodeEnvironment => "episode environment",
+        })
+    }
+}
+
+/// The kind a module declares with the SDK: an episode environment, environment or detector by
+/// its class or decorator, else a reward (an SDK reward or a TRL reward function).
+fn declared_kind(text: &str) -> ModuleKind {
     let code = || text.lines().map(str::trim_start).filter(|line| !line.starts_with('#'));
-    if code().any(|line| line.starts_with("class ") && line.contains("Environment)")) {
-        PluginKind::Environment
-    } else if code().any(|line| line.starts_with("@smallrl.detector") || (line.starts_with("class ") && line.contains("Detector)"))) {
-        PluginKind::Detector
+    let class = |base: &str| code().any(|line| line.starts_with("class ") && line.contains(base));
+    if class("EpisodeEnvironment)") {
+        ModuleKind::EpisodeEnvironment
+    } else if class("Environment)") {
+        ModuleKind::Environment
+    } else if code().any(|line| line.starts_with("@smallrl.detector")) || class("Detector)") {
+        ModuleKind::Detector
     } else {
-        PluginKind::Reward
+        ModuleKind::Reward
     }
 }
 
@@ -221,15 +245,22 @@ enum World {
     EnvironmentWithJudge,
     /// An environment that does not: the `environment` world without the `judge` import.
     Environment,
+    /// An episode environment that calls the host's judge.
+    EpisodeEnvironmentWithJudge,
+    /// An episode environment that does not: the `episode-environment` world less `judge`.
+    EpisodeEnvironment,
 }
 
 impl World {
-    fn of(kind: PluginKind, text: &str) -> Self {
+    fn of(kind: ModuleKind, text: &str) -> Self {
+        let judge = text.contains("judge(");
         match kind {
-            PluginKind::Reward => World::Reward,
-            PluginKind::Detector => World::Detector,
-            PluginKind::Environment if text.contains("judge(") => World::EnvironmentWithJudge,
-            PluginKind::Environment => World::Environment,
+            ModuleKind::Reward => World::Reward,
+            ModuleKind::Detector => World::Detector,
+            ModuleKind::Environment if judge => World::EnvironmentWithJudge,
+            ModuleKind::Environment => World::Environment,
+            ModuleKind::EpisodeEnvironment if judge => World::EpisodeEnvironmentWithJudge,
+            ModuleKind::EpisodeEnvironment => World::EpisodeEnvironment,
         }
     }
 
@@ -239,6 +270,8 @@ impl World {
             World::Detector => "detector",
             World::EnvironmentWithJudge => "environment",
             World::Environment => "environment-without-judge",
+            World::EpisodeEnvironmentWithJudge => "episode-environment",
+            World::EpisodeEnvironment => "episode-environment-without-judge",
         }
     }
 
@@ -248,7 +281,24 @@ impl World {
             World::Reward => ("Plugin, Scorer", "reward"),
             World::Detector => ("Plugin, Flagger", "detector"),
             World::EnvironmentWithJudge | World::Environment => ("Env", "environment"),
+            World::EpisodeEnvironmentWithJudge | World::EpisodeEnvironment => ("Env, Episodes", "episode"),
         }
+    }
+
+    /// The world file of a judge-free world: the contract's world of the same exports less the
+    /// `judge` import (the contract itself is unchanged); None for the contract's own worlds.
+    fn judge_free(self) -> Option<String> {
+        let exports: &[&str] = match self {
+            World::Environment => &["env"],
+            World::EpisodeEnvironment => &["env", "episodes"],
+            _ => return None,
+        };
+        let version = CONTRACT.rsplit_once('@').expect("the contract has a version").1;
+        let exports: String = exports.iter().map(|export| format!("    export smallrl:reward/{export}@{version};\n")).collect();
+        Some(format!(
+            "package smallrl-build:python;\n\nworld {} {{\n    import smallrl:reward/host@{version};\n    import smallrl:reward/programs@{version};\n{exports}}}\n",
+            self.name()
+        ))
     }
 }
 
@@ -277,29 +327,20 @@ fn tempdir(key: &str) -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// The world file of a judge-free environment: the contract's `environment` world less the
-/// `judge` import (the contract itself is unchanged).
-fn judge_free_world() -> String {
-    let version = CONTRACT.rsplit_once('@').expect("the contract has a version").1;
-    format!(
-        "package smallrl-build:python;\n\nworld environment-without-judge {{\n    import smallrl:reward/host@{version};\n    import smallrl:reward/programs@{version};\n    export smallrl:reward/env@{version};\n}}\n"
-    )
-}
-
 /// Runs componentize-py in `work` (the base's app module and the WIT) and writes the base
 /// component to `output`.
 fn componentize(tool: &Path, work: &Path, base: &Base, output: &Path, source: &Path) -> Result<()> {
     let world = base.world;
     std::fs::write(work.join("app.py"), base.app()).with_context(|| format!("cannot write into {}", work.display()))?;
-    let wit = match world {
-        World::Environment => {
+    let wit = match world.judge_free() {
+        Some(world_file) => {
             let dir = work.join("wit");
             std::fs::create_dir_all(dir.join("deps/smallrl"))?;
-            std::fs::write(dir.join("world.wit"), judge_free_world())?;
+            std::fs::write(dir.join("world.wit"), world_file)?;
             std::fs::copy(wit_file(), dir.join("deps/smallrl/smallrl-reward.wit"))?;
             dir
         }
-        _ => wit_file(),
+        None => wit_file(),
     };
     let mut command = Command::new(tool);
     command.arg("-d").arg(&wit).args(["-w", world.name(), "componentize", "app", "-p"]).arg(work).arg("-p").arg(sdk_dir());
@@ -324,14 +365,20 @@ mod tests {
 
     #[test]
     fn the_kind_is_the_sdk_declaration() {
-        assert_eq!(declared_kind("import smallrl\n@smallrl.reward(name='x')\ndef score(s, p):\n    return 1.0\n"), PluginKind::Reward);
-        assert_eq!(declared_kind("def f(prompts, completions, **kwargs):\n    return []\n"), PluginKind::Reward);
-        assert_eq!(declared_kind("@smallrl.detector(name='x')\ndef detect(s, p): ..."), PluginKind::Detector);
-        assert_eq!(declared_kind("class Flags(smallrl.Detector):\n    pass"), PluginKind::Detector);
-        assert_eq!(declared_kind("class Sorting(smallrl.Environment):\n    pass"), PluginKind::Environment);
-        assert_eq!(declared_kind("# class Sorting(smallrl.Environment):\n@smallrl.reward()\ndef s(x, p): ..."), PluginKind::Reward);
-        assert_eq!(World::of(PluginKind::Environment, "smallrl.judge([item])"), World::EnvironmentWithJudge);
-        assert_eq!(World::of(PluginKind::Environment, "x = 1"), World::Environment);
+        assert_eq!(declared_kind("import smallrl\n@smallrl.reward(name='x')\ndef score(s, p):\n    return 1.0\n"), ModuleKind::Reward);
+        assert_eq!(declared_kind("def f(prompts, completions, **kwargs):\n    return []\n"), ModuleKind::Reward);
+        assert_eq!(declared_kind("@smallrl.detector(name='x')\ndef detect(s, p): ..."), ModuleKind::Detector);
+        assert_eq!(declared_kind("class Flags(smallrl.Detector):\n    pass"), ModuleKind::Detector);
+        assert_eq!(declared_kind("class Sorting(smallrl.Environment):\n    pass"), ModuleKind::Environment);
+        assert_eq!(declared_kind("class Guess(smallrl.EpisodeEnvironment):\n    pass"), ModuleKind::EpisodeEnvironment);
+        assert_eq!(declared_kind("# class Sorting(smallrl.Environment):\n@smallrl.reward()\ndef s(x, p): ..."), ModuleKind::Reward);
+        assert_eq!(World::of(ModuleKind::Environment, "smallrl.judge([item])"), World::EnvironmentWithJudge);
+        assert_eq!(World::of(ModuleKind::Environment, "x = 1"), World::Environment);
+        assert_eq!(World::of(ModuleKind::EpisodeEnvironment, "smallrl.judge([item])"), World::EpisodeEnvironmentWithJudge);
+        assert_eq!(World::of(ModuleKind::EpisodeEnvironment, "x = 1"), World::EpisodeEnvironment);
+        let world = World::EpisodeEnvironment.judge_free().unwrap();
+        assert!(world.contains("world episode-environment-without-judge {") && world.contains("export smallrl:reward/episodes@0.5.0;") && !world.contains("judge@"), "{world}");
+        assert!(World::EnvironmentWithJudge.judge_free().is_none() && World::EpisodeEnvironmentWithJudge.judge_free().is_none());
     }
 
     #[test]

@@ -8,18 +8,19 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, ensure};
 
-use super::PluginKind;
+use super::python::ModuleKind;
 
 /// Writes `<dir>/<name>/<name>.py` and `test_<name>.py`; returns the directory.
-pub fn scaffold(name: &str, dir: &Path, kind: PluginKind) -> Result<PathBuf> {
+pub fn scaffold(name: &str, dir: &Path, kind: ModuleKind) -> Result<PathBuf> {
     super::scaffold::check_name(name)?;
     let module_dir = dir.join(name);
     ensure!(!module_dir.exists(), "{} already exists: choose another name or --dir", module_dir.display());
     std::fs::create_dir_all(&module_dir).with_context(|| format!("cannot create {}", module_dir.display()))?;
     let (module, tests) = match kind {
-        PluginKind::Reward => (REWARD, REWARD_TESTS),
-        PluginKind::Detector => (DETECTOR, DETECTOR_TESTS),
-        PluginKind::Environment => (ENVIRONMENT, ENVIRONMENT_TESTS),
+        ModuleKind::Reward => (REWARD, REWARD_TESTS),
+        ModuleKind::Detector => (DETECTOR, DETECTOR_TESTS),
+        ModuleKind::Environment => (ENVIRONMENT, ENVIRONMENT_TESTS),
+        ModuleKind::EpisodeEnvironment => (EPISODE, EPISODE_TESTS),
     };
     let fill = |template: &str| template.replace("NAME", name);
     for (file, contents) in [(format!("{name}.py"), fill(module)), (format!("test_{name}.py"), fill(TEST_PRELUDE) + &fill(tests))] {
@@ -126,6 +127,53 @@ class Repeat(smallrl.Environment):
         return self.says_happy(sample)
 "#;
 
+const EPISODE: &str = r#""""NAME: a multi-turn episode environment written with smallrl's Python SDK.
+
+"Say the word: <word>." The model answers; a turn that says the word ends the episode, any other
+gets "No. Say the word: <word>." back, until the host's last turn. Build: smallrl plugin build NAME.py
+"""
+
+import smallrl
+
+WORDS = ["apple", "river", "stone", "cloud", "garden", "lantern", "meadow", "violin", "harbor", "orchard", "pebble", "thunder"]
+
+
+class SayTheWord(smallrl.EpisodeEnvironment):
+    name = "NAME"
+    version = "0.1.0"
+    description = "Say a word, told again after each miss"
+    params = [smallrl.integer("max_word", len(WORDS), "draw the word from the first max_word of the list", minimum=1)]
+    components = [
+        smallrl.retain("said", "1 when a turn said the word"),
+        smallrl.retain("speed", "1 / turns when a turn said the word, else 0"),
+    ]
+    metrics = ["turns"]
+
+    def generate(self, split, count, seed, hack_frac):
+        rng = smallrl.split_rng(self.name, split, seed)
+
+        def draw(kept):
+            word = WORDS[rng.range(0, min(self.params["max_word"], len(WORDS)) - 1)]
+            game = rng.range(0, 999_999)
+            if smallrl.in_eval_split(f"game {game}") != (split == "eval"):
+                return None
+            return smallrl.Prompt.text(f"Game {game}. Say the word: {word}.", False, False, word=word)
+
+        return smallrl.draw_prompts(count, f"games ({split} split)", draw)
+
+    def start(self, prompt):
+        # The state: whatever step needs, changed in place (a dict here).
+        return {"word": prompt.metadata["word"], "turns": 0}
+
+    def step(self, state, turn, last):
+        state["turns"] += 1
+        if state["word"] in turn.completion.lower():
+            return smallrl.EpisodeEnd([1.0, 1.0 / state["turns"]], [float(state["turns"])])
+        if last:
+            return smallrl.EpisodeEnd([0.0, 0.0], [float(state["turns"])])
+        return smallrl.Observation.user(f"No. Say the word: {state['word']}.")
+"#;
+
 const TEST_PRELUDE: &str = r#""""Native tests of NAME: `PYTHONPATH=$(smallrl plugin sdk --path) python3 test_NAME.py`."""
 
 import os
@@ -145,6 +193,35 @@ except ImportError:
 import NAME  # noqa: E402
 from smallrl.testing import load, run_tests, sample  # noqa: E402
 
+"#;
+
+const EPISODE_TESTS: &str = r#"
+from smallrl import EpisodeEnd, Episodes, Observation  # noqa: E402
+
+
+def test_prompts_are_exact_in_count_and_split_apart():
+    env = load(NAME)
+    train, evaluation = env.generate("train", 40, 7, 0.0), env.generate("eval", 10, 7, 0.0)
+    assert len(train) == 40 and len(evaluation) == 10
+    assert not {p.content for p in train} & {p.content for p in evaluation}
+    assert [p.content for p in env.generate("train", 40, 7, 0.0)] == [p.content for p in train], "a pure function of its arguments"
+
+
+def test_an_episode_played_by_hand():
+    env = load(NAME)
+    prompt = smallrl.Prompt.text("Game 1. Say the word: apple.", False, False, word="apple")
+    episodes = Episodes(env)
+    episodes.start(7, prompt)
+    assert episodes.step(7, sample("a pear"), False) == Observation.user("No. Say the word: apple.")
+    # Said at the second turn: said 1, speed 1/2, turns 2.
+    assert episodes.step(7, sample("An apple!"), False) == EpisodeEnd([1.0, 0.5], [2.0])
+    assert episodes.in_flight == 0
+    episodes.start(8, prompt)
+    assert episodes.step(8, sample("no"), True) == EpisodeEnd([0.0, 0.0], [1.0]), "the last turn ends it"
+
+
+if __name__ == "__main__":
+    run_tests(globals())
 "#;
 
 const REWARD_TESTS: &str = r#"

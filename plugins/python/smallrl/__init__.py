@@ -15,7 +15,7 @@ A reward (a decorated function, or a class with ``score(self, sample)``)::
         return min(sample.completion.count("happy") / params["max_count"], 1.0)
 
 A detector: ``@smallrl.detector(...)`` on ``detect(sample, params) -> bool``. An environment: a
-subclass of :class:`Environment`. A TRL reward function ``f(prompts, completions, **kwargs)``
+subclass of :class:`Environment`; a multi-turn one (episodes) of :class:`EpisodeEnvironment`. A TRL reward function ``f(prompts, completions, **kwargs)``
 builds as it is (see :func:`trl_reward`).
 
 Pure Python, no dependencies: the module `_component` (used only inside the component) binds
@@ -34,14 +34,15 @@ from .environment import (
     ints,
     split_rng,
 )
+from .episode import EpisodeEnd, Episodes, Observation
 from .params import Param, Params, boolean, hf_dataset, integer, number, string, string_list
 from . import text
 
 __all__ = [
-    "DRAWS_PER_PROMPT", "Detector", "Environment", "Judgement", "JudgeError", "Param", "Params",
+    "DRAWS_PER_PROMPT", "Detector", "Environment", "EpisodeEnd", "EpisodeEnvironment", "Episodes", "Judgement", "JudgeError", "Param", "Params",
     "Prompt", "Reward", "Sample", "SplitMix64", "boolean", "detector", "draw_prompts", "fnv1a",
     "forget", "hackable_count", "hf_dataset", "in_eval_split", "integer", "ints", "judge",
-    "number", "Outcome", "PROMPT_MESSAGES", "Program", "ProgramError", "retain", "reward", "run_programs", "split_rng",
+    "number", "Observation", "Outcome", "PROMPT_MESSAGES", "Program", "ProgramError", "retain", "reward", "run_programs", "split_rng",
     "string", "string_list", "text", "trl_reward",
 ]
 
@@ -268,6 +269,27 @@ class Environment(_Declared):
 
     def ground_truth(self, sample):
         raise NotImplementedError(f"{type(self).__name__} must define ground_truth(self, sample)")
+
+
+class EpisodeEnvironment(_Declared):
+    """A multi-turn task (contract 0.5's episode-environment world; see :mod:`smallrl.episode`):
+    ``components``, ``metrics`` and ``generate(split, count, seed, hack_frac)`` as an
+    :class:`Environment`'s; ``start(prompt) -> state`` (a :class:`Prompt` as ``generate`` wrote
+    it) and ``step(state, turn, last)`` (``turn``: a :class:`Sample` whose ``completion`` is this
+    turn's assistant text; ``state`` changed in place) returning an :class:`Observation` or, at
+    the latest on the ``last`` turn, an :class:`EpisodeEnd`."""
+
+    components = ()
+    metrics = ()
+
+    def generate(self, split, count, seed, hack_frac):
+        raise NotImplementedError(f"{type(self).__name__} must define generate(self, split, count, seed, hack_frac)")
+
+    def start(self, prompt):
+        raise NotImplementedError(f"{type(self).__name__} must define start(self, prompt) -> state")
+
+    def step(self, state, turn, last):
+        raise NotImplementedError(f"{type(self).__name__} must define step(self, state, turn, last) -> Observation or EpisodeEnd")
 
 
 class JudgeError(Exception):

@@ -1,5 +1,6 @@
 """Binds a user's module to the classes componentize-py's bindings export (`Plugin` and
-`Scorer` for a reward, `Plugin` and `Flagger` for a detector, `Env` for an environment).
+`Scorer` for a reward, `Plugin` and `Flagger` for a detector, `Env` for an environment, `Env`
+and `Episodes` for an episode environment).
 Imported only inside a component: `smallrl plugin build` writes the app module that calls
 :func:`bind` at build time, so a module that declares no plugin (or two) fails the build.
 
@@ -116,6 +117,10 @@ def bind(module, kind):
     instance = _Instance(find_plugin(module, kind))
     if kind == "environment":
         return _environment_exports(instance)
+    if kind == "episode":
+        from ._episode_component import episode_exports
+
+        return episode_exports(instance)
     from wit_world import exports
     from wit_world.imports import types
 
@@ -143,16 +148,19 @@ def bind(module, kind):
     return Plugin, Flagger
 
 
-def _environment_exports(instance):
-    from wit_world import exports
+def environment_info(instance):
+    """`env.info` of an environment or episode environment: its declaration."""
     from wit_world.imports import environment_types as env, types
 
     declared = instance.plugin_class
     roles = {"retain": env.Role.RETAIN, "forget": env.Role.FORGET}
+    components = [env.ComponentInfo(name, roles[role], description) for role, name, description in declared.components]
+    return env.EnvironmentInfo(declared.name, declared.version, declared.description, instance.param_infos(types), components, list(declared.metrics))
 
-    def info():
-        components = [env.ComponentInfo(name, roles[role], description) for role, name, description in declared.components]
-        return env.EnvironmentInfo(declared.name, declared.version, declared.description, instance.param_infos(types), components, list(declared.metrics))
+
+def generate(instance, split, count, seed, hack_frac):
+    """`env.generate`: the plugin's prompts, as the contract's records."""
+    from wit_world.imports import environment_types as env
 
     def to_wit(prompt):
         if isinstance(prompt.content, str):
@@ -161,22 +169,39 @@ def _environment_exports(instance):
             content = env.PromptContent_Messages([env.Message(role, text) for role, text in prompt.content])
         return env.Prompt(content, prompt.metadata_json())
 
-    def scores(judgements):
-        components = [_scores("component", values) for values in zip(*(j.components for j in judgements))] if judgements else [[] for _ in declared.components]
-        metrics = [_numbers("metric", values) for values in zip(*(j.metrics for j in judgements))] if judgements else [[] for _ in declared.metrics]
-        return env.Scores(components, metrics)
+    name = "train" if split == env.Split.TRAIN else "eval"
+    return _guarded(lambda: [to_wit(p) for p in instance.plugin.generate(name, count, seed, hack_frac)])
+
+
+def environment_base(instance):
+    """The `env` export's declaration and prompts, which environments and episode environments
+    share; each adds `score`, `monitor` and `ground_truth`."""
+    from wit_world import exports
 
     class Env(exports.Env):
         def info(self):
-            return info()
+            return environment_info(instance)
 
         def configure(self, params_json):
             _configure(instance, params_json)
 
         def generate(self, split, count, seed, hack_frac):
-            name = "train" if split == env.Split.TRAIN else "eval"
-            return _guarded(lambda: [to_wit(p) for p in instance.plugin.generate(name, count, seed, hack_frac)])
+            return generate(instance, split, count, seed, hack_frac)
 
+    return Env
+
+
+def _environment_exports(instance):
+    from wit_world.imports import environment_types as env
+
+    declared = instance.plugin_class
+
+    def scores(judgements):
+        components = [_scores("component", values) for values in zip(*(j.components for j in judgements))] if judgements else [[] for _ in declared.components]
+        metrics = [_numbers("metric", values) for values in zip(*(j.metrics for j in judgements))] if judgements else [[] for _ in declared.metrics]
+        return env.Scores(components, metrics)
+
+    class Env(environment_base(instance)):
         def score(self, batch):
             return _guarded(lambda: scores(instance.plugin.score_batch(_samples(batch))))
 

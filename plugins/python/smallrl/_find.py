@@ -4,7 +4,7 @@ import inspect
 
 import smallrl
 
-_BASES = {"reward": smallrl.Reward, "detector": smallrl.Detector, "environment": smallrl.Environment}
+_BASES = {"reward": smallrl.Reward, "detector": smallrl.Detector, "environment": smallrl.Environment, "episode": smallrl.EpisodeEnvironment}
 
 
 def find_plugin(module, kind):
@@ -19,7 +19,8 @@ def find_plugin(module, kind):
     if declared:
         plugin = declared[0]
         if not issubclass(plugin, _BASES[kind]):
-            raise TypeError(f"{module.__name__}: {plugin.__name__} is not a {kind} but it is built as one (smallrl plugin build --kind)")
+            shown = "an episode environment" if kind == "episode" else f"a {kind}"
+            raise TypeError(f"{module.__name__}: {plugin.__name__} is not {shown} but it is built as one (smallrl plugin build --kind)")
         return plugin
     if kind == "reward":
         trl = [value for value in vars(module).values() if inspect.isfunction(value) and value.__module__ == module.__name__ and _trl_shaped(value)]
@@ -29,7 +30,9 @@ def find_plugin(module, kind):
             names = ", ".join(value.__name__ for value in trl)
             raise TypeError(f"{module.__name__}: {len(trl)} TRL reward functions ({names}); keep one per module")
     raise TypeError(
-        f"{module.__name__}: declares no {kind}: decorate a function with @smallrl.{kind}(...) or subclass smallrl.{_BASES[kind].__name__}"
+        f"{module.__name__}: declares no {kind}: "
+        + (f"decorate a function with @smallrl.{kind}(...) or subclass " if kind in ("reward", "detector") else "subclass ")
+        + f"smallrl.{_BASES[kind].__name__}"
         + (" (or write a TRL reward function f(prompts, completions, **kwargs))" if kind == "reward" else "")
     )
 

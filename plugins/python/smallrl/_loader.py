@@ -16,14 +16,16 @@ import sys
 from componentize_py_types import Err
 
 from ._component import _describe, bind
+from . import _episode_component  # noqa: F401 (bind imports it at run time, when only modules imported at build time exist)
 
 _MODULE_FILE = ".smallrl-module"
-_NAMES = {"reward": ("Plugin", "Scorer"), "detector": ("Plugin", "Flagger"), "environment": ("Env",)}
+_NAMES = {"reward": ("Plugin", "Scorer"), "detector": ("Plugin", "Flagger"), "environment": ("Env",), "episode": ("Env", "Episodes")}
 _METHODS = {
     "Plugin": ("info", "configure"),
     "Scorer": ("score",),
     "Flagger": ("detect",),
     "Env": ("info", "configure", "generate", "score", "monitor", "ground_truth"),
+    "Episodes": ("start", "step"),
 }
 
 _instances = {}
