@@ -71,7 +71,7 @@ pub struct TrainBench {
     #[arg(long, value_delimiter = ',', default_value = "float32")]
     pub sampler_dtypes: Vec<SamplerDtype>,
     /// Further config keys for every measured run (as `train --set`), e.g. `batch_size=16`
-    /// `num_generations=16` `max_new_tokens=32` for the 16 x 32 SmolLM2 step.
+    /// `num_generations=16` `max_completion_length=32` for the 16 x 32 SmolLM2 step.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
 }
