@@ -361,19 +361,23 @@ fn an_off_policy_resume_neither_skips_nor_repeats_prompts_nor_reseeds_sampling()
 /// The weight-delivery check (verl#7495: an adapter that never reached the sampler looked like
 /// staleness for two months): with the samplers' refresh broken after step 1 (a test hook),
 /// the next sampling from an updated policy stops the run with the check's error, on policy
-/// (the run's decoder) and one step off policy (the sampler thread's snapshot). Every other
-/// test's runs pass the check at every sampling.
+/// (the run's decoder, float32 and bfloat16: the native copy's rounded panels are compared
+/// with the fold) and one step off policy (the sampler thread's snapshot). Every other test's
+/// runs pass the check at every sampling.
 #[test]
 fn a_policy_update_that_never_reaches_the_sampler_stops_the_run() {
-    for (k, sampler) in [(0, "the run's sampler holds"), (1, "the run's sampler thread holds")] {
+    for (k, dtype, sampler) in [(0, "float32", "the run's sampler holds"), (0, "bfloat16", "the run's sampler holds"), (1, "float32", "the run's sampler thread holds")] {
         let out = tempfile::tempdir().unwrap();
-        let config = [("adapter", json!("full")), ("lora_preset", Value::Null), ("lr", json!(3e-3)), ("beta", json!(0.0)), ("max_steps_off_policy", json!(k))]
+        let keys = [("adapter", json!("full")), ("lora_preset", Value::Null), ("lr", json!(3e-3)), ("beta", json!(0.0)), ("max_steps_off_policy", json!(k))];
+        let dtype_keys = [("sampler_dtype", json!(dtype)), ("importance_sampling_correction", json!(dtype == "bfloat16"))];
+        let config = keys
             .into_iter()
+            .chain(dtype_keys)
             .fold(small_config(out.path(), &standard_plugin("happy")), |c, (key, value)| with(c, key, value));
         let mut trainer = Trainer::new(TrainConfig::resolve(None, config).unwrap(), None).unwrap();
         trainer.train(Some(1)).unwrap();
         trainer.break_weight_refresh_for_tests();
-        let error = format!("{:#}", trainer.train(Some(2)).err().unwrap_or_else(|| panic!("k {k}: the updated policy never reached the sampler, unnoticed")));
-        assert!(error.contains("the weight-delivery check failed") && error.contains(sampler), "k {k}: {error}");
+        let error = format!("{:#}", trainer.train(Some(2)).err().unwrap_or_else(|| panic!("k {k} {dtype}: the updated policy never reached the sampler, unnoticed")));
+        assert!(error.contains("the weight-delivery check failed") && error.contains(sampler), "k {k} {dtype}: {error}");
     }
 }

@@ -48,19 +48,35 @@ pub(crate) fn pack(inputs: usize, outputs: usize, data: &[f32]) -> Vec<u16> {
 /// [`pack`] into `packed` (of [`pack`]'s length), keeping its memory: the padding columns
 /// of the last panel are never written, so they stay the zeros [`pack`] wrote.
 pub(crate) fn pack_into(inputs: usize, outputs: usize, data: &[f32], packed: &mut [u16]) {
+    walk(inputs, outputs, packed.len(), |at, from| {
+        packed[at] = to_bf16(data[from]);
+        true
+    });
+}
+
+/// Whether `packed` holds `data` as [`pack_into`] writes it, bit for bit (padding not read).
+pub(crate) fn holds(inputs: usize, outputs: usize, data: &[f32], packed: &[u16]) -> bool {
+    walk(inputs, outputs, packed.len(), |at, from| packed[at] == to_bf16(data[from]))
+}
+
+/// Calls `visit(stored index, row-major index)` for every column of [`pack`]'s layout of a
+/// `[inputs, outputs]` matrix (`packed` values long), in storage order, until it returns false;
+/// returns whether it never did.
+fn walk(inputs: usize, outputs: usize, packed: usize, mut visit: impl FnMut(usize, usize) -> bool) -> bool {
     let panels = outputs.div_ceil(PANEL);
-    assert_eq!(packed.len(), panels * inputs * PANEL, "a packed {inputs} x {outputs} matrix's length");
+    assert_eq!(packed, panels * inputs * PANEL, "a packed {inputs} x {outputs} matrix's length");
     for p in 0..panels {
+        let columns = PANEL.min(outputs - p * PANEL);
         for k in 0..inputs {
-            let row = &mut packed[(p * inputs + k) * PANEL..][..PANEL];
-            for j in 0..PANEL {
-                let column = p * PANEL + j;
-                if column < outputs {
-                    row[slot(j)] = to_bf16(data[k * outputs + column]);
+            let (row, from) = ((p * inputs + k) * PANEL, k * outputs + p * PANEL);
+            for j in 0..columns {
+                if !visit(row + slot(j), from + j) {
+                    return false;
                 }
             }
         }
     }
+    true
 }
 
 /// Where column `j` of a panel's row is stored (see the module's documentation).

@@ -54,6 +54,24 @@ impl Matrix {
         }
     }
 
+    /// Whether the weights are `data` (row-major) as [`Matrix::refill`] stores them, bit for bit.
+    pub fn holds(&self, data: &[f32]) -> bool {
+        data.len() == self.inputs * self.outputs
+            && match &self.weights {
+                Weights::Float32(weights) => crate::same_bits(weights, data),
+                Weights::Bfloat16(packed) => crate::bf16::holds(self.inputs, self.outputs, data, packed),
+            }
+    }
+
+    /// [`crate::sums`] of the values its products read, in storage order: the float32 weights,
+    /// or the bfloat16 ones widened (a last panel's zero padding adds nothing).
+    pub fn sums(&self) -> (f64, f64) {
+        match &self.weights {
+            Weights::Float32(weights) => crate::sums(weights),
+            Weights::Bfloat16(packed) => crate::sums::sums_by(packed, |&v| f64::from(crate::bf16::from_bf16(v))),
+        }
+    }
+
     /// The float32 weights, row-major (`None` for a bfloat16 matrix, stored in panels).
     pub fn float32(&self) -> Option<&[f32]> {
         match &self.weights {
@@ -250,5 +268,51 @@ impl Model {
     /// Width of the rotated-query-and-key block of the fused projection.
     pub(crate) fn qk_width(&self) -> usize {
         (self.dims.heads + self.dims.kv_heads) * self.dims.head_dim
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{same_bits, sums};
+
+    /// The sums are those of the float64 formula (values exact in float64, so any order gives
+    /// the same), and a refilled matrix is the one built from the new values, bfloat16 panels
+    /// included (padding columns stay zero).
+    #[test]
+    fn sums_and_refilled_matrices_match_their_references() {
+        let values: Vec<f32> = (0..21).map(|i| i as f32 * 0.5 - 3.0).collect();
+        let exact: (f64, f64) = (values.iter().map(|&v| v as f64).sum(), values.iter().map(|&v| (v as f64) * (v as f64)).sum());
+        assert_eq!(sums(&values), exact);
+        let (inputs, outputs) = (3, 37);
+        let old: Vec<f32> = (0..inputs * outputs).map(|i| i as f32).collect();
+        let new: Vec<f32> = (0..inputs * outputs).map(|i| 1.0 / (1.0 + i as f32)).collect();
+        let mut float32 = Matrix::new(inputs, outputs, old.clone());
+        float32.refill(&new);
+        assert!(same_bits(float32.float32().unwrap(), &new));
+        let mut bfloat16 = Matrix::bfloat16(inputs, outputs, &old);
+        bfloat16.refill(&new);
+        let (Weights::Bfloat16(refilled), Weights::Bfloat16(built)) = (&bfloat16.weights, &Matrix::bfloat16(inputs, outputs, &new).weights) else { panic!("bfloat16 matrices") };
+        assert_eq!(refilled, built);
+        assert!(!same_bits(&new, &old));
+    }
+
+    /// A matrix holds the values it was built from and not one changed value (the last panel's
+    /// last column), in both layouts; a bfloat16 matrix's sums are those of its rounded values
+    /// (float64 reference, any order within 1e-12 relative).
+    #[test]
+    fn matrices_hold_their_values_and_sum_what_their_products_read() {
+        let (inputs, outputs) = (3, 37);
+        let values: Vec<f32> = (0..inputs * outputs).map(|i| 1.0 / (1.0 + i as f32)).collect();
+        let mut changed = values.clone();
+        *changed.last_mut().unwrap() = 2.0;
+        for matrix in [Matrix::new(inputs, outputs, values.clone()), Matrix::bfloat16(inputs, outputs, &values)] {
+            assert!(matrix.holds(&values) && !matrix.holds(&changed));
+        }
+        let rounded: Vec<f64> = values.iter().map(|&v| f64::from(crate::from_bf16(crate::to_bf16(v)))).collect();
+        let exact: (f64, f64) = (rounded.iter().sum(), rounded.iter().map(|v| v * v).sum());
+        let (sum, squares) = Matrix::bfloat16(inputs, outputs, &values).sums();
+        assert!((sum - exact.0).abs() <= 1e-12 * exact.0 && (squares - exact.1).abs() <= 1e-12 * exact.1, "{sum} {squares} against {exact:?}");
+        assert!(rounded.iter().zip(&values).any(|(r, &v)| *r != f64::from(v)), "the values round");
     }
 }

@@ -66,6 +66,14 @@ pub struct TrainBench {
     /// float32,bfloat16.
     #[arg(long, value_delimiter = ',', default_value = "float32")]
     pub train_dtypes: Vec<TrainDtype>,
+    /// The samplers' precisions to measure side by side (`sampler_dtype`), e.g.
+    /// float32,bfloat16 (bfloat16 sets `importance_sampling_correction`, which it requires).
+    #[arg(long, value_delimiter = ',', default_value = "float32")]
+    pub sampler_dtypes: Vec<SamplerDtype>,
+    /// Further config keys for every measured run (as `train --set`), e.g. `batch_size=16`
+    /// `num_generations=16` `max_completion_length=32` for the 16 x 32 SmolLM2 step.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
 }
 
 #[derive(Args, Debug)]
@@ -103,7 +111,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
 
 /// The configuration of a benchmark run: defaults, `adapter` (DualLoRA at r32), no evaluation
 /// or checkpoint before the last step.
-fn bench_config(args: &TrainBench, adapter: &str, threads: usize, max_steps: usize, seed: u64, output_dir: &Path, train_dtype: TrainDtype) -> Result<TrainConfig> {
+fn bench_config(args: &TrainBench, adapter: &str, threads: usize, max_steps: usize, seed: u64, output_dir: &Path, (train_dtype, sampler_dtype): (TrainDtype, SamplerDtype)) -> Result<TrainConfig> {
     let overrides = serde_json::json!({
         "model": args.model, "prompts": args.prompts,
         "reward": {"plugin": args.reward_plugin, "params": {}},
@@ -112,31 +120,37 @@ fn bench_config(args: &TrainBench, adapter: &str, threads: usize, max_steps: usi
         "logging_steps": 1_000_000, "threads": threads, "device": args.device.to_string(),
         "output_dir": output_dir, "name": format!("{adapter}-{threads}"), "seed": seed,
         "max_steps_off_policy": args.max_steps_off_policy, "train_dtype": train_dtype,
+        "sampler_dtype": sampler_dtype, "importance_sampling_correction": sampler_dtype == SamplerDtype::Bfloat16,
     });
-    let serde_json::Value::Object(overrides) = overrides else { unreachable!() };
+    let serde_json::Value::Object(mut overrides) = overrides else { unreachable!() };
+    for text in &args.set {
+        let (key, value) = crate::train::config::parse_override(text)?;
+        overrides.insert(key, value);
+    }
     TrainConfig::resolve(None, overrides)
 }
 
 fn bench_train(args: TrainBench) -> Result<()> {
     let out = std::env::temp_dir().join(format!("smallrl-bench-{}", std::process::id()));
     let device = args.device.resolve()?;
-    println!("GRPO step, defaults (batch 32 completions, 16 per group, up to 128 new tokens), model {}, device {device:?}", args.model);
+    println!("GRPO step, defaults (batch 32 completions, 16 per group, up to 128 new tokens) but {:?}, model {}, device {device:?}", args.set, args.model);
     let thread_counts = if device.is_cuda() { &args.thread_counts[..1] } else { &args.thread_counts[..] };
     if let Some(runs) = args.pack {
         let outcome = bench_packed(&args, runs, thread_counts, &out);
         let _ = std::fs::remove_dir_all(&out);
         return outcome;
     }
-    for (adapter, &train_dtype) in ["full", "dual-lora"].into_iter().flat_map(|a| args.train_dtypes.iter().map(move |d| (a, d))) {
+    let dtypes: Vec<(TrainDtype, SamplerDtype)> = args.train_dtypes.iter().flat_map(|&t| args.sampler_dtypes.iter().map(move |&s| (t, s))).collect();
+    for (adapter, &(train_dtype, sampler_dtype)) in ["full", "dual-lora"].into_iter().flat_map(|a| dtypes.iter().map(move |d| (a, d))) {
         for &threads in thread_counts {
-            let config = bench_config(&args, adapter, threads, args.steps + 1, crate::defaults::SEED, &out, train_dtype)?;
+            let config = bench_config(&args, adapter, threads, args.steps + 1, crate::defaults::SEED, &out, (train_dtype, sampler_dtype))?;
             let mut trainer = Trainer::new(config, None)?;
             let mut steps = Vec::new();
             for _ in 0..=args.steps {
                 steps.push(trainer.train_one()?);
             }
             let median = |key: &str| median(steps[1..].iter().map(|m| m[key].as_f64().unwrap_or(f64::NAN)).collect());
-            println!("{adapter:<9} {train_dtype:<8} threads {threads}: step {:.3} s, mean completion {:.0} tokens", median(key::STEP_TIME), median(key::MEAN_LENGTH));
+            println!("{adapter:<9} {train_dtype:<8} sampler {sampler_dtype:<8} threads {threads}: step {:.3} s, mean completion {:.0} tokens", median(key::STEP_TIME), median(key::MEAN_LENGTH));
             print!("{}", phase_table(&steps[1..]));
             if args.max_steps_off_policy > 0 {
                 println!("{:<9} {:>9}  off policy: the step waited {:.3} s for its batch (sampled ahead in {:.3} s)", "", "", median(key::TIMING_WAIT_FOR_SAMPLES), median(key::TIMING_GENERATE));
@@ -178,12 +192,16 @@ fn bench_packed(args: &TrainBench, runs: usize, thread_counts: &[usize], out: &P
     let [train_dtype] = args.train_dtypes[..] else {
         anyhow::bail!("--pack measures one training precision: give --train-dtypes one value (got {:?})", args.train_dtypes);
     };
+    let [sampler_dtype] = args.sampler_dtypes[..] else {
+        anyhow::bail!("--pack measures one sampler precision: give --sampler-dtypes one value (got {:?})", args.sampler_dtypes);
+    };
+    let dtypes = (train_dtype, sampler_dtype);
     println!("{runs} runs (seeds 0..{runs}) of {} steps each: one after another, and packed ({} worker threads, stacking {:?})", args.steps, args.pack_workers, args.pack_stacking);
     for adapter in ["full", "dual-lora"] {
         for &threads in thread_counts {
-            let configs = |dir: String| (0..runs as u64).map(|seed| bench_config(args, adapter, threads, args.steps, seed, &out.join(&dir), train_dtype)).collect::<Result<Vec<_>>>();
+            let configs = |dir: String| (0..runs as u64).map(|seed| bench_config(args, adapter, threads, args.steps, seed, &out.join(&dir), dtypes)).collect::<Result<Vec<_>>>();
             // A one-step run first, so neither measurement pays the process's one-time costs.
-            Trainer::new(bench_config(args, adapter, threads, 1, 0, &out.join("warm-up"), train_dtype)?, None)?.train(None)?;
+            Trainer::new(bench_config(args, adapter, threads, 1, 0, &out.join("warm-up"), dtypes)?, None)?.train(None)?;
             let (mut alone, mut packed) = ((f64::INFINITY, f64::INFINITY), (f64::INFINITY, f64::INFINITY));
             let (mut alone_train, mut packed_train) = (Vec::new(), Vec::new());
             for round in 0..3 {

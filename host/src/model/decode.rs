@@ -109,20 +109,19 @@ impl DecodeModel {
     /// Refreshes from `fresh` (the policy folded now; `refresh` false: the test hook of a lost
     /// refresh) and holds what the sampler reads to it; returns the fingerprint of the weights it
     /// samples with, or the held and expected fingerprints where they differ (the engine's
-    /// weight-delivery check reports it). A float32 native copy is refilled in place, compared
-    /// bit for bit and fingerprinted once, and `fresh` moves into the libtorch weights;
-    /// elsewhere (libtorch decoders, bfloat16 panels) the libtorch weights' fingerprint is held
-    /// to `fresh`'s in the decoder's dtype.
+    /// weight-delivery check reports it). A native copy (float32 or bfloat16 matrices) is
+    /// refilled in place, compared with `fresh` bit for bit (as rounded) and fingerprinted once,
+    /// and `fresh` moves (or is cast) into the libtorch weights; a libtorch decoder's weights'
+    /// fingerprint is held to `fresh`'s in the decoder's dtype.
     pub fn deliver(&mut self, fresh: FoldedWeights, refresh: bool) -> Result<f64, [Vec<f64>; 2]> {
         if let Some(native) = &mut self.native {
             refresh.then(|| native.refill(&fresh));
-            if let Some((holds, held)) = native.holds(&fresh).zip(native.fingerprint()) {
-                if !holds {
-                    return Err([vec![held], fresh.fingerprints()]);
-                }
-                refresh.then(|| self.adopt(fresh));
-                return Ok(held);
+            if !native.holds(&fresh) {
+                return Err([vec![native.fingerprint()], vec![NativeModel::new(&fresh, self.sampler_dtype).fingerprint()]]);
             }
+            let held = native.fingerprint();
+            refresh.then(|| self.adopt(fresh));
+            return Ok(held);
         }
         let expected = fresh.fingerprints_in(self.kind);
         refresh.then(|| self.adopt(fresh));
@@ -144,7 +143,7 @@ impl DecodeModel {
 
     /// The fingerprint of the weights a new decoder samples with ([`Self::deliver`]'s).
     pub fn delivered_fingerprint(&self) -> f64 {
-        self.native.as_ref().and_then(NativeModel::fingerprint).unwrap_or_else(|| self.fingerprints()[0])
+        self.native.as_ref().map(NativeModel::fingerprint).unwrap_or_else(|| self.fingerprints()[0])
     }
 
     /// The fingerprints of its libtorch weights, one per stacked run, in its dtype.

@@ -86,29 +86,29 @@ impl NativeModel {
         }
     }
 
-    /// Whether these float32 weights are `d`'s bit for bit (`None` with bfloat16 matrices,
-    /// which are stored rounded in their own layout).
-    pub(super) fn holds(&self, d: &FoldedWeights) -> Option<bool> {
-        let weights = self.float32_weights()?;
+    /// Whether these weights are `d`'s bit for bit, as [`NativeModel::refill`] stores them
+    /// (bfloat16 matrices: `d`'s values rounded).
+    pub(super) fn holds(&self, d: &FoldedWeights) -> bool {
         let tensors = d.run_tensors();
-        let same = |a: &[f32], t: &Tensor| t.kind() == tch::Kind::Float && t.is_contiguous() && smallrl_native::same_bits(a, host_values::<f32>(t));
-        Some(weights.len() == tensors.len() && weights.iter().zip(tensors).all(|(a, t)| same(a, t)))
+        let weights = self.0.weights();
+        let same = |weight: &Weight, t: &Tensor| {
+            let values = host_values::<f32>(t);
+            match weight {
+                Weight::Vector(held) => smallrl_native::same_bits(held, values),
+                Weight::Matrix(m) => m.holds(values),
+            }
+        };
+        weights.len() == tensors.len() && weights.iter().zip(tensors).all(|(w, t)| t.kind() == tch::Kind::Float && t.is_contiguous() && same(w, t))
     }
 
     /// The fingerprint of the weights this sampler reads ([`FoldedWeights::fingerprints`]'s
-    /// definition: equal to its folded weights' when it holds them); `None` with bfloat16
-    /// matrices.
-    pub(super) fn fingerprint(&self) -> Option<f64> {
-        Some(fingerprint(self.float32_weights()?.into_iter().map(smallrl_native::sums)))
-    }
-
-    /// Every weight as float32 values, in [`Model::weights`]' order (`None` with bfloat16
-    /// matrices).
-    fn float32_weights(&self) -> Option<Vec<&[f32]>> {
-        self.0.weights().into_iter().map(|w| match w {
-            Weight::Vector(values) => Some(values),
-            Weight::Matrix(m) => m.float32(),
-        }).collect()
+    /// definition: equal to its folded weights' when it holds them in float32; with bfloat16
+    /// matrices, of their rounded values in their panels' order).
+    pub(super) fn fingerprint(&self) -> f64 {
+        fingerprint(self.0.weights().into_iter().map(|w| match w {
+            Weight::Vector(values) => smallrl_native::sums(values),
+            Weight::Matrix(m) => m.sums(),
+        }))
     }
 
     /// The sampler's model (for `continuation`'s sessions).

@@ -80,6 +80,24 @@ impl ModelShape {
         self.vocab * h + head + self.layers * layer + h
     }
 
+    /// Values of one decoder's folded weights (`model/folded.rs`): the parameters, the output
+    /// head as its own transposed copy even when tied, and `rotate_half`'s copies of q's and
+    /// k's rows in the fused projection (a DualMLP's folded neurons are left out, as its
+    /// adapters are).
+    pub fn folded_params(&self) -> u64 {
+        let head = if self.tied { self.vocab * self.hidden } else { 0 };
+        self.params() + head + self.layers * (self.q_size + self.kv_size) * self.hidden
+    }
+
+    /// Bytes of one decoder (`model/decode.rs`): its libtorch weights in the sampling dtype
+    /// (`libtorch_bytes` a value), and where the native CPU sampler serves, its copy (`native`:
+    /// its matrices' bytes a value; the embeddings stay float32, the norms are left out).
+    pub fn decoder_bytes(&self, libtorch_bytes: u64, native: Option<u64>) -> u64 {
+        let folded = self.folded_params();
+        let native = native.map_or(0, |matrix_bytes| folded * matrix_bytes + self.vocab * self.hidden * (4 - matrix_bytes));
+        folded * libtorch_bytes + native
+    }
+
     /// Values autograd keeps for the backward pass per token of one layer: the two RMSNorms'
     /// inputs and outputs (4 h), q, k, v and their rotated copies (2 (q + 2 kv)), k and v
     /// expanded to the query heads when grouped (2 q), the attention's output and its
@@ -119,6 +137,9 @@ pub struct StepShape {
     /// The sampler's decoders, each a copy of the weights with the adapters folded in (one per
     /// set of adapter scales sampled at: training's and the evaluation's modes).
     pub decoders: u64,
+    /// Bytes of one decoder ([`ModelShape::decoder_bytes`]: on the CPU its libtorch weights
+    /// and the native sampler's copy).
+    pub decoder_bytes: u64,
     /// A second gradient buffer (split_moment's natural gradient).
     pub extra_gradients: bool,
     /// Sampling ahead overlaps sampling and training.
@@ -155,7 +176,7 @@ pub fn estimate(model: &ModelShape, step: &StepShape) -> Estimate {
     const F32: u64 = 4;
     let bytes = step.dtype_bytes;
     let weights = model.params() * bytes;
-    let copies = if step.reference_copy { weights } else { 0 } + step.decoders * model.params() * F32;
+    let copies = if step.reference_copy { weights } else { 0 } + step.decoders * step.decoder_bytes;
     let gradient_buffers = if step.extra_gradients { 2 } else { 1 };
     let optimizer = step.trainable * F32 * (2 + gradient_buffers);
     let kv_cache = step.rollout_rows * step.tokens * model.layers * 2 * model.kv_size * F32;
@@ -268,7 +289,7 @@ pub fn plan(estimate: &Estimate, step: &StepShape, budget: u64, max_micro_batche
 
 /// The run's step shape, from its configuration, adapters, trainable parameters' count and
 /// `longest_prompt` (in tokens, over the training and evaluation prompts).
-pub fn step_shape(cfg: &TrainConfig, model: &ModelShape, adapters: &AdapterConfig, trainable: u64, longest_prompt: usize) -> StepShape {
+pub fn step_shape(cfg: &TrainConfig, model: &ModelShape, adapters: &AdapterConfig, trainable: u64, longest_prompt: usize, device: Device) -> StepShape {
     let adapted = model.layers.div_ceil(adapters.layer_stride.max(1) as u64);
     let ranks: u64 = adapters.ranks.iter().map(|&r| r as u64).sum();
     let per_adapted_layer = match adapters.kind {
@@ -297,10 +318,24 @@ pub fn step_shape(cfg: &TrainConfig, model: &ModelShape, adapters: &AdapterConfi
         adapter_casts: casts_per_adapted_layer * adapted / model.layers.max(1),
         reference_copy: adapters.kind == AdapterKind::Full,
         decoders: routing::eval_modes(adapters).len() as u64,
+        decoder_bytes: decoder_bytes(cfg, model, device),
         extra_gradients: cfg.split_moment,
         samples_ahead: cfg.samples_ahead(),
         head_chunk_rows: crate::engine::HEAD_CHUNK_ROWS as u64,
     }
+}
+
+/// [`ModelShape::decoder_bytes`] of the run's decoders on `device`.
+fn decoder_bytes(cfg: &TrainConfig, model: &ModelShape, device: Device) -> u64 {
+    use crate::model::decode::DecodeModel;
+    use crate::model::folded::SamplerDtype;
+    let kind = cfg.dtype.kind();
+    let libtorch = DecodeModel::sampling_kind(kind, cfg.sampler_dtype).elt_size_in_bytes() as u64;
+    let native = DecodeModel::native_available(device, kind).then_some(match cfg.sampler_dtype {
+        SamplerDtype::Float32 => 4,
+        SamplerDtype::Bfloat16 => 2,
+    });
+    model.decoder_bytes(libtorch, native)
 }
 
 /// The memory the run may use beyond its weights: `max_memory` less the weights, or what the
@@ -372,7 +407,7 @@ pub(super) fn plan_policy(cfg: &mut TrainConfig, policy: &Policy, prompts: &[&[P
     }
     let model = ModelShape::of(&policy.model().config);
     let trainable = policy.trained_params().iter().map(|(_, t)| t.numel() as u64).sum();
-    let step = step_shape(cfg, &model, policy.adapters(), trainable, longest);
+    let step = step_shape(cfg, &model, policy.adapters(), trainable, longest, device);
     let estimate = estimate(&model, &step);
     let line = match (budget(cfg, estimate.weights, device, policy.runs()), cfg.gradient_accumulation_steps) {
         (Ok(budget), _) => plan_run(cfg, &step, &estimate, &budget)?,

@@ -17,6 +17,7 @@ fn shape(rows: u64) -> StepShape {
         adapter_casts: 0,
         reference_copy: false,
         decoders: 1,
+        decoder_bytes: 134_515_008 * 4,
         extra_gradients: false,
         samples_ahead: false,
         head_chunk_rows: 256,
@@ -29,6 +30,19 @@ fn the_parameter_count_is_the_published_one() {
     assert_eq!(smollm2().params(), 134_515_008);
     // An untied head adds vocab * hidden.
     assert_eq!(ModelShape { tied: false, ..smollm2() }.params(), 134_515_008 + 49152 * 576);
+}
+
+/// A decoder's folded weights of SmolLM2, counted by hand from its config.json: the
+/// parameters, the tied head's own transposed copy (49152 x 576), and per layer the rotated q
+/// (576 x 576) and k (192 x 576) rows; on the CPU the native sampler's copy comes beside the
+/// libtorch one (bfloat16: every matrix in 2 bytes, the embeddings in 4).
+#[test]
+fn a_decoder_counts_its_folded_copies() {
+    let folded = 134_515_008 + 49152 * 576 + 30 * (576 * 576 + 192 * 576);
+    assert_eq!(smollm2().folded_params(), folded);
+    assert_eq!(smollm2().decoder_bytes(4, None), folded * 4, "a libtorch decoder alone (CUDA)");
+    assert_eq!(smollm2().decoder_bytes(4, Some(4)), folded * 8, "float32: libtorch weights and the native copy");
+    assert_eq!(smollm2().decoder_bytes(2, Some(2)), folded * 2 + (folded - 49152 * 576) * 2 + 49152 * 576 * 4, "bfloat16 sampler");
 }
 
 #[test]
