@@ -24,6 +24,18 @@ fn full_forward_logits(model: &smallrl::model::Llama, ids: &Tensor, mask: &Tenso
     model.logits(&model.forward(ids, mask, &[]))
 }
 
+/// A sampled row's completion (with its EOS) and the float64 logits `[len, vocab]` of a full
+/// forward pass over the row alone (prompt and completion, no padding).
+fn row_logits(loaded: &LoadedModel, prompt: &[u32], row: &smallrl::model::generate::CompletionRow) -> (Vec<u32>, Tensor) {
+    let mut completion = row.ids.clone();
+    if row.ended_with_eos {
+        completion.push(loaded.model.config.eos_token_id);
+    }
+    let ids: Vec<i64> = prompt.iter().chain(&completion).map(|&t| t as i64).collect();
+    let input = Tensor::from_slice(&ids).unsqueeze(0);
+    (completion, full_forward_logits(&loaded.model, &input, &input.ones_like()).squeeze_dim(0).to_kind(Kind::Double))
+}
+
 /// The first `rows` prompts of the tiny-stories fixture, the second cut to 3 tokens (left
 /// padding in libtorch).
 fn story_prompts(loaded: &LoadedModel, rows: usize) -> Vec<Vec<u32>> {
@@ -77,7 +89,6 @@ fn kept_sets_are_hf_warpers_and_replayed_log_probabilities_match_the_sampler() {
     let prompts = story_prompts(&loaded, 4);
     let decoder = DecodeModel::new(&loaded.model, &[]);
     let temperature = 0.9;
-    let eos = loaded.model.config.eos_token_id;
     for (top_k, top_p) in [(5_i64, 1.0), (0, 0.8), (20, 0.9)] {
         let params = SamplingParams { max_new_tokens: 12, temperature, top_k: top_k as usize, top_p, repetition_penalty: 1.0, kept_sets: true };
         let capacity = smallrl::model::generate::kept_capacity(&params, loaded.model.config.vocab_size).unwrap() as i64;
@@ -90,13 +101,8 @@ fn kept_sets_are_hf_warpers_and_replayed_log_probabilities_match_the_sampler() {
             let replayed = smallrl::engine::completion_logprobs(&loaded.model, (&generation).into(), temperature, &[]);
             let (replayed, full) = (replayed.replayed.expect("replayed with kept sets"), replayed.logprobs);
             for (r, (prompt, row)) in prompts.iter().zip(&generation.rows).enumerate() {
-                let mut completion = row.ids.clone();
-                if row.ended_with_eos {
-                    completion.push(eos);
-                }
-                let ids: Vec<i64> = prompt.iter().chain(&completion).map(|&t| t as i64).collect();
-                let input = Tensor::from_slice(&ids).unsqueeze(0);
-                let logits = full_forward_logits(&loaded.model, &input, &input.ones_like()).squeeze_dim(0).to_kind(Kind::Double) / temperature;
+                let (completion, logits) = row_logits(&loaded, prompt, row);
+                let logits = logits / temperature;
                 for (j, &token) in completion.iter().enumerate() {
                     let scores = logits.get((prompt.len() + j - 1) as i64);
                     let (expected, margin) = hf_warpers_kept(&scores, top_k, top_p);
@@ -177,13 +183,7 @@ fn repetition_penalty_log_probabilities_are_hf_processors_in_float64() {
             let context = format!("{engine:?} penalty {penalty} temperature {temperature} top_k {top_k} top_p {top_p}");
             let generation = generate_with(engine, &decoder, &prompts, &params, 11).unwrap();
             for (r, (prompt, row)) in prompts.iter().zip(&generation.rows).enumerate() {
-                let mut completion = row.ids.clone();
-                if row.ended_with_eos {
-                    completion.push(eos);
-                }
-                let ids: Vec<i64> = prompt.iter().chain(&completion).map(|&t| t as i64).collect();
-                let input = Tensor::from_slice(&ids).unsqueeze(0);
-                let logits = full_forward_logits(&loaded.model, &input, &input.ones_like()).squeeze_dim(0).to_kind(Kind::Double);
+                let (completion, logits) = row_logits(&loaded, prompt, row);
                 for (j, &token) in completion.iter().enumerate() {
                     let raw = Vec::<f64>::try_from(logits.get((prompt.len() + j - 1) as i64)).unwrap();
                     let seen: Vec<u32> = prompt.iter().chain(&completion[..j]).copied().collect();
