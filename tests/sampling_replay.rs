@@ -176,8 +176,8 @@ fn repetition_penalty_log_probabilities_are_hf_processors_in_float64() {
     let (eos, penalty) = (loaded.model.config.eos_token_id, 1.3);
     for (temperature, top_k, top_p) in [(1.0, 0_i64, 1.0), (0.7, 20, 0.9), (0.0, 0, 1.0)] {
         let params = SamplingParams { max_new_tokens: 16, temperature, top_k: top_k as usize, top_p, repetition_penalty: penalty, kept_sets: temperature > 0.0 };
-        // Tokens where a rival rule is off the sampler by more than the tolerance: no penalty,
-        // the completion only, the pad id too (padded rows only).
+        // Tokens where a rival rule is off the sampler by more than the tolerance (no penalty,
+        // the completion only), and the most the pad id's penalty moves a padded row's.
         let (mut tokens, mut unpenalized, mut completion_only, mut with_pad, mut boundary) = (0, 0, 0, 0.0_f64, 0);
         for engine in [Decoder::Libtorch, Decoder::Native { threads: 1 }] {
             let context = format!("{engine:?} penalty {penalty} temperature {temperature} top_k {top_k} top_p {top_p}");
@@ -190,7 +190,7 @@ fn repetition_penalty_log_probabilities_are_hf_processors_in_float64() {
                     let kept = generation.kept.as_ref().map(|k| Vec::<i64>::try_from(k.get(r as i64).get(j as i64)).unwrap());
                     let at = [r as i64, j as i64];
                     let sampler = generation.sampling_logprobs.double_value(&at);
-                    // A rival rule keeps its own warpers' set (the sampler's is the penalty's).
+                    // A rival rule gets its own warpers' set: the sampler's recorded set is that of the rule it applied.
                     let logprob = |seen: &[u32], kept: Option<&[i64]>, boundary: &mut usize| {
                         processed_logprob(&hf_repetition_penalty(&raw, seen, penalty), token, temperature, top_k, top_p, kept, boundary)
                     };
