@@ -1,6 +1,7 @@
 //! Sampling replay (issue 46): the kept sets both samplers record with top_k/top_p, against
 //! HF's warpers recomputed in float64, and the policy's log-probabilities renormalised over
-//! them, against float64 and the sampler's.
+//! them, against float64 and the sampler's. Also the samplers' log-probabilities under a
+//! repetition penalty against HF's processors in float64.
 
 mod common;
 
@@ -21,6 +22,18 @@ fn load_tiny_stories() -> LoadedModel {
 fn full_forward_logits(model: &smallrl::model::Llama, ids: &Tensor, mask: &Tensor) -> Tensor {
     let _guard = tch::no_grad_guard();
     model.logits(&model.forward(ids, mask, &[]))
+}
+
+/// A sampled row's completion (with its EOS) and the float64 logits `[len, vocab]` of a full
+/// forward pass over the row alone (prompt and completion, no padding).
+fn row_logits(loaded: &LoadedModel, prompt: &[u32], row: &smallrl::model::generate::CompletionRow) -> (Vec<u32>, Tensor) {
+    let mut completion = row.ids.clone();
+    if row.ended_with_eos {
+        completion.push(loaded.model.config.eos_token_id);
+    }
+    let ids: Vec<i64> = prompt.iter().chain(&completion).map(|&t| t as i64).collect();
+    let input = Tensor::from_slice(&ids).unsqueeze(0);
+    (completion, full_forward_logits(&loaded.model, &input, &input.ones_like()).squeeze_dim(0).to_kind(Kind::Double))
 }
 
 /// The first `rows` prompts of the tiny-stories fixture, the second cut to 3 tokens (left
@@ -76,7 +89,6 @@ fn kept_sets_are_hf_warpers_and_replayed_log_probabilities_match_the_sampler() {
     let prompts = story_prompts(&loaded, 4);
     let decoder = DecodeModel::new(&loaded.model, &[]);
     let temperature = 0.9;
-    let eos = loaded.model.config.eos_token_id;
     for (top_k, top_p) in [(5_i64, 1.0), (0, 0.8), (20, 0.9)] {
         let params = SamplingParams { max_new_tokens: 12, temperature, top_k: top_k as usize, top_p, repetition_penalty: 1.0, kept_sets: true };
         let capacity = smallrl::model::generate::kept_capacity(&params, loaded.model.config.vocab_size).unwrap() as i64;
@@ -89,13 +101,8 @@ fn kept_sets_are_hf_warpers_and_replayed_log_probabilities_match_the_sampler() {
             let replayed = smallrl::engine::completion_logprobs(&loaded.model, (&generation).into(), temperature, &[]);
             let (replayed, full) = (replayed.replayed.expect("replayed with kept sets"), replayed.logprobs);
             for (r, (prompt, row)) in prompts.iter().zip(&generation.rows).enumerate() {
-                let mut completion = row.ids.clone();
-                if row.ended_with_eos {
-                    completion.push(eos);
-                }
-                let ids: Vec<i64> = prompt.iter().chain(&completion).map(|&t| t as i64).collect();
-                let input = Tensor::from_slice(&ids).unsqueeze(0);
-                let logits = full_forward_logits(&loaded.model, &input, &input.ones_like()).squeeze_dim(0).to_kind(Kind::Double) / temperature;
+                let (completion, logits) = row_logits(&loaded, prompt, row);
+                let logits = logits / temperature;
                 for (j, &token) in completion.iter().enumerate() {
                     let scores = logits.get((prompt.len() + j - 1) as i64);
                     let (expected, margin) = hf_warpers_kept(&scores, top_k, top_p);
@@ -125,4 +132,109 @@ fn kept_sets_are_hf_warpers_and_replayed_log_probabilities_match_the_sampler() {
         assert!(tokens > 40 && far_from_full > tokens / 4, "top_k {top_k} top_p {top_p}: the full softmax differs from the sampler on {far_from_full} of {tokens} tokens: the check cannot tell");
         assert!(boundary <= tokens / 20, "top_k {top_k} top_p {top_p}: {boundary} boundary disagreements in {tokens} tokens");
     }
+}
+
+/// HF's `RepetitionPenaltyLogitsProcessor` in float64: every id of `seen` (HF's `input_ids`)
+/// has its score divided by `penalty`, or multiplied when negative.
+fn hf_repetition_penalty(scores: &[f64], seen: &[u32], penalty: f64) -> Vec<f64> {
+    let mut out = scores.to_vec();
+    for &t in seen {
+        let s = scores[t as usize];
+        out[t as usize] = if s < 0.0 { s * penalty } else { s / penalty };
+    }
+    out
+}
+
+/// The float64 rule is transformers' own on a hand case (an id repeated, a zero and a negative
+/// score): `RepetitionPenaltyLogitsProcessor(2.0)` of transformers 5.23 on these scores and
+/// `input_ids = [[1, 0, 0, 5, 4]]` returns `[1, -2, 0.5, 3, -0.5, 0]`.
+#[test]
+fn repetition_penalty_reference_is_transformers_rule() {
+    let penalized = hf_repetition_penalty(&[2.0, -1.0, 0.5, 3.0, -0.25, 0.0], &[1, 0, 0, 5, 4], 2.0);
+    assert_eq!(penalized, [1.0, -2.0, 0.5, 3.0, -0.5, 0.0]);
+}
+
+/// Under a repetition penalty, each sampled token's log-probability from both engines (prompts
+/// of different lengths: left padding in libtorch, none natively) is HF's processors in
+/// float64 on a full forward pass of the row alone: the penalty on the raw logits over the
+/// row's prompt and its completion so far (no padding: what HF penalises for an unpadded row,
+/// and vLLM for every row), then temperature, top-k and top-p, the log-probability taken of
+/// that processed distribution. Rules that penalise other ids (none, the completion only) are
+/// counted, so the check shows what it tells apart. Also penalising the pad id (HF's rule in a
+/// left-padded batch, whose `input_ids` hold the pads) moves these log-probabilities by under
+/// 1e-5, below the tolerance: it is printed, not told apart. The tolerance is absolute: on a
+/// near-certain token (log-probability about -5e-4) float32's softmax sum drops up to 4% of the
+/// tail mass (about 2e-5; torch's float32 `log_softmax` on the same penalised logits gives the
+/// sampler's value), so a bound relative to the tail would fail on float32 alone.
+#[test]
+fn repetition_penalty_log_probabilities_are_hf_processors_in_float64() {
+    let loaded = load_tiny_stories();
+    let mut prompts = story_prompts(&loaded, 5);
+    prompts[3].truncate(5);
+    let longest = prompts.iter().map(Vec::len).max().unwrap();
+    let decoder = DecodeModel::new(&loaded.model, &[]);
+    let (eos, penalty) = (loaded.model.config.eos_token_id, 1.3);
+    for (temperature, top_k, top_p) in [(1.0, 0_i64, 1.0), (0.7, 20, 0.9), (0.0, 0, 1.0)] {
+        let params = SamplingParams { max_new_tokens: 16, temperature, top_k: top_k as usize, top_p, repetition_penalty: penalty, kept_sets: temperature > 0.0 };
+        // Tokens where a rival rule is off the sampler by more than the tolerance (no penalty,
+        // the completion only), and the most the pad id's penalty moves a padded row's.
+        let (mut tokens, mut unpenalized, mut completion_only, mut with_pad, mut boundary) = (0, 0, 0, 0.0_f64, 0);
+        for engine in [Decoder::Libtorch, Decoder::Native { threads: 1 }] {
+            let context = format!("{engine:?} penalty {penalty} temperature {temperature} top_k {top_k} top_p {top_p}");
+            let generation = generate_with(engine, &decoder, &prompts, &params, 11).unwrap();
+            for (r, (prompt, row)) in prompts.iter().zip(&generation.rows).enumerate() {
+                let (completion, logits) = row_logits(&loaded, prompt, row);
+                for (j, &token) in completion.iter().enumerate() {
+                    let raw = Vec::<f64>::try_from(logits.get((prompt.len() + j - 1) as i64)).unwrap();
+                    let seen: Vec<u32> = prompt.iter().chain(&completion[..j]).copied().collect();
+                    let kept = generation.kept.as_ref().map(|k| Vec::<i64>::try_from(k.get(r as i64).get(j as i64)).unwrap());
+                    let at = [r as i64, j as i64];
+                    let sampler = generation.sampling_logprobs.double_value(&at);
+                    // A rival rule gets its own warpers' set: the sampler's recorded set is that of the rule it applied.
+                    let logprob = |seen: &[u32], kept: Option<&[i64]>, boundary: &mut usize| {
+                        processed_logprob(&hf_repetition_penalty(&raw, seen, penalty), token, temperature, top_k, top_p, kept, boundary)
+                    };
+                    let reference = logprob(&seen, kept.as_deref(), &mut boundary);
+                    assert!((sampler - reference).abs() <= TOLERANCE, "{context} row {r} step {j}: sampler {sampler}, HF processors in float64 {reference}");
+                    let mut ignored = 0;
+                    unpenalized += usize::from((sampler - logprob(&[], None, &mut ignored)).abs() > TOLERANCE);
+                    completion_only += usize::from((sampler - logprob(&completion[..j], None, &mut ignored)).abs() > TOLERANCE);
+                    if prompt.len() < longest {
+                        let padded: Vec<u32> = seen.iter().copied().chain([eos]).collect();
+                        with_pad = with_pad.max((sampler - logprob(&padded, None, &mut ignored)).abs());
+                    }
+                    tokens += 1;
+                }
+            }
+        }
+        eprintln!("temperature {temperature} top_k {top_k} top_p {top_p}: {tokens} tokens; rival rules off by more than {TOLERANCE}: unpenalised {unpenalized}, completion only {completion_only}; pad id penalised too: at most {with_pad:.2e} off; {boundary} boundary disagreements");
+        assert!(unpenalized > tokens / 10 && completion_only > tokens / 20, "the penalty rules differ too rarely on {tokens} tokens: the check cannot tell");
+        assert!(boundary <= tokens / 20, "{boundary} boundary disagreements in {tokens} tokens");
+    }
+}
+
+/// The log-probability of `token` after HF's temperature, top-k and top-p on `penalized`
+/// (float64), or of the log-softmax alone at temperature 0 (greedy: the sampler records the
+/// penalised distribution). With the sampler's kept set, the set it records is used where HF's
+/// warpers differ only within float32 rounding of the boundary (counted in `boundary`).
+fn processed_logprob(penalized: &[f64], token: u32, temperature: f64, top_k: i64, top_p: f64, kept: Option<&[i64]>, boundary: &mut usize) -> f64 {
+    let scores = Tensor::from_slice(penalized);
+    if temperature == 0.0 {
+        return scores.log_softmax(-1, Kind::Double).double_value(&[token as i64]);
+    }
+    let scores = scores / temperature;
+    let (expected, margin) = hf_warpers_kept(&scores, top_k, top_p);
+    let mut ours = expected.clone();
+    if let Some(kept) = kept {
+        ours.iter_mut().for_each(|k| *k = false);
+        kept.iter().for_each(|&v| ours[v as usize] = true);
+        for v in 0..ours.len() {
+            if ours[v] != expected[v] {
+                assert!(margin[v] < 1e-4, "token {v} kept {} by the sampler, {} by HF's warpers (margin {})", ours[v], expected[v], margin[v]);
+                *boundary += 1;
+            }
+        }
+    }
+    let dropped = Tensor::from_slice(&ours).logical_not();
+    scores.masked_fill(&dropped, f64::NEG_INFINITY).log_softmax(-1, Kind::Double).double_value(&[token as i64])
 }
