@@ -20,11 +20,13 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, ensure};
 
+use super::TrainConfig;
 use super::metrics::{DynamicSampling, OffPolicy};
 use super::policy::Policy;
 use super::prompts::PromptStream;
 use super::recipe::{CoherenceSchedule, Recipe};
 use crate::grpo;
+use crate::hyperparams::Part;
 use crate::model::Tokenizer;
 use crate::model::generate::Generation;
 use crate::reward::{Prompt, RewardModel, Sample, ScoredBatch, samples_from_rows};
@@ -38,20 +40,26 @@ pub(super) use pipeline::write_in_flight;
 pub use replay::check_recorded;
 
 /// The keys that say which prompts a step draws, how many and when, resolved once
-/// (`TrainConfig::draw_keys`).
+/// (`TrainConfig::draw_keys`). A key the draw reads as it is (`seed`, `num_generations`,
+/// `batch_size`, `dynamic_sampling_rounds`, `max_steps`) is its row's alone: the row ends
+/// `=> DrawKeys`, which gives the draw the accessor `keys.seed()` ([`Part`]); the fields here
+/// are what several keys make together.
 #[derive(Debug, Clone)]
 pub struct DrawKeys {
-    pub seed: u64,
-    pub group_size: usize,
-    pub batch_size: usize,
+    /// The resolved configuration, read only through the accessors of the rows that name
+    /// this part ([`Part`]).
+    pub(super) table: TrainConfig,
     /// Completions of a rollout: the batch, or with `stream_minibatches` one mini-batch.
     pub rollout_rows: usize,
     pub steps_per_rollout: usize,
-    /// `dynamic_sampling_rounds` (0: off).
-    pub dynamic_rounds: usize,
     pub coherence: CoherenceSchedule,
     pub mode: DrawMode,
-    pub max_steps: usize,
+}
+
+impl Part<TrainConfig> for DrawKeys {
+    fn table(&self) -> &TrainConfig {
+        &self.table
+    }
 }
 
 /// Where a step's rollout comes from, resolved once from the keys.
@@ -140,9 +148,9 @@ impl Draw {
     /// The draw of a run with `keys`, from its training `prompts` (the verifier's stream of
     /// coherence prompts with `verifier_prompts`).
     pub fn new(keys: DrawKeys, prompts: Vec<Prompt>, verifier_prompts: Option<Vec<Prompt>>, episodes: Option<super::episodes::Episodes>) -> Self {
-        let extra_prompts = (keys.dynamic_rounds > 0).then(|| PromptStream::new(prompts.clone(), rng::derive(keys.seed, "dynamic-sampling-prompts", 0)));
-        let verifier_prompts = verifier_prompts.map(|prompts| PromptStream::new(prompts, rng::derive(keys.seed, "verifier-prompts", 0)));
-        let prompts = PromptStream::new(prompts, keys.seed);
+        let extra_prompts = (keys.dynamic_sampling_rounds() > 0).then(|| PromptStream::new(prompts.clone(), rng::derive(keys.seed(), "dynamic-sampling-prompts", 0)));
+        let verifier_prompts = verifier_prompts.map(|prompts| PromptStream::new(prompts, rng::derive(keys.seed(), "verifier-prompts", 0)));
+        let prompts = PromptStream::new(prompts, keys.seed());
         Self { keys, prompts, extra_prompts, verifier_prompts, queue: Default::default(), episodes }
     }
 
@@ -151,19 +159,25 @@ impl Draw {
         self.episodes.as_ref()
     }
 
-    /// The step's batch; with dynamic sampling, only groups whose rewards differ (see the
-    /// module's documentation), and the counts of what it took.
+    /// The step's batch, by the draw's mode: sampled ahead, taken from the queue
+    /// (`pipeline.rs`); on policy or replayed, drawn at the step in rounds.
     pub fn batch(&mut self, step: usize, with: &mut Drawing) -> Result<DrawnBatch> {
-        if let DrawMode::Ahead(horizon) = self.keys.mode {
-            return self.ahead_batch(step, horizon, with);
+        match self.keys.mode {
+            DrawMode::Ahead(horizon) => self.ahead_batch(step, horizon, with),
+            DrawMode::OnPolicy | DrawMode::Replay(_) => self.in_rounds(step, with),
         }
+    }
+
+    /// The step's batch drawn at the step: one round, or with dynamic sampling only groups whose
+    /// rewards differ (see the module's documentation), and the counts of what it took.
+    fn in_rounds(&mut self, step: usize, with: &mut Drawing) -> Result<DrawnBatch> {
         let prompts = self.step_prompts(step);
         let first = self.round(step, 0, prompts, with)?;
-        let max_rounds = self.keys.dynamic_rounds;
+        let max_rounds = self.keys.dynamic_sampling_rounds();
         if max_rounds == 0 {
             return Ok(first);
         }
-        let (group, needed) = (self.keys.group_size, self.keys.batch_size / self.keys.group_size);
+        let (group, needed) = (self.keys.num_generations(), self.keys.batch_size() / self.keys.num_generations());
         let pad = with.policy.model().config.eos_token_id as i64;
         let mut counts = DynamicSampling::default();
         let (mut kept, mut kept_groups, mut round) = (None::<DrawnBatch>, 0, first);
@@ -211,7 +225,7 @@ impl Draw {
             (DrawMode::OnPolicy, Some(episodes)) => {
                 ensure!(coherence_rows == 0, "internal error: episodes are drawn without coherence rows (refused at start)");
                 // Episode ids count the run's episodes: round r of step s starts at (s * (R + 1) + r) * rows.
-                let first_id = ((step * (self.keys.dynamic_rounds + 1) + round) * prompt_texts.len()) as u64;
+                let first_id = ((step * (self.keys.dynamic_sampling_rounds() + 1) + round) * prompt_texts.len()) as u64;
                 played(episodes, step, seed, first_id, &prompt_ids, &prompt_texts, with)
             }
             (DrawMode::OnPolicy, None) => {
@@ -247,9 +261,9 @@ impl Draw {
     pub fn step_prompts(&mut self, step: usize) -> Vec<Prompt> {
         let keys = &self.keys;
         let batch_index = step / keys.steps_per_rollout;
-        let per_step = keys.rollout_rows / keys.group_size;
+        let per_step = keys.rollout_rows / keys.num_generations();
         let verified_groups = match self.verifier_prompts.is_some() {
-            true => keys.coherence.rows_at(step) / keys.group_size,
+            true => keys.coherence.rows_at(step) / keys.num_generations(),
             false => 0,
         };
         let mut prompt_texts = Vec::with_capacity(keys.rollout_rows);
@@ -258,7 +272,7 @@ impl Draw {
                 (true, Some(stream)) => stream.at(batch_index * verified_groups + i + verified_groups - per_step),
                 _ => self.prompts.at(batch_index * per_step + i),
             };
-            prompt_texts.extend(std::iter::repeat_n(text, keys.group_size));
+            prompt_texts.extend(std::iter::repeat_n(text, keys.num_generations()));
         }
         prompt_texts
     }
@@ -266,8 +280,8 @@ impl Draw {
     /// The seed everything random of a generation round derives from: the run's for round 0.
     fn round_seed(&self, round: usize) -> u64 {
         match round {
-            0 => self.keys.seed,
-            _ => rng::derive(self.keys.seed, "dynamic-sampling-round", round as u64),
+            0 => self.keys.seed(),
+            _ => rng::derive(self.keys.seed(), "dynamic-sampling-round", round as u64),
         }
     }
 
@@ -276,10 +290,10 @@ impl Draw {
     fn extra_prompts(&mut self, step: usize, round: usize) -> Vec<Prompt> {
         let keys = &self.keys;
         let batch_index = step / keys.steps_per_rollout;
-        let per_round = keys.batch_size / keys.group_size;
-        let first = (batch_index * (keys.dynamic_rounds - 1) + round - 1) * per_round;
+        let per_round = keys.batch_size() / keys.num_generations();
+        let first = (batch_index * (keys.dynamic_sampling_rounds() - 1) + round - 1) * per_round;
         let stream = self.extra_prompts.as_mut().expect("dynamic sampling has its prompt stream");
-        (first..first + per_round).flat_map(|i| std::iter::repeat_n(stream.at(i), keys.group_size)).collect()
+        (first..first + per_round).flat_map(|i| std::iter::repeat_n(stream.at(i), keys.num_generations())).collect()
     }
 }
 

@@ -5,11 +5,11 @@
 //!
 //! Adding a hyperparameter is one row in the table: name, type, default, doc line (the flag's
 //! help), `#[rule(..)]` (what its value must be on its own, [`crate::hyperparams::Rule`]),
-//! run-name label, properties, and after `=>` the parts that read it (`StepKeys`, `Recipe`),
-//! which get an accessor named after it ([`crate::hyperparams::Part`]); then its test. Only a
-//! rule across keys goes to `checks.rs`. What several keys make together is computed once:
-//! `parts.rs`, `objective.rs` (the objective's keys cross into `grpo`, which cannot read this
-//! table), `derived.rs`.
+//! run-name label, properties, and after `=>` the parts that read it (`StepKeys`, `Recipe`,
+//! `DrawKeys`), which get an accessor named after it ([`crate::hyperparams::Part`]); then its
+//! test. Only a rule across keys goes to `checks.rs`. What several keys make together is
+//! computed once: `parts.rs`, `objective.rs` (the objective's keys cross into `grpo`, which
+//! cannot read this table), `derived.rs`.
 //!
 //! Long because the table is: over a hundred keys, each with its doc line (the flag's help).
 
@@ -31,6 +31,7 @@ use crate::model::autocast::TrainDtype;
 use crate::model::folded::SamplerDtype;
 use crate::reward::{DetectorSpec, RewardSpec};
 use crate::routing::{CoherenceRhMode, RenormalizationMode, RoutingMode};
+use crate::train::draw::DrawKeys;
 use crate::train::recipe::Recipe;
 
 mod accumulation;
@@ -244,13 +245,13 @@ hyperparameters! {
         /// DAPO's dynamic sampling: groups whose rewards are all equal are dropped and more prompts
         /// sampled until the batch is full, in at most this many generation rounds per batch (the
         /// first included; verl's max_num_gen_batches); needing more is an error. 0: off.
-        dynamic_sampling_rounds: usize = 0, Short("dynsample");
+        dynamic_sampling_rounds: usize = 0, Short("dynsample") => DrawKeys;
         /// Completions per generated batch (per optimizer step unless num_substeps splits it).
         #[rule(Positive)]
-        batch_size: usize = 32, Short("bs"), [Pack];
+        batch_size: usize = 32, Short("bs"), [Pack] => DrawKeys;
         /// Completions per prompt (the group of the advantages).
         #[rule(AtLeast(2.0))]
-        num_generations: usize = 16, Short("g"), [Pack] => Recipe;
+        num_generations: usize = 16, Short("g"), [Pack] => Recipe, DrawKeys;
         /// Tokens generated per completion (at most).
         max_completion_length: usize = d::MAX_COMPLETION_LENGTH, Short("len"), [Pack] => StepKeys;
         /// Sampling temperature (also applied to the log-probabilities).
@@ -271,9 +272,9 @@ hyperparameters! {
         sampling_replay: SamplingReplay = SamplingReplay::KeptSets, Short("");
         /// Optimizer steps of the run.
         #[rule(Positive)]
-        max_steps: usize = 2000, Short("steps"), [Pack] => StepKeys;
+        max_steps: usize = 2000, Short("steps"), [Pack] => StepKeys, DrawKeys;
         /// Seed of everything random in the run (always in the run name).
-        seed: u64 = d::SEED, Omit => StepKeys;
+        seed: u64 = d::SEED, Omit => StepKeys, DrawKeys;
         /// Gradient clipping (global L2 norm).
         max_grad_norm: f64 = d::MAX_GRAD_NORM, Key => StepKeys;
         /// AdamW weight decay (on every trainable tensor).

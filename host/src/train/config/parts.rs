@@ -1,7 +1,7 @@
 //! The flat configuration resolved into the typed parts a run is built from (as
 //! [`TrainConfig::objective`] is); the trainer keeps the flat `TrainConfig` only to write
 //! `config.yaml` and checkpoints. A key a part reads as it is comes from its row in the table
-//! (a row ending `=> StepKeys` or `=> Recipe` gives the part an accessor,
+//! (a row ending `=> StepKeys`, `=> Recipe` or `=> DrawKeys` gives the part an accessor,
 //! [`crate::hyperparams::Part`]); what several keys make together is computed here, once.
 
 use anyhow::{Context, Result};
@@ -120,15 +120,11 @@ impl TrainConfig {
     /// Which prompts a step draws, how many and when.
     pub fn draw_keys(&self) -> DrawKeys {
         DrawKeys {
-            seed: self.seed,
-            group_size: self.num_generations,
-            batch_size: self.batch_size,
+            table: self.clone(),
             rollout_rows: self.rollout_rows(),
             steps_per_rollout: self.steps_per_rollout(),
-            dynamic_rounds: self.dynamic_sampling_rounds,
             coherence: self.coherence_schedule(),
             mode: self.draw_mode(),
-            max_steps: self.max_steps,
         }
     }
 

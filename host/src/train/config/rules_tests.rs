@@ -62,3 +62,13 @@ fn the_recipe_reads_the_resolved_value_of_each_key_its_row_names() {
     let read_by_recipe: Vec<&str> = TrainConfig::KEYS.iter().filter(|key| key.parts.contains(&"Recipe")).map(|key| key.name).collect();
     assert!(read_by_recipe.contains(&"intervention") && read_by_recipe.contains(&"split_moment"), "{read_by_recipe:?}");
 }
+
+#[test]
+fn the_draw_reads_the_resolved_value_of_each_key_its_row_names() {
+    let set = [("seed", "7"), ("num_generations", "4"), ("batch_size", "8"), ("dynamic_sampling_rounds", "3"), ("max_steps", "12")];
+    let keys = resolve(&set).unwrap().draw_keys();
+    assert_eq!((keys.seed(), keys.num_generations(), keys.batch_size(), keys.dynamic_sampling_rounds(), keys.max_steps()), (7, 4, 8, 3, 12));
+    for (name, _) in set {
+        assert!(TrainConfig::key(name).unwrap().parts.contains(&"DrawKeys"), "{name}'s row names DrawKeys");
+    }
+}

@@ -114,7 +114,7 @@ const IN_FLIGHT_INDEX: &str = "in_flight.json";
 
 impl Draw {
     fn groups_per_rollout(&self) -> usize {
-        self.keys.rollout_rows / self.keys.group_size
+        self.keys.rollout_rows / self.keys.num_generations()
     }
 
     /// Groups posted and neither trained on nor dropped.
@@ -124,7 +124,7 @@ impl Draw {
 
     /// Whether the next chunk is posted at 0-based `step` (see the module's documentation).
     fn due(&self, step: usize, horizon: AheadHorizon) -> bool {
-        let steps_left = self.keys.max_steps.saturating_sub(step + 1);
+        let steps_left = self.keys.max_steps().saturating_sub(step + 1);
         match horizon {
             AheadHorizon::Steps { depth } => {
                 let per_rollout = self.groups_per_rollout();
@@ -139,7 +139,7 @@ impl Draw {
     fn post_chunk(&mut self, now: bool, with: &mut Drawing) -> Result<()> {
         let index = self.queue.next_chunk;
         let prompt_ids = tokenized(with.policy.tokenizer(), &self.step_prompts(index))?;
-        let requests = with.policy.sample_requests(&prompt_ids, self.keys.coherence.rows_at(index), index, self.keys.seed);
+        let requests = with.policy.sample_requests(&prompt_ids, self.keys.coherence.rows_at(index), index, self.keys.seed());
         let version = with.policy.version();
         let chunk = match now {
             true => {
@@ -178,14 +178,14 @@ impl Draw {
             self.post_chunk(now, with)?;
         }
         let per_rollout = self.groups_per_rollout();
-        let group = self.keys.group_size;
+        let group = self.keys.num_generations();
         let pad = with.policy.model().config.eos_token_id as i64;
         let (mut kept, mut versions) = (None::<DrawnBatch>, Vec::with_capacity(per_rollout));
         let (mut counts, mut sampled_now) = (DynamicSampling::default(), 0);
         while versions.len() < per_rollout {
             if self.queue.chunks.is_empty() {
                 ensure!(
-                    sampled_now < self.keys.dynamic_rounds,
+                    sampled_now < self.keys.dynamic_sampling_rounds(),
                     "dynamic sampling at step {}: after {} chunks sampled at the step (dynamic_sampling_rounds) the pipeline holds only {} of the batch's {per_rollout} groups whose rewards differ ({} groups dropped for equal rewards): raise dynamic_sampling_rounds, or check whether the task is too easy or too hard for the model",
                     step + 1,
                     sampled_now,
@@ -204,8 +204,8 @@ impl Draw {
                 counts.rounds += usize::from(chunk.next_group == 0);
                 let prompts = self.step_prompts(chunk.index);
                 let generation = chunk.generation.take().expect("taken above");
-                let batch = self.scored(chunk.index, self.keys.seed, prompts, (generation, chunk.seconds, chunk.fingerprint), with)?;
-                let informative = match self.keys.dynamic_rounds {
+                let batch = self.scored(chunk.index, self.keys.seed(), prompts, (generation, chunk.seconds, chunk.fingerprint), with)?;
+                let informative = match self.keys.dynamic_sampling_rounds() {
                     0 => vec![true; per_rollout],
                     _ => grpo::informative_groups(&with.recipe.rewards(&batch.scored), &with.recipe.counted_rows(&batch.scored), group),
                 };
@@ -258,7 +258,7 @@ impl Draw {
         let staleness_mean = versions.iter().map(|&v| (step - v) as f64).sum::<f64>() / versions.len() as f64;
         // The batch's fingerprint is its first chunk's, carried by the scored chunk.
         batch.off_policy = Some(OffPolicy { policy_version: oldest, staleness_max: step - oldest, staleness_min: step - newest, staleness_mean, wait_seconds, sampler_idle_seconds: idle_seconds });
-        batch.dynamic_sampling = (self.keys.dynamic_rounds > 0).then_some(counts);
+        batch.dynamic_sampling = (self.keys.dynamic_sampling_rounds() > 0).then_some(counts);
         Ok(batch)
     }
 
