@@ -10,8 +10,9 @@
 //! none, `documents` as none, and the tokenizer's special tokens (`bos_token`, `eos_token`, ...)
 //! in the context. A message is a map of `role`, `content` and, for an assistant turn that
 //! called tools, `tool_calls` (`[{"type": "function", "function": {"name", "arguments"}}]`, as
-//! transformers' messages carry them); a message's own keys enumerate sorted (a template that
-//! writes a whole message with `tojson` lists `content` before `role`). The rendered text is
+//! transformers' messages carry them); a message's keys enumerate in that order, as the
+//! dicts transformers' users write (a template that writes a whole message with `tojson` lists
+//! `role` first; `tests/real_model.rs`'s `tojson` template holds it). The rendered text is
 //! then tokenized without adding special tokens, as `apply_chat_template(..., tokenize=True)`
 //! does.
 
@@ -52,11 +53,11 @@ impl Message {
 
     /// The message as the template sees it (see the module documentation).
     fn to_value(&self) -> minijinja::Value {
-        let mut entries = vec![("role", minijinja::Value::from(self.role.as_str())), ("content", minijinja::Value::from(self.content.as_str()))];
+        let mut entries = vec![("role".to_string(), minijinja::Value::from(self.role.as_str())), ("content".to_string(), minijinja::Value::from(self.content.as_str()))];
         if !self.tool_calls.is_empty() {
-            entries.push(("tool_calls", self.tool_calls.iter().map(ToolCall::to_value).collect()));
+            entries.push(("tool_calls".to_string(), self.tool_calls.iter().map(ToolCall::to_value).collect()));
         }
-        entries.into_iter().collect()
+        super::tool_calls::ordered_map(entries)
     }
 }
 
