@@ -20,6 +20,11 @@ fn trl_template(name: &str) -> std::path::PathBuf {
     path
 }
 
+/// That template, parsed (no special tokens: Qwen's templates write theirs literally).
+fn trl(name: &str) -> ChatTemplate {
+    ChatTemplate::from_source(&std::fs::read_to_string(trl_template(name)).unwrap(), Default::default()).unwrap()
+}
+
 fn cases_path() -> std::path::PathBuf {
     repo_root().join("tests/fixtures/chat_tools/cases.json")
 }
@@ -108,7 +113,7 @@ fn qwen_templates_render_tools_calls_and_responses_as_transformers() {
 #[test]
 fn calls_written_in_the_templates_format_parse_back_to_the_same_calls() {
     let cases = cases();
-    let template = ChatTemplate::from_source(&std::fs::read_to_string(trl_template("qwen3.jinja")).unwrap(), Default::default()).unwrap();
+    let template = trl("qwen3.jinja");
     for case in cases.iter().filter(|case| case.tools.is_some()) {
         let names: Vec<String> = case.tools.as_ref().unwrap().iter().map(|t| text(t.get("function").unwrap(), "name").to_string()).collect();
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
@@ -128,7 +133,7 @@ fn calls_written_in_the_templates_format_parse_back_to_the_same_calls() {
 #[test]
 fn a_template_has_a_tool_call_format_when_it_renders_tools() {
     for name in ["qwen2_5.jinja", "qwen3.jinja"] {
-        let template = ChatTemplate::from_source(&std::fs::read_to_string(trl_template(name)).unwrap(), Default::default()).unwrap();
+        let template = trl(name);
         assert!(template.has_tool_call_format().unwrap(), "{name}");
     }
     let smollm2 = repo_root().join(".fixtures/smollm2-135m-instruct/chat_template.jinja");
@@ -150,12 +155,12 @@ fn an_observation_is_the_text_the_template_writes_after_the_stop_token() {
     let observation = [Message::new("tool", "higher"), Message::new("tool", "2 guesses left")];
     let expected = "\n<|im_start|>user\n<tool_response>\nhigher\n</tool_response>\n<tool_response>\n2 guesses left\n</tool_response><|im_end|>\n<|im_start|>assistant\n";
     for name in ["qwen2_5.jinja", "qwen3.jinja"] {
-        let template = ChatTemplate::from_source(&std::fs::read_to_string(trl_template(name)).unwrap(), Default::default()).unwrap();
+        let template = trl(name);
         assert_eq!(template.observation_text(&history, turn, &observation, &tools, "<|im_end|>").unwrap(), expected, "{name}");
     }
     // Qwen3 drops the reasoning of the turns before the last user message: a `user` observation
     // after a turn that reasoned would rewrite tokens already sampled, and is refused.
-    let qwen3 = ChatTemplate::from_source(&std::fs::read_to_string(trl_template("qwen3.jinja")).unwrap(), Default::default()).unwrap();
+    let qwen3 = trl("qwen3.jinja");
     let reasoned = "<think>\nMiddle.\n</think>\n\n8";
     let error = format!("{:#}", qwen3.observation_text(&history, reasoned, &[Message::new("user", "higher")], &tools, "<|im_end|>").unwrap_err());
     assert!(error.contains("does not write the conversation and the turn as they were sampled"), "{error}");

@@ -16,7 +16,7 @@ use smallrl::model::batch::masked_rows;
 use smallrl::model::continuation::{Continuation, Drawn};
 use smallrl::model::decode::DecodeModel;
 use smallrl::model::generate::{Decoder, SamplingParams, generate_with};
-use smallrl::plugins::{EnvPromptContent, EnvSplit, EpisodeBounds, Plugin, PluginLimits, PromptMetadata};
+use smallrl::plugins::{EnvPrompt, EnvPromptContent, EnvSplit, EpisodeBounds, Plugin, PluginLimits, PromptMetadata};
 use smallrl::reward::Prompt;
 use tch::{Device, Kind, Tensor};
 
@@ -47,6 +47,18 @@ fn float64_logprobs(model: &smallrl::model::Llama, ids: &[u32]) -> Tensor {
     let _guard = tch::no_grad_guard();
     let input = Tensor::from_slice(&ids.iter().map(|&t| i64::from(t)).collect::<Vec<_>>()).unsqueeze(0);
     model.logits(&model.forward(&input, &input.ones_like(), &[])).squeeze_dim(0).to_kind(Kind::Double).log_softmax(-1, Kind::Double)
+}
+
+/// guess_number's prompts as the trainer holds them (text and metadata), which episodes start from.
+fn held_prompts(env_prompts: &[EnvPrompt]) -> Vec<Prompt> {
+    env_prompts
+        .iter()
+        .map(|p| {
+            let EnvPromptContent::Text(text) = &p.content else { panic!("guess_number writes text prompts") };
+            let metadata = PromptMetadata { json: serde_json::Value::Object(p.metadata.clone()).to_string(), hackable: Some(false), detectable: Some(false) };
+            Prompt { text: text.clone(), metadata: Some(Arc::new(metadata)) }
+        })
+        .collect()
 }
 
 /// Three rows over three turns: every row starts from a prompt, row 1 leaves after the first
@@ -130,14 +142,7 @@ fn greedy_episodes_draw_what_re_prefilling_each_turn_draws() {
     let decoder = DecodeModel::new(&loaded.model, &[]);
     let mut env = Plugin::load(&standard_plugin("guess_number"), "{}", PluginLimits::default()).unwrap();
     let env_prompts = env.generate(EnvSplit::Train, 6, 5, 0.0).unwrap();
-    let held: Vec<Prompt> = env_prompts
-        .iter()
-        .map(|p| {
-            let EnvPromptContent::Text(text) = &p.content else { panic!("guess_number writes text prompts") };
-            let metadata = PromptMetadata { json: serde_json::Value::Object(p.metadata.clone()).to_string(), hackable: Some(false), detectable: Some(false) };
-            Prompt { text: text.clone(), metadata: Some(Arc::new(metadata)) }
-        })
-        .collect();
+    let held = held_prompts(&env_prompts);
     let episodes: Vec<EpisodePrompt> = env_prompts.iter().zip(&held).map(|(p, prompt)| EpisodePrompt { env_prompt: p, prompt, ids: loaded.tokenizer.encode(&prompt.text).unwrap() }).collect();
     let params = sampling(8, 0.0);
     let bounds = EpisodeBounds { max_turns: 3, max_observation_bytes: 4096, max_observation_tokens: 16, max_episode_tokens: 60 };
@@ -198,13 +203,7 @@ fn bench_guess_number_episodes() {
     let decoder = DecodeModel::new(&loaded.model, &[]);
     let mut env = Plugin::load(&standard_plugin("guess_number"), "{}", PluginLimits::default()).unwrap();
     let env_prompts = env.generate(EnvSplit::Train, rows, 5, 0.0).unwrap();
-    let held: Vec<Prompt> = env_prompts
-        .iter()
-        .map(|p| {
-            let EnvPromptContent::Text(text) = &p.content else { panic!("guess_number writes text prompts") };
-            Prompt { text: text.clone(), metadata: Some(Arc::new(PromptMetadata { json: serde_json::Value::Object(p.metadata.clone()).to_string(), hackable: Some(false), detectable: Some(false) })) }
-        })
-        .collect();
+    let held = held_prompts(&env_prompts);
     let episodes: Vec<EpisodePrompt> = env_prompts.iter().zip(&held).map(|(p, prompt)| EpisodePrompt { env_prompt: p, prompt, ids: loaded.tokenizer.encode(&prompt.text).unwrap() }).collect();
     let params = sampling(16, 1.0);
     let bounds = EpisodeBounds { max_turns: 8, max_observation_bytes: 4096, max_observation_tokens: 16, max_episode_tokens: 256 };
@@ -213,7 +212,7 @@ fn bench_guess_number_episodes() {
         let batch = run_episodes(Decoder::Native { threads: 1 }, &decoder, &loaded.tokenizer, &mut env, &episodes, &params, 9, &bounds, 0).unwrap();
         batch.generation.completion_mask.sum(Kind::Int64).int64_value(&[]) as usize
     } else {
-        let ids: Vec<(u64, &smallrl::plugins::EnvPrompt)> = env_prompts.iter().enumerate().map(|(i, p)| (i as u64, p)).collect();
+        let ids: Vec<(u64, &EnvPrompt)> = env_prompts.iter().enumerate().map(|(i, p)| (i as u64, p)).collect();
         env.start_episodes(&ids).unwrap();
         let mut transcripts: Vec<Vec<u32>> = vec![Vec::new(); episodes.len()];
         let mut ended = vec![false; episodes.len()];

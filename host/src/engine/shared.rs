@@ -184,8 +184,8 @@ impl Engine {
                 Job::Sample(job) => samples.push((run, job)),
                 Job::Score(job) => scores.push((run, job)),
                 Job::Train(job) => trains.push((run, job)),
-                // Never posted (the seat runs them alone), but correct if they were.
-                own => outcomes.push((run, run_alone(own))),
+                // The seat runs them alone, at once (`Seat::alone`): never posted here.
+                own => unreachable!("a {} job waited at the rendezvous", own.kind()),
             }
         }
         let same_call = |a: &SampleJob, b: &SampleJob| a.prompts.len() == b.prompts.len() && a.params == b.params;

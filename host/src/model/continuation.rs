@@ -19,10 +19,11 @@
 use anyhow::{Context, Result, ensure};
 use tch::{Kind, Tensor};
 
-use super::batch::{diverged_row, left_pad, row_rng};
+use super::batch::{diverged_row, left_pad};
 use super::decode::{DecodeModel, DecodeState, KvCache, additive_mask};
 use super::generate::{Decoder, SamplingParams, check_request, decode, row_uniforms};
-use smallrl_native::{RowOutput, Session, UniformStream};
+use super::native::row_streams;
+use smallrl_native::{RowOutput, Session};
 
 /// A row's turn: its tokens through the stop token it ended with (or its limit) and their
 /// sampling log-probabilities.
@@ -58,21 +59,17 @@ impl Continuation {
         ensure!(!params.kept_sets, "sampling replay's kept sets are not recorded for continued rows");
         ensure!(!rows.is_empty() && rows.len() == pending.len() && rows.len() == limits.len(), "one pending list and limit per continued row");
         ensure!(limits.iter().all(|&l| l > 0), "every continued row may draw at least one token");
-        check_request(model, pending, &SamplingParams { max_new_tokens: limits.iter().copied().max().unwrap_or(0), ..params.clone() })?;
+        // The longest turn bounds the call as `max_new_tokens` bounds `generate`'s.
+        let params = SamplingParams { max_new_tokens: limits.iter().copied().max().unwrap_or(0), ..params.clone() };
+        check_request(model, pending, &params)?;
         match self {
             Continuation::Native { session, threads } => {
                 let native = model.native().context("the native sampler was not built for this decoder")?;
-                let params = SamplingParams { max_new_tokens: limits.iter().copied().max().unwrap_or(0), ..params.clone() };
-                let mut uniforms: Vec<UniformStream> = (0..rows.len())
-                    .map(|i| {
-                        let mut rng = row_rng(seed, i);
-                        Box::new(move || rng.next_f64()) as UniformStream
-                    })
-                    .collect();
+                let mut uniforms = row_streams(seed, rows.len());
                 let outputs = session.continue_rows(native.inner(), rows, pending, limits, &params, &mut uniforms, *threads);
                 outputs.into_iter().enumerate().map(|(i, RowOutput { tokens, logprobs, diverged, .. })| if diverged { Err(diverged_row(i)) } else { Ok((tokens, logprobs)) }).collect()
             }
-            Continuation::Torch(torch) => torch.continue_rows(model, rows, pending, limits, params, seed),
+            Continuation::Torch(torch) => torch.continue_rows(model, rows, pending, limits, &params, seed),
         }
     }
 
@@ -113,23 +110,22 @@ impl TorchRows {
         }
     }
 
+    /// `params.max_new_tokens` is the most any row draws (its limit among `limits`).
     fn continue_rows(&mut self, model: &DecodeModel, rows: &[usize], pending: &[Vec<u32>], limits: &[usize], params: &SamplingParams, seed: u64) -> Result<Vec<Drawn>> {
         let _guard = tch::no_grad_guard();
         let device = model.device;
         let width = pending.iter().map(Vec::len).max().unwrap_or(0) as i64;
-        let steps = limits.iter().copied().max().unwrap_or(0) as i64;
-        self.keep(rows, self.used + width + steps)?;
+        self.keep(rows, self.used + width + params.max_new_tokens as i64)?;
         let logits = self.append(model, pending, width);
         for (&row, p) in rows.iter().zip(pending) {
             self.histories[row].extend(p);
         }
         let seen: Vec<Vec<u32>> = rows.iter().map(|&row| self.histories[row].clone()).collect();
         let (seen_ids, seen_mask) = left_pad(&seen, model.config().eos_token_id as i64, device);
-        let params = SamplingParams { max_new_tokens: steps as usize, ..params.clone() };
         let uniforms = (params.temperature != 0.0).then(|| row_uniforms(&[seed], rows.len(), params.max_new_tokens, device));
         let cache = std::mem::replace(&mut self.cache, model.new_cache(0, 0));
         let key_mask = self.key_mask.shallow_clone();
-        let mut state = DecodeState::resume(model, cache, key_mask, self.next_position.copy(), logits, self.used, &params, uniforms, (&seen_ids, &seen_mask));
+        let mut state = DecodeState::resume(model, cache, key_mask, self.next_position.copy(), logits, self.used, params, uniforms, (&seen_ids, &seen_mask));
         let ran = decode(&mut state, |state, n| {
             state.run_steps(model, n);
             Ok(())

@@ -125,12 +125,7 @@ impl NativeModel {
 /// Samples completions for `prompts` with `threads` independent streams of rows (arguments
 /// checked by `generate::generate_with`).
 pub fn generate(model: &NativeModel, prompts: &[Vec<u32>], params: &SamplingParams, seed: u64, threads: usize) -> Result<Generation> {
-    let mut uniforms: Vec<UniformStream> = (0..prompts.len())
-        .map(|row| {
-            let mut rng = row_rng(seed, row);
-            Box::new(move || rng.next_f64()) as UniformStream
-        })
-        .collect();
+    let mut uniforms = row_streams(seed, prompts.len());
     let outputs = smallrl_native::sample(&model.0, prompts, params, &mut uniforms, threads);
     if let Some(row) = outputs.iter().position(|o| o.diverged) {
         return Err(diverged_row(row));
@@ -140,6 +135,17 @@ pub fn generate(model: &NativeModel, prompts: &[Vec<u32>], params: &SamplingPara
         return Err(super::batch::kept_overflow(row, capacity, params));
     }
     Ok(assemble(prompts, &outputs, model.0.dims().eos, &model.0.stop_ids(), kept_capacity))
+}
+
+/// The uniform streams of rows `0..rows` drawn from `seed` (`batch::row_rng`), as the native
+/// sampler reads them.
+pub(super) fn row_streams(seed: u64, rows: usize) -> Vec<UniformStream> {
+    (0..rows)
+        .map(|row| {
+            let mut rng = row_rng(seed, row);
+            Box::new(move || rng.next_f64()) as UniformStream
+        })
+        .collect()
 }
 
 /// Builds the padded tensors of a [`Generation`] from the rows' outputs, as the libtorch path

@@ -328,14 +328,11 @@ pub fn step_shape(cfg: &TrainConfig, model: &ModelShape, adapters: &AdapterConfi
 /// [`ModelShape::decoder_bytes`] of the run's decoders on `device`.
 fn decoder_bytes(cfg: &TrainConfig, model: &ModelShape, device: Device) -> u64 {
     use crate::model::decode::DecodeModel;
-    use crate::model::folded::SamplerDtype;
     let kind = cfg.dtype.kind();
-    let libtorch = DecodeModel::sampling_kind(kind, cfg.sampler_dtype).elt_size_in_bytes() as u64;
-    let native = DecodeModel::native_available(device, kind).then_some(match cfg.sampler_dtype {
-        SamplerDtype::Float32 => 4,
-        SamplerDtype::Bfloat16 => 2,
-    });
-    model.decoder_bytes(libtorch, native)
+    let bytes = |model_kind| DecodeModel::sampling_kind(model_kind, cfg.sampler_dtype).elt_size_in_bytes() as u64;
+    // The native sampler serves float32 models only, its matrices in the sampling dtype.
+    let native = DecodeModel::native_available(device, kind).then(|| bytes(tch::Kind::Float));
+    model.decoder_bytes(bytes(kind), native)
 }
 
 /// The memory the run may use beyond its weights: `max_memory` less the weights, or what the

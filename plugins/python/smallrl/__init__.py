@@ -245,17 +245,23 @@ class Judgement:
         self.metrics = list(metrics)
 
 
-class Environment(_Declared):
-    """A whole task: ``components`` (see :func:`retain`, :func:`forget`), ``metrics`` (names),
-    ``generate(split, count, seed, hack_frac)`` ("train" or "eval"; exactly `count` prompts, a
-    pure function of the parameters and the arguments), ``score(sample) -> Judgement``,
-    ``monitor(sample) -> bool`` and ``ground_truth(sample) -> bool``."""
+class _Task(_Declared):
+    """What single-turn and episode environments declare alike: ``components`` (see
+    :func:`retain`, :func:`forget`), ``metrics`` (names) and ``generate(split, count, seed,
+    hack_frac)`` ("train" or "eval"; exactly `count` prompts, a pure function of the parameters
+    and the arguments)."""
 
     components = ()
     metrics = ()
 
     def generate(self, split, count, seed, hack_frac):
         raise NotImplementedError(f"{type(self).__name__} must define generate(self, split, count, seed, hack_frac)")
+
+
+class Environment(_Task):
+    """A whole task: ``components``, ``metrics`` and ``generate`` (:class:`_Task`),
+    ``score(sample) -> Judgement``, ``monitor(sample) -> bool`` and
+    ``ground_truth(sample) -> bool``."""
 
     def score(self, sample):
         raise NotImplementedError(f"{type(self).__name__} must define score(self, sample) -> Judgement")
@@ -271,19 +277,13 @@ class Environment(_Declared):
         raise NotImplementedError(f"{type(self).__name__} must define ground_truth(self, sample)")
 
 
-class EpisodeEnvironment(_Declared):
+class EpisodeEnvironment(_Task):
     """A multi-turn task (contract 0.5's episode-environment world; see :mod:`smallrl.episode`):
-    ``components``, ``metrics`` and ``generate(split, count, seed, hack_frac)`` as an
-    :class:`Environment`'s; ``start(prompt) -> state`` (a :class:`Prompt` as ``generate`` wrote
-    it) and ``step(state, turn, last)`` (``turn``: a :class:`Sample` whose ``completion`` is this
-    turn's assistant text; ``state`` changed in place) returning an :class:`Observation` or, at
-    the latest on the ``last`` turn, an :class:`EpisodeEnd`."""
-
-    components = ()
-    metrics = ()
-
-    def generate(self, split, count, seed, hack_frac):
-        raise NotImplementedError(f"{type(self).__name__} must define generate(self, split, count, seed, hack_frac)")
+    ``components``, ``metrics`` and ``generate`` (:class:`_Task`); ``start(prompt) -> state`` (a
+    :class:`Prompt` as ``generate`` wrote it) and ``step(state, turn, last)`` (``turn``: a
+    :class:`Sample` whose ``completion`` is this turn's assistant text; ``state`` changed in
+    place) returning an :class:`Observation` or, at the latest on the ``last`` turn, an
+    :class:`EpisodeEnd`."""
 
     def start(self, prompt):
         raise NotImplementedError(f"{type(self).__name__} must define start(self, prompt) -> state")
