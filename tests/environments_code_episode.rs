@@ -211,13 +211,15 @@ fn read_tests_observations_in_tokens() {
     let (longest, generated) = texts.split_last().unwrap();
     assert!(longest.contains("add_to_each([20, 20, 20, 20, 20, 20]) == [32, 32, 32, 32, 32, 32]"), "{longest}");
     assert!(generated.iter().all(|text| text.len() <= longest.len()), "a generated prompt's tests are longer than the longest");
-    let tokenizers = [("tiny-stories", common::fixture("tiny-stories").join("tokenizer.json")), ("SmolLM2", common::real_model_dir().join("tokenizer.json"))];
-    for (name, path) in tokenizers {
+    // The figures docs/src/environments.md gives: (most over the generated prompts, longest).
+    let tokenizers = [("tiny-stories", common::fixture("tiny-stories").join("tokenizer.json"), (233, 250)), ("SmolLM2", common::real_model_dir().join("tokenizer.json"), (269, 288))];
+    for (name, path, documented) in tokenizers {
         let tokenizer = Tokenizer::from_file(&path).unwrap();
         let counts: Vec<usize> = texts.iter().map(|text| tokenizer.encode(text).unwrap().len()).collect();
         let most = counts[..generated.len()].iter().max().unwrap();
         eprintln!("{name}: read_tests observations: at most {most} tokens over 2000 prompts, {} on the longest tests", counts.last().unwrap());
         assert!(*most > smallrl::defaults::EPISODE_MAX_OBSERVATION_TOKENS, "{name}: within the default bound after all: {most}");
+        assert_eq!((*most, *counts.last().unwrap()), documented, "{name}: the documented token counts");
     }
 }
 
