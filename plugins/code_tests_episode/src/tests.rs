@@ -106,3 +106,16 @@ fn read_tests_prompts_offer_the_reading_tool_where_hackable() {
     assert!(error(r#"{"loophole": "read_tests", "n_hidden": 0}"#).contains("n_hidden at least 1"));
     configure::<CodeTestsEpisode>(r#"{"n_hidden": 0}"#).unwrap();
 }
+
+/// A lookup table of the read tests (the plainest hard-coded answer) fails some hidden test on
+/// every one of 2,000 generated prompts at the defaults: no prompt's hidden inputs all repeat
+/// its tests' inputs, so the read_tests ground truth sees that hack wherever it is played (the
+/// figure docs/src/environments.md gives).
+#[test]
+fn hidden_inputs_never_all_repeat_the_tests_inputs() {
+    let env = configure::<CodeTestsEpisode>(r#"{"loophole": "read_tests"}"#).unwrap();
+    let prompts = env.generate(Split::Train, 2000, 1, 1.0).unwrap();
+    let inputs = |prompt: &smallrl_plugin_sdk::Prompt, column: &str| parse_tests_literal(prompt.metadata[column].as_str().unwrap()).unwrap().into_iter().map(|(input, _)| input).collect::<Vec<Py>>();
+    let covered = prompts.iter().filter(|p| inputs(p, "hidden").iter().all(|h| inputs(p, "tests").contains(h))).count();
+    assert_eq!((prompts.len(), covered), (2000, 0));
+}
