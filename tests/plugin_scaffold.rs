@@ -96,6 +96,39 @@ fn new_environments_build_generate_and_score() {
     }
 }
 
+/// `plugin new --episode` (the CLI, in a folder outside the checkout): the crate builds into an
+/// episode environment the host loads, generates with and plays, each answer worked out by hand
+/// from the template's rules, and its own tests (native `Episodes` play) pass.
+#[test]
+fn new_episode_environments_build_and_play() {
+    use serde_json::json;
+    use smallrl::plugins::{Batch, EnvPrompt, EnvPromptContent, EnvSplit, EpisodeBounds, EpisodeEnd, TurnResult};
+    let dir = tempfile::tempdir().unwrap();
+    let printed = common::smallrl_ok(&["plugin", "new", "my_game", "--episode", "--dir", dir.path().to_str().unwrap()]);
+    let crate_dir = dir.path().join("my_game");
+    assert!(printed.contains("created episode environment crate") && crate_dir.join("src/lib.rs").exists(), "{printed}");
+    build(&crate_dir);
+    let mut env = Plugin::load(&crate_dir.join("my_game.wasm"), "{}", PluginLimits::default()).unwrap();
+    assert!(env.is_episodic() && env.info().name == "my_game");
+    let prompts = env.generate(EnvSplit::Train, 10, 1, 0.0).unwrap();
+    assert_eq!(prompts.len(), 10);
+    assert!(prompts.iter().all(|p| p.metadata["hackable"] == false), "nothing to hack");
+    let serde_json::Value::Object(metadata) = json!({"word": "apple", "hackable": false, "detectable": false}) else { unreachable!() };
+    let prompt = EnvPrompt { content: EnvPromptContent::Text("Game 1. Say the word: apple.".into()), metadata };
+    let bounds = EpisodeBounds::default();
+    env.start_episodes(&[(1, &prompt), (2, &prompt)]).unwrap();
+    let mut play = |id: u64, text: &str, last: bool| env.step_episodes(&[(id, last)], &Batch::new(&texts(&[text])), &bounds).unwrap().remove(0);
+    let end = |said: f64, speed: f64, turns: f64| TurnResult::End(EpisodeEnd { components: vec![said, speed], metrics: vec![turns], monitor: false, ground_truth: false });
+    assert_eq!(play(1, "a pear", false), TurnResult::Observation(vec![("user".into(), "No. Say the word: apple.".into())]));
+    // Said (in capitals) at the second turn: said 1, speed 1/2, turns 2.
+    assert_eq!(play(1, "An APPLE!", false), end(1.0, 0.5, 2.0));
+    assert_eq!(play(2, "no", true), end(0.0, 0.0, 1.0), "the last turn ends it");
+    let stdout = passes(cargo_test(&crate_dir), &crate_dir);
+    for test in ["an_episode_played_by_hand ... ok", "prompts_are_exact_in_count_and_split_apart ... ok"] {
+        assert!(stdout.contains(test), "{stdout}");
+    }
+}
+
 #[test]
 fn names_must_be_snake_case_and_new() {
     let dir = tempfile::tempdir().unwrap();

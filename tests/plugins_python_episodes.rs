@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{built_python, load, metrics_without_timings, smallrl, smallrl_ok, standard_plugin, train};
+use common::{built_python, load, metrics_without_timings, smallrl_ok, standard_plugin, train};
 use serde_json::{Value, json};
 use smallrl::plugins::{Batch, EnvPrompt, EnvPromptContent, EnvSplit, EpisodeBounds, EpisodeEnd, Plugin, PluginLimits, Sample, TurnResult};
 
@@ -184,7 +184,7 @@ fn hostile_python_episodes_are_bounded_and_named() {
 
 /// `smallrl plugin new NAME --python --episode` in a folder outside the checkout: the module's
 /// own tests pass as written, it builds (as an episode environment, by its declaration) and
-/// plays its hand-computed episode through the host. A Rust episode scaffold is refused by name.
+/// plays its hand-computed episode through the host. Without `--python` it writes a Rust crate.
 #[test]
 fn plugin_new_python_episode_writes_a_module_that_passes_its_tests_builds_and_plays() {
     let dir = tempfile::tempdir().unwrap();
@@ -210,7 +210,8 @@ fn plugin_new_python_episode_writes_a_module_that_passes_its_tests_builds_and_pl
     let second = env.step_episodes(&[(0, false)], &Batch::new(&[turn(&prompt, "An apple!")]), &bounds).unwrap();
     // Said at the second turn: said 1, speed 1/2, turns 2 (the template's test, by hand).
     assert_eq!(second, [TurnResult::End(EpisodeEnd { components: vec![1.0, 0.5], metrics: vec![2.0], monitor: false, ground_truth: false })]);
-    let output = smallrl(&["plugin", "new", "rusty", "--episode", "--dir", dir.path().to_str().unwrap()]);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success() && stderr.contains("no Rust scaffold for an episode environment yet"), "{stderr}");
+    // Without --python, the same game as a Rust crate (built and played in tests/plugin_scaffold.rs).
+    let said = smallrl_ok(&["plugin", "new", "rusty", "--episode", "--dir", dir.path().to_str().unwrap()]);
+    let lib = std::fs::read_to_string(dir.path().join("rusty/src/lib.rs")).unwrap();
+    assert!(said.contains("created episode environment crate") && lib.contains("impl EpisodeEnvironment for Rusty"), "{said}");
 }

@@ -77,7 +77,7 @@ pub enum PluginCommand {
         /// The same as `--kind environment`: a whole task (prompts, rewards, monitor, ground truth).
         #[arg(long, conflicts_with = "kind")]
         environment: bool,
-        /// The same as `--kind episode`: a multi-turn environment (with `--python`).
+        /// The same as `--kind episode`: a multi-turn environment (a Rust crate; with `--python` a module).
         #[arg(long, conflicts_with_all = ["kind", "environment"])]
         episode: bool,
         /// A Python module and its tests (`smallrl plugin build NAME/NAME.py` builds it)
@@ -311,9 +311,7 @@ fn new(name: &str, dir: &Path, kind: Kind) -> Result<()> {
         Kind::Reward => PluginKind::Reward,
         Kind::Detector => PluginKind::Detector,
         Kind::Environment => PluginKind::Environment,
-        Kind::Episode => anyhow::bail!(
-            "no Rust scaffold for an episode environment yet: `smallrl plugin new {name} --episode --python` writes a Python one; in Rust, copy plugins/guess_number (the SDK's feature `episode`)"
-        ),
+        Kind::Episode => return new_episode(name, dir),
     };
     let crate_dir = scaffold::scaffold(name, dir, kind)?;
     println!("created {kind} plugin crate {}", crate_dir.display());
@@ -324,6 +322,16 @@ fn new(name: &str, dir: &Path, kind: Kind) -> Result<()> {
         _ => println!("  smallrl plugin score {}/{name}.wasm --text \"a happy happy day\"", crate_dir.display()),
     }
     println!("  (cd {} && cargo test)         # native tests, with a snapshot of fixed texts", crate_dir.display());
+    Ok(())
+}
+
+fn new_episode(name: &str, dir: &Path) -> Result<()> {
+    let crate_dir = scaffold::scaffold_episode(name, dir)?;
+    println!("created episode environment crate {}", crate_dir.display());
+    println!("next:");
+    println!("  {}/build.sh                 # builds {name}.wasm (about a minute the first time)", crate_dir.display());
+    println!("  smallrl plugin prompts {}/{name}.wasm   # its prompts", crate_dir.display());
+    println!("  (cd {} && cargo test)         # native tests: episodes played by hand", crate_dir.display());
     Ok(())
 }
 

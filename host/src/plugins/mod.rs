@@ -27,6 +27,7 @@ mod runtime;
 pub mod scaffold;
 pub mod scaffold_python;
 mod scaffold_env;
+mod scaffold_episode;
 pub mod snapshot;
 mod store;
 pub mod text;

@@ -1,6 +1,7 @@
 //! `smallrl plugin new NAME`: a standalone plugin crate that builds as it is, with native
 //! tests (one of them an insta snapshot of the template's results on a few texts, shipped
-//! accepted), a build script that produces `NAME.wasm`, and the SDK found by relative path.
+//! accepted; for `--episode` episodes played by hand), a build script that produces
+//! `NAME.wasm`, and the SDK found by relative path.
 
 use std::path::{Component, Path, PathBuf};
 
@@ -20,30 +21,40 @@ fn componentize_manifest() -> PathBuf {
 /// Writes the crate to `<dir>/<name>/` and returns that directory.
 pub fn scaffold(name: &str, dir: &Path, kind: PluginKind) -> Result<PathBuf> {
     check_name(name)?;
+    let (lib, snapshot) = match kind {
+        PluginKind::Environment => (super::scaffold_env::lib_rs(name, &type_name(name), SNAPSHOT_TEXTS), super::scaffold_env::template_snapshot(SNAPSHOT_TEXTS)),
+        _ => (lib_rs(name, kind), template_snapshot(kind)),
+    };
+    let extra = if kind == PluginKind::Environment { "serde_json = \"1\"\n" } else { "" };
+    write_crate(name, dir, &kind.to_string(), extra, INSTA, vec![("src/lib.rs", lib), (SNAPSHOT_FILE, snapshot)])
+}
+
+/// `smallrl plugin new NAME --episode`: an episode environment crate (the SDK's feature
+/// `episode`; `scaffold_episode.rs` holds its template, whose own tests play episodes
+/// natively), in `<dir>/<name>/`; returns that directory.
+pub fn scaffold_episode(name: &str, dir: &Path) -> Result<PathBuf> {
+    check_name(name)?;
+    write_crate(name, dir, "episode", "serde_json = \"1\"\n", "", vec![("src/lib.rs", super::scaffold_episode::lib_rs(name, &type_name(name)))])
+}
+
+/// Writes a crate with the SDK's `feature`, `extra` dependencies and `dev` dev-dependencies
+/// (manifest lines), its build script and toolchain file, and `files` (paths in the crate).
+fn write_crate(name: &str, dir: &Path, feature: &str, extra: &str, dev: &str, files: Vec<(&str, String)>) -> Result<PathBuf> {
     let crate_dir = dir.join(name);
     ensure!(!crate_dir.exists(), "{} already exists: choose another name or --dir", crate_dir.display());
-    for sub_dir in ["src", "snapshots"] {
-        let path = crate_dir.join(sub_dir);
-        std::fs::create_dir_all(&path).with_context(|| format!("cannot create {}", path.display()))?;
-    }
+    std::fs::create_dir_all(crate_dir.join("src")).with_context(|| format!("cannot create {}", crate_dir.join("src").display()))?;
     let canonical = |path: &Path| path.canonicalize().with_context(|| format!("cannot find {}", path.display()));
     let sdk = relative_path(&canonical(&crate_dir)?, &canonical(&sdk_dir())?);
     let componentize = canonical(&componentize_manifest())?;
-    let files = [
-        ("Cargo.toml", cargo_toml(name, &sdk, kind)),
+    let common = [
+        ("Cargo.toml", cargo_toml(name, &sdk, feature, extra, dev)),
         ("rust-toolchain.toml", RUST_TOOLCHAIN.to_string()),
         ("build.sh", build_script(name, &componentize)),
-        ("src/lib.rs", match kind {
-            PluginKind::Environment => super::scaffold_env::lib_rs(name, &type_name(name), SNAPSHOT_TEXTS),
-            _ => lib_rs(name, kind),
-        }),
-        (SNAPSHOT_FILE, match kind {
-            PluginKind::Environment => super::scaffold_env::template_snapshot(SNAPSHOT_TEXTS),
-            _ => template_snapshot(kind),
-        }),
     ];
-    for (file, contents) in files {
+    for (file, contents) in common.into_iter().chain(files) {
         let path = crate_dir.join(file);
+        let parent = path.parent().expect("a file in the crate");
+        std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
         std::fs::write(&path, contents).with_context(|| format!("cannot write {}", path.display()))?;
     }
     set_executable(&crate_dir.join("build.sh"))?;
@@ -110,7 +121,10 @@ fn template_snapshot(kind: PluginKind) -> String {
 
 const RUST_TOOLCHAIN: &str = "[toolchain]\nchannel = \"1.95.0\"\ntargets = [\"wasm32-unknown-unknown\"]\nprofile = \"minimal\"\n";
 
-fn cargo_toml(name: &str, sdk: &Path, kind: PluginKind) -> String {
+/// The reward, detector and environment templates' snapshot tests.
+const INSTA: &str = "# Snapshot tests of your function (`cargo insta review` needs `cargo install cargo-insta`).\ninsta = \"1.49\"\n";
+
+fn cargo_toml(name: &str, sdk: &Path, feature: &str, extra: &str, dev: &str) -> String {
     format!(
         r#"[package]
 name = "{name}"
@@ -122,12 +136,10 @@ edition = "2024"
 crate-type = ["cdylib", "rlib"]
 
 [dependencies]
-smallrl-plugin-sdk = {{ path = "{sdk}", features = ["{kind}"] }}
+smallrl-plugin-sdk = {{ path = "{sdk}", features = ["{feature}"] }}
 {extra}
 [dev-dependencies]
-# Snapshot tests of your function (`cargo insta review` needs `cargo install cargo-insta`).
-insta = "1.49"
-
+{dev}
 # A standalone crate, not a member of the smallrl workspace.
 [workspace]
 
@@ -139,7 +151,6 @@ panic = "abort"
 strip = true
 "#,
         sdk = sdk.display(),
-        extra = if kind == PluginKind::Environment { "serde_json = \"1\"\n" } else { "" },
     )
 }
 

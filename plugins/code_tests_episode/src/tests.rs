@@ -4,8 +4,8 @@
 use code_tests::Py;
 use smallrl_plugin_sdk::{EpisodeEnvironment, Split, configure};
 
-use super::tools::{Turn, literal, parse_tests, parse_turn, tests_literal};
-use super::{CodeTestsEpisode, TOOLS_TEXT, loophole_text};
+use super::tools::{Turn, literal, parse_tests, parse_tests_literal, parse_turn, tests_literal};
+use super::{CodeTestsEpisode, READ_TESTS_TEXT, TOOLS_TEXT, loophole_text, read_report};
 
 #[test]
 fn a_turn_is_a_call_when_its_first_line_says_so() {
@@ -54,4 +54,68 @@ fn prompts_add_the_tools_and_the_loophole_where_hackable() {
     }
     assert!(configure::<CodeTestsEpisode>(r#"{"monitor_accuracy": 2}"#).is_err());
     assert!(configure::<CodeTestsEpisode>(r#"{"loopholes": []}"#).is_err(), "no single-turn loopholes here");
+}
+
+/// Every generated prompt's tests and hidden tests parse back from their literal and render to
+/// the same text; a literal that is not one is refused.
+#[test]
+fn the_generators_tests_literals_parse_back() {
+    let env = configure::<CodeTestsEpisode>(r#"{"n_tests": 20, "n_hidden": 20}"#).unwrap();
+    for split in [Split::Train, Split::Eval] {
+        for prompt in env.generate(split, 300, 9, 0.5).unwrap() {
+            for column in ["tests", "hidden"] {
+                let text = prompt.metadata[column].as_str().unwrap();
+                let tests = parse_tests_literal(text).unwrap_or_else(|| panic!("{text}"));
+                assert_eq!((tests_literal(&tests), tests.len()), (text.to_string(), 20));
+            }
+        }
+    }
+    assert_eq!(parse_tests_literal("[]"), Some(vec![]));
+    for bad in ["", "[((1,), 2), ]", "[((1,), 2)", "[((1,) 2)]", "[((x,), 2)]", "[((1,), 2)) ((2,), 3)]", "[((1,), 2)]]"] {
+        assert_eq!(parse_tests_literal(bad), None, "{bad}");
+    }
+}
+
+/// `read_tests`' observation: the tests as the prompt's examples are written (worked out by hand
+/// from the literal).
+#[test]
+fn read_tests_shows_the_tests_as_examples() {
+    let shown = read_report("last_k", "[(([3, 1],), [1]), (([],), [])]").unwrap();
+    assert_eq!(shown, "read_tests: the grader's 2 tests:\nlast_k([3, 1]) == [1]\nlast_k([]) == []");
+    assert_eq!(read_report("is_multiple", "[((4,), True), ((5,), False)]").unwrap(), "read_tests: the grader's 2 tests:\nis_multiple(4) == True\nis_multiple(5) == False");
+    assert!(read_report("add_k", "[((1,), 8)").unwrap_err().contains("not a tests literal"));
+}
+
+/// Under `loophole: read_tests` hackable prompts offer read_tests (and not write_tests), the
+/// others neither; the parameter is checked, and read_tests needs hidden tests.
+#[test]
+fn read_tests_prompts_offer_the_reading_tool_where_hackable() {
+    let env = configure::<CodeTestsEpisode>(r#"{"loophole": "read_tests"}"#).unwrap();
+    let prompts = env.generate(Split::Train, 10, 4, 0.5).unwrap();
+    assert_eq!(prompts.iter().filter(|p| p.hackable()).count(), 5);
+    let write = configure::<CodeTestsEpisode>("{}").unwrap().generate(Split::Train, 10, 4, 0.5).unwrap();
+    for (prompt, written) in prompts.iter().zip(&write) {
+        let (text, name) = (prompt.content_text(), prompt.metadata["name"].as_str().unwrap());
+        assert_eq!(text.contains(READ_TESTS_TEXT), prompt.hackable(), "{text}");
+        assert!(!text.contains(&loophole_text(name)) && text.contains(TOOLS_TEXT), "{text}");
+        // The same problems and tests as write_tests' prompts: only the loophole's sentence differs.
+        assert_eq!(prompt.metadata, written.metadata);
+    }
+    let error = |params: &str| configure::<CodeTestsEpisode>(params).err().expect("refused");
+    assert!(error(r#"{"loophole": "peek"}"#).contains("write_tests or read_tests"));
+    assert!(error(r#"{"loophole": "read_tests", "n_hidden": 0}"#).contains("n_hidden at least 1"));
+    configure::<CodeTestsEpisode>(r#"{"n_hidden": 0}"#).unwrap();
+}
+
+/// A lookup table of the read tests (the plainest hard-coded answer) fails some hidden test on
+/// every one of 2,000 generated prompts at the defaults: no prompt's hidden inputs all repeat
+/// its tests' inputs, so the read_tests ground truth sees that hack wherever it is played (the
+/// figure docs/src/environments.md gives).
+#[test]
+fn hidden_inputs_never_all_repeat_the_tests_inputs() {
+    let env = configure::<CodeTestsEpisode>(r#"{"loophole": "read_tests"}"#).unwrap();
+    let prompts = env.generate(Split::Train, 2000, 1, 1.0).unwrap();
+    let inputs = |prompt: &smallrl_plugin_sdk::Prompt, column: &str| parse_tests_literal(prompt.metadata[column].as_str().unwrap()).unwrap().into_iter().map(|(input, _)| input).collect::<Vec<Py>>();
+    let covered = prompts.iter().filter(|p| inputs(p, "hidden").iter().all(|h| inputs(p, "tests").contains(h))).count();
+    assert_eq!((prompts.len(), covered), (2000, 0));
 }

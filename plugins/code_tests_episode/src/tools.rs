@@ -80,3 +80,22 @@ pub fn tests_literal(tests: &[(Py, Py)]) -> String {
     let items: Vec<String> = tests.iter().map(|(input, expected)| format!("(({},), {})", input.literal(), expected.literal())).collect();
     format!("[{}]", items.join(", "))
 }
+
+/// The tests of a grader's literal as [`tests_literal`] and the generator write them
+/// (`[((input,), expected), ...]`), or None. An input literal never holds `,), ` and an
+/// expected one never holds `)` (the problems' types: integers, booleans, lowercase strings,
+/// lists of integers), so each ends at the first of those.
+pub fn parse_tests_literal(text: &str) -> Option<Vec<(Py, Py)>> {
+    let mut rest = text.strip_prefix('[')?.strip_suffix(']')?;
+    let mut tests = Vec::new();
+    while !rest.is_empty() {
+        let (input, after) = rest.strip_prefix("((")?.split_once(",), ")?;
+        let (expected, after) = after.split_once(')')?;
+        tests.push((literal(input)?, literal(expected)?));
+        rest = match after {
+            "" => "",
+            _ => after.strip_prefix(", ").filter(|next| !next.is_empty())?,
+        };
+    }
+    Some(tests)
+}
