@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{one_thread, python, repo_root, standard_plugin};
+use common::{one_thread, plugin_dir, python, read_jsonl, repo_root, standard_plugin, train};
 use smallrl::episode::{EpisodePrompt, Observations, run_episodes};
 use smallrl::model::chat::{ChatTemplate, Message};
 use smallrl::model::decode::DecodeModel;
@@ -29,6 +29,14 @@ const IM_END: u32 = 2;
 
 fn script() -> std::path::PathBuf {
     repo_root().join("scripts/reference/chat_episode.py")
+}
+
+/// The tiny chat model (`chat_episode.py model`) in `dir`/model.
+fn tiny_chat_model(dir: &std::path::Path) -> std::path::PathBuf {
+    let model_dir = dir.join("model");
+    let status = std::process::Command::new(python()).arg(script()).arg("model").arg(&model_dir).status().unwrap();
+    assert!(status.success(), "chat_episode.py model failed");
+    model_dir
 }
 
 /// transformers' ids and assistant masks of `conversations` (`chat_episode.py render`).
@@ -57,9 +65,7 @@ fn transformers_sequences(conversations: &[(Vec<Message>, Vec<bool>)], dir: &std
 fn chat_episodes_are_the_templates_rendering_of_their_conversation() {
     one_thread();
     let dir = tempfile::tempdir().unwrap();
-    let model_dir = dir.path().join("model");
-    let status = std::process::Command::new(python()).arg(script()).arg("model").arg(&model_dir).status().unwrap();
-    assert!(status.success(), "chat_episode.py model failed");
+    let model_dir = tiny_chat_model(dir.path());
     let loaded = smallrl::model::load(model_dir.to_str().unwrap(), "main", Device::Cpu, Kind::Float).unwrap();
     let template = ChatTemplate::for_model(&loaded.files).unwrap();
     let render = PromptRender::Chat { template: template.clone(), system: None };
@@ -134,4 +140,34 @@ fn chat_episodes_are_the_templates_rendering_of_their_conversation() {
     wrong[1][0].content.push('!');
     let error = format!("{:#}", run_episodes(Decoder::Libtorch, &decoder, &loaded.tokenizer, &mut env, &episodes, Observations::Chat { template: &template, conversations: wrong }, &params, 5, &bounds, 0).err().unwrap());
     assert!(error.contains("episode prompt 1 is not its conversation as the chat template renders it"), "{error}");
+}
+
+/// A training run with chat prompts writes its episodes' observations through the template: one
+/// step of guess_number on the tiny chat model, whose turns never hold a number, so every episode
+/// has three turns and two observations of the malformed-turn answer, each the template's user
+/// turn and generation prompt (plus the `<|im_end|>` closing a cut turn): between 2 and 2 + 2
+/// tokens more than twice that turn's tokens per episode, where the plain text would be far
+/// fewer.
+#[test]
+fn a_chat_run_writes_its_episodes_observations_through_the_template() {
+    let out = tempfile::tempdir().unwrap();
+    let model_dir = tiny_chat_model(out.path());
+    let config = serde_json::json!({
+        "model": model_dir, "prompt_format": "chat",
+        "environment": "guess_number", "plugin_dir": plugin_dir(),
+        "adapter": "lora", "lora_rank": 4, "lora_alpha": 4.0, "lr": 1e-3,
+        "batch_size": 8, "num_generations": 4, "max_completion_length": 120,
+        "episode_max_turns": 3, "episode_max_turn_tokens": 4, "episode_max_observation_tokens": 32,
+        "max_steps": 1, "save_steps": 100, "eval_every": 100, "eval_samples": 4, "logging_steps": 1,
+        "output_dir": out.path().join("runs"), "threads": 1, "device": "cpu", "name": "chat",
+    });
+    let serde_json::Value::Object(config) = config else { unreachable!() };
+    let run = train(config, None, None);
+    let line = &read_jsonl(run.join("metrics.jsonl"))[0];
+    let tokenizer = smallrl::model::Tokenizer::from_file(&model_dir.join("tokenizer.json")).unwrap();
+    let chat = tokenizer.encode(&format!("\n<|im_start|>user\n{NO_NUMBER}<|im_end|>\n<|im_start|>assistant\n")).unwrap().len() as f64;
+    let plain = tokenizer.encode(&format!("\n{NO_NUMBER}\n")).unwrap().len() as f64;
+    let observed = line["episodes/observation_tokens"].as_f64().unwrap();
+    assert_eq!(line["episodes/turns"].as_f64(), Some(3.0), "{line}");
+    assert!((2.0 * chat..=2.0 * chat + 2.0).contains(&observed), "observation tokens per episode {observed}: the template's turn is {chat} tokens (the plain text {plain})");
 }
