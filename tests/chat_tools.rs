@@ -156,14 +156,14 @@ fn an_observation_is_the_text_the_template_writes_after_the_stop_token() {
     let expected = "\n<|im_start|>user\n<tool_response>\nhigher\n</tool_response>\n<tool_response>\n2 guesses left\n</tool_response><|im_end|>\n<|im_start|>assistant\n";
     for name in ["qwen2_5.jinja", "qwen3.jinja"] {
         let template = trl(name);
-        assert_eq!(template.observation_text(&history, turn, &observation, &tools, "<|im_end|>").unwrap(), expected, "{name}");
+        assert_eq!(template.observation_text(&history, turn, &observation, Some(tools.as_slice()), "<|im_end|>").unwrap(), expected, "{name}");
     }
     // Qwen3 drops the reasoning of the turns before the last user message: a `user` observation
     // after a turn that reasoned would rewrite tokens already sampled, and is refused.
     let qwen3 = trl("qwen3.jinja");
     let reasoned = "<think>\nMiddle.\n</think>\n\n8";
-    let error = format!("{:#}", qwen3.observation_text(&history, reasoned, &[Message::new("user", "higher")], &tools, "<|im_end|>").unwrap_err());
+    let error = format!("{:#}", qwen3.observation_text(&history, reasoned, &[Message::new("user", "higher")], Some(tools.as_slice()), "<|im_end|>").unwrap_err());
     assert!(error.contains("does not write the conversation and the turn as they were sampled"), "{error}");
     let expected = "\n<|im_start|>user\n<tool_response>\nhigher\n</tool_response><|im_end|>\n<|im_start|>assistant\n";
-    assert_eq!(qwen3.observation_text(&history, reasoned, &[Message::new("tool", "higher")], &tools, "<|im_end|>").unwrap(), expected);
+    assert_eq!(qwen3.observation_text(&history, reasoned, &[Message::new("tool", "higher")], Some(tools.as_slice()), "<|im_end|>").unwrap(), expected);
 }

@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{fixture, one_thread, standard_plugin, test_plugin};
-use smallrl::episode::{EpisodePrompt, render_observation, run_episodes};
+use smallrl::episode::{EpisodePrompt, Observations, render_observation, run_episodes};
 use smallrl::model::batch::Generation;
 use smallrl::model::decode::DecodeModel;
 use smallrl::model::generate::{SamplingParams, default_decoder};
@@ -146,7 +146,7 @@ fn sample_episodes(seed: u64) -> Sampled {
         prompts.iter().zip(&held).map(|(p, prompt)| EpisodePrompt { env_prompt: p, prompt, ids: loaded.tokenizer.encode(&prompt.text).unwrap() }).collect();
     let params = SamplingParams { max_new_tokens: 8, temperature: 1.0, top_k: 0, top_p: 1.0, repetition_penalty: 1.0, kept_sets: false };
     let bounds = EpisodeBounds { max_turns: 3, max_observation_bytes: 4096, max_observation_tokens: 16, max_episode_tokens: 40 };
-    let batch = run_episodes(default_decoder(&decoder), &decoder, &loaded.tokenizer, &mut env, &episodes, &params, seed, &bounds, 0).unwrap();
+    let batch = run_episodes(default_decoder(&decoder), &decoder, &loaded.tokenizer, &mut env, &episodes, Observations::PlainText, &params, seed, &bounds, 0).unwrap();
     Sampled { prompts, batch, tokenizer: loaded.tokenizer }
 }
 

@@ -10,7 +10,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{fixture, one_thread, standard_plugin};
-use smallrl::episode::{EpisodePrompt, run_episodes};
+use smallrl::episode::{EpisodePrompt, Observations, run_episodes};
 use smallrl::model::LoadedModel;
 use smallrl::model::batch::masked_rows;
 use smallrl::model::continuation::{Continuation, Drawn};
@@ -148,7 +148,7 @@ fn greedy_episodes_draw_what_re_prefilling_each_turn_draws() {
     let bounds = EpisodeBounds { max_turns: 3, max_observation_bytes: 4096, max_observation_tokens: 16, max_episode_tokens: 60 };
     let (mut turns_checked, mut near_ties) = (0, 0);
     for engine in [Decoder::Native { threads: 2 }, Decoder::Libtorch] {
-        let batch = run_episodes(engine, &decoder, &loaded.tokenizer, &mut env, &episodes, &params, 3, &bounds, 0).unwrap();
+        let batch = run_episodes(engine, &decoder, &loaded.tokenizer, &mut env, &episodes, Observations::PlainText, &params, 3, &bounds, 0).unwrap();
         let g = &batch.generation;
         let ids = Vec::<Vec<i64>>::try_from(&g.completion_ids).unwrap();
         let mask = Vec::<Vec<i64>>::try_from(&g.completion_mask).unwrap();
@@ -209,7 +209,7 @@ fn bench_guess_number_episodes() {
     let bounds = EpisodeBounds { max_turns: 8, max_observation_bytes: 4096, max_observation_tokens: 16, max_episode_tokens: 256 };
     let started = std::time::Instant::now();
     let tokens: usize = if path == "cached" {
-        let batch = run_episodes(Decoder::Native { threads: 1 }, &decoder, &loaded.tokenizer, &mut env, &episodes, &params, 9, &bounds, 0).unwrap();
+        let batch = run_episodes(Decoder::Native { threads: 1 }, &decoder, &loaded.tokenizer, &mut env, &episodes, Observations::PlainText, &params, 9, &bounds, 0).unwrap();
         batch.generation.completion_mask.sum(Kind::Int64).int64_value(&[]) as usize
     } else {
         let ids: Vec<(u64, &EnvPrompt)> = env_prompts.iter().enumerate().map(|(i, p)| (i as u64, p)).collect();

@@ -17,20 +17,33 @@
 //! loss, ratio, KL or entropy term (`grpo::loss_mask`). Sampling log-probabilities are 0 on
 //! them.
 //!
-//! The plain-text rendering of an observation (models without a tool-call template): each
-//! message's content on a line of its own, "\n{content}" per message then "\n", tokenized
-//! without special tokens. Chat-template rendering of `tool` and `user` turns is not done.
+//! How an observation becomes tokens ([`Observations`]): in a run of raw prompts, the
+//! plain-text protocol: each message's content on a line of its own, "\n{content}" per message
+//! then "\n" ([`render_observation`]). In a run of chat prompts (`prompt_format: chat`), the
+//! model's chat template: the text it writes after the assistant turn for the observation's
+//! messages, through the next generation prompt (`ChatTemplate::observation_text` of the
+//! episode's conversation so far: the prompt's messages, each turn as sampled, the
+//! observations), so the whole sequence is the template's rendering of the conversation, as
+//! `apply_chat_template` writes it, wherever the sampled turns are the tokenization of their
+//! text. A turn cut by its token limit (no stop token sampled) is closed by the template's own
+//! end-of-turn text (`<|im_end|>` for ChatML) at the head of the observation: the
+//! conversation's assistant message ends there as the template writes every assistant message,
+//! and those tokens are not the model's (model mask 0), as TRL's tool suffix is not. Either
+//! text is tokenized without special tokens, and appended as observation tokens.
 //!
 //! Bounds: `max_turns` (the last turn is sent with `last`, and the environment must end the
 //! episode); `max_episode_tokens` (a turn is cut at what is left of it, and a turn after which
 //! fewer than `max_observation_tokens + 1` tokens are left is the last, so an observation always
 //! leaves the model room); `max_observation_tokens` (a longer rendered observation is an error
-//! naming the plugin); `max_observation_bytes` (checked by `plugins::episodes`).
+//! naming the plugin; a chat observation counts its whole rendered text, the template's
+//! headers and a cut turn's end-of-turn text included); `max_observation_bytes` (checked by
+//! `plugins::episodes`, on the messages).
 
 use anyhow::{Context, Result, bail, ensure};
 use tch::Tensor;
 
 use crate::model::batch::{CompletionRow, Generation, left_pad};
+use crate::model::chat::{ChatTemplate, Message};
 use crate::model::continuation::Continuation;
 use crate::model::decode::DecodeModel;
 use crate::model::generate::{Decoder, SamplingParams};
@@ -71,6 +84,15 @@ pub enum EpisodeBound {
     Tokens,
 }
 
+/// How observations are written into an episode's sequence (see the module documentation).
+pub enum Observations<'a> {
+    /// The plain-text protocol of raw prompts ([`render_observation`]).
+    PlainText,
+    /// The model's chat template; `conversations[i]` holds prompt `i`'s messages, whose
+    /// rendering with the generation prompt must be that prompt's text (checked).
+    Chat { template: &'a ChatTemplate, conversations: Vec<Vec<Message>> },
+}
+
 /// One token of a transcript: its id, whether the model sampled it, its sampling log-prob.
 #[derive(Clone, Copy)]
 struct Token {
@@ -88,7 +110,8 @@ pub fn render_observation(messages: &[(String, String)]) -> String {
 
 /// Runs one episode per prompt in `environment` (episode ids `first_id..`), sampling with
 /// `decoder` (`generate::default_decoder` is the one `generate` uses) and `params` (its
-/// `max_new_tokens` bounds each turn) from per-turn seeds derived from `seed`.
+/// `max_new_tokens` bounds each turn) from per-turn seeds derived from `seed`; observations
+/// written as `observations` says.
 #[allow(clippy::too_many_arguments)]
 pub fn run_episodes(
     decoder: Decoder,
@@ -96,6 +119,7 @@ pub fn run_episodes(
     tokenizer: &Tokenizer,
     environment: &mut Plugin,
     prompts: &[EpisodePrompt],
+    observations: Observations,
     params: &SamplingParams,
     seed: u64,
     bounds: &EpisodeBounds,
@@ -105,6 +129,7 @@ pub fn run_episodes(
     ensure!(!params.kept_sets, "sampling replay's kept sets are not recorded for episodes: use `sampling_replay: trl_1_16` with an episode environment");
     ensure!(bounds.max_turns >= 1 && bounds.max_episode_tokens >= 1, "episode_max_turns and the episode's token budget (max_completion_length in a run) must be at least 1");
     ensure!(prompts.iter().all(|p| !p.ids.is_empty()), "empty prompt: every episode's prompt needs at least one token");
+    let mut writer = ObservationWriter::new(observations, prompts)?;
     let ids: Vec<u64> = (0..prompts.len() as u64).map(|i| first_id + i).collect();
     let capacities: Vec<usize> = prompts.iter().map(|p| p.ids.len() + bounds.max_episode_tokens).collect();
     let mut cache = Continuation::new(decoder, model, &capacities)?;
@@ -124,9 +149,11 @@ pub fn run_episodes(
         let sampled = sample_turn(&mut cache, model, &mut pending, &transcripts, &active, params, crate::rng::derive(seed, "episode-turn", turn as u64), bounds)?;
         let mut samples = Vec::with_capacity(active.len());
         let mut requests = Vec::with_capacity(active.len());
+        let mut stops = Vec::with_capacity(active.len());
         for (&row, tokens) in active.iter().zip(&sampled) {
-            let stops = model.config().stop_ids();
-            let ended = tokens.last().is_some_and(|t| stops.contains(&t.id));
+            let stop = tokens.last().map(|t| t.id).filter(|id| model.config().stop_ids().contains(id));
+            let ended = stop.is_some();
+            stops.push(stop);
             let text_ids: Vec<u32> = tokens[..tokens.len() - usize::from(ended)].iter().map(|t| t.id).collect();
             transcripts[row].extend(tokens);
             turns[row] += 1;
@@ -142,14 +169,14 @@ pub fn run_episodes(
             requests.push((ids[row], last));
         }
         let results = environment.step_episodes(&requests, &Batch::new(&samples), bounds)?;
-        for ((&row, result), (id, _)) in active.iter().zip(results).zip(&requests) {
+        for (k, ((&row, result), (id, _))) in active.iter().zip(results).zip(&requests).enumerate() {
             match result {
                 TurnResult::End(end) => {
                     ends[row] = Some(end);
                     cache.release(row);
                 }
                 TurnResult::Observation(messages) => {
-                    let observation = tokenizer.encode(&render_observation(&messages))?;
+                    let observation = writer.tokens(tokenizer, row, &samples[k].completion, stops[k], &messages).with_context(|| format!("{}: episode {id}: its observation", environment.label()))?;
                     ensure!(!observation.is_empty(), "{}: episode {id}: its observation renders to no tokens", environment.label());
                     ensure!(
                         observation.len() <= bounds.max_observation_tokens,
@@ -168,6 +195,55 @@ pub fn run_episodes(
     let observation_tokens = transcripts.iter().map(|t| t.iter().filter(|t| !t.model).count()).collect();
     let generation = lay_out(model, prompts, &transcripts)?;
     Ok(EpisodeBatch { generation, ends, turns, observation_tokens, bounded })
+}
+
+/// Writes observations as tokens ([`Observations`]), keeping each episode's conversation in a
+/// chat run.
+struct ObservationWriter<'a> {
+    template: Option<&'a ChatTemplate>,
+    conversations: Vec<Vec<Message>>,
+}
+
+impl<'a> ObservationWriter<'a> {
+    /// Checks that each chat prompt is its conversation as the template renders it: the
+    /// observations continue that conversation, so it must be the one the model was given.
+    fn new(observations: Observations<'a>, prompts: &[EpisodePrompt]) -> Result<Self> {
+        let Observations::Chat { template, conversations } = observations else {
+            return Ok(Self { template: None, conversations: Vec::new() });
+        };
+        ensure!(conversations.len() == prompts.len(), "{} conversations for {} episodes: a chat run gives one per prompt", conversations.len(), prompts.len());
+        for (i, (conversation, prompt)) in conversations.iter().zip(prompts).enumerate() {
+            let rendered = template.render(conversation, true)?;
+            ensure!(
+                rendered == prompt.prompt.text,
+                "episode prompt {i} is not its conversation as the chat template renders it ({:?} against the prompt {:?}): its observations would not continue what the model was given",
+                crate::plugins::text::shown(&rendered),
+                crate::plugins::text::shown(&prompt.prompt.text)
+            );
+        }
+        Ok(Self { template: Some(template), conversations })
+    }
+
+    /// The tokens of `row`'s observation `messages` after its turn `turn` (its text, as decoded),
+    /// which ended with the stop token `stop` (None: cut by its limit).
+    fn tokens(&mut self, tokenizer: &Tokenizer, row: usize, turn: &str, stop: Option<u32>, messages: &[(String, String)]) -> Result<Vec<u32>> {
+        let Some(template) = self.template else {
+            return tokenizer.encode(&render_observation(messages));
+        };
+        let observation: Vec<Message> = messages.iter().map(|(role, content)| Message::new(role, content)).collect();
+        let stop_text = match stop {
+            Some(id) => tokenizer.token_strings(&[id])?.remove(0),
+            None => String::new(),
+        };
+        let text = template.observation_text(&self.conversations[row], turn, &observation, None, &stop_text).with_context(|| match stop {
+            Some(_) => format!("after a turn ended by {stop_text:?}"),
+            None => "after a turn cut by its token limit".to_string(),
+        })?;
+        let conversation = &mut self.conversations[row];
+        conversation.push(Message::new("assistant", turn));
+        conversation.extend(observation);
+        tokenizer.encode(&text)
+    }
 }
 
 /// One turn of every active episode, continued from its cache: its tokens through the stop

@@ -128,7 +128,7 @@ fn evaluate(dir: &Path, modes: &[(String, Vec<f64>)], n_samples: usize, scoring_
     if rewards.is_episodic() {
         // One episode per evaluation prompt at each mode's scales, as the run's own evaluations
         // play them (`Trainer::evaluate`): its sampling settings, the evaluation seed, ids from 0.
-        let episodes = train::episodes::Episodes::new(&config, starts)?;
+        let episodes = train::episodes::Episodes::new(&config, starts, &render)?;
         let sampling = train::sampling_params(&config);
         let mut rollout = |scales: &[f64], rewards: &mut crate::reward::RewardModel| {
             let decoder = crate::model::decode::DecodeModel::sampling_in(&restored.model, scales, config.sampler_dtype);

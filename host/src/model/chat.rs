@@ -160,17 +160,19 @@ impl ChatTemplate {
     /// the `tool` or `user` role), as the template writes it: from just after the turn's stop
     /// token (`stop_text`, which the model sampled) through the next generation prompt.
     /// `history` is the conversation the turn answered (rendered with the generation prompt,
-    /// it is the text the model was given) and `turn` the model's text. The template must write
+    /// it is the text the model was given), `turn` the model's text and `tools` the declared
+    /// tools (None: none, as `apply_chat_template` without `tools=`). A `stop_text` of "" (a turn
+    /// cut before its stop token) gives the template's end-of-turn text first. The template must write
     /// that text and the turn as they were sampled once the observation follows (Qwen3's does
     /// for `tool` observations; a `user` one moves its "last query", which drops the reasoning
     /// of the turns before it): otherwise this is an error, as the tokens already sampled are
     /// not the template's.
-    pub fn observation_text(&self, history: &[Message], turn: &str, observation: &[Message], tools: &[OrderedJson], stop_text: &str) -> Result<String> {
-        let sampled = format!("{}{turn}{stop_text}", self.render_with_tools(history, Some(tools), true)?);
+    pub fn observation_text(&self, history: &[Message], turn: &str, observation: &[Message], tools: Option<&[OrderedJson]>, stop_text: &str) -> Result<String> {
+        let sampled = format!("{}{turn}{stop_text}", self.render_with_tools(history, tools, true)?);
         let mut conversation = history.to_vec();
         conversation.push(Message::new("assistant", turn));
         conversation.extend_from_slice(observation);
-        let after = self.render_with_tools(&conversation, Some(tools), true)?;
+        let after = self.render_with_tools(&conversation, tools, true)?;
         let rest = after.strip_prefix(sampled.as_str()).with_context(|| {
             format!("chat template {} does not write the conversation and the turn as they were sampled once an observation follows, so the observation cannot follow them", self.origin.display())
         })?;

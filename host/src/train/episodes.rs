@@ -7,7 +7,9 @@
 //!
 //! The episode's token budget is `max_completion_length` (its turns and observations
 //! together), so the memory planner and dr_grpo's constant need no other width; a turn is at
-//! most `episode_max_turn_tokens`.
+//! most `episode_max_turn_tokens`. A chat run's observations are written through the model's
+//! chat template, continuing each prompt's conversation; a raw run's as plain text
+//! (`episode::Observations`).
 //!
 //! What does not run episodes yet is refused by name before the run directory is written
 //! ([`refuse_unsupported`]).
@@ -19,7 +21,9 @@ use anyhow::{Context, Result, bail, ensure};
 
 use super::TrainConfig;
 use super::policy::Policy;
-use crate::episode::{EpisodeBatch, EpisodeBound, EpisodePrompt, run_episodes};
+use super::prompts::{PromptRender, conversation_of};
+use crate::episode::{EpisodeBatch, EpisodeBound, EpisodePrompt, Observations, run_episodes};
+use crate::model::chat::ChatTemplate;
 use crate::model::Tokenizer;
 use crate::model::decode::DecodeModel;
 use crate::model::generate::{Generation, SamplingParams, default_decoder};
@@ -40,6 +44,9 @@ pub struct Episodes {
     bounds: crate::plugins::EpisodeBounds,
     turn_tokens: usize,
     starts: HashMap<String, EnvPrompt>,
+    /// The chat template of a chat run: observations are written through it (None: the
+    /// plain-text protocol of raw prompts; `episode::Observations`).
+    template: Option<ChatTemplate>,
 }
 
 /// An episode batch sampled and scored.
@@ -76,8 +83,8 @@ pub(super) fn refuse_unsupported(cfg: &TrainConfig, environment: &str) -> Result
 
 impl Episodes {
     /// The run's episode settings, with the environment's `prompts` (training and evaluation,
-    /// as generated, keyed by their rendered text).
-    pub fn new(cfg: &TrainConfig, prompts: Vec<(String, EnvPrompt)>) -> Result<Self> {
+    /// as generated, keyed by their text as `render` rendered them).
+    pub fn new(cfg: &TrainConfig, prompts: Vec<(String, EnvPrompt)>, render: &PromptRender) -> Result<Self> {
         let bounds = crate::plugins::EpisodeBounds {
             max_turns: cfg.episode_max_turns,
             max_observation_bytes: cfg.episode_max_observation_bytes,
@@ -91,7 +98,7 @@ impl Episodes {
             }
             starts.insert(text, prompt);
         }
-        Ok(Self { bounds, turn_tokens: cfg.episode_max_turn_tokens, starts })
+        Ok(Self { bounds, turn_tokens: cfg.episode_max_turn_tokens, starts, template: render.template().cloned() })
     }
 
     /// One episode per prompt (in order; a group's prompt repeated) from the policy at adapter
@@ -128,7 +135,11 @@ impl Episodes {
             .collect::<Result<_>>()?;
         let params = SamplingParams { max_new_tokens: self.turn_tokens, kept_sets: false, ..sampling.clone() };
         let environment = rewards.episode_environment().context("internal error: episodes without an episode environment")?;
-        let batch = run_episodes(default_decoder(decoder), decoder, tokenizer, environment, &episodes, &params, seeds.0, &self.bounds, first_id)?;
+        let observations = match &self.template {
+            None => Observations::PlainText,
+            Some(template) => Observations::Chat { template, conversations: prompts.iter().map(conversation_of).collect::<Result<_>>()? },
+        };
+        let batch = run_episodes(default_decoder(decoder), decoder, tokenizer, environment, &episodes, observations, &params, seeds.0, &self.bounds, first_id)?;
         let generate_seconds = started.elapsed().as_secs_f64();
         let scoring = Instant::now();
         let samples = samples_from_rows(prompts, &batch.generation.rows, tokenizer)?;

@@ -123,11 +123,12 @@ impl Trainer {
         };
         let policy = policy::load(&cfg, device, kind, seat)?;
         // The one place a run's prompts, rewards, monitor and ground truth are assembled.
-        let task::Task { rewards, prompts, eval_prompts, episode_starts } = task::load(&cfg, policy.tokenizer(), &prompts::PromptRender::for_run(&cfg, policy.files())?)?;
+        let render = prompts::PromptRender::for_run(&cfg, policy.files())?;
+        let task::Task { rewards, prompts, eval_prompts, episode_starts } = task::load(&cfg, policy.tokenizer(), &render)?;
         let episodes = match rewards.is_episodic() {
             true => {
                 episodes::refuse_unsupported(&cfg, &format!("{} ({})", rewards.environment_name().unwrap_or("?"), rewards.environment_file().map_or_else(|| "?".into(), |p| p.display().to_string())))?;
-                Some(episodes::Episodes::new(&cfg, episode_starts)?)
+                Some(episodes::Episodes::new(&cfg, episode_starts, &render)?)
             }
             false => None,
         };

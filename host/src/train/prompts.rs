@@ -105,6 +105,14 @@ impl PromptRender {
         self.with_messages(rendered, messages, columns)
     }
 
+    /// The template of a chat run (None: raw prompts).
+    pub fn template(&self) -> Option<&ChatTemplate> {
+        match self {
+            Self::Raw => None,
+            Self::Chat { template, .. } => Some(template),
+        }
+    }
+
     fn with_messages(&self, text: String, messages: Vec<Message>, mut columns: Map<String, Value>) -> Result<Prompt> {
         if let Self::Chat { .. } = self {
             ensure!(
@@ -202,6 +210,23 @@ pub fn metadata_from_columns(columns: Map<String, Value>) -> Result<Option<Arc<P
     };
     let (hackable, detectable) = (flag(HACKABLE_COLUMN)?, flag(DETECTABLE_COLUMN)?);
     Ok((!columns.is_empty()).then(|| Arc::new(PromptMetadata { json: Value::Object(columns).to_string(), hackable, detectable })))
+}
+
+/// The conversation a chat run's prompt was rendered from, read back from its
+/// [`PROMPT_MESSAGES_COLUMN`] (what a multi-turn episode continues).
+pub fn conversation_of(prompt: &Prompt) -> Result<Vec<Message>> {
+    let metadata = prompt.metadata.as_ref().context("a chat prompt without metadata: its conversation is missing")?;
+    let columns: Map<String, Value> = serde_json::from_str(&metadata.json).context("a prompt's metadata is not a JSON object")?;
+    let Some(Value::Array(messages)) = columns.get(PROMPT_MESSAGES_COLUMN) else {
+        bail!("a chat prompt without its `{PROMPT_MESSAGES_COLUMN}` list: its conversation is missing");
+    };
+    messages
+        .iter()
+        .map(|message| match (message.get("role").and_then(Value::as_str), message.get("content").and_then(Value::as_str)) {
+            (Some(role), Some(content)) => Ok(Message::new(role, content)),
+            _ => bail!("`{PROMPT_MESSAGES_COLUMN}` holds {message}, not a {{\"role\", \"content\"}} message"),
+        })
+        .collect()
 }
 
 /// An environment's prompts as the run uses them: each rendered by `render` (a text as

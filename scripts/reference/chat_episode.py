@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Episodes in the model's chat template (issue 48): a tiny model with SmolLM2's tokenizer and
+template, and transformers' tokenization of an episode's conversation.
+
+Usage (from the repo root):
+    .venv/bin/python scripts/reference/chat_episode.py model OUT_DIR
+    .venv/bin/python scripts/reference/chat_episode.py render EPISODES_JSON OUT_JSON
+
+model: a random LlamaForCausalLM (2 layers, hidden 64, vocab 49152, untied head, fp32) saved in
+OUT_DIR with .fixtures/smollm2-135m-instruct's tokenizer.json, tokenizer_config.json and
+chat_template.jinja. Its head writes only WORDS and <|im_end|>: their rows are random with a
+large weight on hidden dimension 0, which every token's embedding carries (3.0, the rest
+N(0, 0.1); the blocks' outputs are small), every other row is 0. So a sampled turn is a few of
+these words, which the tokenizer writes back as the same ids (each word a token of its own after
+a space), and the whole sequence is comparable with a tokenization of its text.
+
+render: EPISODES_JSON is {"episodes": [{"messages": [...], "ended": [bool per assistant
+message]}, ...]}; for each, the text of `apply_chat_template(messages)` up to the end of its last
+assistant message's content (and its <|im_end|> when that turn ended with it), its ids
+(`tokenizer(text, add_special_tokens=False)`, as `apply_chat_template(..., tokenize=True)`), and
+the assistant mask: 1 on the tokens inside each assistant message's content and, for a turn
+that ended with it, its <|im_end|> (found by rendering the messages before it with the
+generation prompt), 0 elsewhere. OUT_JSON: {"ids": [[...]], "mask": [[...]], "texts": [...]}.
+"""
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SMOLLM2 = REPO_ROOT / ".fixtures" / "smollm2-135m-instruct"
+WORDS = [" yes", " no", " maybe", " higher", " lower"]
+END = "<|im_end|>"
+
+
+def model(out_dir: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(SMOLLM2)
+    ids = [tokenizer.encode(w, add_special_tokens=False) for w in WORDS + [END]]
+    assert all(len(i) == 1 for i in ids), ids
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=2, initializer_range=0.02,
+    )
+    net = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        embed = net.model.embed_tokens.weight
+        embed.normal_(0.0, 0.1)
+        embed[:, 0] = 3.0
+        head = net.lm_head.weight
+        head.zero_()
+        for [i] in ids:
+            head[i].normal_(0.0, 1.0)
+            head[i, 0] = 4.0
+    net.save_pretrained(out_dir, safe_serialization=True)
+    for name in ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]:
+        shutil.copy(SMOLLM2 / name, out_dir / name)
+
+
+def render(episodes_path: str, out_path: str) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(SMOLLM2)
+    with open(episodes_path, encoding="utf-8") as f:
+        episodes = json.load(f)["episodes"]
+    out = {"ids": [], "mask": [], "texts": []}
+    for episode in episodes:
+        messages, ended = episode["messages"], episode["ended"]
+        full = tokenizer.apply_chat_template(messages, tokenize=False)
+        spans = []
+        assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        assert len(assistant) == len(ended) and assistant[-1] == len(messages) - 1
+        for i, stopped in zip(assistant, ended):
+            start = len(tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True))
+            content = messages[i]["content"]
+            assert full[start:start + len(content)] == content
+            end = start + len(content)
+            if stopped:
+                assert full[end:end + len(END)] == END
+                end += len(END)
+            spans.append((start, end))
+        text = full[:spans[-1][1]]
+        encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        mask = [int(any(s <= a and b <= e for s, e in spans)) for a, b in encoded["offset_mapping"]]
+        out["ids"].append(encoded["input_ids"])
+        out["mask"].append(mask)
+        out["texts"].append(text)
+    with open(out_path, "w", encoding="utf-8") as f:
+        json.dump(out, f)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "model":
+        model(Path(sys.argv[2]))
+    elif sys.argv[1] == "render":
+        render(sys.argv[2], sys.argv[3])
+    else:
+        sys.exit(f"unknown mode {sys.argv[1]}")
