@@ -48,31 +48,44 @@ pub(crate) fn pack(inputs: usize, outputs: usize, data: &[f32]) -> Vec<u16> {
 /// [`pack`] into `packed` (of [`pack`]'s length), keeping its memory: the padding columns
 /// of the last panel are never written, so they stay the zeros [`pack`] wrote.
 pub(crate) fn pack_into(inputs: usize, outputs: usize, data: &[f32], packed: &mut [u16]) {
-    walk(inputs, outputs, packed.len(), |at, from| {
-        packed[at] = to_bf16(data[from]);
+    assert_eq!(packed.len(), outputs.div_ceil(PANEL) * inputs * PANEL, "a packed {inputs} x {outputs} matrix's length");
+    pack_rows(inputs, outputs, data, 0, packed);
+}
+
+/// [`pack_into`] of the stored rows (`PANEL` values each, row `p * inputs + k` holding row `k`
+/// of panel `p`) from `first` on, `packed` being theirs: a thread's share of a refill.
+pub(crate) fn pack_rows(inputs: usize, outputs: usize, data: &[f32], first: usize, packed: &mut [u16]) {
+    let offset = first * PANEL;
+    walk(inputs, outputs, first..first + packed.len() / PANEL, |at, from| {
+        packed[at - offset] = to_bf16(data[from]);
         true
     });
 }
 
 /// Whether `packed` holds `data` as [`pack_into`] writes it, bit for bit (padding not read).
 pub(crate) fn holds(inputs: usize, outputs: usize, data: &[f32], packed: &[u16]) -> bool {
-    walk(inputs, outputs, packed.len(), |at, from| packed[at] == to_bf16(data[from]))
+    assert_eq!(packed.len(), outputs.div_ceil(PANEL) * inputs * PANEL, "a packed {inputs} x {outputs} matrix's length");
+    holds_rows(inputs, outputs, data, 0, packed)
 }
 
-/// Calls `visit(stored index, row-major index)` for every column of [`pack`]'s layout of a
-/// `[inputs, outputs]` matrix (`packed` values long), in storage order, until it returns false;
-/// returns whether it never did.
-fn walk(inputs: usize, outputs: usize, packed: usize, mut visit: impl FnMut(usize, usize) -> bool) -> bool {
-    let panels = outputs.div_ceil(PANEL);
-    assert_eq!(packed, panels * inputs * PANEL, "a packed {inputs} x {outputs} matrix's length");
-    for p in 0..panels {
+/// [`holds`] for the stored rows from `first` on that `packed` is (see [`pack_rows`]).
+pub(crate) fn holds_rows(inputs: usize, outputs: usize, data: &[f32], first: usize, packed: &[u16]) -> bool {
+    let offset = first * PANEL;
+    walk(inputs, outputs, first..first + packed.len() / PANEL, |at, from| packed[at - offset] == to_bf16(data[from]))
+}
+
+/// Calls `visit(stored index, row-major index)` for every column of the stored `rows` of
+/// [`pack`]'s layout of a `[inputs, outputs]` matrix, in storage order, until it returns
+/// false; returns whether it never did.
+fn walk(inputs: usize, outputs: usize, rows: std::ops::Range<usize>, mut visit: impl FnMut(usize, usize) -> bool) -> bool {
+    assert!(rows.end <= outputs.div_ceil(PANEL) * inputs, "stored rows {rows:?} of a {inputs} x {outputs} matrix");
+    for stored in rows {
+        let (p, k) = (stored / inputs, stored % inputs);
         let columns = PANEL.min(outputs - p * PANEL);
-        for k in 0..inputs {
-            let (row, from) = ((p * inputs + k) * PANEL, k * outputs + p * PANEL);
-            for j in 0..columns {
-                if !visit(row + slot(j), from + j) {
-                    return false;
-                }
+        let (row, from) = (stored * PANEL, k * outputs + p * PANEL);
+        for j in 0..columns {
+            if !visit(row + slot(j), from + j) {
+                return false;
             }
         }
     }
