@@ -183,7 +183,8 @@ mod tests {
     /// The threaded refill stores what one matrix at a time does, and the fused pass certifies it
     /// with each weight's serial sums ([`crate::sums`], [`Matrix::sums`]) bit for bit on 1, 2 and
     /// 3 threads; the sums are the float64 formula's (relative 1e-12); a value changed in the
-    /// second chunk of the embeddings or of the head is found on any thread count.
+    /// second chunk of the embeddings, or in a whole or the last (partial) panel of the head,
+    /// is found on any thread count.
     #[test]
     fn refill_and_check_give_the_same_bits_on_any_thread_count() {
         for bfloat16 in [false, true] {
@@ -201,7 +202,7 @@ mod tests {
                 assert_eq!(bits(&sums), bits(&serial), "{threads} threads, bfloat16 {bfloat16}");
                 assert_eq!(bits(&refilled.weight_sums(threads)), bits(&serial));
                 assert!(old.holds_with_sums(&slices(&values), threads).is_none(), "the old weights do not hold the new values");
-                for (weight, at) in [(0, 70_000), (2, 8 * 9000 - 1)] {
+                for (weight, at) in [(0, 70_000), (2, 100), (2, 8 * 9000 - 1)] {
                     let mut changed = values.clone();
                     changed[weight][at] += 0.5;
                     assert!(refilled.holds_with_sums(&slices(&changed), threads).is_none(), "weight {weight} value {at} changed, {threads} threads");
@@ -224,5 +225,61 @@ mod tests {
         let part = |v: &[f32]| chunk_sums(v, |&x| f64::from(x));
         let (a, b, c) = (part(first), part(second), part(rest));
         assert_eq!(crate::sums(&values), ((a.0 + b.0) + c.0, (a.1 + b.1) + c.1));
+    }
+}
+
+/// Figures for `docs/src/performance.md` (ignored: a benchmark, not a test): the refill and
+/// the check of SmolLM2-135M-shaped weights (random values), one matrix at a time as before
+/// (`Matrix::refill`; `Matrix::holds` then `Matrix::sums`, two passes) and through this file
+/// on 1 and 2 threads, alternated, with the process's CPU seconds beside the wall seconds.
+/// `cargo test -p smallrl-native --lib check::bench -- --ignored --nocapture`
+#[cfg(test)]
+mod bench {
+    use super::*;
+    use crate::model::{Dims, Layer};
+    use std::time::Instant;
+
+    fn cpu_seconds() -> f64 {
+        let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+        let fields: Vec<&str> = stat.rsplit(')').next().unwrap().split_whitespace().collect();
+        (fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap()) / 100.0
+    }
+
+    fn timed(label: &str, work: impl FnOnce()) {
+        let (wall, cpu) = (Instant::now(), cpu_seconds());
+        work();
+        println!("{label}: {:.3} s wall, {:.2} s CPU", wall.elapsed().as_secs_f64(), cpu_seconds() - cpu);
+    }
+
+    #[test]
+    #[ignore]
+    fn bench() {
+        let (hidden, vocab, inter, layers, qkv) = (576, 49152, 1536, 30, 1728);
+        let mut state = 1u64;
+        let mut random = |n: usize| -> Vec<f32> { (0..n).map(|_| { state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407); ((state >> 40) as f32 / (1u64 << 24) as f32) - 0.5 }).collect() };
+        let shapes: Vec<(usize, usize)> = [(vocab, hidden), (1, hidden), (hidden, vocab)].into_iter().chain((0..layers).flat_map(|_| [(1, hidden), (hidden, qkv), (hidden, hidden), (1, hidden), (hidden, 2 * inter), (inter, hidden)])).collect();
+        let values: Vec<Vec<f32>> = shapes.iter().map(|&(r, c)| random(r * c)).collect();
+        for bfloat16 in [true, false] {
+            let matrix = |i: usize| if bfloat16 { Matrix::bfloat16(shapes[i].0, shapes[i].1, &values[i]) } else { Matrix::new(shapes[i].0, shapes[i].1, values[i].clone()) };
+            let layer = |l: usize| { let b = 3 + 6 * l; Layer { input_layernorm: values[b].clone(), qkv: matrix(b + 1), o: matrix(b + 2), post_attention_layernorm: values[b + 3].clone(), gate_up: matrix(b + 4), down: matrix(b + 5), qkv_bias: None, qk_norm: None } };
+            let dims = Dims { hidden, heads: 9, kv_heads: 3, head_dim: 64, intermediate: inter, vocab, max_positions: 4, rms_norm_eps: 1e-5, eos: 0 };
+            let mut model = Model::new(dims, values[0].clone(), (0..layers).map(layer).collect(), values[1].clone(), matrix(2), vec![0.0; 256], vec![0.0; 256]);
+            let slices: Vec<&[f32]> = values.iter().map(Vec::as_slice).collect();
+            for round in 0..2 {
+                println!("bfloat16 {bfloat16}, round {round}");
+                timed("  refill, a matrix at a time", || for (w, v) in model.weights_mut().into_iter().zip(&slices) { match w { WeightMut::Vector(to) => to.copy_from_slice(v), WeightMut::Matrix(m) => m.refill(v) } });
+                for threads in [1, 2] {
+                    timed(&format!("  refill, {threads} threads"), || model.refill(&slices, threads));
+                }
+                timed("  holds then sums, a matrix at a time", || {
+                    let ok = model.weights().iter().zip(&slices).all(|(w, v)| match w { Weight::Vector(h) => crate::same_bits(h, v), Weight::Matrix(m) => m.holds(v) });
+                    let sums: Vec<(f64, f64)> = model.weights().iter().map(|w| match w { Weight::Vector(h) => crate::sums(h), Weight::Matrix(m) => m.sums() }).collect();
+                    assert!(ok && sums.len() == slices.len());
+                });
+                for threads in [1, 2] {
+                    timed(&format!("  holds with sums, {threads} threads"), || assert!(model.holds_with_sums(&slices, threads).is_some()));
+                }
+            }
+        }
     }
 }
