@@ -23,8 +23,7 @@ pub(crate) const PANEL: usize = 32;
 const ROW_BLOCK: usize = 8;
 
 /// `value` rounded to the nearest bfloat16, ties to even (as PyTorch's conversion); NaN stays a
-/// (quiet) NaN.
-/// Branch-free (a select), so the loops of a refill and a check vectorise.
+/// (quiet) NaN. Branch-free (a select), so the loops of a refill and a check vectorise.
 #[inline]
 pub fn to_bf16(value: f32) -> u16 {
     let bits = value.to_bits();

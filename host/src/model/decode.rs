@@ -117,8 +117,9 @@ impl DecodeModel {
     /// samples with, or the held and expected fingerprints where they differ (the engine's
     /// weight-delivery check reports it). A native copy (float32 or bfloat16 matrices) is
     /// refilled in place, then compared with `fresh` bit for bit (as rounded) and fingerprinted
-    /// in the same pass, both on the run's threads (`smallrl_native`'s `check.rs`), and `fresh` moves (or is cast) into the libtorch weights; a libtorch decoder's weights'
-    /// fingerprint is held to `fresh`'s in the decoder's dtype.
+    /// in the same pass, both on the run's threads (`smallrl_native`'s `check.rs`), and `fresh`
+    /// moves (or is cast) into the libtorch weights; a libtorch decoder's weights' fingerprint
+    /// is held to `fresh`'s in the decoder's dtype.
     pub fn deliver(&mut self, fresh: FoldedWeights, refresh: bool) -> Result<f64, [Vec<f64>; 2]> {
         if let Some(native) = &mut self.native {
             let threads = check_threads();
