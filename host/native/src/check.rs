@@ -14,6 +14,9 @@ use crate::bf16::{PANEL, from_bf16, holds_rows, pack_rows};
 use crate::model::{Matrix, Model, Weight, WeightMut, Weights};
 use crate::sums::{CHUNK, added, chunk_sums};
 
+// A chunk of a bfloat16 matrix is whole stored rows of a panel.
+const _: () = assert!(CHUNK % PANEL == 0);
+
 impl Model {
     /// Overwrites every weight ([`Model::weights`]'s order) with `values` (row-major float32,
     /// rounded as [`Matrix::refill`] rounds them), keeping their memory, on `threads` threads.
