@@ -23,14 +23,14 @@ pub(crate) const PANEL: usize = 32;
 const ROW_BLOCK: usize = 8;
 
 /// `value` rounded to the nearest bfloat16, ties to even (as PyTorch's conversion); NaN stays a
-/// (quiet) NaN.
+/// (quiet) NaN. Branch-free (a select), so the loops of a refill and a check vectorise.
+#[inline]
 pub fn to_bf16(value: f32) -> u16 {
     let bits = value.to_bits();
-    if value.is_nan() {
-        return ((bits >> 16) as u16) | 0x40;
-    }
+    let quiet_nan = ((bits >> 16) as u16) | 0x40;
     let rounding = 0x7FFF + ((bits >> 16) & 1);
-    (bits.wrapping_add(rounding) >> 16) as u16
+    let rounded = (bits.wrapping_add(rounding) >> 16) as u16;
+    if value.is_nan() { quiet_nan } else { rounded }
 }
 
 /// The float32 value of a bfloat16.
@@ -48,35 +48,57 @@ pub(crate) fn pack(inputs: usize, outputs: usize, data: &[f32]) -> Vec<u16> {
 /// [`pack`] into `packed` (of [`pack`]'s length), keeping its memory: the padding columns
 /// of the last panel are never written, so they stay the zeros [`pack`] wrote.
 pub(crate) fn pack_into(inputs: usize, outputs: usize, data: &[f32], packed: &mut [u16]) {
-    walk(inputs, outputs, packed.len(), |at, from| {
-        packed[at] = to_bf16(data[from]);
-        true
-    });
+    assert_eq!(packed.len(), outputs.div_ceil(PANEL) * inputs * PANEL, "a packed {inputs} x {outputs} matrix's length");
+    pack_rows(inputs, outputs, data, 0, packed);
+}
+
+/// [`pack_into`] of the stored rows (`PANEL` values each, row `p * inputs + k` holding row `k`
+/// of panel `p`) from `first` on, `packed` being theirs: a thread's share of a refill.
+pub(crate) fn pack_rows(inputs: usize, outputs: usize, data: &[f32], first: usize, packed: &mut [u16]) {
+    for (i, to) in packed.chunks_exact_mut(PANEL).enumerate() {
+        let (from, columns) = stored_row(inputs, outputs, first + i);
+        if columns == PANEL {
+            // A whole panel row: columns j and 16 + j side by side (the interleaved layout).
+            let (low, high) = data[from..from + PANEL].split_at(16);
+            for (pair, (&l, &h)) in to.chunks_exact_mut(2).zip(low.iter().zip(high)) {
+                (pair[0], pair[1]) = (to_bf16(l), to_bf16(h));
+            }
+        } else {
+            (0..columns).for_each(|j| to[slot(j)] = to_bf16(data[from + j]));
+        }
+    }
 }
 
 /// Whether `packed` holds `data` as [`pack_into`] writes it, bit for bit (padding not read).
 pub(crate) fn holds(inputs: usize, outputs: usize, data: &[f32], packed: &[u16]) -> bool {
-    walk(inputs, outputs, packed.len(), |at, from| packed[at] == to_bf16(data[from]))
+    assert_eq!(packed.len(), outputs.div_ceil(PANEL) * inputs * PANEL, "a packed {inputs} x {outputs} matrix's length");
+    holds_rows(inputs, outputs, data, 0, packed)
 }
 
-/// Calls `visit(stored index, row-major index)` for every column of [`pack`]'s layout of a
-/// `[inputs, outputs]` matrix (`packed` values long), in storage order, until it returns false;
-/// returns whether it never did.
-fn walk(inputs: usize, outputs: usize, packed: usize, mut visit: impl FnMut(usize, usize) -> bool) -> bool {
-    let panels = outputs.div_ceil(PANEL);
-    assert_eq!(packed, panels * inputs * PANEL, "a packed {inputs} x {outputs} matrix's length");
-    for p in 0..panels {
-        let columns = PANEL.min(outputs - p * PANEL);
-        for k in 0..inputs {
-            let (row, from) = ((p * inputs + k) * PANEL, k * outputs + p * PANEL);
-            for j in 0..columns {
-                if !visit(row + slot(j), from + j) {
-                    return false;
-                }
+/// [`holds`] for the stored rows from `first` on that `packed` is (see [`pack_rows`]): every
+/// difference is or-ed together (no early exit, so the loop vectorises).
+pub(crate) fn holds_rows(inputs: usize, outputs: usize, data: &[f32], first: usize, packed: &[u16]) -> bool {
+    let mut differ = 0u16;
+    for (i, held) in packed.chunks_exact(PANEL).enumerate() {
+        let (from, columns) = stored_row(inputs, outputs, first + i);
+        if columns == PANEL {
+            let (low, high) = data[from..from + PANEL].split_at(16);
+            for (pair, (&l, &h)) in held.chunks_exact(2).zip(low.iter().zip(high)) {
+                differ |= (pair[0] ^ to_bf16(l)) | (pair[1] ^ to_bf16(h));
             }
+        } else {
+            (0..columns).for_each(|j| differ |= held[slot(j)] ^ to_bf16(data[from + j]));
         }
     }
-    true
+    differ == 0
+}
+
+/// Where stored row `stored` (row `k` of panel `p`, `stored = p * inputs + k`) starts in the
+/// row-major data, and how many of its columns are real (the last panel's may be fewer).
+fn stored_row(inputs: usize, outputs: usize, stored: usize) -> (usize, usize) {
+    let (p, k) = (stored / inputs, stored % inputs);
+    assert!(p * PANEL < outputs, "stored row {stored} of a {inputs} x {outputs} matrix");
+    (k * outputs + p * PANEL, PANEL.min(outputs - p * PANEL))
 }
 
 /// Where column `j` of a panel's row is stored (see the module's documentation).

@@ -21,9 +21,11 @@
 //! stream of rows), `kernels.rs` (slice maths), `bf16.rs` (bfloat16 weights and their
 //! products, for a sampler in bfloat16), `sampling.rs` (HF's logits processors and the draw),
 //! `sums.rs` (the weights' fingerprint sums and bitwise comparison, for the host's
-//! weight-delivery check); this file is the API and the split of rows into streams.
+//! weight-delivery check), `check.rs` (that check's passes over a whole model, on threads);
+//! this file is the API and the split of rows into streams.
 
 mod bf16;
+mod check;
 mod kernels;
 mod model;
 mod sampling;

@@ -41,6 +41,12 @@ pub struct DecodeModel {
     pub(super) graphs: Mutex<Vec<GraphedDecode>>,
 }
 
+/// Threads for the passes over a native copy (refill, check, fingerprint): libtorch's, which
+/// the run set to its `threads`. The passes' results do not depend on it.
+fn check_threads() -> usize {
+    tch::get_num_threads().max(1) as usize
+}
+
 /// Keys and values of every layer, `[batch, kv_heads, capacity, head_dim]` each.
 pub struct KvCache {
     keys: Vec<Tensor>,
@@ -101,7 +107,7 @@ impl DecodeModel {
     pub fn refresh(&mut self, model: &Llama, scales: &[f64]) {
         let folded = FoldedWeights::new(model, scales);
         if let Some(native) = &mut self.native {
-            native.refill(&folded);
+            native.refill(&folded, check_threads());
         }
         self.weights.copy_from(&folded);
     }
@@ -110,16 +116,17 @@ impl DecodeModel {
     /// refresh) and holds what the sampler reads to it; returns the fingerprint of the weights it
     /// samples with, or the held and expected fingerprints where they differ (the engine's
     /// weight-delivery check reports it). A native copy (float32 or bfloat16 matrices) is
-    /// refilled in place, compared with `fresh` bit for bit (as rounded) and fingerprinted once,
-    /// and `fresh` moves (or is cast) into the libtorch weights; a libtorch decoder's weights'
-    /// fingerprint is held to `fresh`'s in the decoder's dtype.
+    /// refilled in place, then compared with `fresh` bit for bit (as rounded) and fingerprinted
+    /// in the same pass, both on the run's threads (`smallrl_native`'s `check.rs`), and `fresh`
+    /// moves (or is cast) into the libtorch weights; a libtorch decoder's weights' fingerprint
+    /// is held to `fresh`'s in the decoder's dtype.
     pub fn deliver(&mut self, fresh: FoldedWeights, refresh: bool) -> Result<f64, [Vec<f64>; 2]> {
         if let Some(native) = &mut self.native {
-            refresh.then(|| native.refill(&fresh));
-            if !native.holds(&fresh) {
-                return Err([vec![native.fingerprint()], vec![NativeModel::new(&fresh, self.sampler_dtype).fingerprint()]]);
-            }
-            let held = native.fingerprint();
+            let threads = check_threads();
+            refresh.then(|| native.refill(&fresh, threads));
+            let Some(held) = native.certified(&fresh, threads) else {
+                return Err([vec![native.fingerprint(threads)], vec![NativeModel::new(&fresh, self.sampler_dtype).fingerprint(threads)]]);
+            };
             refresh.then(|| self.adopt(fresh));
             return Ok(held);
         }
@@ -143,7 +150,7 @@ impl DecodeModel {
 
     /// The fingerprint of the weights a new decoder samples with ([`Self::deliver`]'s).
     pub fn delivered_fingerprint(&self) -> f64 {
-        self.native.as_ref().map(NativeModel::fingerprint).unwrap_or_else(|| self.fingerprints()[0])
+        self.native.as_ref().map(|native| native.fingerprint(check_threads())).unwrap_or_else(|| self.fingerprints()[0])
     }
 
     /// The fingerprints of its libtorch weights, one per stacked run, in its dtype.

@@ -7,7 +7,7 @@
 //! logits and greedy tokens and to the libtorch path's samples for the same seed.
 
 use anyhow::{Result, ensure};
-use smallrl_native::{Dims, Layer, Matrix, Model, QkNorm, RowOutput, UniformStream, Weight, WeightMut};
+use smallrl_native::{Dims, Layer, Matrix, Model, QkNorm, RowOutput, UniformStream};
 use tch::Tensor;
 
 use super::batch::{CompletionRow, Generation, diverged_row, left_pad, masked_rows, row_rng};
@@ -70,45 +70,32 @@ impl NativeModel {
 
 impl NativeModel {
     /// Overwrites the weights with `d` (the same model folded again, e.g. after an optimizer
-    /// step), rounded as [`NativeModel::new`] rounds them, keeping their memory.
-    pub(super) fn refill(&mut self, d: &FoldedWeights) {
-        let _guard = tch::no_grad_guard();
-        let tensors = d.run_tensors();
-        let mut weights = self.0.weights_mut();
-        assert_eq!(weights.len(), tensors.len(), "refolded weights of another architecture");
-        for (weight, tensor) in weights.iter_mut().zip(tensors) {
-            let tensor = tensor.contiguous();
-            let values = host_values::<f32>(&tensor);
-            match weight {
-                WeightMut::Vector(to) => to.copy_from_slice(values),
-                WeightMut::Matrix(to) => to.refill(values),
-            }
-        }
+    /// step), rounded as [`NativeModel::new`] rounds them, keeping their memory, on `threads`
+    /// threads.
+    pub(super) fn refill(&mut self, d: &FoldedWeights, threads: usize) {
+        let tensors: Vec<Tensor> = d.run_tensors().into_iter().map(Tensor::contiguous).collect();
+        let values: Vec<&[f32]> = tensors.iter().map(host_values::<f32>).collect();
+        self.0.refill(&values, threads);
     }
 
-    /// Whether these weights are `d`'s bit for bit, as [`NativeModel::refill`] stores them
-    /// (bfloat16 matrices: `d`'s values rounded).
-    pub(super) fn holds(&self, d: &FoldedWeights) -> bool {
+    /// The fingerprint of these weights if they are `d`'s bit for bit, as
+    /// [`NativeModel::refill`] stores them (bfloat16 matrices: `d`'s values rounded), from one
+    /// pass over both on `threads` threads; `None` where any value differs.
+    pub(super) fn certified(&self, d: &FoldedWeights, threads: usize) -> Option<f64> {
         let tensors = d.run_tensors();
-        let weights = self.0.weights();
-        let same = |weight: &Weight, t: &Tensor| {
-            let values = host_values::<f32>(t);
-            match weight {
-                Weight::Vector(held) => smallrl_native::same_bits(held, values),
-                Weight::Matrix(m) => m.holds(values),
-            }
-        };
-        weights.len() == tensors.len() && weights.iter().zip(tensors).all(|(w, t)| t.kind() == tch::Kind::Float && t.is_contiguous() && same(w, t))
+        if !tensors.iter().all(|t| t.kind() == tch::Kind::Float && t.is_contiguous() && t.device() == tch::Device::Cpu) {
+            return None;
+        }
+        let values: Vec<&[f32]> = tensors.into_iter().map(host_values::<f32>).collect();
+        self.0.holds_with_sums(&values, threads).map(|sums| fingerprint(sums.into_iter()))
     }
 
     /// The fingerprint of the weights this sampler reads ([`FoldedWeights::fingerprints`]'s
     /// definition: equal to its folded weights' when it holds them in float32; with bfloat16
-    /// matrices, of their rounded values in their panels' order).
-    pub(super) fn fingerprint(&self) -> f64 {
-        fingerprint(self.0.weights().into_iter().map(|w| match w {
-            Weight::Vector(values) => smallrl_native::sums(values),
-            Weight::Matrix(m) => m.sums(),
-        }))
+    /// matrices, of their rounded values in their panels' order), summed on `threads` threads
+    /// (the same bits on any number).
+    pub(super) fn fingerprint(&self, threads: usize) -> f64 {
+        fingerprint(self.0.weight_sums(threads).into_iter())
     }
 
     /// The sampler's model (for `continuation`'s sessions).
