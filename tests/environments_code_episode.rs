@@ -271,4 +271,10 @@ fn the_code_tests_episode_config_is_valid() {
     let planned = plan::plan(&spec).unwrap();
     assert_eq!(planned.runs.len(), 54);
     assert!(planned.runs.iter().all(|r| r.config.environment.as_deref() == Some("code_tests_episode")));
+    // With `--deploy` (the chapter's command) the deployment protocol applies to the routing
+    // arm's runs (DualMLP, classic routing), 2 x 4 x 3, once they finish; tests/episodes_deploy.rs
+    // runs it on a sweep of this file.
+    let finished = planned.runs.iter().map(|r| (r.name.clone(), smallrl::sweep::RunStatus::Ok)).collect();
+    let entries = smallrl::sweep::entries_of_plan(&planned, &finished);
+    assert_eq!(entries.iter().filter(|e| smallrl::sweep::deploy::applies(e)).count(), 24);
 }

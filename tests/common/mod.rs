@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod add_k;
+pub mod guess_number;
 
 use std::path::{Path, PathBuf};
 use std::sync::Once;

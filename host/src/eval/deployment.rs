@@ -74,6 +74,14 @@ pub fn from_report(report: &EvalReport, forget_scales: &[f64], n_samples: usize)
         let channels = mode.channels.with_context(|| {
             format!("the deployment rule compares ground-truth hack rates, but the run has no ground truth (an `environment:` or `rh_ground_truth:`); mode {}", mode.mode)
         })?;
+        // Without a hackable prompt more prompts would not help: the environment (or hack_frac
+        // 0) offers no hack, as guess_number.
+        ensure!(
+            mode.hackable.n > 0,
+            "mode {}: none of its {} evaluation prompts is hackable (the environment offers no hack on them, or hack_frac is 0), so the deployment rule's monitored hack rate is undefined",
+            mode.mode,
+            mode.n
+        );
         channels.monitored.with_context(|| {
             format!("mode {}: no evaluation sample is hackable and monitored, so its monitored hack rate is undefined; evaluate more prompts (--n-samples)", mode.mode)
         })
