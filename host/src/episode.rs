@@ -136,7 +136,7 @@ pub fn run_episodes(
     // What each episode appends before its next turn: its prompt, then each observation.
     let mut pending: Vec<Vec<u32>> = prompts.iter().map(|p| p.ids.clone()).collect();
     let starts: Vec<(u64, &EnvPrompt)> = ids.iter().zip(prompts).map(|(&id, p)| (id, p.env_prompt)).collect();
-    environment.start_episodes(&starts)?;
+    let _tools = environment.start_episodes(&starts)?;
     let mut transcripts: Vec<Vec<Token>> = vec![Vec::new(); prompts.len()];
     let mut ends: Vec<Option<EpisodeEnd>> = vec![None; prompts.len()];
     let mut turns = vec![0usize; prompts.len()];
@@ -166,10 +166,10 @@ pub fn run_episodes(
             };
             let last = bounded[row].is_some();
             samples.push(sample_from_ids(prompts[row].prompt, text_ids, ended, tokenizer)?);
-            requests.push((ids[row], last));
+            requests.push((ids[row], last, None));
         }
         let results = environment.step_episodes(&requests, &Batch::new(&samples), bounds)?;
-        for (k, ((&row, result), (id, _))) in active.iter().zip(results).zip(&requests).enumerate() {
+        for (k, ((&row, result), (id, _, _))) in active.iter().zip(results).zip(&requests).enumerate() {
             match result {
                 TurnResult::End(end) => {
                     ends[row] = Some(end);
