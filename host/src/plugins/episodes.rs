@@ -118,10 +118,16 @@ impl Plugin {
             .collect()
     }
 
-    /// One answer per turn: `turns` holds each episode's id, whether it is its last turn and
-    /// the calls parsed from it (None: not parsed), `batch` the assistant turns as samples, in
-    /// the same order. A 0.5 plugin declared no tools, so its turns carry no calls (checked).
-    pub fn step_episodes(&mut self, turns: &[(u64, bool, Option<Vec<CallEntry>>)], batch: &Batch, bounds: &EpisodeBounds) -> Result<Vec<TurnResult>> {
+    /// One answer per turn: `turns` holds each episode's id and whether it is its last turn,
+    /// `batch` the assistant turns as samples, in the same order; no turn carries parsed calls.
+    pub fn step_episodes(&mut self, turns: &[(u64, bool)], batch: &Batch, bounds: &EpisodeBounds) -> Result<Vec<TurnResult>> {
+        let turns: Vec<(u64, bool, Option<Vec<CallEntry>>)> = turns.iter().map(|&(id, last)| (id, last, None)).collect();
+        self.step_episodes_with_calls(&turns, batch, bounds)
+    }
+
+    /// [`Plugin::step_episodes`] with the calls parsed from each turn (None: not parsed). A 0.5
+    /// plugin declared no tools, so its turns carry no calls (checked).
+    pub fn step_episodes_with_calls(&mut self, turns: &[(u64, bool, Option<Vec<CallEntry>>)], batch: &Batch, bounds: &EpisodeBounds) -> Result<Vec<TurnResult>> {
         ensure!(turns.len() == batch.len(), "{} episode ids for {} turns", turns.len(), batch.len());
         let info = self.environment.clone().ok_or_else(|| anyhow!("{}: is a {}, not an environment", self.label(), self.kind()))?;
         let request: Vec<wit::Turn> = turns

@@ -170,7 +170,7 @@ impl Plugin {
         self.info.kind
     }
 
-    /// The contract version the plugin was built against, e.g. "0.5.0" (a 0.1 plugin never
+    /// The contract version the plugin was built against, e.g. "0.6.0" (a 0.1 plugin never
     /// sees the samples' metadata).
     pub fn contract_version(&self) -> &'static str {
         self.contract.version()
