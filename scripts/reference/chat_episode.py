@@ -60,17 +60,22 @@ WORDS = [" yes", " no", " maybe", " higher", " lower"]
 END = "<|im_end|>"
 
 
+def tiny_llama(vocab_size: int, positions: int) -> LlamaForCausalLM:
+    """The random 2-layer Llama both modes start from (seed 0)."""
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=positions, rms_norm_eps=1e-5,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=2, initializer_range=0.02,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
 def model(out_dir: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(SMOLLM2)
     ids = [tokenizer.encode(w, add_special_tokens=False) for w in WORDS + [END]]
     assert all(len(i) == 1 for i in ids), ids
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5,
-        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=2, initializer_range=0.02,
-    )
-    net = LlamaForCausalLM(config).eval()
+    net = tiny_llama(len(tokenizer), 512)
     with torch.no_grad():
         embed = net.model.embed_tokens.weight
         embed.normal_(0.0, 0.1)
@@ -127,13 +132,7 @@ def tool_model(out_dir: Path, call_text: str, template: str) -> None:
     assert tokenizer.encode(call_text, add_special_tokens=False) == [call_id], tokenizer.encode(call_text, add_special_tokens=False)
     [newline] = tokenizer.encode("\n", add_special_tokens=False)
     [end] = tokenizer.encode(END, add_special_tokens=False)
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-5,
-        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=2, initializer_range=0.02,
-    )
-    net = LlamaForCausalLM(config).eval()
+    net = tiny_llama(len(tokenizer), 2048)
     with torch.no_grad():
         embed = net.model.embed_tokens.weight
         embed.normal_(0.0, 0.1)

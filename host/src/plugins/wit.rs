@@ -249,7 +249,7 @@ pub mod v0_5 {
                 "smallrl:reward/host": super::reward::smallrl::reward::host,
                 "smallrl:reward/programs": crate::plugins::wit::programs,
                 "smallrl:reward/environment-types": crate::plugins::wit::env_types,
-                "smallrl:reward/judge": super::environment::smallrl::reward::judge,
+                "smallrl:reward/judge": crate::plugins::wit::v0_5::environment::smallrl::reward::judge,
             },
         });
     }
