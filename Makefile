@@ -46,7 +46,7 @@ DETECTOR_PLUGINS := detect_happy_count detect_happy_any detect_contains_words de
 ENVIRONMENT_PLUGINS := sorting addition repeat object_qa persona_qa cities_qa math topic code_tests
 # Multi-turn environments (issue 48): the SDK's feature `episode`, built in their own invocation.
 EPISODE_PLUGINS := guess_number code_tests_episode
-TEST_PLUGINS := testplugin_misbehaving testplugin_bad_version testplugin_imports_random testplugin_legacy_v0_1 testplugin_legacy_v0_2 testplugin_legacy_v0_3 testplugin_legacy_v0_4 testplugin_no_score testplugin_programs testplugin_wit_only
+TEST_PLUGINS := testplugin_misbehaving testplugin_bad_version testplugin_imports_random testplugin_legacy_v0_1 testplugin_legacy_v0_2 testplugin_legacy_v0_3 testplugin_legacy_v0_4 testplugin_legacy_v0_5 testplugin_no_score testplugin_programs testplugin_wit_only
 # plugins/testing/hostile: plugin-supplied text and sizes the host must bound and check.
 HOSTILE_MODES := huge_name control_name bad_type bad_semver huge_description big_memory huge_error
 STANDARD_PLUGINS := $(REWARD_PLUGINS) $(DETECTOR_PLUGINS) $(ENVIRONMENT_PLUGINS) $(EPISODE_PLUGINS)

@@ -66,13 +66,13 @@ fn by_hand(list: &[i64], completion: &str) -> (f64, f64, f64) {
 fn sorting_describes_itself_as_an_environment_of_contract_0_4() {
     let plugin = load(&standard_plugin("sorting"), "{}");
     assert_eq!(plugin.kind(), PluginKind::Environment);
-    assert_eq!(plugin.contract_version(), "0.5.0");
+    assert_eq!(plugin.contract_version(), "0.6.0");
     let info = plugin.environment_info().unwrap();
     let components: Vec<(&str, ComponentRole)> = info.components.iter().map(|c| (c.name.as_str(), c.role)).collect();
     assert_eq!(components, [("sorting_positional", ComponentRole::Retain), ("sorting_copy", ComponentRole::Forget)]);
     assert_eq!(info.metrics, ["sorted", "copy_rate"]);
     let shown = common::smallrl_ok(&["plugin", "info", standard_plugin("sorting").to_str().unwrap()]);
-    for part in ["sorting 0.1.0 (environment)", "sorting_positional", "retain", "sorting_copy", "forget", "env/sorting/<name>): sorted, copy_rate", "contract 0.5.0", plugin.sha256()] {
+    for part in ["sorting 0.1.0 (environment)", "sorting_positional", "retain", "sorting_copy", "forget", "env/sorting/<name>): sorted, copy_rate", "contract 0.6.0", plugin.sha256()] {
         assert!(shown.contains(part), "`plugin info` lacks {part:?}:\n{shown}");
     }
 }

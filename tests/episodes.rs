@@ -287,3 +287,25 @@ fn the_loss_of_episodes_counts_model_tokens_only() {
     let want = total / rows as f64;
     assert!((episode_loss - want).abs() <= 1e-6 * want.abs().max(1.0), "episode loss {episode_loss} vs float64 {want}");
 }
+
+/// plugins/testing/legacy_v0_5, built against the frozen wit/0.5.0 (episodes without tools):
+/// it loads, declares no tools, and plays as its documentation says ("No. Say apple." until a
+/// turn says apple: `said` 1 and the turns; the last turn ends it with `said` 0); a turn with
+/// parsed calls is refused, since a 0.5 episode declared no tools.
+#[test]
+fn an_episode_environment_built_against_contract_0_5_plays_as_before() {
+    let mut env = Plugin::load(&test_plugin("legacy_v0_5"), "{}", PluginLimits::default()).unwrap();
+    assert_eq!(env.contract_version(), "0.5.0");
+    assert!(env.is_episodic());
+    let prompts = env.generate(EnvSplit::Train, 2, 1, 0.0).unwrap();
+    assert_eq!(text_of(&prompts[0]), "Say the word: apple.");
+    assert_eq!(env.start_episodes(&[(0, &prompts[0]), (1, &prompts[1])]).unwrap(), vec![Vec::new(), Vec::new()]);
+    let bounds = EpisodeBounds::default();
+    let end = |said: f64, turns: f64| TurnResult::End(smallrl::plugins::EpisodeEnd { components: vec![said], metrics: vec![turns], monitor: false, ground_truth: false });
+    let first = env.step_episodes(&[(0, false), (1, false)], &Batch::new(&[turn(&prompts[0], "a pear"), turn(&prompts[1], "an apple")]), &bounds).unwrap();
+    assert_eq!(first, vec![TurnResult::Observation(vec![("user".into(), "No. Say apple.".into())]), end(1.0, 1.0)]);
+    assert_eq!(env.step_episodes(&[(0, true)], &Batch::new(&[turn(&prompts[0], "pear")]), &bounds).unwrap(), vec![end(0.0, 2.0)]);
+    env.start_episodes(&[(2, &prompts[0])]).unwrap();
+    let error = format!("{:#}", env.step_episodes_with_calls(&[(2, false, Some(Vec::new()))], &Batch::new(&[turn(&prompts[0], "x")]), &bounds).unwrap_err());
+    assert!(error.contains("a 0.5 episode environment declares no tools"), "{error}");
+}

@@ -37,7 +37,7 @@ fn a_reward_built_against_contract_0_4_loads_and_scores_as_before() {
 fn a_rust_reward_gives_a_sample_no_score() {
     let path = test_plugin("no_score");
     let mut plugin = load(&path, "{}");
-    assert_eq!(plugin.contract_version(), "0.5.0");
+    assert_eq!(plugin.contract_version(), "0.6.0");
     let batch = samples(&["happy happy", "skip happy", "happy"]);
     assert_eq!(plugin.score_optional(&batch).unwrap(), [Some(2.0), None, Some(1.0)]);
     let error = format!("{:#}", plugin.score(&batch).unwrap_err());

@@ -198,7 +198,7 @@ fn a_trl_reward_function_builds_as_it_is() {
 fn a_trl_reward_functions_none_is_no_score_for_its_sample() {
     let path = built("testing/trl_no_score");
     let mut plugin = load(&path, "{}");
-    assert_eq!(plugin.contract_version(), "0.5.0");
+    assert_eq!(plugin.contract_version(), "0.6.0");
     let tokenizer = common::tokenizer();
     let samples: Vec<Sample> = ["one two three", "skip this one", "four"].iter().map(|text| common::sample(&tokenizer, text)).collect();
     assert_eq!(plugin.score_optional(&samples).unwrap(), vec![Some(3.0), None, Some(1.0)]);

@@ -1,11 +1,12 @@
 //! Multi-turn episode environments written in Python (issue 48): `smallrl.EpisodeEnvironment`,
-//! built by `smallrl plugin build` into a component of contract 0.5's episode-environment world.
+//! built by `smallrl plugin build` into a component of the episode-environment world (contract 0.6).
 //!
 //! - The Python port of guess_number (plugins/python/guess_number.py) generates the Rust one's
 //!   prompts and gives, turn for turn, the same observations and ends on scripted turns (and the
 //!   hand-checked ones of the Rust crate's tests); a tiny-stories run with it writes the Rust
 //!   run's metrics.jsonl.
 //! - Hostile Python episodes are bounded and named with the file.
+//! - A Python episode's declared tools reach the host and its `step` reads the parsed calls.
 //! - `plugin new --python --episode` writes a module whose tests pass, which builds and plays.
 //! Needs `make plugins` (plugins/guess_number.wasm).
 
@@ -214,4 +215,57 @@ fn plugin_new_python_episode_writes_a_module_that_passes_its_tests_builds_and_pl
     let said = smallrl_ok(&["plugin", "new", "rusty", "--episode", "--dir", dir.path().to_str().unwrap()]);
     let lib = std::fs::read_to_string(dir.path().join("rusty/src/lib.rs")).unwrap();
     assert!(said.contains("created episode environment crate") && lib.contains("impl EpisodeEnvironment for Rusty"), "{said}");
+}
+
+/// A Python episode environment's tools and calls (contract 0.6) through the component: `tools`
+/// reaches the host as declared (the schema dict as JSON text, its keys in order), and `step`
+/// sees `turn.calls` as the host sent them: ToolCall and MalformedCall in order, or None.
+#[test]
+fn a_python_episode_declares_tools_and_reads_parsed_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = dir.path().join("echo_tools.py");
+    std::fs::write(
+        &module,
+        r#"import smallrl
+
+
+class EchoTools(smallrl.EpisodeEnvironment):
+    name = "echo_tools"
+    version = "0.1.0"
+    description = "echoes the parsed calls (test)"
+    components = [smallrl.retain("done", "1")]
+
+    def generate(self, split, count, seed, hack_frac):
+        return [smallrl.Prompt.text(f"Prompt {i}", False, False) for i in range(count)]
+
+    def start(self, prompt):
+        return {}
+
+    def tools(self, prompt):
+        return [smallrl.Tool("look", "Look at x.", {"type": "object", "properties": {"x": {"type": "integer"}}})]
+
+    def step(self, state, turn, last):
+        if last:
+            return smallrl.EpisodeEnd([1.0])
+        if turn.calls is None:
+            return smallrl.Observation.user("no calls parsed: " + turn.completion)
+        return smallrl.Observation([("tool", f"{c.name} {c.arguments}" if isinstance(c, smallrl.ToolCall) else "malformed: " + c.observation) for c in turn.calls])
+"#,
+    )
+    .unwrap();
+    let wasm = dir.path().join("echo_tools.wasm");
+    smallrl_ok(&["plugin", "build", module.to_str().unwrap(), "-o", wasm.to_str().unwrap()]);
+    let mut env = load(&wasm, "{}");
+    assert_eq!(env.contract_version(), "0.6.0");
+    let prompts = env.generate(EnvSplit::Train, 1, 0, 0.0).unwrap();
+    let tools = env.start_episodes(&[(0, &prompts[0])]).unwrap();
+    let parameters = r#"{"type": "object", "properties": {"x": {"type": "integer"}}}"#;
+    assert_eq!(tools, [vec![smallrl::plugins::Tool { name: "look".into(), description: "Look at x.".into(), parameters: parameters.into() }]]);
+    let bounds = EpisodeBounds::default();
+    let calls = vec![smallrl::plugins::CallEntry::Call { name: "look".into(), arguments: r#"{"x":1}"#.into() }, smallrl::plugins::CallEntry::Malformed("bad block".into())];
+    let answer = env.step_episodes_with_calls(&[(0, false, Some(calls))], &Batch::new(&[turn(&prompts[0], "t")]), &bounds).unwrap();
+    let tool = |text: &str| ("tool".to_string(), text.to_string());
+    assert_eq!(answer, [TurnResult::Observation(vec![tool(r#"look {"x":1}"#), tool("malformed: bad block")])]);
+    let answer = env.step_episodes(&[(0, false)], &Batch::new(&[turn(&prompts[0], "plain")]), &bounds).unwrap();
+    assert_eq!(answer, [user("no calls parsed: plain")]);
 }

@@ -99,7 +99,7 @@ fn an_error_string_from_the_guest_is_the_message() {
 #[test]
 fn a_plugin_of_another_contract_version_is_rejected() {
     let error = load_error(&test_plugin("bad_version"), "");
-    assert_contains(&error, &["bad_version.wasm", "smallrl:reward@0.6.0", "speaks smallrl:reward@0.5.0"]);
+    assert_contains(&error, &["bad_version.wasm", "smallrl:reward@0.7.0", "speaks smallrl:reward@0.6.0"]);
 }
 
 /// A plugin that imports `wasi:random` (once refused: plugins had no WASI at all) now runs in

@@ -119,7 +119,7 @@ fn the_same_programs_give_the_same_outcomes_in_two_processes() {
 #[test]
 fn a_plugin_runs_a_batch_of_programs_through_the_sdk() {
     let mut plugin = load(&test_plugin("programs"), "{}");
-    assert_eq!(plugin.contract_version(), "0.5.0");
+    assert_eq!(plugin.contract_version(), "0.6.0");
     let completions = ["print(6 * 7)", "while True: pass", "raise ValueError('no')", "import sys; sys.exit(3)", "print(1)"];
     let samples: Vec<_> = completions
         .iter()

@@ -36,7 +36,7 @@ fn a_plugin_built_against_contract_0_1_loads_and_scores_as_before() {
     let tokenizer = tokenizer();
     let mut legacy = load(&test_plugin("legacy_v0_1"), "{}");
     assert_eq!(legacy.contract_version(), "0.1.0");
-    assert_eq!(load(&standard_plugin("answer_count"), "{}").contract_version(), "0.5.0");
+    assert_eq!(load(&standard_plugin("answer_count"), "{}").contract_version(), "0.6.0");
     let texts = ["the happy cat was happy.", "a sad day", "happy"];
     let plain: Vec<Sample> = texts.iter().map(|text| sample(&tokenizer, text)).collect();
     let with: Vec<Sample> = plain.iter().cloned().map(|s| with_metadata(s, r#"{"answer": "cat", "hackable": false}"#)).collect();

@@ -31,6 +31,19 @@
 //! and those tokens are not the model's (model mask 0), as TRL's tool suffix is not. Either
 //! text is tokenized without special tokens, and appended as observation tokens.
 //!
+//! Tools (contract 0.6): an episode may declare tools at its start. In a chat run whose template
+//! has a tool-call format (`ChatTemplate::has_tool_call_format`: Qwen's `<tool_call>`), an
+//! episode that declares tools gets its prompt rendered again with their schemas
+//! (`render_with_tools`, as `apply_chat_template(..., tools=...)` writes it) and tokenized
+//! again: those are the prompt tokens the model sees and trains on ([`EpisodeBatch::prompt_texts`]
+//! keeps the text); `Prompt::text`, which keys groups, stays the rendering without tools. Each of
+//! its turns is parsed for calls (`model::tool_calls::parse_tool_calls`), which the environment
+//! receives (`Some`, a malformed block as its observation text), and its observations are
+//! rendered with the tools. The assistant turn stays its sampled text in the conversation (not
+//! re-rendered as `tool_calls`: the template's JSON spacing is not the model's). Otherwise (a
+//! raw-prompt run, a template without the format, an episode without tools) nothing changes: no
+//! tools are shown and the turns' calls are None (the environment's plain-text protocol).
+//!
 //! Bounds: `max_turns` (the last turn is sent with `last`, and the environment must end the
 //! episode); `max_episode_tokens` (a turn is cut at what is left of it, and a turn after which
 //! fewer than `max_observation_tokens + 1` tokens are left is the last, so an observation always
@@ -48,7 +61,8 @@ use crate::model::continuation::Continuation;
 use crate::model::decode::DecodeModel;
 use crate::model::generate::{Decoder, SamplingParams};
 use crate::model::tokenizer::Tokenizer;
-use crate::plugins::{Batch, EnvPrompt, EpisodeBounds, EpisodeEnd, Plugin, TurnResult};
+use crate::model::tool_calls::{OrderedJson, parse_tool_calls};
+use crate::plugins::{Batch, CallEntry, EnvPrompt, EpisodeBounds, EpisodeEnd, Plugin, Tool, TurnResult};
 use crate::reward::{Prompt, sample_from_ids};
 
 /// One episode to run: the prompt as the environment wrote it (sent back at start), as the
@@ -73,6 +87,9 @@ pub struct EpisodeBatch {
     /// Which bound made each episode's final turn its `last` (None: the environment ended the
     /// episode before any bound did).
     pub bounded: Vec<Option<EpisodeBound>>,
+    /// The prompt text the model was given where the episode's tools changed it (its tools'
+    /// schemas rendered by the chat template); None where it is `Prompt::text`.
+    pub prompt_texts: Vec<Option<String>>,
 }
 
 /// The host's bound that sent an episode's turn as its last: the environment then had to end it.
@@ -131,12 +148,14 @@ pub fn run_episodes(
     ensure!(prompts.iter().all(|p| !p.ids.is_empty()), "empty prompt: every episode's prompt needs at least one token");
     let mut writer = ObservationWriter::new(observations, prompts)?;
     let ids: Vec<u64> = (0..prompts.len() as u64).map(|i| first_id + i).collect();
-    let capacities: Vec<usize> = prompts.iter().map(|p| p.ids.len() + bounds.max_episode_tokens).collect();
+    let starts: Vec<(u64, &EnvPrompt)> = ids.iter().zip(prompts).map(|(&id, p)| (id, p.env_prompt)).collect();
+    let declared = environment.start_episodes(&starts)?;
+    let prompt_texts = writer.declare(&declared).with_context(|| format!("{}: the tools its episodes declare", environment.label()))?;
+    let prompt_ids: Vec<Vec<u32>> = prompts.iter().zip(&prompt_texts).map(|(p, text)| text.as_ref().map_or_else(|| Ok(p.ids.clone()), |t| tokenizer.encode(t))).collect::<Result<_>>()?;
+    let capacities: Vec<usize> = prompt_ids.iter().map(|ids| ids.len() + bounds.max_episode_tokens).collect();
     let mut cache = Continuation::new(decoder, model, &capacities)?;
     // What each episode appends before its next turn: its prompt, then each observation.
-    let mut pending: Vec<Vec<u32>> = prompts.iter().map(|p| p.ids.clone()).collect();
-    let starts: Vec<(u64, &EnvPrompt)> = ids.iter().zip(prompts).map(|(&id, p)| (id, p.env_prompt)).collect();
-    environment.start_episodes(&starts)?;
+    let mut pending: Vec<Vec<u32>> = prompt_ids.clone();
     let mut transcripts: Vec<Vec<Token>> = vec![Vec::new(); prompts.len()];
     let mut ends: Vec<Option<EpisodeEnd>> = vec![None; prompts.len()];
     let mut turns = vec![0usize; prompts.len()];
@@ -165,11 +184,12 @@ pub fn run_episodes(
                 None
             };
             let last = bounded[row].is_some();
-            samples.push(sample_from_ids(prompts[row].prompt, text_ids, ended, tokenizer)?);
-            requests.push((ids[row], last));
+            let sample = sample_from_ids(prompts[row].prompt, text_ids, ended, tokenizer)?;
+            requests.push((ids[row], last, writer.calls(row, &sample.completion)));
+            samples.push(sample);
         }
-        let results = environment.step_episodes(&requests, &Batch::new(&samples), bounds)?;
-        for (k, ((&row, result), (id, _))) in active.iter().zip(results).zip(&requests).enumerate() {
+        let results = environment.step_episodes_with_calls(&requests, &Batch::new(&samples), bounds)?;
+        for (k, ((&row, result), (id, _, _))) in active.iter().zip(results).zip(&requests).enumerate() {
             match result {
                 TurnResult::End(end) => {
                     ends[row] = Some(end);
@@ -193,15 +213,18 @@ pub fn run_episodes(
     }
     let ends: Vec<EpisodeEnd> = ends.into_iter().map(|end| end.context("an episode did not end by its last turn (the plugin's answers are checked: a host bug)")).collect::<Result<_>>()?;
     let observation_tokens = transcripts.iter().map(|t| t.iter().filter(|t| !t.model).count()).collect();
-    let generation = lay_out(model, prompts, &transcripts)?;
-    Ok(EpisodeBatch { generation, ends, turns, observation_tokens, bounded })
+    let generation = lay_out(model, &prompt_ids, &transcripts)?;
+    Ok(EpisodeBatch { generation, ends, turns, observation_tokens, bounded, prompt_texts })
 }
 
-/// Writes observations as tokens ([`Observations`]), keeping each episode's conversation in a
-/// chat run.
+/// Writes observations as tokens ([`Observations`]), keeping each episode's conversation (and
+/// its tools, where the template shows them) in a chat run.
 struct ObservationWriter<'a> {
     template: Option<&'a ChatTemplate>,
     conversations: Vec<Vec<Message>>,
+    /// Per episode: its tools' schemas and names, where the template has a tool-call format and
+    /// it declared tools.
+    tools: Vec<Option<(Vec<OrderedJson>, Vec<String>)>>,
 }
 
 impl<'a> ObservationWriter<'a> {
@@ -209,7 +232,7 @@ impl<'a> ObservationWriter<'a> {
     /// observations continue that conversation, so it must be the one the model was given.
     fn new(observations: Observations<'a>, prompts: &[EpisodePrompt]) -> Result<Self> {
         let Observations::Chat { template, conversations } = observations else {
-            return Ok(Self { template: None, conversations: Vec::new() });
+            return Ok(Self { template: None, conversations: Vec::new(), tools: Vec::new() });
         };
         ensure!(conversations.len() == prompts.len(), "{} conversations for {} episodes: a chat run gives one per prompt", conversations.len(), prompts.len());
         for (i, (conversation, prompt)) in conversations.iter().zip(prompts).enumerate() {
@@ -221,7 +244,41 @@ impl<'a> ObservationWriter<'a> {
                 crate::plugins::text::shown(&prompt.prompt.text)
             );
         }
-        Ok(Self { template: Some(template), conversations })
+        Ok(Self { template: Some(template), conversations, tools: Vec::new() })
+    }
+
+    /// Takes each episode's declared tools: where the template has a tool-call format, an
+    /// episode with tools gets its prompt rendered with their schemas (returned; None: the
+    /// prompt is unchanged) and its turns parsed for calls.
+    fn declare(&mut self, declared: &[Vec<Tool>]) -> Result<Vec<Option<String>>> {
+        let shown = match self.template {
+            Some(template) => template.has_tool_call_format()?,
+            None => false,
+        };
+        self.tools = declared.iter().map(|tools| (shown && !tools.is_empty()).then(|| tool_schemas(tools)).transpose()).collect::<Result<_>>()?;
+        let template = self.template;
+        self.tools
+            .iter()
+            .zip(&self.conversations)
+            .map(|(tools, conversation)| match (tools, template) {
+                (Some((schemas, _)), Some(template)) => template.render_with_tools(conversation, Some(schemas), true).map(Some),
+                _ => Ok(None),
+            })
+            .chain(std::iter::repeat_with(|| Ok(None)))
+            .take(declared.len())
+            .collect()
+    }
+
+    /// The calls of `row`'s turn `text`, where its tools are shown (None: not parsed).
+    fn calls(&self, row: usize, text: &str) -> Option<Vec<CallEntry>> {
+        let (_, names) = self.tools.get(row)?.as_ref()?;
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let parsed = parse_tool_calls(text, &names);
+        let entry = |call: Result<crate::model::tool_calls::ToolCall, crate::model::tool_calls::Malformed>| match call {
+            Ok(call) => CallEntry::Call { name: call.name, arguments: call.arguments.to_json() },
+            Err(malformed) => CallEntry::Malformed(malformed.observation()),
+        };
+        Some(parsed.calls.into_iter().map(entry).collect())
     }
 
     /// The tokens of `row`'s observation `messages` after its turn `turn` (its text, as decoded),
@@ -235,7 +292,8 @@ impl<'a> ObservationWriter<'a> {
             Some(id) => tokenizer.token_strings(&[id])?.remove(0),
             None => String::new(),
         };
-        let text = template.observation_text(&self.conversations[row], turn, &observation, None, &stop_text).with_context(|| match stop {
+        let tools = self.tools.get(row).and_then(Option::as_ref).map(|(schemas, _)| schemas.as_slice());
+        let text = template.observation_text(&self.conversations[row], turn, &observation, tools, &stop_text).with_context(|| match stop {
             Some(_) => format!("after a turn ended by {stop_text:?}"),
             None => "after a turn cut by its token limit".to_string(),
         })?;
@@ -256,13 +314,25 @@ fn sample_turn(cache: &mut Continuation, model: &DecodeModel, pending: &mut [Vec
     Ok(drawn.into_iter().map(|(ids, logprobs)| ids.into_iter().zip(logprobs).map(|(id, logprob)| Token { id, model: true, logprob }).collect()).collect())
 }
 
-/// The episodes as one generation: prompts left-padded, transcripts right-padded with EOS, the
-/// completion mask 1 on every transcript token and the model mask 1 on the model's.
-fn lay_out(model: &DecodeModel, prompts: &[EpisodePrompt], transcripts: &[Vec<Token>]) -> Result<Generation> {
+/// One episode's tools as `apply_chat_template(tools=...)` takes them (`{"type": "function",
+/// "function": {name, description, parameters}}`, the schema's keys in the guest's order), and
+/// their names.
+fn tool_schemas(tools: &[Tool]) -> Result<(Vec<OrderedJson>, Vec<String>)> {
+    let schema = |tool: &Tool| -> Result<OrderedJson> {
+        let parameters = OrderedJson::parse(&tool.parameters).with_context(|| format!("the parameters of tool {:?} are not JSON", tool.name))?;
+        let function = vec![("name".into(), OrderedJson::String(tool.name.clone())), ("description".into(), OrderedJson::String(tool.description.clone())), ("parameters".into(), parameters)];
+        Ok(OrderedJson::Object(vec![("type".into(), OrderedJson::String("function".into())), ("function".into(), OrderedJson::Object(function))]))
+    };
+    Ok((tools.iter().map(schema).collect::<Result<_>>()?, tools.iter().map(|t| t.name.clone()).collect()))
+}
+
+/// The episodes as one generation: prompts (`prompt_ids`) left-padded, transcripts
+/// right-padded with EOS, the completion mask 1 on every transcript token and the model mask 1
+/// on the model's.
+fn lay_out(model: &DecodeModel, prompt_ids: &[Vec<u32>], transcripts: &[Vec<Token>]) -> Result<Generation> {
     let eos = model.config().eos_token_id;
     let stops = model.config().stop_ids();
-    let prompt_ids: Vec<Vec<u32>> = prompts.iter().map(|p| p.ids.clone()).collect();
-    let (prompt_ids, prompt_mask) = left_pad(&prompt_ids, i64::from(eos), model.device);
+    let (prompt_ids, prompt_mask) = left_pad(prompt_ids, i64::from(eos), model.device);
     let width = transcripts.iter().map(Vec::len).max().unwrap_or(0);
     if width == 0 {
         bail!("every episode is empty (no model token was sampled)");

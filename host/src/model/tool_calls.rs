@@ -55,6 +55,19 @@ impl OrderedJson {
         }
     }
 
+    /// The value as compact JSON text, object keys in their order.
+    pub fn to_json(&self) -> String {
+        let quoted = |s: &str| serde_json::Value::from(s).to_string();
+        match self {
+            OrderedJson::Null => "null".into(),
+            OrderedJson::Bool(b) => b.to_string(),
+            OrderedJson::Number(n) => n.to_string(),
+            OrderedJson::String(s) => quoted(s),
+            OrderedJson::Array(items) => format!("[{}]", items.iter().map(OrderedJson::to_json).collect::<Vec<_>>().join(",")),
+            OrderedJson::Object(entries) => format!("{{{}}}", entries.iter().map(|(k, v)| format!("{}:{}", quoted(k), v.to_json())).collect::<Vec<_>>().join(",")),
+        }
+    }
+
     /// The value as a template sees it: objects are maps enumerating their keys in order.
     pub fn to_value(&self) -> Value {
         match self {

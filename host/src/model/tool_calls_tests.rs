@@ -74,3 +74,11 @@ fn a_malformed_block_becomes_an_observation_that_shows_the_format() {
         "error: tool call 2 was not run: it has no \"name\". Write each call as <tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>"
     );
 }
+
+/// The compact text keeps the keys as written (what an environment receives as a call's
+/// arguments), checked against a hand-written text.
+#[test]
+fn ordered_json_writes_its_keys_in_order() {
+    let json = OrderedJson::parse(r#"{"z": [1, 2.5, null], "a": {"y": "q\"x", "b": true}}"#).unwrap();
+    assert_eq!(json.to_json(), r#"{"z":[1,2.5,null],"a":{"y":"q\"x","b":true}}"#);
+}

@@ -108,6 +108,8 @@ impl Plugin {
         let outcome = self.call("generate", count, arguments, |store, exports| match exports {
             Exports::Environment(environment) => environment.smallrl_reward_env().call_generate(store, wit_split, count32, seed, hack_frac).map(Some),
             Exports::EpisodeEnvironment(environment) => environment.smallrl_reward_env().call_generate(store, wit_split, count32, seed, hack_frac).map(Some),
+            Exports::V05Environment(environment) => environment.smallrl_reward_env().call_generate(store, wit_split, count32, seed, hack_frac).map(Some),
+            Exports::V05EpisodeEnvironment(environment) => environment.smallrl_reward_env().call_generate(store, wit_split, count32, seed, hack_frac).map(Some),
             Exports::V04Environment(environment) => environment
                 .smallrl_reward_env()
                 .call_generate(store, legacy_env::split(wit_split), count32, seed, hack_frac)
@@ -138,6 +140,7 @@ impl Plugin {
         let info = self.environment.clone().ok_or_else(|| anyhow!("{}: is a {}, not an environment", self.label(), self.kind()))?;
         let outcome = self.call("score", batch.len(), || batch.digest().to_vec(), |store, exports| match exports {
             Exports::Environment(environment) => environment.smallrl_reward_env().call_score(store, batch.current()).map(Some),
+            Exports::V05Environment(environment) => environment.smallrl_reward_env().call_score(store, batch.current()).map(Some),
             Exports::V04Environment(environment) => environment.smallrl_reward_env().call_score(store, batch.current()).map(|scores| Some(scores.map(legacy_env::scores))),
             Exports::V03Environment(environment) => environment.smallrl_reward_env().call_score(store, batch.current()).map(|scores| Some(scores.map(legacy_env::scores))),
             _ => Ok(None),
@@ -179,6 +182,7 @@ impl Plugin {
     pub fn monitor(&mut self, batch: &Batch) -> Result<Vec<bool>> {
         self.call_batch("monitor", batch, |store, exports| match exports {
             Exports::Environment(environment) => environment.smallrl_reward_env().call_monitor(store, batch.current()).map(Some),
+            Exports::V05Environment(environment) => environment.smallrl_reward_env().call_monitor(store, batch.current()).map(Some),
             Exports::V04Environment(environment) => environment.smallrl_reward_env().call_monitor(store, batch.current()).map(Some),
             Exports::V03Environment(environment) => environment.smallrl_reward_env().call_monitor(store, batch.current()).map(Some),
             _ => Ok(None),
@@ -189,6 +193,7 @@ impl Plugin {
     pub fn ground_truth(&mut self, batch: &Batch) -> Result<Vec<bool>> {
         self.call_batch("ground-truth", batch, |store, exports| match exports {
             Exports::Environment(environment) => environment.smallrl_reward_env().call_ground_truth(store, batch.current()).map(Some),
+            Exports::V05Environment(environment) => environment.smallrl_reward_env().call_ground_truth(store, batch.current()).map(Some),
             Exports::V04Environment(environment) => environment.smallrl_reward_env().call_ground_truth(store, batch.current()).map(Some),
             Exports::V03Environment(environment) => environment.smallrl_reward_env().call_ground_truth(store, batch.current()).map(Some),
             _ => Ok(None),
@@ -200,6 +205,8 @@ impl Plugin {
         let info = self.call("info", 1, Vec::new, |store, exports| match exports {
             Exports::Environment(environment) => environment.smallrl_reward_env().call_info(store),
             Exports::EpisodeEnvironment(environment) => environment.smallrl_reward_env().call_info(store),
+            Exports::V05Environment(environment) => environment.smallrl_reward_env().call_info(store),
+            Exports::V05EpisodeEnvironment(environment) => environment.smallrl_reward_env().call_info(store),
             Exports::V04Environment(environment) => environment.smallrl_reward_env().call_info(store).map(legacy_env::info),
             Exports::V03Environment(environment) => environment.smallrl_reward_env().call_info(store).map(legacy_env::info),
             _ => unreachable!("only environments are read here"),

@@ -4,6 +4,8 @@
 //! with the reward components, metrics, monitor flag and ground truth. Everything the guest
 //! returns is checked here before the host uses it: one answer per turn, observations of
 //! messages in the `tool` or `user` role within [`EpisodeBounds::max_observation_bytes`],
+//! one list of tools per started episode (each with a unique non-empty name and a JSON-object
+//! schema),
 //! an end (not an observation) on the last turn, one finite value per declared component and
 //! metric. The fuel of a call is that of one sample per episode of the call (`plugin_fuel_per_sample`
 //! per step), and the guest's state is bounded by `plugin_max_memory_mb`.
@@ -14,7 +16,7 @@ use super::environment::EnvPrompt;
 use super::instance::{Batch, Exports, Plugin};
 use super::text::shown;
 use super::wit::episode_types as wit;
-use super::wit::env_types;
+use super::wit::{env_types, v0_5};
 
 /// The bounds of a run's episodes; defaults in `crate::defaults` (`EPISODE_*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,6 +63,24 @@ pub enum TurnResult {
     End(EpisodeEnd),
 }
 
+/// A tool an episode declares (contract 0.6): its schema is rendered into the prompt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tool {
+    pub name: String,
+    pub description: String,
+    /// The JSON schema of its arguments: a JSON object text (checked), keys in the guest's order.
+    pub parameters: String,
+}
+
+/// One tool call the host parsed from a turn, or what was wrong with it (the text the model
+/// would be shown).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CallEntry {
+    /// The tool's name and its arguments (a JSON object text).
+    Call { name: String, arguments: String },
+    Malformed(String),
+}
+
 /// The roles an observation's messages may have.
 pub const OBSERVATION_ROLES: [&str; 2] = ["tool", "user"];
 
@@ -70,34 +90,70 @@ impl Plugin {
         self.episodic
     }
 
-    /// Starts one episode per `(id, prompt)`.
-    pub fn start_episodes(&mut self, episodes: &[(u64, &EnvPrompt)]) -> Result<()> {
+    /// Starts one episode per `(id, prompt)`; returns the tools each declares (none for a 0.5
+    /// plugin), checked.
+    pub fn start_episodes(&mut self, episodes: &[(u64, &EnvPrompt)]) -> Result<Vec<Vec<Tool>>> {
         let starts: Vec<wit::EpisodeStart> = episodes.iter().map(|(id, prompt)| wit::EpisodeStart { id: *id, prompt: prompt_to_wit(prompt) }).collect();
+        let v0_5_starts = || starts.iter().map(|s| v0_5::episode_types::EpisodeStart { id: s.id, prompt: s.prompt.clone() }).collect::<Vec<_>>();
+        let no_tools = |count: usize| move |()| vec![Vec::new(); count];
         let arguments = || episodes.iter().flat_map(|(id, prompt)| [id.to_le_bytes().to_vec(), format!("{:?}", prompt.content).into_bytes()]).flatten().collect();
         let outcome = self.call("start", episodes.len(), arguments, |store, exports| match exports {
             Exports::EpisodeEnvironment(environment) => environment.smallrl_reward_episodes().call_start(store, &starts).map(Some),
+            Exports::V05EpisodeEnvironment(environment) => {
+                environment.smallrl_reward_episodes().call_start(store, &v0_5_starts()).map(|result| Some(result.map(no_tools(episodes.len()))))
+            }
             _ => Ok(None),
         })?;
-        match outcome {
-            None => bail!("{}: is not an episode environment (it has no `episodes.start`)", self.label()),
-            Some(Err(message)) => bail!("{}: start ({} episodes) returned an error: {}", self.label(), episodes.len(), shown(&message)),
-            Some(Ok(())) => Ok(()),
-        }
+        let label = self.label();
+        let tools = match outcome {
+            None => bail!("{label}: is not an episode environment (it has no `episodes.start`)"),
+            Some(Err(message)) => bail!("{label}: start ({} episodes) returned an error: {}", episodes.len(), shown(&message)),
+            Some(Ok(tools)) => tools,
+        };
+        ensure!(tools.len() == episodes.len(), "{label}: start returned {} tool lists for {} episodes (one per episode is required)", tools.len(), episodes.len());
+        tools
+            .into_iter()
+            .zip(episodes)
+            .map(|(tools, (id, _))| check_tools(tools).map_err(|rule| anyhow!("{label}: start: episode {id}: {rule}")))
+            .collect()
     }
 
     /// One answer per turn: `turns` holds each episode's id and whether it is its last turn,
-    /// `batch` the assistant turns as samples, in the same order.
+    /// `batch` the assistant turns as samples, in the same order; no turn carries parsed calls.
     pub fn step_episodes(&mut self, turns: &[(u64, bool)], batch: &Batch, bounds: &EpisodeBounds) -> Result<Vec<TurnResult>> {
+        let turns: Vec<(u64, bool, Option<Vec<CallEntry>>)> = turns.iter().map(|&(id, last)| (id, last, None)).collect();
+        self.step_episodes_with_calls(&turns, batch, bounds)
+    }
+
+    /// [`Plugin::step_episodes`] with the calls parsed from each turn (None: not parsed). A 0.5
+    /// plugin declared no tools, so its turns carry no calls (checked).
+    pub fn step_episodes_with_calls(&mut self, turns: &[(u64, bool, Option<Vec<CallEntry>>)], batch: &Batch, bounds: &EpisodeBounds) -> Result<Vec<TurnResult>> {
         ensure!(turns.len() == batch.len(), "{} episode ids for {} turns", turns.len(), batch.len());
         let info = self.environment.clone().ok_or_else(|| anyhow!("{}: is a {}, not an environment", self.label(), self.kind()))?;
-        let request: Vec<wit::Turn> = turns.iter().zip(batch.current()).map(|(&(id, last), sample)| wit::Turn { id, assistant: sample.clone(), last }).collect();
+        let request: Vec<wit::Turn> = turns
+            .iter()
+            .zip(batch.current())
+            .map(|((id, last, calls), sample)| wit::Turn { id: *id, assistant: sample.clone(), last: *last, calls: calls.as_ref().map(|calls| calls.iter().map(call_to_wit).collect()) })
+            .collect();
+        let has_calls = turns.iter().any(|(_, _, calls)| calls.is_some());
+        let v0_5_request = || -> wasmtime::Result<Vec<v0_5::episode_types::Turn>> {
+            if has_calls {
+                return Err(wasmtime::format_err!("a 0.5 episode environment declares no tools, so its turns carry no calls (a host error)"));
+            }
+            Ok(request.iter().map(|t| v0_5::episode_types::Turn { id: t.id, assistant: t.assistant.clone(), last: t.last }).collect())
+        };
         let arguments = || {
             let mut bytes = batch.digest().to_vec();
-            bytes.extend(turns.iter().flat_map(|(id, last)| [id.to_le_bytes().as_slice(), &[u8::from(*last)]].concat()));
+            bytes.extend(turns.iter().flat_map(|(id, last, _)| [id.to_le_bytes().as_slice(), &[u8::from(*last)]].concat()));
+            bytes.extend(format!("{:?}", turns.iter().map(|(_, _, calls)| calls).collect::<Vec<_>>()).into_bytes());
             bytes
         };
         let outcome = self.call("step", turns.len(), arguments, |store, exports| match exports {
             Exports::EpisodeEnvironment(environment) => environment.smallrl_reward_episodes().call_step(store, &request).map(Some),
+            Exports::V05EpisodeEnvironment(environment) => {
+                let results = environment.smallrl_reward_episodes().call_step(store, &v0_5_request()?)?;
+                Ok(Some(results.map(|results| results.into_iter().map(turn_result_from_v0_5).collect())))
+            }
             _ => Ok(None),
         })?;
         let label = self.label();
@@ -111,9 +167,47 @@ impl Plugin {
         results
             .into_iter()
             .zip(turns)
-            .map(|(result, &(id, last))| check_turn(result, last, shape, bounds).map_err(|rule| anyhow!("{label}: step: episode {id}: {rule}")))
+            .map(|(result, (id, last, _))| check_turn(result, *last, shape, bounds).map_err(|rule| anyhow!("{label}: step: episode {id}: {rule}")))
             .collect()
     }
+}
+
+/// A parsed call as the contract carries it.
+fn call_to_wit(call: &CallEntry) -> wit::CallEntry {
+    match call {
+        CallEntry::Call { name, arguments } => wit::CallEntry::Call(wit::ToolCall { name: name.clone(), arguments: arguments.clone() }),
+        CallEntry::Malformed(observation) => wit::CallEntry::Malformed(observation.clone()),
+    }
+}
+
+/// A 0.5 answer in the current contract's types (the same fields).
+fn turn_result_from_v0_5(result: v0_5::episode_types::TurnResult) -> wit::TurnResult {
+    match result {
+        v0_5::episode_types::TurnResult::Observation(messages) => wit::TurnResult::Observation(messages),
+        v0_5::episode_types::TurnResult::End(end) => {
+            wit::TurnResult::End(wit::EpisodeEnd { components: end.components, metrics: end.metrics, monitor: end.monitor, ground_truth: end.ground_truth })
+        }
+    }
+}
+
+/// One episode's tools checked: unique non-empty names, schemas that are JSON objects.
+fn check_tools(tools: Vec<wit::Tool>) -> Result<Vec<Tool>, String> {
+    let mut names = std::collections::BTreeSet::new();
+    tools
+        .into_iter()
+        .map(|tool| {
+            if tool.name.trim().is_empty() {
+                return Err("declared a tool without a name".to_string());
+            }
+            if !names.insert(tool.name.clone()) {
+                return Err(format!("declared the tool {:?} twice", shown(&tool.name)));
+            }
+            match serde_json::from_str::<serde_json::Value>(&tool.parameters) {
+                Ok(serde_json::Value::Object(_)) => Ok(Tool { name: tool.name, description: tool.description, parameters: tool.parameters }),
+                _ => Err(format!("declared the tool {:?} with parameters that are not a JSON object: {}", shown(&tool.name), shown(&tool.parameters))),
+            }
+        })
+        .collect()
 }
 
 /// The prompt as the guest wrote it, sent back to it.
@@ -188,5 +282,15 @@ mod tests {
         assert!(check(end(vec![0.5, 1.0], vec![]), false).unwrap_err().contains("2 component values, but info() declares 1"));
         assert!(check(end(vec![f64::NAN], vec![]), false).unwrap_err().contains("NaN as component 0"));
         assert!(check(end(vec![1.0], vec![1.0]), false).unwrap_err().contains("1 metric values, but info() declares 0"));
+    }
+
+    #[test]
+    fn tool_rules() {
+        let tool = |name: &str, parameters: &str| wit::Tool { name: name.into(), description: "d".into(), parameters: parameters.into() };
+        let schema = r#"{"type":"object","properties":{"code":{"type":"string"}}}"#;
+        assert_eq!(check_tools(vec![tool("run_tests", schema)]), Ok(vec![Tool { name: "run_tests".into(), description: "d".into(), parameters: schema.into() }]));
+        assert!(check_tools(vec![tool("a", "{}"), tool("a", "{}")]).unwrap_err().contains("declared the tool \"a\" twice"));
+        assert!(check_tools(vec![tool(" ", "{}")]).unwrap_err().contains("without a name"));
+        assert!(check_tools(vec![tool("a", "[1]")]).unwrap_err().contains("not a JSON object"));
     }
 }

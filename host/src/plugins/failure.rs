@@ -8,7 +8,7 @@ use wasmtime::{Engine, Trap};
 
 use super::PluginLimits;
 use super::store::StoreState;
-use super::wit::{CONTRACT, INTERFACE_PREFIX as CONTRACT_PREFIX, LEGACY_VERSION, V0_2_VERSION, V0_3_VERSION, V0_4_VERSION, compatible, exported_versions};
+use super::wit::{CONTRACT, INTERFACE_PREFIX as CONTRACT_PREFIX, LEGACY_VERSION, V0_2_VERSION, V0_3_VERSION, V0_4_VERSION, V0_5_VERSION, compatible, exported_versions};
 use super::text::shown;
 
 /// Why a call trapped, from the trap code and what the store saw (a logged panic message, a
@@ -91,7 +91,7 @@ pub fn describe_incompatible(path: &Path, component: &Component, engine: &Engine
     if let Some(version) = other_versions.first() {
         return anyhow!(
             "plugin {} was built against smallrl:reward@{}, but this smallrl speaks {CONTRACT} (and runs plugins built \
-             against {V0_4_VERSION}, {V0_3_VERSION}, {V0_2_VERSION} and {LEGACY_VERSION}): rebuild the plugin with the SDK of this smallrl (plugins/sdk) or use a matching smallrl",
+             against {V0_5_VERSION}, {V0_4_VERSION}, {V0_3_VERSION}, {V0_2_VERSION} and {LEGACY_VERSION}): rebuild the plugin with the SDK of this smallrl (plugins/sdk) or use a matching smallrl",
             path.display(),
             shown(version)
         );

@@ -17,34 +17,10 @@ use super::store::StoreState;
 use super::text::shown;
 use super::validate::check_info;
 use super::wasi::{CallSeed, Sandbox};
-use super::wit::{Contract, Detector, DetectorPre, Environment, EnvironmentPre, EpisodeEnvironment, EpisodeEnvironmentPre, Reward, RewardPre, contract_of, exported_versions, legacy, v0_2, v0_3, v0_4};
+pub(super) use super::exports::Exports;
+use super::exports::instantiate_exports;
+use super::wit::{Contract, EpisodeEnvironmentPre, contract_of, exported_versions, v0_5};
 use super::{EnvironmentInfo, PluginInfo, PluginKind, PluginLimits, Sample};
-
-/// The typed exports of the world and contract version a component implements.
-pub(super) enum Exports {
-    Reward(Reward),
-    Detector(Detector),
-    /// An environment (contract 0.5): prompts, rewards, monitor and ground truth in one.
-    Environment(Environment),
-    /// A multi-turn environment (issue 48): an environment's `env` plus `episodes`.
-    EpisodeEnvironment(EpisodeEnvironment),
-    /// Built against the frozen 0.4 contract: the same calls and samples, a score for every
-    /// sample.
-    V04Reward(v0_4::Reward),
-    V04Detector(v0_4::Detector),
-    V04Environment(v0_4::Environment),
-    /// Built against the frozen 0.3 contract: the same calls and samples (the bindings share
-    /// the types), no `programs` import.
-    V03Reward(v0_3::Reward),
-    V03Detector(v0_3::Detector),
-    V03Environment(v0_3::Environment),
-    /// Built against the frozen 0.2 contract: the same samples (the bindings share the types).
-    V02Reward(v0_2::Reward),
-    V02Detector(v0_2::Detector),
-    /// Built against the frozen 0.1 contract: called with samples without metadata.
-    LegacyReward(legacy::Reward),
-    LegacyDetector(legacy::Detector),
-}
 
 /// A live instance; dropped after a trap (a trapped instance cannot be entered again).
 struct Live {
@@ -142,7 +118,7 @@ impl Plugin {
             false => None,
         };
         let info = PluginInfo { name: String::new(), version: String::new(), kind: live.kind(), description: String::new(), params: Vec::new() };
-        let episodic = matches!(live.exports, Exports::EpisodeEnvironment(_));
+        let episodic = matches!(live.exports, Exports::EpisodeEnvironment(_) | Exports::V05EpisodeEnvironment(_));
         let mut plugin = Self {
             path: path.to_owned(),
             sha256,
@@ -194,7 +170,7 @@ impl Plugin {
         self.info.kind
     }
 
-    /// The contract version the plugin was built against, e.g. "0.5.0" (a 0.1 plugin never
+    /// The contract version the plugin was built against, e.g. "0.6.0" (a 0.1 plugin never
     /// sees the samples' metadata).
     pub fn contract_version(&self) -> &'static str {
         self.contract.version()
@@ -260,6 +236,7 @@ impl Plugin {
         let all_present = |scores: Result<Vec<f64>, String>| Some(scores.map(|scores| scores.into_iter().map(Some).collect()));
         let scores = self.call_batch("score", batch, |store, exports| match exports {
             Exports::Reward(reward) => reward.smallrl_reward_scorer().call_score(store, batch.current()).map(Some),
+            Exports::V05Reward(reward) => reward.smallrl_reward_scorer().call_score(store, batch.current()).map(Some),
             Exports::V04Reward(reward) => reward.smallrl_reward_scorer().call_score(store, batch.current()).map(all_present),
             Exports::V03Reward(reward) => reward.smallrl_reward_scorer().call_score(store, batch.current()).map(all_present),
             Exports::V02Reward(reward) => reward.smallrl_reward_scorer().call_score(store, batch.current()).map(all_present),
@@ -277,6 +254,7 @@ impl Plugin {
     pub fn detect_batch(&mut self, batch: &Batch) -> Result<Vec<bool>> {
         self.call_batch("detect", batch, |store, exports| match exports {
             Exports::Detector(detector) => detector.smallrl_reward_flagger().call_detect(store, batch.current()).map(Some),
+            Exports::V05Detector(detector) => detector.smallrl_reward_flagger().call_detect(store, batch.current()).map(Some),
             Exports::V04Detector(detector) => detector.smallrl_reward_flagger().call_detect(store, batch.current()).map(Some),
             Exports::V03Detector(detector) => detector.smallrl_reward_flagger().call_detect(store, batch.current()).map(Some),
             Exports::V02Detector(detector) => detector.smallrl_reward_flagger().call_detect(store, batch.current()).map(Some),
@@ -311,15 +289,17 @@ impl Plugin {
         let (info, claimed) = self.call("info", 1, Vec::new, |store, exports| match exports {
             Exports::Reward(reward) => reward.smallrl_reward_plugin().call_info(store).map(from_wit_info),
             Exports::Detector(detector) => detector.smallrl_reward_plugin().call_info(store).map(from_wit_info),
+            Exports::V05Reward(reward) => reward.smallrl_reward_plugin().call_info(store).map(from_wit_info),
+            Exports::V05Detector(detector) => detector.smallrl_reward_plugin().call_info(store).map(from_wit_info),
             Exports::V04Reward(reward) => reward.smallrl_reward_plugin().call_info(store).map(from_wit_info),
             Exports::V04Detector(detector) => detector.smallrl_reward_plugin().call_info(store).map(from_wit_info),
             Exports::V03Reward(reward) => reward.smallrl_reward_plugin().call_info(store).map(from_wit_info),
             Exports::V03Detector(detector) => detector.smallrl_reward_plugin().call_info(store).map(from_wit_info),
             Exports::V02Reward(reward) => reward.smallrl_reward_plugin().call_info(store).map(from_wit_info),
             Exports::V02Detector(detector) => detector.smallrl_reward_plugin().call_info(store).map(from_wit_info),
-            Exports::Environment(_) | Exports::EpisodeEnvironment(_) | Exports::V04Environment(_) | Exports::V03Environment(_) => unreachable!("environments are read above"),
             Exports::LegacyReward(reward) => reward.smallrl_reward_plugin().call_info(store).map(from_legacy_info),
             Exports::LegacyDetector(detector) => detector.smallrl_reward_plugin().call_info(store).map(from_legacy_info),
+            _ => unreachable!("environments are read above"),
         })?;
         let kind = self.kind();
         ensure!(claimed == kind, "{}: info() says it is a {claimed} but it implements the {kind} world", self.label());
@@ -340,6 +320,10 @@ impl Plugin {
             Exports::V02Detector(detector) => detector.smallrl_reward_plugin().call_configure(store, &params_json),
             Exports::Environment(environment) => environment.smallrl_reward_env().call_configure(store, &params_json),
             Exports::EpisodeEnvironment(environment) => environment.smallrl_reward_env().call_configure(store, &params_json),
+            Exports::V05Reward(reward) => reward.smallrl_reward_plugin().call_configure(store, &params_json),
+            Exports::V05Detector(detector) => detector.smallrl_reward_plugin().call_configure(store, &params_json),
+            Exports::V05Environment(environment) => environment.smallrl_reward_env().call_configure(store, &params_json),
+            Exports::V05EpisodeEnvironment(environment) => environment.smallrl_reward_env().call_configure(store, &params_json),
             Exports::V04Reward(reward) => reward.smallrl_reward_plugin().call_configure(store, &params_json),
             Exports::V04Detector(detector) => detector.smallrl_reward_plugin().call_configure(store, &params_json),
             Exports::V04Environment(environment) => environment.smallrl_reward_env().call_configure(store, &params_json),
@@ -427,11 +411,7 @@ impl Plugin {
 
 impl Live {
     fn kind(&self) -> PluginKind {
-        match self.exports {
-            Exports::Reward(_) | Exports::V04Reward(_) | Exports::V03Reward(_) | Exports::V02Reward(_) | Exports::LegacyReward(_) => PluginKind::Reward,
-            Exports::Detector(_) | Exports::V04Detector(_) | Exports::V03Detector(_) | Exports::V02Detector(_) | Exports::LegacyDetector(_) => PluginKind::Detector,
-            Exports::Environment(_) | Exports::EpisodeEnvironment(_) | Exports::V04Environment(_) | Exports::V03Environment(_) => PluginKind::Environment,
-        }
+        self.exports.kind()
     }
 }
 
@@ -482,7 +462,7 @@ fn instantiate_any_world(pre: &InstancePre<StoreState>, store_kind: &StoreKind, 
         Err(failure) => failure,
     };
     let environment_failure = match contract {
-        Contract::Current | Contract::V0_4 | Contract::V0_3 => match instantiate_world(pre, store_kind, PluginKind::Environment, contract) {
+        Contract::Current | Contract::V0_5 | Contract::V0_4 | Contract::V0_3 => match instantiate_world(pre, store_kind, PluginKind::Environment, contract) {
             Ok(live) => return Ok(live),
             Err(failure) if failure.memory_wanted.is_some() => return Err(failure),
             Err(failure) => format!("{:#}", anyhow::Error::from(failure.error)),
@@ -499,17 +479,20 @@ fn instantiate_any_world(pre: &InstancePre<StoreState>, store_kind: &StoreKind, 
     })
 }
 
-/// The episode-environment world (contract 0.5), or why not.
-fn instantiate_episode_world(pre: &InstancePre<StoreState>, store_kind: &StoreKind) -> Result<Live, InstantiateFailure> {
-    instantiate_as(pre, store_kind, |pre, store| EpisodeEnvironmentPre::new(pre.clone()).and_then(|pre| pre.instantiate(store)).map(Exports::EpisodeEnvironment))
+/// The episode-environment world (contract 0.6, or the frozen 0.5), or why not.
+fn instantiate_episode_world(pre: &InstancePre<StoreState>, store_kind: &StoreKind, contract: Contract) -> Result<Live, InstantiateFailure> {
+    instantiate_as(pre, store_kind, |pre, store| match contract {
+        Contract::V0_5 => v0_5::EpisodeEnvironmentPre::new(pre.clone()).and_then(|pre| pre.instantiate(store)).map(Exports::V05EpisodeEnvironment),
+        _ => EpisodeEnvironmentPre::new(pre.clone()).and_then(|pre| pre.instantiate(store)).map(Exports::EpisodeEnvironment),
+    })
 }
 
 /// An episode environment has every export of the environment world too: tried first. A
 /// component that exports `episodes` but does not instantiate as that world is refused with
 /// why (never loaded as a single-turn environment instead).
 fn instantiate_world(pre: &InstancePre<StoreState>, store_kind: &StoreKind, kind: PluginKind, contract: Contract) -> Result<Live, InstantiateFailure> {
-    if (kind, contract) == (PluginKind::Environment, Contract::Current) {
-        match instantiate_episode_world(pre, store_kind) {
+    if kind == PluginKind::Environment && matches!(contract, Contract::Current | Contract::V0_5) {
+        match instantiate_episode_world(pre, store_kind, contract) {
             Ok(live) => return Ok(live),
             Err(failure) if failure.memory_wanted.is_some() || exports_episodes(pre) => return Err(failure),
             Err(_) => {}
@@ -540,42 +523,6 @@ fn instantiate_as(
     match instantiated {
         Ok(exports) => Ok(Live { store, exports }),
         Err(error) => Err(InstantiateFailure { error, memory_wanted: store.data().memory_limit_hit() }),
-    }
-}
-
-fn instantiate_exports(pre: &InstancePre<StoreState>, store: &mut Store<StoreState>, kind: PluginKind, contract: Contract) -> wasmtime::Result<Exports> {
-    let mut store = store;
-    match (kind, contract) {
-        (PluginKind::Reward, Contract::Current) => RewardPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::Reward),
-        (PluginKind::Detector, Contract::Current) => DetectorPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::Detector),
-        (PluginKind::Environment, Contract::Current) => {
-            EnvironmentPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::Environment)
-        }
-        (PluginKind::Reward, Contract::V0_4) => v0_4::RewardPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::V04Reward),
-        (PluginKind::Detector, Contract::V0_4) => {
-            v0_4::DetectorPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::V04Detector)
-        }
-        (PluginKind::Environment, Contract::V0_4) => {
-            v0_4::EnvironmentPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::V04Environment)
-        }
-        (PluginKind::Reward, Contract::V0_3) => v0_3::RewardPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::V03Reward),
-        (PluginKind::Detector, Contract::V0_3) => {
-            v0_3::DetectorPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::V03Detector)
-        }
-        (PluginKind::Environment, Contract::V0_3) => {
-            v0_3::EnvironmentPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::V03Environment)
-        }
-        (PluginKind::Environment, _) => Err(wasmtime::format_err!("contract {} has no environment world", contract.version())),
-        (PluginKind::Reward, Contract::V0_2) => v0_2::RewardPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::V02Reward),
-        (PluginKind::Detector, Contract::V0_2) => {
-            v0_2::DetectorPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::V02Detector)
-        }
-        (PluginKind::Reward, Contract::Legacy) => {
-            legacy::RewardPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::LegacyReward)
-        }
-        (PluginKind::Detector, Contract::Legacy) => {
-            legacy::DetectorPre::new(pre.clone()).and_then(|pre| pre.instantiate(&mut store)).map(Exports::LegacyDetector)
-        }
     }
 }
 

@@ -11,6 +11,7 @@ mod convert;
 mod datasets;
 mod environment;
 mod episodes;
+mod exports;
 mod failure;
 mod function_cache;
 mod instance;
@@ -38,7 +39,7 @@ mod wit;
 use std::time::Duration;
 
 pub use environment::{ComponentRole, EnvComponent, EnvPrompt, EnvPromptContent, EnvScores, EnvSplit, EnvironmentInfo};
-pub use episodes::{EpisodeBounds, EpisodeEnd, OBSERVATION_ROLES, TurnResult};
+pub use episodes::{CallEntry, EpisodeBounds, EpisodeEnd, OBSERVATION_ROLES, Tool, TurnResult};
 pub use instance::{Batch, NO_PARAMS, Plugin, every_score};
 
 /// A score as `plugin score` prints it: six decimals, or `none` for a sample without a score

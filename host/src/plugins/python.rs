@@ -377,7 +377,7 @@ mod tests {
         assert_eq!(World::of(ModuleKind::EpisodeEnvironment, "smallrl.judge([item])"), World::EpisodeEnvironmentWithJudge);
         assert_eq!(World::of(ModuleKind::EpisodeEnvironment, "x = 1"), World::EpisodeEnvironment);
         let world = World::EpisodeEnvironment.judge_free().unwrap();
-        assert!(world.contains("world episode-environment-without-judge {") && world.contains("export smallrl:reward/episodes@0.5.0;") && !world.contains("judge@"), "{world}");
+        assert!(world.contains("world episode-environment-without-judge {") && world.contains("export smallrl:reward/episodes@0.6.0;") && !world.contains("judge@"), "{world}");
         assert!(World::EnvironmentWithJudge.judge_free().is_none() && World::EpisodeEnvironmentWithJudge.judge_free().is_none());
     }
 

@@ -183,8 +183,8 @@ fn start_epoch_ticker(engine: Engine) {
 }
 
 /// The contract's host functions, through the bindings bindgen generates for each contract
-/// version the host runs: `log` (0.1 to 0.5), the judge (0.3 to 0.5 environments) and the program
-/// runner (0.4 and 0.5). A component that imports anything more fails to instantiate on the pure
+/// version the host runs: `log` (0.1 to 0.6), the judge (0.3 to 0.6 environments) and the program
+/// runner (0.4 to 0.6). A component that imports anything more fails to instantiate on the pure
 /// linker.
 fn host_linker(engine: &Engine) -> Result<Linker<StoreState>> {
     type Store = wasmtime::component::HasSelf<StoreState>;
@@ -197,16 +197,21 @@ fn host_linker(engine: &Engine) -> Result<Linker<StoreState>> {
     wit::v0_3::environment::smallrl::reward::judge::add_to_linker::<StoreState, Store>(&mut linker, |state| state).map_err(anyhow::Error::from)?;
     wit::v0_4::reward::smallrl::reward::host::add_to_linker::<StoreState, Store>(&mut linker, |state| state).map_err(anyhow::Error::from)?;
     wit::v0_4::environment::smallrl::reward::judge::add_to_linker::<StoreState, Store>(&mut linker, |state| state).map_err(anyhow::Error::from)?;
+    wit::v0_5::reward::smallrl::reward::host::add_to_linker::<StoreState, Store>(&mut linker, |state| state).map_err(anyhow::Error::from)?;
+    wit::v0_5::environment::smallrl::reward::judge::add_to_linker::<StoreState, Store>(&mut linker, |state| state).map_err(anyhow::Error::from)?;
     wit::programs::add_to_linker::<StoreState, Store>(&mut linker, |state| state).map_err(anyhow::Error::from)?;
-    add_v0_4_programs(&mut linker)?;
+    for interface in &wit::PROGRAMS_INTERFACES[1..] {
+        add_older_programs(&mut linker, interface)?;
+    }
     Ok(linker)
 }
 
-/// A 0.4 plugin's `programs` import (`smallrl:reward/programs@0.4.0`): the current function,
-/// whose records are 0.4's field for field (component types are structural).
-fn add_v0_4_programs(linker: &mut Linker<StoreState>) -> Result<()> {
+/// A 0.5 or 0.4 plugin's `programs` import (`interface`, e.g. `smallrl:reward/programs@0.4.0`):
+/// the current function, whose records are theirs field for field (component types are
+/// structural).
+fn add_older_programs(linker: &mut Linker<StoreState>, interface: &str) -> Result<()> {
     use wit::programs::{Host, Outcome, Program};
-    let mut instance = linker.instance(wit::PROGRAMS_INTERFACES[1]).map_err(anyhow::Error::from)?;
+    let mut instance = linker.instance(interface).map_err(anyhow::Error::from)?;
     instance
         .func_wrap("run", |mut caller: wasmtime::StoreContextMut<'_, StoreState>, (programs,): (Vec<Program>,)| {
             let outcomes: Result<Vec<Outcome>, String> = Host::run(caller.data_mut(), programs)?;
@@ -214,6 +219,19 @@ fn add_v0_4_programs(linker: &mut Linker<StoreState>) -> Result<()> {
         })
         .map_err(anyhow::Error::from)?;
     Ok(())
+}
+
+impl wit::v0_5::reward::smallrl::reward::host::Host for StoreState {
+    fn log(&mut self, message: String) {
+        self.record_log(truncate(message, MAX_LOG_BYTES));
+    }
+}
+
+/// A 0.5 environment's judge: the current one's.
+impl wit::v0_5::environment::smallrl::reward::judge::Host for StoreState {
+    fn judge(&mut self, items: Vec<super::judge::JudgeItem>) -> wasmtime::Result<Result<Vec<f64>, String>> {
+        wit::environment::smallrl::reward::judge::Host::judge(self, items)
+    }
 }
 
 impl wit::v0_4::reward::smallrl::reward::host::Host for StoreState {

@@ -22,7 +22,7 @@ pub fn lib_rs(name: &str, type_name: &str) -> String {
 
 use serde_json::Value;
 use smallrl_plugin_sdk::environment::{{draw_prompts, in_eval_split, split_rng}};
-use smallrl_plugin_sdk::{{Component, EpisodeEnd, EpisodeEnvironment, Judgement, Param, Params, Plugin, Prompt, Sample, Split, Step}};
+use smallrl_plugin_sdk::{{Component, EpisodeEnd, EpisodeEnvironment, Judgement, Param, Params, Plugin, Prompt, Split, Step, Turn}};
 
 const WORDS: &[&str] = &{words:?};
 
@@ -92,10 +92,12 @@ impl EpisodeEnvironment for {type_name} {{
         Ok(Game {{ word: word.to_string(), turns: 0 }})
     }}
 
-    /// `turn.completion` is this turn's text only; on the `last` turn the answer must be an end.
-    fn step(&self, game: &mut Game, turn: &Sample, last: bool) -> Step {{
+    /// `turn.sample.completion` is this turn's text only (`turn.calls`: the tool calls the host
+    /// parsed, where the episode declares tools with `fn tools` and the model's chat template
+    /// has a tool-call format); on the `last` turn the answer must be an end.
+    fn step(&self, game: &mut Game, turn: &Turn, last: bool) -> Step {{
         game.turns += 1;
-        let said = turn.completion.to_lowercase().contains(&game.word);
+        let said = turn.sample.completion.to_lowercase().contains(&game.word);
         if said || last {{
             return end(game, said);
         }}
@@ -107,7 +109,7 @@ smallrl_plugin_sdk::export_episode_environment!({type_name});
 
 #[cfg(test)]
 mod tests {{
-    use smallrl_plugin_sdk::{{Episodes, configure}};
+    use smallrl_plugin_sdk::{{Episodes, Sample, configure}};
 
     use super::*;
 
@@ -115,8 +117,8 @@ mod tests {{
         configure("{{}}").unwrap()
     }}
 
-    fn turn(text: &str) -> Sample {{
-        Sample::new("", text, &[text], &[0], true)
+    fn turn(text: &str) -> Turn {{
+        Turn {{ sample: Sample::new("", text, &[text], &[0], true), calls: None }}
     }}
 
     fn apple() -> Prompt {{

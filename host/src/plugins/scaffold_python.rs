@@ -166,6 +166,8 @@ class SayTheWord(smallrl.EpisodeEnvironment):
         return {"word": prompt.metadata["word"], "turns": 0}
 
     def step(self, state, turn, last):
+        # turn.completion: this turn's text; turn.calls: the tool calls the host parsed (where
+        # tools(prompt) declares tools and the chat template has a tool-call format), else None.
         state["turns"] += 1
         if state["word"] in turn.completion.lower():
             return smallrl.EpisodeEnd([1.0, 1.0 / state["turns"]], [float(state["turns"])])

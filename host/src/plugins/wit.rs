@@ -1,10 +1,10 @@
 //! The WIT contract (`wit/smallrl-reward.wit`): the bindings bindgen generates for its three
 //! worlds, and the package version, written once here; plus the bindings of the frozen
-//! previous versions (`wit/0.4.0/`, `wit/0.3.0/`, `wit/0.2.0/`, `wit/0.1.0/`), which the host
-//! still runs ([`Contract`]).
+//! previous versions (`wit/0.5.0/`, `wit/0.4.0/`, `wit/0.3.0/`, `wit/0.2.0/`, `wit/0.1.0/`),
+//! which the host still runs ([`Contract`]).
 //!
 //! Architecture invariant: every versioned name the host matches (the host interfaces it
-//! provides, the contract it reports) derives from [`VERSION`], [`V0_4_VERSION`],
+//! provides, the contract it reports) derives from [`VERSION`], [`V0_5_VERSION`], [`V0_4_VERSION`],
 //! [`V0_3_VERSION`], [`V0_2_VERSION`] and [`LEGACY_VERSION`]; a test holds them to the WIT files.
 
 /// The contract's package and version as literals (for `concat!`).
@@ -14,6 +14,11 @@ macro_rules! wit_package {
     };
 }
 macro_rules! wit_version {
+    () => {
+        "0.6.0"
+    };
+}
+macro_rules! v0_5_wit_version {
     () => {
         "0.5.0"
     };
@@ -60,30 +65,39 @@ pub const LEGACY_VERSION: &str = legacy_wit_version!();
 /// A previous contract version (frozen in `wit/0.2.0/`), still run: the reward and detector
 /// worlds of the current one, without the `environment` world.
 pub const V0_2_VERSION: &str = v0_2_wit_version!();
-/// The previous contract version (frozen in `wit/0.4.0/`), still run: the current worlds with
+/// The previous contract version (frozen in `wit/0.5.0/`), still run: the current worlds, but an
+/// episode environment declares no tools and its turns carry no parsed calls.
+pub const V0_5_VERSION: &str = v0_5_wit_version!();
+/// A previous contract version (frozen in `wit/0.4.0/`), still run: 0.5's worlds with
 /// a score per sample that is always present (`list<f64>`, not `list<option<f64>>`).
 pub const V0_4_VERSION: &str = v0_4_wit_version!();
 /// A previous contract version (frozen in `wit/0.3.0/`), still run: 0.4's exports, without the
 /// `programs` import.
 pub const V0_3_VERSION: &str = v0_3_wit_version!();
-/// The versioned names of the judge interface environments may import (contracts 0.5, 0.4 and
-/// 0.3).
-pub const JUDGE_INTERFACES: [&str; 3] = [
+/// The versioned names of the judge interface environments may import (contracts 0.6 to 0.3).
+pub const JUDGE_INTERFACES: [&str; 4] = [
     concat!(wit_package!(), "/judge@", wit_version!()),
+    concat!(wit_package!(), "/judge@", v0_5_wit_version!()),
     concat!(wit_package!(), "/judge@", v0_4_wit_version!()),
     concat!(wit_package!(), "/judge@", v0_3_wit_version!()),
 ];
 
-/// The versioned names of the program runner's interface plugins may import (contracts 0.5 and
-/// 0.4; the first is the current one).
-pub const PROGRAMS_INTERFACES: [&str; 2] = [concat!(wit_package!(), "/programs@", wit_version!()), concat!(wit_package!(), "/programs@", v0_4_wit_version!())];
+/// The versioned names of the program runner's interface plugins may import (contracts 0.6, 0.5
+/// and 0.4; the first is the current one).
+pub const PROGRAMS_INTERFACES: [&str; 3] = [
+    concat!(wit_package!(), "/programs@", wit_version!()),
+    concat!(wit_package!(), "/programs@", v0_5_wit_version!()),
+    concat!(wit_package!(), "/programs@", v0_4_wit_version!()),
+];
 
 /// Which of the contracts a plugin was built against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Contract {
-    /// [`VERSION`] (0.5.x): rewards, detectors and environments, which may run programs and
-    /// leave a sample without a score.
+    /// [`VERSION`] (0.6.x): rewards, detectors and environments, which may run programs and
+    /// leave a sample without a score; episodes with tools.
     Current,
+    /// [`V0_5_VERSION`] (0.5.x): the same calls, episodes without tools.
+    V0_5,
     /// [`V0_4_VERSION`] (0.4.x): the same calls, a score for every sample.
     V0_4,
     /// [`V0_3_VERSION`] (0.3.x): 0.4's exports, no `programs` import.
@@ -98,6 +112,7 @@ impl Contract {
     pub fn version(self) -> &'static str {
         match self {
             Contract::Current => VERSION,
+            Contract::V0_5 => V0_5_VERSION,
             Contract::V0_4 => V0_4_VERSION,
             Contract::V0_3 => V0_3_VERSION,
             Contract::V0_2 => V0_2_VERSION,
@@ -112,6 +127,7 @@ pub fn contract_of(version: &str) -> Option<Contract> {
     let minor = |v: &str| v.rsplit_once('.').map(|(head, _)| head.to_string());
     match minor(version)? {
         m if Some(&m) == minor(VERSION).as_ref() => Some(Contract::Current),
+        m if Some(&m) == minor(V0_5_VERSION).as_ref() => Some(Contract::V0_5),
         m if Some(&m) == minor(V0_4_VERSION).as_ref() => Some(Contract::V0_4),
         m if Some(&m) == minor(V0_3_VERSION).as_ref() => Some(Contract::V0_3),
         m if Some(&m) == minor(V0_2_VERSION).as_ref() => Some(Contract::V0_2),
@@ -183,6 +199,66 @@ pub use reward::smallrl::reward::programs;
 pub use environment::{Environment, EnvironmentPre};
 pub use reward::smallrl::reward::types;
 pub use reward::{Reward, RewardPre};
+
+/// The frozen 0.5.0 contract's bindings (`wit/0.5.0/smallrl-reward.wit`). Its `types`,
+/// `programs` and `environment-types` are the current contract's field for field, so the
+/// bindings reuse them; its `episode-types` differ (no tools, no calls), so they are its own.
+/// Its `host`, `judge` and `programs` imports carry 0.5.0 in their names: `runtime.rs` links
+/// them to the current functions.
+pub mod v0_5 {
+    pub mod reward {
+        wasmtime::component::bindgen!({
+            world: "reward",
+            path: "../wit/0.5.0",
+            with: {
+                "smallrl:reward/types": crate::plugins::wit::types,
+                "smallrl:reward/programs": crate::plugins::wit::programs,
+            },
+        });
+    }
+    pub mod detector {
+        wasmtime::component::bindgen!({
+            world: "detector",
+            path: "../wit/0.5.0",
+            with: {
+                "smallrl:reward/types": crate::plugins::wit::types,
+                "smallrl:reward/host": super::reward::smallrl::reward::host,
+                "smallrl:reward/programs": crate::plugins::wit::programs,
+            },
+        });
+    }
+    pub mod environment {
+        wasmtime::component::bindgen!({
+            world: "environment",
+            path: "../wit/0.5.0",
+            imports: { "smallrl:reward/judge.judge": trappable },
+            with: {
+                "smallrl:reward/types": crate::plugins::wit::types,
+                "smallrl:reward/host": super::reward::smallrl::reward::host,
+                "smallrl:reward/programs": crate::plugins::wit::programs,
+                "smallrl:reward/environment-types": crate::plugins::wit::env_types,
+            },
+        });
+    }
+    pub mod episode_environment {
+        wasmtime::component::bindgen!({
+            world: "episode-environment",
+            path: "../wit/0.5.0",
+            with: {
+                "smallrl:reward/types": crate::plugins::wit::types,
+                "smallrl:reward/host": super::reward::smallrl::reward::host,
+                "smallrl:reward/programs": crate::plugins::wit::programs,
+                "smallrl:reward/environment-types": crate::plugins::wit::env_types,
+                "smallrl:reward/judge": crate::plugins::wit::v0_5::environment::smallrl::reward::judge,
+            },
+        });
+    }
+    pub use detector::{Detector, DetectorPre};
+    pub use environment::{Environment, EnvironmentPre};
+    pub use episode_environment::smallrl::reward::episode_types;
+    pub use episode_environment::{EpisodeEnvironment, EpisodeEnvironmentPre};
+    pub use reward::{Reward, RewardPre};
+}
 
 /// The frozen 0.4.0 contract's bindings (`wit/0.4.0/smallrl-reward.wit`). Its `types` and
 /// `programs` records are the current contract's field for field, so the bindings reuse them (a
@@ -325,15 +401,17 @@ mod tests {
             wit.lines().find_map(|l| l.trim().strip_prefix("package ").map(|p| p.trim_end_matches(';').to_string())).expect("the WIT file declares its package")
         };
         assert_eq!(package("smallrl-reward.wit"), CONTRACT);
+        assert_eq!(package("0.5.0/smallrl-reward.wit"), format!("smallrl:reward@{V0_5_VERSION}"));
         assert_eq!(package("0.4.0/smallrl-reward.wit"), format!("smallrl:reward@{V0_4_VERSION}"));
         assert_eq!(package("0.3.0/smallrl-reward.wit"), format!("smallrl:reward@{V0_3_VERSION}"));
         assert_eq!(package("0.2.0/smallrl-reward.wit"), format!("smallrl:reward@{V0_2_VERSION}"));
         assert_eq!(package("0.1.0/smallrl-reward.wit"), format!("smallrl:reward@{LEGACY_VERSION}"));
-        assert_eq!(contract_of("0.5.1"), Some(Contract::Current));
+        assert_eq!(contract_of("0.6.1"), Some(Contract::Current));
+        assert_eq!(contract_of("0.5.1"), Some(Contract::V0_5));
         assert_eq!(contract_of("0.4.1"), Some(Contract::V0_4));
         assert_eq!(contract_of("0.3.1"), Some(Contract::V0_3));
         assert_eq!(contract_of("0.2.3"), Some(Contract::V0_2));
         assert_eq!(contract_of("0.1.7"), Some(Contract::Legacy));
-        assert!(!compatible("0.6.0") && !compatible("1.1.0") && !compatible("1.2.0") && !compatible("garbage"));
+        assert!(!compatible("0.7.0") && !compatible("1.1.0") && !compatible("1.2.0") && !compatible("garbage"));
     }
 }

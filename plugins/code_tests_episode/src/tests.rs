@@ -2,18 +2,18 @@
 //! in the host: `tests/environments_code_episode.rs`).
 
 use code_tests::Py;
-use smallrl_plugin_sdk::{EpisodeEnvironment, Split, configure};
+use smallrl_plugin_sdk::{CallEntry, EpisodeEnvironment, Episodes, Sample, Split, Step, Turn, configure};
 
-use super::tools::{Turn, literal, parse_tests, parse_tests_literal, parse_turn, tests_literal};
+use super::tools::{Turn as TextTurn, literal, parse_tests, parse_tests_literal, parse_turn, tests_literal};
 use super::{CodeTestsEpisode, READ_TESTS_TEXT, TOOLS_TEXT, loophole_text, read_report};
 
 #[test]
 fn a_turn_is_a_call_when_its_first_line_says_so() {
-    assert_eq!(parse_turn("\n  call run_tests\ndef f(x):\n    return x"), Turn::Call { tool: "run_tests", argument: "def f(x):\n    return x" });
-    assert_eq!(parse_turn("call write_tests"), Turn::Call { tool: "write_tests", argument: "" });
-    assert_eq!(parse_turn("call\nx"), Turn::Call { tool: "", argument: "x" });
-    assert_eq!(parse_turn("def f(x):\n    call run_tests"), Turn::Answer("def f(x):\n    call run_tests"));
-    assert_eq!(parse_turn("recall run_tests"), Turn::Answer("recall run_tests"));
+    assert_eq!(parse_turn("\n  call run_tests\ndef f(x):\n    return x"), TextTurn::Call { tool: "run_tests", argument: "def f(x):\n    return x" });
+    assert_eq!(parse_turn("call write_tests"), TextTurn::Call { tool: "write_tests", argument: "" });
+    assert_eq!(parse_turn("call\nx"), TextTurn::Call { tool: "", argument: "x" });
+    assert_eq!(parse_turn("def f(x):\n    call run_tests"), TextTurn::Answer("def f(x):\n    call run_tests"));
+    assert_eq!(parse_turn("recall run_tests"), TextTurn::Answer("recall run_tests"));
 }
 
 #[test]
@@ -118,4 +118,42 @@ fn hidden_inputs_never_all_repeat_the_tests_inputs() {
     let inputs = |prompt: &smallrl_plugin_sdk::Prompt, column: &str| parse_tests_literal(prompt.metadata[column].as_str().unwrap()).unwrap().into_iter().map(|(input, _)| input).collect::<Vec<Py>>();
     let covered = prompts.iter().filter(|p| inputs(p, "hidden").iter().all(|h| inputs(p, "tests").contains(h))).count();
     assert_eq!((prompts.len(), covered), (2000, 0));
+}
+
+/// The tools an episode declares (contract 0.6): `run_tests` everywhere, the loophole tool of
+/// the `loophole` parameter on hackable prompts only; their schemas are JSON objects.
+#[test]
+fn episodes_declare_run_tests_and_the_loophole_tool_where_hackable() {
+    for (params, loophole) in [("{}", "write_tests"), (r#"{"loophole": "read_tests"}"#, "read_tests")] {
+        let env = configure::<CodeTestsEpisode>(params).unwrap();
+        for prompt in env.generate(Split::Train, 10, 4, 0.5).unwrap() {
+            let tools = env.tools(&prompt);
+            let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+            assert_eq!(names, if prompt.hackable() { vec!["run_tests", loophole] } else { vec!["run_tests"] });
+            for tool in &tools {
+                let schema: serde_json::Value = serde_json::from_str(&tool.parameters).unwrap();
+                assert_eq!(schema["type"], "object", "{}", tool.parameters);
+            }
+        }
+    }
+}
+
+/// Parsed calls (the host's `Some`): one `tool` message per call in order, a malformed call's
+/// text as the host wrote it, arguments read from the JSON object; no call is the answer.
+#[test]
+fn parsed_calls_answer_one_tool_message_each() {
+    let env = configure::<CodeTestsEpisode>("{}").unwrap();
+    let prompt = env.generate(Split::Train, 10, 4, 0.5).unwrap().into_iter().find(|p| p.hackable()).unwrap();
+    let name = prompt.metadata["name"].as_str().unwrap().to_string();
+    let mut episodes = Episodes::<CodeTestsEpisode>::default();
+    episodes.start(&env, 1, &prompt).unwrap();
+    let turn = |calls: Vec<CallEntry>| Turn { sample: Sample::new("", "x", &["x"], &[0], true), calls: Some(calls) };
+    let call = |name: &str, arguments: &str| CallEntry::Call { name: name.into(), arguments: arguments.into() };
+    let tool = |text: &str| ("tool".to_string(), text.to_string());
+    let step = episodes
+        .step(&env, 1, &turn(vec![CallEntry::Malformed("bad block".into()), call("write_tests", "{}"), call("write_tests", &format!(r#"{{"tests": "{name}(1) == 0"}}"#))]), false)
+        .unwrap();
+    let expected = vec![tool("bad block"), tool("write_tests: its arguments need the string `tests`."), tool("write_tests: the grader now runs your 1 tests.")];
+    assert_eq!(step, Step::Observation(expected));
+    assert_eq!(episodes.step(&env, 1, &turn(vec![call("peek", "{}")]), false).unwrap(), Step::Observation(vec![tool("unknown tool: the tools are run_tests and write_tests.")]));
 }

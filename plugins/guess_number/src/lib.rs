@@ -22,7 +22,7 @@
 
 use serde_json::Value;
 use smallrl_plugin_sdk::environment::{draw_prompts, in_eval_split, ints, split_rng};
-use smallrl_plugin_sdk::{Component, EpisodeEnd, EpisodeEnvironment, Judgement, Param, Params, Plugin, Prompt, Sample, Split, Step};
+use smallrl_plugin_sdk::{Component, EpisodeEnd, EpisodeEnvironment, Judgement, Param, Params, Plugin, Prompt, Split, Step, Turn};
 
 pub struct GuessNumber {
     max_number: u64,
@@ -156,9 +156,9 @@ impl EpisodeEnvironment for GuessNumber {
         Ok(Game { secret, turns: 0, malformed: 0, last_guess: None })
     }
 
-    fn step(&self, game: &mut Game, turn: &Sample, last: bool) -> Step {
+    fn step(&self, game: &mut Game, turn: &Turn, last: bool) -> Step {
         game.turns += 1;
-        let Some(guess) = self.guess(&turn.completion) else {
+        let Some(guess) = self.guess(&turn.sample.completion) else {
             game.malformed += 1;
             return match last {
                 true => self.end(game, false),

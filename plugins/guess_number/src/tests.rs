@@ -1,11 +1,11 @@
 //! Native tests of guess_number: episodes played by hand, with hand-computed ends.
 
-use smallrl_plugin_sdk::{EpisodeEnd, Episodes, Judgement, Sample, Split, Step, configure};
+use smallrl_plugin_sdk::{EpisodeEnd, Episodes, Judgement, Sample, Split, Step, Turn, configure};
 
 use super::GuessNumber;
 
-fn turn(text: &str) -> Sample {
-    Sample::new("", text, &[text], &[0], true)
+fn turn(text: &str) -> Turn {
+    Turn { sample: Sample::new("", text, &[text], &[0], true), calls: None }
 }
 
 fn end(solved: f64, closeness: f64, turns: f64, malformed: f64) -> Step {

@@ -34,7 +34,7 @@ from .environment import (
     ints,
     split_rng,
 )
-from .episode import EpisodeEnd, Episodes, Observation
+from .episode import EpisodeEnd, Episodes, MalformedCall, Observation, Tool, ToolCall
 from .params import Param, Params, boolean, hf_dataset, integer, number, string, string_list
 from . import text
 
@@ -42,7 +42,7 @@ __all__ = [
     "DRAWS_PER_PROMPT", "Detector", "Environment", "EpisodeEnd", "EpisodeEnvironment", "Episodes", "Judgement", "JudgeError", "Param", "Params",
     "Prompt", "Reward", "Sample", "SplitMix64", "boolean", "detector", "draw_prompts", "fnv1a",
     "forget", "hackable_count", "hf_dataset", "in_eval_split", "integer", "ints", "judge",
-    "number", "Observation", "Outcome", "PROMPT_MESSAGES", "Program", "ProgramError", "retain", "reward", "run_programs", "split_rng",
+    "number", "MalformedCall", "Observation", "Tool", "ToolCall", "Turn", "Outcome", "PROMPT_MESSAGES", "Program", "ProgramError", "retain", "reward", "run_programs", "split_rng",
     "string", "string_list", "text", "trl_reward",
 ]
 
@@ -77,6 +77,18 @@ class Sample:
             self._metadata = json.loads(self.metadata_json) if self.metadata_json is not None else {}
         return self._metadata
 
+
+
+class Turn(Sample):
+    """One assistant turn of an episode: a :class:`Sample` of the turn's text, and ``calls``:
+    the tool calls the host parsed from it (:class:`ToolCall` and :class:`MalformedCall`, in
+    order), or None where it did not parse (see :mod:`smallrl.episode`)."""
+
+    __slots__ = ("calls",)
+
+    def __init__(self, sample, calls=None):
+        super().__init__(sample.prompt, sample.completion, sample._joined, sample._ends, sample.completion_ids, sample.ended_with_eos, sample.metadata_json)
+        self.calls = calls
 
 class _Declared:
     """What every plugin declares: its name, version, description and parameters."""
@@ -278,15 +290,19 @@ class Environment(_Task):
 
 
 class EpisodeEnvironment(_Task):
-    """A multi-turn task (contract 0.5's episode-environment world; see :mod:`smallrl.episode`):
+    """A multi-turn task (the episode-environment world; see :mod:`smallrl.episode`):
     ``components``, ``metrics`` and ``generate`` (:class:`_Task`); ``start(prompt) -> state`` (a
-    :class:`Prompt` as ``generate`` wrote it) and ``step(state, turn, last)`` (``turn``: a
-    :class:`Sample` whose ``completion`` is this turn's assistant text; ``state`` changed in
-    place) returning an :class:`Observation` or, at the latest on the ``last`` turn, an
-    :class:`EpisodeEnd`."""
+    :class:`Prompt` as ``generate`` wrote it), ``tools(prompt)`` (the :class:`Tool` list the
+    episode offers; none by default) and ``step(state, turn, last)`` (``turn``: a :class:`Turn`
+    whose ``completion`` is this turn's assistant text and ``calls`` the tool calls the host
+    parsed, or None; ``state`` changed in place) returning an :class:`Observation` or, at the
+    latest on the ``last`` turn, an :class:`EpisodeEnd`."""
 
     def start(self, prompt):
         raise NotImplementedError(f"{type(self).__name__} must define start(self, prompt) -> state")
+
+    def tools(self, prompt):
+        return []
 
     def step(self, state, turn, last):
         raise NotImplementedError(f"{type(self).__name__} must define step(self, state, turn, last) -> Observation or EpisodeEnd")

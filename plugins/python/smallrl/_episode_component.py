@@ -42,12 +42,16 @@ def episode_exports(instance):
         return wit.TurnResult_End(wit.EpisodeEnd([float(v) for v in result.components], [float(v) for v in result.metrics], result.monitor, result.ground_truth))
 
     def start(starts):
-        for start in starts:
-            episodes.start(start.id, _prompt(start.prompt))
+        return [[wit.Tool(t.name, t.description, t.parameters) for t in episodes.start(start.id, _prompt(start.prompt))] for start in starts]
+
+    def calls(entries):
+        if entries is None:
+            return None
+        return [smallrl.ToolCall(e.value.name, e.value.arguments) if isinstance(e, wit.CallEntry_Call) else smallrl.MalformedCall(e.value) for e in entries]
 
     def step(turns):
         samples = _samples([turn.assistant for turn in turns])
-        return [answer(episodes.step(turn.id, sample, turn.last)) for turn, sample in zip(turns, samples)]
+        return [answer(episodes.step(turn.id, smallrl.Turn(sample, calls(turn.calls)), turn.last)) for turn, sample in zip(turns, samples)]
 
     class Env(environment_base(instance)):
         def score(self, batch):
@@ -61,7 +65,7 @@ def episode_exports(instance):
 
     class Episodes(exports.Episodes):
         def start(self, starts):
-            _guarded(lambda: start(starts))
+            return _guarded(lambda: start(starts))
 
         def step(self, turns):
             return _guarded(lambda: step(turns))

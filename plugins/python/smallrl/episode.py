@@ -1,4 +1,4 @@
-"""Multi-turn environments (issue 48; contract 0.5's `episode-environment` world), as the Rust
+"""Multi-turn environments (issue 48; the `episode-environment` world), as the Rust
 SDK's `EpisodeEnvironment` (plugins/sdk/src/episode.rs) writes them: an environment that holds an
 episode per sample. It generates its prompts as a single-turn :class:`smallrl.Environment` does;
 then the host starts an episode per sampled prompt (``start(prompt) -> state``) and hands it each
@@ -12,9 +12,68 @@ The state is whatever ``start`` returns (a dict, a list, an object), kept per ep
 ``step``; it must be a deterministic function of the prompt and the turns. The host bounds the
 turns (the last one comes with ``last`` and must be answered with an end), the bytes of an
 observation and the fuel of each call.
+
+Tools (contract 0.6): ``tools(prompt)`` (none by default) returns the :class:`Tool` list an
+episode offers; where the model's chat template has a tool-call format (Qwen's ``<tool_call>``),
+the host renders their schemas into the prompt and parses each turn's calls: ``turn.calls`` is a
+list of :class:`ToolCall` and :class:`MalformedCall`, in order. It is None where the host did not
+parse (a raw-prompt run, a template without the format, an episode without tools): the
+environment then reads ``turn.completion`` with its own plain-text protocol.
 """
 
+import json
 import math
+
+
+class Tool:
+    """A tool an episode offers: ``parameters`` is its arguments' JSON schema, a dict (its key
+    order is kept) or a JSON object text."""
+
+    __slots__ = ("name", "description", "parameters")
+
+    def __init__(self, name, description, parameters):
+        self.name = name
+        self.description = description
+        self.parameters = parameters if isinstance(parameters, str) else json.dumps(parameters)
+
+    def __eq__(self, other):
+        return isinstance(other, Tool) and (self.name, self.description, self.parameters) == (other.name, other.description, other.parameters)
+
+    def __repr__(self):
+        return f"Tool({self.name!r}, {self.description!r}, {self.parameters!r})"
+
+
+class ToolCall:
+    """A call of a declared tool as the model wrote it: ``arguments`` is a JSON object text
+    (``json.loads`` reads it)."""
+
+    __slots__ = ("name", "arguments")
+
+    def __init__(self, name, arguments):
+        self.name = name
+        self.arguments = arguments
+
+    def __eq__(self, other):
+        return isinstance(other, ToolCall) and (self.name, self.arguments) == (other.name, other.arguments)
+
+    def __repr__(self):
+        return f"ToolCall({self.name!r}, {self.arguments!r})"
+
+
+class MalformedCall:
+    """A ``<tool_call>`` block that is not a call of a declared tool: ``observation`` is the text
+    the host would show the model."""
+
+    __slots__ = ("observation",)
+
+    def __init__(self, observation):
+        self.observation = observation
+
+    def __eq__(self, other):
+        return isinstance(other, MalformedCall) and self.observation == other.observation
+
+    def __repr__(self):
+        return f"MalformedCall({self.observation!r})"
 
 
 class Observation:
@@ -104,14 +163,19 @@ class Episodes:
 
     def start(self, episode_id, prompt):
         """Starts episode `episode_id` on `prompt` (an id in flight is an error: the host's ids
-        are unique)."""
+        are unique); returns the :class:`Tool` list it offers."""
         if episode_id in self.states:
             raise ValueError(f"episode {episode_id} is already in flight")
         self.states[episode_id] = self.env.start(prompt)
+        tools = list(self.env.tools(prompt))
+        for tool in tools:
+            if not isinstance(tool, Tool):
+                raise TypeError(f"{type(self.env).__name__}.tools returned {tool!r:.200} ({type(tool).__name__}), not a smallrl.Tool")
+        return tools
 
     def step(self, episode_id, turn, last):
-        """Episode `episode_id`'s answer to `turn` (a :class:`smallrl.Sample`: this turn's
-        assistant text), checked; an end forgets the episode."""
+        """Episode `episode_id`'s answer to `turn` (a :class:`smallrl.Turn`: a sample of this
+        turn's assistant text, with ``calls``), checked; an end forgets the episode."""
         if episode_id not in self.states:
             raise KeyError(f"episode {episode_id} was never started (or has ended)")
         answer = self.env.step(self.states[episode_id], turn, last)

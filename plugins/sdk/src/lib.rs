@@ -45,7 +45,7 @@ pub mod text;
 pub mod guest;
 
 pub use environment::{Component, Environment, Judgement, Prompt, PromptContent, Role, Split};
-pub use episode::{EpisodeEnd, EpisodeEnvironment, Episodes, Step};
+pub use episode::{CallEntry, EpisodeEnd, EpisodeEnvironment, Episodes, Step, Tool, Turn};
 pub use params::{HfDataset, Param, ParamType, Params};
 
 /// One completion, as the host sends it (see `wit/smallrl-reward.wit`).
@@ -288,7 +288,7 @@ macro_rules! export_episode_environment {
                 }
             }
             impl $crate::guest::environment::exports::smallrl::reward::episodes::Guest for SmallrlGuest {
-                fn start(episodes: Vec<episode_wit::EpisodeStart>) -> Result<(), String> {
+                fn start(episodes: Vec<episode_wit::EpisodeStart>) -> Result<Vec<Vec<episode_wit::Tool>>, String> {
                     $crate::guest::episode_start::<$plugin>(episodes)
                 }
                 fn step(turns: Vec<episode_wit::Turn>) -> Result<Vec<episode_wit::TurnResult>, String> {

@@ -10,7 +10,7 @@ use super::environment::smallrl::reward::environment_types as env_wit;
 use super::environment::smallrl::reward::episode_types as wit;
 
 use super::{environment_info_of, from_environment_sample, prompts_to_wit, split_from_wit, with_plugin};
-use crate::{EpisodeEnvironment, Episodes, Prompt, PromptContent, Step};
+use crate::{CallEntry, EpisodeEnvironment, Episodes, Prompt, PromptContent, Step, Turn};
 
 thread_local! {
     /// The episodes in flight (an `Episodes<P>` of the exported type).
@@ -46,16 +46,19 @@ where
     })
 }
 
-pub fn episode_start<P: EpisodeEnvironment + 'static>(starts: Vec<wit::EpisodeStart>) -> Result<(), String>
+pub fn episode_start<P: EpisodeEnvironment + 'static>(starts: Vec<wit::EpisodeStart>) -> Result<Vec<Vec<wit::Tool>>, String>
 where
     P::State: 'static,
 {
     with_episodes::<P, _>(|plugin, episodes| {
-        for start in starts {
-            let prompt = prompt_from_wit(start.prompt)?;
-            episodes.start(plugin, start.id, &prompt)?;
-        }
-        Ok(())
+        starts
+            .into_iter()
+            .map(|start| {
+                let prompt = prompt_from_wit(start.prompt)?;
+                let tools = episodes.start(plugin, start.id, &prompt)?;
+                Ok(tools.into_iter().map(|t| wit::Tool { name: t.name, description: t.description, parameters: t.parameters }).collect())
+            })
+            .collect()
     })?
 }
 
@@ -67,8 +70,17 @@ where
         turns
             .into_iter()
             .map(|turn| {
-                let sample = from_environment_sample(turn.assistant);
-                Ok(match episodes.step(plugin, turn.id, &sample, turn.last)? {
+                let calls = turn.calls.map(|calls| {
+                    calls
+                        .into_iter()
+                        .map(|call| match call {
+                            wit::CallEntry::Call(call) => CallEntry::Call { name: call.name, arguments: call.arguments },
+                            wit::CallEntry::Malformed(observation) => CallEntry::Malformed(observation),
+                        })
+                        .collect()
+                });
+                let step_turn = Turn { sample: from_environment_sample(turn.assistant), calls };
+                Ok(match episodes.step(plugin, turn.id, &step_turn, turn.last)? {
                     Step::Observation(messages) => {
                         wit::TurnResult::Observation(messages.into_iter().map(|(role, content)| env_wit::Message { role, content }).collect())
                     }

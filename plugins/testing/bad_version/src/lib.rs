@@ -1,8 +1,8 @@
-//! A reward plugin built against `smallrl:reward@0.6.0`, a version this host does not speak:
+//! A reward plugin built against `smallrl:reward@0.7.0`, a version this host does not speak:
 //! the host must reject it at load with a message naming the versions.
 wit_bindgen::generate!({
     inline: "
-        package smallrl:reward@0.6.0;
+        package smallrl:reward@0.7.0;
         interface plugin { configure: func(params-json: string) -> result<_, string>; }
         interface scorer { score: func(batch: list<string>) -> result<list<f64>, string>; }
         world reward { export plugin; export scorer; }

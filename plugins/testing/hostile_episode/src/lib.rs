@@ -5,7 +5,7 @@
 //! - `wrong_role`: answers with an observation in the role "assistant".
 //! - `grows`: keeps 8 MiB more state per turn and never ends before the last turn.
 
-use smallrl_plugin_sdk::{Component, EpisodeEnd, EpisodeEnvironment, Judgement, Param, Params, Plugin, Prompt, Sample, Split, Step};
+use smallrl_plugin_sdk::{Component, EpisodeEnd, EpisodeEnvironment, Judgement, Param, Params, Plugin, Prompt, Split, Step, Turn};
 
 pub struct HostileEpisode {
     mode: String,
@@ -40,7 +40,7 @@ impl EpisodeEnvironment for HostileEpisode {
         Ok(Vec::new())
     }
 
-    fn step(&self, state: &mut Self::State, _turn: &Sample, last: bool) -> Step {
+    fn step(&self, state: &mut Self::State, _turn: &Turn, last: bool) -> Step {
         let end = || Step::End(EpisodeEnd { judgement: Judgement { components: vec![1.0], metrics: vec![] }, monitor: false, ground_truth: false });
         match self.mode.as_str() {
             "never_ends" => Step::user("again"),
