@@ -129,6 +129,8 @@ fn chat_episodes_are_the_templates_rendering_of_their_conversation() {
         }
         let (expected_ids, expected_mask) = transformers_sequences(&replayed, dir.path());
         for (row, ((ids, mask), (want_ids, want_mask))) in ours.iter().zip(expected_ids.iter().zip(&expected_mask)).enumerate() {
+            // Exact: token ids and masks are integers (the sampled text's tokenization against
+            // transformers' of the same conversation), no float32 value is compared.
             assert_eq!(ids, want_ids, "{engine:?} row {row}: the sequence is not transformers' tokenization of the conversation {:?}", replayed[row].0);
             assert_eq!(mask, want_mask, "{engine:?} row {row}: the model mask is not the assistant mask");
         }

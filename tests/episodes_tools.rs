@@ -113,6 +113,7 @@ fn a_tool_call_in_the_templates_format_reaches_the_environment() {
             messages.extend([Message::new("assistant", CALL), Message::new("tool", &report), Message::new("assistant", CALL)]);
             let reference = transformers_rendering(&messages, name, literal, &model_dir, dir.path());
             let want_prompt = reference["prompt"].as_str().unwrap();
+            // Exact: the prompt is text and the sequence token ids (integers), no float32 value.
             assert_eq!(batch.prompt_texts[row].as_deref(), Some(want_prompt), "{engine:?} row {row}: the prompt is not transformers' rendering with the tools");
             assert_ne!(held[row].text, want_prompt, "the trainer's prompt text stays the rendering without tools");
             // The conversation through the second turn's <|im_end|> (the template writes "\n" after it).

@@ -251,21 +251,19 @@ impl<'a> ObservationWriter<'a> {
     /// episode with tools gets its prompt rendered with their schemas (returned; None: the
     /// prompt is unchanged) and its turns parsed for calls.
     fn declare(&mut self, declared: &[Vec<Tool>]) -> Result<Vec<Option<String>>> {
-        let shown = match self.template {
-            Some(template) => template.has_tool_call_format()?,
-            None => false,
+        let template = match self.template {
+            Some(template) if template.has_tool_call_format()? => template,
+            // A raw run, or a template without a tool-call format: no tools are shown.
+            _ => {
+                self.tools = vec![None; declared.len()];
+                return Ok(vec![None; declared.len()]);
+            }
         };
-        self.tools = declared.iter().map(|tools| (shown && !tools.is_empty()).then(|| tool_schemas(tools)).transpose()).collect::<Result<_>>()?;
-        let template = self.template;
+        self.tools = declared.iter().map(|tools| (!tools.is_empty()).then(|| tool_schemas(tools)).transpose()).collect::<Result<_>>()?;
         self.tools
             .iter()
             .zip(&self.conversations)
-            .map(|(tools, conversation)| match (tools, template) {
-                (Some((schemas, _)), Some(template)) => template.render_with_tools(conversation, Some(schemas), true).map(Some),
-                _ => Ok(None),
-            })
-            .chain(std::iter::repeat_with(|| Ok(None)))
-            .take(declared.len())
+            .map(|(tools, conversation)| tools.as_ref().map(|(schemas, _)| template.render_with_tools(conversation, Some(schemas), true)).transpose())
             .collect()
     }
 

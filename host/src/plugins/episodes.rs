@@ -145,7 +145,10 @@ impl Plugin {
         let arguments = || {
             let mut bytes = batch.digest().to_vec();
             bytes.extend(turns.iter().flat_map(|(id, last, _)| [id.to_le_bytes().as_slice(), &[u8::from(*last)]].concat()));
-            bytes.extend(format!("{:?}", turns.iter().map(|(_, _, calls)| calls).collect::<Vec<_>>()).into_bytes());
+            // Only turns with parsed calls add them: a plain-text run's seed bytes stay 0.5's.
+            if has_calls {
+                bytes.extend(format!("{:?}", turns.iter().map(|(_, _, calls)| calls).collect::<Vec<_>>()).into_bytes());
+            }
             bytes
         };
         let outcome = self.call("step", turns.len(), arguments, |store, exports| match exports {
