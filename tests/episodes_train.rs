@@ -133,6 +133,59 @@ fn a_run_resumed_at_a_step_boundary_is_the_uninterrupted_run() {
     assert_eq!(whole, resumed);
 }
 
+/// `replay_rollouts` of an episode run: a run records its episodes (`dump_batches`); a second
+/// run replays them, handing each recorded turn to the environment again. It samples nothing,
+/// trains on the recorded sequences with the ratio to the recorded sampler, and the
+/// environment's answers are the recorded ones: every reward and host metric of a step is the
+/// recorded run's (the same episodes, scored with the same protocol seed; exact, as they are
+/// the plugin's integers and f64 sums of them over the same rows). A replay in which the
+/// environment answers otherwise (another secret range), or whose bounds could not have
+/// sampled the recorded turns, stops naming the recorded file and the episode.
+#[test]
+fn a_replay_plays_the_recorded_episodes_again() {
+    let out = tempfile::tempdir().unwrap();
+    let (recorded_dir, replay_dump) = (out.path().join("recorded-dump"), out.path().join("replay-dump"));
+    fn keys<'a>(extra: &[(&'a str, Value)]) -> Vec<(&'a str, Value)> {
+        [&[("max_steps", json!(2)), ("batch_size", json!(8)), ("beta", json!(0.0))], extra].concat()
+    }
+    let recorded = run(config(&out.path().join("recorded"), &keys(&[("dump_batches", json!(recorded_dir))])));
+    let replayed = run(config(&out.path().join("replayed"), &keys(&[("replay_rollouts", json!(recorded_dir)), ("dump_batches", json!(replay_dump))])));
+    let same_keys = ["reward", TURNS, OBSERVATION_TOKENS, ENDED_BY_TURN_BOUND, ENDED_BY_TOKEN_BOUND, "env/guess_number/turns", "env/guess_number/malformed"];
+    for (step, (a, b)) in (1..).zip(metrics(&recorded).iter().zip(&metrics(&replayed))) {
+        for key in same_keys {
+            assert!(a[key].is_number(), "step {step}: {key} is logged");
+            assert_eq!(a[key], b[key], "step {step}: {key} of the replay is the recorded run's");
+        }
+        assert_eq!(b["timing/generate"].as_f64(), Some(0.0), "step {step}: nothing sampled");
+        let (original, replay) = (read(&recorded_dir.join(format!("step-{step}.safetensors"))), read(&replay_dump.join(format!("step-{step}.safetensors"))));
+        for name in ["completion_ids", "completion_mask", "model_mask"] {
+            assert!(original[name].equal(&replay[name]), "step {step}: {name} as recorded");
+        }
+        assert!(replay["old_logprobs"].equal(&original["sampling_logprobs"]), "step {step}: the ratio to the recorded sampler");
+        // The same rewards of the same groups: the same advantages (none depends on the weights).
+        assert!(original["advantages"].equal(&replay["advantages"]), "step {step}: advantages");
+    }
+
+    one_thread();
+    let replay_with = |name: &str, extra: &[(&str, Value)]| -> String {
+        let cfg = TrainConfig::resolve(None, config(&out.path().join(name), &keys(&[&[("replay_rollouts", json!(recorded_dir))], extra].concat()))).unwrap();
+        format!("{:#}", Trainer::new(cfg, None).unwrap().train(None).err().expect("the replay stops"))
+    };
+    // Guesses read as integers (the prompts are the same): tiny-stories writes no digit, so the
+    // environment answers every recorded turn as malformed, not with the recorded "higher" or
+    // "lower", and goes on where a recorded episode was solved.
+    let other_reading = replay_with("integers", &[("environment_params", json!({"max_number": 4, "guess": "integer"}))]);
+    assert!(other_reading.contains("step-1.safetensors") && other_reading.contains("guess_number") && other_reading.contains("episode"), "{other_reading}");
+    let answered_otherwise = ["not the recorded one", "has no turn", "where the recorded episode ended"];
+    assert!(answered_otherwise.iter().any(|m| other_reading.contains(m)), "{other_reading}");
+    // Another range of secrets writes other prompts: refused as another prompt.
+    let other_prompts = replay_with("secrets", &[("environment_params", json!({"max_number": 50, "guess": "word_length"}))]);
+    assert!(other_prompts.contains("step-1.safetensors") && other_prompts.contains("another prompt"), "{other_prompts}");
+    // Turns of at most 5 tokens: a recorded 6-token turn could not have been sampled.
+    let shorter = replay_with("shorter", &[("episode_max_turn_tokens", json!(5))]);
+    assert!(shorter.contains("step-1.safetensors") && shorter.contains("episode_max_turn_tokens"), "{shorter}");
+}
+
 /// What does not run episodes yet is refused before the run directory is written, each reason
 /// naming its key and the environment's file.
 #[test]

@@ -65,6 +65,9 @@ use crate::model::tool_calls::{OrderedJson, parse_tool_calls};
 use crate::plugins::{Batch, CallEntry, EnvPrompt, EpisodeBounds, EpisodeEnd, Plugin, Tool, TurnResult};
 use crate::reward::{Prompt, sample_from_ids};
 
+mod replay;
+pub use replay::replay_episodes;
+
 /// One episode to run: the prompt as the environment wrote it (sent back at start), as the
 /// trainer holds it (text and metadata for the turns' samples), and its token ids.
 pub struct EpisodePrompt<'a> {
@@ -142,8 +145,85 @@ pub fn run_episodes(
     bounds: &EpisodeBounds,
     first_id: u64,
 ) -> Result<EpisodeBatch> {
-    ensure!(environment.is_episodic(), "{}: is not an episode environment (it does not implement the episode-environment world)", environment.label());
     ensure!(!params.kept_sets, "sampling replay's kept sets are not recorded for episodes: use `sampling_replay: trl_1_16` with an episode environment");
+    let layout = Layout::of(model.config(), model.device);
+    let sampler = |prompt_ids: &[Vec<u32>]| -> Result<Sampler> {
+        let capacities: Vec<usize> = prompt_ids.iter().map(|ids| ids.len() + bounds.max_episode_tokens).collect();
+        let cache = Continuation::new(decoder, model, &capacities)?;
+        Ok(Sampler { cache, model, pending: prompt_ids.to_vec(), params, seed, bounds })
+    };
+    play(environment, tokenizer, prompts, observations, bounds, first_id, &layout, sampler)
+}
+
+/// Where episodes' turns come from: sampled by the model ([`Sampler`]), or read back from a
+/// recorded rollout (`replay::Recorded`). The environment is played the same way for both.
+trait TurnSource {
+    /// Turn `turn` of each episode in `active` (rows, in order), given the transcripts so far:
+    /// its tokens through the stop token it ended with.
+    fn turns(&mut self, turn: usize, active: &[usize], transcripts: &[Vec<Token>]) -> Result<Vec<Vec<Token>>>;
+    /// `row`'s observation tokens, which follow its last turn.
+    fn observed(&mut self, row: usize, observation: &[u32]) -> Result<()>;
+    /// The environment ended `row`'s episode.
+    fn ended(&mut self, row: usize) -> Result<()>;
+}
+
+/// Turns sampled from the model, each continuing its episode's KV cache.
+struct Sampler<'a> {
+    cache: Continuation,
+    model: &'a DecodeModel,
+    /// What each episode appends before its next turn: its prompt, then each observation.
+    pending: Vec<Vec<u32>>,
+    params: &'a SamplingParams,
+    seed: u64,
+    bounds: &'a EpisodeBounds,
+}
+
+impl TurnSource for Sampler<'_> {
+    fn turns(&mut self, turn: usize, active: &[usize], transcripts: &[Vec<Token>]) -> Result<Vec<Vec<Token>>> {
+        let seed = crate::rng::derive(self.seed, "episode-turn", turn as u64);
+        sample_turn(&mut self.cache, self.model, &mut self.pending, transcripts, active, self.params, seed, self.bounds)
+    }
+
+    fn observed(&mut self, row: usize, observation: &[u32]) -> Result<()> {
+        self.pending[row] = observation.to_vec();
+        Ok(())
+    }
+
+    fn ended(&mut self, row: usize) -> Result<()> {
+        self.cache.release(row);
+        Ok(())
+    }
+}
+
+/// What a batch of episodes is laid out with ([`lay_out`]): the model's EOS (the padding) and
+/// stop tokens, and the device of the generation's tensors.
+struct Layout {
+    eos: u32,
+    stops: Vec<u32>,
+    device: tch::Device,
+}
+
+impl Layout {
+    fn of(config: &crate::model::config::LlamaConfig, device: tch::Device) -> Self {
+        Self { eos: config.eos_token_id, stops: config.stop_ids(), device }
+    }
+}
+
+/// Plays one episode per prompt with the turns `source` gives (built from the prompts' token
+/// ids, rendered with their tools where the episode declared them): each turn goes to the
+/// environment, each observation is written and appended, until every episode has ended.
+#[allow(clippy::too_many_arguments)]
+fn play<S: TurnSource>(
+    environment: &mut Plugin,
+    tokenizer: &Tokenizer,
+    prompts: &[EpisodePrompt],
+    observations: Observations,
+    bounds: &EpisodeBounds,
+    first_id: u64,
+    layout: &Layout,
+    source: impl FnOnce(&[Vec<u32>]) -> Result<S>,
+) -> Result<EpisodeBatch> {
+    ensure!(environment.is_episodic(), "{}: is not an episode environment (it does not implement the episode-environment world)", environment.label());
     ensure!(bounds.max_turns >= 1 && bounds.max_episode_tokens >= 1, "episode_max_turns and the episode's token budget (max_completion_length in a run) must be at least 1");
     ensure!(prompts.iter().all(|p| !p.ids.is_empty()), "empty prompt: every episode's prompt needs at least one token");
     let mut writer = ObservationWriter::new(observations, prompts)?;
@@ -152,10 +232,7 @@ pub fn run_episodes(
     let declared = environment.start_episodes(&starts)?;
     let prompt_texts = writer.declare(&declared).with_context(|| format!("{}: the tools its episodes declare", environment.label()))?;
     let prompt_ids: Vec<Vec<u32>> = prompts.iter().zip(&prompt_texts).map(|(p, text)| text.as_ref().map_or_else(|| Ok(p.ids.clone()), |t| tokenizer.encode(t))).collect::<Result<_>>()?;
-    let capacities: Vec<usize> = prompt_ids.iter().map(|ids| ids.len() + bounds.max_episode_tokens).collect();
-    let mut cache = Continuation::new(decoder, model, &capacities)?;
-    // What each episode appends before its next turn: its prompt, then each observation.
-    let mut pending: Vec<Vec<u32>> = prompt_ids.clone();
+    let mut source = source(&prompt_ids)?;
     let mut transcripts: Vec<Vec<Token>> = vec![Vec::new(); prompts.len()];
     let mut ends: Vec<Option<EpisodeEnd>> = vec![None; prompts.len()];
     let mut turns = vec![0usize; prompts.len()];
@@ -165,12 +242,12 @@ pub fn run_episodes(
         if active.is_empty() {
             break;
         }
-        let sampled = sample_turn(&mut cache, model, &mut pending, &transcripts, &active, params, crate::rng::derive(seed, "episode-turn", turn as u64), bounds)?;
+        let sampled = source.turns(turn, &active, &transcripts)?;
         let mut samples = Vec::with_capacity(active.len());
         let mut requests = Vec::with_capacity(active.len());
         let mut stops = Vec::with_capacity(active.len());
         for (&row, tokens) in active.iter().zip(&sampled) {
-            let stop = tokens.last().map(|t| t.id).filter(|id| model.config().stop_ids().contains(id));
+            let stop = tokens.last().map(|t| t.id).filter(|id| layout.stops.contains(id));
             let ended = stop.is_some();
             stops.push(stop);
             let text_ids: Vec<u32> = tokens[..tokens.len() - usize::from(ended)].iter().map(|t| t.id).collect();
@@ -193,7 +270,7 @@ pub fn run_episodes(
             match result {
                 TurnResult::End(end) => {
                     ends[row] = Some(end);
-                    cache.release(row);
+                    source.ended(row).with_context(|| format!("{}: episode {id}", environment.label()))?;
                 }
                 TurnResult::Observation(messages) => {
                     let observation = writer.tokens(tokenizer, row, &samples[k].completion, stops[k], &messages).with_context(|| format!("{}: episode {id}: its observation", environment.label()))?;
@@ -206,14 +283,14 @@ pub fn run_episodes(
                         bounds.max_observation_tokens
                     );
                     transcripts[row].extend(observation.iter().map(|&id| Token { id, model: false, logprob: 0.0 }));
-                    pending[row] = observation;
+                    source.observed(row, &observation).with_context(|| format!("{}: episode {id}", environment.label()))?;
                 }
             }
         }
     }
     let ends: Vec<EpisodeEnd> = ends.into_iter().map(|end| end.context("an episode did not end by its last turn (the plugin's answers are checked: a host bug)")).collect::<Result<_>>()?;
     let observation_tokens = transcripts.iter().map(|t| t.iter().filter(|t| !t.model).count()).collect();
-    let generation = lay_out(model, &prompt_ids, &transcripts)?;
+    let generation = lay_out(layout, &prompt_ids, &transcripts)?;
     Ok(EpisodeBatch { generation, ends, turns, observation_tokens, bounded, prompt_texts })
 }
 
@@ -327,10 +404,9 @@ fn tool_schemas(tools: &[Tool]) -> Result<(Vec<OrderedJson>, Vec<String>)> {
 /// The episodes as one generation: prompts (`prompt_ids`) left-padded, transcripts
 /// right-padded with EOS, the completion mask 1 on every transcript token and the model mask 1
 /// on the model's.
-fn lay_out(model: &DecodeModel, prompt_ids: &[Vec<u32>], transcripts: &[Vec<Token>]) -> Result<Generation> {
-    let eos = model.config().eos_token_id;
-    let stops = model.config().stop_ids();
-    let (prompt_ids, prompt_mask) = left_pad(prompt_ids, i64::from(eos), model.device);
+fn lay_out(layout: &Layout, prompt_ids: &[Vec<u32>], transcripts: &[Vec<Token>]) -> Result<Generation> {
+    let Layout { eos, stops, device } = layout;
+    let (prompt_ids, prompt_mask) = left_pad(prompt_ids, i64::from(*eos), *device);
     let width = transcripts.iter().map(Vec::len).max().unwrap_or(0);
     if width == 0 {
         bail!("every episode is empty (no model token was sampled)");
@@ -338,13 +414,13 @@ fn lay_out(model: &DecodeModel, prompt_ids: &[Vec<u32>], transcripts: &[Vec<Toke
     let (mut ids, mut mask, mut model_mask, mut logprobs) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for transcript in transcripts {
         let pad = width - transcript.len();
-        ids.extend(transcript.iter().map(|t| i64::from(t.id)).chain(std::iter::repeat_n(i64::from(eos), pad)));
+        ids.extend(transcript.iter().map(|t| i64::from(t.id)).chain(std::iter::repeat_n(i64::from(*eos), pad)));
         mask.extend(std::iter::repeat_n(1i64, transcript.len()).chain(std::iter::repeat_n(0, pad)));
         model_mask.extend(transcript.iter().map(|t| i64::from(t.model)).chain(std::iter::repeat_n(0, pad)));
         logprobs.extend(transcript.iter().map(|t| t.logprob).chain(std::iter::repeat_n(0.0, pad)));
     }
     let shape = [transcripts.len() as i64, width as i64];
-    let tensor = |values: &[i64]| Tensor::from_slice(values).view(shape).to(model.device);
+    let tensor = |values: &[i64]| Tensor::from_slice(values).view(shape).to(*device);
     let rows = transcripts
         .iter()
         .map(|t| {
@@ -357,7 +433,7 @@ fn lay_out(model: &DecodeModel, prompt_ids: &[Vec<u32>], transcripts: &[Vec<Toke
         prompt_mask,
         completion_ids: tensor(&ids),
         completion_mask: tensor(&mask),
-        sampling_logprobs: Tensor::from_slice(&logprobs).view(shape).to(model.device),
+        sampling_logprobs: Tensor::from_slice(&logprobs).view(shape).to(*device),
         kept: None,
         model_mask: Some(tensor(&model_mask)),
         rows,

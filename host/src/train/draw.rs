@@ -236,8 +236,12 @@ impl Draw {
                 let generation = replay::generation(dir, step, &prompt_ids, with.policy.model().device)?;
                 self.scored(step, seed, prompt_texts, (generation, 0.0, None), with)
             }
+            (DrawMode::Replay(dir), Some(episodes)) => {
+                let first_id = ((step * (self.keys.dynamic_sampling_rounds() + 1) + round) * prompt_texts.len()) as u64;
+                replayed(episodes, dir, step, seed, first_id, &prompt_texts, with)
+            }
             (DrawMode::Ahead(_), None) => anyhow::bail!("internal error: a rollout sampled ahead is drawn by the queue, not in rounds"),
-            (_, Some(_)) => anyhow::bail!("internal error: episodes are drawn on policy (refused at start)"),
+            (DrawMode::Ahead(_), Some(_)) => anyhow::bail!("internal error: episodes are drawn on policy (refused at start)"),
         }
     }
 
@@ -306,6 +310,18 @@ fn played(episodes: &super::episodes::Episodes, step: usize, seed: u64, first_id
         with.policy.announce(with.log, "sample", || "sampling episodes alone, not stacked with the other packed runs: each run's turns wait on its own environment".into());
     }
     let played = episodes.play(with.policy, with.rewards, prompt_texts, &request.scales, seeds, first_id).with_context(|| format!("the episodes of step {} failed", step + 1))?;
+    let super::episodes::Played { generation, samples, scored, generate_seconds, score_seconds, fingerprint } = played;
+    Ok(DrawnBatch { generation, samples, scored, generate_seconds, score_seconds, dynamic_sampling: None, off_policy: None, weights_fingerprint: fingerprint })
+}
+
+/// Step `step`'s episodes replayed from the rollout recorded in `dir` (`replay_rollouts`), scored
+/// with the step's protocol seed; episode ids as [`played`] gives them.
+fn replayed(episodes: &super::episodes::Episodes, dir: &std::path::Path, step: usize, seed: u64, first_id: u64, prompt_texts: &[Prompt], with: &mut Drawing) -> Result<DrawnBatch> {
+    let recorded = replay::load(dir, step, with.policy.model().device)?;
+    let config = &with.policy.model().config;
+    let played = episodes
+        .replay(config, with.policy.tokenizer(), with.rewards, prompt_texts, &recorded, rng::derive(seed, "protocol", step as u64), first_id)
+        .with_context(|| format!("replay_rollouts: {}: the episodes of step {}", replay::recorded(dir, step).display(), step + 1))?;
     let super::episodes::Played { generation, samples, scored, generate_seconds, score_seconds, fingerprint } = played;
     Ok(DrawnBatch { generation, samples, scored, generate_seconds, score_seconds, dynamic_sampling: None, off_policy: None, weights_fingerprint: fingerprint })
 }

@@ -22,10 +22,11 @@ use anyhow::{Context, Result, bail, ensure};
 use super::TrainConfig;
 use super::policy::Policy;
 use super::prompts::{PromptRender, conversation_of};
-use crate::episode::{EpisodeBatch, EpisodeBound, EpisodePrompt, Observations, run_episodes};
+use crate::episode::{EpisodeBatch, EpisodeBound, EpisodePrompt, Observations, replay_episodes, run_episodes};
 use crate::model::chat::ChatTemplate;
 use crate::model::Tokenizer;
 use crate::model::decode::DecodeModel;
+use crate::model::config::LlamaConfig;
 use crate::model::generate::{Generation, SamplingParams, default_decoder};
 use crate::reward::{EnvPrompt, Prompt, RewardModel, Sample, ScoredBatch, samples_from_rows};
 
@@ -67,7 +68,6 @@ pub struct Played {
 pub(super) fn refuse_unsupported(cfg: &TrainConfig, environment: &str) -> Result<()> {
     let refusals = [
         (cfg.samples_ahead(), "max_steps_off_policy, sampling_steps_ahead and stream_minibatches (sampling ahead): episodes are sampled on policy only, for now".to_string()),
-        (cfg.replay_rollouts.is_some(), "replay_rollouts: recorded rollouts of episodes are not replayed yet".into()),
         (cfg.coh_samples_per_rollout > 0 || cfg.rh_detector_verifies_retain_samples, "coh_samples_per_rollout and rh_detector_verifies_retain_samples (coherence rows): episodes are sampled at the routed scales only, for now".into()),
         (cfg.mask_truncated_completions, "mask_truncated_completions: an episode's last turn cut by episode_max_turn_tokens is not a truncated episode, and which are is not settled yet".into()),
         (cfg.fisher_kernel_every > 0, "fisher_kernel_every: the Fisher kernel's sequence log-probabilities would count observation tokens".into()),
@@ -126,24 +126,47 @@ impl Episodes {
     #[allow(clippy::too_many_arguments)]
     pub fn play_on(&self, decoder: &DecodeModel, tokenizer: &Tokenizer, sampling: &SamplingParams, rewards: &mut RewardModel, prompts: &[Prompt], seeds: (u64, u64), first_id: u64) -> Result<Played> {
         let started = Instant::now();
-        let episodes: Vec<EpisodePrompt> = prompts
-            .iter()
-            .map(|prompt| {
-                let env_prompt = self.starts.get(&prompt.text).context("internal error: a prompt the environment did not write started an episode")?;
-                Ok(EpisodePrompt { env_prompt, prompt, ids: tokenizer.encode(&prompt.text)? })
-            })
-            .collect::<Result<_>>()?;
-        let params = SamplingParams { max_new_tokens: self.turn_tokens, kept_sets: false, ..sampling.clone() };
+        let episodes = self.episode_prompts(tokenizer, prompts)?;
+        let params = SamplingParams { max_new_tokens: self.turn_tokens, kept_sets: false, ..*sampling };
         let environment = rewards.episode_environment().context("internal error: episodes without an episode environment")?;
-        let observations = match &self.template {
+        let batch = run_episodes(default_decoder(decoder), decoder, tokenizer, environment, &episodes, self.observations(prompts)?, &params, seeds.0, &self.bounds, first_id)?;
+        Self::scored(batch, started.elapsed().as_secs_f64(), tokenizer, rewards, prompts, seeds.1)
+    }
+
+    /// The episodes of `prompts` replayed from the `recorded` rollout (`replay_rollouts`; see
+    /// `episode::replay_episodes`) in the run's environment, then scored as [`Episodes::play`]
+    /// scores them; nothing is sampled.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn replay(&self, config: &LlamaConfig, tokenizer: &Tokenizer, rewards: &mut RewardModel, prompts: &[Prompt], recorded: &Generation, score_seed: u64, first_id: u64) -> Result<Played> {
+        let episodes = self.episode_prompts(tokenizer, prompts)?;
+        let environment = rewards.episode_environment().context("internal error: episodes without an episode environment")?;
+        let batch = replay_episodes(config, tokenizer, environment, &episodes, self.observations(prompts)?, recorded, self.turn_tokens, &self.bounds, first_id)?;
+        Self::scored(batch, 0.0, tokenizer, rewards, prompts, score_seed)
+    }
+
+    /// Each prompt with the environment's prompt it was rendered from, and its token ids.
+    fn episode_prompts<'p>(&'p self, tokenizer: &Tokenizer, prompts: &'p [Prompt]) -> Result<Vec<EpisodePrompt<'p>>> {
+        let episode = |prompt: &'p Prompt| {
+            let env_prompt = self.starts.get(&prompt.text).context("internal error: a prompt the environment did not write started an episode")?;
+            Ok(EpisodePrompt { env_prompt, prompt, ids: tokenizer.encode(&prompt.text)? })
+        };
+        prompts.iter().map(episode).collect()
+    }
+
+    /// How the episodes' observations are written: through the chat template in a chat run.
+    fn observations(&self, prompts: &[Prompt]) -> Result<Observations<'_>> {
+        Ok(match &self.template {
             None => Observations::PlainText,
             Some(template) => Observations::Chat { template, conversations: prompts.iter().map(conversation_of).collect::<Result<_>>()? },
-        };
-        let batch = run_episodes(default_decoder(decoder), decoder, tokenizer, environment, &episodes, observations, &params, seeds.0, &self.bounds, first_id)?;
-        let generate_seconds = started.elapsed().as_secs_f64();
+        })
+    }
+
+    /// A played batch scored: its rows as samples, its ends by the reward model (protocol knobs
+    /// from `score_seed`), the host's per-episode metrics beside the environment's.
+    fn scored(batch: EpisodeBatch, generate_seconds: f64, tokenizer: &Tokenizer, rewards: &mut RewardModel, prompts: &[Prompt], score_seed: u64) -> Result<Played> {
         let scoring = Instant::now();
         let samples = samples_from_rows(prompts, &batch.generation.rows, tokenizer)?;
-        let mut scored = rewards.score_episodes(&samples, &batch.ends, seeds.1)?;
+        let mut scored = rewards.score_episodes(&samples, &batch.ends, score_seed)?;
         scored.metrics.extend(episode_metrics(&batch));
         Ok(Played { generation: batch.generation, samples, scored, generate_seconds, score_seconds: scoring.elapsed().as_secs_f64(), fingerprint: None })
     }

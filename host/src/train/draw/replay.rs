@@ -13,7 +13,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, ensure};
-use tch::{Device, Kind};
+use tch::Device;
 
 use crate::model::generate::Generation;
 
@@ -21,11 +21,8 @@ use crate::model::generate::Generation;
 /// prompts are `prompt_ids` (one per row, unpadded).
 pub(super) fn generation(dir: &Path, step: usize, prompt_ids: &[Vec<u32>], device: Device) -> Result<Generation> {
     let file = recorded(dir, step);
-    let tensors = crate::model::weights::read_safetensors(&file).with_context(|| format!("replay_rollouts: cannot read {}", file.display()))?;
-    let generation = Generation::from_saved(&tensors, "", device).with_context(|| {
-        format!("replay_rollouts: {} is not a rollout that can be replayed (dumps written before replays recorded ended_with_eos lack it)", file.display())
-    })?;
-    let recorded_prompts = unpadded_prompts(&generation)?;
+    let generation = load(dir, step, device)?;
+    let recorded_prompts = crate::model::batch::masked_rows(&generation.prompt_ids, &generation.prompt_mask)?;
     ensure!(
         recorded_prompts.len() == prompt_ids.len(),
         "replay_rollouts: {} holds {} completions where step {} of this run draws {}: replay with the recorded run's batch_size, num_generations and coherence rows",
@@ -44,6 +41,16 @@ pub(super) fn generation(dir: &Path, step: usize, prompt_ids: &[Vec<u32>], devic
     Ok(generation)
 }
 
+/// The recorded rollout of optimizer step `step` (0-based), on `device`, its prompts unchecked:
+/// an episode run checks them as it replays its episodes (`episode::replay_episodes`, which
+/// knows the prompts as the model saw them, with their tools).
+pub(super) fn load(dir: &Path, step: usize, device: Device) -> Result<Generation> {
+    let file = recorded(dir, step);
+    let tensors = crate::model::weights::read_safetensors(&file).with_context(|| format!("replay_rollouts: cannot read {}", file.display()))?;
+    Generation::from_saved(&tensors, "", device)
+        .with_context(|| format!("replay_rollouts: {} is not a rollout that can be replayed (dumps written before replays recorded ended_with_eos lack it)", file.display()))
+}
+
 /// Each recorded rollout a run of `max_steps` steps reads, rollouts starting every
 /// `steps_per_rollout` steps: all must be there before the run starts.
 pub fn check_recorded(dir: &Path, max_steps: usize, steps_per_rollout: usize) -> Result<()> {
@@ -60,13 +67,6 @@ pub fn check_recorded(dir: &Path, max_steps: usize, steps_per_rollout: usize) ->
 }
 
 /// The file `dump_batches` wrote for optimizer step `step` (0-based).
-fn recorded(dir: &Path, step: usize) -> PathBuf {
+pub(super) fn recorded(dir: &Path, step: usize) -> PathBuf {
     dir.join(format!("step-{}.safetensors", step + 1))
-}
-
-/// Each row's prompt ids without its left padding.
-fn unpadded_prompts(generation: &Generation) -> Result<Vec<Vec<u32>>> {
-    let ids = Vec::<Vec<i64>>::try_from(generation.prompt_ids.to_device(Device::Cpu).to_kind(Kind::Int64))?;
-    let mask = Vec::<Vec<i64>>::try_from(generation.prompt_mask.to_device(Device::Cpu).to_kind(Kind::Int64))?;
-    Ok(ids.iter().zip(&mask).map(|(row, keep)| row.iter().zip(keep).filter(|(_, k)| **k == 1).map(|(id, _)| *id as u32).collect()).collect())
 }
