@@ -223,10 +223,10 @@ impl Draw {
         let seed = self.round_seed(round);
         match (&self.keys.mode, &self.episodes) {
             (DrawMode::OnPolicy, Some(episodes)) => {
-                ensure!(coherence_rows == 0, "internal error: episodes are drawn without coherence rows (refused at start)");
                 // Episode ids count the run's episodes: round r of step s starts at (s * (R + 1) + r) * rows.
                 let first_id = ((step * (self.keys.dynamic_sampling_rounds() + 1) + round) * prompt_texts.len()) as u64;
-                played(episodes, step, seed, first_id, &prompt_ids, &prompt_texts, with)
+                let requests = with.policy.sample_requests(&prompt_ids, coherence_rows, step, seed);
+                played(episodes, step, seed, first_id, &requests, &prompt_texts, with)
             }
             (DrawMode::OnPolicy, None) => {
                 let sampled = with.policy.sample(with.policy.sample_requests(&prompt_ids, coherence_rows, step, seed), with.log)?;
@@ -297,15 +297,15 @@ impl Draw {
     }
 }
 
-/// One round of multi-turn episodes played on policy (`episodes.rs`): sampled and scored by the
-/// environment turn by turn, the episodes numbered from `first_id`.
-fn played(episodes: &super::episodes::Episodes, step: usize, seed: u64, first_id: u64, prompt_ids: &[Vec<u32>], prompt_texts: &[Prompt], with: &mut Drawing) -> Result<DrawnBatch> {
-    let [request] = <[_; 1]>::try_from(with.policy.sample_requests(prompt_ids, 0, step, seed)).map_err(|_| anyhow::anyhow!("internal error: one sampler call per episode batch"))?;
-    let seeds = (request.seed, rng::derive(seed, "protocol", step as u64));
+/// One round of multi-turn episodes played on policy (`episodes.rs`): each of the sampler's
+/// `requests` (the routed rows, then any coherence rows) at its adapter scales, then scored by
+/// the environment as one batch, the episodes numbered from `first_id`.
+fn played(episodes: &super::episodes::Episodes, step: usize, seed: u64, first_id: u64, requests: &[super::policy::SampleRequest], prompt_texts: &[Prompt], with: &mut Drawing) -> Result<DrawnBatch> {
+    let score_seed = rng::derive(seed, "protocol", step as u64);
     if with.policy.runs() > 1 {
         with.policy.announce(with.log, "sample", || "sampling episodes alone, not stacked with the other packed runs: each run's turns wait on its own environment".into());
     }
-    let played = episodes.play(with.policy, with.rewards, prompt_texts, &request.scales, seeds, first_id).with_context(|| format!("the episodes of step {} failed", step + 1))?;
+    let played = episodes.play(with.policy, with.rewards, prompt_texts, requests, score_seed, first_id).with_context(|| format!("the episodes of step {} failed", step + 1))?;
     let super::episodes::Played { generation, samples, scored, generate_seconds, score_seconds, fingerprint } = played;
     Ok(DrawnBatch { generation, samples, scored, generate_seconds, score_seconds, dynamic_sampling: None, off_policy: None, weights_fingerprint: fingerprint })
 }
