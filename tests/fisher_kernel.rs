@@ -11,7 +11,6 @@ use std::path::Path;
 use common::{fixture, one_thread};
 use serde_json::{Map, Value, json};
 use smallrl::adapters::{self, AdapterConfig};
-use smallrl::engine;
 use smallrl::model::decode::DecodeModel;
 use smallrl::model::generate::{Generation, SamplingParams, generate};
 use smallrl::model::{self, LoadedModel};
@@ -36,11 +35,13 @@ fn setup() -> (LoadedModel, Vec<Tensor>, Generation) {
     (loaded, params, generation)
 }
 
-/// Each sequence's gradient of its total completion log-probability, `[n, n_params]`, computed
-/// apart from the engine in float64: the fixture's weights loaded as float64 (only the RMS
-/// normalisation rounds through float32, as `llama::rms_norm` computes it), the sequence alone
-/// without padding, logits of the whole vocabulary divided by the temperature, log-softmaxed.
-fn exact_gradients(g: &Generation) -> Tensor {
+/// Each sequence's gradient of its total log-probability over the completion tokens `counted`
+/// marks (`[n, completion_len]` 0/1), `[n, n_params]`, computed apart from the engine in
+/// float64: the fixture's weights loaded as float64 (only the RMS normalisation rounds through
+/// float32, as `llama::rms_norm` computes it), the sequence alone without padding (every
+/// completion token in it, counted or not), logits of the whole vocabulary divided by the
+/// temperature, log-softmaxed.
+fn exact_gradients(g: &Generation, counted: &Tensor) -> Tensor {
     let mut loaded = model::load(fixture("tiny-random").to_str().unwrap(), "main", Device::Cpu, Kind::Double).unwrap();
     adapters::set_base_trainable(&mut loaded.model, true);
     let params: Vec<Tensor> = AdapterConfig::full().trainable(&loaded.model).into_iter().map(|(_, t)| t).collect();
@@ -54,7 +55,8 @@ fn exact_gradients(g: &Generation) -> Tensor {
         let ids = Tensor::cat(&[&prompt, &completion], 0).unsqueeze(0);
         let logits = loaded.model.logits(&loaded.model.forward(&ids, &ids.ones_like(), &[])).squeeze_dim(0);
         let logprobs = (logits.to_kind(Kind::Double) / TEMPERATURE).log_softmax(-1, Kind::Double);
-        let total = logprobs.narrow(0, p - 1, c).gather(1, &completion.unsqueeze(1), false).sum(Kind::Double);
+        let weights = real(counted, &g.completion_mask).to_kind(Kind::Double);
+        let total = (logprobs.narrow(0, p - 1, c).gather(1, &completion.unsqueeze(1), false).squeeze_dim(1) * weights).sum(Kind::Double);
         assert_eq!(total.kind(), Kind::Double);
         let grads = Tensor::run_backward(&[&total], params, false, false);
         let flat: Vec<Tensor> = grads.iter().zip(params).map(|(g, t)| adapters::gradient_or_zeros(g.shallow_clone(), t).to_kind(Kind::Double).reshape([-1])).collect();
@@ -84,7 +86,7 @@ fn split(params: &[Tensor], flat: &Tensor) -> Vec<Tensor> {
 fn the_sketch_estimates_the_exact_gram_matrix_with_countsketch_variance() {
     let (loaded, params, g) = setup();
     let numels: Vec<i64> = params.iter().map(|t| t.numel() as i64).collect();
-    let exact = exact_gradients(&g);
+    let exact = exact_gradients(&g, &g.completion_mask);
     let k = exact.matmul(&exact.tr());
     let k_norm = frobenius(&k);
     // CountSketch: Var(K̂_ij) = (K_ii K_jj + K_ij² - 2 Σ_a g_i[a]² g_j[a]²) / D, summed over i, j.
@@ -92,14 +94,13 @@ fn the_sketch_estimates_the_exact_gram_matrix_with_countsketch_variance() {
     let trace = k.trace().double_value(&[]);
     let variance_times_d = trace * trace + k_norm * k_norm - 2.0 * squares.matmul(&squares.tr()).sum(Kind::Double).double_value(&[]);
     let expected_error = |dim: usize| (variance_times_d / dim as f64).sqrt() / k_norm;
-    let seqs: engine::Sequences = (&g).into();
 
     // The engine's per-sequence passes: the same sketch as the exact gradients' (the same hash
     // functions) up to float32 rounding, and an error that shrinks with the sketch size.
     let mut pipeline_errors = Vec::new();
     for dim in [64, 4096] {
         let sketch = CountSketch::new(11, &numels, dim, Device::Cpu);
-        let ours = fisher::kernel(&fisher::sketch_sequences(&loaded.model, seqs, TEMPERATURE, &[], &params, &sketch));
+        let ours = fisher::kernel(&fisher::sketch_sequences(&loaded.model, &g, TEMPERATURE, &[], &params, &sketch));
         let exact_rows: Vec<Tensor> = (0..exact.size()[0]).map(|i| sketch.project(&split(&params, &exact.get(i)))).collect();
         let of_exact = fisher::kernel(&Tensor::stack(&exact_rows, 0));
         let rounding = frobenius(&(&ours - &of_exact)) / frobenius(&of_exact);
@@ -130,6 +131,34 @@ fn the_sketch_estimates_the_exact_gram_matrix_with_countsketch_variance() {
         println!("D {dim}: mean squared error / predicted {mean:.3} ± {standard_error:.3}");
         assert!((mean - 1.0).abs() < 4.0 * standard_error.max(0.02), "D {dim}: mean squared error is {mean} times CountSketch's variance (± {standard_error})");
     }
+}
+
+/// An episode batch's kernel counts the model's tokens only: the setup's sequences with a
+/// hand-made model mask (positions 2 to 4 of every completion, and its last real token, are
+/// observation tokens, attended to but not the model's) give the sketch of the float64
+/// gradients of each sequence's log-probability over its model tokens alone (to float32
+/// rounding, as the unmasked test above), far from the sketch of the same gradients with the
+/// observation tokens summed in, which a kernel that ignored the mask would give.
+#[test]
+fn an_episode_kernel_counts_the_model_tokens_only() {
+    let (loaded, params, mut g) = setup();
+    let numels: Vec<i64> = params.iter().map(|t| t.numel() as i64).collect();
+    let lengths: Vec<i64> = Vec::try_from(g.completion_mask.sum_dim_intlist(1, false, Kind::Int64)).unwrap();
+    let width = g.completion_mask.size()[1];
+    let mask: Vec<i64> = lengths.iter().flat_map(|&n| (0..width).map(move |i| i64::from(!((2..5).contains(&i) || i == n - 1)))).collect();
+    g.model_mask = Some(Tensor::from_slice(&mask).view([-1, width]));
+    let model_tokens = g.model_tokens();
+    let observed = (&g.completion_mask - &model_tokens).sum(Kind::Int64).int64_value(&[]);
+    assert!(observed >= 8 && lengths.iter().all(|&n| n > 5), "every sequence has observation tokens and model tokens after them ({observed}, lengths {lengths:?})");
+    let sketch = CountSketch::new(3, &numels, 1024, Device::Cpu);
+    let ours = fisher::kernel(&fisher::sketch_sequences(&loaded.model, &g, TEMPERATURE, &[], &params, &sketch));
+    let of = |exact: &Tensor| fisher::kernel(&Tensor::stack(&(0..exact.size()[0]).map(|i| sketch.project(&split(&params, &exact.get(i)))).collect::<Vec<_>>(), 0));
+    let (masked, unmasked) = (of(&exact_gradients(&g, &model_tokens)), of(&exact_gradients(&g, &g.completion_mask)));
+    let rounding = frobenius(&(&ours - &masked)) / frobenius(&masked);
+    let unmasked_gap = frobenius(&(&ours - &unmasked)) / frobenius(&masked);
+    println!("against the model tokens' float64 sketch {rounding:.2e}; against all completion tokens' {unmasked_gap:.2e}");
+    assert!(rounding < 1e-5, "the kernel is {rounding:e} from the float64 kernel of the model tokens");
+    assert!(unmasked_gap > 1e-2, "counting the observation tokens changes the kernel by only {unmasked_gap:e}: the check above cannot tell them apart");
 }
 
 /// Summary metrics of `kernel` as numpy computes them (`scripts/reference/fisher_summary.py`,
@@ -176,7 +205,7 @@ fn the_summary_metrics_match_numpy_and_hand_computed_values() {
     let (loaded, params, g) = setup();
     let numels: Vec<i64> = params.iter().map(|t| t.numel() as i64).collect();
     let sketch = CountSketch::new(5, &numels, 256, Device::Cpu);
-    let k = fisher::kernel(&fisher::sketch_sequences(&loaded.model, (&g).into(), TEMPERATURE, &[], &params, &sketch));
+    let k = fisher::kernel(&fisher::sketch_sequences(&loaded.model, &g, TEMPERATURE, &[], &params, &sketch));
     let dir = tempfile::tempdir().unwrap();
     fisher::write_matrix(dir.path(), 7, &k, 256, 5).unwrap();
     let ours = FisherSummary::of(&k);

@@ -95,6 +95,20 @@ pub struct EpisodeBatch {
     pub prompt_texts: Vec<Option<String>>,
 }
 
+impl EpisodeBatch {
+    /// `self`'s episodes then `other`'s, as one batch (the generations joined padded with
+    /// `pad`: `Generation::concat`): a batch's routed and coherence episodes, played apart at
+    /// their own adapter scales.
+    pub fn concat(mut self, other: EpisodeBatch, pad: i64) -> EpisodeBatch {
+        self.ends.extend(other.ends);
+        self.turns.extend(other.turns);
+        self.observation_tokens.extend(other.observation_tokens);
+        self.bounded.extend(other.bounded);
+        self.prompt_texts.extend(other.prompt_texts);
+        EpisodeBatch { generation: self.generation.concat(other.generation, pad), ..self }
+    }
+}
+
 /// The host's bound that sent an episode's turn as its last: the environment then had to end it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EpisodeBound {
@@ -403,7 +417,8 @@ fn tool_schemas(tools: &[Tool]) -> Result<(Vec<OrderedJson>, Vec<String>)> {
 
 /// The episodes as one generation: prompts (`prompt_ids`) left-padded, transcripts
 /// right-padded with EOS, the completion mask 1 on every transcript token and the model mask 1
-/// on the model's.
+/// on the model's. A row `ended_with_eos` when its last token (its final turn's: an episode
+/// ends after a turn) is a stop token; `mask_truncated_completions` masks the others.
 fn lay_out(layout: &Layout, prompt_ids: &[Vec<u32>], transcripts: &[Vec<Token>]) -> Result<Generation> {
     let Layout { eos, stops, device } = layout;
     let (prompt_ids, prompt_mask) = left_pad(prompt_ids, i64::from(*eos), *device);

@@ -81,6 +81,8 @@ pub struct RescoreJob<'a> {
 pub struct SketchJob<'a> {
     pub model: &'a Llama,
     pub seqs: Sequences<'a>,
+    /// The completion tokens whose log-probabilities a sequence's total sums (the model's).
+    pub counted: &'a Tensor,
     pub ctl: &'a [AdapterCtl],
     pub temperature: f64,
     pub params: &'a [Tensor],

@@ -259,12 +259,15 @@ fn rows_logprobs(model: &Llama, batch: &LossBatch, temperature: f64, start: i64,
     }
 }
 
-/// The sketches `[n, D]` of each sequence's gradient of its total completion log-probability
-/// over `params` (`project` maps one gradient, a tensor per parameter, an undefined one for a
-/// zero gradient, to its row): one forward and one backward pass per sequence, alone, with
+/// The sketches `[n, D]` of each sequence's gradient of its total log-probability over its
+/// `counted` completion tokens (`[n, completion_len]` 0/1: the model's tokens,
+/// `Generation::model_tokens`, so an episode's observation tokens are attended to but not
+/// summed) with respect to `params` (`project` maps one gradient, a tensor per parameter, an
+/// undefined one for a zero gradient, to its row): one forward and one backward pass per sequence, alone, with
 /// `ctl`'s adapter scales for its row and every adapter learning. The gradients go into fresh
 /// tensors; the parameters' `.grad` are not touched (`crate::train::fisher`).
-pub fn sequence_gradient_sketches(model: &Llama, seqs: Sequences, temperature: f64, ctl: &[AdapterCtl], params: &[Tensor], project: &dyn Fn(&[Tensor]) -> Tensor) -> Tensor {
+pub fn sequence_gradient_sketches(model: &Llama, seqs: Sequences, counted: &Tensor, temperature: f64, ctl: &[AdapterCtl], params: &[Tensor], project: &dyn Fn(&[Tensor]) -> Tensor) -> Tensor {
+    assert_eq!(counted.size(), seqs.completion_mask.size(), "one counted flag per completion position");
     let rows = seqs.completion_ids.size()[0];
     let mut sketches = Vec::with_capacity(rows as usize);
     for i in 0..rows {
@@ -273,7 +276,7 @@ pub fn sequence_gradient_sketches(model: &Llama, seqs: Sequences, temperature: f
         let one = Sequences { prompt_ids: &prompt_ids, prompt_mask: &prompt_mask, completion_ids: &completion_ids, completion_mask: &completion_mask, kept: None };
         let learning: Vec<AdapterCtl> = ctl.iter().map(|c| learning_row(c, i)).collect();
         let logprobs = completion_logprobs(model, one, temperature, &learning).logprobs;
-        let total = (logprobs * completion_mask.to_kind(Kind::Float)).sum(Kind::Float);
+        let total = (logprobs * row(counted).to_kind(Kind::Float)).sum(Kind::Float);
         let gradient = if total.requires_grad() { Tensor::run_backward(&[&total], params, false, false) } else { params.iter().map(|_| Tensor::new()).collect() };
         sketches.push(project(&gradient));
     }

@@ -504,7 +504,7 @@ fn run_alone(job: Job) -> Done<Outcome> {
         Job::Train(job) => Outcome::Train(backward_micro_batches(job.model, &job.batch, job.temperature, job.objective, 1, &mut |_, _| {})),
         Job::OwnPasses(job) => Outcome::Train(backward_passes(job.model, &job.batch, job.temperature, job.objective, job.passes, job.before_backward, job.after_backward)),
         Job::Rescore(job) => Outcome::Rescore(tch::no_grad(|| completion_logprobs(job.model, job.seqs, job.temperature, job.ctl))),
-        Job::Sketch(job) => Outcome::Sketch(sequence_gradient_sketches(job.model, job.seqs, job.temperature, job.ctl, job.params, job.project)),
+        Job::Sketch(job) => Outcome::Sketch(sequence_gradient_sketches(job.model, job.seqs, job.counted, job.temperature, job.ctl, job.params, job.project)),
     });
     Done { value, seconds, runs: 1 }
 }

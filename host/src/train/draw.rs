@@ -221,12 +221,12 @@ impl Draw {
         let prompt_ids = tokenized(with.policy.tokenizer(), &prompt_texts)?;
         let coherence_rows = self.keys.coherence.rows_at(step);
         let seed = self.round_seed(round);
+        // Episode ids count the run's episodes: round r of step s starts at (s * (R + 1) + r) * rows.
+        let first_id = ((step * (self.keys.dynamic_sampling_rounds() + 1) + round) * prompt_texts.len()) as u64;
         match (&self.keys.mode, &self.episodes) {
             (DrawMode::OnPolicy, Some(episodes)) => {
-                ensure!(coherence_rows == 0, "internal error: episodes are drawn without coherence rows (refused at start)");
-                // Episode ids count the run's episodes: round r of step s starts at (s * (R + 1) + r) * rows.
-                let first_id = ((step * (self.keys.dynamic_sampling_rounds() + 1) + round) * prompt_texts.len()) as u64;
-                played(episodes, step, seed, first_id, &prompt_ids, &prompt_texts, with)
+                let requests = with.policy.sample_requests(&prompt_ids, coherence_rows, step, seed);
+                played(episodes, step, seed, first_id, &requests, &prompt_texts, with)
             }
             (DrawMode::OnPolicy, None) => {
                 let sampled = with.policy.sample(with.policy.sample_requests(&prompt_ids, coherence_rows, step, seed), with.log)?;
@@ -236,10 +236,7 @@ impl Draw {
                 let generation = replay::generation(dir, step, &prompt_ids, with.policy.model().device)?;
                 self.scored(step, seed, prompt_texts, (generation, 0.0, None), with)
             }
-            (DrawMode::Replay(dir), Some(episodes)) => {
-                let first_id = ((step * (self.keys.dynamic_sampling_rounds() + 1) + round) * prompt_texts.len()) as u64;
-                replayed(episodes, dir, step, seed, first_id, &prompt_texts, with)
-            }
+            (DrawMode::Replay(dir), Some(episodes)) => replayed(episodes, dir, step, seed, first_id, &prompt_texts, with),
             (DrawMode::Ahead(_), None) => anyhow::bail!("internal error: a rollout sampled ahead is drawn by the queue, not in rounds"),
             (DrawMode::Ahead(_), Some(_)) => anyhow::bail!("internal error: episodes are drawn on policy (refused at start)"),
         }
@@ -301,17 +298,16 @@ impl Draw {
     }
 }
 
-/// One round of multi-turn episodes played on policy (`episodes.rs`): sampled and scored by the
-/// environment turn by turn, the episodes numbered from `first_id`.
-fn played(episodes: &super::episodes::Episodes, step: usize, seed: u64, first_id: u64, prompt_ids: &[Vec<u32>], prompt_texts: &[Prompt], with: &mut Drawing) -> Result<DrawnBatch> {
-    let [request] = <[_; 1]>::try_from(with.policy.sample_requests(prompt_ids, 0, step, seed)).map_err(|_| anyhow::anyhow!("internal error: one sampler call per episode batch"))?;
-    let seeds = (request.seed, rng::derive(seed, "protocol", step as u64));
+/// One round of multi-turn episodes played on policy (`episodes.rs`): each of the sampler's
+/// `requests` (the routed rows, then any coherence rows) at its adapter scales, then scored by
+/// the environment as one batch, the episodes numbered from `first_id`.
+fn played(episodes: &super::episodes::Episodes, step: usize, seed: u64, first_id: u64, requests: &[super::policy::SampleRequest], prompt_texts: &[Prompt], with: &mut Drawing) -> Result<DrawnBatch> {
+    let score_seed = rng::derive(seed, "protocol", step as u64);
     if with.policy.runs() > 1 {
         with.policy.announce(with.log, "sample", || "sampling episodes alone, not stacked with the other packed runs: each run's turns wait on its own environment".into());
     }
-    let played = episodes.play(with.policy, with.rewards, prompt_texts, &request.scales, seeds, first_id).with_context(|| format!("the episodes of step {} failed", step + 1))?;
-    let super::episodes::Played { generation, samples, scored, generate_seconds, score_seconds, fingerprint } = played;
-    Ok(DrawnBatch { generation, samples, scored, generate_seconds, score_seconds, dynamic_sampling: None, off_policy: None, weights_fingerprint: fingerprint })
+    let played = episodes.play(with.policy, with.rewards, prompt_texts, requests, score_seed, first_id).with_context(|| format!("the episodes of step {} failed", step + 1))?;
+    Ok(drawn(played))
 }
 
 /// Step `step`'s episodes replayed from the rollout recorded in `dir` (`replay_rollouts`), scored
@@ -322,8 +318,13 @@ fn replayed(episodes: &super::episodes::Episodes, dir: &std::path::Path, step: u
     let played = episodes
         .replay(config, with.policy.tokenizer(), with.rewards, prompt_texts, &recorded, rng::derive(seed, "protocol", step as u64), first_id)
         .with_context(|| format!("replay_rollouts: {}: the episodes of step {}", replay::recorded(dir, step).display(), step + 1))?;
+    Ok(drawn(played))
+}
+
+/// An episode batch played (or replayed) on policy, as the draw hands it on.
+fn drawn(played: super::episodes::Played) -> DrawnBatch {
     let super::episodes::Played { generation, samples, scored, generate_seconds, score_seconds, fingerprint } = played;
-    Ok(DrawnBatch { generation, samples, scored, generate_seconds, score_seconds, dynamic_sampling: None, off_policy: None, weights_fingerprint: fingerprint })
+    DrawnBatch { generation, samples, scored, generate_seconds, score_seconds, dynamic_sampling: None, off_policy: None, weights_fingerprint: fingerprint }
 }
 
 /// The token ids of `prompts`' texts.

@@ -1,9 +1,13 @@
 //! A run on a multi-turn episode environment (issue 48): each row of a batch is one episode
-//! (`episode::run_episodes`, sampled with the run's decoder at the batch's adapter scales),
-//! scored at its end by the environment ([`RewardModel::score_episodes`]); groups, advantages,
-//! routing and interventions act on its row as on a single-turn completion, and the loss, ratio,
-//! KL, entropy and every per-token statistic count the model's tokens only
-//! (`Generation::model_mask`, `grpo::loss_mask`).
+//! (`episode::run_episodes`, sampled with the run's decoder at its rows' adapter scales: a
+//! batch's coherence rows with the forget adapter off, [`Episodes::play`]), scored at its end by
+//! the environment ([`RewardModel::score_episodes`]); groups, advantages, routing, coherence
+//! rows and interventions act on its row as on a single-turn completion, and the loss, ratio,
+//! KL, entropy, the Fisher kernel and every per-token statistic count the model's tokens only
+//! (`Generation::model_mask`, `grpo::loss_mask`). With `mask_truncated_completions` an episode
+//! whose last token is not a stop token (its final turn cut, by `episode_max_turn_tokens` or the
+//! episode's budget) leaves the loss, as TRL masks a multi-turn completion
+//! (`CompletionRow::ended_with_eos`, set by `episode::lay_out`).
 //!
 //! The episode's token budget is `max_completion_length` (its turns and observations
 //! together), so the memory planner and dr_grpo's constant need no other width; a turn is at
@@ -20,7 +24,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail, ensure};
 
 use super::TrainConfig;
-use super::policy::Policy;
+use super::policy::{Policy, SampleRequest};
 use super::prompts::{PromptRender, conversation_of};
 use crate::episode::{EpisodeBatch, EpisodeBound, EpisodePrompt, Observations, replay_episodes, run_episodes};
 use crate::model::chat::ChatTemplate;
@@ -68,9 +72,6 @@ pub struct Played {
 pub(super) fn refuse_unsupported(cfg: &TrainConfig, environment: &str) -> Result<()> {
     let refusals = [
         (cfg.samples_ahead(), "max_steps_off_policy, sampling_steps_ahead and stream_minibatches (sampling ahead): episodes are sampled on policy only, for now".to_string()),
-        (cfg.coh_samples_per_rollout > 0 || cfg.rh_detector_verifies_retain_samples, "coh_samples_per_rollout and rh_detector_verifies_retain_samples (coherence rows): episodes are sampled at the routed scales only, for now".into()),
-        (cfg.mask_truncated_completions, "mask_truncated_completions: an episode's last turn cut by episode_max_turn_tokens is not a truncated episode, and which are is not settled yet".into()),
-        (cfg.fisher_kernel_every > 0, "fisher_kernel_every: the Fisher kernel's sequence log-probabilities would count observation tokens".into()),
         (
             cfg.sampling_truncates() && cfg.sampling_replay == crate::grpo::SamplingReplay::KeptSets,
             "sampling_replay kept_sets with top_k or top_p: kept sets are not recorded across turns; use sampling_replay: trl_1_16".into(),
@@ -101,22 +102,48 @@ impl Episodes {
         Ok(Self { bounds, turn_tokens: cfg.episode_max_turn_tokens, starts, template: render.template().cloned() })
     }
 
-    /// One episode per prompt (in order; a group's prompt repeated) from the policy at adapter
-    /// `scales`, each turn drawn from `seed`'s streams; then scored, the protocol knobs drawn
-    /// from `score_seed`. Episode ids start at `first_id`.
+    /// One episode per prompt (in order; a group's prompt repeated) from the policy, by
+    /// `requests` (`Policy::sample_requests`: the routed rows at their adapter scales, then any
+    /// coherence rows with the forget adapter off, each from its own seed, as single-turn rows
+    /// are sampled): each request's rows are played by the decoder folded at its scales, its
+    /// episodes numbered on from `first_id`. The batch is then scored as one, the protocol knobs
+    /// drawn from `score_seed`, as a single-turn batch's routed and coherence rows are.
     ///
     /// In a pack the episodes are decoded with the run's own decoder, never stacked with the
     /// other runs' (a turn waits on the run's environment, and the runs' turns and episode
     /// ends differ), so a packed run's episodes are its solo run's token for token; its scoring
     /// and training passes stack as any run's.
-    pub(super) fn play(&self, policy: &mut Policy, rewards: &mut RewardModel, prompts: &[Prompt], scales: &[f64], seeds: (u64, u64), first_id: u64) -> Result<Played> {
+    pub(super) fn play(&self, policy: &mut Policy, rewards: &mut RewardModel, prompts: &[Prompt], requests: &[SampleRequest], score_seed: u64, first_id: u64) -> Result<Played> {
         let started = Instant::now();
-        let (decoder, fingerprint, tokenizer, sampling) = policy.episode_sampler(scales)?;
-        let refreshed = started.elapsed().as_secs_f64();
-        let mut played = self.play_on(decoder, tokenizer, sampling, rewards, prompts, seeds, first_id)?;
-        played.generate_seconds += refreshed; // the decoder's refresh is part of sampling
-        played.fingerprint = Some(fingerprint);
-        Ok(played)
+        let (mut joined, mut fingerprint, mut played_rows) = (None::<EpisodeBatch>, None, 0);
+        let pad = i64::from(policy.model().config.eos_token_id);
+        for request in requests {
+            let rows = played_rows..played_rows + request.prompt_ids.len();
+            ensure!(rows.end <= prompts.len(), "internal error: sampler requests for {} episodes of {} prompts", rows.end, prompts.len());
+            // The decoder's refresh (folding the adapters at the request's scales) is part of sampling.
+            let (decoder, weights, tokenizer, sampling) = policy.episode_sampler(&request.scales)?;
+            let starts = self.episode_prompts(&prompts[rows.clone()], request.prompt_ids.clone())?;
+            let batch = self.run(decoder, tokenizer, sampling, rewards, &starts, request.seed, first_id + rows.start as u64)?;
+            joined = Some(match joined {
+                None => batch,
+                Some(so_far) => so_far.concat(batch, pad),
+            });
+            fingerprint = fingerprint.or(Some(weights));
+            played_rows = rows.end;
+        }
+        ensure!(played_rows == prompts.len(), "internal error: sampler requests for {played_rows} episodes of {} prompts", prompts.len());
+        let batch = joined.context("internal error: an episode batch without a sampler request")?;
+        let generate_seconds = started.elapsed().as_secs_f64();
+        let played = self.scored(batch, policy.tokenizer(), rewards, prompts, score_seed)?;
+        Ok(Played { generate_seconds, fingerprint, ..played })
+    }
+
+    /// [`Episodes::play`] of every prompt at adapter `scales`, sampled and scored from `seeds`:
+    /// the run's evaluations.
+    pub(super) fn play_at(&self, policy: &mut Policy, rewards: &mut RewardModel, prompts: &[Prompt], scales: &[f64], seeds: (u64, u64), first_id: u64) -> Result<Played> {
+        let prompt_ids = prompts.iter().map(|prompt| policy.tokenizer().encode(&prompt.text)).collect::<Result<_>>()?;
+        let request = SampleRequest { scales: scales.to_vec(), prompt_ids, seed: seeds.0 };
+        self.play(policy, rewards, prompts, &[request], seeds.1, first_id)
     }
 
     /// [`Episodes::play`] with `decoder` (the policy folded at the batch's adapter scales) and
@@ -126,49 +153,63 @@ impl Episodes {
     #[allow(clippy::too_many_arguments)]
     pub fn play_on(&self, decoder: &DecodeModel, tokenizer: &Tokenizer, sampling: &SamplingParams, rewards: &mut RewardModel, prompts: &[Prompt], seeds: (u64, u64), first_id: u64) -> Result<Played> {
         let started = Instant::now();
-        let episodes = self.episode_prompts(tokenizer, prompts)?;
+        let ids = prompts.iter().map(|prompt| tokenizer.encode(&prompt.text)).collect::<Result<_>>()?;
+        let starts = self.episode_prompts(prompts, ids)?;
+        let batch = self.run(decoder, tokenizer, sampling, rewards, &starts, seeds.0, first_id)?;
+        let generate_seconds = started.elapsed().as_secs_f64();
+        Ok(Played { generate_seconds, ..self.scored(batch, tokenizer, rewards, prompts, seeds.1)? })
+    }
+
+    /// Each of `prompts` with its token ids `ids` and the prompt the environment wrote for it.
+    fn episode_prompts<'a>(&'a self, prompts: &'a [Prompt], ids: Vec<Vec<u32>>) -> Result<Vec<EpisodePrompt<'a>>> {
+        ensure!(ids.len() == prompts.len(), "internal error: {} token lists for {} prompts", ids.len(), prompts.len());
+        prompts
+            .iter()
+            .zip(ids)
+            .map(|(prompt, ids)| {
+                let env_prompt = self.starts.get(&prompt.text).context("internal error: a prompt the environment did not write started an episode")?;
+                Ok(EpisodePrompt { env_prompt, prompt, ids })
+            })
+            .collect()
+    }
+
+    /// Plays `starts` on `decoder` from `seed`'s turn streams, episode ids from `first_id`.
+    #[allow(clippy::too_many_arguments)]
+    fn run(&self, decoder: &DecodeModel, tokenizer: &Tokenizer, sampling: &SamplingParams, rewards: &mut RewardModel, starts: &[EpisodePrompt], seed: u64, first_id: u64) -> Result<EpisodeBatch> {
         let params = SamplingParams { max_new_tokens: self.turn_tokens, kept_sets: false, ..*sampling };
         let environment = rewards.episode_environment().context("internal error: episodes without an episode environment")?;
-        let batch = run_episodes(default_decoder(decoder), decoder, tokenizer, environment, &episodes, self.observations(prompts)?, &params, seeds.0, &self.bounds, first_id)?;
-        Self::scored(batch, started.elapsed().as_secs_f64(), tokenizer, rewards, prompts, seeds.1)
+        run_episodes(default_decoder(decoder), decoder, tokenizer, environment, starts, self.observations(starts)?, &params, seed, &self.bounds, first_id)
     }
 
     /// The episodes of `prompts` replayed from the `recorded` rollout (`replay_rollouts`; see
-    /// `episode::replay_episodes`) in the run's environment, then scored as [`Episodes::play`]
-    /// scores them; nothing is sampled.
+    /// `episode::replay_episodes`) in the run's environment, episode ids from `first_id`, then
+    /// scored as [`Episodes::play`] scores them, the protocol knobs drawn from `score_seed`;
+    /// nothing is sampled.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn replay(&self, config: &LlamaConfig, tokenizer: &Tokenizer, rewards: &mut RewardModel, prompts: &[Prompt], recorded: &Generation, score_seed: u64, first_id: u64) -> Result<Played> {
-        let episodes = self.episode_prompts(tokenizer, prompts)?;
+        let ids = prompts.iter().map(|prompt| tokenizer.encode(&prompt.text)).collect::<Result<_>>()?;
+        let starts = self.episode_prompts(prompts, ids)?;
         let environment = rewards.episode_environment().context("internal error: episodes without an episode environment")?;
-        let batch = replay_episodes(config, tokenizer, environment, &episodes, self.observations(prompts)?, recorded, self.turn_tokens, &self.bounds, first_id)?;
-        Self::scored(batch, 0.0, tokenizer, rewards, prompts, score_seed)
+        let batch = replay_episodes(config, tokenizer, environment, &starts, self.observations(&starts)?, recorded, self.turn_tokens, &self.bounds, first_id)?;
+        self.scored(batch, tokenizer, rewards, prompts, score_seed)
     }
 
-    /// Each prompt with the environment's prompt it was rendered from, and its token ids.
-    fn episode_prompts<'p>(&'p self, tokenizer: &Tokenizer, prompts: &'p [Prompt]) -> Result<Vec<EpisodePrompt<'p>>> {
-        let episode = |prompt: &'p Prompt| {
-            let env_prompt = self.starts.get(&prompt.text).context("internal error: a prompt the environment did not write started an episode")?;
-            Ok(EpisodePrompt { env_prompt, prompt, ids: tokenizer.encode(&prompt.text)? })
-        };
-        prompts.iter().map(episode).collect()
-    }
-
-    /// How the episodes' observations are written: through the chat template in a chat run.
-    fn observations(&self, prompts: &[Prompt]) -> Result<Observations<'_>> {
+    /// How `starts`' observations are written: through the chat template in a chat run.
+    fn observations(&self, starts: &[EpisodePrompt]) -> Result<Observations<'_>> {
         Ok(match &self.template {
             None => Observations::PlainText,
-            Some(template) => Observations::Chat { template, conversations: prompts.iter().map(conversation_of).collect::<Result<_>>()? },
+            Some(template) => Observations::Chat { template, conversations: starts.iter().map(|start| conversation_of(start.prompt)).collect::<Result<_>>()? },
         })
     }
 
-    /// A played batch scored: its rows as samples, its ends by the reward model (protocol knobs
-    /// from `score_seed`), the host's per-episode metrics beside the environment's.
-    fn scored(batch: EpisodeBatch, generate_seconds: f64, tokenizer: &Tokenizer, rewards: &mut RewardModel, prompts: &[Prompt], score_seed: u64) -> Result<Played> {
+    /// `batch`'s episodes (of `prompts`, in order) scored at their ends, the protocol knobs
+    /// drawn from `seed`, with the host's per-episode metrics; no timings or fingerprint yet.
+    fn scored(&self, batch: EpisodeBatch, tokenizer: &Tokenizer, rewards: &mut RewardModel, prompts: &[Prompt], seed: u64) -> Result<Played> {
         let scoring = Instant::now();
         let samples = samples_from_rows(prompts, &batch.generation.rows, tokenizer)?;
-        let mut scored = rewards.score_episodes(&samples, &batch.ends, score_seed)?;
+        let mut scored = rewards.score_episodes(&samples, &batch.ends, seed)?;
         scored.metrics.extend(episode_metrics(&batch));
-        Ok(Played { generation: batch.generation, samples, scored, generate_seconds, score_seconds: scoring.elapsed().as_secs_f64(), fingerprint: None })
+        Ok(Played { generation: batch.generation, samples, scored, generate_seconds: 0.0, score_seconds: scoring.elapsed().as_secs_f64(), fingerprint: None })
     }
 }
 

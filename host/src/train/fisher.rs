@@ -1,6 +1,7 @@
 //! The sketched Fisher kernel of a step's sequences (`fisher_kernel_every`, `fisher_kernel_sketch`):
 //! `K(i, j) = <g_i, g_j>`, `g_i` the gradient of sequence `i`'s total completion log-probability
-//! (at the run's temperature, under the policy that computed the step's gradient, before its
+//! over the model's tokens (an episode's observation tokens, `Generation::model_mask` 0, are
+//! attended to but not summed: the environment wrote them) (at the run's temperature, under the policy that computed the step's gradient, before its
 //! update) over the trainable parameters, estimated from sketches `S = G Pᵀ` (`[n, D]`) as
 //! `K ≈ S Sᵀ`, so no `[n, n_params]` matrix of per-sequence gradients is ever held.
 //!
@@ -29,6 +30,7 @@ use tch::{Device, Kind, Tensor};
 use super::metrics::key;
 use super::policy::Policy;
 use crate::engine;
+use crate::model::generate::Generation;
 use crate::model::linear::AdapterCtl;
 use crate::rng::{self, SplitMix64};
 
@@ -86,11 +88,12 @@ impl CountSketch {
     }
 }
 
-/// The sketches `[n, D]` (float64) of each sequence's gradient of its total completion
-/// log-probability over `params` ([`engine::sequence_gradient_sketches`]: one forward and one
-/// backward pass per sequence, alone, into fresh tensors) projected by `sketch`.
-pub fn sketch_sequences(model: &crate::model::Llama, seqs: engine::Sequences, temperature: f64, ctl: &[AdapterCtl], params: &[Tensor], sketch: &CountSketch) -> Tensor {
-    engine::sequence_gradient_sketches(model, seqs, temperature, ctl, params, &|gradient| sketch.project(gradient))
+/// The sketches `[n, D]` (float64) of each sequence of `generation`: the gradient of its total
+/// log-probability over its model tokens with respect to `params`
+/// ([`engine::sequence_gradient_sketches`]: one forward and one backward pass per sequence,
+/// alone, into fresh tensors) projected by `sketch`.
+pub fn sketch_sequences(model: &crate::model::Llama, generation: &Generation, temperature: f64, ctl: &[AdapterCtl], params: &[Tensor], sketch: &CountSketch) -> Tensor {
+    engine::sequence_gradient_sketches(model, generation.into(), &generation.model_tokens(), temperature, ctl, params, &|gradient| sketch.project(gradient))
 }
 
 /// The kernel estimate `S Sᵀ` (`[n, n]`, float64) from a CountSketch's rows.
@@ -193,7 +196,7 @@ impl FisherSchedule {
     /// kernel of the step's sequences under the `policy` as it is (before the step's update),
     /// written to `<run_dir>/fisher/step_<N>.json`; returns its summary and the seconds it took
     /// as the metrics line's values (none on the other steps).
-    pub(super) fn measure(&self, policy: &Policy, run_dir: &Path, step: usize, seqs: engine::Sequences, ctl: &[AdapterCtl]) -> Result<Vec<(&'static str, f64)>> {
+    pub(super) fn measure(&self, policy: &Policy, run_dir: &Path, step: usize, generation: &Generation, ctl: &[AdapterCtl]) -> Result<Vec<(&'static str, f64)>> {
         if self.every == 0 || (step + 1) % self.every != 0 {
             return Ok(Vec::new());
         }
@@ -203,7 +206,7 @@ impl FisherSchedule {
         let seed = rng::derive(self.seed, PURPOSE, step as u64);
         let device = params.first().map_or(Device::Cpu, Tensor::device);
         let sketch = CountSketch::new(seed, &numels, self.sketch, device);
-        let kernel = kernel(&policy.sketch_sequences(seqs, ctl, &params, &|gradient| sketch.project(gradient)));
+        let kernel = kernel(&policy.sketch_sequences(generation, ctl, &params, &|gradient| sketch.project(gradient)));
         write_matrix(run_dir, step + 1, &kernel, self.sketch, seed)?;
         let mut fields = FisherSummary::of(&kernel).fields();
         fields.push((key::TIMING_FISHER, started.elapsed().as_secs_f64()));

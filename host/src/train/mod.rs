@@ -339,7 +339,7 @@ impl Trainer {
             // One episode per evaluation prompt, at each mode's scales, with the evaluation seed.
             Some(episodes) => {
                 let (policy, prompts, seed) = (&mut self.policy, &self.eval_prompts, eval_seed(&self.cfg));
-                let mut rollout = |scales: &[f64], rewards: &mut RewardModel| episodes.play(policy, rewards, prompts, scales, (seed, seed), 0).map(|played| (played.samples, played.scored));
+                let mut rollout = |scales: &[f64], rewards: &mut RewardModel| episodes.play_at(policy, rewards, prompts, scales, (seed, seed), 0).map(|played| (played.samples, played.scored));
                 eval::routing_eval_of(&mut rollout, &modes, &mut self.rewards, self.cfg.max_no_score_frac, step)?
             }
             None => {

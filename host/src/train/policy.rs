@@ -204,10 +204,12 @@ impl Policy {
         self.seat.rescore(RescoreJob { model: &self.model, seqs, ctl, temperature: self.sampling.temperature }).value
     }
 
-    /// The sketches of each sequence's gradient of its completion log-probability over the
-    /// trained parameters `params` (the seat's sketch job; the Fisher kernel's).
-    pub fn sketch_sequences(&self, seqs: Sequences, ctl: &[AdapterCtl], params: &[Tensor], project: &dyn Fn(&[Tensor]) -> Tensor) -> Tensor {
-        self.seat.sketch(SketchJob { model: &self.model, seqs, ctl, temperature: self.sampling.temperature, params, project }).value
+    /// The sketches of each sequence's gradient of its log-probability over its model tokens
+    /// (an episode's observations not counted) with respect to the trained parameters `params`
+    /// (the seat's sketch job; the Fisher kernel's).
+    pub fn sketch_sequences(&self, generation: &Generation, ctl: &[AdapterCtl], params: &[Tensor], project: &dyn Fn(&[Tensor]) -> Tensor) -> Tensor {
+        let counted = generation.model_tokens();
+        self.seat.sketch(SketchJob { model: &self.model, seqs: generation.into(), counted: &counted, ctl, temperature: self.sampling.temperature, params, project }).value
     }
 
     /// The jobs this run handed its seat so far, by kind ([`Seat::jobs`]), as a log line's text.

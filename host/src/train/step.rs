@@ -237,7 +237,7 @@ impl Trainer {
     /// metrics line, log lines and live views; returns the metrics line.
     fn finish_step(&mut self, pending: PendingStep, trained: Trained) -> Result<serde_json::Value> {
         // Before the update: the kernel of the policy that computed the step's gradient.
-        let fisher_kernel = self.keys.fisher.measure(&self.policy, &self.files.dir, pending.step, pending.mini.seqs(), &pending.mini.plan.ctl)?;
+        let fisher_kernel = self.keys.fisher.measure(&self.policy, &self.files.dir, pending.step, &pending.mini.generation, &pending.mini.plan.ctl)?;
         let optimizer_start = Instant::now();
         let PendingStep { step, started, new_rollout, mini, entropy_coef } = pending;
         let Trained { pass: engine::BackwardPass { logprobs, terms }, mut natural_grads, mut absorption, gradient_noise, seconds: pass_seconds } = trained;
