@@ -93,7 +93,8 @@ pub struct EpisodeBatch {
 }
 
 /// The host's bound that sent an episode's turn as its last: the environment then had to end it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum EpisodeBound {
     /// `max_turns` (checked first: a turn that is the last by both counts as this).
     Turns,

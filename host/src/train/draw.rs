@@ -94,7 +94,8 @@ pub(super) struct Draw {
     verifier_prompts: Option<PromptStream>,
     /// In `DrawMode::Ahead`: the chunks sampled ahead.
     queue: pipeline::Queue,
-    /// A multi-turn episode environment's: each row is an episode (`episodes.rs`; on policy only).
+    /// A multi-turn episode environment's: each row is an episode (`episodes.rs`; on policy in
+    /// rounds, or ahead in the queue's chunks).
     episodes: Option<super::episodes::Episodes>,
 }
 
@@ -237,7 +238,8 @@ impl Draw {
                 self.scored(step, seed, prompt_texts, (generation, 0.0, None), with)
             }
             (DrawMode::Ahead(_), None) => anyhow::bail!("internal error: a rollout sampled ahead is drawn by the queue, not in rounds"),
-            (_, Some(_)) => anyhow::bail!("internal error: episodes are drawn on policy (refused at start)"),
+            (DrawMode::Ahead(_), Some(_)) => anyhow::bail!("internal error: episodes sampled ahead are drawn by the queue, not in rounds"),
+            (DrawMode::Replay(_), Some(_)) => anyhow::bail!("internal error: recorded episodes are not replayed (refused at start)"),
         }
     }
 
