@@ -9,28 +9,20 @@ mod common;
 
 use std::path::Path;
 
-use common::{fixture, max_abs_diff, metrics_without_timings, plugin_dir, read_jsonl, train};
+use common::{max_abs_diff, metrics_without_timings, read_jsonl, train};
 use serde_json::{Map, Value, json};
 use smallrl::engine::{Sequences, frozen_logprobs};
 use smallrl::train::metrics::key;
 use tch::{Device, Kind, Tensor};
 
-/// guess_number (secrets 1..=4) on tiny-stories, full fine-tuning: 2 prompts of 4 episodes,
-/// at most 3 turns of 6 tokens, episodes of 40 tokens; `overrides` on top.
+/// guess_number's tiny-stories run (`common::guess_number::tiny_stories_config`) with full
+/// fine-tuning, beta 0 and grpo's loss, 2 prompts of 4 episodes, 4 steps, a checkpoint every 2;
+/// `overrides` on top.
 fn config(out: &Path, overrides: &[(&str, Value)]) -> Map<String, Value> {
-    let value = json!({
-        "model": fixture("tiny-stories"),
-        "environment": "guess_number",
-        "environment_params": {"max_number": 4, "guess": "word_length"},
-        "plugin_dir": plugin_dir(),
-        "adapter": "full", "lr": 3e-3, "beta": 0.0, "loss_type": "grpo",
-        "batch_size": 8, "num_generations": 4,
-        "max_completion_length": 40,
-        "episode_max_turns": 3, "episode_max_turn_tokens": 6, "episode_max_observation_tokens": 16,
-        "max_steps": 4, "save_steps": 2, "eval_every": 100, "eval_samples": 4, "logging_steps": 1,
-        "output_dir": out, "threads": 1, "device": "cpu", "name": "guess",
-    });
-    let Value::Object(mut map) = value else { unreachable!() };
+    let keys = [("adapter", json!("full")), ("beta", json!(0.0)), ("loss_type", json!("grpo")), ("batch_size", json!(8)), ("max_steps", json!(4)), ("save_steps", json!(2))];
+    let mut map = common::guess_number::tiny_stories_config(out, &keys);
+    map.remove("lora_rank");
+    map.remove("lora_alpha");
     for (key, value) in overrides {
         map.insert((*key).into(), value.clone());
     }
@@ -160,13 +152,7 @@ fn an_episode_run_killed_with_episodes_in_flight_resumes_to_the_uninterrupted_ru
     let file = out.path().join("b.yaml");
     std::fs::write(&file, Value::Object(config(&out.path().join("b"), &keys)).to_string()).unwrap();
     let run = out.path().join("b").join(whole.file_name().unwrap());
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_smallrl")).args(["train", "--config", file.to_str().unwrap()]).stdout(std::process::Stdio::null()).spawn().unwrap();
-    while !run.join("checkpoint-2").is_dir() {
-        assert!(child.try_wait().unwrap().is_none(), "the run ended before its first checkpoint");
-        std::thread::sleep(std::time::Duration::from_millis(2));
-    }
-    child.kill().unwrap();
-    child.wait().unwrap();
+    common::train_killed_at_checkpoint(&file, &run, "checkpoint-2");
     assert!(!run.join("checkpoint-6").exists(), "killed before its end");
     common::smallrl_ok(&["train", "--resume", run.to_str().unwrap()]);
     assert_eq!(metrics_without_timings(&whole), metrics_without_timings(&run));
@@ -228,4 +214,22 @@ fn packed_episode_runs_sampled_ahead_equal_their_solo_runs() {
         assert_eq!(metrics_without_timings(alone), metrics_without_timings(packed), "{}", packed.display());
         assert_same_weights(alone, packed, "checkpoint-4");
     }
+}
+
+/// A filtered pipeline on episodes (`sampling_steps_ahead` 1 with `dynamic_sampling_rounds`:
+/// groups whose 4 episodes have equal rewards dropped, a chunk's surplus carried, a step that
+/// runs out playing a chunk itself on the run's own instance) stopped after step 3 and resumed
+/// equals its uninterrupted run bit for bit.
+#[test]
+fn a_filtered_episode_pipeline_resumes_to_the_uninterrupted_run() {
+    let out = tempfile::tempdir().unwrap();
+    let keys = [("sampling_steps_ahead", json!(1)), ("dynamic_sampling_rounds", json!(4)), ("batch_size", json!(16))];
+    let whole = train(config(&out.path().join("a"), &keys), None, None);
+    let lines = read_jsonl(whole.join("metrics.jsonl"));
+    let dropped: u64 = column_u64(&lines, key::DYNAMIC_SAMPLING_DROPPED).iter().sum();
+    assert!(dropped > 0, "the test needs groups of equal rewards");
+    let stopped = train(config(&out.path().join("b"), &keys), None, Some(3));
+    let resumed = train(config(&out.path().join("b"), &keys), Some(&stopped), None);
+    assert_eq!(metrics_without_timings(&whole), metrics_without_timings(&resumed));
+    assert_same_weights(&whole, &resumed, "checkpoint-4");
 }

@@ -218,7 +218,7 @@ impl Episodes {
     /// generation and the episodes' [`Outcome`]s ([`Episodes::outcomes`]).
     pub(super) fn play_ahead(&self, policy: &mut Policy, prompts: &[Prompt], scales: &[f64], seed: u64, first_id: u64) -> Result<f64> {
         let side = self.ahead.clone().context("internal error: episodes played ahead without the sampler thread's environment")?;
-        let (rules, prompts, sampling) = (self.rules.clone(), prompts.to_vec(), policy.sampling().clone());
+        let (rules, prompts, sampling) = (self.rules.clone(), prompts.to_vec(), *policy.sampling());
         let play = move |decoding: Decoder, decoder: &DecodeModel| -> Result<(Generation, Extra)> {
             let mut side = side.lock().map_err(|_| anyhow!("the sampler thread's environment is unusable: an earlier job panicked with it"))?;
             let (environment, tokenizer) = &mut *side;
@@ -258,7 +258,7 @@ impl Rules {
                 Ok(EpisodePrompt { env_prompt, prompt, ids: tokenizer.encode(&prompt.text)? })
             })
             .collect::<Result<_>>()?;
-        let params = SamplingParams { max_new_tokens: self.turn_tokens, kept_sets: false, ..sampling.clone() };
+        let params = SamplingParams { max_new_tokens: self.turn_tokens, kept_sets: false, ..*sampling };
         let observations = match &self.template {
             None => Observations::PlainText,
             Some(template) => Observations::Chat { template, conversations: prompts.iter().map(conversation_of).collect::<Result<_>>()? },
