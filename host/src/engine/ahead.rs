@@ -9,7 +9,8 @@
 //! back beside the generation, type-erased (`engine` knows no episodes).
 //!
 //! Architecture invariant: a job's generation depends only on its snapshot, prompts, settings
-//! and seed, never on when the thread runs it, so a run with the sampler ahead is
+//! and seed (and a played job's environment, whose answers are functions of their inputs),
+//! never on when the thread runs it, so a run with the sampler ahead is
 //! reproducible (and resumable: the run saves what it has not taken yet). On CUDA the thread
 //! decodes eagerly (no graph capture while the training thread launches kernels).
 
