@@ -246,3 +246,37 @@ fn the_retain_verifier_keeps_the_unflagged_coherence_episodes_of_hackable_prompt
     let frac = verified.iter().filter(|&&v| v).count() as f64 / COHERENCE as f64;
     assert_eq!(line["verifier/frac_verified"].as_f64().unwrap(), frac, "a count over 4 rows: exact");
 }
+
+/// Coherence rows sampled ahead (`max_steps_off_policy` 1): a chunk's routed and coherence
+/// episodes are two jobs of the sampler thread, each from its own seed at its own scales, their
+/// ends joined in order. At lr 1e-30 (the weights do not move) step 2's episodes, rewards and
+/// routing are the on-policy run's (exact: ids, masks and the plugin's rewards); a run stopped
+/// after step 2 with step 3's chunk in flight resumes to the uninterrupted run's metrics (less
+/// timings) bit for bit.
+#[test]
+fn coherence_episodes_sampled_ahead_are_the_on_policy_ones_and_resume() {
+    let out = tempfile::tempdir().unwrap();
+    let keys = |name: &str, extra: Value| {
+        let mut map = guess_number(&out.path().join(name));
+        map.insert("dump_batches".into(), json!(out.path().join(name).join("dump")));
+        map.extend(extra.as_object().unwrap().clone());
+        map
+    };
+    let frozen_ahead = run(keys("frozen-ahead", json!({"lr": 1e-30, "max_steps_off_policy": 1})));
+    run(keys("frozen-on", json!({"lr": 1e-30})));
+    let step2 = |name: &str| read(&out.path().join(name).join("dump/step-2.safetensors"));
+    let (ahead, on) = (step2("frozen-ahead"), step2("frozen-on"));
+    for name in ["prompt_ids", "completion_ids", "completion_mask", "model_mask", "rewards", "coherence", "advantages"] {
+        assert!(ahead[name].equal(&on[name]), "step 2's {name}: the sampler thread's episodes, coherence rows included, are the on-policy run's");
+    }
+    let lines = common::read_jsonl(frozen_ahead.join("metrics.jsonl"));
+    assert_eq!(lines[1][smallrl::train::metrics::key::ASYNC_STALENESS_MAX].as_u64(), Some(1), "step 2 was sampled ahead");
+
+    let three = json!({"max_steps_off_policy": 1, "max_steps": 3});
+    let whole = run(keys("whole", three.clone()));
+    let stopped = common::train(keys("stopped", three.clone()), None, Some(2));
+    let in_flight: Value = serde_json::from_str(&std::fs::read_to_string(stopped.join("checkpoint-2/in_flight.json")).unwrap()).unwrap();
+    assert_eq!(in_flight["chunks"][0]["episodes"].as_array().map(Vec::len), Some(BATCH), "the chunk in flight carries its routed and coherence episodes' ends");
+    let resumed = common::train(keys("stopped", three), Some(&stopped), None);
+    assert_eq!(common::metrics_without_timings(&whole), common::metrics_without_timings(&resumed));
+}

@@ -95,22 +95,9 @@ pub struct EpisodeBatch {
     pub prompt_texts: Vec<Option<String>>,
 }
 
-impl EpisodeBatch {
-    /// `self`'s episodes then `other`'s, as one batch (the generations joined padded with
-    /// `pad`: `Generation::concat`): a batch's routed and coherence episodes, played apart at
-    /// their own adapter scales.
-    pub fn concat(mut self, other: EpisodeBatch, pad: i64) -> EpisodeBatch {
-        self.ends.extend(other.ends);
-        self.turns.extend(other.turns);
-        self.observation_tokens.extend(other.observation_tokens);
-        self.bounded.extend(other.bounded);
-        self.prompt_texts.extend(other.prompt_texts);
-        EpisodeBatch { generation: self.generation.concat(other.generation, pad), ..self }
-    }
-}
-
 /// The host's bound that sent an episode's turn as its last: the environment then had to end it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum EpisodeBound {
     /// `max_turns` (checked first: a turn that is the last by both counts as this).
     Turns,

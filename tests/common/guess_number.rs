@@ -1,10 +1,35 @@
-//! guess_number's documented rules, worked out by hand over an episode's transcript (the decoded
-//! completion: model turns and the observations between them), for the tests that check each
-//! evaluated episode's reward without the plugin: `guess: word_length` (a turn's guess is its
-//! first word's letter count), as the tiny-stories tests play it.
+//! guess_number's tiny-stories run of the episode tests, and its documented rules, worked out
+//! by hand over an episode's transcript (the decoded completion: model turns and the
+//! observations between them), for the tests that check each evaluated episode's reward without
+//! the plugin: `guess: word_length` (a turn's guess is its first word's letter count), as the
+//! tiny-stories tests play it.
 
-use serde_json::Value;
+use serde_json::{Map, Value, json};
 use smallrl::train::TrainConfig;
+
+/// guess_number (secrets 1..=`max_number`, 4 unless overridden) on tiny-stories with LoRA r8:
+/// `overrides` over a small run (8 prompts of 4 episodes, at most 3 turns of 6 tokens, episodes
+/// of 40 tokens).
+pub fn tiny_stories_config(out: &std::path::Path, overrides: &[(&str, Value)]) -> Map<String, Value> {
+    let value = json!({
+        "model": super::fixture("tiny-stories"),
+        "environment": "guess_number",
+        "environment_params": {"max_number": 4, "guess": "word_length"},
+        "plugin_dir": super::plugin_dir(),
+        "adapter": "lora", "lora_rank": 8, "lora_alpha": 8.0,
+        "lr": 3e-3,
+        "batch_size": 32, "num_generations": 4,
+        "max_completion_length": 40,
+        "episode_max_turns": 3, "episode_max_turn_tokens": 6, "episode_max_observation_tokens": 16,
+        "max_steps": 2, "save_steps": 100, "eval_every": 100, "eval_samples": 4, "logging_steps": 1,
+        "output_dir": out, "threads": 1, "device": "cpu", "name": "guess",
+    });
+    let Value::Object(mut map) = value else { unreachable!() };
+    for (key, value) in overrides {
+        map.insert((*key).into(), value.clone());
+    }
+    map
+}
 
 /// An episode's transcript split into its model turns at guess_number's answers ("higher",
 /// "lower", or the malformed-turn message for `max_number`); with the answer after each turn but

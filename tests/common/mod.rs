@@ -130,6 +130,18 @@ pub fn smallrl_ok(args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// `smallrl train --config CONFIG_FILE` killed (SIGKILL) as soon as `run/checkpoint` exists,
+/// wherever the run then is; panics if the run ends first.
+pub fn train_killed_at_checkpoint(config_file: &Path, run: &Path, checkpoint: &str) {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_smallrl")).args(["train", "--config", config_file.to_str().unwrap()]).stdout(std::process::Stdio::null()).spawn().unwrap();
+    while !run.join(checkpoint).is_dir() {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before {checkpoint}");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
 /// The lines of a JSON-lines file (metrics.jsonl, completions.jsonl, routing_eval.jsonl, ...).
 pub fn read_jsonl(path: impl AsRef<Path>) -> Vec<serde_json::Value> {
     let path = path.as_ref();

@@ -258,13 +258,7 @@ fn an_off_policy_run_killed_and_resumed_equals_the_uninterrupted_run() {
     let file = out.path().join("b.yaml");
     std::fs::write(&file, serde_json::to_string(&Value::Object(config("b"))).unwrap()).unwrap();
     let run = out.path().join("b").join(whole.file_name().unwrap());
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_smallrl")).args(["train", "--config", file.to_str().unwrap()]).stdout(std::process::Stdio::null()).spawn().unwrap();
-    while !run.join("checkpoint-2").is_dir() {
-        assert!(child.try_wait().unwrap().is_none(), "the run ended before its first checkpoint");
-        std::thread::sleep(std::time::Duration::from_millis(2));
-    }
-    child.kill().unwrap();
-    child.wait().unwrap();
+    common::train_killed_at_checkpoint(&file, &run, "checkpoint-2");
     assert!(!run.join("checkpoint-8").exists(), "killed before its end");
     common::smallrl_ok(&["train", "--resume", run.to_str().unwrap()]);
     for file in ["metrics.jsonl", "routing_eval.jsonl"] {

@@ -3,11 +3,18 @@
 //! from them when the job is posted) while the run trains, and hands the generations back in
 //! the order they were asked for.
 //!
+//! A job either samples prompts (`generate`) or plays them ([`Play`]: a caller's closure given
+//! the snapshot's decoder; a run on an episode environment plays a chunk's episodes with the
+//! thread's own instance of the environment, `train/episodes.rs`), whose other output comes
+//! back beside the generation, type-erased (`engine` knows no episodes).
+//!
 //! Architecture invariant: a job's generation depends only on its snapshot, prompts, settings
-//! and seed, never on when the thread runs it, so a run with the sampler ahead is
+//! and seed (and a played job's environment, whose answers are functions of their inputs),
+//! never on when the thread runs it, so a run with the sampler ahead is
 //! reproducible (and resumable: the run saves what it has not taken yet). On CUDA the thread
 //! decodes eagerly (no graph capture while the training thread launches kernels).
 
+use std::any::Any;
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -18,18 +25,30 @@ use super::Done;
 use crate::model::Llama;
 use crate::model::decode::DecodeModel;
 use crate::model::folded::{FoldedWeights, SamplerDtype};
-use crate::model::generate::{Decoder, Generation, SamplingParams, generate, generate_with};
+use crate::model::generate::{Decoder, Generation, SamplingParams, default_decoder, generate_with};
+
+/// What a job's caller gets back beside the generation it played (downcast by the caller).
+pub type Extra = Box<dyn Any + Send>;
+
+/// A job that plays its rows itself with the decoder it is given (the snapshot's, and how to
+/// decode with it), returning the generation and what else the caller needs back.
+pub type Play = Box<dyn FnOnce(Decoder, &DecodeModel) -> Result<(Generation, Extra)> + Send>;
+
+/// What the thread does with a job's snapshot.
+pub enum Work {
+    /// Samples `prompts` (as `generate` does).
+    Sample { prompts: Vec<Vec<u32>>, params: SamplingParams, seed: u64 },
+    Play(Play),
+}
 
 struct Job {
     decoder: DecodeModel,
     scales: Vec<f64>,
-    prompts: Vec<Vec<u32>>,
-    params: SamplingParams,
-    seed: u64,
+    work: Work,
 }
 
 struct Finished {
-    generation: Result<Generation>,
+    generation: Result<(Generation, Option<Extra>)>,
     decoder: DecodeModel,
     scales: Vec<f64>,
     /// Seconds the thread decoded this job, and sat idle before it.
@@ -37,10 +56,11 @@ struct Finished {
     idle_seconds: f64,
 }
 
-/// A generation sampled ahead, the time the thread spent on it, and the time the thread had
-/// waited for the job (the sampler waiting for weights).
+/// A generation sampled ahead (with a [`Work::Play`] job's other output), the time the thread
+/// spent on it, and the time the thread had waited for the job (the sampler waiting for weights).
 pub struct Ahead {
     pub done: Done<Generation>,
+    pub extra: Option<Extra>,
     pub sampler_idle_seconds: f64,
 }
 
@@ -63,9 +83,13 @@ impl AheadSampler {
             while let Ok(job) = inbox.recv() {
                 let idle_seconds = idle_since.elapsed().as_secs_f64();
                 let started = Instant::now();
-                let generation = match job.decoder.device.is_cuda() {
-                    true => generate_with(Decoder::Libtorch, &job.decoder, &job.prompts, &job.params, job.seed),
-                    false => generate(&job.decoder, &job.prompts, &job.params, job.seed),
+                let decoding = match job.decoder.device.is_cuda() {
+                    true => Decoder::Libtorch,
+                    false => default_decoder(&job.decoder),
+                };
+                let generation = match job.work {
+                    Work::Sample { prompts, params, seed } => generate_with(decoding, &job.decoder, &prompts, &params, seed).map(|generation| (generation, None)),
+                    Work::Play(play) => play(decoding, &job.decoder).map(|(generation, extra)| (generation, Some(extra))),
                 };
                 let finished = Finished { generation, decoder: job.decoder, scales: job.scales, seconds: started.elapsed().as_secs_f64(), idle_seconds };
                 idle_since = Instant::now();
@@ -77,10 +101,10 @@ impl AheadSampler {
         Self { jobs: Some(jobs), finished, thread: Some(thread), spare: Vec::new(), posted: 0 }
     }
 
-    /// Posts a job: `prompts` sampled in `dtype` from `model` as its weights are now, at adapter
+    /// Posts a job: its `work` done in `dtype` with `model` as its weights are now, at adapter
     /// `scales` (`broken_refresh`: the test hook of [`super::Seat`], a spare decoder is not
     /// refreshed). Returns the fingerprint of the snapshot, checked against the weights folded now.
-    pub fn post(&mut self, model: &Llama, scales: &[f64], dtype: SamplerDtype, prompts: Vec<Vec<u32>>, params: SamplingParams, seed: u64, broken_refresh: bool) -> Result<f64> {
+    pub fn post(&mut self, model: &Llama, scales: &[f64], dtype: SamplerDtype, work: Work, broken_refresh: bool) -> Result<f64> {
         let fresh = FoldedWeights::new(model, scales);
         let (decoder, fingerprint) = match self.spare.iter().position(|(at, _)| at == scales) {
             Some(index) => {
@@ -94,7 +118,7 @@ impl AheadSampler {
                 (decoder, fingerprint)
             }
         };
-        let job = Job { decoder, scales: scales.to_vec(), prompts, params, seed };
+        let job = Job { decoder, scales: scales.to_vec(), work };
         self.jobs.as_ref().expect("the sampler thread runs until dropped").send(job).map_err(|_| anyhow!("the sampler thread stopped (it panicked)"))?;
         self.posted += 1;
         Ok(fingerprint)
@@ -106,8 +130,8 @@ impl AheadSampler {
         let finished = self.finished.recv().context("the sampler thread stopped (it panicked)")?;
         self.posted -= 1;
         self.spare.push((finished.scales, finished.decoder));
-        let generation = finished.generation?;
-        Ok(Ahead { done: Done { value: generation, seconds: finished.seconds, runs: 1 }, sampler_idle_seconds: finished.idle_seconds })
+        let (generation, extra) = finished.generation?;
+        Ok(Ahead { done: Done { value: generation, seconds: finished.seconds, runs: 1 }, extra, sampler_idle_seconds: finished.idle_seconds })
     }
 }
 

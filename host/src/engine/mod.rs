@@ -21,7 +21,7 @@ mod shared;
 mod stacked;
 
 pub use logprobs::{HEAD_CHUNK_ROWS, Sequences, TokenLogprobs, completion_logprobs, completion_logprobs_and_entropy, frozen_logprobs};
-pub use ahead::Ahead;
+pub use ahead::{Ahead, Extra, Play};
 pub use jobs::{Done, OwnPassesJob, RescoreJob, ScoreJob, SketchJob, TrainJob};
 pub use shared::{Engine, Sampled, Seat, Stacking};
 pub use passes::{BackwardPass, LossBatch, Passes, backward_micro_batches, backward_passes, backward_stacked, sequence_gradient_sketches, stacked_frozen_logprobs};

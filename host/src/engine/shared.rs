@@ -26,7 +26,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use anyhow::{Context, Result, anyhow};
 use tch::Tensor;
 
-use super::ahead::{Ahead, AheadSampler};
+use super::ahead::{Ahead, AheadSampler, Play, Work};
 use super::jobs::{Done, Job, Outcome, OwnPassesJob, RescoreJob, SampleJob, ScoreJob, SketchJob, TrainJob, timed};
 use super::stacked::{sample_group, score_group, train_group};
 use super::{BackwardPass, TokenLogprobs, backward_micro_batches, backward_passes, completion_logprobs, frozen_logprobs, sequence_gradient_sketches};
@@ -377,9 +377,19 @@ impl Seat {
     /// as its weights are now (a snapshot), at adapter `scales`; returns the snapshot's
     /// fingerprint. Never stacked: the thread works while the run trains.
     pub fn sample_ahead(&mut self, model: &Llama, scales: &[f64], prompts: Vec<Vec<u32>>, params: SamplingParams, seed: u64) -> Result<f64> {
+        self.post_ahead(model, scales, Work::Sample { prompts, params, seed })
+    }
+
+    /// [`Seat::sample_ahead`] of a job that plays its rows itself (`play`: a run's multi-turn
+    /// episodes, with the thread's instance of its environment), given the snapshot's decoder.
+    pub fn play_ahead(&mut self, model: &Llama, scales: &[f64], play: Play) -> Result<f64> {
+        self.post_ahead(model, scales, Work::Play(play))
+    }
+
+    fn post_ahead(&mut self, model: &Llama, scales: &[f64], work: Work) -> Result<f64> {
         let broken_refresh = self.broken_refresh;
         let ahead = self.ahead.get_or_insert_with(AheadSampler::new);
-        let (fingerprint, setup_seconds) = timed(1, || ahead.post(model, scales, self.sampler_dtype, prompts, params, seed, broken_refresh));
+        let (fingerprint, setup_seconds) = timed(1, || ahead.post(model, scales, self.sampler_dtype, work, broken_refresh));
         self.setup_seconds += setup_seconds;
         fingerprint
     }

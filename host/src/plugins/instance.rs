@@ -274,6 +274,41 @@ impl Plugin {
         self.configure()
     }
 
+    /// A second instance of this plugin: the component compiled at load (its bytes as then: the
+    /// same SHA-256), configured with the same parameters and given the same judge, in a store
+    /// of its own (a run's sampler thread plays its episodes ahead on one, `train/episodes.rs`).
+    pub fn another_instance(&self) -> Result<Self> {
+        let label = self.label();
+        let live = match REFUSE_ANOTHER_INSTANCE.replace(false) {
+            true => Err(anyhow!("its instantiation was refused (a test hook)")),
+            false => instantiate_world(&self.pre, &self.store_kind(), self.kind(), self.contract).map_err(|failure| anyhow::Error::from(failure.error)),
+        };
+        let live = live.with_context(|| format!("{label}: cannot start a second instance"))?;
+        let mut plugin = Self {
+            path: self.path.clone(),
+            sha256: self.sha256.clone(),
+            pre: self.pre.clone(),
+            contract: self.contract,
+            info: self.info.clone(),
+            environment: self.environment.clone(),
+            params_json: self.params_json.clone(),
+            given_params: self.given_params.clone(),
+            dataset_sha256: self.dataset_sha256.clone(),
+            limits: self.limits,
+            live: Some(live),
+            failure: None,
+            last_call_fuel: 0,
+            episodic: self.episodic,
+            imports_judge: self.imports_judge,
+            program_runner: self.program_runner,
+            imports_wasi: self.imports_wasi,
+            sources: self.sources.clone(),
+            judge: self.judge.clone(),
+        };
+        plugin.configure().with_context(|| format!("{label}: cannot start a second instance"))?;
+        Ok(plugin)
+    }
+
     /// "plugin happy_count (reward, plugins/happy.wasm)": how errors name this plugin.
     pub fn label(&self) -> String {
         match self.info.name.is_empty() {
@@ -544,3 +579,19 @@ fn deadline_ticks(limits: PluginLimits) -> u64 {
     (limits.max_call_time.as_nanos() / EPOCH_TICK.as_nanos()) as u64 + 1
 }
 
+
+thread_local! {
+    static REFUSE_ANOTHER_INSTANCE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// A test hook: the next [`Plugin::another_instance`] on this thread fails to instantiate.
+#[doc(hidden)]
+pub fn refuse_another_instance_for_tests() {
+    REFUSE_ANOTHER_INSTANCE.set(true);
+}
+
+/// The sampler thread of a run owns an instance (`Plugin::another_instance`).
+const _: fn() = || {
+    fn send<T: Send>() {}
+    send::<Plugin>();
+};

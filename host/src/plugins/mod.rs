@@ -40,7 +40,7 @@ use std::time::Duration;
 
 pub use environment::{ComponentRole, EnvComponent, EnvPrompt, EnvPromptContent, EnvScores, EnvSplit, EnvironmentInfo};
 pub use episodes::{CallEntry, EpisodeBounds, EpisodeEnd, OBSERVATION_ROLES, Tool, TurnResult};
-pub use instance::{Batch, NO_PARAMS, Plugin, every_score};
+pub use instance::{Batch, NO_PARAMS, Plugin, every_score, refuse_another_instance_for_tests};
 
 /// A score as `plugin score` prints it: six decimals, or `none` for a sample without a score
 /// (contract 0.5).

@@ -94,7 +94,8 @@ pub(super) struct Draw {
     verifier_prompts: Option<PromptStream>,
     /// In `DrawMode::Ahead`: the chunks sampled ahead.
     queue: pipeline::Queue,
-    /// A multi-turn episode environment's: each row is an episode (`episodes.rs`; on policy only).
+    /// A multi-turn episode environment's: each row is an episode (`episodes.rs`; on policy in
+    /// rounds, or ahead in the queue's chunks).
     episodes: Option<super::episodes::Episodes>,
 }
 
@@ -238,7 +239,7 @@ impl Draw {
             }
             (DrawMode::Replay(dir), Some(episodes)) => replayed(episodes, dir, step, seed, first_id, &prompt_texts, with),
             (DrawMode::Ahead(_), None) => anyhow::bail!("internal error: a rollout sampled ahead is drawn by the queue, not in rounds"),
-            (DrawMode::Ahead(_), Some(_)) => anyhow::bail!("internal error: episodes are drawn on policy (refused at start)"),
+            (DrawMode::Ahead(_), Some(_)) => anyhow::bail!("internal error: episodes sampled ahead are drawn by the queue, not in rounds"),
         }
     }
 

@@ -15,23 +15,38 @@
 //! chat template, continuing each prompt's conversation; a raw run's as plain text
 //! (`episode::Observations`).
 //!
-//! What does not run episodes yet is refused by name before the run directory is written
-//! ([`refuse_unsupported`]).
+//! Sampling ahead (`max_steps_off_policy`, `sampling_steps_ahead`, `stream_minibatches`): the
+//! run's sampler thread plays a chunk's episodes itself ([`Episodes::play_ahead`]), with a
+//! second instance of the environment (`Plugin::another_instance`: the same component and
+//! parameters; an episode is a function of its prompt, id and turns, and a WASI guest's
+//! randomness of the call's inputs, so either instance plays it alike), and hands back the
+//! generation with each episode's [`Outcome`], which the run scores when it takes the chunk
+//! ([`Episodes::score`]) and a checkpoint saves with the chunks in flight. The ratio to the
+//! sampler is over the model's tokens only, as every per-token term (observation tokens have
+//! sampling log-probability 0 and model mask 0).
+//!
+//! `replay_rollouts` replays recorded episodes through the environment ([`Episodes::replay`],
+//! `episode::replay_episodes`). What does not run episodes yet is refused by name before the
+//! run directory is written ([`refuse_unsupported`]).
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use serde::{Deserialize, Serialize};
 
 use super::TrainConfig;
 use super::policy::{Policy, SampleRequest};
 use super::prompts::{PromptRender, conversation_of};
+use crate::engine::Extra;
 use crate::episode::{EpisodeBatch, EpisodeBound, EpisodePrompt, Observations, replay_episodes, run_episodes};
 use crate::model::chat::ChatTemplate;
 use crate::model::Tokenizer;
-use crate::model::decode::DecodeModel;
 use crate::model::config::LlamaConfig;
-use crate::model::generate::{Generation, SamplingParams, default_decoder};
+use crate::model::decode::DecodeModel;
+use crate::model::generate::{Decoder, Generation, SamplingParams, default_decoder};
+use crate::plugins::{EpisodeEnd, Plugin};
 use crate::reward::{EnvPrompt, Prompt, RewardModel, Sample, ScoredBatch, samples_from_rows};
 
 /// Per-episode metrics the host adds to a scored batch's metrics (their means are logged under
@@ -46,12 +61,49 @@ pub const ENDED_BY_TOKEN_BOUND: &str = "episodes/ended_by_token_bound";
 /// How a run's episodes are sampled, and the prompts as the environment wrote them (by the
 /// rendered text the trainer holds), which each episode starts from.
 pub struct Episodes {
+    rules: Rules,
+    /// With sampling ahead: the sampler thread's instance of the environment and its tokenizer.
+    ahead: Option<Arc<Mutex<(Plugin, Tokenizer)>>>,
+}
+
+/// What playing a batch's episodes needs beside a decoder and an environment (shared with the
+/// sampler thread).
+#[derive(Clone)]
+struct Rules {
     bounds: crate::plugins::EpisodeBounds,
     turn_tokens: usize,
-    starts: HashMap<String, EnvPrompt>,
+    starts: Arc<HashMap<String, EnvPrompt>>,
     /// The chat template of a chat run: observations are written through it (None: the
     /// plain-text protocol of raw prompts; `episode::Observations`).
     template: Option<ChatTemplate>,
+}
+
+/// How one episode ended and what the host counted of it: what scoring a played batch needs
+/// beside its generation (carried from the sampler thread; saved with a checkpoint's chunks in
+/// flight, its floats read back bit for bit: serde_json's `float_roundtrip`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Outcome {
+    pub components: Vec<f64>,
+    pub metrics: Vec<f64>,
+    pub monitor: bool,
+    pub ground_truth: bool,
+    pub turns: usize,
+    pub observation_tokens: usize,
+    pub bounded: Option<EpisodeBound>,
+}
+
+impl Outcome {
+    fn of(batch: &EpisodeBatch) -> Vec<Outcome> {
+        let outcome = |i: usize| {
+            let EpisodeEnd { components, metrics, monitor, ground_truth } = batch.ends[i].clone();
+            Outcome { components, metrics, monitor, ground_truth, turns: batch.turns[i], observation_tokens: batch.observation_tokens[i], bounded: batch.bounded[i] }
+        };
+        (0..batch.ends.len()).map(outcome).collect()
+    }
+
+    fn end(&self) -> EpisodeEnd {
+        EpisodeEnd { components: self.components.clone(), metrics: self.metrics.clone(), monitor: self.monitor, ground_truth: self.ground_truth }
+    }
 }
 
 /// An episode batch sampled and scored.
@@ -66,12 +118,20 @@ pub struct Played {
     pub fingerprint: Option<f64>,
 }
 
+/// Episodes played and not yet scored: the seconds they took, the fingerprint of the weights
+/// that played them.
+pub(super) struct Unscored {
+    pub generation: Generation,
+    pub outcomes: Vec<Outcome>,
+    pub seconds: f64,
+    pub fingerprint: f64,
+}
+
 /// Refuses what does not run episodes yet, naming each key, so that no part of a run silently
 /// samples single turns from an episode environment. Packs run episodes: each run plays its
 /// own with its own decoder (never stacked, see [`Episodes::play`]).
 pub(super) fn refuse_unsupported(cfg: &TrainConfig, environment: &str) -> Result<()> {
     let refusals = [
-        (cfg.samples_ahead(), "max_steps_off_policy, sampling_steps_ahead and stream_minibatches (sampling ahead): episodes are sampled on policy only, for now".to_string()),
         (
             cfg.sampling_truncates() && cfg.sampling_replay == crate::grpo::SamplingReplay::KeptSets,
             "sampling_replay kept_sets with top_k or top_p: kept sets are not recorded across turns; use sampling_replay: trl_1_16".into(),
@@ -99,43 +159,36 @@ impl Episodes {
             }
             starts.insert(text, prompt);
         }
-        Ok(Self { bounds, turn_tokens: cfg.episode_max_turn_tokens, starts, template: render.template().cloned() })
+        let rules = Rules { bounds, turn_tokens: cfg.episode_max_turn_tokens, starts: Arc::new(starts), template: render.template().cloned() };
+        Ok(Self { rules, ahead: None })
+    }
+
+    /// Gives the run's sampler thread its own instance of the environment (`rewards`'s, started
+    /// again: [`Plugin::another_instance`]) and a copy of the tokenizer, to play episodes ahead.
+    pub(super) fn sample_ahead(&mut self, rewards: &mut RewardModel, tokenizer: &Tokenizer) -> Result<()> {
+        let environment = rewards.episode_environment().context("internal error: episodes without an episode environment")?;
+        let second = environment.another_instance().context("the run samples ahead (max_steps_off_policy, sampling_steps_ahead or stream_minibatches): its sampler thread plays episodes with an instance of the environment of its own")?;
+        self.ahead = Some(Arc::new(Mutex::new((second, tokenizer.clone()))));
+        Ok(())
     }
 
     /// One episode per prompt (in order; a group's prompt repeated) from the policy, by
     /// `requests` (`Policy::sample_requests`: the routed rows at their adapter scales, then any
     /// coherence rows with the forget adapter off, each from its own seed, as single-turn rows
-    /// are sampled): each request's rows are played by the decoder folded at its scales, its
-    /// episodes numbered on from `first_id`. The batch is then scored as one, the protocol knobs
-    /// drawn from `score_seed`, as a single-turn batch's routed and coherence rows are.
+    /// are sampled), episodes numbered on from `first_id`; then scored as one batch, the
+    /// protocol knobs drawn from `score_seed`, as a single-turn batch's routed and coherence
+    /// rows are.
     ///
     /// In a pack the episodes are decoded with the run's own decoder, never stacked with the
     /// other runs' (a turn waits on the run's environment, and the runs' turns and episode
     /// ends differ), so a packed run's episodes are its solo run's token for token; its scoring
     /// and training passes stack as any run's.
     pub(super) fn play(&self, policy: &mut Policy, rewards: &mut RewardModel, prompts: &[Prompt], requests: &[SampleRequest], score_seed: u64, first_id: u64) -> Result<Played> {
-        let started = Instant::now();
-        let (mut joined, mut fingerprint, mut played_rows) = (None::<EpisodeBatch>, None, 0);
-        let pad = i64::from(policy.model().config.eos_token_id);
-        for request in requests {
-            let rows = played_rows..played_rows + request.prompt_ids.len();
-            ensure!(rows.end <= prompts.len(), "internal error: sampler requests for {} episodes of {} prompts", rows.end, prompts.len());
-            // The decoder's refresh (folding the adapters at the request's scales) is part of sampling.
-            let (decoder, weights, tokenizer, sampling) = policy.episode_sampler(&request.scales)?;
-            let starts = self.episode_prompts(&prompts[rows.clone()], request.prompt_ids.clone())?;
-            let batch = self.run(decoder, tokenizer, sampling, rewards, &starts, request.seed, first_id + rows.start as u64)?;
-            joined = Some(match joined {
-                None => batch,
-                Some(so_far) => so_far.concat(batch, pad),
-            });
-            fingerprint = fingerprint.or(Some(weights));
-            played_rows = rows.end;
-        }
-        ensure!(played_rows == prompts.len(), "internal error: sampler requests for {played_rows} episodes of {} prompts", prompts.len());
-        let batch = joined.context("internal error: an episode batch without a sampler request")?;
-        let generate_seconds = started.elapsed().as_secs_f64();
-        let played = self.scored(batch, policy.tokenizer(), rewards, prompts, score_seed)?;
-        Ok(Played { generate_seconds, fingerprint, ..played })
+        let unscored = self.play_unscored(policy, rewards, prompts, requests, first_id)?;
+        let scoring = Instant::now();
+        let (samples, scored) = Self::score(rewards, policy.tokenizer(), prompts, &unscored.generation, &unscored.outcomes, score_seed)?;
+        let score_seconds = scoring.elapsed().as_secs_f64();
+        Ok(Played { generation: unscored.generation, samples, scored, generate_seconds: unscored.seconds, score_seconds, fingerprint: Some(unscored.fingerprint) })
     }
 
     /// [`Episodes::play`] of every prompt at adapter `scales`, sampled and scored from `seeds`:
@@ -146,6 +199,24 @@ impl Episodes {
         self.play(policy, rewards, prompts, &[request], seeds.1, first_id)
     }
 
+    /// [`Episodes::play`] before scoring, on the run's own instance of the environment (a chunk
+    /// sampled ahead that the step samples itself is played here): each request's rows by the
+    /// decoder folded at its scales (its refresh is part of sampling), the parts joined.
+    pub(super) fn play_unscored(&self, policy: &mut Policy, rewards: &mut RewardModel, prompts: &[Prompt], requests: &[SampleRequest], first_id: u64) -> Result<Unscored> {
+        let started = Instant::now();
+        let (mut parts, mut outcomes, mut fingerprint) = (Vec::with_capacity(requests.len()), Vec::with_capacity(prompts.len()), None);
+        for (request, rows) in requests.iter().zip(request_rows(requests, prompts.len())?) {
+            let (decoder, weights, tokenizer, sampling) = policy.episode_sampler(&request.scales)?;
+            let environment = rewards.episode_environment().context("internal error: episodes without an episode environment")?;
+            let (generation, played) = self.rules.run(default_decoder(decoder), decoder, tokenizer, sampling, environment, &prompts[rows.clone()], request.seed, first_id + rows.start as u64)?;
+            parts.push(generation);
+            outcomes.extend(played);
+            fingerprint = fingerprint.or(Some(weights));
+        }
+        let fingerprint = fingerprint.context("internal error: an episode batch without a sampler request")?;
+        Ok(Unscored { generation: policy.joined(parts), outcomes, seconds: started.elapsed().as_secs_f64(), fingerprint })
+    }
+
     /// [`Episodes::play`] with `decoder` (the policy folded at the batch's adapter scales) and
     /// the run's `sampling` (its training batches' settings; each turn at most
     /// `episode_max_turn_tokens`): `smallrl eval` of a checkpoint plays its episodes here, with
@@ -153,32 +224,35 @@ impl Episodes {
     #[allow(clippy::too_many_arguments)]
     pub fn play_on(&self, decoder: &DecodeModel, tokenizer: &Tokenizer, sampling: &SamplingParams, rewards: &mut RewardModel, prompts: &[Prompt], seeds: (u64, u64), first_id: u64) -> Result<Played> {
         let started = Instant::now();
-        let ids = prompts.iter().map(|prompt| tokenizer.encode(&prompt.text)).collect::<Result<_>>()?;
-        let starts = self.episode_prompts(prompts, ids)?;
-        let batch = self.run(decoder, tokenizer, sampling, rewards, &starts, seeds.0, first_id)?;
-        let generate_seconds = started.elapsed().as_secs_f64();
-        Ok(Played { generate_seconds, ..self.scored(batch, tokenizer, rewards, prompts, seeds.1)? })
-    }
-
-    /// Each of `prompts` with its token ids `ids` and the prompt the environment wrote for it.
-    fn episode_prompts<'a>(&'a self, prompts: &'a [Prompt], ids: Vec<Vec<u32>>) -> Result<Vec<EpisodePrompt<'a>>> {
-        ensure!(ids.len() == prompts.len(), "internal error: {} token lists for {} prompts", ids.len(), prompts.len());
-        prompts
-            .iter()
-            .zip(ids)
-            .map(|(prompt, ids)| {
-                let env_prompt = self.starts.get(&prompt.text).context("internal error: a prompt the environment did not write started an episode")?;
-                Ok(EpisodePrompt { env_prompt, prompt, ids })
-            })
-            .collect()
-    }
-
-    /// Plays `starts` on `decoder` from `seed`'s turn streams, episode ids from `first_id`.
-    #[allow(clippy::too_many_arguments)]
-    fn run(&self, decoder: &DecodeModel, tokenizer: &Tokenizer, sampling: &SamplingParams, rewards: &mut RewardModel, starts: &[EpisodePrompt], seed: u64, first_id: u64) -> Result<EpisodeBatch> {
-        let params = SamplingParams { max_new_tokens: self.turn_tokens, kept_sets: false, ..*sampling };
         let environment = rewards.episode_environment().context("internal error: episodes without an episode environment")?;
-        run_episodes(default_decoder(decoder), decoder, tokenizer, environment, starts, self.observations(starts)?, &params, seed, &self.bounds, first_id)
+        let (generation, outcomes) = self.rules.run(default_decoder(decoder), decoder, tokenizer, sampling, environment, prompts, seeds.0, first_id)?;
+        let generate_seconds = started.elapsed().as_secs_f64();
+        let scoring = Instant::now();
+        let (samples, scored) = Self::score(rewards, tokenizer, prompts, &generation, &outcomes, seeds.1)?;
+        Ok(Played { generation, samples, scored, generate_seconds, score_seconds: scoring.elapsed().as_secs_f64(), fingerprint: None })
+    }
+
+    /// Posts a chunk's episodes (`prompts`, by `requests` as [`Episodes::play`]'s) to the run's
+    /// sampler thread, one job per request, played there from the policy's weights as they are
+    /// now with the thread's instance of the environment; returns the weights' fingerprint. The
+    /// thread hands back each job's generation and its episodes' [`Outcome`]s
+    /// ([`Episodes::outcomes`]), in the order posted.
+    pub(super) fn play_ahead(&self, policy: &mut Policy, prompts: &[Prompt], requests: &[SampleRequest], first_id: u64) -> Result<f64> {
+        let mut fingerprint = None;
+        for (request, rows) in requests.iter().zip(request_rows(requests, prompts.len())?) {
+            let side = self.ahead.clone().context("internal error: episodes played ahead without the sampler thread's environment")?;
+            let (rules, prompts, sampling) = (self.rules.clone(), prompts[rows.clone()].to_vec(), *policy.sampling());
+            let (seed, first_id) = (request.seed, first_id + rows.start as u64);
+            let play = move |decoding: Decoder, decoder: &DecodeModel| -> Result<(Generation, Extra)> {
+                let mut side = side.lock().map_err(|_| anyhow!("the sampler thread's environment is unusable: an earlier job panicked with it"))?;
+                let (environment, tokenizer) = &mut *side;
+                let (generation, outcomes) = rules.run(decoding, decoder, tokenizer, &sampling, environment, &prompts, seed, first_id)?;
+                Ok((generation, Box::new(outcomes)))
+            };
+            let weights = policy.play_ahead(&request.scales, Box::new(play))?;
+            fingerprint = fingerprint.or(Some(weights));
+        }
+        fingerprint.context("internal error: a chunk of episodes without a sampler request")
     }
 
     /// The episodes of `prompts` replayed from the `recorded` rollout (`replay_rollouts`; see
@@ -187,38 +261,90 @@ impl Episodes {
     /// nothing is sampled.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn replay(&self, config: &LlamaConfig, tokenizer: &Tokenizer, rewards: &mut RewardModel, prompts: &[Prompt], recorded: &Generation, score_seed: u64, first_id: u64) -> Result<Played> {
-        let ids = prompts.iter().map(|prompt| tokenizer.encode(&prompt.text)).collect::<Result<_>>()?;
-        let starts = self.episode_prompts(prompts, ids)?;
         let environment = rewards.episode_environment().context("internal error: episodes without an episode environment")?;
-        let batch = replay_episodes(config, tokenizer, environment, &starts, self.observations(&starts)?, recorded, self.turn_tokens, &self.bounds, first_id)?;
-        self.scored(batch, tokenizer, rewards, prompts, score_seed)
-    }
-
-    /// How `starts`' observations are written: through the chat template in a chat run.
-    fn observations(&self, starts: &[EpisodePrompt]) -> Result<Observations<'_>> {
-        Ok(match &self.template {
-            None => Observations::PlainText,
-            Some(template) => Observations::Chat { template, conversations: starts.iter().map(|start| conversation_of(start.prompt)).collect::<Result<_>>()? },
-        })
-    }
-
-    /// `batch`'s episodes (of `prompts`, in order) scored at their ends, the protocol knobs
-    /// drawn from `seed`, with the host's per-episode metrics; no timings or fingerprint yet.
-    fn scored(&self, batch: EpisodeBatch, tokenizer: &Tokenizer, rewards: &mut RewardModel, prompts: &[Prompt], seed: u64) -> Result<Played> {
+        let (generation, outcomes) = self.rules.replay(config, tokenizer, environment, prompts, recorded, first_id)?;
         let scoring = Instant::now();
-        let samples = samples_from_rows(prompts, &batch.generation.rows, tokenizer)?;
-        let mut scored = rewards.score_episodes(&samples, &batch.ends, seed)?;
-        scored.metrics.extend(episode_metrics(&batch));
-        Ok(Played { generation: batch.generation, samples, scored, generate_seconds: 0.0, score_seconds: scoring.elapsed().as_secs_f64(), fingerprint: None })
+        let (samples, scored) = Self::score(rewards, tokenizer, prompts, &generation, &outcomes, score_seed)?;
+        Ok(Played { generation, samples, scored, generate_seconds: 0.0, score_seconds: scoring.elapsed().as_secs_f64(), fingerprint: None })
+    }
+
+    /// The [`Outcome`]s a job of [`Episodes::play_ahead`] handed back beside its generation.
+    pub(super) fn outcomes(extra: Option<Extra>) -> Result<Vec<Outcome>> {
+        let extra = extra.context("internal error: episodes sampled ahead came back without their ends")?;
+        extra.downcast::<Vec<Outcome>>().map(|outcomes| *outcomes).map_err(|_| anyhow!("internal error: episodes sampled ahead came back with something else than their ends"))
+    }
+
+    /// Scores played episodes (`generation`, with their `outcomes`) of `prompts`: the
+    /// environment's ends ([`RewardModel::score_episodes`], the protocol knobs drawn from
+    /// `seed`) and the host's per-episode metrics.
+    pub(super) fn score(rewards: &RewardModel, tokenizer: &Tokenizer, prompts: &[Prompt], generation: &Generation, outcomes: &[Outcome], seed: u64) -> Result<(Vec<Sample>, ScoredBatch)> {
+        ensure!(outcomes.len() == generation.rows.len(), "internal error: {} episode ends for {} episodes", outcomes.len(), generation.rows.len());
+        let samples = samples_from_rows(prompts, &generation.rows, tokenizer)?;
+        let ends: Vec<EpisodeEnd> = outcomes.iter().map(Outcome::end).collect();
+        let mut scored = rewards.score_episodes(&samples, &ends, seed)?;
+        scored.metrics.extend(episode_metrics(outcomes));
+        Ok((samples, scored))
     }
 }
 
+impl Rules {
+    /// Runs one episode per prompt in `environment` with `decoder` decoding as `decoding` says.
+    #[allow(clippy::too_many_arguments)]
+    fn run(&self, decoding: Decoder, decoder: &DecodeModel, tokenizer: &Tokenizer, sampling: &SamplingParams, environment: &mut Plugin, prompts: &[Prompt], seed: u64, first_id: u64) -> Result<(Generation, Vec<Outcome>)> {
+        let episodes = self.episode_prompts(tokenizer, prompts)?;
+        let params = SamplingParams { max_new_tokens: self.turn_tokens, kept_sets: false, ..*sampling };
+        let batch = run_episodes(decoding, decoder, tokenizer, environment, &episodes, self.observations(prompts)?, &params, seed, &self.bounds, first_id)?;
+        let outcomes = Outcome::of(&batch);
+        Ok((batch.generation, outcomes))
+    }
+
+    /// Replays one recorded episode per prompt in `environment` (`episode::replay_episodes`).
+    fn replay(&self, config: &LlamaConfig, tokenizer: &Tokenizer, environment: &mut Plugin, prompts: &[Prompt], recorded: &Generation, first_id: u64) -> Result<(Generation, Vec<Outcome>)> {
+        let episodes = self.episode_prompts(tokenizer, prompts)?;
+        let batch = replay_episodes(config, tokenizer, environment, &episodes, self.observations(prompts)?, recorded, self.turn_tokens, &self.bounds, first_id)?;
+        let outcomes = Outcome::of(&batch);
+        Ok((batch.generation, outcomes))
+    }
+
+    /// Each prompt with the environment's prompt it was rendered from, and its token ids.
+    fn episode_prompts<'p>(&'p self, tokenizer: &Tokenizer, prompts: &'p [Prompt]) -> Result<Vec<EpisodePrompt<'p>>> {
+        let episode = |prompt: &'p Prompt| {
+            let env_prompt = self.starts.get(&prompt.text).context("internal error: a prompt the environment did not write started an episode")?;
+            Ok(EpisodePrompt { env_prompt, prompt, ids: tokenizer.encode(&prompt.text)? })
+        };
+        prompts.iter().map(episode).collect()
+    }
+
+    /// How `prompts`' observations are written: through the chat template in a chat run.
+    fn observations(&self, prompts: &[Prompt]) -> Result<Observations<'_>> {
+        Ok(match &self.template {
+            None => Observations::PlainText,
+            Some(template) => Observations::Chat { template, conversations: prompts.iter().map(conversation_of).collect::<Result<_>>()? },
+        })
+    }
+}
+
+/// The rows of `prompts` each of `requests` plays, in order (checked to cover the `rows`).
+fn request_rows(requests: &[SampleRequest], rows: usize) -> Result<Vec<std::ops::Range<usize>>> {
+    let mut start = 0;
+    let ranges: Vec<_> = requests
+        .iter()
+        .map(|request| {
+            let range = start..start + request.prompt_ids.len();
+            start = range.end;
+            range
+        })
+        .collect();
+    ensure!(start == rows && !requests.is_empty(), "internal error: sampler requests for {start} episodes of {rows} prompts");
+    Ok(ranges)
+}
+
 /// The host's per-episode metrics ([`TURNS`] and the others), one value per episode.
-fn episode_metrics(batch: &EpisodeBatch) -> Vec<(String, Vec<f64>)> {
-    let bound = |which: EpisodeBound| batch.bounded.iter().map(|b| f64::from(u8::from(*b == Some(which)))).collect();
+fn episode_metrics(outcomes: &[Outcome]) -> Vec<(String, Vec<f64>)> {
+    let bound = |which: EpisodeBound| outcomes.iter().map(|o| f64::from(u8::from(o.bounded == Some(which)))).collect();
     vec![
-        (TURNS.to_string(), batch.turns.iter().map(|&t| t as f64).collect()),
-        (OBSERVATION_TOKENS.to_string(), batch.observation_tokens.iter().map(|&t| t as f64).collect()),
+        (TURNS.to_string(), outcomes.iter().map(|o| o.turns as f64).collect()),
+        (OBSERVATION_TOKENS.to_string(), outcomes.iter().map(|o| o.observation_tokens as f64).collect()),
         (ENDED_BY_TURN_BOUND.to_string(), bound(EpisodeBound::Turns)),
         (ENDED_BY_TOKEN_BOUND.to_string(), bound(EpisodeBound::Tokens)),
     ]

@@ -124,11 +124,15 @@ impl Trainer {
         let policy = policy::load(&cfg, device, kind, seat)?;
         // The one place a run's prompts, rewards, monitor and ground truth are assembled.
         let render = prompts::PromptRender::for_run(&cfg, policy.files())?;
-        let task::Task { rewards, prompts, eval_prompts, episode_starts } = task::load(&cfg, policy.tokenizer(), &render)?;
+        let task::Task { mut rewards, prompts, eval_prompts, episode_starts } = task::load(&cfg, policy.tokenizer(), &render)?;
         let episodes = match rewards.is_episodic() {
             true => {
                 episodes::refuse_unsupported(&cfg, &format!("{} ({})", rewards.environment_name().unwrap_or("?"), rewards.environment_file().map_or_else(|| "?".into(), |p| p.display().to_string())))?;
-                Some(episodes::Episodes::new(&cfg, episode_starts, &render)?)
+                let mut episodes = episodes::Episodes::new(&cfg, episode_starts, &render)?;
+                if cfg.samples_ahead() {
+                    episodes.sample_ahead(&mut rewards, policy.tokenizer())?;
+                }
+                Some(episodes)
             }
             false => None,
         };

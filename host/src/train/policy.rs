@@ -103,6 +103,11 @@ impl Policy {
         &self.tokenizer
     }
 
+    /// The training batches' sampling settings.
+    pub fn sampling(&self) -> &SamplingParams {
+        &self.sampling
+    }
+
     /// Where the model was read from.
     pub fn files(&self) -> &ModelFiles {
         &self.files
@@ -162,6 +167,12 @@ impl Policy {
     /// are; returns their fingerprint.
     pub fn sample_ahead(&mut self, request: SampleRequest) -> Result<f64> {
         self.seat.sample_ahead(&self.model, &request.scales, request.prompt_ids, self.sampling, request.seed)
+    }
+
+    /// Starts playing a batch ahead on the seat's sampler thread (`play`: its multi-turn
+    /// episodes) from the weights as they are, at adapter `scales`; returns their fingerprint.
+    pub fn play_ahead(&mut self, scales: &[f64], play: crate::engine::Play) -> Result<f64> {
+        self.seat.play_ahead(&self.model, scales, play)
     }
 
     /// The oldest generation [`Policy::sample_ahead`] started, waiting for it if need be.

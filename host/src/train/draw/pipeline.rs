@@ -18,12 +18,18 @@
 //! itself, with its own weights, at most `dynamic_sampling_rounds` times. Nothing is dropped for
 //! staleness: a group is at most d steps stale.
 //!
+//! On an episode environment a chunk is the episodes step c of an on-policy run would play
+//! (its prompts, seeds and episode ids): the sampler thread plays them with its own instance of
+//! the environment (`episodes.rs`, [`Episodes::play_ahead`]) and hands back each episode's
+//! outcome, which the step scores when it takes the chunk; a chunk sampled at the step is
+//! played on the run's own instance.
+//!
 //! Architecture invariant: which weights sample which group depends only on the keys and the
 //! rewards (never on the thread's timing); a checkpoint saves the chunks posted and not used up
-//! (`in_flight.*`, with the next chunk's index), which a resumed run re-scores and trains on, so
-//! a resumed run equals the uninterrupted one. Checkpoints of `max_steps_off_policy` and
-//! `stream_minibatches` runs written before the queue was one (`in_flight.json` a list of
-//! batches, each in parts) are read and resumed as they were.
+//! (`in_flight.*`, with the next chunk's index and its episodes' outcomes), which a resumed run
+//! re-scores and trains on, so a resumed run equals the uninterrupted one. Checkpoints of
+//! `max_steps_off_policy` and `stream_minibatches` runs written before the queue was one
+//! (`in_flight.json` a list of batches, each in parts) are read and resumed as they were.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
@@ -36,6 +42,9 @@ use tch::Tensor;
 use super::{AheadHorizon, Draw, DrawnBatch, Drawing, tokenized};
 use crate::grpo;
 use crate::model::generate::Generation;
+use crate::reward::Prompt;
+use crate::rng;
+use crate::train::episodes::{Episodes, Outcome};
 use crate::train::metrics::{DynamicSampling, OffPolicy};
 use crate::train::policy::Policy;
 
@@ -51,6 +60,9 @@ struct Chunk {
     posted: usize,
     seconds: f64,
     generation: Option<Generation>,
+    /// On an episode environment: how each of its episodes ended (kept until the chunk is used
+    /// up: a checkpoint saves them, and a resumed run scores them again).
+    outcomes: Option<Vec<Outcome>>,
     /// Scored when first taken: the chunk's batch and which of its groups are informative.
     scored: Option<(DrawnBatch, Vec<bool>)>,
     /// Groups before this one are trained on or dropped.
@@ -70,6 +82,10 @@ impl Chunk {
             idle_seconds += ahead.sampler_idle_seconds;
             self.seconds += ahead.done.seconds;
             parts.push(ahead.done.value);
+            if ahead.extra.is_some() {
+                // A chunk of episodes: each job's outcomes, in the order its jobs were posted.
+                self.outcomes.get_or_insert_with(Vec::new).extend(Episodes::outcomes(ahead.extra)?);
+            }
         }
         self.generation = Some(policy.joined(parts));
         Ok(idle_seconds)
@@ -96,6 +112,9 @@ struct SavedChunk {
     policy_version: usize,
     next_group: usize,
     weights_fingerprint: Option<f64>,
+    /// On an episode environment: its episodes' outcomes (the generation is in the tensors).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    episodes: Option<Vec<Outcome>>,
 }
 
 /// One batch of the `in_flight.json` that `max_steps_off_policy` and `stream_minibatches`
@@ -138,21 +157,35 @@ impl Draw {
     /// the step needs it at once (`now`: nothing else is queued).
     fn post_chunk(&mut self, now: bool, with: &mut Drawing) -> Result<()> {
         let index = self.queue.next_chunk;
-        let prompt_ids = tokenized(with.policy.tokenizer(), &self.step_prompts(index))?;
+        let prompts = self.step_prompts(index);
+        let prompt_ids = tokenized(with.policy.tokenizer(), &prompts)?;
         let requests = with.policy.sample_requests(&prompt_ids, self.keys.coherence.rows_at(index), index, self.keys.seed());
         let version = with.policy.version();
-        let chunk = match now {
-            true => {
+        let empty = Chunk { index, version, fingerprint: None, posted: 0, seconds: 0.0, generation: None, outcomes: None, scored: None, next_group: 0 };
+        let chunk = match (now, &self.episodes) {
+            (true, None) => {
                 let sampled = with.policy.sample(requests, with.log)?;
-                Chunk { index, version, fingerprint: Some(sampled.fingerprint), posted: 0, seconds: sampled.seconds, generation: Some(sampled.generation), scored: None, next_group: 0 }
+                Chunk { fingerprint: Some(sampled.fingerprint), seconds: sampled.seconds, generation: Some(sampled.generation), ..empty }
             }
-            false => {
+            (false, None) => {
                 let mut fingerprints = Vec::new();
                 let posted = requests.len();
                 for request in requests {
                     fingerprints.push(with.policy.sample_ahead(request)?);
                 }
-                Chunk { index, version, fingerprint: fingerprints.first().copied(), posted, seconds: 0.0, generation: None, scored: None, next_group: 0 }
+                Chunk { fingerprint: fingerprints.first().copied(), posted, ..empty }
+            }
+            (now, Some(episodes)) => {
+                // Chunk c's episodes are those step c of an on-policy run plays (round 0): its
+                // routed rows, then its coherence rows, one sampler job each.
+                let first_id = (index * (self.keys.dynamic_sampling_rounds() + 1) * prompts.len()) as u64;
+                match now {
+                    true => {
+                        let played = episodes.play_unscored(with.policy, with.rewards, &prompts, &requests, first_id).with_context(|| format!("the episodes of step {} failed", index + 1))?;
+                        Chunk { fingerprint: Some(played.fingerprint), seconds: played.seconds, outcomes: Some(played.outcomes), generation: Some(played.generation), ..empty }
+                    }
+                    false => Chunk { fingerprint: Some(episodes.play_ahead(with.policy, &prompts, &requests, first_id)?), posted: requests.len(), ..empty },
+                }
             }
         };
         self.queue.chunks.push_back(chunk);
@@ -204,7 +237,7 @@ impl Draw {
                 counts.rounds += usize::from(chunk.next_group == 0);
                 let prompts = self.step_prompts(chunk.index);
                 let generation = chunk.generation.take().expect("taken above");
-                let batch = self.scored(chunk.index, self.keys.seed(), prompts, (generation, chunk.seconds, chunk.fingerprint), with)?;
+                let batch = self.scored_chunk(&chunk, prompts, generation, with)?;
                 let informative = match self.keys.dynamic_sampling_rounds() {
                     0 => vec![true; per_rollout],
                     _ => grpo::informative_groups(&with.recipe.rewards(&batch.scored), &with.recipe.counted_rows(&batch.scored), group),
@@ -262,6 +295,21 @@ impl Draw {
         Ok(batch)
     }
 
+    /// Scores a chunk's `generation` of `prompts`: its completions by the run's rewards, or its
+    /// episodes by their outcomes (seeded as step `chunk.index` of an on-policy run).
+    fn scored_chunk(&self, chunk: &Chunk, prompts: Vec<Prompt>, generation: Generation, with: &mut Drawing) -> Result<DrawnBatch> {
+        let Some(outcomes) = &chunk.outcomes else {
+            ensure!(self.episodes.is_none(), "internal error: the episodes of step {} sampled ahead came without their ends", chunk.index + 1);
+            return self.scored(chunk.index, self.keys.seed(), prompts, (generation, chunk.seconds, chunk.fingerprint), with);
+        };
+        let scoring = Instant::now();
+        let protocol_seed = rng::derive(self.keys.seed(), "protocol", chunk.index as u64);
+        let scored = Episodes::score(with.rewards, with.policy.tokenizer(), &prompts, &generation, outcomes, protocol_seed);
+        let (samples, scored) = scored.with_context(|| format!("scoring the episodes of step {} failed", chunk.index + 1))?;
+        let score_seconds = scoring.elapsed().as_secs_f64();
+        Ok(DrawnBatch { generation, samples, scored, generate_seconds: chunk.seconds, score_seconds, dynamic_sampling: None, off_policy: None, weights_fingerprint: chunk.fingerprint })
+    }
+
     /// The chunks posted and not used up, for a checkpoint (waiting for the thread to finish
     /// them), with the next chunk's index: written even when none are left; `None` for a run
     /// that does not sample ahead.
@@ -275,7 +323,8 @@ impl Draw {
             chunk.collect(policy)?;
             let generation = chunk.generation.as_ref().or(chunk.scored.as_ref().map(|(batch, _)| &batch.generation)).expect("made ready above");
             tensors.extend(generation.to_saved(&format!("{i}.")));
-            index.push(SavedChunk { index: chunk.index, policy_version: chunk.version, next_group: chunk.next_group, weights_fingerprint: chunk.fingerprint });
+            let episodes = chunk.outcomes.clone();
+            index.push(SavedChunk { index: chunk.index, policy_version: chunk.version, next_group: chunk.next_group, weights_fingerprint: chunk.fingerprint, episodes });
         }
         let saved = Saved { next_chunk: self.queue.next_chunk, chunks: index };
         Ok(Some((tensors, serde_json::to_string_pretty(&saved)?)))
@@ -298,6 +347,7 @@ impl Draw {
             }
         };
         if let Ok(old) = serde_json::from_str::<Vec<OldSavedBatch>>(&text) {
+            ensure!(self.episodes.is_none() || old.is_empty(), "{}: batches sampled ahead without their episodes' ends (written before episode runs sampled ahead)", index_path.display());
             let tensors = read_tensors(!old.is_empty())?;
             for (i, batch) in old.into_iter().enumerate() {
                 let parts = (0..batch.parts)
@@ -307,7 +357,7 @@ impl Draw {
                 ensure!(!parts.is_empty(), "{}: the batch of step {} sampled ahead has no parts", index_path.display(), batch.step + 1);
                 let generation = Some(policy.joined(parts));
                 let (index, version, fingerprint) = (batch.step, batch.policy_version, batch.weights_fingerprint);
-                self.queue.chunks.push_back(Chunk { index, version, fingerprint, posted: 0, seconds: 0.0, generation, scored: None, next_group: 0 });
+                self.queue.chunks.push_back(Chunk { index, version, fingerprint, posted: 0, seconds: 0.0, generation, outcomes: None, scored: None, next_group: 0 });
                 self.queue.next_chunk = index + 1;
             }
             return Ok(());
@@ -317,7 +367,17 @@ impl Draw {
         for (i, chunk) in saved.chunks.into_iter().enumerate() {
             let generation = Generation::from_saved(&tensors, &format!("{i}."), device).with_context(|| format!("{}: chunk {} sampled ahead", tensors_path.display(), chunk.index + 1))?;
             let (index, version, fingerprint, next_group) = (chunk.index, chunk.policy_version, chunk.weights_fingerprint, chunk.next_group);
-            self.queue.chunks.push_back(Chunk { index, version, fingerprint, posted: 0, seconds: 0.0, generation: Some(generation), scored: None, next_group });
+            ensure!(
+                chunk.episodes.is_some() == self.episodes.is_some(),
+                "{}: chunk {} sampled ahead {} its episodes' ends, but the run {} an episode environment",
+                index_path.display(),
+                index + 1,
+                if chunk.episodes.is_some() { "has" } else { "lacks" },
+                if self.episodes.is_some() { "is on" } else { "is not on" }
+            );
+            ensure!(chunk.episodes.as_ref().is_none_or(|ends| ends.len() == generation.rows.len()), "{}: chunk {} sampled ahead has {} episodes but {} ends", index_path.display(), index + 1, generation.rows.len(), chunk.episodes.as_ref().map_or(0, Vec::len));
+            let outcomes = chunk.episodes;
+            self.queue.chunks.push_back(Chunk { index, version, fingerprint, posted: 0, seconds: 0.0, generation: Some(generation), outcomes, scored: None, next_group });
         }
         self.queue.next_chunk = saved.next_chunk;
         Ok(())
