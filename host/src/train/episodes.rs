@@ -22,7 +22,7 @@ use anyhow::{Context, Result, bail, ensure};
 use super::TrainConfig;
 use super::policy::Policy;
 use super::prompts::{PromptRender, conversation_of};
-use crate::episode::{EpisodeBatch, EpisodeBound, EpisodePrompt, Observations, run_episodes};
+use crate::episode::{CallCounts, EpisodeBatch, EpisodeBound, EpisodePrompt, Observations, run_episodes};
 use crate::model::chat::ChatTemplate;
 use crate::model::Tokenizer;
 use crate::model::decode::DecodeModel;
@@ -37,6 +37,13 @@ pub const TURNS: &str = "episodes/turns";
 pub const OBSERVATION_TOKENS: &str = "episodes/observation_tokens";
 pub const ENDED_BY_TURN_BOUND: &str = "episodes/ended_by_turn_bound";
 pub const ENDED_BY_TOKEN_BOUND: &str = "episodes/ended_by_token_bound";
+/// Where the host parses the turns for calls (the episode's tools shown by a template with a
+/// tool-call format, `episode::CallCounts`): the `<tool_call>` blocks per episode that call a
+/// declared tool, and the malformed ones. Absent where it does not: in a plain-text run the
+/// environment alone reads the calls (its own metrics count them), and a 0 would read as "no
+/// calls".
+pub const TOOL_CALLS: &str = "episodes/tool_calls";
+pub const MALFORMED_CALLS: &str = "episodes/malformed_calls";
 
 /// How a run's episodes are sampled, and the prompts as the environment wrote them (by the
 /// rendered text the trainer holds), which each episode starts from.
@@ -52,6 +59,9 @@ pub struct Episodes {
 /// An episode batch sampled and scored.
 pub struct Played {
     pub generation: Generation,
+    /// Each sample's `prompt` is the text the model was given: where the episode's tools were
+    /// rendered into it, that rendering (`EpisodeBatch::prompt_texts`), so `completions.jsonl`,
+    /// train.log and the evaluations' samples show what the model saw and trained on.
     pub samples: Vec<Sample>,
     pub scored: ScoredBatch,
     pub generate_seconds: f64,
@@ -142,20 +152,45 @@ impl Episodes {
         let batch = run_episodes(default_decoder(decoder), decoder, tokenizer, environment, &episodes, observations, &params, seeds.0, &self.bounds, first_id)?;
         let generate_seconds = started.elapsed().as_secs_f64();
         let scoring = Instant::now();
-        let samples = samples_from_rows(prompts, &batch.generation.rows, tokenizer)?;
+        let samples = samples_from_rows(&shown_prompts(prompts, &batch.prompt_texts), &batch.generation.rows, tokenizer)?;
         let mut scored = rewards.score_episodes(&samples, &batch.ends, seeds.1)?;
-        scored.metrics.extend(episode_metrics(&batch));
+        scored.metrics.extend(episode_metrics(&batch)?);
         Ok(Played { generation: batch.generation, samples, scored, generate_seconds, score_seconds: scoring.elapsed().as_secs_f64(), fingerprint: None })
     }
 }
 
-/// The host's per-episode metrics ([`TURNS`] and the others), one value per episode.
-fn episode_metrics(batch: &EpisodeBatch) -> Vec<(String, Vec<f64>)> {
+/// The host's per-episode metrics ([`TURNS`] and the others), one value per episode; the call
+/// counts ([`TOOL_CALLS`], [`MALFORMED_CALLS`]) where the host parsed every episode's turns.
+fn episode_metrics(batch: &EpisodeBatch) -> Result<Vec<(String, Vec<f64>)>> {
     let bound = |which: EpisodeBound| batch.bounded.iter().map(|b| f64::from(u8::from(*b == Some(which)))).collect();
-    vec![
+    let mut metrics = vec![
         (TURNS.to_string(), batch.turns.iter().map(|&t| t as f64).collect()),
         (OBSERVATION_TOKENS.to_string(), batch.observation_tokens.iter().map(|&t| t as f64).collect()),
         (ENDED_BY_TURN_BOUND.to_string(), bound(EpisodeBound::Turns)),
         (ENDED_BY_TOKEN_BOUND.to_string(), bound(EpisodeBound::Tokens)),
-    ]
+    ];
+    let parsed: Option<Vec<CallCounts>> = batch.calls.iter().copied().collect();
+    match parsed {
+        Some(counts) => {
+            metrics.push((TOOL_CALLS.to_string(), counts.iter().map(|c| c.calls as f64).collect()));
+            metrics.push((MALFORMED_CALLS.to_string(), counts.iter().map(|c| c.malformed as f64).collect()));
+        }
+        None => {
+            // A mean over some episodes would not say over which; a 0 for the others would read
+            // as "no calls", where the environment read their turns as text.
+            let shown = batch.calls.iter().filter(|c| c.is_some()).count();
+            ensure!(
+                shown == 0,
+                "{shown} of the batch's {} episodes declared tools and the others none: the host counts tool calls ({TOOL_CALLS}) only where the template shows every episode tools (declare at least one tool on every episode, or none)",
+                batch.calls.len()
+            );
+        }
+    }
+    Ok(metrics)
+}
+
+/// The prompts as the model was given them: `prompts[i]` with its text replaced by
+/// `prompt_texts[i]` where the episode's tools changed it (its metadata kept).
+fn shown_prompts(prompts: &[Prompt], prompt_texts: &[Option<String>]) -> Vec<Prompt> {
+    prompts.iter().zip(prompt_texts).map(|(prompt, text)| Prompt { text: text.clone().unwrap_or_else(|| prompt.text.clone()), metadata: prompt.metadata.clone() }).collect()
 }
