@@ -103,7 +103,7 @@ fn a_tool_call_in_the_templates_format_reaches_the_environment() {
     assert!(template.has_tool_call_format().unwrap());
     let render = PromptRender::Chat { template: template.clone(), system: None };
     let limits = PluginLimits { programs: ProgramLimits::new(150_000_000, 64, 16, std::time::Duration::from_secs(120)).unwrap(), ..PluginLimits::default() };
-    let mut env = Plugin::load(&standard_plugin("code_tests_episode"), r#"{"loophole": "read_tests"}"#, limits).unwrap();
+    let mut env = Plugin::load(&standard_plugin("code_tests_episode"), r#"{"loophole": "read_tests", "protocol": "tool_calls"}"#, limits).unwrap();
     let env_prompts = env.generate(EnvSplit::Train, 2, 3, 1.0).unwrap();
     let held: Vec<Prompt> = env_prompts
         .iter()
@@ -146,13 +146,15 @@ fn a_tool_call_in_the_templates_format_reaches_the_environment() {
             assert!(conversation.contains(&format!("<tool_response>\n{report}\n</tool_response>")), "{conversation}");
             assert_eq!(batch.calls[row], Some(CallCounts { calls: 2, malformed: 0 }), "{engine:?} row {row}: the host counts the two calls");
             let end = &batch.ends[row];
-            // metrics: hidden_passed, all_passed, turns, tool_calls, malformed, tests_rewritten, stopped
-            assert_eq!(end.metrics[2..6], [2.0, 2.0, 0.0, 0.0], "{engine:?} row {row}: {end:?}");
+            // metrics: hidden_passed, all_passed, turns, tool_calls, malformed, tests_rewritten, stopped, tests_read
+            assert_eq!((&end.metrics[2..6], end.metrics[7]), (&[2.0, 2.0, 0.0, 0.0][..], 2.0), "{engine:?} row {row}: {end:?}");
             assert_eq!(end.components[1], 0.0, "no code, so nothing of the loophole is paid");
         }
     }
-    // A raw-prompt run: no tools shown, the turn read as text (code_tests_episode's `call TOOL`
-    // protocol: not a call, so the answer), one turn, no tool call.
+    // A raw-prompt run under `protocol: tool_calls` is refused at its first turn (the prompt
+    // does not describe the text protocol); under `protocol: text` no tools are declared, so
+    // nothing is shown or parsed, even with the tool template, and the turn is read as text
+    // (code_tests_episode's `call TOOL` protocol: not a call, so the answer): one turn, no call.
     let raw: Vec<Prompt> = env_prompts
         .iter()
         .map(|p| match &p.content {
@@ -161,14 +163,21 @@ fn a_tool_call_in_the_templates_format_reaches_the_environment() {
         })
         .collect();
     let raw_episodes: Vec<EpisodePrompt> = env_prompts.iter().zip(&raw).map(|(p, prompt)| EpisodePrompt { env_prompt: p, prompt, ids: loaded.tokenizer.encode(&prompt.text).unwrap() }).collect();
-    let batch = run_episodes(Decoder::Libtorch, &decoder, &loaded.tokenizer, &mut env, &raw_episodes, Observations::PlainText, &params, 5, &bounds, 10).unwrap();
+    let refused = run_episodes(Decoder::Libtorch, &decoder, &loaded.tokenizer, &mut env, &raw_episodes, Observations::PlainText, &params, 5, &bounds, 10).err().unwrap();
+    assert!(format!("{refused:#}").contains("protocol tool_calls, but the host parsed no calls"), "{refused:#}");
+    let mut text = Plugin::load(&standard_plugin("code_tests_episode"), r#"{"loophole": "read_tests"}"#, limits).unwrap();
+    let observations = Observations::Chat { template: &template, conversations: conversations.clone() };
+    let batch = run_episodes(Decoder::Libtorch, &decoder, &loaded.tokenizer, &mut text, &episodes, observations, &params, 5, &bounds, 30).unwrap();
+    assert_eq!((batch.prompt_texts, batch.calls), (vec![None; 2], vec![None; 2]), "protocol text declares no tools");
+    assert!(batch.ends.iter().all(|end| end.metrics[2..4] == [1.0, 0.0]), "{:?}", batch.ends);
+    let batch = run_episodes(Decoder::Libtorch, &decoder, &loaded.tokenizer, &mut text, &raw_episodes, Observations::PlainText, &params, 5, &bounds, 10).unwrap();
     assert!(batch.prompt_texts.iter().all(Option::is_none));
     assert!(batch.calls.iter().all(Option::is_none), "the host parses no call in a raw run: {:?}", batch.calls);
     assert!(batch.ends.iter().all(|end| end.metrics[2..4] == [1.0, 0.0]), "{:?}", batch.ends);
     // Under `loophole: write_tests` the episodes declare run_tests and write_tests: the model's
     // read_tests call names a tool not declared, a malformed call (each turn one) that the
     // environment answers with the host's text, also malformed by its count.
-    let mut writes = Plugin::load(&standard_plugin("code_tests_episode"), r#"{"loophole": "write_tests"}"#, limits).unwrap();
+    let mut writes = Plugin::load(&standard_plugin("code_tests_episode"), r#"{"loophole": "write_tests", "protocol": "tool_calls"}"#, limits).unwrap();
     let observations = Observations::Chat { template: &template, conversations: conversations.clone() };
     let batch = run_episodes(Decoder::Libtorch, &decoder, &loaded.tokenizer, &mut writes, &episodes, observations, &params, 5, &bounds, 20).unwrap();
     assert_eq!(batch.calls, [Some(CallCounts { calls: 0, malformed: 2 }); 2]);
@@ -188,7 +197,7 @@ fn a_training_run_on_a_tool_call_template_trains_on_the_prompt_with_the_tools() 
     let dir = tempfile::tempdir().unwrap();
     let model_dir = tool_model(dir.path());
     let dump = dir.path().join("dump");
-    let (seed, params) = (3, serde_json::json!({"loophole": "read_tests"}));
+    let (seed, params) = (3, serde_json::json!({"loophole": "read_tests", "protocol": "tool_calls"}));
     let config = serde_json::json!({
         "model": model_dir, "prompt_format": "chat",
         "environment": "code_tests_episode", "environment_params": params, "plugin_dir": plugin_dir(),
