@@ -93,6 +93,26 @@ pub struct EpisodeBatch {
     /// The prompt text the model was given where the episode's tools changed it (its tools'
     /// schemas rendered by the chat template); None where it is `Prompt::text`.
     pub prompt_texts: Vec<Option<String>>,
+    /// The `<tool_call>` blocks the host parsed in each episode's turns; None where it parsed
+    /// none of them (no tools shown: the environment read the turns as text, and only it knows
+    /// what they called).
+    pub calls: Vec<Option<CallCounts>>,
+}
+
+/// The `<tool_call>` blocks of an episode's turns, as the host parsed them for the environment
+/// (`turn.calls`): calls of a declared tool, and malformed blocks (`CallEntry::Malformed`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CallCounts {
+    pub calls: usize,
+    pub malformed: usize,
+}
+
+impl CallCounts {
+    fn add(&mut self, entries: &[CallEntry]) {
+        let malformed = entries.iter().filter(|entry| matches!(entry, CallEntry::Malformed(_))).count();
+        self.malformed += malformed;
+        self.calls += entries.len() - malformed;
+    }
 }
 
 /// The host's bound that sent an episode's turn as its last: the environment then had to end it.
@@ -238,6 +258,7 @@ fn play<S: TurnSource>(
     let mut ends: Vec<Option<EpisodeEnd>> = vec![None; prompts.len()];
     let mut turns = vec![0usize; prompts.len()];
     let mut bounded = vec![None; prompts.len()];
+    let mut calls: Vec<Option<CallCounts>> = vec![None; prompts.len()];
     for turn in 0..bounds.max_turns {
         let active: Vec<usize> = (0..prompts.len()).filter(|&i| ends[i].is_none()).collect();
         if active.is_empty() {
@@ -263,7 +284,11 @@ fn play<S: TurnSource>(
             };
             let last = bounded[row].is_some();
             let sample = sample_from_ids(prompts[row].prompt, text_ids, ended, tokenizer)?;
-            requests.push((ids[row], last, writer.calls(row, &sample.completion)));
+            let parsed = writer.calls(row, &sample.completion);
+            if let Some(entries) = &parsed {
+                calls[row].get_or_insert_default().add(entries);
+            }
+            requests.push((ids[row], last, parsed));
             samples.push(sample);
         }
         let results = environment.step_episodes_with_calls(&requests, &Batch::new(&samples), bounds)?;
@@ -292,7 +317,7 @@ fn play<S: TurnSource>(
     let ends: Vec<EpisodeEnd> = ends.into_iter().map(|end| end.context("an episode did not end by its last turn (the plugin's answers are checked: a host bug)")).collect::<Result<_>>()?;
     let observation_tokens = transcripts.iter().map(|t| t.iter().filter(|t| !t.model).count()).collect();
     let generation = lay_out(layout, &prompt_ids, &transcripts)?;
-    Ok(EpisodeBatch { generation, ends, turns, observation_tokens, bounded, prompt_texts })
+    Ok(EpisodeBatch { generation, ends, turns, observation_tokens, bounded, prompt_texts, calls })
 }
 
 /// Writes observations as tokens ([`Observations`]), keeping each episode's conversation (and

@@ -134,6 +134,10 @@ impl DrawnBatch {
     }
 
     fn concat(mut self, other: DrawnBatch, pad: i64) -> DrawnBatch {
+        // `ScoredBatch::concat` joins metrics by position, and the host's are per batch (an
+        // episode batch's call counts exist where every episode showed tools).
+        let keys = |batch: &DrawnBatch| batch.scored.metrics.iter().map(|(key, _)| key.clone()).collect::<Vec<_>>();
+        assert_eq!(keys(&self), keys(&other), "dynamic sampling's rounds log different metrics: they cannot be joined");
         self.samples.extend(other.samples);
         DrawnBatch {
             generation: self.generation.concat(other.generation, pad),

@@ -40,7 +40,7 @@ use super::TrainConfig;
 use super::policy::{Policy, SampleRequest};
 use super::prompts::{PromptRender, conversation_of};
 use crate::engine::Extra;
-use crate::episode::{EpisodeBatch, EpisodeBound, EpisodePrompt, Observations, replay_episodes, run_episodes};
+use crate::episode::{CallCounts, EpisodeBatch, EpisodeBound, EpisodePrompt, Observations, replay_episodes, run_episodes};
 use crate::model::chat::ChatTemplate;
 use crate::model::Tokenizer;
 use crate::model::config::LlamaConfig;
@@ -57,6 +57,13 @@ pub const TURNS: &str = "episodes/turns";
 pub const OBSERVATION_TOKENS: &str = "episodes/observation_tokens";
 pub const ENDED_BY_TURN_BOUND: &str = "episodes/ended_by_turn_bound";
 pub const ENDED_BY_TOKEN_BOUND: &str = "episodes/ended_by_token_bound";
+/// Where the host parses the turns for calls (the episode's tools shown by a template with a
+/// tool-call format, `episode::CallCounts`): the `<tool_call>` blocks per episode that call a
+/// declared tool, and the malformed ones. Absent where it does not: in a plain-text run the
+/// environment alone reads the calls (its own metrics count them), and a 0 would read as "no
+/// calls".
+pub const TOOL_CALLS: &str = "episodes/tool_calls";
+pub const MALFORMED_CALLS: &str = "episodes/malformed_calls";
 
 /// How a run's episodes are sampled, and the prompts as the environment wrote them (by the
 /// rendered text the trainer holds), which each episode starts from.
@@ -90,13 +97,20 @@ pub struct Outcome {
     pub turns: usize,
     pub observation_tokens: usize,
     pub bounded: Option<EpisodeBound>,
+    /// The `<tool_call>` blocks the host parsed in its turns (None: it parsed none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls: Option<CallCounts>,
+    /// The prompt as the model was given it, where its tools changed it (None: `Prompt::text`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_text: Option<String>,
 }
 
 impl Outcome {
     fn of(batch: &EpisodeBatch) -> Vec<Outcome> {
         let outcome = |i: usize| {
             let EpisodeEnd { components, metrics, monitor, ground_truth } = batch.ends[i].clone();
-            Outcome { components, metrics, monitor, ground_truth, turns: batch.turns[i], observation_tokens: batch.observation_tokens[i], bounded: batch.bounded[i] }
+            let (calls, prompt_text) = (batch.calls[i], batch.prompt_texts[i].clone());
+            Outcome { components, metrics, monitor, ground_truth, turns: batch.turns[i], observation_tokens: batch.observation_tokens[i], bounded: batch.bounded[i], calls, prompt_text }
         };
         (0..batch.ends.len()).map(outcome).collect()
     }
@@ -109,6 +123,9 @@ impl Outcome {
 /// An episode batch sampled and scored.
 pub struct Played {
     pub generation: Generation,
+    /// Each sample's `prompt` is the text the model was given: where the episode's tools were
+    /// rendered into it, that rendering (`EpisodeBatch::prompt_texts`), so `completions.jsonl`,
+    /// train.log and the evaluations' samples show what the model saw and trained on.
     pub samples: Vec<Sample>,
     pub scored: ScoredBatch,
     pub generate_seconds: f64,
@@ -279,10 +296,10 @@ impl Episodes {
     /// `seed`) and the host's per-episode metrics.
     pub(super) fn score(rewards: &RewardModel, tokenizer: &Tokenizer, prompts: &[Prompt], generation: &Generation, outcomes: &[Outcome], seed: u64) -> Result<(Vec<Sample>, ScoredBatch)> {
         ensure!(outcomes.len() == generation.rows.len(), "internal error: {} episode ends for {} episodes", outcomes.len(), generation.rows.len());
-        let samples = samples_from_rows(prompts, &generation.rows, tokenizer)?;
+        let samples = samples_from_rows(&shown_prompts(prompts, outcomes), &generation.rows, tokenizer)?;
         let ends: Vec<EpisodeEnd> = outcomes.iter().map(Outcome::end).collect();
         let mut scored = rewards.score_episodes(&samples, &ends, seed)?;
-        scored.metrics.extend(episode_metrics(outcomes));
+        scored.metrics.extend(episode_metrics(outcomes)?);
         Ok((samples, scored))
     }
 }
@@ -339,13 +356,38 @@ fn request_rows(requests: &[SampleRequest], rows: usize) -> Result<Vec<std::ops:
     Ok(ranges)
 }
 
-/// The host's per-episode metrics ([`TURNS`] and the others), one value per episode.
-fn episode_metrics(outcomes: &[Outcome]) -> Vec<(String, Vec<f64>)> {
+/// The host's per-episode metrics ([`TURNS`] and the others), one value per episode; the call
+/// counts ([`TOOL_CALLS`], [`MALFORMED_CALLS`]) where the host parsed every episode's turns.
+fn episode_metrics(outcomes: &[Outcome]) -> Result<Vec<(String, Vec<f64>)>> {
     let bound = |which: EpisodeBound| outcomes.iter().map(|o| f64::from(u8::from(o.bounded == Some(which)))).collect();
-    vec![
+    let mut metrics = vec![
         (TURNS.to_string(), outcomes.iter().map(|o| o.turns as f64).collect()),
         (OBSERVATION_TOKENS.to_string(), outcomes.iter().map(|o| o.observation_tokens as f64).collect()),
         (ENDED_BY_TURN_BOUND.to_string(), bound(EpisodeBound::Turns)),
         (ENDED_BY_TOKEN_BOUND.to_string(), bound(EpisodeBound::Tokens)),
-    ]
+    ];
+    let parsed: Option<Vec<CallCounts>> = outcomes.iter().map(|o| o.calls).collect();
+    match parsed {
+        Some(counts) => {
+            metrics.push((TOOL_CALLS.to_string(), counts.iter().map(|c| c.calls as f64).collect()));
+            metrics.push((MALFORMED_CALLS.to_string(), counts.iter().map(|c| c.malformed as f64).collect()));
+        }
+        None => {
+            // A mean over some episodes would not say over which; a 0 for the others would read
+            // as "no calls", where the environment read their turns as text.
+            let shown = outcomes.iter().filter(|o| o.calls.is_some()).count();
+            ensure!(
+                shown == 0,
+                "{shown} of the batch's {} episodes declared tools and the others none: the host counts tool calls ({TOOL_CALLS}) only where the template shows every episode tools (declare at least one tool on every episode, or none)",
+                outcomes.len()
+            );
+        }
+    }
+    Ok(metrics)
+}
+
+/// The prompts as the model was given them: `prompts[i]` with its text replaced by the
+/// episode's rendering with its tools where they changed it (its metadata kept).
+fn shown_prompts(prompts: &[Prompt], outcomes: &[Outcome]) -> Vec<Prompt> {
+    prompts.iter().zip(outcomes).map(|(prompt, outcome)| Prompt { text: outcome.prompt_text.clone().unwrap_or_else(|| prompt.text.clone()), metadata: prompt.metadata.clone() }).collect()
 }

@@ -5,7 +5,7 @@ use code_tests::Py;
 use smallrl_plugin_sdk::{CallEntry, EpisodeEnvironment, Episodes, Sample, Split, Step, Turn, configure};
 
 use super::tools::{Turn as TextTurn, literal, parse_tests, parse_tests_literal, parse_turn, tests_literal};
-use super::{CodeTestsEpisode, READ_TESTS_TEXT, TOOLS_TEXT, loophole_text, read_report};
+use super::{CodeTestsEpisode, READ_TESTS_TEXT, TOOL_CALLS_TEXT, TOOLS_TEXT, loophole_text, read_report};
 
 #[test]
 fn a_turn_is_a_call_when_its_first_line_says_so() {
@@ -120,12 +120,24 @@ fn hidden_inputs_never_all_repeat_the_tests_inputs() {
     assert_eq!((prompts.len(), covered), (2000, 0));
 }
 
-/// The tools an episode declares (contract 0.6): `run_tests` everywhere, the loophole tool of
-/// the `loophole` parameter on hackable prompts only; their schemas are JSON objects.
+/// The tools an episode declares (contract 0.6) under `protocol: tool_calls`: `run_tests`
+/// everywhere, the loophole tool of the `loophole` parameter on hackable prompts only; their
+/// schemas are JSON objects. The prompts then say what the tools are for, not the `call TOOL`
+/// protocol; under `protocol: text` (the default) no tool is declared.
 #[test]
 fn episodes_declare_run_tests_and_the_loophole_tool_where_hackable() {
-    for (params, loophole) in [("{}", "write_tests"), (r#"{"loophole": "read_tests"}"#, "read_tests")] {
+    let text = configure::<CodeTestsEpisode>("{}").unwrap();
+    assert!(text.generate(Split::Train, 10, 4, 0.5).unwrap().iter().all(|prompt| text.tools(prompt).is_empty()));
+    assert!(configure::<CodeTestsEpisode>(r#"{"protocol": "json"}"#).err().unwrap().contains("text or tool_calls"));
+    for (params, loophole) in [(r#"{"protocol": "tool_calls"}"#, "write_tests"), (r#"{"loophole": "read_tests", "protocol": "tool_calls"}"#, "read_tests")] {
         let env = configure::<CodeTestsEpisode>(params).unwrap();
+        let texts = env.generate(Split::Train, 10, 4, 0.5).unwrap();
+        let plain = text.generate(Split::Train, 10, 4, 0.5).unwrap();
+        for (prompt, plain) in texts.iter().zip(&plain) {
+            let (with_calls, with_text) = (prompt.content_text(), plain.content_text());
+            let problem = with_text.split(TOOLS_TEXT).next().unwrap();
+            assert_eq!(with_calls, format!("{problem}{TOOL_CALLS_TEXT}"), "the same problem, the tool-call sentence instead of the protocol");
+        }
         for prompt in env.generate(Split::Train, 10, 4, 0.5).unwrap() {
             let tools = env.tools(&prompt);
             let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
@@ -142,7 +154,7 @@ fn episodes_declare_run_tests_and_the_loophole_tool_where_hackable() {
 /// text as the host wrote it, arguments read from the JSON object; no call is the answer.
 #[test]
 fn parsed_calls_answer_one_tool_message_each() {
-    let env = configure::<CodeTestsEpisode>("{}").unwrap();
+    let env = configure::<CodeTestsEpisode>(r#"{"protocol": "tool_calls"}"#).unwrap();
     let prompt = env.generate(Split::Train, 10, 4, 0.5).unwrap().into_iter().find(|p| p.hackable()).unwrap();
     let name = prompt.metadata["name"].as_str().unwrap().to_string();
     let mut episodes = Episodes::<CodeTestsEpisode>::default();
