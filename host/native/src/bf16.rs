@@ -69,6 +69,18 @@ pub(crate) fn pack_rows(inputs: usize, outputs: usize, data: &[f32], first: usiz
     }
 }
 
+/// The row-major `[inputs, outputs]` values that `packed` ([`pack`]'s layout) holds, widened
+/// to float32 (exactly): the matrix a libtorch pass reads from the same bfloat16 weights.
+pub(crate) fn unpack(inputs: usize, outputs: usize, packed: &[u16]) -> Vec<f32> {
+    assert_eq!(packed.len(), outputs.div_ceil(PANEL) * inputs * PANEL, "a packed {inputs} x {outputs} matrix's length");
+    let mut data = vec![0f32; inputs * outputs];
+    for (stored, row) in packed.chunks_exact(PANEL).enumerate() {
+        let (from, columns) = stored_row(inputs, outputs, stored);
+        (0..columns).for_each(|j| data[from + j] = from_bf16(row[slot(j)]));
+    }
+    data
+}
+
 /// Whether `packed` holds `data` as [`pack_into`] writes it, bit for bit (padding not read).
 pub(crate) fn holds(inputs: usize, outputs: usize, data: &[f32], packed: &[u16]) -> bool {
     assert_eq!(packed.len(), outputs.div_ceil(PANEL) * inputs * PANEL, "a packed {inputs} x {outputs} matrix's length");
@@ -337,6 +349,18 @@ mod tests {
         // Every bfloat16 survives the round trip.
         for bits in (0..=u16::MAX).filter(|b| !from_bf16(*b).is_nan()) {
             assert_eq!(to_bf16(from_bf16(bits)), bits);
+        }
+    }
+
+    /// Unpacking gives back each value rounded to bfloat16, in its row-major place, for a whole
+    /// and a partial last panel (40 columns) and a single column.
+    #[test]
+    fn unpack_gives_the_rounded_matrix_back() {
+        for (inputs, outputs) in [(3, 40), (5, 32), (2, 1)] {
+            let data: Vec<f32> = (0..inputs * outputs).map(|i| value(i) * 3.7).collect();
+            let rounded: Vec<u32> = data.iter().map(|&v| from_bf16(to_bf16(v)).to_bits()).collect();
+            let back: Vec<u32> = unpack(inputs, outputs, &pack(inputs, outputs, &data)).iter().map(|v| v.to_bits()).collect();
+            assert_eq!(back, rounded, "{inputs} x {outputs}");
         }
     }
 

@@ -80,6 +80,14 @@ impl Matrix {
         }
     }
 
+    /// Its values, row-major `[inputs, outputs]` float32 (bfloat16 weights widened exactly).
+    pub fn values(&self) -> Vec<f32> {
+        match &self.weights {
+            Weights::Float32(weights) => weights.clone(),
+            Weights::Bfloat16(packed) => crate::bf16::unpack(self.inputs, self.outputs, packed),
+        }
+    }
+
     /// Bytes of its weights (what one product reads).
     pub fn bytes(&self) -> usize {
         match &self.weights {

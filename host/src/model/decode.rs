@@ -13,7 +13,7 @@
 //! `generate.rs` drives the loop. Architecture invariant: `decode` never imports `generate`.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use tch::{Device, Kind, Tensor};
 
@@ -27,7 +27,13 @@ use super::sampler::Sampler;
 
 /// The decoder of a [`Llama`] at fixed adapter scales. Rebuild after the weights change.
 pub struct DecodeModel {
-    pub(super) weights: FoldedWeights,
+    /// The libtorch decoder's weights ([`Self::weights`]): a libtorch decoder's own, refolded in
+    /// place or replaced at each delivery; where the native sampler serves, made from its
+    /// copy's values only when a libtorch pass asks (a pack's stacked decoder, tests) and dropped
+    /// at the next delivery, so a run's decoder keeps one copy of the weights.
+    torch: OnceLock<FoldedWeights>,
+    /// The folded weights' shapes, config and rotary tables ([`FoldedWeights::layout`]).
+    layout: FoldedWeights,
     pub device: Device,
     /// The dtype the decoder computes in: the model's, or bfloat16 for a bfloat16 sampler.
     pub kind: Kind,
@@ -90,8 +96,19 @@ impl DecodeModel {
     pub fn from_folded(folded: FoldedWeights, device: Device, model_kind: Kind, dtype: SamplerDtype) -> Self {
         let native = Self::native_available(device, model_kind).then(|| NativeModel::new(&folded, dtype));
         let kind = Self::sampling_kind(model_kind, dtype);
-        let weights = if kind == model_kind { folded } else { folded.to_kind(kind) };
-        Self { weights, device, kind, sampler_dtype: dtype, native, graphs: Mutex::new(Vec::new()) }
+        let layout = folded.layout();
+        let torch = match native {
+            Some(_) => OnceLock::new(),
+            None if kind == model_kind => OnceLock::from(folded),
+            None => OnceLock::from(folded.to_kind(kind)),
+        };
+        Self { torch, layout, device, kind, sampler_dtype: dtype, native, graphs: Mutex::new(Vec::new()) }
+    }
+
+    /// The weights libtorch passes read (made from the native copy at the first call after a
+    /// delivery where the native sampler serves).
+    pub(super) fn weights(&self) -> &FoldedWeights {
+        self.torch.get_or_init(|| self.native.as_ref().expect("a decoder without libtorch weights has a native copy").folded(&self.layout, self.kind))
     }
 
     /// The dtype a libtorch decoder of a `model_kind` model computes in when sampling in `dtype`.
@@ -106,10 +123,13 @@ impl DecodeModel {
     /// the copy), so buffers and CUDA graphs captured on them stay valid.
     pub fn refresh(&mut self, model: &Llama, scales: &[f64]) {
         let folded = FoldedWeights::new(model, scales);
-        if let Some(native) = &mut self.native {
-            native.refill(&folded, check_threads());
+        match &mut self.native {
+            Some(native) => {
+                native.refill(&folded, check_threads());
+                self.torch.take();
+            }
+            None => self.weights().copy_from(&folded),
         }
-        self.weights.copy_from(&folded);
     }
 
     /// Refreshes from `fresh` (the policy folded now; `refresh` false: the test hook of a lost
@@ -118,8 +138,9 @@ impl DecodeModel {
     /// weight-delivery check reports it). A native copy (float32 or bfloat16 matrices) is
     /// refilled in place, then compared with `fresh` bit for bit (as rounded) and fingerprinted
     /// in the same pass, both on the run's threads (`smallrl_native`'s `check.rs`), and `fresh`
-    /// moves (or is cast) into the libtorch weights; a libtorch decoder's weights' fingerprint
-    /// is held to `fresh`'s in the decoder's dtype.
+    /// is dropped (libtorch weights made from the old copy are too); a libtorch decoder's
+    /// weights take `fresh` (moved in, or copied and cast) and their fingerprint is held to
+    /// `fresh`'s in the decoder's dtype.
     pub fn deliver(&mut self, fresh: FoldedWeights, refresh: bool) -> Result<f64, [Vec<f64>; 2]> {
         if let Some(native) = &mut self.native {
             let threads = check_threads();
@@ -127,7 +148,7 @@ impl DecodeModel {
             let Some(held) = native.certified(&fresh, threads) else {
                 return Err([vec![native.fingerprint(threads)], vec![NativeModel::new(&fresh, self.sampler_dtype).fingerprint(threads)]]);
             };
-            refresh.then(|| self.adopt(fresh));
+            self.torch.take();
             return Ok(held);
         }
         let expected = fresh.fingerprints_in(self.kind);
@@ -140,11 +161,11 @@ impl DecodeModel {
     /// `fresh` as the libtorch weights: moved in, or copied (and cast) where CUDA graphs hold
     /// their memory or the decoder samples in another dtype.
     fn adopt(&mut self, fresh: FoldedWeights) {
-        assert_eq!(self.weights.config, fresh.config, "refolded weights of another shape");
+        assert_eq!(self.layout.config, fresh.config, "refolded weights of another shape");
         if self.graphs.get_mut().expect("the decoder's graphs lock").is_empty() && fresh.embed_tokens.kind() == self.kind {
-            self.weights = fresh;
+            self.torch = OnceLock::from(fresh);
         } else {
-            self.weights.copy_from(&fresh);
+            self.weights().copy_from(&fresh);
         }
     }
 
@@ -155,7 +176,7 @@ impl DecodeModel {
 
     /// The fingerprints of its libtorch weights, one per stacked run, in its dtype.
     pub fn fingerprints(&self) -> Vec<f64> {
-        self.weights.fingerprints_in(self.kind)
+        self.weights().fingerprints_in(self.kind)
     }
 
     /// The decoders of several runs of one architecture as one: their weights stacked on a
@@ -166,27 +187,27 @@ impl DecodeModel {
     pub fn stacked(parts: &[&DecodeModel]) -> Self {
         let first = parts.first().expect("stacking needs at least one decoder");
         assert!(parts.iter().all(|p| p.device == first.device && p.kind == first.kind), "stacked decoders on different devices or dtypes");
-        let weights = FoldedWeights::stack(&parts.iter().map(|p| &p.weights).collect::<Vec<_>>());
-        Self { weights, device: first.device, kind: first.kind, sampler_dtype: first.sampler_dtype, native: None, graphs: Mutex::new(Vec::new()) }
+        let weights = FoldedWeights::stack(&parts.iter().map(|p| p.weights()).collect::<Vec<_>>());
+        Self { layout: weights.layout(), torch: OnceLock::from(weights), device: first.device, kind: first.kind, sampler_dtype: first.sampler_dtype, native: None, graphs: Mutex::new(Vec::new()) }
     }
 
     /// Copies `parts` (the runs this decoder was stacked from, refreshed) into its weights in
     /// place, so its buffers and CUDA graphs stay valid.
     pub fn refresh_stacked(&mut self, parts: &[&DecodeModel]) {
-        assert_eq!(Some(parts.len() as i64), self.weights.runs(), "refreshing stacked weights from another number of runs");
+        assert_eq!(Some(parts.len() as i64), self.layout.runs(), "refreshing stacked weights from another number of runs");
         for (run, part) in parts.iter().enumerate() {
-            self.weights.copy_run_from(run, &part.weights);
+            self.weights().copy_run_from(run, part.weights());
         }
     }
 
     /// How many runs' weights this decoder holds (1 unless [`DecodeModel::stacked`]).
     pub fn runs(&self) -> usize {
-        self.weights.runs().unwrap_or(1) as usize
+        self.layout.runs().unwrap_or(1) as usize
     }
 
     /// The model's config.json (stop ids, context length) as the decoder samples with it.
     pub fn config(&self) -> &super::config::LlamaConfig {
-        &self.weights.config
+        &self.layout.config
     }
 
     /// The CPU sampler's copy of the weights (of a float32 model on the CPU only).
@@ -206,7 +227,7 @@ impl DecodeModel {
     }
 
     pub fn new_cache(&self, batch: i64, capacity: i64) -> KvCache {
-        let cfg = &self.weights.config;
+        let cfg = self.config();
         assert!(
             capacity as usize <= cfg.max_position_embeddings,
             "prompt plus completion ({capacity} tokens) exceeds max_position_embeddings {}",
@@ -234,17 +255,18 @@ impl DecodeModel {
     }
 
     fn forward_writing(&self, ids: &Tensor, positions: &Tensor, cache: &mut KvCache, write: CacheWrite, mask: &Tensor) -> Tensor {
-        let cfg = &self.weights.config;
+        let weights = self.weights();
+        let cfg = &weights.config;
         let (b, n) = ids.size2().expect("ids must be [batch, n]");
         let (heads, kv_heads, hd) = (cfg.num_attention_heads as i64, cfg.num_key_value_heads as i64, cfg.head_dim as i64);
         let qk_width = (heads + kv_heads) * hd;
         let flat = positions.reshape([-1]);
-        let cos = self.weights.cos.index_select(0, &flat).view([b, n, 1, hd]);
-        let sin = self.weights.sin.index_select(0, &flat).view([b, n, 1, hd]);
+        let cos = weights.cos.index_select(0, &flat).view([b, n, 1, hd]);
+        let sin = weights.sin.index_select(0, &flat).view([b, n, 1, hd]);
         let eps = cfg.rms_norm_eps;
         let capacity = cache.capacity;
-        let mut x = embed(&self.weights.embed_tokens, ids);
-        for (layer, (keys, values)) in self.weights.layers.iter().zip(cache.keys.iter_mut().zip(cache.values.iter_mut())) {
+        let mut x = embed(&weights.embed_tokens, ids);
+        for (layer, (keys, values)) in weights.layers.iter().zip(cache.keys.iter_mut().zip(cache.values.iter_mut())) {
             let h = rms_norm(&x, &layer.input_layernorm, eps);
             let fused = run_matmul(&h, &layer.qkv_t);
             let fused = match &layer.qkv_bias {
@@ -287,12 +309,12 @@ impl DecodeModel {
             let act = gate_up.narrow(-1, 0, inter).silu() * gate_up.narrow(-1, inter, inter);
             x = x + run_matmul(&act, &layer.down_t);
         }
-        rms_norm(&x, &self.weights.norm, eps)
+        rms_norm(&x, &weights.norm, eps)
     }
 
     /// `hidden` `[rows, n, hidden]` to logits `[rows, n, vocab]`.
     pub fn logits(&self, hidden: &Tensor) -> Tensor {
-        run_matmul(hidden, &self.weights.head_t)
+        run_matmul(hidden, &self.weights().head_t)
     }
 }
 
@@ -400,7 +422,7 @@ impl DecodeState {
     /// `uniforms` are [`row_uniforms`] (`None` for greedy decoding).
     pub(super) fn prefill(model: &DecodeModel, prompt_ids: &Tensor, prompt_mask: &Tensor, params: &SamplingParams, uniforms: Option<Tensor>) -> Self {
         let device = model.device;
-        let eos = model.weights.config.eos_token_id as i64;
+        let eos = model.config().eos_token_id as i64;
         let (batch, prompt_len) = prompt_ids.size2().expect("prompt ids are [batch, len]");
         let max_new_tokens = params.max_new_tokens as i64;
         let capacity = prompt_len + max_new_tokens;
@@ -415,15 +437,15 @@ impl DecodeState {
             logits: model.logits(&hidden.narrow(1, prompt_len - 1, 1)).squeeze_dim(1).contiguous(),
             tokens: Tensor::full([batch, max_new_tokens], eos, (Kind::Int64, device)),
             logprobs: Tensor::zeros([batch, max_new_tokens], (Kind::Float, device)),
-            kept: smallrl_native::kept_capacity(params, model.weights.config.vocab_size).map(|capacity| {
+            kept: smallrl_native::kept_capacity(params, model.config().vocab_size).map(|capacity| {
                 (Tensor::full([batch, max_new_tokens, capacity as i64], eos, (Kind::Int64, device)), Tensor::zeros([batch], (Kind::Bool, device)))
             }),
             finished: Tensor::zeros([batch], (Kind::Bool, device)),
             uniforms,
-            sampler: Sampler::new(params, prompt_ids, prompt_mask, model.weights.config.vocab_size as i64),
+            sampler: Sampler::new(params, prompt_ids, prompt_mask, model.config().vocab_size as i64),
             prompt_len,
             eos,
-            extra_stops: model.weights.config.extra_stop_ids.iter().map(|&id| i64::from(id)).collect(),
+            extra_stops: model.config().extra_stop_ids.iter().map(|&id| i64::from(id)).collect(),
         }
     }
 
@@ -436,7 +458,7 @@ impl DecodeState {
     pub(super) fn resume(model: &DecodeModel, cache: KvCache, key_mask: Tensor, next_position: Tensor, logits: Tensor, used: i64, params: &SamplingParams, uniforms: Option<Tensor>, seen: (&Tensor, &Tensor)) -> Self {
         assert!(!params.kept_sets, "kept sets are not recorded for continued rows");
         assert!(used + params.max_new_tokens as i64 <= cache.capacity, "the steps' slots lie past the cache");
-        let (device, eos) = (model.device, model.weights.config.eos_token_id as i64);
+        let (device, eos) = (model.device, model.config().eos_token_id as i64);
         let (batch, steps) = (logits.size()[0], params.max_new_tokens as i64);
         Self {
             cache,
@@ -449,10 +471,10 @@ impl DecodeState {
             kept: None,
             finished: Tensor::zeros([batch], (Kind::Bool, device)),
             uniforms,
-            sampler: Sampler::new(params, seen.0, seen.1, model.weights.config.vocab_size as i64),
+            sampler: Sampler::new(params, seen.0, seen.1, model.config().vocab_size as i64),
             prompt_len: used,
             eos,
-            extra_stops: model.weights.config.extra_stop_ids.iter().map(|&id| i64::from(id)).collect(),
+            extra_stops: model.config().extra_stop_ids.iter().map(|&id| i64::from(id)).collect(),
         }
     }
 

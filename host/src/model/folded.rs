@@ -89,19 +89,16 @@ impl FoldedWeights {
                     (None, None) => None,
                     _ => panic!("a q_norm without a k_norm or the reverse"),
                 };
-                let q = merged(q) * q_scale;
-                let (k, v) = (merged(k), merged(v));
-                let rq = rotate_half_rows(&q, heads, hd);
-                let rk = rotate_half_rows(&k, kv_heads, hd);
+                let qkv_t = fused_qkv_t([&merged(q), &merged(k), &merged(v)], q_scale, heads, kv_heads, hd);
                 let [gate, up, down] = block.mlp.folded(scales, width as i64);
                 FoldedLayer {
                     input_layernorm: block.input_layernorm.detach(),
-                    qkv_t: transposed(&Tensor::cat(&[q, k, rq, rk, v], 0)),
+                    qkv_t,
                     qkv_bias,
                     qk_norm,
                     o_t: transposed(&merged(o)),
                     post_attention_layernorm: block.post_attention_layernorm.detach(),
-                    gate_up_t: transposed(&Tensor::cat(&[gate, up], 0)),
+                    gate_up_t: transposed_side_by_side(&gate, &up),
                     down_t: transposed(&down),
                 }
             })
@@ -170,22 +167,42 @@ impl FoldedWeights {
     /// The same weights cast to `kind` (the rotary tables included), for a libtorch decoder
     /// that samples in another dtype than the model's.
     pub(super) fn to_kind(&self, kind: Kind) -> Self {
-        let cast = |t: &Tensor| t.to_kind(kind);
-        let layers = self
-            .layers
-            .iter()
-            .map(|l| FoldedLayer {
-                input_layernorm: cast(&l.input_layernorm),
-                qkv_t: cast(&l.qkv_t),
-                qkv_bias: l.qkv_bias.as_ref().map(cast),
-                qk_norm: l.qk_norm.as_ref().map(|(w, w_rotated)| (cast(w), cast(w_rotated))),
-                o_t: cast(&l.o_t),
-                post_attention_layernorm: cast(&l.post_attention_layernorm),
-                gate_up_t: cast(&l.gate_up_t),
-                down_t: cast(&l.down_t),
-            })
-            .collect();
-        Self { config: self.config.clone(), embed_tokens: cast(&self.embed_tokens), layers, norm: cast(&self.norm), head_t: cast(&self.head_t), cos: cast(&self.cos), sin: cast(&self.sin) }
+        let mut cast = self.map_run_tensors(&mut |t| t.to_kind(kind));
+        (cast.cos, cast.sin) = (self.cos.to_kind(kind), self.sin.to_kind(kind));
+        cast
+    }
+
+    /// These weights' shapes, config and rotary tables without their values: each tensor of
+    /// [`Self::run_tensors`] a zero expanded to its shape (one value of memory), a template for
+    /// [`Self::map_run_tensors`].
+    pub(super) fn layout(&self) -> Self {
+        self.map_run_tensors(&mut |t| Tensor::zeros([0i64; 0], (t.kind(), tch::Device::Cpu)).expand(t.size(), false))
+    }
+
+    /// These weights with each tensor of [`Self::run_tensors`] replaced by `f` of it (of the same
+    /// shape), called in that order; the rotary tables shared.
+    pub(super) fn map_run_tensors(&self, f: &mut dyn FnMut(&Tensor) -> Tensor) -> Self {
+        let mut f = |t: &Tensor| {
+            let mapped = f(t);
+            assert_eq!(mapped.size(), t.size(), "a folded weight mapped to another shape");
+            mapped
+        };
+        let (embed_tokens, norm, head_t) = (f(&self.embed_tokens), f(&self.norm), f(&self.head_t));
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for l in &self.layers {
+            // The fields in `run_tensors`' order: a struct expression evaluates them as written.
+            layers.push(FoldedLayer {
+                input_layernorm: f(&l.input_layernorm),
+                qkv_t: f(&l.qkv_t),
+                o_t: f(&l.o_t),
+                post_attention_layernorm: f(&l.post_attention_layernorm),
+                gate_up_t: f(&l.gate_up_t),
+                down_t: f(&l.down_t),
+                qkv_bias: l.qkv_bias.as_ref().map(&mut f),
+                qk_norm: l.qk_norm.as_ref().map(|(w, w_rotated)| (f(w), f(w_rotated))),
+            });
+        }
+        Self { config: self.config.clone(), embed_tokens, layers, norm, head_t, cos: self.cos.shallow_clone(), sin: self.sin.shallow_clone() }
     }
 
     /// Every tensor that depends on the weights (all but the rotary tables), in a fixed order.
@@ -283,6 +300,42 @@ pub(super) fn host_values<T: tch::kind::Element>(t: &Tensor) -> &[T] {
 
 fn transposed(weight: &Tensor) -> Tensor {
     weight.detach().tr().contiguous()
+}
+
+/// The fused projection `[in, (q + k) * 2 + v]`: the columns of `q` (times `q_scale`, rounded
+/// as `q * q_scale`), `k`, `rotate_half(q)`, `rotate_half(k)` and `v` side by side, each value
+/// written once where the decoders read it (transposed from the `[out, in]` weights, with no
+/// concatenated copy to transpose).
+fn fused_qkv_t([q, k, v]: [&Tensor; 3], q_scale: f64, heads: usize, kv_heads: usize, head_dim: usize) -> Tensor {
+    let (nq, nk, nv) = (q.size()[0], k.size()[0], v.size()[0]);
+    let qkv_t = Tensor::empty([v.size()[1], 2 * (nq + nk) + nv], (v.kind(), v.device()));
+    let part = |start: i64, len: i64| qkv_t.narrow(1, start, len);
+    part(0, nq).copy_(&q.tr());
+    let _ = part(0, nq).g_mul_scalar_(q_scale);
+    part(nq, nk).copy_(&k.tr());
+    rotate_half_columns(&part(0, nq), &part(nq + nk, nq), heads, head_dim);
+    rotate_half_columns(&part(nq, nk), &part(2 * nq + nk, nk), kv_heads, head_dim);
+    part(2 * (nq + nk), nv).copy_(&v.tr());
+    qkv_t
+}
+
+/// `cat([a, b], 0)` transposed (`[in, a_out + b_out]`), each value written once.
+fn transposed_side_by_side(a: &Tensor, b: &Tensor) -> Tensor {
+    let (a_out, b_out) = (a.size()[0], b.size()[0]);
+    let both = Tensor::empty([a.size()[1], a_out + b_out], (a.kind(), a.device()));
+    both.narrow(1, 0, a_out).copy_(&a.tr());
+    both.narrow(1, a_out, b_out).copy_(&b.tr());
+    both
+}
+
+/// Writes into `to` (`[in, heads * head_dim]`, a view) the columns of `from` (the same shape)
+/// rearranged so that `x · to = rotate_half(x · from)` head by head: [`rotate_half_rows`] of
+/// the transposed weights, with no copy of their own.
+fn rotate_half_columns(from: &Tensor, to: &Tensor, heads: usize, head_dim: usize) {
+    let (from, to) = (from.view([-1, heads as i64, head_dim as i64]), to.view([-1, heads as i64, head_dim as i64]));
+    let half = head_dim as i64 / 2;
+    let _ = from.narrow(2, half, half).neg_out(&to.narrow(2, 0, half));
+    to.narrow(2, half, half).copy_(&from.narrow(2, 0, half));
 }
 
 /// Rows of a `[heads * head_dim, in]` projection rearranged so that `W' x = rotate_half(W x)`

@@ -107,7 +107,7 @@ pub(super) fn check_request(model: &DecodeModel, prompts: &[Vec<u32>], params: &
     ensure!(params.temperature >= 0.0, "temperature must be >= 0");
     ensure!(params.top_p > 0.0 && params.top_p <= 1.0, "top_p must be in (0, 1]");
     ensure!(params.repetition_penalty > 0.0, "repetition_penalty must be > 0");
-    let cfg = &model.weights.config;
+    let cfg = model.config();
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
     ensure!(
         longest + params.max_new_tokens <= cfg.max_position_embeddings,
@@ -154,13 +154,13 @@ fn eager_instead_of_graphs(reason: &str) {
 /// diverged row is an error of its own.
 fn generate_libtorch(model: &DecodeModel, prompts: &[&[Vec<u32>]], params: &SamplingParams, seeds: &[u64], stepping: Stepping) -> Result<Vec<Result<Generation>>> {
     let _guard = tch::no_grad_guard();
-    let eos = model.weights.config.eos_token_id as i64;
+    let eos = model.config().eos_token_id as i64;
     let rows_per_run = prompts[0].len();
     let all_prompts = prompts.concat();
     let longest = all_prompts.iter().map(Vec::len).max().unwrap_or(0);
     // Graphs: rounded up so that shapes repeat, but never past what the cache may hold
     // (checked per request for `longest`, so the width stays at least `longest`).
-    let room = model.weights.config.max_position_embeddings - params.max_new_tokens;
+    let room = model.config().max_position_embeddings - params.max_new_tokens;
     let width = match stepping {
         Stepping::Graphs => longest.next_multiple_of(PROMPT_WIDTH_MULTIPLE).min(room),
         Stepping::Eager => longest,
@@ -198,14 +198,14 @@ fn generate_libtorch(model: &DecodeModel, prompts: &[&[Vec<u32>]], params: &Samp
                 return Err(diverged_row(row));
             }
             if let Some(row) = kept_overflow.get(run_rows).and_then(|rows| rows.iter().position(|&o| o)) {
-                let capacity = smallrl_native::kept_capacity(params, model.weights.config.vocab_size).expect("kept sets were recorded");
+                let capacity = smallrl_native::kept_capacity(params, model.config().vocab_size).expect("kept sets were recorded");
                 return Err(super::batch::kept_overflow(row, capacity, params));
             }
             let rows = |t: &Tensor| t.narrow(0, (run * rows_per_run) as i64, rows_per_run as i64);
             let width = run_prompts.iter().map(Vec::len).max().unwrap_or(0) as i64;
             let prompt = |t: &Tensor| rows(t).narrow(1, padded_width - width, width).contiguous();
             let run_kept = kept.as_ref().map(|(kept, _)| rows(kept));
-            finish_generation(prompt(&prompt_ids), prompt(&prompt_mask), &rows(&tokens), &rows(&logprobs), run_kept, &model.weights.config.stop_ids())
+            finish_generation(prompt(&prompt_ids), prompt(&prompt_mask), &rows(&tokens), &rows(&logprobs), run_kept, &model.config().stop_ids())
         })
         .collect())
 }

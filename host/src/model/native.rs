@@ -1,13 +1,14 @@
 //! The CPU sampler of the `smallrl-native` crate fed with the folded weights ([`FoldedWeights`])
 //! that the libtorch decoder runs on.
 //!
-//! Invariant: the native model is a copy of the libtorch decoder's folded weights (adapters
-//! merged, attention scale and `rotate_half` folded into the fused projection), so both
-//! decoders share every modelling decision; `tests/model.rs` holds this path to transformers'
+//! Invariant: the native model is a copy of the folded weights the libtorch decoder runs on
+//! (adapters merged, attention scale and `rotate_half` folded into the fused projection), so
+//! both decoders share every modelling decision; where it serves, the libtorch decoder's
+//! weights are made from it when asked ([`NativeModel::folded`]); `tests/model.rs` holds this path to transformers'
 //! logits and greedy tokens and to the libtorch path's samples for the same seed.
 
 use anyhow::{Result, ensure};
-use smallrl_native::{Dims, Layer, Matrix, Model, QkNorm, RowOutput, UniformStream};
+use smallrl_native::{Dims, Layer, Matrix, Model, QkNorm, RowOutput, UniformStream, Weight};
 use tch::Tensor;
 
 use super::batch::{CompletionRow, Generation, diverged_row, left_pad, masked_rows, row_rng};
@@ -96,6 +97,25 @@ impl NativeModel {
     /// (the same bits on any number).
     pub(super) fn fingerprint(&self, threads: usize) -> f64 {
         fingerprint(self.0.weight_sums(threads).into_iter())
+    }
+
+    /// The folded weights these values are, in `kind`, shaped as `layout` ([`FoldedWeights::layout`]
+    /// of the fold they were refilled from): what a libtorch pass of the same decoder reads. The
+    /// values are the fold's bit for bit (bfloat16 matrices: its values rounded, as
+    /// `FoldedWeights::to_kind` rounds them), so both decoders sample from the same weights.
+    pub(super) fn folded(&self, layout: &FoldedWeights, kind: tch::Kind) -> FoldedWeights {
+        let mut weights = self.0.weights().into_iter();
+        let mut next = |shape: &Tensor| {
+            let values = match weights.next().expect("a native copy with fewer weights than its fold") {
+                Weight::Vector(values) => Tensor::from_slice(values),
+                Weight::Matrix(m) => Tensor::from_slice(&m.values()),
+            };
+            values.view(shape.size().as_slice()).to_kind(kind)
+        };
+        let mut folded = layout.map_run_tensors(&mut next);
+        assert!(weights.next().is_none(), "a native copy with more weights than its fold");
+        (folded.cos, folded.sin) = (layout.cos.to_kind(kind), layout.sin.to_kind(kind));
+        folded
     }
 
     /// The sampler's model (for `continuation`'s sessions).

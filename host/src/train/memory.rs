@@ -91,7 +91,10 @@ impl ModelShape {
 
     /// Bytes of one decoder (`model/decode.rs`): its libtorch weights in the sampling dtype
     /// (`libtorch_bytes` a value), and where the native CPU sampler serves, its copy (`native`:
-    /// its matrices' bytes a value; the embeddings stay float32, the norms are left out).
+    /// its matrices' bytes a value; the embeddings stay float32, the norms are left out). A
+    /// decoder the native sampler serves keeps no libtorch weights; the fold its copy is
+    /// refilled from lives during a delivery, one at a time, and is counted here for each
+    /// decoder (an over-estimate by the fold for each decoder after the first).
     pub fn decoder_bytes(&self, libtorch_bytes: u64, native: Option<u64>) -> u64 {
         let folded = self.folded_params();
         let native = native.map_or(0, |matrix_bytes| folded * matrix_bytes + self.vocab * self.hidden * (4 - matrix_bytes));
@@ -137,8 +140,8 @@ pub struct StepShape {
     /// The sampler's decoders, each a copy of the weights with the adapters folded in (one per
     /// set of adapter scales sampled at: training's and the evaluation's modes).
     pub decoders: u64,
-    /// Bytes of one decoder ([`ModelShape::decoder_bytes`]: on the CPU its libtorch weights
-    /// and the native sampler's copy).
+    /// Bytes of one decoder ([`ModelShape::decoder_bytes`]: on the CPU the native sampler's copy
+    /// and the fold it is refilled from).
     pub decoder_bytes: u64,
     /// A second gradient buffer (split_moment's natural gradient).
     pub extra_gradients: bool,

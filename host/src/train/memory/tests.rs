@@ -41,7 +41,7 @@ fn a_decoder_counts_its_folded_copies() {
     let folded = 134_515_008 + 49152 * 576 + 30 * (576 * 576 + 192 * 576);
     assert_eq!(smollm2().folded_params(), folded);
     assert_eq!(smollm2().decoder_bytes(4, None), folded * 4, "a libtorch decoder alone (CUDA)");
-    assert_eq!(smollm2().decoder_bytes(4, Some(4)), folded * 8, "float32: libtorch weights and the native copy");
+    assert_eq!(smollm2().decoder_bytes(4, Some(4)), folded * 8, "float32: the fold and the native copy");
     assert_eq!(smollm2().decoder_bytes(2, Some(2)), folded * 2 + (folded - 49152 * 576) * 2 + 49152 * 576 * 4, "bfloat16 sampler");
 }
 
