@@ -168,3 +168,17 @@ fn a_sampler_refreshed_in_place_holds_what_a_new_one_folded_from_the_changed_wei
         }
     }
 }
+
+/// A fold made `owned` holds the snapshot: the model's weights changed in place after it (as
+/// the optimizer changes them while the sampler thread decodes ahead) leave its fingerprints
+/// as they were (exact: the same bits summed twice), while a plain fold, whose embeddings and
+/// norms are views of the model's parameters, moves with them (the test sees the difference).
+#[test]
+fn an_owned_fold_keeps_its_snapshot_while_the_model_changes() {
+    let (mut loaded, _) = tiny_stories();
+    let (owned, plain) = (FoldedWeights::new(&loaded.model, &[]).owned(), FoldedWeights::new(&loaded.model, &[]));
+    let (owned_before, plain_before) = (owned.fingerprints_in(Kind::Float), plain.fingerprints_in(Kind::Float));
+    change_weights(&mut loaded.model);
+    assert_eq!(owned.fingerprints_in(Kind::Float), owned_before, "an owned fold is the snapshot");
+    assert_ne!(plain.fingerprints_in(Kind::Float), plain_before, "a plain fold reads the model's embeddings and norms");
+}

@@ -105,7 +105,12 @@ impl AheadSampler {
     /// `scales` (`broken_refresh`: the test hook of [`super::Seat`], a spare decoder is not
     /// refreshed). Returns the fingerprint of the snapshot, checked against the weights folded now.
     pub fn post(&mut self, model: &Llama, scales: &[f64], dtype: SamplerDtype, work: Work, broken_refresh: bool) -> Result<f64> {
-        let fresh = FoldedWeights::new(model, scales);
+        // A native decoder copies what it reads; a libtorch one keeps the fold, whose views of
+        // the model's embeddings and norms the training thread updates while this job decodes.
+        let fresh = match DecodeModel::native_available(model.device, model.kind) {
+            true => FoldedWeights::new(model, scales),
+            false => FoldedWeights::new(model, scales).owned(),
+        };
         let (decoder, fingerprint) = match self.spare.iter().position(|(at, _)| at == scales) {
             Some(index) => {
                 let (_, mut decoder) = self.spare.swap_remove(index);

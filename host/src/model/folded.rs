@@ -114,6 +114,21 @@ impl FoldedWeights {
         }
     }
 
+    /// These weights with memory of their own where [`FoldedWeights::new`] takes the model's
+    /// tensors as they are (the embeddings and the norms are views of the policy's parameters,
+    /// not copies): for a libtorch decoder that samples while the model trains (the sampler
+    /// thread's, `engine/ahead.rs`), which would otherwise read embeddings and norms the
+    /// optimizer changes mid-decode while its fingerprint says it holds the snapshot.
+    pub fn owned(mut self) -> Self {
+        self.embed_tokens = self.embed_tokens.copy();
+        self.norm = self.norm.copy();
+        for layer in &mut self.layers {
+            layer.input_layernorm = layer.input_layernorm.copy();
+            layer.post_attention_layernorm = layer.post_attention_layernorm.copy();
+        }
+        self
+    }
+
     /// The weights of several runs of one architecture (equal configs), stacked on a leading run
     /// axis so that one batched matrix product per projection serves every run (`decode.rs`).
     pub(super) fn stack(parts: &[&FoldedWeights]) -> Self {
