@@ -130,6 +130,7 @@ fn a_tool_call_in_the_templates_format_reaches_the_environment() {
         for (row, prompt) in env_prompts.iter().enumerate() {
             let (want_prompt, conversation, report) = two_read_tests_turns(&conversations[row], prompt, &model_dir, dir.path());
             // Exact: the prompt is text and the sequence token ids (integers), no float32 value.
+            // Exact: text against the template's text (no float enters a rendering).
             assert_eq!(batch.prompt_texts[row].as_deref(), Some(want_prompt.as_str()), "{engine:?} row {row}: the prompt is not transformers' rendering with the tools");
             assert_ne!(held[row].text, want_prompt, "the trainer's prompt text stays the rendering without tools");
             let want_ids = loaded.tokenizer.encode(&conversation).unwrap();
@@ -247,6 +248,7 @@ fn a_training_run_on_a_tool_call_template_trains_on_the_prompt_with_the_tools() 
         assert_eq!(sequence, loaded.tokenizer.encode(&want_prompt).unwrap(), "row {row}: the model trained on the prompt with the tools");
         sequence.extend(kept(&ids[row], &mask[row]));
         // Exact: token ids are integers.
+        // Exact: token ids against transformers' tokenization of the same text (integers).
         assert_eq!(sequence, want_ids, "row {row}: the trained sequence is not transformers' tokenization of {whole:?}");
         let trained = kept(&ids[row], &loss_mask[row]);
         assert_eq!(trained, [call_id, im_end[0], call_id, im_end[0]], "row {row}: the loss mask holds the model's two turns only");

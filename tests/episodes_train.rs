@@ -135,6 +135,8 @@ fn a_replay_plays_the_recorded_episodes_again() {
     for (step, (a, b)) in (1..).zip(metrics(&recorded).iter().zip(&metrics(&replayed))) {
         for key in same_keys {
             assert!(a[key].is_number(), "step {step}: {key} is logged");
+            // Exact: no float32 result; the same binary computes each value from the same integers
+            // (turns, tokens, guesses) and the plugin's f64 rewards of the same episodes, in the same order.
             assert_eq!(a[key], b[key], "step {step}: {key} of the replay is the recorded run's");
         }
         assert_eq!(b["timing/generate"].as_f64(), Some(0.0), "step {step}: nothing sampled");
