@@ -216,3 +216,37 @@ fn held_to_float64_with_trl(logprobs: &Tensor, loss: &Tensor, ours: &BTreeMap<St
     assert!(loss_ours <= TIMES_AUTOCAST * loss_trl + FLOORS.1, "loss: ours {loss_ours:.3e} from float64, TRL bf16 {loss_trl:.3e}");
     assert!(grad_ours <= TIMES_AUTOCAST * grad_trl + FLOORS.2, "gradients: ours {grad_ours:.3e} from float64, TRL bf16 {grad_trl:.3e}");
 }
+
+/// A `train_dtype: bfloat16` run's reference pass rounds its products as the policy's do, as
+/// TRL's `bf16=True` runs its reference under the same autocast (it was the float32 native
+/// scorer: a float32 reference against a bfloat16 policy puts the policy's rounding into the KL
+/// term). The dumped reference log-probs of a one-step full fine-tuning run with beta > 0 are
+/// held to the float64 pass over the same batch: farther from it than 10x the float32 pass's
+/// distance (bfloat16 rounding, not float32's) and within 0.1 (torch.autocast's own distance on
+/// this fixture is 2.75e-2, `bfloat16_passes_are_as_close_to_float64_as_torch_autocast`).
+#[test]
+fn a_bfloat16_runs_reference_pass_rounds_as_the_policys_do() {
+    use smallrl::model::batch::Generation;
+    eprintln!("{}", machine_note());
+    let work = tempfile::tempdir().unwrap();
+    let mut config = common::tiny_stories_run(work.path(), &common::standard_plugin("happy"), "reference");
+    for (key, value) in [("adapter", serde_json::json!("full")), ("train_dtype", "bfloat16".into()), ("beta", 0.02.into()), ("max_steps", 1.into())] {
+        config.insert(key.into(), value);
+    }
+    config.remove("lora_preset");
+    config.insert("dump_batches".into(), work.path().join("dump").to_str().unwrap().into());
+    common::train(config, None, None);
+    let dumped = read_safetensors(&work.path().join("dump/step-1.safetensors")).unwrap();
+    let g = Generation::from_saved(&dumped, "", Device::Cpu).unwrap();
+    let mask = g.completion_mask.to_kind(Kind::Double);
+    let logprobs_in = |kind: Kind| {
+        let model = model::load(fixture("tiny-stories").to_str().unwrap(), "main", Device::Cpu, kind).unwrap().model;
+        engine::frozen_logprobs(&model, (&g).into(), 1.0, &[]).to_kind(Kind::Double)
+    };
+    let float64 = logprobs_in(Kind::Double);
+    let distance = |logprobs: &Tensor| ((logprobs.to_kind(Kind::Double) - &float64) * &mask).abs().max().double_value(&[]);
+    let (reference, float32) = (distance(&dumped["ref_logprobs"]), distance(&logprobs_in(Kind::Float)));
+    eprintln!("reference log-probs, max |x - float64|: the run's {reference:.3e}, a float32 pass {float32:.3e}");
+    assert!(reference > 10.0 * float32, "the run's reference pass must round like bfloat16 ({reference:.3e}), not like float32 ({float32:.3e})");
+    assert!(reference < 0.1, "the run's reference log-probs are {reference:.3e} from float64");
+}

@@ -407,12 +407,16 @@ impl Seat {
     }
 
     /// The reference log-probabilities of a run's completions (the native scorer where it
-    /// serves).
+    /// serves). Under mixed precision (`train_dtype`) the reference pass rounds its products
+    /// as the policy's do (TRL's `bf16=True` runs its reference under the same autocast), so the
+    /// float32 native scorer does not serve it: a float32 reference against a bfloat16 policy
+    /// would put the policy's rounding into the KL term.
     pub fn reference<'a>(&'a mut self, mut job: ScoreJob<'a>) -> Result<Done<Tensor>> {
         let (model, ctl) = (job.model, job.ctl);
         let reference = self.reference.get_or_insert_with(|| {
             assert!(ctl.iter().all(AdapterCtl::is_off), "the reference policy has every adapter off");
-            DecodeModel::native_available(model.device, model.kind).then(|| DecodeModel::new(model, &vec![0.0; ctl.len()]))
+            let native = model.autocast.is_none() && DecodeModel::native_available(model.device, model.kind);
+            native.then(|| DecodeModel::new(model, &vec![0.0; ctl.len()]))
         });
         job.native = reference.as_ref().and_then(DecodeModel::native);
         score(&self.engine, self.run, &mut self.working, job)

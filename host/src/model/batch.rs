@@ -245,8 +245,9 @@ impl CompletionRow {
         Self::with_stops(tokens, &[eos])
     }
 
-    /// A row from its tokens through the first stop token (any of `stops`), which is dropped
-    /// from `ids` and recorded as `ended_with_eos`.
+    /// A row from its kept tokens (the mask already ends them at the first stop token): a
+    /// last token that is a stop token (any of `stops`) is dropped from `ids` and recorded as
+    /// `ended_with_eos`.
     pub(crate) fn with_stops(tokens: &[u32], stops: &[u32]) -> Self {
         let ended_with_eos = tokens.last().is_some_and(|t| stops.contains(t));
         Self { ids: tokens[..tokens.len() - usize::from(ended_with_eos)].to_vec(), ended_with_eos }

@@ -148,14 +148,10 @@ pub(super) struct Unscored {
 /// samples single turns from an episode environment. Packs run episodes: each run plays its
 /// own with its own decoder (never stacked, see [`Episodes::play`]).
 pub(super) fn refuse_unsupported(cfg: &TrainConfig, environment: &str) -> Result<()> {
-    let refusals = [
-        (
-            cfg.sampling_truncates() && cfg.sampling_replay == crate::grpo::SamplingReplay::KeptSets,
-            "sampling_replay kept_sets with top_k or top_p: kept sets are not recorded across turns; use sampling_replay: trl_1_16".into(),
-        ),
-    ];
-    let refused: Vec<String> = refusals.into_iter().filter(|(refused, _)| *refused).map(|(_, why)| why).collect();
-    ensure!(refused.is_empty(), "environment {environment} runs multi-turn episodes, which this run cannot yet: {}", refused.join("; "));
+    ensure!(
+        !(cfg.sampling_truncates() && cfg.sampling_replay == crate::grpo::SamplingReplay::KeptSets),
+        "environment {environment} runs multi-turn episodes, which this run cannot yet: sampling_replay kept_sets with top_k or top_p: kept sets are not recorded across turns; use sampling_replay: trl_1_16"
+    );
     Ok(())
 }
 
