@@ -127,7 +127,7 @@ pub(crate) fn run_stream(model: &Model, rows: &mut [(&[u32], &mut UniformStream)
     let mut jobs: Vec<Job> = states
         .iter_mut()
         .zip(rows.iter_mut())
-        .map(|(state, (pending, uniforms))| Job { state, pending, uniforms: &mut **uniforms, limit: params.max_new_tokens })
+        .map(|(state, (pending, uniforms))| Job { state, pending, uniforms, limit: params.max_new_tokens })
         .collect();
     run_jobs(model, &mut jobs, params, mode, par)
 }
@@ -230,11 +230,36 @@ pub(crate) fn run_jobs_body(model: &Model, jobs: &mut [Job], params: &Sampling, 
 pub(crate) fn prefill(model: &Model, jobs: &mut [Job], caches: &mut [RowCache], s: &mut Scratch, active: &[usize], logits: &mut Vec<f32>, penalty: bool, mode: Prefill, par: Parallelism) {
     let fresh: Vec<Option<&[u32]>> = jobs.iter().map(|j| (j.state.len == 0 && j.state.held.is_none()).then_some(j.pending)).collect();
     let block_tokens = jobs.iter().map(|j| usize::from(j.state.held.is_some()) + j.pending.len()).sum();
-    let least = model.independent_rows();
-    let source = sources(&fresh, block_tokens, least, mode);
+    let source = sources(&fresh, block_tokens, model.independent_rows(), mode);
     let shared = source.iter().enumerate().any(|(row, &from)| row != from);
+    // A shared block is padded to the size from which its products are row-independent.
+    let least = if shared { model.independent_rows().expect("rows share only where the products are row-independent") } else { 0 };
+    let (mut block, mut last_of_source) = queue_tokens(model, jobs, caches, &source, penalty);
+    pad(&mut block, least);
+    forward(model, &block, caches, s, par);
+    for (row, &from) in source.iter().enumerate().filter(|(row, from)| row != *from) {
+        // `from < row`: a source is the first row with its tokens.
+        let (before, after) = caches.split_at_mut(row);
+        after[0].copy_slots(&before[from], jobs[row].state.len, model);
+    }
+    pad(&mut last_of_source, least);
+    let mut source_logits = Vec::new();
+    head(model, &s.x, &last_of_source, &mut source_logits, par);
+    let sources_in_order: Vec<usize> = (0..jobs.len()).filter(|&row| source[row] == row).collect();
+    let vocab = model.dims.vocab;
+    logits.resize(active.len() * vocab, 0.0);
+    for (to, &row) in logits.chunks_exact_mut(vocab).zip(active) {
+        let rank = sources_in_order.binary_search(&source[row]).expect("a source row runs its own prefill");
+        to.copy_from_slice(&source_logits[rank * vocab..(rank + 1) * vocab]);
+    }
+}
 
-    let mut block = Vec::with_capacity(block_tokens);
+/// Appends each row's held and pending tokens to its state (positions, repetition-penalty
+/// set); returns the block of the source rows' tokens and, per source row in order, the index
+/// of its last token in the block.
+#[inline(always)]
+fn queue_tokens(model: &Model, jobs: &mut [Job], caches: &[RowCache], source: &[usize], penalty: bool) -> (Vec<TokenSlot>, Vec<usize>) {
+    let mut block = Vec::new();
     let mut last_of_source = Vec::new();
     for (row, job) in jobs.iter_mut().enumerate() {
         let state = &mut *job.state;
@@ -257,24 +282,7 @@ pub(crate) fn prefill(model: &Model, jobs: &mut [Job], caches: &mut [RowCache], 
             last_of_source.push(block.len() - 1);
         }
     }
-    let least = if shared { least.expect("rows share only where the products are row-independent") } else { 0 };
-    pad(&mut block, least);
-    forward(model, &block, caches, s, par);
-    for (row, &from) in source.iter().enumerate().filter(|(row, from)| row != *from) {
-        // `from < row`: a source is the first row with its tokens.
-        let (before, after) = caches.split_at_mut(row);
-        after[0].copy_slots(&before[from], jobs[row].state.len, model);
-    }
-    let sources_in_order: Vec<usize> = (0..jobs.len()).filter(|&row| source[row] == row).collect();
-    pad(&mut last_of_source, least);
-    let mut source_logits = Vec::new();
-    head(model, &s.x, &last_of_source, &mut source_logits, par);
-    let vocab = model.dims.vocab;
-    logits.resize(active.len() * vocab, 0.0);
-    for (to, &row) in logits.chunks_exact_mut(vocab).zip(active) {
-        let rank = sources_in_order.binary_search(&source[row]).expect("a source row runs its own prefill");
-        to.copy_from_slice(&source_logits[rank * vocab..(rank + 1) * vocab]);
-    }
+    (block, last_of_source)
 }
 
 pub(crate) fn score_stream(model: &Model, rows: &mut [&(Vec<u32>, usize)], temperature: f32) -> Vec<Vec<f32>> {
