@@ -18,7 +18,7 @@
 //! which stream or thread computed it.
 //!
 //! Layout: `model.rs` (the weights' layout), `stream.rs` (the token loop and scoring over one
-//! stream of rows), `kernels.rs` (slice maths), `bf16.rs` (bfloat16 weights and their
+//! stream of rows), `prefill.rs` (a call's prefill, each distinct fresh prompt once), `kernels.rs` (slice maths), `bf16.rs` (bfloat16 weights and their
 //! products, for a sampler in bfloat16), `sampling.rs` (HF's logits processors and the draw),
 //! `sums.rs` (the weights' fingerprint sums and bitwise comparison, for the host's
 //! weight-delivery check), `check.rs` (that check's passes over a whole model, on threads);
@@ -28,6 +28,7 @@ mod bf16;
 mod check;
 mod kernels;
 mod model;
+mod prefill;
 mod sampling;
 mod stream;
 mod sums;
@@ -36,6 +37,7 @@ pub use bf16::{from_bf16, to_bf16};
 pub use sums::{same_bits, sums};
 pub use model::{Dims, Layer, Matrix, Model, QkNorm, Weight, WeightMut};
 pub use stream::RowState;
+use prefill::Prefill;
 use stream::{Job, run_jobs, run_stream, score_stream};
 
 /// How tokens are drawn (the host re-exports it as `SamplingParams`). `temperature == 0` is
@@ -109,9 +111,9 @@ pub fn sample(model: &Model, prompts: &[Vec<u32>], params: &Sampling, uniforms: 
     if threads > 1 && model.weight_bytes() > SHARED_WEIGHT_BYTES {
         // A model this large is memory-bound when decoding: one stream of all rows, whose
         // matrix products the threads split, reads each weight once per step for all rows.
-        return run_stream(model, &mut jobs, params, gemm::Parallelism::Rayon(threads));
+        return run_stream(model, &mut jobs, params, Prefill::Shared, gemm::Parallelism::Rayon(threads));
     }
-    in_streams(&mut jobs, threads, |rows| run_stream(model, rows, params, gemm::Parallelism::None))
+    in_streams(&mut jobs, threads, |rows| run_stream(model, rows, params, Prefill::Shared, gemm::Parallelism::None))
 }
 
 /// Rows that continue across calls (multi-turn episodes): each keeps its KV cache, so a call
@@ -147,9 +149,9 @@ impl Session {
             .map(|(((state, pending), &limit), uniforms)| Job { state, pending, uniforms, limit })
             .collect();
         if threads > 1 && model.weight_bytes() > SHARED_WEIGHT_BYTES {
-            return run_jobs(model, &mut jobs, params, gemm::Parallelism::Rayon(threads));
+            return run_jobs(model, &mut jobs, params, Prefill::Shared, gemm::Parallelism::Rayon(threads));
         }
-        in_streams(&mut jobs, threads, |rows| run_jobs(model, rows, params, gemm::Parallelism::None))
+        in_streams(&mut jobs, threads, |rows| run_jobs(model, rows, params, Prefill::Shared, gemm::Parallelism::None))
     }
 
     /// Row `row`'s state (how many positions it holds).

@@ -88,6 +88,20 @@ impl Matrix {
         }
     }
 
+    /// The fewest rows `m` from which each row's product `x · W` has the same bits whatever the
+    /// other rows of its block (`None`: no such `m`). The bfloat16 kernels: 1 (each output is
+    /// one FMA chain over k in order, per row). gemm 0.19 (float32): a block of one row takes
+    /// its matrix-vector path and one of `m * outputs <= 256` its small-product kernels, each
+    /// summing in its own order; beyond them its blocked kernels sum each output over k in
+    /// order, in chunks of a `kc` set by k and the cache sizes, except with `outputs <= 64`,
+    /// where `kc` also depends on whether `m <= 64`.
+    pub(crate) fn independent_rows(&self) -> Option<usize> {
+        match self.weights {
+            Weights::Bfloat16(_) => Some(1),
+            Weights::Float32(_) => (self.outputs > 64).then(|| (256 / self.outputs + 1).max(2)),
+        }
+    }
+
     /// Bytes of its weights (what one product reads).
     pub fn bytes(&self) -> usize {
         match &self.weights {
@@ -271,6 +285,13 @@ impl Model {
     /// Every stop token: `dims.eos`, then the others.
     pub fn stop_ids(&self) -> Vec<u32> {
         std::iter::once(self.dims.eos).chain(self.extra_stops.iter().copied()).collect()
+    }
+
+    /// The fewest rows a block needs for every matrix product to compute each row as any larger
+    /// block would ([`Matrix::independent_rows`]; `None` if some product never does).
+    pub(crate) fn independent_rows(&self) -> Option<usize> {
+        let mut matrices = self.layers.iter().flat_map(|l| [&l.qkv, &l.o, &l.gate_up, &l.down]).chain([&self.head]);
+        matrices.try_fold(1, |least, m| m.independent_rows().map(|rows| least.max(rows)))
     }
 
     /// Width of the rotated-query-and-key block of the fused projection.

@@ -4,6 +4,7 @@ use gemm::Parallelism;
 
 use crate::kernels::{group_scores, max_of, rms_norm_rows, silu_gate, softmax_in_place, weighted_sum};
 use crate::model::Model;
+use crate::prefill::{Prefill, pad, sources};
 use crate::sampling::draw;
 use crate::{RowOutput, Sampling, UniformStream};
 
@@ -13,7 +14,7 @@ use crate::{RowOutput, Sampling, UniformStream};
 pub(crate) struct RowCache {
     keys: Vec<f32>,
     values: Vec<f32>,
-    capacity: usize,
+    pub(crate) capacity: usize,
 }
 
 impl RowCache {
@@ -26,20 +27,37 @@ impl RowCache {
     fn head_base(&self, layer: usize, kv_heads: usize, head: usize, head_dim: usize) -> usize {
         (layer * kv_heads + head) * self.capacity * head_dim
     }
+
+    /// Copies slots `0..slots` of every layer's keys and values from `from` (whose capacity
+    /// may differ) into the same slots here.
+    pub(crate) fn copy_slots(&mut self, from: &RowCache, slots: usize, model: &Model) {
+        let (kv, hd) = (model.dims.kv_heads, model.dims.head_dim);
+        assert!(slots <= self.capacity && slots <= from.capacity, "copied slots fit both caches");
+        for layer in 0..model.layers.len() {
+            for h in 0..kv {
+                let (to_base, from_base) = (self.head_base(layer, kv, h, hd), from.head_base(layer, kv, h, hd));
+                for d in 0..hd {
+                    let (to, at) = (to_base + d * self.capacity, from_base + d * from.capacity);
+                    self.keys[to..to + slots].copy_from_slice(&from.keys[at..at + slots]);
+                }
+                self.values[to_base..to_base + slots * hd].copy_from_slice(&from.values[from_base..from_base + slots * hd]);
+            }
+        }
+    }
 }
 
 /// One token to run through the model: which row of the stream, at which position.
 #[derive(Clone, Copy)]
 pub(crate) struct TokenSlot {
-    row: usize,
-    position: usize,
-    token: u32,
+    pub(crate) row: usize,
+    pub(crate) position: usize,
+    pub(crate) token: u32,
 }
 
 /// Reusable activation buffers for a block of `m` tokens.
 #[derive(Default)]
 pub(crate) struct Scratch {
-    x: Vec<f32>,
+    pub(crate) x: Vec<f32>,
     h: Vec<f32>,
     fused: Vec<f32>,
     attn: Vec<f32>,
@@ -68,9 +86,9 @@ impl Scratch {
 #[derive(Default)]
 pub struct RowState {
     cache: RowCache,
-    len: usize,
-    held: Option<u32>,
-    seen: Vec<bool>,
+    pub(crate) len: usize,
+    pub(crate) held: Option<u32>,
+    pub(crate) seen: Vec<bool>,
 }
 
 impl RowState {
@@ -104,23 +122,23 @@ pub(crate) struct Job<'a> {
 }
 
 /// Samples every row of `prompts` on the calling thread, each from a fresh state.
-pub(crate) fn run_stream(model: &Model, rows: &mut [(&[u32], &mut UniformStream)], params: &Sampling, par: Parallelism) -> Vec<RowOutput> {
+pub(crate) fn run_stream(model: &Model, rows: &mut [(&[u32], &mut UniformStream)], params: &Sampling, mode: Prefill, par: Parallelism) -> Vec<RowOutput> {
     let mut states: Vec<RowState> = rows.iter().map(|(p, _)| RowState::new(model, p.len() + params.max_new_tokens)).collect();
     let mut jobs: Vec<Job> = states
         .iter_mut()
         .zip(rows.iter_mut())
-        .map(|(state, (pending, uniforms))| Job { state, pending, uniforms: &mut **uniforms, limit: params.max_new_tokens })
+        .map(|(state, (pending, uniforms))| Job { state, pending, uniforms, limit: params.max_new_tokens })
         .collect();
-    run_jobs(model, &mut jobs, params, par)
+    run_jobs(model, &mut jobs, params, mode, par)
 }
 
 /// Appends each job's pending tokens to its row and samples up to its limit, on the calling thread.
-pub(crate) fn run_jobs(model: &Model, jobs: &mut [Job], params: &Sampling, par: Parallelism) -> Vec<RowOutput> {
+pub(crate) fn run_jobs(model: &Model, jobs: &mut [Job], params: &Sampling, mode: Prefill, par: Parallelism) -> Vec<RowOutput> {
     if has_avx2() {
         // SAFETY: the CPU supports the features the function is compiled for (checked).
-        return unsafe { run_jobs_avx2(model, jobs, params, par) };
+        return unsafe { run_jobs_avx2(model, jobs, params, mode, par) };
     }
-    run_jobs_body(model, jobs, params, par)
+    run_jobs_body(model, jobs, params, mode, par)
 }
 
 pub(crate) fn has_avx2() -> bool {
@@ -133,15 +151,15 @@ pub(crate) fn has_avx2() -> bool {
 /// The same loops compiled with AVX2 and FMA, so the element-wise kernels (exp, norms,
 /// attention) vectorise 8 wide; the matrix products dispatch on their own.
 #[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma"))]
-pub(crate) unsafe fn run_jobs_avx2(model: &Model, jobs: &mut [Job], params: &Sampling, par: Parallelism) -> Vec<RowOutput> {
-    run_jobs_body(model, jobs, params, par)
+pub(crate) unsafe fn run_jobs_avx2(model: &Model, jobs: &mut [Job], params: &Sampling, mode: Prefill, par: Parallelism) -> Vec<RowOutput> {
+    run_jobs_body(model, jobs, params, mode, par)
 }
 
-/// Prefill: each row's held token and pending tokens, every row in one block, at the positions
-/// after what its cache holds (attending to it); then the token loop from the logits of each
-/// row's last token. A row leaves the batch at a stop token or its limit; its last token is held.
+/// Prefill ([`prefill`]: each row's held and pending tokens, every distinct one once, at the
+/// positions after what its cache holds); then the token loop from the logits of each row's
+/// last token. A row leaves the batch at a stop token or its limit; its last token is held.
 #[inline(always)]
-pub(crate) fn run_jobs_body(model: &Model, jobs: &mut [Job], params: &Sampling, par: Parallelism) -> Vec<RowOutput> {
+pub(crate) fn run_jobs_body(model: &Model, jobs: &mut [Job], params: &Sampling, mode: Prefill, par: Parallelism) -> Vec<RowOutput> {
     let penalty = params.repetition_penalty != 1.0;
     let mut caches: Vec<RowCache> = jobs.iter_mut().map(|j| std::mem::take(&mut j.state.cache)).collect();
     let mut outputs: Vec<RowOutput> = jobs.iter().map(|_| RowOutput { tokens: Vec::new(), logprobs: Vec::new(), kept: Vec::new(), kept_overflow: false, diverged: false }).collect();
@@ -150,29 +168,8 @@ pub(crate) fn run_jobs_body(model: &Model, jobs: &mut [Job], params: &Sampling, 
     let mut scratch = Scratch::default();
     let mut logits = Vec::new();
 
-    let mut prefill = Vec::new();
-    let mut last_of_row = Vec::with_capacity(jobs.len());
-    for (row, job) in jobs.iter_mut().enumerate() {
-        let state = &mut *job.state;
-        let tokens: Vec<u32> = state.held.take().into_iter().chain(job.pending.iter().copied()).collect();
-        assert!(!tokens.is_empty(), "a row continues with no token to run");
-        assert!(state.len + tokens.len() + job.limit <= caches[row].capacity, "a row's tokens outgrow its cache");
-        if penalty && state.seen.is_empty() {
-            state.seen = vec![false; model.dims.vocab];
-        }
-        for token in tokens {
-            prefill.push(TokenSlot { row, position: state.len, token });
-            state.len += 1;
-            if penalty {
-                state.seen[token as usize] = true;
-            }
-        }
-        last_of_row.push(prefill.len() - 1);
-    }
-    forward(model, &prefill, &mut caches, &mut scratch, par);
-    head(model, &scratch.x, &last_of_row, &mut logits, par);
-
     let mut active: Vec<usize> = (0..jobs.len()).filter(|&row| jobs[row].limit > 0).collect();
+    prefill(model, jobs, &mut caches, &mut scratch, &active, &mut logits, penalty, mode, par);
     let most = jobs.iter().map(|j| j.limit).max().unwrap_or(0);
     for _ in 0..most {
         let mut still_active = Vec::with_capacity(active.len());
@@ -222,6 +219,70 @@ pub(crate) fn run_jobs_body(model: &Model, jobs: &mut [Job], params: &Sampling, 
         job.state.held = output.tokens.last().copied();
     }
     outputs
+}
+
+/// Runs each job's held and pending tokens through the model at the positions after what its
+/// cache holds (attending to it), one prefill per source row ([`sources`]); the other rows get
+/// their source's cache slots. Leaves in `logits` the next-token logits of each row of
+/// `active`, in order.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn prefill(model: &Model, jobs: &mut [Job], caches: &mut [RowCache], s: &mut Scratch, active: &[usize], logits: &mut Vec<f32>, penalty: bool, mode: Prefill, par: Parallelism) {
+    let fresh: Vec<Option<&[u32]>> = jobs.iter().map(|j| (j.state.len == 0 && j.state.held.is_none()).then_some(j.pending)).collect();
+    let block_tokens = jobs.iter().map(|j| usize::from(j.state.held.is_some()) + j.pending.len()).sum();
+    let source = sources(&fresh, block_tokens, model.independent_rows(), mode);
+    let shared = source.iter().enumerate().any(|(row, &from)| row != from);
+    // A shared block is padded to the size from which its products are row-independent.
+    let least = if shared { model.independent_rows().expect("rows share only where the products are row-independent") } else { 0 };
+    let (mut block, mut last_of_source) = queue_tokens(model, jobs, caches, &source, penalty);
+    pad(&mut block, least);
+    forward(model, &block, caches, s, par);
+    for (row, &from) in source.iter().enumerate().filter(|(row, from)| row != *from) {
+        // `from < row`: a source is the first row with its tokens.
+        let (before, after) = caches.split_at_mut(row);
+        after[0].copy_slots(&before[from], jobs[row].state.len, model);
+    }
+    pad(&mut last_of_source, least);
+    let mut source_logits = Vec::new();
+    head(model, &s.x, &last_of_source, &mut source_logits, par);
+    let sources_in_order: Vec<usize> = (0..jobs.len()).filter(|&row| source[row] == row).collect();
+    let vocab = model.dims.vocab;
+    logits.resize(active.len() * vocab, 0.0);
+    for (to, &row) in logits.chunks_exact_mut(vocab).zip(active) {
+        let rank = sources_in_order.binary_search(&source[row]).expect("a source row runs its own prefill");
+        to.copy_from_slice(&source_logits[rank * vocab..(rank + 1) * vocab]);
+    }
+}
+
+/// Appends each row's held and pending tokens to its state (positions, repetition-penalty
+/// set); returns the block of the source rows' tokens and, per source row in order, the index
+/// of its last token in the block.
+#[inline(always)]
+fn queue_tokens(model: &Model, jobs: &mut [Job], caches: &[RowCache], source: &[usize], penalty: bool) -> (Vec<TokenSlot>, Vec<usize>) {
+    let mut block = Vec::new();
+    let mut last_of_source = Vec::new();
+    for (row, job) in jobs.iter_mut().enumerate() {
+        let state = &mut *job.state;
+        let tokens: Vec<u32> = state.held.take().into_iter().chain(job.pending.iter().copied()).collect();
+        assert!(!tokens.is_empty(), "a row continues with no token to run");
+        assert!(state.len + tokens.len() + job.limit <= caches[row].capacity, "a row's tokens outgrow its cache");
+        if penalty && state.seen.is_empty() {
+            state.seen = vec![false; model.dims.vocab];
+        }
+        for token in tokens {
+            if source[row] == row {
+                block.push(TokenSlot { row, position: state.len, token });
+            }
+            state.len += 1;
+            if penalty {
+                state.seen[token as usize] = true;
+            }
+        }
+        if source[row] == row {
+            last_of_source.push(block.len() - 1);
+        }
+    }
+    (block, last_of_source)
 }
 
 pub(crate) fn score_stream(model: &Model, rows: &mut [&(Vec<u32>, usize)], temperature: f32) -> Vec<Vec<f32>> {
