@@ -7,9 +7,10 @@ Usage (from the repo root):
 
 A real `trl.GRPOTrainer(...).train()` runs unmodified: transformers' `generate` samples, TRL scores,
 computes advantages and trains (AdamW). The settings are `smallrl bench train`'s with
-`--set batch_size=16 --set num_generations=16 --set max_completion_length=32 --set beta=0`:
-one prompt a step (raw text, as smallrl's default `prompt_format: raw`), 16 completions of up to
-32 tokens, temperature 1, loss_type "grpo", beta 0 (TRL's default; no reference pass), lr 1e-5,
+`--set batch_size=16 --set num_generations=16 --set max_completion_length=32 --set beta=0`
+(the flags change each): one prompt a step (raw text, as smallrl's default `prompt_format: raw`),
+16 completions of up to 32 tokens, temperature 1, loss_type "grpo", beta 0 (TRL's default; no
+reference pass; `--beta 0.02` is smallrl's default, with TRL's reference pass), lr 1e-5,
 no gradient checkpointing, the model in float32 (`--bf16`: TRL's `bf16=True`, torch.autocast on
 the CPU). The reward is the completion's length in characters (a few microseconds; smallrl's
 bench scores with a wasm plugin in about as little).
@@ -36,6 +37,7 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--num-generations", type=int, default=16)
     ap.add_argument("--max-completion-length", type=int, default=32)
+    ap.add_argument("--beta", type=float, default=0.0, help="the KL coefficient (TRL's default 0; smallrl's 0.02)")
     ap.add_argument("--bf16", action="store_true", help="TRL's bf16=True (torch.autocast on the CPU)")
     args = ap.parse_args()
 
@@ -73,7 +75,7 @@ def main() -> int:
         cfg = GRPOConfig(
             output_dir=out, use_cpu=True, report_to=[], bf16=args.bf16, seed=0,
             per_device_train_batch_size=args.batch_size, num_generations=args.num_generations,
-            max_completion_length=args.max_completion_length, temperature=1.0, beta=0.0,
+            max_completion_length=args.max_completion_length, temperature=1.0, beta=args.beta,
             loss_type="grpo", learning_rate=1e-5, max_steps=steps, save_strategy="no",
             logging_steps=1, log_completions=False, disable_tqdm=True, dataloader_num_workers=0,
             gradient_checkpointing=False, shuffle_dataset=False,
@@ -94,7 +96,7 @@ def main() -> int:
         trainer.train()
 
     print(f"TRL GRPO, {args.model}, {args.batch_size} completions ({args.num_generations} per prompt) of up to "
-          f"{args.max_completion_length} tokens, {args.threads} threads, {'bf16=True' if args.bf16 else 'float32'}, beta 0")
+          f"{args.max_completion_length} tokens, {args.threads} threads, {'bf16=True' if args.bf16 else 'float32'}, beta {args.beta}")
     for i, (step, generate) in enumerate(zip(step_times, generate_times)):
         print(f"  step {i + 1}: {step:.3f} s (generate and score {generate:.3f} s, train {step - generate:.3f} s)")
     timed_steps = step_times[args.warmup:]
