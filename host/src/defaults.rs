@@ -9,6 +9,10 @@ pub const REVISION: &str = "main";
 pub const DEVICE: &str = "auto";
 pub const DTYPE: &str = "float32";
 
+/// The OpenMP wait policy libtorch runs under unless the environment sets `OMP_WAIT_POLICY`
+/// ([`crate::device::passive_openmp`]): idle OpenMP threads sleep rather than spin.
+pub const OPENMP_WAIT_POLICY: &str = "PASSIVE";
+
 // Sampling (TRL's GRPO generation settings of the original runs).
 pub const TEMPERATURE: f64 = 1.0;
 pub const TOP_K: usize = 0;

@@ -1,7 +1,7 @@
 //! Device and thread selection. `--device auto|cpu|cuda[:N]` and `--threads N` resolve here so
 //! that every command treats them the same way.
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use tch::{Device, Kind};
 
 /// `--device`: `auto` (CUDA device 0 when libtorch sees a GPU, else the CPU), `cpu`, `cuda` or
@@ -117,6 +117,45 @@ pub fn set_threads(threads: Option<usize>) -> Result<usize> {
     };
     tch::set_num_threads(threads as i32);
     Ok(threads)
+}
+
+/// The environment variable [`passive_openmp`] sets.
+pub const OPENMP_WAIT_POLICY_VAR: &str = "OMP_WAIT_POLICY";
+
+/// Runs this process again with `OMP_WAIT_POLICY` set to [`crate::defaults::OPENMP_WAIT_POLICY`]
+/// where the environment does not set it (a value the user set is kept); returns only where it
+/// is set. libtorch's OpenMP runtime (GNU libgomp, which MKL and oneDNN share in the PyPI
+/// wheel) lets each idle worker spin before it sleeps. Where another process, or this one's
+/// sampler thread or plugins, holds a core, a spinning worker waits for the one it needs to be
+/// scheduled again at every barrier, and a step of thousands of small parallel regions slows
+/// many times (the 1.25M model's full fine-tuning step under a neighbour's build: 6.7 s, 0.80 s
+/// with sleeping workers; docs/src/performance.md). libgomp reads the variable once, when it
+/// is loaded before `main`, hence the new image (same process id, arguments and environment
+/// otherwise). Numerics are untouched: the policy only decides how a worker waits.
+pub fn passive_openmp() -> Result<()> {
+    use std::os::unix::process::CommandExt;
+    if std::env::var_os(OPENMP_WAIT_POLICY_VAR).is_some() {
+        return Ok(());
+    }
+    let exe = std::env::current_exe().context("cannot find the smallrl executable to run again with OMP_WAIT_POLICY set")?;
+    let mut args = std::env::args_os();
+    let arg0 = args.next().unwrap_or_else(|| exe.clone().into_os_string());
+    let error = std::process::Command::new(&exe).arg0(arg0).args(args).env(OPENMP_WAIT_POLICY_VAR, crate::defaults::OPENMP_WAIT_POLICY).exec();
+    Err(error).with_context(|| {
+        format!(
+            "cannot run {} again with {OPENMP_WAIT_POLICY_VAR}={} (libtorch's OpenMP threads would spin while idle): set {OPENMP_WAIT_POLICY_VAR} yourself (PASSIVE, or ACTIVE to let them spin)",
+            exe.display(),
+            crate::defaults::OPENMP_WAIT_POLICY
+        )
+    })
+}
+
+/// The OpenMP wait policy this process runs under, as train.log and `bench` report it.
+pub fn openmp_wait_policy() -> String {
+    match std::env::var(OPENMP_WAIT_POLICY_VAR) {
+        Ok(policy) => format!("{OPENMP_WAIT_POLICY_VAR}={policy}"),
+        Err(_) => format!("{OPENMP_WAIT_POLICY_VAR} unset (libgomp's default: idle OpenMP threads spin before they sleep)"),
+    }
 }
 
 /// Makes the C allocator keep freed memory for reuse instead of handing it back to the

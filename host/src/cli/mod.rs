@@ -63,7 +63,11 @@ enum Command {
 
 pub fn main() -> Result<()> {
     crate::device::keep_freed_memory();
-    match Cli::parse().command {
+    let command = Cli::parse().command;
+    if command.runs_libtorch() {
+        crate::device::passive_openmp()?;
+    }
+    match command {
         Command::Train(args) => train::run(*args),
         Command::Eval(args) => eval::run(args),
         Command::Sweep(args) => sweep::run(*args),
@@ -77,5 +81,16 @@ pub fn main() -> Result<()> {
         Command::Bench(command) => bench::run(command),
         Command::Plugin(command) => plugin::run(command),
         Command::WandbSync(args) => wandb::run(args),
+    }
+}
+
+impl Command {
+    /// Whether the command computes with libtorch's threads (and so runs under
+    /// [`crate::device::passive_openmp`]); a sweep's runs inherit its environment.
+    fn runs_libtorch(&self) -> bool {
+        match self {
+            Command::Train(_) | Command::Eval(_) | Command::Sweep(_) | Command::Sample(_) | Command::Logprobs(_) | Command::Pretrain(_) | Command::Bench(_) => true,
+            Command::Plot(_) | Command::Export(_) | Command::Corpus(_) | Command::Tokenizer(_) | Command::Plugin(_) | Command::WandbSync(_) => false,
+        }
     }
 }
