@@ -21,11 +21,13 @@
 //! stream of rows), `prefill.rs` (a call's prefill, each distinct fresh prompt once), `kernels.rs` (slice maths), `bf16.rs` (bfloat16 weights and their
 //! products, for a sampler in bfloat16), `sampling.rs` (HF's logits processors and the draw),
 //! `sums.rs` (the weights' fingerprint sums and bitwise comparison, for the host's
-//! weight-delivery check), `check.rs` (that check's passes over a whole model, on threads);
+//! weight-delivery check), `check.rs` (that check's passes over a whole model, on threads),
+//! `fold.rs` (the host fold's transposes, on threads);
 //! this file is the API and the split of rows into streams.
 
 mod bf16;
 mod check;
+mod fold;
 mod kernels;
 mod model;
 mod prefill;
@@ -34,6 +36,7 @@ mod stream;
 mod sums;
 
 pub use bf16::{from_bf16, to_bf16};
+pub use fold::{Columns, Folded, fold_transposed};
 pub use sums::{same_bits, sums};
 pub use model::{Dims, Layer, Matrix, Model, QkNorm, Weight, WeightMut};
 pub use stream::RowState;

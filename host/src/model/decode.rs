@@ -136,16 +136,15 @@ impl DecodeModel {
     /// refresh) and holds what the sampler reads to it; returns the fingerprint of the weights it
     /// samples with, or the held and expected fingerprints where they differ (the engine's
     /// weight-delivery check reports it). A native copy (float32 or bfloat16 matrices) is
-    /// refilled in place, then compared with `fresh` bit for bit (as rounded) and fingerprinted
-    /// in the same pass, both on the run's threads (`smallrl_native`'s `check.rs`), and `fresh`
-    /// is dropped (libtorch weights made from the old copy are too); a libtorch decoder's
+    /// refilled in place, each chunk read back, compared with `fresh` bit for bit (as rounded)
+    /// and summed for the fingerprint while in cache: one pass on the run's threads
+    /// (`smallrl_native`'s `check.rs`), and `fresh` is dropped (libtorch weights made from the old copy are too); a libtorch decoder's
     /// weights take `fresh` (moved in, or copied and cast) and their fingerprint is held to
     /// `fresh`'s in the decoder's dtype.
     pub fn deliver(&mut self, fresh: FoldedWeights, refresh: bool) -> Result<f64, [Vec<f64>; 2]> {
         if let Some(native) = &mut self.native {
             let threads = check_threads();
-            refresh.then(|| native.refill(&fresh, threads));
-            let Some(held) = native.certified(&fresh, threads) else {
+            let Some(held) = native.refill_certified(&fresh, threads, refresh) else {
                 return Err([vec![native.fingerprint(threads)], vec![NativeModel::new(&fresh, self.sampler_dtype).fingerprint(threads)]]);
             };
             self.torch.take();

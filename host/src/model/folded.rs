@@ -89,17 +89,26 @@ impl FoldedWeights {
                     (None, None) => None,
                     _ => panic!("a q_norm without a k_norm or the reverse"),
                 };
-                let qkv_t = fused_qkv_t([&merged(q), &merged(k), &merged(v)], q_scale, heads, kv_heads, hd);
                 let [gate, up, down] = block.mlp.folded(scales, width as i64);
+                let (q, k) = (merged(q), merged(k));
+                let rotated = |heads: usize| Rows::RotateHalf { heads, head_dim: hd };
+                let [qkv_t, o_t, gate_up_t, down_t] = fold_matrices([
+                    // q's columns scaled, `x * q_scale` as before (the rotated ones too: a
+                    // negation commutes with the rounding), then k, their rotations, v.
+                    vec![Block::scaled(&q, Rows::Plain, q_scale), Block::plain(&k), Block::scaled(&q, rotated(heads), q_scale), Block { source: k.shallow_clone(), rows: rotated(kv_heads), scale: None }, Block::plain(&merged(v))],
+                    vec![Block::plain(&merged(o))],
+                    vec![Block::plain(&gate), Block::plain(&up)],
+                    vec![Block::plain(&down)],
+                ]);
                 FoldedLayer {
                     input_layernorm: block.input_layernorm.detach(),
                     qkv_t,
                     qkv_bias,
                     qk_norm,
-                    o_t: transposed(&merged(o)),
+                    o_t,
                     post_attention_layernorm: block.post_attention_layernorm.detach(),
-                    gate_up_t: transposed_side_by_side(&gate, &up),
-                    down_t: transposed(&down),
+                    gate_up_t,
+                    down_t,
                 }
             })
             .collect();
@@ -108,7 +117,7 @@ impl FoldedWeights {
             embed_tokens: model.embed_tokens.detach(),
             layers,
             norm: model.norm.detach(),
-            head_t: transposed(model.head_weight()),
+            head_t: fold_matrices([vec![Block::plain(model.head_weight())]]).into_iter().next().expect("one matrix"),
             cos: model.rope.cos.to_kind(model.kind),
             sin: model.rope.sin.to_kind(model.kind),
         }
@@ -313,44 +322,97 @@ pub(super) fn host_values<T: tch::kind::Element>(t: &Tensor) -> &[T] {
     unsafe { std::slice::from_raw_parts(t.data_ptr() as *const T, len) }
 }
 
-fn transposed(weight: &Tensor) -> Tensor {
-    weight.detach().tr().contiguous()
+/// How a [`Block`]'s columns take its source's rows.
+#[derive(Clone, Copy)]
+enum Rows {
+    /// Column `c` is row `c`.
+    Plain,
+    /// Head by head, so that `x · block = rotate_half(x · plain)`: column `j < half` of a head is
+    /// its row `j + half` negated, column `j >= half` its row `j - half`.
+    RotateHalf { heads: usize, head_dim: usize },
 }
 
-/// The fused projection `[in, (q + k) * 2 + v]`: the columns of `q` (times `q_scale`, rounded
-/// as `q * q_scale`), `k`, `rotate_half(q)`, `rotate_half(k)` and `v` side by side, each value
-/// written once where the decoders read it (transposed from the `[out, in]` weights, with no
-/// concatenated copy to transpose).
-fn fused_qkv_t([q, k, v]: [&Tensor; 3], q_scale: f64, heads: usize, kv_heads: usize, head_dim: usize) -> Tensor {
-    let (nq, nk, nv) = (q.size()[0], k.size()[0], v.size()[0]);
-    let qkv_t = Tensor::empty([v.size()[1], 2 * (nq + nk) + nv], (v.kind(), v.device()));
-    let part = |start: i64, len: i64| qkv_t.narrow(1, start, len);
-    part(0, nq).copy_(&q.tr());
-    let _ = part(0, nq).g_mul_scalar_(q_scale);
-    part(nq, nk).copy_(&k.tr());
-    rotate_half_columns(&part(0, nq), &part(nq + nk, nq), heads, head_dim);
-    rotate_half_columns(&part(nq, nk), &part(2 * nq + nk, nk), kv_heads, head_dim);
-    part(2 * (nq + nk), nv).copy_(&v.tr());
-    qkv_t
+impl Rows {
+    /// Each column's source row and whether it is negated, for a source of `rows` rows.
+    fn map(self, rows: usize) -> Vec<(u32, bool)> {
+        match self {
+            Rows::Plain => (0..rows as u32).map(|r| (r, false)).collect(),
+            Rows::RotateHalf { heads, head_dim } => {
+                assert_eq!(rows, heads * head_dim, "rotating a projection of {rows} rows as {heads} heads of {head_dim}");
+                let half = head_dim / 2;
+                (0..rows).map(|c| if c % head_dim < half { ((c + half) as u32, true) } else { ((c - half) as u32, false) }).collect()
+            }
+        }
+    }
 }
 
-/// `cat([a, b], 0)` transposed (`[in, a_out + b_out]`), each value written once.
-fn transposed_side_by_side(a: &Tensor, b: &Tensor) -> Tensor {
-    let (a_out, b_out) = (a.size()[0], b.size()[0]);
-    let both = Tensor::empty([a.size()[1], a_out + b_out], (a.kind(), a.device()));
-    both.narrow(1, 0, a_out).copy_(&a.tr());
-    both.narrow(1, a_out, b_out).copy_(&b.tr());
-    both
+/// Columns of a folded matrix: the rows of `source` (an `[out, in]` weight) as [`Rows`] takes
+/// them, times `scale` where given (rounded as `x * scale` rounds on the source's dtype).
+struct Block {
+    source: Tensor,
+    rows: Rows,
+    scale: Option<f64>,
 }
 
-/// Writes into `to` (`[in, heads * head_dim]`, a view) the columns of `from` (the same shape)
-/// rearranged so that `x · to = rotate_half(x · from)` head by head: [`rotate_half_rows`] of
-/// the transposed weights, with no copy of their own.
-fn rotate_half_columns(from: &Tensor, to: &Tensor, heads: usize, head_dim: usize) {
-    let (from, to) = (from.view([-1, heads as i64, head_dim as i64]), to.view([-1, heads as i64, head_dim as i64]));
-    let half = head_dim as i64 / 2;
-    let _ = from.narrow(2, half, half).neg_out(&to.narrow(2, 0, half));
-    to.narrow(2, half, half).copy_(&from.narrow(2, 0, half));
+impl Block {
+    fn plain(source: &Tensor) -> Self {
+        Block { source: source.detach(), rows: Rows::Plain, scale: None }
+    }
+
+    fn scaled(source: &Tensor, rows: Rows, scale: f64) -> Self {
+        Block { source: source.detach(), rows, scale: Some(scale) }
+    }
+}
+
+/// Each matrix `[in, outputs]` made of its blocks side by side (`x · matrix` is every block's
+/// projection of `x`), each value written once where the decoders read it. Where every source
+/// is a contiguous float32 CPU tensor the native crate's threads write them all in one pass
+/// (`smallrl_native::fold_transposed`: libtorch's copies are a parallel region each, and on a
+/// busy machine each waited for a descheduled thread); elsewhere (CUDA, other dtypes) libtorch
+/// copies them. Both give the same bits: a transposition, a float32 product, a negation.
+fn fold_matrices<const N: usize>(matrices: [Vec<Block>; N]) -> [Tensor; N] {
+    let native = matrices.iter().flatten().all(|b| b.source.device() == tch::Device::Cpu && b.source.kind() == Kind::Float && b.source.is_contiguous());
+    fold_matrices_by(matrices, native)
+}
+
+/// [`fold_matrices`] by the native crate's pass (`native`) or by libtorch's copies.
+fn fold_matrices_by<const N: usize>(matrices: [Vec<Block>; N], native: bool) -> [Tensor; N] {
+    let width = |blocks: &[Block]| blocks.iter().map(|b| b.source.size()[0]).sum::<i64>();
+    let folded = matrices.each_ref().map(|blocks| {
+        let first = &blocks.first().expect("a folded matrix has columns").source;
+        Tensor::empty([first.size()[1], width(blocks)], (first.kind(), first.device()))
+    });
+    if native {
+        let jobs = matrices
+            .iter()
+            .zip(&folded)
+            .map(|(blocks, to)| smallrl_native::Folded {
+                // SAFETY: `to` is a contiguous float32 CPU tensor made above (with memory where
+                // it has values), written here only, and no view of it exists until the pass returns.
+                to: if to.numel() == 0 { &mut [] } else { unsafe { std::slice::from_raw_parts_mut(to.data_ptr() as *mut f32, to.numel()) } },
+                inputs: to.size()[0] as usize,
+                blocks: blocks.iter().map(|b| smallrl_native::Columns { source: host_values::<f32>(&b.source), rows: b.rows.map(b.source.size()[0] as usize), scale: b.scale.map(|s| s as f32) }).collect(),
+            })
+            .collect();
+        smallrl_native::fold_transposed(jobs, tch::get_num_threads().max(1) as usize);
+    } else {
+        for (blocks, to) in matrices.iter().zip(&folded) {
+            let mut column = 0;
+            for b in blocks {
+                let rows = b.source.size()[0];
+                let mut part = to.narrow(1, column, rows);
+                match b.rows {
+                    Rows::Plain => part.copy_(&b.source.tr()),
+                    Rows::RotateHalf { heads, head_dim } => part.copy_(&rotate_half_rows(&b.source, heads, head_dim).tr()),
+                }
+                if let Some(scale) = b.scale {
+                    let _ = part.g_mul_scalar_(scale);
+                }
+                column += rows;
+            }
+        }
+    }
+    folded
 }
 
 /// Rows of a `[heads * head_dim, in]` projection rearranged so that `W' x = rotate_half(W x)`
@@ -360,4 +422,46 @@ fn rotate_half_rows(weight: &Tensor, heads: usize, head_dim: usize) -> Tensor {
     let half = head_dim as i64 / 2;
     let rotated = Tensor::cat(&[per_head.narrow(1, half, half).neg(), per_head.narrow(1, 0, half)], 1);
     rotated.reshape([(heads * head_dim) as i64, -1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The native pass writes the fused projection and a side-by-side pair as libtorch's copies
+    /// do (a separate implementation: `rotate_half_rows`, transposed views, the in-place
+    /// product), bit for bit (exact: both are transpositions, one float32 product and
+    /// negations), over more rows than one tile; and the rotated columns are
+    /// `rotate_half` of the plain ones' values, written out by hand.
+    #[test]
+    fn the_native_fold_writes_what_libtorch_copies_write() {
+        tch::manual_seed(3);
+        let (heads, kv_heads, head_dim, inputs) = (2, 1, 4, 21);
+        let random = |rows: i64| Tensor::randn([rows, inputs], (Kind::Float, tch::Device::Cpu));
+        let (q, k, v, gate, up) = (random(8), random(4), random(4), random(5), random(3));
+        let rotated = |heads: usize| Rows::RotateHalf { heads, head_dim };
+        let blocks = || {
+            [
+                vec![Block::scaled(&q, Rows::Plain, 0.35), Block::plain(&k), Block::scaled(&q, rotated(heads), 0.35), Block { source: k.shallow_clone(), rows: rotated(kv_heads), scale: None }, Block::plain(&v)],
+                vec![Block::plain(&gate), Block::plain(&up)],
+            ]
+        };
+        let bits = |t: &Tensor| Vec::<f32>::try_from(&t.contiguous().view([-1])).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let (native, torch) = (fold_matrices_by(blocks(), true), fold_matrices_by(blocks(), false));
+        for (n, t) in native.iter().zip(&torch) {
+            assert_eq!(n.size(), t.size());
+            assert_eq!(bits(n), bits(t));
+        }
+        let qkv = Vec::<f32>::try_from(&native[0].contiguous().view([-1])).unwrap();
+        let scaled_q: Vec<f32> = Vec::<f32>::try_from(&q.contiguous().view([-1])).unwrap().iter().map(|x| x * 0.35f32).collect();
+        let columns = 2 * (8 + 4) + 4;
+        for i in 0..inputs as usize {
+            for c in 0..8 {
+                let (h, j) = (c / head_dim, c % head_dim);
+                let expected = if j < head_dim / 2 { -scaled_q[(h * head_dim + j + 2) * inputs as usize + i] } else { scaled_q[(h * head_dim + j - 2) * inputs as usize + i] };
+                assert_eq!(qkv[i * columns + 12 + c].to_bits(), expected.to_bits(), "input {i}, rotated column {c}");
+                assert_eq!(qkv[i * columns + c].to_bits(), scaled_q[c * inputs as usize + i].to_bits(), "input {i}, column {c}");
+            }
+        }
+    }
 }

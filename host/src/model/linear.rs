@@ -16,13 +16,6 @@ pub struct Lora {
     pub scaling: f64,
 }
 
-impl Lora {
-    /// `B A * scaling`, the adapter folded into a weight matrix (for merged inference weights).
-    pub fn delta_weight(&self) -> Tensor {
-        self.b.matmul(&self.a) * self.scaling
-    }
-}
-
 /// Every active adapter of a layer as one low-rank product pair: `x [A_1; A_2]^T`, then
 /// `[B_1 | B_2]^T` with each adapter's scaling folded into its `B` block. For DualLoRA this
 /// halves the number of (thin, slow) matrix products.
@@ -284,15 +277,65 @@ impl Linear {
         joint.add_to(y, x)
     }
 
-    /// The weight with the adapters folded in at fixed scales (one per slot).
+    /// The weight with the adapters folded in at fixed scales (one per slot): `weight + B A *
+    /// scaling * scale` per adapter, in slot order. Each adapter's product is the only matrix it
+    /// allocates: the scalings and the sum are written into it in place, rounded as the
+    /// expression's operators round them (`x + y` is `y + x` bit for bit), so a merge costs one
+    /// matrix per adapter and no copy of the weight.
     pub fn merged_weight(&self, scales: &[f64]) -> Tensor {
         assert_eq!(scales.len(), self.adapters.len(), "one scale per adapter slot is required");
-        let mut weight = self.weight.detach();
+        let _guard = tch::no_grad_guard();
+        let mut merged: Option<Tensor> = None;
         for (lora, &scale) in self.adapters.iter().zip(scales) {
             if let Some(lora) = lora.as_ref().filter(|_| scale != 0.0) {
-                weight = weight + lora.delta_weight().detach() * scale;
+                let mut delta = lora.b.detach().matmul(&lora.a.detach());
+                let _ = delta.g_mul_scalar_(lora.scaling);
+                // `x * 1` is `x` bit for bit (a product's NaN is quiet already): no pass for it.
+                if scale != 1.0 {
+                    let _ = delta.g_mul_scalar_(scale);
+                }
+                let _ = delta.g_add_(merged.as_ref().unwrap_or(&self.weight));
+                merged = Some(delta);
             }
         }
-        weight
+        merged.unwrap_or_else(|| self.weight.detach())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::{Device, Kind};
+
+    fn random(shape: [i64; 2], seed: i64) -> Tensor {
+        tch::manual_seed(seed);
+        Tensor::randn(shape, (Kind::Float, Device::Cpu))
+    }
+
+    /// The in-place merge is the expression `weight + (B A * scaling) * scale` per adapter,
+    /// evaluated with a new tensor per operator as before, bit for bit (exact comparison: the
+    /// fold and the weight-delivery fingerprints must not move), with two adapters at scales
+    /// other than 1, one slot at scale 0, and none; the weight itself is left as it was.
+    #[test]
+    fn the_merge_in_place_rounds_as_the_expression() {
+        let weight = random([12, 10], 1);
+        let lora = |seed: i64, scaling: f64| Some(Lora { a: random([3, 10], seed), b: random([12, 3], seed + 1), scaling });
+        let linear = Linear { weight: weight.copy(), bias: None, adapters: vec![lora(2, 0.37), None, lora(4, 2.9)] };
+        let expression = |scales: &[f64]| {
+            let mut merged = weight.copy();
+            for (slot, &scale) in scales.iter().enumerate() {
+                if let Some(l) = linear.adapters[slot].as_ref().filter(|_| scale != 0.0) {
+                    merged = merged.g_add(&(l.b.matmul(&l.a) * l.scaling * scale));
+                }
+            }
+            merged
+        };
+        let bits = |t: &Tensor| Vec::<f32>::try_from(&t.view([-1])).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        for scales in [[1.0, 1.0, 1.0], [0.3, 0.0, -1.7], [0.0, 0.5, 0.0], [0.0, 0.0, 0.0]] {
+            let merged = linear.merged_weight(&scales);
+            assert_eq!(bits(&merged), bits(&expression(&scales)), "scales {scales:?}");
+        }
+        assert_eq!(bits(&linear.weight), bits(&weight), "the merge left the weight as it was");
+        assert!(linear.merged_weight(&[1.0, 0.0, 0.0]).f_sub(&weight).unwrap().abs().max().double_value(&[]) > 0.0, "an adapter that merges changes the weight");
     }
 }

@@ -79,16 +79,18 @@ impl NativeModel {
         self.0.refill(&values, threads);
     }
 
-    /// The fingerprint of these weights if they are `d`'s bit for bit, as
-    /// [`NativeModel::refill`] stores them (bfloat16 matrices: `d`'s values rounded), from one
-    /// pass over both on `threads` threads; `None` where any value differs.
-    pub(super) fn certified(&self, d: &FoldedWeights, threads: usize) -> Option<f64> {
+    /// Refills these weights from `d` as [`NativeModel::refill`] does (`write` false: the test
+    /// hook of a lost refresh, nothing written) and returns their fingerprint if they then hold
+    /// `d`'s values bit for bit (bfloat16 matrices: `d`'s values rounded); `None` where any value
+    /// differs. One pass on `threads` threads: each chunk is written, read back, compared and
+    /// summed while in cache (`smallrl_native`'s `Model::refill_holding`).
+    pub(super) fn refill_certified(&mut self, d: &FoldedWeights, threads: usize, write: bool) -> Option<f64> {
         let tensors = d.run_tensors();
         if !tensors.iter().all(|t| t.kind() == tch::Kind::Float && t.is_contiguous() && t.device() == tch::Device::Cpu) {
             return None;
         }
         let values: Vec<&[f32]> = tensors.into_iter().map(host_values::<f32>).collect();
-        self.0.holds_with_sums(&values, threads).map(|sums| fingerprint(sums.into_iter()))
+        self.0.refill_holding(&values, threads, write).map(|sums| fingerprint(sums.into_iter()))
     }
 
     /// The fingerprint of the weights this sampler reads ([`FoldedWeights::fingerprints`]'s
