@@ -9,9 +9,10 @@ pub const REVISION: &str = "main";
 pub const DEVICE: &str = "auto";
 pub const DTYPE: &str = "float32";
 
-/// The OpenMP wait policy libtorch runs under unless the environment sets `OMP_WAIT_POLICY`
-/// ([`crate::device::passive_openmp`]): idle OpenMP threads sleep rather than spin.
-pub const OPENMP_WAIT_POLICY: &str = "PASSIVE";
+/// How long an idle OpenMP worker of libtorch spins before it sleeps (`GOMP_SPINCOUNT`, busy-wait
+/// iterations; libgomp's own default 300,000), unless the environment sets `GOMP_SPINCOUNT` or
+/// `OMP_WAIT_POLICY` ([`crate::device::short_openmp_spin`]).
+pub const OPENMP_SPIN_COUNT: &str = "10000";
 
 // Sampling (TRL's GRPO generation settings of the original runs).
 pub const TEMPERATURE: f64 = 1.0;

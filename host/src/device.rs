@@ -119,42 +119,47 @@ pub fn set_threads(threads: Option<usize>) -> Result<usize> {
     Ok(threads)
 }
 
-/// The environment variable [`passive_openmp`] sets.
-pub const OPENMP_WAIT_POLICY_VAR: &str = "OMP_WAIT_POLICY";
+/// The environment variables that choose how libgomp's idle workers wait: a user's choice of
+/// either is kept; [`short_openmp_spin`] sets the first where neither is set.
+pub const OPENMP_WAIT_VARS: [&str; 2] = ["GOMP_SPINCOUNT", "OMP_WAIT_POLICY"];
 
-/// Runs this process again with `OMP_WAIT_POLICY` set to [`crate::defaults::OPENMP_WAIT_POLICY`]
-/// where the environment does not set it (a value the user set is kept); returns only where it
-/// is set. libtorch's OpenMP runtime (GNU libgomp, which MKL and oneDNN share in the PyPI
-/// wheel) lets each idle worker spin before it sleeps. Where another process, or this one's
-/// sampler thread or plugins, holds a core, a spinning worker waits for the one it needs to be
-/// scheduled again at every barrier, and a step of thousands of small parallel regions slows
-/// many times (the 1.25M model's full fine-tuning step under a neighbour's build: 6.7 s, 0.80 s
-/// with sleeping workers; docs/src/performance.md). libgomp reads the variable once, when it
-/// is loaded before `main`, hence the new image (same process id, arguments and environment
-/// otherwise). Numerics are untouched: the policy only decides how a worker waits.
-pub fn passive_openmp() -> Result<()> {
+/// Runs this process again with `GOMP_SPINCOUNT` set to [`crate::defaults::OPENMP_SPIN_COUNT`]
+/// where the environment sets neither of [`OPENMP_WAIT_VARS`]; returns only where one is set.
+/// libtorch's OpenMP runtime (GNU libgomp, which MKL and oneDNN share in the PyPI wheel) lets
+/// each idle worker spin 300,000 iterations before it sleeps. Where another process, or this
+/// one's sampler thread or plugins, holds a core, a spinning worker keeps the core its partner
+/// needs at every barrier, and a step of thousands of small parallel regions slows many times;
+/// sleeping at once (`OMP_WAIT_POLICY=PASSIVE`) costs a quiet machine up to 10-40% in wake-ups.
+/// 10,000 spins kept the quiet figures and most of the sleeping workers' gain under load
+/// (docs/src/performance.md, "The binary's own wait policy"). libgomp reads the variables once,
+/// when it is loaded before `main`, hence the new image (same process id, arguments and
+/// environment otherwise). Numerics are untouched: only how a worker waits changes.
+pub fn short_openmp_spin() -> Result<()> {
     use std::os::unix::process::CommandExt;
-    if std::env::var_os(OPENMP_WAIT_POLICY_VAR).is_some() {
+    if OPENMP_WAIT_VARS.iter().any(|var| std::env::var_os(var).is_some()) {
         return Ok(());
     }
-    let exe = std::env::current_exe().context("cannot find the smallrl executable to run again with OMP_WAIT_POLICY set")?;
+    let [spin_count, _] = OPENMP_WAIT_VARS;
+    let exe = std::env::current_exe().context("cannot find the smallrl executable to run again with GOMP_SPINCOUNT set")?;
     let mut args = std::env::args_os();
     let arg0 = args.next().unwrap_or_else(|| exe.clone().into_os_string());
-    let error = std::process::Command::new(&exe).arg0(arg0).args(args).env(OPENMP_WAIT_POLICY_VAR, crate::defaults::OPENMP_WAIT_POLICY).exec();
+    let error = std::process::Command::new(&exe).arg0(arg0).args(args).env(spin_count, crate::defaults::OPENMP_SPIN_COUNT).exec();
     Err(error).with_context(|| {
         format!(
-            "cannot run {} again with {OPENMP_WAIT_POLICY_VAR}={} (libtorch's OpenMP threads would spin while idle): set {OPENMP_WAIT_POLICY_VAR} yourself (PASSIVE, or ACTIVE to let them spin)",
+            "cannot run {} again with {spin_count}={} (libtorch's idle OpenMP threads would spin 30 times longer): set {spin_count} yourself (e.g. {}), or OMP_WAIT_POLICY",
             exe.display(),
-            crate::defaults::OPENMP_WAIT_POLICY
+            crate::defaults::OPENMP_SPIN_COUNT,
+            crate::defaults::OPENMP_SPIN_COUNT
         )
     })
 }
 
-/// The OpenMP wait policy this process runs under, as train.log and `bench` report it.
-pub fn openmp_wait_policy() -> String {
-    match std::env::var(OPENMP_WAIT_POLICY_VAR) {
-        Ok(policy) => format!("{OPENMP_WAIT_POLICY_VAR}={policy}"),
-        Err(_) => format!("{OPENMP_WAIT_POLICY_VAR} unset (libgomp's default: idle OpenMP threads spin before they sleep)"),
+/// How libtorch's idle OpenMP workers wait in this process, as train.log and `bench` report it.
+pub fn openmp_wait() -> String {
+    let set: Vec<String> = OPENMP_WAIT_VARS.iter().filter_map(|var| std::env::var(var).ok().map(|value| format!("{var}={value}"))).collect();
+    match set.is_empty() {
+        true => "GOMP_SPINCOUNT and OMP_WAIT_POLICY unset (libgomp's default: 300,000 spins before an idle worker sleeps)".into(),
+        false => set.join(", "),
     }
 }
 

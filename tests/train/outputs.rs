@@ -284,27 +284,27 @@ fn bench_train_prints_each_phase_of_a_step_within_the_step() {
     assert_eq!(tables, 4, "full and dual-lora, each in float32 and bfloat16: {stdout}");
 }
 
-/// The binary runs libtorch with idle OpenMP threads asleep (`device::passive_openmp`: it runs
-/// itself again with `OMP_WAIT_POLICY=PASSIVE`, which libgomp reads only when it loads) unless
-/// the environment chose a policy, which it keeps; train.log says which.
+/// The binary runs libtorch with idle OpenMP threads that spin 10,000 iterations before they
+/// sleep (`device::short_openmp_spin`: it runs itself again with `GOMP_SPINCOUNT=10000`, which
+/// libgomp reads only when it loads) unless the environment chose how they wait
+/// (`GOMP_SPINCOUNT` or `OMP_WAIT_POLICY`, kept as set); train.log says which.
 #[test]
-fn train_runs_with_a_passive_openmp_wait_policy_unless_the_environment_sets_one() {
+fn train_runs_with_a_short_openmp_spin_unless_the_environment_sets_one() {
     let out = tempfile::tempdir().unwrap();
-    let train_log = |name: &str, policy: Option<&str>| {
+    let train_log = |name: &str, set: &[(&str, &str)]| {
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_smallrl"));
         command.args(["train", "--model", common::fixture("tiny-stories").to_str().unwrap(), "--prompts", common::fixture("tiny-stories/prompts.txt").to_str().unwrap()]);
         command.args(["--reward-plugin", standard_plugin("happy").to_str().unwrap(), "--max-steps", "1", "--batch-size", "4", "--num-generations", "2"]);
         command.args(["--max-completion-length", "8", "--eval-samples", "2", "--threads", "2", "--device", "cpu", "--name", name, "--output-dir", out.path().to_str().unwrap()]);
-        match policy {
-            Some(policy) => command.env("OMP_WAIT_POLICY", policy),
-            None => command.env_remove("OMP_WAIT_POLICY"),
-        };
+        // `cargo test` gives its processes OMP_WAIT_POLICY (.cargo/config.toml): each case sets its own.
+        command.env_remove("OMP_WAIT_POLICY").env_remove("GOMP_SPINCOUNT").envs(set.iter().copied());
         let output = command.output().unwrap();
         assert!(output.status.success(), "smallrl train failed: {}", String::from_utf8_lossy(&output.stderr));
         let run = std::fs::read_dir(out.path()).unwrap().map(|e| e.unwrap().path()).find(|p| p.file_name().unwrap().to_str().unwrap().starts_with(name)).unwrap();
-        std::fs::read_to_string(run.join("train.log")).unwrap()
+        let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+        log.lines().find(|l| l.starts_with("libtorch: ")).unwrap_or_else(|| panic!("no libtorch line in {log}")).to_string()
     };
-    let libtorch_line = |log: &str| log.lines().find(|l| l.starts_with("libtorch: ")).unwrap_or_else(|| panic!("no libtorch line in {log}")).to_string();
-    assert_eq!(libtorch_line(&train_log("unset", None)), "libtorch: 2 threads, OMP_WAIT_POLICY=PASSIVE");
-    assert_eq!(libtorch_line(&train_log("active", Some("ACTIVE"))), "libtorch: 2 threads, OMP_WAIT_POLICY=ACTIVE");
+    assert_eq!(train_log("unset", &[]), "libtorch: 2 threads, GOMP_SPINCOUNT=10000");
+    assert_eq!(train_log("policy", &[("OMP_WAIT_POLICY", "ACTIVE")]), "libtorch: 2 threads, OMP_WAIT_POLICY=ACTIVE");
+    assert_eq!(train_log("spin", &[("GOMP_SPINCOUNT", "5")]), "libtorch: 2 threads, GOMP_SPINCOUNT=5");
 }

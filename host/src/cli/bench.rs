@@ -133,7 +133,7 @@ fn bench_config(args: &TrainBench, adapter: &str, threads: usize, max_steps: usi
 fn bench_train(args: TrainBench) -> Result<()> {
     let out = std::env::temp_dir().join(format!("smallrl-bench-{}", std::process::id()));
     let device = args.device.resolve()?;
-    println!("GRPO step, defaults (batch 32 completions, 16 per group, up to 128 new tokens) but {:?}, model {}, device {device:?}, {}", args.set, args.model, crate::device::openmp_wait_policy());
+    println!("GRPO step, defaults (batch 32 completions, 16 per group, up to 128 new tokens) but {:?}, model {}, device {device:?}, {}", args.set, args.model, crate::device::openmp_wait());
     let thread_counts = if device.is_cuda() { &args.thread_counts[..1] } else { &args.thread_counts[..] };
     if let Some(runs) = args.pack {
         let outcome = bench_packed(&args, runs, thread_counts, &out);

@@ -65,7 +65,7 @@ pub fn main() -> Result<()> {
     crate::device::keep_freed_memory();
     let command = Cli::parse().command;
     if command.runs_libtorch() {
-        crate::device::passive_openmp()?;
+        crate::device::short_openmp_spin()?;
     }
     match command {
         Command::Train(args) => train::run(*args),
@@ -86,7 +86,7 @@ pub fn main() -> Result<()> {
 
 impl Command {
     /// Whether the command computes with libtorch's threads (and so runs under
-    /// [`crate::device::passive_openmp`]); a sweep's runs inherit its environment.
+    /// [`crate::device::short_openmp_spin`]); a sweep's runs inherit its environment.
     fn runs_libtorch(&self) -> bool {
         match self {
             Command::Train(_) | Command::Eval(_) | Command::Sweep(_) | Command::Sample(_) | Command::Logprobs(_) | Command::Pretrain(_) | Command::Bench(_) => true,

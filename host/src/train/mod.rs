@@ -199,7 +199,7 @@ impl Trainer {
             self.hackable_note(),
         );
         self.files.log.line(&header)?;
-        self.files.log.line(&format!("libtorch: {} threads, {}", tch::get_num_threads(), crate::device::openmp_wait_policy()))?;
+        self.files.log.line(&format!("libtorch: {} threads, {}", tch::get_num_threads(), crate::device::openmp_wait()))?;
         match self.cfg.sampler_ratio() {
             Some(ratio) if self.cfg.sampler_dtype != crate::model::folded::SamplerDtype::Float32 => {
                 self.files.log.line(&format!("sampler_dtype {}: samples from bfloat16 weights while the policy is {}; {ratio}; kl_sample_train and sampling/* show the mismatch", self.cfg.sampler_dtype, self.cfg.dtype))
