@@ -129,7 +129,7 @@ pub const OPENMP_WAIT_VARS: [&str; 2] = ["GOMP_SPINCOUNT", "OMP_WAIT_POLICY"];
 /// each idle worker spin 300,000 iterations before it sleeps. Where another process, or this
 /// one's sampler thread or plugins, holds a core, a spinning worker keeps the core its partner
 /// needs at every barrier, and a step of thousands of small parallel regions slows many times;
-/// sleeping at once (`OMP_WAIT_POLICY=PASSIVE`) costs a quiet machine up to 10-40% in wake-ups.
+/// sleeping at once (`OMP_WAIT_POLICY=PASSIVE`) costs a quiet machine 10-60% in wake-ups.
 /// 10,000 spins kept the quiet figures and most of the sleeping workers' gain under load
 /// (docs/src/performance.md, "The binary's own wait policy"). libgomp reads the variables once,
 /// when it is loaded before `main`, hence the new image (same process id, arguments and

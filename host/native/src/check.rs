@@ -47,7 +47,8 @@ impl Model {
 
     /// Whether every weight holds `values` (as [`Model::refill`] stores them) bit for bit; if
     /// so, each weight's [`Matrix::sums`] (or [`crate::sums`] of a vector), from one pass over
-    /// both on `threads` threads.
+    /// both on `threads` threads. The host's delivery uses [`Model::refill_holding`]; this
+    /// separate read-only pass is what its tests and benchmark hold it to.
     pub fn holds_with_sums(&self, values: &[&[f32]], threads: usize) -> Option<Vec<(f64, f64)>> {
         let weights = self.weights();
         let lengths_agree = weights.len() == values.len()
@@ -59,7 +60,7 @@ impl Model {
             return None;
         }
         let per_weight = by_chunks(&weights, threads, |w, c| chunk_check(&weights[w], values[w], c));
-        per_weight.into_iter().map(|chunks| chunks.iter().all(|(same, _)| *same).then(|| added(chunks.into_iter().map(|(_, s)| s)))).collect()
+        sums_where_every_chunk_holds(per_weight)
     }
 
     /// [`Model::refill`] and [`Model::holds_with_sums`] in one pass: each chunk is written from
@@ -104,7 +105,7 @@ impl Model {
         }
         let mut results = in_order(jobs.len(), threads, |j| (jobs[j].lock().expect("a check chunk's lock"))()).into_iter();
         let per_weight: Vec<Vec<(bool, (f64, f64))>> = chunks_per_weight.into_iter().map(|n| results.by_ref().take(n).collect()).collect();
-        per_weight.into_iter().map(|chunks| chunks.iter().all(|(same, _)| *same).then(|| added(chunks.into_iter().map(|(_, s)| s)))).collect()
+        sums_where_every_chunk_holds(per_weight)
     }
 
     /// Each weight's sums as [`Model::holds_with_sums`] gives them, on `threads` threads.
@@ -121,6 +122,12 @@ fn float32_chunks<'a>(to: &'a mut [f32], data: &'a [f32], jobs: &mut Vec<Mutex<B
     for (to, from) in to.chunks_mut(CHUNK).zip(data.chunks(CHUNK)) {
         jobs.push(Mutex::new(Box::new(move || to.copy_from_slice(from))));
     }
+}
+
+/// Each weight's sums (its chunks' added in order) if every one of its chunks held its values;
+/// `None` if any chunk of any weight did not.
+fn sums_where_every_chunk_holds(per_weight: Vec<Vec<(bool, (f64, f64))>>) -> Option<Vec<(f64, f64)>> {
+    per_weight.into_iter().map(|chunks| chunks.iter().all(|(same, _)| *same).then(|| added(chunks.into_iter().map(|(_, s)| s)))).collect()
 }
 
 /// One chunk of [`Model::refill_holding`]: whether it holds its values, and its sums.

@@ -230,10 +230,11 @@ pub(crate) fn run_jobs_body(model: &Model, jobs: &mut [Job], params: &Sampling, 
 pub(crate) fn prefill(model: &Model, jobs: &mut [Job], caches: &mut [RowCache], s: &mut Scratch, active: &[usize], logits: &mut Vec<f32>, penalty: bool, mode: Prefill, par: Parallelism) {
     let fresh: Vec<Option<&[u32]>> = jobs.iter().map(|j| (j.state.len == 0 && j.state.held.is_none()).then_some(j.pending)).collect();
     let block_tokens = jobs.iter().map(|j| usize::from(j.state.held.is_some()) + j.pending.len()).sum();
-    let source = sources(&fresh, block_tokens, model.independent_rows(), mode);
+    let independent_rows = model.independent_rows();
+    let source = sources(&fresh, block_tokens, independent_rows, mode);
     let shared = source.iter().enumerate().any(|(row, &from)| row != from);
     // A shared block is padded to the size from which its products are row-independent.
-    let least = if shared { model.independent_rows().expect("rows share only where the products are row-independent") } else { 0 };
+    let least = if shared { independent_rows.expect("rows share only where the products are row-independent") } else { 0 };
     let (mut block, mut last_of_source) = queue_tokens(model, jobs, caches, &source, penalty);
     pad(&mut block, least);
     forward(model, &block, caches, s, par);

@@ -95,7 +95,7 @@ impl FoldedWeights {
                 let [qkv_t, o_t, gate_up_t, down_t] = fold_matrices([
                     // q's columns scaled, `x * q_scale` as before (the rotated ones too: a
                     // negation commutes with the rounding), then k, their rotations, v.
-                    vec![Block::scaled(&q, Rows::Plain, q_scale), Block::plain(&k), Block::scaled(&q, rotated(heads), q_scale), Block { source: k.shallow_clone(), rows: rotated(kv_heads), scale: None }, Block::plain(&merged(v))],
+                    vec![Block::new(&q, Rows::Plain, Some(q_scale)), Block::plain(&k), Block::new(&q, rotated(heads), Some(q_scale)), Block::new(&k, rotated(kv_heads), None), Block::plain(&merged(v))],
                     vec![Block::plain(&merged(o))],
                     vec![Block::plain(&gate), Block::plain(&up)],
                     vec![Block::plain(&down)],
@@ -355,12 +355,12 @@ struct Block {
 }
 
 impl Block {
-    fn plain(source: &Tensor) -> Self {
-        Block { source: source.detach(), rows: Rows::Plain, scale: None }
+    fn new(source: &Tensor, rows: Rows, scale: Option<f64>) -> Self {
+        Block { source: source.detach(), rows, scale }
     }
 
-    fn scaled(source: &Tensor, rows: Rows, scale: f64) -> Self {
-        Block { source: source.detach(), rows, scale: Some(scale) }
+    fn plain(source: &Tensor) -> Self {
+        Block::new(source, Rows::Plain, None)
     }
 }
 
@@ -442,7 +442,7 @@ mod tests {
         let rotated = |heads: usize| Rows::RotateHalf { heads, head_dim };
         let blocks = || {
             [
-                vec![Block::scaled(&q, Rows::Plain, 0.35), Block::plain(&k), Block::scaled(&q, rotated(heads), 0.35), Block { source: k.shallow_clone(), rows: rotated(kv_heads), scale: None }, Block::plain(&v)],
+                vec![Block::new(&q, Rows::Plain, Some(0.35)), Block::plain(&k), Block::new(&q, rotated(heads), Some(0.35)), Block::new(&k, rotated(kv_heads), None), Block::plain(&v)],
                 vec![Block::plain(&gate), Block::plain(&up)],
             ]
         };
