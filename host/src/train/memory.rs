@@ -89,16 +89,24 @@ impl ModelShape {
         self.params() + head + self.layers * (self.q_size + self.kv_size) * self.hidden
     }
 
-    /// Bytes of one decoder (`model/decode.rs`): its libtorch weights in the sampling dtype
-    /// (`libtorch_bytes` a value), and where the native CPU sampler serves, its copy (`native`:
-    /// its matrices' bytes a value; the embeddings stay float32, the norms are left out). A
-    /// decoder the native sampler serves keeps no libtorch weights; the fold its copy is
-    /// refilled from lives during a delivery, one at a time, and is counted here for each
-    /// decoder (an over-estimate by the fold for each decoder after the first).
+    /// Bytes one decoder holds between deliveries (`model/decode.rs`): where the native CPU
+    /// sampler serves, its copy alone (`native`: its matrices' bytes a value; the embeddings stay
+    /// float32, the norms are left out; it keeps no libtorch weights), else its libtorch weights
+    /// in the sampling dtype (`libtorch_bytes` a value). The fold a delivery starts from is
+    /// transient, one at a time: [`Self::fold_bytes`].
     pub fn decoder_bytes(&self, libtorch_bytes: u64, native: Option<u64>) -> u64 {
         let folded = self.folded_params();
-        let native = native.map_or(0, |matrix_bytes| folded * matrix_bytes + self.vocab * self.hidden * (4 - matrix_bytes));
-        folded * libtorch_bytes + native
+        match native {
+            Some(matrix_bytes) => folded * matrix_bytes + self.vocab * self.hidden * (4 - matrix_bytes),
+            None => folded * libtorch_bytes,
+        }
+    }
+
+    /// Bytes of the fold a delivery refills a decoder from (`FoldedWeights::new`, in the model's
+    /// dtype, `model_bytes` a value): alive beside the decoders' copies until the delivery drops
+    /// it or moves it in, before the decode's KV caches exist.
+    pub fn fold_bytes(&self, model_bytes: u64) -> u64 {
+        self.folded_params() * model_bytes
     }
 
     /// Values autograd keeps for the backward pass per token of one layer: the two RMSNorms'
@@ -140,8 +148,8 @@ pub struct StepShape {
     /// The sampler's decoders, each a copy of the weights with the adapters folded in (one per
     /// set of adapter scales sampled at: training's and the evaluation's modes).
     pub decoders: u64,
-    /// Bytes of one decoder ([`ModelShape::decoder_bytes`]: on the CPU the native sampler's copy
-    /// and the fold it is refilled from).
+    /// Bytes one decoder holds ([`ModelShape::decoder_bytes`]: on the CPU the native sampler's
+    /// copy).
     pub decoder_bytes: u64,
     /// A second gradient buffer (split_moment's natural gradient).
     pub extra_gradients: bool,
@@ -160,7 +168,9 @@ pub struct Estimate {
     pub copies: u64,
     /// Gradients and Adam's two moments of the trainable parameters (float32).
     pub optimizer: u64,
-    /// Sampling's peak beyond the resident parts: the KV caches of a rollout and its logits.
+    /// Sampling's peak beyond the resident parts: the KV caches of a rollout and its logits, or
+    /// the fold a delivery refills a decoder from where that is larger (it is gone before the
+    /// caches are made).
     pub sampling: u64,
     /// Scoring's peak: a no-grad forward pass over the rollout (one layer's values at a time).
     pub scoring: u64,
@@ -183,7 +193,7 @@ pub fn estimate(model: &ModelShape, step: &StepShape) -> Estimate {
     let gradient_buffers = if step.extra_gradients { 2 } else { 1 };
     let optimizer = step.trainable * F32 * (2 + gradient_buffers);
     let kv_cache = step.rollout_rows * step.tokens * model.layers * 2 * model.kv_size * F32;
-    let sampling = kv_cache + step.rollout_rows * model.vocab * F32 * 2;
+    let sampling = (kv_cache + step.rollout_rows * model.vocab * F32 * 2).max(model.fold_bytes(bytes));
     // One layer's widest values at a time (its input, q/k/v, the MLP's three intermediates),
     // the attention's scores, and the head's hidden states of every row.
     let layer_values = 2 * model.hidden + model.q_size + 2 * model.kv_size + 3 * model.intermediate;

@@ -35,14 +35,33 @@ fn the_parameter_count_is_the_published_one() {
 /// A decoder's folded weights of SmolLM2, counted by hand from its config.json: the
 /// parameters, the tied head's own transposed copy (49152 x 576), and per layer the rotated q
 /// (576 x 576) and k (192 x 576) rows; on the CPU the native sampler's copy comes beside the
-/// libtorch one (bfloat16: every matrix in 2 bytes, the embeddings in 4).
+/// libtorch one; on the CPU the native sampler's copy instead of libtorch weights (bfloat16:
+/// every matrix in 2 bytes, the embeddings in 4); the transient fold in the model's dtype.
 #[test]
 fn a_decoder_counts_its_folded_copies() {
     let folded = 134_515_008 + 49152 * 576 + 30 * (576 * 576 + 192 * 576);
     assert_eq!(smollm2().folded_params(), folded);
     assert_eq!(smollm2().decoder_bytes(4, None), folded * 4, "a libtorch decoder alone (CUDA)");
-    assert_eq!(smollm2().decoder_bytes(4, Some(4)), folded * 8, "float32: the fold and the native copy");
-    assert_eq!(smollm2().decoder_bytes(2, Some(2)), folded * 2 + (folded - 49152 * 576) * 2 + 49152 * 576 * 4, "bfloat16 sampler");
+    assert_eq!(smollm2().decoder_bytes(2, None), folded * 2, "a bfloat16 libtorch decoder");
+    assert_eq!(smollm2().decoder_bytes(4, Some(4)), folded * 4, "float32: the native copy alone");
+    assert_eq!(smollm2().decoder_bytes(2, Some(2)), (folded - 49152 * 576) * 2 + 49152 * 576 * 4, "bfloat16 sampler");
+    assert_eq!(smollm2().fold_bytes(4), folded * 4);
+}
+
+/// The fold a delivery starts from is counted once, in the sampling phase, where it is larger
+/// than the rollout's KV caches and logits (before the caches exist; with sampling ahead
+/// beside training).
+#[test]
+fn the_transient_fold_is_counted_once_in_the_sampling_phase() {
+    let model = smollm2();
+    let fold = model.fold_bytes(4);
+    let one_row = estimate(&model, &StepShape { decoders: 3, ..shape(1) });
+    assert_eq!(one_row.sampling, fold, "one row's caches (5.0 MB) are smaller than the fold");
+    assert_eq!(one_row.copies, 3 * 134_515_008 * 4, "the decoders' copies without the fold");
+    let caches = |rows: u64| rows * 100 * 30 * 2 * 192 * 4 + rows * 49152 * 4 * 2;
+    let many = estimate(&model, &StepShape { rollout_rows: 1024, ..shape(1) });
+    assert!(caches(1024) > fold);
+    assert_eq!(many.sampling, caches(1024));
 }
 
 #[test]
