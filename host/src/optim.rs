@@ -70,14 +70,6 @@ impl AdamW {
             .collect()
     }
 
-    /// Every parameter's gradient (zeros where none arrived), copied, and the gradients reset:
-    /// the natural gradient that split-moment AdamW feeds its second moment from.
-    pub fn take_grads(&mut self) -> Vec<Tensor> {
-        let taken = tch::no_grad(|| self.grads().iter().map(Tensor::copy).collect());
-        self.zero_grad();
-        taken
-    }
-
     /// Scales gradients so their global 2-norm is at most `max_norm`; returns the norm before
     /// clipping (what TRL logs as `grad_norm`).
     pub fn clip_grad_norm(&mut self, max_norm: f64) -> f64 {

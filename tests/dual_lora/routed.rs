@@ -95,6 +95,43 @@ fn balanced_weights_scale_the_per_class_gradients() {
     }
 }
 
+/// `split_moment` in one pass (`routing::plan_with_natural`): the routed pass of a balanced
+/// plan leaves the routed gradient in the parameters, and the natural share's leaves the rest of
+/// the natural plan's (every adapter learning from every row), whole and in two micro-batches:
+/// both against the original's per-class backward passes, in float64 (the weights kappa
+/// (1.5, 3) of r8/r4 ranks and 6/3 neurons).
+#[test]
+fn one_routed_pass_gives_split_moments_natural_gradient() {
+    let is_rh = [false, true, false, false, true, false, true, false];
+    let ablated = [false, false, true, false, false, false, false, true];
+    for (kind, loaded, config) in dual_adapters_in(Kind::Double) {
+        let b = batch(&loaded);
+        let model = &loaded.model;
+        let kappas = routing::adapter_kappas(config.ranks[0], config.ranks[1]);
+        let labels = routing::Labels::routed(is_rh.to_vec(), ablated.to_vec());
+        for (mode, clean, flagged) in [(RoutingMode::Classic, [1.0, 1.0], [0.0, 3.0]), (RoutingMode::Exclusive, [1.5, 0.0], [0.0, 3.0])] {
+            let routed_reference = scaled_per_class_grads(model, &config, &b, (clean, flagged), &is_rh, &ablated, LossType::Dapo, |_| true);
+            let natural_reference = scaled_per_class_grads(model, &config, &b, ([1.0, 1.0], [1.0, 1.0]), &is_rh, &ablated, LossType::Dapo, |_| true);
+            let largest = natural_reference.values().map(|g| g.abs().max().double_value(&[])).fold(0.0, f64::max);
+            let gap = natural_reference.iter().map(|(name, g)| max_abs_diff(g, &routed_reference[name])).fold(0.0, f64::max);
+            assert!(gap > 0.1 * largest, "{kind} {mode:?}: the natural and routed gradients differ ({gap} of {largest}), so the test tells them apart");
+            for micro_batches in [1, 2] {
+                let label = format!("{kind} {mode:?}, {micro_batches} micro-batch(es)");
+                zero_grads(&config, model);
+                let plan = routing::plan_with_natural(&config, routing::balanced_weights(mode, kappas), Some(RowWeights::gates(RoutingMode::None)), &labels, Device::Cpu);
+                let g = &b.generation;
+                let batch = engine::LossBatch { seqs: g.into(), ctl: &plan.ctl, old_logprobs: None, ref_logprobs: None, sampling_logprobs: None, old_is_sampler: false, advantages: &b.advantages, loss_mask: &g.completion_mask, classes: &plan.classes, entropy_coef: None };
+                engine::backward_micro_batches(model, &batch, 1.0, &settings(LossType::Dapo), micro_batches, &mut |_, _| {});
+                let routed = grads(&config, model);
+                let (names, params): (Vec<String>, Vec<Tensor>) = config.trainable(model).into_iter().unzip();
+                let natural: BTreeMap<String, Tensor> = names.into_iter().zip(plan.natural.as_ref().expect("a natural plan's leaves").take_gradients(&params)).collect();
+                assert_within(&format!("{label}: routed"), &routed, &routed_reference, 1e-10);
+                assert_within(&format!("{label}: natural"), &natural, &natural_reference, 1e-10);
+            }
+        }
+    }
+}
+
 #[test]
 fn flagged_only_batch_leaves_retain_untouched() {
     for (kind, loaded, config) in dual_adapters() {

@@ -196,6 +196,7 @@ fn add_entropy_bonus(terms: &mut LossTerms, entropy: &Tensor, bonus_weights: &Te
 /// parameter). The batches have the same number of rows.
 pub fn backward_stacked(models: &[&Llama], batches: &[LossBatch], temperatures: &[f64], objectives: &[&Objective]) -> Vec<BackwardPass> {
     let ctl: Vec<&[AdapterCtl]> = batches.iter().map(|b| b.ctl).collect();
+    assert!(ctl.iter().flat_map(|c| c.iter()).all(|c| c.natural.is_none()), "a run with split_moment's natural share trains alone (its own backward passes)");
     let seqs: Vec<Sequences> = batches.iter().map(|b| b.seqs).collect();
     let entropy_gradients: Vec<bool> = batches.iter().map(|b| b.entropy_coef.is_some_and(|coef| coef != 0.0)).collect();
     let logprobs = stacked_completion_logprobs(&Llama::stacked(models), &seqs, temperatures, &entropy_gradients, &stacked_controls(&ctl, &seqs));
@@ -289,5 +290,5 @@ fn learning_row(ctl: &AdapterCtl, i: i64) -> AdapterCtl {
         RowScale::All(s) => RowScale::All(*s),
         RowScale::PerRow(t) => RowScale::PerRow(t.narrow(0, i, 1)),
     };
-    AdapterCtl { scale, learn: RowLearn::All }
+    AdapterCtl::new(scale, RowLearn::All)
 }

@@ -5,6 +5,9 @@
 //! caller through [`AdapterCtl`]: its scale (for adapter modes and `ablated_frac`) and which rows
 //! may update it (gradient routing).
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use tch::Tensor;
 
 use super::autocast;
@@ -26,6 +29,7 @@ pub struct Lora {
 /// rows: `t_A = (x ⊙ rows) A^T` added to its columns of the low-rank product, and
 /// `t_B = (u ⊙ rows) B^T` added to the output. That is the gradient of separate live and
 /// detached branches mixed by the row mask, with two extra products instead of a second branch.
+/// A [`NaturalShare`] adds the same pair of terms on its leaves, with its own row weights.
 #[derive(Default)]
 struct JointBranch {
     a_blocks: Vec<Tensor>,
@@ -34,8 +38,8 @@ struct JointBranch {
     /// Per block, `Some([batch, 1, 1])` when rows see the adapter at different scales.
     row_scales: Vec<Option<Tensor>>,
     /// Per block, the live weights and `[batch, 1, 1]` row mask of an adapter that learns
-    /// from some rows only.
-    routed: Vec<Option<Routed>>,
+    /// from some rows only, then those of its natural share's leaves.
+    routed: Vec<Vec<Routed>>,
 }
 
 struct Routed {
@@ -46,17 +50,21 @@ struct Routed {
 }
 
 impl JointBranch {
-    fn push(&mut self, lora: &Lora, learn: &RowLearn, scale: &RowScale) {
-        let (scale, row_scale) = match scale {
+    fn push(&mut self, lora: &Lora, ctl: &AdapterCtl) {
+        let (scale, row_scale) = match &ctl.scale {
             RowScale::All(s) => (*s, None),
             RowScale::PerRow(scales) => (1.0, Some(scales.shallow_clone())),
         };
-        let b = &lora.b * (lora.scaling * scale);
-        let (a_block, b_block, routed) = match learn {
-            RowLearn::All => (lora.a.shallow_clone(), b, None),
-            RowLearn::Nothing => (lora.a.detach(), b.detach(), None),
-            RowLearn::Rows(rows) => (lora.a.detach(), b.detach(), Some(Routed { a: lora.a.shallow_clone(), b, rows: rows.shallow_clone() })),
+        let scaled = |b: &Tensor| b * (lora.scaling * scale);
+        let b = scaled(&lora.b);
+        let (a_block, b_block, mut routed) = match &ctl.learn {
+            RowLearn::All => (lora.a.shallow_clone(), b, vec![]),
+            RowLearn::Nothing => (lora.a.detach(), b.detach(), vec![]),
+            RowLearn::Rows(rows) => (lora.a.detach(), b.detach(), vec![Routed { a: lora.a.shallow_clone(), b, rows: rows.shallow_clone() }]),
         };
+        if let Some(natural) = &ctl.natural {
+            routed.push(Routed { a: natural.leaves.leaf(&lora.a), b: scaled(&natural.leaves.leaf(&lora.b)), rows: natural.rows.shallow_clone() });
+        }
         self.a_blocks.push(a_block);
         self.b_blocks.push(b_block);
         self.row_scales.push(row_scale);
@@ -83,16 +91,17 @@ impl JointBranch {
 
     /// `t_A` of each routed block, added to its columns of `x A^T`.
     fn add_routed_a_gradients(&self, low_rank: Tensor, x: &Tensor, ranks: &[i64]) -> Tensor {
-        if self.routed.iter().all(Option::is_none) {
+        if self.routed.iter().all(Vec::is_empty) {
             return low_rank;
         }
         let blocks: Vec<Tensor> = low_rank
             .split_with_sizes(ranks, -1)
             .into_iter()
             .zip(&self.routed)
-            .map(|(block, routed)| match routed {
-                Some(r) => block + gradient_only(&times_transposed(&(x.detach() * &r.rows), &r.a)),
-                None => block,
+            .map(|(block, routed)| match routed.as_slice() {
+                [] => block,
+                [r] => block + gradient_only(&times_transposed(&(x.detach() * &r.rows), &r.a)),
+                terms => block + gradient_only(&summed_a_terms(&x.detach(), terms)),
             })
             .collect();
         Tensor::cat(&blocks, -1)
@@ -118,17 +127,29 @@ impl JointBranch {
 
     /// `t_B` of each routed block, added to the output.
     fn add_routed_b_gradients(&self, mut y: Tensor, low_rank: &Tensor, ranks: &[i64]) -> Tensor {
-        if self.routed.iter().all(Option::is_none) {
+        if self.routed.iter().all(Vec::is_empty) {
             return y;
         }
         let blocks = low_rank.detach().split_with_sizes(ranks, -1);
         for (block, routed) in blocks.iter().zip(&self.routed) {
-            if let Some(r) = routed {
+            for r in routed {
                 y = y + gradient_only(&times_transposed(&(block * &r.rows), &r.b));
             }
         }
         y
     }
+}
+
+/// `sum_t (x ⊙ rows_t) A_t^T` over a block's routed terms (the routed one and a natural share's,
+/// of one rank) as one product with their `A`s side by side, each term's columns then times its
+/// row weight: `x` is cast once for all and no `x ⊙ rows_t` is kept for the backward pass.
+fn summed_a_terms(x: &Tensor, terms: &[Routed]) -> Tensor {
+    let a = Tensor::cat(&terms.iter().map(|r| r.a.shallow_clone()).collect::<Vec<_>>(), -2);
+    let rank = terms[0].a.size()[a.dim() - 2];
+    let batch = x.size()[0];
+    let row_weights: Vec<Tensor> = terms.iter().map(|r| r.rows.expand([batch, 1, rank], false)).collect();
+    let weighted = times_transposed(x, &a) * Tensor::cat(&row_weights, -1);
+    weighted.split(rank, -1).into_iter().reduce(|sum, t| sum + t).expect("a block has terms")
 }
 
 /// `x W^T` for a weight `[out, in]`, or `[runs, out, in]` ([`run_matmul`]).
@@ -197,24 +218,75 @@ pub enum RowLearn {
     Rows(Tensor),
 }
 
+/// `split_moment`'s natural gradient taken in the routed pass: per row, the natural plan's
+/// gradient weight less the routed plan's (`routing::plan_with_natural`), applied as the routed
+/// weights are (zero-valued terms) but on [`NaturalLeaves`], so that each weight's own gradient
+/// stays the routed one and its leaf's gradient is the difference.
+pub struct NaturalShare {
+    /// `[batch, 1, 1]` weights (the gradient terms are linear in them).
+    pub rows: Tensor,
+    pub leaves: NaturalLeaves,
+}
+
+/// One leaf per adapter weight that a pass under a [`NaturalShare`] reads: the weight's values
+/// (its storage, so an optimizer step moves both) with a gradient of its own. Shared by the
+/// slots, layers and micro-batches of an optimizer step, so each leaf's gradient sums them.
+/// Keyed by the weight's address (adapter weights are tensors of their own).
+#[derive(Clone, Default)]
+pub struct NaturalLeaves(Arc<Mutex<HashMap<usize, (Tensor, Tensor)>>>);
+
+impl NaturalLeaves {
+    /// The leaf of `weight`, made at its first use.
+    pub fn leaf(&self, weight: &Tensor) -> Tensor {
+        let mut leaves = self.0.lock().expect("the natural leaves' lock");
+        let (held, leaf) = leaves.entry(weight.data_ptr() as usize).or_insert_with(|| (weight.shallow_clone(), weight.detach().set_requires_grad(true)));
+        assert_eq!(held.size(), weight.size(), "two adapter weights at one address");
+        leaf.shallow_clone()
+    }
+
+    /// The natural gradient of each of `params` after the step's backward passes: its own
+    /// gradient (the routed plan's) plus its leaf's (zeros where either is absent). The leaves
+    /// are dropped: the next optimizer step's passes make their own.
+    pub fn take_gradients(&self, params: &[Tensor]) -> Vec<Tensor> {
+        let leaves = std::mem::take(&mut *self.0.lock().expect("the natural leaves' lock"));
+        params
+            .iter()
+            .map(|p| {
+                let own = p.grad();
+                let routed = if own.defined() { own.copy() } else { p.zeros_like() };
+                match leaves.get(&(p.data_ptr() as usize)) {
+                    Some((_, leaf)) if leaf.grad().defined() => routed + leaf.grad(),
+                    _ => routed,
+                }
+            })
+            .collect()
+    }
+}
+
 /// What one adapter slot does during a forward pass.
 pub struct AdapterCtl {
     pub scale: RowScale,
     pub learn: RowLearn,
+    /// With `split_moment`: the natural plan's share of the gradient, on leaves of its own.
+    pub natural: Option<NaturalShare>,
 }
 
 impl AdapterCtl {
+    pub fn new(scale: RowScale, learn: RowLearn) -> Self {
+        Self { scale, learn, natural: None }
+    }
+
     pub fn on() -> Self {
-        Self { scale: RowScale::All(1.0), learn: RowLearn::All }
+        Self::new(RowScale::All(1.0), RowLearn::All)
     }
 
     pub fn off() -> Self {
-        Self { scale: RowScale::All(0.0), learn: RowLearn::Nothing }
+        Self::new(RowScale::All(0.0), RowLearn::Nothing)
     }
 
     /// A fixed inference scale (no gradient to the adapter).
     pub fn frozen(scale: f64) -> Self {
-        Self { scale: RowScale::All(scale), learn: RowLearn::Nothing }
+        Self::new(RowScale::All(scale), RowLearn::Nothing)
     }
 
     /// This control for rows `start..start + len` of the batch (a micro-batch).
@@ -228,7 +300,8 @@ impl AdapterCtl {
             RowLearn::Nothing => RowLearn::Nothing,
             RowLearn::Rows(t) => RowLearn::Rows(t.narrow(0, start, len)),
         };
-        Self { scale, learn }
+        let natural = self.natural.as_ref().map(|n| NaturalShare { rows: n.rows.narrow(0, start, len), leaves: n.leaves.clone() });
+        Self { scale, learn, natural }
     }
 
     pub fn is_off(&self) -> bool {
@@ -271,7 +344,7 @@ impl Linear {
         let mut joint = JointBranch::default();
         for (lora, ctl) in self.adapters.iter().zip(ctl) {
             if let Some(lora) = lora.as_ref().filter(|_| !ctl.is_off()) {
-                joint.push(lora, &ctl.learn, &ctl.scale);
+                joint.push(lora, ctl);
             }
         }
         joint.add_to(y, x)

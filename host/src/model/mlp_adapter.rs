@@ -9,7 +9,7 @@
 
 use tch::Tensor;
 
-use super::linear::{AdapterCtl, RowLearn, RowScale, gradient_only, times_transposed};
+use super::linear::{AdapterCtl, NaturalShare, RowLearn, RowScale, gradient_only, times_transposed};
 
 /// One adapter's mini-SwiGLU.
 pub struct MlpAdapter {
@@ -18,30 +18,64 @@ pub struct MlpAdapter {
     pub down: Tensor,
 }
 
+/// `down(silu(gate x) * up x)`.
+fn swiglu(x: &Tensor, [gate, up, down]: [&Tensor; 3]) -> Tensor {
+    let hidden = times_transposed(x, gate).silu() * times_transposed(x, up);
+    times_transposed(&hidden, down)
+}
+
+/// `sum_t down_t((silu(gate_t x) * up_t x) * w_t)` over terms `([gate_t, up_t, down_t], w_t)`
+/// (`w_t` a `[batch, 1, 1]` row weight) as one SwiGLU of the terms' neurons side by side: the
+/// weight scales its neurons before `down`, which is linear, so each term's weights get that
+/// term's gradient times its row weight.
+fn weighted_swiglu(x: &Tensor, terms: &[([Tensor; 3], &Tensor)]) -> Tensor {
+    let side_by_side = |part: usize, dim: i64| Tensor::cat(&terms.iter().map(|(weights, _)| weights[part].shallow_clone()).collect::<Vec<_>>(), dim);
+    let batch = x.size()[0];
+    let row_weights: Vec<Tensor> = terms.iter().map(|([gate, ..], rows)| rows.expand([batch, 1, gate.size()[0]], false)).collect();
+    let hidden = times_transposed(x, &side_by_side(0, 0)).silu() * times_transposed(x, &side_by_side(1, 0)) * Tensor::cat(&row_weights, -1);
+    times_transposed(&hidden, &side_by_side(2, 1))
+}
+
 impl MlpAdapter {
     /// `down(silu(gate x) * up x)` with the weights live or detached.
     fn output(&self, x: &Tensor, live: bool) -> Tensor {
         let weight = |t: &Tensor| if live { t.shallow_clone() } else { t.detach() };
-        let hidden = times_transposed(x, &weight(&self.gate)).silu() * times_transposed(x, &weight(&self.up));
-        times_transposed(&hidden, &weight(&self.down))
+        swiglu(x, [&weight(&self.gate), &weight(&self.up), &weight(&self.down)])
     }
 
     /// The adapter's contribution under `ctl`. Rows that may update it only partly (a row
     /// weight) get the value from detached weights and the parameter gradient from the
     /// zero-valued term `w * (f(x_detached) - f(x_detached).detach())`: the input still gets
     /// every row's gradient, the weights each row's gradient times its weight (the nonlinear
-    /// counterpart of `linear.rs`'s routed LoRA terms).
+    /// counterpart of `linear.rs`'s routed LoRA terms). A natural share adds the same term on
+    /// its leaves with its own row weights ([`Self::with_natural_share`]).
     pub fn forward(&self, x: &Tensor, ctl: &AdapterCtl) -> Tensor {
-        let out = match &ctl.learn {
-            RowLearn::All => self.output(x, true),
-            RowLearn::Nothing => self.output(x, false),
-            RowLearn::Rows(weights) => self.output(x, false) + gradient_only(&self.output(&x.detach(), true)) * weights,
+        let out = match (&ctl.learn, &ctl.natural) {
+            (RowLearn::All, None) => self.output(x, true),
+            (RowLearn::Nothing, None) => self.output(x, false),
+            (RowLearn::Rows(weights), None) => self.output(x, false) + gradient_only(&self.output(&x.detach(), true)) * weights,
+            (learn, Some(natural)) => self.with_natural_share(x, learn, natural),
         };
         match &ctl.scale {
             RowScale::All(s) if *s == 1.0 => out,
             RowScale::All(s) => out * *s,
             RowScale::PerRow(scales) => out * scales,
         }
+    }
+
+    /// [`Self::forward`]'s value under a natural share, whose gradient terms (the routed one
+    /// where rows learn partly, and the share's on its leaves) are one SwiGLU of their neurons
+    /// side by side ([`weighted_swiglu`]): the input is cast once for both and each term keeps
+    /// only its neurons for the backward pass, not a copy of the input of its own.
+    fn with_natural_share(&self, x: &Tensor, learn: &RowLearn, natural: &NaturalShare) -> Tensor {
+        let share = ([&self.gate, &self.up, &self.down].map(|w| natural.leaves.leaf(w)), &natural.rows);
+        let (value, routed) = match learn {
+            RowLearn::All => (self.output(x, true), None),
+            RowLearn::Nothing => (self.output(x, false), None),
+            RowLearn::Rows(weights) => (self.output(x, false), Some(([&self.gate, &self.up, &self.down].map(Tensor::shallow_clone), weights))),
+        };
+        let terms: Vec<([Tensor; 3], &Tensor)> = routed.into_iter().chain([share]).collect();
+        value + gradient_only(&weighted_swiglu(&x.detach(), &terms))
     }
 
     pub fn neurons(&self) -> i64 {

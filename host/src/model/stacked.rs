@@ -118,6 +118,8 @@ impl AdapterCtl {
                 0,
             ))
         };
-        AdapterCtl { scale, learn }
+        // A run with split_moment's natural share trains alone (its own backward passes,
+        // `engine::passes`): a stacked batch is scored without gradients or has none.
+        AdapterCtl::new(scale, learn)
     }
 }

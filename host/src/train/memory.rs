@@ -312,6 +312,9 @@ pub fn step_shape(cfg: &TrainConfig, model: &ModelShape, adapters: &AdapterConfi
         // A LoRA keeps its input's projection to its rank and the result per target module.
         AdapterKind::Lora | AdapterKind::DualLora => 2 * ranks * adapters.target_modules.len() as u64,
     };
+    // split_moment's natural share keeps its terms' neurons or rank values once more (its
+    // input is cast together with the routed term's: `mlp_adapter::weighted_swiglu`).
+    let per_adapted_layer = per_adapted_layer * if cfg.split_moment { 2 } else { 1 };
     let casts_per_adapted_layer = match adapters.kind {
         AdapterKind::Full => 0,
         AdapterKind::DualMlp => 2 * adapters.ranks.len() as u64 * model.hidden,

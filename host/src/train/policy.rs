@@ -195,13 +195,6 @@ impl Policy {
         (tokenizer, move |scales: &[f64], prompts: &[Vec<u32>], params: &SamplingParams, seed: u64| seat.sample(model, scales, prompts, params, seed).map(|done| done.value.generation))
     }
 
-    /// The natural plan's gradients (`split_moment`): its backward passes over `batch` (the
-    /// seat's own-passes job, without probes), taken out of the parameters.
-    pub fn natural_gradients(&mut self, batch: &LossBatch, micro_batches: usize) -> Vec<Tensor> {
-        self.backward_passes(*batch, Passes { micro_batches, splits: 1 }, &mut |_, _| {}, &mut || {});
-        self.take_grads()
-    }
-
     /// The step's own backward passes over `batch` with the probes' hooks (the seat's
     /// own-passes job, [`crate::engine::backward_passes`]).
     pub fn backward_passes(&self, batch: LossBatch, passes: Passes, before_backward: &mut dyn FnMut(&TokenLogprobs, grpo::TokenMasks), after_backward: &mut dyn FnMut()) -> BackwardPass {
@@ -342,11 +335,6 @@ impl Policy {
 
     pub fn zero_grad(&mut self) {
         self.optimizer.zero_grad();
-    }
-
-    /// The gradients in the trained parameters, taken out (they become zeros).
-    pub fn take_grads(&mut self) -> Vec<Tensor> {
-        self.optimizer.take_grads()
     }
 
     /// The trained parameters (views), whose gradients the probes read between passes.

@@ -83,9 +83,9 @@ pub struct Prepared {
     /// The monitor's flags (routing labels before an intervention), which the absorption
     /// diagnostics split gradients by.
     pub flagged: Vec<bool>,
+    /// With `split_moment` also the natural plan's share (every adapter learning from every
+    /// row, for Adam's second moment), taken in the same pass.
     pub plan: RoutePlan,
-    /// With `split_moment`: every adapter learning from every row, for Adam's second moment.
-    pub natural_plan: Option<RoutePlan>,
     /// Rows whose tokens train: not dropped (coherence), not filtered (the intervention).
     pub trained_rows: Vec<bool>,
     /// TRL's `frac_reward_zero_std` over what trains.
@@ -142,11 +142,11 @@ impl Recipe {
         };
         let ablated = self.draw_ablated(&routed, &coherence, seed, step);
         let labels = Labels { is_rh: routed, ablated, coherence, dropped, unscored: scored.unscored.clone() };
-        let plan = routing::plan(&self.adapters, self.row_weights, &self.loss_class_labels(&labels), self.device);
-        let natural_plan = self.split_moment().then(|| routing::plan(&self.adapters, RowWeights::gates(RoutingMode::None), &labels, self.device));
+        let natural = self.split_moment().then(|| RowWeights::gates(RoutingMode::None));
+        let plan = routing::plan_with_natural(&self.adapters, self.row_weights, natural, &self.loss_class_labels(&labels), self.device);
         let trained_rows = counted.iter().zip(&labels.dropped).map(|(&counted, &dropped)| counted && !dropped).collect();
         let frac_verified = verified.filter(|_| coherence_rows > 0).map(|verified| verified.iter().filter(|&&v| v).count() as f64 / coherence_rows as f64);
-        Prepared { rewards, advantages, labels, flagged, plan, natural_plan, trained_rows, frac_zero_std, frac_verified, intervention_metrics }
+        Prepared { rewards, advantages, labels, flagged, plan, trained_rows, frac_zero_std, frac_verified, intervention_metrics }
     }
 
     /// `adv_mod`'s score of each row: the monitor's flag as 0 or 1, or the thresholded

@@ -17,10 +17,9 @@ pub(super) struct Rollout {
     /// without truncated completions with `mask_truncated_completions`.
     pub loss_mask: Tensor,
     pub advantages: Tensor,
+    /// With `split_moment` also the natural plan's share (every adapter learning from every
+    /// row), whose gradient feeds Adam's second moment.
     pub plan: RoutePlan,
-    /// With `split_moment`: the same batch with every adapter learning from every row, whose
-    /// gradient feeds Adam's second moment.
-    pub natural_plan: Option<RoutePlan>,
     pub ref_logprobs: Option<Tensor>,
     /// The ratio's denominator: TRL's old policy (when the batch serves more than one update),
     /// or with a tinker `loss_fn` the sampler's log-probabilities.

@@ -16,7 +16,7 @@ use super::live::BatchRecord;
 use super::recipe::Prepared;
 use super::rollout::{Rollout, rollout_metrics, rollout_tensors};
 use crate::model::generate::Generation;
-use crate::model::linear::AdapterCtl;
+use crate::model::linear::{AdapterCtl, NaturalLeaves};
 use crate::routing::RoutePlan;
 use crate::{engine, grpo, probes, stats};
 use crate::probes::NoiseScale;
@@ -154,8 +154,8 @@ impl Trainer {
             None => Vec::new(),
         };
         let loss_mask = self.recipe.loss_mask(&generation, &prepared);
-        let Prepared { advantages, plan, natural_plan, flagged, .. } = prepared;
-        Ok(Rollout { generation, loss_mask, advantages, plan, natural_plan, ref_logprobs, old_logprobs, old_is_sampler, metrics, first_sample, dump, flagged })
+        let Prepared { advantages, plan, flagged, .. } = prepared;
+        Ok(Rollout { generation, loss_mask, advantages, plan, ref_logprobs, old_logprobs, old_is_sampler, metrics, first_sample, dump, flagged })
     }
 
     /// What needs this run's own backward passes rather than one pass over the whole batch
@@ -194,13 +194,6 @@ impl Trainer {
         let pass_start = Instant::now();
         let rollout = self.state.rollout.as_ref().expect("begin_step made the rollout");
         let mini = &pending.mini;
-        let micro_batches = self.keys.passes.micro_batches;
-        let natural_grads = match &mini.natural {
-            Some(natural) => {
-                Some(self.policy.natural_gradients(&mini.loss_batch(natural, pending.entropy_coef), micro_batches))
-            }
-            None => None,
-        };
         // absorption_by_class's per-class gradient norms need the one pass's live graph over the
         // whole batch (the configuration refuses it with micro-batches and substeps).
         let mut absorption = Vec::new();
@@ -222,6 +215,9 @@ impl Trainer {
             }
         };
         let pass = self.policy.backward_passes(batch, passes, &mut before_backward, &mut after_backward);
+        // split_moment: the routed gradient is in the parameters, the natural plan's difference
+        // in its leaves (one pass for both).
+        let natural_grads = mini.plan.natural.as_ref().map(|leaves| leaves.take_gradients(&trained));
         // The step's gradient noise scale from its passes' gradients (before clipping), and the
         // running average updated with it.
         let gradient_noise = pass_gradients.map(|gradients| {
@@ -314,11 +310,14 @@ impl Trainer {
 struct PlanRows {
     ctl: Vec<AdapterCtl>,
     classes: Vec<Tensor>,
+    /// With `split_moment`: the leaves of the natural plan's share ([`RoutePlan::natural`]).
+    natural: Option<NaturalLeaves>,
 }
 
 impl PlanRows {
     fn of(plan: &RoutePlan, start: i64, rows: i64) -> Self {
-        Self { ctl: plan.ctl.iter().map(|c| c.rows(start, rows)).collect(), classes: plan.classes.iter().map(|c| c.narrow(0, start, rows)).collect() }
+        let ctl = plan.ctl.iter().map(|c| c.rows(start, rows)).collect();
+        Self { ctl, classes: plan.classes.iter().map(|c| c.narrow(0, start, rows)).collect(), natural: plan.natural.clone() }
     }
 }
 
@@ -333,8 +332,6 @@ struct MiniBatch {
     old_is_sampler: bool,
     ref_logprobs: Option<Tensor>,
     plan: PlanRows,
-    /// With `split_moment`: the natural plan's rows.
-    natural: Option<PlanRows>,
 }
 
 impl MiniBatch {
@@ -353,7 +350,6 @@ impl MiniBatch {
             old_is_sampler: rollout.old_is_sampler,
             ref_logprobs: rollout.ref_logprobs.as_ref().map(pick),
             plan: PlanRows::of(&rollout.plan, start, rows),
-            natural: rollout.natural_plan.as_ref().map(|plan| PlanRows::of(plan, start, rows)),
         }
     }
 

@@ -299,7 +299,7 @@ hyperparameters! {
         #[arg(num_args = 0..=1, default_missing_value = "true")]
         allow_approx_lora_kappa: bool = false, Short("approx_kappa"), [Routing];
         /// Adam's second moment from the natural (unrouted) gradient, the first from the routed
-        /// one (the original's --split_moment; needs balanced; a second backward pass per step).
+        /// one (the original's --split_moment; needs balanced; both from the one backward pass).
         #[arg(num_args = 0..=1, default_missing_value = "true")]
         split_moment: bool = false, Short("split_moment"), [Routing] => StepKeys, Recipe;
         /// Coherence rows per rollout (the original's coh_samples_per_rollout): the batch's last N
