@@ -119,16 +119,12 @@ impl DecodeModel {
         }
     }
 
-    /// Refolds `model` at `scales` into these weights in place (cast to the decoder's dtype by
-    /// the copy), so buffers and CUDA graphs captured on them stay valid.
+    /// Refolds `model` at `scales` and delivers it ([`Self::deliver`]: the native copy refilled
+    /// in place and checked, libtorch weights copied where CUDA graphs hold them). Panics where
+    /// the weights then held are not the fold's.
     pub fn refresh(&mut self, model: &Llama, scales: &[f64]) {
-        let folded = FoldedWeights::new(model, scales);
-        match &mut self.native {
-            Some(native) => {
-                native.refill(&folded, check_threads());
-                self.torch.take();
-            }
-            None => self.weights().copy_from(&folded),
+        if let Err([held, expected]) = self.deliver(FoldedWeights::new(model, scales), true) {
+            panic!("a refreshed decoder holds weights of fingerprints {held:?}, not the fold's {expected:?}");
         }
     }
 

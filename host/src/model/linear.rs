@@ -100,6 +100,7 @@ impl JointBranch {
             .zip(&self.routed)
             .map(|(block, routed)| match routed.as_slice() {
                 [] => block,
+                // One term: `(x ⊙ rows) A^T` as routed runs always had it (the same bits).
                 [r] => block + gradient_only(&times_transposed(&(x.detach() * &r.rows), &r.a)),
                 terms => block + gradient_only(&summed_a_terms(&x.detach(), terms)),
             })

@@ -70,19 +70,10 @@ impl NativeModel {
 }
 
 impl NativeModel {
-    /// Overwrites the weights with `d` (the same model folded again, e.g. after an optimizer
-    /// step), rounded as [`NativeModel::new`] rounds them, keeping their memory, on `threads`
-    /// threads.
-    pub(super) fn refill(&mut self, d: &FoldedWeights, threads: usize) {
-        let tensors: Vec<Tensor> = d.run_tensors().into_iter().map(Tensor::contiguous).collect();
-        let values: Vec<&[f32]> = tensors.iter().map(host_values::<f32>).collect();
-        self.0.refill(&values, threads);
-    }
-
-    /// Refills these weights from `d` as [`NativeModel::refill`] does (`write` false: the test
-    /// hook of a lost refresh, nothing written) and returns their fingerprint if they then hold
-    /// `d`'s values bit for bit (bfloat16 matrices: `d`'s values rounded); `None` where any value
-    /// differs. One pass on `threads` threads: each chunk is written, read back, compared and
+    /// Refills these weights from `d`, rounded as [`NativeModel::new`] rounds them and keeping
+    /// their memory (`write` false: the test hook of a lost refresh, nothing written), and
+    /// returns their fingerprint if they then hold `d`'s values bit for bit (bfloat16 matrices:
+    /// `d`'s values rounded); `None` where any value differs. One pass on `threads` threads: each chunk is written, read back, compared and
     /// summed while in cache (`smallrl_native`'s `Model::refill_holding`).
     pub(super) fn refill_certified(&mut self, d: &FoldedWeights, threads: usize, write: bool) -> Option<f64> {
         let tensors = d.run_tensors();
